@@ -1,0 +1,187 @@
+//! Phase 1: [`Discovering`]. An eager backward arms each runner in turn and
+//! records its requests.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::{Error, Result};
+use crate::plan::{Planned, Strategy};
+use crate::vocab::{Domain, GroupId, Key, Request, RunnerId};
+
+/// Settings shared by every phase: the symmetric groups requests may name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PlanConfig {
+    groups: Vec<(GroupId, String)>,
+}
+
+impl PlanConfig {
+    /// A config with no symmetric groups: only [`Domain::Device`] requests.
+    pub fn new() -> PlanConfig {
+        PlanConfig::default()
+    }
+
+    /// Registers a symmetric group under a human-readable name (used in
+    /// reports). Registering the same id twice is an error.
+    pub fn with_group(mut self, group: GroupId, name: impl Into<String>) -> Result<PlanConfig> {
+        if self.group_name(group).is_some() {
+            return Err(Error::GroupRegisteredTwice { group });
+        }
+        self.groups.push((group, name.into()));
+        Ok(self)
+    }
+
+    /// The registered groups, in registration order.
+    pub fn groups(&self) -> impl Iterator<Item = (GroupId, &str)> {
+        self.groups.iter().map(|(g, n)| (*g, n.as_str()))
+    }
+
+    /// The name a group was registered under.
+    pub fn group_name(&self, group: GroupId) -> Option<&str> {
+        self.groups
+            .iter()
+            .find(|(g, _)| *g == group)
+            .map(|(_, n)| n.as_str())
+    }
+}
+
+/// What discovery learned about one runner.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RunnerRecord {
+    pub(crate) id: RunnerId,
+    /// Requests in the order they were recorded.
+    pub(crate) requests: Vec<Request>,
+    /// Sum of aligned request sizes per key.
+    pub(crate) capacity: BTreeMap<Key, u64>,
+}
+
+/// Phase 1 of 4: an eager backward records each runner's requests.
+///
+/// Requests go through the [`ArmedRunner`] guard that [`Discovering::arm`]
+/// returns, so recording without arming, or with two runners armed at once,
+/// does not compile; dropping the guard disarms.
+///
+/// ```
+/// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+///
+/// let mut discovery = Discovering::new(PlanConfig::new());
+/// {
+///     let mut armed = discovery.arm(RunnerId(0))?;
+///     armed.record(Request::new(Domain::Device, DType::BF16, 4096))?;
+/// } // disarmed here
+/// let planned = discovery.plan(Policy::Generations(2))?;
+/// assert_eq!(planned.generations(), 1); // only one runner used buffers
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
+///
+/// Two runners cannot be armed at once:
+///
+/// ```compile_fail
+/// use replay_arena::{Discovering, PlanConfig, RunnerId};
+/// let mut discovery = Discovering::new(PlanConfig::new());
+/// let a = discovery.arm(RunnerId(0)).unwrap();
+/// let b = discovery.arm(RunnerId(1)).unwrap();
+/// drop((a, b));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discovering {
+    config: PlanConfig,
+    runners: Vec<RunnerRecord>,
+    index: HashMap<RunnerId, usize>,
+}
+
+impl Discovering {
+    /// Starts discovery with no runners recorded.
+    pub fn new(config: PlanConfig) -> Discovering {
+        Discovering {
+            config,
+            runners: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// The config discovery runs under.
+    pub fn config(&self) -> &PlanConfig {
+        &self.config
+    }
+
+    /// Arms `runner` for recording. Its capture order is the order of the
+    /// first (and only) `arm`. Arming a runner twice is an error.
+    pub fn arm(&mut self, runner: RunnerId) -> Result<ArmedRunner<'_>> {
+        if self.index.contains_key(&runner) {
+            return Err(Error::RunnerArmedTwice { runner });
+        }
+        self.index.insert(runner, self.runners.len());
+        self.runners.push(RunnerRecord {
+            id: runner,
+            requests: Vec::new(),
+            capacity: BTreeMap::new(),
+        });
+        let record = self.runners.last_mut().expect("just pushed");
+        Ok(ArmedRunner {
+            config: &self.config,
+            record,
+        })
+    }
+
+    /// Runners armed so far, in capture order.
+    pub fn runners(&self) -> impl Iterator<Item = RunnerId> + '_ {
+        self.runners.iter().map(|r| r.id)
+    }
+
+    /// Ends discovery and plans arenas and fences. Consumes `self`, so no
+    /// request can be recorded after the backward that discovered them.
+    pub fn plan(self, strategy: impl Into<Strategy>) -> Result<Planned> {
+        Planned::new(self.config, self.runners, strategy.into())
+    }
+}
+
+/// One armed runner; requests can only be recorded through it. Dropping it
+/// disarms the runner.
+#[derive(Debug)]
+pub struct ArmedRunner<'d> {
+    config: &'d PlanConfig,
+    record: &'d mut RunnerRecord,
+}
+
+impl ArmedRunner<'_> {
+    /// The armed runner.
+    pub fn runner(&self) -> RunnerId {
+        self.record.id
+    }
+
+    /// Records one request; returns its aligned size in bytes. Capacity per
+    /// key is the sum of the aligned sizes, so two requests for the same
+    /// parameter get two distinct slices.
+    pub fn record(&mut self, request: Request) -> Result<u64> {
+        let runner = self.record.id;
+        let key = request.key();
+        if request.elements == 0 {
+            return Err(Error::ZeroElements { runner, key });
+        }
+        if let Domain::Symmetric(group) = request.domain {
+            if self.config.group_name(group).is_none() {
+                return Err(Error::UnknownGroup {
+                    runner,
+                    group,
+                    registered: self.config.groups().map(|(g, _)| g).collect(),
+                });
+            }
+        }
+        let overflow = |what| Error::SizeOverflow {
+            runner,
+            key,
+            what,
+            elements: request.elements,
+            dtype: request.dtype,
+        };
+        let aligned = request
+            .aligned_bytes()
+            .ok_or_else(|| overflow("request size"))?;
+        let capacity = self.record.capacity.get(&key).copied().unwrap_or(0);
+        let capacity = capacity
+            .checked_add(aligned)
+            .ok_or_else(|| overflow("capacity"))?;
+        self.record.capacity.insert(key, capacity);
+        self.record.requests.push(request);
+        Ok(aligned)
+    }
+}

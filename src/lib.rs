@@ -1,0 +1,118 @@
+//! Fixed-address persistent buffers for CUDA graph capture and replay, with a
+//! lifecycle the compiler enforces.
+//!
+//! A CUDA graph bakes device addresses in at capture. Work whose buffers
+//! outlive the graph that produced them (the asynchronous reduce-scatter of
+//! weight gradients, above all) needs storage whose address never changes and
+//! which is not overwritten while an earlier replay that uses it is in flight.
+//! This crate plans that storage from one eager run, hands out fixed-address
+//! views during capture, and fences replays with events.
+//!
+//! # The lifecycle: four phases, four types
+//!
+//! 1. [`Discovering`]: during an eager backward, each runner is armed in turn
+//!    ([`Discovering::arm`]) and records its requests through the
+//!    [`ArmedRunner`] guard.
+//! 2. [`Planned`]: [`Discovering::plan`] spreads buffer-using runners over
+//!    generations (or packed offsets), sizes the arenas and can describe
+//!    itself ([`Planned::report`], [`Planned::fingerprint`]).
+//! 3. [`Capturing`]: [`Planned::allocate`] allocates every arena before any
+//!    capture; [`Capturing::capture`] opens one runner's capture, whose
+//!    [`RunnerCapture::take`] bump-allocates views and whose
+//!    [`RunnerCapture::finish`] checks exact consumption.
+//! 4. [`Replayable`]: [`Capturing::seal`] succeeds once every buffer-using
+//!    runner is captured; [`Replayable::replay`] waits, launches, records.
+//!    [`Replayable::replan`] frees everything and starts discovery again.
+//!
+//! ```
+//! use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+//! use replay_arena::sim::{SimBackend, SimOp};
+//!
+//! let wgrad = Request::new(Domain::Device, DType::F32, 1024);
+//! let mut discovery = Discovering::new(PlanConfig::new());
+//! for r in 0..4 {
+//!     let mut armed = discovery.arm(RunnerId(r))?;   // ArmedRunner<'_>
+//!     armed.record(wgrad)?;
+//! }                                                   // disarmed on drop
+//! let planned = discovery.plan(Policy::Generations(2))?;
+//! println!("{}", planned.report());
+//!
+//! let sim = SimBackend::new();                        // or the `cuda` backend
+//! let stream = sim.stream();
+//! let mut capturing = planned.allocate(sim.clone())?;
+//! for r in 0..4 {
+//!     let cap = capturing.capture(RunnerId(r))?;
+//!     let view = cap.take(wgrad)?;                    // fixed address
+//!     let graph = cap.record(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 5))?;
+//!     cap.finish(graph)?;                             // exact-consumption check
+//! }
+//! let mut replayable = capturing.seal()?;
+//! for _step in 0..3 {
+//!     for r in 0..4 {
+//!         replayable.replay(RunnerId(r), &stream)?;   // fence, launch, record
+//!     }
+//! }
+//! assert!(sim.hazards().is_empty());
+//! let discovery = replayable.replan()?;               // after a shape change
+//! # drop(discovery);
+//! # Ok::<(), replay_arena::Error>(())
+//! ```
+//!
+//! What the types cannot rule out is a typed [`Error`] naming the runner, the
+//! key and the sizes involved. See `docs/lifecycle.md` for the fence.
+//!
+//! # Backends
+//!
+//! - [`sim`] (always built): host arenas and a deterministic stream model with
+//!   a hazard detector.
+//! - `cuda` (feature `cuda`, default): the CUDA driver via cudarc, loaded
+//!   dynamically, so the crate builds and its CPU tests run without CUDA.
+//! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
+
+#![warn(missing_docs)]
+
+mod backend;
+mod capture;
+mod discover;
+mod error;
+mod placement;
+mod plan;
+mod replay;
+mod report;
+mod source;
+mod vocab;
+
+#[cfg(feature = "cuda")]
+pub use backend::cuda;
+#[cfg(feature = "nccl")]
+pub use backend::nccl;
+pub use backend::sim;
+pub use backend::{Arena, Backend};
+pub use capture::{Capturing, RunnerCapture, View};
+pub use discover::{ArmedRunner, Discovering, PlanConfig};
+pub use error::{Error, Result};
+pub use plan::{ArenaPlan, Placement, Planned, Policy, Slice, Strategy};
+pub use replay::{FenceStats, Replayable};
+pub use report::{KeyReport, PlanReport, RunnerReport};
+pub use source::{Buffer, BufferSource};
+pub use vocab::{
+    DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
+    SYMMETRIC_ALIGNMENT,
+};
+
+use static_assertions::{assert_impl_all, assert_not_impl_any};
+
+// Plain data phases move and share freely.
+assert_impl_all!(Discovering: Send, Sync, Clone);
+assert_impl_all!(Planned: Send, Sync, Clone);
+assert_impl_all!(PlanReport: Send, Sync, Clone);
+// Resource-owning phases are never cloned (that would double-free); on `sim`
+// they may move between threads.
+assert_not_impl_any!(Capturing<sim::SimBackend>: Clone);
+assert_not_impl_any!(Replayable<sim::SimBackend>: Clone);
+assert_impl_all!(Capturing<sim::SimBackend>: Send);
+assert_impl_all!(Replayable<sim::SimBackend>: Send);
+// An open capture stays on the thread that opened it (CUDA stream capture is
+// per thread).
+assert_not_impl_any!(RunnerCapture<'static, sim::SimBackend>: Send, Sync);
+assert_impl_all!(View<'static>: Send, Sync, Copy);

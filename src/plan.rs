@@ -1,0 +1,416 @@
+//! Phase 2: [`Planned`]. Generations (or packed offsets), arena sizes, fence
+//! slots, a report and a fingerprint.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::backend::Backend;
+use crate::capture::Capturing;
+use crate::discover::{PlanConfig, RunnerRecord};
+use crate::error::{Error, Result};
+use crate::placement;
+use crate::report::{self, PlanReport};
+use crate::vocab::{Key, RunnerId};
+
+/// How many runners' buffers may be live at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Policy {
+    /// Exactly this many generations (at least 1).
+    Generations(usize),
+    /// Upstream Megatron-LM's rule: one generation when at most one
+    /// local-graph module kind is configured, two when several are.
+    ModuleKinds(usize),
+    /// As many generations as runner graphs can really be in flight at once
+    /// (for example the size of the runner-stream pool; at least 1).
+    OverlapDepth(usize),
+}
+
+impl Policy {
+    /// The generation count the policy asks for, before capping at the number
+    /// of buffer-using runners.
+    pub fn requested(self) -> Result<usize> {
+        let n = match self {
+            Policy::Generations(n) | Policy::OverlapDepth(n) => n,
+            Policy::ModuleKinds(k) => {
+                if k <= 1 {
+                    1
+                } else {
+                    2
+                }
+            }
+        };
+        if n == 0 {
+            return Err(Error::ZeroGenerations {
+                policy: self.to_string(),
+            });
+        }
+        Ok(n)
+    }
+
+    /// This policy with the [`Placement::Packed`] placement.
+    pub fn packed(self) -> Strategy {
+        Strategy {
+            policy: self,
+            placement: Placement::Packed,
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Generations(n) => write!(f, "Generations({n})"),
+            Policy::ModuleKinds(k) => write!(f, "ModuleKinds({k})"),
+            Policy::OverlapDepth(d) => write!(f, "OverlapDepth({d})"),
+        }
+    }
+}
+
+/// Where each runner's bytes go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Placement {
+    /// Upstream's placement: the k-th buffer-using runner uses generation
+    /// `k % G`; each (generation, key) arena is the max over its runners; one
+    /// fence per generation.
+    #[default]
+    RoundRobin,
+    /// One arena per key; each runner gets a fixed offset such that any `G`
+    /// consecutive buffer-using runners occupy disjoint ranges; fences follow
+    /// overlapping ranges.
+    Packed,
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Placement::RoundRobin => "round-robin",
+            Placement::Packed => "packed",
+        })
+    }
+}
+
+/// A policy and a placement. A bare [`Policy`] converts into the round-robin
+/// strategy; [`Policy::packed`] selects packed placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Strategy {
+    /// How many runners may be in flight at once.
+    pub policy: Policy,
+    /// Where their bytes go.
+    pub placement: Placement,
+}
+
+impl From<Policy> for Strategy {
+    fn from(policy: Policy) -> Strategy {
+        Strategy {
+            policy,
+            placement: Placement::RoundRobin,
+        }
+    }
+}
+
+/// One arena the plan allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ArenaPlan {
+    /// Its key.
+    pub key: Key,
+    /// Its generation under round-robin placement (`None` when packed).
+    pub generation: Option<usize>,
+    /// Its size in bytes (a multiple of the domain's alignment).
+    pub bytes: u64,
+}
+
+/// The bytes of one key a runner owns in one arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Slice {
+    /// The key.
+    pub key: Key,
+    /// Index into [`Planned::arenas`].
+    pub arena: usize,
+    /// Byte offset inside that arena (aligned).
+    pub offset: u64,
+    /// Bytes owned (the runner's capacity for the key).
+    pub bytes: u64,
+}
+
+/// Everything the plan decided for one runner.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RunnerPlan {
+    pub(crate) record: RunnerRecord,
+    /// Position among buffer-using runners, in capture order.
+    pub(crate) position: Option<usize>,
+    /// Round-robin generation.
+    pub(crate) generation: Option<usize>,
+    /// One slice per key, in key order.
+    pub(crate) slices: Vec<Slice>,
+    /// Fence slots this runner's replay must own.
+    pub(crate) slots: Vec<u32>,
+}
+
+impl RunnerPlan {
+    pub(crate) fn id(&self) -> RunnerId {
+        self.record.id
+    }
+
+    pub(crate) fn slice(&self, key: Key) -> Option<&Slice> {
+        self.slices.iter().find(|s| s.key == key)
+    }
+}
+
+/// Phase 2 of 4: a plan for arenas, views and fences, made from discovery.
+///
+/// Pure data: it can be inspected ([`Planned::report`]), compared across ranks
+/// ([`Planned::fingerprint`]) and then turned into real arenas with
+/// [`Planned::allocate`]. Discovery is gone once planned:
+///
+/// ```compile_fail
+/// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+/// let mut discovery = Discovering::new(PlanConfig::new());
+/// let planned = discovery.plan(Policy::Generations(2)).unwrap();
+/// discovery.arm(RunnerId(0)); // use of moved value
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub(crate) config: PlanConfig,
+    pub(crate) strategy: Strategy,
+    pub(crate) generations: usize,
+    pub(crate) runners: Vec<RunnerPlan>,
+    pub(crate) arenas: Vec<ArenaPlan>,
+    pub(crate) slot_count: usize,
+}
+
+impl Planned {
+    pub(crate) fn new(
+        config: PlanConfig,
+        records: Vec<RunnerRecord>,
+        strategy: Strategy,
+    ) -> Result<Planned> {
+        let requested = strategy.policy.requested()?;
+        let using = records.iter().filter(|r| !r.capacity.is_empty()).count();
+        let g = requested.min(using).max(1);
+
+        let mut runners: Vec<RunnerPlan> = Vec::with_capacity(records.len());
+        let mut position = 0;
+        for record in records {
+            let pos = (!record.capacity.is_empty()).then(|| {
+                position += 1;
+                position - 1
+            });
+            runners.push(RunnerPlan {
+                record,
+                position: pos,
+                generation: match strategy.placement {
+                    Placement::RoundRobin => pos.map(|p| p % g),
+                    Placement::Packed => None,
+                },
+                slices: Vec::new(),
+                slots: Vec::new(),
+            });
+        }
+        let using: Vec<usize> = (0..runners.len())
+            .filter(|&i| runners[i].position.is_some())
+            .collect();
+
+        let mut arenas = Vec::new();
+        for (key, cap) in capacities_by_key(&runners, &using) {
+            match strategy.placement {
+                Placement::RoundRobin => {
+                    let sizes = placement::round_robin(&cap, g);
+                    let first = arenas.len();
+                    let mut index = vec![usize::MAX; g];
+                    for (gen, &bytes) in sizes.iter().enumerate() {
+                        if bytes > 0 {
+                            index[gen] = arenas.len();
+                            arenas.push(ArenaPlan {
+                                key,
+                                generation: Some(gen),
+                                bytes,
+                            });
+                        }
+                    }
+                    debug_assert!(arenas.len() > first);
+                    for (k, &i) in using.iter().enumerate() {
+                        if cap[k] > 0 {
+                            runners[i].slices.push(Slice {
+                                key,
+                                arena: index[k % g],
+                                offset: 0,
+                                bytes: cap[k],
+                            });
+                        }
+                    }
+                }
+                Placement::Packed => {
+                    let layout = placement::packed(&cap, g).ok_or(Error::ArenaOverflow { key })?;
+                    let arena = arenas.len();
+                    arenas.push(ArenaPlan {
+                        key,
+                        generation: None,
+                        bytes: layout.bytes,
+                    });
+                    for (k, &i) in using.iter().enumerate() {
+                        if cap[k] > 0 {
+                            runners[i].slices.push(Slice {
+                                key,
+                                arena,
+                                offset: layout.offsets[k],
+                                bytes: cap[k],
+                            });
+                        }
+                    }
+                }
+            }
+        }
+
+        let slot_count = assign_fence_slots(&mut runners, &arenas, strategy.placement, g);
+        Ok(Planned {
+            config,
+            strategy,
+            generations: g,
+            runners,
+            arenas,
+            slot_count,
+        })
+    }
+
+    /// The config the plan was made under.
+    pub fn config(&self) -> &PlanConfig {
+        &self.config
+    }
+
+    /// The policy and placement.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// `G`: the policy's count capped at the number of buffer-using runners
+    /// (at least 1). Under packed placement, the window of runners that may be
+    /// in flight together.
+    pub fn generations(&self) -> usize {
+        self.generations
+    }
+
+    /// Every arena the plan allocates.
+    pub fn arenas(&self) -> &[ArenaPlan] {
+        &self.arenas
+    }
+
+    /// Total arena bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.arenas.iter().map(|a| a.bytes).sum()
+    }
+
+    /// Runners in capture order.
+    pub fn runners(&self) -> impl Iterator<Item = RunnerId> + '_ {
+        self.runners.iter().map(|r| r.id())
+    }
+
+    /// The runner's round-robin generation; `None` for a runner that requested
+    /// nothing (never fenced), for an unknown runner, and under packed
+    /// placement.
+    pub fn generation_of(&self, runner: RunnerId) -> Option<usize> {
+        self.runner(runner).and_then(|r| r.generation)
+    }
+
+    /// The slices a runner owns, one per key it uses.
+    pub fn slices_of(&self, runner: RunnerId) -> Option<&[Slice]> {
+        self.runner(runner).map(|r| r.slices.as_slice())
+    }
+
+    /// The plan described as data and, through `Display`, as a table.
+    pub fn report(&self) -> PlanReport {
+        report::build(self)
+    }
+
+    /// A stable 64-bit hash of the layout (placement, generations, every
+    /// runner's requests and slices, every arena). Equal on every rank that
+    /// discovered the same requests in the same order; symmetric collectives
+    /// need that, since they assume equal offsets on every rank.
+    pub fn fingerprint(&self) -> u64 {
+        report::fingerprint(self)
+    }
+
+    /// Allocates every arena once, outside graph memory pools, and one
+    /// completion event per fence; nothing is captured yet.
+    pub fn allocate<B: Backend>(self, backend: B) -> Result<Capturing<B>> {
+        Capturing::new(self, backend)
+    }
+
+    pub(crate) fn runner(&self, runner: RunnerId) -> Option<&RunnerPlan> {
+        self.runners.iter().find(|r| r.id() == runner)
+    }
+
+    pub(crate) fn runner_index(&self, runner: RunnerId) -> Option<usize> {
+        self.runners.iter().position(|r| r.id() == runner)
+    }
+
+    /// Capacities of every key over buffer-using runners, in capture order.
+    pub(crate) fn capacities(&self) -> BTreeMap<Key, Vec<u64>> {
+        let using: Vec<usize> = (0..self.runners.len())
+            .filter(|&i| self.runners[i].position.is_some())
+            .collect();
+        capacities_by_key(&self.runners, &using)
+    }
+}
+
+/// Per key, the capacity of each buffer-using runner (0 where unused).
+fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, Vec<u64>> {
+    let mut by_key: BTreeMap<Key, Vec<u64>> = BTreeMap::new();
+    for (k, &i) in using.iter().enumerate() {
+        for (&key, &bytes) in &runners[i].record.capacity {
+            by_key.entry(key).or_insert_with(|| vec![0; using.len()])[k] = bytes;
+        }
+    }
+    by_key
+}
+
+/// Gives every buffer-using runner the fence slots it must own at replay.
+///
+/// Round-robin: one slot per generation. Packed: one slot per elementary
+/// segment of each arena (the ranges between consecutive runner boundaries),
+/// so that a replay waits only for the latest users of the bytes it
+/// overwrites. Returns the number of slots.
+fn assign_fence_slots(
+    runners: &mut [RunnerPlan],
+    arenas: &[ArenaPlan],
+    placement: Placement,
+    g: usize,
+) -> usize {
+    match placement {
+        Placement::RoundRobin => {
+            for r in runners.iter_mut() {
+                r.slots = r.generation.map(|gen| vec![gen as u32]).unwrap_or_default();
+            }
+            g
+        }
+        Placement::Packed => {
+            let mut boundaries: Vec<Vec<u64>> = vec![Vec::new(); arenas.len()];
+            for s in runners.iter().flat_map(|r| &r.slices) {
+                boundaries[s.arena].extend([s.offset, s.offset + s.bytes]);
+            }
+            let mut first_slot = Vec::with_capacity(arenas.len());
+            let mut total = 0usize;
+            for b in &mut boundaries {
+                b.sort_unstable();
+                b.dedup();
+                first_slot.push(total);
+                total += b.len().saturating_sub(1);
+            }
+            for r in runners.iter_mut() {
+                let mut slots = Vec::new();
+                for s in &r.slices {
+                    let b = &boundaries[s.arena];
+                    let lo = b.partition_point(|&x| x < s.offset);
+                    let hi = b.partition_point(|&x| x < s.offset + s.bytes);
+                    slots.extend((lo..hi).map(|i| (first_slot[s.arena] + i) as u32));
+                }
+                r.slots = slots;
+            }
+            total
+        }
+    }
+}

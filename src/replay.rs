@@ -1,0 +1,285 @@
+//! Phase 4: [`Replayable`]. What happens at replay: fence, launch, record.
+//!
+//! Every buffer-using runner owns fence *slots* (its generation under
+//! round-robin placement; the arena segments its range covers under packed
+//! placement) and one completion event. Replaying runner `r` on stream `S`:
+//!
+//! 1. for each slot of `r`, the latest runner `u` that used it: unless `u`'s
+//!    event was last recorded on `S` (stream order already implies it), `S`
+//!    waits on `u`'s event (each `u` once);
+//! 2. `r`'s graph is launched on `S`;
+//! 3. `r`'s event is recorded on `S`, and `r` becomes the latest user of its
+//!    slots.
+//!
+//! Each latest user waited for the one before it, so waiting for the latest
+//! user of a slot waits for every earlier one: no arena byte is overwritten
+//! while a replay that uses it is in flight.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::backend::{Arena, Backend};
+use crate::capture::{Resources, View};
+use crate::discover::Discovering;
+use crate::error::{Error, Result};
+use crate::plan::Planned;
+use crate::vocab::RunnerId;
+
+/// Counters of the fence's work since sealing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FenceStats {
+    /// Graph launches through [`Replayable::replay`].
+    pub replays: u64,
+    /// Event waits issued.
+    pub waits: u64,
+    /// Waits skipped because stream order already implied them.
+    pub elided: u64,
+    /// Event records issued.
+    pub records: u64,
+}
+
+/// Phase 4 of 4: every buffer-using runner is captured; graphs replay behind
+/// event fences.
+///
+/// ```
+/// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+/// use replay_arena::sim::{SimBackend, SimOp};
+///
+/// let req = Request::new(Domain::Device, DType::F32, 256);
+/// let mut discovery = Discovering::new(PlanConfig::new());
+/// discovery.arm(RunnerId(0))?.record(req)?;
+/// let sim = SimBackend::new();
+/// let stream = sim.stream();
+/// let mut capturing = discovery.plan(Policy::Generations(2))?.allocate(sim.clone())?;
+/// {
+///     let cap = capturing.capture(RunnerId(0))?;
+///     let view = cap.take(req)?;
+///     let graph = cap.record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.5), 10))?;
+///     cap.finish(graph)?;
+/// }
+/// let mut replayable = capturing.seal()?;
+/// replayable.replay(RunnerId(0), &stream)?;
+/// let view = replayable.views(RunnerId(0))?[0];
+/// assert_eq!(sim.read_f32(&view)?[255], 1.5);
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
+///
+/// A replay is only possible once sealed:
+///
+/// ```compile_fail
+/// use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, sim::SimBackend};
+/// let sim = SimBackend::new();
+/// let stream = sim.stream();
+/// let planned = Discovering::new(PlanConfig::new()).plan(Policy::Generations(1)).unwrap();
+/// let mut capturing = planned.allocate(sim).unwrap();
+/// capturing.replay(RunnerId(0), &stream); // no method `replay` on `Capturing`
+/// ```
+pub struct Replayable<B: Backend> {
+    plan: Planned,
+    index: HashMap<RunnerId, usize>,
+    /// Runner index -> its event index (buffer-using runners only).
+    event_of: Vec<Option<usize>>,
+    /// Slot -> latest runner (index) that used it.
+    last_user: Vec<Option<u32>>,
+    /// Runner index -> stream its event was last recorded on.
+    last_stream: Vec<Option<u64>>,
+    waited: Vec<u32>,
+    stats: FenceStats,
+    res: Resources<B>,
+}
+
+impl<B: Backend> fmt::Debug for Replayable<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replayable")
+            .field("backend", &self.res.backend.name())
+            .field("runners", &self.plan.runners.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Replayable<B> {
+    pub(crate) fn new(plan: Planned, res: Resources<B>) -> Replayable<B> {
+        let mut next_event = 0;
+        let event_of = plan
+            .runners
+            .iter()
+            .map(|r| {
+                r.position.map(|_| {
+                    next_event += 1;
+                    next_event - 1
+                })
+            })
+            .collect();
+        Replayable {
+            index: plan
+                .runners
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.id(), i))
+                .collect(),
+            event_of,
+            last_user: vec![None; plan.slot_count],
+            last_stream: vec![None; plan.runners.len()],
+            waited: Vec::new(),
+            stats: FenceStats::default(),
+            plan,
+            res,
+        }
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Planned {
+        &self.plan
+    }
+
+    /// The backend, to submit other work.
+    pub fn backend(&self) -> &B {
+        &self.res.backend
+    }
+
+    /// What the fence has done so far.
+    pub fn fence_stats(&self) -> FenceStats {
+        self.stats
+    }
+
+    fn index_of(&self, runner: RunnerId) -> Result<usize> {
+        self.index
+            .get(&runner)
+            .copied()
+            .ok_or(Error::UnknownRunner { runner })
+    }
+
+    /// Replays `runner`'s graph on `stream`: waits for the latest users of
+    /// the bytes it overwrites, launches, records its completion event.
+    pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
+        let i = self.index_of(runner)?;
+        let graph = self.res.graphs[i]
+            .as_ref()
+            .ok_or(Error::NoGraph { runner })?;
+        let backend = &self.res.backend;
+        let sid = backend.stream_id(stream);
+        self.waited.clear();
+        for &slot in &self.plan.runners[i].slots {
+            let Some(u) = self.last_user[slot as usize] else {
+                continue;
+            };
+            if self.waited.contains(&u) {
+                continue;
+            }
+            self.waited.push(u);
+            if self.last_stream[u as usize] == Some(sid) {
+                self.stats.elided += 1;
+                continue;
+            }
+            let event = &self.res.events[self.event_of[u as usize].expect("users own events")];
+            backend.wait_event(stream, event)?;
+            self.stats.waits += 1;
+        }
+        backend.launch(graph, stream)?;
+        self.stats.replays += 1;
+        if let Some(e) = self.event_of[i] {
+            backend.record_event(stream, &self.res.events[e])?;
+            self.stats.records += 1;
+            self.last_stream[i] = Some(sid);
+            for &slot in &self.plan.runners[i].slots {
+                self.last_user[slot as usize] = Some(i as u32);
+            }
+        }
+        Ok(())
+    }
+
+    /// Launches `runner`'s graph with no fence at all.
+    ///
+    /// # Safety
+    ///
+    /// The caller guarantees that no replay in flight uses any byte of this
+    /// runner's arenas, and that no later fenced replay relies on this one
+    /// being tracked: the fence does not know about it. Meant for unfenced
+    /// reference measurements and for tests that show the fence is needed.
+    pub unsafe fn replay_unfenced(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
+        let i = self.index_of(runner)?;
+        let graph = self.res.graphs[i]
+            .as_ref()
+            .ok_or(Error::NoGraph { runner })?;
+        self.res.backend.launch(graph, stream)
+    }
+
+    /// Runs asynchronous work that reads `runner`'s views outside its graph
+    /// (a reduce-scatter on another stream, say) inside the runner's fence:
+    /// `stream` first waits for the runner's latest replay, `submit` enqueues
+    /// the work, then the runner's event is recorded on `stream`, so no later
+    /// replay overwrites the views before that work is done.
+    pub fn consume<E: fmt::Display>(
+        &mut self,
+        runner: RunnerId,
+        stream: &B::Stream,
+        submit: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
+    ) -> Result<()> {
+        let i = self.index_of(runner)?;
+        let event = self.event_of[i].map(|e| &self.res.events[e]);
+        let backend = &self.res.backend;
+        let sid = backend.stream_id(stream);
+        if let Some(event) = event {
+            if self.last_stream[i] != Some(sid) {
+                backend.wait_event(stream, event)?;
+                self.stats.waits += 1;
+            } else {
+                self.stats.elided += 1;
+            }
+        }
+        let views = self.views(runner)?;
+        let submitted = submit(stream, &views);
+        if let Some(event) = event {
+            backend.record_event(stream, event)?;
+            self.stats.records += 1;
+            self.last_stream[i] = Some(sid);
+        }
+        submitted.map_err(|e| Error::ConsumerFailed {
+            runner,
+            reason: e.to_string(),
+        })
+    }
+
+    /// The views `runner`'s capture handed out, in request order (same
+    /// addresses), for work outside the graph.
+    pub fn views(&self, runner: RunnerId) -> Result<Vec<View<'_>>> {
+        let i = self.index_of(runner)?;
+        let plan = &self.plan.runners[i];
+        let mut consumed = vec![0u64; plan.slices.len()];
+        let mut views = Vec::with_capacity(plan.record.requests.len());
+        for &request in &plan.record.requests {
+            let k = plan
+                .slices
+                .iter()
+                .position(|s| s.key == request.key())
+                .expect("every recorded key has a slice");
+            let slice = plan.slices[k];
+            let offset = slice.offset + consumed[k];
+            consumed[k] += request.aligned_bytes().expect("checked at discovery");
+            views.push(View {
+                addr: self.res.arenas[slice.arena].base() + offset,
+                arena: slice.arena,
+                offset,
+                request,
+                runner,
+                _capture: std::marker::PhantomData,
+            });
+        }
+        Ok(views)
+    }
+
+    /// Waits for all submitted work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.res.backend.synchronize()
+    }
+
+    /// After a shape change: synchronizes, frees graphs, events and arenas,
+    /// and returns a fresh discovery with the same config.
+    pub fn replan(self) -> Result<Discovering> {
+        let Replayable { plan, res, .. } = self;
+        let synced = res.backend.synchronize();
+        drop(res);
+        synced.map(|()| Discovering::new(plan.config))
+    }
+}

@@ -1,0 +1,66 @@
+//! One way for code shared by eager and captured paths to ask for a buffer.
+
+use crate::backend::Backend;
+use crate::capture::{RunnerCapture, View};
+use crate::discover::ArmedRunner;
+use crate::error::Result;
+use crate::vocab::Request;
+
+/// Where a layer's code gets its persistent buffers from, passed down
+/// explicitly (no global state): the same call records in discovery, hands
+/// out a fixed-address view in capture, and says "allocate it yourself" in
+/// plain eager runs.
+///
+/// ```
+/// use replay_arena::{Buffer, BufferSource, Discovering, PlanConfig, Request, Domain, DType, RunnerId};
+/// use replay_arena::sim::SimBackend;
+///
+/// fn wgrad<B: replay_arena::Backend>(src: &mut BufferSource<'_, '_, B>) -> replay_arena::Result<()> {
+///     match src.request(Request::new(Domain::Device, DType::BF16, 1024))? {
+///         Buffer::Persistent(view) => { /* launch into view.device_ptr() */ let _ = view; }
+///         Buffer::AllocateYourself => { /* use the framework's allocator */ }
+///     }
+///     Ok(())
+/// }
+///
+/// let mut discovery = Discovering::new(PlanConfig::new());
+/// let mut armed = discovery.arm(RunnerId(0))?;
+/// wgrad::<SimBackend>(&mut BufferSource::Discover(&mut armed))?;   // records
+/// wgrad::<SimBackend>(&mut BufferSource::Eager)?;                  // records nothing
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
+pub enum BufferSource<'s, 'c, B: Backend> {
+    /// Plain eager execution: nothing is recorded or handed out.
+    Eager,
+    /// An eager discovery backward: requests are recorded for the armed
+    /// runner; the caller still allocates for this run.
+    Discover(&'s mut ArmedRunner<'c>),
+    /// A capture: requests get fixed-address views.
+    Capture(&'s RunnerCapture<'c, B>),
+}
+
+/// What [`BufferSource::request`] gives back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buffer<'v> {
+    /// Use this persistent view.
+    Persistent(View<'v>),
+    /// No persistent storage in this phase: allocate as usual.
+    AllocateYourself,
+}
+
+impl<'s, B: Backend> BufferSource<'s, '_, B> {
+    /// Asks for one buffer.
+    pub fn request(&mut self, request: Request) -> Result<Buffer<'s>> {
+        match self {
+            BufferSource::Eager => Ok(Buffer::AllocateYourself),
+            BufferSource::Discover(armed) => {
+                armed.record(request)?;
+                Ok(Buffer::AllocateYourself)
+            }
+            BufferSource::Capture(capture) => {
+                let capture: &'s RunnerCapture<'_, B> = capture;
+                capture.take(request).map(Buffer::Persistent)
+            }
+        }
+    }
+}
