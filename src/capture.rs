@@ -306,6 +306,11 @@ impl<B: Backend> RunnerCapture<'_, B> {
         let plan = &self.owner.plan.runners[self.index];
         let runner = plan.id();
         let result = (|| {
+            // A failed `record` fails the runner for good: whatever graph is
+            // handed in, it is not the one whose capture failed.
+            if let Some(reason) = self.failure.borrow().clone() {
+                return Err(Error::CaptureFailed { runner, reason });
+            }
             let cursor = self.cursor.borrow();
             for (slice, &consumed) in plan.slices.iter().zip(&cursor.consumed) {
                 if consumed != slice.bytes {

@@ -333,7 +333,11 @@ impl SimState {
         }
         let len = usize::try_from(bytes.checked_add(align).ok_or("size overflows")?)
             .map_err(|_| "size exceeds the address space")?;
-        let data = vec![0u8; len];
+        // Fallible: an arena the host cannot hold is an error, not a panic
+        // (`vec!` panics past `isize::MAX` and aborts when the allocator fails).
+        let mut data = Vec::new();
+        data.try_reserve_exact(len).map_err(|e| e.to_string())?;
+        data.resize(len, 0u8);
         let ptr = data.as_ptr() as u64;
         let pad = ((align - ptr % align) % align) as usize;
         let base = ptr + pad as u64;

@@ -1,0 +1,844 @@
+//! Every `replay_arena::Error` a CPU can trigger, triggered through the public
+//! API on the `sim` backend.
+//!
+//! Each test is one specification: the misuse it names produces exactly this
+//! variant, and the message names the runner, the key and the sizes involved.
+//! Variants only a GPU can produce (`BackendUnavailable`, `NoCommunicator`,
+//! `InvalidView`, `FingerprintMismatch`) are tested with the `cuda` and `nccl`
+//! backends.
+
+use replay_arena::sim::{AsSpan, SimBackend, SimOp, SimStream};
+use replay_arena::{
+    Capturing, DType, Discovering, Domain, Error, GroupId, PlanConfig, Policy, Purpose, Replayable,
+    Request, Result, RunnerId,
+};
+
+// ---- helpers ---------------------------------------------------------------
+
+/// `elements` elements of `dtype` in device memory.
+fn device(dtype: DType, elements: u64) -> Request {
+    Request::new(Domain::Device, dtype, elements)
+}
+
+/// 64 f32s: 256 bytes, exactly one device alignment unit.
+const F32_64: Request = Request::new(Domain::Device, DType::F32, 64);
+
+/// The error of a call that must fail (works for phases without `Debug`).
+#[track_caller]
+fn expect_err<T>(result: Result<T>) -> Error {
+    match result {
+        Ok(_) => panic!("expected an error, the call succeeded"),
+        Err(e) => e,
+    }
+}
+
+/// Asserts that the error's message names every fragment.
+#[track_caller]
+fn assert_mentions(err: &Error, fragments: &[&str]) {
+    let message = err.to_string();
+    for fragment in fragments {
+        assert!(
+            message.contains(fragment),
+            "message {message:?} does not mention {fragment:?}"
+        );
+    }
+}
+
+/// Discovery in which each runner records its requests, in order.
+fn discovered(runners: &[(u32, &[Request])]) -> Discovering {
+    let mut discovery = Discovering::new(PlanConfig::new());
+    for &(runner, requests) in runners {
+        let mut armed = discovery.arm(RunnerId(runner)).unwrap();
+        for &request in requests {
+            armed.record(request).unwrap();
+        }
+    }
+    discovery
+}
+
+/// The runners planned with `G = 1` and allocated on a fresh sim.
+fn allocated(runners: &[(u32, &[Request])]) -> (SimBackend, SimStream, Capturing<SimBackend>) {
+    let sim = SimBackend::new();
+    let stream = sim.stream();
+    let capturing = discovered(runners)
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    (sim, stream, capturing)
+}
+
+/// Captures `runner` correctly: takes `requests` in order, fills each view,
+/// finishes.
+fn capture_ok(
+    capturing: &mut Capturing<SimBackend>,
+    sim: &SimBackend,
+    stream: &SimStream,
+    runner: u32,
+    requests: &[Request],
+) {
+    let cap = capturing.capture(RunnerId(runner)).unwrap();
+    let views: Vec<_> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
+    let graph = cap
+        .record(stream, |s| {
+            views
+                .iter()
+                .try_for_each(|v| sim.launch(s, SimOp::fill(v, runner as f32), 1))
+        })
+        .unwrap();
+    cap.finish(graph).unwrap();
+}
+
+/// One runner with one f32 request, captured and sealed.
+fn sealed_one() -> (SimBackend, SimStream, Replayable<SimBackend>) {
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    capture_ok(&mut capturing, &sim, &stream, 0, &[F32_64]);
+    (sim, stream, capturing.seal().unwrap())
+}
+
+// ---- discovery -------------------------------------------------------------
+
+#[test]
+fn arming_a_runner_twice_is_runner_armed_twice() {
+    let mut discovery = Discovering::new(PlanConfig::new());
+    drop(discovery.arm(RunnerId(4)).unwrap());
+    let err = expect_err(discovery.arm(RunnerId(4)));
+    assert_eq!(
+        err,
+        Error::RunnerArmedTwice {
+            runner: RunnerId(4)
+        }
+    );
+    assert_mentions(&err, &["runner 4", "armed twice"]);
+}
+
+#[test]
+fn recording_zero_elements_is_zero_elements() {
+    let mut discovery = Discovering::new(PlanConfig::new());
+    let mut armed = discovery.arm(RunnerId(1)).unwrap();
+    let err = armed.record(device(DType::BF16, 0)).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::ZeroElements { runner: RunnerId(1), key } if key == device(DType::BF16, 0).key()
+    ));
+    assert_mentions(&err, &["runner 1", "zero elements", "bf16 in device"]);
+}
+
+#[test]
+fn a_rejected_request_is_not_recorded() {
+    let mut discovery = Discovering::new(PlanConfig::new());
+    {
+        let mut armed = discovery.arm(RunnerId(0)).unwrap();
+        armed.record(device(DType::F32, 0)).unwrap_err();
+        armed.record(device(DType::F32, u64::MAX)).unwrap_err();
+        armed.record(F32_64).unwrap();
+    }
+    let planned = discovery.plan(Policy::Generations(1)).unwrap();
+    let slices = planned.slices_of(RunnerId(0)).unwrap();
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].bytes, 256);
+}
+
+#[test]
+fn requesting_an_unregistered_group_is_unknown_group() {
+    let config = PlanConfig::new().with_group(GroupId(1), "dense").unwrap();
+    let mut discovery = Discovering::new(config);
+    let mut armed = discovery.arm(RunnerId(2)).unwrap();
+    let request = Request::new(Domain::Symmetric(GroupId(7)), DType::BF16, 1024);
+    let err = armed.record(request).unwrap_err();
+    assert_eq!(
+        err,
+        Error::UnknownGroup {
+            runner: RunnerId(2),
+            group: GroupId(7),
+            registered: vec![GroupId(1)],
+        }
+    );
+    assert_mentions(&err, &["runner 2", "group 7", "GroupId(1)"]);
+}
+
+#[test]
+fn a_request_whose_byte_size_overflows_is_size_overflow() {
+    let mut discovery = Discovering::new(PlanConfig::new());
+    let mut armed = discovery.arm(RunnerId(2)).unwrap();
+    let err = armed.record(device(DType::F32, u64::MAX)).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::SizeOverflow {
+            runner: RunnerId(2),
+            what: "request size",
+            elements: u64::MAX,
+            dtype: DType::F32,
+            ..
+        }
+    ));
+    assert_mentions(
+        &err,
+        &[
+            "request size",
+            "runner 2",
+            "f32 in device",
+            "18446744073709551615 elements of f32",
+        ],
+    );
+}
+
+#[test]
+fn a_request_whose_aligned_size_overflows_is_size_overflow() {
+    // u64::MAX bytes fit in 64 bits; rounding them up to 256 does not.
+    let mut discovery = Discovering::new(PlanConfig::new());
+    let mut armed = discovery.arm(RunnerId(0)).unwrap();
+    let err = armed.record(device(DType::U8, u64::MAX)).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::SizeOverflow {
+            what: "request size",
+            ..
+        }
+    ));
+    assert_mentions(&err, &["request size", "runner 0", "u8 in device"]);
+}
+
+#[test]
+fn a_capacity_that_overflows_is_size_overflow() {
+    let half = device(DType::U8, 1 << 63);
+    let mut discovery = Discovering::new(PlanConfig::new());
+    let mut armed = discovery.arm(RunnerId(5)).unwrap();
+    armed.record(half).unwrap();
+    let err = armed.record(half).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::SizeOverflow {
+            runner: RunnerId(5),
+            what: "capacity",
+            elements: 9_223_372_036_854_775_808,
+            dtype: DType::U8,
+            ..
+        }
+    ));
+    assert_mentions(
+        &err,
+        &[
+            "capacity of runner 5 for u8 in device",
+            "9223372036854775808 elements of u8",
+        ],
+    );
+}
+
+#[test]
+fn registering_a_group_twice_is_group_registered_twice() {
+    let err = PlanConfig::new()
+        .with_group(GroupId(3), "dense")
+        .unwrap()
+        .with_group(GroupId(3), "expert")
+        .unwrap_err();
+    assert_eq!(err, Error::GroupRegisteredTwice { group: GroupId(3) });
+    assert_mentions(&err, &["group 3", "twice"]);
+}
+
+// ---- planning --------------------------------------------------------------
+
+#[test]
+fn zero_generations_is_zero_generations() {
+    let err = discovered(&[(0, &[F32_64])])
+        .plan(Policy::Generations(0))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::ZeroGenerations {
+            policy: "Generations(0)".into()
+        }
+    );
+    assert_mentions(&err, &["Generations(0)", "zero generations"]);
+}
+
+#[test]
+fn an_overlap_depth_of_zero_is_zero_generations() {
+    let err = discovered(&[(0, &[F32_64])])
+        .plan(Policy::OverlapDepth(0))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::ZeroGenerations {
+            policy: "OverlapDepth(0)".into()
+        }
+    );
+    assert_mentions(&err, &["OverlapDepth(0)"]);
+}
+
+#[test]
+fn zero_generations_is_an_error_under_packed_placement_too() {
+    let err = discovered(&[(0, &[F32_64])])
+        .plan(Policy::Generations(0).packed())
+        .unwrap_err();
+    assert!(matches!(err, Error::ZeroGenerations { .. }));
+}
+
+#[test]
+fn zero_module_kinds_means_one_generation_not_an_error() {
+    let planned = discovered(&[(0, &[F32_64]), (1, &[F32_64])])
+        .plan(Policy::ModuleKinds(0))
+        .unwrap();
+    assert_eq!(planned.generations(), 1);
+}
+
+#[test]
+fn a_packed_arena_past_64_bits_is_arena_overflow() {
+    // Two consecutive runners of 2^63 bytes each must be disjoint when both
+    // may be in flight: 2^64 bytes.
+    let half = device(DType::U8, 1 << 63);
+    let err = discovered(&[(0, &[half]), (1, &[half])])
+        .plan(Policy::Generations(2).packed())
+        .unwrap_err();
+    assert_eq!(err, Error::ArenaOverflow { key: half.key() });
+    assert_mentions(&err, &["u8 in device", "overflows 64 bits"]);
+}
+
+// ---- allocation ------------------------------------------------------------
+
+#[test]
+fn a_failed_arena_allocation_is_allocation() {
+    // Arenas are allocated in key order: f32 (256 bytes), then bf16 (2048).
+    let bf16 = device(DType::BF16, 1024);
+    let planned = discovered(&[(0, &[F32_64, bf16])])
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let sim = SimBackend::new();
+    sim.fail_allocations_after(Some(1));
+    let err = expect_err(planned.allocate(sim));
+    assert!(matches!(
+        &err,
+        Error::Allocation { key, bytes: 2048, .. } if *key == bf16.key()
+    ));
+    assert_mentions(
+        &err,
+        &[
+            "2048 bytes",
+            "bf16 in device",
+            "injected allocation failure",
+        ],
+    );
+}
+
+#[test]
+fn an_arena_larger_than_the_address_space_is_allocation_not_a_panic() {
+    let huge = device(DType::U8, 1 << 63);
+    let planned = discovered(&[(0, &[huge])])
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let err = expect_err(planned.allocate(SimBackend::new()));
+    assert!(matches!(
+        err,
+        Error::Allocation {
+            bytes: 9_223_372_036_854_775_808,
+            ..
+        }
+    ));
+    assert_mentions(&err, &["9223372036854775808 bytes", "u8 in device"]);
+}
+
+// ---- capture ---------------------------------------------------------------
+
+#[test]
+fn capturing_an_undiscovered_runner_is_unknown_runner() {
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    let err = expect_err(capturing.capture(RunnerId(9)));
+    assert_eq!(
+        err,
+        Error::UnknownRunner {
+            runner: RunnerId(9)
+        }
+    );
+    assert_mentions(&err, &["runner 9", "not discovered"]);
+}
+
+#[test]
+fn capturing_a_finished_runner_again_is_already_captured() {
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    capture_ok(&mut capturing, &sim, &stream, 0, &[F32_64]);
+    let err = expect_err(capturing.capture(RunnerId(0)));
+    assert_eq!(
+        err,
+        Error::AlreadyCaptured {
+            runner: RunnerId(0),
+            state: "finished".into()
+        }
+    );
+    assert_mentions(&err, &["runner 0", "already captured", "finished"]);
+}
+
+#[test]
+fn capturing_a_failed_runner_again_is_already_captured_with_the_failure() {
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    drop(capturing.capture(RunnerId(0)).unwrap());
+    let err = expect_err(capturing.capture(RunnerId(0)));
+    assert!(
+        matches!(&err, Error::AlreadyCaptured { runner: RunnerId(0), state }
+        if state.starts_with("failed"))
+    );
+    assert_mentions(&err, &["runner 0", "capture dropped before finish"]);
+}
+
+#[test]
+fn taking_past_the_discovered_capacity_is_capacity_exceeded() {
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    cap.take(F32_64).unwrap();
+    let err = cap.take(F32_64).unwrap_err();
+    assert_eq!(
+        err,
+        Error::CapacityExceeded {
+            runner: RunnerId(0),
+            key: F32_64.key(),
+            index: 1,
+            request: F32_64,
+            requested: 256,
+            consumed: 256,
+            capacity: 256,
+        }
+    );
+    assert_mentions(
+        &err,
+        &[
+            "runner 0",
+            "requested 256 bytes of f32 in device",
+            "256 of 256 bytes already consumed",
+            "request #1",
+        ],
+    );
+}
+
+#[test]
+fn taking_a_key_discovery_never_saw_is_capacity_exceeded() {
+    let (_sim, _stream, mut capturing) = allocated(&[(2, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(2)).unwrap();
+    let err = cap.take(device(DType::BF16, 128)).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::CapacityExceeded {
+            runner: RunnerId(2),
+            requested: 256,
+            consumed: 0,
+            capacity: 0,
+            index: 0,
+            ..
+        }
+    ));
+    assert_mentions(
+        &err,
+        &["runner 2", "256 bytes of bf16 in device", "0 of 0 bytes"],
+    );
+}
+
+#[test]
+fn taking_zero_elements_during_capture_is_zero_elements() {
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let err = cap.take(device(DType::F32, 0)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::ZeroElements {
+            runner: RunnerId(0),
+            key: F32_64.key()
+        }
+    );
+}
+
+#[test]
+fn taking_an_overflowing_request_during_capture_is_size_overflow() {
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let err = cap.take(device(DType::F32, u64::MAX)).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::SizeOverflow {
+            runner: RunnerId(0),
+            what: "request size",
+            ..
+        }
+    ));
+    assert_mentions(&err, &["runner 0", "f32 in device"]);
+}
+
+#[test]
+fn taking_a_different_size_than_discovery_is_request_mismatch() {
+    // 512 bytes fit in the runner's 512-byte capacity, but discovery recorded
+    // two requests of 256, not one of 512.
+    let (_sim, _stream, mut capturing) = allocated(&[(1, &[F32_64, F32_64])]);
+    let cap = capturing.capture(RunnerId(1)).unwrap();
+    let err = cap.take(device(DType::F32, 128)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::RequestMismatch {
+            runner: RunnerId(1),
+            key: F32_64.key(),
+            index: 0,
+            request: device(DType::F32, 128),
+            expected: F32_64,
+            requested: 512,
+            consumed: 0,
+            capacity: 512,
+        }
+    );
+    assert_mentions(
+        &err,
+        &[
+            "runner 1 request #0",
+            "128 x f32 in device",
+            "discovery recorded 64 x f32 in device",
+            "requested 512 bytes",
+            "consumed 0 of 512",
+        ],
+    );
+}
+
+#[test]
+fn taking_a_different_purpose_than_discovery_is_request_mismatch() {
+    let wgrad = F32_64.purpose(Purpose::WgradRsInput);
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[wgrad])]);
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let err = cap.take(F32_64).unwrap_err();
+    assert!(matches!(err, Error::RequestMismatch { expected, .. } if expected == wgrad));
+    assert_mentions(&err, &["(other)", "(wgrad_rs_input)"]);
+}
+
+#[test]
+fn a_rejected_take_consumes_nothing() {
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        cap.take(device(DType::F32, 128)).unwrap_err();
+        let view = cap.take(F32_64).unwrap();
+        let graph = cap
+            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+            .unwrap();
+        cap.finish(graph).unwrap();
+    }
+    capturing.seal().unwrap();
+}
+
+#[test]
+fn finishing_with_capacity_left_is_consumption_mismatch() {
+    let bf16 = device(DType::BF16, 64); // 128 bytes, aligned to 256
+    let (sim, stream, mut capturing) = allocated(&[(3, &[bf16, bf16])]);
+    let cap = capturing.capture(RunnerId(3)).unwrap();
+    let view = cap.take(bf16).unwrap();
+    let graph = cap
+        .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+        .unwrap();
+    let err = cap.finish(graph).unwrap_err();
+    assert_eq!(
+        err,
+        Error::ConsumptionMismatch {
+            runner: RunnerId(3),
+            key: bf16.key(),
+            consumed: 256,
+            capacity: 512,
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "runner 3 consumed 256/512 bytes of bf16 in device"
+    );
+}
+
+#[test]
+fn a_consumption_mismatch_fails_the_runner_and_seal_reports_it() {
+    let (sim, stream, mut capturing) = allocated(&[(3, &[F32_64, F32_64])]);
+    {
+        let cap = capturing.capture(RunnerId(3)).unwrap();
+        let view = cap.take(F32_64).unwrap();
+        let graph = cap
+            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+            .unwrap();
+        cap.finish(graph).unwrap_err();
+    }
+    let err = expect_err(capturing.seal());
+    assert!(matches!(&err, Error::Unfinished { runners } if runners.len() == 1));
+    assert_mentions(
+        &err,
+        &["runner 3 failed", "consumed 256/512 bytes of f32 in device"],
+    );
+}
+
+#[test]
+fn a_failing_capture_closure_is_capture_failed() {
+    let (_sim, stream, mut capturing) = allocated(&[(2, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(2)).unwrap();
+    let _view = cap.take(F32_64).unwrap();
+    let err = cap
+        .record(&stream, |_| Err::<(), _>("kernel launch refused"))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::CaptureFailed {
+            runner: RunnerId(2),
+            reason: "kernel launch refused".into()
+        }
+    );
+    assert_mentions(
+        &err,
+        &["capture of runner 2 failed", "kernel launch refused"],
+    );
+}
+
+#[test]
+fn a_failed_capture_fails_the_runner_and_seal_reports_it() {
+    let (_sim, stream, mut capturing) = allocated(&[(2, &[F32_64])]);
+    {
+        let cap = capturing.capture(RunnerId(2)).unwrap();
+        let _view = cap.take(F32_64).unwrap();
+        cap.record(&stream, |_| Err::<(), _>("kernel launch refused"))
+            .unwrap_err();
+    } // the capture closes here, unfinished
+    let err = expect_err(capturing.capture(RunnerId(2)));
+    assert_mentions(&err, &["runner 2", "failed: kernel launch refused"]);
+    let err = expect_err(capturing.seal());
+    assert_eq!(
+        err,
+        Error::Unfinished {
+            runners: vec![(RunnerId(2), "failed: kernel launch refused".into())]
+        }
+    );
+    assert_mentions(
+        &err,
+        &["cannot seal", "runner 2 failed: kernel launch refused"],
+    );
+}
+
+#[test]
+fn finishing_after_a_failed_capture_still_fails_the_runner() {
+    // The graph handed to `finish` cannot be the one whose capture failed:
+    // once `record` failed the runner stays failed.
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(F32_64).unwrap();
+        cap.record(&stream, |_| Err::<(), _>("out of launch slots"))
+            .unwrap_err();
+        let other = cap
+            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+            .unwrap();
+        let err = cap.finish(other).unwrap_err();
+        assert_eq!(
+            err,
+            Error::CaptureFailed {
+                runner: RunnerId(0),
+                reason: "out of launch slots".into()
+            }
+        );
+    }
+    let err = expect_err(capturing.seal());
+    assert_mentions(&err, &["runner 0 failed", "out of launch slots"]);
+}
+
+#[test]
+fn a_failed_capture_leaves_the_stream_free_for_the_next_capture() {
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64]), (1, &[F32_64])]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        cap.take(F32_64).unwrap();
+        cap.record(&stream, |_| Err::<(), _>("boom")).unwrap_err();
+    }
+    capture_ok(&mut capturing, &sim, &stream, 1, &[F32_64]);
+}
+
+#[test]
+fn a_graph_that_allocates_memory_is_graph_rejected() {
+    let (sim, stream, mut capturing) = allocated(&[(1, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(1)).unwrap();
+    let view = cap.take(F32_64).unwrap();
+    let graph = cap
+        .record(&stream, |s| {
+            sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)?;
+            sim.launch(s, SimOp::fill(&view, 1.0), 1)
+        })
+        .unwrap();
+    let err = cap.finish(graph).unwrap_err();
+    assert!(
+        matches!(&err, Error::GraphRejected { runner: RunnerId(1), reason }
+        if reason.contains("1 memory allocation node"))
+    );
+    assert_mentions(&err, &["graph captured for runner 1 was rejected"]);
+}
+
+#[test]
+fn a_rejected_graph_fails_the_runner_and_seal_reports_it() {
+    let (sim, stream, mut capturing) = allocated(&[(1, &[F32_64])]);
+    {
+        let cap = capturing.capture(RunnerId(1)).unwrap();
+        cap.take(F32_64).unwrap();
+        let graph = cap
+            .record(&stream, |s| {
+                sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)
+            })
+            .unwrap();
+        cap.finish(graph).unwrap_err();
+    }
+    let err = expect_err(capturing.seal());
+    assert_mentions(&err, &["runner 1 failed", "memory allocation node"]);
+}
+
+#[test]
+fn sealing_with_a_runner_never_captured_is_unfinished() {
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64]), (1, &[F32_64])]);
+    capture_ok(&mut capturing, &sim, &stream, 0, &[F32_64]);
+    let err = expect_err(capturing.seal());
+    assert_eq!(
+        err,
+        Error::Unfinished {
+            runners: vec![(RunnerId(1), "was never captured".into())]
+        }
+    );
+    assert_eq!(err.to_string(), "cannot seal: runner 1 was never captured");
+}
+
+#[test]
+fn sealing_after_a_dropped_capture_is_unfinished() {
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        cap.take(F32_64).unwrap();
+    } // dropped without finish
+    let err = expect_err(capturing.seal());
+    assert_eq!(
+        err,
+        Error::Unfinished {
+            runners: vec![(RunnerId(0), "failed: capture dropped before finish".into())]
+        }
+    );
+    assert_mentions(&err, &["runner 0 failed: capture dropped before finish"]);
+}
+
+#[test]
+fn sealing_lists_every_unfinished_runner_in_capture_order() {
+    let (_sim, _stream, mut capturing) = allocated(&[(5, &[F32_64]), (2, &[F32_64])]);
+    drop(capturing.capture(RunnerId(2)).unwrap());
+    let err = expect_err(capturing.seal());
+    assert_mentions(
+        &err,
+        &["runner 5 was never captured, runner 2 failed: capture dropped before finish"],
+    );
+}
+
+// ---- replay ----------------------------------------------------------------
+
+#[test]
+fn an_empty_runner_needs_no_capture_and_has_no_graph() {
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64]), (1, &[])]);
+    capture_ok(&mut capturing, &sim, &stream, 0, &[F32_64]);
+    let mut replayable = capturing.seal().unwrap();
+    let err = replayable.replay(RunnerId(1), &stream).unwrap_err();
+    assert_eq!(
+        err,
+        Error::NoGraph {
+            runner: RunnerId(1)
+        }
+    );
+    assert_eq!(err.to_string(), "runner 1 has no captured graph to replay");
+}
+
+#[test]
+fn replaying_an_undiscovered_runner_is_unknown_runner() {
+    let (_sim, stream, mut replayable) = sealed_one();
+    let err = replayable.replay(RunnerId(7), &stream).unwrap_err();
+    assert_eq!(
+        err,
+        Error::UnknownRunner {
+            runner: RunnerId(7)
+        }
+    );
+    assert_mentions(&err, &["runner 7"]);
+}
+
+#[test]
+fn views_of_an_undiscovered_runner_is_unknown_runner() {
+    let (_sim, _stream, replayable) = sealed_one();
+    let err = replayable.views(RunnerId(7)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::UnknownRunner {
+            runner: RunnerId(7)
+        }
+    );
+}
+
+#[test]
+fn consuming_an_undiscovered_runner_is_unknown_runner() {
+    let (_sim, stream, mut replayable) = sealed_one();
+    let err = replayable
+        .consume(RunnerId(7), &stream, |_, _| Ok::<(), Error>(()))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::UnknownRunner {
+            runner: RunnerId(7)
+        }
+    );
+}
+
+#[test]
+fn a_failing_consumer_is_consumer_failed() {
+    let (_sim, stream, mut replayable) = sealed_one();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let err = replayable
+        .consume(RunnerId(0), &stream, |_, _| {
+            Err::<(), _>("reduce-scatter enqueue failed")
+        })
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::ConsumerFailed {
+            runner: RunnerId(0),
+            reason: "reduce-scatter enqueue failed".into()
+        }
+    );
+    assert_mentions(&err, &["runner 0", "reduce-scatter enqueue failed"]);
+}
+
+#[test]
+fn a_failing_consumer_still_records_the_runners_fence() {
+    // Whatever the consumer managed to enqueue before failing stays fenced.
+    let (_sim, stream, mut replayable) = sealed_one();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let before = replayable.fence_stats().records;
+    replayable
+        .consume(RunnerId(0), &stream, |_, _| Err::<(), _>("nope"))
+        .unwrap_err();
+    assert_eq!(replayable.fence_stats().records, before + 1);
+}
+
+#[test]
+fn a_replay_whose_graph_touches_freed_memory_is_backend() {
+    // The graph copies from a buffer outside the plan, which is freed before
+    // the replay: the sim refuses the launch.
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    let outside = sim.alloc_f32(64).unwrap();
+    let addr = outside.span().addr;
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(F32_64).unwrap();
+        let graph = cap
+            .record(&stream, |s| sim.launch(s, SimOp::copy(&outside, &view), 1))
+            .unwrap();
+        cap.finish(graph).unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    drop(outside);
+    let err = replayable.replay(RunnerId(0), &stream).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Backend {
+            op: "sim launch",
+            ..
+        }
+    ));
+    assert_mentions(
+        &err,
+        &[
+            "sim launch failed",
+            &format!("64 f32 at {addr:#x}"),
+            "outside every live allocation",
+        ],
+    );
+}
