@@ -444,19 +444,16 @@ impl SimState {
     }
 
     fn apply(&mut self, op: SimOp) {
-        let (dst, f): (Span, Box<dyn Fn(f32, Option<f32>) -> f32>) = match op {
-            SimOp::Fill { dst, value } => (dst, Box::new(move |_, _| value)),
-            SimOp::Copy { src, dst } => return self.binary(src, dst, |_, s| s),
-            SimOp::Add { src, dst } => return self.binary(src, dst, |d, s| d + s),
-            SimOp::Scale { dst, factor } => (dst, Box::new(move |d, _| d * factor)),
-            SimOp::AllocNode { .. } => return,
-        };
-        if let Some(values) = self.read(&dst) {
-            let out: Vec<f32> = values.into_iter().map(|d| f(d, None)).collect();
-            self.write(&dst, &out);
+        match op {
+            SimOp::Fill { dst, value } => self.binary(dst, dst, |_, _| value),
+            SimOp::Copy { src, dst } => self.binary(src, dst, |_, s| s),
+            SimOp::Add { src, dst } => self.binary(src, dst, |d, s| d + s),
+            SimOp::Scale { dst, factor } => self.binary(dst, dst, |d, _| d * factor),
+            SimOp::AllocNode { .. } => {}
         }
     }
 
+    /// `dst[i] = f(dst[i], src[i])` over the shorter of the two.
     fn binary(&mut self, src: Span, dst: Span, f: impl Fn(f32, f32) -> f32) {
         let n = src.len.min(dst.len);
         let src = Span { len: n, ..src };
