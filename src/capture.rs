@@ -251,7 +251,6 @@ impl<B: Backend> RunnerCapture<'_, B> {
         if let Some(&expected) = expected.filter(|&&e| e != request) {
             return Err(Error::RequestMismatch {
                 runner,
-                key,
                 index,
                 request,
                 expected,

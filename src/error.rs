@@ -103,15 +103,13 @@ pub enum Error {
     },
     /// A capture-time request differs from the one discovery recorded at the
     /// same position.
-    #[error("{runner} request #{index} is {request} but discovery recorded {expected} ({key}: requested {requested} bytes, consumed {consumed} of {capacity})")]
+    #[error("{runner} request #{index} is {request} but discovery recorded {expected} ({}: requested {requested} bytes, consumed {consumed} of {capacity})", .request.key())]
     RequestMismatch {
         /// The runner.
         runner: RunnerId,
-        /// The key of the capture-time request.
-        key: Key,
         /// Position of the request.
         index: usize,
-        /// What capture asked for.
+        /// What capture asked for (its key is the one sizes refer to).
         request: Request,
         /// What discovery recorded at this position.
         expected: Request,
