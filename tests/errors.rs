@@ -471,7 +471,6 @@ fn taking_a_different_size_than_discovery_is_request_mismatch() {
         err,
         Error::RequestMismatch {
             runner: RunnerId(1),
-            key: F32_64.key(),
             index: 0,
             request: device(DType::F32, 128),
             expected: F32_64,
