@@ -1,1 +1,611 @@
+//! Symmetric domains on NCCL (feature `nccl`).
+//!
+//! A [`Communicator`] is a crate-owned NCCL communicator for one
+//! [`GroupId`]: the caller exchanges the [`UniqueId`] bytes between ranks
+//! however it likes (a file, a TCP store, `MPI_Bcast`). An [`NcclBackend`] is
+//! the `cuda` backend plus one communicator per group; it backs every arena of
+//! `Domain::Symmetric(group)`: one `ncclMemAlloc`
+//! allocation per (group, generation, dtype), registered with
+//! `ncclCommWindowRegister(.., NCCL_WIN_COLL_SYMMETRIC)` on exactly that
+//! communicator before any capture, and deregistered and freed (after a
+//! synchronize) on teardown. Memory of one group is never inside another
+//! group's window: each window belongs to one communicator, and
+//! [`Communicator::reduce_scatter`] refuses views outside its own windows.
+//!
+//! Symmetric collectives need equal offsets on every rank:
+//! [`Communicator::check_plan`] all-gathers [`Planned::fingerprint`] and
+//! names the ranks that differ.
 
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::fmt;
+use std::rc::Rc;
+
+use cudarc::driver::result as cu;
+use cudarc::nccl::sys as nc;
+
+use crate::backend::cuda::{CudaArena, CudaBackend, CudaEvent, CudaGraph, CudaStream};
+use crate::backend::{Arena, Backend};
+use crate::capture::{NotSend, View};
+use crate::error::{Error, Result};
+use crate::plan::{ArenaPlan, Planned};
+use crate::vocab::{DType, Domain, GroupId};
+
+/// `NCCL_WIN_COLL_SYMMETRIC` from `nccl.h`.
+const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
+
+fn check(op: &'static str, result: nc::ncclResult_t) -> Result<()> {
+    match result {
+        nc::ncclResult_t::ncclSuccess => Ok(()),
+        other => Err(Error::Backend {
+            op,
+            detail: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Whether the NCCL library can be loaded (without panicking when it cannot).
+pub fn available() -> bool {
+    // SAFETY: only tries to open the library.
+    unsafe { nc::is_culib_present() }
+}
+
+fn require_nccl() -> Result<()> {
+    if available() {
+        Ok(())
+    } else {
+        Err(Error::BackendUnavailable {
+            reason: "libnccl.so could not be loaded (is NCCL installed and on LD_LIBRARY_PATH?)"
+                .into(),
+        })
+    }
+}
+
+/// The 128-byte id every rank of a communicator is created from. Rank 0
+/// makes it with [`UniqueId::new`]; the caller sends its bytes to the others.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId([u8; 128]);
+
+impl UniqueId {
+    /// A fresh id (`ncclGetUniqueId`).
+    pub fn new() -> Result<UniqueId> {
+        require_nccl()?;
+        let mut id = nc::ncclUniqueId { internal: [0; 128] };
+        // SAFETY: `id` is a valid out-pointer.
+        check("ncclGetUniqueId", unsafe { nc::ncclGetUniqueId(&mut id) })?;
+        Ok(UniqueId(id.internal.map(|c| c as u8)))
+    }
+
+    /// The bytes to send to the other ranks.
+    pub fn as_bytes(&self) -> &[u8; 128] {
+        &self.0
+    }
+
+    /// An id received from rank 0.
+    pub fn from_bytes(bytes: [u8; 128]) -> UniqueId {
+        UniqueId(bytes)
+    }
+}
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UniqueId({:02x?}..)", &self.0[..8])
+    }
+}
+
+struct CommInner {
+    comm: nc::ncclComm_t,
+    group: GroupId,
+    rank: usize,
+    size: usize,
+    /// (base, bytes) of every window registered on this communicator.
+    windows: RefCell<Vec<(u64, u64)>>,
+}
+
+impl Drop for CommInner {
+    fn drop(&mut self) {
+        // Every window holds an `Rc` to this, so all are deregistered by now.
+        // SAFETY: `comm` came from ncclCommInitRank and is destroyed once.
+        unsafe {
+            nc::ncclCommDestroy(self.comm);
+        }
+    }
+}
+
+/// A crate-owned NCCL communicator for one group. Not `Send`: NCCL
+/// communicators and the windows registered on them stay on the thread (and
+/// CUDA context) that made them.
+#[derive(Clone)]
+pub struct Communicator {
+    inner: Rc<CommInner>,
+    _not_send: NotSend,
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("group", &self.inner.group)
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .field("windows", &self.inner.windows.borrow().len())
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Joins communicator `id` as `rank` of `size` (`ncclCommInitRank`) on
+    /// `backend`'s device. Every rank must call this (from its own thread or
+    /// process) with the same id and size.
+    pub fn new(
+        backend: &CudaBackend,
+        group: GroupId,
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+    ) -> Result<Communicator> {
+        require_nccl()?;
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidView {
+                reason: format!("rank {rank} of a communicator of size {size}"),
+            });
+        }
+        bind(backend)?;
+        let mut comm: nc::ncclComm_t = std::ptr::null_mut();
+        let unique = nc::ncclUniqueId {
+            internal: id.0.map(|b| b as _),
+        };
+        // SAFETY: `comm` is a valid out-pointer; the context is bound.
+        check("ncclCommInitRank", unsafe {
+            nc::ncclCommInitRank(&mut comm, size as i32, unique, rank as i32)
+        })?;
+        Ok(Communicator {
+            inner: Rc::new(CommInner {
+                comm,
+                group,
+                rank,
+                size,
+                windows: RefCell::new(Vec::new()),
+            }),
+            _not_send: NotSend::default(),
+        })
+    }
+
+    /// The group this communicator serves.
+    pub fn group(&self) -> GroupId {
+        self.inner.group
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// (base, bytes) of the windows currently registered on this
+    /// communicator.
+    pub fn windows(&self) -> Vec<(u64, u64)> {
+        self.inner.windows.borrow().clone()
+    }
+
+    /// All-gathers every rank's [`Planned::fingerprint`] and fails, naming
+    /// the ranks that differ from rank 0, unless all agree. Call it on every
+    /// rank before [`Planned::allocate`]: window registration and symmetric
+    /// collectives assume equal layouts everywhere.
+    pub fn check_plan(&self, plan: &Planned) -> Result<()> {
+        let all = self.all_gather_u64(plan.fingerprint())?;
+        let ranks: Vec<usize> = (0..all.len()).filter(|&r| all[r] != all[0]).collect();
+        if ranks.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::FingerprintMismatch {
+                group: self.inner.group,
+                ranks,
+                fingerprints: all,
+            })
+        }
+    }
+
+    fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
+        let size = self.inner.size;
+        let driver = |op: &'static str| {
+            move |e: cudarc::driver::DriverError| Error::Backend {
+                op,
+                detail: format!("{:?}", e.0),
+            }
+        };
+        // SAFETY: a plain device allocation of `size` u64s, freed below.
+        let buf = unsafe { cu::malloc_sync(8 * size) }.map_err(driver("cuMemAlloc"))?;
+        let result = (|| {
+            let mine = buf + 8 * self.inner.rank as u64;
+            // SAFETY: `mine` is inside `buf`.
+            unsafe { cu::memcpy_htod_sync(mine, &[value]) }.map_err(driver("cuMemcpyHtoD"))?;
+            // SAFETY: in-place all-gather (send = recv + rank * count) on the
+            // legacy stream, waited for by the synchronous copy below.
+            check("ncclAllGather", unsafe {
+                nc::ncclAllGather(
+                    mine as *const c_void,
+                    buf as *mut c_void,
+                    1,
+                    nc::ncclDataType_t::ncclUint64,
+                    self.inner.comm,
+                    std::ptr::null_mut(),
+                )
+            })?;
+            let mut all = vec![0u64; size];
+            // SAFETY: `buf` holds `size` u64s.
+            unsafe { cu::memcpy_dtoh_sync(&mut all, buf) }.map_err(driver("cuMemcpyDtoH"))?;
+            Ok(all)
+        })();
+        // SAFETY: allocated above; the synchronous copy finished all use.
+        let freed = unsafe { cu::free_sync(buf) }.map_err(driver("cuMemFree"));
+        let all = result?;
+        freed?;
+        Ok(all)
+    }
+
+    /// Reduce-scatters (sum) `send` into `recv` on `stream`; capturable, so it
+    /// can be part of a runner's graph. `send` must be a view of this group's
+    /// symmetric domain lying in one of this communicator's windows, with
+    /// `size * recv.len()` elements of `recv`'s dtype.
+    pub fn reduce_scatter(
+        &self,
+        send: &View<'_>,
+        recv: &View<'_>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        if recv.dtype() != send.dtype() {
+            return Err(Error::InvalidView {
+                reason: format!(
+                    "reduce-scatter from {} into {}: dtypes differ",
+                    send.dtype(),
+                    recv.dtype()
+                ),
+            });
+        }
+        // SAFETY: `recv` is a live view of `recv.len()` elements.
+        unsafe { self.reduce_scatter_raw(send, recv.device_ptr(), recv.len(), stream) }
+    }
+
+    /// [`Communicator::reduce_scatter`] into a buffer outside the plan.
+    ///
+    /// # Safety
+    ///
+    /// `recv` must point to `recv_len` elements of `send.dtype()` of device
+    /// memory that stays valid until the reduce-scatter (and every replay of a
+    /// graph that captured it) has completed.
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        send: &View<'_>,
+        recv: u64,
+        recv_len: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.check_send_view(send, recv_len)?;
+        // SAFETY: checked above: `send` lies in a registered window and holds
+        // size * recv_len elements; the caller vouches for `recv`.
+        check("ncclReduceScatter", unsafe {
+            nc::ncclReduceScatter(
+                send.device_ptr() as *const c_void,
+                recv as *mut c_void,
+                recv_len,
+                nccl_dtype(send.dtype()),
+                nc::ncclRedOp_t::ncclSum,
+                self.inner.comm,
+                stream.cu_stream() as nc::cudaStream_t,
+            )
+        })
+    }
+
+    fn check_send_view(&self, send: &View<'_>, recv_len: usize) -> Result<()> {
+        let group = self.inner.group;
+        if send.domain() != Domain::Symmetric(group) {
+            return Err(Error::InvalidView {
+                reason: format!(
+                    "reduce-scatter on {group} needs a view of symmetric({group}), got one of {}",
+                    send.domain()
+                ),
+            });
+        }
+        let (start, end) = (send.device_ptr(), send.device_ptr() + send.bytes());
+        let inside = self
+            .inner
+            .windows
+            .borrow()
+            .iter()
+            .any(|&(base, bytes)| start >= base && end <= base + bytes);
+        if !inside {
+            return Err(Error::InvalidView {
+                reason: format!(
+                    "the send view at {start:#x} lies in no window registered on {group}'s communicator"
+                ),
+            });
+        }
+        let expected = recv_len.checked_mul(self.inner.size);
+        if expected != Some(send.len()) {
+            return Err(Error::InvalidView {
+                reason: format!(
+                    "reduce-scatter over {} ranks into {recv_len} elements needs {} send elements, the view has {}",
+                    self.inner.size,
+                    recv_len.saturating_mul(self.inner.size),
+                    send.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn bind(backend: &CudaBackend) -> Result<()> {
+    backend
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::Backend {
+            op: "cuCtxSetCurrent",
+            detail: format!("{:?}", e.0),
+        })
+}
+
+fn nccl_dtype(dtype: DType) -> nc::ncclDataType_t {
+    use nc::ncclDataType_t as T;
+    match dtype {
+        DType::F64 => T::ncclFloat64,
+        DType::F32 => T::ncclFloat32,
+        DType::F16 => T::ncclFloat16,
+        DType::BF16 => T::ncclBfloat16,
+        DType::F8E4M3 => T::ncclFloat8e4m3,
+        DType::F8E5M2 => T::ncclFloat8e5m2,
+        DType::I64 => T::ncclInt64,
+        DType::I32 => T::ncclInt32,
+        DType::I8 => T::ncclInt8,
+        DType::U8 => T::ncclUint8,
+    }
+}
+
+/// One symmetric arena: `ncclMemAlloc` memory registered as a symmetric
+/// window on one communicator. Dropping it deregisters, then frees (the
+/// lifecycle synchronizes before any arena is dropped).
+pub struct Window {
+    comm: Rc<CommInner>,
+    base: u64,
+    bytes: u64,
+    window: nc::ncclWindow_t,
+}
+
+impl fmt::Debug for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Window")
+            .field("group", &self.comm.group)
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl Window {
+    /// Allocates and registers `bytes` on `comm`. Collective: every rank
+    /// registers its windows in the same order (equal fingerprints ensure it).
+    pub(crate) fn new(comm: &Communicator, bytes: u64) -> Result<Window> {
+        let inner = &comm.inner;
+        let len = usize::try_from(bytes).map_err(|_| Error::Backend {
+            op: "ncclMemAlloc",
+            detail: format!("{bytes} bytes exceed the address space"),
+        })?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer.
+        check("ncclMemAlloc", unsafe { nc::ncclMemAlloc(&mut ptr, len) })?;
+        let mut window: nc::ncclWindow_t = std::ptr::null_mut();
+        // SAFETY: `ptr` holds `len` bytes from ncclMemAlloc.
+        let registered = check("ncclCommWindowRegister", unsafe {
+            nc::ncclCommWindowRegister(inner.comm, ptr, len, &mut window, NCCL_WIN_COLL_SYMMETRIC)
+        })
+        .and_then(|()| {
+            if window.is_null() {
+                Err(Error::Backend {
+                    op: "ncclCommWindowRegister",
+                    detail: format!(
+                        "returned success but a null window for {bytes} bytes on {}",
+                        inner.group
+                    ),
+                })
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = registered {
+            // SAFETY: allocated above, never registered.
+            unsafe { nc::ncclMemFree(ptr) };
+            return Err(e);
+        }
+        let base = ptr as u64;
+        inner.windows.borrow_mut().push((base, bytes));
+        Ok(Window {
+            comm: inner.clone(),
+            base,
+            bytes,
+            window,
+        })
+    }
+
+    /// Address of the first byte.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The group whose communicator the window is registered on.
+    pub fn group(&self) -> GroupId {
+        self.comm.group
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        self.comm
+            .windows
+            .borrow_mut()
+            .retain(|&(b, _)| b != self.base);
+        // SAFETY: registered on this communicator in `new` and deregistered
+        // once; the memory came from ncclMemFree's allocator and is no longer
+        // used (the lifecycle synchronized before dropping arenas).
+        unsafe {
+            nc::ncclCommWindowDeregister(self.comm.comm, self.window);
+            nc::ncclMemFree(self.base as *mut c_void);
+        }
+    }
+}
+
+/// An arena of an [`NcclBackend`]: plain device memory or a symmetric window.
+#[derive(Debug)]
+pub enum NcclArena {
+    /// A `Domain::Device` arena.
+    Device(CudaArena),
+    /// A `Domain::Symmetric` arena.
+    Symmetric(Window),
+}
+
+impl Arena for NcclArena {
+    fn base(&self) -> u64 {
+        match self {
+            NcclArena::Device(a) => a.base(),
+            NcclArena::Symmetric(w) => w.base(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            NcclArena::Device(a) => a.bytes(),
+            NcclArena::Symmetric(w) => w.bytes(),
+        }
+    }
+}
+
+/// The `cuda` backend plus one [`Communicator`] per symmetric group.
+/// `Domain::Device` arenas come from the driver as in the `cuda` backend;
+/// `Domain::Symmetric(g)` arenas are windows registered on `g`'s
+/// communicator. Not `Send`: communicators stay on their thread.
+///
+/// ```no_run
+/// use replay_arena::cuda::CudaBackend;
+/// use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+/// use replay_arena::GroupId;
+///
+/// let cuda = CudaBackend::new(0)?;
+/// let id = UniqueId::new()?; // rank 0 makes it; send id.as_bytes() to the others
+/// let gtp = Communicator::new(&cuda, GroupId(0), &id, 0, 1)?;
+/// let backend = NcclBackend::new(cuda).with_group(gtp)?;
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct NcclBackend {
+    cuda: CudaBackend,
+    groups: Vec<Communicator>,
+}
+
+impl NcclBackend {
+    /// Wraps a `cuda` backend; add communicators with [`NcclBackend::with_group`].
+    pub fn new(cuda: CudaBackend) -> NcclBackend {
+        NcclBackend {
+            cuda,
+            groups: Vec::new(),
+        }
+    }
+
+    /// Adds the communicator of one group (one per group).
+    pub fn with_group(mut self, comm: Communicator) -> Result<NcclBackend> {
+        if self.communicator(comm.group()).is_some() {
+            return Err(Error::GroupRegisteredTwice {
+                group: comm.group(),
+            });
+        }
+        self.groups.push(comm);
+        Ok(self)
+    }
+
+    /// The `cuda` backend underneath.
+    pub fn cuda(&self) -> &CudaBackend {
+        &self.cuda
+    }
+
+    /// The communicator of `group`.
+    pub fn communicator(&self, group: GroupId) -> Option<&Communicator> {
+        self.groups.iter().find(|c| c.group() == group)
+    }
+}
+
+impl Backend for NcclBackend {
+    type Arena = NcclArena;
+    type Event = CudaEvent;
+    type Stream = CudaStream;
+    type Graph = CudaGraph;
+
+    fn name(&self) -> &'static str {
+        "cuda+nccl"
+    }
+
+    fn allocate_arena(&self, plan: &ArenaPlan) -> Result<NcclArena> {
+        match plan.key.domain {
+            Domain::Device => self.cuda.allocate_arena(plan).map(NcclArena::Device),
+            Domain::Symmetric(group) => {
+                let comm = self
+                    .communicator(group)
+                    .ok_or(Error::NoCommunicator { group })?;
+                bind(&self.cuda)?;
+                Window::new(comm, plan.bytes)
+                    .map(NcclArena::Symmetric)
+                    .map_err(|e| Error::Allocation {
+                        key: plan.key,
+                        bytes: plan.bytes,
+                        reason: e.to_string(),
+                    })
+            }
+        }
+    }
+
+    fn create_event(&self) -> Result<CudaEvent> {
+        self.cuda.create_event()
+    }
+
+    fn stream_id(&self, stream: &CudaStream) -> u64 {
+        self.cuda.stream_id(stream)
+    }
+
+    fn wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        self.cuda.wait_event(stream, event)
+    }
+
+    fn record_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        self.cuda.record_event(stream, event)
+    }
+
+    fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        self.cuda.launch(graph, stream)
+    }
+
+    fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
+        self.cuda.begin_capture(stream)
+    }
+
+    fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
+        self.cuda.end_capture(stream)
+    }
+
+    fn abort_capture(&self, stream: &CudaStream) {
+        self.cuda.abort_capture(stream)
+    }
+
+    fn validate_graph(&self, graph: &CudaGraph) -> std::result::Result<(), String> {
+        self.cuda.validate_graph(graph)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.cuda.synchronize()
+    }
+}
