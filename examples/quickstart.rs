@@ -14,8 +14,8 @@
 
 use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
 use replay_arena::{
-    Backend, DType, Discovering, Domain, ParamId, PlanConfig, Policy, Purpose, Replayable,
-    Request, Result, RunnerId, View,
+    Backend, DType, Discovering, Domain, ParamId, PlanConfig, Policy, Purpose, Replayable, Request,
+    Result, RunnerId, View,
 };
 
 /// Parameters: (name, elements of its wgrad shard).
@@ -175,6 +175,9 @@ fn main() -> Result<()> {
         eprintln!("hazards: {:?}", sim.hazards());
         std::process::exit(1);
     }
-    println!("backend: sim (no hazards, {} allocations left)", sim.live_allocations());
+    println!(
+        "backend: sim (no hazards, {} allocations left)",
+        sim.live_allocations()
+    );
     Ok(())
 }

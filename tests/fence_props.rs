@@ -7,12 +7,18 @@ mod support;
 
 use proptest::prelude::*;
 use replay_arena::sim::{AsSpan, SimBackend, SimOp, Span};
-use replay_arena::{DType, Domain, Policy, Replayable, Request, RunnerId, Strategy as PlanStrategy};
+use replay_arena::{
+    DType, Domain, Policy, Replayable, Request, RunnerId, Strategy as PlanStrategy,
+};
 use support::{discover, Workload, GTP};
 
 fn f32_request() -> impl Strategy<Value = Request> {
     (any::<bool>(), 1u64..3000).prop_map(|(sym, n)| {
-        let domain = if sym { Domain::Symmetric(GTP) } else { Domain::Device };
+        let domain = if sym {
+            Domain::Symmetric(GTP)
+        } else {
+            Domain::Device
+        };
         Request::new(domain, DType::F32, n)
     })
 }
@@ -33,10 +39,19 @@ struct Step {
 fn case() -> impl Strategy<Value = (Workload, PlanStrategy, usize, Vec<Step>, Vec<u64>)> {
     (workload(), 1usize..4, any::<bool>(), 1usize..4).prop_flat_map(|(w, g, packed, streams)| {
         let n = w.len();
-        let step = (0..n, 0..streams, prop::option::of((0..streams, 1u64..300)))
-            .prop_map(|(runner, stream, consumer)| Step { runner, stream, consumer });
+        let step = (0..n, 0..streams, prop::option::of((0..streams, 1u64..300))).prop_map(
+            |(runner, stream, consumer)| Step {
+                runner,
+                stream,
+                consumer,
+            },
+        );
         let policy = Policy::Generations(g);
-        let s = if packed { policy.packed() } else { policy.into() };
+        let s = if packed {
+            policy.packed()
+        } else {
+            policy.into()
+        };
         (
             Just(w),
             Just(s),
@@ -87,8 +102,10 @@ fn setup(w: &Workload, s: PlanStrategy, streams: usize, durations: &[u64]) -> Se
 
 fn overlaps(a: &[Span], b: &[Span]) -> bool {
     let end = |s: &Span| s.addr + 4 * s.len as u64;
-    a.iter()
-        .any(|x| b.iter().any(|y| x.len > 0 && y.len > 0 && x.addr < end(y) && y.addr < end(x)))
+    a.iter().any(|x| {
+        b.iter()
+            .any(|y| x.len > 0 && y.len > 0 && x.addr < end(y) && y.addr < end(x))
+    })
 }
 
 proptest! {
