@@ -1,0 +1,19 @@
+//! Proves: the views a consumer is handed cannot escape the consumer; work
+//! on them must be enqueued inside `consume`, where it is fenced.
+use replay_arena::sim::SimBackend;
+use replay_arena::{Discovering, Error, PlanConfig, Policy, RunnerId, View};
+
+fn main() {
+    let sim = SimBackend::new();
+    let stream = sim.stream();
+    let planned = Discovering::new(PlanConfig::new())
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let mut replayable = planned.allocate(sim).unwrap().seal().unwrap();
+    let mut escaped: Vec<View<'_>> = Vec::new();
+    let _ = replayable.consume(RunnerId(0), &stream, |_, views| {
+        escaped.extend_from_slice(views);
+        Ok::<(), Error>(())
+    });
+    drop(escaped);
+}

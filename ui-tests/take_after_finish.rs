@@ -1,0 +1,15 @@
+//! Proves: a closed capture hands out no more views; `finish` consumes the
+//! `RunnerCapture`.
+use replay_arena::sim::{SimBackend, SimGraph};
+use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
+
+fn main() {
+    let request = Request::new(Domain::Device, DType::F32, 64);
+    let planned = Discovering::new(PlanConfig::new())
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let mut capturing = planned.allocate(SimBackend::new()).unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let _ = cap.finish(SimGraph::default());
+    let _ = cap.take(request);
+}
