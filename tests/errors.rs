@@ -101,7 +101,7 @@ fn sealed_one() -> (SimBackend, SimStream, Replayable<SimBackend>) {
 #[test]
 fn arming_a_runner_twice_is_runner_armed_twice() {
     let mut discovery = Discovering::new(PlanConfig::new());
-    drop(discovery.arm(RunnerId(4)).unwrap());
+    discovery.arm(RunnerId(4)).unwrap(); // armed and disarmed
     let err = expect_err(discovery.arm(RunnerId(4)));
     assert_eq!(
         err,
