@@ -299,9 +299,12 @@ impl Planned {
         &self.arenas
     }
 
-    /// Total arena bytes.
+    /// Total arena bytes (saturating at `u64::MAX`).
     pub fn total_bytes(&self) -> u64 {
-        self.arenas.iter().map(|a| a.bytes).sum()
+        self.arenas
+            .iter()
+            .map(|a| a.bytes)
+            .fold(0, u64::saturating_add)
     }
 
     /// Runners in capture order.

@@ -129,7 +129,9 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                 .map(|a| a.bytes)
                 .collect(),
         };
-        let round_robin_bytes = placement::round_robin(&cap, g).iter().sum();
+        let round_robin_bytes = placement::round_robin(&cap, g)
+            .into_iter()
+            .fold(0, u64::saturating_add);
         let packed_bytes = placement::packed(&cap, g).map_or(u64::MAX, |l| l.bytes);
         let longest_wait_list = plan
             .runners
@@ -142,7 +144,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         keys.push(KeyReport {
             key,
             name: key_name(plan, key),
-            plan_bytes: arenas.iter().sum(),
+            plan_bytes: arenas.iter().copied().fold(0, u64::saturating_add),
             arenas,
             round_robin_bytes,
             packed_bytes,
@@ -159,7 +161,11 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
             runner: r.id(),
             generation: r.generation,
             requests: r.record.requests.len(),
-            bytes: r.slices.iter().map(|s| s.bytes).sum(),
+            bytes: r
+                .slices
+                .iter()
+                .map(|s| s.bytes)
+                .fold(0, u64::saturating_add),
             slices: r.slices.clone(),
             wait_list,
         })

@@ -294,6 +294,22 @@ fn a_packed_arena_past_64_bits_is_arena_overflow() {
     assert_mentions(&err, &["u8 in device", "overflows 64 bits"]);
 }
 
+#[test]
+fn a_plan_past_64_bits_in_total_describes_itself_without_panicking() {
+    // Round-robin arenas of 2^63 bytes each are valid one by one; their sum
+    // is not. The totals saturate instead of overflowing.
+    let half = device(DType::U8, 1 << 63);
+    let other = device(DType::I8, 1 << 63);
+    let planned = discovered(&[(0, &[half, other]), (1, &[half])])
+        .plan(Policy::Generations(2))
+        .unwrap();
+    assert_eq!(planned.total_bytes(), u64::MAX);
+    let report = planned.report();
+    assert_eq!(report.plan_bytes, u64::MAX);
+    assert_eq!(report.runners[0].bytes, u64::MAX);
+    let _table = report.to_string();
+}
+
 // ---- allocation ------------------------------------------------------------
 
 #[test]
