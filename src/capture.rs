@@ -72,6 +72,32 @@ pub struct Capturing<B: Backend> {
     pub(crate) res: Resources<B>,
 }
 
+impl<B: Backend> fmt::Debug for Capturing<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Capturing")
+            .field("backend", &self.res.backend.name())
+            .field("runners", &self.plan.runners.len())
+            .field(
+                "captured",
+                &self
+                    .states
+                    .iter()
+                    .filter(|s| **s == CaptureState::Finished)
+                    .count(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> fmt::Debug for RunnerCapture<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerCapture")
+            .field("runner", &self.runner())
+            .field("next_request", &self.cursor.borrow().next)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<B: Backend> Capturing<B> {
     pub(crate) fn new(plan: Planned, backend: B) -> Result<Capturing<B>> {
         let mut res = Resources {
