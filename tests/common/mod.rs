@@ -90,7 +90,12 @@ pub struct Gpu {
 
 /// Opens device 0; these tests are ignored by default and fail without a GPU.
 pub fn gpu() -> Gpu {
-    let backend = CudaBackend::new(0)
+    gpu_on(0)
+}
+
+/// Opens device `ordinal` and loads the test kernels into its context.
+pub fn gpu_on(ordinal: usize) -> Gpu {
+    let backend = CudaBackend::new(ordinal)
         .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"));
     let module = backend
         .context()
