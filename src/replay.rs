@@ -138,6 +138,13 @@ impl<B: Backend> Replayable<B> {
         &self.res.backend
     }
 
+    /// The graph captured for `runner`, owned by the plan (`None` for an
+    /// empty runner that was not captured, or an unknown runner).
+    pub fn graph(&self, runner: RunnerId) -> Option<&B::Graph> {
+        let i = self.index.get(&runner)?;
+        self.res.graphs[*i].as_ref()
+    }
+
     /// What the fence has done so far.
     pub fn fence_stats(&self) -> FenceStats {
         self.stats
