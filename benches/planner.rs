@@ -1,0 +1,295 @@
+//! CPU benchmarks of the planner and of the per-request and per-replay
+//! bookkeeping (`cargo bench --bench planner`; about two minutes).
+//!
+//! - `plan/{round_robin,packed}/G3/{model,random}/{100,1000,10000}`:
+//!   `Discovering::plan` with `Policy::Generations(3)` for that many runners
+//!   of 8 requests each (4 keys, in a period-3 experts/router/attention
+//!   pattern), with model-like repeating sizes or pseudo-random ones (see
+//!   [`Sizes`]). Target: 10,000 runners in under 10 ms.
+//! - `take/per_request`: one `RunnerCapture::take` on `sim` (the capture is
+//!   opened outside the timed region). Target: under 50 ns.
+//! - `replay/*`: one replay of a graph of one zero-duration fill of 64 `f32`s
+//!   on `sim`: fenced on one stream (waits elided), fenced over two streams
+//!   (real waits), and `unsafe replay_unfenced`. The fenced minus unfenced
+//!   time is the fence's bookkeeping; both include the `sim` backend's own
+//!   cost (its stream model and hazard detector).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use replay_arena::sim::{SimBackend, SimOp};
+use replay_arena::{
+    Capturing, DType, Discovering, Domain, GroupId, PlanConfig, Policy, Purpose, Replayable,
+    Request, RunnerId, Strategy,
+};
+
+const GTP: GroupId = GroupId(0);
+const EXPERT_GTP: GroupId = GroupId(1);
+
+fn config() -> PlanConfig {
+    PlanConfig::new()
+        .with_group(GTP, "gtp")
+        .and_then(|c| c.with_group(EXPERT_GTP, "expert-gtp"))
+        .expect("two distinct groups")
+}
+
+/// xorshift64*: deterministic sizes without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform-ish in `lo..hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+}
+
+/// How request sizes vary between runners.
+#[derive(Clone, Copy, Debug)]
+enum Sizes {
+    /// Like a model: every layer has the same shapes, so capacities repeat
+    /// with the period-3 experts/router/attention pattern.
+    Model,
+    /// Pseudo-random sizes on top of the same pattern: every capacity
+    /// differs, the hardest case for packed placement and its fences.
+    Random,
+}
+
+/// The 8 requests of runner `k`: two wgrad reduce-scatter inputs (dense or,
+/// every third runner, expert group), their RS outputs, their FP32
+/// accumulation scratch, one FP32 RS scratch and one other buffer.
+fn requests(k: usize, sizes: Sizes, rng: &mut Rng) -> [Request; 8] {
+    let (group, scale) = match k % 3 {
+        0 => (EXPERT_GTP, 8),
+        1 => (GTP, 1),
+        _ => (GTP, 3),
+    };
+    let mut size = |lo: u64, hi: u64| match sizes {
+        Sizes::Model => (lo + hi) / 2,
+        Sizes::Random => rng.range(lo, hi),
+    };
+    let a = size(1 << 16, 1 << 20) * scale;
+    let b = size(1 << 17, 1 << 20) * scale;
+    let scratch = size(1024, 65536);
+    let other = size(1024, 1 << 18);
+    let wgrad =
+        |e| Request::new(Domain::Symmetric(group), DType::BF16, e).purpose(Purpose::WgradRsInput);
+    let out = |e: u64| Request::new(Domain::Device, DType::BF16, e / 8).purpose(Purpose::RsOutput);
+    let acc =
+        |e: u64| Request::new(Domain::Device, DType::F32, e / 8).purpose(Purpose::Fp32AccumScratch);
+    [
+        wgrad(a),
+        out(a),
+        acc(a),
+        wgrad(b),
+        out(b),
+        acc(b),
+        Request::new(Domain::Device, DType::F32, scratch).purpose(Purpose::Fp32RsScratch),
+        Request::new(Domain::Device, DType::BF16, other),
+    ]
+}
+
+fn discovery(runners: usize, sizes: Sizes) -> Discovering {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut d = Discovering::new(config());
+    for k in 0..runners {
+        let mut armed = d.arm(RunnerId(k as u32)).expect("fresh runner");
+        for r in requests(k, sizes, &mut rng) {
+            armed.record(r).expect("valid request");
+        }
+    }
+    d
+}
+
+fn bench_plan(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let policy = Policy::Generations(3);
+    let strategies: [(&str, Strategy); 2] =
+        [("round_robin", policy.into()), ("packed", policy.packed())];
+    for sizes in [Sizes::Model, Sizes::Random] {
+        for n in [100, 1_000, 10_000] {
+            let d = discovery(n, sizes);
+            for (name, strategy) in strategies {
+                let id = format!("{name}/G3/{}", format!("{sizes:?}").to_lowercase());
+                group.bench_with_input(BenchmarkId::new(id, n), &strategy, |b, &strategy| {
+                    b.iter_custom(|iters| {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            let input = d.clone();
+                            let start = Instant::now();
+                            let planned = black_box(input.plan(strategy).expect("plannable"));
+                            total += start.elapsed();
+                            drop(planned);
+                        }
+                        total
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+/// Requests per captured runner in the `take` benchmark: enough that the
+/// clock reads around each batch cost nothing per request.
+const TAKES: usize = 1024;
+
+fn take_workload() -> (Vec<Request>, Discovering) {
+    let keys = [
+        (Domain::Symmetric(GTP), DType::BF16),
+        (Domain::Device, DType::BF16),
+        (Domain::Device, DType::F32),
+        (Domain::Symmetric(EXPERT_GTP), DType::BF16),
+    ];
+    let reqs: Vec<Request> = (0..TAKES)
+        .map(|i| {
+            let (domain, dtype) = keys[i % keys.len()];
+            Request::new(domain, dtype, 64 + (i as u64 % 7))
+        })
+        .collect();
+    let mut d = Discovering::new(config());
+    for r in 0..4u32 {
+        let mut armed = d.arm(RunnerId(r)).expect("fresh runner");
+        for &q in &reqs {
+            armed.record(q).expect("valid request");
+        }
+    }
+    (reqs, d)
+}
+
+fn bench_take(c: &mut Criterion) {
+    let (reqs, d) = take_workload();
+    let planned = d.plan(Policy::Generations(2)).expect("plannable");
+    let mut group = c.benchmark_group("take");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    group.bench_function("per_request", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters as usize;
+            while left > 0 {
+                let mut capturing: Capturing<SimBackend> = planned
+                    .clone()
+                    .allocate(SimBackend::new())
+                    .expect("sim allocates");
+                for r in 0..4u32 {
+                    if left == 0 {
+                        break;
+                    }
+                    let cap = capturing.capture(RunnerId(r)).expect("first capture");
+                    let n = left.min(TAKES);
+                    let start = Instant::now();
+                    for &q in &reqs[..n] {
+                        black_box(cap.take(black_box(q)).expect("as discovered"));
+                    }
+                    total += start.elapsed();
+                    left -= n;
+                }
+            }
+            total
+        })
+    });
+    group.finish();
+}
+
+/// Runners in the replay benchmark (G = 2).
+const REPLAY_RUNNERS: u32 = 8;
+/// Replays between two (untimed) synchronizations, which keep the sim's
+/// pending-op and access lists short.
+const REPLAY_BATCH: u64 = 64;
+
+fn replayable(sim: &SimBackend) -> Replayable<SimBackend> {
+    let req = Request::new(Domain::Device, DType::F32, 64);
+    let mut d = Discovering::new(PlanConfig::new());
+    for r in 0..REPLAY_RUNNERS {
+        d.arm(RunnerId(r))
+            .and_then(|mut a| a.record(req))
+            .expect("fresh runner");
+    }
+    let stream = sim.stream();
+    let mut capturing = d
+        .plan(Policy::Generations(2))
+        .and_then(|p| p.allocate(sim.clone()))
+        .expect("sim allocates");
+    for r in 0..REPLAY_RUNNERS {
+        let cap = capturing.capture(RunnerId(r)).expect("first capture");
+        let view = cap.take(req).expect("as discovered");
+        let graph = cap
+            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 0))
+            .expect("sim captures");
+        cap.finish(graph).expect("exact consumption");
+    }
+    capturing.seal().expect("every runner captured")
+}
+
+#[derive(Clone, Copy)]
+enum Replay {
+    FencedOneStream,
+    FencedTwoStreams,
+    Unfenced,
+}
+
+fn bench_replay(c: &mut Criterion) {
+    let mut group = c.benchmark_group("replay");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let cases = [
+        ("fenced/one_stream", Replay::FencedOneStream),
+        ("fenced/two_streams", Replay::FencedTwoStreams),
+        ("unfenced/one_stream", Replay::Unfenced),
+    ];
+    for (name, case) in cases {
+        let sim = SimBackend::new();
+        let mut replayable = replayable(&sim);
+        let streams = [sim.stream(), sim.stream()];
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut done = 0u64;
+                while done < iters {
+                    let n = (iters - done).min(REPLAY_BATCH);
+                    let start = Instant::now();
+                    for i in done..done + n {
+                        let runner = RunnerId((i % u64::from(REPLAY_RUNNERS)) as u32);
+                        match case {
+                            Replay::FencedOneStream => replayable.replay(runner, &streams[0]),
+                            Replay::FencedTwoStreams => {
+                                replayable.replay(runner, &streams[(i % 2) as usize])
+                            }
+                            // SAFETY: one stream, so every earlier replay is
+                            // ordered before this one; nothing else runs.
+                            Replay::Unfenced => unsafe {
+                                replayable.replay_unfenced(runner, &streams[0])
+                            },
+                        }
+                        .expect("sim replays");
+                    }
+                    total += start.elapsed();
+                    replayable.synchronize().expect("sim synchronizes");
+                    done += n;
+                }
+                total
+            })
+        });
+        assert!(sim.hazards().is_empty(), "{name}: {:?}", sim.hazards());
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_plan, bench_take, bench_replay);
+criterion_main!(benches);
