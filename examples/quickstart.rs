@@ -50,20 +50,28 @@ fn grad_value(r: usize, i: usize) -> f32 {
 }
 
 /// The kernels the pipeline needs, per backend.
-trait Kernels: Backend + Clone {
+trait Kernels {
+    type Backend: Backend + Clone;
     /// A buffer outside the plan holding one parameter's main grad.
     type Buffer;
-    fn new_stream(&self) -> Result<Self::Stream>;
+    fn backend(&self) -> &Self::Backend;
+    fn new_stream(&self) -> Result<Stream<Self>>;
     fn zeros(&self, len: usize) -> Result<Self::Buffer>;
     /// `view[..] = value` (the wgrad GEMM).
-    fn write_grad(&self, stream: &Self::Stream, view: &View<'_>, value: f32) -> Result<()>;
+    fn write_grad(&self, stream: &Stream<Self>, view: &View<'_>, value: f32) -> Result<()>;
     /// `main_grad[..] += view[..]` (the reduce-scatter, on another stream).
-    fn accumulate(&self, stream: &Self::Stream, view: &View<'_>, out: &Self::Buffer) -> Result<()>;
+    fn accumulate(&self, stream: &Stream<Self>, view: &View<'_>, out: &Self::Buffer) -> Result<()>;
     fn read(&self, out: &Self::Buffer) -> Result<Vec<f32>>;
 }
 
+type Stream<K> = <<K as Kernels>::Backend as Backend>::Stream;
+
 impl Kernels for SimBackend {
+    type Backend = SimBackend;
     type Buffer = SimBuffer;
+    fn backend(&self) -> &SimBackend {
+        self
+    }
     fn new_stream(&self) -> Result<SimStream> {
         Ok(self.stream())
     }
@@ -81,6 +89,112 @@ impl Kernels for SimBackend {
     }
 }
 
+#[cfg(feature = "cuda")]
+mod gpu {
+    //! The same kernels on the GPU, compiled with nvrtc at start.
+    use super::Kernels;
+    use replay_arena::cuda::cudarc::driver::{
+        CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
+    };
+    use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
+    use replay_arena::cuda::{CudaBackend, CudaStream};
+    use replay_arena::{Backend, Error, Result, View};
+
+    const SOURCE: &str = r#"
+    extern "C" __global__ void fill(float* w, unsigned int n, float value) {
+        for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) w[i] = value;
+    }
+    extern "C" __global__ void add(float* out, const float* w, unsigned int n) {
+        for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] += w[i];
+    }
+    "#;
+
+    fn failed(op: &'static str) -> impl Fn(String) -> Error {
+        move |detail| Error::Backend { op, detail }
+    }
+
+    /// The `cuda` backend with the example's two kernels.
+    pub struct Gpu {
+        pub backend: CudaBackend,
+        fill: CudaFunction,
+        add: CudaFunction,
+        io: CudaStream,
+    }
+
+    impl Gpu {
+        pub fn new(ordinal: usize) -> Result<Gpu> {
+            let backend = CudaBackend::new(ordinal)?;
+            let ptx = compile_ptx(SOURCE).map_err(|e| failed("nvrtc")(format!("{e:?}")))?;
+            let module = backend
+                .context()
+                .load_module(ptx)
+                .map_err(|e| failed("cuModuleLoad")(format!("{:?}", e.0)))?;
+            let f = |name| {
+                module
+                    .load_function(name)
+                    .map_err(|e| failed("cuModuleGetFunction")(format!("{:?}", e.0)))
+            };
+            Ok(Gpu {
+                fill: f("fill")?,
+                add: f("add")?,
+                io: backend.new_stream()?,
+                backend,
+            })
+        }
+    }
+
+    fn cfg(n: usize) -> LaunchConfig {
+        LaunchConfig::for_num_elems(n as u32)
+    }
+
+    impl Kernels for Gpu {
+        type Backend = CudaBackend;
+        type Buffer = CudaSlice<f32>;
+        fn backend(&self) -> &CudaBackend {
+            &self.backend
+        }
+        fn new_stream(&self) -> Result<CudaStream> {
+            self.backend.new_stream()
+        }
+        fn zeros(&self, len: usize) -> Result<CudaSlice<f32>> {
+            let buf = self
+                .io
+                .cudarc()
+                .alloc_zeros::<f32>(len)
+                .map_err(|e| failed("cuMemAlloc")(format!("{:?}", e.0)))?;
+            self.io.synchronize()?;
+            Ok(buf)
+        }
+        fn write_grad(&self, s: &CudaStream, view: &View<'_>, value: f32) -> Result<()> {
+            let (ptr, n) = (view.device_ptr(), view.len() as u32);
+            let mut b = s.cudarc().launch_builder(&self.fill);
+            b.arg(&ptr).arg(&n).arg(&value);
+            unsafe { b.launch(cfg(view.len())) }
+                .map(drop)
+                .map_err(|e| failed("cuLaunchKernel")(format!("{:?}", e.0)))
+        }
+        fn accumulate(&self, s: &CudaStream, view: &View<'_>, out: &CudaSlice<f32>) -> Result<()> {
+            let (src, n) = (view.device_ptr(), view.len() as u32);
+            let dst = out.device_ptr(self.io.cudarc()).0;
+            let mut b = s.cudarc().launch_builder(&self.add);
+            b.arg(&dst).arg(&src).arg(&n);
+            unsafe { b.launch(cfg(view.len())) }
+                .map(drop)
+                .map_err(|e| failed("cuLaunchKernel")(format!("{:?}", e.0)))
+        }
+        fn read(&self, out: &CudaSlice<f32>) -> Result<Vec<f32>> {
+            self.backend.synchronize()?;
+            let v = self
+                .io
+                .cudarc()
+                .clone_dtoh(out)
+                .map_err(|e| failed("cuMemcpyDtoH")(format!("{:?}", e.0)))?;
+            self.io.synchronize()?;
+            Ok(v)
+        }
+    }
+}
+
 fn discover() -> Result<Discovering> {
     let mut discovery = Discovering::new(PlanConfig::new());
     for (r, (_, params)) in RUNNERS.iter().enumerate() {
@@ -92,7 +206,7 @@ fn discover() -> Result<Discovering> {
     Ok(discovery)
 }
 
-fn run<K: Kernels>(backend: K) -> Result<()> {
+fn run<K: Kernels>(backend: &K) -> Result<()> {
     let planned = discover()?.plan(Policy::OverlapDepth(2))?;
     println!("{}", planned.report());
 
@@ -103,7 +217,7 @@ fn run<K: Kernels>(backend: K) -> Result<()> {
         .map(|&(_, n)| backend.zeros(n as usize))
         .collect::<Result<_>>()?;
 
-    let mut capturing = planned.allocate(backend.clone())?;
+    let mut capturing = planned.allocate(backend.backend().clone())?;
     for (r, (_, params)) in RUNNERS.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32))?;
         let views: Vec<View<'_>> = params
@@ -118,7 +232,7 @@ fn run<K: Kernels>(backend: K) -> Result<()> {
         })?;
         cap.finish(graph)?;
     }
-    let mut replayable: Replayable<K> = capturing.seal()?;
+    let mut replayable: Replayable<K::Backend> = capturing.seal()?;
 
     for _ in 0..STEPS {
         for (r, (_, params)) in RUNNERS.iter().enumerate() {
@@ -160,7 +274,7 @@ fn run<K: Kernels>(backend: K) -> Result<()> {
     println!(
         "{} replays on {}: {} fence waits, {} elided by stream order",
         stats.replays,
-        backend.name(),
+        backend.backend().name(),
         stats.waits,
         stats.elided
     );
@@ -170,7 +284,7 @@ fn run<K: Kernels>(backend: K) -> Result<()> {
 
 fn main() -> Result<()> {
     let sim = SimBackend::new();
-    run(sim.clone())?;
+    run(&sim)?;
     if !sim.hazards().is_empty() {
         eprintln!("hazards: {:?}", sim.hazards());
         std::process::exit(1);
@@ -179,5 +293,14 @@ fn main() -> Result<()> {
         "backend: sim (no hazards, {} allocations left)",
         sim.live_allocations()
     );
+    #[cfg(feature = "cuda")]
+    match replay_arena::cuda::probe() {
+        Ok(info) => {
+            let gpu = gpu::Gpu::new(0)?;
+            run(&gpu)?;
+            println!("backend: cuda on {info}");
+        }
+        Err(e) => println!("backend: cuda skipped, no usable GPU ({e})"),
+    }
     Ok(())
 }
