@@ -94,6 +94,8 @@ impl fmt::Debug for UniqueId {
 }
 
 struct CommInner {
+    /// The device the communicator lives on; bound before every NCCL call.
+    cuda: CudaBackend,
     comm: nc::ncclComm_t,
     group: GroupId,
     rank: usize,
@@ -105,6 +107,7 @@ struct CommInner {
 impl Drop for CommInner {
     fn drop(&mut self) {
         // Every window holds an `Rc` to this, so all are deregistered by now.
+        let _ = bind(&self.cuda);
         // SAFETY: `comm` came from ncclCommInitRank and is destroyed once.
         unsafe {
             nc::ncclCommDestroy(self.comm);
@@ -160,6 +163,7 @@ impl Communicator {
         })?;
         Ok(Communicator {
             inner: Rc::new(CommInner {
+                cuda: backend.clone(),
                 comm,
                 group,
                 rank,
@@ -210,6 +214,7 @@ impl Communicator {
     }
 
     fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
+        bind(&self.inner.cuda)?;
         let size = self.inner.size;
         let driver = |op: &'static str| {
             move |e: cudarc::driver::DriverError| Error::Backend {
@@ -390,6 +395,7 @@ impl Window {
     /// registers its windows in the same order (equal fingerprints ensure it).
     pub(crate) fn new(comm: &Communicator, bytes: u64) -> Result<Window> {
         let inner = &comm.inner;
+        bind(&inner.cuda)?;
         let len = usize::try_from(bytes).map_err(|_| Error::Backend {
             op: "ncclMemAlloc",
             detail: format!("{bytes} bytes exceed the address space"),
@@ -452,6 +458,7 @@ impl Drop for Window {
             .windows
             .borrow_mut()
             .retain(|&(b, _)| b != self.base);
+        let _ = bind(&self.comm.cuda);
         // SAFETY: registered on this communicator in `new` and deregistered
         // once; the memory came from ncclMemFree's allocator and is no longer
         // used (the lifecycle synchronized before dropping arenas).
@@ -557,7 +564,6 @@ impl Backend for NcclBackend {
                 let comm = self
                     .communicator(group)
                     .ok_or(Error::NoCommunicator { group })?;
-                bind(&self.cuda)?;
                 Window::new(comm, plan.bytes)
                     .map(NcclArena::Symmetric)
                     .map_err(|e| Error::Allocation {
