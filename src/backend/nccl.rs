@@ -189,6 +189,12 @@ impl Communicator {
         self.inner.size
     }
 
+    /// The raw `ncclComm_t`, for collectives this crate does not wrap. Do not
+    /// destroy it; it lives as long as any clone of this communicator.
+    pub fn raw(&self) -> nc::ncclComm_t {
+        self.inner.comm
+    }
+
     /// (base, bytes) of the windows currently registered on this
     /// communicator.
     pub fn windows(&self) -> Vec<(u64, u64)> {
