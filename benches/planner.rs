@@ -209,7 +209,7 @@ fn bench_take(c: &mut Criterion) {
 const REPLAY_RUNNERS: u32 = 8;
 /// Replays between two (untimed) synchronizations, which keep the sim's
 /// pending-op and access lists short.
-const REPLAY_BATCH: u64 = 64;
+const REPLAY_BATCH: u64 = 16;
 
 fn replayable(sim: &SimBackend) -> Replayable<SimBackend> {
     let req = Request::new(Domain::Device, DType::F32, 64);
@@ -245,9 +245,9 @@ enum Replay {
 fn bench_replay(c: &mut Criterion) {
     let mut group = c.benchmark_group("replay");
     group
-        .sample_size(20)
+        .sample_size(30)
         .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
+        .measurement_time(Duration::from_secs(3));
     let cases = [
         ("fenced/one_stream", Replay::FencedOneStream),
         ("fenced/two_streams", Replay::FencedTwoStreams),
