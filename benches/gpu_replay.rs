@@ -145,6 +145,23 @@ fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
             Err(format!("cuGraphLaunch: {r:?}").into())
         }
     })?;
+    // The same pattern by hand, straight on the driver: what a framework
+    // fencing one generation event itself pays (wait + launch + record).
+    let event = b.create_event()?;
+    let raw_fenced_ns = host_ns(b, |i| {
+        let s = streams[i % 2].cu_stream();
+        let codes = unsafe {
+            [
+                sys::cuStreamWaitEvent(s, event.cu_event(), 0),
+                sys::cuGraphLaunch(exec, s),
+                sys::cuEventRecord(event.cu_event(), s),
+            ]
+        };
+        match codes.iter().find(|&&c| c != sys::CUresult::CUDA_SUCCESS) {
+            None => Ok(()),
+            Some(c) => Err(format!("raw fenced launch: {c:?}").into()),
+        }
+    })?;
     let same_ns = host_ns(b, |_| Ok(one.replay(RunnerId(0), &a)?))?;
     let before = one.fence_stats();
     let cross_ns = host_ns(b, |i| Ok(one.replay(RunnerId(0), streams[i % 2])?))?;
@@ -172,9 +189,16 @@ fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
         )
     };
     row("plain cuGraphLaunch (raw exec)", plain_ns);
+    row(
+        "raw cuStreamWaitEvent + cuGraphLaunch + cuEventRecord, two streams",
+        raw_fenced_ns,
+    );
     row("replay_unfenced (wrapper launch only)", unfenced_ns);
-    row("replay, one stream (wait elided; launch + record)", same_ns);
-    row("replay, two streams (wait + launch + record)", cross_ns);
+    row("replay, one stream (wait implied by stream order)", same_ns);
+    row(
+        "replay, alternating two streams (record + wait + launch)",
+        cross_ns,
+    );
     row("replay, round-robin G=2, 4 runners, two streams", rr_ns);
     row("replay, packed G=2, 4 runners, two streams", packed_ns);
     println!(

@@ -78,6 +78,7 @@ mod backend;
 mod capture;
 mod discover;
 mod error;
+mod fence;
 mod placement;
 mod plan;
 mod replay;

@@ -1,5 +1,5 @@
 //! Phase 2: [`Planned`]. Generations (or packed offsets), arena sizes, fence
-//! slots, a report and a fingerprint.
+//! claims, a report and a fingerprint.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,6 +8,7 @@ use crate::backend::Backend;
 use crate::capture::Capturing;
 use crate::discover::{PlanConfig, RunnerRecord};
 use crate::error::{Error, Result};
+use crate::fence::Claim;
 use crate::placement;
 use crate::report::{self, PlanReport};
 use crate::vocab::{Key, RunnerId};
@@ -147,8 +148,8 @@ pub(crate) struct RunnerPlan {
     pub(crate) generation: Option<usize>,
     /// One slice per key, in key order.
     pub(crate) slices: Vec<Slice>,
-    /// Fence slots this runner's replay must own.
-    pub(crate) slots: Vec<u32>,
+    /// Byte ranges of fence regions this runner's replay overwrites.
+    pub(crate) claims: Vec<Claim>,
 }
 
 impl RunnerPlan {
@@ -180,7 +181,8 @@ pub struct Planned {
     pub(crate) generations: usize,
     pub(crate) runners: Vec<RunnerPlan>,
     pub(crate) arenas: Vec<ArenaPlan>,
-    pub(crate) slot_count: usize,
+    /// Number of fence regions.
+    pub(crate) fence_regions: usize,
 }
 
 impl Planned {
@@ -208,7 +210,7 @@ impl Planned {
                     Placement::Packed => None,
                 },
                 slices: Vec::new(),
-                slots: Vec::new(),
+                claims: Vec::new(),
             });
         }
         let using: Vec<usize> = (0..runners.len())
@@ -266,14 +268,14 @@ impl Planned {
             }
         }
 
-        let slot_count = assign_fence_slots(&mut runners, &arenas, strategy.placement, g);
+        let fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
         Ok(Planned {
             config,
             strategy,
             generations: g,
             runners,
             arenas,
-            slot_count,
+            fence_regions,
         })
     }
 
@@ -371,49 +373,42 @@ fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, V
     by_key
 }
 
-/// Gives every buffer-using runner the fence slots it must own at replay.
+/// Gives every buffer-using runner the byte ranges its replay claims.
 ///
-/// Round-robin: one slot per generation. Packed: one slot per elementary
-/// segment of each arena (the ranges between consecutive runner boundaries),
-/// so that a replay waits only for the latest users of the bytes it
-/// overwrites. Returns the number of slots.
-fn assign_fence_slots(
+/// Round-robin: the whole of its generation (one fence region per
+/// generation, so one wait per replay). Packed: its slice of each key's arena
+/// (one region per arena), so it waits only for those that last used the
+/// bytes it overwrites. Returns the number of regions.
+fn assign_claims(
     runners: &mut [RunnerPlan],
     arenas: &[ArenaPlan],
     placement: Placement,
     g: usize,
 ) -> usize {
+    for r in runners.iter_mut() {
+        r.claims = match placement {
+            Placement::RoundRobin => r
+                .generation
+                .map(|gen| Claim {
+                    region: gen as u32,
+                    lo: 0,
+                    hi: 1,
+                })
+                .into_iter()
+                .collect(),
+            Placement::Packed => r
+                .slices
+                .iter()
+                .map(|s| Claim {
+                    region: s.arena as u32,
+                    lo: s.offset,
+                    hi: s.offset + s.bytes,
+                })
+                .collect(),
+        };
+    }
     match placement {
-        Placement::RoundRobin => {
-            for r in runners.iter_mut() {
-                r.slots = r.generation.map(|gen| vec![gen as u32]).unwrap_or_default();
-            }
-            g
-        }
-        Placement::Packed => {
-            let mut boundaries: Vec<Vec<u64>> = vec![Vec::new(); arenas.len()];
-            for s in runners.iter().flat_map(|r| &r.slices) {
-                boundaries[s.arena].extend([s.offset, s.offset + s.bytes]);
-            }
-            let mut first_slot = Vec::with_capacity(arenas.len());
-            let mut total = 0usize;
-            for b in &mut boundaries {
-                b.sort_unstable();
-                b.dedup();
-                first_slot.push(total);
-                total += b.len().saturating_sub(1);
-            }
-            for r in runners.iter_mut() {
-                let mut slots = Vec::new();
-                for s in &r.slices {
-                    let b = &boundaries[s.arena];
-                    let lo = b.partition_point(|&x| x < s.offset);
-                    let hi = b.partition_point(|&x| x < s.offset + s.bytes);
-                    slots.extend((lo..hi).map(|i| (first_slot[s.arena] + i) as u32));
-                }
-                r.slots = slots;
-            }
-            total
-        }
+        Placement::RoundRobin => g,
+        Placement::Packed => arenas.len(),
     }
 }

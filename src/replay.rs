@@ -1,19 +1,28 @@
 //! Phase 4: [`Replayable`]. What happens at replay: fence, launch, record.
 //!
-//! Every buffer-using runner owns fence *slots* (its generation under
-//! round-robin placement; the arena segments its range covers under packed
-//! placement) and one completion event. Replaying runner `r` on stream `S`:
+//! Every buffer-using runner claims byte ranges (the whole of its generation
+//! under round-robin placement; its slices under packed placement, see
+//! `fence.rs`) and owns one completion event. Replaying runner `r` on stream
+//! `S`:
 //!
-//! 1. for each slot of `r`, the latest runner `u` that used it: unless `u`'s
-//!    event was last recorded on `S` (stream order already implies it), `S`
-//!    waits on `u`'s event (each `u` once);
+//! 1. for each runner `u` that last used a byte `r` claims (each `u` once):
+//!    if `u` completes on `S`, stream order already implies the wait
+//!    and nothing is issued; otherwise, `S` waits on `u`'s event (recorded
+//!    first on `u`'s stream if it has not been yet, see below);
 //! 2. `r`'s graph is launched on `S`;
-//! 3. `r`'s event is recorded on `S`, and `r` becomes the latest user of its
-//!    slots.
+//! 3. `r` becomes the latest user of the bytes it claims and completes on
+//!    `S`.
 //!
 //! Each latest user waited for the one before it, so waiting for the latest
-//! user of a slot waits for every earlier one: no arena byte is overwritten
+//! user of a byte waits for every earlier one: no arena byte is overwritten
 //! while a replay that uses it is in flight.
+//!
+//! Events are recorded lazily: a replay records nothing; the event of `u` is
+//! recorded on `u`'s stream only when another stream first has to wait for
+//! it. A record issued then covers everything enqueued on that stream so far
+//! — `u`'s graph and possibly later work — so the wait is correct and at
+//! worst a little conservative. A replay whose waits are all implied by
+//! stream order costs one graph launch.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,6 +31,7 @@ use crate::backend::{Arena, Backend};
 use crate::capture::{Resources, View};
 use crate::discover::Discovering;
 use crate::error::{Error, Result};
+use crate::fence::Painter;
 use crate::plan::Planned;
 use crate::vocab::RunnerId;
 
@@ -34,8 +44,25 @@ pub struct FenceStats {
     pub waits: u64,
     /// Waits skipped because stream order already implied them.
     pub elided: u64,
-    /// Event records issued.
+    /// Event records issued (lazily, only for waits on another stream).
     pub records: u64,
+}
+
+/// Where a runner's latest replay (or consumer) completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Completion {
+    /// At the tail of this stream; its event is not recorded there yet.
+    Pending(u64),
+    /// Its event is recorded on this stream.
+    Recorded(u64),
+}
+
+impl Completion {
+    fn stream(self) -> u64 {
+        match self {
+            Completion::Pending(s) | Completion::Recorded(s) => s,
+        }
+    }
 }
 
 /// Phase 4 of 4: every buffer-using runner is captured; graphs replay behind
@@ -79,10 +106,13 @@ pub struct Replayable<B: Backend> {
     index: HashMap<RunnerId, usize>,
     /// Runner index -> its event index (buffer-using runners only).
     event_of: Vec<Option<usize>>,
-    /// Slot -> latest runner (index) that used it.
-    last_user: Vec<Option<u32>>,
-    /// Runner index -> stream its event was last recorded on.
-    last_stream: Vec<Option<u64>>,
+    /// Which runner last used which bytes.
+    painter: Painter,
+    /// Runner index -> where its latest replay or consumer completes.
+    completion: Vec<Option<Completion>>,
+    /// Runner index -> the stream its pending completion is on (kept here so
+    /// a lazy record can be issued on it).
+    pending_on: Vec<Option<B::Stream>>,
     waited: Vec<u32>,
     stats: FenceStats,
     res: Resources<B>,
@@ -119,8 +149,9 @@ impl<B: Backend> Replayable<B> {
                 .map(|(i, r)| (r.id(), i))
                 .collect(),
             event_of,
-            last_user: vec![None; plan.slot_count],
-            last_stream: vec![None; plan.runners.len()],
+            painter: Painter::new(plan.fence_regions),
+            completion: vec![None; plan.runners.len()],
+            pending_on: plan.runners.iter().map(|_| None).collect(),
             waited: Vec::new(),
             stats: FenceStats::default(),
             plan,
@@ -158,42 +189,64 @@ impl<B: Backend> Replayable<B> {
     }
 
     /// Replays `runner`'s graph on `stream`: waits for the latest users of
-    /// the bytes it overwrites, launches, records its completion event.
+    /// the bytes it overwrites (unless stream order implies it), launches,
+    /// and makes `runner` the latest user of its bytes.
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let i = self.index_of(runner)?;
-        let graph = self.res.graphs[i]
-            .as_ref()
-            .ok_or(Error::NoGraph { runner })?;
-        let backend = &self.res.backend;
-        let sid = backend.stream_id(stream);
-        self.waited.clear();
-        for &slot in &self.plan.runners[i].slots {
-            let Some(u) = self.last_user[slot as usize] else {
-                continue;
-            };
-            if self.waited.contains(&u) {
-                continue;
-            }
-            self.waited.push(u);
-            if self.last_stream[u as usize] == Some(sid) {
-                self.stats.elided += 1;
-                continue;
-            }
-            let event = &self.res.events[self.event_of[u as usize].expect("users own events")];
-            backend.wait_event(stream, event)?;
-            self.stats.waits += 1;
+        if self.res.graphs[i].is_none() {
+            return Err(Error::NoGraph { runner });
         }
-        backend.launch(graph, stream)?;
+        let sid = self.res.backend.stream_id(stream);
+        let mut users = std::mem::take(&mut self.waited);
+        users.clear();
+        for &claim in &self.plan.runners[i].claims {
+            self.painter.users(claim, &mut users);
+        }
+        let waited = users
+            .iter()
+            .try_for_each(|&u| self.wait_for(u as usize, stream, sid));
+        self.waited = users;
+        waited?;
+        let graph = self.res.graphs[i].as_ref().expect("checked above");
+        self.res.backend.launch(graph, stream)?;
         self.stats.replays += 1;
-        if let Some(e) = self.event_of[i] {
-            backend.record_event(stream, &self.res.events[e])?;
-            self.stats.records += 1;
-            self.last_stream[i] = Some(sid);
-            for &slot in &self.plan.runners[i].slots {
-                self.last_user[slot as usize] = Some(i as u32);
+        if self.event_of[i].is_some() {
+            self.complete_on(i, stream, sid);
+            for &claim in &self.plan.runners[i].claims {
+                self.painter.paint(claim, i as u32);
             }
         }
         Ok(())
+    }
+
+    /// Makes `stream` wait for runner `u`'s latest completion.
+    fn wait_for(&mut self, u: usize, stream: &B::Stream, sid: u64) -> Result<()> {
+        let Some(completion) = self.completion[u] else {
+            return Ok(());
+        };
+        if completion.stream() == sid {
+            self.stats.elided += 1;
+            return Ok(());
+        }
+        let event = &self.res.events[self.event_of[u].expect("users own events")];
+        if let Completion::Pending(_) = completion {
+            let on = self.pending_on[u].as_ref().expect("pending has a stream");
+            self.res.backend.record_event(on, event)?;
+            self.stats.records += 1;
+            self.completion[u] = Some(Completion::Recorded(completion.stream()));
+            self.pending_on[u] = None;
+        }
+        self.res.backend.wait_event(stream, event)?;
+        self.stats.waits += 1;
+        Ok(())
+    }
+
+    /// Runner `i` now completes at the tail of `stream`.
+    fn complete_on(&mut self, i: usize, stream: &B::Stream, sid: u64) {
+        if self.completion[i] != Some(Completion::Pending(sid)) {
+            self.pending_on[i] = Some(stream.clone());
+        }
+        self.completion[i] = Some(Completion::Pending(sid));
     }
 
     /// Launches `runner`'s graph with no fence at all.
@@ -224,23 +277,16 @@ impl<B: Backend> Replayable<B> {
         submit: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
     ) -> Result<()> {
         let i = self.index_of(runner)?;
-        let event = self.event_of[i].map(|e| &self.res.events[e]);
-        let backend = &self.res.backend;
-        let sid = backend.stream_id(stream);
-        if let Some(event) = event {
-            if self.last_stream[i] != Some(sid) {
-                backend.wait_event(stream, event)?;
-                self.stats.waits += 1;
-            } else {
-                self.stats.elided += 1;
-            }
+        let sid = self.res.backend.stream_id(stream);
+        let fenced = self.event_of[i].is_some();
+        if fenced {
+            self.wait_for(i, stream, sid)?;
         }
         let views = self.views(runner)?;
         let submitted = submit(stream, &views);
-        if let Some(event) = event {
-            backend.record_event(stream, event)?;
-            self.stats.records += 1;
-            self.last_stream[i] = Some(sid);
+        if fenced {
+            // Whatever was enqueued, even by a failing `submit`, is fenced.
+            self.complete_on(i, stream, sid);
         }
         submitted.map_err(|e| Error::ConsumerFailed {
             runner,

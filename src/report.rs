@@ -1,8 +1,9 @@
 //! What a plan costs, as data and as a table, and its fingerprint.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::fence::Painter;
 use crate::placement;
 use crate::plan::{Placement, Planned, Slice, Strategy};
 use crate::vocab::{Domain, Key, ParamId, Purpose, RunnerId};
@@ -222,22 +223,22 @@ fn ring_bytes(plan: &Planned, key: Key) -> u64 {
 
 /// Fence waits per runner when every runner replays in capture order on
 /// different streams, in steady state (second pass): the number of distinct
-/// latest users of the slots it owns.
+/// runners that last used the bytes it claims.
 fn steady_state_waits(plan: &Planned) -> Vec<usize> {
-    let mut last: Vec<Option<usize>> = vec![None; plan.slot_count];
+    let mut painter = Painter::new(plan.fence_regions);
     let mut waits = vec![0; plan.runners.len()];
-    let mut seen = HashSet::new();
+    let mut users = Vec::new();
     for pass in 0..2 {
         for (i, r) in plan.runners.iter().enumerate() {
-            seen.clear();
-            for &s in &r.slots {
-                if let Some(u) = last[s as usize] {
-                    seen.insert(u);
-                }
-                last[s as usize] = Some(i);
+            users.clear();
+            for &c in &r.claims {
+                painter.users(c, &mut users);
+            }
+            for &c in &r.claims {
+                painter.paint(c, i as u32);
             }
             if pass == 1 {
-                waits[i] = seen.len();
+                waits[i] = users.len();
             }
         }
     }

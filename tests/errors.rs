@@ -812,15 +812,19 @@ fn a_failing_consumer_is_consumer_failed() {
 }
 
 #[test]
-fn a_failing_consumer_still_records_the_runners_fence() {
-    // Whatever the consumer managed to enqueue before failing stays fenced.
-    let (_sim, stream, mut replayable) = sealed_one();
+fn a_failing_consumer_is_still_fenced() {
+    // Whatever the consumer managed to enqueue before failing stays fenced:
+    // the runner now completes on the consumer's stream, so the next replay
+    // on the first stream waits for it.
+    let (sim, stream, mut replayable) = sealed_one();
+    let side = sim.stream();
     replayable.replay(RunnerId(0), &stream).unwrap();
-    let before = replayable.fence_stats().records;
     replayable
-        .consume(RunnerId(0), &stream, |_, _| Err::<(), _>("nope"))
+        .consume(RunnerId(0), &side, |_, _| Err::<(), _>("nope"))
         .unwrap_err();
-    assert_eq!(replayable.fence_stats().records, before + 1);
+    let before = replayable.fence_stats();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    assert_eq!(replayable.fence_stats().waits, before.waits + 1);
 }
 
 #[test]

@@ -210,9 +210,9 @@ fn one_rank_comm(g: &Gpu, group: GroupId) -> Communicator {
 #[ignore = "needs a CUDA GPU"]
 fn symmetric_reduce_scatter_replays_exactly_in_two_groups() {
     let g = gpu();
+    let before = g.free_memory();
     let gtp = one_rank_comm(&g, GTP);
     let expert = one_rank_comm(&g, EXPERT);
-    let before = g.free_memory();
     let backend = NcclBackend::new(g.backend.clone())
         .with_group(gtp.clone())
         .unwrap()
@@ -235,8 +235,13 @@ fn symmetric_reduce_scatter_replays_exactly_in_two_groups() {
         gtp.windows().is_empty() && expert.windows().is_empty(),
         "windows deregistered"
     );
+    let with_comms = g.free_memory();
+    drop((gtp, expert));
     let after = g.free_memory();
-    println!("free memory before {before} after {after} (windows freed)");
+    println!(
+        "free memory: {before} before the communicators, {with_comms} after the plan's teardown \
+         with the communicators alive, {after} after they are destroyed"
+    );
     assert!(
         after + (4 << 20) >= before,
         "device memory left behind: {before} -> {after}"

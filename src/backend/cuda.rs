@@ -427,6 +427,10 @@ impl CudaBackend {
         inspect("cuGraphGetNodes", unsafe {
             sys::cuGraphGetNodes(graph, ptr::null_mut(), &mut n)
         })?;
+        if n == 0 {
+            // An empty graph (a runner whose capture enqueued nothing).
+            return Ok(());
+        }
         let mut nodes: Vec<sys::CUgraphNode> = vec![ptr::null_mut(); n];
         // SAFETY: `nodes` has room for `n` nodes.
         inspect("cuGraphGetNodes", unsafe {

@@ -35,8 +35,8 @@ pub trait Backend {
     type Arena: Arena;
     /// A completion event.
     type Event;
-    /// A stream work is submitted to.
-    type Stream;
+    /// A stream work is submitted to; clones are handles of one stream.
+    type Stream: Clone;
     /// A captured, launchable graph.
     type Graph;
 

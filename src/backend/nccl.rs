@@ -161,7 +161,7 @@ impl Communicator {
         check("ncclCommInitRank", unsafe {
             nc::ncclCommInitRank(&mut comm, size as i32, unique, rank as i32)
         })?;
-        Ok(Communicator {
+        let comm = Communicator {
             inner: Rc::new(CommInner {
                 cuda: backend.clone(),
                 comm,
@@ -171,7 +171,18 @@ impl Communicator {
                 windows: RefCell::new(Vec::new()),
             }),
             _not_send: NotSend::default(),
-        })
+        };
+        // NCCL connects peers lazily, at a communicator's first collective,
+        // which cannot happen inside a stream capture. Connect now, and check
+        // that every rank joined with a distinct rank number.
+        let ranks = comm.all_gather_u64(rank as u64)?;
+        if ranks != (0..size as u64).collect::<Vec<_>>() {
+            return Err(Error::Backend {
+                op: "ncclCommInitRank",
+                detail: format!("{group}: ranks reported {ranks:?}, expected 0..{size}"),
+            });
+        }
+        Ok(comm)
     }
 
     /// The group this communicator serves.
