@@ -98,115 +98,104 @@ fn build(
 }
 
 const BATCH: usize = 1000;
-const BATCHES: usize = 20;
+const BATCHES: usize = 30;
 
-/// Median host nanoseconds per call of `f` over batches of `BATCH` calls,
-/// each batch followed by an untimed synchronize (so the launch queue never
-/// fills and only host cost is measured).
-fn host_ns(b: &CudaBackend, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
-    for i in 0..BATCH {
-        f(i)?;
-    }
-    b.synchronize()?;
-    let mut samples = Vec::with_capacity(BATCHES);
-    for batch in 0..BATCHES {
-        let t = Instant::now();
-        for i in 0..BATCH {
-            f(batch * BATCH + i)?;
-        }
-        samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
-        b.synchronize()?;
-    }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[BATCHES / 2])
-}
+/// The host-cost modes, measured interleaved batch by batch so that clock
+/// and cache drift hit every mode alike.
+const MODES: [&str; 8] = [
+    "plain cuGraphLaunch (raw exec, no crate)",
+    "raw cuStreamWaitEvent + cuGraphLaunch + cuEventRecord, alternating two streams (no crate)",
+    "replay_unfenced (the crate's launch, no fence)",
+    "replay, one stream (waits implied by stream order)",
+    "replay, alternating two streams (record + wait + launch)",
+    "replay, round-robin G=2, 4 runners, two streams",
+    "replay, packed G=2, 4 runners, two streams",
+    "replay, round-robin G=2, 4 runners, stream k % 2 (steady state of a pool)",
+];
 
 fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
     let a = b.new_stream()?;
     let s2 = b.new_stream()?;
     let streams = [&a, &s2];
     let tiny = |s: &CudaStream, w: u64| touch(k, s, w);
-
-    let mut one = build(b, &a, 1, Policy::Generations(1).into(), &tiny)?;
-    let mut packed = build(b, &a, 4, Policy::Generations(2).packed(), &tiny)?;
+    let one = || build(b, &a, 1, Policy::Generations(1).into(), &tiny);
+    let (mut unfenced, mut same, mut cross) = (one()?, one()?, one()?);
     let mut rr4 = build(b, &a, 4, Policy::Generations(2).into(), &tiny)?;
-
-    // A plain launch of the very exec the plan launches for runner 0.
-    let exec = one
+    let mut pool4 = build(b, &a, 4, Policy::Generations(2).into(), &tiny)?;
+    let mut packed = build(b, &a, 4, Policy::Generations(2).packed(), &tiny)?;
+    // A plain launch of the very exec the plan launches in `unfenced`.
+    let exec = unfenced
         .graph(RunnerId(0))
         .ok_or("runner 0 has no graph")?
         .cu_graph_exec();
-
-    let plain_ns = host_ns(b, |_| {
-        let r = unsafe { sys::cuGraphLaunch(exec, a.cu_stream()) };
-        if r == sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!("cuGraphLaunch: {r:?}").into())
-        }
-    })?;
-    // The same pattern by hand, straight on the driver: what a framework
-    // fencing one generation event itself pays (wait + launch + record).
     let event = b.create_event()?;
-    let raw_fenced_ns = host_ns(b, |i| {
-        let s = streams[i % 2].cu_stream();
-        let codes = unsafe {
-            [
-                sys::cuStreamWaitEvent(s, event.cu_event(), 0),
-                sys::cuGraphLaunch(exec, s),
-                sys::cuEventRecord(event.cu_event(), s),
-            ]
-        };
+    let raw = |codes: &[sys::CUresult]| -> R<()> {
         match codes.iter().find(|&&c| c != sys::CUresult::CUDA_SUCCESS) {
             None => Ok(()),
-            Some(c) => Err(format!("raw fenced launch: {c:?}").into()),
+            Some(c) => Err(format!("driver call: {c:?}").into()),
         }
-    })?;
-    let same_ns = host_ns(b, |_| Ok(one.replay(RunnerId(0), &a)?))?;
-    let before = one.fence_stats();
-    let cross_ns = host_ns(b, |i| Ok(one.replay(RunnerId(0), streams[i % 2])?))?;
-    let after = one.fence_stats();
-    let rr_ns = host_ns(b, |i| {
-        Ok(rr4.replay(RunnerId((i % 4) as u32), streams[(i / 4) % 2])?)
-    })?;
-    let packed_ns = host_ns(b, |i| {
-        Ok(packed.replay(RunnerId((i % 4) as u32), streams[(i / 4) % 2])?)
-    })?;
-    // SAFETY: one runner on one stream: stream order already serializes it.
-    let unfenced_ns = host_ns(b, |_| {
-        unsafe { one.replay_unfenced(RunnerId(0), &a)? };
-        Ok(())
-    })?;
+    };
 
-    println!("## host time per replay (median of {BATCHES} batches of {BATCH})");
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    for round in 0..=BATCHES {
+        for (m, sample) in samples.iter_mut().enumerate() {
+            b.synchronize()?;
+            let t = Instant::now();
+            for i in 0..BATCH {
+                let s = streams[i % 2];
+                let r4 = RunnerId((i % 4) as u32);
+                match m {
+                    0 => raw(&[unsafe { sys::cuGraphLaunch(exec, a.cu_stream()) }])?,
+                    1 => raw(&unsafe {
+                        [
+                            sys::cuStreamWaitEvent(s.cu_stream(), event.cu_event(), 0),
+                            sys::cuGraphLaunch(exec, s.cu_stream()),
+                            sys::cuEventRecord(event.cu_event(), s.cu_stream()),
+                        ]
+                    })?,
+                    // SAFETY: one runner on one stream: stream order serializes it.
+                    2 => unsafe { unfenced.replay_unfenced(RunnerId(0), &a)? },
+                    3 => same.replay(RunnerId(0), &a)?,
+                    4 => cross.replay(RunnerId(0), s)?,
+                    5 => rr4.replay(r4, streams[(i / 4) % 2])?,
+                    6 => packed.replay(r4, streams[(i / 4) % 2])?,
+                    _ => pool4.replay(r4, s)?,
+                }
+            }
+            if round > 0 {
+                sample.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+            }
+        }
+    }
+    b.synchronize()?;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let medians: Vec<f64> = samples.iter_mut().map(median).collect();
+    let plain = medians[0];
+    println!("## host time per replay (median of {BATCHES} batches of {BATCH}, modes interleaved)");
     println!("| mode | ns/replay | minus plain cuGraphLaunch | ratio |");
     println!("|---|---:|---:|---:|");
-    let row = |name: &str, ns: f64| {
+    for (name, ns) in MODES.iter().zip(&medians) {
         println!(
             "| {name} | {ns:.0} | {:+.0} | {:.2}x |",
-            ns - plain_ns,
-            ns / plain_ns
-        )
-    };
-    row("plain cuGraphLaunch (raw exec)", plain_ns);
-    row(
-        "raw cuStreamWaitEvent + cuGraphLaunch + cuEventRecord, two streams",
-        raw_fenced_ns,
-    );
-    row("replay_unfenced (wrapper launch only)", unfenced_ns);
-    row("replay, one stream (wait implied by stream order)", same_ns);
-    row(
-        "replay, alternating two streams (record + wait + launch)",
-        cross_ns,
-    );
-    row("replay, round-robin G=2, 4 runners, two streams", rr_ns);
-    row("replay, packed G=2, 4 runners, two streams", packed_ns);
-    println!(
-        "cross-stream fence: {} waits, {} elided over {} replays",
-        after.waits - before.waits,
-        after.elided - before.elided,
-        after.replays - before.replays
-    );
+            ns - plain,
+            ns / plain
+        );
+    }
+    for (name, r) in [
+        ("one stream", &same),
+        ("alternating", &cross),
+        ("pool", &pool4),
+        ("packed", &packed),
+    ] {
+        let st = r.fence_stats();
+        println!(
+            "{name}: {} replays, {} waits, {} elided, {} records",
+            st.replays, st.waits, st.elided, st.records
+        );
+    }
     println!(
         "packed plan: longest wait list {}",
         packed.plan().report().longest_wait_list

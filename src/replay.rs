@@ -24,7 +24,6 @@
 //! worst a little conservative. A replay whose waits are all implied by
 //! stream order costs one graph launch.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use crate::backend::{Arena, Backend};
@@ -103,7 +102,8 @@ impl Completion {
 /// ```
 pub struct Replayable<B: Backend> {
     plan: Planned,
-    index: HashMap<RunnerId, usize>,
+    /// (runner, index in capture order), sorted by runner.
+    index: Vec<(RunnerId, usize)>,
     /// Runner index -> its event index (buffer-using runners only).
     event_of: Vec<Option<usize>>,
     /// Which runner last used which bytes.
@@ -142,12 +142,16 @@ impl<B: Backend> Replayable<B> {
             })
             .collect();
         Replayable {
-            index: plan
-                .runners
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (r.id(), i))
-                .collect(),
+            index: {
+                let mut index: Vec<(RunnerId, usize)> = plan
+                    .runners
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (r.id(), i))
+                    .collect();
+                index.sort_unstable();
+                index
+            },
             event_of,
             painter: Painter::new(plan.fence_regions),
             completion: vec![None; plan.runners.len()],
@@ -172,8 +176,8 @@ impl<B: Backend> Replayable<B> {
     /// The graph captured for `runner`, owned by the plan (`None` for an
     /// empty runner that was not captured, or an unknown runner).
     pub fn graph(&self, runner: RunnerId) -> Option<&B::Graph> {
-        let i = self.index.get(&runner)?;
-        self.res.graphs[*i].as_ref()
+        let i = self.index_of(runner).ok()?;
+        self.res.graphs[i].as_ref()
     }
 
     /// What the fence has done so far.
@@ -183,9 +187,9 @@ impl<B: Backend> Replayable<B> {
 
     fn index_of(&self, runner: RunnerId) -> Result<usize> {
         self.index
-            .get(&runner)
-            .copied()
-            .ok_or(Error::UnknownRunner { runner })
+            .binary_search_by_key(&runner, |&(r, _)| r)
+            .map(|k| self.index[k].1)
+            .map_err(|_| Error::UnknownRunner { runner })
     }
 
     /// Replays `runner`'s graph on `stream`: waits for the latest users of

@@ -8,6 +8,8 @@
 
 mod common;
 
+use std::sync::{Arc, Barrier};
+
 use common::{gpu, gpu_on, host_wgrad, Gpu, Spec};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
@@ -201,6 +203,12 @@ fn run(
     got
 }
 
+/// compute-sanitizer allocates device memory of its own, so free-memory
+/// comparisons are skipped when the command sets REPLAY_ARENA_SANITIZER=1.
+fn under_sanitizer() -> bool {
+    std::env::var_os("REPLAY_ARENA_SANITIZER").is_some()
+}
+
 fn one_rank_comm(g: &Gpu, group: GroupId) -> Communicator {
     let id = UniqueId::new().unwrap();
     Communicator::new(&g.backend, group, &id, 0, 1).unwrap()
@@ -243,7 +251,7 @@ fn symmetric_reduce_scatter_replays_exactly_in_two_groups() {
          with the communicators alive, {after} after they are destroyed"
     );
     assert!(
-        after + (4 << 20) >= before,
+        under_sanitizer() || after + (4 << 20) >= before,
         "device memory left behind: {before} -> {after}"
     );
 }
@@ -337,9 +345,10 @@ fn device_count() -> usize {
     replay_arena::cuda::cudarc::driver::result::device::get_count().unwrap() as usize
 }
 
-/// Runs `body(rank, ranks, ids)` on one thread per GPU, or says why not.
+/// Runs `body(rank, ranks, ids, barrier)` on one thread per GPU, or says
+/// why not.
 fn on_every_gpu<T: Send + 'static>(
-    body: impl Fn(usize, usize, [UniqueId; 2]) -> T + Send + Sync + Copy + 'static,
+    body: impl Fn(usize, usize, [UniqueId; 2], &Barrier) -> T + Send + Sync + Copy + 'static,
 ) -> Option<Vec<T>> {
     let ranks = device_count();
     if ranks < 2 {
@@ -351,8 +360,12 @@ fn on_every_gpu<T: Send + 'static>(
         std::env::set_var("NCCL_NVLS_ENABLE", "0");
     }
     let ids = [UniqueId::new().unwrap(), UniqueId::new().unwrap()];
+    let barrier = Arc::new(Barrier::new(ranks));
     let threads: Vec<_> = (0..ranks)
-        .map(|rank| std::thread::spawn(move || body(rank, ranks, ids)))
+        .map(|rank| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || body(rank, ranks, ids, &barrier))
+        })
         .collect();
     Some(threads.into_iter().map(|t| t.join().unwrap()).collect())
 }
@@ -377,7 +390,7 @@ fn rank_backend(
 #[ignore = "needs a CUDA GPU"]
 fn multi_rank_reduce_scatter_replays_exactly() {
     let steps = 500; // 2 runners x 500 = 1,000 replays per rank
-    let done = on_every_gpu(move |rank, ranks, ids| {
+    let done = on_every_gpu(move |rank, ranks, ids, barrier| {
         let g = gpu_on(rank);
         let before = g.free_memory();
         let (gtp, expert, backend) = rank_backend(&g, rank, ranks, ids);
@@ -404,9 +417,12 @@ fn multi_rank_reduce_scatter_replays_exactly() {
         }
         assert!(gtp.windows().is_empty() && expert.windows().is_empty());
         drop((gtp, expert));
+        // Peers map each other's NCCL buffers: measure once every rank has
+        // destroyed its communicators.
+        barrier.wait();
         let after = g.free_memory();
         assert!(
-            after + (64 << 20) >= before,
+            under_sanitizer() || after + (64 << 20) >= before,
             "rank {rank} left memory behind: {before} -> {after}"
         );
         rank
@@ -419,7 +435,7 @@ fn multi_rank_reduce_scatter_replays_exactly() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn multi_rank_fingerprint_check_names_the_rank_that_differs() {
-    let done = on_every_gpu(|rank, ranks, ids| {
+    let done = on_every_gpu(|rank, ranks, ids, _| {
         let g = gpu_on(rank);
         let (gtp, _expert, _backend) = rank_backend(&g, rank, ranks, ids);
         // Rank 1 discovered one more request than the others.
