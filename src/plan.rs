@@ -202,6 +202,7 @@ impl Planned {
                 position += 1;
                 position - 1
             });
+            let keys = record.capacity.len();
             runners.push(RunnerPlan {
                 record,
                 position: pos,
@@ -209,7 +210,7 @@ impl Planned {
                     Placement::RoundRobin => pos.map(|p| p % g),
                     Placement::Packed => None,
                 },
-                slices: Vec::new(),
+                slices: Vec::with_capacity(keys),
                 claims: Vec::new(),
             });
         }
@@ -364,13 +365,22 @@ impl Planned {
 
 /// Per key, the capacity of each buffer-using runner (0 where unused).
 fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, Vec<u64>> {
-    let mut by_key: BTreeMap<Key, Vec<u64>> = BTreeMap::new();
+    // Plans have a handful of keys: a linear scan beats a map lookup per
+    // (runner, key).
+    let mut by_key: Vec<(Key, Vec<u64>)> = Vec::new();
     for (k, &i) in using.iter().enumerate() {
         for (&key, &bytes) in &runners[i].record.capacity {
-            by_key.entry(key).or_insert_with(|| vec![0; using.len()])[k] = bytes;
+            let column = match by_key.iter().position(|(c, _)| *c == key) {
+                Some(c) => c,
+                None => {
+                    by_key.push((key, vec![0; using.len()]));
+                    by_key.len() - 1
+                }
+            };
+            by_key[column].1[k] = bytes;
         }
     }
-    by_key
+    by_key.into_iter().collect()
 }
 
 /// Gives every buffer-using runner the byte ranges its replay claims.

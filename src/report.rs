@@ -133,7 +133,10 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         let round_robin_bytes = placement::round_robin(&cap, g)
             .into_iter()
             .fold(0, u64::saturating_add);
-        let packed_bytes = placement::packed(&cap, g).map_or(u64::MAX, |l| l.bytes);
+        let packed_bytes = match plan.strategy.placement {
+            Placement::Packed => arenas.iter().sum(),
+            Placement::RoundRobin => placement::packed(&cap, g).map_or(u64::MAX, |l| l.bytes),
+        };
         let longest_wait_list = plan
             .runners
             .iter()
