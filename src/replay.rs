@@ -17,12 +17,15 @@
 //! user of a byte waits for every earlier one: no arena byte is overwritten
 //! while a replay that uses it is in flight.
 //!
-//! Events are recorded lazily: a replay records nothing; the event of `u` is
-//! recorded on `u`'s stream only when another stream first has to wait for
-//! it. A record issued then covers everything enqueued on that stream so far
-//! — `u`'s graph and possibly later work — so the wait is correct and at
-//! worst a little conservative. A replay whose waits are all implied by
-//! stream order costs one graph launch.
+//! Events are recorded only where someone waits on them. A runner's event is
+//! recorded right after its graph (or consumer) if, the last time, another
+//! stream waited for it; otherwise the record is deferred until another
+//! stream first has to wait, and issued then on the runner's stream. A
+//! deferred record covers everything enqueued on that stream so far — the
+//! runner's graph and possibly later work — so the wait is correct and at
+//! worst conservative; the runner then records eagerly from its next replay
+//! on, so a steady schedule waits exactly. A replay whose waits are all
+//! implied by stream order costs one graph launch.
 
 use std::fmt;
 
@@ -111,8 +114,13 @@ pub struct Replayable<B: Backend> {
     /// Runner index -> where its latest replay or consumer completes.
     completion: Vec<Option<Completion>>,
     /// Runner index -> the stream its pending completion is on (kept here so
-    /// a lazy record can be issued on it).
+    /// a deferred record can be issued on it).
     pending_on: Vec<Option<B::Stream>>,
+    /// Runner index -> record right after each replay (another stream waited
+    /// for the runner last time).
+    eager: Vec<bool>,
+    /// Runner index -> a wait used its latest eager record.
+    used: Vec<bool>,
     waited: Vec<u32>,
     stats: FenceStats,
     res: Resources<B>,
@@ -156,6 +164,8 @@ impl<B: Backend> Replayable<B> {
             painter: Painter::new(plan.fence_regions),
             completion: vec![None; plan.runners.len()],
             pending_on: plan.runners.iter().map(|_| None).collect(),
+            eager: vec![false; plan.runners.len()],
+            used: vec![false; plan.runners.len()],
             waited: Vec::new(),
             stats: FenceStats::default(),
             plan,
@@ -215,7 +225,7 @@ impl<B: Backend> Replayable<B> {
         self.res.backend.launch(graph, stream)?;
         self.stats.replays += 1;
         if self.event_of[i].is_some() {
-            self.complete_on(i, stream, sid);
+            self.complete_on(i, stream, sid)?;
             for &claim in &self.plan.runners[i].claims {
                 self.painter.paint(claim, i as u32);
             }
@@ -239,18 +249,35 @@ impl<B: Backend> Replayable<B> {
             self.stats.records += 1;
             self.completion[u] = Some(Completion::Recorded(completion.stream()));
             self.pending_on[u] = None;
+            self.eager[u] = true;
         }
         self.res.backend.wait_event(stream, event)?;
         self.stats.waits += 1;
+        self.used[u] = true;
         Ok(())
     }
 
-    /// Runner `i` now completes at the tail of `stream`.
-    fn complete_on(&mut self, i: usize, stream: &B::Stream, sid: u64) {
+    /// Runner `i` now completes at the tail of `stream`: record its event
+    /// there now if another stream is expected to wait for it, else later.
+    fn complete_on(&mut self, i: usize, stream: &B::Stream, sid: u64) -> Result<()> {
+        if self.eager[i] && !self.used[i] {
+            // Nobody waited for the last eager record: defer from now on.
+            self.eager[i] = false;
+        }
+        if self.eager[i] {
+            let event = &self.res.events[self.event_of[i].expect("users own events")];
+            self.res.backend.record_event(stream, event)?;
+            self.stats.records += 1;
+            self.completion[i] = Some(Completion::Recorded(sid));
+            self.pending_on[i] = None;
+            self.used[i] = false;
+            return Ok(());
+        }
         if self.completion[i] != Some(Completion::Pending(sid)) {
             self.pending_on[i] = Some(stream.clone());
         }
         self.completion[i] = Some(Completion::Pending(sid));
+        Ok(())
     }
 
     /// Launches `runner`'s graph with no fence at all.
@@ -290,7 +317,7 @@ impl<B: Backend> Replayable<B> {
         let submitted = submit(stream, &views);
         if fenced {
             // Whatever was enqueued, even by a failing `submit`, is fenced.
-            self.complete_on(i, stream, sid);
+            self.complete_on(i, stream, sid)?;
         }
         submitted.map_err(|e| Error::ConsumerFailed {
             runner,
