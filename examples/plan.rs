@@ -58,8 +58,8 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use replay_arena::{
-    DType, Discovering, Domain, GroupId, Key, ParamId, PlanConfig, PlanReport, Planned, Policy,
-    Purpose, Request, RunnerId, Strategy,
+    human_bytes, DType, Discovering, Domain, GroupId, Key, ParamId, PlanConfig, PlanReport,
+    Planned, Policy, Purpose, Request, RunnerId, Strategy,
 };
 use serde_json::{json, Map, Value};
 
@@ -784,22 +784,6 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Bytes as "1.50 GiB".
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
-
 // ---- comparison ------------------------------------------------------------
 
 /// One policy in the comparison: both placements' bytes and the lower bound.
@@ -882,7 +866,7 @@ impl Comparison {
             self.runners_using,
             self.module_kinds,
             self.module_kinds_from,
-            human(self.ring)
+            human_bytes(self.ring)
         );
         if let Some(source) = &self.source {
             out.push_str(&format!("source: {source}\n"));
@@ -908,9 +892,9 @@ impl Comparison {
                 r.round_robin_over_lower_bound(),
                 ratio(self.ring, r.packed),
                 ratio(self.ring, r.round_robin),
-                human(r.lower_bound),
-                human(r.packed),
-                human(r.round_robin)
+                human_bytes(r.lower_bound),
+                human_bytes(r.packed),
+                human_bytes(r.round_robin)
             ));
         }
         out
@@ -964,10 +948,10 @@ fn markdown(comparisons: &[Comparison]) -> String {
                 r.round_robin_over_lower_bound(),
                 ratio(c.ring, r.packed),
                 ratio(c.ring, r.round_robin),
-                human(r.lower_bound),
-                human(r.packed),
-                human(r.round_robin),
-                human(c.ring)
+                human_bytes(r.lower_bound),
+                human_bytes(r.packed),
+                human_bytes(r.round_robin),
+                human_bytes(c.ring)
             ));
         }
     }

@@ -44,6 +44,16 @@ pub(crate) struct Resources<B: Backend> {
     pub(crate) backend: B,
 }
 
+impl<B: Backend> Resources<B> {
+    /// Synchronizes, frees everything, and starts discovery again with the
+    /// plan's config. Everything is freed even when synchronizing fails.
+    pub(crate) fn release(self, plan: Planned) -> Result<Discovering> {
+        let synced = self.backend.synchronize();
+        drop(self);
+        synced.map(|()| Discovering::new(plan.config))
+    }
+}
+
 impl<B: Backend> Drop for Resources<B> {
     fn drop(&mut self) {
         // Nothing may be freed while work that uses it is in flight. A failed
@@ -186,9 +196,7 @@ impl<B: Backend> Capturing<B> {
     /// frees everything, and returns a fresh discovery with the same config.
     pub fn replan(self) -> Result<Discovering> {
         let Capturing { plan, res, .. } = self;
-        let synced = res.backend.synchronize();
-        drop(res);
-        synced.map(|()| Discovering::new(plan.config))
+        res.release(plan)
     }
 }
 

@@ -362,8 +362,6 @@ impl<B: Backend> Replayable<B> {
     /// and returns a fresh discovery with the same config.
     pub fn replan(self) -> Result<Discovering> {
         let Replayable { plan, res, .. } = self;
-        let synced = res.backend.synchronize();
-        drop(res);
-        synced.map(|()| Discovering::new(plan.config))
+        res.release(plan)
     }
 }

@@ -302,8 +302,9 @@ impl Fnv {
     }
 }
 
-/// Bytes as "1.50 MiB".
-pub(crate) fn human(bytes: u64) -> String {
+/// Bytes for people: "512 B", "1.50 MiB" (binary units, two decimals), as
+/// the report's table prints them.
+pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;
     let mut u = 0;
@@ -340,16 +341,16 @@ impl fmt::Display for PlanReport {
             "key", "plan", "lower bound", "round-robin", "packed", "ring(2)", "plan/lb", "waits"
         )?;
         for k in &self.keys {
-            let arenas: Vec<String> = k.arenas.iter().map(|&b| human(b)).collect();
+            let arenas: Vec<String> = k.arenas.iter().map(|&b| human_bytes(b)).collect();
             writeln!(
                 f,
                 "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}  {}",
                 k.name,
-                human(k.plan_bytes),
-                human(k.lower_bound),
-                human(k.round_robin_bytes),
-                human(k.packed_bytes),
-                human(k.ring_bytes),
+                human_bytes(k.plan_bytes),
+                human_bytes(k.lower_bound),
+                human_bytes(k.round_robin_bytes),
+                human_bytes(k.packed_bytes),
+                human_bytes(k.ring_bytes),
                 ratio(k.plan_bytes, k.lower_bound),
                 k.longest_wait_list,
                 arenas.join(" | ")
@@ -359,11 +360,11 @@ impl fmt::Display for PlanReport {
             f,
             "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}",
             "total",
-            human(self.plan_bytes),
-            human(self.lower_bound),
-            human(self.round_robin_bytes),
-            human(self.packed_bytes),
-            human(self.ring_bytes),
+            human_bytes(self.plan_bytes),
+            human_bytes(self.lower_bound),
+            human_bytes(self.round_robin_bytes),
+            human_bytes(self.packed_bytes),
+            human_bytes(self.ring_bytes),
             self.plan_over_lower_bound(),
             self.longest_wait_list
         )?;
@@ -390,7 +391,7 @@ impl fmt::Display for PlanReport {
                 r.runner.to_string(),
                 gen,
                 r.requests,
-                human(r.bytes),
+                human_bytes(r.bytes),
                 r.wait_list
             )?;
         }
