@@ -222,7 +222,7 @@ fn three_generations_on_two_streams_keep_full_overlap() {
     let req = Request::new(Domain::Device, DType::F32, 64);
     let w: Workload = vec![vec![req]; 6];
     let mut t = setup(&w, Policy::Generations(3).into(), 2, &[10; 6]);
-    let mut round = |t: &mut Setup| {
+    let round = |t: &mut Setup| {
         for k in 0..6u32 {
             t.replayable
                 .replay(RunnerId(k), &t.streams[k as usize % 2])
