@@ -319,15 +319,7 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
         .unwrap();
     for (r, spec) in specs.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        let views: Vec<View<'_>> = spec
-            .requests()
-            .into_iter()
-            .map(|q| cap.take(q).unwrap())
-            .collect();
-        let (x, w) = spec.split(&views);
-        let step = g.ptr(&states[r].step);
-        let graph = cap.record(&s, |s| spec.submit(&g, s, step, x, &w)).unwrap();
-        cap.finish(graph).unwrap();
+        spec.capture(&g, cap, g.ptr(&states[r].step), &s);
     }
     let mut replayable = capturing.seal().unwrap();
     let consumer = g.backend.new_stream().unwrap();

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use common::{eager, gpu, host_outputs, mismatches, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy, View};
+use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
 
 const STEPS: usize = 100;
 
@@ -81,19 +81,8 @@ fn pipeline(streams: usize, strategy: impl Into<Strategy>) {
         .filter(|&r| !specs[r].wgrads.is_empty())
         .collect();
     for &r in &using {
-        let spec = &specs[r];
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        let views: Vec<View<'_>> = spec
-            .requests()
-            .into_iter()
-            .map(|q| cap.take(q).unwrap())
-            .collect();
-        let (x, w) = spec.split(&views);
-        let step = g.ptr(&states[r].step);
-        let graph = cap
-            .record(&pool[r % streams], |s| spec.submit(&g, s, step, x, &w))
-            .unwrap();
-        cap.finish(graph).unwrap();
+        specs[r].capture(&g, cap, g.ptr(&states[r].step), &pool[r % streams]);
     }
     let mut replayable = capturing.seal().unwrap();
 

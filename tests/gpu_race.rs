@@ -18,7 +18,7 @@ mod common;
 use common::{eager, gpu, mismatches, Gpu, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy, View};
+use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
 
 const RUNNERS: u32 = 6;
 const N: u32 = 1 << 14;
@@ -57,17 +57,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
     let mut capturing = planned.allocate(g.backend.clone()).unwrap();
     for (r, spec) in specs.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        let views: Vec<View<'_>> = spec
-            .requests()
-            .into_iter()
-            .map(|q| cap.take(q).unwrap())
-            .collect();
-        let (x, w) = spec.split(&views);
-        let step = g.ptr(&states[r].step);
-        let graph = cap
-            .record(&pool[r % 2], |s| spec.submit(g, s, step, x, &w))
-            .unwrap();
-        cap.finish(graph).unwrap();
+        spec.capture(g, cap, g.ptr(&states[r].step), &pool[r % 2]);
     }
     let mut replayable = capturing.seal().unwrap();
     // Runner r and r + 2 must share bytes, or there is nothing to race on.

@@ -10,7 +10,7 @@ mod common;
 use common::{gpu, host_outputs, host_wgrad, mismatches, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, View};
+use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
 
 const STEPS: usize = 2000;
 
@@ -42,17 +42,7 @@ fn one_generation_many_replays_match_the_host_model() {
     let mut capturing = planned.allocate(g.backend.clone()).unwrap();
     for (r, spec) in specs.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        let views: Vec<View<'_>> = spec
-            .requests()
-            .into_iter()
-            .map(|q| cap.take(q).unwrap())
-            .collect();
-        let (x, w) = spec.split(&views);
-        let step = g.ptr(&states[r].step);
-        let graph = cap
-            .record(&pool[r % 2], |s| spec.submit(&g, s, step, x, &w))
-            .unwrap();
-        cap.finish(graph).unwrap();
+        spec.capture(&g, cap, g.ptr(&states[r].step), &pool[r % 2]);
     }
     let mut replayable = capturing.seal().unwrap();
     // One generation: every runner's first wgrad view starts at the same

@@ -14,7 +14,7 @@ use replay_arena::cuda::cudarc::driver::{
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
 use replay_arena::cuda::{CudaBackend, CudaStream};
-use replay_arena::{Backend, DType, Domain, Purpose, Request, View};
+use replay_arena::{Backend, DType, Domain, Purpose, Request, RunnerCapture, View};
 
 /// Errors of test kernels: formatted cudarc errors (there is a driver here).
 pub type K = std::result::Result<(), String>;
@@ -278,6 +278,27 @@ impl Spec {
             g.wgrad(s, w, n, step, self.wgrad_seed(j), x, m)?;
         }
         g.bump(s, step)
+    }
+
+    /// Takes this runner's views in `cap`, records its backward on `stream`
+    /// (step counter at `step`) and finishes the capture.
+    pub fn capture(
+        &self,
+        g: &Gpu,
+        cap: RunnerCapture<'_, CudaBackend>,
+        step: u64,
+        stream: &CudaStream,
+    ) {
+        let views: Vec<View<'_>> = self
+            .requests()
+            .into_iter()
+            .map(|q| cap.take(q).unwrap())
+            .collect();
+        let (x, w) = self.split(&views);
+        let graph = cap
+            .record(stream, |s| self.submit(g, s, step, x, &w))
+            .unwrap();
+        cap.finish(graph).unwrap();
     }
 
     /// Splits a runner's views (in request order) into (scratch, wgrads).
