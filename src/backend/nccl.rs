@@ -50,13 +50,44 @@ pub fn available() -> bool {
     unsafe { nc::is_culib_present() }
 }
 
+/// NCCL entry points this module calls; checked before the first call, since
+/// cudarc panics on a missing symbol (NCCL before 2.27 has no windows).
+const REQUIRED_SYMBOLS: [&str; 10] = [
+    "ncclGetUniqueId",
+    "ncclCommInitRank",
+    "ncclCommDestroy",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclMemAlloc",
+    "ncclMemFree",
+    "ncclCommWindowRegister",
+    "ncclCommWindowDeregister",
+    "ncclGetVersion",
+];
+
 fn require_nccl() -> Result<()> {
-    if available() {
+    if !available() {
+        return Err(Error::BackendUnavailable {
+            reason: "libnccl.so could not be loaded (is NCCL installed and on LD_LIBRARY_PATH?)"
+                .into(),
+        });
+    }
+    // SAFETY: the library is present (checked above), so `culib` does not
+    // panic; looking a symbol up calls nothing.
+    let lib = unsafe { nc::culib() };
+    let missing: Vec<&str> = REQUIRED_SYMBOLS
+        .iter()
+        .copied()
+        .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
+        .collect();
+    if missing.is_empty() {
         Ok(())
     } else {
         Err(Error::BackendUnavailable {
-            reason: "libnccl.so could not be loaded (is NCCL installed and on LD_LIBRARY_PATH?)"
-                .into(),
+            reason: format!(
+                "the NCCL library lacks {}; NCCL 2.28 or newer is needed for symmetric windows",
+                missing.join(", ")
+            ),
         })
     }
 }
