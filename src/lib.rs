@@ -21,7 +21,7 @@
 //!    [`RunnerCapture::take`] bump-allocates views and whose
 //!    [`RunnerCapture::finish`] checks exact consumption.
 //! 4. [`Replayable`]: [`Capturing::seal`] succeeds once every buffer-using
-//!    runner is captured; [`Replayable::replay`] waits, launches, records.
+//!    runner is captured; [`Replayable::replay`] waits for the last users of the bytes it overwrites (unless stream order implies it), then launches.
 //!    [`Replayable::replan`] frees everything and starts discovery again.
 //!
 //! ```
@@ -49,7 +49,7 @@
 //! let mut replayable = capturing.seal()?;
 //! for _step in 0..3 {
 //!     for r in 0..4 {
-//!         replayable.replay(RunnerId(r), &stream)?;   // fence, launch, record
+//!         replayable.replay(RunnerId(r), &stream)?;   // fence, then launch
 //!     }
 //! }
 //! assert!(sim.hazards().is_empty());

@@ -1,4 +1,4 @@
-//! Phase 4: [`Replayable`]. What happens at replay: fence, launch, record.
+//! Phase 4: [`Replayable`]. What happens at replay: fence, launch, and completion tracking.
 //!
 //! Every buffer-using runner claims byte ranges (the whole of its generation
 //! under round-robin placement; its slices under packed placement, see
