@@ -21,8 +21,10 @@
 //!    [`RunnerCapture::take`] bump-allocates views and whose
 //!    [`RunnerCapture::finish`] checks exact consumption.
 //! 4. [`Replayable`]: [`Capturing::seal`] succeeds once every buffer-using
-//!    runner is captured; [`Replayable::replay`] waits for the last users of the bytes it overwrites (unless stream order implies it), then launches.
-//!    [`Replayable::replan`] frees everything and starts discovery again.
+//!    runner is captured; [`Replayable::replay`] waits for the last users of
+//!    the bytes it overwrites (unless stream order implies it), then
+//!    launches. [`Replayable::replan`] frees everything and starts discovery
+//!    again.
 //!
 //! ```
 //! use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
