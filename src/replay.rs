@@ -221,7 +221,9 @@ impl<B: Backend> Replayable<B> {
             .try_for_each(|&u| self.wait_for(u as usize, stream, sid));
         self.waited = users;
         waited?;
-        let graph = self.res.graphs[i].as_ref().expect("checked above");
+        let graph = self.res.graphs[i]
+            .as_ref()
+            .ok_or(Error::NoGraph { runner })?;
         self.res.backend.launch(graph, stream)?;
         self.stats.replays += 1;
         if self.event_of[i].is_some() {
