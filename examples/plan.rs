@@ -58,8 +58,8 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use replay_arena::{
-    human_bytes, DType, Discovering, Domain, GroupId, Key, ParamId, PlanConfig, PlanReport,
-    Planned, Policy, Purpose, Request, RunnerId, Strategy,
+    byte_ratio, human_bytes, DType, Discovering, Domain, GroupId, Key, ParamId, PlanConfig,
+    PlanReport, Planned, Policy, Purpose, Request, RunnerId, Strategy,
 };
 use serde_json::{json, Map, Value};
 
@@ -762,26 +762,14 @@ fn report_json(input: &str, workload: &Workload, report: &PlanReport) -> Value {
         "fingerprint": format!("{:016x}", report.fingerprint),
         "ratios": {
             "plan_over_lower_bound": report.plan_over_lower_bound(),
-            "round_robin_over_lower_bound": ratio(report.round_robin_bytes, report.lower_bound),
-            "packed_over_lower_bound": ratio(report.packed_bytes, report.lower_bound),
+            "round_robin_over_lower_bound": report.round_robin_over_lower_bound(),
+            "packed_over_lower_bound": report.packed_over_lower_bound(),
             "ring_over_plan": report.ring_over_plan(),
         },
         "groups": workload.groups,
         "keys": keys,
         "runners": runners,
     })
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        if a == 0 {
-            1.0
-        } else {
-            f64::INFINITY
-        }
-    } else {
-        a as f64 / b as f64
-    }
 }
 
 // ---- comparison ------------------------------------------------------------
@@ -798,11 +786,11 @@ struct Row {
 
 impl Row {
     fn packed_over_lower_bound(&self) -> f64 {
-        ratio(self.packed, self.lower_bound)
+        byte_ratio(self.packed, self.lower_bound)
     }
 
     fn round_robin_over_lower_bound(&self) -> f64 {
-        ratio(self.round_robin, self.lower_bound)
+        byte_ratio(self.round_robin, self.lower_bound)
     }
 }
 
@@ -890,8 +878,8 @@ impl Comparison {
                 r.generations,
                 r.packed_over_lower_bound(),
                 r.round_robin_over_lower_bound(),
-                ratio(self.ring, r.packed),
-                ratio(self.ring, r.round_robin),
+                byte_ratio(self.ring, r.packed),
+                byte_ratio(self.ring, r.round_robin),
                 human_bytes(r.lower_bound),
                 human_bytes(r.packed),
                 human_bytes(r.round_robin)
@@ -913,8 +901,8 @@ impl Comparison {
                     "round_robin_bytes": r.round_robin,
                     "packed_over_lower_bound": r.packed_over_lower_bound(),
                     "round_robin_over_lower_bound": r.round_robin_over_lower_bound(),
-                    "ring_over_packed": ratio(self.ring, r.packed),
-                    "ring_over_round_robin": ratio(self.ring, r.round_robin),
+                    "ring_over_packed": byte_ratio(self.ring, r.packed),
+                    "ring_over_round_robin": byte_ratio(self.ring, r.round_robin),
                 })
             })
             .collect();
@@ -946,8 +934,8 @@ fn markdown(comparisons: &[Comparison]) -> String {
                 r.generations,
                 r.packed_over_lower_bound(),
                 r.round_robin_over_lower_bound(),
-                ratio(c.ring, r.packed),
-                ratio(c.ring, r.round_robin),
+                byte_ratio(c.ring, r.packed),
+                byte_ratio(c.ring, r.round_robin),
                 human_bytes(r.lower_bound),
                 human_bytes(r.packed),
                 human_bytes(r.round_robin),

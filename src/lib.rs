@@ -99,7 +99,7 @@ pub use discover::{ArmedRunner, Discovering, PlanConfig};
 pub use error::{Error, Result};
 pub use plan::{ArenaPlan, Placement, Planned, Policy, Slice, Strategy};
 pub use replay::{FenceStats, Replayable};
-pub use report::{human_bytes, KeyReport, PlanReport, RunnerReport};
+pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource};
 pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,

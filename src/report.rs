@@ -88,16 +88,28 @@ pub struct PlanReport {
 impl PlanReport {
     /// Plan bytes over the lower bound (1.0 is optimal).
     pub fn plan_over_lower_bound(&self) -> f64 {
-        ratio(self.plan_bytes, self.lower_bound)
+        byte_ratio(self.plan_bytes, self.lower_bound)
+    }
+
+    /// Round-robin bytes over the lower bound.
+    pub fn round_robin_over_lower_bound(&self) -> f64 {
+        byte_ratio(self.round_robin_bytes, self.lower_bound)
+    }
+
+    /// Packed bytes over the lower bound.
+    pub fn packed_over_lower_bound(&self) -> f64 {
+        byte_ratio(self.packed_bytes, self.lower_bound)
     }
 
     /// Ring bytes over plan bytes (above 1.0: the plan saves memory).
     pub fn ring_over_plan(&self) -> f64 {
-        ratio(self.ring_bytes, self.plan_bytes)
+        byte_ratio(self.ring_bytes, self.plan_bytes)
     }
 }
 
-pub(crate) fn ratio(a: u64, b: u64) -> f64 {
+/// `a / b` for byte counts, as the report prints ratios: 1.0 when both are
+/// zero, infinity when only `b` is.
+pub fn byte_ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
         if a == 0 {
             1.0
@@ -351,7 +363,7 @@ impl fmt::Display for PlanReport {
                 human_bytes(k.round_robin_bytes),
                 human_bytes(k.packed_bytes),
                 human_bytes(k.ring_bytes),
-                ratio(k.plan_bytes, k.lower_bound),
+                byte_ratio(k.plan_bytes, k.lower_bound),
                 k.longest_wait_list,
                 arenas.join(" | ")
             )?;
@@ -372,8 +384,8 @@ impl fmt::Display for PlanReport {
             f,
             "plan/lower bound {:.3}x, round-robin/lower bound {:.3}x, packed/lower bound {:.3}x, ring/plan {:.3}x",
             self.plan_over_lower_bound(),
-            ratio(self.round_robin_bytes, self.lower_bound),
-            ratio(self.packed_bytes, self.lower_bound),
+            self.round_robin_over_lower_bound(),
+            self.packed_over_lower_bound(),
             self.ring_over_plan()
         )?;
         writeln!(

@@ -209,6 +209,16 @@ fn under_sanitizer() -> bool {
     std::env::var_os("REPLAY_ARENA_SANITIZER").is_some()
 }
 
+/// Both groups as 1-rank communicators, and a backend holding them.
+fn one_rank_groups(g: &Gpu) -> (Communicator, Communicator, NcclBackend) {
+    rank_backend(
+        g,
+        0,
+        1,
+        [UniqueId::new().unwrap(), UniqueId::new().unwrap()],
+    )
+}
+
 fn one_rank_comm(g: &Gpu, group: GroupId) -> Communicator {
     let id = UniqueId::new().unwrap();
     Communicator::new(&g.backend, group, &id, 0, 1).unwrap()
@@ -219,13 +229,7 @@ fn one_rank_comm(g: &Gpu, group: GroupId) -> Communicator {
 fn symmetric_reduce_scatter_replays_exactly_in_two_groups() {
     let g = gpu();
     let before = g.free_memory();
-    let gtp = one_rank_comm(&g, GTP);
-    let expert = one_rank_comm(&g, EXPERT);
-    let backend = NcclBackend::new(g.backend.clone())
-        .with_group(gtp.clone())
-        .unwrap()
-        .with_group(expert.clone())
-        .unwrap();
+    let (gtp, expert, backend) = one_rank_groups(&g);
     let runners = runners();
     let planned = plan(&runners, 1, 0);
     println!("{}", planned.report());
@@ -260,13 +264,7 @@ fn symmetric_reduce_scatter_replays_exactly_in_two_groups() {
 #[ignore = "needs a CUDA GPU"]
 fn two_groups_get_two_disjoint_windows() {
     let g = gpu();
-    let gtp = one_rank_comm(&g, GTP);
-    let expert = one_rank_comm(&g, EXPERT);
-    let backend = NcclBackend::new(g.backend.clone())
-        .with_group(gtp.clone())
-        .unwrap()
-        .with_group(expert.clone())
-        .unwrap();
+    let (gtp, expert, backend) = one_rank_groups(&g);
     let planned = plan(&runners(), 1, 0);
     let windows_per_group = planned
         .arenas()
@@ -290,13 +288,7 @@ fn two_groups_get_two_disjoint_windows() {
 #[ignore = "needs a CUDA GPU"]
 fn a_view_of_another_group_or_the_wrong_size_is_refused() {
     let g = gpu();
-    let gtp = one_rank_comm(&g, GTP);
-    let expert = one_rank_comm(&g, EXPERT);
-    let backend = NcclBackend::new(g.backend.clone())
-        .with_group(gtp.clone())
-        .unwrap()
-        .with_group(expert)
-        .unwrap();
+    let (gtp, _expert, backend) = one_rank_groups(&g);
     let runners = runners();
     let s = g.backend.new_stream().unwrap();
     let mut capturing = plan(&runners, 1, 0).allocate(backend).unwrap();
