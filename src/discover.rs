@@ -47,6 +47,8 @@ impl PlanConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct RunnerRecord {
     pub(crate) id: RunnerId,
+    /// A human-readable name (`layer47.mlp.bwd`), if one was given.
+    pub(crate) name: Option<String>,
     /// Requests in the order they were recorded.
     pub(crate) requests: Vec<Request>,
     /// Sum of aligned request sizes per key.
@@ -106,12 +108,27 @@ impl Discovering {
     /// Arms `runner` for recording. Its capture order is the order of the
     /// first (and only) `arm`. Arming a runner twice is an error.
     pub fn arm(&mut self, runner: RunnerId) -> Result<ArmedRunner<'_>> {
+        self.arm_inner(runner, None)
+    }
+
+    /// Like [`Discovering::arm`], and names the runner (`layer47.mlp.bwd`):
+    /// reports, workload files and errors show the name beside the id.
+    pub fn arm_named(
+        &mut self,
+        runner: RunnerId,
+        name: impl Into<String>,
+    ) -> Result<ArmedRunner<'_>> {
+        self.arm_inner(runner, Some(name.into()))
+    }
+
+    fn arm_inner(&mut self, runner: RunnerId, name: Option<String>) -> Result<ArmedRunner<'_>> {
         if self.index.contains_key(&runner) {
             return Err(Error::RunnerArmedTwice { runner });
         }
         self.index.insert(runner, self.runners.len());
         self.runners.push(RunnerRecord {
             id: runner,
+            name,
             requests: Vec::new(),
             capacity: BTreeMap::new(),
         });
@@ -125,6 +142,19 @@ impl Discovering {
     /// Runners armed so far, in capture order.
     pub fn runners(&self) -> impl Iterator<Item = RunnerId> + '_ {
         self.runners.iter().map(|r| r.id)
+    }
+
+    /// The name `runner` was armed with ([`Discovering::arm_named`]).
+    pub fn runner_name(&self, runner: RunnerId) -> Option<&str> {
+        let i = *self.index.get(&runner)?;
+        self.runners[i].name.as_deref()
+    }
+
+    /// The requests `runner` recorded, in order (`None` for a runner never
+    /// armed).
+    pub fn requests(&self, runner: RunnerId) -> Option<&[Request]> {
+        let i = *self.index.get(&runner)?;
+        Some(&self.runners[i].requests)
     }
 
     /// Ends discovery and plans arenas and fences. Consumes `self`, so no

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::fence::Claim;
 use crate::placement;
 use crate::report::{self, PlanReport};
-use crate::vocab::{Key, RunnerId};
+use crate::vocab::{Key, Request, RunnerId};
 
 /// How many runners' buffers may be live at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -313,6 +313,16 @@ impl Planned {
     /// Runners in capture order.
     pub fn runners(&self) -> impl Iterator<Item = RunnerId> + '_ {
         self.runners.iter().map(|r| r.id())
+    }
+
+    /// The name `runner` was armed with, if any.
+    pub fn runner_name(&self, runner: RunnerId) -> Option<&str> {
+        self.runner(runner).and_then(|r| r.record.name.as_deref())
+    }
+
+    /// The requests `runner` recorded in discovery, in order.
+    pub fn requests(&self, runner: RunnerId) -> Option<&[Request]> {
+        self.runner(runner).map(|r| r.record.requests.as_slice())
     }
 
     /// The runner's round-robin generation; `None` for a runner that requested
