@@ -1,64 +1,241 @@
 //! Phase 3: [`Capturing`]. Arenas exist; each runner's capture hands out
-//! fixed-address views by bump allocation and must consume exactly what
-//! discovery recorded.
+//! fixed-address views in the order discovery recorded them, captures its
+//! graph, and must take exactly what discovery recorded.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
-use std::marker::PhantomData;
 
-use crate::backend::{Arena, Backend};
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::discover::Discovering;
-use crate::error::{Error, Result};
-use crate::plan::Planned;
-use crate::replay::Replayable;
-use crate::vocab::{DType, Domain, Key, Request, RunnerId};
+use crate::plan::{Planned, RunnerPlan};
+use crate::view::{NotSend, View};
+use crate::vocab::{Key, Request, RunnerId};
 
-/// Makes a type `!Send` and `!Sync` without naming a backend's types.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct NotSend(PhantomData<*const ()>);
-
-/// Where a runner's capture stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum CaptureState {
-    NotCaptured,
-    Finished,
-    Failed(String),
+/// A failed check while capturing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// A capture was opened for a runner the plan does not know.
+    #[error("{runner} was not discovered, so the plan has no storage for it")]
+    UnknownRunner {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A capture was opened for a runner whose capture already closed.
+    #[error("{runner} was already captured ({}); re-plan to capture it again", describe(.failure.as_ref()))]
+    AlreadyCaptured {
+        /// The runner.
+        runner: RunnerId,
+        /// Why its capture failed, or `None` when it succeeded.
+        failure: Option<CaptureFailure>,
+    },
+    /// A capture-time request would go past the runner's discovered capacity
+    /// (discovery recorded fewer requests).
+    #[error("{runner} requested {requested} bytes of {key} with {taken} of {capacity} bytes already taken (request #{index}: {request}); discovery recorded only {index} request(s)")]
+    CapacityExceeded {
+        /// The runner.
+        runner: RunnerId,
+        /// The key.
+        key: Key,
+        /// Position of the request in the runner's capture.
+        index: usize,
+        /// The request.
+        request: Request,
+        /// Aligned bytes requested.
+        requested: u64,
+        /// Bytes of this key taken before this request.
+        taken: u64,
+        /// The runner's capacity for this key (0 when discovery never saw it).
+        capacity: u64,
+    },
+    /// A capture-time request differs from the one discovery recorded at the
+    /// same position.
+    #[error("{runner} request #{index} is {request} but discovery recorded {expected} ({}: requested {requested} bytes, taken {taken} of {capacity})", .request.key())]
+    RequestMismatch {
+        /// The runner.
+        runner: RunnerId,
+        /// Position of the request.
+        index: usize,
+        /// What capture asked for (its key is the one sizes refer to).
+        request: Request,
+        /// What discovery recorded at this position.
+        expected: Request,
+        /// Aligned bytes requested.
+        requested: u64,
+        /// Bytes of the requested key taken before this request.
+        taken: u64,
+        /// The runner's capacity for the requested key (0 when discovery
+        /// never saw that key).
+        capacity: u64,
+    },
+    /// Closing a capture found that the runner did not take exactly its
+    /// discovered capacity.
+    #[error("{runner} took {taken}/{capacity} bytes of {key}; a capture must take exactly what discovery recorded")]
+    TakenMismatch {
+        /// The runner.
+        runner: RunnerId,
+        /// The key.
+        key: Key,
+        /// Bytes taken during capture.
+        taken: u64,
+        /// Bytes discovered.
+        capacity: u64,
+    },
+    /// `finish` was called on a capture that captured no graph.
+    #[error("{runner} captured no graph: call stream_capture before finish")]
+    NoGraphCaptured {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// `stream_capture` was called a second time on one capture.
+    #[error("{runner} already captured its graph; one capture holds one graph")]
+    GraphAlreadyCaptured {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A graph was rejected (it allocates or frees memory).
+    #[error("the graph captured for {runner} was rejected: {reason}")]
+    GraphRejected {
+        /// The runner.
+        runner: RunnerId,
+        /// Why.
+        reason: String,
+    },
+    /// An earlier failure of this capture (the work closure failed or
+    /// panicked, or the stream capture failed) makes it unusable.
+    #[error("capture of {runner} failed earlier and was discarded: {failure}")]
+    Failed {
+        /// The runner.
+        runner: RunnerId,
+        /// The earlier failure.
+        failure: CaptureFailure,
+    },
+    /// `seal` found buffer-using runners whose capture did not finish.
+    #[error("cannot seal: {}", describe_unfinished(.runners))]
+    Unfinished {
+        /// Each buffer-using runner that did not finish: `None` when it was
+        /// never captured, else why its capture failed.
+        runners: Vec<(RunnerId, Option<CaptureFailure>)>,
+    },
+    /// The backend failed while capturing.
+    #[error("capture of {runner}: {source}")]
+    Backend {
+        /// The runner.
+        runner: RunnerId,
+        /// The backend's error.
+        source: BackendError,
+    },
 }
 
-impl fmt::Display for CaptureState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CaptureState::NotCaptured => f.write_str("was never captured"),
-            CaptureState::Finished => f.write_str("finished"),
-            CaptureState::Failed(reason) => write!(f, "failed: {reason}"),
-        }
+/// Why a runner's capture failed, kept in the plan and shown by
+/// [`CaptureError::AlreadyCaptured`] and [`SealError`](crate::SealError).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureFailure {
+    /// A check failed.
+    #[error("{0}")]
+    Check(Box<CaptureError>),
+    /// The work closure returned an error (formatted here; the caller got
+    /// the error itself).
+    #[error("the work closure failed: {0}")]
+    Work(String),
+    /// The work closure panicked; the stream capture was ended during
+    /// unwinding.
+    #[error("the work closure panicked; the stream capture was ended")]
+    Panicked,
+    /// The capture was dropped before `finish`.
+    #[error("the capture was dropped before finish")]
+    Dropped,
+}
+
+fn describe_unfinished(runners: &[(RunnerId, Option<CaptureFailure>)]) -> String {
+    runners
+        .iter()
+        .map(|(r, f)| match f {
+            None => format!("{r} was never captured"),
+            Some(f) => format!("{r} failed: {f}"),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn describe(failure: Option<&CaptureFailure>) -> String {
+    match failure {
+        None => "it finished".into(),
+        Some(f) => format!("it failed: {f}"),
     }
 }
 
-/// What a plan owns on a backend. Dropping it synchronizes, then frees graphs
-/// first, then events, then arenas (field order).
+/// What [`RunnerCapture::stream_capture`] returns on failure: the crate's
+/// check, or the work closure's own error, unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamCaptureError<E> {
+    /// A check or backend call of this crate failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The work closure failed; the stream capture was ended and discarded.
+    #[error("the work closure failed: {0}")]
+    Work(E),
+}
+
+type Result<T> = std::result::Result<T, CaptureError>;
+
+/// Where a runner's capture stands.
+pub(crate) enum Slot<G> {
+    /// Not captured yet.
+    Pending,
+    /// Captured and checked; the plan owns the graph.
+    Captured(G),
+    /// The capture failed for good.
+    Failed(CaptureFailure),
+}
+
+/// What a plan owns on a backend besides graphs: per buffer-using runner
+/// slot its completion event, and every arena. Field order is drop order.
 pub(crate) struct Resources<B: Backend> {
-    pub(crate) graphs: Vec<Option<B::Graph>>,
-    pub(crate) events: Vec<B::Event>,
+    /// Runner slot -> its event (buffer-using runners only).
+    pub(crate) events: Vec<Option<B::Event>>,
     pub(crate) arenas: Vec<B::Arena>,
     pub(crate) backend: B,
 }
 
-impl<B: Backend> Resources<B> {
-    /// Synchronizes, frees everything, and starts discovery again with the
-    /// plan's config. Everything is freed even when synchronizing fails.
-    pub(crate) fn release(self, plan: Planned) -> Result<Discovering> {
-        let synced = self.backend.synchronize();
-        drop(self);
-        synced.map(|()| Discovering::new(plan.config))
-    }
-}
-
-impl<B: Backend> Drop for Resources<B> {
-    fn drop(&mut self) {
-        // Nothing may be freed while work that uses it is in flight. A failed
-        // synchronize (a sticky device error) leaves nothing to wait for.
-        let _ = self.backend.synchronize();
+impl Planned {
+    /// Allocates every arena once, outside graph memory pools, and one
+    /// completion event per buffer-using runner; nothing is captured yet.
+    ///
+    /// # Errors
+    ///
+    /// The backend's error ([`BackendError::Allocation`] when an arena
+    /// cannot be had); whatever was allocated is freed.
+    pub fn allocate<B: Backend>(
+        self,
+        backend: B,
+    ) -> std::result::Result<Capturing<B>, BackendError> {
+        let mut res = Resources {
+            events: Vec::with_capacity(self.runners.len()),
+            arenas: Vec::with_capacity(self.arenas.len()),
+            backend,
+        };
+        // On any error below, `res` drops and frees what was allocated.
+        for a in &self.arenas {
+            let desc = ArenaDesc {
+                key: a.key,
+                bytes: a.bytes,
+                alignment: a.key.domain.alignment(),
+            };
+            res.arenas.push(res.backend.allocate_arena(&desc)?);
+        }
+        for r in &self.runners {
+            res.events.push(match r.position {
+                Some(_) => Some(res.backend.create_event()?),
+                None => None,
+            });
+        }
+        Ok(Capturing {
+            slots: self.runners.iter().map(|_| Slot::Pending).collect(),
+            plan: self,
+            res,
+        })
     }
 }
 
@@ -77,8 +254,9 @@ impl<B: Backend> Drop for Resources<B> {
 /// drop(cap);
 /// ```
 pub struct Capturing<B: Backend> {
+    /// Runner slot -> its capture state and graph. Dropped before `res`.
+    pub(crate) slots: Vec<Slot<B::Graph>>,
     pub(crate) plan: Planned,
-    pub(crate) states: Vec<CaptureState>,
     pub(crate) res: Resources<B>,
 }
 
@@ -90,49 +268,16 @@ impl<B: Backend> fmt::Debug for Capturing<B> {
             .field(
                 "captured",
                 &self
-                    .states
+                    .slots
                     .iter()
-                    .filter(|s| **s == CaptureState::Finished)
+                    .filter(|s| matches!(s, Slot::Captured(_)))
                     .count(),
             )
             .finish_non_exhaustive()
     }
 }
 
-impl<B: Backend> fmt::Debug for RunnerCapture<'_, B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RunnerCapture")
-            .field("runner", &self.runner())
-            .field("next_request", &self.cursor.borrow().next)
-            .finish_non_exhaustive()
-    }
-}
-
 impl<B: Backend> Capturing<B> {
-    pub(crate) fn new(plan: Planned, backend: B) -> Result<Capturing<B>> {
-        let mut res = Resources {
-            graphs: Vec::new(),
-            events: Vec::new(),
-            arenas: Vec::with_capacity(plan.arenas.len()),
-            backend,
-        };
-        // On any error below, `res` drops and frees what was allocated.
-        for a in &plan.arenas {
-            res.arenas.push(res.backend.allocate_arena(a)?);
-        }
-        for r in &plan.runners {
-            if r.position.is_some() {
-                res.events.push(res.backend.create_event()?);
-            }
-        }
-        res.graphs = plan.runners.iter().map(|_| None).collect();
-        Ok(Capturing {
-            states: vec![CaptureState::NotCaptured; plan.runners.len()],
-            plan,
-            res,
-        })
-    }
-
     /// The plan.
     pub fn plan(&self) -> &Planned {
         &self.plan
@@ -144,72 +289,57 @@ impl<B: Backend> Capturing<B> {
     }
 
     /// Opens `runner`'s capture. Each runner is captured once.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::UnknownRunner`] for a runner discovery never armed,
+    /// [`CaptureError::AlreadyCaptured`] for one whose capture closed.
     pub fn capture(&mut self, runner: RunnerId) -> Result<RunnerCapture<'_, B>> {
-        let index = self
+        let slot = self
             .plan
-            .runner_index(runner)
-            .ok_or(Error::UnknownRunner { runner })?;
-        if self.states[index] != CaptureState::NotCaptured {
-            return Err(Error::AlreadyCaptured {
-                runner,
-                state: self.states[index].to_string(),
-            });
+            .slot(runner)
+            .ok_or(CaptureError::UnknownRunner { runner })?;
+        match &self.slots[slot] {
+            Slot::Pending => {}
+            Slot::Captured(_) => {
+                return Err(CaptureError::AlreadyCaptured {
+                    runner,
+                    failure: None,
+                })
+            }
+            Slot::Failed(f) => {
+                return Err(CaptureError::AlreadyCaptured {
+                    runner,
+                    failure: Some(f.clone()),
+                })
+            }
         }
-        let slices = self.plan.runners[index].slices.len();
         Ok(RunnerCapture {
             owner: self,
-            index,
-            cursor: RefCell::new(Cursor {
-                next: 0,
-                consumed: vec![0; slices],
-            }),
+            slot,
+            next: Cell::new(0),
+            graph: RefCell::new(None),
             failure: RefCell::new(None),
             closed: false,
             _not_send: NotSend::default(),
         })
     }
 
-    /// Ends capture: succeeds only when every buffer-using runner's capture
-    /// finished. On error everything is synchronized and freed.
-    pub fn seal(self) -> Result<Replayable<B>> {
-        let unfinished: Vec<(RunnerId, String)> = self
-            .plan
-            .runners
-            .iter()
-            .zip(&self.states)
-            .filter(|(r, s)| match s {
-                CaptureState::Finished => false,
-                CaptureState::Failed(_) => true,
-                CaptureState::NotCaptured => r.position.is_some(),
-            })
-            .map(|(r, s)| (r.id(), s.to_string()))
-            .collect();
-        if !unfinished.is_empty() {
-            return Err(Error::Unfinished {
-                runners: unfinished,
-            });
-        }
-        Ok(Replayable::new(self.plan, self.res))
+    /// Gives up on this plan (after a failed capture, say): frees graphs,
+    /// events and arenas (nothing was replayed, so nothing is in flight),
+    /// and returns a fresh discovery with the same config.
+    pub fn replan(self) -> Discovering {
+        let Capturing { slots, plan, res } = self;
+        drop(slots);
+        drop(res);
+        Discovering::new(plan.config)
     }
-
-    /// Gives up on this plan (after a failed capture, say): synchronizes,
-    /// frees everything, and returns a fresh discovery with the same config.
-    pub fn replan(self) -> Result<Discovering> {
-        let Capturing { plan, res, .. } = self;
-        res.release(plan)
-    }
-}
-
-struct Cursor {
-    /// Index of the next request.
-    next: usize,
-    /// Bytes consumed per slice of the runner.
-    consumed: Vec<u64>,
 }
 
 /// One runner's open capture. Views borrow it, so they cannot outlive it;
-/// [`RunnerCapture::finish`] checks exact consumption and hands the graph to
-/// the plan. Dropping it unfinished marks the runner failed.
+/// [`RunnerCapture::stream_capture`] captures the runner's graph and keeps
+/// it; [`RunnerCapture::finish`] checks exact consumption and hands the graph
+/// to the plan. Dropping it unfinished marks the runner failed.
 ///
 /// A view cannot be used after its capture closed:
 ///
@@ -222,23 +352,55 @@ struct Cursor {
 /// let mut capturing = d.plan(Policy::Generations(1)).unwrap().allocate(sim).unwrap();
 /// let cap = capturing.capture(RunnerId(0)).unwrap();
 /// let view = cap.take(Request::new(Domain::Device, DType::F32, 64)).unwrap();
-/// let graph = cap.record(&stream, |_| Ok::<(), replay_arena::Error>(())).unwrap();
-/// cap.finish(graph).unwrap();
+/// cap.stream_capture(&stream, |_| Ok::<(), replay_arena::Error>(())).unwrap();
+/// cap.finish().unwrap();
 /// println!("{:x}", view.device_ptr()); // `cap` was moved while borrowed
 /// ```
 pub struct RunnerCapture<'c, B: Backend> {
     owner: &'c mut Capturing<B>,
-    index: usize,
-    cursor: RefCell<Cursor>,
-    failure: RefCell<Option<String>>,
+    slot: usize,
+    /// Index of the next request.
+    next: Cell<usize>,
+    /// The graph `stream_capture` captured.
+    graph: RefCell<Option<B::Graph>>,
+    failure: RefCell<Option<CaptureFailure>>,
     closed: bool,
     _not_send: NotSend,
 }
 
+impl<B: Backend> fmt::Debug for RunnerCapture<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerCapture")
+            .field("runner", &self.runner())
+            .field("next_request", &self.next.get())
+            .field("graph_captured", &self.graph.borrow().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Ends an open stream capture if the work closure unwinds.
+struct AbortOnUnwind<'a, B: Backend> {
+    backend: &'a B,
+    stream: &'a B::Stream,
+    armed: bool,
+}
+
+impl<B: Backend> Drop for AbortOnUnwind<'_, B> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.backend.abort_capture(self.stream);
+        }
+    }
+}
+
 impl<B: Backend> RunnerCapture<'_, B> {
+    fn plan(&self) -> &RunnerPlan {
+        &self.owner.plan.runners[self.slot]
+    }
+
     /// The runner being captured.
     pub fn runner(&self) -> RunnerId {
-        self.owner.plan.runners[self.index].id()
+        self.plan().id()
     }
 
     /// The backend, to submit work while capturing.
@@ -246,131 +408,235 @@ impl<B: Backend> RunnerCapture<'_, B> {
         &self.owner.res.backend
     }
 
+    /// Bytes of `key` taken by the first `count` requests.
+    fn taken(&self, key: Key, count: usize) -> u64 {
+        self.plan().record.requests[..count]
+            .iter()
+            .filter(|r| r.key() == key)
+            .filter_map(Request::aligned_bytes)
+            .sum()
+    }
+
     /// Hands out the next fixed-address view. Requests must come in the same
     /// order, with the same domain, dtype, element count and purpose, as in
     /// discovery.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::RequestMismatch`] naming what discovery recorded at
+    /// this position, [`CaptureError::CapacityExceeded`] past the last
+    /// recorded request.
     pub fn take(&self, request: Request) -> Result<View<'_>> {
-        let plan = &self.owner.plan.runners[self.index];
+        let plan = self.plan();
         let runner = plan.id();
         let key = request.key();
-        if request.elements == 0 {
-            return Err(Error::ZeroElements { runner, key });
-        }
-        let requested = request.aligned_bytes().ok_or(Error::SizeOverflow {
-            runner,
-            key,
-            what: "request size",
-            elements: request.elements,
-            dtype: request.dtype,
-        })?;
-        let mut cursor = self.cursor.borrow_mut();
-        let index = cursor.next;
-        let slot = plan.slices.iter().position(|s| s.key == key);
-        let (capacity, consumed) = match slot {
-            Some(i) => (plan.slices[i].bytes, cursor.consumed[i]),
-            None => (0, 0),
-        };
-        let expected = plan.record.requests.get(index);
-        if requested > capacity - consumed || expected.is_none() {
-            return Err(Error::CapacityExceeded {
+        let index = self.next.get();
+        let requested = request.aligned_bytes().unwrap_or(u64::MAX);
+        let taken = self.taken(key, index.min(plan.record.requests.len()));
+        let capacity = plan.slice(key).map_or(0, |s| s.bytes);
+        let Some(&expected) = plan.record.requests.get(index) else {
+            return Err(CaptureError::CapacityExceeded {
                 runner,
                 key,
                 index,
                 request,
                 requested,
-                consumed,
+                taken,
                 capacity,
             });
-        }
-        if let Some(&expected) = expected.filter(|&&e| e != request) {
-            return Err(Error::RequestMismatch {
+        };
+        if expected != request {
+            return Err(CaptureError::RequestMismatch {
                 runner,
                 index,
                 request,
                 expected,
                 requested,
-                consumed,
+                taken,
                 capacity,
             });
         }
-        let slot = slot.expect("capacity > 0 implies a slice");
-        let slice = plan.slices[slot];
-        let offset = slice.offset + consumed;
-        cursor.consumed[slot] += requested;
-        cursor.next += 1;
+        let place = plan.views[index];
+        self.next.set(index + 1);
         Ok(View {
-            addr: self.owner.res.arenas[slice.arena].base() + offset,
-            arena: slice.arena,
-            offset,
+            addr: self.owner.res.arenas[place.arena].base() + place.offset,
+            arena: place.arena,
+            offset: place.offset,
             request,
             runner,
-            _capture: PhantomData,
+            _owner: std::marker::PhantomData,
         })
     }
 
-    /// Captures the work `submit` puts on `stream` into a graph. If `submit`
-    /// fails, the stream capture is ended and discarded and the runner is
-    /// marked failed.
-    pub fn record<E: fmt::Display>(
+    /// Captures the work `work` puts on `stream` into this runner's graph,
+    /// which the capture keeps until [`RunnerCapture::finish`]. If `work`
+    /// fails or panics, the stream capture is ended and discarded (during
+    /// unwinding, for a panic) and the runner is marked failed.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamCaptureError::Work`] with the closure's own error;
+    /// [`StreamCaptureError::Capture`] when the backend cannot begin or end
+    /// the capture, when a graph was already captured, or after an earlier
+    /// failure.
+    pub fn stream_capture<E: fmt::Display>(
         &self,
         stream: &B::Stream,
-        submit: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
-    ) -> Result<B::Graph> {
-        let backend = &self.owner.res.backend;
+        work: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), StreamCaptureError<E>> {
         let runner = self.runner();
-        let fail = |reason: String| {
-            *self.failure.borrow_mut() = Some(reason.clone());
-            Error::CaptureFailed { runner, reason }
-        };
-        backend
-            .begin_capture(stream)
-            .map_err(|e| fail(e.to_string()))?;
-        if let Err(e) = submit(stream) {
-            backend.abort_capture(stream);
-            return Err(fail(e.to_string()));
+        if let Some(failure) = self.failure.borrow().clone() {
+            return Err(CaptureError::Failed { runner, failure }.into());
         }
-        backend.end_capture(stream).map_err(|e| fail(e.to_string()))
-    }
-
-    /// Closes the capture: checks that every key's capacity was consumed
-    /// exactly and that the graph allocates no memory, then hands the graph
-    /// to the plan to own.
-    pub fn finish(mut self, graph: B::Graph) -> Result<()> {
-        let plan = &self.owner.plan.runners[self.index];
-        let runner = plan.id();
-        let result = (|| {
-            // A failed `record` fails the runner for good: whatever graph is
-            // handed in, it is not the one whose capture failed.
-            if let Some(reason) = self.failure.borrow().clone() {
-                return Err(Error::CaptureFailed { runner, reason });
-            }
-            let cursor = self.cursor.borrow();
-            for (slice, &consumed) in plan.slices.iter().zip(&cursor.consumed) {
-                if consumed != slice.bytes {
-                    return Err(Error::ConsumptionMismatch {
-                        runner,
-                        key: slice.key,
-                        consumed,
-                        capacity: slice.bytes,
-                    });
-                }
-            }
-            self.owner
-                .res
-                .backend
-                .validate_graph(&graph)
-                .map_err(|reason| Error::GraphRejected { runner, reason })
-        })();
-        self.closed = true;
-        match result {
-            Ok(()) => {
-                self.owner.res.graphs[self.index] = Some(graph);
-                self.owner.states[self.index] = CaptureState::Finished;
+        if self.graph.borrow().is_some() {
+            return Err(CaptureError::GraphAlreadyCaptured { runner }.into());
+        }
+        let backend = &self.owner.res.backend;
+        let fail = |failure: CaptureFailure| {
+            *self.failure.borrow_mut() = Some(failure);
+        };
+        if let Err(source) = backend.begin_capture(stream) {
+            // The stream was never put in capture mode: nothing is lost.
+            return Err(CaptureError::Backend { runner, source }.into());
+        }
+        // Marks the runner failed if `work` unwinds; the guard below ends
+        // the capture first (it drops first).
+        let mut panicked = PanicMark {
+            failure: &self.failure,
+            armed: true,
+        };
+        let mut guard = AbortOnUnwind {
+            backend,
+            stream,
+            armed: true,
+        };
+        let result = work(stream);
+        guard.armed = false;
+        panicked.armed = false;
+        if let Err(e) = result {
+            backend.abort_capture(stream);
+            fail(CaptureFailure::Work(e.to_string()));
+            return Err(StreamCaptureError::Work(e));
+        }
+        match backend.end_capture(stream) {
+            Ok(graph) => {
+                *self.graph.borrow_mut() = Some(graph);
                 Ok(())
             }
-            Err(e) => {
-                self.owner.states[self.index] = CaptureState::Failed(e.to_string());
-                Err(e)
+            Err(source) => {
+                let error = CaptureError::Backend { runner, source };
+                fail(CaptureFailure::Check(Box::new(error.clone())));
+                Err(error.into())
+            }
+        }
+    }
+
+    /// Closes the capture: checks that every key's capacity was taken
+    /// exactly and that the graph allocates no memory, then hands the graph
+    /// to the plan to own.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::TakenMismatch`], [`CaptureError::NoGraphCaptured`],
+    /// [`CaptureError::GraphRejected`], or [`CaptureError::Failed`] after a
+    /// failed [`RunnerCapture::stream_capture`]. The runner is then failed
+    /// for good (re-plan to capture it again).
+    pub fn finish(self) -> Result<()> {
+        let graph = self.graph.borrow_mut().take();
+        match graph {
+            Some(graph) => self.close(graph),
+            None => {
+                let runner = self.runner();
+                let failure = self.failure.borrow().clone();
+                let error = match failure {
+                    Some(failure) => CaptureError::Failed { runner, failure },
+                    None => CaptureError::NoGraphCaptured { runner },
+                };
+                self.close_failed(error)
+            }
+        }
+    }
+
+    /// Closes the capture with a graph the program captured by its own
+    /// means (a cudarc user's own stream capture), instead of one from
+    /// [`RunnerCapture::stream_capture`]. The same checks as
+    /// [`RunnerCapture::finish`] apply.
+    ///
+    /// # Safety
+    ///
+    /// The fence orders this runner's replays by the bytes *this runner*
+    /// claims. The caller guarantees that `graph` writes and reads plan
+    /// memory only through views taken from this capture (never another
+    /// runner's views or arenas), that it was captured on this backend's
+    /// device, and that everything else it touches stays alive and is
+    /// ordered by the caller for as long as the plan may replay it.
+    ///
+    /// # Errors
+    ///
+    /// As [`RunnerCapture::finish`]; also when `stream_capture` already
+    /// captured a graph ([`CaptureError::GraphAlreadyCaptured`]).
+    pub unsafe fn finish_with_graph(self, graph: B::Graph) -> Result<()> {
+        let runner = self.runner();
+        if self.graph.borrow().is_some() {
+            return self.close_failed(CaptureError::GraphAlreadyCaptured { runner });
+        }
+        let failure = self.failure.borrow().clone();
+        if let Some(failure) = failure {
+            return self.close_failed(CaptureError::Failed { runner, failure });
+        }
+        self.close(graph)
+    }
+
+    fn close(self, graph: B::Graph) -> Result<()> {
+        let plan = self.plan();
+        let runner = plan.id();
+        let next = self.next.get();
+        let failure = self.failure.borrow().clone();
+        if let Some(failure) = failure {
+            return self.close_failed(CaptureError::Failed { runner, failure });
+        }
+        if let Some(first_left) = plan.record.requests.get(next) {
+            let key = first_left.key();
+            let taken = self.taken(key, next);
+            let capacity = plan.slice(key).map_or(0, |s| s.bytes);
+            return self.close_failed(CaptureError::TakenMismatch {
+                runner,
+                key,
+                taken,
+                capacity,
+            });
+        }
+        if let Err(reason) = self.owner.res.backend.validate_graph(&graph) {
+            return self.close_failed(CaptureError::GraphRejected { runner, reason });
+        }
+        let mut this = self;
+        this.closed = true;
+        this.owner.slots[this.slot] = Slot::Captured(graph);
+        Ok(())
+    }
+
+    fn close_failed(mut self, error: CaptureError) -> Result<()> {
+        self.closed = true;
+        let failure = match &error {
+            CaptureError::Failed { failure, .. } => failure.clone(),
+            other => CaptureFailure::Check(Box::new(other.clone())),
+        };
+        self.owner.slots[self.slot] = Slot::Failed(failure);
+        Err(error)
+    }
+}
+
+/// Marks the capture failed if the work closure unwinds.
+struct PanicMark<'a> {
+    failure: &'a RefCell<Option<CaptureFailure>>,
+    armed: bool,
+}
+
+impl Drop for PanicMark<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Ok(mut f) = self.failure.try_borrow_mut() {
+                *f = Some(CaptureFailure::Panicked);
             }
         }
     }
@@ -379,82 +645,12 @@ impl<B: Backend> RunnerCapture<'_, B> {
 impl<B: Backend> Drop for RunnerCapture<'_, B> {
     fn drop(&mut self) {
         if !self.closed {
-            let reason = self
+            let failure = self
                 .failure
                 .borrow_mut()
                 .take()
-                .unwrap_or_else(|| "capture dropped before finish".to_string());
-            self.owner.states[self.index] = CaptureState::Failed(reason);
+                .unwrap_or(CaptureFailure::Dropped);
+            self.owner.slots[self.slot] = Slot::Failed(failure);
         }
-    }
-}
-
-/// A fixed-address, aligned view into a runner's arena. It borrows the
-/// capture (or the [`Replayable`]) that handed it out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct View<'a> {
-    pub(crate) addr: u64,
-    pub(crate) arena: usize,
-    pub(crate) offset: u64,
-    pub(crate) request: Request,
-    pub(crate) runner: RunnerId,
-    pub(crate) _capture: PhantomData<&'a ()>,
-}
-
-impl View<'_> {
-    /// Device address of the first element (host address on `sim`), aligned
-    /// to the domain's alignment.
-    pub fn device_ptr(&self) -> u64 {
-        self.addr
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.request.elements as usize
-    }
-
-    /// Always false: requests have at least one element.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// Bytes of the elements (without alignment padding).
-    pub fn bytes(&self) -> u64 {
-        self.request.elements * self.request.dtype.size_bytes()
-    }
-
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        self.request.dtype
-    }
-
-    /// Domain.
-    pub fn domain(&self) -> Domain {
-        self.request.domain
-    }
-
-    /// (domain, dtype).
-    pub fn key(&self) -> Key {
-        self.request.key()
-    }
-
-    /// The request this view answers.
-    pub fn request(&self) -> Request {
-        self.request
-    }
-
-    /// The runner that owns it.
-    pub fn runner(&self) -> RunnerId {
-        self.runner
-    }
-
-    /// Index of its arena in [`Planned::arenas`].
-    pub fn arena(&self) -> usize {
-        self.arena
-    }
-
-    /// Byte offset inside its arena.
-    pub fn offset(&self) -> u64 {
-        self.offset
     }
 }

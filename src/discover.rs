@@ -3,9 +3,70 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::error::{Error, Result};
-use crate::plan::{Planned, Strategy};
-use crate::vocab::{Domain, GroupId, Key, Request, RunnerId};
+use crate::vocab::{DType, Domain, GroupId, Key, Request, RunnerId};
+
+/// A failed check during discovery (or while building a [`PlanConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiscoveryError {
+    /// A runner was armed for discovery a second time.
+    #[error("{runner} was armed twice for discovery; each runner records its requests once, in one eager backward")]
+    RunnerArmedTwice {
+        /// The runner armed again.
+        runner: RunnerId,
+    },
+    /// A request asked for zero elements.
+    #[error("{runner} requested zero elements of {key}; every request needs at least one element")]
+    ZeroElements {
+        /// The recording runner.
+        runner: RunnerId,
+        /// The request's key.
+        key: Key,
+    },
+    /// A request named a symmetric group that is not registered in the config.
+    #[error("{runner} requested symmetric memory of {group}, which is not registered in the PlanConfig (registered: {})", list_groups(.registered))]
+    UnknownGroup {
+        /// The recording runner.
+        runner: RunnerId,
+        /// The unknown group.
+        group: GroupId,
+        /// The groups that are registered.
+        registered: Vec<GroupId>,
+    },
+    /// A size computation overflowed `u64`.
+    #[error("the {what} of {runner} for {key} overflows 64 bits ({elements} elements of {dtype})")]
+    SizeOverflow {
+        /// The runner whose request or capacity overflowed.
+        runner: RunnerId,
+        /// The key.
+        key: Key,
+        /// Which size overflowed ("request size" or "capacity").
+        what: &'static str,
+        /// Elements of the request that tipped it over.
+        elements: u64,
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// The same group was registered twice in a [`PlanConfig`].
+    #[error("{group} is registered twice in the PlanConfig")]
+    GroupRegisteredTwice {
+        /// The group.
+        group: GroupId,
+    },
+}
+
+fn list_groups(groups: &[GroupId]) -> String {
+    if groups.is_empty() {
+        return "none".into();
+    }
+    groups
+        .iter()
+        .map(|g| g.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+type Result<T> = std::result::Result<T, DiscoveryError>;
 
 /// Settings shared by every phase: the symmetric groups requests may name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -23,7 +84,7 @@ impl PlanConfig {
     /// reports). Registering the same id twice is an error.
     pub fn with_group(mut self, group: GroupId, name: impl Into<String>) -> Result<PlanConfig> {
         if self.group_name(group).is_some() {
-            return Err(Error::GroupRegisteredTwice { group });
+            return Err(DiscoveryError::GroupRegisteredTwice { group });
         }
         self.groups.push((group, name.into()));
         Ok(self)
@@ -85,8 +146,8 @@ pub(crate) struct RunnerRecord {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Discovering {
-    config: PlanConfig,
-    runners: Vec<RunnerRecord>,
+    pub(crate) config: PlanConfig,
+    pub(crate) runners: Vec<RunnerRecord>,
     index: HashMap<RunnerId, usize>,
 }
 
@@ -106,7 +167,11 @@ impl Discovering {
     }
 
     /// Arms `runner` for recording. Its capture order is the order of the
-    /// first (and only) `arm`. Arming a runner twice is an error.
+    /// first (and only) `arm`.
+    ///
+    /// # Errors
+    ///
+    /// [`DiscoveryError::RunnerArmedTwice`] for a runner armed before.
     pub fn arm(&mut self, runner: RunnerId) -> Result<ArmedRunner<'_>> {
         self.arm_inner(runner, None)
     }
@@ -123,7 +188,7 @@ impl Discovering {
 
     fn arm_inner(&mut self, runner: RunnerId, name: Option<String>) -> Result<ArmedRunner<'_>> {
         if self.index.contains_key(&runner) {
-            return Err(Error::RunnerArmedTwice { runner });
+            return Err(DiscoveryError::RunnerArmedTwice { runner });
         }
         self.index.insert(runner, self.runners.len());
         self.runners.push(RunnerRecord {
@@ -132,11 +197,11 @@ impl Discovering {
             requests: Vec::new(),
             capacity: BTreeMap::new(),
         });
-        let record = self.runners.last_mut().expect("just pushed");
-        Ok(ArmedRunner {
-            config: &self.config,
-            record,
-        })
+        let config = &self.config;
+        let record = self.runners.last_mut();
+        record
+            .map(|record| ArmedRunner { config, record })
+            .ok_or(DiscoveryError::RunnerArmedTwice { runner })
     }
 
     /// Runners armed so far, in capture order.
@@ -155,12 +220,6 @@ impl Discovering {
     pub fn requests(&self, runner: RunnerId) -> Option<&[Request]> {
         let i = *self.index.get(&runner)?;
         Some(&self.runners[i].requests)
-    }
-
-    /// Ends discovery and plans arenas and fences. Consumes `self`, so no
-    /// request can be recorded after the backward that discovered them.
-    pub fn plan(self, strategy: impl Into<Strategy>) -> Result<Planned> {
-        Planned::new(self.config, self.runners, strategy.into())
     }
 }
 
@@ -181,22 +240,28 @@ impl ArmedRunner<'_> {
     /// Records one request; returns its aligned size in bytes. Capacity per
     /// key is the sum of the aligned sizes, so two requests for the same
     /// parameter get two distinct slices.
+    ///
+    /// # Errors
+    ///
+    /// [`DiscoveryError::ZeroElements`], [`DiscoveryError::UnknownGroup`]
+    /// for a group the config does not register, and
+    /// [`DiscoveryError::SizeOverflow`].
     pub fn record(&mut self, request: Request) -> Result<u64> {
         let runner = self.record.id;
         let key = request.key();
         if request.elements == 0 {
-            return Err(Error::ZeroElements { runner, key });
+            return Err(DiscoveryError::ZeroElements { runner, key });
         }
         if let Domain::Symmetric(group) = request.domain {
             if self.config.group_name(group).is_none() {
-                return Err(Error::UnknownGroup {
+                return Err(DiscoveryError::UnknownGroup {
                     runner,
                     group,
                     registered: self.config.groups().map(|(g, _)| g).collect(),
                 });
             }
         }
-        let overflow = |what| Error::SizeOverflow {
+        let overflow = |what| DiscoveryError::SizeOverflow {
             runner,
             key,
             what,

@@ -1,163 +1,307 @@
-//! Who last used which bytes: the state behind the replay fence.
+//! The replay fence: who last used which bytes, where each runner's latest
+//! replay or consumer completes, and the events that make other streams
+//! wait for it. [`Fence`] owns all of it; `replay.rs` is the public API
+//! over it.
 //!
-//! A runner *claims* byte ranges of *fence regions*: under round-robin
-//! placement, the whole of its generation (one region per generation, so one
-//! wait per replay, as upstream); under packed placement, its slice of each
-//! key's arena. The [`Painter`] remembers, for every region, which runner
-//! last claimed each byte, as disjoint painted intervals.
+//! Every buffer-using runner claims byte ranges (the whole of its generation
+//! under round-robin placement; its slices under packed placement) and owns
+//! one completion event. Before runner `r`'s graph is launched on stream
+//! `S` ([`Fence::admit`]): for each runner `u` that last used a byte `r`
+//! claims (each `u` once), if `u` completes on `S`, stream order already
+//! implies the wait and nothing is issued; otherwise `S` waits on `u`'s
+//! event (recorded first on `u`'s stream if it has not been yet). After the
+//! launch ([`Fence::complete`]), `r` becomes the latest user of the bytes it
+//! claims and completes on `S`.
+//!
+//! Each latest user waited for the one before it, so waiting for the latest
+//! user of a byte waits for every earlier one: no arena byte is overwritten
+//! while a replay that uses it is in flight. A consumer ([`Fence::consume`])
+//! reads a runner's bytes outside its graph: it waits for the runner, and
+//! the runner then completes where the consumer does, so every later
+//! claimer of those bytes waits for the consumer too.
+//!
+//! Events are recorded only where someone waits on them. A runner's event is
+//! recorded right after its graph (or consumer) if, the last time, another
+//! stream waited for it; otherwise the record is deferred until another
+//! stream first has to wait, and issued then on the runner's stream. A
+//! deferred record covers everything enqueued on that stream so far (the
+//! runner's graph and possibly later work), so the wait is correct and at
+//! worst conservative; the runner then records at once from its next replay
+//! on, so a steady schedule waits exactly. A replay whose waits are all
+//! implied by stream order costs one graph launch.
 
-use std::collections::BTreeMap;
+use crate::backend::{Backend, BackendError};
+use crate::painter::{Claim, Painter};
 
-/// A byte range `[lo, hi)` of fence region `region`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Claim {
-    pub(crate) region: u32,
-    pub(crate) lo: u64,
-    pub(crate) hi: u64,
+/// Counters of the fence's work since sealing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FenceStats {
+    /// Graph launches through [`Replayable::replay`](crate::Replayable::replay).
+    pub replays: u64,
+    /// Consumers run through [`Replayable::consume`](crate::Replayable::consume).
+    pub consumers: u64,
+    /// Event waits issued (a stream waited for another stream).
+    pub waits: u64,
+    /// Waits not issued because stream order already implied them (the
+    /// runner waited for completes on the same stream): free ordering.
+    pub waits_skipped: u64,
+    /// Event records issued (only for waits on another stream).
+    pub event_records: u64,
 }
 
-/// Per region, disjoint intervals `start -> (end, runner)`.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Painter {
-    regions: Vec<BTreeMap<u64, (u64, u32)>>,
+/// Where a runner's latest replay (or consumer) completes.
+enum Completion<S> {
+    /// At the tail of this stream; its event is not recorded there yet.
+    Pending { stream: S, id: u64 },
+    /// Its event is recorded on the stream with this id.
+    Recorded { id: u64 },
 }
 
-impl Painter {
-    pub(crate) fn new(regions: usize) -> Painter {
-        Painter {
-            regions: vec![BTreeMap::new(); regions],
+impl<S> Completion<S> {
+    fn stream_id(&self) -> u64 {
+        match self {
+            Completion::Pending { id, .. } | Completion::Recorded { id } => *id,
         }
-    }
-
-    /// Adds to `out` (once each) the runners that last claimed any byte of
-    /// `claim`.
-    pub(crate) fn users(&self, claim: Claim, out: &mut Vec<u32>) {
-        let map = &self.regions[claim.region as usize];
-        for (_, &(end, runner)) in map.range(..claim.hi).rev() {
-            if end <= claim.lo {
-                break;
-            }
-            if !out.contains(&runner) {
-                out.push(runner);
-            }
-        }
-    }
-
-    /// Makes `runner` the last user of every byte of `claim`.
-    pub(crate) fn paint(&mut self, claim: Claim, runner: u32) {
-        let map = &mut self.regions[claim.region as usize];
-        // Fast path: the range is painted exactly as one interval already.
-        if let Some((end, owner)) = map.get_mut(&claim.lo) {
-            if *end == claim.hi {
-                *owner = runner;
-                return;
-            }
-        }
-        let overlapping: Vec<(u64, (u64, u32))> = map
-            .range(..claim.hi)
-            .rev()
-            .take_while(|(_, &(end, _))| end > claim.lo)
-            .map(|(&s, &v)| (s, v))
-            .collect();
-        for &(start, (end, owner)) in &overlapping {
-            map.remove(&start);
-            if start < claim.lo {
-                map.insert(start, (claim.lo, owner));
-            }
-            if end > claim.hi {
-                map.insert(claim.hi, (end, owner));
-            }
-        }
-        map.insert(claim.lo, (claim.hi, runner));
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
+/// The fence's view of one runner slot.
+struct Runner<B: Backend> {
+    /// `None` for a runner that uses no buffers: it is never fenced.
+    event: Option<B::Event>,
+    completion: Option<Completion<B::Stream>>,
+    /// Record right after each replay: another stream waited for the
+    /// runner's last record.
+    record_at_once: bool,
+    /// A wait used the latest record made at once.
+    waited_on: bool,
+}
 
-    proptest! {
-        /// Replaying runners in any order, each waiting for the last users of
-        /// its bytes: every earlier replay whose bytes overlap a later one is
-        /// reached through the chain of waits (so it finished first).
-        #[test]
-        fn waits_reach_every_earlier_overlapping_replay(
-            ranges in prop::collection::vec((0u64..64, 1u64..16), 1..12),
-            order in prop::collection::vec(0usize..12, 1..60),
-        ) {
-            let mut p = Painter::new(1);
-            // For each replay: (runner, [lo, hi), replays it waited for).
-            let mut replays: Vec<(u64, u64, Vec<usize>)> = Vec::new();
-            let mut last_replay_of: Vec<Option<usize>> = vec![None; ranges.len()];
-            for &pick in &order {
-                let r = pick % ranges.len();
-                let (lo, len) = ranges[r];
-                let c = claim(lo, lo + len);
-                let mut users = Vec::new();
-                p.users(c, &mut users);
-                let waits = users.iter().map(|&u| last_replay_of[u as usize].unwrap()).collect();
-                p.paint(c, r as u32);
-                last_replay_of[r] = Some(replays.len());
-                replays.push((lo, lo + len, waits));
+/// Why a consumer may not read a runner's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotOwner {
+    /// The runner was never replayed.
+    NeverReplayed,
+    /// Another runner (this slot) claimed some of its bytes since.
+    OverwrittenBy(usize),
+}
+
+/// Events, completions and the byte painter of one plan.
+pub(crate) struct Fence<B: Backend> {
+    runners: Vec<Runner<B>>,
+    painter: Painter,
+    scratch: Vec<u32>,
+    stats: FenceStats,
+}
+
+impl<B: Backend> Fence<B> {
+    /// A fence over `regions` fence regions, with one entry per runner slot
+    /// (its event, if it uses buffers).
+    pub(crate) fn new(events: Vec<Option<B::Event>>, regions: usize) -> Fence<B> {
+        Fence {
+            runners: events
+                .into_iter()
+                .map(|event| Runner {
+                    event,
+                    completion: None,
+                    record_at_once: false,
+                    waited_on: false,
+                })
+                .collect(),
+            painter: Painter::new(regions),
+            scratch: Vec::new(),
+            stats: FenceStats::default(),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> FenceStats {
+        self.stats
+    }
+
+    /// Whether the slot is fenced (uses buffers).
+    pub(crate) fn is_fenced(&self, slot: usize) -> bool {
+        self.runners[slot].event.is_some()
+    }
+
+    /// Makes `stream` wait for the latest users of every byte of `claims`.
+    pub(crate) fn admit(
+        &mut self,
+        backend: &B,
+        claims: &[Claim],
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        let mut users = std::mem::take(&mut self.scratch);
+        users.clear();
+        for &claim in claims {
+            self.painter.users(claim, &mut users);
+        }
+        let waited = users
+            .iter()
+            .try_for_each(|&u| self.wait_for(backend, u as usize, stream, sid));
+        self.scratch = users;
+        waited
+    }
+
+    /// After `slot`'s graph was launched on `stream`: it is the latest user
+    /// of `claims` and completes on `stream`.
+    pub(crate) fn complete(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        claims: &[Claim],
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        self.stats.replays += 1;
+        if !self.is_fenced(slot) {
+            return Ok(());
+        }
+        for &claim in claims {
+            self.painter.paint(claim, slot as u32);
+        }
+        self.settle(slot, stream, sid);
+        self.record_if_expected(backend, slot, stream, sid)
+    }
+
+    /// Whether `slot` is still the latest user of every byte it claims.
+    pub(crate) fn owner_check(&mut self, slot: usize, claims: &[Claim]) -> Result<(), NotOwner> {
+        let mut users = std::mem::take(&mut self.scratch);
+        users.clear();
+        for &claim in claims {
+            self.painter.users(claim, &mut users);
+        }
+        let result = match users.iter().find(|&&u| u as usize != slot) {
+            Some(&other) => Err(NotOwner::OverwrittenBy(other as usize)),
+            None if users.is_empty() || self.runners[slot].completion.is_none() => {
+                Err(NotOwner::NeverReplayed)
             }
-            for j in 0..replays.len() {
-                let mut reached = vec![false; j];
-                let mut stack = replays[j].2.clone();
-                while let Some(k) = stack.pop() {
-                    if !reached[k] {
-                        reached[k] = true;
-                        stack.extend(replays[k].2.iter().copied());
+            None => Ok(()),
+        };
+        self.scratch = users;
+        result
+    }
+
+    /// Runs a consumer of `slot`'s bytes on `stream`: waits for the slot's
+    /// latest completion, marks the slot as completing on `stream` *before*
+    /// `work` runs (so whatever `work` enqueues is fenced even if it fails or
+    /// unwinds: a later waiter records the event on `stream`), then records
+    /// at once if another stream is expected to wait.
+    pub(crate) fn consume<T>(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        stream: &B::Stream,
+        sid: u64,
+        work: impl FnOnce() -> T,
+    ) -> Result<T, BackendError> {
+        self.wait_for(backend, slot, stream, sid)?;
+        self.settle(slot, stream, sid);
+        self.stats.consumers += 1;
+        let out = work();
+        self.record_if_expected(backend, slot, stream, sid)?;
+        Ok(out)
+    }
+
+    /// Makes `stream` wait for slot `u`'s latest completion.
+    fn wait_for(
+        &mut self,
+        backend: &B,
+        u: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        let runner = &mut self.runners[u];
+        let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
+            return Ok(());
+        };
+        if completion.stream_id() == sid {
+            self.stats.waits_skipped += 1;
+            return Ok(());
+        }
+        if let Completion::Pending { stream: on, id } = completion {
+            let id = *id;
+            backend.record_event(on, event)?;
+            self.stats.event_records += 1;
+            runner.completion = Some(Completion::Recorded { id });
+            runner.record_at_once = true;
+        }
+        backend.wait_event(stream, event)?;
+        self.stats.waits += 1;
+        runner.waited_on = true;
+        Ok(())
+    }
+
+    /// Slot `i` now completes at the tail of `stream`, its event not yet
+    /// recorded there.
+    fn settle(&mut self, i: usize, stream: &B::Stream, sid: u64) {
+        let runner = &mut self.runners[i];
+        if runner.record_at_once && !runner.waited_on {
+            // Nobody waited for the last record made at once: defer again.
+            runner.record_at_once = false;
+        }
+        match &runner.completion {
+            Some(Completion::Pending { id, .. }) if *id == sid => {}
+            _ => {
+                runner.completion = Some(Completion::Pending {
+                    stream: stream.clone(),
+                    id: sid,
+                })
+            }
+        }
+    }
+
+    /// Records slot `i`'s event on `stream` now if another stream is
+    /// expected to wait for it.
+    fn record_if_expected(
+        &mut self,
+        backend: &B,
+        i: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        let runner = &mut self.runners[i];
+        let Some(event) = &runner.event else {
+            return Ok(());
+        };
+        if runner.record_at_once {
+            backend.record_event(stream, event)?;
+            self.stats.event_records += 1;
+            runner.completion = Some(Completion::Recorded { id: sid });
+            runner.waited_on = false;
+        }
+        Ok(())
+    }
+
+    /// Blocks until every replay and consumer the fence ordered is done:
+    /// records deferred events, then waits for every runner's latest
+    /// completion (each waited for the earlier users of its bytes). Does not
+    /// wait for unrelated work. Keeps going after an error and returns the
+    /// first one. When a deferred record cannot be made, it falls back to
+    /// waiting for the whole backend, so nothing is freed under work in
+    /// flight.
+    pub(crate) fn quiesce(&mut self, backend: &B) -> Result<(), BackendError> {
+        let mut first = Ok(());
+        let mut unrecorded = false;
+        for runner in &mut self.runners {
+            let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
+                continue;
+            };
+            if let Completion::Pending { stream, id } = completion {
+                let id = *id;
+                match backend.record_event(stream, event) {
+                    Ok(()) => runner.completion = Some(Completion::Recorded { id }),
+                    Err(e) => {
+                        unrecorded = true;
+                        first = first.and(Err(e));
                     }
                 }
-                for (i, done) in reached.iter().enumerate() {
-                    let overlap = replays[i].0 < replays[j].1 && replays[j].0 < replays[i].1;
-                    prop_assert!(!overlap || *done, "replay {} overlaps earlier replay {} unfenced", j, i);
-                }
             }
+            first = first.and(backend.synchronize_event(event));
         }
-    }
-
-    fn claim(lo: u64, hi: u64) -> Claim {
-        Claim { region: 0, lo, hi }
-    }
-
-    fn users(p: &Painter, lo: u64, hi: u64) -> Vec<u32> {
-        let mut out = Vec::new();
-        p.users(claim(lo, hi), &mut out);
-        out.sort_unstable();
-        out
-    }
-
-    #[test]
-    fn a_claim_sees_every_runner_that_last_painted_its_bytes() {
-        let mut p = Painter::new(1);
-        p.paint(claim(0, 100), 1);
-        p.paint(claim(20, 40), 2);
-        p.paint(claim(90, 120), 3);
-        assert_eq!(users(&p, 0, 10), vec![1]);
-        assert_eq!(users(&p, 30, 50), vec![1, 2]);
-        assert_eq!(users(&p, 40, 90), vec![1]);
-        assert_eq!(users(&p, 85, 95), vec![1, 3]);
-        assert_eq!(users(&p, 120, 130), Vec::<u32>::new());
-        p.paint(claim(0, 120), 4);
-        assert_eq!(users(&p, 0, 120), vec![4]);
-    }
-
-    #[test]
-    fn repainting_the_same_range_keeps_one_interval() {
-        let mut p = Painter::new(2);
-        for r in 0..10 {
-            p.paint(
-                Claim {
-                    region: 1,
-                    lo: 0,
-                    hi: 1,
-                },
-                r,
-            );
+        if unrecorded {
+            first = first.and(backend.synchronize());
         }
-        assert_eq!(p.regions[1].len(), 1);
-        assert!(p.regions[0].is_empty());
+        first
     }
 }

@@ -76,16 +76,19 @@
 // failure; `Ok(())` stays a discriminant write on the replay path.
 #![allow(clippy::result_large_err)]
 
+// Layers, lowest first; each module imports only the ones above it here.
 mod backend;
 mod capture;
 mod discover;
 mod error;
 mod fence;
+mod painter;
 mod placement;
 mod plan;
 mod replay;
 mod report;
 mod source;
+mod view;
 mod vocab;
 
 #[cfg(feature = "cuda")]
@@ -93,14 +96,16 @@ pub use backend::cuda;
 #[cfg(feature = "nccl")]
 pub use backend::nccl;
 pub use backend::sim;
-pub use backend::{Arena, Backend};
-pub use capture::{Capturing, RunnerCapture, View};
-pub use discover::{ArmedRunner, Discovering, PlanConfig};
+pub use backend::{Arena, ArenaDesc, Backend, BackendError};
+pub use capture::{CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError};
+pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
 pub use error::{Error, Result};
-pub use plan::{ArenaPlan, Placement, Planned, Policy, Slice, Strategy};
-pub use replay::{FenceStats, Replayable};
+pub use fence::FenceStats;
+pub use plan::{ArenaPlan, Placement, PlanError, Planned, Policy, Slice, Strategy};
+pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource};
+pub use view::View;
 pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
     SYMMETRIC_ALIGNMENT,

@@ -4,14 +4,44 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::backend::Backend;
-use crate::capture::Capturing;
-use crate::discover::{PlanConfig, RunnerRecord};
-use crate::error::{Error, Result};
-use crate::fence::Claim;
+use crate::discover::{Discovering, PlanConfig, RunnerRecord};
+use crate::painter::Claim;
 use crate::placement;
 use crate::report::{self, PlanReport};
 use crate::vocab::{Key, Request, RunnerId};
+
+/// A plan that cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// A policy asked for zero generations (or an overlap depth of zero).
+    #[error("policy {policy} asks for zero generations; at least one is needed")]
+    ZeroGenerations {
+        /// The policy as written.
+        policy: Policy,
+    },
+    /// An arena's size overflowed `u64` while planning.
+    #[error("the arena for {key} overflows 64 bits while planning")]
+    ArenaOverflow {
+        /// The key whose arena overflowed.
+        key: Key,
+    },
+}
+
+type Result<T> = std::result::Result<T, PlanError>;
+
+impl Discovering {
+    /// Ends discovery and plans arenas and fences. Consumes `self`, so no
+    /// request can be recorded after the backward that discovered them.
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError::ZeroGenerations`] for a policy of zero, and
+    /// [`PlanError::ArenaOverflow`] when an arena would not fit in 64 bits.
+    pub fn plan(self, strategy: impl Into<Strategy>) -> Result<Planned> {
+        Planned::new(self.config, self.runners, strategy.into())
+    }
+}
 
 /// How many runners' buffers may be live at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -30,6 +60,10 @@ pub enum Policy {
 impl Policy {
     /// The generation count the policy asks for, before capping at the number
     /// of buffer-using runners.
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError::ZeroGenerations`] for a count of zero.
     pub fn requested(self) -> Result<usize> {
         let n = match self {
             Policy::Generations(n) | Policy::OverlapDepth(n) => n,
@@ -42,9 +76,7 @@ impl Policy {
             }
         };
         if n == 0 {
-            return Err(Error::ZeroGenerations {
-                policy: self.to_string(),
-            });
+            return Err(PlanError::ZeroGenerations { policy: self });
         }
         Ok(n)
     }
@@ -150,6 +182,17 @@ pub(crate) struct RunnerPlan {
     pub(crate) slices: Vec<Slice>,
     /// Byte ranges of fence regions this runner's replay overwrites.
     pub(crate) claims: Vec<Claim>,
+    /// Where each recorded request's view lies, in request order.
+    pub(crate) views: Vec<Place>,
+}
+
+/// Where one request's view lies: computed once, read by capture and replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Place {
+    /// Index into [`Planned::arenas`].
+    pub(crate) arena: usize,
+    /// Byte offset inside that arena.
+    pub(crate) offset: u64,
 }
 
 impl RunnerPlan {
@@ -183,6 +226,8 @@ pub struct Planned {
     pub(crate) arenas: Vec<ArenaPlan>,
     /// Number of fence regions.
     pub(crate) fence_regions: usize,
+    /// (runner, slot), sorted by runner: the one lookup every phase uses.
+    pub(crate) index: Vec<(RunnerId, usize)>,
 }
 
 impl Planned {
@@ -212,6 +257,7 @@ impl Planned {
                 },
                 slices: Vec::with_capacity(keys),
                 claims: Vec::new(),
+                views: Vec::new(),
             });
         }
         let using: Vec<usize> = (0..runners.len())
@@ -248,7 +294,8 @@ impl Planned {
                     }
                 }
                 Placement::Packed => {
-                    let layout = placement::packed(&cap, g).ok_or(Error::ArenaOverflow { key })?;
+                    let layout =
+                        placement::packed(&cap, g).ok_or(PlanError::ArenaOverflow { key })?;
                     let arena = arenas.len();
                     arenas.push(ArenaPlan {
                         key,
@@ -270,6 +317,15 @@ impl Planned {
         }
 
         let fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
+        for r in &mut runners {
+            r.views = place_views(r);
+        }
+        let mut index: Vec<(RunnerId, usize)> = runners
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.id(), i))
+            .collect();
+        index.sort_unstable();
         Ok(Planned {
             config,
             strategy,
@@ -277,6 +333,7 @@ impl Planned {
             runners,
             arenas,
             fence_regions,
+            index,
         })
     }
 
@@ -350,18 +407,16 @@ impl Planned {
         report::fingerprint(self)
     }
 
-    /// Allocates every arena once, outside graph memory pools, and one
-    /// completion event per fence; nothing is captured yet.
-    pub fn allocate<B: Backend>(self, backend: B) -> Result<Capturing<B>> {
-        Capturing::new(self, backend)
-    }
-
     pub(crate) fn runner(&self, runner: RunnerId) -> Option<&RunnerPlan> {
-        self.runners.iter().find(|r| r.id() == runner)
+        self.slot(runner).map(|i| &self.runners[i])
     }
 
-    pub(crate) fn runner_index(&self, runner: RunnerId) -> Option<usize> {
-        self.runners.iter().position(|r| r.id() == runner)
+    /// The runner's slot (its index in capture order), by binary search.
+    pub(crate) fn slot(&self, runner: RunnerId) -> Option<usize> {
+        self.index
+            .binary_search_by_key(&runner, |&(r, _)| r)
+            .ok()
+            .map(|k| self.index[k].1)
     }
 
     /// Capacities of every key over buffer-using runners, in capture order.
@@ -391,6 +446,29 @@ fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, V
         }
     }
     by_key.into_iter().collect()
+}
+
+/// Bump-places each request inside its key's slice, in request order.
+fn place_views(r: &RunnerPlan) -> Vec<Place> {
+    let mut taken = vec![0u64; r.slices.len()];
+    let mut views = Vec::with_capacity(r.record.requests.len());
+    for request in &r.record.requests {
+        // Discovery checked every aligned size and recorded a capacity (so a
+        // slice) for every key it saw; a missing one stays unplaced.
+        let (Some(k), Some(bytes)) = (
+            r.slices.iter().position(|s| s.key == request.key()),
+            request.aligned_bytes(),
+        ) else {
+            continue;
+        };
+        let slice = r.slices[k];
+        views.push(Place {
+            arena: slice.arena,
+            offset: slice.offset + taken[k],
+        });
+        taken[k] += bytes;
+    }
+    views
 }
 
 /// Gives every buffer-using runner the byte ranges its replay claims.

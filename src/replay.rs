@@ -1,74 +1,160 @@
-//! Phase 4: [`Replayable`]. What happens at replay: fence, launch, and completion tracking.
-//!
-//! Every buffer-using runner claims byte ranges (the whole of its generation
-//! under round-robin placement; its slices under packed placement, see
-//! `fence.rs`) and owns one completion event. Replaying runner `r` on stream
-//! `S`:
-//!
-//! 1. for each runner `u` that last used a byte `r` claims (each `u` once):
-//!    if `u` completes on `S`, stream order already implies the wait
-//!    and nothing is issued; otherwise, `S` waits on `u`'s event (recorded
-//!    first on `u`'s stream if it has not been yet, see below);
-//! 2. `r`'s graph is launched on `S`;
-//! 3. `r` becomes the latest user of the bytes it claims and completes on
-//!    `S`.
-//!
-//! Each latest user waited for the one before it, so waiting for the latest
-//! user of a byte waits for every earlier one: no arena byte is overwritten
-//! while a replay that uses it is in flight.
-//!
-//! Events are recorded only where someone waits on them. A runner's event is
-//! recorded right after its graph (or consumer) if, the last time, another
-//! stream waited for it; otherwise the record is deferred until another
-//! stream first has to wait, and issued then on the runner's stream. A
-//! deferred record covers everything enqueued on that stream so far — the
-//! runner's graph and possibly later work — so the wait is correct and at
-//! worst conservative; the runner then records eagerly from its next replay
-//! on, so a steady schedule waits exactly. A replay whose waits are all
-//! implied by stream order costs one graph launch.
+//! Phase 4: [`Replayable`]. The public API over the fence (`fence.rs`):
+//! replay, consume, views, teardown.
 
 use std::fmt;
 
-use crate::backend::{Arena, Backend};
-use crate::capture::{Resources, View};
+use crate::backend::{Arena, Backend, BackendError};
+use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
-use crate::error::{Error, Result};
-use crate::fence::Painter;
+use crate::fence::{Fence, FenceStats, NotOwner};
 use crate::plan::Planned;
+use crate::view::View;
 use crate::vocab::RunnerId;
 
-/// Counters of the fence's work since sealing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FenceStats {
-    /// Graph launches through [`Replayable::replay`].
-    pub replays: u64,
-    /// Event waits issued.
-    pub waits: u64,
-    /// Waits skipped because stream order already implied them.
-    pub elided: u64,
-    /// Event records issued (lazily, only for waits on another stream).
-    pub records: u64,
+/// A failed check or backend call while replaying.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The runner was never discovered.
+    #[error("{runner} was not discovered, so the plan has no graph for it")]
+    UnknownRunner {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// The runner has no captured graph (a runner that uses no buffers and
+    /// was not captured).
+    #[error("{runner} has no captured graph to replay")]
+    NoGraph {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A consumer asked for a runner's bytes before the runner was replayed.
+    #[error("{runner} was never replayed, so its views hold nothing to consume")]
+    NotReplayed {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A consumer asked for a runner's bytes after another runner claimed
+    /// some of them.
+    #[error("{runner}'s bytes were overwritten by {by}, replayed since; consume a runner's views before the next runner that shares its arena replays")]
+    Overwritten {
+        /// The runner whose views were asked for.
+        runner: RunnerId,
+        /// The runner that claimed its bytes since.
+        by: RunnerId,
+    },
+    /// The backend failed while replaying or consuming a runner.
+    #[error("{runner}: {source}")]
+    Backend {
+        /// The runner.
+        runner: RunnerId,
+        /// The backend's error.
+        source: BackendError,
+    },
+    /// Waiting for fenced work (synchronize, teardown) failed.
+    #[error("waiting for the plan's work failed: {0}")]
+    Wait(BackendError),
 }
 
-/// Where a runner's latest replay (or consumer) completes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Completion {
-    /// At the tail of this stream; its event is not recorded there yet.
-    Pending(u64),
-    /// Its event is recorded on this stream.
-    Recorded(u64),
+/// What [`Replayable::consume`] returns on failure: the crate's check, or
+/// the work closure's own error, unchanged. Either way, whatever the closure
+/// enqueued is fenced.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError<E> {
+    /// A check or backend call of this crate failed.
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+    /// The work closure failed.
+    #[error("the consumer failed: {0}")]
+    Work(E),
 }
 
-impl Completion {
-    fn stream(self) -> u64 {
-        match self {
-            Completion::Pending(s) | Completion::Recorded(s) => s,
+/// A failed [`Capturing::seal`]: the reason, and the `Capturing` itself, so
+/// the caller can still [`Capturing::replan`].
+pub struct SealError<B: Backend> {
+    /// Always [`CaptureError::Unfinished`].
+    pub error: CaptureError,
+    /// The plan, as it was.
+    pub capturing: Capturing<B>,
+}
+
+impl<B: Backend> fmt::Debug for SealError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SealError")
+            .field("error", &self.error)
+            .field("capturing", &self.capturing)
+            .finish()
+    }
+}
+
+impl<B: Backend> fmt::Display for SealError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<B: Backend> std::error::Error for SealError<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+type Result<T> = std::result::Result<T, ReplayError>;
+
+impl<B: Backend> Capturing<B> {
+    /// Ends capture: succeeds only when every buffer-using runner's capture
+    /// finished (a runner that uses no buffers may stay uncaptured, or fail).
+    ///
+    /// # Errors
+    ///
+    /// [`SealError`] with [`CaptureError::Unfinished`] naming each
+    /// buffer-using runner that was never captured or failed, and the
+    /// `Capturing` back.
+    pub fn seal(self) -> std::result::Result<Replayable<B>, SealError<B>> {
+        let runners: Vec<_> = self
+            .plan
+            .runners
+            .iter()
+            .zip(&self.slots)
+            .filter(|(r, _)| r.position.is_some())
+            .filter_map(|(r, s)| match s {
+                Slot::Captured(_) => None,
+                Slot::Pending => Some((r.id(), None)),
+                Slot::Failed(f) => Some((r.id(), Some(f.clone()))),
+            })
+            .collect();
+        if !runners.is_empty() {
+            return Err(SealError {
+                error: CaptureError::Unfinished { runners },
+                capturing: self,
+            });
         }
+        let Capturing { slots, plan, res } = self;
+        let graphs = slots
+            .into_iter()
+            .map(|s| match s {
+                Slot::Captured(g) => Some(g),
+                Slot::Pending | Slot::Failed(_) => None,
+            })
+            .collect();
+        Ok(Replayable {
+            graphs,
+            fence: Fence::new(res.events, plan.fence_regions),
+            plan,
+            arenas: res.arenas,
+            backend: res.backend,
+        })
     }
 }
 
 /// Phase 4 of 4: every buffer-using runner is captured; graphs replay behind
 /// event fences.
+///
+/// Runners may be replayed in any order, on any streams: each replay waits
+/// for the latest users of the bytes it overwrites (unless stream order
+/// already implies it). Dropping it waits for every replay and consumer the
+/// fence ordered (not for unrelated work), then frees graphs, events and
+/// arenas.
 ///
 /// ```
 /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
@@ -83,8 +169,8 @@ impl Completion {
 /// {
 ///     let cap = capturing.capture(RunnerId(0))?;
 ///     let view = cap.take(req)?;
-///     let graph = cap.record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.5), 10))?;
-///     cap.finish(graph)?;
+///     cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.5), 10))?;
+///     cap.finish()?;
 /// }
 /// let mut replayable = capturing.seal()?;
 /// replayable.replay(RunnerId(0), &stream)?;
@@ -104,75 +190,34 @@ impl Completion {
 /// capturing.replay(RunnerId(0), &stream); // no method `replay` on `Capturing`
 /// ```
 pub struct Replayable<B: Backend> {
+    /// Runner slot -> its graph. Field order is drop order: graphs, then
+    /// events, then arenas.
+    graphs: Vec<Option<B::Graph>>,
+    fence: Fence<B>,
     plan: Planned,
-    /// (runner, index in capture order), sorted by runner.
-    index: Vec<(RunnerId, usize)>,
-    /// Runner index -> its event index (buffer-using runners only).
-    event_of: Vec<Option<usize>>,
-    /// Which runner last used which bytes.
-    painter: Painter,
-    /// Runner index -> where its latest replay or consumer completes.
-    completion: Vec<Option<Completion>>,
-    /// Runner index -> the stream its pending completion is on (kept here so
-    /// a deferred record can be issued on it).
-    pending_on: Vec<Option<B::Stream>>,
-    /// Runner index -> record right after each replay (another stream waited
-    /// for the runner last time).
-    eager: Vec<bool>,
-    /// Runner index -> a wait used its latest eager record.
-    used: Vec<bool>,
-    waited: Vec<u32>,
-    stats: FenceStats,
-    res: Resources<B>,
+    arenas: Vec<B::Arena>,
+    backend: B,
 }
 
 impl<B: Backend> fmt::Debug for Replayable<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Replayable")
-            .field("backend", &self.res.backend.name())
+            .field("backend", &self.backend.name())
             .field("runners", &self.plan.runners.len())
-            .field("stats", &self.stats)
+            .field("stats", &self.fence.stats())
             .finish_non_exhaustive()
     }
 }
 
-impl<B: Backend> Replayable<B> {
-    pub(crate) fn new(plan: Planned, res: Resources<B>) -> Replayable<B> {
-        let mut next_event = 0;
-        let event_of = plan
-            .runners
-            .iter()
-            .map(|r| {
-                r.position.map(|_| {
-                    next_event += 1;
-                    next_event - 1
-                })
-            })
-            .collect();
-        Replayable {
-            index: {
-                let mut index: Vec<(RunnerId, usize)> = plan
-                    .runners
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| (r.id(), i))
-                    .collect();
-                index.sort_unstable();
-                index
-            },
-            event_of,
-            painter: Painter::new(plan.fence_regions),
-            completion: vec![None; plan.runners.len()],
-            pending_on: plan.runners.iter().map(|_| None).collect(),
-            eager: vec![false; plan.runners.len()],
-            used: vec![false; plan.runners.len()],
-            waited: Vec::new(),
-            stats: FenceStats::default(),
-            plan,
-            res,
-        }
+impl<B: Backend> Drop for Replayable<B> {
+    fn drop(&mut self) {
+        // Nothing may be freed while fenced work that uses it is in flight.
+        // A failure (a sticky device error) leaves nothing to wait for.
+        let _ = self.fence.quiesce(&self.backend);
     }
+}
 
+impl<B: Backend> Replayable<B> {
     /// The plan.
     pub fn plan(&self) -> &Planned {
         &self.plan
@@ -180,106 +225,50 @@ impl<B: Backend> Replayable<B> {
 
     /// The backend, to submit other work.
     pub fn backend(&self) -> &B {
-        &self.res.backend
+        &self.backend
     }
 
     /// The graph captured for `runner`, owned by the plan (`None` for an
     /// empty runner that was not captured, or an unknown runner).
     pub fn graph(&self, runner: RunnerId) -> Option<&B::Graph> {
-        let i = self.index_of(runner).ok()?;
-        self.res.graphs[i].as_ref()
+        self.graphs[self.plan.slot(runner)?].as_ref()
     }
 
     /// What the fence has done so far.
     pub fn fence_stats(&self) -> FenceStats {
-        self.stats
+        self.fence.stats()
     }
 
-    fn index_of(&self, runner: RunnerId) -> Result<usize> {
-        self.index
-            .binary_search_by_key(&runner, |&(r, _)| r)
-            .map(|k| self.index[k].1)
-            .map_err(|_| Error::UnknownRunner { runner })
+    fn slot(&self, runner: RunnerId) -> Result<usize> {
+        self.plan
+            .slot(runner)
+            .ok_or(ReplayError::UnknownRunner { runner })
     }
 
     /// Replays `runner`'s graph on `stream`: waits for the latest users of
     /// the bytes it overwrites (unless stream order implies it), launches,
     /// and makes `runner` the latest user of its bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`], or the
+    /// backend's error.
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
-        let i = self.index_of(runner)?;
-        if self.res.graphs[i].is_none() {
-            return Err(Error::NoGraph { runner });
-        }
-        let sid = self.res.backend.stream_id(stream);
-        let mut users = std::mem::take(&mut self.waited);
-        users.clear();
-        for &claim in &self.plan.runners[i].claims {
-            self.painter.users(claim, &mut users);
-        }
-        let waited = users
-            .iter()
-            .try_for_each(|&u| self.wait_for(u as usize, stream, sid));
-        self.waited = users;
-        waited?;
-        let graph = self.res.graphs[i]
-            .as_ref()
-            .ok_or(Error::NoGraph { runner })?;
-        self.res.backend.launch(graph, stream)?;
-        self.stats.replays += 1;
-        if self.event_of[i].is_some() {
-            self.complete_on(i, stream, sid)?;
-            for &claim in &self.plan.runners[i].claims {
-                self.painter.paint(claim, i as u32);
-            }
-        }
-        Ok(())
-    }
-
-    /// Makes `stream` wait for runner `u`'s latest completion.
-    fn wait_for(&mut self, u: usize, stream: &B::Stream, sid: u64) -> Result<()> {
-        let Some(completion) = self.completion[u] else {
-            return Ok(());
+        let slot = self.slot(runner)?;
+        let Some(graph) = &self.graphs[slot] else {
+            return Err(ReplayError::NoGraph { runner });
         };
-        if completion.stream() == sid {
-            self.stats.elided += 1;
-            return Ok(());
-        }
-        let event = &self.res.events[self.event_of[u].expect("users own events")];
-        if let Completion::Pending(_) = completion {
-            let on = self.pending_on[u].as_ref().expect("pending has a stream");
-            self.res.backend.record_event(on, event)?;
-            self.stats.records += 1;
-            self.completion[u] = Some(Completion::Recorded(completion.stream()));
-            self.pending_on[u] = None;
-            self.eager[u] = true;
-        }
-        self.res.backend.wait_event(stream, event)?;
-        self.stats.waits += 1;
-        self.used[u] = true;
-        Ok(())
-    }
-
-    /// Runner `i` now completes at the tail of `stream`: record its event
-    /// there now if another stream is expected to wait for it, else later.
-    fn complete_on(&mut self, i: usize, stream: &B::Stream, sid: u64) -> Result<()> {
-        if self.eager[i] && !self.used[i] {
-            // Nobody waited for the last eager record: defer from now on.
-            self.eager[i] = false;
-        }
-        if self.eager[i] {
-            let event = &self.res.events[self.event_of[i].expect("users own events")];
-            self.res.backend.record_event(stream, event)?;
-            self.stats.records += 1;
-            self.completion[i] = Some(Completion::Recorded(sid));
-            self.pending_on[i] = None;
-            self.used[i] = false;
-            return Ok(());
-        }
-        if self.completion[i] != Some(Completion::Pending(sid)) {
-            self.pending_on[i] = Some(stream.clone());
-        }
-        self.completion[i] = Some(Completion::Pending(sid));
-        Ok(())
+        let backend = &self.backend;
+        let sid = backend.stream_id(stream);
+        let claims = &self.plan.runners[slot].claims;
+        let failed = |source| ReplayError::Backend { runner, source };
+        self.fence
+            .admit(backend, claims, stream, sid)
+            .map_err(failed)?;
+        backend.launch(graph, stream).map_err(failed)?;
+        self.fence
+            .complete(backend, slot, claims, stream, sid)
+            .map_err(failed)
     }
 
     /// Launches `runner`'s graph with no fence at all.
@@ -290,80 +279,113 @@ impl<B: Backend> Replayable<B> {
     /// runner's arenas, and that no later fenced replay relies on this one
     /// being tracked: the fence does not know about it. Meant for unfenced
     /// reference measurements and for tests that show the fence is needed.
+    ///
+    /// # Errors
+    ///
+    /// As [`Replayable::replay`].
     pub unsafe fn replay_unfenced(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
-        let i = self.index_of(runner)?;
-        let graph = self.res.graphs[i]
+        let slot = self.slot(runner)?;
+        let graph = self.graphs[slot]
             .as_ref()
-            .ok_or(Error::NoGraph { runner })?;
-        self.res.backend.launch(graph, stream)
+            .ok_or(ReplayError::NoGraph { runner })?;
+        self.backend
+            .launch(graph, stream)
+            .map_err(|source| ReplayError::Backend { runner, source })
     }
 
     /// Runs asynchronous work that reads `runner`'s views outside its graph
     /// (a reduce-scatter on another stream, say) inside the runner's fence:
-    /// `stream` first waits for the runner's latest replay, `submit` enqueues
-    /// the work, then the runner's event is recorded on `stream`, so no later
-    /// replay overwrites the views before that work is done.
-    pub fn consume<E: fmt::Display>(
+    /// `stream` first waits for the runner's latest replay, `work` enqueues
+    /// the work, and every later replay that overwrites those bytes waits
+    /// for it, even when `work` fails or panics after enqueuing.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::NotReplayed`] before the runner's first replay,
+    /// [`ReplayError::Overwritten`] naming the runner that claimed its
+    /// bytes since its latest replay (`work` is not called then);
+    /// [`ConsumeError::Work`] with the closure's own error.
+    pub fn consume<E>(
         &mut self,
         runner: RunnerId,
         stream: &B::Stream,
-        submit: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
-    ) -> Result<()> {
-        let i = self.index_of(runner)?;
-        let sid = self.res.backend.stream_id(stream);
-        let fenced = self.event_of[i].is_some();
-        if fenced {
-            self.wait_for(i, stream, sid)?;
+        work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), ConsumeError<E>> {
+        let slot = self.slot(runner)?;
+        let plan = &self.plan;
+        let views = views_of(plan, &self.arenas, slot);
+        if !self.fence.is_fenced(slot) {
+            // A runner without buffers has nothing to fence.
+            return work(stream, &views).map_err(ConsumeError::Work);
         }
-        let views = self.views(runner)?;
-        let submitted = submit(stream, &views);
-        if fenced {
-            // Whatever was enqueued, even by a failing `submit`, is fenced.
-            self.complete_on(i, stream, sid)?;
-        }
-        submitted.map_err(|e| Error::ConsumerFailed {
-            runner,
-            reason: e.to_string(),
-        })
+        let claims = &plan.runners[slot].claims;
+        self.fence
+            .owner_check(slot, claims)
+            .map_err(|not| match not {
+                NotOwner::NeverReplayed => ReplayError::NotReplayed { runner },
+                NotOwner::OverwrittenBy(other) => ReplayError::Overwritten {
+                    runner,
+                    by: plan.runners[other].id(),
+                },
+            })?;
+        let sid = self.backend.stream_id(stream);
+        self.fence
+            .consume(&self.backend, slot, stream, sid, || work(stream, &views))
+            .map_err(|source| ReplayError::Backend { runner, source })?
+            .map_err(ConsumeError::Work)
     }
 
     /// The views `runner`'s capture handed out, in request order (same
     /// addresses), for work outside the graph.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::UnknownRunner`].
     pub fn views(&self, runner: RunnerId) -> Result<Vec<View<'_>>> {
-        let i = self.index_of(runner)?;
-        let plan = &self.plan.runners[i];
-        let mut consumed = vec![0u64; plan.slices.len()];
-        let mut views = Vec::with_capacity(plan.record.requests.len());
-        for &request in &plan.record.requests {
-            let k = plan
-                .slices
-                .iter()
-                .position(|s| s.key == request.key())
-                .expect("every recorded key has a slice");
-            let slice = plan.slices[k];
-            let offset = slice.offset + consumed[k];
-            consumed[k] += request.aligned_bytes().expect("checked at discovery");
-            views.push(View {
-                addr: self.res.arenas[slice.arena].base() + offset,
-                arena: slice.arena,
-                offset,
-                request,
-                runner,
-                _capture: std::marker::PhantomData,
-            });
-        }
-        Ok(views)
+        let slot = self.slot(runner)?;
+        Ok(views_of(&self.plan, &self.arenas, slot))
     }
 
-    /// Waits for all submitted work.
+    /// Waits for all submitted work on the backend (not only the plan's).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] with the backend's error.
     pub fn synchronize(&self) -> Result<()> {
-        self.res.backend.synchronize()
+        self.backend.synchronize().map_err(ReplayError::Wait)
     }
 
-    /// After a shape change: synchronizes, frees graphs, events and arenas,
-    /// and returns a fresh discovery with the same config.
-    pub fn replan(self) -> Result<Discovering> {
-        let Replayable { plan, res, .. } = self;
-        res.release(plan)
+    /// After a shape change: waits for every replay and consumer the fence
+    /// ordered, frees graphs, events and arenas, and returns a fresh
+    /// discovery with the same config.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] when waiting failed; everything is freed
+    /// anyway.
+    pub fn replan(mut self) -> Result<Discovering> {
+        let waited = self.fence.quiesce(&self.backend);
+        let config = self.plan.config.clone();
+        drop(self);
+        waited.map_err(ReplayError::Wait)?;
+        Ok(Discovering::new(config))
     }
+}
+
+/// The views of runner slot `slot`, in request order.
+fn views_of<'a, A: Arena>(plan: &'a Planned, arenas: &'a [A], slot: usize) -> Vec<View<'a>> {
+    let r = &plan.runners[slot];
+    r.record
+        .requests
+        .iter()
+        .zip(&r.views)
+        .map(|(&request, place)| View {
+            addr: arenas[place.arena].base() + place.offset,
+            arena: place.arena,
+            offset: place.offset,
+            request,
+            runner: r.id(),
+            _owner: std::marker::PhantomData,
+        })
+        .collect()
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::fence::Painter;
+use crate::painter::Painter;
 use crate::placement;
 use crate::plan::{Placement, Planned, Slice, Strategy};
 use crate::vocab::{Domain, Key, ParamId, Purpose, RunnerId};

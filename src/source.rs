@@ -1,9 +1,10 @@
 //! One way for code shared by eager and captured paths to ask for a buffer.
 
 use crate::backend::Backend;
-use crate::capture::{RunnerCapture, View};
+use crate::capture::RunnerCapture;
 use crate::discover::ArmedRunner;
 use crate::error::Result;
+use crate::view::View;
 use crate::vocab::Request;
 
 /// Where a layer's code gets its persistent buffers from, passed down
@@ -26,12 +27,13 @@ use crate::vocab::Request;
 /// let mut discovery = Discovering::new(PlanConfig::new());
 /// let mut armed = discovery.arm(RunnerId(0))?;
 /// wgrad::<SimBackend>(&mut BufferSource::Discover(&mut armed))?;   // records
-/// wgrad::<SimBackend>(&mut BufferSource::Eager)?;                  // records nothing
+/// wgrad::<SimBackend>(&mut BufferSource::Plain)?;                  // records nothing
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
 pub enum BufferSource<'s, 'c, B: Backend> {
-    /// Plain eager execution: nothing is recorded or handed out.
-    Eager,
+    /// A plain run (neither discovery nor capture): nothing is recorded or
+    /// handed out.
+    Plain,
     /// An eager discovery backward: requests are recorded for the armed
     /// runner; the caller still allocates for this run.
     Discover(&'s mut ArmedRunner<'c>),
@@ -50,16 +52,20 @@ pub enum Buffer<'v> {
 
 impl<'s, B: Backend> BufferSource<'s, '_, B> {
     /// Asks for one buffer.
+    ///
+    /// # Errors
+    ///
+    /// Discovery's checks while discovering, capture's while capturing.
     pub fn request(&mut self, request: Request) -> Result<Buffer<'s>> {
         match self {
-            BufferSource::Eager => Ok(Buffer::AllocateYourself),
+            BufferSource::Plain => Ok(Buffer::AllocateYourself),
             BufferSource::Discover(armed) => {
                 armed.record(request)?;
                 Ok(Buffer::AllocateYourself)
             }
             BufferSource::Capture(capture) => {
                 let capture: &'s RunnerCapture<'_, B> = capture;
-                capture.take(request).map(Buffer::Persistent)
+                Ok(capture.take(request).map(Buffer::Persistent)?)
             }
         }
     }

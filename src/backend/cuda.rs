@@ -33,10 +33,10 @@ pub use cudarc;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 
-use crate::backend::{Arena, Backend};
-use crate::error::{Error, Result};
-use crate::plan::ArenaPlan;
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::vocab::{align_up, Domain, GroupId};
+
+type Result<T> = std::result::Result<T, BackendError>;
 
 /// Every arena's base address is a multiple of this (at least the largest
 /// domain alignment).
@@ -45,7 +45,7 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
-const REQUIRED_SYMBOLS: [&str; 32] = [
+const REQUIRED_SYMBOLS: [&str; 33] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -66,6 +66,7 @@ const REQUIRED_SYMBOLS: [&str; 32] = [
     "cuStreamEndCapture",
     "cuEventCreate",
     "cuEventRecord",
+    "cuEventSynchronize",
     "cuEventDestroy_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
@@ -84,23 +85,17 @@ const REQUIRED_SYMBOLS: [&str; 32] = [
 fn check(op: &'static str, code: sys::CUresult) -> Result<()> {
     match code {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
-        code => Err(Error::Backend {
-            op,
-            detail: format!("{code:?}"),
-        }),
+        code => Err(BackendError::Driver { op, code }),
     }
 }
 
 /// A cudarc error as this crate's error, without formatting it through cudarc.
-fn driver_error(op: &'static str, error: cudarc::driver::DriverError) -> Error {
-    Error::Backend {
-        op,
-        detail: format!("{:?}", error.0),
-    }
+fn driver_error(op: &'static str, error: cudarc::driver::DriverError) -> BackendError {
+    BackendError::Driver { op, code: error.0 }
 }
 
-fn unavailable(reason: impl Into<String>) -> Error {
-    Error::BackendUnavailable {
+fn unavailable(reason: impl Into<String>) -> BackendError {
+    BackendError::Unavailable {
         reason: reason.into(),
     }
 }
@@ -141,7 +136,7 @@ impl fmt::Display for DeviceInfo {
 
 /// Whether a usable CUDA driver and device 0 exist; never panics.
 ///
-/// `Err(Error::BackendUnavailable { .. })` when `libcuda` is missing, lacks an
+/// `Err(BackendError::Unavailable { .. })` when `libcuda` is missing, lacks an
 /// entry point this backend needs, fails to initialize, or sees no device.
 pub fn probe() -> Result<DeviceInfo> {
     probe_device(0)
@@ -267,7 +262,7 @@ impl CudaBackend {
     /// the primary context, turns off cudarc's automatic event tracking on
     /// it, and creates an internal stream.
     ///
-    /// `Err(Error::BackendUnavailable { .. })` when there is no usable driver
+    /// `Err(BackendError::Unavailable { .. })` when there is no usable driver
     /// or no such device; never panics.
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let info = probe_device(ordinal)?;
@@ -320,9 +315,9 @@ impl CudaBackend {
     /// may be wrapped for replay, but cannot be captured).
     pub fn wrap_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<CudaStream> {
         if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
-            return Err(Error::Backend {
+            return Err(BackendError::Refused {
                 op: "wrap stream",
-                detail: "the stream belongs to another CUDA context".into(),
+                reason: "the stream belongs to another CUDA context".into(),
             });
         }
         Ok(CudaStream { inner: stream })
@@ -347,8 +342,8 @@ impl CudaBackend {
             .map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 
-    fn allocate_device(&self, plan: &ArenaPlan) -> Result<CudaArena> {
-        let failed = |reason: String| Error::Allocation {
+    fn allocate_device(&self, plan: &ArenaDesc) -> Result<CudaArena> {
+        let failed = |reason: String| BackendError::Allocation {
             key: plan.key,
             bytes: plan.bytes,
             reason,
@@ -389,8 +384,8 @@ impl CudaBackend {
     }
 
     #[cfg(not(feature = "nccl"))]
-    fn allocate_symmetric(&self, plan: &ArenaPlan, group: GroupId) -> Result<CudaArena> {
-        Err(Error::Allocation {
+    fn allocate_symmetric(&self, plan: &ArenaDesc, group: GroupId) -> Result<CudaArena> {
+        Err(BackendError::Allocation {
             key: plan.key,
             bytes: plan.bytes,
             reason: format!(
@@ -400,8 +395,8 @@ impl CudaBackend {
     }
 
     #[cfg(feature = "nccl")]
-    fn allocate_symmetric(&self, _plan: &ArenaPlan, group: GroupId) -> Result<CudaArena> {
-        Err(Error::NoCommunicator { group })
+    fn allocate_symmetric(&self, _plan: &ArenaDesc, group: GroupId) -> Result<CudaArena> {
+        Err(BackendError::NoCommunicator { group })
     }
 
     /// Counts memory allocation and free nodes in `graph` and, recursively,
@@ -612,7 +607,7 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
-    fn allocate_arena(&self, plan: &ArenaPlan) -> Result<CudaArena> {
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<CudaArena> {
         match plan.key.domain {
             Domain::Device => self.allocate_device(plan),
             Domain::Symmetric(group) => self.allocate_symmetric(plan, group),
@@ -651,6 +646,14 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn synchronize_event(&self, event: &CudaEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the event is a live object of this context.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(event.cu_event())
+        })
+    }
+
     fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
         self.bind()?;
         // SAFETY: the exec and the stream are live objects of this context.
@@ -661,9 +664,9 @@ impl Backend for CudaBackend {
 
     fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
         if stream.is_default() {
-            return Err(Error::Backend {
+            return Err(BackendError::Refused {
                 op: "cuStreamBeginCapture",
-                detail: "the default (null) stream cannot be captured; capture on a stream from CudaBackend::new_stream".into(),
+                reason: "the default (null) stream cannot be captured; capture on a stream from CudaBackend::new_stream".into(),
             });
         }
         self.bind()?;
@@ -687,9 +690,9 @@ impl Backend for CudaBackend {
                 let _ = unsafe { sys::cuGraphDestroy(graph) };
             }
             check("cuStreamEndCapture", code)?;
-            return Err(Error::Backend {
+            return Err(BackendError::Refused {
                 op: "cuStreamEndCapture",
-                detail: "the capture produced no graph".into(),
+                reason: "the capture produced no graph".into(),
             });
         }
         let mut exec: sys::CUgraphExec = ptr::null_mut();

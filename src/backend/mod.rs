@@ -1,12 +1,14 @@
-//! Backends: what a plan needs from a device runtime.
+//! Backends: what the lifecycle needs from a device runtime.
 //!
 //! - [`sim`]: always built; host arenas, simulated streams and events on a
 //!   deterministic clock, with a hazard detector. The reference model.
 //! - `cuda` (feature `cuda`): the CUDA driver through cudarc.
 //! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
+//!
+//! A backend knows nothing of plans: it allocates what an [`ArenaDesc`]
+//! describes, and creates, waits on and records events.
 
-use crate::error::Result;
-use crate::plan::ArenaPlan;
+use crate::vocab::{GroupId, Key};
 
 pub mod sim;
 
@@ -15,6 +17,99 @@ pub mod cuda;
 
 #[cfg(feature = "nccl")]
 pub mod nccl;
+
+/// What one arena must be: the backend's own descriptor (it never sees the
+/// plan).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ArenaDesc {
+    /// Its key: the domain picks where the memory comes from.
+    pub key: Key,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Required alignment of the base address (a power of two).
+    pub alignment: u64,
+}
+
+/// A failed backend call. Driver and NCCL failures keep the library's own
+/// code, as cudarc's `DriverError(CUresult)` does; it is formatted by this
+/// crate (formatting through cudarc calls into the driver).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The backend is not usable on this machine (no driver, no device, a
+    /// library too old).
+    #[error("backend unavailable: {reason}")]
+    Unavailable {
+        /// Why.
+        reason: String,
+    },
+    /// An arena could not be allocated.
+    #[error("allocating {bytes} bytes for the arena of {key} failed: {reason}")]
+    Allocation {
+        /// The key.
+        key: Key,
+        /// Bytes asked for.
+        bytes: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A CUDA driver call failed.
+    #[cfg(feature = "cuda")]
+    #[error("{op} returned {code:?}")]
+    Driver {
+        /// The driver entry point.
+        op: &'static str,
+        /// Its result code.
+        code: cudarc::driver::sys::CUresult,
+    },
+    /// An NCCL call failed.
+    #[cfg(feature = "nccl")]
+    #[error("{op} returned {code:?}")]
+    Nccl {
+        /// The NCCL entry point.
+        op: &'static str,
+        /// Its result code.
+        code: cudarc::nccl::sys::ncclResult_t,
+    },
+    /// A call was refused before reaching the runtime (a stream of another
+    /// device or backend, a stream that cannot be captured, a simulated
+    /// access outside every allocation).
+    #[error("{op}: {reason}")]
+    Refused {
+        /// The operation.
+        op: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A symmetric domain names a group the backend has no communicator for.
+    #[error("{group} has no communicator registered with the backend")]
+    NoCommunicator {
+        /// The group.
+        group: GroupId,
+    },
+    /// A second communicator was added for a group that has one.
+    #[error("{group} has a communicator already; a backend holds one per group")]
+    CommunicatorTwice {
+        /// The group.
+        group: GroupId,
+    },
+    /// A view or buffer was used where it does not belong.
+    #[error("invalid use of a view: {reason}")]
+    InvalidView {
+        /// What was wrong.
+        reason: String,
+    },
+    /// Ranks of a group planned different layouts.
+    #[error("plan fingerprints differ across {group}: rank(s) {ranks:?} disagree with rank 0 ({fingerprints:016x?})")]
+    FingerprintMismatch {
+        /// The group the fingerprints were gathered over.
+        group: GroupId,
+        /// Ranks whose fingerprint differs from rank 0's.
+        ranks: Vec<usize>,
+        /// Every rank's fingerprint.
+        fingerprints: Vec<u64>,
+    },
+}
 
 /// One allocated arena. Dropping it frees the memory.
 pub trait Arena {
@@ -28,8 +123,9 @@ pub trait Arena {
 ///
 /// Every call takes `&self`: backends are thin handles over a runtime. The
 /// lifecycle guarantees the order: arenas and events are created before any
-/// capture; graphs are dropped before events and arenas; [`Backend::synchronize`]
-/// runs before anything is freed.
+/// capture; graphs are dropped before events and arenas; every event the
+/// fence recorded is waited for ([`Backend::synchronize_event`]) before
+/// anything is freed.
 pub trait Backend {
     /// An allocated arena.
     type Arena: Arena;
@@ -44,40 +140,88 @@ pub trait Backend {
     fn name(&self) -> &'static str;
 
     /// Allocates one arena, outside every graph memory pool, aligned to at
-    /// least the domain's alignment.
-    fn allocate_arena(&self, plan: &ArenaPlan) -> Result<Self::Arena>;
+    /// least `desc.alignment`.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Allocation`] when the memory cannot be had, or the
+    /// runtime's own error.
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Self::Arena, BackendError>;
 
     /// Creates a completion event, already recorded once, so that a first
     /// wait on it is valid.
-    fn create_event(&self) -> Result<Self::Event>;
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn create_event(&self) -> Result<Self::Event, BackendError>;
 
     /// A number identifying the stream, equal for handles of one stream.
     fn stream_id(&self, stream: &Self::Stream) -> u64;
 
     /// Makes `stream` wait for the event's latest record.
-    fn wait_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error, or [`BackendError::Refused`] for a stream this
+    /// backend does not own.
+    fn wait_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<(), BackendError>;
 
     /// Records the event at the current tail of `stream`.
-    fn record_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::wait_event`].
+    fn record_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<(), BackendError>;
+
+    /// Blocks the calling thread until the event's latest record completed.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error (a sticky device error, say).
+    fn synchronize_event(&self, event: &Self::Event) -> Result<(), BackendError>;
 
     /// Launches a graph on `stream`.
-    fn launch(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<()>;
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::wait_event`].
+    fn launch(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<(), BackendError>;
 
     /// Starts capturing the work submitted to `stream`.
-    fn begin_capture(&self, stream: &Self::Stream) -> Result<()>;
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] for a stream that cannot be captured, or the
+    /// runtime's error (the stream is already capturing, say).
+    fn begin_capture(&self, stream: &Self::Stream) -> Result<(), BackendError>;
 
-    /// Ends the capture and returns the graph.
-    fn end_capture(&self, stream: &Self::Stream) -> Result<Self::Graph>;
+    /// Ends the capture and returns the graph, ready to launch.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error (the capture was invalidated, say).
+    fn end_capture(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError>;
 
     /// Ends a capture and discards what was captured (best effort, after a
-    /// failure).
+    /// failure or during unwinding).
     fn abort_capture(&self, stream: &Self::Stream);
 
     /// Checks that a captured graph may be owned by a plan: `Err(reason)` if
     /// it allocates or frees memory (graph memory nodes make later launches
     /// invalid once the arenas' neighbours move).
-    fn validate_graph(&self, graph: &Self::Graph) -> std::result::Result<(), String>;
+    ///
+    /// # Errors
+    ///
+    /// Why the graph cannot be owned.
+    fn validate_graph(&self, graph: &Self::Graph) -> Result<(), String>;
 
-    /// Waits for all work submitted through this backend.
-    fn synchronize(&self) -> Result<()>;
+    /// Waits for all work submitted through this backend (for
+    /// [`Replayable::synchronize`](crate::Replayable::synchronize); teardown
+    /// waits only for the fence's events).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn synchronize(&self) -> Result<(), BackendError>;
 }

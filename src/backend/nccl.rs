@@ -25,11 +25,12 @@ use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{CudaArena, CudaBackend, CudaEvent, CudaGraph, CudaStream};
-use crate::backend::{Arena, Backend};
-use crate::capture::{NotSend, View};
-use crate::error::{Error, Result};
-use crate::plan::{ArenaPlan, Planned};
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
+use crate::plan::Planned;
+use crate::view::{NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
+
+type Result<T> = std::result::Result<T, BackendError>;
 
 /// `NCCL_WIN_COLL_SYMMETRIC` from `nccl.h`.
 const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
@@ -37,10 +38,7 @@ const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
 fn check(op: &'static str, result: nc::ncclResult_t) -> Result<()> {
     match result {
         nc::ncclResult_t::ncclSuccess => Ok(()),
-        other => Err(Error::Backend {
-            op,
-            detail: format!("{other:?}"),
-        }),
+        code => Err(BackendError::Nccl { op, code }),
     }
 }
 
@@ -67,7 +65,7 @@ const REQUIRED_SYMBOLS: [&str; 10] = [
 
 fn require_nccl() -> Result<()> {
     if !available() {
-        return Err(Error::BackendUnavailable {
+        return Err(BackendError::Unavailable {
             reason: "libnccl.so could not be loaded (is NCCL installed and on LD_LIBRARY_PATH?)"
                 .into(),
         });
@@ -83,7 +81,7 @@ fn require_nccl() -> Result<()> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(Error::BackendUnavailable {
+        Err(BackendError::Unavailable {
             reason: format!(
                 "the NCCL library lacks {}; NCCL 2.28 or newer is needed for symmetric windows",
                 missing.join(", ")
@@ -179,7 +177,7 @@ impl Communicator {
     ) -> Result<Communicator> {
         require_nccl()?;
         if size == 0 || rank >= size {
-            return Err(Error::InvalidView {
+            return Err(BackendError::InvalidView {
                 reason: format!("rank {rank} of a communicator of size {size}"),
             });
         }
@@ -208,9 +206,9 @@ impl Communicator {
         // that every rank joined with a distinct rank number.
         let ranks = comm.all_gather_u64(rank as u64)?;
         if ranks != (0..size as u64).collect::<Vec<_>>() {
-            return Err(Error::Backend {
+            return Err(BackendError::Refused {
                 op: "ncclCommInitRank",
-                detail: format!("{group}: ranks reported {ranks:?}, expected 0..{size}"),
+                reason: format!("{group}: ranks reported {ranks:?}, expected 0..{size}"),
             });
         }
         Ok(comm)
@@ -253,7 +251,7 @@ impl Communicator {
         if ranks.is_empty() {
             Ok(())
         } else {
-            Err(Error::FingerprintMismatch {
+            Err(BackendError::FingerprintMismatch {
                 group: self.inner.group,
                 ranks,
                 fingerprints: all,
@@ -265,10 +263,7 @@ impl Communicator {
         bind(&self.inner.cuda)?;
         let size = self.inner.size;
         let driver = |op: &'static str| {
-            move |e: cudarc::driver::DriverError| Error::Backend {
-                op,
-                detail: format!("{:?}", e.0),
-            }
+            move |e: cudarc::driver::DriverError| BackendError::Driver { op, code: e.0 }
         };
         // SAFETY: a plain device allocation of `size` u64s, freed below.
         let buf = unsafe { cu::malloc_sync(8 * size) }.map_err(driver("cuMemAlloc"))?;
@@ -311,7 +306,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<()> {
         if recv.dtype() != send.dtype() {
-            return Err(Error::InvalidView {
+            return Err(BackendError::InvalidView {
                 reason: format!(
                     "reduce-scatter from {} into {}: dtypes differ",
                     send.dtype(),
@@ -356,7 +351,7 @@ impl Communicator {
     fn check_send_view(&self, send: &View<'_>, recv_len: usize) -> Result<()> {
         let group = self.inner.group;
         if send.domain() != Domain::Symmetric(group) {
-            return Err(Error::InvalidView {
+            return Err(BackendError::InvalidView {
                 reason: format!(
                     "reduce-scatter on {group} needs a view of symmetric({group}), got one of {}",
                     send.domain()
@@ -371,7 +366,7 @@ impl Communicator {
             .iter()
             .any(|&(base, bytes)| start >= base && end <= base + bytes);
         if !inside {
-            return Err(Error::InvalidView {
+            return Err(BackendError::InvalidView {
                 reason: format!(
                     "the send view at {start:#x} lies in no window registered on {group}'s communicator"
                 ),
@@ -379,7 +374,7 @@ impl Communicator {
         }
         let expected = recv_len.checked_mul(self.inner.size);
         if expected != Some(send.len()) {
-            return Err(Error::InvalidView {
+            return Err(BackendError::InvalidView {
                 reason: format!(
                     "reduce-scatter over {} ranks into {recv_len} elements needs {} send elements, the view has {}",
                     self.inner.size,
@@ -396,9 +391,9 @@ fn bind(backend: &CudaBackend) -> Result<()> {
     backend
         .context()
         .bind_to_thread()
-        .map_err(|e| Error::Backend {
+        .map_err(|e| BackendError::Driver {
             op: "cuCtxSetCurrent",
-            detail: format!("{:?}", e.0),
+            code: e.0,
         })
 }
 
@@ -444,9 +439,9 @@ impl Window {
     pub(crate) fn new(comm: &Communicator, bytes: u64) -> Result<Window> {
         let inner = &comm.inner;
         bind(&inner.cuda)?;
-        let len = usize::try_from(bytes).map_err(|_| Error::Backend {
+        let len = usize::try_from(bytes).map_err(|_| BackendError::Refused {
             op: "ncclMemAlloc",
-            detail: format!("{bytes} bytes exceed the address space"),
+            reason: format!("{bytes} bytes exceed the address space"),
         })?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a valid out-pointer.
@@ -458,9 +453,9 @@ impl Window {
         })
         .and_then(|()| {
             if window.is_null() {
-                Err(Error::Backend {
+                Err(BackendError::Refused {
                     op: "ncclCommWindowRegister",
-                    detail: format!(
+                    reason: format!(
                         "returned success but a null window for {bytes} bytes on {}",
                         inner.group
                     ),
@@ -576,7 +571,7 @@ impl NcclBackend {
     /// Adds the communicator of one group (one per group).
     pub fn with_group(mut self, comm: Communicator) -> Result<NcclBackend> {
         if self.communicator(comm.group()).is_some() {
-            return Err(Error::GroupRegisteredTwice {
+            return Err(BackendError::CommunicatorTwice {
                 group: comm.group(),
             });
         }
@@ -605,16 +600,16 @@ impl Backend for NcclBackend {
         "cuda+nccl"
     }
 
-    fn allocate_arena(&self, plan: &ArenaPlan) -> Result<NcclArena> {
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<NcclArena> {
         match plan.key.domain {
             Domain::Device => self.cuda.allocate_arena(plan).map(NcclArena::Device),
             Domain::Symmetric(group) => {
                 let comm = self
                     .communicator(group)
-                    .ok_or(Error::NoCommunicator { group })?;
+                    .ok_or(BackendError::NoCommunicator { group })?;
                 Window::new(comm, plan.bytes)
                     .map(NcclArena::Symmetric)
-                    .map_err(|e| Error::Allocation {
+                    .map_err(|e| BackendError::Allocation {
                         key: plan.key,
                         bytes: plan.bytes,
                         reason: e.to_string(),
@@ -637,6 +632,10 @@ impl Backend for NcclBackend {
 
     fn record_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
         self.cuda.record_event(stream, event)
+    }
+
+    fn synchronize_event(&self, event: &CudaEvent) -> Result<()> {
+        self.cuda.synchronize_event(event)
     }
 
     fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {

@@ -19,10 +19,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::backend::{Arena, Backend};
-use crate::capture::View;
-use crate::error::{Error, Result};
-use crate::plan::ArenaPlan;
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
+use crate::view::View;
+
+type Result<T> = std::result::Result<T, BackendError>;
 
 /// A range of `f32` elements in simulated memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -316,10 +316,10 @@ fn merge(into: &mut Vec<u64>, from: &[u64]) {
     }
 }
 
-fn sim_error(op: &'static str, detail: impl Into<String>) -> Error {
-    Error::Backend {
+fn sim_error(op: &'static str, reason: impl Into<String>) -> BackendError {
+    BackendError::Refused {
         op,
-        detail: detail.into(),
+        reason: reason.into(),
     }
 }
 
@@ -627,19 +627,19 @@ impl Backend for SimBackend {
         "sim"
     }
 
-    fn allocate_arena(&self, plan: &ArenaPlan) -> Result<SimArena> {
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<SimArena> {
         let base = self
             .state()
-            .alloc(plan.bytes, plan.key.domain.alignment())
-            .map_err(|reason| Error::Allocation {
-                key: plan.key,
-                bytes: plan.bytes,
+            .alloc(desc.bytes, desc.alignment)
+            .map_err(|reason| BackendError::Allocation {
+                key: desc.key,
+                bytes: desc.bytes,
                 reason,
             })?;
         Ok(SimArena {
             state: self.state.clone(),
             base,
-            bytes: plan.bytes,
+            bytes: desc.bytes,
         })
     }
 
@@ -689,6 +689,18 @@ impl Backend for SimBackend {
         *s.events
             .get_mut(event.id)
             .ok_or_else(|| sim_error("sim record", "event belongs to another SimBackend"))? = e;
+        Ok(())
+    }
+
+    fn synchronize_event(&self, event: &SimEvent) -> Result<()> {
+        let mut s = self.state();
+        if event.id >= s.events.len() {
+            return Err(sim_error(
+                "sim event synchronize",
+                "event belongs to another SimBackend",
+            ));
+        }
+        s.synchronize();
         Ok(())
     }
 

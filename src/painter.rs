@@ -1,0 +1,164 @@
+//! Who last used which bytes: the bookkeeping behind the replay fence (and
+//! the report's wait counts). Pure data, below the plan.
+//!
+//! A runner *claims* byte ranges of *fence regions*: under round-robin
+//! placement, the whole of its generation (one region per generation, so one
+//! wait per replay, as upstream); under packed placement, its slice of each
+//! key's arena. The [`Painter`] remembers, for every region, which runner
+//! last claimed each byte, as disjoint painted intervals.
+
+use std::collections::BTreeMap;
+
+/// A byte range `[lo, hi)` of fence region `region`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Claim {
+    pub(crate) region: u32,
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+}
+
+/// Per region, disjoint intervals `start -> (end, runner)`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Painter {
+    regions: Vec<BTreeMap<u64, (u64, u32)>>,
+}
+
+impl Painter {
+    pub(crate) fn new(regions: usize) -> Painter {
+        Painter {
+            regions: vec![BTreeMap::new(); regions],
+        }
+    }
+
+    /// Adds to `out` (once each) the runners that last claimed any byte of
+    /// `claim`.
+    pub(crate) fn users(&self, claim: Claim, out: &mut Vec<u32>) {
+        let map = &self.regions[claim.region as usize];
+        for (_, &(end, runner)) in map.range(..claim.hi).rev() {
+            if end <= claim.lo {
+                break;
+            }
+            if !out.contains(&runner) {
+                out.push(runner);
+            }
+        }
+    }
+
+    /// Makes `runner` the last user of every byte of `claim`.
+    pub(crate) fn paint(&mut self, claim: Claim, runner: u32) {
+        let map = &mut self.regions[claim.region as usize];
+        // Fast path: the range is painted exactly as one interval already.
+        if let Some((end, owner)) = map.get_mut(&claim.lo) {
+            if *end == claim.hi {
+                *owner = runner;
+                return;
+            }
+        }
+        let overlapping: Vec<(u64, (u64, u32))> = map
+            .range(..claim.hi)
+            .rev()
+            .take_while(|(_, &(end, _))| end > claim.lo)
+            .map(|(&s, &v)| (s, v))
+            .collect();
+        for &(start, (end, owner)) in &overlapping {
+            map.remove(&start);
+            if start < claim.lo {
+                map.insert(start, (claim.lo, owner));
+            }
+            if end > claim.hi {
+                map.insert(claim.hi, (end, owner));
+            }
+        }
+        map.insert(claim.lo, (claim.hi, runner));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Replaying runners in any order, each waiting for the last users of
+        /// its bytes: every earlier replay whose bytes overlap a later one is
+        /// reached through the chain of waits (so it finished first).
+        #[test]
+        fn waits_reach_every_earlier_overlapping_replay(
+            ranges in prop::collection::vec((0u64..64, 1u64..16), 1..12),
+            order in prop::collection::vec(0usize..12, 1..60),
+        ) {
+            let mut p = Painter::new(1);
+            // For each replay: (runner, [lo, hi), replays it waited for).
+            let mut replays: Vec<(u64, u64, Vec<usize>)> = Vec::new();
+            let mut last_replay_of: Vec<Option<usize>> = vec![None; ranges.len()];
+            for &pick in &order {
+                let r = pick % ranges.len();
+                let (lo, len) = ranges[r];
+                let c = claim(lo, lo + len);
+                let mut users = Vec::new();
+                p.users(c, &mut users);
+                let waits = users.iter().map(|&u| last_replay_of[u as usize].unwrap()).collect();
+                p.paint(c, r as u32);
+                last_replay_of[r] = Some(replays.len());
+                replays.push((lo, lo + len, waits));
+            }
+            for j in 0..replays.len() {
+                let mut reached = vec![false; j];
+                let mut stack = replays[j].2.clone();
+                while let Some(k) = stack.pop() {
+                    if !reached[k] {
+                        reached[k] = true;
+                        stack.extend(replays[k].2.iter().copied());
+                    }
+                }
+                for (i, done) in reached.iter().enumerate() {
+                    let overlap = replays[i].0 < replays[j].1 && replays[j].0 < replays[i].1;
+                    prop_assert!(!overlap || *done, "replay {} overlaps earlier replay {} unfenced", j, i);
+                }
+            }
+        }
+    }
+
+    fn claim(lo: u64, hi: u64) -> Claim {
+        Claim { region: 0, lo, hi }
+    }
+
+    fn users(p: &Painter, lo: u64, hi: u64) -> Vec<u32> {
+        let mut out = Vec::new();
+        p.users(claim(lo, hi), &mut out);
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn a_claim_sees_every_runner_that_last_painted_its_bytes() {
+        let mut p = Painter::new(1);
+        p.paint(claim(0, 100), 1);
+        p.paint(claim(20, 40), 2);
+        p.paint(claim(90, 120), 3);
+        assert_eq!(users(&p, 0, 10), vec![1]);
+        assert_eq!(users(&p, 30, 50), vec![1, 2]);
+        assert_eq!(users(&p, 40, 90), vec![1]);
+        assert_eq!(users(&p, 85, 95), vec![1, 3]);
+        assert_eq!(users(&p, 120, 130), Vec::<u32>::new());
+        p.paint(claim(0, 120), 4);
+        assert_eq!(users(&p, 0, 120), vec![4]);
+    }
+
+    #[test]
+    fn repainting_the_same_range_keeps_one_interval() {
+        let mut p = Painter::new(2);
+        for r in 0..10 {
+            p.paint(
+                Claim {
+                    region: 1,
+                    lo: 0,
+                    hi: 1,
+                },
+                r,
+            );
+        }
+        assert_eq!(p.regions[1].len(), 1);
+        assert!(p.regions[0].is_empty());
+    }
+}
