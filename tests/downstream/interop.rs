@@ -45,8 +45,10 @@ pub fn capture_and_replay(
         let view = cap.take(req)?;
         cap.stream_capture(stream, |s| -> Result<(), Error> {
             let mut out = view.as_cuda::<f32>(s)?;
-            let driver = |op| move |e: replay_arena::cuda::cudarc::driver::DriverError| {
-                Error::from(BackendError::Driver { op, code: e.0 })
+            let driver = |op| {
+                move |e: replay_arena::cuda::cudarc::driver::DriverError| {
+                    Error::from(BackendError::Driver { op, code: e.0 })
+                }
             };
             s.cudarc()
                 .memcpy_dtod(input, &mut out)
