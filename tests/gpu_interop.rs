@@ -47,11 +47,11 @@ __device__ unsigned long long now() {
     return t;
 }
 
-// Spins for `ns` nanoseconds (one thread), then adds v to x (if any).
+// Spins for `ns` nanoseconds, then adds v to x (if any). Launched as one thread.
 extern "C" __global__ void spin(unsigned long long ns, float* x, unsigned int n, float v) {
     unsigned long long t0 = now();
     while (now() - t0 < ns) { }
-    if (x != 0)
+    if (x != 0 && blockIdx.x == 0 && threadIdx.x == 0)
         for (unsigned int i = 0; i < n; ++i) x[i] += v;
 }
 "#;
@@ -455,7 +455,12 @@ fn spin(
     launch.arg(&len).arg(&1f32);
     // SAFETY: spin(ns, float*, unsigned, float): `len` floats at the view,
     // or a null buffer that is not touched.
-    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }.map_err(e("spin"))?;
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { launch.launch(one) }.map_err(e("spin"))?;
     Ok(())
 }
 
