@@ -1043,6 +1043,27 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaView<'c, T>> for La
 }
 
 /// Typed cudarc views of a [`View`]: `use replay_arena::cuda::ViewExt`.
+///
+/// Only element types with a [`DType`] convert:
+///
+/// ```compile_fail
+/// use replay_arena::cuda::{CudaStream, ViewExt};
+/// fn typed(view: replay_arena::View<'_>, stream: &CudaStream) {
+///     let _ = view.as_cuda::<u16>(stream); // u16 is not a CudaElement
+/// }
+/// ```
+///
+/// and a typed view cannot outlive the view's owner:
+///
+/// ```compile_fail
+/// use replay_arena::cuda::{CudaBackend, CudaStream, CudaView, ViewExt};
+/// use replay_arena::{Capturing, Request, RunnerId};
+/// fn escape<'s>(capturing: &'s mut Capturing<CudaBackend>, req: Request, stream: &CudaStream) -> CudaView<'s, f32> {
+///     let cap = capturing.capture(RunnerId(0)).unwrap();
+///     let view = cap.take(req).unwrap();
+///     view.as_cuda::<f32>(stream).unwrap() // borrows `cap`, dropped here
+/// }
+/// ```
 pub trait ViewExt<'a> {
     /// The view as a [`CudaView<T>`], for cudarc calls on streams of the
     /// backend's context (`stream` ties it to that context: cudarc compares
@@ -1253,6 +1274,67 @@ mod tests {
     assert_impl_all!(CudaGraph: Send);
     assert_not_impl_any!(CudaGraph: Sync, Clone);
     assert_impl_all!(Replayable<CudaBackend>: Send);
+    assert_impl_all!(CudaView<'static, f32>: Send, Sync, DevicePtr<f32>, DevicePtrMut<f32>);
+
+    #[test]
+    fn element_types_map_to_their_dtypes() {
+        assert_eq!(f32::DTYPE, DType::F32);
+        assert_eq!(f64::DTYPE, DType::F64);
+        assert_eq!(i32::DTYPE, DType::I32);
+        assert_eq!(i64::DTYPE, DType::I64);
+        assert_eq!(i8::DTYPE, DType::I8);
+        assert_eq!(u8::DTYPE, DType::U8);
+        for dtype in [
+            f32::DTYPE,
+            f64::DTYPE,
+            i32::DTYPE,
+            i64::DTYPE,
+            i8::DTYPE,
+            u8::DTYPE,
+        ] {
+            let size = match dtype {
+                DType::F32 => std::mem::size_of::<f32>(),
+                DType::F64 => std::mem::size_of::<f64>(),
+                DType::I32 => std::mem::size_of::<i32>(),
+                DType::I64 => std::mem::size_of::<i64>(),
+                DType::I8 => std::mem::size_of::<i8>(),
+                _ => std::mem::size_of::<u8>(),
+            };
+            assert_eq!(dtype.size_bytes(), size as u64, "{dtype}");
+        }
+    }
+
+    #[cfg(feature = "f16")]
+    #[test]
+    fn half_types_map_to_bf16_and_f16() {
+        assert_eq!(half::bf16::DTYPE, DType::BF16);
+        assert_eq!(half::f16::DTYPE, DType::F16);
+    }
+
+    #[test]
+    fn capture_mode_is_thread_local_by_default_and_round_trips() {
+        assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
+        for mode in [
+            CaptureMode::Global,
+            CaptureMode::ThreadLocal,
+            CaptureMode::Relaxed,
+        ] {
+            assert_eq!(CaptureMode::from_u8(mode.to_u8()), mode);
+        }
+        assert_eq!(
+            CaptureMode::Relaxed.raw(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
+        );
+    }
+
+    #[test]
+    fn per_thread_stream_ids_differ_by_thread_and_never_look_like_addresses() {
+        let here = this_thread();
+        assert_eq!(here, this_thread());
+        let there = std::thread::spawn(this_thread).join().unwrap();
+        assert_ne!(here, there);
+        assert!(PER_THREAD_ID | here > 1 << 62);
+    }
 
     #[test]
     fn device_info_displays_name_capability_memory_and_driver() {
