@@ -91,8 +91,8 @@ fn build(
     for r in 0..runners {
         let cap = capturing.capture(RunnerId(r as u32))?;
         let v = cap.take(req)?;
-        let graph = cap.record(capture_on, |s| body(s, v.device_ptr()))?;
-        cap.finish(graph)?;
+        cap.stream_capture(capture_on, |s| body(s, v.device_ptr()))?;
+        cap.finish()?;
     }
     Ok(capturing.seal()?)
 }

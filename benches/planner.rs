@@ -227,10 +227,9 @@ fn replayable(sim: &SimBackend) -> Replayable<SimBackend> {
     for r in 0..REPLAY_RUNNERS {
         let cap = capturing.capture(RunnerId(r)).expect("first capture");
         let view = cap.take(req).expect("as discovered");
-        let graph = cap
-            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 0))
+        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 0))
             .expect("sim captures");
-        cap.finish(graph).expect("exact consumption");
+        cap.finish().expect("exact consumption");
     }
     capturing.seal().expect("every runner captured")
 }

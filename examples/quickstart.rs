@@ -224,13 +224,13 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
             .iter()
             .map(|&p| cap.take(wgrad_request(p)))
             .collect::<Result<_>>()?;
-        let graph = cap.record(&pool[0], |s| {
+        cap.stream_capture(&pool[0], |s| {
             views
                 .iter()
                 .enumerate()
                 .try_for_each(|(i, v)| backend.write_grad(s, v, grad_value(r, i)))
         })?;
-        cap.finish(graph)?;
+        cap.finish()?;
     }
     let mut replayable: Replayable<K::Backend> = capturing.seal()?;
 

@@ -54,10 +54,10 @@ fn capture_wgrad(
 ) -> Result<(), Error> {
     let cap = capturing.capture(runner)?;
     let view = cap.take(f32s(n))?;
-    let graph = cap.record(stream, |s| {
+    cap.stream_capture(stream, |s| {
         g.wgrad(s, view.device_ptr(), n as u32, step, runner.0, 0, 0)
     })?;
-    cap.finish(graph)
+    cap.finish()
 }
 
 /// Allocates (and, with `free`, frees) stream-ordered memory inside the
@@ -72,29 +72,28 @@ fn capture_with_memory_nodes(
 ) -> Error {
     let cap = capturing.capture(runner).unwrap();
     let view = cap.take(f32s(n)).unwrap();
-    let graph = cap
-        .record(stream, |s| {
-            g.backend
-                .context()
-                .bind_to_thread()
-                .map_err(|e| format!("{e:?}"))?;
-            let mut tmp: sys::CUdeviceptr = 0;
-            let code = unsafe { sys::cuMemAllocAsync(&mut tmp, 1 << 20, s.cu_stream()) };
+    cap.stream_capture(stream, |s| {
+        g.backend
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("{e:?}"))?;
+        let mut tmp: sys::CUdeviceptr = 0;
+        let code = unsafe { sys::cuMemAllocAsync(&mut tmp, 1 << 20, s.cu_stream()) };
+        if code != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuMemAllocAsync: {code:?}"));
+        }
+        g.wgrad(s, tmp, 1024, step, 7, 0, 0)?;
+        g.wgrad(s, view.device_ptr(), 1024, step, 7, 0, 0)?;
+        if free {
+            let code = unsafe { sys::cuMemFreeAsync(tmp, s.cu_stream()) };
             if code != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("cuMemAllocAsync: {code:?}"));
+                return Err(format!("cuMemFreeAsync: {code:?}"));
             }
-            g.wgrad(s, tmp, 1024, step, 7, 0, 0)?;
-            g.wgrad(s, view.device_ptr(), 1024, step, 7, 0, 0)?;
-            if free {
-                let code = unsafe { sys::cuMemFreeAsync(tmp, s.cu_stream()) };
-                if code != sys::CUresult::CUDA_SUCCESS {
-                    return Err(format!("cuMemFreeAsync: {code:?}"));
-                }
-            }
-            Ok(())
-        })
-        .expect("stream-ordered allocation is legal during capture");
-    cap.finish(graph)
+        }
+        Ok(())
+    })
+    .expect("stream-ordered allocation is legal during capture");
+    cap.finish()
         .expect_err("a graph with memory nodes must be rejected")
 }
 
@@ -119,7 +118,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
     let e = capture_wgrad(&g, &mut capturing, R0, &s, step, 1000).unwrap_err();
     assert_eq!(
         e,
-        Error::ConsumptionMismatch {
+        CaptureError::TakenMismatch {
             runner: R0,
             key: F32,
             consumed: 4096,
@@ -139,7 +138,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
         assert!(
             matches!(
                 e,
-                Error::CapacityExceeded {
+                CaptureError::CapacityExceeded {
                     runner: R1,
                     key: F32,
                     index: 1,
@@ -151,10 +150,9 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
             ),
             "{e:?}"
         );
-        let graph = cap
-            .record(&s, |s| g.wgrad(s, view.device_ptr(), 2000, step, 1, 0, 0))
+        cap.stream_capture(&s, |s| g.wgrad(s, view.device_ptr(), 2000, step, 1, 0, 0))
             .unwrap();
-        cap.finish(graph).unwrap();
+        cap.finish().unwrap();
     }
 
     // Runner 2 asks for a different size, then a key it never used.
@@ -164,7 +162,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
         assert!(
             matches!(
                 e,
-                Error::RequestMismatch {
+                CaptureError::RequestMismatch {
                     runner: R2,
                     index: 0,
                     requested: 1280,
@@ -179,7 +177,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
         assert!(
             matches!(
                 e,
-                Error::CapacityExceeded {
+                CaptureError::CapacityExceeded {
                     runner: R2,
                     key: F32,
                     capacity: 0,
@@ -193,7 +191,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
     capture_wgrad(&g, &mut capturing, R3, &s, step, 64).unwrap();
     let e = capturing.seal().unwrap_err();
     match e {
-        Error::Unfinished { runners } => {
+        CaptureError::Unfinished { runners } => {
             let ids: Vec<RunnerId> = runners.iter().map(|(r, _)| *r).collect();
             assert_eq!(ids, vec![R0, R2], "{runners:?}");
             assert!(runners[0].1.contains("consumed 4096/6144"), "{runners:?}");
@@ -220,7 +218,7 @@ fn graphs_with_memory_alloc_or_free_nodes_are_rejected_by_finish() {
 
     let e = capture_with_memory_nodes(&g, &mut capturing, R0, &s, step, (1024, false));
     match &e {
-        Error::GraphRejected { runner, reason } => {
+        CaptureError::GraphRejected { runner, reason } => {
             assert_eq!(*runner, R0);
             assert!(
                 reason.contains("1 memory allocation node(s) and 0 memory free node(s)"),
@@ -232,7 +230,7 @@ fn graphs_with_memory_alloc_or_free_nodes_are_rejected_by_finish() {
     println!("{e}");
     let e = capture_with_memory_nodes(&g, &mut capturing, R1, &s, step, (1024, true));
     assert!(
-        matches!(&e, Error::GraphRejected { runner: R1, reason }
+        matches!(&e, CaptureError::GraphRejected { runner: R1, reason }
             if reason.contains("1 memory allocation node(s) and 1 memory free node(s)")),
         "{e:?}"
     );
@@ -240,7 +238,7 @@ fn graphs_with_memory_alloc_or_free_nodes_are_rejected_by_finish() {
     capture_wgrad(&g, &mut capturing, R2, &s, step, 1024).unwrap();
     assert!(matches!(
         capturing.seal(),
-        Err(Error::Unfinished { runners }) if runners.len() == 2
+        Err(CaptureError::Unfinished { runners }) if runners.len() == 2
     ));
 }
 
@@ -280,12 +278,11 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
             .collect();
         let (x, w) = spec.split(&views);
         let step = g.ptr(&states[0].step);
-        let e = cap
-            .record(&s, |s| {
-                spec.submit(&g, s, step, x, &w)?;
-                Err::<(), String>("injected failure after the launches".into())
-            })
-            .unwrap_err();
+        cap.stream_capture(&s, |s| {
+            spec.submit(&g, s, step, x, &w)?;
+            Err::<(), String>("injected failure after the launches".into())
+        })
+        .unwrap_err();
         assert_eq!(
             e,
             Error::CaptureFailed {
@@ -391,10 +388,10 @@ fn symmetric_domains_without_nccl_windows_are_a_typed_error() {
         Err(e) => e,
     };
     if cfg!(feature = "nccl") {
-        assert_eq!(e, Error::NoCommunicator { group });
+        assert_eq!(e, BackendError::NoCommunicator { group });
     } else {
         assert!(
-            matches!(&e, Error::Allocation { key, reason, .. }
+            matches!(&e, BackendError::Allocation { key, reason, .. }
                 if key.domain == Domain::Symmetric(group) && reason.contains("nccl")),
             "{e:?}"
         );
@@ -424,19 +421,18 @@ fn round(g: &Gpu) -> u64 {
         .unwrap();
     let taken = free_before.saturating_sub(g.free_memory());
     let e = capture_with_memory_nodes(g, &mut capturing, R0, &s, step, (BIG, false));
-    assert!(matches!(e, Error::GraphRejected { .. }), "{e:?}");
+    assert!(matches!(e, CaptureError::GraphRejected { .. }), "{e:?}");
     {
         let cap = capturing.capture(R1).unwrap();
         let views = (
             cap.take(f32s(BIG)).unwrap(),
             cap.take(i32s(BIG / 4)).unwrap(),
         );
-        let e = cap
-            .record(&s, |s| {
-                g.wgrad(s, views.0.device_ptr(), 1024, step, 1, 0, 0)?;
-                Err::<(), String>("injected".into())
-            })
-            .unwrap_err();
+        cap.stream_capture(&s, |s| {
+            g.wgrad(s, views.0.device_ptr(), 1024, step, 1, 0, 0)?;
+            Err::<(), String>("injected".into())
+        })
+        .unwrap_err();
         assert!(matches!(e, Error::CaptureFailed { .. }));
     }
     drop(capturing);
@@ -450,12 +446,11 @@ fn round(g: &Gpu) -> u64 {
     for (r, requests) in runners.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
         let views: Vec<View<'_>> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
-        let graph = cap
-            .record(&s, |s| {
-                g.wgrad(s, views[0].device_ptr(), 1 << 16, step, r as u32, 0, 0)
-            })
-            .unwrap();
-        cap.finish(graph).unwrap();
+        cap.stream_capture(&s, |s| {
+            g.wgrad(s, views[0].device_ptr(), 1 << 16, step, r as u32, 0, 0)
+        })
+        .unwrap();
+        cap.finish().unwrap();
     }
     let mut replayable = capturing.seal().unwrap();
     for _ in 0..10 {

@@ -163,14 +163,13 @@ fn run(
         );
         let spec = rs.spec(ranks, rank);
         let step = g.ptr(&steps_buf[r]);
-        let graph = cap
-            .record(&pool[0], |s| {
-                spec.submit(g, s, step, None, &[send.device_ptr()])?;
-                comm.reduce_scatter(&send, &recv, s)
-                    .map_err(|e| e.to_string())
-            })
-            .unwrap();
-        cap.finish(graph).unwrap();
+        cap.stream_capture(&pool[0], |s| {
+            spec.submit(g, s, step, None, &[send.device_ptr()])?;
+            comm.reduce_scatter(&send, &recv, s)
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
+        cap.finish().unwrap();
     }
     let mut replayable = capturing.seal().unwrap();
     for step in 0..steps {
@@ -295,7 +294,7 @@ fn a_view_of_another_group_or_the_wrong_size_is_refused() {
     let cap = capturing.capture(RunnerId(1)).unwrap(); // an expert-gtp runner
     let [send, recv] = runners[1].requests(1).map(|q| cap.take(q).unwrap());
     let err = gtp.reduce_scatter(&send, &recv, &s).unwrap_err();
-    assert!(matches!(err, Error::InvalidView { .. }), "{err}");
+    assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
     assert!(err.to_string().contains("symmetric(group 1)"), "{err}");
     drop(cap);
     let cap = capturing.capture(RunnerId(0)).unwrap(); // a gtp runner
@@ -317,7 +316,7 @@ fn a_symmetric_group_without_communicator_cannot_allocate() {
         .with_group(one_rank_comm(&g, GTP))
         .unwrap();
     let err = plan(&runners(), 1, 0).allocate(backend).unwrap_err();
-    assert_eq!(err, Error::NoCommunicator { group: EXPERT });
+    assert_eq!(err, BackendError::NoCommunicator { group: EXPERT });
 }
 
 #[test]
@@ -436,7 +435,7 @@ fn multi_rank_fingerprint_check_names_the_rank_that_differs() {
     });
     for err in done.into_iter().flatten() {
         match err {
-            Error::FingerprintMismatch { group, ranks, .. } => {
+            BackendError::FingerprintMismatch { group, ranks, .. } => {
                 assert_eq!(group, GTP);
                 assert_eq!(ranks, vec![1]);
             }

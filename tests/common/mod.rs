@@ -295,10 +295,9 @@ impl Spec {
             .map(|q| cap.take(q).unwrap())
             .collect();
         let (x, w) = self.split(&views);
-        let graph = cap
-            .record(stream, |s| self.submit(g, s, step, x, &w))
+        cap.stream_capture(stream, |s| self.submit(g, s, step, x, &w))
             .unwrap();
-        cap.finish(graph).unwrap();
+        cap.finish().unwrap();
     }
 
     /// Splits a runner's views (in request order) into (scratch, wgrads).
