@@ -192,8 +192,8 @@ fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
     ] {
         let st = r.fence_stats();
         println!(
-            "{name}: {} replays, {} waits, {} elided, {} records",
-            st.replays, st.waits, st.elided, st.records
+            "{name}: {} replays, {} waits, {} skipped, {} event records",
+            st.replays, st.waits, st.waits_skipped, st.event_records
         );
     }
     println!(

@@ -34,7 +34,7 @@ pub enum DiscoveryError {
         registered: Vec<GroupId>,
     },
     /// A size computation overflowed `u64`.
-    #[error("the {what} of {runner} for {key} overflows 64 bits ({elements} elements of {dtype})")]
+    #[error("{what} of {runner} for {key} overflows 64 bits ({elements} elements of {dtype})")]
     SizeOverflow {
         /// The runner whose request or capacity overflowed.
         runner: RunnerId,

@@ -4,7 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use replay_arena::cuda::{probe, probe_device, CudaBackend};
-use replay_arena::Error;
+use replay_arena::BackendError;
 
 fn gpu_required() -> bool {
     std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1")

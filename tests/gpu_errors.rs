@@ -11,8 +11,8 @@ use common::{gpu, host_outputs, mismatches, Gpu, Spec, State};
 use replay_arena::cuda::cudarc::driver::{sys, CudaSlice};
 use replay_arena::cuda::CudaStream;
 use replay_arena::{
-    Capturing, DType, Discovering, Domain, Error, GroupId, Key, PlanConfig, Policy, Request,
-    RunnerId, View,
+    BackendError, CaptureError, CaptureFailure, Capturing, DType, Discovering, Domain, Error,
+    GroupId, Key, PlanConfig, Policy, Request, RunnerId, StreamCaptureError, View,
 };
 
 const R0: RunnerId = RunnerId(0);
@@ -57,7 +57,7 @@ fn capture_wgrad(
     cap.stream_capture(stream, |s| {
         g.wgrad(s, view.device_ptr(), n as u32, step, runner.0, 0, 0)
     })?;
-    cap.finish()
+    Ok(cap.finish()?)
 }
 
 /// Allocates (and, with `free`, frees) stream-ordered memory inside the
@@ -69,7 +69,7 @@ fn capture_with_memory_nodes(
     stream: &CudaStream,
     step: u64,
     (n, free): (u64, bool),
-) -> Error {
+) -> CaptureError {
     let cap = capturing.capture(runner).unwrap();
     let view = cap.take(f32s(n)).unwrap();
     cap.stream_capture(stream, |s| {
@@ -116,18 +116,22 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
 
     // Runner 0 captures a real kernel but takes only its first request.
     let e = capture_wgrad(&g, &mut capturing, R0, &s, step, 1000).unwrap_err();
-    assert_eq!(
-        e,
-        CaptureError::TakenMismatch {
-            runner: R0,
-            key: F32,
-            consumed: 4096,
-            capacity: 4096 + 2048,
-        }
+    assert!(
+        matches!(
+            e,
+            Error::Capture(CaptureError::TakenMismatch {
+                runner: R0,
+                key: F32,
+                taken: 4096,
+                capacity: 6144,
+            })
+        ),
+        "{e:?}"
     );
-    assert_eq!(
-        e.to_string(),
-        "runner 0 consumed 4096/6144 bytes of f32 in device"
+    assert!(
+        e.to_string()
+            .starts_with("runner 0 took 4096/6144 bytes of f32 in device"),
+        "{e}"
     );
 
     // Runner 1 asks for one element more than discovery recorded.
@@ -143,7 +147,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
                     key: F32,
                     index: 1,
                     requested: 256,
-                    consumed: 8192,
+                    taken: 8192,
                     capacity: 8192,
                     ..
                 }
@@ -166,7 +170,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
                     runner: R2,
                     index: 0,
                     requested: 1280,
-                    consumed: 0,
+                    taken: 0,
                     capacity: 1280,
                     ..
                 }
@@ -177,9 +181,8 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
         assert!(
             matches!(
                 e,
-                CaptureError::CapacityExceeded {
+                CaptureError::RequestMismatch {
                     runner: R2,
-                    key: F32,
                     capacity: 0,
                     ..
                 }
@@ -190,13 +193,14 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
 
     capture_wgrad(&g, &mut capturing, R3, &s, step, 64).unwrap();
     let e = capturing.seal().unwrap_err();
-    match e {
+    match e.error {
         CaptureError::Unfinished { runners } => {
             let ids: Vec<RunnerId> = runners.iter().map(|(r, _)| *r).collect();
             assert_eq!(ids, vec![R0, R2], "{runners:?}");
-            assert!(runners[0].1.contains("consumed 4096/6144"), "{runners:?}");
+            let why = |i: usize| runners[i].1.as_ref().map(|f| f.to_string());
+            assert!(why(0).unwrap().contains("took 4096/6144"), "{runners:?}");
             assert!(
-                runners[1].1.contains("dropped before finish"),
+                why(1).unwrap().contains("dropped before finish"),
                 "{runners:?}"
             );
         }
@@ -237,7 +241,7 @@ fn graphs_with_memory_alloc_or_free_nodes_are_rejected_by_finish() {
     // The stream and the plan stay usable: a clean runner captures fine.
     capture_wgrad(&g, &mut capturing, R2, &s, step, 1024).unwrap();
     assert!(matches!(
-        capturing.seal(),
+        capturing.seal().map_err(|e| e.error),
         Err(CaptureError::Unfinished { runners }) if runners.len() == 2
     ));
 }
@@ -278,18 +282,24 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
             .collect();
         let (x, w) = spec.split(&views);
         let step = g.ptr(&states[0].step);
-        cap.stream_capture(&s, |s| {
-            spec.submit(&g, s, step, x, &w)?;
-            Err::<(), String>("injected failure after the launches".into())
-        })
-        .unwrap_err();
-        assert_eq!(
-            e,
-            Error::CaptureFailed {
-                runner: R0,
-                reason: "injected failure after the launches".into(),
-            }
+        let e = cap
+            .stream_capture(&s, |s| {
+                spec.submit(&g, s, step, x, &w)?;
+                Err::<(), String>("injected failure after the launches".into())
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&e, StreamCaptureError::Work(w) if w == "injected failure after the launches"),
+            "{e:?}"
         );
+        drop(cap);
+        assert!(matches!(
+            capturing.capture(R0).unwrap_err(),
+            CaptureError::AlreadyCaptured {
+                runner: R0,
+                failure: Some(CaptureFailure::Work(_))
+            }
+        ));
     }
     // The capture was ended and discarded: the stream is not capturing and
     // runs eager work.
@@ -307,7 +317,7 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
     assert_eq!(g.read(&states[0].step), vec![0], "nothing captured ran");
 
     // Re-plan from scratch and capture everything properly.
-    let discovery = capturing.replan().unwrap();
+    let discovery = capturing.replan();
     drop(discovery);
     let mut capturing = discover_specs()
         .plan(Policy::Generations(2))
@@ -365,7 +375,8 @@ fn the_default_stream_cannot_be_captured() {
         .unwrap();
     let e = capture_wgrad(&g, &mut capturing, R0, &null, g.ptr(&step), 256).unwrap_err();
     assert!(
-        matches!(&e, Error::CaptureFailed { runner: R0, reason } if reason.contains("default (null) stream")),
+        matches!(&e, Error::Capture(CaptureError::Backend { runner: R0, source })
+            if source.to_string().contains("null stream")),
         "{e:?}"
     );
 }
@@ -428,12 +439,13 @@ fn round(g: &Gpu) -> u64 {
             cap.take(f32s(BIG)).unwrap(),
             cap.take(i32s(BIG / 4)).unwrap(),
         );
-        cap.stream_capture(&s, |s| {
-            g.wgrad(s, views.0.device_ptr(), 1024, step, 1, 0, 0)?;
-            Err::<(), String>("injected".into())
-        })
-        .unwrap_err();
-        assert!(matches!(e, Error::CaptureFailed { .. }));
+        let e = cap
+            .stream_capture(&s, |s| {
+                g.wgrad(s, views.0.device_ptr(), 1024, step, 1, 0, 0)?;
+                Err::<(), String>("injected".into())
+            })
+            .unwrap_err();
+        assert!(matches!(e, StreamCaptureError::Work(_)));
     }
     drop(capturing);
 

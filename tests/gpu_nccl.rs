@@ -15,8 +15,8 @@ use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
 use replay_arena::{
-    DType, Discovering, Domain, Error, GroupId, PlanConfig, Planned, Policy, Purpose, Request,
-    RunnerId, View,
+    BackendError, DType, Discovering, Domain, GroupId, PlanConfig, Planned, Policy, Purpose,
+    Request, RunnerId, View,
 };
 
 const GTP: GroupId = GroupId(0);
@@ -328,7 +328,7 @@ fn a_group_registers_one_communicator() {
         .unwrap()
         .with_group(one_rank_comm(&g, GTP))
         .unwrap_err();
-    assert_eq!(err, Error::GroupRegisteredTwice { group: GTP });
+    assert_eq!(err, BackendError::CommunicatorTwice { group: GTP });
 }
 
 fn device_count() -> usize {

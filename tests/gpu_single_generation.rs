@@ -80,7 +80,7 @@ fn one_generation_many_replays_match_the_host_model() {
         elapsed.as_secs_f64() * 1e3,
         elapsed.as_secs_f64() * 1e6 / stats.replays as f64,
         stats.waits,
-        stats.elided
+        stats.waits_skipped
     );
     assert_eq!(stats.replays, (STEPS * specs.len()) as u64);
 

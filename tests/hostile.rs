@@ -21,7 +21,11 @@ fn sealed(n: u32, policy: Policy, ticks: u64) -> (SimBackend, Replayable<SimBack
     }
     let sim = SimBackend::new();
     let stream = sim.stream();
-    let mut capturing = discovery.plan(policy).unwrap().allocate(sim.clone()).unwrap();
+    let mut capturing = discovery
+        .plan(policy)
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
     for r in 0..n {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(F32_64).unwrap();

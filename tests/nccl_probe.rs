@@ -4,7 +4,7 @@
 #![cfg(feature = "nccl")]
 
 use replay_arena::nccl::{available, UniqueId};
-use replay_arena::Error;
+use replay_arena::BackendError;
 
 #[test]
 fn a_unique_id_is_a_typed_error_without_nccl_or_works_with_it() {
