@@ -161,6 +161,31 @@ impl Discovering {
         }
     }
 
+    /// Discovery as if each runner, in order, had been armed and had
+    /// recorded its requests: for request lists recorded elsewhere, and for
+    /// tests.
+    ///
+    /// # Errors
+    ///
+    /// The first check of [`Discovering::arm`] or [`ArmedRunner::record`]
+    /// that fails.
+    pub fn from_runners<R>(
+        config: PlanConfig,
+        runners: impl IntoIterator<Item = (RunnerId, R)>,
+    ) -> Result<Discovering>
+    where
+        R: IntoIterator<Item = Request>,
+    {
+        let mut discovery = Discovering::new(config);
+        for (runner, requests) in runners {
+            let mut armed = discovery.arm(runner)?;
+            for request in requests {
+                armed.record(request)?;
+            }
+        }
+        Ok(discovery)
+    }
+
     /// The config discovery runs under.
     pub fn config(&self) -> &PlanConfig {
         &self.config

@@ -47,14 +47,10 @@ fn assert_mentions(err: &dyn std::fmt::Display, fragments: &[&str]) {
 
 /// Discovery in which each runner records its requests, in order.
 fn discovered(runners: &[(u32, &[Request])]) -> Discovering {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for &(runner, requests) in runners {
-        let mut armed = discovery.arm(RunnerId(runner)).unwrap();
-        for &request in requests {
-            armed.record(request).unwrap();
-        }
-    }
-    discovery
+    let runners = runners
+        .iter()
+        .map(|&(r, requests)| (RunnerId(r), requests.iter().copied()));
+    Discovering::from_runners(PlanConfig::new(), runners).unwrap()
 }
 
 /// The runners planned with `G = 1` and allocated on a fresh sim.

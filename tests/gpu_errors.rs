@@ -5,15 +5,15 @@
 //! NCCL windows; and no device memory left behind by any of it.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod support;
 
-use common::{gpu, host_outputs, mismatches, Gpu, Spec, State};
 use replay_arena::cuda::cudarc::driver::{sys, CudaSlice};
 use replay_arena::cuda::CudaStream;
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, DType, Discovering, Domain, Error,
     GroupId, Key, PlanConfig, Policy, Request, RunnerId, StreamCaptureError, View,
 };
+use support::gpu::{gpu, host_outputs, mismatches, Gpu, Spec, State};
 
 const R0: RunnerId = RunnerId(0);
 const R1: RunnerId = RunnerId(1);
@@ -33,14 +33,11 @@ fn i32s(n: u64) -> Request {
 }
 
 fn discover(runners: &[&[Request]]) -> Discovering {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for (r, requests) in runners.iter().enumerate() {
-        let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
-        for &q in *requests {
-            armed.record(q).unwrap();
-        }
-    }
-    discovery
+    let runners = runners
+        .iter()
+        .enumerate()
+        .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
+    Discovering::from_runners(PlanConfig::new(), runners).unwrap()
 }
 
 /// Captures one wgrad kernel into `view` (a real graph).

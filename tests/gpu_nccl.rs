@@ -6,11 +6,10 @@
 //! skip with a message when fewer than 2 GPUs are present.
 #![cfg(feature = "nccl")]
 
-mod common;
+mod support;
 
 use std::sync::{Arc, Barrier};
 
-use common::{gpu, gpu_on, host_wgrad, Gpu, Spec};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
@@ -18,6 +17,7 @@ use replay_arena::{
     BackendError, DType, Discovering, Domain, GroupId, PlanConfig, Planned, Policy, Purpose,
     Request, RunnerId, View,
 };
+use support::gpu::{gpu, gpu_on, host_wgrad, Gpu, Spec};
 
 const GTP: GroupId = GroupId(0);
 const EXPERT: GroupId = GroupId(1);

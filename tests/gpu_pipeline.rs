@@ -7,14 +7,14 @@
 //! must equal the host model.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod support;
 
 use std::sync::OnceLock;
 
-use common::{eager, gpu, host_outputs, mismatches, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
+use support::gpu::{eager, gpu, host_outputs, mismatches, Spec, State};
 
 const STEPS: usize = 100;
 

@@ -5,12 +5,12 @@
 //! a host model of the kernels.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod support;
 
-use common::{gpu, host_outputs, host_wgrad, mismatches, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
+use support::gpu::{gpu, host_outputs, host_wgrad, mismatches, Spec, State};
 
 const STEPS: usize = 2000;
 

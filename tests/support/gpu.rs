@@ -4,7 +4,6 @@
 //! Every value a kernel writes is an exactly representable `f32` or a
 //! wrapping `u32`, so graph replays, eager runs and the host model agree
 //! bit for bit.
-#![allow(dead_code)] // each test binary uses a subset
 
 use std::sync::OnceLock;
 
