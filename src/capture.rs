@@ -338,7 +338,8 @@ impl<B: Backend> Capturing<B> {
 
 /// One runner's open capture. Views borrow it, so they cannot outlive it;
 /// [`RunnerCapture::stream_capture`] captures the runner's graph and keeps
-/// it; [`RunnerCapture::finish`] checks exact consumption and hands the graph
+/// it; [`RunnerCapture::finish`] checks that it took exactly its capacity and
+/// hands the graph
 /// to the plan. Dropping it unfinished marks the runner failed.
 ///
 /// A view cannot be used after its capture closed:

@@ -5,7 +5,8 @@
 //! however it likes (a file, a TCP store, `MPI_Bcast`). An [`NcclBackend`] is
 //! the `cuda` backend plus one communicator per group; it backs every arena of
 //! `Domain::Symmetric(group)`: one `ncclMemAlloc`
-//! allocation per (group, generation, dtype), registered with
+//! allocation per arena of that domain (one per (generation, dtype) under
+//! round-robin placement, one per dtype under packed), registered with
 //! `ncclCommWindowRegister(.., NCCL_WIN_COLL_SYMMETRIC)` on exactly that
 //! communicator before any capture, and deregistered and freed (after a
 //! synchronize) on teardown. Memory of one group is never inside another
@@ -49,7 +50,7 @@ pub fn available() -> bool {
 }
 
 /// NCCL entry points this module calls; checked before the first call, since
-/// cudarc panics on a missing symbol (NCCL before 2.27 has no windows).
+/// cudarc panics on a missing symbol (NCCL before 2.28 has no symmetric windows).
 const REQUIRED_SYMBOLS: [&str; 10] = [
     "ncclGetUniqueId",
     "ncclCommInitRank",
