@@ -112,6 +112,11 @@ pub use vocab::{
     SYMMETRIC_ALIGNMENT,
 };
 
+/// The README's example, compiled and run as a doc test.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 // Plain data phases move and share freely.
