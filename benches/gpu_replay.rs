@@ -1,6 +1,5 @@
-//! GPU benchmarks on the `cuda` backend (run on the H200 with
-//! `bash .gpu/run --bench` after `../shared/gpu/stage`; `cargo bench --bench
-//! gpu_replay` prints why it skipped on a machine without a GPU).
+//! GPU benchmarks on the `cuda` backend: `cargo bench --bench gpu_replay` on
+//! a machine with an NVIDIA GPU (it prints why it skipped on one without).
 //!
 //! 1. Host time per replay of the same one-kernel graph: a plain
 //!    `cuGraphLaunch` of the exec, against `Replayable::replay` fenced across
