@@ -73,7 +73,7 @@ fn rank_main(
                 .map_err(e)?;
         }
         let planned = d.plan(Policy::Generations(1)).map_err(e)?;
-        comm.check_plan(&planned).map_err(e)?;
+        comm.check_fingerprint(planned.fingerprint()).map_err(e)?;
         let backend = NcclBackend::new(cuda.clone())
             .with_group(comm.clone())
             .map_err(e)?;

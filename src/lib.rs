@@ -78,19 +78,19 @@
 #![allow(clippy::result_large_err)]
 
 // Layers, lowest first; each module imports only the ones above it here.
+mod vocab;
+mod view;
 mod backend;
-mod capture;
 mod discover;
-mod error;
-mod fence;
 mod painter;
 mod placement;
 mod plan;
-mod replay;
 mod report;
+mod capture;
+mod fence;
+mod replay;
+mod error;
 mod source;
-mod view;
-mod vocab;
 
 #[cfg(feature = "cuda")]
 pub use backend::cuda;

@@ -14,7 +14,8 @@
 //! [`Communicator::reduce_scatter`] refuses views outside its own windows.
 //!
 //! Symmetric collectives need equal offsets on every rank:
-//! [`Communicator::check_plan`] all-gathers [`Planned::fingerprint`] and
+//! [`Communicator::check_fingerprint`] all-gathers
+//! [`Planned::fingerprint`](crate::Planned::fingerprint) and
 //! names the ranks that differ.
 
 use std::cell::RefCell;
@@ -27,7 +28,6 @@ use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{CudaArena, CudaBackend, CudaEvent, CudaGraph, CudaStream};
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
-use crate::plan::Planned;
 use crate::view::{NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
 
@@ -242,12 +242,18 @@ impl Communicator {
         self.inner.windows.borrow().clone()
     }
 
-    /// All-gathers every rank's [`Planned::fingerprint`] and fails, naming
-    /// the ranks that differ from rank 0, unless all agree. Call it on every
-    /// rank before [`Planned::allocate`]: window registration and symmetric
-    /// collectives assume equal layouts everywhere.
-    pub fn check_plan(&self, plan: &Planned) -> Result<()> {
-        let all = self.all_gather_u64(plan.fingerprint())?;
+    /// All-gathers every rank's plan fingerprint
+    /// ([`Planned::fingerprint`](crate::Planned::fingerprint)) and fails,
+    /// naming the ranks that differ from rank 0, unless all agree. Call it on
+    /// every rank before [`Planned::allocate`](crate::Planned::allocate):
+    /// window registration and symmetric collectives assume equal layouts
+    /// everywhere.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::FingerprintMismatch`], or NCCL's error.
+    pub fn check_fingerprint(&self, fingerprint: u64) -> Result<()> {
+        let all = self.all_gather_u64(fingerprint)?;
         let ranks: Vec<usize> = (0..all.len()).filter(|&r| all[r] != all[0]).collect();
         if ranks.is_empty() {
             Ok(())
