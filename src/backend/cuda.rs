@@ -1312,6 +1312,25 @@ mod tests {
     }
 
     #[test]
+    fn adoption_errors_name_the_fix() {
+        let tracking = BackendError::EventTracking.to_string();
+        assert!(tracking.contains("disable_event_tracking()"), "{tracking}");
+        assert!(
+            tracking.contains("CudaBackend::from_context_disabling_event_tracking"),
+            "{tracking}"
+        );
+        let legacy = BackendError::LegacyStream { op: "wrap stream" }.to_string();
+        assert!(legacy.contains("per_thread_stream()"), "{legacy}");
+        let mismatch = BackendError::DTypeMismatch {
+            view: DType::BF16,
+            requested: DType::F32,
+            type_name: "f32",
+        }
+        .to_string();
+        assert_eq!(mismatch, "a view of bf16 cannot be used as f32 (f32)");
+    }
+
+    #[test]
     fn capture_mode_is_thread_local_by_default_and_round_trips() {
         assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
         for mode in [
