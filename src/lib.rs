@@ -87,6 +87,8 @@ mod replay;
 mod report;
 mod source;
 mod vocab;
+#[cfg(feature = "serde")]
+mod workload;
 
 #[cfg(feature = "cuda")]
 pub use backend::cuda;
@@ -104,6 +106,10 @@ pub use source::{Buffer, BufferSource};
 pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
     SYMMETRIC_ALIGNMENT,
+};
+#[cfg(feature = "serde")]
+pub use workload::{
+    DomainSpec, GroupSpec, ParamRef, RequestSpec, RunnerSpec, Workload, WorkloadError,
 };
 
 use static_assertions::{assert_impl_all, assert_not_impl_any};
