@@ -215,7 +215,7 @@ pub enum WorkloadError {
         /// JSON path of the runner, group or request.
         path: String,
         /// What discovery said.
-        source: crate::Error,
+        source: Box<crate::Error>,
     },
     /// A [`Discovering`] to save has two runners of one name.
     #[error("{first} and {second} are both named {name:?}; a workload names runners uniquely")]
@@ -651,7 +651,7 @@ fn non_empty(value: &str, path: &str) -> Result<(), WorkloadError> {
 fn discovery_error(path: String, error: impl Into<crate::Error>) -> WorkloadError {
     WorkloadError::Discovery {
         path,
-        source: error.into(),
+        source: Box::new(error.into()),
     }
 }
 
