@@ -424,9 +424,9 @@ impl Workload {
     /// every discovery check applies. Errors name the JSON path of the
     /// problem. Linear in the size of the workload.
     pub fn to_discovering(&self) -> Result<Discovering, WorkloadError> {
-        non_empty(&self.name, "name")?;
+        non_empty(&self.name, || "name".into())?;
         if let Some(source) = &self.source {
-            non_empty(source, "source")?;
+            non_empty(source, || "source".into())?;
         }
         if self.module_kinds == Some(0) {
             return Err(invalid("module_kinds", "must be at least 1"));
@@ -443,24 +443,25 @@ impl Workload {
                 .map_err(|e| discovery_error(format!("groups[{i}]"), e))?;
         }
         let mut discovery = Discovering::new(config);
-        let mut names: HashMap<&str, usize> = HashMap::new();
-        let mut interned: HashMap<&str, ParamId> = HashMap::new();
+        let mut names: HashMap<&str, usize> = HashMap::with_capacity(self.runners.len());
+        let mut interned: HashMap<&str, ParamId> = HashMap::with_capacity(self.runners.len());
         let mut next_param = 0u64;
         for (i, runner) in self.runners.iter().enumerate() {
-            let path = format!("runners[{i}]");
+            // Paths are built only for errors: loading stays linear and lean.
+            let path = || format!("runners[{i}]");
+            let request_path = |j: usize| format!("runners[{i}].requests[{j}]");
             let id = match runner.id {
                 Some(id) => RunnerId(id),
                 None => RunnerId(u32::try_from(i).map_err(|_| {
-                    invalid(&path, "more runners than RunnerId can number; give ids")
+                    invalid(path(), "more runners than RunnerId can number; give ids")
                 })?),
             };
             let mut armed = match &runner.name {
                 Some(name) => {
-                    let name_path = format!("{path}.name");
-                    non_empty(name, &name_path)?;
+                    non_empty(name, || format!("runners[{i}].name"))?;
                     if let Some(first) = names.insert(name, i) {
                         return Err(WorkloadError::DuplicateRunnerName {
-                            path: name_path,
+                            path: format!("runners[{i}].name"),
                             name: name.clone(),
                             first,
                         });
@@ -469,20 +470,19 @@ impl Workload {
                 }
                 None => discovery.arm(id),
             }
-            .map_err(|e| discovery_error(path.clone(), e))?;
+            .map_err(|e| discovery_error(path(), e))?;
             for (j, spec) in runner.requests.iter().enumerate() {
-                let request_path = format!("{path}.requests[{j}]");
                 if spec.elements == 0 {
                     return Err(invalid(
-                        format!("{request_path}.elements"),
+                        format!("{}.elements", request_path(j)),
                         "must be at least 1",
                     ));
                 }
                 let domain = match &spec.domain {
                     DomainSpec::Device => Domain::Device,
-                    DomainSpec::Symmetric(name) => {
-                        Domain::Symmetric(groups.id(name, &request_path)?)
-                    }
+                    DomainSpec::Symmetric(name) => Domain::Symmetric(
+                        groups.id(name, || format!("{}.domain.symmetric", request_path(j)))?,
+                    ),
                 };
                 let mut request =
                     Request::new(domain, spec.dtype, spec.elements).purpose(spec.purpose);
@@ -490,7 +490,7 @@ impl Workload {
                     None => {}
                     Some(ParamRef::Id(n)) => request = request.param(ParamId(*n)),
                     Some(ParamRef::Name(name)) => {
-                        non_empty(name, &format!("{request_path}.param"))?;
+                        non_empty(name, || format!("{}.param", request_path(j)))?;
                         let id = match interned.get(name.as_str()) {
                             Some(&id) => id,
                             None => {
@@ -508,7 +508,7 @@ impl Workload {
                 }
                 armed
                     .record(request)
-                    .map_err(|e| discovery_error(request_path, e))?;
+                    .map_err(|e| discovery_error(request_path(j), e))?;
             }
         }
         Ok(discovery)
@@ -525,7 +525,7 @@ impl Workload {
             Some(groups) => {
                 for (i, group) in groups.iter().enumerate() {
                     let path = format!("groups[{i}].name");
-                    non_empty(&group.name, &path)?;
+                    non_empty(&group.name, || path.clone())?;
                     let id =
                         match group.id {
                             Some(id) => GroupId(id),
@@ -558,7 +558,7 @@ impl Workload {
                         continue;
                     }
                     let path = format!("runners[{i}].requests[{j}].domain.symmetric");
-                    non_empty(name, &path)?;
+                    non_empty(name, || path.clone())?;
                     let n = table.order.len();
                     let id = GroupId(
                         u32::try_from(n)
@@ -596,13 +596,13 @@ struct GroupTable<'w> {
 }
 
 impl GroupTable<'_> {
-    fn id(&self, name: &str, request_path: &str) -> Result<GroupId, WorkloadError> {
-        let path = format!("{request_path}.domain.symmetric");
+    /// The id of group `name`; `path` gives the JSON path of the name.
+    fn id(&self, name: &str, path: impl Fn() -> String) -> Result<GroupId, WorkloadError> {
         non_empty(name, &path)?;
         match self.by_name.get(name) {
             Some(&(_, id)) => Ok(id),
             None => Err(WorkloadError::UnknownGroup {
-                path,
+                path: path(),
                 name: name.to_string(),
                 known: if self.listed && self.order.is_empty() {
                     "none listed".to_string()
@@ -640,9 +640,9 @@ fn invalid(path: impl Into<String>, message: impl Into<String>) -> WorkloadError
     }
 }
 
-fn non_empty(value: &str, path: &str) -> Result<(), WorkloadError> {
+fn non_empty(value: &str, path: impl FnOnce() -> String) -> Result<(), WorkloadError> {
     if value.is_empty() {
-        Err(invalid(path, "must not be empty"))
+        Err(invalid(path(), "must not be empty"))
     } else {
         Ok(())
     }
