@@ -207,7 +207,7 @@ fn run(options: &Options) -> Result<String, String> {
             }
             Ok(match options.format {
                 render::Format::Json => {
-                    render::json_lines(plans.iter().map(|p| p.json()).collect())
+                    render::json_lines(&plans.iter().map(|p| p.json()).collect::<Vec<_>>())?
                 }
                 _ => plans.iter().map(render::Plan::text).collect(),
             })
@@ -224,7 +224,7 @@ fn run(options: &Options) -> Result<String, String> {
                     .collect::<Vec<_>>()
                     .join("\n"),
                 render::Format::Json => {
-                    render::json_lines(comparisons.iter().map(|c| c.json()).collect())
+                    render::json_lines(&comparisons.iter().map(|c| c.json()).collect::<Vec<_>>())?
                 }
                 render::Format::Markdown => render::markdown(&comparisons),
             })

@@ -5,6 +5,8 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use replay_arena::{byte_ratio, Domain, Key, PlanReport, Planned, Policy, Strategy};
+use serde::ser::{SerializeSeq, Serializer};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::Input;
@@ -42,15 +44,14 @@ pub(crate) fn describe(strategy: Strategy) -> String {
     )
 }
 
-/// One JSON value per input; an array when there are several.
-pub(crate) fn json_lines(mut values: Vec<Value>) -> String {
-    let value = if values.len() == 1 {
-        values.remove(0)
-    } else {
-        Value::Array(values)
+/// One JSON document per input; an array when there are several.
+pub(crate) fn json_lines<T: Serialize>(values: &[T]) -> Result<String, String> {
+    let text = match values {
+        [one] => serde_json::to_string_pretty(one),
+        all => serde_json::to_string_pretty(all),
     };
-    // A `Value` always serializes; its Display is the JSON text.
-    format!("{value:#}\n")
+    text.map(|t| t + "\n")
+        .map_err(|e| format!("writing JSON failed: {e}"))
 }
 
 impl Input {
@@ -267,92 +268,179 @@ impl<'i> Plan<'i> {
     }
 
     /// The report as data, with group and runner names from the file.
-    pub(crate) fn json(&self) -> Value {
-        let (input, r) = (self.input, &self.report);
-        let w = &input.workload;
-        let keys: Vec<Value> = r
+    /// Serialized as it is written: a million runners need no tree of
+    /// values.
+    pub(crate) fn json(&self) -> PlanJson<'_> {
+        let r = &self.report;
+        PlanJson {
+            workload: WorkloadJson {
+                name: &self.input.workload.name,
+                source: self.input.workload.source.as_deref(),
+                file: &self.input.label,
+            },
+            policy: r.strategy.policy.to_string(),
+            placement: r.strategy.placement.to_string(),
+            generations: r.generations,
+            runners_total: r.runners_total,
+            runners_using: r.runners_using,
+            plan_bytes: r.plan_bytes,
+            round_robin_bytes: r.round_robin_bytes,
+            packed_bytes: r.packed_bytes,
+            lower_bound: r.lower_bound,
+            ring_bytes: r.ring_bytes,
+            longest_wait_list: r.longest_wait_list,
+            fingerprint: format!("{:016x}", r.fingerprint),
+            ratios: Ratios {
+                plan_over_lower_bound: r.plan_over_lower_bound(),
+                round_robin_over_lower_bound: r.round_robin_over_lower_bound(),
+                packed_over_lower_bound: r.packed_over_lower_bound(),
+                ring_over_plan: r.ring_over_plan(),
+            },
+            groups: self
+                .input
+                .discovery
+                .config()
+                .groups()
+                .map(|(_, n)| n)
+                .collect(),
+            keys: r
+                .keys
+                .iter()
+                .map(|k| KeyJson {
+                    name: &k.name,
+                    domain: self.input.domain_json(k.key),
+                    dtype: k.key.dtype.name(),
+                    arenas: &k.arenas,
+                    plan_bytes: k.plan_bytes,
+                    round_robin_bytes: k.round_robin_bytes,
+                    packed_bytes: k.packed_bytes,
+                    lower_bound: k.lower_bound,
+                    ring_bytes: k.ring_bytes,
+                    longest_wait_list: k.longest_wait_list,
+                })
+                .collect(),
+            runners: RunnersJson(self),
+        }
+    }
+}
+
+/// [`Plan::json`]'s document.
+#[derive(Serialize)]
+pub(crate) struct PlanJson<'p> {
+    workload: WorkloadJson<'p>,
+    policy: String,
+    placement: String,
+    generations: usize,
+    runners_total: usize,
+    runners_using: usize,
+    plan_bytes: u64,
+    round_robin_bytes: u64,
+    packed_bytes: u64,
+    lower_bound: u64,
+    ring_bytes: u64,
+    longest_wait_list: usize,
+    fingerprint: String,
+    ratios: Ratios,
+    groups: Vec<&'p str>,
+    keys: Vec<KeyJson<'p>>,
+    runners: RunnersJson<'p>,
+}
+
+#[derive(Serialize)]
+struct WorkloadJson<'p> {
+    name: &'p str,
+    source: Option<&'p str>,
+    file: &'p str,
+}
+
+#[derive(Serialize)]
+struct Ratios {
+    plan_over_lower_bound: f64,
+    round_robin_over_lower_bound: f64,
+    packed_over_lower_bound: f64,
+    ring_over_plan: f64,
+}
+
+#[derive(Serialize)]
+struct KeyJson<'p> {
+    name: &'p str,
+    domain: Value,
+    dtype: &'static str,
+    arenas: &'p [u64],
+    plan_bytes: u64,
+    round_robin_bytes: u64,
+    packed_bytes: u64,
+    lower_bound: u64,
+    ring_bytes: u64,
+    longest_wait_list: usize,
+}
+
+/// Every runner of a plan, serialized one at a time.
+struct RunnersJson<'p>(&'p Plan<'p>);
+
+impl Serialize for RunnersJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let plan = self.0;
+        let report = &plan.report;
+        let key_names: Vec<(Key, &str)> = report
             .keys
             .iter()
-            .map(|k| {
-                json!({
-                    "name": k.name,
-                    "domain": input.domain_json(k.key),
-                    "dtype": k.key.dtype.name(),
-                    "arenas": k.arenas,
-                    "plan_bytes": k.plan_bytes,
-                    "round_robin_bytes": k.round_robin_bytes,
-                    "packed_bytes": k.packed_bytes,
-                    "lower_bound": k.lower_bound,
-                    "ring_bytes": k.ring_bytes,
-                    "longest_wait_list": k.longest_wait_list,
-                })
-            })
+            .map(|k| (k.key, k.name.as_str()))
             .collect();
-        let key_names: Vec<(Key, &str)> = r.keys.iter().map(|k| (k.key, k.name.as_str())).collect();
         let key_name = |key: Key| {
             key_names
                 .iter()
                 .find(|(k, _)| *k == key)
-                .map_or_else(|| key.to_string(), |(_, n)| (*n).to_string())
+                .map_or_else(|| Cow::Owned(key.to_string()), |(_, n)| Cow::Borrowed(*n))
         };
-        let runners: Vec<Value> = r
-            .runners
-            .iter()
-            .enumerate()
-            .map(|(i, runner)| {
-                let slices: Vec<Value> = runner
-                    .slices
-                    .iter()
-                    .map(|s| {
-                        json!({
-                            "key": key_name(s.key),
-                            "arena": s.arena,
-                            "offset": s.offset,
-                            "bytes": s.bytes,
-                        })
-                    })
-                    .collect();
-                json!({
-                    "id": runner.runner.0,
-                    "name": w.runners.get(i).and_then(|s| s.name.as_deref()),
-                    "generation": runner.generation,
-                    "requests": runner.requests,
-                    "bytes": runner.bytes,
-                    "wait_list": runner.wait_list,
-                    "slices": slices,
+        let mut seq = serializer.serialize_seq(Some(report.runners.len()))?;
+        for (i, runner) in report.runners.iter().enumerate() {
+            let slices: Vec<SliceJson<'_>> = runner
+                .slices
+                .iter()
+                .map(|s| SliceJson {
+                    key: key_name(s.key),
+                    arena: s.arena,
+                    offset: s.offset,
+                    bytes: s.bytes,
                 })
-            })
-            .collect();
-        let groups: Vec<&str> = input.discovery.config().groups().map(|(_, n)| n).collect();
-        json!({
-            "workload": {
-                "name": w.name,
-                "source": w.source,
-                "file": input.label,
-            },
-            "policy": r.strategy.policy.to_string(),
-            "placement": r.strategy.placement.to_string(),
-            "generations": r.generations,
-            "runners_total": r.runners_total,
-            "runners_using": r.runners_using,
-            "plan_bytes": r.plan_bytes,
-            "round_robin_bytes": r.round_robin_bytes,
-            "packed_bytes": r.packed_bytes,
-            "lower_bound": r.lower_bound,
-            "ring_bytes": r.ring_bytes,
-            "longest_wait_list": r.longest_wait_list,
-            "fingerprint": format!("{:016x}", r.fingerprint),
-            "ratios": {
-                "plan_over_lower_bound": r.plan_over_lower_bound(),
-                "round_robin_over_lower_bound": r.round_robin_over_lower_bound(),
-                "packed_over_lower_bound": r.packed_over_lower_bound(),
-                "ring_over_plan": r.ring_over_plan(),
-            },
-            "groups": groups,
-            "keys": keys,
-            "runners": runners,
-        })
+                .collect();
+            seq.serialize_element(&RunnerJson {
+                id: runner.runner.0,
+                name: plan
+                    .input
+                    .workload
+                    .runners
+                    .get(i)
+                    .and_then(|s| s.name.as_deref()),
+                generation: runner.generation,
+                requests: runner.requests,
+                bytes: runner.bytes,
+                wait_list: runner.wait_list,
+                slices,
+            })?;
+        }
+        seq.end()
     }
+}
+
+#[derive(Serialize)]
+struct RunnerJson<'p> {
+    id: u32,
+    name: Option<&'p str>,
+    generation: Option<usize>,
+    requests: usize,
+    bytes: u64,
+    wait_list: usize,
+    slices: Vec<SliceJson<'p>>,
+}
+
+#[derive(Serialize)]
+struct SliceJson<'p> {
+    key: Cow<'p, str>,
+    arena: usize,
+    offset: u64,
+    bytes: u64,
 }
 
 /// One policy in the comparison: both placements' bytes and the lower bound.
