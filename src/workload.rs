@@ -434,7 +434,7 @@ impl Workload {
         if self.runners.is_empty() {
             return Err(invalid("runners", "must list at least one runner"));
         }
-        let groups = self.groups()?;
+        let groups = self.group_table()?;
         let params = self.numbered_params();
         let mut config = PlanConfig::new();
         for (i, (name, id)) in groups.order.iter().enumerate() {
@@ -515,7 +515,7 @@ impl Workload {
     }
 
     /// The groups to register, checked, with a name lookup.
-    fn groups(&self) -> Result<GroupTable<'_>, WorkloadError> {
+    fn group_table(&self) -> Result<GroupTable<'_>, WorkloadError> {
         let mut table = GroupTable {
             listed: self.groups.is_some(),
             order: Vec::new(),
