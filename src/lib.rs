@@ -63,6 +63,11 @@
 //! What the types cannot rule out is a typed [`Error`] naming the runner, the
 //! key and the sizes involved. See `docs/lifecycle.md` for the fence.
 //!
+//! With the `serde` feature, `Workload` saves what discovery recorded as a
+//! file and loads it back, so a plan can be studied away from the GPUs
+//! (`docs/workload-format.md`); the `cli` feature adds the plan explorer,
+//! `replay-arena-plan`.
+//!
 //! # Backends
 //!
 //! - [`sim`] (always built): host arenas and a deterministic stream model with

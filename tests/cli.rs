@@ -606,3 +606,15 @@ fn irregular_pictures_are_well_formed_and_conflicting_boxes_do_not_overlap() {
         check_picture(&workload, &["-g", g, "--packed"]);
     }
 }
+
+#[test]
+fn a_picture_of_too_many_runners_is_refused_not_drawn() {
+    let large = large();
+    let svg = scratch("large.svg");
+    let e = failure(&[&large, "-g", "2", "--svg", svg.to_str().unwrap()]);
+    assert!(
+        e.contains("--svg draws at most 4096 buffer-using runners;"),
+        "{e}"
+    );
+    assert!(!svg.exists());
+}
