@@ -618,3 +618,26 @@ fn a_picture_of_too_many_runners_is_refused_not_drawn() {
     );
     assert!(!svg.exists());
 }
+
+#[test]
+fn module_kinds_come_from_the_file_or_from_masked_runner_names() {
+    let v = json_of(&[&file(TINY), "--json"]);
+    assert_eq!(
+        (&v["module_kinds"], &v["module_kinds_from"]),
+        (&json!(2), &json!("runner names"))
+    );
+    let given = file(&TINY.replacen(r#""source": "hand-written","#, r#""module_kinds": 5,"#, 1));
+    let v = json_of(&[&given, "--json"]);
+    assert_eq!(
+        (&v["module_kinds"], &v["module_kinds_from"]),
+        (&json!(5), &json!("file"))
+    );
+    // Runs of digits mask to one `#`: `layer12.mlp3.bwd` -> `layer#.mlp#.bwd`.
+    let masked = file(
+        r#"{"name": "m", "runners": [
+            {"name": "layer12.mlp3.bwd", "requests": []},
+            {"name": "layer7.mlp0.bwd", "requests": []},
+            {"name": "layer7.attn.bwd", "requests": []}]}"#,
+    );
+    assert_eq!(json_of(&[&masked, "--json"])["module_kinds"], 2);
+}
