@@ -1,0 +1,129 @@
+//! The tensor-parallel backward example's model (`examples/tp_backward`) on a
+//! small configuration: after N graphed steps, replayed on a pool of two
+//! streams with the consumer on a side stream, every main grad equals the
+//! eager run's bit for bit (the same cuBLAS algorithms run: same shapes,
+//! same workspace size), for round-robin and packed plans, with the
+//! reduce-scatter standing in as a copy and (feature `nccl`) on NCCL
+//! symmetric windows. Consecutive runners never share a cuBLAS workspace.
+#![cfg(feature = "cuda")]
+
+#[path = "../examples/tp_backward/model.rs"]
+mod model;
+
+use model::{graphed_step, workspace_range, Model, Reduce, Shape};
+use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream};
+use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
+
+const STEPS: usize = 20;
+
+const SHAPE: Shape = Shape {
+    hidden: 256,
+    ffn: 1024,
+    tokens: 128,
+    layers: 3,
+    workspace: 8 << 20,
+};
+
+fn cuda() -> CudaBackend {
+    CudaBackend::new(0)
+        .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"))
+}
+
+fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
+    cuda: &CudaBackend,
+    make: &dyn Fn() -> Result<B, BackendError>,
+    reduce: Reduce,
+    strategy: Strategy,
+) {
+    let mut model = Model::new(cuda, SHAPE, reduce).unwrap();
+    let eager_stream = cuda.new_stream().unwrap();
+    let pool = [cuda.new_stream().unwrap(), cuda.new_stream().unwrap()];
+    let side = cuda.new_stream().unwrap();
+    let eager = model.main_grads().unwrap();
+    let graphed = model.main_grads().unwrap();
+
+    // The discovery step is the eager run's first step.
+    let discovery = model.discover::<B>(&eager, &eager_stream).unwrap();
+    for _ in 1..STEPS {
+        model.eager_step(&eager, &eager_stream).unwrap();
+    }
+    let planned = discovery.plan(strategy).unwrap();
+    println!("{}", planned.report());
+    let mut capturing = planned.allocate(make().unwrap()).unwrap();
+    model
+        .capture(&mut capturing, &cuda.new_stream().unwrap())
+        .unwrap();
+    let mut replayable = capturing.seal().unwrap();
+
+    let n = model.modules.len();
+    let ranges: Vec<(u64, u64)> = (0..n)
+        .map(|m| workspace_range(&replayable.views(RunnerId(m as u32)).unwrap()).unwrap())
+        .collect();
+    for w in ranges.windows(2) {
+        let ((a, x), (b, y)) = (w[0], w[1]);
+        assert!(
+            a + x <= b || b + y <= a,
+            "consecutive runners share cuBLAS workspace bytes"
+        );
+    }
+
+    let step_done = model::new_event(cuda).unwrap();
+    for _ in 0..STEPS {
+        graphed_step(&model, &mut replayable, &graphed, &pool, &side, &step_done).unwrap();
+    }
+    replayable.synchronize().unwrap();
+    let stats = replayable.fence_stats();
+    let c = model.compare(&eager, &graphed, 0.0, 0.0).unwrap();
+    println!(
+        "{strategy:?}, {}: {c}; {} replays, {} waits, {} skipped",
+        model.reduce.describe(),
+        stats.replays,
+        stats.waits,
+        stats.waits_skipped
+    );
+    assert_eq!(stats.replays, (STEPS * n) as u64);
+    assert!(stats.waits > 0, "replays on two streams must wait");
+    assert!(c.max_abs > 0.0, "the main grads are all zero");
+    assert!(c.bitwise(), "graphed main grads differ from eager: {c}");
+    replayable.replan().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn round_robin_copy_stand_in_equals_eager_bitwise() {
+    let cuda = cuda();
+    graphed_equals_eager(
+        &cuda,
+        &|| Ok(cuda.clone()),
+        Reduce::StandIn,
+        Policy::OverlapDepth(2).into(),
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn packed_copy_stand_in_equals_eager_bitwise() {
+    let cuda = cuda();
+    graphed_equals_eager(
+        &cuda,
+        &|| Ok(cuda.clone()),
+        Reduce::StandIn,
+        Policy::OverlapDepth(2).packed(),
+    );
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn round_robin_nccl_symmetric_equals_eager_bitwise() {
+    use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+    let cuda = cuda();
+    let id = UniqueId::new().unwrap();
+    let comm = Communicator::new(&cuda, model::TP_GROUP, &id, 0, 1).unwrap();
+    graphed_equals_eager(
+        &cuda,
+        &|| NcclBackend::new(cuda.clone()).with_group(comm.clone()),
+        Reduce::Nccl(comm.clone()),
+        Policy::OverlapDepth(2).into(),
+    );
+}
