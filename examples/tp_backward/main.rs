@@ -32,7 +32,7 @@ mod model;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaContext};
 use model::{graphed_step, unfenced_step, Comparison, MainGrads, Model, Reduce, Shape, TpError};
 use replay_arena::cuda::{probe, CudaBackend, CudaGraph, CudaStream};
 use replay_arena::{human_bytes, Backend, BackendError, Policy, Replayable, RunnerId, Strategy};
@@ -139,7 +139,20 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<()> {
     let info = probe().map_err(TpError::NoGpu)?;
-    let cuda = CudaBackend::new(0).map_err(TpError::NoGpu)?;
+    // The program's own cudarc context (the probe checked there is a
+    // driver, so cudarc will not panic), adopted by the backend.
+    let ctx = CudaContext::new(0).map_err(|e| TpError::Driver {
+        op: "cuDevicePrimaryCtxRetain",
+        code: e.0,
+    })?;
+    // SAFETY: nothing was allocated on the context yet. This program orders
+    // its own slices across streams: tensors and main grads are written on
+    // the setup stream, which is synchronized before other streams use
+    // them; an eager step's buffers live and die on its one stream; the
+    // streams of a graphed step are ordered by events (module inputs, step
+    // ends) and by the plan's fence.
+    let cuda = unsafe { CudaBackend::from_context_disabling_event_tracking(ctx) }
+        .map_err(TpError::NoGpu)?;
     println!("device: {info}");
     #[cfg(feature = "nccl")]
     if args.rs == Rs::Nccl {
@@ -207,10 +220,18 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
         model.modules.len(),
         shape.flops() / 1e12
     );
-    let eager_stream = cuda.new_stream()?;
-    let pool = [cuda.new_stream()?, cuda.new_stream()?];
-    let side = cuda.new_stream()?;
-    let capture_stream = cuda.new_stream()?;
+    // The program's cudarc streams, wrapped for the plan.
+    let stream = || -> Result<CudaStream> {
+        let s = cuda.context().new_stream().map_err(|e| TpError::Driver {
+            op: "cuStreamCreate",
+            code: e.0,
+        })?;
+        Ok(cuda.wrap_stream(s)?)
+    };
+    let eager_stream = stream()?;
+    let pool = [stream()?, stream()?];
+    let side = stream()?;
+    let capture_stream = stream()?;
     let mut mains: Vec<MainGrads> = Mode::ALL
         .iter()
         .map(|_| model.main_grads())

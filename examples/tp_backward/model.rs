@@ -26,12 +26,14 @@ use std::ffi::c_void;
 use std::fmt;
 
 use cudarc::cublas::sys as blas;
-use cudarc::cublas::CudaBlas;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    sys, CudaEvent, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
+    sys, CudaEvent, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig,
+    PushKernelArg, SyncOnDrop,
 };
 use cudarc::nvrtc::compile_ptx;
-use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream};
+use half::bf16;
+use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream, CudaView, ViewExt};
 use replay_arena::{
     Backend, BackendError, Buffer, BufferSource, Capturing, DType, Discovering, Domain, GroupId,
     ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StreamCaptureError, View,
@@ -439,18 +441,14 @@ impl Kernels {
     }
 }
 
-/// A cuBLAS handle, its stream and workspace set per module.
+/// A cuBLAS handle; its stream and workspace are set per module.
 pub struct Blas {
     handle: CudaBlas,
 }
 
-/// One row-major bf16 matrix at a raw device address.
-#[derive(Clone, Copy, Debug)]
-struct Mat {
-    ptr: u64,
-    rows: usize,
-    cols: usize,
-}
+/// Rows and columns of a row-major matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Dims(usize, usize);
 
 impl Blas {
     /// Checks that libcublas loads (cudarc panics when it does not), then
@@ -467,9 +465,9 @@ impl Blas {
         Ok(Blas { handle })
     }
 
-    /// Points the handle at `stream` and at `bytes` of workspace at
-    /// `workspace` (in that order: setting the stream resets the workspace).
-    fn bind(&mut self, stream: &CudaStream, workspace: u64, bytes: u64) -> Result<()> {
+    /// Points the handle at `stream` and at `workspace` (in that order:
+    /// setting the stream resets the workspace).
+    fn bind(&mut self, stream: &CudaStream, workspace: &impl DevicePtr<u8>) -> Result<()> {
         // SAFETY: the handle is used on one stream at a time (this program
         // is single-threaded and binds before every module).
         unsafe { self.handle.set_stream(stream.cudarc().clone()) }.map_err(|e| {
@@ -478,35 +476,46 @@ impl Blas {
                 status: e.0,
             }
         })?;
-        // SAFETY: `workspace` holds `bytes` bytes of device memory that stay
-        // alive while anything this handle enqueues (or a graph that captured
-        // it) may run; it is 256-byte aligned.
+        let (ptr, _sync) = workspace.device_ptr(stream.cudarc());
+        // SAFETY: `workspace` holds `len` bytes of device memory, 256-byte
+        // aligned, that stay alive while anything this handle enqueues (or a
+        // graph that captured it) may run.
         check_blas("cublasSetWorkspace", unsafe {
-            blas::cublasSetWorkspace_v2(
-                *self.handle.handle(),
-                workspace as *mut c_void,
-                bytes as usize,
-            )
+            blas::cublasSetWorkspace_v2(*self.handle.handle(), ptr as *mut c_void, workspace.len())
         })
     }
 
-    /// Row-major `c = a' b'` where `'` transposes when asked: bf16 in and
-    /// out, FP32 compute (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`).
-    fn matmul(&self, a: Mat, ta: bool, b: Mat, tb: bool, c: Mat) -> Result<()> {
-        let (m, k) = if ta {
-            (a.cols, a.rows)
-        } else {
-            (a.rows, a.cols)
-        };
-        let (k2, n) = if tb {
-            (b.cols, b.rows)
-        } else {
-            (b.rows, b.cols)
-        };
-        if k != k2 || c.rows != m || c.cols != n {
+    /// Row-major `c = op(a) op(b)` (`op` transposes when asked) through
+    /// cudarc's `Gemm<bf16>`: `cublasGemmEx`, bf16 in and out,
+    /// `CUBLAS_COMPUTE_32F`, default algorithm.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &self,
+        a: &impl DevicePtr<bf16>,
+        da: Dims,
+        ta: bool,
+        b: &impl DevicePtr<bf16>,
+        db: Dims,
+        tb: bool,
+        c: &mut impl DevicePtrMut<bf16>,
+        dc: Dims,
+    ) -> Result<()> {
+        let Dims(m, k) = if ta { Dims(da.1, da.0) } else { da };
+        let Dims(k2, n) = if tb { Dims(db.1, db.0) } else { db };
+        let fits = |len: usize, d: Dims| len >= d.0 * d.1;
+        if k != k2
+            || dc != Dims(m, n)
+            || !fits(a.len(), da)
+            || !fits(b.len(), db)
+            || !fits(c.len(), dc)
+        {
             return Err(TpError::Shape(format!(
-                "matmul of {m}x{k} by {k2}x{n} into {}x{}",
-                c.rows, c.cols
+                "matmul of {m}x{k} by {k2}x{n} into {}x{} (buffers of {}, {} and {} elements)",
+                dc.0,
+                dc.1,
+                a.len(),
+                b.len(),
+                c.len()
             )));
         }
         let int = |v: usize| {
@@ -519,42 +528,32 @@ impl Blas {
                 blas::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
         // Row-major C = A B is column-major C^T = B^T A^T: swap the operands.
-        // SAFETY: the three matrices hold rows x cols bf16 elements each
-        // (checked shapes), on the handle's device.
-        check_blas("cublasGemmEx", unsafe {
-            blas::cublasGemmEx(
-                *self.handle.handle(),
-                op(tb),
-                op(ta),
-                int(n)?,
-                int(m)?,
-                int(k)?,
-                (&alpha as *const f32).cast(),
-                b.ptr as *const c_void,
-                blas::cudaDataType_t::CUDA_R_16BF,
-                int(b.cols)?,
-                a.ptr as *const c_void,
-                blas::cudaDataType_t::CUDA_R_16BF,
-                int(a.cols)?,
-                (&beta as *const f32).cast(),
-                c.ptr as *mut c_void,
-                blas::cudaDataType_t::CUDA_R_16BF,
-                int(c.cols)?,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
+        let cfg = GemmConfig {
+            transa: op(tb),
+            transb: op(ta),
+            m: int(n)?,
+            n: int(m)?,
+            k: int(k)?,
+            alpha: bf16::ONE,
+            lda: int(db.1)?,
+            ldb: int(da.1)?,
+            beta: bf16::ZERO,
+            ldc: int(dc.1)?,
+        };
+        // SAFETY: the buffers hold at least rows x cols elements each
+        // (checked above) on the handle's device.
+        unsafe { self.handle.gemm(cfg, b, a, c) }.map_err(|e| TpError::Cublas {
+            op: "cublasGemmEx",
+            status: e.0,
         })
     }
 }
 
-/// The tensors of one linear outside the plan: weight, saved input, the
-/// gradient its dgrad writes.
+/// The tensors of one linear outside the plan: weight and saved input.
 struct LinearTensors {
-    weight: CudaSlice<u16>,
-    input: CudaSlice<u16>,
-    dgrad: CudaSlice<u16>,
+    weight: CudaSlice<bf16>,
+    input: CudaSlice<bf16>,
 }
 
 /// Main grads of every linear (FP32 shards), per module.
@@ -577,7 +576,10 @@ pub struct Model {
     /// Setup and read-back stream.
     pub io: CudaStream,
     tensors: Vec<Vec<LinearTensors>>,
-    loss_grad: CudaSlice<u16>,
+    /// Per module and linear: the input gradient its dgrad writes (the
+    /// module's first one is what the next module reads).
+    dgrads: Vec<Vec<CudaSlice<bf16>>>,
+    loss_grad: CudaSlice<bf16>,
     /// Per module: the event its graph records once its input gradient is
     /// written (an external event node).
     dgrad_done: Vec<CudaEvent>,
@@ -595,41 +597,39 @@ impl Model {
         let modules = shape.modules();
         let alloc = |n: usize| {
             io.cudarc()
-                .alloc_zeros::<u16>(n)
+                .alloc_zeros::<bf16>(n)
                 .map_err(driver("cuMemAlloc"))
         };
         let mut seed = 1u32;
-        let mut fill = |buf: &CudaSlice<u16>, scale: f32| {
+        let mut fill = |buf: &CudaSlice<bf16>, scale: f32| {
             seed += 1;
             let p = buf.device_ptr(io.cudarc()).0;
             kernels.init(&io, p, buf.len(), seed, scale)
         };
         let mut tensors = Vec::with_capacity(modules.len());
+        let mut dgrads = Vec::with_capacity(modules.len());
         for m in &modules {
             let mut ts = Vec::with_capacity(m.linears.len());
+            let mut ds = Vec::with_capacity(m.linears.len());
             for l in &m.linears {
                 let t = LinearTensors {
                     weight: alloc(l.weight_elements())?,
                     input: alloc(shape.tokens * l.inputs)?,
-                    dgrad: alloc(shape.tokens * l.inputs)?,
                 };
                 fill(&t.weight, (3.0 / l.outputs as f32).sqrt())?;
                 fill(&t.input, 1.0)?;
                 ts.push(t);
+                ds.push(alloc(shape.tokens * l.inputs)?);
             }
             tensors.push(ts);
+            dgrads.push(ds);
         }
         let loss_grad = alloc(shape.tokens * shape.hidden)?;
         fill(&loss_grad, 1.0)?;
         io.synchronize()?;
         let dgrad_done = modules
             .iter()
-            .map(|_| {
-                backend
-                    .context()
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .map_err(driver("cuEventCreate"))
-            })
+            .map(|_| new_event(backend))
             .collect::<Result<_>>()?;
         Ok(Model {
             shape,
@@ -639,6 +639,7 @@ impl Model {
             blas,
             io,
             tensors,
+            dgrads,
             loss_grad,
             dgrad_done,
         })
@@ -714,55 +715,50 @@ impl Model {
         main.grads[m].iter().map(|g| self.ptr(g)).collect()
     }
 
-    /// The gradient module `m` reads: the loss gradient for the first, else
-    /// the input gradient of the module before it.
-    fn grad_in(&self, m: usize) -> Mat {
-        match m.checked_sub(1) {
-            None => Mat {
-                ptr: self.ptr(&self.loss_grad),
-                rows: self.shape.tokens,
-                cols: self.shape.hidden,
-            },
-            Some(prev) => {
-                let l = &self.modules[prev].linears[0];
-                Mat {
-                    ptr: self.ptr(&self.tensors[prev][0].dgrad),
-                    rows: self.shape.tokens,
-                    cols: l.inputs,
-                }
-            }
-        }
-    }
-
     /// Module `m`'s backward on `s` with these buffers (see the module
     /// docs). `capturing`: record the external "input gradient written"
     /// event node.
     fn backward(
         &mut self,
         m: usize,
-        bufs: &Bufs<'_>,
+        bufs: &mut Bufs<'_>,
         s: &CudaStream,
         capturing: bool,
     ) -> Result<()> {
-        self.blas.bind(s, bufs.workspace, self.shape.workspace)?;
+        match &bufs.workspace {
+            Workspace::Owned(w) => self.blas.bind(s, w)?,
+            Workspace::View(w) => self.blas.bind(s, w)?,
+        }
         let tokens = self.shape.tokens;
         let linears = &self.modules[m].linears;
-        let mut dy = self.grad_in(m);
-        let mut dys = Vec::with_capacity(linears.len());
-        for (l, t) in linears.iter().zip(&self.tensors[m]).rev() {
-            let w = Mat {
-                ptr: self.ptr(&t.weight),
-                rows: l.outputs,
-                cols: l.inputs,
-            };
-            let dx = Mat {
-                ptr: self.ptr(&t.dgrad),
-                rows: tokens,
-                cols: l.inputs,
-            };
-            self.blas.matmul(dy, false, w, false, dx)?;
-            dys.push(dy);
-            dy = dx;
+        let tensors = &self.tensors[m];
+        let n = linears.len();
+        // The gradient this module reads: the loss gradient for the first
+        // module, else the input gradient the module before it wrote.
+        let (before, rest) = self.dgrads.split_at_mut(m);
+        let outer = match before.last() {
+            None => &self.loss_grad,
+            Some(prev) => &prev[0],
+        };
+        let own = &mut rest[0];
+        // Linear i reads the gradient of its output: linear i + 1's input
+        // gradient, or the module's incoming one for the last linear.
+        let dy_dims = |i: usize| Dims(tokens, linears[i].outputs);
+        for i in (0..n).rev() {
+            let l = &linears[i];
+            let (lo, hi) = own.split_at_mut(i + 1);
+            let dy = hi.first().unwrap_or(outer);
+            // dgrad: dX = dY W, [tokens, in].
+            self.blas.matmul(
+                dy,
+                dy_dims(i),
+                false,
+                &tensors[i].weight,
+                Dims(l.outputs, l.inputs),
+                false,
+                &mut lo[i],
+                Dims(tokens, l.inputs),
+            )?;
         }
         if capturing {
             // SAFETY: the event and the capturing stream are live objects of
@@ -775,47 +771,46 @@ impl Model {
                 )
             })?;
         }
-        let reversed = linears.iter().zip(&self.tensors[m]).rev();
-        for (j, ((l, t), dy)) in reversed.zip(&dys).enumerate() {
-            let x = Mat {
-                ptr: self.ptr(&t.input),
-                rows: tokens,
-                cols: l.inputs,
-            };
-            let dw = Mat {
-                ptr: bufs.wgrad[j],
-                rows: l.outputs,
-                cols: l.inputs,
-            };
-            self.blas.matmul(*dy, true, x, false, dw)?;
+        let own = &*own;
+        for (j, wgrad) in bufs.wgrad.iter_mut().enumerate() {
+            let i = n - 1 - j;
+            let l = &linears[i];
+            let dy = own.get(i + 1).unwrap_or(outer);
+            // wgrad: dW = dY^T X, [out, in], into the wgrad_rs_input buffer.
+            self.blas.matmul(
+                dy,
+                dy_dims(i),
+                true,
+                &tensors[i].input,
+                Dims(tokens, l.inputs),
+                false,
+                wgrad,
+                Dims(l.outputs, l.inputs),
+            )?;
         }
         for (j, l) in linears.iter().rev().enumerate() {
-            self.reduce_scatter(bufs, j, self.shard(l), s)?;
+            let shard = l.weight_elements() / self.reduce.ranks();
+            reduce_scatter(&self.reduce, &self.kernels, bufs, j, shard, s)?;
         }
         Ok(())
     }
 
-    fn reduce_scatter(
+    /// Accumulates shard `shard` (bf16) into main grad `main` (FP32) of
+    /// module `m`'s `j`-th linear (order as in [`Model::requests`]) on `s`.
+    pub fn accumulate_one(
         &self,
-        bufs: &Bufs<'_>,
+        m: usize,
         j: usize,
-        shard: usize,
+        main: u64,
+        shard: &impl DevicePtr<bf16>,
         s: &CudaStream,
     ) -> Result<()> {
-        match &self.reduce {
-            Reduce::StandIn => self.kernels.copy(s, bufs.rs_out[j], bufs.wgrad[j], shard),
-            #[cfg(feature = "nccl")]
-            Reduce::Nccl(comm) => match &bufs.views {
-                Some(views) => {
-                    let (send, recv) = (&views[1 + 2 * j], &views[2 + 2 * j]);
-                    Ok(comm.reduce_scatter(send, recv, s)?)
-                }
-                None => nccl_raw(comm, bufs.wgrad[j], bufs.rs_out[j], shard, s),
-            },
-        }
+        let l = &self.modules[m].linears[self.modules[m].linears.len() - 1 - j];
+        let (p, _sync) = shard.device_ptr(s.cudarc());
+        self.kernels.accumulate(s, main, p, self.shard(l))
     }
 
-    /// Accumulates module `m`'s shards (`rs_out`, linear order as in
+    /// Accumulates module `m`'s shards at raw addresses (order as in
     /// [`Model::requests`]) into its main grads on `s`.
     pub fn accumulate(&self, m: usize, main: &[u64], rs_out: &[u64], s: &CudaStream) -> Result<()> {
         for ((l, &g), &r) in self.modules[m].linears.iter().rev().zip(main).zip(rs_out) {
@@ -834,32 +829,39 @@ impl Model {
         main: &MainGrads,
         s: &CudaStream,
     ) -> Result<()> {
-        let mut owned: Vec<CudaSlice<u8>> = Vec::new();
-        let mut addrs = Vec::new();
+        let mut workspace = None;
+        let mut tensors = Vec::new();
         for q in self.requests(m) {
-            match src.request(q)? {
-                Buffer::AllocateYourself => {
-                    let bytes = q.aligned_bytes().unwrap_or(0) as usize;
-                    // SAFETY: every byte is written (wgrad, shard) or is
-                    // cuBLAS scratch before it is read.
-                    let buf = unsafe { s.cudarc().alloc::<u8>(bytes) }
-                        .map_err(driver("cuMemAllocAsync"))?;
-                    addrs.push(buf.device_ptr(s.cudarc()).0);
-                    owned.push(buf);
-                }
-                Buffer::Persistent(v) => {
-                    return Err(TpError::View(format!(
-                        "an eager step got a persistent view ({})",
-                        v.request()
-                    )))
-                }
+            if let Buffer::Persistent(v) = src.request(q)? {
+                return Err(TpError::View(format!(
+                    "an eager step got a persistent view ({})",
+                    v.request()
+                )));
+            }
+            let n = q.elements as usize;
+            // SAFETY: every element is written (wgrad, shard) or is cuBLAS
+            // scratch before it is read.
+            if q.dtype == DType::U8 {
+                workspace =
+                    Some(unsafe { s.cudarc().alloc::<u8>(n) }.map_err(driver("cuMemAllocAsync"))?);
+            } else {
+                tensors.push(
+                    unsafe { s.cudarc().alloc::<bf16>(n) }.map_err(driver("cuMemAllocAsync"))?,
+                );
             }
         }
-        let bufs = Bufs::from_addrs(&addrs, None);
-        self.backward(m, &bufs, s, false)?;
-        self.accumulate(m, &self.main_ptrs(main, m), &bufs.rs_out, s)?;
+        let workspace = workspace.ok_or_else(|| TpError::View("no workspace request".into()))?;
+        let mut bufs = Bufs::new(
+            Workspace::Owned(workspace),
+            tensors.into_iter().map(Tensor::Owned),
+            None,
+        );
+        self.backward(m, &mut bufs, s, false)?;
+        for (j, (rs, g)) in bufs.rs_out.iter().zip(&main.grads[m]).enumerate() {
+            self.accumulate_one(m, j, self.ptr(g), rs, s)?;
+        }
         // The buffers go back to the stream-ordered pool after this work.
-        drop(owned);
+        drop(bufs);
         Ok(())
     }
 
@@ -887,7 +889,9 @@ impl Model {
         Ok(discovery)
     }
 
-    /// Captures every module's backward on `stream` into its runner.
+    /// Captures every module's backward on `stream` into its runner: views
+    /// from the plan, typed for cudarc (`as_cuda`), the workspace set inside
+    /// the capture.
     pub fn capture<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
         &mut self,
         capturing: &mut Capturing<B>,
@@ -906,9 +910,13 @@ impl Model {
                     }
                 }
             }
-            let addrs: Vec<u64> = views.iter().map(View::device_ptr).collect();
-            let bufs = Bufs::from_addrs(&addrs, Some(views));
-            let captured = cap.stream_capture(stream, |s| self.backward(m, &bufs, s, true));
+            let workspace = Workspace::View(views[0].as_cuda::<u8>(stream)?);
+            let tensors = views[1..]
+                .iter()
+                .map(|v| v.as_cuda::<bf16>(stream).map(Tensor::View))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut bufs = Bufs::new(workspace, tensors, Some(views));
+            let captured = cap.stream_capture(stream, |s| self.backward(m, &mut bufs, s, true));
             drop(bufs);
             if let Err(e) = captured {
                 return Err(self.capture_failed(runner, e));
@@ -1009,6 +1017,29 @@ impl Model {
     }
 }
 
+/// The reduce-scatter of module buffer pair `j`: NCCL on the plan's
+/// symmetric views when captured (the crate checks they lie in this group's
+/// windows), NCCL on raw addresses in eager steps, or the copy kernel.
+fn reduce_scatter(
+    reduce: &Reduce,
+    kernels: &Kernels,
+    bufs: &Bufs<'_>,
+    j: usize,
+    shard: usize,
+    s: &CudaStream,
+) -> Result<()> {
+    let (send, _a) = bufs.wgrad[j].device_ptr(s.cudarc());
+    let (recv, _b) = bufs.rs_out[j].device_ptr(s.cudarc());
+    match reduce {
+        Reduce::StandIn => kernels.copy(s, recv, send, shard),
+        #[cfg(feature = "nccl")]
+        Reduce::Nccl(comm) => match &bufs.views {
+            Some(views) => Ok(comm.reduce_scatter(&views[1 + 2 * j], &views[2 + 2 * j], s)?),
+            None => nccl_raw(comm, send, recv, shard, s),
+        },
+    }
+}
+
 /// A raw NCCL reduce-scatter of an eager (unregistered) buffer.
 #[cfg(feature = "nccl")]
 fn nccl_raw(
@@ -1042,22 +1073,86 @@ fn nccl_raw(
     }
 }
 
-/// One module's buffers as raw addresses (and the views, when captured).
+/// A cuBLAS workspace: the eager step's own, or the plan's.
+enum Workspace<'v> {
+    Owned(CudaSlice<u8>),
+    View(CudaView<'v, u8>),
+}
+
+/// A bf16 buffer: the eager step's own, or a typed view of the plan's.
+enum Tensor<'v> {
+    Owned(CudaSlice<bf16>),
+    View(CudaView<'v, bf16>),
+}
+
+impl DeviceSlice<bf16> for Tensor<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Tensor::Owned(t) => t.len(),
+            Tensor::View(t) => t.len(),
+        }
+    }
+
+    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+        match self {
+            Tensor::Owned(t) => t.stream(),
+            Tensor::View(t) => t.stream(),
+        }
+    }
+}
+
+impl DevicePtr<bf16> for Tensor<'_> {
+    fn device_ptr<'a>(
+        &'a self,
+        stream: &'a cudarc::driver::CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        match self {
+            Tensor::Owned(t) => t.device_ptr(stream),
+            Tensor::View(t) => t.device_ptr(stream),
+        }
+    }
+}
+
+impl DevicePtrMut<bf16> for Tensor<'_> {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a cudarc::driver::CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        match self {
+            Tensor::Owned(t) => t.device_ptr_mut(stream),
+            Tensor::View(t) => t.device_ptr_mut(stream),
+        }
+    }
+}
+
+/// One module's buffers (and the plan's views, when captured).
 struct Bufs<'v> {
-    workspace: u64,
-    wgrad: Vec<u64>,
-    rs_out: Vec<u64>,
+    workspace: Workspace<'v>,
+    wgrad: Vec<Tensor<'v>>,
+    rs_out: Vec<Tensor<'v>>,
     views: Option<Vec<View<'v>>>,
 }
 
 impl<'v> Bufs<'v> {
-    /// From addresses in request order: workspace, then (wgrad, rs_out)
+    /// From tensors in request order after the workspace: (wgrad, rs_out)
     /// pairs.
-    fn from_addrs(addrs: &[u64], views: Option<Vec<View<'v>>>) -> Bufs<'v> {
+    fn new(
+        workspace: Workspace<'v>,
+        tensors: impl IntoIterator<Item = Tensor<'v>>,
+        views: Option<Vec<View<'v>>>,
+    ) -> Bufs<'v> {
+        let (mut wgrad, mut rs_out) = (Vec::new(), Vec::new());
+        for (i, t) in tensors.into_iter().enumerate() {
+            if i % 2 == 0 {
+                wgrad.push(t);
+            } else {
+                rs_out.push(t);
+            }
+        }
         Bufs {
-            workspace: addrs.first().copied().unwrap_or(0),
-            wgrad: addrs.iter().skip(1).step_by(2).copied().collect(),
-            rs_out: addrs.iter().skip(2).step_by(2).copied().collect(),
+            workspace,
+            wgrad,
+            rs_out,
             views,
         }
     }
@@ -1138,11 +1233,9 @@ pub fn graphed_step<B: Backend<Stream = CudaStream>>(
         let mains = &main.grads[m];
         replayable
             .consume(runner, side, |s, views| {
-                let linears = model.modules[m].linears.iter().rev();
-                for ((l, g), v) in linears.zip(mains).zip(views.iter().skip(2).step_by(2)) {
-                    model
-                        .kernels
-                        .accumulate(s, model.ptr(g), v.device_ptr(), model.shard(l))?;
+                for (j, (v, g)) in views.iter().skip(2).step_by(2).zip(mains).enumerate() {
+                    let shard = v.as_cuda::<bf16>(s)?;
+                    model.accumulate_one(m, j, model.ptr(g), &shard, s)?;
                 }
                 Ok::<(), TpError>(())
             })
