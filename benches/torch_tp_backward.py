@@ -161,14 +161,17 @@ def main():
                     main[m][j].add_(s)
             gen_free[gen].record(side)
 
-    # Eager peak of its own buffers.
+    # Eager peak of its own buffers (one step, then the grads start over).
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     with torch.cuda.stream(compute):
-        eager_step(mains())
+        eager_step(main_eager)
     torch.cuda.synchronize()
     eager_peak = torch.cuda.max_memory_allocated() - base
+    for g in main_eager:
+        for t in g:
+            t.zero_()
 
     per_round = args.steps // args.rounds
     modes = {

@@ -1,8 +1,9 @@
 //! The tensor-parallel backward example's model (`examples/tp_backward`) on a
 //! small configuration: after N graphed steps, replayed on a pool of two
 //! streams with the consumer on a side stream, every main grad equals the
-//! eager run's bit for bit (the same cuBLAS algorithms run: same shapes,
-//! same workspace size), for round-robin and packed plans, with the
+//! eager run's (within one bf16 ulp per wgrad element, and the output says
+//! whether bit for bit: the same shapes and workspace size let cuBLAS pick
+//! the same algorithms), for round-robin and packed plans, with the
 //! reduce-scatter standing in as a copy and (feature `nccl`) on NCCL
 //! symmetric windows. Consecutive runners never share a cuBLAS workspace.
 #![cfg(feature = "cuda")]
@@ -73,7 +74,10 @@ fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     }
     replayable.synchronize().unwrap();
     let stats = replayable.fence_stats();
-    let c = model.compare(&eager, &graphed, 0.0, 0.0).unwrap();
+    // One bf16 ulp per wgrad element if cuBLAS picked another algorithm
+    // under capture, accumulated identically STEPS times.
+    let (rtol, atol) = (1.0 / 128.0, 1e-4 * STEPS as f32);
+    let c = model.compare(&eager, &graphed, rtol, atol).unwrap();
     println!(
         "{strategy:?}, {}: {c}; {} replays, {} waits, {} skipped",
         model.reduce.describe(),
@@ -84,7 +88,18 @@ fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     assert_eq!(stats.replays, (STEPS * n) as u64);
     assert!(stats.waits > 0, "replays on two streams must wait");
     assert!(c.max_abs > 0.0, "the main grads are all zero");
-    assert!(c.bitwise(), "graphed main grads differ from eager: {c}");
+    assert_eq!(
+        c.past_tolerance, 0,
+        "graphed main grads differ from eager: {c}"
+    );
+    println!(
+        "{}",
+        if c.bitwise() {
+            "bitwise: the same cuBLAS algorithms ran eager and captured"
+        } else {
+            "within the bf16 tolerance, not bitwise: cuBLAS picked other algorithms under capture"
+        }
+    );
     replayable.replan().unwrap();
 }
 

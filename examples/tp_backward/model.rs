@@ -358,16 +358,31 @@ extern "C" __global__ void accumulate(float* main_grad, const unsigned short* sh
 
 // counts[0]: elements whose bits differ; counts[1]: elements past the
 // tolerance |a - b| > rtol * max(|a|, |b|) + atol. maxes[0]: max |a - b|,
-// maxes[1]: max |a| (non-negative floats order like their bits).
+// maxes[1]: max |a| (non-negative floats order like their bits). Reduced per
+// warp first (blockDim is a multiple of 32), one atomic per warp.
 extern "C" __global__ void compare(const float* a, const float* b, unsigned long long n, float rtol, float atol,
                                    unsigned long long* counts, unsigned int* maxes) {
+    unsigned long long bits = 0, past = 0;
+    float dmax = 0.0f, amax = 0.0f;
     FOR_EACH(i, n) {
         float x = a[i], y = b[i];
-        if (__float_as_uint(x) != __float_as_uint(y)) atomicAdd(&counts[0], 1ull);
+        if (__float_as_uint(x) != __float_as_uint(y)) bits++;
         float d = fabsf(x - y);
-        if (!(d <= rtol * fmaxf(fabsf(x), fabsf(y)) + atol)) atomicAdd(&counts[1], 1ull);
-        atomicMax(&maxes[0], __float_as_uint(d));
-        atomicMax(&maxes[1], __float_as_uint(fabsf(x)));
+        if (!(d <= rtol * fmaxf(fabsf(x), fabsf(y)) + atol)) past++;
+        dmax = fmaxf(dmax, d);
+        amax = fmaxf(amax, fabsf(x));
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        bits += __shfl_xor_sync(0xffffffffu, bits, o);
+        past += __shfl_xor_sync(0xffffffffu, past, o);
+        dmax = fmaxf(dmax, __shfl_xor_sync(0xffffffffu, dmax, o));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    }
+    if ((threadIdx.x & 31u) == 0) {
+        if (bits) atomicAdd(&counts[0], bits);
+        if (past) atomicAdd(&counts[1], past);
+        atomicMax(&maxes[0], __float_as_uint(dmax));
+        atomicMax(&maxes[1], __float_as_uint(amax));
     }
 }
 "#;
