@@ -11,7 +11,7 @@
 #[path = "../examples/tp_backward/model.rs"]
 mod model;
 
-use model::{graphed_step, workspace_range, Model, Reduce, Shape};
+use model::{graphed_step, workspace_range, Model, Reduce, Shape, TpError};
 use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream};
 use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
 
@@ -105,7 +105,7 @@ fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn round_robin_copy_stand_in_equals_eager_bitwise() {
+fn round_robin_copy_stand_in_equals_eager() {
     let cuda = cuda();
     graphed_equals_eager(
         &cuda,
@@ -117,7 +117,7 @@ fn round_robin_copy_stand_in_equals_eager_bitwise() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn packed_copy_stand_in_equals_eager_bitwise() {
+fn packed_copy_stand_in_equals_eager() {
     let cuda = cuda();
     graphed_equals_eager(
         &cuda,
@@ -130,7 +130,7 @@ fn packed_copy_stand_in_equals_eager_bitwise() {
 #[cfg(feature = "nccl")]
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn round_robin_nccl_symmetric_equals_eager_bitwise() {
+fn round_robin_nccl_symmetric_equals_eager() {
     use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
     let cuda = cuda();
     let id = UniqueId::new().unwrap();
@@ -141,4 +141,57 @@ fn round_robin_nccl_symmetric_equals_eager_bitwise() {
         Reduce::Nccl(comm.clone()),
         Policy::OverlapDepth(2).into(),
     );
+}
+
+#[test]
+fn modules_run_from_the_last_layer_mlp_first() {
+    let modules = Shape::SMALL.modules();
+    let names: Vec<&str> = modules.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names.len(), 16);
+    assert_eq!(
+        names[..4],
+        [
+            "layer7.mlp",
+            "layer7.attn_proj",
+            "layer6.mlp",
+            "layer6.attn_proj"
+        ]
+    );
+    let mlp: Vec<(usize, usize)> = modules[0]
+        .linears
+        .iter()
+        .map(|l| (l.inputs, l.outputs))
+        .collect();
+    assert_eq!(
+        mlp,
+        [(512, 2048), (2048, 512)],
+        "fc1 then fc2, forward order"
+    );
+    assert_eq!(modules[1].linears[0].inputs, 512);
+}
+
+#[test]
+fn a_step_is_two_gemms_per_linear() {
+    let s = Shape::SMALL;
+    let per_layer = (s.hidden * s.hidden + 2 * s.hidden * s.ffn) as f64;
+    assert_eq!(
+        s.flops(),
+        4.0 * s.tokens as f64 * per_layer * s.layers as f64
+    );
+}
+
+#[test]
+fn a_matrix_past_cublas_sizes_is_a_typed_error() {
+    let shape = Shape {
+        ffn: 1 << 20,
+        tokens: 4096,
+        ..Shape::SMALL
+    };
+    assert!(matches!(shape.check(), Err(TpError::Shape(_))));
+    let empty = Shape {
+        layers: 0,
+        ..Shape::SMALL
+    };
+    assert!(matches!(empty.check(), Err(TpError::Shape(_))));
+    assert!(Shape::MID.check().is_ok());
 }

@@ -394,7 +394,7 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     if fenced_ok {
         Ok(())
     } else {
-        Err(TpError::View(
+        Err(TpError::Check(
             "fenced graphed main grads differ from the eager run's".into(),
         ))
     }
@@ -443,7 +443,7 @@ fn workspaces<B: Backend>(name: &str, replayable: &Replayable<B>) -> Result<()> 
     if shared == 0 {
         Ok(())
     } else {
-        Err(TpError::View(format!(
+        Err(TpError::Check(format!(
             "{shared} pairs of consecutive runners share a cuBLAS workspace"
         )))
     }

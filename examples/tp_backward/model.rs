@@ -87,9 +87,13 @@ pub enum TpError {
         /// What failed.
         reason: String,
     },
-    /// A view of the wrong type or size where a tensor was expected.
-    #[error("view: {0}")]
+    /// A buffer source answered in a way this phase does not expect.
+    #[error("buffers: {0}")]
     View(String),
+    /// A check of the run failed (numerics against eager, workspace
+    /// sharing).
+    #[error("check failed: {0}")]
+    Check(String),
     /// The plan's lifecycle failed.
     #[error(transparent)]
     Arena(#[from] replay_arena::Error),
@@ -210,7 +214,13 @@ impl Shape {
             .sum()
     }
 
-    fn check(&self) -> Result<()> {
+    /// Checks that every size is positive and every matrix fits cuBLAS's
+    /// 32-bit sizes.
+    ///
+    /// # Errors
+    ///
+    /// [`TpError::Shape`] naming the shape.
+    pub fn check(&self) -> Result<()> {
         let dims = [self.hidden, self.ffn, self.tokens];
         if dims.contains(&0) || self.layers == 0 {
             return Err(TpError::Shape(format!(
