@@ -18,10 +18,10 @@
 //! mode's main grads compare with the eager run's.
 //!
 //! ```sh
-//! cargo run --release --example tp_backward                     # small shapes
-//! cargo run --release --example tp_backward -- --preset mid     # hidden 4096, ffn 16384, 2048 tokens, L = 8
-//! cargo run --release --example tp_backward -- --hidden 1024 --ffn 4096 --tokens 512 --layers 4 --steps 100
-//! cargo run --release --features nccl --example tp_backward     # reduce-scatter on NCCL symmetric windows
+//! cargo run --release --features f16 --example tp_backward                   # small shapes
+//! cargo run --release --features f16 --example tp_backward -- --preset mid   # hidden 4096, ffn 16384, 2048 tokens, L = 8
+//! cargo run --release --features f16 --example tp_backward -- --hidden 1024 --ffn 4096 --tokens 512 --layers 4 --steps 100
+//! cargo run --release --features nccl,f16 --example tp_backward              # reduce-scatter on NCCL symmetric windows
 //! ```
 //!
 //! Without a GPU, driver or cuBLAS it says so in one line and exits with 0
