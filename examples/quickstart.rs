@@ -280,8 +280,8 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
     );
     println!(
         "What this shows: every main grad equals the eager sum exactly, so no wgrad view was overwritten while the\n\
-         reduce-scatter stand-in still read it; each replay waited only where the next runner sharing its arena ran\n\
-         on another stream (one wait per replay at most), which is the minimum the two-stream pool needs."
+         reduce-scatter stand-in still read it. Each replay waited only for the consumer that last read its\n\
+         arena, and each consumer only for its runner's replay: one wait each, where they ran on different streams."
     );
     drop(replayable.replan()?);
     Ok(())

@@ -17,7 +17,7 @@ mod support;
 
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
+use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy, View};
 use support::gpu::{eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
@@ -77,21 +77,27 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
             }
             done[r].record(stream.cudarc()).unwrap();
             let out = &states[r].outs[0];
-            replayable
-                .consume(runner, &consumer, |s, views| {
-                    s.cudarc().wait(&done[r]).map_err(|e| format!("{e:?}"))?;
-                    let (_, w) = spec.split(views);
-                    g.consume(
-                        s,
-                        g.ptr(out),
-                        w[0],
-                        N,
-                        SPIN,
-                        g.ptr(&torn),
-                        Some(CONSUMER_BLOCKS),
-                    )
-                })
-                .unwrap();
+            let consume = |s: &CudaStream, views: &[View<'_>]| {
+                s.cudarc().wait(&done[r]).map_err(|e| format!("{e:?}"))?;
+                let (_, w) = spec.split(views);
+                g.consume(
+                    s,
+                    g.ptr(out),
+                    w[0],
+                    N,
+                    SPIN,
+                    g.ptr(&torn),
+                    Some(CONSUMER_BLOCKS),
+                )
+            };
+            if fenced {
+                replayable.consume(runner, &consumer, consume).unwrap();
+            } else {
+                // The unfenced reference reads the views with no fence
+                // either (the fence never saw the unfenced replays).
+                let views = replayable.views(runner).unwrap();
+                consume(&consumer, &views).unwrap();
+            }
         }
     }
     replayable.synchronize().unwrap();
