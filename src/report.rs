@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::painter::Painter;
-use crate::placement;
+use crate::placement::{self, Column};
 use crate::plan::{Placement, Planned, Slice, Strategy};
-use crate::vocab::{Domain, Key, ParamId, Purpose, RunnerId};
+use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
 /// Per-key figures of a plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +41,8 @@ pub struct KeyReport {
 pub struct RunnerReport {
     /// The runner.
     pub runner: RunnerId,
+    /// The name it was armed with ([`Discovering::arm_named`](crate::Discovering::arm_named)), if any.
+    pub name: Option<String>,
     /// Round-robin generation (`None` for empty runners and packed placement).
     pub generation: Option<usize>,
     /// Number of requests recorded.
@@ -121,60 +123,114 @@ pub fn byte_ratio(a: u64, b: u64) -> f64 {
     }
 }
 
+/// What one pass over the plan gathers for one key.
+struct KeyFacts {
+    column: Column,
+    arenas: Vec<u64>,
+    longest_wait_list: usize,
+    /// (parameter, aligned size) -> wgrad writers, for the ring.
+    writers: BTreeMap<(ParamId, u64), u64>,
+    /// Wgrad bytes of requests with no parameter (each its own ring slot).
+    anonymous: u64,
+}
+
+/// Builds the report in a few passes over runners, requests and arenas.
+///
+/// Every per-key figure is gathered in one pass keyed by [`Key`] (never a
+/// scan of all runners, requests or arenas per key, nor per generation), so
+/// the report costs `O((runners + requests + arenas) log keys)` plus its own
+/// size (`keys x G` arena figures under round-robin). The one search, the
+/// packed column of a round-robin plan, runs on each key's sparse column
+/// (only the runners that use the key, see [`placement::Column`]) with the
+/// planner's pass budget, which is set by the number of buffer-using runners:
+/// it costs what packed planning costs, `O(users x G)` per key and pass,
+/// and the passes per key shrink as runners grow. It is computed rather than
+/// cached or bounded so the column is exactly what
+/// [`Policy::packed`](crate::Policy::packed) would allocate.
 pub(crate) fn build(plan: &Planned) -> PlanReport {
     let g = plan.generations;
     let waits = steady_state_waits(plan);
-    let mut keys = Vec::new();
-    for (key, cap) in plan.capacities() {
-        let arenas: Vec<u64> = match plan.strategy.placement {
-            Placement::RoundRobin => (0..g)
-                .map(|gen| {
-                    plan.arenas
-                        .iter()
-                        .find(|a| a.key == key && a.generation == Some(gen))
-                        .map_or(0, |a| a.bytes)
-                })
-                .collect(),
-            Placement::Packed => plan
-                .arenas
-                .iter()
-                .filter(|a| a.key == key)
-                .map(|a| a.bytes)
-                .collect(),
-        };
-        let round_robin_bytes = placement::round_robin(&cap, g)
-            .into_iter()
-            .fold(0, u64::saturating_add);
-        let packed_bytes = match plan.strategy.placement {
-            Placement::Packed => arenas.iter().sum(),
-            Placement::RoundRobin => placement::packed(&cap, g).map_or(u64::MAX, |l| l.bytes),
-        };
-        let longest_wait_list = plan
-            .runners
-            .iter()
-            .zip(&waits)
-            .filter(|(r, _)| r.slice(key).is_some())
-            .map(|(_, w)| *w)
-            .max()
-            .unwrap_or(0);
-        keys.push(KeyReport {
-            key,
-            name: key_name(plan, key),
-            plan_bytes: arenas.iter().copied().fold(0, u64::saturating_add),
-            arenas,
-            round_robin_bytes,
-            packed_bytes,
-            lower_bound: placement::lower_bound(&cap, g),
-            ring_bytes: ring_bytes(plan, key),
-            longest_wait_list,
-        });
+    let using = plan.runners.iter().filter(|r| r.position.is_some()).count();
+    let mut facts: BTreeMap<Key, KeyFacts> = BTreeMap::new();
+    let fresh = || KeyFacts {
+        column: Column::new(using),
+        arenas: match plan.strategy.placement {
+            Placement::RoundRobin => vec![0; g],
+            Placement::Packed => Vec::new(),
+        },
+        longest_wait_list: 0,
+        writers: BTreeMap::new(),
+        anonymous: 0,
+    };
+    for (r, &wait_list) in plan.runners.iter().zip(&waits) {
+        if let Some(position) = r.position {
+            for (&key, &bytes) in &r.record.capacity {
+                facts
+                    .entry(key)
+                    .or_insert_with(fresh)
+                    .column
+                    .push(position, bytes);
+            }
+        }
+        for slice in &r.slices {
+            let f = facts.entry(slice.key).or_insert_with(fresh);
+            f.longest_wait_list = f.longest_wait_list.max(wait_list);
+        }
+        for q in &r.record.requests {
+            if q.purpose != Purpose::WgradRsInput {
+                continue;
+            }
+            let size = q.aligned_bytes().unwrap_or(u64::MAX);
+            let f = facts.entry(q.key()).or_insert_with(fresh);
+            match q.param {
+                Some(p) => *f.writers.entry((p, size)).or_default() += 1,
+                None => f.anonymous = f.anonymous.saturating_add(size),
+            }
+        }
     }
+    for a in &plan.arenas {
+        let f = facts.entry(a.key).or_insert_with(fresh);
+        match a.generation {
+            Some(generation) => f.arenas[generation] = a.bytes,
+            None => f.arenas.push(a.bytes),
+        }
+    }
+    let names: BTreeMap<GroupId, &str> = plan.config.groups().collect();
+    let keys: Vec<KeyReport> = facts
+        .into_iter()
+        .map(|(key, f)| {
+            let plan_bytes = f.arenas.iter().copied().fold(0, u64::saturating_add);
+            let (round_robin_bytes, packed_bytes) = match plan.strategy.placement {
+                Placement::RoundRobin => (
+                    plan_bytes,
+                    placement::packed_column(&f.column, g).map_or(u64::MAX, |l| l.bytes),
+                ),
+                Placement::Packed => (placement::round_robin_bytes(&f.column, g), plan_bytes),
+            };
+            KeyReport {
+                key,
+                name: key_name(&names, key),
+                arenas: f.arenas,
+                plan_bytes,
+                round_robin_bytes,
+                packed_bytes,
+                lower_bound: placement::lower_bound_column(&f.column, g),
+                ring_bytes: f
+                    .writers
+                    .iter()
+                    .map(|(&(_, size), &n)| size.saturating_mul(n.min(2)))
+                    .fold(f.anonymous, u64::saturating_add),
+                longest_wait_list: f.longest_wait_list,
+            }
+        })
+        .collect();
     let runners: Vec<RunnerReport> = plan
         .runners
         .iter()
         .zip(&waits)
         .map(|(r, &wait_list)| RunnerReport {
             runner: r.id(),
+            name: r.record.name.clone(),
             generation: r.generation,
             requests: r.record.requests.len(),
             bytes: r
@@ -191,7 +247,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         strategy: plan.strategy,
         generations: g,
         runners_total: plan.runners.len(),
-        runners_using: plan.runners.iter().filter(|r| r.position.is_some()).count(),
+        runners_using: using,
         plan_bytes: sum(|k| k.plan_bytes),
         round_robin_bytes: sum(|k| k.round_robin_bytes),
         packed_bytes: sum(|k| k.packed_bytes),
@@ -204,36 +260,14 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     }
 }
 
-fn key_name(plan: &Planned, key: Key) -> String {
+fn key_name(groups: &BTreeMap<GroupId, &str>, key: Key) -> String {
     match key.domain {
         Domain::Device => key.to_string(),
-        Domain::Symmetric(group) => match plan.config.group_name(group) {
+        Domain::Symmetric(group) => match groups.get(&group) {
             Some(name) => format!("{} in symmetric({name})", key.dtype),
             None => key.to_string(),
         },
     }
-}
-
-/// The per-parameter ring of size 2: per (parameter, aligned size), `min(2,
-/// writers)` slots; wgrad reduce-scatter inputs only. A request with no
-/// parameter counts as its own parameter.
-fn ring_bytes(plan: &Planned, key: Key) -> u64 {
-    let mut writers: BTreeMap<(Option<ParamId>, u64), u64> = BTreeMap::new();
-    let mut anonymous = 0u64;
-    for r in plan.runners.iter().flat_map(|r| &r.record.requests) {
-        if r.key() != key || r.purpose != Purpose::WgradRsInput {
-            continue;
-        }
-        let size = r.aligned_bytes().unwrap_or(u64::MAX);
-        match r.param {
-            Some(p) => *writers.entry((Some(p), size)).or_default() += 1,
-            None => anonymous = anonymous.saturating_add(size),
-        }
-    }
-    writers
-        .iter()
-        .map(|(&(_, size), &n)| size.saturating_mul(n.min(2)))
-        .fold(anonymous, u64::saturating_add)
 }
 
 /// Fence waits per runner when every runner replays in capture order on
