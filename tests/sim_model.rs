@@ -6,8 +6,8 @@
 use proptest::prelude::*;
 use replay_arena::sim::{AsSpan, SimBackend, SimBuffer, SimOp, SimStream, Span};
 use replay_arena::{
-    Backend, BackendError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId,
+    Backend, BackendError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Replayable,
+    Request, RunnerId,
 };
 
 const STREAMS: usize = 3;
@@ -86,9 +86,19 @@ impl Op {
 
 #[derive(Clone, Copy, Debug)]
 enum Act {
-    Launch { stream: usize, op: Op, duration: u64 },
-    Record { stream: usize, event: usize },
-    Wait { stream: usize, event: usize },
+    Launch {
+        stream: usize,
+        op: Op,
+        duration: u64,
+    },
+    Record {
+        stream: usize,
+        event: usize,
+    },
+    Wait {
+        stream: usize,
+        event: usize,
+    },
     Synchronize,
 }
 
@@ -148,8 +158,7 @@ impl Reference {
                     unordered.push((s, w));
                 }
             }
-            self.history
-                .push((region, write, stream, clock[stream]));
+            self.history.push((region, write, stream, clock[stream]));
         }
         self.pending.push((self.tails[stream], self.submitted, op));
         self.submitted += 1;
@@ -294,7 +303,10 @@ fn replan_rounds_free_every_event_and_arena() {
         assert_eq!(sim.live_allocations(), 0);
     }
     let (intervals, pending, event_slots) = sim.bookkeeping();
-    assert!(event_slots <= 4, "{event_slots} event slots after 2,000 rounds");
+    assert!(
+        event_slots <= 4,
+        "{event_slots} event slots after 2,000 rounds"
+    );
     assert_eq!((intervals, pending), (0, 0));
 }
 
