@@ -483,34 +483,42 @@ fn run_round(
         .map(|q| q.elements as usize)
         .max()
         .unwrap_or(1);
-    let ones: Vec<SimBuffer> = (0..n)
-        .map(|_| rig.sim.alloc_f32(longest).unwrap())
-        .collect();
-    let counters: Vec<SimBuffer> = (0..n)
-        .map(|_| rig.sim.alloc_f32(longest).unwrap())
-        .collect();
+    let mut live = Live {
+        rig,
+        round,
+        index,
+        ones: (0..n)
+            .map(|_| rig.sim.alloc_f32(longest).unwrap())
+            .collect(),
+        counters: (0..n)
+            .map(|_| rig.sim.alloc_f32(longest).unwrap())
+            .collect(),
+        requests,
+        ownership: Ownership {
+            claims,
+            paints: Vec::new(),
+            latest: vec![None; n],
+        },
+        replays: vec![0; n],
+        outputs: Vec::new(),
+    };
     for r in 0..n {
-        rig.sim.write_f32(&ones[r], &vec![1.0; longest]).unwrap();
         rig.sim
-            .write_f32(&counters[r], &vec![base(index, r); longest])
+            .write_f32(&live.ones[r], &vec![1.0; longest])
+            .unwrap();
+        rig.sim
+            .write_f32(&live.counters[r], &vec![base(index, r); longest])
             .unwrap();
     }
 
-    let mut captured = vec![false; n];
+    // Whether each runner's capture finished (it has a graph to replay).
+    let mut captured = Vec::with_capacity(n);
     let mut unfinished: Vec<(RunnerId, Option<FailureKind>)> = Vec::new();
     for r in 0..n {
-        let ok = capture(
-            rig,
-            &mut capturing,
-            r,
-            &requests[r],
-            round,
-            &ones[r],
-            &counters[r],
-        )?;
-        captured[r] = ok.is_none();
-        if let Some(kind) = ok {
-            if !requests[r].is_empty() {
+        let outcome = capture(&live, &mut capturing, r)?;
+        captured.push(outcome.is_none());
+        if let Some(kind) = outcome {
+            if !live.requests[r].is_empty() {
                 unfinished.push((RunnerId(r as u32), kind));
             }
         }
@@ -544,21 +552,13 @@ fn run_round(
                 other => prop_assert!(false, "seal failed with {:?}", other),
             }
             let next = e.capturing.replan();
-            drop((ones, counters));
+            drop(live);
             prop_assert_eq!(rig.sim.live_allocations(), live_before);
             prop_assert_eq!(rig.sim.live_events(), 0);
             return Ok(Some(next));
         }
     };
 
-    let mut ownership = Ownership {
-        claims,
-        paints: Vec::new(),
-        latest: vec![None; n],
-    };
-    let mut replays = vec![0u32; n];
-    // Consumer outputs to check at the next synchronize: (buffer, value).
-    let mut outputs: Vec<(SimBuffer, f32)> = Vec::new();
     for &s in &round.steps {
         match s {
             Step::Replay { runner, stream } => {
@@ -566,10 +566,10 @@ fn run_round(
                 let result = replayable.replay(id, &rig.streams[stream]);
                 if captured[runner] {
                     prop_assert!(result.is_ok(), "{:?}", result);
-                    if !requests[runner].is_empty() {
-                        replays[runner] += 1;
+                    if !live.requests[runner].is_empty() {
+                        live.replays[runner] += 1;
                     }
-                    ownership.replayed(runner);
+                    live.ownership.replayed(runner);
                 } else {
                     prop_assert_eq!(result, Err(ReplayError::NoGraph { runner: id }));
                 }
@@ -588,31 +588,16 @@ fn run_round(
                 stream,
                 duration,
                 mode,
-            } => consume(
-                rig,
-                &mut replayable,
-                runner,
-                stream,
-                duration,
-                mode,
-                &requests,
-                &ownership,
-                base(index, runner) + replays[runner] as f32,
-                &mut outputs,
-            )?,
+            } => consume(&mut live, &mut replayable, (runner, stream, duration, mode))?,
             Step::Synchronize => {
                 replayable.synchronize().unwrap();
-                check(rig, &replayable, &mut outputs, &ownership, &requests, |r| {
-                    base(index, r) + replays[r] as f32
-                })?;
+                check(&mut live, &replayable)?;
             }
         }
         prop_assert_eq!(rig.sim.hazards(), vec![]);
     }
     replayable.synchronize().unwrap();
-    check(rig, &replayable, &mut outputs, &ownership, &requests, |r| {
-        base(index, r) + replays[r] as f32
-    })?;
+    check(&mut live, &replayable)?;
 
     let next = match round.end {
         End::Replan => Some(replayable.replan().unwrap()),
@@ -621,7 +606,7 @@ fn run_round(
             None
         }
     };
-    drop((ones, counters));
+    drop(live);
     prop_assert_eq!(rig.sim.live_allocations(), live_before);
     prop_assert_eq!(rig.sim.live_events(), 0);
     Ok(next)
@@ -654,21 +639,18 @@ fn kind_of(f: &CaptureFailure) -> FailureKind {
 /// Captures runner `r` as its mode says. `Ok(None)` when it finished;
 /// `Ok(Some(kind))` with what `seal` must then report (`None` inside for a
 /// runner never captured).
-#[allow(clippy::too_many_arguments)]
 fn capture(
-    rig: &Rig,
+    live: &Live<'_>,
     capturing: &mut Capturing<SimBackend>,
     r: usize,
-    requests: &[Request],
-    round: &Round,
-    one: &SimBuffer,
-    counter: &SimBuffer,
 ) -> Result<Option<Option<FailureKind>>, TestCaseError> {
     let id = RunnerId(r as u32);
-    let sim = &rig.sim;
-    let stream = &rig.streams[r % STREAMS];
-    let duration = round.durations[r];
-    let mut mode = round.captures[r];
+    let sim = &live.rig.sim;
+    let stream = &live.rig.streams[r % STREAMS];
+    let requests = live.requests[r].as_slice();
+    let (one, counter) = (&live.ones[r], &live.counters[r]);
+    let duration = live.round.durations[r];
+    let mut mode = live.round.captures[r];
     if requests.is_empty() && matches!(mode, CaptureMode::TooFew | CaptureMode::MismatchThenRight) {
         mode = CaptureMode::Right;
     }
@@ -797,21 +779,41 @@ fn capture(
     Ok(None)
 }
 
+/// One round from allocation on: the rig, the workload as recorded, and
+/// the model.
+struct Live<'a> {
+    rig: &'a Rig,
+    round: &'a Round,
+    index: usize,
+    requests: Vec<Vec<Request>>,
+    /// Per runner, a buffer of ones and the counter its graph adds them to
+    /// before copying it into each of its views.
+    ones: Vec<SimBuffer>,
+    counters: Vec<SimBuffer>,
+    ownership: Ownership,
+    /// Replays per runner with buffers.
+    replays: Vec<u32>,
+    /// Consumer outputs to check at the next synchronize, with their value.
+    outputs: Vec<(SimBuffer, f32)>,
+}
+
+impl Live<'_> {
+    /// What runner `r`'s views hold after its latest replay.
+    fn latest(&self, r: usize) -> f32 {
+        base(self.index, r) + self.replays[r] as f32
+    }
+}
+
 /// Runs a consumer of `runner` and checks its outcome against the model.
-#[allow(clippy::too_many_arguments)]
 fn consume(
-    rig: &Rig,
+    live: &mut Live<'_>,
     replayable: &mut Replayable<SimBackend>,
-    runner: usize,
-    stream: usize,
-    duration: u64,
-    mode: ConsumerMode,
-    requests: &[Vec<Request>],
-    ownership: &Ownership,
-    value: f32,
-    outputs: &mut Vec<(SimBuffer, f32)>,
+    step: (usize, usize, u64, ConsumerMode),
 ) -> Check {
+    let (runner, stream, duration, mode) = step;
     let id = RunnerId(runner as u32);
+    let rig = live.rig;
+    let value = live.latest(runner);
     let sim = rig.sim.clone();
     let mut copies: Vec<SimBuffer> = Vec::new();
     let mut work = |s: &SimStream, views: &[replay_arena::View<'_>]| -> Result<(), String> {
@@ -830,9 +832,9 @@ fn consume(
     let caught = catch_unwind(AssertUnwindSafe(|| {
         replayable.consume(id, &rig.streams[stream], &mut work)
     }));
-    let fenced = !requests[runner].is_empty();
-    let overwriters = ownership.overwriters(runner);
-    let never_replayed = ownership.latest[runner].is_none();
+    let fenced = !live.requests[runner].is_empty();
+    let overwriters = live.ownership.overwriters(runner);
+    let never_replayed = live.ownership.latest[runner].is_none();
     // What the fence must refuse, for a runner with buffers: consumers of a
     // runner never replayed (`NotReplayed`; `Overwritten` is also a typed
     // refusal when another runner has claimed its bytes meanwhile), and of
@@ -875,23 +877,17 @@ fn consume(
     }
     // Whatever the consumer enqueued, even when it failed or panicked, is
     // fenced and reads the runner's latest replay.
-    outputs.extend(copies.into_iter().map(|b| (b, value)));
+    live.outputs.extend(copies.into_iter().map(|b| (b, value)));
     Ok(())
 }
 
 /// After a synchronize: every consumer copy holds the value the model
 /// predicted when it ran, and every runner that still owns its bytes holds
 /// its latest value.
-fn check(
-    rig: &Rig,
-    replayable: &Replayable<SimBackend>,
-    outputs: &mut Vec<(SimBuffer, f32)>,
-    ownership: &Ownership,
-    requests: &[Vec<Request>],
-    latest: impl Fn(usize) -> f32,
-) -> Check {
-    for (buffer, value) in outputs.drain(..) {
-        let got = rig.sim.read_f32(&buffer).unwrap();
+fn check(live: &mut Live<'_>, replayable: &Replayable<SimBackend>) -> Check {
+    let sim = &live.rig.sim;
+    for (buffer, value) in live.outputs.drain(..) {
+        let got = sim.read_f32(&buffer).unwrap();
         prop_assert!(
             got.iter().all(|&x| x == value),
             "consumer read {:?}, expected {}",
@@ -899,21 +895,20 @@ fn check(
             value
         );
     }
-    for r in 0..requests.len() {
-        if requests[r].is_empty()
-            || ownership.latest[r].is_none()
-            || !ownership.overwriters(r).is_empty()
-        {
+    for (r, requests) in live.requests.iter().enumerate() {
+        let owns = live.ownership.latest[r].is_some() && live.ownership.overwriters(r).is_empty();
+        if requests.is_empty() || !owns {
             continue;
         }
+        let value = live.latest(r);
         for v in replayable.views(RunnerId(r as u32)).unwrap() {
-            let got = rig.sim.read_f32(&v).unwrap();
+            let got = sim.read_f32(&v).unwrap();
             prop_assert!(
-                got.iter().all(|&x| x == latest(r)),
+                got.iter().all(|&x| x == value),
                 "runner {} holds {:?}, expected {}",
                 r,
                 &got[..got.len().min(4)],
-                latest(r)
+                value
             );
         }
     }
