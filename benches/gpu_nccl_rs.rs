@@ -73,7 +73,7 @@ fn rank_main(
                 .map_err(e)?;
         }
         let planned = d.plan(Policy::Generations(1)).map_err(e)?;
-        comm.check_plan(&planned).map_err(e)?;
+        comm.check_fingerprint(planned.fingerprint()).map_err(e)?;
         let backend = NcclBackend::new(cuda.clone())
             .with_group(comm.clone())
             .map_err(e)?;
@@ -86,10 +86,9 @@ fn rank_main(
             let out = cap
                 .take(Request::new(Domain::Device, DType::F32, recv))
                 .map_err(e)?;
-            let graph = cap
-                .record(&s, |s| comm.reduce_scatter(&send, &out, s))
+            cap.stream_capture(&s, |s| comm.reduce_scatter(&send, &out, s))
                 .map_err(e)?;
-            cap.finish(graph).map_err(e)?;
+            cap.finish().map_err(e)?;
         }
         let replayable = capturing.seal().map_err(e)?;
         let graph = replayable.graph(RunnerId(0)).ok_or("no graph")?;

@@ -1,6 +1,5 @@
-//! GPU benchmarks on the `cuda` backend (run on the H200 with
-//! `bash .gpu/run --bench` after `../shared/gpu/stage`; `cargo bench --bench
-//! gpu_replay` prints why it skipped on a machine without a GPU).
+//! GPU benchmarks on the `cuda` backend: `cargo bench --bench gpu_replay` on
+//! a machine with an NVIDIA GPU (it prints why it skipped on one without).
 //!
 //! 1. Host time per replay of the same one-kernel graph: a plain
 //!    `cuGraphLaunch` of the exec, against `Replayable::replay` fenced across
@@ -91,8 +90,8 @@ fn build(
     for r in 0..runners {
         let cap = capturing.capture(RunnerId(r as u32))?;
         let v = cap.take(req)?;
-        let graph = cap.record(capture_on, |s| body(s, v.device_ptr()))?;
-        cap.finish(graph)?;
+        cap.stream_capture(capture_on, |s| body(s, v.device_ptr()))?;
+        cap.finish()?;
     }
     Ok(capturing.seal()?)
 }
@@ -192,8 +191,8 @@ fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
     ] {
         let st = r.fence_stats();
         println!(
-            "{name}: {} replays, {} waits, {} elided, {} records",
-            st.replays, st.waits, st.elided, st.records
+            "{name}: {} replays, {} waits, {} skipped, {} event records",
+            st.replays, st.waits, st.waits_skipped, st.event_records
         );
     }
     println!(

@@ -17,7 +17,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use replay_arena::sim::{SimBackend, SimOp};
 use replay_arena::{
     Capturing, DType, Discovering, Domain, GroupId, PlanConfig, Policy, Purpose, Replayable,
@@ -222,15 +222,15 @@ fn replayable(sim: &SimBackend) -> Replayable<SimBackend> {
     let stream = sim.stream();
     let mut capturing = d
         .plan(Policy::Generations(2))
-        .and_then(|p| p.allocate(sim.clone()))
+        .expect("a valid policy")
+        .allocate(sim.clone())
         .expect("sim allocates");
     for r in 0..REPLAY_RUNNERS {
         let cap = capturing.capture(RunnerId(r)).expect("first capture");
         let view = cap.take(req).expect("as discovered");
-        let graph = cap
-            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 0))
+        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 0))
             .expect("sim captures");
-        cap.finish(graph).expect("exact consumption");
+        cap.finish().expect("exact consumption");
     }
     capturing.seal().expect("every runner captured")
 }
@@ -291,5 +291,50 @@ fn bench_replay(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_plan, bench_take, bench_replay);
+/// Opening, filling and finishing every runner's capture, as runners grow:
+/// the runner lookup must stay logarithmic (a linear scan made 100k runners
+/// take 15 s).
+fn bench_capture(c: &mut Criterion) {
+    let mut group = c.benchmark_group("capture_all");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_secs(2));
+    let req = Request::new(Domain::Device, DType::F32, 64);
+    for runners in [1_000u32, 10_000, 100_000] {
+        let mut d = Discovering::new(PlanConfig::new());
+        for r in 0..runners {
+            d.arm(RunnerId(r))
+                .and_then(|mut a| a.record(req))
+                .expect("fresh runner");
+        }
+        let planned = d.plan(Policy::Generations(2)).expect("a valid policy");
+        let sim = SimBackend::new();
+        let stream = sim.stream();
+        group.bench_function(BenchmarkId::from_parameter(runners), |b| {
+            b.iter_batched(
+                || {
+                    planned
+                        .clone()
+                        .allocate(sim.clone())
+                        .expect("sim allocates")
+                },
+                |mut capturing| {
+                    for r in 0..runners {
+                        let cap = capturing.capture(RunnerId(r)).expect("first capture");
+                        let view = cap.take(req).expect("as discovered");
+                        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 0))
+                            .expect("sim captures");
+                        cap.finish().expect("took exactly its capacity");
+                    }
+                    capturing
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_plan, bench_take, bench_replay, bench_capture);
 criterion_main!(benches);

@@ -294,6 +294,35 @@ impl<B: Backend> Capturing<B> {
     ///
     /// [`CaptureError::UnknownRunner`] for a runner discovery never armed,
     /// [`CaptureError::AlreadyCaptured`] for one whose capture closed.
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::{CaptureError, Purpose};
+    /// use replay_arena::sim::{SimBackend, SimOp};
+    ///
+    /// let wgrad = Request::new(Domain::Device, DType::BF16, 4096).purpose(Purpose::WgradRsInput);
+    /// let scratch = Request::new(Domain::Device, DType::F32, 512);
+    /// let mut discovery = Discovering::new(PlanConfig::new());
+    /// {
+    ///     let mut armed = discovery.arm_named(RunnerId(0), "layer0.mlp.bwd")?;
+    ///     armed.record(wgrad)?;
+    ///     armed.record(scratch)?;
+    /// }
+    /// let sim = SimBackend::new();
+    /// let stream = sim.stream();
+    /// let mut capturing = discovery.plan(Policy::OverlapDepth(2))?.allocate(sim.clone())?;
+    ///
+    /// let cap = capturing.capture(RunnerId(0))?;
+    /// let w = cap.take(wgrad)?;            // same order as discovery
+    /// let x = cap.take(scratch)?;
+    /// assert_eq!(w.device_ptr() % 256, 0); // aligned, fixed for the plan's life
+    /// cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&x, 1.0), 3))?;
+    /// cap.finish()?;                        // took exactly what was recorded
+    ///
+    /// let again = capturing.capture(RunnerId(0)).unwrap_err();
+    /// assert!(matches!(again, CaptureError::AlreadyCaptured { failure: None, .. }));
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
     pub fn capture(&mut self, runner: RunnerId) -> Result<RunnerCapture<'_, B>> {
         let slot = self
             .plan
@@ -338,7 +367,8 @@ impl<B: Backend> Capturing<B> {
 
 /// One runner's open capture. Views borrow it, so they cannot outlive it;
 /// [`RunnerCapture::stream_capture`] captures the runner's graph and keeps
-/// it; [`RunnerCapture::finish`] checks exact consumption and hands the graph
+/// it; [`RunnerCapture::finish`] checks that it took exactly its capacity and
+/// hands the graph
 /// to the plan. Dropping it unfinished marks the runner failed.
 ///
 /// A view cannot be used after its capture closed:

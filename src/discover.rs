@@ -34,7 +34,7 @@ pub enum DiscoveryError {
         registered: Vec<GroupId>,
     },
     /// A size computation overflowed `u64`.
-    #[error("the {what} of {runner} for {key} overflows 64 bits ({elements} elements of {dtype})")]
+    #[error("{what} of {runner} for {key} overflows 64 bits ({elements} elements of {dtype})")]
     SizeOverflow {
         /// The runner whose request or capacity overflowed.
         runner: RunnerId,
@@ -159,6 +159,31 @@ impl Discovering {
             runners: Vec::new(),
             index: HashMap::new(),
         }
+    }
+
+    /// Discovery as if each runner, in order, had been armed and had
+    /// recorded its requests: for request lists recorded elsewhere, and for
+    /// tests.
+    ///
+    /// # Errors
+    ///
+    /// The first check of [`Discovering::arm`] or [`ArmedRunner::record`]
+    /// that fails.
+    pub fn from_runners<R>(
+        config: PlanConfig,
+        runners: impl IntoIterator<Item = (RunnerId, R)>,
+    ) -> Result<Discovering>
+    where
+        R: IntoIterator<Item = Request>,
+    {
+        let mut discovery = Discovering::new(config);
+        for (runner, requests) in runners {
+            let mut armed = discovery.arm(runner)?;
+            for request in requests {
+                armed.record(request)?;
+            }
+        }
+        Ok(discovery)
     }
 
     /// The config discovery runs under.

@@ -305,3 +305,109 @@ impl<B: Backend> Fence<B> {
         first
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::{SimBackend, SimStream};
+
+    /// A fence over one region with `n` fenced runner slots.
+    fn fence(sim: &SimBackend, n: usize) -> Fence<SimBackend> {
+        let events = (0..n).map(|_| Some(sim.create_event().unwrap())).collect();
+        Fence::new(events, 1)
+    }
+
+    const ALL: [Claim; 1] = [Claim {
+        region: 0,
+        lo: 0,
+        hi: 1,
+    }];
+
+    /// Admits and completes slot `i` on `stream`, as a replay does.
+    fn replay(f: &mut Fence<SimBackend>, sim: &SimBackend, i: usize, stream: &SimStream) {
+        let sid = sim.stream_id(stream);
+        f.admit(sim, &ALL, stream, sid).unwrap();
+        f.complete(sim, i, &ALL, stream, sid).unwrap();
+    }
+
+    #[test]
+    fn a_first_replay_waits_for_nothing() {
+        let sim = SimBackend::new();
+        let mut f = fence(&sim, 2);
+        replay(&mut f, &sim, 0, &sim.stream());
+        let s = f.stats();
+        assert_eq!(
+            (s.replays, s.waits, s.waits_skipped, s.event_records),
+            (1, 0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_claimer_on_the_same_stream_skips_the_wait() {
+        let sim = SimBackend::new();
+        let mut f = fence(&sim, 2);
+        let a = sim.stream();
+        replay(&mut f, &sim, 0, &a);
+        replay(&mut f, &sim, 1, &a);
+        assert_eq!(f.stats().waits_skipped, 1);
+        assert_eq!(f.stats().waits, 0);
+    }
+
+    #[test]
+    fn a_claimer_on_another_stream_records_the_deferred_event_then_waits() {
+        let sim = SimBackend::new();
+        let mut f = fence(&sim, 2);
+        let (a, b) = (sim.stream(), sim.stream());
+        replay(&mut f, &sim, 0, &a);
+        replay(&mut f, &sim, 1, &b);
+        assert_eq!((f.stats().event_records, f.stats().waits), (1, 1));
+        // Runner 0 was waited on, so from now on it records at once.
+        replay(&mut f, &sim, 0, &a);
+        assert_eq!(
+            f.stats().event_records,
+            3,
+            "runner 1 deferred, then 0 at once"
+        );
+    }
+
+    #[test]
+    fn ownership_is_lost_to_the_next_claimer_and_missing_before_any_replay() {
+        let sim = SimBackend::new();
+        let mut f = fence(&sim, 2);
+        let a = sim.stream();
+        assert_eq!(f.owner_check(0, &ALL), Err(NotOwner::NeverReplayed));
+        replay(&mut f, &sim, 0, &a);
+        assert_eq!(f.owner_check(0, &ALL), Ok(()));
+        replay(&mut f, &sim, 1, &a);
+        assert_eq!(f.owner_check(0, &ALL), Err(NotOwner::OverwrittenBy(1)));
+    }
+
+    #[test]
+    fn a_consumer_moves_the_runners_completion_to_its_stream() {
+        let sim = SimBackend::new();
+        let mut f = fence(&sim, 2);
+        let (a, x) = (sim.stream(), sim.stream());
+        replay(&mut f, &sim, 0, &a);
+        let ran = f.consume(&sim, 0, &x, sim.stream_id(&x), || 7).unwrap();
+        assert_eq!(ran, 7);
+        assert_eq!((f.stats().consumers, f.stats().waits), (1, 1));
+        // The next claimer on `x` is ordered after the consumer by stream
+        // order alone.
+        replay(&mut f, &sim, 1, &x);
+        assert_eq!(f.stats().waits, 1);
+    }
+
+    #[test]
+    fn quiesce_records_deferred_completions_and_leaves_nothing_pending() {
+        let sim = SimBackend::new();
+        let mut f = fence(&sim, 2);
+        let (a, b) = (sim.stream(), sim.stream());
+        replay(&mut f, &sim, 0, &a);
+        replay(&mut f, &sim, 1, &b); // different claim owners: 1 now owns it
+        f.quiesce(&sim).unwrap();
+        assert!(f
+            .runners
+            .iter()
+            .all(|r| matches!(r.completion, None | Some(Completion::Recorded { .. }))));
+    }
+}

@@ -18,8 +18,9 @@
 //!    itself ([`Planned::report`], [`Planned::fingerprint`]).
 //! 3. [`Capturing`]: [`Planned::allocate`] allocates every arena before any
 //!    capture; [`Capturing::capture`] opens one runner's capture, whose
-//!    [`RunnerCapture::take`] bump-allocates views and whose
-//!    [`RunnerCapture::finish`] checks exact consumption.
+//!    [`RunnerCapture::take`] hands out views in discovery order, whose
+//!    [`RunnerCapture::stream_capture`] captures the runner's graph, and whose
+//!    [`RunnerCapture::finish`] checks that it took exactly its capacity.
 //! 4. [`Replayable`]: [`Capturing::seal`] succeeds once every buffer-using
 //!    runner is captured; [`Replayable::replay`] waits for the last users of
 //!    the bytes it overwrites (unless stream order implies it), then
@@ -45,8 +46,8 @@
 //! for r in 0..4 {
 //!     let cap = capturing.capture(RunnerId(r))?;
 //!     let view = cap.take(wgrad)?;                    // fixed address
-//!     let graph = cap.record(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 5))?;
-//!     cap.finish(graph)?;                             // exact-consumption check
+//!     cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 5))?;
+//!     cap.finish()?;                                  // took exactly what was discovered
 //! }
 //! let mut replayable = capturing.seal()?;
 //! for _step in 0..3 {
@@ -77,19 +78,19 @@
 #![allow(clippy::result_large_err)]
 
 // Layers, lowest first; each module imports only the ones above it here.
+mod vocab;
+mod view;
 mod backend;
-mod capture;
 mod discover;
-mod error;
-mod fence;
 mod painter;
 mod placement;
 mod plan;
-mod replay;
 mod report;
+mod capture;
+mod fence;
+mod replay;
+mod error;
 mod source;
-mod view;
-mod vocab;
 
 #[cfg(feature = "cuda")]
 pub use backend::cuda;
@@ -110,6 +111,11 @@ pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
     SYMMETRIC_ALIGNMENT,
 };
+
+/// The README's example, compiled and run as a doc test.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 

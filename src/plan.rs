@@ -7,7 +7,6 @@ use std::fmt;
 use crate::discover::{Discovering, PlanConfig, RunnerRecord};
 use crate::painter::Claim;
 use crate::placement;
-use crate::report::{self, PlanReport};
 use crate::vocab::{Key, Request, RunnerId};
 
 /// A plan that cannot be made.
@@ -392,19 +391,6 @@ impl Planned {
     /// The slices a runner owns, one per key it uses.
     pub fn slices_of(&self, runner: RunnerId) -> Option<&[Slice]> {
         self.runner(runner).map(|r| r.slices.as_slice())
-    }
-
-    /// The plan described as data and, through `Display`, as a table.
-    pub fn report(&self) -> PlanReport {
-        report::build(self)
-    }
-
-    /// A stable 64-bit hash of the layout (placement, generations, every
-    /// runner's requests and slices, every arena). Equal on every rank that
-    /// discovered the same requests in the same order; symmetric collectives
-    /// need that, since they assume equal offsets on every rank.
-    pub fn fingerprint(&self) -> u64 {
-        report::fingerprint(self)
     }
 
     pub(crate) fn runner(&self, runner: RunnerId) -> Option<&RunnerPlan> {

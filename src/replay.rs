@@ -305,6 +305,42 @@ impl<B: Backend> Replayable<B> {
     /// [`ReplayError::Overwritten`] naming the runner that claimed its
     /// bytes since its latest replay (`work` is not called then);
     /// [`ConsumeError::Work`] with the closure's own error.
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::{ConsumeError, ReplayError};
+    /// use replay_arena::sim::{SimBackend, SimOp};
+    ///
+    /// let req = Request::new(Domain::Device, DType::F32, 64);
+    /// let runners = (0..2).map(|r| (RunnerId(r), [req]));
+    /// let planned = Discovering::from_runners(PlanConfig::new(), runners)?
+    ///     .plan(Policy::Generations(1))?; // both runners share one arena
+    /// let sim = SimBackend::new();
+    /// let (pool, side) = (sim.stream(), sim.stream());
+    /// let mut capturing = planned.allocate(sim.clone())?;
+    /// for r in 0..2 {
+    ///     let cap = capturing.capture(RunnerId(r))?;
+    ///     let view = cap.take(req)?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, SimOp::fill(&view, r as f32), 5))?;
+    ///     cap.finish()?;
+    /// }
+    /// let mut replayable = capturing.seal()?;
+    /// let main_grad = sim.alloc_f32(64)?;
+    ///
+    /// replayable.replay(RunnerId(0), &pool)?;
+    /// replayable.consume(RunnerId(0), &side, |s, views| {
+    ///     sim.launch(s, SimOp::add(&views[0], &main_grad), 20) // waits for the replay
+    /// })?;
+    /// replayable.replay(RunnerId(1), &pool)?; // waits for the consumer
+    ///
+    /// // Runner 0's bytes now hold runner 1's gradient: too late to consume.
+    /// let late = replayable.consume(RunnerId(0), &side, |_, _| Ok::<(), String>(()));
+    /// assert!(matches!(
+    ///     late,
+    ///     Err(ConsumeError::Replay(ReplayError::Overwritten { by: RunnerId(1), .. }))
+    /// ));
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
     pub fn consume<E>(
         &mut self,
         runner: RunnerId,

@@ -8,6 +8,21 @@ use crate::placement::{self, Column};
 use crate::plan::{Placement, Planned, Slice, Strategy};
 use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
+impl Planned {
+    /// The plan described as data and, through `Display`, as a table.
+    pub fn report(&self) -> PlanReport {
+        build(self)
+    }
+
+    /// A stable 64-bit hash of the layout (placement, generations, every
+    /// runner's requests and slices, every arena). Equal on every rank that
+    /// discovered the same requests in the same order; symmetric collectives
+    /// need that, since they assume equal offsets on every rank.
+    pub fn fingerprint(&self) -> u64 {
+        fingerprint(self)
+    }
+}
+
 /// Per-key figures of a plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

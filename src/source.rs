@@ -1,4 +1,5 @@
-//! One way for code shared by eager and captured paths to ask for a buffer.
+//! One way for code shared by uncaptured and captured paths to ask for a
+//! buffer.
 
 use crate::backend::Backend;
 use crate::capture::RunnerCapture;
@@ -10,7 +11,7 @@ use crate::vocab::Request;
 /// Where a layer's code gets its persistent buffers from, passed down
 /// explicitly (no global state): the same call records in discovery, hands
 /// out a fixed-address view in capture, and says "allocate it yourself" in
-/// plain eager runs.
+/// plain runs.
 ///
 /// ```
 /// use replay_arena::{Buffer, BufferSource, Discovering, PlanConfig, Request, Domain, DType, RunnerId};

@@ -164,8 +164,10 @@ impl fmt::Display for Key {
     }
 }
 
-/// What a request is for. Used only in reports and errors, and to compute
-/// what the old per-parameter wgrad ring would have cost.
+/// What a request is for. Part of the request: capture compares it with
+/// discovery's like every other field. Reports and errors show it, and the
+/// report uses it to compute what the old per-parameter wgrad ring would have
+/// cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]

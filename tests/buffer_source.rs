@@ -2,8 +2,8 @@
 
 use replay_arena::sim::{SimBackend, SimOp};
 use replay_arena::{
-    Buffer, BufferSource, DType, Discovering, Domain, Error, ParamId, PlanConfig, Policy, Purpose,
-    Request, RunnerId,
+    Buffer, BufferSource, CaptureError, DType, Discovering, Domain, Error, ParamId, PlanConfig,
+    Policy, Purpose, Request, RunnerId,
 };
 
 /// A layer's backward: two wgrad buffers of one parameter (as MTP does) and
@@ -27,7 +27,7 @@ fn layer_backward(src: &mut BufferSource<'_, '_, SimBackend>) -> Result<Vec<u64>
 #[test]
 fn eager_runs_record_nothing_and_allocate_for_themselves() {
     assert_eq!(
-        layer_backward(&mut BufferSource::Eager).unwrap(),
+        layer_backward(&mut BufferSource::Plain).unwrap(),
         Vec::<u64>::new()
     );
 }
@@ -56,15 +56,14 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         addrs = layer_backward(&mut BufferSource::Capture(&cap)).unwrap();
-        let graph = cap
-            .record(&stream, |s| {
-                addrs.iter().try_for_each(|&a| {
-                    let span = replay_arena::sim::Span { addr: a, len: 16 };
-                    sim.launch(s, SimOp::fill(&span, 1.0), 1)
-                })
+        cap.stream_capture(&stream, |s| {
+            addrs.iter().try_for_each(|&a| {
+                let span = replay_arena::sim::Span { addr: a, len: 16 };
+                sim.launch(s, SimOp::fill(&span, 1.0), 1)
             })
-            .unwrap();
-        cap.finish(graph).unwrap();
+        })
+        .unwrap();
+        cap.finish().unwrap();
     }
     assert_eq!(addrs.len(), 3);
     assert_eq!(
@@ -98,5 +97,8 @@ fn a_capture_that_differs_from_discovery_fails_through_the_same_call() {
         .unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let err = layer_backward(&mut BufferSource::Capture(&cap)).unwrap_err();
-    assert!(matches!(err, Error::RequestMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Capture(CaptureError::RequestMismatch { .. })),
+        "{err}"
+    );
 }

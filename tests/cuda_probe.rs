@@ -4,7 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use replay_arena::cuda::{probe, probe_device, CudaBackend};
-use replay_arena::Error;
+use replay_arena::BackendError;
 
 fn gpu_required() -> bool {
     std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1")
@@ -15,14 +15,14 @@ fn probe_and_new_return_a_typed_error_without_a_driver_or_succeed_with_one() {
     let probed = probe();
     let opened = CudaBackend::new(0);
     match probed {
-        Err(Error::BackendUnavailable { reason }) => {
+        Err(BackendError::Unavailable { reason }) => {
             assert!(
                 !gpu_required(),
                 "REQUIRE_GPU=1 but the probe says: {reason}"
             );
             assert!(!reason.is_empty());
             match opened {
-                Err(Error::BackendUnavailable { reason: again }) => assert_eq!(again, reason),
+                Err(BackendError::Unavailable { reason: again }) => assert_eq!(again, reason),
                 other => panic!("probe failed ({reason}) but CudaBackend::new gave {other:?}"),
             }
         }
@@ -46,7 +46,7 @@ fn probe_and_new_return_a_typed_error_without_a_driver_or_succeed_with_one() {
 fn a_device_that_does_not_exist_is_a_typed_error_not_a_panic() {
     let ordinal = 4096;
     match probe_device(ordinal) {
-        Err(Error::BackendUnavailable { reason }) => {
+        Err(BackendError::Unavailable { reason }) => {
             if gpu_required() {
                 assert!(
                     reason.contains("does not exist"),
@@ -58,6 +58,6 @@ fn a_device_that_does_not_exist_is_a_typed_error_not_a_panic() {
     }
     assert!(matches!(
         CudaBackend::new(ordinal),
-        Err(Error::BackendUnavailable { .. })
+        Err(BackendError::Unavailable { .. })
     ));
 }

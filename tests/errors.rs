@@ -9,8 +9,9 @@
 
 use replay_arena::sim::{AsSpan, SimBackend, SimOp, SimStream};
 use replay_arena::{
-    Capturing, DType, Discovering, Domain, Error, GroupId, PlanConfig, Policy, Purpose, Replayable,
-    Request, Result, RunnerId,
+    BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
+    DiscoveryError, Domain, GroupId, PlanConfig, PlanError, Policy, Purpose, ReplayError,
+    Replayable, Request, RunnerId, StreamCaptureError,
 };
 
 // ---- helpers ---------------------------------------------------------------
@@ -25,7 +26,7 @@ const F32_64: Request = Request::new(Domain::Device, DType::F32, 64);
 
 /// The error of a call that must fail (works for phases without `Debug`).
 #[track_caller]
-fn expect_err<T>(result: Result<T>) -> Error {
+fn expect_err<T, E>(result: std::result::Result<T, E>) -> E {
     match result {
         Ok(_) => panic!("expected an error, the call succeeded"),
         Err(e) => e,
@@ -34,7 +35,7 @@ fn expect_err<T>(result: Result<T>) -> Error {
 
 /// Asserts that the error's message names every fragment.
 #[track_caller]
-fn assert_mentions(err: &Error, fragments: &[&str]) {
+fn assert_mentions(err: &dyn std::fmt::Display, fragments: &[&str]) {
     let message = err.to_string();
     for fragment in fragments {
         assert!(
@@ -46,14 +47,10 @@ fn assert_mentions(err: &Error, fragments: &[&str]) {
 
 /// Discovery in which each runner records its requests, in order.
 fn discovered(runners: &[(u32, &[Request])]) -> Discovering {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for &(runner, requests) in runners {
-        let mut armed = discovery.arm(RunnerId(runner)).unwrap();
-        for &request in requests {
-            armed.record(request).unwrap();
-        }
-    }
-    discovery
+    let runners = runners
+        .iter()
+        .map(|&(r, requests)| (RunnerId(r), requests.iter().copied()));
+    Discovering::from_runners(PlanConfig::new(), runners).unwrap()
 }
 
 /// The runners planned with `G = 1` and allocated on a fresh sim.
@@ -79,14 +76,13 @@ fn capture_ok(
 ) {
     let cap = capturing.capture(RunnerId(runner)).unwrap();
     let views: Vec<_> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
-    let graph = cap
-        .record(stream, |s| {
-            views
-                .iter()
-                .try_for_each(|v| sim.launch(s, SimOp::fill(v, runner as f32), 1))
-        })
-        .unwrap();
-    cap.finish(graph).unwrap();
+    cap.stream_capture(stream, |s| {
+        views
+            .iter()
+            .try_for_each(|v| sim.launch(s, SimOp::fill(v, runner as f32), 1))
+    })
+    .unwrap();
+    cap.finish().unwrap();
 }
 
 /// One runner with one f32 request, captured and sealed.
@@ -105,7 +101,7 @@ fn arming_a_runner_twice_is_runner_armed_twice() {
     let err = expect_err(discovery.arm(RunnerId(4)));
     assert_eq!(
         err,
-        Error::RunnerArmedTwice {
+        DiscoveryError::RunnerArmedTwice {
             runner: RunnerId(4)
         }
     );
@@ -119,7 +115,7 @@ fn recording_zero_elements_is_zero_elements() {
     let err = armed.record(device(DType::BF16, 0)).unwrap_err();
     assert!(matches!(
         err,
-        Error::ZeroElements { runner: RunnerId(1), key } if key == device(DType::BF16, 0).key()
+        DiscoveryError::ZeroElements { runner: RunnerId(1), key } if key == device(DType::BF16, 0).key()
     ));
     assert_mentions(&err, &["runner 1", "zero elements", "bf16 in device"]);
 }
@@ -148,13 +144,13 @@ fn requesting_an_unregistered_group_is_unknown_group() {
     let err = armed.record(request).unwrap_err();
     assert_eq!(
         err,
-        Error::UnknownGroup {
+        DiscoveryError::UnknownGroup {
             runner: RunnerId(2),
             group: GroupId(7),
             registered: vec![GroupId(1)],
         }
     );
-    assert_mentions(&err, &["runner 2", "group 7", "GroupId(1)"]);
+    assert_mentions(&err, &["runner 2", "group 7", "registered: group 1"]);
 }
 
 #[test]
@@ -164,7 +160,7 @@ fn a_request_whose_byte_size_overflows_is_size_overflow() {
     let err = armed.record(device(DType::F32, u64::MAX)).unwrap_err();
     assert!(matches!(
         err,
-        Error::SizeOverflow {
+        DiscoveryError::SizeOverflow {
             runner: RunnerId(2),
             what: "request size",
             elements: u64::MAX,
@@ -191,7 +187,7 @@ fn a_request_whose_aligned_size_overflows_is_size_overflow() {
     let err = armed.record(device(DType::U8, u64::MAX)).unwrap_err();
     assert!(matches!(
         err,
-        Error::SizeOverflow {
+        DiscoveryError::SizeOverflow {
             what: "request size",
             ..
         }
@@ -208,7 +204,7 @@ fn a_capacity_that_overflows_is_size_overflow() {
     let err = armed.record(half).unwrap_err();
     assert!(matches!(
         err,
-        Error::SizeOverflow {
+        DiscoveryError::SizeOverflow {
             runner: RunnerId(5),
             what: "capacity",
             elements: 9_223_372_036_854_775_808,
@@ -232,7 +228,10 @@ fn registering_a_group_twice_is_group_registered_twice() {
         .unwrap()
         .with_group(GroupId(3), "expert")
         .unwrap_err();
-    assert_eq!(err, Error::GroupRegisteredTwice { group: GroupId(3) });
+    assert_eq!(
+        err,
+        DiscoveryError::GroupRegisteredTwice { group: GroupId(3) }
+    );
     assert_mentions(&err, &["group 3", "twice"]);
 }
 
@@ -245,8 +244,8 @@ fn zero_generations_is_zero_generations() {
         .unwrap_err();
     assert_eq!(
         err,
-        Error::ZeroGenerations {
-            policy: "Generations(0)".into()
+        PlanError::ZeroGenerations {
+            policy: Policy::Generations(0)
         }
     );
     assert_mentions(&err, &["Generations(0)", "zero generations"]);
@@ -259,8 +258,8 @@ fn an_overlap_depth_of_zero_is_zero_generations() {
         .unwrap_err();
     assert_eq!(
         err,
-        Error::ZeroGenerations {
-            policy: "OverlapDepth(0)".into()
+        PlanError::ZeroGenerations {
+            policy: Policy::OverlapDepth(0)
         }
     );
     assert_mentions(&err, &["OverlapDepth(0)"]);
@@ -271,7 +270,7 @@ fn zero_generations_is_an_error_under_packed_placement_too() {
     let err = discovered(&[(0, &[F32_64])])
         .plan(Policy::Generations(0).packed())
         .unwrap_err();
-    assert!(matches!(err, Error::ZeroGenerations { .. }));
+    assert!(matches!(err, PlanError::ZeroGenerations { .. }));
 }
 
 #[test]
@@ -290,7 +289,7 @@ fn a_packed_arena_past_64_bits_is_arena_overflow() {
     let err = discovered(&[(0, &[half]), (1, &[half])])
         .plan(Policy::Generations(2).packed())
         .unwrap_err();
-    assert_eq!(err, Error::ArenaOverflow { key: half.key() });
+    assert_eq!(err, PlanError::ArenaOverflow { key: half.key() });
     assert_mentions(&err, &["u8 in device", "overflows 64 bits"]);
 }
 
@@ -324,7 +323,7 @@ fn a_failed_arena_allocation_is_allocation() {
     let err = expect_err(planned.allocate(sim));
     assert!(matches!(
         &err,
-        Error::Allocation { key, bytes: 2048, .. } if *key == bf16.key()
+        BackendError::Allocation { key, bytes: 2048, .. } if *key == bf16.key()
     ));
     assert_mentions(
         &err,
@@ -345,7 +344,7 @@ fn an_arena_larger_than_the_address_space_is_allocation_not_a_panic() {
     let err = expect_err(planned.allocate(SimBackend::new()));
     assert!(matches!(
         err,
-        Error::Allocation {
+        BackendError::Allocation {
             bytes: 9_223_372_036_854_775_808,
             ..
         }
@@ -361,7 +360,7 @@ fn capturing_an_undiscovered_runner_is_unknown_runner() {
     let err = expect_err(capturing.capture(RunnerId(9)));
     assert_eq!(
         err,
-        Error::UnknownRunner {
+        CaptureError::UnknownRunner {
             runner: RunnerId(9)
         }
     );
@@ -375,9 +374,9 @@ fn capturing_a_finished_runner_again_is_already_captured() {
     let err = expect_err(capturing.capture(RunnerId(0)));
     assert_eq!(
         err,
-        Error::AlreadyCaptured {
+        CaptureError::AlreadyCaptured {
             runner: RunnerId(0),
-            state: "finished".into()
+            failure: None
         }
     );
     assert_mentions(&err, &["runner 0", "already captured", "finished"]);
@@ -388,11 +387,14 @@ fn capturing_a_failed_runner_again_is_already_captured_with_the_failure() {
     let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
     drop(capturing.capture(RunnerId(0)).unwrap());
     let err = expect_err(capturing.capture(RunnerId(0)));
-    assert!(
-        matches!(&err, Error::AlreadyCaptured { runner: RunnerId(0), state }
-        if state.starts_with("failed"))
+    assert_eq!(
+        err,
+        CaptureError::AlreadyCaptured {
+            runner: RunnerId(0),
+            failure: Some(CaptureFailure::Dropped)
+        }
     );
-    assert_mentions(&err, &["runner 0", "capture dropped before finish"]);
+    assert_mentions(&err, &["runner 0", "dropped before finish"]);
 }
 
 #[test]
@@ -403,13 +405,13 @@ fn taking_past_the_discovered_capacity_is_capacity_exceeded() {
     let err = cap.take(F32_64).unwrap_err();
     assert_eq!(
         err,
-        Error::CapacityExceeded {
+        CaptureError::CapacityExceeded {
             runner: RunnerId(0),
             key: F32_64.key(),
             index: 1,
             request: F32_64,
             requested: 256,
-            consumed: 256,
+            taken: 256,
             capacity: 256,
         }
     );
@@ -418,58 +420,76 @@ fn taking_past_the_discovered_capacity_is_capacity_exceeded() {
         &[
             "runner 0",
             "requested 256 bytes of f32 in device",
-            "256 of 256 bytes already consumed",
+            "256 of 256 bytes already taken",
             "request #1",
+            "discovery recorded only 1 request",
         ],
     );
 }
 
 #[test]
-fn taking_a_key_discovery_never_saw_is_capacity_exceeded() {
+fn taking_a_key_discovery_never_saw_is_request_mismatch_naming_what_discovery_recorded() {
     let (_sim, _stream, mut capturing) = allocated(&[(2, &[F32_64])]);
     let cap = capturing.capture(RunnerId(2)).unwrap();
     let err = cap.take(device(DType::BF16, 128)).unwrap_err();
-    assert!(matches!(
+    assert_eq!(
         err,
-        Error::CapacityExceeded {
+        CaptureError::RequestMismatch {
             runner: RunnerId(2),
-            requested: 256,
-            consumed: 0,
-            capacity: 0,
             index: 0,
-            ..
+            request: device(DType::BF16, 128),
+            expected: F32_64,
+            requested: 256,
+            taken: 0,
+            capacity: 0,
         }
-    ));
+    );
     assert_mentions(
         &err,
-        &["runner 2", "256 bytes of bf16 in device", "0 of 0 bytes"],
+        &[
+            "runner 2 request #0 is 128 x bf16 in device",
+            "discovery recorded 64 x f32 in device",
+        ],
     );
 }
 
 #[test]
-fn taking_zero_elements_during_capture_is_zero_elements() {
+fn taking_an_unregistered_group_is_request_mismatch() {
+    let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let foreign = Request::new(Domain::Symmetric(GroupId(9)), DType::F32, 64);
+    let err = cap.take(foreign).unwrap_err();
+    assert!(matches!(err, CaptureError::RequestMismatch { expected, .. } if expected == F32_64));
+    assert_mentions(
+        &err,
+        &[
+            "symmetric(group 9)",
+            "discovery recorded 64 x f32 in device",
+        ],
+    );
+}
+
+#[test]
+fn taking_zero_elements_during_capture_is_request_mismatch() {
     let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let err = cap.take(device(DType::F32, 0)).unwrap_err();
-    assert_eq!(
+    assert!(matches!(
         err,
-        Error::ZeroElements {
-            runner: RunnerId(0),
-            key: F32_64.key()
-        }
-    );
+        CaptureError::RequestMismatch { runner: RunnerId(0), expected, .. } if expected == F32_64
+    ));
 }
 
 #[test]
-fn taking_an_overflowing_request_during_capture_is_size_overflow() {
+fn taking_an_overflowing_request_during_capture_is_request_mismatch() {
     let (_sim, _stream, mut capturing) = allocated(&[(0, &[F32_64])]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let err = cap.take(device(DType::F32, u64::MAX)).unwrap_err();
     assert!(matches!(
         err,
-        Error::SizeOverflow {
+        CaptureError::RequestMismatch {
             runner: RunnerId(0),
-            what: "request size",
+            requested: u64::MAX,
             ..
         }
     ));
@@ -485,13 +505,13 @@ fn taking_a_different_size_than_discovery_is_request_mismatch() {
     let err = cap.take(device(DType::F32, 128)).unwrap_err();
     assert_eq!(
         err,
-        Error::RequestMismatch {
+        CaptureError::RequestMismatch {
             runner: RunnerId(1),
             index: 0,
             request: device(DType::F32, 128),
             expected: F32_64,
             requested: 512,
-            consumed: 0,
+            taken: 0,
             capacity: 512,
         }
     );
@@ -502,7 +522,7 @@ fn taking_a_different_size_than_discovery_is_request_mismatch() {
             "128 x f32 in device",
             "discovery recorded 64 x f32 in device",
             "requested 512 bytes",
-            "consumed 0 of 512",
+            "taken 0 of 512",
         ],
     );
 }
@@ -513,88 +533,79 @@ fn taking_a_different_purpose_than_discovery_is_request_mismatch() {
     let (_sim, _stream, mut capturing) = allocated(&[(0, &[wgrad])]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let err = cap.take(F32_64).unwrap_err();
-    assert!(matches!(err, Error::RequestMismatch { expected, .. } if expected == wgrad));
+    assert!(matches!(err, CaptureError::RequestMismatch { expected, .. } if expected == wgrad));
     assert_mentions(&err, &["(other)", "(wgrad_rs_input)"]);
 }
 
 #[test]
-fn a_rejected_take_consumes_nothing() {
+fn a_rejected_take_takes_nothing() {
     let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(device(DType::F32, 128)).unwrap_err();
         let view = cap.take(F32_64).unwrap();
-        let graph = cap
-            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
             .unwrap();
-        cap.finish(graph).unwrap();
+        cap.finish().unwrap();
     }
     capturing.seal().unwrap();
 }
 
 #[test]
-fn finishing_with_capacity_left_is_consumption_mismatch() {
+fn finishing_with_capacity_left_is_taken_mismatch() {
     let bf16 = device(DType::BF16, 64); // 128 bytes, aligned to 256
     let (sim, stream, mut capturing) = allocated(&[(3, &[bf16, bf16])]);
     let cap = capturing.capture(RunnerId(3)).unwrap();
     let view = cap.take(bf16).unwrap();
-    let graph = cap
-        .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
         .unwrap();
-    let err = cap.finish(graph).unwrap_err();
+    let err = cap.finish().unwrap_err();
     assert_eq!(
         err,
-        Error::ConsumptionMismatch {
+        CaptureError::TakenMismatch {
             runner: RunnerId(3),
             key: bf16.key(),
-            consumed: 256,
+            taken: 256,
             capacity: 512,
         }
     );
     assert_eq!(
         err.to_string(),
-        "runner 3 consumed 256/512 bytes of bf16 in device"
+        "runner 3 took 256/512 bytes of bf16 in device; a capture must take exactly what discovery recorded"
     );
 }
 
 #[test]
-fn a_consumption_mismatch_fails_the_runner_and_seal_reports_it() {
+fn a_taken_mismatch_fails_the_runner_and_seal_reports_it() {
     let (sim, stream, mut capturing) = allocated(&[(3, &[F32_64, F32_64])]);
     {
         let cap = capturing.capture(RunnerId(3)).unwrap();
         let view = cap.take(F32_64).unwrap();
-        let graph = cap
-            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
             .unwrap();
-        cap.finish(graph).unwrap_err();
+        cap.finish().unwrap_err();
     }
-    let err = expect_err(capturing.seal());
-    assert!(matches!(&err, Error::Unfinished { runners } if runners.len() == 1));
+    let err = expect_err(capturing.seal()).error;
+    assert!(matches!(&err, CaptureError::Unfinished { runners } if runners.len() == 1));
     assert_mentions(
         &err,
-        &["runner 3 failed", "consumed 256/512 bytes of f32 in device"],
+        &["runner 3 failed", "took 256/512 bytes of f32 in device"],
     );
 }
 
 #[test]
-fn a_failing_capture_closure_is_capture_failed() {
+fn a_failing_work_closure_returns_the_closures_own_error() {
     let (_sim, stream, mut capturing) = allocated(&[(2, &[F32_64])]);
     let cap = capturing.capture(RunnerId(2)).unwrap();
     let _view = cap.take(F32_64).unwrap();
     let err = cap
-        .record(&stream, |_| Err::<(), _>("kernel launch refused"))
+        .stream_capture(&stream, |_| Err::<(), _>("kernel launch refused"))
         .unwrap_err();
-    assert_eq!(
+    assert!(matches!(
         err,
-        Error::CaptureFailed {
-            runner: RunnerId(2),
-            reason: "kernel launch refused".into()
-        }
-    );
-    assert_mentions(
-        &err,
-        &["capture of runner 2 failed", "kernel launch refused"],
-    );
+        StreamCaptureError::Work("kernel launch refused")
+    ));
+    assert_mentions(&err, &["work closure failed", "kernel launch refused"]);
 }
 
 #[test]
@@ -603,43 +614,62 @@ fn a_failed_capture_fails_the_runner_and_seal_reports_it() {
     {
         let cap = capturing.capture(RunnerId(2)).unwrap();
         let _view = cap.take(F32_64).unwrap();
-        cap.record(&stream, |_| Err::<(), _>("kernel launch refused"))
+        cap.stream_capture(&stream, |_| Err::<(), _>("kernel launch refused"))
             .unwrap_err();
     } // the capture closes here, unfinished
     let err = expect_err(capturing.capture(RunnerId(2)));
-    assert_mentions(&err, &["runner 2", "failed: kernel launch refused"]);
-    let err = expect_err(capturing.seal());
+    assert_mentions(
+        &err,
+        &[
+            "runner 2",
+            "failed: the work closure failed: kernel launch refused",
+        ],
+    );
+    let err = expect_err(capturing.seal()).error;
     assert_eq!(
         err,
-        Error::Unfinished {
-            runners: vec![(RunnerId(2), "failed: kernel launch refused".into())]
+        CaptureError::Unfinished {
+            runners: vec![(
+                RunnerId(2),
+                Some(CaptureFailure::Work("kernel launch refused".into()))
+            )]
         }
     );
     assert_mentions(
         &err,
-        &["cannot seal", "runner 2 failed: kernel launch refused"],
+        &[
+            "cannot seal",
+            "runner 2 failed: the work closure failed: kernel launch refused",
+        ],
     );
 }
 
 #[test]
-fn finishing_after_a_failed_capture_still_fails_the_runner() {
-    // The graph handed to `finish` cannot be the one whose capture failed:
-    // once `record` failed the runner stays failed.
+fn capturing_again_after_a_failed_capture_fails_and_so_does_finish() {
+    // Once the work closure failed, the runner stays failed: a second
+    // stream capture is refused and `finish` reports the first failure.
     let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
-        cap.record(&stream, |_| Err::<(), _>("out of launch slots"))
+        cap.stream_capture(&stream, |_| Err::<(), _>("out of launch slots"))
             .unwrap_err();
-        let other = cap
-            .record(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
-            .unwrap();
-        let err = cap.finish(other).unwrap_err();
+        let again = cap
+            .stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+            .unwrap_err();
+        assert!(matches!(
+            again,
+            StreamCaptureError::Capture(CaptureError::Failed {
+                runner: RunnerId(0),
+                ..
+            })
+        ));
+        let err = cap.finish().unwrap_err();
         assert_eq!(
             err,
-            Error::CaptureFailed {
+            CaptureError::Failed {
                 runner: RunnerId(0),
-                reason: "out of launch slots".into()
+                failure: CaptureFailure::Work("out of launch slots".into())
             }
         );
     }
@@ -653,7 +683,8 @@ fn a_failed_capture_leaves_the_stream_free_for_the_next_capture() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(F32_64).unwrap();
-        cap.record(&stream, |_| Err::<(), _>("boom")).unwrap_err();
+        cap.stream_capture(&stream, |_| Err::<(), _>("boom"))
+            .unwrap_err();
     }
     capture_ok(&mut capturing, &sim, &stream, 1, &[F32_64]);
 }
@@ -663,15 +694,14 @@ fn a_graph_that_allocates_memory_is_graph_rejected() {
     let (sim, stream, mut capturing) = allocated(&[(1, &[F32_64])]);
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let view = cap.take(F32_64).unwrap();
-    let graph = cap
-        .record(&stream, |s| {
-            sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)?;
-            sim.launch(s, SimOp::fill(&view, 1.0), 1)
-        })
-        .unwrap();
-    let err = cap.finish(graph).unwrap_err();
+    cap.stream_capture(&stream, |s| {
+        sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)?;
+        sim.launch(s, SimOp::fill(&view, 1.0), 1)
+    })
+    .unwrap();
+    let err = cap.finish().unwrap_err();
     assert!(
-        matches!(&err, Error::GraphRejected { runner: RunnerId(1), reason }
+        matches!(&err, CaptureError::GraphRejected { runner: RunnerId(1), reason }
         if reason.contains("1 memory allocation node"))
     );
     assert_mentions(&err, &["graph captured for runner 1 was rejected"]);
@@ -683,12 +713,11 @@ fn a_rejected_graph_fails_the_runner_and_seal_reports_it() {
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         cap.take(F32_64).unwrap();
-        let graph = cap
-            .record(&stream, |s| {
-                sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)
-            })
-            .unwrap();
-        cap.finish(graph).unwrap_err();
+        cap.stream_capture(&stream, |s| {
+            sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)
+        })
+        .unwrap();
+        cap.finish().unwrap_err();
     }
     let err = expect_err(capturing.seal());
     assert_mentions(&err, &["runner 1 failed", "memory allocation node"]);
@@ -698,11 +727,11 @@ fn a_rejected_graph_fails_the_runner_and_seal_reports_it() {
 fn sealing_with_a_runner_never_captured_is_unfinished() {
     let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64]), (1, &[F32_64])]);
     capture_ok(&mut capturing, &sim, &stream, 0, &[F32_64]);
-    let err = expect_err(capturing.seal());
+    let err = expect_err(capturing.seal()).error;
     assert_eq!(
         err,
-        Error::Unfinished {
-            runners: vec![(RunnerId(1), "was never captured".into())]
+        CaptureError::Unfinished {
+            runners: vec![(RunnerId(1), None)]
         }
     );
     assert_eq!(err.to_string(), "cannot seal: runner 1 was never captured");
@@ -715,14 +744,17 @@ fn sealing_after_a_dropped_capture_is_unfinished() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(F32_64).unwrap();
     } // dropped without finish
-    let err = expect_err(capturing.seal());
+    let err = expect_err(capturing.seal()).error;
     assert_eq!(
         err,
-        Error::Unfinished {
-            runners: vec![(RunnerId(0), "failed: capture dropped before finish".into())]
+        CaptureError::Unfinished {
+            runners: vec![(RunnerId(0), Some(CaptureFailure::Dropped))]
         }
     );
-    assert_mentions(&err, &["runner 0 failed: capture dropped before finish"]);
+    assert_mentions(
+        &err,
+        &["runner 0 failed: the capture was dropped before finish"],
+    );
 }
 
 #[test]
@@ -732,7 +764,7 @@ fn sealing_lists_every_unfinished_runner_in_capture_order() {
     let err = expect_err(capturing.seal());
     assert_mentions(
         &err,
-        &["runner 5 was never captured, runner 2 failed: capture dropped before finish"],
+        &["runner 5 was never captured; runner 2 failed: the capture was dropped before finish"],
     );
 }
 
@@ -746,7 +778,7 @@ fn an_empty_runner_needs_no_capture_and_has_no_graph() {
     let err = replayable.replay(RunnerId(1), &stream).unwrap_err();
     assert_eq!(
         err,
-        Error::NoGraph {
+        ReplayError::NoGraph {
             runner: RunnerId(1)
         }
     );
@@ -759,7 +791,7 @@ fn replaying_an_undiscovered_runner_is_unknown_runner() {
     let err = replayable.replay(RunnerId(7), &stream).unwrap_err();
     assert_eq!(
         err,
-        Error::UnknownRunner {
+        ReplayError::UnknownRunner {
             runner: RunnerId(7)
         }
     );
@@ -772,7 +804,7 @@ fn views_of_an_undiscovered_runner_is_unknown_runner() {
     let err = replayable.views(RunnerId(7)).unwrap_err();
     assert_eq!(
         err,
-        Error::UnknownRunner {
+        ReplayError::UnknownRunner {
             runner: RunnerId(7)
         }
     );
@@ -782,18 +814,18 @@ fn views_of_an_undiscovered_runner_is_unknown_runner() {
 fn consuming_an_undiscovered_runner_is_unknown_runner() {
     let (_sim, stream, mut replayable) = sealed_one();
     let err = replayable
-        .consume(RunnerId(7), &stream, |_, _| Ok::<(), Error>(()))
+        .consume(RunnerId(7), &stream, |_, _| Ok::<(), String>(()))
         .unwrap_err();
-    assert_eq!(
+    assert!(matches!(
         err,
-        Error::UnknownRunner {
+        ConsumeError::Replay(ReplayError::UnknownRunner {
             runner: RunnerId(7)
-        }
-    );
+        })
+    ));
 }
 
 #[test]
-fn a_failing_consumer_is_consumer_failed() {
+fn a_failing_consumer_returns_its_own_error() {
     let (_sim, stream, mut replayable) = sealed_one();
     replayable.replay(RunnerId(0), &stream).unwrap();
     let err = replayable
@@ -801,14 +833,11 @@ fn a_failing_consumer_is_consumer_failed() {
             Err::<(), _>("reduce-scatter enqueue failed")
         })
         .unwrap_err();
-    assert_eq!(
+    assert!(matches!(
         err,
-        Error::ConsumerFailed {
-            runner: RunnerId(0),
-            reason: "reduce-scatter enqueue failed".into()
-        }
-    );
-    assert_mentions(&err, &["runner 0", "reduce-scatter enqueue failed"]);
+        ConsumeError::Work("reduce-scatter enqueue failed")
+    ));
+    assert_mentions(&err, &["consumer failed", "reduce-scatter enqueue failed"]);
 }
 
 #[test]
@@ -837,25 +866,27 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
-        let graph = cap
-            .record(&stream, |s| sim.launch(s, SimOp::copy(&outside, &view), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::copy(&outside, &view), 1))
             .unwrap();
-        cap.finish(graph).unwrap();
+        cap.finish().unwrap();
     }
     let mut replayable = capturing.seal().unwrap();
     drop(outside);
     let err = replayable.replay(RunnerId(0), &stream).unwrap_err();
     assert!(matches!(
         err,
-        Error::Backend {
-            op: "sim launch",
-            ..
+        ReplayError::Backend {
+            runner: RunnerId(0),
+            source: BackendError::Refused {
+                op: "sim launch",
+                ..
+            }
         }
     ));
     assert_mentions(
         &err,
         &[
-            "sim launch failed",
+            "runner 0: sim launch:",
             &format!("64 f32 at {addr:#x}"),
             "outside every live allocation",
         ],

@@ -83,14 +83,13 @@ fn setup(w: &Workload, s: PlanStrategy, streams: usize, durations: &[u64]) -> Se
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
         let views: Vec<_> = requests.iter().map(|q| cap.take(*q).unwrap()).collect();
         spans.push(views.iter().map(|v| v.span()).collect());
-        let graph = cap
-            .record(&streams[0], |st| {
-                views
-                    .iter()
-                    .try_for_each(|v| sim.launch(st, SimOp::fill(v, value(r)), durations[r]))
-            })
-            .unwrap();
-        cap.finish(graph).unwrap();
+        cap.stream_capture(&streams[0], |st| {
+            views
+                .iter()
+                .try_for_each(|v| sim.launch(st, SimOp::fill(v, value(r)), durations[r]))
+        })
+        .unwrap();
+        cap.finish().unwrap();
     }
     Setup {
         replayable: capturing.seal().unwrap(),

@@ -5,15 +5,15 @@
 //! NCCL windows; and no device memory left behind by any of it.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod support;
 
-use common::{gpu, host_outputs, mismatches, Gpu, Spec, State};
 use replay_arena::cuda::cudarc::driver::{sys, CudaSlice};
 use replay_arena::cuda::CudaStream;
 use replay_arena::{
-    Capturing, DType, Discovering, Domain, Error, GroupId, Key, PlanConfig, Policy, Request,
-    RunnerId, View,
+    BackendError, CaptureError, CaptureFailure, Capturing, DType, Discovering, Domain, Error,
+    GroupId, Key, PlanConfig, Policy, Request, RunnerId, StreamCaptureError, View,
 };
+use support::gpu::{gpu, host_outputs, mismatches, Gpu, Spec, State};
 
 const R0: RunnerId = RunnerId(0);
 const R1: RunnerId = RunnerId(1);
@@ -33,14 +33,11 @@ fn i32s(n: u64) -> Request {
 }
 
 fn discover(runners: &[&[Request]]) -> Discovering {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for (r, requests) in runners.iter().enumerate() {
-        let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
-        for &q in *requests {
-            armed.record(q).unwrap();
-        }
-    }
-    discovery
+    let runners = runners
+        .iter()
+        .enumerate()
+        .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
+    Discovering::from_runners(PlanConfig::new(), runners).unwrap()
 }
 
 /// Captures one wgrad kernel into `view` (a real graph).
@@ -54,10 +51,10 @@ fn capture_wgrad(
 ) -> Result<(), Error> {
     let cap = capturing.capture(runner)?;
     let view = cap.take(f32s(n))?;
-    let graph = cap.record(stream, |s| {
+    cap.stream_capture(stream, |s| {
         g.wgrad(s, view.device_ptr(), n as u32, step, runner.0, 0, 0)
     })?;
-    cap.finish(graph)
+    Ok(cap.finish()?)
 }
 
 /// Allocates (and, with `free`, frees) stream-ordered memory inside the
@@ -69,32 +66,31 @@ fn capture_with_memory_nodes(
     stream: &CudaStream,
     step: u64,
     (n, free): (u64, bool),
-) -> Error {
+) -> CaptureError {
     let cap = capturing.capture(runner).unwrap();
     let view = cap.take(f32s(n)).unwrap();
-    let graph = cap
-        .record(stream, |s| {
-            g.backend
-                .context()
-                .bind_to_thread()
-                .map_err(|e| format!("{e:?}"))?;
-            let mut tmp: sys::CUdeviceptr = 0;
-            let code = unsafe { sys::cuMemAllocAsync(&mut tmp, 1 << 20, s.cu_stream()) };
+    cap.stream_capture(stream, |s| {
+        g.backend
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("{e:?}"))?;
+        let mut tmp: sys::CUdeviceptr = 0;
+        let code = unsafe { sys::cuMemAllocAsync(&mut tmp, 1 << 20, s.cu_stream()) };
+        if code != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuMemAllocAsync: {code:?}"));
+        }
+        g.wgrad(s, tmp, 1024, step, 7, 0, 0)?;
+        g.wgrad(s, view.device_ptr(), 1024, step, 7, 0, 0)?;
+        if free {
+            let code = unsafe { sys::cuMemFreeAsync(tmp, s.cu_stream()) };
             if code != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("cuMemAllocAsync: {code:?}"));
+                return Err(format!("cuMemFreeAsync: {code:?}"));
             }
-            g.wgrad(s, tmp, 1024, step, 7, 0, 0)?;
-            g.wgrad(s, view.device_ptr(), 1024, step, 7, 0, 0)?;
-            if free {
-                let code = unsafe { sys::cuMemFreeAsync(tmp, s.cu_stream()) };
-                if code != sys::CUresult::CUDA_SUCCESS {
-                    return Err(format!("cuMemFreeAsync: {code:?}"));
-                }
-            }
-            Ok(())
-        })
-        .expect("stream-ordered allocation is legal during capture");
-    cap.finish(graph)
+        }
+        Ok(())
+    })
+    .expect("stream-ordered allocation is legal during capture");
+    cap.finish()
         .expect_err("a graph with memory nodes must be rejected")
 }
 
@@ -117,18 +113,22 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
 
     // Runner 0 captures a real kernel but takes only its first request.
     let e = capture_wgrad(&g, &mut capturing, R0, &s, step, 1000).unwrap_err();
-    assert_eq!(
-        e,
-        Error::ConsumptionMismatch {
-            runner: R0,
-            key: F32,
-            consumed: 4096,
-            capacity: 4096 + 2048,
-        }
+    assert!(
+        matches!(
+            e,
+            Error::Capture(CaptureError::TakenMismatch {
+                runner: R0,
+                key: F32,
+                taken: 4096,
+                capacity: 6144,
+            })
+        ),
+        "{e:?}"
     );
-    assert_eq!(
-        e.to_string(),
-        "runner 0 consumed 4096/6144 bytes of f32 in device"
+    assert!(
+        e.to_string()
+            .starts_with("runner 0 took 4096/6144 bytes of f32 in device"),
+        "{e}"
     );
 
     // Runner 1 asks for one element more than discovery recorded.
@@ -139,22 +139,21 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
         assert!(
             matches!(
                 e,
-                Error::CapacityExceeded {
+                CaptureError::CapacityExceeded {
                     runner: R1,
                     key: F32,
                     index: 1,
                     requested: 256,
-                    consumed: 8192,
+                    taken: 8192,
                     capacity: 8192,
                     ..
                 }
             ),
             "{e:?}"
         );
-        let graph = cap
-            .record(&s, |s| g.wgrad(s, view.device_ptr(), 2000, step, 1, 0, 0))
+        cap.stream_capture(&s, |s| g.wgrad(s, view.device_ptr(), 2000, step, 1, 0, 0))
             .unwrap();
-        cap.finish(graph).unwrap();
+        cap.finish().unwrap();
     }
 
     // Runner 2 asks for a different size, then a key it never used.
@@ -164,11 +163,11 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
         assert!(
             matches!(
                 e,
-                Error::RequestMismatch {
+                CaptureError::RequestMismatch {
                     runner: R2,
                     index: 0,
                     requested: 1280,
-                    consumed: 0,
+                    taken: 0,
                     capacity: 1280,
                     ..
                 }
@@ -179,9 +178,8 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
         assert!(
             matches!(
                 e,
-                Error::CapacityExceeded {
+                CaptureError::RequestMismatch {
                     runner: R2,
-                    key: F32,
                     capacity: 0,
                     ..
                 }
@@ -192,13 +190,14 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
 
     capture_wgrad(&g, &mut capturing, R3, &s, step, 64).unwrap();
     let e = capturing.seal().unwrap_err();
-    match e {
-        Error::Unfinished { runners } => {
+    match e.error {
+        CaptureError::Unfinished { runners } => {
             let ids: Vec<RunnerId> = runners.iter().map(|(r, _)| *r).collect();
             assert_eq!(ids, vec![R0, R2], "{runners:?}");
-            assert!(runners[0].1.contains("consumed 4096/6144"), "{runners:?}");
+            let why = |i: usize| runners[i].1.as_ref().map(|f| f.to_string());
+            assert!(why(0).unwrap().contains("took 4096/6144"), "{runners:?}");
             assert!(
-                runners[1].1.contains("dropped before finish"),
+                why(1).unwrap().contains("dropped before finish"),
                 "{runners:?}"
             );
         }
@@ -220,7 +219,7 @@ fn graphs_with_memory_alloc_or_free_nodes_are_rejected_by_finish() {
 
     let e = capture_with_memory_nodes(&g, &mut capturing, R0, &s, step, (1024, false));
     match &e {
-        Error::GraphRejected { runner, reason } => {
+        CaptureError::GraphRejected { runner, reason } => {
             assert_eq!(*runner, R0);
             assert!(
                 reason.contains("1 memory allocation node(s) and 0 memory free node(s)"),
@@ -232,15 +231,15 @@ fn graphs_with_memory_alloc_or_free_nodes_are_rejected_by_finish() {
     println!("{e}");
     let e = capture_with_memory_nodes(&g, &mut capturing, R1, &s, step, (1024, true));
     assert!(
-        matches!(&e, Error::GraphRejected { runner: R1, reason }
+        matches!(&e, CaptureError::GraphRejected { runner: R1, reason }
             if reason.contains("1 memory allocation node(s) and 1 memory free node(s)")),
         "{e:?}"
     );
     // The stream and the plan stay usable: a clean runner captures fine.
     capture_wgrad(&g, &mut capturing, R2, &s, step, 1024).unwrap();
     assert!(matches!(
-        capturing.seal(),
-        Err(Error::Unfinished { runners }) if runners.len() == 2
+        capturing.seal().map_err(|e| e.error),
+        Err(CaptureError::Unfinished { runners }) if runners.len() == 2
     ));
 }
 
@@ -281,18 +280,23 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
         let (x, w) = spec.split(&views);
         let step = g.ptr(&states[0].step);
         let e = cap
-            .record(&s, |s| {
+            .stream_capture(&s, |s| {
                 spec.submit(&g, s, step, x, &w)?;
                 Err::<(), String>("injected failure after the launches".into())
             })
             .unwrap_err();
-        assert_eq!(
-            e,
-            Error::CaptureFailed {
-                runner: R0,
-                reason: "injected failure after the launches".into(),
-            }
+        assert!(
+            matches!(&e, StreamCaptureError::Work(w) if w == "injected failure after the launches"),
+            "{e:?}"
         );
+        drop(cap);
+        assert!(matches!(
+            capturing.capture(R0).unwrap_err(),
+            CaptureError::AlreadyCaptured {
+                runner: R0,
+                failure: Some(CaptureFailure::Work(_))
+            }
+        ));
     }
     // The capture was ended and discarded: the stream is not capturing and
     // runs eager work.
@@ -310,7 +314,7 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
     assert_eq!(g.read(&states[0].step), vec![0], "nothing captured ran");
 
     // Re-plan from scratch and capture everything properly.
-    let discovery = capturing.replan().unwrap();
+    let discovery = capturing.replan();
     drop(discovery);
     let mut capturing = discover_specs()
         .plan(Policy::Generations(2))
@@ -368,7 +372,8 @@ fn the_default_stream_cannot_be_captured() {
         .unwrap();
     let e = capture_wgrad(&g, &mut capturing, R0, &null, g.ptr(&step), 256).unwrap_err();
     assert!(
-        matches!(&e, Error::CaptureFailed { runner: R0, reason } if reason.contains("default (null) stream")),
+        matches!(&e, Error::Capture(CaptureError::Backend { runner: R0, source })
+            if source.to_string().contains("null stream")),
         "{e:?}"
     );
 }
@@ -391,10 +396,10 @@ fn symmetric_domains_without_nccl_windows_are_a_typed_error() {
         Err(e) => e,
     };
     if cfg!(feature = "nccl") {
-        assert_eq!(e, Error::NoCommunicator { group });
+        assert_eq!(e, BackendError::NoCommunicator { group });
     } else {
         assert!(
-            matches!(&e, Error::Allocation { key, reason, .. }
+            matches!(&e, BackendError::Allocation { key, reason, .. }
                 if key.domain == Domain::Symmetric(group) && reason.contains("nccl")),
             "{e:?}"
         );
@@ -424,7 +429,7 @@ fn round(g: &Gpu) -> u64 {
         .unwrap();
     let taken = free_before.saturating_sub(g.free_memory());
     let e = capture_with_memory_nodes(g, &mut capturing, R0, &s, step, (BIG, false));
-    assert!(matches!(e, Error::GraphRejected { .. }), "{e:?}");
+    assert!(matches!(e, CaptureError::GraphRejected { .. }), "{e:?}");
     {
         let cap = capturing.capture(R1).unwrap();
         let views = (
@@ -432,12 +437,12 @@ fn round(g: &Gpu) -> u64 {
             cap.take(i32s(BIG / 4)).unwrap(),
         );
         let e = cap
-            .record(&s, |s| {
+            .stream_capture(&s, |s| {
                 g.wgrad(s, views.0.device_ptr(), 1024, step, 1, 0, 0)?;
                 Err::<(), String>("injected".into())
             })
             .unwrap_err();
-        assert!(matches!(e, Error::CaptureFailed { .. }));
+        assert!(matches!(e, StreamCaptureError::Work(_)));
     }
     drop(capturing);
 
@@ -450,12 +455,11 @@ fn round(g: &Gpu) -> u64 {
     for (r, requests) in runners.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
         let views: Vec<View<'_>> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
-        let graph = cap
-            .record(&s, |s| {
-                g.wgrad(s, views[0].device_ptr(), 1 << 16, step, r as u32, 0, 0)
-            })
-            .unwrap();
-        cap.finish(graph).unwrap();
+        cap.stream_capture(&s, |s| {
+            g.wgrad(s, views[0].device_ptr(), 1 << 16, step, r as u32, 0, 0)
+        })
+        .unwrap();
+        cap.finish().unwrap();
     }
     let mut replayable = capturing.seal().unwrap();
     for _ in 0..10 {

@@ -6,18 +6,18 @@
 //! skip with a message when fewer than 2 GPUs are present.
 #![cfg(feature = "nccl")]
 
-mod common;
+mod support;
 
 use std::sync::{Arc, Barrier};
 
-use common::{gpu, gpu_on, host_wgrad, Gpu, Spec};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
 use replay_arena::{
-    DType, Discovering, Domain, Error, GroupId, PlanConfig, Planned, Policy, Purpose, Request,
-    RunnerId, View,
+    BackendError, DType, Discovering, Domain, GroupId, PlanConfig, Planned, Policy, Purpose,
+    Request, RunnerId, View,
 };
+use support::gpu::{gpu, gpu_on, host_wgrad, Gpu, Spec};
 
 const GTP: GroupId = GroupId(0);
 const EXPERT: GroupId = GroupId(1);
@@ -163,14 +163,13 @@ fn run(
         );
         let spec = rs.spec(ranks, rank);
         let step = g.ptr(&steps_buf[r]);
-        let graph = cap
-            .record(&pool[0], |s| {
-                spec.submit(g, s, step, None, &[send.device_ptr()])?;
-                comm.reduce_scatter(&send, &recv, s)
-                    .map_err(|e| e.to_string())
-            })
-            .unwrap();
-        cap.finish(graph).unwrap();
+        cap.stream_capture(&pool[0], |s| {
+            spec.submit(g, s, step, None, &[send.device_ptr()])?;
+            comm.reduce_scatter(&send, &recv, s)
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
+        cap.finish().unwrap();
     }
     let mut replayable = capturing.seal().unwrap();
     for step in 0..steps {
@@ -233,8 +232,8 @@ fn symmetric_reduce_scatter_replays_exactly_in_two_groups() {
     let runners = runners();
     let planned = plan(&runners, 1, 0);
     println!("{}", planned.report());
-    gtp.check_plan(&planned).unwrap();
-    expert.check_plan(&planned).unwrap();
+    gtp.check_fingerprint(planned.fingerprint()).unwrap();
+    expert.check_fingerprint(planned.fingerprint()).unwrap();
     let steps = 250; // 4 runners x 250 = 1,000 replays
     let got = run(&g, backend, planned, &runners, 1, 0, steps);
     for (r, rs) in runners.iter().enumerate() {
@@ -295,7 +294,7 @@ fn a_view_of_another_group_or_the_wrong_size_is_refused() {
     let cap = capturing.capture(RunnerId(1)).unwrap(); // an expert-gtp runner
     let [send, recv] = runners[1].requests(1).map(|q| cap.take(q).unwrap());
     let err = gtp.reduce_scatter(&send, &recv, &s).unwrap_err();
-    assert!(matches!(err, Error::InvalidView { .. }), "{err}");
+    assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
     assert!(err.to_string().contains("symmetric(group 1)"), "{err}");
     drop(cap);
     let cap = capturing.capture(RunnerId(0)).unwrap(); // a gtp runner
@@ -317,7 +316,7 @@ fn a_symmetric_group_without_communicator_cannot_allocate() {
         .with_group(one_rank_comm(&g, GTP))
         .unwrap();
     let err = plan(&runners(), 1, 0).allocate(backend).unwrap_err();
-    assert_eq!(err, Error::NoCommunicator { group: EXPERT });
+    assert_eq!(err, BackendError::NoCommunicator { group: EXPERT });
 }
 
 #[test]
@@ -329,7 +328,7 @@ fn a_group_registers_one_communicator() {
         .unwrap()
         .with_group(one_rank_comm(&g, GTP))
         .unwrap_err();
-    assert_eq!(err, Error::GroupRegisteredTwice { group: GTP });
+    assert_eq!(err, BackendError::CommunicatorTwice { group: GTP });
 }
 
 fn device_count() -> usize {
@@ -399,7 +398,7 @@ fn multi_rank_reduce_scatter_replays_exactly() {
             },
         ];
         let planned = plan(&runners, ranks, 0);
-        gtp.check_plan(&planned).unwrap();
+        gtp.check_fingerprint(planned.fingerprint()).unwrap();
         let got = run(&g, backend, planned, &runners, ranks, rank, steps);
         for (r, rs) in runners.iter().enumerate() {
             assert!(
@@ -432,11 +431,11 @@ fn multi_rank_fingerprint_check_names_the_rank_that_differs() {
         let (gtp, _expert, _backend) = rank_backend(&g, rank, ranks, ids);
         // Rank 1 discovered one more request than the others.
         let planned = plan(&runners(), ranks, if rank == 1 { 64 } else { 0 });
-        gtp.check_plan(&planned).unwrap_err()
+        gtp.check_fingerprint(planned.fingerprint()).unwrap_err()
     });
     for err in done.into_iter().flatten() {
         match err {
-            Error::FingerprintMismatch { group, ranks, .. } => {
+            BackendError::FingerprintMismatch { group, ranks, .. } => {
                 assert_eq!(group, GTP);
                 assert_eq!(ranks, vec![1]);
             }

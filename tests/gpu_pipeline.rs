@@ -7,14 +7,14 @@
 //! must equal the host model.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod support;
 
 use std::sync::OnceLock;
 
-use common::{eager, gpu, host_outputs, mismatches, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
+use support::gpu::{eager, gpu, host_outputs, mismatches, Spec, State};
 
 const STEPS: usize = 100;
 
@@ -111,11 +111,11 @@ fn pipeline(streams: usize, strategy: impl Into<Strategy>) {
     let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(&g)).collect();
     let wrong = mismatches(&got, &expected);
     println!(
-        "{} replays, {} waits, {} elided, {} records; {} output elements, {wrong} differ from eager",
+        "{} replays, {} waits, {} skipped, {} event records; {} output elements, {wrong} differ from eager",
         stats.replays,
         stats.waits,
-        stats.elided,
-        stats.records,
+        stats.waits_skipped,
+        stats.event_records,
         got.iter().flatten().map(Vec::len).sum::<usize>()
     );
     assert_eq!(wrong, 0, "replayed outputs differ from the eager run");

@@ -13,12 +13,12 @@
 //!   corrupt the consumer's input.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod support;
 
-use common::{eager, gpu, mismatches, Gpu, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
+use support::gpu::{eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
 const N: u32 = 1 << 14;

@@ -5,12 +5,12 @@
 //! a host model of the kernels.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod support;
 
-use common::{gpu, host_outputs, host_wgrad, mismatches, Spec, State};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
+use support::gpu::{gpu, host_outputs, host_wgrad, mismatches, Spec, State};
 
 const STEPS: usize = 2000;
 
@@ -80,7 +80,7 @@ fn one_generation_many_replays_match_the_host_model() {
         elapsed.as_secs_f64() * 1e3,
         elapsed.as_secs_f64() * 1e6 / stats.replays as f64,
         stats.waits,
-        stats.elided
+        stats.waits_skipped
     );
     assert_eq!(stats.replays, (STEPS * specs.len()) as u64);
 

@@ -4,13 +4,13 @@
 #![cfg(feature = "nccl")]
 
 use replay_arena::nccl::{available, UniqueId};
-use replay_arena::Error;
+use replay_arena::BackendError;
 
 #[test]
 fn a_unique_id_is_a_typed_error_without_nccl_or_works_with_it() {
     match UniqueId::new() {
         Ok(id) => assert!(available(), "an id came from a loaded library: {id:?}"),
-        Err(Error::BackendUnavailable { reason }) => {
+        Err(BackendError::Unavailable { reason }) => {
             assert!(
                 std::env::var_os("REQUIRE_GPU").is_none(),
                 "NCCL expected: {reason}"

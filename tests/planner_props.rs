@@ -119,8 +119,8 @@ proptest! {
                 let pos = users.iter().position(|&u| u == r).unwrap();
                 views.push((pos, v.device_ptr(), v.device_ptr() + aligned(q)));
             }
-            let graph = cap.record(&stream, |_| Ok::<(), replay_arena::Error>(())).unwrap();
-            cap.finish(graph).unwrap();
+            cap.stream_capture(&stream, |_| Ok::<(), replay_arena::Error>(())).unwrap();
+            cap.finish().unwrap();
         }
         for (i, a) in views.iter().enumerate() {
             for b in &views[i + 1..] {

@@ -28,12 +28,11 @@ fn capture(capturing: &mut Capturing<SimBackend>, sim: &SimBackend, stream: &Sim
     let cap = capturing.capture(RunnerId(r)).unwrap();
     let f32_view = cap.take(F32_64).unwrap();
     cap.take(BF16_1K).unwrap();
-    let graph = cap
-        .record(stream, |s| {
-            sim.launch(s, SimOp::fill(&f32_view, r as f32), 10)
-        })
-        .unwrap();
-    cap.finish(graph).unwrap();
+    cap.stream_capture(stream, |s| {
+        sim.launch(s, SimOp::fill(&f32_view, r as f32), 10)
+    })
+    .unwrap();
+    cap.finish().unwrap();
 }
 
 /// Asserts that `sim` allocated `n` times and freed all of them once.
@@ -86,7 +85,8 @@ fn a_failed_capture_then_dropping_frees_every_arena_once() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(F32_64).unwrap();
-        cap.record(&stream, |_| Err::<(), _>("boom")).unwrap_err();
+        cap.stream_capture(&stream, |_| Err::<(), _>("boom"))
+            .unwrap_err();
     }
     drop(capturing);
     assert_all_freed_once(&sim, 4);
@@ -137,7 +137,7 @@ fn replan_frees_every_arena_once_before_returning_discovery() {
 fn replan_of_a_capturing_phase_frees_every_arena_once() {
     let sim = SimBackend::new();
     let capturing = planned().allocate(sim.clone()).unwrap();
-    capturing.replan().unwrap();
+    capturing.replan();
     assert_all_freed_once(&sim, 4);
 }
 
@@ -203,9 +203,10 @@ fn a_failed_capture_then_replan_captures_and_replays() -> Result<()> {
     {
         let cap = capturing.capture(RunnerId(1))?;
         cap.take(F32_64)?;
-        cap.record(&stream, |_| Err::<(), _>("boom")).unwrap_err();
+        cap.stream_capture(&stream, |_| Err::<(), _>("boom"))
+            .unwrap_err();
     }
-    let mut discovery = capturing.replan()?;
+    let mut discovery = capturing.replan();
     assert_all_freed_once(&sim, 4);
 
     // A fresh discovery, plan and capture on the same backend.

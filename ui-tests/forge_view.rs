@@ -9,6 +9,6 @@ fn main() {
         offset: 0,
         request: Request::new(Domain::Device, DType::F32, 64),
         runner: RunnerId(0),
-        _capture: std::marker::PhantomData,
+        _owner: std::marker::PhantomData,
     };
 }

@@ -1,6 +1,6 @@
 //! Proves: a closed capture hands out no more views; `finish` consumes the
 //! `RunnerCapture`.
-use replay_arena::sim::{SimBackend, SimGraph};
+use replay_arena::sim::SimBackend;
 use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
 
 fn main() {
@@ -10,6 +10,6 @@ fn main() {
         .unwrap();
     let mut capturing = planned.allocate(SimBackend::new()).unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
-    let _ = cap.finish(SimGraph::default());
+    let _ = cap.finish();
     let _ = cap.take(request);
 }

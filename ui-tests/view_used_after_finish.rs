@@ -16,7 +16,7 @@ fn main() {
         .unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(request).unwrap();
-    let graph = cap.record(&stream, |_| Ok::<(), Error>(())).unwrap();
-    cap.finish(graph).unwrap();
+    cap.stream_capture(&stream, |_| Ok::<(), Error>(())).unwrap();
+    cap.finish().unwrap();
     let _ = view.device_ptr();
 }

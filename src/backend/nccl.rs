@@ -5,7 +5,8 @@
 //! however it likes (a file, a TCP store, `MPI_Bcast`). An [`NcclBackend`] is
 //! the `cuda` backend plus one communicator per group; it backs every arena of
 //! `Domain::Symmetric(group)`: one `ncclMemAlloc`
-//! allocation per (group, generation, dtype), registered with
+//! allocation per arena of that domain (one per (generation, dtype) under
+//! round-robin placement, one per dtype under packed), registered with
 //! `ncclCommWindowRegister(.., NCCL_WIN_COLL_SYMMETRIC)` on exactly that
 //! communicator before any capture, and deregistered and freed (after a
 //! synchronize) on teardown. Memory of one group is never inside another
@@ -13,7 +14,8 @@
 //! [`Communicator::reduce_scatter`] refuses views outside its own windows.
 //!
 //! Symmetric collectives need equal offsets on every rank:
-//! [`Communicator::check_plan`] all-gathers [`Planned::fingerprint`] and
+//! [`Communicator::check_fingerprint`] all-gathers
+//! [`Planned::fingerprint`](crate::Planned::fingerprint) and
 //! names the ranks that differ.
 
 use std::cell::RefCell;
@@ -26,7 +28,6 @@ use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{CudaArena, CudaBackend, CudaEvent, CudaGraph, CudaStream};
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
-use crate::plan::Planned;
 use crate::view::{NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
 
@@ -49,7 +50,7 @@ pub fn available() -> bool {
 }
 
 /// NCCL entry points this module calls; checked before the first call, since
-/// cudarc panics on a missing symbol (NCCL before 2.27 has no windows).
+/// cudarc panics on a missing symbol (NCCL before 2.28 has no symmetric windows).
 const REQUIRED_SYMBOLS: [&str; 10] = [
     "ncclGetUniqueId",
     "ncclCommInitRank",
@@ -241,12 +242,18 @@ impl Communicator {
         self.inner.windows.borrow().clone()
     }
 
-    /// All-gathers every rank's [`Planned::fingerprint`] and fails, naming
-    /// the ranks that differ from rank 0, unless all agree. Call it on every
-    /// rank before [`Planned::allocate`]: window registration and symmetric
-    /// collectives assume equal layouts everywhere.
-    pub fn check_plan(&self, plan: &Planned) -> Result<()> {
-        let all = self.all_gather_u64(plan.fingerprint())?;
+    /// All-gathers every rank's plan fingerprint
+    /// ([`Planned::fingerprint`](crate::Planned::fingerprint)) and fails,
+    /// naming the ranks that differ from rank 0, unless all agree. Call it on
+    /// every rank before [`Planned::allocate`](crate::Planned::allocate):
+    /// window registration and symmetric collectives assume equal layouts
+    /// everywhere.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::FingerprintMismatch`], or NCCL's error.
+    pub fn check_fingerprint(&self, fingerprint: u64) -> Result<()> {
+        let all = self.all_gather_u64(fingerprint)?;
         let ranks: Vec<usize> = (0..all.len()).filter(|&r| all[r] != all[0]).collect();
         if ranks.is_empty() {
             Ok(())

@@ -1,5 +1,9 @@
-//! Random workloads shared by the property tests.
-#![allow(dead_code)]
+//! What the tests share: random workloads for the property tests (here),
+//! and the GPU tests' device, kernels and host model (`gpu`).
+#![allow(dead_code)] // each test binary uses a subset
+
+#[cfg(feature = "cuda")]
+pub mod gpu;
 
 use proptest::prelude::*;
 use replay_arena::{
@@ -38,14 +42,11 @@ pub fn workload(max_runners: usize) -> impl Strategy<Value = Workload> {
 }
 
 pub fn discover(workload: &Workload) -> Discovering {
-    let mut d = Discovering::new(config());
-    for (r, requests) in workload.iter().enumerate() {
-        let mut armed = d.arm(RunnerId(r as u32)).unwrap();
-        for q in requests {
-            armed.record(*q).unwrap();
-        }
-    }
-    d
+    let runners = workload
+        .iter()
+        .enumerate()
+        .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
+    Discovering::from_runners(config(), runners).unwrap()
 }
 
 pub fn aligned(q: &Request) -> u64 {

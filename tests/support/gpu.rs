@@ -4,7 +4,6 @@
 //! Every value a kernel writes is an exactly representable `f32` or a
 //! wrapping `u32`, so graph replays, eager runs and the host model agree
 //! bit for bit.
-#![allow(dead_code)] // each test binary uses a subset
 
 use std::sync::OnceLock;
 
@@ -295,10 +294,9 @@ impl Spec {
             .map(|q| cap.take(q).unwrap())
             .collect();
         let (x, w) = self.split(&views);
-        let graph = cap
-            .record(stream, |s| self.submit(g, s, step, x, &w))
+        cap.stream_capture(stream, |s| self.submit(g, s, step, x, &w))
             .unwrap();
-        cap.finish(graph).unwrap();
+        cap.finish().unwrap();
     }
 
     /// Splits a runner's views (in request order) into (scratch, wgrads).
