@@ -206,7 +206,11 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     for a in &plan.arenas {
         let f = facts.entry(a.key).or_insert_with(fresh);
         match a.generation {
-            Some(generation) => f.arenas[generation] = a.bytes,
+            Some(generation) => {
+                if let Some(bytes) = f.arenas.get_mut(generation) {
+                    *bytes = a.bytes;
+                }
+            }
             None => f.arenas.push(a.bytes),
         }
     }

@@ -285,7 +285,7 @@ fn streams_that_never_wait_for_each_other_keep_the_detector_bounded() {
     let (intervals, pending, _) = sim.bookkeeping();
     // A full access history would hold 80,000 entries here.
     assert!(intervals <= 8, "{intervals} shadow intervals");
-    assert!(pending <= 8, "{pending} ops pending");
+    assert!(pending <= 512, "{pending} ops pending");
 }
 
 #[test]
@@ -435,12 +435,17 @@ fn ops_take_effect_in_the_order_they_end_even_when_applied_early() {
     let sim = SimBackend::new();
     let (slow, fast) = (sim.stream(), sim.stream());
     let buffer = sim.alloc_f32(4).unwrap();
+    let other = sim.alloc_f32(4).unwrap();
     // The slow fill is submitted first but ends last: it wins.
     sim.launch(&slow, SimOp::fill(&buffer, 1.0), 100).unwrap();
     sim.launch(&fast, SimOp::fill(&buffer, 2.0), 10).unwrap();
-    // Both streams move past both ends, so both ops are settled and applied.
-    sim.launch(&fast, SimOp::scale(&buffer, 1.0), 200).unwrap();
-    sim.launch(&slow, SimOp::scale(&buffer, 1.0), 200).unwrap();
-    assert!(sim.bookkeeping().1 <= 2);
+    // Both streams move far past both ends, with no synchronize: the fills
+    // are settled and applied while the streams run on.
+    for _ in 0..1_000 {
+        sim.launch(&fast, SimOp::scale(&other, 1.0), 10).unwrap();
+        sim.launch(&slow, SimOp::scale(&other, 1.0), 10).unwrap();
+    }
+    let pending = sim.bookkeeping().1;
+    assert!(pending <= 512, "{pending} ops pending");
     assert_eq!(sim.read_f32(&buffer).unwrap(), vec![1.0; 4]);
 }

@@ -11,7 +11,15 @@
 //! - a vector-clock detector records a [`Hazard`] whenever an op touches bytes
 //!   that an op not ordered before it (by stream order, event waits or
 //!   [`SimBackend::synchronize`]) wrote, or writes bytes such an op read,
-//!   whatever the timing.
+//!   whatever the timing;
+//! - streams, events and memory belong to one `SimBackend` (clones share
+//!   it): another refuses them with [`BackendError::Refused`], as it refuses
+//!   a span outside every live allocation or too long to address.
+//!
+//! Once a few hundred ops are pending, each op is applied as soon as no later
+//! submission can end before it (every stream's tail is past its end), so
+//! few ops stay pending on streams that keep moving; [`Backend::synchronize_event`] is a full synchronize, which
+//! keeps the model deterministic. Events are freed when dropped.
 //!
 //! The detector keeps shadow memory, not a list of accesses: per byte
 //! interval, the last write and the reads since it (the latest per stream).
@@ -370,6 +378,45 @@ impl Cell {
     fn is_empty(&self) -> bool {
         self.writer.is_none() && self.readers.is_empty()
     }
+
+    /// Checks an access starting at byte `start` of this cell against the
+    /// cell's write (and, for a write, its reads), noting each unordered one
+    /// in `conflicts` once per (stream, whether it wrote); a read joins the
+    /// cell's reads.
+    fn visit(
+        &mut self,
+        start: u64,
+        write: bool,
+        access: Access,
+        clock: &[u64],
+        conflicts: &mut Vec<(Access, bool, u64)>,
+    ) {
+        let mut note = |earlier: Access, wrote: bool| {
+            let seen = conflicts
+                .iter()
+                .any(|(a, w, _)| a.stream == earlier.stream && *w == wrote);
+            if !seen {
+                conflicts.push((earlier, wrote, start));
+            }
+        };
+        if let Some(w) = self.writer {
+            if !w.ordered_before(clock) {
+                note(w, true);
+            }
+        }
+        if write {
+            for &r in &self.readers {
+                if !r.ordered_before(clock) {
+                    note(r, false);
+                }
+            }
+        } else {
+            match self.readers.iter_mut().find(|r| r.stream == access.stream) {
+                Some(r) => r.seq = access.seq,
+                None => self.readers.push(access),
+            }
+        }
+    }
 }
 
 /// Disjoint byte intervals `start -> cell`, covering every byte accessed
@@ -381,6 +428,9 @@ struct Shadow {
     /// pruning costs amortized `O(1)` per access).
     prune_at: usize,
 }
+
+/// Pending ops past which settled ones are applied at submission.
+const APPLY_AT: usize = 256;
 
 /// The least size at which the shadow is pruned.
 const PRUNE_AT_LEAST: usize = 4096;
@@ -399,30 +449,31 @@ impl Shadow {
     }
 
     /// Records an access of `[lo, hi)` by `access` (whose stream's vector
-    /// clock is `clock`) and returns the earlier accesses it is unordered
-    /// with, once per (stream, whether it wrote), with the first byte each
-    /// touches.
+    /// clock is `clock`) and adds to `conflicts` the earlier accesses it is
+    /// unordered with, once per (stream, whether it wrote), with the first
+    /// byte each touches.
     fn access(
         &mut self,
-        lo: u64,
-        hi: u64,
+        (lo, hi): (u64, u64),
         write: bool,
         access: Access,
         clock: &[u64],
-    ) -> Vec<(Access, bool, u64)> {
-        let mut conflicts: Vec<(Access, bool, u64)> = Vec::new();
+        conflicts: &mut Vec<(Access, bool, u64)>,
+    ) {
         if lo >= hi {
             // An empty span touches no byte.
-            return conflicts;
+            return;
         }
-        let mut note = |earlier: Access, wrote: bool, addr: u64| {
-            let seen = conflicts
-                .iter()
-                .any(|(a, w, _)| a.stream == earlier.stream && *w == wrote);
-            if !seen {
-                conflicts.push((earlier, wrote, addr));
+        // Fast path: the bytes are one cell already (a graph replayed over
+        // the same views).
+        if let Some(cell) = self.cells.get_mut(&lo).filter(|c| c.end == hi) {
+            cell.visit(lo, write, access, clock, conflicts);
+            if write {
+                cell.writer = Some(access);
+                cell.readers.clear();
             }
-        };
+            return;
+        }
         self.split(lo);
         self.split(hi);
         // Fill the gaps so that [lo, hi) is covered by cells.
@@ -447,23 +498,7 @@ impl Shadow {
             );
         }
         for (&start, cell) in self.cells.range_mut(lo..hi) {
-            if let Some(w) = cell.writer {
-                if !w.ordered_before(clock) {
-                    note(w, true, start);
-                }
-            }
-            if write {
-                for &r in &cell.readers {
-                    if !r.ordered_before(clock) {
-                        note(r, false, start);
-                    }
-                }
-            } else {
-                match cell.readers.iter_mut().find(|r| r.stream == access.stream) {
-                    Some(r) => r.seq = access.seq,
-                    None => cell.readers.push(access),
-                }
-            }
+            cell.visit(start, write, access, clock, conflicts);
         }
         if write {
             let inside: Vec<u64> = self.cells.range(lo..hi).map(|(&s, _)| s).collect();
@@ -479,7 +514,6 @@ impl Shadow {
                 },
             );
         }
-        conflicts
     }
 
     /// Forgets accesses every stream is ordered after (no later op of these
@@ -645,7 +679,7 @@ impl SimState {
         let mut ranges = Vec::with_capacity(accesses.len());
         for (span, write) in &accesses {
             match (self.find(span), span.end()) {
-                (Some(_), Some(end)) => ranges.push((span.addr, end, *write)),
+                (Some(_), Some(end)) => ranges.push(((span.addr, end), *write)),
                 _ => {
                     return Err(sim_error(
                         "sim launch",
@@ -669,16 +703,18 @@ impl SimState {
             seq: stream.clock[s],
         };
         let clock = stream.clock.clone();
-        for (lo, hi, write) in ranges {
-            for (earlier, wrote, addr) in self.shadow.access(lo, hi, write, access, &clock) {
-                self.hazards.push(Hazard {
+        let mut conflicts = Vec::new();
+        for (range, write) in ranges {
+            self.shadow
+                .access(range, write, access, &clock, &mut conflicts);
+            self.hazards
+                .extend(conflicts.drain(..).map(|(earlier, wrote, addr)| Hazard {
                     first_stream: earlier.stream,
                     first_writes: wrote,
                     second_stream: s,
                     second_writes: write,
                     addr,
-                });
-            }
+                }));
         }
         self.shadow.maybe_prune(&self.streams);
         self.pending.push(Pending {
@@ -687,11 +723,15 @@ impl SimState {
             op,
         });
         self.submitted += 1;
-        self.apply_settled();
+        if self.pending.len() >= APPLY_AT {
+            self.apply_settled();
+        }
         Ok(())
     }
 
-    /// Applies the pending ops that end no later than every stream's tail:
+    /// Applies the pending ops that end no later than every stream's tail
+    /// (called once [`APPLY_AT`] ops are pending, so a short burst between
+    /// synchronizations applies nothing early):
     /// every op submitted from now on ends at or after its stream's tail, and
     /// later in submission order, so these come first in any case.
     fn apply_settled(&mut self) {
@@ -990,7 +1030,6 @@ impl Backend for SimBackend {
         }
         st.tail = st.tail.max(e.time);
         merge(&mut st.clock, &e.clock);
-        s.apply_settled();
         Ok(())
     }
 
