@@ -143,14 +143,14 @@ pub(crate) fn round_robin_bytes(column: &Column, g: usize) -> u64 {
     total
 }
 
-/// The lower bound: the largest sum of capacities over any `g` consecutive
-/// positions (no wrap-around), saturating at `u64::MAX`.
+/// [`lower_bound_column`] of a dense capacity vector.
 #[cfg(test)]
 pub(crate) fn lower_bound(cap: &[u64], g: usize) -> u64 {
     lower_bound_column(&Column::from_dense(cap), g)
 }
 
-/// [`lower_bound`] of a column.
+/// The lower bound: the largest sum of capacities over any `g` consecutive
+/// positions (no wrap-around), saturating at `u64::MAX`.
 pub(crate) fn lower_bound_column(column: &Column, g: usize) -> u64 {
     u64::try_from(heaviest_window(column, g)).unwrap_or(u64::MAX)
 }
