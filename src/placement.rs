@@ -643,6 +643,18 @@ mod tests {
         }
 
         #[test]
+        fn round_robin_bytes_of_a_column_is_the_round_robin_total(
+            cap in proptest::collection::vec(
+                proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..64], 0..40),
+            g in 1usize..6,
+        ) {
+            proptest::prop_assert_eq!(
+                round_robin_bytes(&Column::from_dense(&cap), g),
+                round_robin(&cap, g).iter().sum::<u64>()
+            );
+        }
+
+        #[test]
         fn settling_never_raises_a_layout(
             cap in proptest::collection::vec(0u64..64, 1..40),
             g in 1usize..6,
