@@ -64,6 +64,11 @@
 //! What the types cannot rule out is a typed [`Error`] naming the runner, the
 //! key and the sizes involved. See `docs/lifecycle.md` for the fence.
 //!
+//! With the `serde` feature, `Workload` saves what discovery recorded as a
+//! file and loads it back, so a plan can be studied away from the GPUs
+//! (`docs/workload-format.md`); the `cli` feature adds the plan explorer,
+//! `replay-arena-plan`.
+//!
 //! # Backends
 //!
 //! - [`sim`] (always built): host arenas and a deterministic stream model with
@@ -77,7 +82,8 @@
 // failure; `Ok(())` stays a discriminant write on the replay path.
 #![allow(clippy::result_large_err)]
 
-// Layers, lowest first; each module imports only the ones above it here.
+// Layers, lowest first: each module imports only modules listed before it
+// (tests/architecture.rs checks it; docs/architecture.md draws it).
 mod vocab;
 mod view;
 mod backend;
@@ -91,6 +97,8 @@ mod fence;
 mod replay;
 mod error;
 mod source;
+#[cfg(feature = "serde")]
+mod workload;
 
 #[cfg(feature = "cuda")]
 pub use backend::cuda;
@@ -110,6 +118,10 @@ pub use view::View;
 pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
     SYMMETRIC_ALIGNMENT,
+};
+#[cfg(feature = "serde")]
+pub use workload::{
+    DomainSpec, GroupSpec, ParamRef, RequestSpec, RunnerSpec, Workload, WorkloadError,
 };
 
 /// The README's example, compiled and run as a doc test.

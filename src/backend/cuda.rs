@@ -1,40 +1,58 @@
-//! The `cuda` backend: the CUDA driver through cudarc, loaded at run time.
+//! The `cuda` backend: the CUDA driver through cudarc.
 //!
 //! - [`probe`] / [`probe_device`] say whether a usable driver and device exist,
-//!   without panicking (cudarc panics when `libcuda` is missing and nothing
-//!   checked first).
-//! - [`CudaBackend::new`] retains the device's primary context, turns off
-//!   cudarc's automatic event tracking on it (that tracking inserts event
-//!   records and waits into captured streams; the plan's fence does the
-//!   ordering instead) and creates an internal stream.
-//! - [`CudaBackend::new_stream`] makes the non-blocking streams that work is
-//!   captured on and replayed on. The default (null) stream cannot be captured.
-//! - Arenas are `cuMemAlloc`'d outside every graph memory pool, aligned to
-//!   [`ARENA_ALIGNMENT`], zeroed, and freed on drop. Events are created with
-//!   `CU_EVENT_DISABLE_TIMING` and recorded once at creation. Captures use
-//!   thread-local capture mode; a captured graph is instantiated at once and
-//!   owned by a [`CudaGraph`].
+//!   without panicking (with the `dynamic-loading` feature they first check
+//!   that `libcuda` and every entry point used can be loaded: cudarc panics
+//!   when they cannot).
+//! - [`CudaBackend::new`] retains a device's primary context in a cudarc
+//!   context of its own; [`CudaBackend::from_context`] adopts the program's
+//!   `Arc<CudaContext>` (candle's, cubecl's, a hand-written cudarc
+//!   program's). cudarc's automatic event tracking must be off on an adopted
+//!   context (it inserts waits on events recorded outside a capture): a
+//!   context that tracks is refused with [`BackendError::EventTracking`],
+//!   unless adopted through
+//!   [`CudaBackend::from_context_disabling_event_tracking`].
+//! - [`CudaBackend::new_stream`] makes non-blocking streams;
+//!   [`CudaBackend::wrap_stream`] adopts the program's, the per-thread
+//!   default stream included. Only the legacy NULL stream is refused
+//!   ([`BackendError::LegacyStream`]): the driver cannot capture it.
+//! - Arenas come from the device's default memory pool (`cuMemAllocAsync`,
+//!   `cuMemAlloc` where pools are unsupported), outside every graph memory
+//!   pool, aligned to [`ARENA_ALIGNMENT`] and zeroed; they are freed with
+//!   `cuMemFreeAsync`, which does not wait for the program's other streams.
+//!   Events are created with `CU_EVENT_DISABLE_TIMING` and recorded once at
+//!   creation.
+//! - Captures use the [`CaptureMode`] set on the backend (thread-local by
+//!   default); a captured graph is instantiated at once, uploaded to the
+//!   device on the capture stream (so the first replay does not pay the
+//!   upload; see [`CudaBackend::set_graph_upload`]) and owned by a
+//!   [`CudaGraph`], whose raw `CUgraphExec` stays reachable.
+//! - Views become typed cudarc device pointers through [`ViewExt::as_cuda`]:
+//!   a [`CudaView`] implements cudarc's `DevicePtr` and `DevicePtrMut`, so
+//!   `memcpy_dtod`, `memset_zeros`, cuBLAS and `launch_builder().arg(..)`
+//!   take it. It never frees arena memory.
 //!
-//! Driver errors are stored as the raw `CUresult` name, formatted by this
-//! crate: formatting a cudarc `DriverError` calls into `libcuda`.
-//!
-//! Kernels are the caller's: compile them with cudarc's nvrtc (re-exported as
-//! [`cudarc`]) and launch them on [`CudaStream::cudarc`] with views' raw
-//! [`device_ptr`](crate::View::device_ptr)s as arguments.
+//! Driver errors are stored as the raw `CUresult`, formatted by this crate:
+//! formatting a cudarc `DriverError` calls into `libcuda`.
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 pub use cudarc;
 use cudarc::driver::sys;
-use cudarc::driver::CudaContext;
+use cudarc::driver::{
+    CudaContext, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchArgs, PushKernelArg,
+    SyncOnDrop,
+};
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
-use crate::vocab::{align_up, Domain, GroupId};
+use crate::view::View;
+use crate::vocab::{align_up, DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;
 
@@ -45,7 +63,8 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
-const REQUIRED_SYMBOLS: [&str; 33] = [
+#[cfg(feature = "dynamic-loading")]
+const REQUIRED_SYMBOLS: [&str; 36] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -70,9 +89,12 @@ const REQUIRED_SYMBOLS: [&str; 33] = [
     "cuEventDestroy_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
     "cuMemsetD8Async",
     "cuMemGetInfo_v2",
     "cuGraphInstantiateWithFlags",
+    "cuGraphUpload",
     "cuGraphLaunch",
     "cuGraphGetNodes",
     "cuGraphNodeGetType",
@@ -134,16 +156,10 @@ impl fmt::Display for DeviceInfo {
     }
 }
 
-/// Whether a usable CUDA driver and device 0 exist; never panics.
-///
-/// `Err(BackendError::Unavailable { .. })` when `libcuda` is missing, lacks an
-/// entry point this backend needs, fails to initialize, or sees no device.
-pub fn probe() -> Result<DeviceInfo> {
-    probe_device(0)
-}
-
-/// Like [`probe`], for the device with this ordinal.
-pub fn probe_device(ordinal: usize) -> Result<DeviceInfo> {
+/// Whether `libcuda` loads and has every entry point in
+/// [`REQUIRED_SYMBOLS`] (cudarc panics on a missing library or symbol).
+#[cfg(feature = "dynamic-loading")]
+fn check_library() -> Result<()> {
     // SAFETY: loads and unloads the library by name; calls nothing in it.
     if !unsafe { sys::is_culib_present() } {
         return Err(unavailable(
@@ -158,12 +174,33 @@ pub fn probe_device(ordinal: usize) -> Result<DeviceInfo> {
         .copied()
         .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
         .collect();
-    if !missing.is_empty() {
-        return Err(unavailable(format!(
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(unavailable(format!(
             "the CUDA driver library lacks {}; a CUDA 12 or newer driver is needed",
             missing.join(", ")
-        )));
+        )))
     }
+}
+
+/// Whether a usable CUDA driver and device 0 exist; never panics.
+///
+/// `Err(BackendError::Unavailable { .. })` when `libcuda` is missing, lacks an
+/// entry point this backend needs, fails to initialize, or sees no device.
+pub fn probe() -> Result<DeviceInfo> {
+    probe_device(0)
+}
+
+/// Like [`probe`], for the device with this ordinal.
+///
+/// With the `dynamic-loading` feature it first checks that `libcuda` loads
+/// and has every entry point this backend calls. Without it (cudarc's
+/// `dynamic-linking` or `static-linking`), the loader bound the library
+/// when the program started.
+pub fn probe_device(ordinal: usize) -> Result<DeviceInfo> {
+    #[cfg(feature = "dynamic-loading")]
+    check_library()?;
     // SAFETY: every entry point called below was resolved above; all out
     // pointers point at live locals.
     unsafe {
@@ -226,8 +263,54 @@ pub fn probe_device(ordinal: usize) -> Result<DeviceInfo> {
     }
 }
 
-/// The `cuda` backend: one device's primary context. A cheap handle; clones
-/// share the context.
+/// How a stream capture treats CUDA calls that are unsafe while capturing
+/// (`CUstreamCaptureMode`): which threads' captures make such a call fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CaptureMode {
+    /// Any thread's thread-local or global capture (`GLOBAL`).
+    Global,
+    /// Only captures this thread began (`THREAD_LOCAL`); the default. Other
+    /// threads of the program keep running their own work.
+    #[default]
+    ThreadLocal,
+    /// No check at all (`RELAXED`): the program vouches that nothing it
+    /// calls while capturing allocates, frees or synchronizes.
+    Relaxed,
+}
+
+impl CaptureMode {
+    fn from_u8(value: u8) -> CaptureMode {
+        match value {
+            0 => CaptureMode::Global,
+            2 => CaptureMode::Relaxed,
+            _ => CaptureMode::ThreadLocal,
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            CaptureMode::Global => 0,
+            CaptureMode::ThreadLocal => 1,
+            CaptureMode::Relaxed => 2,
+        }
+    }
+
+    /// The driver's value.
+    pub fn raw(self) -> sys::CUstreamCaptureMode {
+        match self {
+            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => {
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            }
+            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        }
+    }
+}
+
+/// The `cuda` backend: one CUDA context (its own, or the program's). A cheap
+/// handle; clones share the context, the internal stream and the settings
+/// ([`CaptureMode`], graph upload).
 ///
 /// ```no_run
 /// use replay_arena::cuda::CudaBackend;
@@ -237,6 +320,19 @@ pub fn probe_device(ordinal: usize) -> Result<DeviceInfo> {
 /// println!("{}", backend.info());
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
+///
+/// Adopting the program's context and stream (candle's, say):
+///
+/// ```no_run
+/// use replay_arena::cuda::{cudarc::driver::CudaContext, CudaBackend};
+///
+/// let ctx = CudaContext::new(0).expect("the program's context");
+/// // The program turned cudarc's event tracking off before allocating.
+/// unsafe { ctx.disable_event_tracking() };
+/// let backend = CudaBackend::from_context(ctx.clone())?;
+/// let stream = backend.wrap_stream(ctx.per_thread_stream())?;
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct CudaBackend {
     inner: Arc<Inner>,
@@ -244,26 +340,40 @@ pub struct CudaBackend {
 
 struct Inner {
     ctx: Arc<CudaContext>,
-    /// Where events get their first record and arenas their zeroing.
+    /// Where events get their first record, and arenas their allocation,
+    /// zeroing and stream-ordered free.
     internal: Arc<cudarc::driver::CudaStream>,
     info: DeviceInfo,
+    /// A [`CaptureMode`] as `u8`.
+    capture_mode: AtomicU8,
+    /// Upload each graph after instantiating it.
+    upload: AtomicBool,
 }
 
 impl fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CudaBackend")
             .field("device", &self.inner.info)
+            .field("capture_mode", &self.capture_mode())
+            .field("graph_upload", &self.graph_upload())
             .finish_non_exhaustive()
     }
 }
 
 impl CudaBackend {
     /// Opens device `ordinal`: probes the driver ([`probe_device`]), retains
-    /// the primary context, turns off cudarc's automatic event tracking on
-    /// it, and creates an internal stream.
+    /// the primary context in a cudarc context of the backend's own, turns
+    /// off cudarc's automatic event tracking on it, and creates an internal
+    /// stream.
     ///
-    /// `Err(BackendError::Unavailable { .. })` when there is no usable driver
-    /// or no such device; never panics.
+    /// A program that has a cudarc context already should adopt it with
+    /// [`CudaBackend::from_context`] instead: event tracking stays on in the
+    /// program's own context object.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unavailable`] when there is no usable driver or no
+    /// such device; never panics.
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let info = probe_device(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| {
@@ -272,12 +382,67 @@ impl CudaBackend {
                 e.0
             ))
         })?;
-        // SAFETY: cudarc's tracking records and waits on events around every
-        // use of a slice it allocated, which would put foreign event nodes
-        // into captured graphs. Turning it off before anything is allocated
-        // makes cross-stream ordering the caller's job: the plan's fence
-        // orders arena use, and callers order their own slices.
+        // SAFETY: nothing has been allocated through this fresh context
+        // object; cudarc's tracking would put waits on events recorded
+        // outside a capture into captured streams. The plan's fence orders
+        // arena use; callers order their own slices of this context.
         unsafe { ctx.disable_event_tracking() };
+        CudaBackend::adopt(ctx, info)
+    }
+
+    /// Adopts the program's cudarc context (candle's, cubecl's, a cudarc
+    /// program's): arenas, events and graphs are made in it, and the
+    /// program's streams of it can be wrapped with
+    /// [`CudaBackend::wrap_stream`].
+    ///
+    /// cudarc's event tracking must be off on it: with tracking on, cudarc
+    /// makes a stream wait on events recorded outside the capture whenever a
+    /// slice of the program's is used inside one, and the capture fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`. The program turns it off with
+    /// `unsafe { ctx.disable_event_tracking() }` (and takes over ordering its
+    /// slices across streams), or hands that step to
+    /// [`CudaBackend::from_context_disabling_event_tracking`].
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::EventTracking`] when tracking is on;
+    /// [`BackendError::Unavailable`] when the driver cannot be used.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<CudaBackend> {
+        if ctx.is_event_tracking() {
+            return Err(BackendError::EventTracking);
+        }
+        let info = probe_device(ctx.ordinal())?;
+        CudaBackend::adopt(ctx, info)
+    }
+
+    /// Turns cudarc's event tracking off on the program's context, then
+    /// adopts it as [`CudaBackend::from_context`] does: the explicit opt-in
+    /// for programs that let cudarc order their slices across streams.
+    ///
+    /// # Safety
+    ///
+    /// This is cudarc's `CudaContext::disable_event_tracking`, with its
+    /// contract: from now on cudarc no longer orders the program's slices
+    /// across streams, for every user of this context. The caller
+    /// guarantees that no slice is freed before its use on another stream
+    /// is finished, that no slice is used on another stream before its
+    /// allocation (or last write) on the allocating stream is finished, and
+    /// that no slice is written by two streams at once, ordering such uses
+    /// with events or stream synchronization where the program has several
+    /// streams.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unavailable`] when the driver cannot be used.
+    pub unsafe fn from_context_disabling_event_tracking(
+        ctx: Arc<CudaContext>,
+    ) -> Result<CudaBackend> {
+        // SAFETY: the caller upholds cudarc's contract (above).
+        unsafe { ctx.disable_event_tracking() };
+        CudaBackend::from_context(ctx)
+    }
+
+    fn adopt(ctx: Arc<CudaContext>, info: DeviceInfo) -> Result<CudaBackend> {
         let internal = ctx
             .new_stream()
             .map_err(|e| driver_error("cuStreamCreate", e))?;
@@ -286,6 +451,8 @@ impl CudaBackend {
                 ctx,
                 internal,
                 info,
+                capture_mode: AtomicU8::new(CaptureMode::default().to_u8()),
+                upload: AtomicBool::new(true),
             }),
         })
     }
@@ -301,18 +468,62 @@ impl CudaBackend {
         &self.inner.ctx
     }
 
+    /// The capture mode of captures begun from now on (thread-local unless
+    /// set).
+    pub fn capture_mode(&self) -> CaptureMode {
+        CaptureMode::from_u8(self.inner.capture_mode.load(Ordering::Relaxed))
+    }
+
+    /// Sets the capture mode of captures begun from now on, for this backend
+    /// and its clones (the plan's included).
+    pub fn set_capture_mode(&self, mode: CaptureMode) {
+        self.inner
+            .capture_mode
+            .store(mode.to_u8(), Ordering::Relaxed);
+    }
+
+    /// Whether graphs are uploaded (`cuGraphUpload`, on the capture stream)
+    /// right after instantiation, so that the first replay does not pay the
+    /// upload. On unless set.
+    pub fn graph_upload(&self) -> bool {
+        self.inner.upload.load(Ordering::Relaxed)
+    }
+
+    /// Turns the upload after instantiation on or off, for graphs captured
+    /// from now on by this backend and its clones.
+    pub fn set_graph_upload(&self, upload: bool) {
+        self.inner.upload.store(upload, Ordering::Relaxed);
+    }
+
     /// A new non-blocking stream, usable for capture and replay.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
     pub fn new_stream(&self) -> Result<CudaStream> {
         let inner = self
             .inner
             .ctx
             .new_stream()
             .map_err(|e| driver_error("cuStreamCreate", e))?;
-        Ok(CudaStream { inner })
+        Ok(CudaStream {
+            inner,
+            per_thread: None,
+        })
     }
 
-    /// Wraps a cudarc stream of this backend's context (the default stream
-    /// may be wrapped for replay, but cannot be captured).
+    /// Adopts one of the program's cudarc streams of this backend's context
+    /// for capture and replay: one from `ctx.new_stream()`, a stream wrapped
+    /// with `wrap_borrowed_stream`, or the per-thread default stream
+    /// (`ctx.per_thread_stream()`, candle's). The per-thread stream is a
+    /// different stream on every thread: the handle wrapped here stands for
+    /// the calling thread's, and using it from another thread is refused.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::LegacyStream`] for the legacy default (NULL) stream
+    /// (`ctx.default_stream()`), which the driver cannot capture;
+    /// [`BackendError::Refused`] for a stream of another context.
     pub fn wrap_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<CudaStream> {
         if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
             return Err(BackendError::Refused {
@@ -320,10 +531,22 @@ impl CudaBackend {
                 reason: "the stream belongs to another CUDA context".into(),
             });
         }
-        Ok(CudaStream { inner: stream })
+        let raw = stream.cu_stream() as usize;
+        if raw == LEGACY_NULL || raw == LEGACY_HANDLE {
+            return Err(BackendError::LegacyStream { op: "wrap stream" });
+        }
+        let per_thread = (raw == PER_THREAD_HANDLE).then(this_thread);
+        Ok(CudaStream {
+            inner: stream,
+            per_thread,
+        })
     }
 
     /// Free and total device memory in bytes (`cuMemGetInfo`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
     pub fn mem_info(&self) -> Result<(u64, u64)> {
         self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
@@ -354,13 +577,23 @@ impl CudaBackend {
             .and_then(|b| usize::try_from(b).ok())
             .ok_or_else(|| failed("the size overflows the address space".into()))?;
         self.bind()?;
+        let internal = self.inner.internal.clone();
+        let pooled = self.inner.ctx.has_async_alloc();
         let mut raw: sys::CUdeviceptr = 0;
-        // SAFETY: the context is current; `raw` is a live local.
-        let code = unsafe { sys::cuMemAlloc_v2(&mut raw, padded) };
+        // SAFETY: the context is current; `raw` is a live local; the
+        // internal stream belongs to the context.
+        let (op, code) = unsafe {
+            if pooled {
+                (
+                    "cuMemAllocAsync",
+                    sys::cuMemAllocAsync(&mut raw, padded, internal.cu_stream()),
+                )
+            } else {
+                ("cuMemAlloc", sys::cuMemAlloc_v2(&mut raw, padded))
+            }
+        };
         if code != sys::CUresult::CUDA_SUCCESS {
-            return Err(failed(format!(
-                "cuMemAlloc of {padded} bytes returned {code:?}"
-            )));
+            return Err(failed(format!("{op} of {padded} bytes returned {code:?}")));
         }
         let base = align_up(raw, ARENA_ALIGNMENT).unwrap_or(raw);
         // From here on, dropping `arena` frees the allocation.
@@ -368,17 +601,20 @@ impl CudaBackend {
             raw,
             base,
             bytes: plan.bytes,
+            pooled,
             ctx: self.inner.ctx.clone(),
+            internal,
         };
-        let internal = self.inner.internal.cu_stream();
+        let stream = arena.internal.cu_stream();
         // SAFETY: [base, base + bytes) lies inside the allocation (base - raw
-        // < ARENA_ALIGNMENT); the internal stream belongs to the context.
+        // < ARENA_ALIGNMENT); the internal stream belongs to the context and
+        // orders the zeroing after the allocation.
         unsafe {
             check(
                 "cuMemsetD8Async",
-                sys::cuMemsetD8Async(base, 0, plan.bytes as usize, internal),
+                sys::cuMemsetD8Async(base, 0, plan.bytes as usize, stream),
             )?;
-            check("cuStreamSynchronize", sys::cuStreamSynchronize(internal))?;
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(stream))?;
         }
         Ok(arena)
     }
@@ -462,11 +698,32 @@ impl CudaBackend {
     }
 }
 
+/// `cu_stream()` of cudarc's `default_stream()`: the legacy NULL stream.
+const LEGACY_NULL: usize = 0;
+/// `CU_STREAM_LEGACY`: the legacy default stream, by its explicit handle.
+const LEGACY_HANDLE: usize = 1;
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+const PER_THREAD_HANDLE: usize = 2;
+/// Set in the [`Backend::stream_id`] of a per-thread stream, so that it
+/// never equals a stream's address (user-space addresses stay below 2^63).
+const PER_THREAD_ID: u64 = 1 << 63;
+
+/// A number for the calling thread, unique in the process.
+fn this_thread() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static SERIAL: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SERIAL.with(|serial| *serial)
+}
+
 /// A stream of a [`CudaBackend`]'s context. Cheap to clone; clones are the
 /// same stream.
 #[derive(Clone, Debug)]
 pub struct CudaStream {
     inner: Arc<cudarc::driver::CudaStream>,
+    /// For the per-thread default stream: the thread whose stream it is.
+    per_thread: Option<u64>,
 }
 
 impl CudaStream {
@@ -476,36 +733,69 @@ impl CudaStream {
         &self.inner
     }
 
-    /// The raw `CUstream` (do not destroy it).
+    /// The raw `CUstream` (do not destroy it; `0x2` for the per-thread
+    /// default stream).
     pub fn cu_stream(&self) -> sys::CUstream {
         self.inner.cu_stream()
     }
 
+    /// Whether this is the per-thread default stream of the thread that
+    /// wrapped it.
+    pub fn is_per_thread(&self) -> bool {
+        self.per_thread.is_some()
+    }
+
     /// Blocks until everything submitted to this stream is done.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error; [`BackendError::Refused`] for a per-thread stream
+    /// used from another thread.
     pub fn synchronize(&self) -> Result<()> {
+        self.check_thread("cuStreamSynchronize")?;
         self.inner
             .synchronize()
             .map_err(|e| driver_error("cuStreamSynchronize", e))
     }
 
-    /// Whether this is the legacy or per-thread default stream, which cannot
-    /// be captured.
-    fn is_default(&self) -> bool {
-        let raw = self.cu_stream() as usize;
-        raw == 0 || raw == 1 || raw == 2
+    /// Refuses a per-thread stream on a thread other than its own: the
+    /// handle would name that thread's stream instead.
+    fn check_thread(&self, op: &'static str) -> Result<()> {
+        match self.per_thread {
+            Some(owner) if owner != this_thread() => Err(BackendError::Refused {
+                op,
+                reason: "this per-thread default stream was wrapped on another thread; on this \
+                         thread the handle names a different stream (wrap this thread's own \
+                         `ctx.per_thread_stream()`)"
+                    .into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The stream handle for a driver call, after the thread check.
+    fn raw(&self, op: &'static str) -> Result<sys::CUstream> {
+        self.check_thread(op)?;
+        Ok(self.inner.cu_stream())
     }
 }
 
-/// Device memory of one arena, allocated with `cuMemAlloc` outside every
-/// graph memory pool; freed on drop.
+/// Device memory of one arena, allocated outside every graph memory pool
+/// (from the device's default memory pool where it has one); freed on drop
+/// without waiting for unrelated streams.
 #[derive(Debug)]
 pub struct CudaArena {
-    /// What `cuMemAlloc` returned (what `cuMemFree` takes).
+    /// What the allocation returned (what the free takes).
     raw: sys::CUdeviceptr,
     /// `raw` rounded up to [`ARENA_ALIGNMENT`].
     base: u64,
     bytes: u64,
+    /// From `cuMemAllocAsync` (freed with `cuMemFreeAsync`), else from
+    /// `cuMemAlloc`.
+    pooled: bool,
     ctx: Arc<CudaContext>,
+    /// The backend's internal stream, which orders the free.
+    internal: Arc<cudarc::driver::CudaStream>,
 }
 
 impl Arena for CudaArena {
@@ -520,13 +810,24 @@ impl Arena for CudaArena {
 
 impl Drop for CudaArena {
     fn drop(&mut self) {
-        // The plan synchronized before dropping arenas. A failure here (a
-        // dead context) leaves nothing to free.
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `raw` came from cuMemAlloc in this context and is freed
-            // once.
-            let _ = unsafe { sys::cuMemFree_v2(self.raw) };
+        // The plan waited for every fenced use before dropping arenas. A
+        // failure here (a dead context) leaves nothing to free; it is kept
+        // on the context for the program's next check, as cudarc does.
+        if let Err(e) = self.ctx.bind_to_thread() {
+            self.ctx.record_err::<()>(Err(e));
+            return;
         }
+        // SAFETY: `raw` came from the matching allocation in this context
+        // and is freed once; the stream-ordered free does not wait for the
+        // program's other streams (a plain cuMemFree may).
+        let code = unsafe {
+            if self.pooled {
+                sys::cuMemFreeAsync(self.raw, self.internal.cu_stream())
+            } else {
+                sys::cuMemFree_v2(self.raw)
+            }
+        };
+        self.ctx.record_err(code.result());
     }
 }
 
@@ -597,6 +898,201 @@ impl Drop for CudaGraph {
     }
 }
 
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust element type with a [`DType`]: what a [`CudaView`] may be typed
+/// as. Implemented for `f32`, `f64`, `i32`, `i64`, `i8`, `u8`, and, with the
+/// `f16` feature (cudarc's `f16`), `half::bf16` and `half::f16`. Sealed.
+pub trait CudaElement: DeviceRepr + sealed::Sealed {
+    /// The dtype of a view of this type.
+    const DTYPE: DType;
+}
+
+macro_rules! elements {
+    ($($(#[$attr:meta])* $t:ty => $d:ident),* $(,)?) => {$(
+        $(#[$attr])*
+        impl sealed::Sealed for $t {}
+        $(#[$attr])*
+        impl CudaElement for $t {
+            const DTYPE: DType = DType::$d;
+        }
+    )*};
+}
+
+elements! {
+    f32 => F32,
+    f64 => F64,
+    i32 => I32,
+    i64 => I64,
+    i8 => I8,
+    u8 => U8,
+    #[cfg(feature = "f16")]
+    half::bf16 => BF16,
+    #[cfg(feature = "f16")]
+    half::f16 => F16,
+}
+
+/// A [`View`] as a typed cudarc device pointer: implements cudarc's
+/// [`DevicePtr<T>`] and [`DevicePtrMut<T>`] (so `memcpy_dtod`,
+/// `memset_zeros`, cuBLAS `gemm` and friends take it) and can be pushed as a
+/// kernel argument with `launch_builder().arg(&view)` (`&mut view` for a
+/// write).
+///
+/// It never frees arena memory (dropping it drops a stream handle only),
+/// and it borrows what the view borrows (the open capture, or the
+/// [`Replayable`](crate::Replayable)), so it cannot outlive the arena. It
+/// carries no cudarc event: ordering across streams is the fence's (inside
+/// graphs and [`Replayable::consume`](crate::Replayable::consume)) or the
+/// caller's.
+///
+/// ```no_run
+/// # use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+/// use replay_arena::cuda::{CudaBackend, ViewExt};
+///
+/// # let req = Request::new(Domain::Device, DType::F32, 1024);
+/// # let mut discovery = Discovering::new(PlanConfig::new());
+/// # discovery.arm(RunnerId(0))?.record(req)?;
+/// let backend = CudaBackend::new(0)?;
+/// let stream = backend.new_stream()?;
+/// let mut capturing = discovery.plan(Policy::Generations(1))?.allocate(backend.clone())?;
+/// let cap = capturing.capture(RunnerId(0))?;
+/// let view = cap.take(req)?;
+/// cap.stream_capture(&stream, |s| {
+///     let mut out = view.as_cuda::<f32>(s)?;  // DevicePtrMut<f32>
+///     s.cudarc().memset_zeros(&mut out).map_err(|e| replay_arena::BackendError::Driver {
+///         op: "cuMemsetD8Async",
+///         code: e.0,
+///     })
+/// })?;
+/// cap.finish()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct CudaView<'a, T> {
+    /// The view's address; pushed by address as a kernel argument.
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    /// A stream of the arena's context, for cudarc's context checks.
+    stream: Arc<cudarc::driver::CudaStream>,
+    _view: PhantomData<&'a [T]>,
+}
+
+impl<T> fmt::Debug for CudaView<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaView")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("type", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T> CudaView<'_, T> {
+    /// The device address of the first element.
+    pub fn device_address(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+}
+
+impl<T> DeviceSlice<T> for CudaView<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<cudarc::driver::CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for CudaView<'_, T> {
+    fn device_ptr<'b>(
+        &'b self,
+        _stream: &'b cudarc::driver::CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        // No event to wait on or record: arena memory is ordered by the
+        // fence, never by cudarc's tracking.
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for CudaView<'_, T> {
+    fn device_ptr_mut<'b>(
+        &'b mut self,
+        _stream: &'b cudarc::driver::CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+// SAFETY: pushes a pointer to the view's device address, which lives in the
+// view for `'b`, longer than the launch arguments ('b: 'a).
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudaView<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b CudaView<'c, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+// SAFETY: as above; `&mut` marks the argument as written by the kernel.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaView<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut CudaView<'c, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+/// Typed cudarc views of a [`View`]: `use replay_arena::cuda::ViewExt`.
+///
+/// Only element types with a [`DType`] convert:
+///
+/// ```compile_fail
+/// use replay_arena::cuda::{CudaStream, ViewExt};
+/// fn typed(view: replay_arena::View<'_>, stream: &CudaStream) {
+///     let _ = view.as_cuda::<u16>(stream); // u16 is not a CudaElement
+/// }
+/// ```
+///
+/// and a typed view cannot outlive the view's owner:
+///
+/// ```compile_fail
+/// use replay_arena::cuda::{CudaBackend, CudaStream, CudaView, ViewExt};
+/// use replay_arena::{Capturing, Request, RunnerId};
+/// fn escape<'s>(capturing: &'s mut Capturing<CudaBackend>, req: Request, stream: &CudaStream) -> CudaView<'s, f32> {
+///     let cap = capturing.capture(RunnerId(0)).unwrap();
+///     let view = cap.take(req).unwrap();
+///     view.as_cuda::<f32>(stream).unwrap() // borrows `cap`, dropped here
+/// }
+/// ```
+pub trait ViewExt<'a> {
+    /// The view as a [`CudaView<T>`], for cudarc calls on streams of the
+    /// backend's context (`stream` ties it to that context: cudarc compares
+    /// contexts in `memcpy_dtod`). It lives as long as the view does.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::DTypeMismatch`] when `T`'s dtype is not the view's.
+    fn as_cuda<T: CudaElement>(&self, stream: &CudaStream) -> Result<CudaView<'a, T>>;
+}
+
+impl<'a> ViewExt<'a> for View<'a> {
+    fn as_cuda<T: CudaElement>(&self, stream: &CudaStream) -> Result<CudaView<'a, T>> {
+        if self.dtype() != T::DTYPE {
+            return Err(BackendError::DTypeMismatch {
+                view: self.dtype(),
+                requested: T::DTYPE,
+                type_name: std::any::type_name::<T>(),
+            });
+        }
+        Ok(CudaView {
+            ptr: self.device_ptr(),
+            len: self.len(),
+            stream: stream.inner.clone(),
+            _view: PhantomData,
+        })
+    }
+}
+
 impl Backend for CudaBackend {
     type Arena = CudaArena;
     type Event = CudaEvent;
@@ -627,22 +1123,27 @@ impl Backend for CudaBackend {
     }
 
     fn stream_id(&self, stream: &CudaStream) -> u64 {
-        stream.cu_stream() as u64
+        match stream.per_thread {
+            Some(thread) => PER_THREAD_ID | thread,
+            None => stream.cu_stream() as u64,
+        }
     }
 
     fn wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        let raw = stream.raw("cuStreamWaitEvent")?;
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
         check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream.cu_stream(), event.cu_event(), 0)
+            sys::cuStreamWaitEvent(raw, event.cu_event(), 0)
         })
     }
 
     fn record_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        let raw = stream.raw("cuEventRecord")?;
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event.cu_event(), stream.cu_stream())
+            sys::cuEventRecord(event.cu_event(), raw)
         })
     }
 
@@ -655,35 +1156,31 @@ impl Backend for CudaBackend {
     }
 
     fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        let raw = stream.raw("cuGraphLaunch")?;
         self.bind()?;
         // SAFETY: the exec and the stream are live objects of this context.
         check("cuGraphLaunch", unsafe {
-            sys::cuGraphLaunch(graph.handles.exec, stream.cu_stream())
+            sys::cuGraphLaunch(graph.handles.exec, raw)
         })
     }
 
     fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
-        if stream.is_default() {
-            return Err(BackendError::Refused {
-                op: "cuStreamBeginCapture",
-                reason: "the default (null) stream cannot be captured; capture on a stream from CudaBackend::new_stream".into(),
-            });
-        }
+        // `wrap_stream` refused the legacy stream; the per-thread stream is
+        // captured like any other (on its own thread).
+        let raw = stream.raw("cuStreamBeginCapture")?;
         self.bind()?;
-        // SAFETY: the stream is a live, non-default stream of this context.
+        // SAFETY: the stream is a live, capturable stream of this context.
         check("cuStreamBeginCapture", unsafe {
-            sys::cuStreamBeginCapture_v2(
-                stream.cu_stream(),
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
+            sys::cuStreamBeginCapture_v2(raw, self.capture_mode().raw())
         })
     }
 
     fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
+        let raw = stream.raw("cuStreamEndCapture")?;
         self.bind()?;
         let mut graph: sys::CUgraph = ptr::null_mut();
         // SAFETY: the stream is live; `graph` is a local out pointer.
-        let code = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };
+        let code = unsafe { sys::cuStreamEndCapture(raw, &mut graph) };
         if code != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
             if !graph.is_null() {
                 // SAFETY: the graph was returned to us and is destroyed once.
@@ -703,14 +1200,26 @@ impl Backend for CudaBackend {
             let _ = unsafe { sys::cuGraphDestroy(graph) };
             return Err(e);
         }
-        Ok(CudaGraph {
+        // From here on, dropping `owned` destroys both handles.
+        let owned = CudaGraph {
             handles: GraphHandles { graph, exec },
             ctx: self.inner.ctx.clone(),
             _not_sync: PhantomData,
-        })
+        };
+        if self.graph_upload() {
+            // SAFETY: the exec and the stream are live objects of this
+            // context; the upload is ordered on the capture stream, and
+            // launches of this exec are ordered behind it.
+            check("cuGraphUpload", unsafe { sys::cuGraphUpload(exec, raw) })?;
+        }
+        Ok(owned)
     }
 
     fn abort_capture(&self, stream: &CudaStream) {
+        // Another thread's per-thread stream is not this capture's.
+        let Ok(raw) = stream.raw("cuStreamEndCapture") else {
+            return;
+        };
         if self.bind().is_err() {
             return;
         }
@@ -718,7 +1227,7 @@ impl Backend for CudaBackend {
         // SAFETY: ending a capture (or failing to, when none is open) leaves
         // the stream usable; a returned graph is destroyed once.
         unsafe {
-            let _ = sys::cuStreamEndCapture(stream.cu_stream(), &mut graph);
+            let _ = sys::cuStreamEndCapture(raw, &mut graph);
             if !graph.is_null() {
                 let _ = sys::cuGraphDestroy(graph);
             }
@@ -740,6 +1249,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    /// Waits for the whole context (`cuCtxSynchronize`), the program's
+    /// other streams included: the backend does not know every stream work
+    /// was submitted to. Teardown does not call it; it waits for the
+    /// fence's events only.
     fn synchronize(&self) -> Result<()> {
         self.inner
             .ctx
@@ -761,6 +1274,85 @@ mod tests {
     assert_impl_all!(CudaGraph: Send);
     assert_not_impl_any!(CudaGraph: Sync, Clone);
     assert_impl_all!(Replayable<CudaBackend>: Send);
+    assert_impl_all!(CudaView<'static, f32>: Send, Sync, DevicePtr<f32>, DevicePtrMut<f32>);
+
+    #[test]
+    fn element_types_map_to_their_dtypes() {
+        assert_eq!(f32::DTYPE, DType::F32);
+        assert_eq!(f64::DTYPE, DType::F64);
+        assert_eq!(i32::DTYPE, DType::I32);
+        assert_eq!(i64::DTYPE, DType::I64);
+        assert_eq!(i8::DTYPE, DType::I8);
+        assert_eq!(u8::DTYPE, DType::U8);
+        for dtype in [
+            f32::DTYPE,
+            f64::DTYPE,
+            i32::DTYPE,
+            i64::DTYPE,
+            i8::DTYPE,
+            u8::DTYPE,
+        ] {
+            let size = match dtype {
+                DType::F32 => std::mem::size_of::<f32>(),
+                DType::F64 => std::mem::size_of::<f64>(),
+                DType::I32 => std::mem::size_of::<i32>(),
+                DType::I64 => std::mem::size_of::<i64>(),
+                DType::I8 => std::mem::size_of::<i8>(),
+                _ => std::mem::size_of::<u8>(),
+            };
+            assert_eq!(dtype.size_bytes(), size as u64, "{dtype}");
+        }
+    }
+
+    #[cfg(feature = "f16")]
+    #[test]
+    fn half_types_map_to_bf16_and_f16() {
+        assert_eq!(half::bf16::DTYPE, DType::BF16);
+        assert_eq!(half::f16::DTYPE, DType::F16);
+    }
+
+    #[test]
+    fn adoption_errors_name_the_fix() {
+        let tracking = BackendError::EventTracking.to_string();
+        assert!(tracking.contains("disable_event_tracking()"), "{tracking}");
+        assert!(
+            tracking.contains("CudaBackend::from_context_disabling_event_tracking"),
+            "{tracking}"
+        );
+        let legacy = BackendError::LegacyStream { op: "wrap stream" }.to_string();
+        assert!(legacy.contains("per_thread_stream()"), "{legacy}");
+        let mismatch = BackendError::DTypeMismatch {
+            view: DType::BF16,
+            requested: DType::F32,
+            type_name: "f32",
+        }
+        .to_string();
+        assert_eq!(mismatch, "a view of bf16 cannot be used as f32 (f32)");
+    }
+
+    #[test]
+    fn capture_mode_is_thread_local_by_default_and_round_trips() {
+        assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
+        for mode in [
+            CaptureMode::Global,
+            CaptureMode::ThreadLocal,
+            CaptureMode::Relaxed,
+        ] {
+            assert_eq!(CaptureMode::from_u8(mode.to_u8()), mode);
+        }
+        assert_eq!(
+            CaptureMode::Relaxed.raw(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
+        );
+    }
+
+    #[test]
+    fn per_thread_stream_ids_differ_by_thread() {
+        let here = this_thread();
+        assert_eq!(here, this_thread());
+        let there = std::thread::spawn(this_thread).join().unwrap();
+        assert_ne!(here, there);
+    }
 
     #[test]
     fn device_info_displays_name_capability_memory_and_driver() {

@@ -81,6 +81,34 @@ pub enum BackendError {
         /// Why it was refused.
         reason: String,
     },
+    /// A program's cudarc context was adopted with cudarc's event tracking
+    /// on. That tracking makes cudarc record and wait on events around every
+    /// use of the program's slices; inside a stream capture such a wait on
+    /// an event recorded outside the capture fails
+    /// (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`).
+    #[cfg(feature = "cuda")]
+    #[error("the CUDA context has cudarc's event tracking on, which breaks stream capture: call `unsafe {{ ctx.disable_event_tracking() }}` before allocating anything a graph will use and then `CudaBackend::from_context`, or adopt it with `CudaBackend::from_context_disabling_event_tracking`")]
+    EventTracking,
+    /// The legacy default (NULL) stream was offered for capture or replay;
+    /// the driver cannot capture it (the per-thread default stream is fine).
+    #[cfg(feature = "cuda")]
+    #[error("{op}: the legacy default (NULL) stream cannot be captured; use the per-thread stream (`ctx.per_thread_stream()`) or a stream from `ctx.new_stream()`")]
+    LegacyStream {
+        /// The operation.
+        op: &'static str,
+    },
+    /// A typed view was asked for with an element type whose dtype differs
+    /// from the view's.
+    #[cfg(feature = "cuda")]
+    #[error("a view of {view} cannot be used as {requested} ({type_name})")]
+    DTypeMismatch {
+        /// The view's dtype.
+        view: crate::vocab::DType,
+        /// The dtype of the requested element type.
+        requested: crate::vocab::DType,
+        /// The requested Rust type.
+        type_name: &'static str,
+    },
     /// A symmetric domain names a group the backend has no communicator for.
     #[error("{group} has no communicator registered with the backend")]
     NoCommunicator {

@@ -44,13 +44,25 @@ fn check(op: &'static str, result: nc::ncclResult_t) -> Result<()> {
 }
 
 /// Whether the NCCL library can be loaded (without panicking when it cannot).
+///
+/// With the `dynamic-loading` feature this tries to load it as cudarc would;
+/// without it (cudarc's `dynamic-linking`), the loader bound NCCL when the
+/// program started, so it is there.
 pub fn available() -> bool {
-    // SAFETY: only tries to open the library.
-    unsafe { nc::is_culib_present() }
+    #[cfg(feature = "dynamic-loading")]
+    {
+        // SAFETY: only tries to open the library.
+        unsafe { nc::is_culib_present() }
+    }
+    #[cfg(not(feature = "dynamic-loading"))]
+    {
+        true
+    }
 }
 
 /// NCCL entry points this module calls; checked before the first call, since
 /// cudarc panics on a missing symbol (NCCL before 2.28 has no symmetric windows).
+#[cfg(feature = "dynamic-loading")]
 const REQUIRED_SYMBOLS: [&str; 10] = [
     "ncclGetUniqueId",
     "ncclCommInitRank",
@@ -64,6 +76,7 @@ const REQUIRED_SYMBOLS: [&str; 10] = [
     "ncclGetVersion",
 ];
 
+#[cfg(feature = "dynamic-loading")]
 fn require_nccl() -> Result<()> {
     if !available() {
         return Err(BackendError::Unavailable {
@@ -89,6 +102,12 @@ fn require_nccl() -> Result<()> {
             ),
         })
     }
+}
+
+/// Under `dynamic-linking` every symbol was bound when the program started.
+#[cfg(not(feature = "dynamic-loading"))]
+fn require_nccl() -> Result<()> {
+    Ok(())
 }
 
 /// The 128-byte id every rank of a communicator is created from. Rank 0

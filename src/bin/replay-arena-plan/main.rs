@@ -1,0 +1,233 @@
+//! `replay-arena-plan`: reads workload files (recorded discovery, see
+//! `docs/workload-format.md`) and prints the persistent-buffer plan a policy
+//! gives them, or compares every policy and both placements.
+//!
+//! ```text
+//! replay-arena-plan examples/workloads/gpt3-175b-per-module.json --generations 2 --packed
+//! replay-arena-plan examples/workloads/mixtral-8x7b-per-module.json --module-kinds 3 --json
+//! replay-arena-plan examples/workloads/gpt3-175b-per-module.json -g 3 --svg plan.svg
+//! cat my-workload.json | replay-arena-plan - --overlap-depth 3
+//! replay-arena-plan --compare --markdown examples/workloads/*.json
+//! ```
+
+mod render;
+mod svg;
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{ArgGroup, CommandFactory, Parser};
+use replay_arena::{Discovering, Policy, Strategy, Workload};
+
+/// Prints the persistent-buffer plan of recorded discovery (workload files),
+/// or compares every policy and both placements.
+///
+/// With one policy (--generations, --module-kinds or --overlap-depth, plus
+/// --packed for the packed placement) it prints the plan report: per key the
+/// bytes of the plan, the lower bound, round-robin, packed and the old
+/// per-parameter ring, and per runner its generation, bytes and fence waits.
+/// With --compare, or when no policy is given, it prints per workload the
+/// bytes of round-robin and packed placement for G = 1, 2, 3 and the
+/// module-kinds rule, the lower bound and the ratios. --json prints the same
+/// as data, --markdown the comparison as one Markdown table, --svg a picture
+/// of the plan.
+#[derive(Debug, Parser)]
+#[command(name = "replay-arena-plan", version, verbatim_doc_comment)]
+#[command(group(ArgGroup::new("policy").args(["generations", "module_kinds", "overlap_depth"])))]
+struct Cli {
+    /// Workload files (JSON); `-` reads standard input.
+    #[arg(value_name = "FILE", required = true)]
+    inputs: Vec<String>,
+
+    /// Plan with exactly N generations.
+    #[arg(short, long, value_name = "N", value_parser = positive)]
+    generations: Option<usize>,
+
+    /// Plan with the upstream rule for K local-graph module kinds.
+    #[arg(short = 'k', long, value_name = "K", value_parser = positive)]
+    module_kinds: Option<usize>,
+
+    /// Plan for D runner graphs in flight at once.
+    #[arg(short = 'd', long, value_name = "D", value_parser = positive)]
+    overlap_depth: Option<usize>,
+
+    /// Use packed placement instead of round-robin.
+    #[arg(long, requires = "policy")]
+    packed: bool,
+
+    /// Compare G = 1, 2, 3 and the module-kinds rule, round-robin and packed
+    /// (the default when no policy is given).
+    #[arg(long, conflicts_with = "policy")]
+    compare: bool,
+
+    /// Print data (JSON) instead of a table.
+    #[arg(long)]
+    json: bool,
+
+    /// Print the comparison as one Markdown table.
+    #[arg(long, conflicts_with_all = ["json", "policy"])]
+    markdown: bool,
+
+    /// Also draw the plan as an SVG picture into FILE: per key, addresses
+    /// against buffer-using runners in capture order.
+    #[arg(long, value_name = "FILE", requires = "policy")]
+    svg: Option<PathBuf>,
+}
+
+/// `N >= 1`, with a message that says so.
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("expected a positive integer, got {text:?}")),
+    }
+}
+
+/// What the command line asks for, checked.
+struct Options {
+    inputs: Vec<String>,
+    /// One strategy, or `None` for the comparison.
+    strategy: Option<Strategy>,
+    format: render::Format,
+    svg: Option<PathBuf>,
+}
+
+impl Cli {
+    fn options(self) -> Result<Options, clap::Error> {
+        let refuse = |message: &str| Cli::command().error(ErrorKind::ArgumentConflict, message);
+        if self.inputs.iter().filter(|i| *i == "-").count() > 1 {
+            return Err(refuse("standard input (-) can be read only once"));
+        }
+        if self.svg.is_some() && self.inputs.len() > 1 {
+            return Err(refuse("--svg draws one workload; give one FILE"));
+        }
+        let policy = match (self.generations, self.module_kinds, self.overlap_depth) {
+            (Some(n), _, _) => Some(Policy::Generations(n)),
+            (_, Some(k), _) => Some(Policy::ModuleKinds(k)),
+            (_, _, Some(d)) => Some(Policy::OverlapDepth(d)),
+            _ => None,
+        };
+        let strategy = policy.map(|p| if self.packed { p.packed() } else { p.into() });
+        let format = match (self.json, self.markdown) {
+            (true, _) => render::Format::Json,
+            (_, true) => render::Format::Markdown,
+            _ => render::Format::Text,
+        };
+        Ok(Options {
+            inputs: self.inputs,
+            strategy,
+            format,
+            svg: self.svg,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    let options = match Cli::try_parse().and_then(Cli::options) {
+        Ok(options) => options,
+        Err(e) => {
+            // Help and version go to stdout; a closed pipe there is no error.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let result = run(&options).and_then(|output| write_stdout(&output));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            let _ = writeln!(io::stderr(), "error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes the output; a reader that went away (`| head`) ends it quietly.
+fn write_stdout(output: &str) -> Result<(), String> {
+    let mut stdout = io::stdout().lock();
+    match stdout
+        .write_all(output.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            Err(format!("writing the output failed: {e}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// One workload file, read and discovered.
+pub(crate) struct Input {
+    /// The file as given on the command line.
+    pub(crate) label: String,
+    pub(crate) workload: Workload,
+    pub(crate) discovery: Discovering,
+}
+
+impl Input {
+    fn read(label: &str) -> Result<Input, String> {
+        let workload = if label == "-" {
+            Workload::from_reader(io::stdin().lock())
+        } else {
+            let file = std::fs::File::open(label).map_err(|e| format!("{label}: {e}"))?;
+            Workload::from_reader(file)
+        };
+        let workload = workload.map_err(|e| format!("{label}: {e}"))?;
+        let discovery = workload
+            .to_discovering()
+            .map_err(|e| format!("{label}: {e}"))?;
+        Ok(Input {
+            label: label.to_string(),
+            workload,
+            discovery,
+        })
+    }
+}
+
+/// Reads every input, then renders what the options ask for.
+fn run(options: &Options) -> Result<String, String> {
+    let inputs = options
+        .inputs
+        .iter()
+        .map(|i| Input::read(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    match options.strategy {
+        Some(strategy) => {
+            let mut plans = Vec::with_capacity(inputs.len());
+            for input in &inputs {
+                let plan = render::Plan::of(input, strategy)
+                    .map_err(|e| format!("{}: {e}", input.label))?;
+                if let Some(path) = &options.svg {
+                    let picture = svg::draw(input, &plan)?;
+                    std::fs::write(path, picture)
+                        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                }
+                plans.push(plan);
+            }
+            Ok(match options.format {
+                render::Format::Json => {
+                    render::json_lines(&plans.iter().map(|p| p.json()).collect::<Vec<_>>())?
+                }
+                _ => plans.iter().map(render::Plan::text).collect(),
+            })
+        }
+        None => {
+            let comparisons = inputs
+                .iter()
+                .map(|i| render::Comparison::of(i).map_err(|e| format!("{}: {e}", i.label)))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(match options.format {
+                render::Format::Text => comparisons
+                    .iter()
+                    .map(render::Comparison::text)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                render::Format::Json => {
+                    render::json_lines(&comparisons.iter().map(|c| c.json()).collect::<Vec<_>>())?
+                }
+                render::Format::Markdown => render::markdown(&comparisons),
+            })
+        }
+    }
+}

@@ -1,0 +1,616 @@
+//! Plans and comparisons, and how they print: tables, JSON and Markdown.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::fmt::Write as _;
+
+use replay_arena::{byte_ratio, Domain, Key, PlanReport, Planned, Policy, Strategy};
+use serde::ser::{SerializeSeq, Serializer};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::Input;
+
+/// How results are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    Text,
+    Json,
+    Markdown,
+}
+
+/// Bytes for people, in binary units up to EiB (so every `u64` fits):
+/// "512 B", "1.50 MiB", "16.00 EiB".
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// "policy Generations(2), packed placement".
+pub(crate) fn describe(strategy: Strategy) -> String {
+    format!(
+        "policy {}, {} placement",
+        strategy.policy, strategy.placement
+    )
+}
+
+/// One JSON document per input; an array when there are several.
+pub(crate) fn json_lines<T: Serialize>(values: &[T]) -> Result<String, String> {
+    let text = match values {
+        [one] => serde_json::to_string_pretty(one),
+        all => serde_json::to_string_pretty(all),
+    };
+    text.map(|t| t + "\n")
+        .map_err(|e| format!("writing JSON failed: {e}"))
+}
+
+impl Input {
+    /// Runner `position`'s name, or "runner ID" for a runner without one.
+    pub(crate) fn runner_label(&self, position: usize) -> Cow<'_, str> {
+        let spec = &self.workload.runners[position];
+        match &spec.name {
+            Some(name) => Cow::Borrowed(name),
+            None => Cow::Owned(format!(
+                "runner {}",
+                spec.id.map_or(position as u64, u64::from)
+            )),
+        }
+    }
+
+    /// `module_kinds` from the file, or the number of distinct runner names
+    /// with digits masked; and where it came from.
+    pub(crate) fn module_kinds(&self) -> (usize, &'static str) {
+        match self.workload.module_kinds {
+            Some(k) => (k, "file"),
+            None => {
+                let kinds: HashSet<String> = (0..self.workload.runners.len())
+                    .map(|i| mask_digits(&self.runner_label(i)))
+                    .collect();
+                (kinds.len(), "runner names")
+            }
+        }
+    }
+
+    fn group_name(&self, domain: Domain) -> Option<&str> {
+        match domain {
+            Domain::Device => None,
+            Domain::Symmetric(g) => self.discovery.config().group_name(g),
+        }
+    }
+
+    fn domain_json(&self, key: Key) -> Value {
+        match (key.domain, self.group_name(key.domain)) {
+            (Domain::Device, _) => json!("device"),
+            (Domain::Symmetric(_), Some(name)) => json!({ "symmetric": name }),
+            (Domain::Symmetric(g), None) => json!({ "symmetric": g.0 }),
+        }
+    }
+}
+
+/// `layer12.mlp.bwd` -> `layer#.mlp.bwd`.
+pub(crate) fn mask_digits(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if !c.is_ascii_digit() {
+            out.push(c);
+        } else if !out.ends_with('#') {
+            out.push('#');
+        }
+    }
+    out
+}
+
+/// Refuses a report in which a figure saturated at `u64::MAX`: the report's
+/// sign that the true figure does not fit in 64 bits.
+fn check_figures(report: &PlanReport) -> Result<(), String> {
+    let overflow = |what: &str, of: &str| {
+        Err(format!(
+            "with {}: the {what} of {of} overflow 64 bits, so no plan of this workload fits in \
+             memory",
+            describe(report.strategy)
+        ))
+    };
+    for k in &report.keys {
+        for (what, bytes) in [
+            ("plan bytes", k.plan_bytes),
+            ("round-robin bytes", k.round_robin_bytes),
+            ("packed bytes", k.packed_bytes),
+            ("lower bound bytes", k.lower_bound),
+            ("ring bytes", k.ring_bytes),
+        ] {
+            if bytes == u64::MAX {
+                return overflow(what, &k.name);
+            }
+        }
+    }
+    for (what, bytes) in [
+        ("plan bytes", report.plan_bytes),
+        ("round-robin bytes", report.round_robin_bytes),
+        ("packed bytes", report.packed_bytes),
+        ("lower bound bytes", report.lower_bound),
+        ("ring bytes", report.ring_bytes),
+    ] {
+        if bytes == u64::MAX {
+            return overflow(what, "all keys");
+        }
+    }
+    Ok(())
+}
+
+/// Plans `input` with `strategy` and checks that every figure fits.
+fn plan(input: &Input, strategy: Strategy) -> Result<(Planned, PlanReport), String> {
+    let planned = input
+        .discovery
+        .clone()
+        .plan(strategy)
+        .map_err(|e| format!("planning with {} failed: {e}", describe(strategy)))?;
+    let report = planned.report();
+    check_figures(&report)?;
+    Ok((planned, report))
+}
+
+/// One workload planned with one strategy.
+pub(crate) struct Plan<'i> {
+    pub(crate) input: &'i Input,
+    pub(crate) planned: Planned,
+    pub(crate) report: PlanReport,
+}
+
+impl<'i> Plan<'i> {
+    pub(crate) fn of(input: &'i Input, strategy: Strategy) -> Result<Plan<'i>, String> {
+        let (planned, report) = plan(input, strategy)?;
+        Ok(Plan {
+            input,
+            planned,
+            report,
+        })
+    }
+
+    /// The report as a table, with runner names and the workload's header.
+    pub(crate) fn text(&self) -> String {
+        let (w, r) = (&self.input.workload, &self.report);
+        let mut out = format!(
+            "workload {} ({}): {} runners\n",
+            w.name,
+            self.input.label,
+            w.runners.len()
+        );
+        if let Some(source) = &w.source {
+            let _ = writeln!(out, "source: {source}");
+        }
+        let _ = writeln!(
+            out,
+            "plan: {} placement, G = {} (policy {}), {} runners ({} use buffers), fingerprint {:016x}",
+            r.strategy.placement,
+            r.generations,
+            r.strategy.policy,
+            r.runners_total,
+            r.runners_using,
+            r.fingerprint
+        );
+        let arena_head = match r.strategy.placement {
+            replay_arena::Placement::RoundRobin => "arenas (per generation)",
+            replay_arena::Placement::Packed => "arena",
+        };
+        let _ = writeln!(
+            out,
+            "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>7}  {arena_head}",
+            "key", "plan", "lower bound", "round-robin", "packed", "ring(2)", "plan/lb", "waits"
+        );
+        for k in &r.keys {
+            let arenas: Vec<String> = k.arenas.iter().map(|&b| human_bytes(b)).collect();
+            let _ = writeln!(
+                out,
+                "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}  {}",
+                k.name,
+                human_bytes(k.plan_bytes),
+                human_bytes(k.lower_bound),
+                human_bytes(k.round_robin_bytes),
+                human_bytes(k.packed_bytes),
+                human_bytes(k.ring_bytes),
+                byte_ratio(k.plan_bytes, k.lower_bound),
+                k.longest_wait_list,
+                arenas.join(" | ")
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}",
+            "total",
+            human_bytes(r.plan_bytes),
+            human_bytes(r.lower_bound),
+            human_bytes(r.round_robin_bytes),
+            human_bytes(r.packed_bytes),
+            human_bytes(r.ring_bytes),
+            r.plan_over_lower_bound(),
+            r.longest_wait_list
+        );
+        let _ = writeln!(
+            out,
+            "plan/lower bound {:.3}x, round-robin/lower bound {:.3}x, packed/lower bound {:.3}x, ring/plan {:.3}x",
+            r.plan_over_lower_bound(),
+            r.round_robin_over_lower_bound(),
+            r.packed_over_lower_bound(),
+            r.ring_over_plan()
+        );
+        let _ = writeln!(
+            out,
+            "{:<12} {:<24} {:>4} {:>9} {:>12} {:>6}",
+            "runner", "name", "gen", "requests", "bytes", "waits"
+        );
+        for (i, runner) in r.runners.iter().enumerate() {
+            let gen = runner
+                .generation
+                .map_or_else(|| "-".to_string(), |g| g.to_string());
+            let name = w.runners.get(i).and_then(|s| s.name.as_deref());
+            let _ = writeln!(
+                out,
+                "{:<12} {:<24} {:>4} {:>9} {:>12} {:>6}",
+                runner.runner.to_string(),
+                name.unwrap_or("-"),
+                gen,
+                runner.requests,
+                human_bytes(runner.bytes),
+                runner.wait_list
+            );
+        }
+        out
+    }
+
+    /// The report as data, with group and runner names from the file.
+    /// Serialized as it is written: a million runners need no tree of
+    /// values.
+    pub(crate) fn json(&self) -> PlanJson<'_> {
+        let r = &self.report;
+        PlanJson {
+            workload: WorkloadJson {
+                name: &self.input.workload.name,
+                source: self.input.workload.source.as_deref(),
+                file: &self.input.label,
+            },
+            policy: r.strategy.policy.to_string(),
+            placement: r.strategy.placement.to_string(),
+            generations: r.generations,
+            runners_total: r.runners_total,
+            runners_using: r.runners_using,
+            plan_bytes: r.plan_bytes,
+            round_robin_bytes: r.round_robin_bytes,
+            packed_bytes: r.packed_bytes,
+            lower_bound: r.lower_bound,
+            ring_bytes: r.ring_bytes,
+            longest_wait_list: r.longest_wait_list,
+            fingerprint: format!("{:016x}", r.fingerprint),
+            ratios: Ratios {
+                plan_over_lower_bound: r.plan_over_lower_bound(),
+                round_robin_over_lower_bound: r.round_robin_over_lower_bound(),
+                packed_over_lower_bound: r.packed_over_lower_bound(),
+                ring_over_plan: r.ring_over_plan(),
+            },
+            groups: self
+                .input
+                .discovery
+                .config()
+                .groups()
+                .map(|(_, n)| n)
+                .collect(),
+            keys: r
+                .keys
+                .iter()
+                .map(|k| KeyJson {
+                    name: &k.name,
+                    domain: self.input.domain_json(k.key),
+                    dtype: k.key.dtype.name(),
+                    arenas: &k.arenas,
+                    plan_bytes: k.plan_bytes,
+                    round_robin_bytes: k.round_robin_bytes,
+                    packed_bytes: k.packed_bytes,
+                    lower_bound: k.lower_bound,
+                    ring_bytes: k.ring_bytes,
+                    longest_wait_list: k.longest_wait_list,
+                })
+                .collect(),
+            runners: RunnersJson(self),
+        }
+    }
+}
+
+/// [`Plan::json`]'s document.
+#[derive(Serialize)]
+pub(crate) struct PlanJson<'p> {
+    workload: WorkloadJson<'p>,
+    policy: String,
+    placement: String,
+    generations: usize,
+    runners_total: usize,
+    runners_using: usize,
+    plan_bytes: u64,
+    round_robin_bytes: u64,
+    packed_bytes: u64,
+    lower_bound: u64,
+    ring_bytes: u64,
+    longest_wait_list: usize,
+    fingerprint: String,
+    ratios: Ratios,
+    groups: Vec<&'p str>,
+    keys: Vec<KeyJson<'p>>,
+    runners: RunnersJson<'p>,
+}
+
+#[derive(Serialize)]
+struct WorkloadJson<'p> {
+    name: &'p str,
+    source: Option<&'p str>,
+    file: &'p str,
+}
+
+#[derive(Serialize)]
+struct Ratios {
+    plan_over_lower_bound: f64,
+    round_robin_over_lower_bound: f64,
+    packed_over_lower_bound: f64,
+    ring_over_plan: f64,
+}
+
+#[derive(Serialize)]
+struct KeyJson<'p> {
+    name: &'p str,
+    domain: Value,
+    dtype: &'static str,
+    arenas: &'p [u64],
+    plan_bytes: u64,
+    round_robin_bytes: u64,
+    packed_bytes: u64,
+    lower_bound: u64,
+    ring_bytes: u64,
+    longest_wait_list: usize,
+}
+
+/// Every runner of a plan, serialized one at a time.
+struct RunnersJson<'p>(&'p Plan<'p>);
+
+impl Serialize for RunnersJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let plan = self.0;
+        let report = &plan.report;
+        let key_names: Vec<(Key, &str)> = report
+            .keys
+            .iter()
+            .map(|k| (k.key, k.name.as_str()))
+            .collect();
+        let key_name = |key: Key| {
+            key_names
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map_or_else(|| Cow::Owned(key.to_string()), |(_, n)| Cow::Borrowed(*n))
+        };
+        let mut seq = serializer.serialize_seq(Some(report.runners.len()))?;
+        for (i, runner) in report.runners.iter().enumerate() {
+            let slices: Vec<SliceJson<'_>> = runner
+                .slices
+                .iter()
+                .map(|s| SliceJson {
+                    key: key_name(s.key),
+                    arena: s.arena,
+                    offset: s.offset,
+                    bytes: s.bytes,
+                })
+                .collect();
+            seq.serialize_element(&RunnerJson {
+                id: runner.runner.0,
+                name: plan
+                    .input
+                    .workload
+                    .runners
+                    .get(i)
+                    .and_then(|s| s.name.as_deref()),
+                generation: runner.generation,
+                requests: runner.requests,
+                bytes: runner.bytes,
+                wait_list: runner.wait_list,
+                slices,
+            })?;
+        }
+        seq.end()
+    }
+}
+
+#[derive(Serialize)]
+struct RunnerJson<'p> {
+    id: u32,
+    name: Option<&'p str>,
+    generation: Option<usize>,
+    requests: usize,
+    bytes: u64,
+    wait_list: usize,
+    slices: Vec<SliceJson<'p>>,
+}
+
+#[derive(Serialize)]
+struct SliceJson<'p> {
+    key: Cow<'p, str>,
+    arena: usize,
+    offset: u64,
+    bytes: u64,
+}
+
+/// One policy in the comparison: both placements' bytes and the lower bound.
+pub(crate) struct Row {
+    policy: Policy,
+    generations: usize,
+    lower_bound: u64,
+    round_robin: u64,
+    packed: u64,
+}
+
+impl Row {
+    fn packed_over_lower_bound(&self) -> f64 {
+        byte_ratio(self.packed, self.lower_bound)
+    }
+
+    fn round_robin_over_lower_bound(&self) -> f64 {
+        byte_ratio(self.round_robin, self.lower_bound)
+    }
+}
+
+/// Every policy of the comparison for one workload.
+pub(crate) struct Comparison<'i> {
+    input: &'i Input,
+    runners_using: usize,
+    module_kinds: usize,
+    module_kinds_from: &'static str,
+    ring: u64,
+    rows: Vec<Row>,
+}
+
+impl<'i> Comparison<'i> {
+    /// Plans G = 1, 2, 3 and the module-kinds rule; each round-robin report
+    /// carries the packed figure too.
+    pub(crate) fn of(input: &'i Input) -> Result<Comparison<'i>, String> {
+        let (module_kinds, module_kinds_from) = input.module_kinds();
+        let policies = [
+            Policy::Generations(1),
+            Policy::Generations(2),
+            Policy::Generations(3),
+            Policy::ModuleKinds(module_kinds),
+        ];
+        let mut rows = Vec::with_capacity(policies.len());
+        let mut ring = 0;
+        let mut runners_using = 0;
+        for policy in policies {
+            let (_, report) = plan(input, policy.into())?;
+            ring = report.ring_bytes;
+            runners_using = report.runners_using;
+            rows.push(Row {
+                policy,
+                generations: report.generations,
+                lower_bound: report.lower_bound,
+                round_robin: report.round_robin_bytes,
+                packed: report.packed_bytes,
+            });
+        }
+        Ok(Comparison {
+            input,
+            runners_using,
+            module_kinds,
+            module_kinds_from,
+            ring,
+            rows,
+        })
+    }
+
+    pub(crate) fn text(&self) -> String {
+        let w = &self.input.workload;
+        let mut out = format!(
+            "workload {} ({}): {} runners ({} use buffers), module kinds {} (from {}), ring(2) {}\n",
+            w.name,
+            self.input.label,
+            w.runners.len(),
+            self.runners_using,
+            self.module_kinds,
+            self.module_kinds_from,
+            human_bytes(self.ring)
+        );
+        if let Some(source) = &w.source {
+            let _ = writeln!(out, "source: {source}");
+        }
+        let _ = writeln!(
+            out,
+            "{:<16} {:>2} {:>9} {:>9} {:>11} {:>9} {:>12} {:>12} {:>12}",
+            "policy",
+            "G",
+            "packed/lb",
+            "rr/lb",
+            "ring/packed",
+            "ring/rr",
+            "lower bound",
+            "packed",
+            "round-robin"
+        );
+        for r in &self.rows {
+            let _ = writeln!(
+                out,
+                "{:<16} {:>2} {:>9.3} {:>9.3} {:>11.2} {:>9.2} {:>12} {:>12} {:>12}",
+                r.policy.to_string(),
+                r.generations,
+                r.packed_over_lower_bound(),
+                r.round_robin_over_lower_bound(),
+                byte_ratio(self.ring, r.packed),
+                byte_ratio(self.ring, r.round_robin),
+                human_bytes(r.lower_bound),
+                human_bytes(r.packed),
+                human_bytes(r.round_robin)
+            );
+        }
+        out
+    }
+
+    pub(crate) fn json(&self) -> Value {
+        let w = &self.input.workload;
+        let rows: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "policy": r.policy.to_string(),
+                    "generations": r.generations,
+                    "lower_bound": r.lower_bound,
+                    "packed_bytes": r.packed,
+                    "round_robin_bytes": r.round_robin,
+                    "packed_over_lower_bound": r.packed_over_lower_bound(),
+                    "round_robin_over_lower_bound": r.round_robin_over_lower_bound(),
+                    "ring_over_packed": byte_ratio(self.ring, r.packed),
+                    "ring_over_round_robin": byte_ratio(self.ring, r.round_robin),
+                })
+            })
+            .collect();
+        json!({
+            "name": w.name,
+            "source": w.source,
+            "file": self.input.label,
+            "runners": w.runners.len(),
+            "runners_using": self.runners_using,
+            "module_kinds": self.module_kinds,
+            "module_kinds_from": self.module_kinds_from,
+            "ring_bytes": self.ring,
+            "rows": rows,
+        })
+    }
+}
+
+/// All comparisons as one Markdown table, ratios first.
+pub(crate) fn markdown(comparisons: &[Comparison<'_>]) -> String {
+    let mut out = String::from(
+        "| workload | policy | G | packed/lb | rr/lb | ring/packed | ring/rr | lower bound | packed | round-robin | ring(2) |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for c in comparisons {
+        for r in &c.rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} |",
+                c.input.workload.name,
+                r.policy,
+                r.generations,
+                r.packed_over_lower_bound(),
+                r.round_robin_over_lower_bound(),
+                byte_ratio(c.ring, r.packed),
+                byte_ratio(c.ring, r.round_robin),
+                human_bytes(r.lower_bound),
+                human_bytes(r.packed),
+                human_bytes(r.round_robin),
+                human_bytes(c.ring)
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,282 @@
+//! `--svg`: the plan as a picture. One panel per key: addresses upwards,
+//! buffer-using runners in capture order from left to right. Each runner's
+//! slice is a box that starts at the runner's column and spans the `G`
+//! columns of the runners it may be in flight with, so the boxes crossing any
+//! column are the bytes live together there; those of conflicting runners
+//! never overlap. Dashed lines mark the lower bound and round-robin's size,
+//! and a band marks the peak window (the `G` runners whose bytes set the lower
+//! bound).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::render::{human_bytes, mask_digits, Plan};
+use crate::Input;
+
+/// Beyond this many buffer-using runners a column is narrower than a pixel.
+const MAX_RUNNERS: usize = 4096;
+const LEFT: f64 = 100.0;
+const RIGHT: f64 = 150.0;
+const PANEL_HEIGHT: f64 = 220.0;
+/// Room above a panel for its title, and below it for the runner axis.
+const PANEL_TITLE: f64 = 40.0;
+const PANEL_AXIS: f64 = 40.0;
+const PALETTE: [&str; 8] = [
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f",
+];
+
+/// The picture of `plan` as an SVG document.
+pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
+    let report = &plan.report;
+    let g = report.generations;
+    // Buffer-using runners, in capture order, with their position in the file.
+    let using: Vec<usize> = (0..report.runners.len())
+        .filter(|&i| !report.runners[i].slices.is_empty())
+        .collect();
+    if using.len() > MAX_RUNNERS {
+        return Err(format!(
+            "--svg draws at most {MAX_RUNNERS} buffer-using runners; {} has {}",
+            input.label,
+            using.len()
+        ));
+    }
+    let columns = (using.len() + g).saturating_sub(1).max(1);
+    let column = (900.0 / columns as f64).clamp(3.0, 28.0);
+    let width = LEFT + columns as f64 * column + RIGHT;
+
+    // Colours by module kind (runner name with digits masked).
+    let mut kinds: Vec<String> = Vec::new();
+    let mut kind_of: HashMap<String, usize> = HashMap::new();
+    let colour: Vec<&str> = using
+        .iter()
+        .map(|&i| {
+            let kind = mask_digits(&input.runner_label(i));
+            let next = kind_of.len();
+            let k = *kind_of.entry(kind.clone()).or_insert_with(|| {
+                kinds.push(kind);
+                next
+            });
+            PALETTE[k % PALETTE.len()]
+        })
+        .collect();
+
+    let legend_rows = kinds.len().min(8);
+    let top = 50.0 + 18.0 * legend_rows as f64;
+    let panel = PANEL_TITLE + PANEL_HEIGHT + PANEL_AXIS;
+    let height = top + panel * report.keys.len() as f64 + 10.0;
+
+    let mut svg = String::new();
+    let _ = writeln!(svg, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="10" y="22" font-size="15" font-weight="bold">{}: {} placement, G = {} (policy {}), {} of {} runners use buffers</text>"#,
+        escape(&input.workload.name),
+        report.strategy.placement,
+        g,
+        report.strategy.policy,
+        report.runners_using,
+        report.runners_total
+    );
+    let _ = writeln!(
+        svg,
+        r##"<text x="10" y="40" fill="#444">addresses upwards; runners in capture order left to right; a box spans the {g} runner(s) its bytes may be in flight with</text>"##
+    );
+    for (k, kind) in kinds.iter().enumerate().take(legend_rows) {
+        let y = 50.0 + 18.0 * k as f64;
+        let more = if k + 1 == legend_rows && kinds.len() > legend_rows {
+            format!(" (and {} more kinds)", kinds.len() - legend_rows)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            svg,
+            r#"<rect x="10" y="{y:.1}" width="12" height="12" fill="{}"/><text x="28" y="{:.1}">{}{more}</text>"#,
+            PALETTE[k % PALETTE.len()],
+            y + 10.0,
+            escape(kind)
+        );
+    }
+
+    let arenas = plan.planned.arenas();
+    for (key_index, key) in report.keys.iter().enumerate() {
+        let panel_top = top + panel * key_index as f64 + PANEL_TITLE;
+        let bottom = panel_top + PANEL_HEIGHT;
+        // The key's arenas stacked from address 0: generation 0 lowest.
+        let mut base: HashMap<usize, u128> = HashMap::new();
+        let mut stacked = 0u128;
+        let mut outlines = Vec::new();
+        for (a, arena) in arenas.iter().enumerate() {
+            if arena.key == key.key {
+                base.insert(a, stacked);
+                outlines.push((stacked, stacked + u128::from(arena.bytes), arena.generation));
+                stacked += u128::from(arena.bytes);
+            }
+        }
+        let scale_top = stacked
+            .max(u128::from(key.round_robin_bytes))
+            .max(u128::from(key.lower_bound))
+            .max(1);
+        let y = |address: u128| bottom - address as f64 / scale_top as f64 * PANEL_HEIGHT;
+        let x = |col: usize| LEFT + col as f64 * column;
+
+        let _ = writeln!(
+            svg,
+            r#"<g class="key" data-key="{key_index}" data-generations="{g}">"#
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="10" y="{:.1}" font-weight="bold">{}: plan {}, lower bound {}, round-robin {}, packed {}</text>"#,
+            panel_top - 14.0,
+            escape(&key.name),
+            human_bytes(key.plan_bytes),
+            human_bytes(key.lower_bound),
+            human_bytes(key.round_robin_bytes),
+            human_bytes(key.packed_bytes)
+        );
+        // Address axis.
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{left:.1}" y1="{panel_top:.1}" x2="{left:.1}" y2="{bottom:.1}" stroke="black"/><text x="{:.1}" y="{bottom:.1}" text-anchor="end">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            LEFT - 6.0,
+            LEFT - 6.0,
+            panel_top + 10.0,
+            human_bytes(u64::try_from(scale_top).unwrap_or(u64::MAX)),
+            left = LEFT
+        );
+        // Arena outlines.
+        for (lo, hi, generation) in &outlines {
+            let label = generation.map_or_else(|| "arena".to_string(), |g| format!("gen {g}"));
+            let _ = writeln!(
+                svg,
+                r##"<rect class="arena" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="#f4f4f4" stroke="#999" stroke-dasharray="2 2"/><text x="{:.2}" y="{:.3}" fill="#666">{label}</text>"##,
+                x(0),
+                y(*hi),
+                columns as f64 * column,
+                y(*lo) - y(*hi),
+                x(columns) + 4.0,
+                (y(*hi) + y(*lo)) / 2.0 + 4.0
+            );
+        }
+        // Slices.
+        for (k, &i) in using.iter().enumerate() {
+            let runner = &report.runners[i];
+            for slice in runner.slices.iter().filter(|s| s.key == key.key) {
+                let lo = base.get(&slice.arena).copied().unwrap_or(0) + u128::from(slice.offset);
+                let hi = lo + u128::from(slice.bytes);
+                let _ = writeln!(
+                    svg,
+                    r##"<rect class="slice" data-runner="{k}" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
+                    x(k) + 1.0,
+                    y(hi),
+                    g as f64 * column - 2.0,
+                    y(lo) - y(hi),
+                    colour[k],
+                    escape(&input.runner_label(i)),
+                    runner.runner,
+                    human_bytes(slice.bytes),
+                    slice.offset,
+                    slice.arena
+                );
+            }
+        }
+        // Peak window: the G consecutive runners with the most bytes of this
+        // key, all in flight at the window's last column.
+        let caps: Vec<u64> = using
+            .iter()
+            .map(|&i| {
+                report.runners[i]
+                    .slices
+                    .iter()
+                    .filter(|s| s.key == key.key)
+                    .map(|s| s.bytes)
+                    .sum()
+            })
+            .collect();
+        if let Some((first, bytes)) = heaviest_window(&caps, g) {
+            let col = first + g - 1;
+            let _ = writeln!(
+                svg,
+                r##"<rect class="peak" data-first="{first}" data-bytes="{bytes}" x="{:.2}" y="{panel_top:.1}" width="{column:.2}" height="{PANEL_HEIGHT:.1}" fill="#ffd54f" fill-opacity="0.3" stroke="#a67c00" stroke-dasharray="1 2"><title>peak window: runners {first} to {} hold {} together</title></rect><text x="{:.2}" y="{:.1}" text-anchor="middle" fill="#a67c00">peak</text>"##,
+                x(col),
+                first + g - 1,
+                human_bytes(bytes),
+                x(col) + column / 2.0,
+                panel_top - 2.0
+            );
+        }
+        // Reference lines.
+        for (label, bytes, colour) in [
+            ("lower bound", key.lower_bound, "#2e7d32"),
+            ("round-robin", key.round_robin_bytes, "#c62828"),
+        ] {
+            let at = y(u128::from(bytes));
+            let _ = writeln!(
+                svg,
+                r#"<line class="reference" x1="{:.2}" y1="{at:.3}" x2="{:.2}" y2="{at:.3}" stroke="{colour}" stroke-dasharray="6 3"/><text x="{:.2}" y="{:.3}" fill="{colour}">{label}</text>"#,
+                x(0),
+                x(columns),
+                x(columns) + 44.0,
+                at + if label == "lower bound" { 12.0 } else { -3.0 }
+            );
+        }
+        // Runner axis: every few positions.
+        let step = using.len().div_ceil(16).max(1);
+        for k in (0..using.len()).step_by(step) {
+            let _ = writeln!(
+                svg,
+                r##"<text x="{:.2}" y="{:.1}" text-anchor="middle" fill="#444">{k}</text>"##,
+                x(k) + column / 2.0,
+                bottom + 14.0
+            );
+        }
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" fill="#444">buffer-using runner (capture order)</text>"##,
+            LEFT,
+            bottom + 30.0
+        );
+        let _ = writeln!(svg, "</g>");
+    }
+    let _ = writeln!(svg, "</svg>");
+    Ok(svg)
+}
+
+/// The first of the `g` consecutive positions with the most bytes, and those
+/// bytes; `None` when nothing uses the key.
+fn heaviest_window(caps: &[u64], g: usize) -> Option<(usize, u64)> {
+    let mut best: Option<(usize, u128)> = None;
+    let mut window = 0u128;
+    for (k, &c) in caps.iter().enumerate() {
+        window += u128::from(c);
+        if k >= g {
+            window -= u128::from(caps[k - g]);
+        }
+        let first = k.saturating_sub(g - 1);
+        if window > 0 && best.is_none_or(|(_, b)| window > b) {
+            best = Some((first, window));
+        }
+    }
+    best.map(|(first, bytes)| (first, u64::try_from(bytes).unwrap_or(u64::MAX)))
+}
+
+/// Text and attribute values with XML's special characters escaped.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}

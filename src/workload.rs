@@ -1,0 +1,941 @@
+//! Recorded discovery as data: the workload file format (feature `serde`).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io::{Read, Write};
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::discover::{Discovering, PlanConfig};
+use crate::vocab::{DType, Domain, GroupId, ParamId, Purpose, Request, RunnerId};
+
+/// A workload file: the runners one eager backward discovered, in capture
+/// order, with everything a plan needs (feature `serde`).
+///
+/// Runners keep their names and ids, requests their purpose and parameter,
+/// and the symmetric groups their names. Save what a run discovered on the training
+/// cluster with [`Workload::from_discovering`] and [`Workload::to_json`]; load
+/// it anywhere with [`Workload::from_json_str`] or [`Workload::from_reader`]
+/// and plan it with [`Workload::to_discovering`]:
+///
+/// ```
+/// use replay_arena::{
+///     DType, Discovering, Domain, GroupId, PlanConfig, Policy, Request, RunnerId, Workload,
+/// };
+///
+/// // On the cluster: discovery as usual, then saved.
+/// let config = PlanConfig::new().with_group(GroupId(0), "gtp")?;
+/// let mut discovery = Discovering::new(config);
+/// discovery
+///     .arm_named(RunnerId(0), "layer1.mlp.bwd")?
+///     .record(Request::new(Domain::Symmetric(GroupId(0)), DType::BF16, 4096))?;
+/// let text = Workload::from_discovering("tiny", &discovery)?.to_json()?;
+///
+/// // On a laptop: loaded and planned, with every discovery check applied again.
+/// let loaded = Workload::from_json_str(&text)?.to_discovering()?;
+/// assert_eq!(loaded, discovery);
+/// let planned = loaded.plan(Policy::Generations(2))?;
+/// assert_eq!(planned.total_bytes(), 8192);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Reading checks the shape of the JSON (unknown and duplicate fields are
+/// errors); [`Workload::to_discovering`] checks the rest (empty or duplicate
+/// names, unknown groups, zero elements, sizes that overflow) and arms every
+/// runner through the public discovery API, so a loaded workload passes the
+/// same checks as a live run. Every error names the JSON path of the problem,
+/// such as `runners[3].requests[0].dtype`. The format is described in
+/// `docs/workload-format.md`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// A short name for reports (`gpt3-175b-per-module`). Not empty.
+    pub name: String,
+    /// Where the shapes come from, for people. Not empty when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// How many local-graph module kinds the model graphs, for
+    /// [`Policy::ModuleKinds`](crate::Policy::ModuleKinds). At least 1 when
+    /// given.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "count::optional"
+    )]
+    pub module_kinds: Option<usize>,
+    /// The symmetric groups, registered in this order. Without it, every group
+    /// a request names is registered on first appearance as `GroupId(0)`,
+    /// `GroupId(1)`, ...
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "object::optional_list"
+    )]
+    pub groups: Option<Vec<GroupSpec>>,
+    /// The runners in capture order. At least one.
+    #[serde(deserialize_with = "object::list")]
+    pub runners: Vec<RunnerSpec>,
+}
+
+/// One symmetric group of [`Workload::groups`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSpec {
+    /// Its id; without it, its position in the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
+    /// Its name, which requests use. Not empty; unique in the file.
+    pub name: String,
+}
+
+/// One runner of [`Workload::runners`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerSpec {
+    /// Its id; without it, its position in the list (runner `i` is
+    /// `RunnerId(i)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
+    /// Its name (`layer47.mlp.bwd`), if it has one. Not empty; unique in the
+    /// file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What it requested, in order. May be empty: a runner that requests
+    /// nothing gets no generation.
+    #[serde(deserialize_with = "object::list")]
+    pub requests: Vec<RequestSpec>,
+}
+
+/// One request of [`RunnerSpec::requests`]: a [`Request`] whose group and
+/// parameter may be given by name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestSpec {
+    /// Where the memory comes from.
+    pub domain: DomainSpec,
+    /// Element type, by [`DType::name`].
+    #[serde(with = "dtype_name")]
+    pub dtype: DType,
+    /// Number of elements. At least 1.
+    #[serde(with = "count")]
+    pub elements: u64,
+    /// What the buffer is for, by [`Purpose::name`]; `other` when left out.
+    #[serde(default, skip_serializing_if = "is_other", with = "purpose_name")]
+    pub purpose: Purpose,
+    /// The parameter the buffer belongs to, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<ParamRef>,
+}
+
+/// [`Domain`] with the group given by name: `"device"` or `{"symmetric":
+/// "gtp"}` in JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DomainSpec {
+    /// [`Domain::Device`].
+    Device,
+    /// [`Domain::Symmetric`] of the group of this name.
+    Symmetric(String),
+}
+
+/// A parameter, by name (`"l47.mlp.fc1"`) or by [`ParamId`] number (`17`).
+///
+/// Names get ids in order of first appearance, skipping every number the
+/// file uses, so named and numbered parameters never collide.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ParamRef {
+    /// A parameter name. Not empty.
+    Name(String),
+    /// A [`ParamId`] as a number.
+    Id(u64),
+}
+
+/// Why a workload could not be read, checked, turned into discovery or
+/// written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkloadError {
+    /// The text is not JSON.
+    #[error("invalid JSON: {message}")]
+    Syntax {
+        /// What the JSON parser said, with line and column.
+        message: String,
+    },
+    /// The JSON does not have the workload's shape: a field is unknown,
+    /// missing, given twice or of the wrong type.
+    #[error("{}{message}", path_prefix(path))]
+    Shape {
+        /// JSON path of the problem (`runners[3].requests[0].dtype`); empty
+        /// for the file as a whole.
+        path: String,
+        /// What is wrong, with line and column.
+        message: String,
+    },
+    /// A value has the right type but is not allowed there.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// JSON path of the value.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Two runners of the file have the same name.
+    #[error("{path}: duplicate runner name {name:?} (also runners[{first}])")]
+    DuplicateRunnerName {
+        /// JSON path of the second name.
+        path: String,
+        /// The name.
+        name: String,
+        /// Position of the first runner with that name.
+        first: usize,
+    },
+    /// Two groups of the file have the same name.
+    #[error("{path}: duplicate group name {name:?} (also groups[{first}])")]
+    DuplicateGroupName {
+        /// JSON path of the second name.
+        path: String,
+        /// The name.
+        name: String,
+        /// Position of the first group with that name.
+        first: usize,
+    },
+    /// A request names a group that the file's `groups` list lacks.
+    #[error("{path}: unknown group {name:?} (groups: {known})")]
+    UnknownGroup {
+        /// JSON path of the group name.
+        path: String,
+        /// The name.
+        name: String,
+        /// The groups the file lists, comma-separated.
+        known: String,
+    },
+    /// Discovery refused what the file asks for.
+    #[error("{path}: {source}")]
+    Discovery {
+        /// JSON path of the runner, group or request.
+        path: String,
+        /// What discovery said.
+        source: Box<crate::Error>,
+    },
+    /// A [`Discovering`] to save has two runners of one name.
+    #[error("{first} and {second} are both named {name:?}; a workload names runners uniquely")]
+    RunnerNameTaken {
+        /// The name.
+        name: String,
+        /// The first runner with that name, in capture order.
+        first: RunnerId,
+        /// The second.
+        second: RunnerId,
+    },
+    /// A [`Discovering`] to save has two groups of one name.
+    #[error(
+        "{first} and {second} are both registered as {name:?}; a workload names groups uniquely"
+    )]
+    GroupNameTaken {
+        /// The name.
+        name: String,
+        /// The group registered first.
+        first: GroupId,
+        /// The second.
+        second: GroupId,
+    },
+    /// A [`Discovering`] to save has an empty runner or group name.
+    #[error("{what} has an empty name; a workload needs names that are not empty")]
+    EmptyName {
+        /// The runner or group, as in "runner 3" or "group 1".
+        what: String,
+    },
+    /// Reading the input failed.
+    #[error("reading the workload failed: {0}")]
+    Read(#[source] std::io::Error),
+    /// Writing the JSON failed.
+    #[error("writing the workload failed: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+fn path_prefix(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}: ")
+    }
+}
+
+impl Workload {
+    /// Reads a workload from JSON text. A leading byte-order mark is skipped;
+    /// unknown or duplicate fields are errors naming their JSON path. Only
+    /// the shape is checked here: [`Workload::to_discovering`] checks names,
+    /// groups and sizes.
+    pub fn from_json_str(text: &str) -> Result<Workload, WorkloadError> {
+        Workload::from_json_slice(text.as_bytes())
+    }
+
+    /// Like [`Workload::from_json_str`], reading all of `reader` first.
+    pub fn from_reader(mut reader: impl Read) -> Result<Workload, WorkloadError> {
+        let mut bytes = Vec::new();
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(WorkloadError::Read)?;
+        Workload::from_json_slice(&bytes)
+    }
+
+    fn from_json_slice(bytes: &[u8]) -> Result<Workload, WorkloadError> {
+        let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let object::Object(workload) = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            shape_error(
+                if path == "." { String::new() } else { path },
+                e.into_inner(),
+            )
+        })?;
+        de.end().map_err(|e| shape_error(String::new(), e))?;
+        Ok(workload)
+    }
+
+    /// The workload as JSON text: top-level fields and runners one per line,
+    /// each request on its own line.
+    pub fn to_json(&self) -> Result<String, WorkloadError> {
+        let mut out = Vec::new();
+        self.to_writer(&mut out)?;
+        String::from_utf8(out).map_err(|e| {
+            WorkloadError::Write(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        })
+    }
+
+    /// Writes [`Workload::to_json`] to `writer`.
+    pub fn to_writer(&self, mut writer: impl Write) -> Result<(), WorkloadError> {
+        let w = &mut writer;
+        let io = |e: std::io::Error| WorkloadError::Write(e);
+        w.write_all(b"{\n  \"name\": ").map_err(io)?;
+        json_to(w, &self.name)?;
+        if let Some(source) = &self.source {
+            w.write_all(b",\n  \"source\": ").map_err(io)?;
+            json_to(w, source)?;
+        }
+        if let Some(kinds) = self.module_kinds {
+            write!(w, ",\n  \"module_kinds\": {kinds}").map_err(io)?;
+        }
+        if let Some(groups) = &self.groups {
+            w.write_all(b",\n  \"groups\": ").map_err(io)?;
+            json_to(w, groups)?;
+        }
+        w.write_all(b",\n  \"runners\": [").map_err(io)?;
+        for (i, runner) in self.runners.iter().enumerate() {
+            w.write_all(if i == 0 { b"\n    {" } else { b",\n    {" })
+                .map_err(io)?;
+            if let Some(id) = runner.id {
+                write!(w, "\"id\": {id}, ").map_err(io)?;
+            }
+            if let Some(name) = &runner.name {
+                w.write_all(b"\"name\": ").map_err(io)?;
+                json_to(w, name)?;
+                w.write_all(b", ").map_err(io)?;
+            }
+            w.write_all(b"\"requests\": [").map_err(io)?;
+            for (j, request) in runner.requests.iter().enumerate() {
+                w.write_all(if j == 0 { b"\n      " } else { b",\n      " })
+                    .map_err(io)?;
+                json_to(w, request)?;
+            }
+            if !runner.requests.is_empty() {
+                w.write_all(b"\n    ").map_err(io)?;
+            }
+            w.write_all(b"]}").map_err(io)?;
+        }
+        w.write_all(b"\n  ]\n}\n").map_err(io)
+    }
+
+    /// Saves what discovery recorded: every runner in capture order with its
+    /// id (where it is not its position), its name and its requests, and
+    /// every registered group. Parameters are saved as numbers.
+    ///
+    /// Fails when two runners or two groups share a name or a name is empty:
+    /// the file refers to groups by name, and people read runners by name.
+    pub fn from_discovering(
+        name: impl Into<String>,
+        discovery: &Discovering,
+    ) -> Result<Workload, WorkloadError> {
+        let config = discovery.config();
+        let mut group_names: HashMap<&str, GroupId> = HashMap::new();
+        let mut groups = Vec::new();
+        for (i, (group, group_name)) in config.groups().enumerate() {
+            if group_name.is_empty() {
+                return Err(WorkloadError::EmptyName {
+                    what: group.to_string(),
+                });
+            }
+            if let Some(&first) = group_names.get(group_name) {
+                return Err(WorkloadError::GroupNameTaken {
+                    name: group_name.to_string(),
+                    first,
+                    second: group,
+                });
+            }
+            group_names.insert(group_name, group);
+            groups.push(GroupSpec {
+                id: (u64::from(group.0) != i as u64).then_some(group.0),
+                name: group_name.to_string(),
+            });
+        }
+        let mut runner_names: HashMap<&str, RunnerId> = HashMap::new();
+        let mut runners = Vec::new();
+        for (i, runner) in discovery.runners().enumerate() {
+            let runner_name = discovery.runner_name(runner);
+            if let Some(n) = runner_name {
+                if n.is_empty() {
+                    return Err(WorkloadError::EmptyName {
+                        what: runner.to_string(),
+                    });
+                }
+                if let Some(&first) = runner_names.get(n) {
+                    return Err(WorkloadError::RunnerNameTaken {
+                        name: n.to_string(),
+                        first,
+                        second: runner,
+                    });
+                }
+                runner_names.insert(n, runner);
+            }
+            let requests = discovery
+                .requests(runner)
+                .unwrap_or_default()
+                .iter()
+                .map(|r| RequestSpec::from_request(r, config))
+                .collect();
+            runners.push(RunnerSpec {
+                id: (u64::from(runner.0) != i as u64).then_some(runner.0),
+                name: runner_name.map(str::to_string),
+                requests,
+            });
+        }
+        Ok(Workload {
+            name: name.into(),
+            source: None,
+            module_kinds: None,
+            groups: (!groups.is_empty()).then_some(groups),
+            runners,
+        })
+    }
+
+    /// Checks the workload and replays it as discovery: the groups are
+    /// registered, then runner `i` is armed (with its name) and records its
+    /// requests in order, through the same API an eager backward uses, so
+    /// every discovery check applies. Errors name the JSON path of the
+    /// problem. Linear in the size of the workload.
+    pub fn to_discovering(&self) -> Result<Discovering, WorkloadError> {
+        non_empty(&self.name, || "name".into())?;
+        if let Some(source) = &self.source {
+            non_empty(source, || "source".into())?;
+        }
+        if self.module_kinds == Some(0) {
+            return Err(invalid("module_kinds", "must be at least 1"));
+        }
+        if self.runners.is_empty() {
+            return Err(invalid("runners", "must list at least one runner"));
+        }
+        let groups = self.group_table()?;
+        let params = self.numbered_params();
+        let mut config = PlanConfig::new();
+        for (i, (name, id)) in groups.order.iter().enumerate() {
+            config = config
+                .with_group(*id, *name)
+                .map_err(|e| discovery_error(format!("groups[{i}]"), e))?;
+        }
+        let mut discovery = Discovering::new(config);
+        let mut names: HashMap<&str, usize> = HashMap::with_capacity(self.runners.len());
+        let mut interned: HashMap<&str, ParamId> = HashMap::with_capacity(self.runners.len());
+        let mut next_param = 0u64;
+        for (i, runner) in self.runners.iter().enumerate() {
+            // Paths are built only for errors: loading stays linear and lean.
+            let path = || format!("runners[{i}]");
+            let request_path = |j: usize| format!("runners[{i}].requests[{j}]");
+            let id = match runner.id {
+                Some(id) => RunnerId(id),
+                None => RunnerId(u32::try_from(i).map_err(|_| {
+                    invalid(path(), "more runners than RunnerId can number; give ids")
+                })?),
+            };
+            let mut armed = match &runner.name {
+                Some(name) => {
+                    non_empty(name, || format!("runners[{i}].name"))?;
+                    if let Some(first) = names.insert(name, i) {
+                        return Err(WorkloadError::DuplicateRunnerName {
+                            path: format!("runners[{i}].name"),
+                            name: name.clone(),
+                            first,
+                        });
+                    }
+                    discovery.arm_named(id, name.as_str())
+                }
+                None => discovery.arm(id),
+            }
+            .map_err(|e| discovery_error(path(), e))?;
+            for (j, spec) in runner.requests.iter().enumerate() {
+                if spec.elements == 0 {
+                    return Err(invalid(
+                        format!("{}.elements", request_path(j)),
+                        "must be at least 1",
+                    ));
+                }
+                let domain = match &spec.domain {
+                    DomainSpec::Device => Domain::Device,
+                    DomainSpec::Symmetric(name) => Domain::Symmetric(
+                        groups.id(name, || format!("{}.domain.symmetric", request_path(j)))?,
+                    ),
+                };
+                let mut request =
+                    Request::new(domain, spec.dtype, spec.elements).purpose(spec.purpose);
+                match &spec.param {
+                    None => {}
+                    Some(ParamRef::Id(n)) => request = request.param(ParamId(*n)),
+                    Some(ParamRef::Name(name)) => {
+                        non_empty(name, || format!("{}.param", request_path(j)))?;
+                        let id = match interned.get(name.as_str()) {
+                            Some(&id) => id,
+                            None => {
+                                while params.contains(&next_param) {
+                                    next_param += 1;
+                                }
+                                let id = ParamId(next_param);
+                                next_param += 1;
+                                interned.insert(name, id);
+                                id
+                            }
+                        };
+                        request = request.param(id);
+                    }
+                }
+                armed
+                    .record(request)
+                    .map_err(|e| discovery_error(request_path(j), e))?;
+            }
+        }
+        Ok(discovery)
+    }
+
+    /// The groups to register, checked, with a name lookup.
+    fn group_table(&self) -> Result<GroupTable<'_>, WorkloadError> {
+        let mut table = GroupTable {
+            listed: self.groups.is_some(),
+            order: Vec::new(),
+            by_name: HashMap::new(),
+        };
+        match &self.groups {
+            Some(groups) => {
+                for (i, group) in groups.iter().enumerate() {
+                    let path = format!("groups[{i}].name");
+                    non_empty(&group.name, || path.clone())?;
+                    let id =
+                        match group.id {
+                            Some(id) => GroupId(id),
+                            None => GroupId(u32::try_from(i).map_err(|_| {
+                                invalid(&path, "more groups than GroupId can number")
+                            })?),
+                        };
+                    if let Some((first, _)) = table.by_name.insert(&group.name, (i, id)) {
+                        return Err(WorkloadError::DuplicateGroupName {
+                            path,
+                            name: group.name.clone(),
+                            first,
+                        });
+                    }
+                    table.order.push((&group.name, id));
+                }
+            }
+            None => {
+                let named = self.runners.iter().enumerate().flat_map(|(i, r)| {
+                    r.requests
+                        .iter()
+                        .enumerate()
+                        .filter_map(move |(j, q)| match &q.domain {
+                            DomainSpec::Symmetric(name) => Some((i, j, name)),
+                            DomainSpec::Device => None,
+                        })
+                });
+                for (i, j, name) in named {
+                    if table.by_name.contains_key(name.as_str()) {
+                        continue;
+                    }
+                    let path = format!("runners[{i}].requests[{j}].domain.symmetric");
+                    non_empty(name, || path.clone())?;
+                    let n = table.order.len();
+                    let id = GroupId(
+                        u32::try_from(n)
+                            .map_err(|_| invalid(&path, "more groups than GroupId can number"))?,
+                    );
+                    table.by_name.insert(name, (n, id));
+                    table.order.push((name, id));
+                }
+            }
+        }
+        Ok(table)
+    }
+
+    /// Every parameter the workload gives as a number.
+    fn numbered_params(&self) -> HashSet<u64> {
+        self.runners
+            .iter()
+            .flat_map(|r| &r.requests)
+            .filter_map(|q| match q.param {
+                Some(ParamRef::Id(n)) => Some(n),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Group names to ids, for one workload.
+struct GroupTable<'w> {
+    /// Whether the workload lists its groups (otherwise every name is known).
+    listed: bool,
+    /// Registration order.
+    order: Vec<(&'w str, GroupId)>,
+    /// Name to (position, id).
+    by_name: HashMap<&'w str, (usize, GroupId)>,
+}
+
+impl GroupTable<'_> {
+    /// The id of group `name`; `path` gives the JSON path of the name.
+    fn id(&self, name: &str, path: impl Fn() -> String) -> Result<GroupId, WorkloadError> {
+        non_empty(name, &path)?;
+        match self.by_name.get(name) {
+            Some(&(_, id)) => Ok(id),
+            None => Err(WorkloadError::UnknownGroup {
+                path: path(),
+                name: name.to_string(),
+                known: if self.listed && self.order.is_empty() {
+                    "none listed".to_string()
+                } else {
+                    let names: Vec<&str> = self.order.iter().map(|(n, _)| *n).collect();
+                    names.join(", ")
+                },
+            }),
+        }
+    }
+}
+
+impl RequestSpec {
+    /// The spec of a recorded request, naming its group as `config` does.
+    fn from_request(request: &Request, config: &PlanConfig) -> RequestSpec {
+        RequestSpec {
+            domain: match request.domain {
+                Domain::Device => DomainSpec::Device,
+                Domain::Symmetric(group) => {
+                    DomainSpec::Symmetric(config.group_name(group).unwrap_or_default().to_string())
+                }
+            },
+            dtype: request.dtype,
+            elements: request.elements,
+            purpose: request.purpose,
+            param: request.param.map(|p| ParamRef::Id(p.0)),
+        }
+    }
+}
+
+fn invalid(path: impl Into<String>, message: impl Into<String>) -> WorkloadError {
+    WorkloadError::Invalid {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+fn non_empty(value: &str, path: impl FnOnce() -> String) -> Result<(), WorkloadError> {
+    if value.is_empty() {
+        Err(invalid(path(), "must not be empty"))
+    } else {
+        Ok(())
+    }
+}
+
+fn discovery_error(path: String, error: impl Into<crate::Error>) -> WorkloadError {
+    WorkloadError::Discovery {
+        path,
+        source: Box::new(error.into()),
+    }
+}
+
+fn shape_error(path: String, error: serde_json::Error) -> WorkloadError {
+    match error.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            WorkloadError::Syntax {
+                message: error.to_string(),
+            }
+        }
+        serde_json::error::Category::Io => WorkloadError::Read(error.into()),
+        serde_json::error::Category::Data => WorkloadError::Shape {
+            path,
+            message: error.to_string(),
+        },
+    }
+}
+
+fn json_to(w: &mut impl Write, value: &impl Serialize) -> Result<(), WorkloadError> {
+    serde_json::to_writer(w, value).map_err(|e| WorkloadError::Write(e.into()))
+}
+
+fn is_other(purpose: &Purpose) -> bool {
+    *purpose == Purpose::Other
+}
+
+impl Serialize for DomainSpec {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            DomainSpec::Device => serializer.serialize_str("device"),
+            DomainSpec::Symmetric(group) => {
+                let mut map = serializer.serialize_map(Some(1))?;
+                map.serialize_entry("symmetric", group)?;
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DomainSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<DomainSpec, D::Error> {
+        /// The object form of a symmetric domain.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Symmetric {
+            symmetric: String,
+        }
+
+        struct DomainVisitor;
+
+        impl<'de> Visitor<'de> for DomainVisitor {
+            type Value = DomainSpec;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#""device" or {"symmetric": GROUP}"#)
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DomainSpec, E> {
+                if v == "device" {
+                    Ok(DomainSpec::Device)
+                } else {
+                    Err(E::custom(format_args!(
+                        r#"unknown domain {v:?} (expected "device" or {{"symmetric": GROUP}})"#
+                    )))
+                }
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<DomainSpec, A::Error> {
+                let s = Symmetric::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(DomainSpec::Symmetric(s.symmetric))
+            }
+        }
+
+        deserializer.deserialize_any(DomainVisitor)
+    }
+}
+
+impl Serialize for ParamRef {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ParamRef::Name(name) => serializer.serialize_str(name),
+            ParamRef::Id(id) => serializer.serialize_u64(*id),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ParamRef {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<ParamRef, D::Error> {
+        struct ParamVisitor;
+
+        impl Visitor<'_> for ParamVisitor {
+            type Value = ParamRef;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a parameter name or a non-negative integer id")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ParamRef, E> {
+                Ok(ParamRef::Name(v.to_string()))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<ParamRef, E> {
+                Ok(ParamRef::Name(v))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ParamRef, E> {
+                Ok(ParamRef::Id(v))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ParamRef, E> {
+                Err(count::not_a_count(v, &self))
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ParamRef, E> {
+                Err(count::not_a_whole_count(v, &self))
+            }
+        }
+
+        deserializer.deserialize_any(ParamVisitor)
+    }
+}
+
+/// JSON objects only: derived struct impls also take arrays of field values,
+/// which no workload file means.
+mod object {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{value::MapAccessDeserializer, Deserialize, Deserializer, MapAccess, Visitor};
+
+    /// A `T` read from a JSON object only.
+    pub(super) struct Object<T>(pub(super) T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Object<T>, D::Error> {
+            deserializer.deserialize_map(ObjectVisitor(PhantomData))
+        }
+    }
+
+    struct ObjectVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+        type Value = Object<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+            T::deserialize(MapAccessDeserializer::new(map)).map(Object)
+        }
+    }
+
+    /// A list of objects.
+    pub(super) fn list<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de>,
+    {
+        let objects = Vec::<Object<T>>::deserialize(deserializer)?;
+        Ok(objects.into_iter().map(|Object(t)| t).collect())
+    }
+
+    /// An optional list of objects.
+    pub(super) fn optional_list<'de, D, T>(deserializer: D) -> Result<Option<Vec<T>>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de>,
+    {
+        list(deserializer).map(Some)
+    }
+}
+
+/// Positive integers (`elements`, `module_kinds`) with messages that say what
+/// was expected and print the value as written.
+mod count {
+    use std::fmt;
+
+    use serde::de::{self, Deserializer, Expected, Visitor};
+    use serde::Serializer;
+
+    pub(super) fn serialize<S: Serializer>(v: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(*v)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        deserializer.deserialize_any(CountVisitor)
+    }
+
+    pub(super) fn optional<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<usize>, D::Error> {
+        let n = deserializer.deserialize_any(CountVisitor)?;
+        usize::try_from(n).map(Some).map_err(|_| {
+            de::Error::custom(format_args!("{n} does not fit in this machine's usize"))
+        })
+    }
+
+    /// A negative integer where a count was expected.
+    pub(super) fn not_a_count<E: de::Error>(v: i64, expected: &dyn Expected) -> E {
+        E::custom(format_args!("expected {expected}, found {v}"))
+    }
+
+    /// A JSON number with a fraction or exponent, or one beyond `u64`.
+    pub(super) fn not_a_whole_count<E: de::Error>(v: f64, expected: &dyn Expected) -> E {
+        if v.fract() == 0.0 && v >= 18_446_744_073_709_551_616.0 {
+            E::custom(format_args!(
+                "expected {expected}, found a number of at least 2^64 (the most is {})",
+                u64::MAX
+            ))
+        } else {
+            E::custom(format_args!("expected {expected}, found {v}"))
+        }
+    }
+
+    struct CountVisitor;
+
+    impl Visitor<'_> for CountVisitor {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a positive integer")
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+            Err(not_a_count(v, &self))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
+            Err(not_a_whole_count(v, &self))
+        }
+    }
+}
+
+/// [`DType`] by [`DType::name`].
+mod dtype_name {
+    use serde::de::{self, Deserialize, Deserializer};
+    use serde::Serializer;
+
+    use crate::vocab::DType;
+
+    pub(super) fn serialize<S: Serializer>(d: &DType, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(d.name())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<DType, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        DType::from_name(&name).ok_or_else(|| {
+            let known: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+            de::Error::custom(format_args!(
+                "unknown dtype {name:?} (expected one of: {})",
+                known.join(", ")
+            ))
+        })
+    }
+}
+
+/// [`Purpose`] by [`Purpose::name`].
+mod purpose_name {
+    use serde::de::{self, Deserialize, Deserializer};
+    use serde::Serializer;
+
+    use crate::vocab::Purpose;
+
+    pub(super) fn serialize<S: Serializer>(p: &Purpose, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(p.name())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Purpose, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Purpose::from_name(&name).ok_or_else(|| {
+            de::Error::custom(format_args!(
+                "unknown purpose {name:?} (expected one of: wgrad_rs_input, rs_output, \
+                 fp32_rs_scratch, fp32_accum_scratch, other)"
+            ))
+        })
+    }
+}

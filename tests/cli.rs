@@ -1,0 +1,643 @@
+//! The plan explorer (`replay-arena-plan`, feature `cli`), run as a user
+//! would: command lines, outputs, errors, closed pipes and the SVG picture.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{json, Value};
+
+const TINY: &str = r#"{
+    "name": "tiny",
+    "source": "hand-written",
+    "runners": [
+        {"name": "layer1.mlp.bwd", "requests": [
+            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
+             "purpose": "wgrad_rs_input", "param": "l1.fc1"},
+            {"domain": "device", "dtype": "f32", "elements": 100},
+            {"domain": {"symmetric": "expert-gtp"}, "dtype": "bf16", "elements": 8,
+             "purpose": "wgrad_rs_input", "param": "l1.experts"}
+        ]},
+        {"name": "layer1.attn.bwd", "requests": []},
+        {"name": "layer0.mlp.bwd", "requests": [
+            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
+             "purpose": "wgrad_rs_input", "param": "l1.fc1"},
+            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
+             "purpose": "wgrad_rs_input", "param": "l1.fc1"}
+        ]}
+    ]
+}"#;
+
+const BUNDLED: [&str; 4] = [
+    "deepseek-v3-mtp",
+    "gpt3-175b-per-module",
+    "gpt3-175b-whole-layer",
+    "mixtral-8x7b-per-module",
+];
+
+fn bundled(stem: &str) -> String {
+    format!(
+        "{}/examples/workloads/{stem}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// A fresh path in the target's scratch folder.
+fn scratch(name: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("cli-{}-{n}-{name}", std::process::id()))
+}
+
+/// Writes `text` to a scratch file and returns its path.
+fn file(text: &str) -> String {
+    let path = scratch("workload.json");
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn explorer() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_replay-arena-plan"))
+}
+
+/// Runs the explorer with `args`, `stdin` on its standard input.
+fn run_with(args: &[&str], stdin: &str) -> Output {
+    let mut child = explorer()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn run(args: &[&str]) -> Output {
+    run_with(args, "")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+/// Stdout of a run that must succeed.
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    stdout(&o)
+}
+
+fn json_of(args: &[&str]) -> Value {
+    serde_json::from_str(&ok(args)).unwrap()
+}
+
+/// The one-line error of a run that must fail with exit status 1.
+fn failure(args: &[&str]) -> String {
+    let o = run(args);
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("error: "), "{e}");
+    // No Rust Debug in what users read.
+    assert!(!e.contains("{ ") && !e.contains("Strategy"), "{e}");
+    e
+}
+
+/// The usage error of a command line clap refuses (exit status 2).
+fn refused(args: &[&str]) -> String {
+    let o = run(args);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stdout(&o));
+    stderr(&o)
+}
+
+// ---- command line ------------------------------------------------------------
+
+#[test]
+fn a_policy_flag_prints_one_round_robin_report() {
+    let tiny = file(TINY);
+    let out = ok(&[&tiny, "--generations", "3"]);
+    assert!(
+        out.contains("plan: round-robin placement, G = 2 (policy Generations(3))"),
+        "{out}"
+    );
+    assert!(out.starts_with("workload tiny ("), "{out}");
+}
+
+#[test]
+fn packed_selects_the_packed_placement_and_dash_reads_stdin() {
+    let o = run_with(&["--module-kinds", "2", "--packed", "-", "--json"], TINY);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["placement"], "packed");
+    assert_eq!(v["policy"], "ModuleKinds(2)");
+    assert_eq!(v["workload"]["file"], "-");
+    let tiny = file(TINY);
+    let v = json_of(&[&tiny, "-d", "4", "--packed", "--json"]);
+    assert_eq!(v["policy"], "OverlapDepth(4)");
+}
+
+#[test]
+fn conventional_flag_forms_are_accepted() {
+    let tiny = file(TINY);
+    let v = json_of(&["--generations=2", "--json", "--", &tiny]);
+    assert_eq!(v["policy"], "Generations(2)");
+    let v = json_of(&["-g2", "--json", &tiny]);
+    assert_eq!(v["generations"], 2);
+}
+
+#[test]
+fn no_policy_means_compare() {
+    let tiny = file(TINY);
+    let out = ok(&[&tiny]);
+    assert!(out.contains("module kinds 2 (from runner names)"), "{out}");
+    assert_eq!(out, ok(&["--compare", &tiny]));
+    let md = ok(&["--compare", "--markdown", &tiny]);
+    assert!(md.starts_with("| workload | policy |"), "{md}");
+}
+
+#[test]
+fn help_and_version_exit_zero() {
+    let o = run(&["--help"]);
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("Usage: replay-arena-plan [OPTIONS] <FILE>..."));
+    assert!(run(&["--version"]).status.success());
+}
+
+#[test]
+fn bad_command_lines_are_refused_with_a_reason() {
+    let cases: [(&[&str], &str); 13] = [
+        (&["a.json", "--generations", "0"], "must be at least 1"),
+        (
+            &["a.json", "--generations", "x"],
+            "expected a positive integer",
+        ),
+        (&["a.json", "--generations"], "a value is required"),
+        (
+            &["a.json", "--generations", "2", "--module-kinds", "2"],
+            "cannot be used with",
+        ),
+        (&["a.json", "--packed"], "--generations <N>"),
+        (
+            &["a.json", "--compare", "--generations", "2"],
+            "cannot be used with",
+        ),
+        (
+            &["a.json", "--frobnicate"],
+            "unexpected argument '--frobnicate'",
+        ),
+        (&["--compare"], "required arguments were not provided"),
+        (&["-", "-"], "standard input (-) can be read only once"),
+        (&["a.json", "--json", "--markdown"], "cannot be used with"),
+        (
+            &["a.json", "--generations", "2", "--markdown"],
+            "cannot be used with",
+        ),
+        (&["a.json", "--svg", "x.svg"], "--generations <N>"),
+        (
+            &["a.json", "b.json", "-g", "2", "--svg", "x.svg"],
+            "--svg draws one workload; give one FILE",
+        ),
+    ];
+    for (args, reason) in cases {
+        let e = refused(args);
+        assert!(e.contains(reason), "{args:?}: {e}");
+    }
+}
+
+// ---- errors ------------------------------------------------------------------
+
+#[test]
+fn file_errors_are_one_line_naming_the_file_and_the_json_path() {
+    let bad = file(&TINY.replacen(r#""dtype": "f32""#, r#""dtype": "bf17""#, 1));
+    let e = failure(&[&bad]);
+    assert!(
+        e.starts_with(&format!(
+            "error: {bad}: runners[0].requests[1].dtype: unknown dtype"
+        )),
+        "{e}"
+    );
+    let e = failure(&["/nonexistent/w.json"]);
+    assert!(e.starts_with("error: /nonexistent/w.json: "), "{e}");
+}
+
+#[test]
+fn duplicate_keys_are_refused() {
+    let dup = file(&TINY.replacen(
+        r#""elements": 100"#,
+        r#""elements": 64, "elements": 128"#,
+        1,
+    ));
+    let e = failure(&[&dup]);
+    assert!(
+        e.contains("runners[0].requests[1]: duplicate field `elements`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_byte_order_mark_is_skipped() {
+    let bom = file(&format!("\u{feff}{TINY}"));
+    assert_eq!(
+        json_of(&[&bom, "--json"])["rows"],
+        json_of(&[&file(TINY), "--json"])["rows"]
+    );
+}
+
+#[test]
+fn two_to_the_64_elements_are_reported_as_an_integer_bound() {
+    let big = file(&TINY.replacen(
+        r#""elements": 100"#,
+        r#""elements": 18446744073709551616"#,
+        1,
+    ));
+    let e = failure(&[&big]);
+    assert!(e.contains("found a number of at least 2^64"), "{e}");
+    assert!(!e.contains("e+19"), "{e}");
+}
+
+/// A u8 runner of 2^64 - 1000 elements and one of 1000: each fits, their
+/// arenas together do not.
+fn overflowing() -> String {
+    let big = u64::MAX - 999;
+    file(&format!(
+        r#"{{"name": "huge", "runners": [
+            {{"requests": [{{"domain": "device", "dtype": "u8", "elements": {big}}}]}},
+            {{"requests": [{{"domain": "device", "dtype": "u8", "elements": 1000}}]}}]}}"#
+    ))
+}
+
+#[test]
+fn an_overflowing_figure_is_an_error_in_every_mode() {
+    let huge = overflowing();
+    for args in [
+        vec![huge.as_str(), "--generations", "2"],
+        vec![huge.as_str(), "--generations", "2", "--json"],
+        vec![huge.as_str(), "--generations", "2", "--packed"],
+        vec![huge.as_str(), "--compare"],
+        vec![huge.as_str(), "--markdown"],
+    ] {
+        let e = failure(&args);
+        assert!(e.contains("overflow"), "{args:?}: {e}");
+        assert!(!e.contains("TiB"), "{args:?}: {e}");
+    }
+    let e = failure(&[&huge, "--generations", "2"]);
+    assert!(
+        e.contains("with policy Generations(2), round-robin placement: the"),
+        "{e}"
+    );
+}
+
+#[test]
+fn figures_beyond_a_tebibyte_print_in_larger_units() {
+    let exbi = file(
+        r#"{"name": "exbi", "runners": [
+            {"requests": [{"domain": "device", "dtype": "u8", "elements": 1152921504606846976}]}]}"#,
+    );
+    let out = ok(&[&exbi]);
+    assert!(out.contains("1.00 EiB"), "{out}");
+    assert!(!out.contains("TiB"), "{out}");
+    let v = json_of(&[&exbi, "-g", "1", "--json"]);
+    // Data keeps exact integers.
+    assert_eq!(v["plan_bytes"], json!(1_152_921_504_606_846_976u64));
+}
+
+/// A workload whose table is far larger than a pipe's buffer.
+fn large() -> String {
+    let runners: Vec<String> = (0..20_000)
+        .map(|i| {
+            format!(
+                r#"{{"name": "layer{i}.bwd", "requests": [{{"domain": "device", "dtype": "f32", "elements": {}}}]}}"#,
+                1 + i % 97
+            )
+        })
+        .collect();
+    file(&format!(
+        r#"{{"name": "large", "runners": [{}]}}"#,
+        runners.join(",")
+    ))
+}
+
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    let large = large();
+    let mut child = explorer()
+        .args([large.as_str(), "--generations", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader is dropped here, as `| head -1` does.
+    assert!(first.starts_with("workload large"), "{first}");
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+}
+
+#[test]
+fn a_full_device_is_a_one_line_error() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        return; // no /dev/full on this system
+    };
+    let o = explorer()
+        .args([large().as_str(), "--generations", "2"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("error: writing the output failed: "), "{e}");
+}
+
+// ---- output ------------------------------------------------------------------
+
+#[test]
+fn the_report_names_runners_and_groups() {
+    let tiny = file(TINY);
+    let out = ok(&[&tiny, "--generations", "1"]);
+    assert!(out.contains("bf16 in symmetric(expert-gtp)"), "{out}");
+    assert!(out.contains("runner 2     layer0.mlp.bwd"), "{out}");
+    let unnamed = file(
+        r#"{"name": "u", "runners": [{"id": 9, "requests": [
+            {"domain": "device", "dtype": "f32", "elements": 1}]}]}"#,
+    );
+    let out = ok(&[&unnamed, "-g", "1"]);
+    assert!(out.contains("runner 9     -"), "{out}");
+}
+
+#[test]
+fn report_json_carries_names_sizes_and_ratios() {
+    let tiny = file(TINY);
+    let v = json_of(&[&tiny, "--generations", "2", "--packed", "--json"]);
+    assert_eq!(v["placement"], "packed");
+    assert_eq!(v["policy"], "Generations(2)");
+    assert_eq!(v["workload"]["file"], tiny.as_str());
+    assert_eq!(v["workload"]["source"], "hand-written");
+    assert_eq!(v["groups"], json!(["gtp", "expert-gtp"]));
+    assert_eq!(v["runners"][2]["name"], "layer0.mlp.bwd");
+    assert_eq!(v["runners"][1]["slices"], json!([]));
+    assert_eq!(v["packed_bytes"], v["plan_bytes"]);
+    let gtp = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "bf16 in symmetric(gtp)")
+        .unwrap();
+    assert_eq!(gtp["domain"], json!({"symmetric": "gtp"}));
+    assert_eq!(gtp["lower_bound"], 3 * 8192);
+    assert_eq!(v["ratios"]["packed_over_lower_bound"], 1.0);
+}
+
+#[test]
+fn several_files_give_a_json_array() {
+    let tiny = file(TINY);
+    let v = json_of(&[&tiny, &tiny, "-g", "2", "--json"]);
+    assert_eq!(v.as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn comparison_rows_cover_three_counts_and_the_module_kinds_rule() {
+    let tiny = file(TINY);
+    let v = json_of(&[&tiny, "--json"]);
+    let policies: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        policies,
+        vec![
+            "Generations(1)",
+            "Generations(2)",
+            "Generations(3)",
+            "ModuleKinds(2)"
+        ]
+    );
+    // Two runners use buffers, so G = 3 is capped at 2.
+    let gens: Vec<u64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["generations"].as_u64().unwrap())
+        .collect();
+    assert_eq!(gens, vec![1, 2, 2, 2]);
+    assert_eq!(v["runners_using"], 2);
+    assert_eq!(v["module_kinds_from"], "runner names");
+    let md = ok(&[&tiny, "--markdown"]);
+    assert_eq!(md.lines().count(), 2 + 4, "{md}");
+    assert!(md.contains("| tiny | ModuleKinds(2) | 2 |"), "{md}");
+}
+
+#[test]
+fn bundled_comparisons_keep_lower_bound_le_packed_le_round_robin() {
+    let files: Vec<String> = BUNDLED.iter().map(|s| bundled(s)).collect();
+    let mut args: Vec<&str> = files.iter().map(String::as_str).collect();
+    args.push("--json");
+    let all = json_of(&args);
+    for c in all.as_array().unwrap() {
+        assert_eq!(c["module_kinds_from"], "file", "{}", c["name"]);
+        for r in c["rows"].as_array().unwrap() {
+            let lb = r["lower_bound"].as_u64().unwrap();
+            let packed = r["packed_bytes"].as_u64().unwrap();
+            let rr = r["round_robin_bytes"].as_u64().unwrap();
+            assert!(
+                lb <= packed && packed <= rr,
+                "{} {}",
+                c["name"],
+                r["policy"]
+            );
+        }
+    }
+}
+
+// ---- the SVG picture ---------------------------------------------------------
+
+/// One box of the picture.
+#[derive(Debug)]
+struct SliceBox {
+    runner: usize,
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+}
+
+fn attr(node: roxmltree::Node<'_, '_>, name: &str) -> f64 {
+    node.attribute(name).unwrap().parse().unwrap()
+}
+
+/// Draws `workload` with `args`, checks that the SVG is well formed, that
+/// every key has a panel whose peak window holds the key's lower bound, and
+/// that boxes of conflicting runners (fewer than G apart in capture order)
+/// share columns but never overlap.
+fn check_picture(workload: &str, args: &[&str]) {
+    let path = scratch("plan.svg");
+    let svg_path = path.to_string_lossy().into_owned();
+    let mut all = vec![workload, "--json", "--svg", svg_path.as_str()];
+    all.extend_from_slice(args);
+    let report = json_of(&all);
+    let g = report["generations"].as_u64().unwrap() as usize;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc = roxmltree::Document::parse(&text)
+        .unwrap_or_else(|e| panic!("{workload} {args:?}: not well-formed SVG: {e}"));
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg");
+    assert_eq!(
+        root.tag_name().namespace(),
+        Some("http://www.w3.org/2000/svg")
+    );
+    let keys = report["keys"].as_array().unwrap();
+    let panels: Vec<_> = root
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("key"))
+        .collect();
+    assert_eq!(panels.len(), keys.len(), "{workload} {args:?}");
+    for (panel, key) in panels.iter().zip(keys) {
+        let peak = panel
+            .descendants()
+            .find(|n| n.attribute("class") == Some("peak"))
+            .unwrap();
+        assert_eq!(
+            peak.attribute("data-bytes")
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+            key["lower_bound"].as_u64().unwrap(),
+            "{workload} {args:?} {}",
+            key["name"]
+        );
+        let boxes: Vec<SliceBox> = panel
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("slice"))
+            .map(|n| SliceBox {
+                runner: n.attribute("data-runner").unwrap().parse().unwrap(),
+                x: attr(n, "x"),
+                y: attr(n, "y"),
+                w: attr(n, "width"),
+                h: attr(n, "height"),
+            })
+            .collect();
+        assert!(!boxes.is_empty());
+        // Coordinates are printed to 0.001 px.
+        let eps = 0.01;
+        for (i, a) in boxes.iter().enumerate() {
+            for b in &boxes[i + 1..] {
+                if a.runner.abs_diff(b.runner) >= g {
+                    continue;
+                }
+                let share_columns = a.x < b.x + b.w && b.x < a.x + a.w;
+                assert!(share_columns, "{workload} {args:?}: {a:?} {b:?}");
+                let overlap = a.y + a.h - b.y > eps && b.y + b.h - a.y > eps;
+                assert!(
+                    !overlap,
+                    "{workload} {args:?} {}: {a:?} overlaps {b:?}",
+                    key["name"]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bundled_pictures_are_well_formed_and_conflicting_boxes_do_not_overlap() {
+    for stem in BUNDLED {
+        let path = bundled(stem);
+        for g in ["1", "2", "3"] {
+            check_picture(&path, &["-g", g]);
+            check_picture(&path, &["-g", g, "--packed"]);
+        }
+    }
+}
+
+#[test]
+fn irregular_pictures_are_well_formed_and_conflicting_boxes_do_not_overlap() {
+    // Pseudo-random sizes over two keys, empty runners, and names that need
+    // escaping in XML.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let runners: Vec<String> = (0..60)
+        .map(|i| {
+            let mut requests = Vec::new();
+            for _ in 0..next() % 4 {
+                let domain = if next() % 2 == 0 {
+                    r#""device""#
+                } else {
+                    r#"{"symmetric": "g<&>"}"#
+                };
+                requests.push(format!(
+                    r#"{{"domain": {domain}, "dtype": "bf16", "elements": {}}}"#,
+                    1 + next() % 100_000
+                ));
+            }
+            format!(
+                r#"{{"name": "r<{i}>&\"'", "requests": [{}]}}"#,
+                requests.join(",")
+            )
+        })
+        .collect();
+    let workload = file(&format!(
+        r#"{{"name": "irregular <&>", "runners": [{}]}}"#,
+        runners.join(",")
+    ));
+    for g in ["1", "2", "3", "4", "5"] {
+        check_picture(&workload, &["-g", g]);
+        check_picture(&workload, &["-g", g, "--packed"]);
+    }
+}
+
+#[test]
+fn a_picture_of_too_many_runners_is_refused_not_drawn() {
+    let large = large();
+    let svg = scratch("large.svg");
+    let e = failure(&[&large, "-g", "2", "--svg", svg.to_str().unwrap()]);
+    assert!(
+        e.contains("--svg draws at most 4096 buffer-using runners;"),
+        "{e}"
+    );
+    assert!(!svg.exists());
+}
+
+#[test]
+fn module_kinds_come_from_the_file_or_from_masked_runner_names() {
+    let v = json_of(&[&file(TINY), "--json"]);
+    assert_eq!(
+        (&v["module_kinds"], &v["module_kinds_from"]),
+        (&json!(2), &json!("runner names"))
+    );
+    let given = file(&TINY.replacen(r#""source": "hand-written","#, r#""module_kinds": 5,"#, 1));
+    let v = json_of(&[&given, "--json"]);
+    assert_eq!(
+        (&v["module_kinds"], &v["module_kinds_from"]),
+        (&json!(5), &json!("file"))
+    );
+    // Runs of digits mask to one `#`: `layer12.mlp3.bwd` -> `layer#.mlp#.bwd`.
+    let masked = file(
+        r#"{"name": "m", "runners": [
+            {"name": "layer12.mlp3.bwd", "requests": []},
+            {"name": "layer7.mlp0.bwd", "requests": []},
+            {"name": "layer7.attn.bwd", "requests": []}]}"#,
+    );
+    assert_eq!(json_of(&[&masked, "--json"])["module_kinds"], 2);
+}

@@ -1,0 +1,4 @@
+//! Compiles the adoption path against this crate's cudarc choices.
+
+#[path = "../../interop.rs"]
+pub mod interop;

@@ -1,0 +1,656 @@
+//! Adopting the crate from a cudarc program, on the GPU: the program's
+//! context (event tracking refused or turned off by an explicit opt-in), its
+//! streams (the per-thread default stream captured in every capture mode,
+//! the legacy NULL stream refused), typed views handed to cudarc
+//! (`memcpy_dtod`, `memset_zeros`, `launch_builder().arg`) and to a cuBLAS
+//! gemm inside a capture, teardown that waits for the plan's work only, and
+//! the first replay's latency with and without graph upload.
+//!
+//! Ignored without a GPU: `cargo test --test gpu_interop -- --include-ignored`.
+#![cfg(feature = "cuda")]
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use replay_arena::cuda::cudarc::cublas::sys::cublasOperation_t;
+use replay_arena::cuda::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use replay_arena::cuda::cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, DeviceSlice, LaunchConfig, PushKernelArg,
+};
+use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
+use replay_arena::cuda::{CaptureMode, CudaBackend, CudaStream, ViewExt};
+use replay_arena::{
+    BackendError, Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request,
+    RunnerId,
+};
+
+const SOURCE: &str = r#"
+// x[i] = a + b * (i % 7): small integers, exact in f32 (and tf32).
+extern "C" __global__ void fill(float* x, unsigned int n, float a, float b) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = a + b * (float)(i % 7u);
+}
+
+extern "C" __global__ void add(float* x, unsigned int n, float v) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] += v;
+}
+
+extern "C" __global__ void scale(float* x, unsigned int n, float s) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+__device__ unsigned long long now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Spins for `ns` nanoseconds, then adds v to x (if any). Launched as one thread.
+extern "C" __global__ void spin(unsigned long long ns, float* x, unsigned int n, float v) {
+    unsigned long long t0 = now();
+    while (now() - t0 < ns) { }
+    if (x != 0 && blockIdx.x == 0 && threadIdx.x == 0)
+        for (unsigned int i = 0; i < n; ++i) x[i] += v;
+}
+"#;
+
+/// GPU tests of this binary run one at a time: a global-mode capture fails
+/// other threads' allocations, and the timings need a quiet device.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The program's own context, as cudarc makes it (event tracking on).
+fn program_context() -> Arc<CudaContext> {
+    replay_arena::cuda::probe()
+        .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on a GPU machine): {e}"));
+    CudaContext::new(0).unwrap_or_else(|e| panic!("CudaContext::new: {e:?}"))
+}
+
+struct Kernels {
+    fill: CudaFunction,
+    add: CudaFunction,
+    scale: CudaFunction,
+    spin: CudaFunction,
+}
+
+fn kernels(ctx: &Arc<CudaContext>) -> Kernels {
+    static PTX: OnceLock<String> = OnceLock::new();
+    let src = PTX.get_or_init(|| {
+        compile_ptx(SOURCE)
+            .unwrap_or_else(|e| panic!("nvrtc: {e:?}"))
+            .to_src()
+    });
+    let module = ctx
+        .load_module(Ptx::from_src(src.clone()))
+        .unwrap_or_else(|e| panic!("load_module: {e:?}"));
+    let f = |name: &str| {
+        module
+            .load_function(name)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"))
+    };
+    Kernels {
+        fill: f("fill"),
+        add: f("add"),
+        scale: f("scale"),
+        spin: f("spin"),
+    }
+}
+
+/// The program's context adopted through the explicit opt-in.
+fn adopted() -> (Arc<CudaContext>, CudaBackend, Kernels) {
+    let ctx = program_context();
+    // SAFETY: these tests order their own slices with stream syncs.
+    let backend = unsafe { CudaBackend::from_context_disabling_event_tracking(ctx.clone()) }
+        .unwrap_or_else(|e| panic!("adopting the context: {e}"));
+    let k = kernels(&ctx);
+    (ctx, backend, k)
+}
+
+fn f32s(n: u64) -> Request {
+    Request::new(Domain::Device, DType::F32, n)
+}
+
+/// A plan of one runner (0) with these requests, allocated on `backend`.
+fn one_runner(backend: &CudaBackend, requests: &[Request]) -> Capturing<CudaBackend> {
+    let mut discovery = Discovering::new(PlanConfig::new());
+    {
+        let mut armed = discovery.arm(RunnerId(0)).unwrap();
+        for &q in requests {
+            armed.record(q).unwrap();
+        }
+    }
+    discovery
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(backend.clone())
+        .unwrap_or_else(|e| panic!("allocate: {e}"))
+}
+
+fn e<T: std::fmt::Debug>(op: &'static str) -> impl Fn(T) -> String {
+    move |err| format!("{op}: {err:?}")
+}
+
+/// Reads runner 0's view `index` through a fenced consumer on `stream`.
+fn read_view(
+    replayable: &mut Replayable<CudaBackend>,
+    stream: &CudaStream,
+    index: usize,
+) -> Vec<f32> {
+    let mut host = Vec::new();
+    replayable
+        .consume(RunnerId(0), stream, |s, views| -> Result<(), String> {
+            let view = views[index].as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            host = vec![0f32; views[index].len()];
+            s.cudarc()
+                .memcpy_dtoh(&view, &mut host)
+                .map_err(e("memcpy_dtoh"))
+        })
+        .unwrap_or_else(|e| panic!("consume: {e}"));
+    stream.synchronize().unwrap();
+    host
+}
+
+fn launch_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems(n as u32)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn adopting_a_context_with_event_tracking_on_is_refused_naming_the_fix() {
+    let _gpu = serial();
+    let ctx = program_context();
+    assert!(ctx.is_event_tracking(), "cudarc's default");
+    let err = CudaBackend::from_context(ctx.clone()).unwrap_err();
+    assert_eq!(err, BackendError::EventTracking);
+    let message = err.to_string();
+    assert!(message.contains("disable_event_tracking"), "{message}");
+    assert!(
+        message.contains("from_context_disabling_event_tracking"),
+        "{message}"
+    );
+    assert!(ctx.is_event_tracking(), "refusing leaves the context alone");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_opt_in_turns_tracking_off_so_a_slice_made_with_tracking_on_is_captured() {
+    let _gpu = serial();
+    let ctx = program_context();
+    let k = kernels(&ctx);
+    // The program's slice, made while cudarc tracked it on a second stream.
+    let program = ctx.new_stream().unwrap();
+    let host: Vec<f32> = (0..4096).map(|i| (i % 97) as f32).collect();
+    let input = program.clone_htod(&host).unwrap();
+    program.synchronize().unwrap();
+
+    // SAFETY: the program synchronized its stream above.
+    let backend =
+        unsafe { CudaBackend::from_context_disabling_event_tracking(ctx.clone()) }.unwrap();
+    assert!(!ctx.is_event_tracking());
+    assert!(Arc::ptr_eq(backend.context(), &ctx));
+
+    let stream = backend.new_stream().unwrap();
+    let req = f32s(4096);
+    let mut capturing = one_runner(&backend, &[req]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(req).unwrap();
+        cap.stream_capture(&stream, |s| -> Result<(), String> {
+            let mut out = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            s.cudarc()
+                .memcpy_dtod(&input, &mut out)
+                .map_err(e("memcpy_dtod"))?;
+            let mut launch = s.cudarc().launch_builder(&k.add);
+            launch.arg(&mut out).arg(&4096u32).arg(&1f32);
+            // SAFETY: add(float*, unsigned, float) over the view's 4096 floats.
+            unsafe { launch.launch(launch_cfg(4096)) }.map_err(e("add"))?;
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("capture with the program's slice: {e}"));
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let got = read_view(&mut replayable, &stream, 0);
+    let want: Vec<f32> = host.iter().map(|x| x + 1.0).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_legacy_null_stream_is_refused_with_a_typed_error() {
+    let _gpu = serial();
+    let (ctx, backend, _k) = adopted();
+    let err = backend.wrap_stream(ctx.default_stream()).unwrap_err();
+    assert!(matches!(err, BackendError::LegacyStream { .. }), "{err:?}");
+    assert!(err.to_string().contains("per_thread_stream"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_per_thread_stream_is_captured_and_replayed_in_every_capture_mode() {
+    let _gpu = serial();
+    let (ctx, backend, k) = adopted();
+    let stream = backend.wrap_stream(ctx.per_thread_stream()).unwrap();
+    assert!(stream.is_per_thread());
+    for (i, mode) in [
+        CaptureMode::ThreadLocal,
+        CaptureMode::Global,
+        CaptureMode::Relaxed,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        backend.set_capture_mode(mode);
+        assert_eq!(backend.capture_mode(), mode);
+        let req = f32s(1000);
+        let mut capturing = one_runner(&backend, &[req]);
+        {
+            let cap = capturing.capture(RunnerId(0)).unwrap();
+            let view = cap.take(req).unwrap();
+            cap.stream_capture(&stream, |s| -> Result<(), String> {
+                let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+                let step = i as f32 + 1.0;
+                let mut launch = s.cudarc().launch_builder(&k.add);
+                launch.arg(&mut x).arg(&1000u32).arg(&step);
+                // SAFETY: add over the view's 1000 floats.
+                unsafe { launch.launch(launch_cfg(1000)) }.map_err(e("add"))?;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{mode:?} capture on the per-thread stream: {e}"));
+            cap.finish().unwrap();
+        }
+        let mut replayable = capturing.seal().unwrap();
+        assert!(!replayable
+            .graph(RunnerId(0))
+            .unwrap()
+            .cu_graph_exec()
+            .is_null());
+        for _ in 0..3 {
+            replayable.replay(RunnerId(0), &stream).unwrap();
+        }
+        let got = read_view(&mut replayable, &stream, 0);
+        // Arenas start zeroed; each replay adds i + 1.
+        assert!(
+            got.iter().all(|&x| x == 3.0 * (i as f32 + 1.0)),
+            "{mode:?}: {:?}",
+            &got[..4]
+        );
+    }
+    backend.set_capture_mode(CaptureMode::ThreadLocal);
+
+    // On another thread the handle names that thread's stream: refused.
+    std::thread::scope(|scope| {
+        let err = scope
+            .spawn(|| stream.synchronize().unwrap_err())
+            .join()
+            .unwrap();
+        assert!(matches!(err, BackendError::Refused { .. }), "{err:?}");
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn typed_views_go_through_cudarc_memcpy_memset_and_kernel_arguments() {
+    let _gpu = serial();
+    let (_ctx, backend, k) = adopted();
+    let stream = backend.new_stream().unwrap();
+    let n = 5000usize;
+    let host: Vec<f32> = (0..n).map(|i| (i % 13) as f32).collect();
+    let input: CudaSlice<f32> = stream.cudarc().clone_htod(&host).unwrap();
+    stream.synchronize().unwrap();
+
+    let (a_req, b_req) = (f32s(n as u64), f32s(n as u64));
+    let mut capturing = one_runner(&backend, &[a_req, b_req]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let a = cap.take(a_req).unwrap();
+        let b = cap.take(b_req).unwrap();
+        // A dtype mismatch is a typed error.
+        let err = a.as_cuda::<i32>(&stream).unwrap_err();
+        assert_eq!(
+            err,
+            BackendError::DTypeMismatch {
+                view: DType::F32,
+                requested: DType::I32,
+                type_name: "i32"
+            }
+        );
+        cap.stream_capture(&stream, |s| -> Result<(), String> {
+            let cu = s.cudarc();
+            let mut a = a.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            let mut b = b.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            cu.memset_zeros(&mut b).map_err(e("memset_zeros"))?;
+            cu.memcpy_dtod(&input, &mut a).map_err(e("memcpy_dtod"))?;
+            let len = n as u32;
+            let mut launch = cu.launch_builder(&k.scale);
+            launch.arg(&mut a).arg(&len).arg(&2f32);
+            // SAFETY: scale over the view's n floats.
+            unsafe { launch.launch(launch_cfg(n)) }.map_err(e("scale"))?;
+            cu.memcpy_dtod(&a, &mut b).map_err(e("memcpy_dtod"))?;
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("capture: {e}"));
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    for _ in 0..2 {
+        replayable.replay(RunnerId(0), &stream).unwrap();
+    }
+    let want: Vec<f32> = host.iter().map(|x| 2.0 * x).collect();
+    assert_eq!(read_view(&mut replayable, &stream, 1), want);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cudarc_kernel_and_a_cublas_gemm_write_views_inside_a_capture() {
+    let _gpu = serial();
+    let (_ctx, backend, k) = adopted();
+    let stream = backend.new_stream().unwrap();
+    let (m, n, kk) = (64usize, 48usize, 32usize);
+    let blas = CudaBlas::new(stream.cudarc().clone()).unwrap();
+    // cuBLAS must not allocate while capturing: give it its workspace first.
+    let mut workspace = stream.cudarc().alloc_zeros::<u8>(32 << 20).unwrap();
+    {
+        use replay_arena::cuda::cudarc::driver::DevicePtrMut;
+        let (ptr, _sync) = workspace.device_ptr_mut(stream.cudarc());
+        // SAFETY: the handle and the workspace live until the end of the test.
+        let status = unsafe {
+            replay_arena::cuda::cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                ptr as *mut std::ffi::c_void,
+                32 << 20,
+            )
+        };
+        assert_eq!(
+            status,
+            replay_arena::cuda::cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+        );
+    }
+    stream.synchronize().unwrap();
+
+    let (a_req, b_req, c_req) = (
+        f32s((m * kk) as u64),
+        f32s((kk * n) as u64),
+        f32s((m * n) as u64),
+    );
+    let mut capturing = one_runner(&backend, &[a_req, b_req, c_req]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let (a, b, c) = (
+            cap.take(a_req).unwrap(),
+            cap.take(b_req).unwrap(),
+            cap.take(c_req).unwrap(),
+        );
+        cap.stream_capture(&stream, |s| -> Result<(), String> {
+            let cu = s.cudarc();
+            let mut a = a.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            let mut b = b.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            let mut c = c.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            for (x, len, lo, step) in [(&mut a, m * kk, 1f32, 1f32), (&mut b, kk * n, -3f32, 1f32)]
+            {
+                let count = len as u32;
+                let mut launch = cu.launch_builder(&k.fill);
+                launch.arg(&mut *x).arg(&count).arg(&lo).arg(&step);
+                // SAFETY: fill over the view's len floats.
+                unsafe { launch.launch(launch_cfg(len)) }.map_err(e("fill"))?;
+            }
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_N,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: m as i32,
+                n: n as i32,
+                k: kk as i32,
+                alpha: 1f32,
+                lda: m as i32,
+                ldb: kk as i32,
+                beta: 0f32,
+                ldc: m as i32,
+            };
+            // SAFETY: a is m x k, b is k x n, c is m x n, column-major.
+            unsafe { blas.gemm(cfg, &a, &b, &mut c) }.map_err(e("gemm"))?;
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("capture with cuBLAS: {e}"));
+        cap.finish()
+            .unwrap_or_else(|e| panic!("finishing the cuBLAS capture: {e}"));
+    }
+    let mut replayable = capturing.seal().unwrap();
+    for _ in 0..3 {
+        replayable.replay(RunnerId(0), &stream).unwrap();
+    }
+    let fill =
+        |len: usize, lo: f32| -> Vec<f32> { (0..len).map(|i| lo + (i % 7) as f32).collect() };
+    let (ha, hb) = (fill(m * kk, 1.0), fill(kk * n, -3.0));
+    let mut want = vec![0f32; m * n];
+    for col in 0..n {
+        for row in 0..m {
+            want[row + col * m] = (0..kk).map(|p| ha[row + p * m] * hb[p + col * kk]).sum();
+        }
+    }
+    assert_eq!(read_view(&mut replayable, &stream, 2), want);
+}
+
+/// Launches `spin` for `ms` milliseconds on `stream` (adding 1 to `x`
+/// afterwards when given).
+fn spin(
+    k: &Kernels,
+    stream: &Arc<replay_arena::cuda::cudarc::driver::CudaStream>,
+    ms: u64,
+    x: Option<&mut replay_arena::cuda::CudaView<'_, f32>>,
+) -> Result<(), String> {
+    let ns = ms * 1_000_000;
+    let null = 0u64;
+    let len = x.as_ref().map_or(0, |x| DeviceSlice::len(&**x) as u32);
+    let mut launch = stream.launch_builder(&k.spin);
+    launch.arg(&ns);
+    match x {
+        Some(x) => launch.arg(x),
+        None => launch.arg(&null),
+    };
+    launch.arg(&len).arg(&1f32);
+    // SAFETY: spin(ns, float*, unsigned, float): `len` floats at the view,
+    // or a null buffer that is not touched.
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { launch.launch(one) }.map_err(e("spin"))?;
+    Ok(())
+}
+
+/// The program's long kernel on a stream of its own, and an event after it.
+fn unrelated_work(
+    ctx: &Arc<CudaContext>,
+    k: &Kernels,
+    ms: u64,
+) -> (
+    Arc<replay_arena::cuda::cudarc::driver::CudaStream>,
+    CudaEvent,
+) {
+    let unrelated = ctx.new_stream().unwrap();
+    spin(k, &unrelated, ms, None).unwrap();
+    let done = ctx.new_event(None).unwrap();
+    done.record(&unrelated).unwrap();
+    (unrelated, done)
+}
+
+const UNRELATED_MS: u64 = 4000;
+const FENCED_MS: u64 = 400;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dropping_the_plan_waits_for_its_replay_but_not_for_the_programs_other_streams() {
+    let _gpu = serial();
+    let (ctx, backend, k) = adopted();
+    let stream = backend.new_stream().unwrap();
+    let req = f32s(256);
+    let mut capturing = one_runner(&backend, &[req]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(req).unwrap();
+        cap.stream_capture(&stream, |s| -> Result<(), String> {
+            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            spin(&k, s.cudarc(), FENCED_MS, Some(&mut x))
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    stream.synchronize().unwrap();
+
+    let (_unrelated, unrelated_done) = unrelated_work(&ctx, &k, UNRELATED_MS);
+    let started = Instant::now();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let replay_done = ctx.new_event(None).unwrap();
+    replay_done.record(stream.cudarc()).unwrap();
+    drop(replayable);
+    let took = started.elapsed();
+
+    assert!(
+        replay_done.is_complete(),
+        "the plan was freed under its in-flight replay"
+    );
+    assert!(
+        took >= Duration::from_millis(FENCED_MS * 9 / 10),
+        "drop returned in {took:?}, before the {FENCED_MS} ms replay could end"
+    );
+    assert!(
+        !unrelated_done.is_complete(),
+        "drop waited for the program's unrelated {UNRELATED_MS} ms kernel ({took:?})"
+    );
+    assert!(took < Duration::from_millis(UNRELATED_MS / 2), "{took:?}");
+    println!("drop took {took:?} (replay {FENCED_MS} ms, unrelated kernel {UNRELATED_MS} ms)");
+    unrelated_done.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
+    let _gpu = serial();
+    let (ctx, backend, k) = adopted();
+    let stream = backend.new_stream().unwrap();
+    let consumer = backend.new_stream().unwrap();
+    let req = f32s(256);
+    let mut capturing = one_runner(&backend, &[req]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(req).unwrap();
+        cap.stream_capture(&stream, |s| -> Result<(), String> {
+            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            let mut launch = s.cudarc().launch_builder(&k.add);
+            launch.arg(&mut x).arg(&256u32).arg(&1f32);
+            // SAFETY: add over the view's 256 floats.
+            unsafe { launch.launch(launch_cfg(256)) }.map_err(e("add"))?;
+            Ok(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    stream.synchronize().unwrap();
+
+    let (_unrelated, unrelated_done) = unrelated_work(&ctx, &k, UNRELATED_MS);
+    let started = Instant::now();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    replayable
+        .consume(RunnerId(0), &consumer, |s, views| -> Result<(), String> {
+            // A slow reader of the runner's view (it also writes it).
+            let mut x = views[0].as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            spin(&k, s.cudarc(), FENCED_MS, Some(&mut x))
+        })
+        .unwrap();
+    let consumer_done = ctx.new_event(None).unwrap();
+    consumer_done.record(consumer.cudarc()).unwrap();
+    let discovery = replayable.replan().unwrap();
+    let took = started.elapsed();
+    drop(discovery);
+
+    assert!(
+        consumer_done.is_complete(),
+        "replan freed the plan under its in-flight consumer"
+    );
+    assert!(
+        took >= Duration::from_millis(FENCED_MS * 9 / 10),
+        "replan returned in {took:?}, before the {FENCED_MS} ms consumer could end"
+    );
+    assert!(
+        !unrelated_done.is_complete(),
+        "replan waited for the program's unrelated {UNRELATED_MS} ms kernel ({took:?})"
+    );
+    println!("replan took {took:?} (consumer {FENCED_MS} ms, unrelated kernel {UNRELATED_MS} ms)");
+    unrelated_done.synchronize().unwrap();
+}
+
+/// Host time of the first and second replay (each launched and waited for)
+/// of a fresh 256-kernel graph.
+fn replay_latency(backend: &CudaBackend, k: &Kernels, stream: &CudaStream) -> (Duration, Duration) {
+    let req = f32s(1024);
+    let mut capturing = one_runner(backend, &[req]);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(req).unwrap();
+        cap.stream_capture(stream, |s| -> Result<(), String> {
+            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            for _ in 0..256 {
+                let mut launch = s.cudarc().launch_builder(&k.add);
+                launch.arg(&mut x).arg(&1024u32).arg(&1f32);
+                // SAFETY: add over the view's 1024 floats.
+                unsafe { launch.launch(launch_cfg(1024)) }.map_err(e("add"))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    stream.synchronize().unwrap();
+    let mut timed = || {
+        let t = Instant::now();
+        replayable.replay(RunnerId(0), stream).unwrap();
+        stream.synchronize().unwrap();
+        t.elapsed()
+    };
+    let first = timed();
+    let second = timed();
+    (first, second)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn first_replay_latency_with_and_without_graph_upload() {
+    let _gpu = serial();
+    let (_ctx, backend, k) = adopted();
+    let stream = backend.new_stream().unwrap();
+    assert!(backend.graph_upload(), "upload is on by default");
+    // Warm up the module and the driver's launch path.
+    replay_latency(&backend, &k, &stream);
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let mut rows = Vec::new();
+    for upload in [false, true] {
+        backend.set_graph_upload(upload);
+        let runs: Vec<(Duration, Duration)> = (0..9)
+            .map(|_| replay_latency(&backend, &k, &stream))
+            .collect();
+        let first = median(runs.iter().map(|r| r.0).collect());
+        let second = median(runs.iter().map(|r| r.1).collect());
+        rows.push((upload, first, second));
+    }
+    backend.set_graph_upload(true);
+    for (upload, first, second) in rows {
+        println!(
+            "graph upload {}: first replay {:.1} us, second replay {:.1} us (256-kernel graph, median of 9)",
+            if upload { "on " } else { "off" },
+            first.as_secs_f64() * 1e6,
+            second.as_secs_f64() * 1e6
+        );
+    }
+}
