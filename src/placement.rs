@@ -32,15 +32,77 @@
 //!   `max(PASS_BUDGET / n, MIN_PASSES)` passes, the most promising first, so
 //!   planning stays fast for 10,000 runners.
 //!
+//! Every function works on a [`Column`]: only the runners that use the key,
+//! with their positions. A key used by a few of many runners (one symmetric
+//! group per expert, say) costs in proportion to its users, not to all
+//! runners, so planning or reporting many sparse keys stays near-linear in
+//! the total number of (runner, key) pairs. Zeros in a dense capacity vector
+//! constrain nothing, so the dense entry points ([`packed`], [`round_robin`])
+//! give exactly what their column counterparts give.
+//!
 //! Every offset is a sum of capacities (or `L` minus a capacity, itself a sum
 //! of capacities), so offsets keep the domain alignment every capacity has.
 
 use std::cmp::Reverse;
 
-/// Offsets and arena size for one key.
+/// One key's capacities: the positions (capture order among buffer-using
+/// runners) that use the key, ascending, each with its capacity (never 0),
+/// out of `n` positions in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Column {
+    n: usize,
+    pos: Vec<usize>,
+    cap: Vec<u64>,
+}
+
+impl Column {
+    /// An empty column over `n` positions.
+    pub(crate) fn new(n: usize) -> Column {
+        Column {
+            n,
+            ..Column::default()
+        }
+    }
+
+    /// The column of a dense capacity vector (zeros are runners that do not
+    /// use the key).
+    pub(crate) fn from_dense(cap: &[u64]) -> Column {
+        let mut column = Column::new(cap.len());
+        for (k, &c) in cap.iter().enumerate() {
+            column.push(k, c);
+        }
+        column
+    }
+
+    /// Appends position `k` with capacity `c`; `k` must be above every
+    /// position pushed before and below `n`. A zero capacity is skipped.
+    pub(crate) fn push(&mut self, k: usize, c: u64) {
+        debug_assert!(k < self.n && self.pos.last().is_none_or(|&last| last < k));
+        if c > 0 {
+            self.pos.push(k);
+            self.cap.push(c);
+        }
+    }
+
+    /// Number of runners that use the key.
+    fn len(&self) -> usize {
+        self.pos.len()
+    }
+}
+
+/// Offsets and arena size for one key, dense: one offset per position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct KeyLayout {
     /// One offset per runner position (meaningless where `cap` is 0).
+    pub(crate) offsets: Vec<u64>,
+    /// Bytes of the key's arena.
+    pub(crate) bytes: u64,
+}
+
+/// Offsets and arena size for one [`Column`]: one offset per entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ColumnLayout {
+    /// The offset of each entry of the column, in column order.
     pub(crate) offsets: Vec<u64>,
     /// Bytes of the key's arena.
     pub(crate) bytes: u64,
@@ -57,20 +119,54 @@ pub(crate) fn round_robin(cap: &[u64], g: usize) -> Vec<u64> {
     arenas
 }
 
-/// The lower bound: the largest sum of capacities over any `g` consecutive
-/// positions (no wrap-around), saturating at `u64::MAX`.
-pub(crate) fn lower_bound(cap: &[u64], g: usize) -> u64 {
-    u64::try_from(heaviest_window(cap, g)).unwrap_or(u64::MAX)
+/// The total of [`round_robin`] for a column (saturating), in
+/// `O(len log len)` whatever `g` is: per generation that has users, the
+/// largest of them.
+pub(crate) fn round_robin_bytes(column: &Column, g: usize) -> u64 {
+    let mut by_generation: Vec<(usize, u64)> = column
+        .pos
+        .iter()
+        .zip(&column.cap)
+        .map(|(&k, &c)| (k % g, c))
+        .collect();
+    by_generation.sort_unstable();
+    let mut total = 0u64;
+    for (i, &(generation, c)) in by_generation.iter().enumerate() {
+        // The last entry of each generation is its largest.
+        if by_generation
+            .get(i + 1)
+            .is_none_or(|&(next, _)| next != generation)
+        {
+            total = total.saturating_add(c);
+        }
+    }
+    total
 }
 
-/// The exact heaviest window of `g` consecutive capacities.
-fn heaviest_window(cap: &[u64], g: usize) -> u128 {
+/// [`lower_bound_column`] of a dense capacity vector.
+#[cfg(test)]
+pub(crate) fn lower_bound(cap: &[u64], g: usize) -> u64 {
+    lower_bound_column(&Column::from_dense(cap), g)
+}
+
+/// The lower bound: the largest sum of capacities over any `g` consecutive
+/// positions (no wrap-around), saturating at `u64::MAX`.
+pub(crate) fn lower_bound_column(column: &Column, g: usize) -> u64 {
+    u64::try_from(heaviest_window(column, g)).unwrap_or(u64::MAX)
+}
+
+/// The exact heaviest window of `g` consecutive positions: windows ending at
+/// a used position are the only candidates (capacities are positive).
+fn heaviest_window(column: &Column, g: usize) -> u128 {
+    let (pos, cap) = (&column.pos, &column.cap);
     let mut best = 0u128;
     let mut window = 0u128;
-    for (k, &c) in cap.iter().enumerate() {
-        window += u128::from(c);
-        if k >= g {
-            window -= u128::from(cap[k - g]);
+    let mut first = 0;
+    for i in 0..column.len() {
+        window += u128::from(cap[i]);
+        while pos[first] + g <= pos[i] {
+            window -= u128::from(cap[first]);
+            first += 1;
         }
         best = best.max(window);
     }
@@ -84,7 +180,9 @@ const MIN_PERIODS: usize = 8;
 /// beyond the first settle: passes cost `O(n g)` each, so for `n` runners at
 /// most `max(PASS_BUDGET / n, MIN_PASSES)` further passes run, the most
 /// promising first. Up to a few thousand runners that is every candidate;
-/// for 10,000 it is four.
+/// for 10,000 it is four. `n` counts every buffer-using runner, not only the
+/// key's users, so a sparse key spends no more passes than a dense one and
+/// the total over keys stays proportional to the (runner, key) pairs.
 const PASS_BUDGET: usize = 40_000;
 /// Passes allowed however many runners there are.
 const MIN_PASSES: usize = 3;
@@ -96,25 +194,40 @@ const MIN_PASSES: usize = 3;
 /// would overflow `u64`. Deterministic: equal inputs give equal layouts (every
 /// rank must agree on the offsets).
 pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
-    let n = cap.len();
-    let bound = u64::try_from(heaviest_window(cap, g)).ok()?;
+    let column = Column::from_dense(cap);
+    let layout = packed_column(&column, g)?;
+    let mut offsets = vec![0u64; cap.len()];
+    for (&k, &o) in column.pos.iter().zip(&layout.offsets) {
+        offsets[k] = o;
+    }
+    Some(KeyLayout {
+        offsets,
+        bytes: layout.bytes,
+    })
+}
+
+/// [`packed`] of a column. Costs `O(len)` per candidate (plus `O(g)` per
+/// slotted one), never `O(n)`.
+pub(crate) fn packed_column(column: &Column, g: usize) -> Option<ColumnLayout> {
+    let n = column.n;
+    let bound = u64::try_from(heaviest_window(column, g)).ok()?;
     let mut best = Portfolio::new(bound);
-    let round_robin = Slotted::new(cap, g, |k| k % g);
+    let round_robin = Slotted::new(column, g, |k| k % g);
     best.offer(round_robin.layout());
     if best.done() {
         return best.layout;
     }
     if g == 2 {
-        best.offer(Some(alternating(cap, bound)));
+        best.offer(Some(alternating(column, bound)));
         return best.layout;
     }
     // Settling round-robin is the strongest single candidate on irregular
     // capacities; strided seeds win on periodic ones; plain fits come last.
-    best.offer(fit(cap, g, &round_robin.settle_order(cap), Fit::First));
+    best.offer(fit(column, g, &round_robin.settle_order(), Fit::First));
     let mut passes = (PASS_BUDGET / n.max(1)).max(MIN_PASSES);
     let mut seeds: Vec<(u64, Slotted)> = (2..=MIN_PERIODS.max(2 * g).min(n))
         .filter(|&p| p != g) // the same slots as round-robin
-        .map(|p| strided(cap, g, p))
+        .map(|p| strided(column, g, p))
         .filter_map(|s| Some((s.bytes()?, s)))
         .collect();
     seeds.sort_by_key(|(bytes, _)| *bytes);
@@ -123,12 +236,12 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
             return best.layout;
         }
         best.offer(seed.layout());
-        best.offer(fit(cap, g, &seed.settle_order(cap), Fit::First));
+        best.offer(fit(column, g, &seed.settle_order(), Fit::First));
         passes -= 1;
     }
-    let in_capture_order: Vec<usize> = (0..n).collect();
+    let in_capture_order: Vec<usize> = (0..column.len()).collect();
     let mut by_size_desc = in_capture_order.clone();
-    by_size_desc.sort_by_key(|&k| (Reverse(cap[k]), k));
+    by_size_desc.sort_by_key(|&i| (Reverse(column.cap[i]), i));
     for (order, how) in [
         (&in_capture_order, Fit::First),
         (&by_size_desc, Fit::First),
@@ -138,7 +251,7 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
         if best.done() || passes == 0 {
             return best.layout;
         }
-        best.offer(fit(cap, g, order, how));
+        best.offer(fit(column, g, order, how));
         passes -= 1;
     }
     best.layout
@@ -147,7 +260,7 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
 /// The smallest layout offered so far.
 struct Portfolio {
     bound: u64,
-    layout: Option<KeyLayout>,
+    layout: Option<ColumnLayout>,
 }
 
 impl Portfolio {
@@ -158,7 +271,7 @@ impl Portfolio {
         }
     }
 
-    fn offer(&mut self, candidate: Option<KeyLayout>) {
+    fn offer(&mut self, candidate: Option<ColumnLayout>) {
         if let Some(c) = candidate {
             if self.layout.as_ref().is_none_or(|b| c.bytes < b.bytes) {
                 self.layout = Some(c);
@@ -175,7 +288,7 @@ impl Portfolio {
 /// A layout in which every runner sits at the start of one of a few slots,
 /// laid end to end, each as large as its largest runner.
 struct Slotted {
-    /// The slot of each position.
+    /// The slot of each entry of the column.
     slot_of: Vec<usize>,
     /// Bytes of each slot.
     sizes: Vec<u64>,
@@ -183,10 +296,10 @@ struct Slotted {
 
 impl Slotted {
     /// Puts position `k` in slot `slot(k)` (below `slots`).
-    fn new(cap: &[u64], slots: usize, slot: impl Fn(usize) -> usize) -> Slotted {
-        let slot_of: Vec<usize> = (0..cap.len()).map(slot).collect();
+    fn new(column: &Column, slots: usize, slot: impl Fn(usize) -> usize) -> Slotted {
+        let slot_of: Vec<usize> = column.pos.iter().map(|&k| slot(k)).collect();
         let mut sizes = vec![0u64; slots];
-        for (&c, &z) in cap.iter().zip(&slot_of) {
+        for (&c, &z) in column.cap.iter().zip(&slot_of) {
             sizes[z] = sizes[z].max(c);
         }
         Slotted { slot_of, sizes }
@@ -198,42 +311,38 @@ impl Slotted {
     }
 
     /// The offsets. `None` on overflow.
-    fn layout(&self) -> Option<KeyLayout> {
+    fn layout(&self) -> Option<ColumnLayout> {
         let mut starts = Vec::with_capacity(self.sizes.len());
         let mut total = 0u64;
         for &z in &self.sizes {
             starts.push(total);
             total = total.checked_add(z)?;
         }
-        Some(KeyLayout {
+        Some(ColumnLayout {
             offsets: self.slot_of.iter().map(|&z| starts[z]).collect(),
             bytes: total,
         })
     }
 
-    /// The positions that use the key, in order of their offset (slot by
-    /// slot: slots with runners in them start in slot order), ties in
-    /// capture order: the order in which settling re-places them. Settling
-    /// re-places each at the lowest offset free of those placed before it;
-    /// its old offset is still free then (everything placed before it
-    /// started no higher and moved only down), so no runner moves up and the
-    /// settled layout is never larger than this one. A counting sort: `O(n)`.
-    fn settle_order(&self, cap: &[u64]) -> Vec<usize> {
+    /// The entries in order of their offset (slot by slot: slots with
+    /// runners in them start in slot order), ties in capture order: the
+    /// order in which settling re-places them. Settling re-places each at
+    /// the lowest offset free of those placed before it; its old offset is
+    /// still free then (everything placed before it started no higher and
+    /// moved only down), so no runner moves up and the settled layout is
+    /// never larger than this one. A counting sort: `O(len + slots)`.
+    fn settle_order(&self) -> Vec<usize> {
         let mut first = vec![0usize; self.sizes.len() + 1];
-        for (&c, &z) in cap.iter().zip(&self.slot_of) {
-            if c > 0 {
-                first[z + 1] += 1;
-            }
+        for &z in &self.slot_of {
+            first[z + 1] += 1;
         }
         for z in 1..first.len() {
             first[z] += first[z - 1];
         }
-        let mut order = vec![0usize; first[self.sizes.len()]];
-        for (k, (&c, &z)) in cap.iter().zip(&self.slot_of).enumerate() {
-            if c > 0 {
-                order[first[z]] = k;
-                first[z] += 1;
-            }
+        let mut order = vec![0usize; self.slot_of.len()];
+        for (i, &z) in self.slot_of.iter().enumerate() {
+            order[first[z]] = i;
+            first[z] += 1;
         }
         order
     }
@@ -242,30 +351,32 @@ impl Slotted {
 /// For `g = 2`: even positions at the bottom, odd positions at the top of an
 /// arena of `bound` bytes (the lower bound, so every capacity and every pair
 /// of neighbours fits in it).
-fn alternating(cap: &[u64], bound: u64) -> KeyLayout {
-    let offsets: Vec<u64> = cap
+fn alternating(column: &Column, bound: u64) -> ColumnLayout {
+    let offsets: Vec<u64> = column
+        .pos
         .iter()
-        .enumerate()
-        .map(|(k, &c)| if k % 2 == 0 { 0 } else { bound - c })
+        .zip(&column.cap)
+        .map(|(&k, &c)| if k % 2 == 0 { 0 } else { bound - c })
         .collect();
-    let bytes = height(cap, &offsets);
-    KeyLayout { offsets, bytes }
+    let bytes = height(column, &offsets);
+    ColumnLayout { offsets, bytes }
 }
 
 /// Runners of residue class `k % p` share `s = (g - 1) / p + 1` slots, used
 /// in turn (`(k / p) % s`). Two runners of one class fewer than `g` positions
 /// apart are `m p` apart with `1 <= m < s`, so they use different slots;
 /// runners of different classes never share one. `p = 1` is round-robin.
-fn strided(cap: &[u64], g: usize, p: usize) -> Slotted {
+fn strided(column: &Column, g: usize, p: usize) -> Slotted {
     let s = (g - 1) / p + 1;
-    Slotted::new(cap, p * s, |k| (k % p) * s + (k / p) % s)
+    Slotted::new(column, p * s, |k| (k % p) * s + (k / p) % s)
 }
 
 /// The end of the highest range.
-fn height(cap: &[u64], offsets: &[u64]) -> u64 {
-    cap.iter()
+fn height(column: &Column, offsets: &[u64]) -> u64 {
+    column
+        .cap
+        .iter()
         .zip(offsets)
-        .filter(|(&c, _)| c > 0)
         .map(|(&c, &o)| o + c)
         .max()
         .unwrap_or(0)
@@ -280,34 +391,37 @@ enum Fit {
     Best,
 }
 
-/// Places runners in `order`; each avoids the ranges of already placed
-/// runners within `g - 1` positions of it.
-fn fit(cap: &[u64], g: usize, order: &[usize], how: Fit) -> Option<KeyLayout> {
-    let n = cap.len();
-    let mut offsets = vec![0u64; n];
-    let mut placed = vec![false; n];
+/// Places the column's entries in `order`; each avoids the ranges of already
+/// placed entries within `g - 1` positions of it (neighbours in the column,
+/// since it is sorted by position).
+fn fit(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLayout> {
+    let (pos, cap) = (&column.pos, &column.cap);
+    let len = column.len();
+    let mut offsets = vec![0u64; len];
+    let mut placed = vec![false; len];
     let mut bytes = 0u64;
     let mut busy: Vec<(u64, u64)> = Vec::with_capacity(2 * g);
-    for &k in order {
-        let c = cap[k];
-        if c == 0 {
-            continue;
-        }
+    for &i in order {
+        let c = cap[i];
         busy.clear();
-        let lo = k.saturating_sub(g - 1);
-        let hi = (k + g).min(n);
-        for j in lo..hi {
-            if placed[j] && cap[j] > 0 {
+        let k = pos[i];
+        let near = |j: &usize| k.abs_diff(pos[*j]) < g;
+        for j in (0..i)
+            .rev()
+            .take_while(near)
+            .chain((i + 1..len).take_while(near))
+        {
+            if placed[j] {
                 busy.push((offsets[j], offsets[j] + cap[j]));
             }
         }
         busy.sort_unstable();
         let offset = choose_gap(&busy, c, how)?;
-        offsets[k] = offset;
-        placed[k] = true;
+        offsets[i] = offset;
+        placed[i] = true;
         bytes = bytes.max(offset.checked_add(c)?);
     }
-    Some(KeyLayout { offsets, bytes })
+    Some(ColumnLayout { offsets, bytes })
 }
 
 /// Picks an offset for `size` bytes among sorted busy ranges.
@@ -383,6 +497,18 @@ mod tests {
                     layout.offsets
                 );
             }
+        }
+    }
+
+    /// A column's layout with one offset per position (0 where unused).
+    fn dense(column: &Column, layout: ColumnLayout) -> KeyLayout {
+        let mut offsets = vec![0; column.n];
+        for (&k, &o) in column.pos.iter().zip(&layout.offsets) {
+            offsets[k] = o;
+        }
+        KeyLayout {
+            offsets,
+            bytes: layout.bytes,
         }
     }
 
@@ -517,16 +643,30 @@ mod tests {
         }
 
         #[test]
+        fn round_robin_bytes_of_a_column_is_the_round_robin_total(
+            cap in proptest::collection::vec(
+                proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..64], 0..40),
+            g in 1usize..6,
+        ) {
+            proptest::prop_assert_eq!(
+                round_robin_bytes(&Column::from_dense(&cap), g),
+                round_robin(&cap, g).iter().sum::<u64>()
+            );
+        }
+
+        #[test]
         fn settling_never_raises_a_layout(
             cap in proptest::collection::vec(0u64..64, 1..40),
             g in 1usize..6,
             p in 1usize..9,
         ) {
             let g = g.min(cap.len());
-            let slotted = strided(&cap, g, p);
-            let seed = slotted.layout().unwrap();
+            let column = Column::from_dense(&cap);
+            let slotted = strided(&column, g, p);
+            let seed = dense(&column, slotted.layout().unwrap());
             assert_valid(&cap, g, &seed);
-            let settled = fit(&cap, g, &slotted.settle_order(&cap), Fit::First).unwrap();
+            let settled = fit(&column, g, &slotted.settle_order(), Fit::First).unwrap();
+            let settled = dense(&column, settled);
             assert_valid(&cap, g, &settled);
             proptest::prop_assert!(settled.bytes <= seed.bytes);
         }

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::painter::Painter;
-use crate::placement;
+use crate::placement::{self, Column};
 use crate::plan::{Placement, Planned, Slice, Strategy};
-use crate::vocab::{Domain, Key, ParamId, Purpose, RunnerId};
+use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
 impl Planned {
     /// The plan described as data and, through `Display`, as a table.
@@ -56,6 +56,8 @@ pub struct KeyReport {
 pub struct RunnerReport {
     /// The runner.
     pub runner: RunnerId,
+    /// The name it was armed with ([`Discovering::arm_named`](crate::Discovering::arm_named)), if any.
+    pub name: Option<String>,
     /// Round-robin generation (`None` for empty runners and packed placement).
     pub generation: Option<usize>,
     /// Number of requests recorded.
@@ -136,60 +138,118 @@ pub fn byte_ratio(a: u64, b: u64) -> f64 {
     }
 }
 
+/// What one pass over the plan gathers for one key.
+struct KeyFacts {
+    column: Column,
+    arenas: Vec<u64>,
+    longest_wait_list: usize,
+    /// (parameter, aligned size) -> wgrad writers, for the ring.
+    writers: BTreeMap<(ParamId, u64), u64>,
+    /// Wgrad bytes of requests with no parameter (each its own ring slot).
+    anonymous: u64,
+}
+
+/// Builds the report in a few passes over runners, requests and arenas.
+///
+/// Every per-key figure is gathered in one pass keyed by [`Key`] (never a
+/// scan of all runners, requests or arenas per key, nor per generation), so
+/// the report costs `O((runners + requests + arenas) log keys)` plus its own
+/// size (`keys x G` arena figures under round-robin). The one search, the
+/// packed column of a round-robin plan, runs on each key's sparse column
+/// (only the runners that use the key, see [`placement::Column`]) with the
+/// planner's pass budget, which is set by the number of buffer-using runners:
+/// it costs what packed planning costs, `O(users x G)` per key and pass,
+/// and the passes per key shrink as runners grow. It is computed rather than
+/// cached or bounded so the column is exactly what
+/// [`Policy::packed`](crate::Policy::packed) would allocate.
 pub(crate) fn build(plan: &Planned) -> PlanReport {
     let g = plan.generations;
     let waits = steady_state_waits(plan);
-    let mut keys = Vec::new();
-    for (key, cap) in plan.capacities() {
-        let arenas: Vec<u64> = match plan.strategy.placement {
-            Placement::RoundRobin => (0..g)
-                .map(|gen| {
-                    plan.arenas
-                        .iter()
-                        .find(|a| a.key == key && a.generation == Some(gen))
-                        .map_or(0, |a| a.bytes)
-                })
-                .collect(),
-            Placement::Packed => plan
-                .arenas
-                .iter()
-                .filter(|a| a.key == key)
-                .map(|a| a.bytes)
-                .collect(),
-        };
-        let round_robin_bytes = placement::round_robin(&cap, g)
-            .into_iter()
-            .fold(0, u64::saturating_add);
-        let packed_bytes = match plan.strategy.placement {
-            Placement::Packed => arenas.iter().sum(),
-            Placement::RoundRobin => placement::packed(&cap, g).map_or(u64::MAX, |l| l.bytes),
-        };
-        let longest_wait_list = plan
-            .runners
-            .iter()
-            .zip(&waits)
-            .filter(|(r, _)| r.slice(key).is_some())
-            .map(|(_, w)| *w)
-            .max()
-            .unwrap_or(0);
-        keys.push(KeyReport {
-            key,
-            name: key_name(plan, key),
-            plan_bytes: arenas.iter().copied().fold(0, u64::saturating_add),
-            arenas,
-            round_robin_bytes,
-            packed_bytes,
-            lower_bound: placement::lower_bound(&cap, g),
-            ring_bytes: ring_bytes(plan, key),
-            longest_wait_list,
-        });
+    let using = plan.runners.iter().filter(|r| r.position.is_some()).count();
+    let mut facts: BTreeMap<Key, KeyFacts> = BTreeMap::new();
+    let fresh = || KeyFacts {
+        column: Column::new(using),
+        arenas: match plan.strategy.placement {
+            Placement::RoundRobin => vec![0; g],
+            Placement::Packed => Vec::new(),
+        },
+        longest_wait_list: 0,
+        writers: BTreeMap::new(),
+        anonymous: 0,
+    };
+    for (r, &wait_list) in plan.runners.iter().zip(&waits) {
+        if let Some(position) = r.position {
+            for (&key, &bytes) in &r.record.capacity {
+                facts
+                    .entry(key)
+                    .or_insert_with(fresh)
+                    .column
+                    .push(position, bytes);
+            }
+        }
+        for slice in &r.slices {
+            let f = facts.entry(slice.key).or_insert_with(fresh);
+            f.longest_wait_list = f.longest_wait_list.max(wait_list);
+        }
+        for q in &r.record.requests {
+            if q.purpose != Purpose::WgradRsInput {
+                continue;
+            }
+            let size = q.aligned_bytes().unwrap_or(u64::MAX);
+            let f = facts.entry(q.key()).or_insert_with(fresh);
+            match q.param {
+                Some(p) => *f.writers.entry((p, size)).or_default() += 1,
+                None => f.anonymous = f.anonymous.saturating_add(size),
+            }
+        }
     }
+    for a in &plan.arenas {
+        let f = facts.entry(a.key).or_insert_with(fresh);
+        match a.generation {
+            Some(generation) => {
+                if let Some(bytes) = f.arenas.get_mut(generation) {
+                    *bytes = a.bytes;
+                }
+            }
+            None => f.arenas.push(a.bytes),
+        }
+    }
+    let names: BTreeMap<GroupId, &str> = plan.config.groups().collect();
+    let keys: Vec<KeyReport> = facts
+        .into_iter()
+        .map(|(key, f)| {
+            let plan_bytes = f.arenas.iter().copied().fold(0, u64::saturating_add);
+            let (round_robin_bytes, packed_bytes) = match plan.strategy.placement {
+                Placement::RoundRobin => (
+                    plan_bytes,
+                    placement::packed_column(&f.column, g).map_or(u64::MAX, |l| l.bytes),
+                ),
+                Placement::Packed => (placement::round_robin_bytes(&f.column, g), plan_bytes),
+            };
+            KeyReport {
+                key,
+                name: key_name(&names, key),
+                arenas: f.arenas,
+                plan_bytes,
+                round_robin_bytes,
+                packed_bytes,
+                lower_bound: placement::lower_bound_column(&f.column, g),
+                ring_bytes: f
+                    .writers
+                    .iter()
+                    .map(|(&(_, size), &n)| size.saturating_mul(n.min(2)))
+                    .fold(f.anonymous, u64::saturating_add),
+                longest_wait_list: f.longest_wait_list,
+            }
+        })
+        .collect();
     let runners: Vec<RunnerReport> = plan
         .runners
         .iter()
         .zip(&waits)
         .map(|(r, &wait_list)| RunnerReport {
             runner: r.id(),
+            name: r.record.name.clone(),
             generation: r.generation,
             requests: r.record.requests.len(),
             bytes: r
@@ -206,7 +266,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         strategy: plan.strategy,
         generations: g,
         runners_total: plan.runners.len(),
-        runners_using: plan.runners.iter().filter(|r| r.position.is_some()).count(),
+        runners_using: using,
         plan_bytes: sum(|k| k.plan_bytes),
         round_robin_bytes: sum(|k| k.round_robin_bytes),
         packed_bytes: sum(|k| k.packed_bytes),
@@ -219,36 +279,14 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     }
 }
 
-fn key_name(plan: &Planned, key: Key) -> String {
+fn key_name(groups: &BTreeMap<GroupId, &str>, key: Key) -> String {
     match key.domain {
         Domain::Device => key.to_string(),
-        Domain::Symmetric(group) => match plan.config.group_name(group) {
+        Domain::Symmetric(group) => match groups.get(&group) {
             Some(name) => format!("{} in symmetric({name})", key.dtype),
             None => key.to_string(),
         },
     }
-}
-
-/// The per-parameter ring of size 2: per (parameter, aligned size), `min(2,
-/// writers)` slots; wgrad reduce-scatter inputs only. A request with no
-/// parameter counts as its own parameter.
-fn ring_bytes(plan: &Planned, key: Key) -> u64 {
-    let mut writers: BTreeMap<(Option<ParamId>, u64), u64> = BTreeMap::new();
-    let mut anonymous = 0u64;
-    for r in plan.runners.iter().flat_map(|r| &r.record.requests) {
-        if r.key() != key || r.purpose != Purpose::WgradRsInput {
-            continue;
-        }
-        let size = r.aligned_bytes().unwrap_or(u64::MAX);
-        match r.param {
-            Some(p) => *writers.entry((Some(p), size)).or_default() += 1,
-            None => anonymous = anonymous.saturating_add(size),
-        }
-    }
-    writers
-        .iter()
-        .map(|(&(_, size), &n)| size.saturating_mul(n.min(2)))
-        .fold(anonymous, u64::saturating_add)
 }
 
 /// Fence waits per runner when every runner replays in capture order on
@@ -346,7 +384,316 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// How a table column lines up.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// A text table whose columns are as wide as their widest cell, so long key
+/// or runner names never push later columns out of line.
+struct Table {
+    columns: Vec<(&'static str, Align)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(columns: &[(&'static str, Align)]) -> Table {
+        Table {
+            columns: columns.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.columns.len());
+        self.rows.push(cells);
+    }
+
+    fn render(&self, f: &mut fmt::Formatter<'_>, indent: &str) -> fmt::Result {
+        let width = |cell: &str| cell.chars().count();
+        let mut widths: Vec<usize> = self.columns.iter().map(|(h, _)| width(h)).collect();
+        for row in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(width(cell));
+            }
+        }
+        let header: Vec<String> = self.columns.iter().map(|(h, _)| h.to_string()).collect();
+        for row in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::from(indent);
+            for (k, ((cell, &w), &(_, align))) in
+                row.iter().zip(&widths).zip(&self.columns).enumerate()
+            {
+                if k > 0 {
+                    line.push_str("  ");
+                }
+                let pad = " ".repeat(w - width(cell));
+                match align {
+                    Align::Left => {
+                        line.push_str(cell);
+                        line.push_str(&pad);
+                    }
+                    Align::Right => {
+                        line.push_str(&pad);
+                        line.push_str(cell);
+                    }
+                }
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+/// Arenas listed one by one up to this many; beyond, as a count and range.
+const ARENAS_LISTED: usize = 8;
+
+/// Characters of a packed runner's occupancy bar.
+const BAR: usize = 20;
+
+/// `[offset, offset + bytes)` of an arena of `arena` bytes as a bar of
+/// [`BAR`] characters: `#` where the range lies, `.` elsewhere.
+fn occupancy(offset: u64, bytes: u64, arena: u64) -> String {
+    if arena == 0 {
+        return ".".repeat(BAR);
+    }
+    let scale = |b: u64, up: bool| {
+        let x = u128::from(b) * BAR as u128;
+        let a = u128::from(arena);
+        let cells = if up { x.div_ceil(a) } else { x / a };
+        usize::try_from(cells).unwrap_or(BAR).min(BAR)
+    };
+    let lo = scale(offset, false).min(BAR - 1);
+    let hi = scale(offset.saturating_add(bytes), true).max(lo + 1);
+    (0..BAR)
+        .map(|i| if (lo..hi).contains(&i) { '#' } else { '.' })
+        .collect()
+}
+
+fn ratio(a: u64, b: u64) -> String {
+    format!("{:.3}", byte_ratio(a, b))
+}
+
+impl PlanReport {
+    /// The one-line verdict: what packed placement saves over round-robin at
+    /// this `G` (or that it saves nothing), and where this plan stands.
+    pub fn verdict(&self) -> String {
+        let g = self.generations;
+        let (rr, packed) = (self.round_robin_bytes, self.packed_bytes);
+        let comparison = if self.runners_using == 0 {
+            "no runner uses buffers: nothing to place".to_string()
+        } else if packed == u64::MAX && rr != u64::MAX {
+            format!(
+                "packed at G = {g} would overflow 64 bits; round-robin needs {}",
+                human_bytes(rr)
+            )
+        } else if packed < rr {
+            format!(
+                "packed at G = {g} saves {} ({:.1}%) over round-robin",
+                human_bytes(rr - packed),
+                100.0 * (rr - packed) as f64 / rr as f64
+            )
+        } else if rr < packed {
+            format!(
+                "round-robin at G = {g} saves {} ({:.1}%) over packed",
+                human_bytes(packed - rr),
+                100.0 * (packed - rr) as f64 / packed as f64
+            )
+        } else {
+            format!(
+                "packed at G = {g} saves nothing over round-robin (both {})",
+                human_bytes(rr)
+            )
+        };
+        format!(
+            "{comparison}; this plan is {}, {}x the lower bound",
+            self.strategy.placement,
+            ratio(self.plan_bytes, self.lower_bound)
+        )
+    }
+
+    /// Whether any runner has a name (the runner table then shows them).
+    fn any_named(&self) -> bool {
+        self.runners.iter().any(|r| r.name.is_some())
+    }
+
+    fn key_table(&self) -> Table {
+        use Align::{Left, Right};
+        let arena_head = match self.strategy.placement {
+            Placement::RoundRobin => "arenas (per generation)",
+            Placement::Packed => "arena",
+        };
+        let mut t = Table::new(&[
+            ("#", Left),
+            ("key", Left),
+            ("plan", Right),
+            ("lower bound", Right),
+            ("round-robin", Right),
+            ("packed", Right),
+            ("ring(2)", Right),
+            ("plan/lb", Right),
+            ("waits", Right),
+            (arena_head, Left),
+        ]);
+        for (i, k) in self.keys.iter().enumerate() {
+            let arenas = if k.arenas.len() <= ARENAS_LISTED {
+                let each: Vec<String> = k.arenas.iter().map(|&b| human_bytes(b)).collect();
+                each.join(" | ")
+            } else {
+                let min = k.arenas.iter().copied().min().unwrap_or(0);
+                let max = k.arenas.iter().copied().max().unwrap_or(0);
+                format!(
+                    "{} arenas, {} to {}",
+                    k.arenas.len(),
+                    human_bytes(min),
+                    human_bytes(max)
+                )
+            };
+            t.row(vec![
+                format!("k{}", i + 1),
+                k.name.clone(),
+                human_bytes(k.plan_bytes),
+                human_bytes(k.lower_bound),
+                human_bytes(k.round_robin_bytes),
+                human_bytes(k.packed_bytes),
+                human_bytes(k.ring_bytes),
+                ratio(k.plan_bytes, k.lower_bound),
+                k.longest_wait_list.to_string(),
+                arenas,
+            ]);
+        }
+        t.row(vec![
+            String::new(),
+            "total".into(),
+            human_bytes(self.plan_bytes),
+            human_bytes(self.lower_bound),
+            human_bytes(self.round_robin_bytes),
+            human_bytes(self.packed_bytes),
+            human_bytes(self.ring_bytes),
+            ratio(self.plan_bytes, self.lower_bound),
+            self.longest_wait_list.to_string(),
+            String::new(),
+        ]);
+        t
+    }
+
+    fn runner_table(&self) -> Table {
+        use Align::{Left, Right};
+        let named = self.any_named();
+        let mut columns = vec![("runner", Left)];
+        if named {
+            columns.push(("name", Left));
+        }
+        columns.extend([("requests", Right), ("bytes", Right), ("waits", Right)]);
+        match self.strategy.placement {
+            Placement::RoundRobin => columns.push(("gen", Right)),
+            Placement::Packed => columns.extend([
+                ("key", Left),
+                ("offset", Right),
+                ("end", Right),
+                ("occupancy", Left),
+            ]),
+        }
+        let mut t = Table::new(&columns);
+        let index: BTreeMap<Key, usize> = self
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.key, i))
+            .collect();
+        for r in &self.runners {
+            let mut head = vec![r.runner.to_string()];
+            if named {
+                head.push(r.name.clone().unwrap_or_else(|| "-".into()));
+            }
+            head.extend([
+                r.requests.to_string(),
+                human_bytes(r.bytes),
+                r.wait_list.to_string(),
+            ]);
+            match self.strategy.placement {
+                Placement::RoundRobin => {
+                    head.push(
+                        r.generation
+                            .map_or_else(|| "none".into(), |g| g.to_string()),
+                    );
+                    t.row(head);
+                }
+                Placement::Packed if r.slices.is_empty() => {
+                    head.extend(["none".into(), String::new(), String::new(), String::new()]);
+                    t.row(head);
+                }
+                Placement::Packed => {
+                    let blank = vec![String::new(); head.len()];
+                    for (n, s) in r.slices.iter().enumerate() {
+                        let mut row = if n == 0 { head.clone() } else { blank.clone() };
+                        let k = index.get(&s.key).copied();
+                        let arena = k.map_or(0, |k| self.keys[k].plan_bytes);
+                        row.extend([
+                            k.map_or_else(|| s.key.to_string(), |k| format!("k{}", k + 1)),
+                            human_bytes(s.offset),
+                            human_bytes(s.offset.saturating_add(s.bytes)),
+                            occupancy(s.offset, s.bytes, arena),
+                        ]);
+                        t.row(row);
+                    }
+                }
+            }
+        }
+        t
+    }
+
+    fn legend(&self) -> Table {
+        use Align::Left;
+        let mut t = Table::new(&[("legend:", Left), ("", Left)]);
+        let mut line = |term: &str, meaning: &str| t.row(vec![term.into(), meaning.into()]);
+        line("#", "key number (kN), as the runner table names keys");
+        line("plan", "bytes this plan allocates");
+        line(
+            "lower bound",
+            "per key, the largest sum of capacities of G consecutive buffer-using runners: no placement needs less",
+        );
+        line(
+            "round-robin",
+            "what round-robin placement needs at this G (runner k in generation k % G; each arena the largest of its runners)",
+        );
+        line(
+            "packed",
+            "what packed placement needs at this G (one arena per key; any G consecutive runners at disjoint offsets)",
+        );
+        line(
+            "ring(2)",
+            "what upstream's per-parameter wgrad ring of 2 slots needs (wgrad reduce-scatter inputs only)",
+        );
+        line("plan/lb", "plan over lower bound (1.000 is optimal)");
+        line(
+            "waits",
+            "most fence waits one replay needs in steady state (every runner replayed in capture order, each on its own stream)",
+        );
+        match self.strategy.placement {
+            Placement::RoundRobin => line(
+                "gen",
+                "the runner's generation; none: it requested nothing, owns no bytes and is never fenced",
+            ),
+            Placement::Packed => {
+                line(
+                    "offset, end",
+                    "the bytes the runner owns in the key's arena; key none: it requested nothing, owns no bytes and is never fenced",
+                );
+                line(
+                    "occupancy",
+                    "where those bytes lie in the key's arena, 20 characters wide (# the runner's bytes)",
+                );
+            }
+        }
+        t
+    }
+}
+
 impl fmt::Display for PlanReport {
+    /// A header, the verdict, the key table (with totals), the runner table
+    /// and a legend of every column.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
@@ -358,70 +705,12 @@ impl fmt::Display for PlanReport {
             self.runners_using,
             self.fingerprint
         )?;
-        let arena_head = match self.strategy.placement {
-            Placement::RoundRobin => "arenas (per generation)",
-            Placement::Packed => "arena",
-        };
-        writeln!(
-            f,
-            "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>7}  {arena_head}",
-            "key", "plan", "lower bound", "round-robin", "packed", "ring(2)", "plan/lb", "waits"
-        )?;
-        for k in &self.keys {
-            let arenas: Vec<String> = k.arenas.iter().map(|&b| human_bytes(b)).collect();
-            writeln!(
-                f,
-                "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}  {}",
-                k.name,
-                human_bytes(k.plan_bytes),
-                human_bytes(k.lower_bound),
-                human_bytes(k.round_robin_bytes),
-                human_bytes(k.packed_bytes),
-                human_bytes(k.ring_bytes),
-                byte_ratio(k.plan_bytes, k.lower_bound),
-                k.longest_wait_list,
-                arenas.join(" | ")
-            )?;
-        }
-        writeln!(
-            f,
-            "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}",
-            "total",
-            human_bytes(self.plan_bytes),
-            human_bytes(self.lower_bound),
-            human_bytes(self.round_robin_bytes),
-            human_bytes(self.packed_bytes),
-            human_bytes(self.ring_bytes),
-            self.plan_over_lower_bound(),
-            self.longest_wait_list
-        )?;
-        writeln!(
-            f,
-            "plan/lower bound {:.3}x, round-robin/lower bound {:.3}x, packed/lower bound {:.3}x, ring/plan {:.3}x",
-            self.plan_over_lower_bound(),
-            self.round_robin_over_lower_bound(),
-            self.packed_over_lower_bound(),
-            self.ring_over_plan()
-        )?;
-        writeln!(
-            f,
-            "{:<12} {:>4} {:>9} {:>12} {:>6}",
-            "runner", "gen", "requests", "bytes", "waits"
-        )?;
-        for r in &self.runners {
-            let gen = r
-                .generation
-                .map_or_else(|| "-".to_string(), |g| g.to_string());
-            writeln!(
-                f,
-                "{:<12} {:>4} {:>9} {:>12} {:>6}",
-                r.runner.to_string(),
-                gen,
-                r.requests,
-                human_bytes(r.bytes),
-                r.wait_list
-            )?;
-        }
-        Ok(())
+        writeln!(f, "verdict: {}", self.verdict())?;
+        writeln!(f)?;
+        self.key_table().render(f, "")?;
+        writeln!(f)?;
+        self.runner_table().render(f, "")?;
+        writeln!(f)?;
+        self.legend().render(f, "")
     }
 }

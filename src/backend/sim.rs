@@ -11,13 +11,31 @@
 //! - a vector-clock detector records a [`Hazard`] whenever an op touches bytes
 //!   that an op not ordered before it (by stream order, event waits or
 //!   [`SimBackend::synchronize`]) wrote, or writes bytes such an op read,
-//!   whatever the timing.
+//!   whatever the timing;
+//! - streams, events and memory belong to one `SimBackend` (clones share
+//!   it): another refuses them with [`BackendError::Refused`], as it refuses
+//!   a span outside every live allocation or too long to address.
+//!
+//! Once a few hundred ops are pending, each op is applied as soon as no later
+//! submission can end before it (every stream's tail is past its end), so
+//! few ops stay pending on streams that keep moving; [`Backend::synchronize_event`] is a full synchronize, which
+//! keeps the model deterministic. Events are freed when dropped.
+//!
+//! The detector keeps shadow memory, not a list of accesses: per byte
+//! interval, the last write and the reads since it (the latest per stream).
+//! An access is unordered with an earlier one of the same bytes exactly when
+//! it is unordered with that write or one of those reads (whatever happened
+//! before the last write was ordered before it, or is itself a hazard), so
+//! the first hazard of any schedule is found as with the whole history, and
+//! the detector holds at most a few intervals per span in use, however long
+//! streams go without waiting for each other.
 //!
 //! Kernels are [`SimOp`]s on `f32` data: fill, copy, add, scale.
 
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::view::View;
@@ -34,12 +52,13 @@ pub struct Span {
 }
 
 impl Span {
-    fn end(&self) -> u64 {
-        self.addr + 4 * self.len as u64
-    }
-
-    fn overlaps(&self, other: &Span) -> bool {
-        self.addr < other.end() && other.addr < self.end()
+    /// One past the last byte; `None` when that overflows the address space
+    /// (such a span lies outside every allocation).
+    fn end(&self) -> Option<u64> {
+        u64::try_from(self.len)
+            .ok()?
+            .checked_mul(4)?
+            .checked_add(self.addr)
     }
 }
 
@@ -187,11 +206,21 @@ impl fmt::Display for Hazard {
     }
 }
 
-/// A simulated stream. Cheap to clone; clones are the same stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A simulated stream. Cheap to clone; clones are the same stream. It knows
+/// its backend: another `SimBackend` refuses it.
+#[derive(Clone, Debug)]
 pub struct SimStream {
     id: usize,
+    owner: Weak<Mutex<SimState>>,
 }
+
+impl PartialEq for SimStream {
+    fn eq(&self, other: &SimStream) -> bool {
+        self.id == other.id && Weak::ptr_eq(&self.owner, &other.owner)
+    }
+}
+
+impl Eq for SimStream {}
 
 impl SimStream {
     /// Index of the stream in its backend.
@@ -200,10 +229,17 @@ impl SimStream {
     }
 }
 
-/// A simulated completion event.
+/// A simulated completion event; dropping it frees its state.
 #[derive(Debug)]
 pub struct SimEvent {
+    state: Arc<Mutex<SimState>>,
     id: usize,
+}
+
+impl Drop for SimEvent {
+    fn drop(&mut self) {
+        lock(&self.state).events.remove(self.id);
+    }
 }
 
 /// A captured op list.
@@ -275,21 +311,268 @@ struct EventState {
     clock: Vec<u64>,
 }
 
+/// Live events by id; ids of dropped events are reused.
+#[derive(Default)]
+struct EventSlab {
+    slots: Vec<Option<EventState>>,
+    free: Vec<usize>,
+}
+
+impl EventSlab {
+    fn insert(&mut self, event: EventState) -> usize {
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id] = Some(event);
+                id
+            }
+            None => {
+                self.slots.push(Some(event));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, id: usize) {
+        if let Some(slot) = self.slots.get_mut(id) {
+            if slot.take().is_some() {
+                self.free.push(id);
+            }
+        }
+    }
+
+    fn get_mut(&mut self, id: usize) -> Option<&mut EventState> {
+        self.slots.get_mut(id).and_then(Option::as_mut)
+    }
+
+    fn live(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+}
+
+/// One access: its stream and that stream's sequence number for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Access {
-    span: Span,
-    write: bool,
     stream: usize,
     seq: u64,
+}
+
+impl Access {
+    /// Whether an op with vector clock `clock` is ordered after this access.
+    fn ordered_before(&self, clock: &[u64]) -> bool {
+        clock_at(clock, self.stream) >= self.seq
+    }
+}
+
+/// Shadow state of one byte interval `[start, end)`.
+#[derive(Clone, Debug, Default)]
+struct Cell {
+    end: u64,
+    /// The last write.
+    writer: Option<Access>,
+    /// Reads since the last write: the latest per stream (an op unordered
+    /// with an earlier read of a stream is unordered with its later ones).
+    readers: Vec<Access>,
+}
+
+impl Cell {
+    fn is_empty(&self) -> bool {
+        self.writer.is_none() && self.readers.is_empty()
+    }
+
+    /// Checks an access starting at byte `start` of this cell against the
+    /// cell's write (and, for a write, its reads), noting each unordered one
+    /// in `conflicts` once per (stream, whether it wrote); a read joins the
+    /// cell's reads.
+    fn visit(
+        &mut self,
+        start: u64,
+        write: bool,
+        access: Access,
+        clock: &[u64],
+        conflicts: &mut Vec<(Access, bool, u64)>,
+    ) {
+        let mut note = |earlier: Access, wrote: bool| {
+            let seen = conflicts
+                .iter()
+                .any(|(a, w, _)| a.stream == earlier.stream && *w == wrote);
+            if !seen {
+                conflicts.push((earlier, wrote, start));
+            }
+        };
+        if let Some(w) = self.writer {
+            if !w.ordered_before(clock) {
+                note(w, true);
+            }
+        }
+        if write {
+            for &r in &self.readers {
+                if !r.ordered_before(clock) {
+                    note(r, false);
+                }
+            }
+        } else {
+            match self.readers.iter_mut().find(|r| r.stream == access.stream) {
+                Some(r) => r.seq = access.seq,
+                None => self.readers.push(access),
+            }
+        }
+    }
+}
+
+/// Disjoint byte intervals `start -> cell`, covering every byte accessed
+/// since the last synchronize (less what pruning proved ordered).
+#[derive(Default)]
+struct Shadow {
+    cells: BTreeMap<u64, Cell>,
+    /// Prune when the map grows past this (doubles with the live size, so
+    /// pruning costs amortized `O(1)` per access).
+    prune_at: usize,
+}
+
+/// Pending ops past which settled ones are applied at submission.
+const APPLY_AT: usize = 256;
+
+/// The least size at which the shadow is pruned.
+const PRUNE_AT_LEAST: usize = 4096;
+
+impl Shadow {
+    /// Splits the cell that straddles `at`, if any.
+    fn split(&mut self, at: u64) {
+        let Some((_, cell)) = self.cells.range_mut(..at).next_back() else {
+            return;
+        };
+        if cell.end > at {
+            let upper = cell.clone();
+            cell.end = at;
+            self.cells.insert(at, upper);
+        }
+    }
+
+    /// Records an access of `[lo, hi)` by `access` (whose stream's vector
+    /// clock is `clock`) and adds to `conflicts` the earlier accesses it is
+    /// unordered with, once per (stream, whether it wrote), with the first
+    /// byte each touches.
+    fn access(
+        &mut self,
+        (lo, hi): (u64, u64),
+        write: bool,
+        access: Access,
+        clock: &[u64],
+        conflicts: &mut Vec<(Access, bool, u64)>,
+    ) {
+        if lo >= hi {
+            // An empty span touches no byte.
+            return;
+        }
+        // Fast path: the bytes are one cell already (a graph replayed over
+        // the same views).
+        if let Some(cell) = self.cells.get_mut(&lo).filter(|c| c.end == hi) {
+            cell.visit(lo, write, access, clock, conflicts);
+            if write {
+                cell.writer = Some(access);
+                cell.readers.clear();
+            }
+            return;
+        }
+        self.split(lo);
+        self.split(hi);
+        // Fill the gaps so that [lo, hi) is covered by cells.
+        let mut gaps = Vec::new();
+        let mut cursor = lo;
+        for (&start, cell) in self.cells.range(lo..hi) {
+            if start > cursor {
+                gaps.push((cursor, start));
+            }
+            cursor = cell.end;
+        }
+        if cursor < hi {
+            gaps.push((cursor, hi));
+        }
+        for (start, end) in gaps {
+            self.cells.insert(
+                start,
+                Cell {
+                    end,
+                    ..Cell::default()
+                },
+            );
+        }
+        for (&start, cell) in self.cells.range_mut(lo..hi) {
+            cell.visit(start, write, access, clock, conflicts);
+        }
+        if write {
+            let inside: Vec<u64> = self.cells.range(lo..hi).map(|(&s, _)| s).collect();
+            for start in inside {
+                self.cells.remove(&start);
+            }
+            self.cells.insert(
+                lo,
+                Cell {
+                    end: hi,
+                    writer: Some(access),
+                    readers: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Forgets accesses every stream is ordered after (no later op of these
+    /// streams can be unordered with them) once the map has grown enough.
+    fn maybe_prune(&mut self, streams: &[StreamState]) {
+        if self.cells.len() < self.prune_at.max(PRUNE_AT_LEAST) {
+            return;
+        }
+        let stale = |a: &Access| streams.iter().all(|t| a.ordered_before(&t.clock));
+        self.cells.retain(|_, cell| {
+            if cell.writer.as_ref().is_some_and(stale) {
+                cell.writer = None;
+            }
+            cell.readers.retain(|r| !stale(r));
+            !cell.is_empty()
+        });
+        self.prune_at = 2 * self.cells.len();
+    }
+
+    fn clear(&mut self) {
+        self.cells.clear();
+    }
+}
+
+/// An op submitted but not yet applied; the heap pops the earliest end
+/// first, ties in submission order.
+struct Pending {
+    end: u64,
+    order: u64,
+    op: SimOp,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Pending) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Pending {}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Pending) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Pending {
+    fn cmp(&self, other: &Pending) -> Ordering {
+        (other.end, other.order).cmp(&(self.end, self.order))
+    }
 }
 
 #[derive(Default)]
 struct SimState {
     allocs: BTreeMap<u64, Allocation>,
     streams: Vec<StreamState>,
-    events: Vec<EventState>,
-    /// Ops submitted but not yet applied: (end time, submission order, op).
-    pending: Vec<(u64, u64, SimOp)>,
-    accesses: Vec<Access>,
+    events: EventSlab,
+    pending: BinaryHeap<Pending>,
+    shadow: Shadow,
     hazards: Vec<Hazard>,
     submitted: u64,
     allocations_left: Option<usize>,
@@ -323,6 +606,9 @@ fn sim_error(op: &'static str, reason: impl Into<String>) -> BackendError {
     }
 }
 
+const FOREIGN_STREAM: &str = "stream belongs to another SimBackend";
+const FOREIGN_EVENT: &str = "event belongs to another SimBackend";
+
 impl SimState {
     fn alloc(&mut self, bytes: u64, align: u64) -> std::result::Result<u64, String> {
         if let Some(left) = self.allocations_left.as_mut() {
@@ -354,15 +640,24 @@ impl SimState {
 
     /// The allocation holding the whole span, as (base, allocation).
     fn find(&self, span: &Span) -> Option<(u64, &Allocation)> {
+        let end = span.end()?;
         let (&base, a) = self.allocs.range(..=span.addr).next_back()?;
-        (span.end() <= base + a.bytes).then_some((base, a))
+        (end <= base + a.bytes).then_some((base, a))
+    }
+
+    /// The bytes of a span inside its allocation's buffer.
+    fn range(&self, span: &Span) -> Option<(u64, std::ops::Range<usize>)> {
+        let (base, a) = self.find(span)?;
+        let start = a.pad + usize::try_from(span.addr - base).ok()?;
+        // `find` checked that the span ends inside the allocation.
+        Some((base, start..start + 4 * span.len))
     }
 
     fn read(&self, span: &Span) -> Option<Vec<f32>> {
-        let (base, a) = self.find(span)?;
-        let start = a.pad + (span.addr - base) as usize;
+        let (base, range) = self.range(span)?;
+        let a = self.allocs.get(&base)?;
         Some(
-            a.data[start..start + 4 * span.len]
+            a.data[range]
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
@@ -370,77 +665,82 @@ impl SimState {
     }
 
     fn write(&mut self, span: &Span, values: &[f32]) -> Option<()> {
-        let (base, _) = self.find(span)?;
+        let (base, range) = self.range(span)?;
         let a = self.allocs.get_mut(&base)?;
-        let start = a.pad + (span.addr - base) as usize;
-        for (i, v) in values.iter().take(span.len).enumerate() {
-            a.data[start + 4 * i..start + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        for (chunk, v) in a.data[range].chunks_exact_mut(4).zip(values) {
+            chunk.copy_from_slice(&v.to_le_bytes());
         }
         Some(())
-    }
-
-    fn stream(&mut self, stream: &SimStream) -> Result<&mut StreamState> {
-        self.streams
-            .get_mut(stream.id)
-            .ok_or_else(|| sim_error("sim stream", "stream belongs to another SimBackend"))
     }
 
     /// Submits one op to a stream that is not capturing.
     fn submit(&mut self, s: usize, op: SimOp, duration: u64) -> Result<()> {
         let accesses = op.accesses();
-        for (span, _) in &accesses {
-            if self.find(span).is_none() {
-                return Err(sim_error(
-                    "sim launch",
-                    format!(
-                        "{} f32 at {:#x} lie outside every live allocation",
-                        span.len, span.addr
-                    ),
-                ));
+        let mut ranges = Vec::with_capacity(accesses.len());
+        for (span, write) in &accesses {
+            match (self.find(span), span.end()) {
+                (Some(_), Some(end)) => ranges.push(((span.addr, end), *write)),
+                _ => {
+                    return Err(sim_error(
+                        "sim launch",
+                        format!(
+                            "{} f32 at {:#x} lie outside every live allocation",
+                            span.len, span.addr
+                        ),
+                    ))
+                }
             }
         }
         let stream = &mut self.streams[s];
-        let end = stream.tail + duration;
+        let end = stream.tail.saturating_add(duration);
         stream.tail = end;
         if stream.clock.len() <= s {
             stream.clock.resize(s + 1, 0);
         }
         stream.clock[s] += 1;
-        let seq = stream.clock[s];
+        let access = Access {
+            stream: s,
+            seq: stream.clock[s],
+        };
         let clock = stream.clock.clone();
-        for (span, write) in accesses {
-            for a in &self.accesses {
-                let ordered = clock_at(&clock, a.stream) >= a.seq;
-                if !ordered && (a.write || write) && a.span.overlaps(&span) {
-                    self.hazards.push(Hazard {
-                        first_stream: a.stream,
-                        first_writes: a.write,
-                        second_stream: s,
-                        second_writes: write,
-                        addr: a.span.addr.max(span.addr),
-                    });
-                }
-            }
-            self.accesses.push(Access {
-                span,
-                write,
-                stream: s,
-                seq,
-            });
+        let mut conflicts = Vec::new();
+        for (range, write) in ranges {
+            self.shadow
+                .access(range, write, access, &clock, &mut conflicts);
+            self.hazards
+                .extend(conflicts.drain(..).map(|(earlier, wrote, addr)| Hazard {
+                    first_stream: earlier.stream,
+                    first_writes: wrote,
+                    second_stream: s,
+                    second_writes: write,
+                    addr,
+                }));
         }
-        self.pending.push((end, self.submitted, op));
+        self.shadow.maybe_prune(&self.streams);
+        self.pending.push(Pending {
+            end,
+            order: self.submitted,
+            op,
+        });
         self.submitted += 1;
-        if self.accesses.len() > 4096 {
-            self.prune();
+        if self.pending.len() >= APPLY_AT {
+            self.apply_settled();
         }
         Ok(())
     }
 
-    /// Forgets accesses every stream is already ordered after.
-    fn prune(&mut self) {
-        let streams = &self.streams;
-        self.accesses
-            .retain(|a| streams.iter().any(|t| clock_at(&t.clock, a.stream) < a.seq));
+    /// Applies the pending ops that end no later than every stream's tail
+    /// (called once [`APPLY_AT`] ops are pending, so a short burst between
+    /// synchronizations applies nothing early):
+    /// every op submitted from now on ends at or after its stream's tail, and
+    /// later in submission order, so these come first in any case.
+    fn apply_settled(&mut self) {
+        let now = self.streams.iter().map(|s| s.tail).min().unwrap_or(0);
+        while self.pending.peek().is_some_and(|p| p.end <= now) {
+            if let Some(p) = self.pending.pop() {
+                self.apply(p.op);
+            }
+        }
     }
 
     fn apply(&mut self, op: SimOp) {
@@ -465,10 +765,8 @@ impl SimState {
     }
 
     fn synchronize(&mut self) {
-        let mut pending = std::mem::take(&mut self.pending);
-        pending.sort_by_key(|&(end, order, _)| (end, order));
-        for (_, _, op) in pending {
-            self.apply(op);
+        while let Some(p) = self.pending.pop() {
+            self.apply(p.op);
         }
         let now = self.streams.iter().map(|s| s.tail).max().unwrap_or(0);
         let mut all = Vec::new();
@@ -479,7 +777,7 @@ impl SimState {
             s.tail = now;
             merge(&mut s.clock, &all);
         }
-        self.accesses.clear();
+        self.shadow.clear();
     }
 }
 
@@ -494,6 +792,7 @@ impl fmt::Debug for SimState {
         f.debug_struct("SimState")
             .field("streams", &self.streams.len())
             .field("live_allocations", &self.allocs.len())
+            .field("live_events", &self.events.live())
             .field("hazards", &self.hazards.len())
             .finish_non_exhaustive()
     }
@@ -515,6 +814,24 @@ impl SimBackend {
         lock(&self.state)
     }
 
+    /// The index of `stream` if this backend created it.
+    fn own(&self, stream: &SimStream, op: &'static str) -> Result<usize> {
+        if std::ptr::eq(stream.owner.as_ptr(), Arc::as_ptr(&self.state)) {
+            Ok(stream.id)
+        } else {
+            Err(sim_error(op, FOREIGN_STREAM))
+        }
+    }
+
+    /// The id of `event` if this backend created it.
+    fn own_event(&self, event: &SimEvent, op: &'static str) -> Result<usize> {
+        if Arc::ptr_eq(&event.state, &self.state) {
+            Ok(event.id)
+        } else {
+            Err(sim_error(op, FOREIGN_EVENT))
+        }
+    }
+
     /// A new stream (every stream can be captured).
     pub fn stream(&self) -> SimStream {
         let mut s = self.state();
@@ -525,7 +842,10 @@ impl SimBackend {
             clock: vec![0; id + 1],
             capturing: None,
         });
-        SimStream { id }
+        SimStream {
+            id,
+            owner: Arc::downgrade(&self.state),
+        }
     }
 
     /// Allocates a zeroed host buffer of `len` `f32`s outside any plan.
@@ -544,16 +864,27 @@ impl SimBackend {
 
     /// Submits one op of `duration` ticks to `stream` (captured instead when
     /// the stream is capturing).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] for a stream of another `SimBackend`, and,
+    /// when not capturing, for a span outside every live allocation (or too
+    /// long to address).
     pub fn launch(&self, stream: &SimStream, op: SimOp, duration: u64) -> Result<()> {
+        let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
-        if let Some(capture) = s.stream(stream)?.capturing.as_mut() {
+        if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.push((op, duration));
             return Ok(());
         }
-        s.submit(stream.id, op, duration)
+        s.submit(id, op, duration)
     }
 
     /// Waits for everything, then reads `f32`s.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] for a span outside every live allocation.
     pub fn read_f32(&self, span: &impl AsSpan) -> Result<Vec<f32>> {
         let span = span.span();
         let mut s = self.state();
@@ -561,12 +892,19 @@ impl SimBackend {
         s.read(&span).ok_or_else(|| {
             sim_error(
                 "sim read",
-                format!("{:#x} lies outside every live allocation", span.addr),
+                format!(
+                    "{} f32 at {:#x} lie outside every live allocation",
+                    span.len, span.addr
+                ),
             )
         })
     }
 
     /// Waits for everything, then writes `f32`s.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] for a span outside every live allocation.
     pub fn write_f32(&self, span: &impl AsSpan, values: &[f32]) -> Result<()> {
         let span = span.span();
         let mut s = self.state();
@@ -574,7 +912,10 @@ impl SimBackend {
         s.write(&span, values).ok_or_else(|| {
             sim_error(
                 "sim write",
-                format!("{:#x} lies outside every live allocation", span.addr),
+                format!(
+                    "{} f32 at {:#x} lie outside every live allocation",
+                    span.len, span.addr
+                ),
             )
         })
     }
@@ -584,9 +925,11 @@ impl SimBackend {
         self.state().hazards.clone()
     }
 
-    /// The simulated time at which `stream`'s last op ends.
+    /// The simulated time at which `stream`'s last op ends (0 for a stream
+    /// of another backend).
     pub fn stream_time(&self, stream: &SimStream) -> u64 {
-        self.state().streams.get(stream.id).map_or(0, |s| s.tail)
+        self.own(stream, "sim stream time")
+            .map_or(0, |id| self.state().streams[id].tail)
     }
 
     /// The simulated time at which the last op of any stream ends.
@@ -604,6 +947,11 @@ impl SimBackend {
         self.state().allocs.len()
     }
 
+    /// Live events (created and not dropped).
+    pub fn live_events(&self) -> usize {
+        self.state().events.live()
+    }
+
     /// (allocations made, allocations freed) so far.
     pub fn allocation_counts(&self) -> (u64, u64) {
         let s = self.state();
@@ -614,6 +962,15 @@ impl SimBackend {
     /// fails. `None` turns injection off.
     pub fn fail_allocations_after(&self, n: Option<usize>) {
         self.state().allocations_left = n;
+    }
+
+    /// Sizes of the model's internal bookkeeping, for tests that bound it:
+    /// (shadow intervals of the hazard detector, ops submitted and not yet
+    /// applied, event slots including free ones).
+    #[doc(hidden)]
+    pub fn bookkeeping(&self) -> (usize, usize, usize) {
+        let s = self.state();
+        (s.shadow.cells.len(), s.pending.len(), s.events.slots.len())
     }
 }
 
@@ -644,10 +1001,11 @@ impl Backend for SimBackend {
     }
 
     fn create_event(&self) -> Result<SimEvent> {
-        let mut s = self.state();
-        let id = s.events.len();
-        s.events.push(EventState::default());
-        Ok(SimEvent { id })
+        let id = self.state().events.insert(EventState::default());
+        Ok(SimEvent {
+            state: self.state.clone(),
+            id,
+        })
     }
 
     fn stream_id(&self, stream: &SimStream) -> u64 {
@@ -655,13 +1013,15 @@ impl Backend for SimBackend {
     }
 
     fn wait_event(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
+        let sid = self.own(stream, "sim wait")?;
+        let eid = self.own_event(event, "sim wait")?;
         let mut s = self.state();
         let e = s
             .events
-            .get(event.id)
+            .get_mut(eid)
             .cloned()
-            .ok_or_else(|| sim_error("sim wait", "event belongs to another SimBackend"))?;
-        let st = s.stream(stream)?;
+            .ok_or_else(|| sim_error("sim wait", FOREIGN_EVENT))?;
+        let st = &mut s.streams[sid];
         if st.capturing.is_some() {
             return Err(sim_error(
                 "sim wait",
@@ -674,50 +1034,50 @@ impl Backend for SimBackend {
     }
 
     fn record_event(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
+        let sid = self.own(stream, "sim record")?;
+        let eid = self.own_event(event, "sim record")?;
         let mut s = self.state();
-        let st = s.stream(stream)?;
+        let st = &s.streams[sid];
         if st.capturing.is_some() {
             return Err(sim_error(
                 "sim record",
                 "the sim does not capture event records",
             ));
         }
-        let e = EventState {
+        let recorded = EventState {
             time: st.tail,
             clock: st.clock.clone(),
         };
         *s.events
-            .get_mut(event.id)
-            .ok_or_else(|| sim_error("sim record", "event belongs to another SimBackend"))? = e;
+            .get_mut(eid)
+            .ok_or_else(|| sim_error("sim record", FOREIGN_EVENT))? = recorded;
         Ok(())
     }
 
+    /// A full synchronize (deterministic, and never less than the event
+    /// needs).
     fn synchronize_event(&self, event: &SimEvent) -> Result<()> {
-        let mut s = self.state();
-        if event.id >= s.events.len() {
-            return Err(sim_error(
-                "sim event synchronize",
-                "event belongs to another SimBackend",
-            ));
-        }
-        s.synchronize();
+        self.own_event(event, "sim event synchronize")?;
+        self.state().synchronize();
         Ok(())
     }
 
     fn launch(&self, graph: &SimGraph, stream: &SimStream) -> Result<()> {
+        let id = self.own(stream, "sim graph launch")?;
         let mut s = self.state();
-        if s.stream(stream)?.capturing.is_some() {
+        if s.streams[id].capturing.is_some() {
             return Err(sim_error("sim graph launch", "the stream is capturing"));
         }
         for &(op, duration) in &graph.ops {
-            s.submit(stream.id, op, duration)?;
+            s.submit(id, op, duration)?;
         }
         Ok(())
     }
 
     fn begin_capture(&self, stream: &SimStream) -> Result<()> {
+        let id = self.own(stream, "sim begin capture")?;
         let mut s = self.state();
-        let st = s.stream(stream)?;
+        let st = &mut s.streams[id];
         if st.capturing.is_some() {
             return Err(sim_error(
                 "sim begin capture",
@@ -729,9 +1089,8 @@ impl Backend for SimBackend {
     }
 
     fn end_capture(&self, stream: &SimStream) -> Result<SimGraph> {
-        let mut s = self.state();
-        let ops = s
-            .stream(stream)?
+        let id = self.own(stream, "sim end capture")?;
+        let ops = self.state().streams[id]
             .capturing
             .take()
             .ok_or_else(|| sim_error("sim end capture", "the stream is not capturing"))?;
@@ -739,8 +1098,8 @@ impl Backend for SimBackend {
     }
 
     fn abort_capture(&self, stream: &SimStream) {
-        if let Ok(st) = self.state().stream(stream) {
-            st.capturing = None;
+        if let Ok(id) = self.own(stream, "sim abort capture") {
+            self.state().streams[id].capturing = None;
         }
     }
 

@@ -1,0 +1,930 @@
+//! The whole lifecycle as a random state machine on `sim`, against a model.
+//!
+//! Each case runs up to three rounds. A round discovers a random workload
+//! (with rejected requests and runners armed twice mixed in), plans it under
+//! a random policy and placement (sometimes an invalid one), allocates with
+//! injected allocation failures, captures every runner right or wrong
+//! (mismatched, extra and missing requests, failing and panicking closures,
+//! no graph, dropped captures, a second capture), seals, then replays and
+//! consumes on three streams with synchronizations in between (consumers
+//! fail or panic too), and ends by re-planning into the next round or by
+//! dropping everything.
+//!
+//! Invariants: no panic escapes the crate (the only panics are the
+//! closures' own, caught); every error is the one the model predicts; the
+//! sim sees no hazard; every value read (consumer copies, and the views of
+//! runners that still own their bytes) is the one the model predicts; and
+//! nothing stays allocated once a round is dropped.
+//!
+//! `cargo test` runs a quick count of cases; `LIFECYCLE_FUZZ_CASES` (or
+//! `PROPTEST_CASES`) raises it, see `docs/fuzzing.md`.
+
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+use proptest::prelude::*;
+use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::{
+    BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
+    DiscoveryError, Domain, GroupId, Placement, PlanConfig, PlanError, Policy, ReplayError,
+    Replayable, Request, RunnerId, Strategy as PlanStrategy, StreamCaptureError,
+};
+
+/// Cases `cargo test` runs when no count is set.
+const QUICK_CASES: u32 = 256;
+
+fn cases() -> u32 {
+    ["LIFECYCLE_FUZZ_CASES", "PROPTEST_CASES"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(QUICK_CASES)
+}
+
+const GTP: GroupId = GroupId(3);
+const STREAMS: usize = 3;
+const MAX_RUNNERS: usize = 6;
+
+/// The payload of the closures' own panics.
+struct Deliberate;
+
+fn deliberate() -> ! {
+    std::panic::panic_any(Deliberate)
+}
+
+/// Keeps deliberate panics quiet; any other panic is reported as usual.
+fn quiet_deliberate_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<Deliberate>().is_none() {
+                default(info);
+            }
+        }));
+    });
+}
+
+fn is_deliberate(payload: &(dyn Any + Send)) -> bool {
+    payload.downcast_ref::<Deliberate>().is_some()
+}
+
+fn config() -> PlanConfig {
+    PlanConfig::new().with_group(GTP, "gtp").unwrap()
+}
+
+// ---- the generated case -----------------------------------------------------
+
+/// A request-shaped mistake made during discovery.
+#[derive(Clone, Copy, Debug)]
+enum DiscoveryFault {
+    ZeroElements,
+    UnknownGroup,
+    ArmTwice,
+}
+
+#[derive(Clone, Debug)]
+struct RunnerSpec {
+    requests: Vec<Request>,
+    named: bool,
+    /// A mistake before the request at this index (`ArmTwice`: after the
+    /// runner's requests).
+    fault: Option<(usize, DiscoveryFault)>,
+}
+
+/// How a runner's capture goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CaptureMode {
+    /// Every request in order, one graph, finish.
+    Right,
+    /// A mismatched request first (refused), then as `Right`.
+    MismatchThenRight,
+    /// As `Right`, plus one request too many (refused) before finishing.
+    ExtraThenRight,
+    /// The last request is never taken: finish fails.
+    TooFew,
+    /// The work closure fails.
+    WorkFails,
+    /// The work closure panics after launching.
+    Panics,
+    /// Finish without capturing a graph.
+    NoGraph,
+    /// The capture is dropped unfinished.
+    Dropped,
+    /// The capture is never opened.
+    Skipped,
+    /// As `Right`, then a second capture of the runner is refused.
+    Twice,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ConsumerMode {
+    Copies,
+    Fails,
+    PanicsAfterCopying,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Replay {
+        runner: usize,
+        stream: usize,
+    },
+    Consume {
+        runner: usize,
+        stream: usize,
+        duration: u64,
+        mode: ConsumerMode,
+    },
+    ReplayUnknown,
+    Synchronize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Replan,
+    Drop,
+}
+
+#[derive(Clone, Debug)]
+struct Round {
+    runners: Vec<RunnerSpec>,
+    generations: usize,
+    packed: bool,
+    /// Allocations that succeed before the injected failures.
+    allocations_before_failure: Option<usize>,
+    captures: Vec<CaptureMode>,
+    durations: Vec<u64>,
+    steps: Vec<Step>,
+    end: End,
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    (any::<bool>(), 1u64..300).prop_map(|(symmetric, n)| {
+        let domain = if symmetric {
+            Domain::Symmetric(GTP)
+        } else {
+            Domain::Device
+        };
+        Request::new(domain, DType::F32, n)
+    })
+}
+
+fn runner_spec() -> impl Strategy<Value = RunnerSpec> {
+    let fault = prop_oneof![
+        Just(DiscoveryFault::ZeroElements),
+        Just(DiscoveryFault::UnknownGroup),
+        Just(DiscoveryFault::ArmTwice),
+    ];
+    (
+        prop::collection::vec(request(), 0..4),
+        any::<bool>(),
+        prop::option::weighted(0.2, (0usize..4, fault)),
+    )
+        .prop_map(|(requests, named, fault)| RunnerSpec {
+            requests,
+            named,
+            fault,
+        })
+}
+
+fn capture_mode() -> impl Strategy<Value = CaptureMode> {
+    prop_oneof![
+        24 => Just(CaptureMode::Right),
+        2 => Just(CaptureMode::MismatchThenRight),
+        2 => Just(CaptureMode::ExtraThenRight),
+        2 => Just(CaptureMode::Twice),
+        1 => Just(CaptureMode::TooFew),
+        1 => Just(CaptureMode::WorkFails),
+        1 => Just(CaptureMode::Panics),
+        1 => Just(CaptureMode::NoGraph),
+        1 => Just(CaptureMode::Dropped),
+        1 => Just(CaptureMode::Skipped),
+    ]
+}
+
+fn step(runners: usize) -> impl Strategy<Value = Step> {
+    let mode = prop_oneof![
+        8 => Just(ConsumerMode::Copies),
+        1 => Just(ConsumerMode::Fails),
+        1 => Just(ConsumerMode::PanicsAfterCopying),
+    ];
+    prop_oneof![
+        10 => (0..runners, 0..STREAMS).prop_map(|(runner, stream)| Step::Replay { runner, stream }),
+        6 => (0..runners, 0..STREAMS, 1u64..40, mode).prop_map(|(runner, stream, duration, mode)| {
+            Step::Consume { runner, stream, duration, mode }
+        }),
+        1 => Just(Step::ReplayUnknown),
+        2 => Just(Step::Synchronize),
+    ]
+}
+
+fn round() -> impl Strategy<Value = Round> {
+    prop::collection::vec(runner_spec(), 1..=MAX_RUNNERS).prop_flat_map(|runners| {
+        let n = runners.len();
+        (
+            Just(runners),
+            prop_oneof![1 => Just(0usize), 12 => 1usize..5],
+            any::<bool>(),
+            prop::option::weighted(0.15, 0usize..6),
+            prop::collection::vec(capture_mode(), n),
+            prop::collection::vec(0u64..30, n),
+            prop::collection::vec(step(n), 0..40),
+            prop_oneof![Just(End::Replan), Just(End::Drop)],
+        )
+            .prop_map(
+                |(
+                    runners,
+                    generations,
+                    packed,
+                    allocations_before_failure,
+                    captures,
+                    durations,
+                    steps,
+                    end,
+                )| Round {
+                    runners,
+                    generations,
+                    packed,
+                    allocations_before_failure,
+                    captures,
+                    durations,
+                    steps,
+                    end,
+                },
+            )
+    })
+}
+
+// ---- the model ----------------------------------------------------------------
+
+/// A fence claim as the model sees it: a byte range of a region (the
+/// generation under round-robin, the arena under packed placement).
+#[derive(Clone, Copy, Debug)]
+struct Claim {
+    region: usize,
+    lo: u64,
+    hi: u64,
+}
+
+fn overlap(a: &[Claim], b: &[Claim]) -> bool {
+    a.iter().any(|x| {
+        b.iter()
+            .any(|y| x.region == y.region && x.lo < y.hi && y.lo < x.hi)
+    })
+}
+
+/// Which runner last replayed over which bytes, as the fence must see it.
+struct Ownership {
+    claims: Vec<Vec<Claim>>,
+    /// Replays in order: (runner).
+    paints: Vec<usize>,
+    /// Index into `paints` of each runner's latest replay.
+    latest: Vec<Option<usize>>,
+}
+
+impl Ownership {
+    fn replayed(&mut self, r: usize) {
+        if !self.claims[r].is_empty() {
+            self.latest[r] = Some(self.paints.len());
+            self.paints.push(r);
+        }
+    }
+
+    /// Runners that replayed over some of `r`'s bytes since `r`'s latest
+    /// replay (since the start if it never replayed).
+    fn overwriters(&self, r: usize) -> Vec<usize> {
+        let since = self.latest[r].map_or(0, |i| i + 1);
+        self.paints[since..]
+            .iter()
+            .copied()
+            .filter(|&s| s != r && overlap(&self.claims[s], &self.claims[r]))
+            .collect()
+    }
+}
+
+/// The value runner `r`'s graph writes on its `k`-th replay of round
+/// `round`: its counter starts at the base and each replay adds one.
+fn base(round: usize, r: usize) -> f32 {
+    (10_000 * round + 1_000 * (r + 1)) as f32
+}
+
+// ---- running a case -------------------------------------------------------------
+
+/// Everything a case checks fails the test through `prop_assert!`; the
+/// runner returns `Err` for those.
+type Check = Result<(), TestCaseError>;
+
+struct Rig {
+    sim: SimBackend,
+    streams: Vec<SimStream>,
+}
+
+fn run_case(rounds: &[Round]) -> Check {
+    quiet_deliberate_panics();
+    let sim = SimBackend::new();
+    let rig = Rig {
+        streams: (0..STREAMS).map(|_| sim.stream()).collect(),
+        sim,
+    };
+    let mut discovery = Discovering::new(config());
+    for (i, round) in rounds.iter().enumerate() {
+        match run_round(&rig, i, round, discovery)? {
+            Some(next) => discovery = next,
+            None => discovery = Discovering::new(config()),
+        }
+        prop_assert_eq!(rig.sim.hazards(), vec![], "round {}", i);
+    }
+    drop(discovery);
+    prop_assert_eq!(rig.sim.live_allocations(), 0);
+    prop_assert_eq!(rig.sim.live_events(), 0);
+    Ok(())
+}
+
+/// Discovers a round's workload; returns the requests each runner really
+/// recorded.
+fn discover(d: &mut Discovering, round: &Round) -> Result<Vec<Vec<Request>>, TestCaseError> {
+    let mut recorded = Vec::new();
+    for (r, spec) in round.runners.iter().enumerate() {
+        let id = RunnerId(r as u32);
+        let name = format!("layer{r}.bwd");
+        let mut kept = Vec::new();
+        {
+            let mut armed = if spec.named {
+                d.arm_named(id, name.clone())
+            } else {
+                d.arm(id)
+            }
+            .map_err(|e| TestCaseError::fail(format!("arming {id}: {e}")))?;
+            for (i, &q) in spec.requests.iter().enumerate() {
+                // A rejected request before the i-th one leaves no trace.
+                match spec.fault {
+                    Some((at, DiscoveryFault::ZeroElements)) if at == i => {
+                        let e = armed
+                            .record(Request::new(Domain::Device, DType::F32, 0))
+                            .unwrap_err();
+                        prop_assert!(
+                            matches!(e, DiscoveryError::ZeroElements { runner, .. } if runner == id),
+                            "{:?}",
+                            e
+                        );
+                    }
+                    Some((at, DiscoveryFault::UnknownGroup)) if at == i => {
+                        let e = armed
+                            .record(Request::new(Domain::Symmetric(GroupId(99)), DType::F32, 8))
+                            .unwrap_err();
+                        prop_assert!(
+                            matches!(e, DiscoveryError::UnknownGroup { runner, group, .. } if runner == id && group == GroupId(99)),
+                            "{:?}",
+                            e
+                        );
+                    }
+                    _ => {}
+                }
+                armed
+                    .record(q)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                kept.push(q);
+            }
+        }
+        if matches!(spec.fault, Some((_, DiscoveryFault::ArmTwice))) {
+            let e = d.arm(id).unwrap_err();
+            prop_assert_eq!(e, DiscoveryError::RunnerArmedTwice { runner: id });
+        }
+        prop_assert_eq!(d.requests(id), Some(kept.as_slice()));
+        prop_assert_eq!(d.runner_name(id), spec.named.then_some(name.as_str()));
+        recorded.push(kept);
+    }
+    Ok(recorded)
+}
+
+fn run_round(
+    rig: &Rig,
+    index: usize,
+    round: &Round,
+    mut discovery: Discovering,
+) -> Result<Option<Discovering>, TestCaseError> {
+    let requests = discover(&mut discovery, round)?;
+    let policy = Policy::Generations(round.generations);
+    let strategy: PlanStrategy = if round.packed {
+        policy.packed()
+    } else {
+        policy.into()
+    };
+    let planned = match discovery.plan(strategy) {
+        Ok(p) => p,
+        Err(e) => {
+            prop_assert_eq!(round.generations, 0);
+            prop_assert_eq!(e, PlanError::ZeroGenerations { policy });
+            return Ok(None);
+        }
+    };
+    prop_assert!(round.generations > 0);
+    let report = planned.report();
+    for (r, spec) in round.runners.iter().enumerate() {
+        let named = report.runners[r].name.is_some();
+        prop_assert_eq!(named, spec.named);
+    }
+    let n = round.runners.len();
+    let claims: Vec<Vec<Claim>> = (0..n)
+        .map(|r| {
+            let id = RunnerId(r as u32);
+            match planned.strategy().placement {
+                Placement::RoundRobin => planned
+                    .generation_of(id)
+                    .map(|g| Claim {
+                        region: g,
+                        lo: 0,
+                        hi: 1,
+                    })
+                    .into_iter()
+                    .collect(),
+                Placement::Packed => planned
+                    .slices_of(id)
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|s| Claim {
+                        region: s.arena,
+                        lo: s.offset,
+                        hi: s.offset + s.bytes,
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let arenas = planned.arenas().len();
+
+    // Allocation, with failures injected.
+    let live_before = rig.sim.live_allocations();
+    rig.sim
+        .fail_allocations_after(round.allocations_before_failure);
+    let allocated = planned.allocate(rig.sim.clone());
+    rig.sim.fail_allocations_after(None);
+    let mut capturing = match allocated {
+        Ok(c) => {
+            prop_assert!(round.allocations_before_failure.is_none_or(|k| k >= arenas));
+            c
+        }
+        Err(e) => {
+            prop_assert!(round.allocations_before_failure.is_some_and(|k| k < arenas));
+            prop_assert!(matches!(e, BackendError::Allocation { .. }), "{:?}", e);
+            prop_assert_eq!(rig.sim.live_allocations(), live_before);
+            prop_assert_eq!(rig.sim.live_events(), 0);
+            return Ok(None);
+        }
+    };
+    prop_assert_eq!(rig.sim.live_allocations(), live_before + arenas);
+
+    // Per-runner counters: each replay adds one and copies the counter into
+    // every view of the runner.
+    let longest = requests
+        .iter()
+        .flatten()
+        .map(|q| q.elements as usize)
+        .max()
+        .unwrap_or(1);
+    let mut live = Live {
+        rig,
+        round,
+        index,
+        ones: (0..n)
+            .map(|_| rig.sim.alloc_f32(longest).unwrap())
+            .collect(),
+        counters: (0..n)
+            .map(|_| rig.sim.alloc_f32(longest).unwrap())
+            .collect(),
+        requests,
+        ownership: Ownership {
+            claims,
+            paints: Vec::new(),
+            latest: vec![None; n],
+        },
+        replays: vec![0; n],
+        outputs: Vec::new(),
+    };
+    for r in 0..n {
+        rig.sim
+            .write_f32(&live.ones[r], &vec![1.0; longest])
+            .unwrap();
+        rig.sim
+            .write_f32(&live.counters[r], &vec![base(index, r); longest])
+            .unwrap();
+    }
+
+    // Whether each runner's capture finished (it has a graph to replay).
+    let mut captured = Vec::with_capacity(n);
+    let mut unfinished: Vec<(RunnerId, Option<FailureKind>)> = Vec::new();
+    for r in 0..n {
+        let outcome = capture(&live, &mut capturing, r)?;
+        captured.push(outcome.is_none());
+        if let Some(kind) = outcome {
+            if !live.requests[r].is_empty() {
+                unfinished.push((RunnerId(r as u32), kind));
+            }
+        }
+    }
+    let unknown = capturing.capture(RunnerId(77)).map(drop);
+    prop_assert_eq!(
+        unknown,
+        Err(CaptureError::UnknownRunner {
+            runner: RunnerId(77)
+        })
+    );
+
+    let mut replayable = match capturing.seal() {
+        Ok(rep) => {
+            prop_assert!(
+                unfinished.is_empty(),
+                "sealed with {:?} unfinished",
+                unfinished
+            );
+            rep
+        }
+        Err(e) => {
+            match &e.error {
+                CaptureError::Unfinished { runners } => {
+                    let got: Vec<(RunnerId, Option<FailureKind>)> = runners
+                        .iter()
+                        .map(|(r, f)| (*r, f.as_ref().map(kind_of)))
+                        .collect();
+                    prop_assert_eq!(got, unfinished);
+                }
+                other => prop_assert!(false, "seal failed with {:?}", other),
+            }
+            let next = e.capturing.replan();
+            drop(live);
+            prop_assert_eq!(rig.sim.live_allocations(), live_before);
+            prop_assert_eq!(rig.sim.live_events(), 0);
+            return Ok(Some(next));
+        }
+    };
+
+    for &s in &round.steps {
+        match s {
+            Step::Replay { runner, stream } => {
+                let id = RunnerId(runner as u32);
+                let result = replayable.replay(id, &rig.streams[stream]);
+                if captured[runner] {
+                    prop_assert!(result.is_ok(), "{:?}", result);
+                    if !live.requests[runner].is_empty() {
+                        live.replays[runner] += 1;
+                    }
+                    live.ownership.replayed(runner);
+                } else {
+                    prop_assert_eq!(result, Err(ReplayError::NoGraph { runner: id }));
+                }
+            }
+            Step::ReplayUnknown => {
+                let result = replayable.replay(RunnerId(999), &rig.streams[0]);
+                prop_assert_eq!(
+                    result,
+                    Err(ReplayError::UnknownRunner {
+                        runner: RunnerId(999)
+                    })
+                );
+            }
+            Step::Consume {
+                runner,
+                stream,
+                duration,
+                mode,
+            } => consume(&mut live, &mut replayable, (runner, stream, duration, mode))?,
+            Step::Synchronize => {
+                replayable.synchronize().unwrap();
+                check(&mut live, &replayable)?;
+            }
+        }
+        prop_assert_eq!(rig.sim.hazards(), vec![]);
+    }
+    replayable.synchronize().unwrap();
+    check(&mut live, &replayable)?;
+
+    let next = match round.end {
+        End::Replan => Some(replayable.replan().unwrap()),
+        End::Drop => {
+            drop(replayable);
+            None
+        }
+    };
+    drop(live);
+    prop_assert_eq!(rig.sim.live_allocations(), live_before);
+    prop_assert_eq!(rig.sim.live_events(), 0);
+    Ok(next)
+}
+
+/// Why a capture failed, without the details.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FailureKind {
+    TakenMismatch,
+    NoGraph,
+    Work,
+    Panicked,
+    Dropped,
+}
+
+fn kind_of(f: &CaptureFailure) -> FailureKind {
+    match f {
+        CaptureFailure::Check(e) => match **e {
+            CaptureError::TakenMismatch { .. } => FailureKind::TakenMismatch,
+            CaptureError::NoGraphCaptured { .. } => FailureKind::NoGraph,
+            _ => FailureKind::Work,
+        },
+        CaptureFailure::Work(_) => FailureKind::Work,
+        CaptureFailure::Panicked => FailureKind::Panicked,
+        CaptureFailure::Dropped => FailureKind::Dropped,
+        _ => FailureKind::Work,
+    }
+}
+
+/// Captures runner `r` as its mode says. `Ok(None)` when it finished;
+/// `Ok(Some(kind))` with what `seal` must then report (`None` inside for a
+/// runner never captured).
+fn capture(
+    live: &Live<'_>,
+    capturing: &mut Capturing<SimBackend>,
+    r: usize,
+) -> Result<Option<Option<FailureKind>>, TestCaseError> {
+    let id = RunnerId(r as u32);
+    let sim = &live.rig.sim;
+    let stream = &live.rig.streams[r % STREAMS];
+    let requests = live.requests[r].as_slice();
+    let (one, counter) = (&live.ones[r], &live.counters[r]);
+    let duration = live.round.durations[r];
+    let mut mode = live.round.captures[r];
+    if requests.is_empty() && matches!(mode, CaptureMode::TooFew | CaptureMode::MismatchThenRight) {
+        mode = CaptureMode::Right;
+    }
+    if mode == CaptureMode::Skipped {
+        return Ok(Some(None));
+    }
+    let cap = capturing
+        .capture(id)
+        .map_err(|e| TestCaseError::fail(format!("opening {id}: {e}")))?;
+    if mode == CaptureMode::MismatchThenRight {
+        let q = requests[0];
+        let wrong = Request::new(q.domain, q.dtype, q.elements + 1);
+        let e = cap.take(wrong).unwrap_err();
+        prop_assert!(
+            matches!(e, CaptureError::RequestMismatch { runner, index: 0, expected, .. } if runner == id && expected == q),
+            "{:?}",
+            e
+        );
+    }
+    let take = if mode == CaptureMode::TooFew {
+        requests.len() - 1
+    } else {
+        requests.len()
+    };
+    let views: Vec<_> = requests[..take]
+        .iter()
+        .map(|&q| cap.take(q).unwrap())
+        .collect();
+    if mode == CaptureMode::ExtraThenRight {
+        let extra = Request::new(Domain::Device, DType::F32, 4);
+        let e = cap.take(extra).unwrap_err();
+        prop_assert!(
+            matches!(e, CaptureError::CapacityExceeded { runner, index, .. } if runner == id && index == requests.len()),
+            "{:?}",
+            e
+        );
+    }
+    // A runner without buffers is never fenced: its graph touches nothing.
+    let graph = |s: &SimStream| -> Result<(), String> {
+        if requests.is_empty() {
+            return Ok(());
+        }
+        sim.launch(s, SimOp::add(one, counter), duration)
+            .map_err(|e| e.to_string())?;
+        for v in &views {
+            sim.launch(s, SimOp::copy(counter, v), duration)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    match mode {
+        CaptureMode::Dropped => {
+            drop(views);
+            drop(cap);
+            return Ok(Some(Some(FailureKind::Dropped)));
+        }
+        CaptureMode::NoGraph => {
+            drop(views);
+            let e = cap.finish().unwrap_err();
+            prop_assert_eq!(e, CaptureError::NoGraphCaptured { runner: id });
+            return Ok(Some(Some(FailureKind::NoGraph)));
+        }
+        CaptureMode::WorkFails => {
+            let e = cap
+                .stream_capture(stream, |s| {
+                    graph(s)?;
+                    Err("the work failed".to_string())
+                })
+                .unwrap_err();
+            prop_assert!(matches!(e, StreamCaptureError::Work(ref w) if w == "the work failed"));
+            drop(views);
+            let finished = cap.finish();
+            let failed = matches!(&finished, Err(CaptureError::Failed { runner, failure: CaptureFailure::Work(_) }) if *runner == id);
+            prop_assert!(failed, "{:?}", finished);
+            return Ok(Some(Some(FailureKind::Work)));
+        }
+        CaptureMode::Panics => {
+            let caught = catch_unwind(AssertUnwindSafe(|| {
+                cap.stream_capture(stream, |s| -> Result<(), String> {
+                    graph(s)?;
+                    deliberate()
+                })
+            }));
+            match caught {
+                Err(payload) => {
+                    prop_assert!(is_deliberate(payload.as_ref()), "a panic escaped the crate")
+                }
+                Ok(result) => prop_assert!(
+                    false,
+                    "the closure's panic was swallowed: {:?}",
+                    result.err()
+                ),
+            }
+            drop(views);
+            let finished = cap.finish();
+            let failed = matches!(&finished, Err(CaptureError::Failed { runner, failure: CaptureFailure::Panicked }) if *runner == id);
+            prop_assert!(failed, "{:?}", finished);
+            return Ok(Some(Some(FailureKind::Panicked)));
+        }
+        _ => {}
+    }
+    cap.stream_capture(stream, |s| graph(s))
+        .map_err(|e| TestCaseError::fail(format!("capturing {id}: {e}")))?;
+    drop(views);
+    if mode == CaptureMode::TooFew {
+        let e = cap.finish().unwrap_err();
+        prop_assert!(
+            matches!(e, CaptureError::TakenMismatch { runner, .. } if runner == id),
+            "{:?}",
+            e
+        );
+        return Ok(Some(Some(FailureKind::TakenMismatch)));
+    }
+    cap.finish()
+        .map_err(|e| TestCaseError::fail(format!("finishing {id}: {e}")))?;
+    if mode == CaptureMode::Twice {
+        let e = capturing.capture(id).map(drop).unwrap_err();
+        prop_assert_eq!(
+            e,
+            CaptureError::AlreadyCaptured {
+                runner: id,
+                failure: None
+            }
+        );
+    }
+    Ok(None)
+}
+
+/// One round from allocation on: the rig, the workload as recorded, and
+/// the model.
+struct Live<'a> {
+    rig: &'a Rig,
+    round: &'a Round,
+    index: usize,
+    requests: Vec<Vec<Request>>,
+    /// Per runner, a buffer of ones and the counter its graph adds them to
+    /// before copying it into each of its views.
+    ones: Vec<SimBuffer>,
+    counters: Vec<SimBuffer>,
+    ownership: Ownership,
+    /// Replays per runner with buffers.
+    replays: Vec<u32>,
+    /// Consumer outputs to check at the next synchronize, with their value.
+    outputs: Vec<(SimBuffer, f32)>,
+}
+
+impl Live<'_> {
+    /// What runner `r`'s views hold after its latest replay.
+    fn latest(&self, r: usize) -> f32 {
+        base(self.index, r) + self.replays[r] as f32
+    }
+}
+
+/// Runs a consumer of `runner` and checks its outcome against the model.
+fn consume(
+    live: &mut Live<'_>,
+    replayable: &mut Replayable<SimBackend>,
+    step: (usize, usize, u64, ConsumerMode),
+) -> Check {
+    let (runner, stream, duration, mode) = step;
+    let id = RunnerId(runner as u32);
+    let rig = live.rig;
+    let value = live.latest(runner);
+    let sim = rig.sim.clone();
+    let mut copies: Vec<SimBuffer> = Vec::new();
+    let mut work = |s: &SimStream, views: &[replay_arena::View<'_>]| -> Result<(), String> {
+        for v in views {
+            let out = sim.alloc_f32(v.len()).map_err(|e| e.to_string())?;
+            sim.launch(s, SimOp::copy(v, &out), duration)
+                .map_err(|e| e.to_string())?;
+            copies.push(out);
+        }
+        match mode {
+            ConsumerMode::Copies => Ok(()),
+            ConsumerMode::Fails => Err("the consumer failed".into()),
+            ConsumerMode::PanicsAfterCopying => deliberate(),
+        }
+    };
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        replayable.consume(id, &rig.streams[stream], &mut work)
+    }));
+    let fenced = !live.requests[runner].is_empty();
+    let overwriters = live.ownership.overwriters(runner);
+    let never_replayed = live.ownership.latest[runner].is_none();
+    // What the fence must refuse, for a runner with buffers: consumers of a
+    // runner never replayed (`NotReplayed`; `Overwritten` is also a typed
+    // refusal when another runner has claimed its bytes meanwhile), and of
+    // one whose bytes another runner claimed since its latest replay.
+    let refused = fenced && (never_replayed || !overwriters.is_empty());
+    match caught {
+        Err(payload) => {
+            prop_assert!(is_deliberate(payload.as_ref()), "a panic escaped the crate");
+            prop_assert!(!refused && matches!(mode, ConsumerMode::PanicsAfterCopying));
+        }
+        Ok(Err(ConsumeError::Replay(e))) => {
+            prop_assert!(refused, "{} refused: {:?}", id, e);
+            match e {
+                ReplayError::NotReplayed { runner: r } => {
+                    prop_assert_eq!(r, id);
+                    prop_assert!(never_replayed);
+                }
+                ReplayError::Overwritten { runner: r, by } => {
+                    prop_assert_eq!(r, id);
+                    prop_assert!(
+                        overwriters.contains(&(by.0 as usize)),
+                        "{} overwritten by {} but the model has {:?}",
+                        id,
+                        by,
+                        overwriters
+                    );
+                }
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+            prop_assert!(copies.is_empty(), "a refused consumer ran");
+        }
+        Ok(Err(ConsumeError::Work(w))) => {
+            prop_assert!(!refused);
+            prop_assert!(matches!(mode, ConsumerMode::Fails), "{}", w);
+        }
+        Ok(Ok(())) => {
+            prop_assert!(!refused, "{} consumed, but the model refuses", id);
+            prop_assert!(matches!(mode, ConsumerMode::Copies));
+        }
+    }
+    // Whatever the consumer enqueued, even when it failed or panicked, is
+    // fenced and reads the runner's latest replay.
+    live.outputs.extend(copies.into_iter().map(|b| (b, value)));
+    Ok(())
+}
+
+/// After a synchronize: every consumer copy holds the value the model
+/// predicted when it ran, and every runner that still owns its bytes holds
+/// its latest value.
+fn check(live: &mut Live<'_>, replayable: &Replayable<SimBackend>) -> Check {
+    let sim = &live.rig.sim;
+    for (buffer, value) in live.outputs.drain(..) {
+        let got = sim.read_f32(&buffer).unwrap();
+        prop_assert!(
+            got.iter().all(|&x| x == value),
+            "consumer read {:?}, expected {}",
+            &got[..got.len().min(4)],
+            value
+        );
+    }
+    for (r, requests) in live.requests.iter().enumerate() {
+        let owns = live.ownership.latest[r].is_some() && live.ownership.overwriters(r).is_empty();
+        if requests.is_empty() || !owns {
+            continue;
+        }
+        let value = live.latest(r);
+        for v in replayable.views(RunnerId(r as u32)).unwrap() {
+            let got = sim.read_f32(&v).unwrap();
+            prop_assert!(
+                got.iter().all(|&x| x == value),
+                "runner {} holds {:?}, expected {}",
+                r,
+                &got[..got.len().min(4)],
+                value
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 2_000,
+        ..ProptestConfig::default()
+    })]
+
+    /// Random lifecycles keep every invariant of the module docs.
+    #[test]
+    fn random_lifecycles_match_the_model(rounds in prop::collection::vec(round(), 1..=3)) {
+        run_case(&rounds)?;
+    }
+}

@@ -1,0 +1,398 @@
+//! The plan report: a table people can read (a legend, runner names, packed
+//! offsets, one verdict, aligned columns) built in time and memory
+//! near-linear in runners and arenas, however many keys or generations.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use replay_arena::{
+    human_bytes, DType, Discovering, Domain, GroupId, ParamId, PlanConfig, PlanReport, Planned,
+    Policy, Purpose, Request, RunnerId, Strategy,
+};
+
+/// Counts the bytes this thread allocates, so a test can bound what one
+/// call allocates.
+struct Counting;
+
+thread_local! {
+    static ALLOCATED: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count(bytes: usize) {
+    let _ = ALLOCATED.try_with(|a| a.set(a.get() + bytes as u64));
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        // SAFETY: forwarded with the caller's pointer, layout and size.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// The plan's report and the bytes building it allocated on this thread.
+fn report_allocating(planned: &Planned) -> (PlanReport, u64) {
+    let before = ALLOCATED.with(Cell::get);
+    let report = planned.report();
+    (report, ALLOCATED.with(Cell::get) - before)
+}
+
+const MIB: u64 = 1 << 20;
+
+fn bf16_mib(mib: u64) -> Request {
+    Request::new(Domain::Device, DType::BF16, mib * MIB / 2)
+}
+
+/// Runners of `sizes[k]` MiB of bf16 each, named `layer{k}.bwd`, and one
+/// runner (id 99) that requests nothing.
+fn named_runners(sizes: &[u64], config: PlanConfig) -> Discovering {
+    let mut d = Discovering::new(config);
+    for (k, &mib) in sizes.iter().enumerate() {
+        d.arm_named(RunnerId(k as u32), format!("layer{k}.bwd"))
+            .unwrap()
+            .record(bf16_mib(mib))
+            .unwrap();
+    }
+    d.arm(RunnerId(99)).unwrap();
+    d
+}
+
+fn table(d: &Discovering, strategy: impl Into<Strategy>) -> (PlanReport, String) {
+    let report = d.clone().plan(strategy).unwrap().report();
+    let text = report.to_string();
+    (report, text)
+}
+
+/// The block of lines that starts with the line starting with `header`.
+fn block<'a>(text: &'a str, header: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| !l.starts_with(header))
+        .take_while(|l| !l.is_empty())
+        .collect()
+}
+
+/// Panics unless, in every row of `rows`, each right-aligned column named in
+/// `columns` ends exactly where its header ends.
+fn assert_right_aligned(rows: &[&str], columns: &[&str]) {
+    let header = rows[0];
+    for &column in columns {
+        let end = header
+            .find(&format!(" {column}"))
+            .map(|i| i + 1 + column.len())
+            .unwrap_or_else(|| panic!("no column {column} in {header:?}"));
+        for row in &rows[1..] {
+            let chars: Vec<char> = row.chars().collect();
+            let last = chars.get(end - 1).copied().unwrap_or(' ');
+            if row.starts_with(' ') && last == ' ' {
+                // A continuation row leaves the runner's columns blank.
+                continue;
+            }
+            assert!(
+                last != ' ' && chars.get(end).is_none_or(|c| *c == ' '),
+                "column {column} does not end at {end} in {row:?}\n{}",
+                rows.join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn the_table_has_a_legend_for_every_abbreviated_column() {
+    let d = named_runners(&[10, 1, 20], PlanConfig::new());
+    for strategy in [
+        Policy::Generations(2).into(),
+        Policy::Generations(2).packed(),
+    ] {
+        let (_, text) = table(&d, strategy);
+        let legend = block(&text, "legend:");
+        for term in [
+            "plan",
+            "lower bound",
+            "round-robin",
+            "packed",
+            "ring(2)",
+            "plan/lb",
+            "waits",
+        ] {
+            assert!(
+                legend.iter().any(|l| l.starts_with(&format!("{term} "))),
+                "no legend for {term}:\n{text}"
+            );
+        }
+    }
+    let (_, round_robin) = table(&d, Policy::Generations(2));
+    assert!(block(&round_robin, "legend:")
+        .iter()
+        .any(|l| l.starts_with("gen ")));
+    let (_, packed) = table(&d, Policy::Generations(2).packed());
+    assert!(block(&packed, "legend:")
+        .iter()
+        .any(|l| l.starts_with("offset, end ")));
+}
+
+#[test]
+fn runner_names_from_discovery_are_in_the_data_and_the_table() {
+    let d = named_runners(&[10, 1, 20], PlanConfig::new());
+    let (report, text) = table(&d, Policy::Generations(2));
+    let names: Vec<Option<&str>> = report.runners.iter().map(|r| r.name.as_deref()).collect();
+    assert_eq!(
+        names,
+        vec![
+            Some("layer0.bwd"),
+            Some("layer1.bwd"),
+            Some("layer2.bwd"),
+            None
+        ]
+    );
+    let runners = block(&text, "runner ");
+    assert!(runners[0].contains(" name "), "{text}");
+    for k in 0..3 {
+        assert!(
+            runners[k + 1].starts_with(&format!("runner {k} "))
+                && runners[k + 1].contains(&format!(" layer{k}.bwd ")),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn a_table_without_names_has_no_name_column() {
+    let mut d = Discovering::new(PlanConfig::new());
+    d.arm(RunnerId(0)).unwrap().record(bf16_mib(1)).unwrap();
+    let (_, text) = table(&d, Policy::Generations(1));
+    assert!(!block(&text, "runner ")[0].contains(" name "), "{text}");
+}
+
+#[test]
+fn a_runner_without_buffers_has_no_generation_rather_than_a_dash() {
+    let d = named_runners(&[10, 1, 20], PlanConfig::new());
+    let (_, text) = table(&d, Policy::Generations(2));
+    let empty = block(&text, "runner ")
+        .into_iter()
+        .find(|l| l.starts_with("runner 99 "))
+        .unwrap();
+    assert!(empty.ends_with(" none"), "{empty:?}");
+    let (_, packed) = table(&d, Policy::Generations(2).packed());
+    let empty = block(&packed, "runner ")
+        .into_iter()
+        .find(|l| l.starts_with("runner 99 "))
+        .unwrap();
+    assert!(empty.ends_with(" none"), "{empty:?}");
+}
+
+#[test]
+fn a_packed_table_shows_every_runner_offset_and_end() {
+    let d = named_runners(&[10, 1, 20, 10, 1, 20], PlanConfig::new());
+    let (report, text) = table(&d, Policy::Generations(2).packed());
+    let rows = block(&text, "runner ");
+    for r in report.runners.iter().filter(|r| !r.slices.is_empty()) {
+        let row = rows
+            .iter()
+            .find(|l| l.starts_with(&format!("{} ", r.runner)))
+            .unwrap();
+        let s = r.slices[0];
+        let cells: Vec<&str> = row.split("  ").map(str::trim).collect();
+        assert!(
+            cells.contains(&human_bytes(s.offset).as_str())
+                && cells.contains(&human_bytes(s.offset + s.bytes).as_str()),
+            "{} at {} in {row:?}",
+            r.runner,
+            s.offset
+        );
+        let bar = row.rsplit(' ').next().unwrap();
+        assert_eq!(bar.chars().count(), 20, "{row:?}");
+        assert!(bar.chars().all(|c| c == '#' || c == '.'), "{row:?}");
+    }
+    // Runner 2 (20 MiB) and runner 1 (1 MiB, in flight with it) never
+    // share a byte: their bars may touch but their ranges do not overlap.
+    assert_eq!(report.plan_bytes, report.lower_bound);
+}
+
+#[test]
+fn the_verdict_says_what_packing_saves_over_round_robin() {
+    // Per window of two: 30 MiB at most; round-robin needs 20 + 20.
+    let d = named_runners(&[10, 1, 20, 10, 1, 20, 10, 1, 20], PlanConfig::new());
+    let (report, text) = table(&d, Policy::Generations(2));
+    assert_eq!(
+        (report.round_robin_bytes, report.packed_bytes),
+        (40 * MIB, 30 * MIB)
+    );
+    let verdict = "verdict: packed at G = 2 saves 10.00 MiB (25.0%) over round-robin; this plan is round-robin, 1.333x the lower bound";
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("verdict:")).count(),
+        1
+    );
+    assert!(text.lines().any(|l| l == verdict), "{text}");
+    let (_, packed) = table(&d, Policy::Generations(2).packed());
+    assert!(packed.lines().any(|l| l
+        == "verdict: packed at G = 2 saves 10.00 MiB (25.0%) over round-robin; this plan is packed, 1.000x the lower bound"));
+}
+
+#[test]
+fn the_verdict_says_when_packing_saves_nothing() {
+    let d = named_runners(&[4, 4, 4, 4], PlanConfig::new());
+    let (_, text) = table(&d, Policy::Generations(2));
+    assert!(
+        text.lines().any(|l| l
+            == "verdict: packed at G = 2 saves nothing over round-robin (both 8.00 MiB); this plan is round-robin, 1.000x the lower bound"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_verdict_of_a_plan_without_buffers_says_so() {
+    let mut d = Discovering::new(PlanConfig::new());
+    d.arm(RunnerId(0)).unwrap();
+    let (_, text) = table(&d, Policy::Generations(2));
+    assert!(
+        text.contains("verdict: no runner uses buffers: nothing to place"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_long_key_name_keeps_the_key_columns_aligned() {
+    let config = PlanConfig::new()
+        .with_group(GroupId(3), "expert-tensor-parallel-group-of-the-mtp-head")
+        .unwrap();
+    let mut d = named_runners(&[10, 1, 20], config);
+    let long = Request::new(Domain::Symmetric(GroupId(3)), DType::F32, 1 << 20);
+    d.arm_named(RunnerId(7), "mtp.head.bwd.with.a.long.name")
+        .unwrap()
+        .record(long)
+        .unwrap();
+    for strategy in [
+        Policy::Generations(2).into(),
+        Policy::Generations(2).packed(),
+    ] {
+        let (_, text) = table(&d, strategy);
+        assert!(text.contains("expert-tensor-parallel-group-of-the-mtp-head"));
+        let keys = block(&text, "# ");
+        assert_eq!(keys.len(), 4, "{text}"); // header, two keys, total
+        assert_right_aligned(
+            &keys,
+            &[
+                "plan",
+                "lower bound",
+                "round-robin",
+                "packed",
+                "ring(2)",
+                "plan/lb",
+                "waits",
+            ],
+        );
+        let runners = block(&text, "runner ");
+        assert_right_aligned(&runners, &["requests", "bytes", "waits"]);
+    }
+}
+
+#[test]
+fn many_arenas_of_one_key_are_summarized_on_one_line() {
+    let d = named_runners(&[1; 20], PlanConfig::new());
+    let (_, text) = table(&d, Policy::Generations(20));
+    let keys = block(&text, "# ");
+    assert!(
+        keys[1].ends_with("20 arenas, 1.00 MiB to 1.00 MiB"),
+        "{}",
+        keys[1]
+    );
+}
+
+/// `n` runners of one bf16 wgrad buffer each; runner `k` also uses the
+/// symmetric group `k % groups`, so each group's key has few users.
+fn sparse_groups(n: u32, groups: u32) -> Discovering {
+    let mut config = PlanConfig::new();
+    for g in 0..groups {
+        config = config.with_group(GroupId(g), format!("ep{g}")).unwrap();
+    }
+    let mut d = Discovering::new(config);
+    for k in 0..n {
+        let mut armed = d.arm(RunnerId(k)).unwrap();
+        armed
+            .record(
+                Request::new(Domain::Device, DType::BF16, 4096 + u64::from(k % 7))
+                    .purpose(Purpose::WgradRsInput)
+                    .param(ParamId(u64::from(k % 5))),
+            )
+            .unwrap();
+        armed
+            .record(
+                Request::new(
+                    Domain::Symmetric(GroupId(k % groups)),
+                    DType::BF16,
+                    8192 * (1 + u64::from(k % 3)),
+                )
+                .purpose(Purpose::WgradRsInput),
+            )
+            .unwrap();
+    }
+    d
+}
+
+#[test]
+fn a_report_of_many_sparse_keys_allocates_in_proportion_to_its_runners() {
+    // 2,000 symmetric groups of one runner each. A report that laid out
+    // every key over every runner (or reran the packed search over them)
+    // allocated about 2,000 x 2,000 x 8 bytes per pass: hundreds of MiB.
+    let n = 2_000;
+    for strategy in [
+        Policy::Generations(3).into(),
+        Policy::Generations(3).packed(),
+    ] {
+        let planned = sparse_groups(n, n).plan(strategy).unwrap();
+        let (report, allocated) = report_allocating(&planned);
+        assert_eq!(report.keys.len(), n as usize + 1);
+        let items = u64::from(n) + planned.arenas().len() as u64;
+        assert!(
+            allocated <= 4096 * items,
+            "{strategy:?}: {allocated} bytes allocated for {items} runners and arenas"
+        );
+    }
+}
+
+#[test]
+fn a_report_at_as_many_generations_as_runners_is_linear() {
+    // G = 100,000 round-robin generations of one arena each. Finding each
+    // (key, generation) arena by a scan of all arenas took G x arenas steps
+    // (1e10 here); one pass over the arenas takes 1e5.
+    let n = 100_000;
+    let mut d = Discovering::new(PlanConfig::new());
+    for k in 0..n {
+        d.arm(RunnerId(k))
+            .unwrap()
+            .record(Request::new(Domain::Device, DType::F32, 64))
+            .unwrap();
+    }
+    let planned = d.plan(Policy::Generations(n as usize)).unwrap();
+    assert_eq!(planned.generations(), n as usize);
+    let (report, allocated) = report_allocating(&planned);
+    assert_eq!(report.keys[0].arenas.len(), n as usize);
+    assert_eq!(report.plan_bytes, report.lower_bound);
+    assert_eq!(report.packed_bytes, report.plan_bytes);
+    let items = u64::from(n) + planned.arenas().len() as u64;
+    assert!(
+        allocated <= 4096 * items,
+        "{allocated} bytes allocated for {items} runners and arenas"
+    );
+}
