@@ -166,6 +166,9 @@ impl<B: Backend> Fence<B> {
 
     /// Whether `slot` is still the latest user of every byte it claims.
     pub(crate) fn owner_check(&mut self, slot: usize, claims: &[Claim]) -> Result<(), NotOwner> {
+        if self.runners[slot].completion.is_none() {
+            return Err(NotOwner::NeverReplayed);
+        }
         let mut users = std::mem::take(&mut self.scratch);
         users.clear();
         for &claim in claims {
@@ -173,9 +176,7 @@ impl<B: Backend> Fence<B> {
         }
         let result = match users.iter().find(|&&u| u as usize != slot) {
             Some(&other) => Err(NotOwner::OverwrittenBy(other as usize)),
-            None if users.is_empty() || self.runners[slot].completion.is_none() => {
-                Err(NotOwner::NeverReplayed)
-            }
+            None if users.is_empty() => Err(NotOwner::NeverReplayed),
             None => Ok(()),
         };
         self.scratch = users;

@@ -66,6 +66,7 @@ impl Column {
 
     /// The column of a dense capacity vector (zeros are runners that do not
     /// use the key).
+    #[cfg(test)]
     pub(crate) fn from_dense(cap: &[u64]) -> Column {
         let mut column = Column::new(cap.len());
         for (k, &c) in cap.iter().enumerate() {
@@ -84,6 +85,11 @@ impl Column {
         }
     }
 
+    /// (position, capacity) of each runner that uses the key, in order.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.pos.iter().copied().zip(self.cap.iter().copied())
+    }
+
     /// Number of runners that use the key.
     fn len(&self) -> usize {
         self.pos.len()
@@ -91,6 +97,7 @@ impl Column {
 }
 
 /// Offsets and arena size for one key, dense: one offset per position.
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct KeyLayout {
     /// One offset per runner position (meaningless where `cap` is 0).
@@ -110,9 +117,15 @@ pub(crate) struct ColumnLayout {
 
 /// Round-robin: position `k` goes to generation `k % g`; each generation's
 /// arena is the max over its runners. Returns the arena size per generation.
+#[cfg(test)]
 pub(crate) fn round_robin(cap: &[u64], g: usize) -> Vec<u64> {
+    round_robin_column(&Column::from_dense(cap), g)
+}
+
+/// [`round_robin`] of a column.
+pub(crate) fn round_robin_column(column: &Column, g: usize) -> Vec<u64> {
     let mut arenas = vec![0u64; g];
-    for (k, &c) in cap.iter().enumerate() {
+    for (k, c) in column.entries() {
         let a = &mut arenas[k % g];
         *a = (*a).max(c);
     }
@@ -193,6 +206,7 @@ const MIN_PASSES: usize = 3;
 /// candidates); exactly the lower bound for `g <= 2`. `None` when the arena
 /// would overflow `u64`. Deterministic: equal inputs give equal layouts (every
 /// rank must agree on the offsets).
+#[cfg(test)]
 pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
     let column = Column::from_dense(cap);
     let layout = packed_column(&column, g)?;

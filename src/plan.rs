@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::discover::{Discovering, PlanConfig, RunnerRecord};
 use crate::painter::Claim;
-use crate::placement;
+use crate::placement::{self, Column};
 use crate::vocab::{Key, Request, RunnerId};
 
 /// A plan that cannot be made.
@@ -267,7 +267,7 @@ impl Planned {
         for (key, cap) in capacities_by_key(&runners, &using) {
             match strategy.placement {
                 Placement::RoundRobin => {
-                    let sizes = placement::round_robin(&cap, g);
+                    let sizes = placement::round_robin_column(&cap, g);
                     let first = arenas.len();
                     let mut index = vec![usize::MAX; g];
                     for (gen, &bytes) in sizes.iter().enumerate() {
@@ -281,35 +281,31 @@ impl Planned {
                         }
                     }
                     debug_assert!(arenas.len() > first);
-                    for (k, &i) in using.iter().enumerate() {
-                        if cap[k] > 0 {
-                            runners[i].slices.push(Slice {
-                                key,
-                                arena: index[k % g],
-                                offset: 0,
-                                bytes: cap[k],
-                            });
-                        }
+                    for (k, bytes) in cap.entries() {
+                        runners[using[k]].slices.push(Slice {
+                            key,
+                            arena: index[k % g],
+                            offset: 0,
+                            bytes,
+                        });
                     }
                 }
                 Placement::Packed => {
-                    let layout =
-                        placement::packed(&cap, g).ok_or(PlanError::ArenaOverflow { key })?;
+                    let layout = placement::packed_column(&cap, g)
+                        .ok_or(PlanError::ArenaOverflow { key })?;
                     let arena = arenas.len();
                     arenas.push(ArenaPlan {
                         key,
                         generation: None,
                         bytes: layout.bytes,
                     });
-                    for (k, &i) in using.iter().enumerate() {
-                        if cap[k] > 0 {
-                            runners[i].slices.push(Slice {
-                                key,
-                                arena,
-                                offset: layout.offsets[k],
-                                bytes: cap[k],
-                            });
-                        }
+                    for ((k, bytes), &offset) in cap.entries().zip(&layout.offsets) {
+                        runners[using[k]].slices.push(Slice {
+                            key,
+                            arena,
+                            offset,
+                            bytes,
+                        });
                     }
                 }
             }
@@ -404,34 +400,21 @@ impl Planned {
             .ok()
             .map(|k| self.index[k].1)
     }
-
-    /// Capacities of every key over buffer-using runners, in capture order.
-    pub(crate) fn capacities(&self) -> BTreeMap<Key, Vec<u64>> {
-        let using: Vec<usize> = (0..self.runners.len())
-            .filter(|&i| self.runners[i].position.is_some())
-            .collect();
-        capacities_by_key(&self.runners, &using)
-    }
 }
 
-/// Per key, the capacity of each buffer-using runner (0 where unused).
-fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, Vec<u64>> {
-    // Plans have a handful of keys: a linear scan beats a map lookup per
-    // (runner, key).
-    let mut by_key: Vec<(Key, Vec<u64>)> = Vec::new();
+/// Per key, the buffer-using runners that use it (by position) with their
+/// capacity: only the users, so many sparse keys cost what their users do.
+fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, Column> {
+    let mut by_key: BTreeMap<Key, Column> = BTreeMap::new();
     for (k, &i) in using.iter().enumerate() {
         for (&key, &bytes) in &runners[i].record.capacity {
-            let column = match by_key.iter().position(|(c, _)| *c == key) {
-                Some(c) => c,
-                None => {
-                    by_key.push((key, vec![0; using.len()]));
-                    by_key.len() - 1
-                }
-            };
-            by_key[column].1[k] = bytes;
+            by_key
+                .entry(key)
+                .or_insert_with(|| Column::new(using.len()))
+                .push(k, bytes);
         }
     }
-    by_key.into_iter().collect()
+    by_key
 }
 
 /// Bump-places each request inside its key's slice, in request order.

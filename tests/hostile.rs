@@ -88,6 +88,20 @@ fn consuming_a_runner_never_replayed_is_not_replayed() {
 }
 
 #[test]
+fn consuming_a_runner_never_replayed_is_not_replayed_even_after_another_claimed_its_bytes() {
+    let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
+    let out = sim.alloc_f32(64).unwrap();
+    replayable.replay(RunnerId(0), &sim.stream()).unwrap();
+    let err = copy_out(&sim, &mut replayable, 1, &sim.stream(), &out, 1).unwrap_err();
+    assert!(matches!(
+        err,
+        ConsumeError::Replay(ReplayError::NotReplayed {
+            runner: RunnerId(1)
+        })
+    ));
+}
+
+#[test]
 fn a_consumer_reads_its_runners_value_and_the_next_claimer_waits_for_it() {
     // G = 1 on three streams: the consumer of runner 0 is slow; runner 1's
     // replay claims the same bytes and must wait for it.

@@ -836,9 +836,9 @@ fn consume(
     let overwriters = live.ownership.overwriters(runner);
     let never_replayed = live.ownership.latest[runner].is_none();
     // What the fence must refuse, for a runner with buffers: consumers of a
-    // runner never replayed (`NotReplayed`; `Overwritten` is also a typed
-    // refusal when another runner has claimed its bytes meanwhile), and of
-    // one whose bytes another runner claimed since its latest replay.
+    // runner never replayed (`NotReplayed`, whatever other runners did), and
+    // of one whose bytes another runner claimed since its latest replay
+    // (`Overwritten`).
     let refused = fenced && (never_replayed || !overwriters.is_empty());
     match caught {
         Err(payload) => {
@@ -854,6 +854,7 @@ fn consume(
                 }
                 ReplayError::Overwritten { runner: r, by } => {
                     prop_assert_eq!(r, id);
+                    prop_assert!(!never_replayed, "{} was never replayed", id);
                     prop_assert!(
                         overwriters.contains(&(by.0 as usize)),
                         "{} overwritten by {} but the model has {:?}",
