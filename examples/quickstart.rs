@@ -197,8 +197,8 @@ mod gpu {
 
 fn discover() -> Result<Discovering> {
     let mut discovery = Discovering::new(PlanConfig::new());
-    for (r, (_, params)) in RUNNERS.iter().enumerate() {
-        let mut armed = discovery.arm(RunnerId(r as u32))?;
+    for (r, (name, params)) in RUNNERS.iter().enumerate() {
+        let mut armed = discovery.arm_named(RunnerId(r as u32), *name)?;
         for &p in *params {
             armed.record(wgrad_request(p))?;
         }

@@ -160,8 +160,22 @@ impl<B: Backend> Fence<B> {
         for &claim in claims {
             self.painter.paint(claim, slot as u32);
         }
-        self.settle(slot, stream, sid);
-        self.record_if_expected(backend, slot, stream, sid)
+        self.forget_unused_record(slot);
+        if self.runners[slot].record_at_once {
+            // Record straight away: no pending stream handle to keep.
+            self.record_if_expected(backend, slot, stream, sid)
+        } else {
+            self.settle(slot, stream, sid);
+            Ok(())
+        }
+    }
+
+    /// Nobody waited for the last record made at once: defer again.
+    fn forget_unused_record(&mut self, i: usize) {
+        let runner = &mut self.runners[i];
+        if runner.record_at_once && !runner.waited_on {
+            runner.record_at_once = false;
+        }
     }
 
     /// Whether `slot` is still the latest user of every byte it claims.
@@ -197,6 +211,7 @@ impl<B: Backend> Fence<B> {
         work: impl FnOnce() -> T,
     ) -> Result<T, BackendError> {
         self.wait_for(backend, slot, stream, sid)?;
+        self.forget_unused_record(slot);
         self.settle(slot, stream, sid);
         self.stats.consumers += 1;
         let out = work();
@@ -237,10 +252,6 @@ impl<B: Backend> Fence<B> {
     /// recorded there.
     fn settle(&mut self, i: usize, stream: &B::Stream, sid: u64) {
         let runner = &mut self.runners[i];
-        if runner.record_at_once && !runner.waited_on {
-            // Nobody waited for the last record made at once: defer again.
-            runner.record_at_once = false;
-        }
         match &runner.completion {
             Some(Completion::Pending { id, .. }) if *id == sid => {}
             _ => {

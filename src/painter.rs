@@ -3,7 +3,7 @@
 //!
 //! A runner *claims* byte ranges of *fence regions*: under round-robin
 //! placement, the whole of its generation (one region per generation, so one
-//! wait per replay, as upstream); under packed placement, its slice of each
+//! wait per replay, as Megatron-LM's plan does); under packed placement, its slice of each
 //! key's arena. The [`Painter`] remembers, for every region, which runner
 //! last claimed each byte, as disjoint painted intervals.
 

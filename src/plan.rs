@@ -48,7 +48,7 @@ impl Discovering {
 pub enum Policy {
     /// Exactly this many generations (at least 1).
     Generations(usize),
-    /// Upstream Megatron-LM's rule: one generation when at most one
+    /// Megatron-LM's rule: one generation when at most one
     /// local-graph module kind is configured, two when several are.
     ModuleKinds(usize),
     /// As many generations as runner graphs can really be in flight at once
@@ -103,7 +103,7 @@ impl fmt::Display for Policy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Placement {
-    /// Upstream's placement: the k-th buffer-using runner uses generation
+    /// Megatron-LM's placement: the k-th buffer-using runner uses generation
     /// `k % G`; each (generation, key) arena is the max over its runners; one
     /// fence per generation.
     #[default]

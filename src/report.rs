@@ -367,10 +367,10 @@ impl Fnv {
     }
 }
 
-/// Bytes for people: "512 B", "1.50 MiB" (binary units, two decimals), as
-/// the report's table prints them.
+/// Bytes for people: "512 B", "1.50 MiB", "16.00 EiB" (binary units up to
+/// EiB, so every `u64` fits; two decimals), as the report's table prints them.
 pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = bytes as f64;
     let mut u = 0;
     while v >= 1024.0 && u + 1 < UNITS.len() {
@@ -664,7 +664,7 @@ impl PlanReport {
         );
         line(
             "ring(2)",
-            "what upstream's per-parameter wgrad ring of 2 slots needs (wgrad reduce-scatter inputs only)",
+            "what Megatron-LM's older per-parameter wgrad ring of 2 slots needs (wgrad reduce-scatter inputs only)",
         );
         line("plan/lb", "plan over lower bound (1.000 is optimal)");
         line(

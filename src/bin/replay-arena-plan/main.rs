@@ -45,7 +45,7 @@ struct Cli {
     #[arg(short, long, value_name = "N", value_parser = positive)]
     generations: Option<usize>,
 
-    /// Plan with the upstream rule for K local-graph module kinds.
+    /// Plan with Megatron-LM's rule for K local-graph module kinds.
     #[arg(short = 'k', long, value_name = "K", value_parser = positive)]
     module_kinds: Option<usize>,
 
@@ -218,11 +218,11 @@ fn run(options: &Options) -> Result<String, String> {
                 .map(|i| render::Comparison::of(i).map_err(|e| format!("{}: {e}", i.label)))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(match options.format {
-                render::Format::Text => comparisons
-                    .iter()
-                    .map(render::Comparison::text)
-                    .collect::<Vec<_>>()
-                    .join("\n"),
+                render::Format::Text => {
+                    let tables: Vec<String> =
+                        comparisons.iter().map(render::Comparison::text).collect();
+                    format!("{}\n{}", tables.join("\n"), render::COMPARISON_LEGEND)
+                }
                 render::Format::Json => {
                     render::json_lines(&comparisons.iter().map(|c| c.json()).collect::<Vec<_>>())?
                 }

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use replay_arena::{byte_ratio, Domain, Key, PlanReport, Planned, Policy, Strategy};
+use replay_arena::{byte_ratio, human_bytes, Domain, Key, PlanReport, Planned, Policy, Strategy};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -19,22 +19,18 @@ pub(crate) enum Format {
     Markdown,
 }
 
-/// Bytes for people, in binary units up to EiB (so every `u64` fits):
-/// "512 B", "1.50 MiB", "16.00 EiB".
-pub(crate) fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
+/// What the columns of a comparison table mean, printed once after them.
+pub(crate) const COMPARISON_LEGEND: &str = "\
+legend:
+G            generations: how many buffer-using runners may be in flight at once
+lower bound  per key, the largest sum of capacities of G consecutive buffer-using runners, summed: no placement needs less
+packed       bytes packed placement allocates (one arena per key, any G consecutive runners at disjoint offsets)
+round-robin  bytes round-robin placement allocates (runner k in generation k % G; each arena the largest of its runners)
+packed/lb    packed over the lower bound (1.000 is optimal)
+rr/lb        round-robin over the lower bound
+ring/packed  what Megatron-LM's older per-parameter wgrad ring of 2 slots needs, over packed (above 1: packed saves memory)
+ring/rr      the same ring over round-robin
+";
 
 /// "policy Generations(2), packed placement".
 pub(crate) fn describe(strategy: Strategy) -> String {
@@ -176,9 +172,10 @@ impl<'i> Plan<'i> {
         })
     }
 
-    /// The report as a table, with runner names and the workload's header.
+    /// The workload's header, then the report's own table (verdict, keys,
+    /// runners with their names, legend).
     pub(crate) fn text(&self) -> String {
-        let (w, r) = (&self.input.workload, &self.report);
+        let w = &self.input.workload;
         let mut out = format!(
             "workload {} ({}): {} runners\n",
             w.name,
@@ -188,82 +185,7 @@ impl<'i> Plan<'i> {
         if let Some(source) = &w.source {
             let _ = writeln!(out, "source: {source}");
         }
-        let _ = writeln!(
-            out,
-            "plan: {} placement, G = {} (policy {}), {} runners ({} use buffers), fingerprint {:016x}",
-            r.strategy.placement,
-            r.generations,
-            r.strategy.policy,
-            r.runners_total,
-            r.runners_using,
-            r.fingerprint
-        );
-        let arena_head = match r.strategy.placement {
-            replay_arena::Placement::RoundRobin => "arenas (per generation)",
-            replay_arena::Placement::Packed => "arena",
-        };
-        let _ = writeln!(
-            out,
-            "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>7}  {arena_head}",
-            "key", "plan", "lower bound", "round-robin", "packed", "ring(2)", "plan/lb", "waits"
-        );
-        for k in &r.keys {
-            let arenas: Vec<String> = k.arenas.iter().map(|&b| human_bytes(b)).collect();
-            let _ = writeln!(
-                out,
-                "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}  {}",
-                k.name,
-                human_bytes(k.plan_bytes),
-                human_bytes(k.lower_bound),
-                human_bytes(k.round_robin_bytes),
-                human_bytes(k.packed_bytes),
-                human_bytes(k.ring_bytes),
-                byte_ratio(k.plan_bytes, k.lower_bound),
-                k.longest_wait_list,
-                arenas.join(" | ")
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{:<28} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.3} {:>7}",
-            "total",
-            human_bytes(r.plan_bytes),
-            human_bytes(r.lower_bound),
-            human_bytes(r.round_robin_bytes),
-            human_bytes(r.packed_bytes),
-            human_bytes(r.ring_bytes),
-            r.plan_over_lower_bound(),
-            r.longest_wait_list
-        );
-        let _ = writeln!(
-            out,
-            "plan/lower bound {:.3}x, round-robin/lower bound {:.3}x, packed/lower bound {:.3}x, ring/plan {:.3}x",
-            r.plan_over_lower_bound(),
-            r.round_robin_over_lower_bound(),
-            r.packed_over_lower_bound(),
-            r.ring_over_plan()
-        );
-        let _ = writeln!(
-            out,
-            "{:<12} {:<24} {:>4} {:>9} {:>12} {:>6}",
-            "runner", "name", "gen", "requests", "bytes", "waits"
-        );
-        for (i, runner) in r.runners.iter().enumerate() {
-            let gen = runner
-                .generation
-                .map_or_else(|| "-".to_string(), |g| g.to_string());
-            let name = w.runners.get(i).and_then(|s| s.name.as_deref());
-            let _ = writeln!(
-                out,
-                "{:<12} {:<24} {:>4} {:>9} {:>12} {:>6}",
-                runner.runner.to_string(),
-                name.unwrap_or("-"),
-                gen,
-                runner.requests,
-                human_bytes(runner.bytes),
-                runner.wait_list
-            );
-        }
+        let _ = write!(out, "{}", self.report);
         out
     }
 

@@ -10,8 +10,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::render::{human_bytes, mask_digits, Plan};
+use crate::render::{mask_digits, Plan};
 use crate::Input;
+use replay_arena::human_bytes;
 
 /// Beyond this many buffer-using runners a column is narrower than a pixel.
 const MAX_RUNNERS: usize = 4096;
