@@ -8,26 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{json, Value};
 
-const TINY: &str = r#"{
-    "name": "tiny",
-    "source": "hand-written",
-    "runners": [
-        {"name": "layer1.mlp.bwd", "requests": [
-            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
-             "purpose": "wgrad_rs_input", "param": "l1.fc1"},
-            {"domain": "device", "dtype": "f32", "elements": 100},
-            {"domain": {"symmetric": "expert-gtp"}, "dtype": "bf16", "elements": 8,
-             "purpose": "wgrad_rs_input", "param": "l1.experts"}
-        ]},
-        {"name": "layer1.attn.bwd", "requests": []},
-        {"name": "layer0.mlp.bwd", "requests": [
-            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
-             "purpose": "wgrad_rs_input", "param": "l1.fc1"},
-            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
-             "purpose": "wgrad_rs_input", "param": "l1.fc1"}
-        ]}
-    ]
-}"#;
+/// A small hand-written workload: three runners (one empty), two groups,
+/// one parameter written three times.
+const TINY: &str = include_str!("support/tiny-workload.json");
 
 const BUNDLED: [&str; 4] = [
     "deepseek-v3-mtp",

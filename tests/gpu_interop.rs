@@ -512,20 +512,32 @@ fn dropping_the_plan_waits_for_its_replay_but_not_for_the_programs_other_streams
     drop(replayable);
     let took = started.elapsed();
 
+    waited_for_fenced_work_only("drop", "replay", took, &replay_done, &unrelated_done);
+}
+
+/// Teardown (`what`) took `took`: it must have waited for the plan's own
+/// `work` (done by `fenced_done`) and not for the program's unrelated kernel.
+fn waited_for_fenced_work_only(
+    what: &str,
+    work: &str,
+    took: Duration,
+    fenced_done: &CudaEvent,
+    unrelated_done: &CudaEvent,
+) {
     assert!(
-        replay_done.is_complete(),
-        "the plan was freed under its in-flight replay"
+        fenced_done.is_complete(),
+        "{what} freed the plan under its in-flight {work}"
     );
     assert!(
         took >= Duration::from_millis(FENCED_MS * 9 / 10),
-        "drop returned in {took:?}, before the {FENCED_MS} ms replay could end"
+        "{what} returned in {took:?}, before the {FENCED_MS} ms {work} could end"
     );
     assert!(
         !unrelated_done.is_complete(),
-        "drop waited for the program's unrelated {UNRELATED_MS} ms kernel ({took:?})"
+        "{what} waited for the program's unrelated {UNRELATED_MS} ms kernel ({took:?})"
     );
     assert!(took < Duration::from_millis(UNRELATED_MS / 2), "{took:?}");
-    println!("drop took {took:?} (replay {FENCED_MS} ms, unrelated kernel {UNRELATED_MS} ms)");
+    println!("{what} took {took:?} ({work} {FENCED_MS} ms, unrelated kernel {UNRELATED_MS} ms)");
     unrelated_done.synchronize().unwrap();
 }
 
@@ -571,20 +583,7 @@ fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
     let took = started.elapsed();
     drop(discovery);
 
-    assert!(
-        consumer_done.is_complete(),
-        "replan freed the plan under its in-flight consumer"
-    );
-    assert!(
-        took >= Duration::from_millis(FENCED_MS * 9 / 10),
-        "replan returned in {took:?}, before the {FENCED_MS} ms consumer could end"
-    );
-    assert!(
-        !unrelated_done.is_complete(),
-        "replan waited for the program's unrelated {UNRELATED_MS} ms kernel ({took:?})"
-    );
-    println!("replan took {took:?} (consumer {FENCED_MS} ms, unrelated kernel {UNRELATED_MS} ms)");
-    unrelated_done.synchronize().unwrap();
+    waited_for_fenced_work_only("replan", "consumer", took, &consumer_done, &unrelated_done);
 }
 
 /// Host time of the first and second replay (each launched and waited for)

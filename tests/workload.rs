@@ -9,26 +9,9 @@ use replay_arena::{
     Policy, Purpose, Request, RequestSpec, RunnerId, RunnerSpec, Workload,
 };
 
-const TINY: &str = r#"{
-    "name": "tiny",
-    "source": "hand-written",
-    "runners": [
-        {"name": "layer1.mlp.bwd", "requests": [
-            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
-             "purpose": "wgrad_rs_input", "param": "l1.fc1"},
-            {"domain": "device", "dtype": "f32", "elements": 100},
-            {"domain": {"symmetric": "expert-gtp"}, "dtype": "bf16", "elements": 8,
-             "purpose": "wgrad_rs_input", "param": "l1.experts"}
-        ]},
-        {"name": "layer1.attn.bwd", "requests": []},
-        {"name": "layer0.mlp.bwd", "requests": [
-            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
-             "purpose": "wgrad_rs_input", "param": "l1.fc1"},
-            {"domain": {"symmetric": "gtp"}, "dtype": "bf16", "elements": 4096,
-             "purpose": "wgrad_rs_input", "param": "l1.fc1"}
-        ]}
-    ]
-}"#;
+/// A small hand-written workload: three runners (one empty), two groups,
+/// one parameter written three times.
+const TINY: &str = include_str!("support/tiny-workload.json");
 
 /// TINY with `from` replaced by `to` (which must occur exactly once).
 fn tiny_with(from: &str, to: &str) -> String {
