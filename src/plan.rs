@@ -181,8 +181,9 @@ pub(crate) struct RunnerPlan {
     pub(crate) slices: Vec<Slice>,
     /// Byte ranges of fence regions this runner's replay overwrites.
     pub(crate) claims: Vec<Claim>,
-    /// Where each recorded request's view lies, in request order.
-    pub(crate) views: Vec<Place>,
+    /// Index of its first request's place in [`Planned::places`]; its
+    /// requests' places follow in request order.
+    pub(crate) first_place: usize,
 }
 
 /// Where one request's view lies: computed once, read by capture and replay.
@@ -227,6 +228,9 @@ pub struct Planned {
     pub(crate) fence_regions: usize,
     /// (runner, slot), sorted by runner: the one lookup every phase uses.
     pub(crate) index: Vec<(RunnerId, usize)>,
+    /// Where every recorded request's view lies, runner after runner, each
+    /// runner's in request order: computed once, read by capture and replay.
+    pub(crate) places: Vec<Place>,
 }
 
 impl Planned {
@@ -256,7 +260,7 @@ impl Planned {
                 },
                 slices: Vec::with_capacity(keys),
                 claims: Vec::new(),
-                views: Vec::new(),
+                first_place: 0,
             });
         }
         let using: Vec<usize> = (0..runners.len())
@@ -312,9 +316,7 @@ impl Planned {
         }
 
         let fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
-        for r in &mut runners {
-            r.views = place_views(r);
-        }
+        let places = place_views(&mut runners);
         let mut index: Vec<(RunnerId, usize)> = runners
             .iter()
             .enumerate()
@@ -329,6 +331,7 @@ impl Planned {
             arenas,
             fence_regions,
             index,
+            places,
         })
     }
 
@@ -393,6 +396,12 @@ impl Planned {
         self.slot(runner).map(|i| &self.runners[i])
     }
 
+    /// Where slot `slot`'s views lie, in request order.
+    pub(crate) fn places(&self, slot: usize) -> &[Place] {
+        let r = &self.runners[slot];
+        &self.places[r.first_place..r.first_place + r.record.requests.len()]
+    }
+
     /// The runner's slot (its index in capture order), by binary search.
     pub(crate) fn slot(&self, runner: RunnerId) -> Option<usize> {
         self.index
@@ -417,27 +426,36 @@ fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, C
     by_key
 }
 
-/// Bump-places each request inside its key's slice, in request order.
-fn place_views(r: &RunnerPlan) -> Vec<Place> {
-    let mut taken = vec![0u64; r.slices.len()];
-    let mut views = Vec::with_capacity(r.record.requests.len());
-    for request in &r.record.requests {
-        // Discovery checked every aligned size and recorded a capacity (so a
-        // slice) for every key it saw; a missing one stays unplaced.
-        let (Some(k), Some(bytes)) = (
-            r.slices.iter().position(|s| s.key == request.key()),
-            request.aligned_bytes(),
-        ) else {
-            continue;
-        };
-        let slice = r.slices[k];
-        views.push(Place {
-            arena: slice.arena,
-            offset: slice.offset + taken[k],
-        });
-        taken[k] += bytes;
+/// Bump-places each request inside its key's slice, in request order, for
+/// every runner; sets each runner's `first_place`.
+fn place_views(runners: &mut [RunnerPlan]) -> Vec<Place> {
+    let total = runners.iter().map(|r| r.record.requests.len()).sum();
+    let mut places = Vec::with_capacity(total);
+    let mut taken: Vec<u64> = Vec::new();
+    for r in runners {
+        r.first_place = places.len();
+        taken.clear();
+        taken.resize(r.slices.len(), 0);
+        for request in &r.record.requests {
+            // Discovery checked every aligned size and recorded a capacity
+            // (so a slice) for every key it saw.
+            let k = r.slices.iter().position(|s| s.key == request.key());
+            let (Some(k), Some(bytes)) = (k, request.aligned_bytes()) else {
+                places.push(Place {
+                    arena: usize::MAX,
+                    offset: 0,
+                });
+                continue;
+            };
+            let slice = r.slices[k];
+            places.push(Place {
+                arena: slice.arena,
+                offset: slice.offset + taken[k],
+            });
+            taken[k] += bytes;
+        }
     }
-    views
+    places
 }
 
 /// Gives every buffer-using runner the byte ranges its replay claims.

@@ -414,7 +414,7 @@ fn views_of<'a, A: Arena>(plan: &'a Planned, arenas: &'a [A], slot: usize) -> Ve
     r.record
         .requests
         .iter()
-        .zip(&r.views)
+        .zip(plan.places(slot))
         .map(|(&request, place)| View {
             addr: arenas[place.arena].base() + place.offset,
             arena: place.arena,
