@@ -488,7 +488,18 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 },
             });
         }
-        let place = self.owner.plan.places(self.slot)[index];
+        let Some(place) = self.owner.plan.place(self.slot, index) else {
+            // Discovery gives every recorded key a slice: never reached.
+            return Err(CaptureError::CapacityExceeded {
+                runner,
+                key,
+                index,
+                request,
+                requested: request.aligned_bytes().unwrap_or(u64::MAX),
+                taken: self.taken(key, index),
+                capacity: 0,
+            });
+        };
         self.next.set(index + 1);
         Ok(View {
             addr: self.owner.res.arenas[place.arena].base() + place.offset,

@@ -114,6 +114,10 @@ pub(crate) struct RunnerRecord {
     pub(crate) requests: Vec<Request>,
     /// Sum of aligned request sizes per key.
     pub(crate) capacity: BTreeMap<Key, u64>,
+    /// Per request, its byte offset inside the runner's slice of its key:
+    /// the key's capacity before it was recorded (bump allocation, done
+    /// once, here).
+    pub(crate) offsets: Vec<u64>,
 }
 
 /// Phase 1 of 4: an eager backward records each runner's requests.
@@ -221,6 +225,7 @@ impl Discovering {
             name,
             requests: Vec::new(),
             capacity: BTreeMap::new(),
+            offsets: Vec::new(),
         });
         let config = &self.config;
         let record = self.runners.last_mut();
@@ -296,12 +301,13 @@ impl ArmedRunner<'_> {
         let aligned = request
             .aligned_bytes()
             .ok_or_else(|| overflow("request size"))?;
-        let capacity = self.record.capacity.get(&key).copied().unwrap_or(0);
-        let capacity = capacity
+        let offset = self.record.capacity.get(&key).copied().unwrap_or(0);
+        let capacity = offset
             .checked_add(aligned)
             .ok_or_else(|| overflow("capacity"))?;
         self.record.capacity.insert(key, capacity);
         self.record.requests.push(request);
+        self.record.offsets.push(offset);
         Ok(aligned)
     }
 }

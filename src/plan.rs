@@ -181,12 +181,9 @@ pub(crate) struct RunnerPlan {
     pub(crate) slices: Vec<Slice>,
     /// Byte ranges of fence regions this runner's replay overwrites.
     pub(crate) claims: Vec<Claim>,
-    /// Index of its first request's place in [`Planned::places`]; its
-    /// requests' places follow in request order.
-    pub(crate) first_place: usize,
 }
 
-/// Where one request's view lies: computed once, read by capture and replay.
+/// Where one request's view lies ([`Planned::place`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Place {
     /// Index into [`Planned::arenas`].
@@ -228,9 +225,6 @@ pub struct Planned {
     pub(crate) fence_regions: usize,
     /// (runner, slot), sorted by runner: the one lookup every phase uses.
     pub(crate) index: Vec<(RunnerId, usize)>,
-    /// Where every recorded request's view lies, runner after runner, each
-    /// runner's in request order: computed once, read by capture and replay.
-    pub(crate) places: Vec<Place>,
 }
 
 impl Planned {
@@ -260,7 +254,6 @@ impl Planned {
                 },
                 slices: Vec::with_capacity(keys),
                 claims: Vec::new(),
-                first_place: 0,
             });
         }
         let using: Vec<usize> = (0..runners.len())
@@ -316,7 +309,6 @@ impl Planned {
         }
 
         let fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
-        let places = place_views(&mut runners);
         let mut index: Vec<(RunnerId, usize)> = runners
             .iter()
             .enumerate()
@@ -331,7 +323,6 @@ impl Planned {
             arenas,
             fence_regions,
             index,
-            places,
         })
     }
 
@@ -396,10 +387,18 @@ impl Planned {
         self.slot(runner).map(|i| &self.runners[i])
     }
 
-    /// Where slot `slot`'s views lie, in request order.
-    pub(crate) fn places(&self, slot: usize) -> &[Place] {
+    /// Where request `index` of runner slot `slot` lies: the one place
+    /// where a view's arena and offset are worked out (capture and
+    /// `Replayable::views` both ask here). `None` past the runner's last
+    /// request.
+    pub(crate) fn place(&self, slot: usize, index: usize) -> Option<Place> {
         let r = &self.runners[slot];
-        &self.places[r.first_place..r.first_place + r.record.requests.len()]
+        let request = r.record.requests.get(index)?;
+        let slice = r.slice(request.key())?;
+        Some(Place {
+            arena: slice.arena,
+            offset: slice.offset + r.record.offsets.get(index)?,
+        })
     }
 
     /// The runner's slot (its index in capture order), by binary search.
@@ -424,38 +423,6 @@ fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, C
         }
     }
     by_key
-}
-
-/// Bump-places each request inside its key's slice, in request order, for
-/// every runner; sets each runner's `first_place`.
-fn place_views(runners: &mut [RunnerPlan]) -> Vec<Place> {
-    let total = runners.iter().map(|r| r.record.requests.len()).sum();
-    let mut places = Vec::with_capacity(total);
-    let mut taken: Vec<u64> = Vec::new();
-    for r in runners {
-        r.first_place = places.len();
-        taken.clear();
-        taken.resize(r.slices.len(), 0);
-        for request in &r.record.requests {
-            // Discovery checked every aligned size and recorded a capacity
-            // (so a slice) for every key it saw.
-            let k = r.slices.iter().position(|s| s.key == request.key());
-            let (Some(k), Some(bytes)) = (k, request.aligned_bytes()) else {
-                places.push(Place {
-                    arena: usize::MAX,
-                    offset: 0,
-                });
-                continue;
-            };
-            let slice = r.slices[k];
-            places.push(Place {
-                arena: slice.arena,
-                offset: slice.offset + taken[k],
-            });
-            taken[k] += bytes;
-        }
-    }
-    places
 }
 
 /// Gives every buffer-using runner the byte ranges its replay claims.

@@ -414,14 +414,17 @@ fn views_of<'a, A: Arena>(plan: &'a Planned, arenas: &'a [A], slot: usize) -> Ve
     r.record
         .requests
         .iter()
-        .zip(plan.places(slot))
-        .map(|(&request, place)| View {
-            addr: arenas[place.arena].base() + place.offset,
-            arena: place.arena,
-            offset: place.offset,
-            request,
-            runner: r.id(),
-            _owner: std::marker::PhantomData,
+        .enumerate()
+        .filter_map(|(i, &request)| {
+            let place = plan.place(slot, i)?;
+            Some(View {
+                addr: arenas.get(place.arena)?.base() + place.offset,
+                arena: place.arena,
+                offset: place.offset,
+                request,
+                runner: r.id(),
+                _owner: std::marker::PhantomData,
+            })
         })
         .collect()
 }
