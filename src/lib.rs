@@ -61,8 +61,13 @@
 //! # Ok::<(), replay_arena::Error>(())
 //! ```
 //!
-//! What the types cannot rule out is a typed [`Error`] naming the runner, the
-//! key and the sizes involved. See `docs/lifecycle.md` for the fence.
+//! What the types cannot rule out is a typed error naming the runner, the key
+//! and the sizes involved: each phase has its own ([`DiscoveryError`],
+//! [`PlanError`], [`CaptureError`], [`ReplayError`], [`BackendError`]), all
+//! joined into [`Error`] so `?` works across phases; work closures keep their
+//! own error type ([`StreamCaptureError`], [`ConsumeError`]). See
+//! `docs/lifecycle.md` for the fence and `docs/architecture.md` for the
+//! layering.
 //!
 //! With the `serde` feature, `Workload` saves what discovery recorded as a
 //! file and loads it back, so a plan can be studied away from the GPUs
@@ -73,8 +78,12 @@
 //!
 //! - [`sim`] (always built): host arenas and a deterministic stream model with
 //!   a hazard detector.
-//! - `cuda` (feature `cuda`, default): the CUDA driver via cudarc, loaded
-//!   dynamically, so the crate builds and its CPU tests run without CUDA.
+//! - `cuda` (feature `cuda`, default): the CUDA driver via cudarc. It adopts
+//!   the program's context and streams and hands views to cudarc and cuBLAS
+//!   as typed device pointers (`docs/integration.md`). The feature picks
+//!   neither cudarc's linking mode nor its CUDA version; the default features
+//!   add dynamic loading and CUDA 13.0, so the crate builds and its CPU tests
+//!   run without CUDA.
 //! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
 
 #![warn(missing_docs)]

@@ -116,14 +116,9 @@ fn f32s(n: u64) -> Request {
 
 /// A plan of one runner (0) with these requests, allocated on `backend`.
 fn one_runner(backend: &CudaBackend, requests: &[Request]) -> Capturing<CudaBackend> {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    {
-        let mut armed = discovery.arm(RunnerId(0)).unwrap();
-        for &q in requests {
-            armed.record(q).unwrap();
-        }
-    }
-    discovery
+    let runner = [(RunnerId(0), requests.iter().copied())];
+    Discovering::from_runners(PlanConfig::new(), runner)
+        .unwrap()
         .plan(Policy::Generations(1))
         .unwrap()
         .allocate(backend.clone())
