@@ -58,9 +58,13 @@ pub(crate) struct Column {
 impl Column {
     /// An empty column over `n` positions.
     pub(crate) fn new(n: usize) -> Column {
+        // Room for a few users up front: most keys of a model are used by
+        // many runners, and sparse keys should not cost `n` each.
+        let room = n.min(16);
         Column {
             n,
-            ..Column::default()
+            pos: Vec::with_capacity(room),
+            cap: Vec::with_capacity(room),
         }
     }
 

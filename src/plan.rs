@@ -1,7 +1,7 @@
 //! Phase 2: [`Planned`]. Generations (or packed offsets), arena sizes, fence
 //! claims, a report and a fingerprint.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::discover::{Discovering, PlanConfig, RunnerRecord};
@@ -410,19 +410,36 @@ impl Planned {
     }
 }
 
-/// Per key, the buffer-using runners that use it (by position) with their
-/// capacity: only the users, so many sparse keys cost what their users do.
-fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> BTreeMap<Key, Column> {
-    let mut by_key: BTreeMap<Key, Column> = BTreeMap::new();
+/// Per key, in key order, the buffer-using runners that use it (by
+/// position) with their capacity: only the users, so many sparse keys cost
+/// what their users do.
+fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> Vec<(Key, Column)> {
+    // Models have a handful of keys: a linear scan beats hashing. Past
+    // `SCAN` keys (many symmetric groups), a map keeps it linear overall.
+    const SCAN: usize = 16;
+    let mut columns: Vec<(Key, Column)> = Vec::new();
+    let mut lookup: HashMap<Key, usize> = HashMap::new();
     for (k, &i) in using.iter().enumerate() {
         for (&key, &bytes) in &runners[i].record.capacity {
-            by_key
-                .entry(key)
-                .or_insert_with(|| Column::new(using.len()))
-                .push(k, bytes);
+            let found = if columns.len() <= SCAN {
+                columns.iter().position(|(q, _)| *q == key)
+            } else {
+                lookup.get(&key).copied()
+            };
+            let c = found.unwrap_or_else(|| {
+                columns.push((key, Column::new(using.len())));
+                if columns.len() == SCAN + 1 {
+                    lookup.extend(columns.iter().enumerate().map(|(c, (q, _))| (*q, c)));
+                } else if columns.len() > SCAN + 1 {
+                    lookup.insert(key, columns.len() - 1);
+                }
+                columns.len() - 1
+            });
+            columns[c].1.push(k, bytes);
         }
     }
-    by_key
+    columns.sort_unstable_by_key(|(key, _)| *key);
+    columns
 }
 
 /// Gives every buffer-using runner the byte ranges its replay claims.
