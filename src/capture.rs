@@ -408,17 +408,23 @@ impl<B: Backend> fmt::Debug for RunnerCapture<'_, B> {
     }
 }
 
-/// Ends an open stream capture if the work closure unwinds.
-struct AbortOnUnwind<'a, B: Backend> {
+/// An open stream capture while the work closure runs: if the closure
+/// unwinds, dropping it ends and discards the capture and marks the runner
+/// failed, so the stream is never left capturing.
+struct OpenCapture<'a, B: Backend> {
     backend: &'a B,
     stream: &'a B::Stream,
+    failure: &'a RefCell<Option<CaptureFailure>>,
     armed: bool,
 }
 
-impl<B: Backend> Drop for AbortOnUnwind<'_, B> {
+impl<B: Backend> Drop for OpenCapture<'_, B> {
     fn drop(&mut self) {
         if self.armed {
             self.backend.abort_capture(self.stream);
+            if let Ok(mut f) = self.failure.try_borrow_mut() {
+                *f = Some(CaptureFailure::Panicked);
+            }
         }
     }
 }
@@ -542,20 +548,14 @@ impl<B: Backend> RunnerCapture<'_, B> {
             // The stream was never put in capture mode: nothing is lost.
             return Err(CaptureError::Backend { runner, source }.into());
         }
-        // Marks the runner failed if `work` unwinds; the guard below ends
-        // the capture first (it drops first).
-        let mut panicked = PanicMark {
+        let mut open = OpenCapture {
+            backend,
+            stream,
             failure: &self.failure,
             armed: true,
         };
-        let mut guard = AbortOnUnwind {
-            backend,
-            stream,
-            armed: true,
-        };
         let result = work(stream);
-        guard.armed = false;
-        panicked.armed = false;
+        open.armed = false;
         if let Err(e) = result {
             backend.abort_capture(stream);
             fail(CaptureFailure::Work(e.to_string()));
@@ -666,22 +666,6 @@ impl<B: Backend> RunnerCapture<'_, B> {
         };
         self.owner.slots[self.slot] = Slot::Failed(failure);
         Err(error)
-    }
-}
-
-/// Marks the capture failed if the work closure unwinds.
-struct PanicMark<'a> {
-    failure: &'a RefCell<Option<CaptureFailure>>,
-    armed: bool,
-}
-
-impl Drop for PanicMark<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            if let Ok(mut f) = self.failure.try_borrow_mut() {
-                *f = Some(CaptureFailure::Panicked);
-            }
-        }
     }
 }
 

@@ -287,8 +287,8 @@ impl<B: Backend> Fence<B> {
 
     /// Blocks until every replay and consumer the fence ordered is done:
     /// records deferred events, then waits for every runner's latest
-    /// completion (each waited for the earlier users of its bytes). Does not
-    /// wait for unrelated work. Keeps going after an error and returns the
+    /// completion (each waited for the earlier users of its bytes), and
+    /// forgets what it waited for. Does not wait for unrelated work. Keeps going after an error and returns the
     /// first one. When a deferred record cannot be made, it falls back to
     /// waiting for the whole backend, so nothing is freed under work in
     /// flight.
@@ -299,17 +299,17 @@ impl<B: Backend> Fence<B> {
             let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
                 continue;
             };
-            if let Completion::Pending { stream, id } = completion {
-                let id = *id;
-                match backend.record_event(stream, event) {
-                    Ok(()) => runner.completion = Some(Completion::Recorded { id }),
-                    Err(e) => {
-                        unrecorded = true;
-                        first = first.and(Err(e));
-                    }
-                }
+            let recorded = match completion {
+                Completion::Pending { stream, .. } => backend.record_event(stream, event),
+                Completion::Recorded { .. } => Ok(()),
+            };
+            unrecorded |= recorded.is_err();
+            let waited = recorded.and_then(|()| backend.synchronize_event(event));
+            if waited.is_ok() {
+                // Done: a second quiesce (drop after `replan`) waits for nothing.
+                runner.completion = None;
             }
-            first = first.and(backend.synchronize_event(event));
+            first = first.and(waited);
         }
         if unrecorded {
             first = first.and(backend.synchronize());

@@ -411,6 +411,8 @@ impl<B: Backend> Replayable<B> {
 /// The views of runner slot `slot`, in request order.
 fn views_of<'a, A: Arena>(plan: &'a Planned, arenas: &'a [A], slot: usize) -> Vec<View<'a>> {
     let r = &plan.runners[slot];
+    // Discovery gives every request an offset and every key a slice, so
+    // every request has a place: no view is skipped.
     r.record
         .requests
         .iter()

@@ -21,7 +21,7 @@ use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
 use replay_arena::cuda::{CaptureMode, CudaBackend, CudaStream, ViewExt};
 use replay_arena::{
     BackendError, Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request,
-    RunnerId,
+    RunnerId, View,
 };
 
 const SOURCE: &str = r#"
@@ -125,6 +125,25 @@ fn one_runner(backend: &CudaBackend, requests: &[Request]) -> Capturing<CudaBack
         .unwrap_or_else(|e| panic!("allocate: {e}"))
 }
 
+/// One runner recording `requests`, captured on `stream` by `work` (which
+/// gets the runner's views in request order), finished and sealed.
+fn sealed_one(
+    backend: &CudaBackend,
+    stream: &CudaStream,
+    requests: &[Request],
+    work: impl FnOnce(&CudaStream, &[View<'_>]) -> Result<(), String>,
+) -> Replayable<CudaBackend> {
+    let mut capturing = one_runner(backend, requests);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let views: Vec<View<'_>> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
+        cap.stream_capture(stream, |s| work(s, &views))
+            .unwrap_or_else(|e| panic!("capture: {e}"));
+        cap.finish().unwrap_or_else(|e| panic!("finish: {e}"));
+    }
+    capturing.seal().unwrap()
+}
+
 fn e<T: std::fmt::Debug>(op: &'static str) -> impl Fn(T) -> String {
     move |err| format!("{op}: {err:?}")
 }
@@ -190,25 +209,18 @@ fn the_opt_in_turns_tracking_off_so_a_slice_made_with_tracking_on_is_captured() 
 
     let stream = backend.new_stream().unwrap();
     let req = f32s(4096);
-    let mut capturing = one_runner(&backend, &[req]);
-    {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let view = cap.take(req).unwrap();
-        cap.stream_capture(&stream, |s| -> Result<(), String> {
-            let mut out = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            s.cudarc()
-                .memcpy_dtod(&input, &mut out)
-                .map_err(e("memcpy_dtod"))?;
-            let mut launch = s.cudarc().launch_builder(&k.add);
-            launch.arg(&mut out).arg(&4096u32).arg(&1f32);
-            // SAFETY: add(float*, unsigned, float) over the view's 4096 floats.
-            unsafe { launch.launch(launch_cfg(4096)) }.map_err(e("add"))?;
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("capture with the program's slice: {e}"));
-        cap.finish().unwrap();
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
+        let view = &views[0];
+        let mut out = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        s.cudarc()
+            .memcpy_dtod(&input, &mut out)
+            .map_err(e("memcpy_dtod"))?;
+        let mut launch = s.cudarc().launch_builder(&k.add);
+        launch.arg(&mut out).arg(&4096u32).arg(&1f32);
+        // SAFETY: add(float*, unsigned, float) over the view's 4096 floats.
+        unsafe { launch.launch(launch_cfg(4096)) }.map_err(e("add"))?;
+        Ok(())
+    });
     replayable.replay(RunnerId(0), &stream).unwrap();
     let got = read_view(&mut replayable, &stream, 0);
     let want: Vec<f32> = host.iter().map(|x| x + 1.0).collect();
@@ -243,23 +255,16 @@ fn the_per_thread_stream_is_captured_and_replayed_in_every_capture_mode() {
         backend.set_capture_mode(mode);
         assert_eq!(backend.capture_mode(), mode);
         let req = f32s(1000);
-        let mut capturing = one_runner(&backend, &[req]);
-        {
-            let cap = capturing.capture(RunnerId(0)).unwrap();
-            let view = cap.take(req).unwrap();
-            cap.stream_capture(&stream, |s| -> Result<(), String> {
-                let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-                let step = i as f32 + 1.0;
-                let mut launch = s.cudarc().launch_builder(&k.add);
-                launch.arg(&mut x).arg(&1000u32).arg(&step);
-                // SAFETY: add over the view's 1000 floats.
-                unsafe { launch.launch(launch_cfg(1000)) }.map_err(e("add"))?;
-                Ok(())
-            })
-            .unwrap_or_else(|e| panic!("{mode:?} capture on the per-thread stream: {e}"));
-            cap.finish().unwrap();
-        }
-        let mut replayable = capturing.seal().unwrap();
+        let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
+            let view = &views[0];
+            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+            let step = i as f32 + 1.0;
+            let mut launch = s.cudarc().launch_builder(&k.add);
+            launch.arg(&mut x).arg(&1000u32).arg(&step);
+            // SAFETY: add over the view's 1000 floats.
+            unsafe { launch.launch(launch_cfg(1000)) }.map_err(e("add"))?;
+            Ok(())
+        });
         assert!(!replayable
             .graph(RunnerId(0))
             .unwrap()
@@ -300,13 +305,12 @@ fn typed_views_go_through_cudarc_memcpy_memset_and_kernel_arguments() {
     stream.synchronize().unwrap();
 
     let (a_req, b_req) = (f32s(n as u64), f32s(n as u64));
-    let mut capturing = one_runner(&backend, &[a_req, b_req]);
-    {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let a = cap.take(a_req).unwrap();
-        let b = cap.take(b_req).unwrap();
+    let mut replayable = sealed_one(&backend, &stream, &[a_req, b_req], |s, views| {
+        let [a, b] = views else {
+            unreachable!("2 requests, 2 views")
+        };
         // A dtype mismatch is a typed error.
-        let err = a.as_cuda::<i32>(&stream).unwrap_err();
+        let err = a.as_cuda::<i32>(s).unwrap_err();
         assert_eq!(
             err,
             BackendError::DTypeMismatch {
@@ -315,24 +319,19 @@ fn typed_views_go_through_cudarc_memcpy_memset_and_kernel_arguments() {
                 type_name: "i32"
             }
         );
-        cap.stream_capture(&stream, |s| -> Result<(), String> {
-            let cu = s.cudarc();
-            let mut a = a.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            let mut b = b.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            cu.memset_zeros(&mut b).map_err(e("memset_zeros"))?;
-            cu.memcpy_dtod(&input, &mut a).map_err(e("memcpy_dtod"))?;
-            let len = n as u32;
-            let mut launch = cu.launch_builder(&k.scale);
-            launch.arg(&mut a).arg(&len).arg(&2f32);
-            // SAFETY: scale over the view's n floats.
-            unsafe { launch.launch(launch_cfg(n)) }.map_err(e("scale"))?;
-            cu.memcpy_dtod(&a, &mut b).map_err(e("memcpy_dtod"))?;
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("capture: {e}"));
-        cap.finish().unwrap();
-    }
-    let mut replayable = capturing.seal().unwrap();
+        let cu = s.cudarc();
+        let mut a = a.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        let mut b = b.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        cu.memset_zeros(&mut b).map_err(e("memset_zeros"))?;
+        cu.memcpy_dtod(&input, &mut a).map_err(e("memcpy_dtod"))?;
+        let len = n as u32;
+        let mut launch = cu.launch_builder(&k.scale);
+        launch.arg(&mut a).arg(&len).arg(&2f32);
+        // SAFETY: scale over the view's n floats.
+        unsafe { launch.launch(launch_cfg(n)) }.map_err(e("scale"))?;
+        cu.memcpy_dtod(&a, &mut b).map_err(e("memcpy_dtod"))?;
+        Ok(())
+    });
     for _ in 0..2 {
         replayable.replay(RunnerId(0), &stream).unwrap();
     }
@@ -373,48 +372,37 @@ fn a_cudarc_kernel_and_a_cublas_gemm_write_views_inside_a_capture() {
         f32s((kk * n) as u64),
         f32s((m * n) as u64),
     );
-    let mut capturing = one_runner(&backend, &[a_req, b_req, c_req]);
-    {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let (a, b, c) = (
-            cap.take(a_req).unwrap(),
-            cap.take(b_req).unwrap(),
-            cap.take(c_req).unwrap(),
-        );
-        cap.stream_capture(&stream, |s| -> Result<(), String> {
-            let cu = s.cudarc();
-            let mut a = a.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            let mut b = b.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            let mut c = c.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            for (x, len, lo, step) in [(&mut a, m * kk, 1f32, 1f32), (&mut b, kk * n, -3f32, 1f32)]
-            {
-                let count = len as u32;
-                let mut launch = cu.launch_builder(&k.fill);
-                launch.arg(&mut *x).arg(&count).arg(&lo).arg(&step);
-                // SAFETY: fill over the view's len floats.
-                unsafe { launch.launch(launch_cfg(len)) }.map_err(e("fill"))?;
-            }
-            let cfg = GemmConfig {
-                transa: cublasOperation_t::CUBLAS_OP_N,
-                transb: cublasOperation_t::CUBLAS_OP_N,
-                m: m as i32,
-                n: n as i32,
-                k: kk as i32,
-                alpha: 1f32,
-                lda: m as i32,
-                ldb: kk as i32,
-                beta: 0f32,
-                ldc: m as i32,
-            };
-            // SAFETY: a is m x k, b is k x n, c is m x n, column-major.
-            unsafe { blas.gemm(cfg, &a, &b, &mut c) }.map_err(e("gemm"))?;
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("capture with cuBLAS: {e}"));
-        cap.finish()
-            .unwrap_or_else(|e| panic!("finishing the cuBLAS capture: {e}"));
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = sealed_one(&backend, &stream, &[a_req, b_req, c_req], |s, views| {
+        let [a, b, c] = views else {
+            unreachable!("3 requests, 3 views")
+        };
+        let cu = s.cudarc();
+        let mut a = a.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        let mut b = b.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        let mut c = c.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        for (x, len, lo, step) in [(&mut a, m * kk, 1f32, 1f32), (&mut b, kk * n, -3f32, 1f32)] {
+            let count = len as u32;
+            let mut launch = cu.launch_builder(&k.fill);
+            launch.arg(&mut *x).arg(&count).arg(&lo).arg(&step);
+            // SAFETY: fill over the view's len floats.
+            unsafe { launch.launch(launch_cfg(len)) }.map_err(e("fill"))?;
+        }
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: m as i32,
+            n: n as i32,
+            k: kk as i32,
+            alpha: 1f32,
+            lda: m as i32,
+            ldb: kk as i32,
+            beta: 0f32,
+            ldc: m as i32,
+        };
+        // SAFETY: a is m x k, b is k x n, c is m x n, column-major.
+        unsafe { blas.gemm(cfg, &a, &b, &mut c) }.map_err(e("gemm"))?;
+        Ok(())
+    });
     for _ in 0..3 {
         replayable.replay(RunnerId(0), &stream).unwrap();
     }
@@ -485,18 +473,11 @@ fn dropping_the_plan_waits_for_its_replay_but_not_for_the_programs_other_streams
     let (ctx, backend, k) = adopted();
     let stream = backend.new_stream().unwrap();
     let req = f32s(256);
-    let mut capturing = one_runner(&backend, &[req]);
-    {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let view = cap.take(req).unwrap();
-        cap.stream_capture(&stream, |s| -> Result<(), String> {
-            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            spin(&k, s.cudarc(), FENCED_MS, Some(&mut x))
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
+        let view = &views[0];
+        let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        spin(&k, s.cudarc(), FENCED_MS, Some(&mut x))
+    });
     stream.synchronize().unwrap();
 
     let (_unrelated, unrelated_done) = unrelated_work(&ctx, &k, UNRELATED_MS);
@@ -544,22 +525,15 @@ fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
     let stream = backend.new_stream().unwrap();
     let consumer = backend.new_stream().unwrap();
     let req = f32s(256);
-    let mut capturing = one_runner(&backend, &[req]);
-    {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let view = cap.take(req).unwrap();
-        cap.stream_capture(&stream, |s| -> Result<(), String> {
-            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            let mut launch = s.cudarc().launch_builder(&k.add);
-            launch.arg(&mut x).arg(&256u32).arg(&1f32);
-            // SAFETY: add over the view's 256 floats.
-            unsafe { launch.launch(launch_cfg(256)) }.map_err(e("add"))?;
-            Ok(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
+        let view = &views[0];
+        let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        let mut launch = s.cudarc().launch_builder(&k.add);
+        launch.arg(&mut x).arg(&256u32).arg(&1f32);
+        // SAFETY: add over the view's 256 floats.
+        unsafe { launch.launch(launch_cfg(256)) }.map_err(e("add"))?;
+        Ok(())
+    });
     stream.synchronize().unwrap();
 
     let (_unrelated, unrelated_done) = unrelated_work(&ctx, &k, UNRELATED_MS);
@@ -585,24 +559,17 @@ fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
 /// of a fresh 256-kernel graph.
 fn replay_latency(backend: &CudaBackend, k: &Kernels, stream: &CudaStream) -> (Duration, Duration) {
     let req = f32s(1024);
-    let mut capturing = one_runner(backend, &[req]);
-    {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let view = cap.take(req).unwrap();
-        cap.stream_capture(stream, |s| -> Result<(), String> {
-            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            for _ in 0..256 {
-                let mut launch = s.cudarc().launch_builder(&k.add);
-                launch.arg(&mut x).arg(&1024u32).arg(&1f32);
-                // SAFETY: add over the view's 1024 floats.
-                unsafe { launch.launch(launch_cfg(1024)) }.map_err(e("add"))?;
-            }
-            Ok(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = sealed_one(backend, stream, &[req], |s, views| {
+        let view = &views[0];
+        let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        for _ in 0..256 {
+            let mut launch = s.cudarc().launch_builder(&k.add);
+            launch.arg(&mut x).arg(&1024u32).arg(&1f32);
+            // SAFETY: add over the view's 1024 floats.
+            unsafe { launch.launch(launch_cfg(1024)) }.map_err(e("add"))?;
+        }
+        Ok(())
+    });
     stream.synchronize().unwrap();
     let mut timed = || {
         let t = Instant::now();

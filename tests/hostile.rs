@@ -5,27 +5,39 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim::{SimBackend, SimOp, SimStream};
 use replay_arena::{
-    CaptureError, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId,
+    CaptureError, Capturing, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy,
+    ReplayError, Replayable, Request, RunnerId,
 };
 
 /// 64 f32s: one device alignment unit.
 const F32_64: Request = Request::new(Domain::Device, DType::F32, 64);
 
-/// Runners `0..n`, each filling its one view with `runner + 5` in `ticks`;
-/// sealed under `policy`.
-fn sealed(n: u32, policy: Policy, ticks: u64) -> (SimBackend, Replayable<SimBackend>) {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for r in 0..n {
-        discovery.arm(RunnerId(r)).unwrap().record(F32_64).unwrap();
-    }
+/// Runner `r` records `runners[r]`; planned under `policy` and allocated on
+/// a fresh sim, with one stream.
+fn allocated(
+    runners: &[&[Request]],
+    policy: Policy,
+) -> (SimBackend, SimStream, Capturing<SimBackend>) {
+    let runners = runners
+        .iter()
+        .enumerate()
+        .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
     let sim = SimBackend::new();
     let stream = sim.stream();
-    let mut capturing = discovery
+    let capturing = Discovering::from_runners(PlanConfig::new(), runners)
+        .unwrap()
         .plan(policy)
         .unwrap()
         .allocate(sim.clone())
         .unwrap();
+    (sim, stream, capturing)
+}
+
+/// Runners `0..n`, each filling its one view with `runner + 5` in `ticks`;
+/// sealed under `policy`.
+fn sealed(n: u32, policy: Policy, ticks: u64) -> (SimBackend, Replayable<SimBackend>) {
+    let runners = vec![&[F32_64][..]; n as usize];
+    let (sim, stream, mut capturing) = allocated(&runners, policy);
     for r in 0..n {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(F32_64).unwrap();
@@ -109,17 +121,7 @@ fn a_consumer_reads_its_runners_value_and_the_next_claimer_waits_for_it() {
 
 #[test]
 fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for r in 0..2 {
-        discovery.arm(RunnerId(r)).unwrap().record(F32_64).unwrap();
-    }
-    let sim = SimBackend::new();
-    let stream = sim.stream();
-    let mut capturing = discovery
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let (sim, stream, mut capturing) = allocated(&[&[F32_64], &[F32_64]], Policy::Generations(2));
     let unwound = catch_unwind(AssertUnwindSafe(|| {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
@@ -170,16 +172,8 @@ fn a_panic_inside_a_consumer_after_it_enqueued_work_stays_fenced() {
 
 #[test]
 fn seal_ignores_a_dropped_capture_of_a_runner_that_uses_no_buffers() {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    discovery.arm(RunnerId(0)).unwrap().record(F32_64).unwrap();
-    discovery.arm(RunnerId(1)).unwrap(); // requests nothing
-    let sim = SimBackend::new();
-    let stream = sim.stream();
-    let mut capturing = discovery
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    // Runner 1 requests nothing.
+    let (sim, stream, mut capturing) = allocated(&[&[F32_64], &[]], Policy::Generations(1));
     drop(capturing.capture(RunnerId(1)).unwrap());
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
@@ -192,13 +186,7 @@ fn seal_ignores_a_dropped_capture_of_a_runner_that_uses_no_buffers() {
 
 #[test]
 fn finish_without_a_stream_capture_is_no_graph_captured() {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    discovery.arm(RunnerId(0)).unwrap().record(F32_64).unwrap();
-    let mut capturing = discovery
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(SimBackend::new())
-        .unwrap();
+    let (_sim, _stream, mut capturing) = allocated(&[&[F32_64]], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     cap.take(F32_64).unwrap();
     assert_eq!(
@@ -211,15 +199,7 @@ fn finish_without_a_stream_capture_is_no_graph_captured() {
 
 #[test]
 fn a_second_stream_capture_on_one_capture_is_refused() {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    discovery.arm(RunnerId(0)).unwrap().record(F32_64).unwrap();
-    let sim = SimBackend::new();
-    let stream = sim.stream();
-    let mut capturing = discovery
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let (sim, stream, mut capturing) = allocated(&[&[F32_64]], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))

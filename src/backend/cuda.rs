@@ -168,12 +168,7 @@ fn check_library() -> Result<()> {
     }
     // SAFETY: the library is present (checked above), so `culib` does not
     // panic; looking a symbol up calls nothing.
-    let lib = unsafe { sys::culib() };
-    let missing: Vec<&str> = REQUIRED_SYMBOLS
-        .iter()
-        .copied()
-        .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
-        .collect();
+    let missing = missing_symbols(unsafe { sys::culib() }, &REQUIRED_SYMBOLS);
     if missing.is_empty() {
         Ok(())
     } else {
@@ -182,6 +177,18 @@ fn check_library() -> Result<()> {
             missing.join(", ")
         )))
     }
+}
+
+/// The names among `required` that `lib` does not export (cudarc panics on
+/// the first call of a missing one; the probes ask first).
+#[cfg(feature = "dynamic-loading")]
+pub(crate) fn missing_symbols<'n>(lib: &libloading::Library, required: &[&'n str]) -> Vec<&'n str> {
+    required
+        .iter()
+        .copied()
+        // SAFETY: looking a symbol up calls nothing.
+        .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
+        .collect()
 }
 
 /// Whether a usable CUDA driver and device 0 exist; never panics.

@@ -86,12 +86,7 @@ fn require_nccl() -> Result<()> {
     }
     // SAFETY: the library is present (checked above), so `culib` does not
     // panic; looking a symbol up calls nothing.
-    let lib = unsafe { nc::culib() };
-    let missing: Vec<&str> = REQUIRED_SYMBOLS
-        .iter()
-        .copied()
-        .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
-        .collect();
+    let missing = crate::backend::cuda::missing_symbols(unsafe { nc::culib() }, &REQUIRED_SYMBOLS);
     if missing.is_empty() {
         Ok(())
     } else {

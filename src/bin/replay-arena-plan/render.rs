@@ -51,6 +51,21 @@ pub(crate) fn json_lines<T: Serialize>(values: &[T]) -> Result<String, String> {
 }
 
 impl Input {
+    /// "workload NAME (FILE): N runners{details}", then the source line.
+    fn header(&self, details: &str) -> String {
+        let w = &self.workload;
+        let mut out = format!(
+            "workload {} ({}): {} runners{details}\n",
+            w.name,
+            self.label,
+            w.runners.len()
+        );
+        if let Some(source) = &w.source {
+            let _ = writeln!(out, "source: {source}");
+        }
+        out
+    }
+
     /// Runner `position`'s name, or "runner ID" for a runner without one.
     pub(crate) fn runner_label(&self, position: usize) -> Cow<'_, str> {
         let spec = &self.workload.runners[position];
@@ -175,16 +190,7 @@ impl<'i> Plan<'i> {
     /// The workload's header, then the report's own table (verdict, keys,
     /// runners with their names, legend).
     pub(crate) fn text(&self) -> String {
-        let w = &self.input.workload;
-        let mut out = format!(
-            "workload {} ({}): {} runners\n",
-            w.name,
-            self.input.label,
-            w.runners.len()
-        );
-        if let Some(source) = &w.source {
-            let _ = writeln!(out, "source: {source}");
-        }
+        let mut out = self.input.header("");
         let _ = write!(out, "{}", self.report);
         out
     }
@@ -431,20 +437,13 @@ impl<'i> Comparison<'i> {
     }
 
     pub(crate) fn text(&self) -> String {
-        let w = &self.input.workload;
-        let mut out = format!(
-            "workload {} ({}): {} runners ({} use buffers), module kinds {} (from {}), ring(2) {}\n",
-            w.name,
-            self.input.label,
-            w.runners.len(),
+        let mut out = self.input.header(&format!(
+            " ({} use buffers), module kinds {} (from {}), ring(2) {}",
             self.runners_using,
             self.module_kinds,
             self.module_kinds_from,
             human_bytes(self.ring)
-        );
-        if let Some(source) = &w.source {
-            let _ = writeln!(out, "source: {source}");
-        }
+        ));
         let _ = writeln!(
             out,
             "{:<16} {:>2} {:>9} {:>9} {:>11} {:>9} {:>12} {:>12} {:>12}",
