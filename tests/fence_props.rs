@@ -206,7 +206,7 @@ fn two_generations_overlap_consecutive_runners() {
             .unwrap();
     }
     // Runner k and k+1 run side by side; same-generation runners share a
-    // stream, so every wait is elided.
+    // stream, so every wait is skipped.
     assert_eq!(t.sim.makespan(), 40);
     assert_eq!(t.replayable.fence_stats().waits, 0);
     assert!(t.sim.hazards().is_empty());

@@ -75,7 +75,7 @@ fn one_generation_many_replays_match_the_host_model() {
     let elapsed = started.elapsed();
     let stats = replayable.fence_stats();
     println!(
-        "{} replays + consumers in {:.1} ms ({:.2} us per replay+consume), {} waits, {} elided",
+        "{} replays + consumers in {:.1} ms ({:.2} us per replay+consume), {} waits, {} skipped",
         stats.replays,
         elapsed.as_secs_f64() * 1e3,
         elapsed.as_secs_f64() * 1e6 / stats.replays as f64,
