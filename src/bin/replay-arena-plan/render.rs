@@ -131,28 +131,38 @@ fn check_figures(report: &PlanReport) -> Result<(), String> {
             describe(report.strategy)
         ))
     };
-    for k in &report.keys {
-        for (what, bytes) in [
-            ("plan bytes", k.plan_bytes),
-            ("round-robin bytes", k.round_robin_bytes),
-            ("packed bytes", k.packed_bytes),
-            ("lower bound bytes", k.lower_bound),
-            ("ring bytes", k.ring_bytes),
-        ] {
+    let figures = |plan, round_robin, packed, lower_bound, ring| {
+        [
+            ("plan bytes", plan),
+            ("round-robin bytes", round_robin),
+            ("packed bytes", packed),
+            ("lower bound bytes", lower_bound),
+            ("ring bytes", ring),
+        ]
+    };
+    let per_key = report.keys.iter().map(|k| {
+        let f = figures(
+            k.plan_bytes,
+            k.round_robin_bytes,
+            k.packed_bytes,
+            k.lower_bound,
+            k.ring_bytes,
+        );
+        (k.name.as_str(), f)
+    });
+    let r = report;
+    let total = figures(
+        r.plan_bytes,
+        r.round_robin_bytes,
+        r.packed_bytes,
+        r.lower_bound,
+        r.ring_bytes,
+    );
+    for (of, figures) in per_key.chain(std::iter::once(("all keys", total))) {
+        for (what, bytes) in figures {
             if bytes == u64::MAX {
-                return overflow(what, &k.name);
+                return overflow(what, of);
             }
-        }
-    }
-    for (what, bytes) in [
-        ("plan bytes", report.plan_bytes),
-        ("round-robin bytes", report.round_robin_bytes),
-        ("packed bytes", report.packed_bytes),
-        ("lower bound bytes", report.lower_bound),
-        ("ring bytes", report.ring_bytes),
-    ] {
-        if bytes == u64::MAX {
-            return overflow(what, "all keys");
         }
     }
     Ok(())
