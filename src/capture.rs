@@ -8,7 +8,7 @@ use std::fmt;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::discover::Discovering;
 use crate::plan::{Planned, RunnerPlan};
-use crate::view::{NotSend, View};
+use crate::view::{new_scope_id, NotSend, OpenScope, View};
 use crate::vocab::{Key, Request, RunnerId};
 
 /// A failed check while capturing.
@@ -92,6 +92,21 @@ pub enum CaptureError {
     GraphAlreadyCaptured {
         /// The runner.
         runner: RunnerId,
+    },
+    /// `stream_capture` was called from inside its own work closure.
+    #[error("{runner}: stream_capture was called from inside its own work closure; one capture records one graph")]
+    NestedCapture {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// The work closure used a view where the fence cannot order it (another
+    /// plan's or runner's view, another stream); the graph was discarded.
+    #[error("capture of {runner} used a view out of its scope: {reason}")]
+    ViewOutOfScope {
+        /// The runner.
+        runner: RunnerId,
+        /// Which view, and where it was used.
+        reason: String,
     },
     /// A graph was rejected (it allocates or frees memory).
     #[error("the graph captured for {runner} was rejected: {reason}")]
@@ -346,9 +361,11 @@ impl<B: Backend> Capturing<B> {
         Ok(RunnerCapture {
             owner: self,
             slot,
+            scope: new_scope_id(),
             next: Cell::new(0),
             graph: RefCell::new(None),
             failure: RefCell::new(None),
+            in_closure: Cell::new(false),
             closed: false,
             _not_send: NotSend::default(),
         })
@@ -389,11 +406,16 @@ impl<B: Backend> Capturing<B> {
 pub struct RunnerCapture<'c, B: Backend> {
     owner: &'c mut Capturing<B>,
     slot: usize,
+    /// The scope of the views it hands out: open while the work closure
+    /// of `stream_capture` runs.
+    scope: u64,
     /// Index of the next request.
     next: Cell<usize>,
     /// The graph `stream_capture` captured.
     graph: RefCell<Option<B::Graph>>,
     failure: RefCell<Option<CaptureFailure>>,
+    /// `stream_capture`'s work closure is running.
+    in_closure: Cell<bool>,
     closed: bool,
     _not_send: NotSend,
 }
@@ -415,12 +437,14 @@ struct OpenCapture<'a, B: Backend> {
     backend: &'a B,
     stream: &'a B::Stream,
     failure: &'a RefCell<Option<CaptureFailure>>,
+    in_closure: &'a Cell<bool>,
     armed: bool,
 }
 
 impl<B: Backend> Drop for OpenCapture<'_, B> {
     fn drop(&mut self) {
         if self.armed {
+            self.in_closure.set(false);
             self.backend.abort_capture(self.stream);
             if let Ok(mut f) = self.failure.try_borrow_mut() {
                 *f = Some(CaptureFailure::Panicked);
@@ -513,6 +537,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
             offset: place.offset,
             request,
             runner,
+            scope: self.scope,
             _owner: std::marker::PhantomData,
         })
     }
@@ -534,6 +559,10 @@ impl<B: Backend> RunnerCapture<'_, B> {
         work: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), StreamCaptureError<E>> {
         let runner = self.runner();
+        if self.in_closure.get() {
+            // Refused without touching the outer capture, which goes on.
+            return Err(CaptureError::NestedCapture { runner }.into());
+        }
         if let Some(failure) = self.failure.borrow().clone() {
             return Err(CaptureError::Failed { runner, failure }.into());
         }
@@ -552,14 +581,32 @@ impl<B: Backend> RunnerCapture<'_, B> {
             backend,
             stream,
             failure: &self.failure,
+            in_closure: &self.in_closure,
             armed: true,
         };
-        let result = work(stream);
+        self.in_closure.set(true);
+        let result = {
+            // The views of this capture work on the device only while the
+            // closure runs, on `stream`.
+            let scope = OpenScope::enter(self.scope, backend.stream_id(stream), true);
+            let result = work(stream);
+            result.map(|()| scope.scope().take_misuse())
+        };
+        self.in_closure.set(false);
         open.armed = false;
-        if let Err(e) = result {
+        let misuse = match result {
+            Err(e) => {
+                backend.abort_capture(stream);
+                fail(CaptureFailure::Work(e.to_string()));
+                return Err(StreamCaptureError::Work(e));
+            }
+            Ok(misuse) => misuse,
+        };
+        if let Some(reason) = misuse {
             backend.abort_capture(stream);
-            fail(CaptureFailure::Work(e.to_string()));
-            return Err(StreamCaptureError::Work(e));
+            let error = CaptureError::ViewOutOfScope { runner, reason };
+            fail(CaptureFailure::Check(Box::new(error.clone())));
+            return Err(error.into());
         }
         match backend.end_capture(stream) {
             Ok(graph) => {

@@ -8,7 +8,7 @@ use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::fence::{Fence, FenceStats, NotOwner};
 use crate::plan::Planned;
-use crate::view::View;
+use crate::view::{new_scope_id, OpenScope, View};
 use crate::vocab::RunnerId;
 
 /// A failed check or backend call while replaying.
@@ -50,6 +50,15 @@ pub enum ReplayError {
         runner: RunnerId,
         /// The backend's error.
         source: BackendError,
+    },
+    /// A consumer used a view where the fence cannot order it (another
+    /// stream than the consumer's, say); the use was refused.
+    #[error("the consumer of {runner} used a view out of its scope: {reason}")]
+    ViewOutOfScope {
+        /// The runner.
+        runner: RunnerId,
+        /// Which view, and where it was used.
+        reason: String,
     },
     /// Waiting for fenced work (synchronize, teardown) failed.
     #[error("waiting for the plan's work failed: {0}")]
@@ -265,7 +274,9 @@ impl<B: Backend> Replayable<B> {
         self.fence
             .admit(backend, claims, stream, sid)
             .map_err(failed)?;
-        backend.launch(graph, stream).map_err(failed)?;
+        // SAFETY: the fence made `stream` wait for every earlier user of the
+        // bytes this graph claims, and `complete` makes it their latest user.
+        unsafe { backend.launch(graph, stream) }.map_err(failed)?;
         self.fence
             .complete(backend, slot, claims, stream, sid)
             .map_err(failed)
@@ -288,8 +299,8 @@ impl<B: Backend> Replayable<B> {
         let graph = self.graphs[slot]
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
-        self.backend
-            .launch(graph, stream)
+        // SAFETY: the caller's contract above.
+        unsafe { self.backend.launch(graph, stream) }
             .map_err(|source| ReplayError::Backend { runner, source })
     }
 
@@ -349,10 +360,19 @@ impl<B: Backend> Replayable<B> {
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
         let plan = &self.plan;
-        let views = views_of(plan, &self.arenas, slot);
+        let scope = new_scope_id();
+        let views = views_of(plan, &self.arenas, slot, scope);
+        let sid = self.backend.stream_id(stream);
+        // The views work on the device only inside `work`, on `stream`.
+        let run = || {
+            let open = OpenScope::enter(scope, sid, false);
+            let out = work(stream, &views);
+            (out, open.scope().take_misuse())
+        };
         if !self.fence.is_fenced(slot) {
             // A runner without buffers has nothing to fence.
-            return work(stream, &views).map_err(ConsumeError::Work);
+            let (out, _) = run();
+            return out.map_err(ConsumeError::Work);
         }
         let claims = &plan.runners[slot].claims;
         self.fence
@@ -364,11 +384,14 @@ impl<B: Backend> Replayable<B> {
                     by: plan.runners[other].id(),
                 },
             })?;
-        let sid = self.backend.stream_id(stream);
-        self.fence
-            .consume(&self.backend, slot, stream, sid, || work(stream, &views))
-            .map_err(|source| ReplayError::Backend { runner, source })?
-            .map_err(ConsumeError::Work)
+        let (out, misuse) = self
+            .fence
+            .consume(&self.backend, slot, stream, sid, run)
+            .map_err(|source| ReplayError::Backend { runner, source })?;
+        if let Some(reason) = misuse {
+            return Err(ReplayError::ViewOutOfScope { runner, reason }.into());
+        }
+        out.map_err(ConsumeError::Work)
     }
 
     /// The views `runner`'s capture handed out, in request order (same
@@ -379,7 +402,7 @@ impl<B: Backend> Replayable<B> {
     /// [`ReplayError::UnknownRunner`].
     pub fn views(&self, runner: RunnerId) -> Result<Vec<View<'_>>> {
         let slot = self.slot(runner)?;
-        Ok(views_of(&self.plan, &self.arenas, slot))
+        Ok(views_of(&self.plan, &self.arenas, slot, 0))
     }
 
     /// Waits for all submitted work on the backend (not only the plan's).
@@ -408,8 +431,14 @@ impl<B: Backend> Replayable<B> {
     }
 }
 
-/// The views of runner slot `slot`, in request order.
-fn views_of<'a, A: Arena>(plan: &'a Planned, arenas: &'a [A], slot: usize) -> Vec<View<'a>> {
+/// The views of runner slot `slot`, in request order, usable on the device
+/// in `scope` (0: nowhere).
+fn views_of<'a, A: Arena>(
+    plan: &'a Planned,
+    arenas: &'a [A],
+    slot: usize,
+    scope: u64,
+) -> Vec<View<'a>> {
     let r = &plan.runners[slot];
     // Discovery gives every request an offset and every key a slice, so
     // every request has a place: no view is skipped.
@@ -425,6 +454,7 @@ fn views_of<'a, A: Arena>(plan: &'a Planned, arenas: &'a [A], slot: usize) -> Ve
                 offset: place.offset,
                 request,
                 runner: r.id(),
+                scope,
                 _owner: std::marker::PhantomData,
             })
         })

@@ -1,7 +1,10 @@
 //! Views into arenas, and the marker that keeps an open capture on its
 //! thread. A leaf module: phases and backends both use it.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 
 use crate::vocab::{DType, Domain, Key, Request, RunnerId};
 
@@ -13,6 +16,14 @@ pub(crate) struct NotSend(PhantomData<*const ()>);
 /// A fixed-address, aligned view into a runner's arena. It borrows the
 /// capture (or the [`Replayable`](crate::Replayable)) that handed it out, so
 /// it cannot outlive the memory it points at.
+///
+/// Device work can be put on a view only inside the work closure of the
+/// capture or consumer that handed it out, on that closure's stream
+/// ([`RunnerCapture::stream_capture`](crate::RunnerCapture::stream_capture),
+/// [`Replayable::consume`](crate::Replayable::consume)): there the fence
+/// orders it. Elsewhere (another plan's capture, another stream, after the
+/// closure returned) every backend refuses it with a typed error; see
+/// `docs/safety.md`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct View<'a> {
     pub(crate) addr: u64,
@@ -20,10 +31,31 @@ pub struct View<'a> {
     pub(crate) offset: u64,
     pub(crate) request: Request,
     pub(crate) runner: RunnerId,
+    /// The capture or consumer whose closure may use it on the device (0:
+    /// none, a view for reading addresses only).
+    pub(crate) scope: u64,
     pub(crate) _owner: PhantomData<&'a ()>,
 }
 
+/// What a backend needs to check a view's use: its scope, and what to name
+/// in the error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ViewTag {
+    pub(crate) scope: u64,
+    pub(crate) request: Request,
+    pub(crate) runner: RunnerId,
+}
+
 impl View<'_> {
+    /// Its scope and names, for backends' checks.
+    pub(crate) fn tag(&self) -> ViewTag {
+        ViewTag {
+            scope: self.scope,
+            request: self.request,
+            runner: self.runner,
+        }
+    }
+
     /// Device address of the first element (host address on `sim`), aligned
     /// to the domain's alignment.
     pub fn device_ptr(&self) -> u64 {
@@ -79,4 +111,156 @@ impl View<'_> {
     pub fn offset(&self) -> u64 {
         self.offset
     }
+}
+
+/// Where the views of one capture or consumer may be used on the device:
+/// inside that capture's (or consumer's) work closure, on its stream.
+///
+/// Every [`View`] handed out by [`RunnerCapture::take`](crate::RunnerCapture::take)
+/// or passed to a [`Replayable::consume`](crate::Replayable::consume) closure
+/// names the scope it belongs to; the scope is *open* only while that closure
+/// runs. Backends check a view against its scope at each use (a `sim` op, a
+/// typed cudarc view, a reduce-scatter), so a view cannot put work on
+/// another plan's graph, on a stream the fence does not follow, or after its
+/// closure returned.
+#[derive(Debug)]
+pub(crate) struct Scope {
+    /// Unique in the process; 0 is never issued.
+    pub(crate) id: u64,
+    /// The backend's [`stream_id`](crate::Backend::stream_id) of the stream
+    /// the closure runs on.
+    pub(crate) stream: u64,
+    /// Whether it is a capture's (else a consumer's).
+    pub(crate) capture: bool,
+    open: AtomicBool,
+    /// The first use refused after the view left the closure's checks (a
+    /// typed view used on another stream), reported when the closure ends.
+    misuse: Mutex<Option<String>>,
+}
+
+impl Scope {
+    /// Whether its closure is still running.
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(AtomicOrdering::Acquire)
+    }
+
+    /// Keeps the first refused use, for the capture or consumer to report.
+    pub(crate) fn record_misuse(&self, what: String) {
+        if let Ok(mut m) = self.misuse.lock() {
+            m.get_or_insert(what);
+        }
+    }
+
+    /// The first refused use, if any.
+    pub(crate) fn take_misuse(&self) -> Option<String> {
+        self.misuse.lock().ok().and_then(|mut m| m.take())
+    }
+}
+
+thread_local! {
+    /// Scopes open on this thread, innermost last.
+    static OPEN: RefCell<Vec<Arc<Scope>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A new scope id (never 0, never reused).
+pub(crate) fn new_scope_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, AtomicOrdering::Relaxed)
+}
+
+/// An open scope; closing it (on drop, unwinding included) makes its views
+/// unusable on the device again.
+pub(crate) struct OpenScope {
+    scope: Arc<Scope>,
+}
+
+impl OpenScope {
+    /// Opens scope `id` on this thread for views used on `stream`.
+    pub(crate) fn enter(id: u64, stream: u64, capture: bool) -> OpenScope {
+        let scope = Arc::new(Scope {
+            id,
+            stream,
+            capture,
+            open: AtomicBool::new(true),
+            misuse: Mutex::new(None),
+        });
+        OPEN.with(|open| open.borrow_mut().push(scope.clone()));
+        OpenScope { scope }
+    }
+
+    /// The scope.
+    pub(crate) fn scope(&self) -> &Scope {
+        &self.scope
+    }
+}
+
+impl Drop for OpenScope {
+    fn drop(&mut self) {
+        self.scope.open.store(false, AtomicOrdering::Release);
+        let id = self.scope.id;
+        // `try_with`: during thread teardown the list may be gone already.
+        let _ = OPEN.try_with(|open| {
+            if let Ok(mut open) = open.try_borrow_mut() {
+                open.retain(|s| s.id != id);
+            }
+        });
+    }
+}
+
+/// Why a view may not be used on the device here.
+pub(crate) fn out_of_scope(view: &ViewTag) -> String {
+    if view.scope == 0 {
+        format!(
+            "{} of {} was not handed out by a capture or consumer (views from `Replayable::views` \
+             are for reading addresses; put device work on them inside `Replayable::consume`)",
+            view.request, view.runner
+        )
+    } else {
+        format!(
+            "{} of {} is used outside the work closure of the capture or consumer that handed \
+             it out (a view works only inside its own `stream_capture` or `consume` closure)",
+            view.request, view.runner
+        )
+    }
+}
+
+/// The open scope `view` belongs to, on this thread.
+///
+/// # Errors
+///
+/// Why not (see [`out_of_scope`]) when its closure is not running here.
+pub(crate) fn scope_of(view: &ViewTag) -> Result<Arc<Scope>, String> {
+    let id = view.scope;
+    let found = OPEN
+        .try_with(|open| {
+            open.try_borrow()
+                .ok()
+                .and_then(|open| open.iter().rev().find(|s| s.id == id).cloned())
+        })
+        .ok()
+        .flatten();
+    match found {
+        Some(scope) if id != 0 && scope.is_open() => Ok(scope),
+        _ => Err(out_of_scope(view)),
+    }
+}
+
+/// Checks that `view` may be used on the device on the stream with
+/// backend id `stream`: its closure runs on this thread, on that stream.
+///
+/// # Errors
+///
+/// Why not, naming the view, its runner and the streams.
+pub(crate) fn check_use(view: &ViewTag, stream: u64) -> Result<Arc<Scope>, String> {
+    let scope = scope_of(view)?;
+    if scope.stream != stream {
+        return Err(format!(
+            "{} of {} is used on another stream than its {} runs on (a view works on the stream \
+             of its own `stream_capture` or `consume` closure)",
+            view.request,
+            view.runner,
+            if scope.capture { "capture" } else { "consumer" }
+        ));
+    }
+    Ok(scope)
 }

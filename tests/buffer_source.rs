@@ -3,13 +3,13 @@
 use replay_arena::sim::{SimBackend, SimOp};
 use replay_arena::{
     Buffer, BufferSource, CaptureError, DType, Discovering, Domain, Error, ParamId, PlanConfig,
-    Policy, Purpose, Request, RunnerId,
+    Policy, Purpose, Request, RunnerId, View,
 };
 
 /// A layer's backward: two wgrad buffers of one parameter (as MTP does) and
 /// a scratch buffer, asked for the same way in every phase. Returns the
-/// persistent addresses it got, if any.
-fn layer_backward(src: &mut BufferSource<'_, '_, SimBackend>) -> Result<Vec<u64>, Error> {
+/// persistent views it got, if any.
+fn layer_backward<'s>(src: &mut BufferSource<'s, '_, SimBackend>) -> Result<Vec<View<'s>>, Error> {
     let wgrad = Request::new(Domain::Device, DType::BF16, 3000)
         .purpose(Purpose::WgradRsInput)
         .param(ParamId(7));
@@ -17,7 +17,7 @@ fn layer_backward(src: &mut BufferSource<'_, '_, SimBackend>) -> Result<Vec<u64>
     let mut got = Vec::new();
     for request in [wgrad, wgrad, scratch] {
         match src.request(request)? {
-            Buffer::Persistent(view) => got.push(view.device_ptr()),
+            Buffer::Persistent(view) => got.push(view),
             Buffer::AllocateYourself => {}
         }
     }
@@ -26,10 +26,7 @@ fn layer_backward(src: &mut BufferSource<'_, '_, SimBackend>) -> Result<Vec<u64>
 
 #[test]
 fn eager_runs_record_nothing_and_allocate_for_themselves() {
-    assert_eq!(
-        layer_backward(&mut BufferSource::Plain).unwrap(),
-        Vec::<u64>::new()
-    );
+    assert!(layer_backward(&mut BufferSource::Plain).unwrap().is_empty());
 }
 
 #[test]
@@ -55,14 +52,14 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
     let addrs;
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
-        addrs = layer_backward(&mut BufferSource::Capture(&cap)).unwrap();
+        let views = layer_backward(&mut BufferSource::Capture(&cap)).unwrap();
         cap.stream_capture(&stream, |s| {
-            addrs.iter().try_for_each(|&a| {
-                let span = replay_arena::sim::Span { addr: a, len: 16 };
-                sim.launch(s, SimOp::fill(&span, 1.0), 1)
-            })
+            views
+                .iter()
+                .try_for_each(|v| sim.launch(s, SimOp::fill(v, 1.0), 1))
         })
         .unwrap();
+        addrs = views.iter().map(|v| v.device_ptr()).collect::<Vec<_>>();
         cap.finish().unwrap();
     }
     assert_eq!(addrs.len(), 3);

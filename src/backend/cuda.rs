@@ -51,7 +51,7 @@ use cudarc::driver::{
 };
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
-use crate::view::View;
+use crate::view::{check_use, Scope, View};
 use crate::vocab::{align_up, DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;
@@ -516,6 +516,7 @@ impl CudaBackend {
         Ok(CudaStream {
             inner,
             per_thread: None,
+            serial: next_stream_serial(),
         })
     }
 
@@ -546,6 +547,7 @@ impl CudaBackend {
         Ok(CudaStream {
             inner: stream,
             per_thread,
+            serial: next_stream_serial(),
         })
     }
 
@@ -711,9 +713,13 @@ const LEGACY_NULL: usize = 0;
 const LEGACY_HANDLE: usize = 1;
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
 const PER_THREAD_HANDLE: usize = 2;
-/// Set in the [`Backend::stream_id`] of a per-thread stream, so that it
-/// never equals a stream's address (user-space addresses stay below 2^63).
-const PER_THREAD_ID: u64 = 1 << 63;
+/// A [`Backend::stream_id`] for a new [`CudaStream`] handle: unique in the
+/// process and never reused, unlike the driver's `CUstream`, which the next
+/// `cuStreamCreate` hands out again as soon as a stream is destroyed.
+fn next_stream_serial() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
 
 /// A number for the calling thread, unique in the process.
 fn this_thread() -> u64 {
@@ -726,11 +732,20 @@ fn this_thread() -> u64 {
 
 /// A stream of a [`CudaBackend`]'s context. Cheap to clone; clones are the
 /// same stream.
+///
+/// The fence knows it by an identity this crate issued when the handle was
+/// made ([`CudaBackend::new_stream`], [`CudaBackend::wrap_stream`]), never by
+/// its raw `CUstream`: a destroyed stream's handle value comes back from the
+/// next `cuStreamCreate` while its work may still run. Wrapping one cudarc
+/// stream twice gives two identities (the fence then waits where stream
+/// order would have sufficed, which is safe).
 #[derive(Clone, Debug)]
 pub struct CudaStream {
     inner: Arc<cudarc::driver::CudaStream>,
     /// For the per-thread default stream: the thread whose stream it is.
     per_thread: Option<u64>,
+    /// The identity the fence compares.
+    serial: u64,
 }
 
 impl CudaStream {
@@ -744,6 +759,12 @@ impl CudaStream {
     /// default stream).
     pub fn cu_stream(&self) -> sys::CUstream {
         self.inner.cu_stream()
+    }
+
+    /// The identity the fence and the view checks compare (issued by this
+    /// crate, unique in the process, never reused).
+    pub fn id(&self) -> u64 {
+        self.serial
     }
 
     /// Whether this is the per-thread default stream of the thread that
@@ -980,8 +1001,13 @@ pub struct CudaView<'a, T> {
     /// The view's address; pushed by address as a kernel argument.
     ptr: sys::CUdeviceptr,
     len: usize,
-    /// A stream of the arena's context, for cudarc's context checks.
+    /// The stream of the closure that made it: the only stream cudarc may
+    /// put work on it on (also what cudarc's context checks see).
     stream: Arc<cudarc::driver::CudaStream>,
+    /// For the per-thread default stream: the thread whose stream it is.
+    per_thread: Option<u64>,
+    /// The capture or consumer whose closure may use it.
+    scope: Arc<Scope>,
     _view: PhantomData<&'a [T]>,
 }
 
@@ -1000,6 +1026,32 @@ impl<T> CudaView<'_, T> {
     pub fn device_address(&self) -> sys::CUdeviceptr {
         self.ptr
     }
+
+    /// The address cudarc may put work on `stream` on: the view's own while
+    /// its closure runs and `stream` is the closure's stream; otherwise 0
+    /// (fail closed: cudarc's copies, fills and collectives then fail with
+    /// the driver's or NCCL's invalid-argument error, nothing touches the
+    /// arena), and the capture or consumer reports
+    /// [`ViewOutOfScope`](crate::CaptureError::ViewOutOfScope).
+    fn address_on(&self, stream: &cudarc::driver::CudaStream) -> sys::CUdeviceptr {
+        let same_stream = stream.cu_stream() == self.stream.cu_stream()
+            && self.per_thread.is_none_or(|owner| owner == this_thread());
+        if self.scope.is_open() && same_stream {
+            return self.ptr;
+        }
+        self.scope.record_misuse(format!(
+            "a typed view of {} elements at {:#x} was handed to cudarc {}; it works only on \
+             the stream of its own closure, while that closure runs",
+            self.len,
+            self.ptr,
+            if self.scope.is_open() {
+                "on another stream"
+            } else {
+                "after its closure returned"
+            }
+        ));
+        0
+    }
 }
 
 impl<T> DeviceSlice<T> for CudaView<'_, T> {
@@ -1015,20 +1067,21 @@ impl<T> DeviceSlice<T> for CudaView<'_, T> {
 impl<T> DevicePtr<T> for CudaView<'_, T> {
     fn device_ptr<'b>(
         &'b self,
-        _stream: &'b cudarc::driver::CudaStream,
+        stream: &'b cudarc::driver::CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
         // No event to wait on or record: arena memory is ordered by the
-        // fence, never by cudarc's tracking.
-        (self.ptr, SyncOnDrop::Record(None))
+        // fence (the closure's stream is the fenced one), never by cudarc's
+        // tracking.
+        (self.address_on(stream), SyncOnDrop::Record(None))
     }
 }
 
 impl<T> DevicePtrMut<T> for CudaView<'_, T> {
     fn device_ptr_mut<'b>(
         &'b mut self,
-        _stream: &'b cudarc::driver::CudaStream,
+        stream: &'b cudarc::driver::CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
-        (self.ptr, SyncOnDrop::Record(None))
+        (self.address_on(stream), SyncOnDrop::Record(None))
     }
 }
 
@@ -1072,13 +1125,18 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaView<'c, T>> for La
 /// }
 /// ```
 pub trait ViewExt<'a> {
-    /// The view as a [`CudaView<T>`], for cudarc calls on streams of the
-    /// backend's context (`stream` ties it to that context: cudarc compares
-    /// contexts in `memcpy_dtod`). It lives as long as the view does.
+    /// The view as a [`CudaView<T>`], for cudarc calls on `stream`, which
+    /// must be the stream of the closure that handed the view out
+    /// ([`RunnerCapture::stream_capture`](crate::RunnerCapture::stream_capture)
+    /// or [`Replayable::consume`](crate::Replayable::consume)), called from
+    /// inside that closure. It lives as long as the view does, and cudarc
+    /// gets its address only for work on that stream while the closure runs.
     ///
     /// # Errors
     ///
-    /// [`BackendError::DTypeMismatch`] when `T`'s dtype is not the view's.
+    /// [`BackendError::DTypeMismatch`] when `T`'s dtype is not the view's;
+    /// [`BackendError::InvalidView`] outside the view's closure or for
+    /// another stream.
     fn as_cuda<T: CudaElement>(&self, stream: &CudaStream) -> Result<CudaView<'a, T>>;
 }
 
@@ -1091,10 +1149,14 @@ impl<'a> ViewExt<'a> for View<'a> {
                 type_name: std::any::type_name::<T>(),
             });
         }
+        let scope = check_use(&self.tag(), stream.serial)
+            .map_err(|reason| BackendError::InvalidView { reason })?;
         Ok(CudaView {
             ptr: self.device_ptr(),
             len: self.len(),
             stream: stream.inner.clone(),
+            per_thread: stream.per_thread,
+            scope,
             _view: PhantomData,
         })
     }
@@ -1130,10 +1192,7 @@ impl Backend for CudaBackend {
     }
 
     fn stream_id(&self, stream: &CudaStream) -> u64 {
-        match stream.per_thread {
-            Some(thread) => PER_THREAD_ID | thread,
-            None => stream.cu_stream() as u64,
-        }
+        stream.serial
     }
 
     fn wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
@@ -1162,7 +1221,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+    unsafe fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
         let raw = stream.raw("cuGraphLaunch")?;
         self.bind()?;
         // SAFETY: the exec and the stream are live objects of this context.

@@ -184,7 +184,12 @@ pub trait Backend {
     /// The runtime's error.
     fn create_event(&self) -> Result<Self::Event, BackendError>;
 
-    /// A number identifying the stream, equal for handles of one stream.
+    /// A number identifying the stream, equal for clones of one handle and
+    /// never given to another stream while this backend lives, even after
+    /// the stream was destroyed (a driver's raw handle is recycled at once:
+    /// the fence would count a wait as implied by stream order on a new
+    /// stream). Handles of one stream made separately may differ: the fence
+    /// then waits where it could have skipped, which is safe.
     fn stream_id(&self, stream: &Self::Stream) -> u64;
 
     /// Makes `stream` wait for the event's latest record.
@@ -209,12 +214,22 @@ pub trait Backend {
     /// The runtime's error (a sticky device error, say).
     fn synchronize_event(&self, event: &Self::Event) -> Result<(), BackendError>;
 
-    /// Launches a graph on `stream`.
+    /// Launches a graph on `stream`, all or nothing: on error nothing of
+    /// the graph was enqueued.
+    ///
+    /// # Safety
+    ///
+    /// A plan's graph writes arena bytes that other replays and consumers
+    /// use: the caller guarantees that every earlier user of the bytes the
+    /// graph touches is complete or ordered before `stream`'s tail, and that
+    /// later users will be ordered after this launch. [`Replayable::replay`](crate::Replayable::replay)
+    /// is the safe way to launch a plan's graph.
     ///
     /// # Errors
     ///
     /// As [`Backend::wait_event`].
-    fn launch(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<(), BackendError>;
+    unsafe fn launch(&self, graph: &Self::Graph, stream: &Self::Stream)
+        -> Result<(), BackendError>;
 
     /// Starts capturing the work submitted to `stream`.
     ///
@@ -236,8 +251,7 @@ pub trait Backend {
     fn abort_capture(&self, stream: &Self::Stream);
 
     /// Checks that a captured graph may be owned by a plan: `Err(reason)` if
-    /// it allocates or frees memory (graph memory nodes make later launches
-    /// invalid once the arenas' neighbours move).
+    /// it allocates or frees memory.
     ///
     /// # Errors
     ///

@@ -28,7 +28,7 @@ use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{CudaArena, CudaBackend, CudaEvent, CudaGraph, CudaStream};
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
-use crate::view::{NotSend, View};
+use crate::view::{check_use, NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;
@@ -319,7 +319,16 @@ impl Communicator {
     /// Reduce-scatters (sum) `send` into `recv` on `stream`; capturable, so it
     /// can be part of a runner's graph. `send` must be a view of this group's
     /// symmetric domain lying in one of this communicator's windows, with
-    /// `size * recv.len()` elements of `recv`'s dtype.
+    /// `size * recv.len()` elements of `recv`'s dtype. Both views are used
+    /// where views may be: inside the closure of the capture or consumer
+    /// that handed them out, on its stream (so the fence orders the
+    /// collective, and teardown waits for it).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::InvalidView`] for a view out of its closure or on
+    /// another stream, a dtype or size mismatch, or a send view outside this
+    /// communicator's windows; NCCL's error.
     pub fn reduce_scatter(
         &self,
         send: &View<'_>,
@@ -335,11 +344,15 @@ impl Communicator {
                 ),
             });
         }
-        // SAFETY: `recv` is a live view of `recv.len()` elements.
+        check_use(&recv.tag(), stream.id())
+            .map_err(|reason| BackendError::InvalidView { reason })?;
+        // SAFETY: `recv` is a live view of `recv.len()` elements, used inside
+        // its closure on that closure's (fenced) stream.
         unsafe { self.reduce_scatter_raw(send, recv.device_ptr(), recv.len(), stream) }
     }
 
     /// [`Communicator::reduce_scatter`] into a buffer outside the plan.
+    /// `send` is checked as there.
     ///
     /// # Safety
     ///
@@ -353,6 +366,8 @@ impl Communicator {
         recv_len: usize,
         stream: &CudaStream,
     ) -> Result<()> {
+        check_use(&send.tag(), stream.id())
+            .map_err(|reason| BackendError::InvalidView { reason })?;
         self.check_send_view(send, recv_len)?;
         // SAFETY: checked above: `send` lies in a registered window and holds
         // size * recv_len elements; the caller vouches for `recv`.
@@ -659,8 +674,9 @@ impl Backend for NcclBackend {
         self.cuda.synchronize_event(event)
     }
 
-    fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
-        self.cuda.launch(graph, stream)
+    unsafe fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.cuda.launch(graph, stream) }
     }
 
     fn begin_capture(&self, stream: &CudaStream) -> Result<()> {

@@ -38,20 +38,36 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
-use crate::view::View;
+use crate::view::{check_use, View, ViewTag};
 
 type Result<T> = std::result::Result<T, BackendError>;
 
 /// A range of `f32` elements in simulated memory.
+///
+/// A span of a [`View`] remembers the view, and is usable only where the
+/// view is (inside its capture's or consumer's closure, on its stream); a
+/// span made from a raw address ([`Span::new`]) may not touch a plan's
+/// arenas at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
     /// Address of the first element.
     pub addr: u64,
     /// Number of `f32` elements.
     pub len: usize,
+    /// The view it was made from.
+    view: Option<ViewTag>,
 }
 
 impl Span {
+    /// `len` `f32`s at `addr` (host memory of this backend's buffers).
+    pub fn new(addr: u64, len: usize) -> Span {
+        Span {
+            addr,
+            len,
+            view: None,
+        }
+    }
+
     /// One past the last byte; `None` when that overflows the address space
     /// (such a span lies outside every allocation).
     fn end(&self) -> Option<u64> {
@@ -80,16 +96,14 @@ impl AsSpan for View<'_> {
         Span {
             addr: self.device_ptr(),
             len: (self.bytes() / 4) as usize,
+            view: Some(self.tag()),
         }
     }
 }
 
 impl AsSpan for SimBuffer {
     fn span(&self) -> Span {
-        Span {
-            addr: self.base,
-            len: self.len,
-        }
+        Span::new(self.base, self.len)
     }
 }
 
@@ -297,6 +311,8 @@ struct Allocation {
     data: Vec<u8>,
     pad: usize,
     bytes: u64,
+    /// A plan's arena (only views may touch it), not a buffer.
+    arena: bool,
 }
 
 struct StreamState {
@@ -610,7 +626,7 @@ const FOREIGN_STREAM: &str = "stream belongs to another SimBackend";
 const FOREIGN_EVENT: &str = "event belongs to another SimBackend";
 
 impl SimState {
-    fn alloc(&mut self, bytes: u64, align: u64) -> std::result::Result<u64, String> {
+    fn alloc(&mut self, bytes: u64, align: u64, arena: bool) -> std::result::Result<u64, String> {
         if let Some(left) = self.allocations_left.as_mut() {
             if *left == 0 {
                 return Err("injected allocation failure".into());
@@ -627,7 +643,15 @@ impl SimState {
         let ptr = data.as_ptr() as u64;
         let pad = ((align - ptr % align) % align) as usize;
         let base = ptr + pad as u64;
-        self.allocs.insert(base, Allocation { data, pad, bytes });
+        self.allocs.insert(
+            base,
+            Allocation {
+                data,
+                pad,
+                bytes,
+                arena,
+            },
+        );
         self.allocations += 1;
         Ok(base)
     }
@@ -673,8 +697,9 @@ impl SimState {
         Some(())
     }
 
-    /// Submits one op to a stream that is not capturing.
-    fn submit(&mut self, s: usize, op: SimOp, duration: u64) -> Result<()> {
+    /// The byte ranges (start, end, written?) an op touches, each inside a
+    /// live allocation.
+    fn ranges(&self, op: &SimOp) -> Result<Vec<((u64, u64), bool)>> {
         let accesses = op.accesses();
         let mut ranges = Vec::with_capacity(accesses.len());
         for (span, write) in &accesses {
@@ -691,6 +716,50 @@ impl SimState {
                 }
             }
         }
+        Ok(ranges)
+    }
+
+    /// Refuses an op that touches a plan's arena where the fence cannot
+    /// order it: through a view outside its closure or on another stream,
+    /// or through a raw span.
+    fn check_scope(&self, s: usize, op: &SimOp) -> Result<()> {
+        for (span, _) in op.accesses() {
+            match &span.view {
+                Some(tag) => {
+                    check_use(tag, s as u64).map_err(|reason| sim_error("sim launch", reason))?;
+                }
+                None => {
+                    if self.find(&span).is_some_and(|(_, a)| a.arena) {
+                        return Err(sim_error(
+                            "sim launch",
+                            format!(
+                                "{} f32 at {:#x} lie in a plan's arena: reach arena memory through \
+                                 the views a capture or consumer hands out",
+                                span.len, span.addr
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits one op to a stream that is not capturing.
+    fn submit(&mut self, s: usize, op: SimOp, duration: u64) -> Result<()> {
+        let ranges = self.ranges(&op)?;
+        self.submit_checked(s, op, ranges, duration);
+        Ok(())
+    }
+
+    /// Submits an op whose ranges were checked.
+    fn submit_checked(
+        &mut self,
+        s: usize,
+        op: SimOp,
+        ranges: Vec<((u64, u64), bool)>,
+        duration: u64,
+    ) {
         let stream = &mut self.streams[s];
         let end = stream.tail.saturating_add(duration);
         stream.tail = end;
@@ -726,7 +795,6 @@ impl SimState {
         if self.pending.len() >= APPLY_AT {
             self.apply_settled();
         }
-        Ok(())
     }
 
     /// Applies the pending ops that end no later than every stream's tail
@@ -853,7 +921,7 @@ impl SimBackend {
         let bytes = (len as u64).saturating_mul(4);
         let base = self
             .state()
-            .alloc(bytes, 256)
+            .alloc(bytes, 256, false)
             .map_err(|reason| sim_error("sim alloc", reason))?;
         Ok(SimBuffer {
             state: self.state.clone(),
@@ -867,10 +935,36 @@ impl SimBackend {
     ///
     /// # Errors
     ///
-    /// [`BackendError::Refused`] for a stream of another `SimBackend`, and,
-    /// when not capturing, for a span outside every live allocation (or too
-    /// long to address).
+    /// [`BackendError::Refused`] for a stream of another `SimBackend`; for a
+    /// view used outside the closure of the capture or consumer that handed
+    /// it out, or on another stream than that closure's; for a raw span
+    /// into a plan's arena; and, when not capturing, for a span outside
+    /// every live allocation (or too long to address).
     pub fn launch(&self, stream: &SimStream, op: SimOp, duration: u64) -> Result<()> {
+        let id = self.own(stream, "sim launch")?;
+        let mut s = self.state();
+        s.check_scope(id, &op)?;
+        if let Some(capture) = s.streams[id].capturing.as_mut() {
+            capture.push((op, duration));
+            return Ok(());
+        }
+        s.submit(id, op, duration)
+    }
+
+    /// [`SimBackend::launch`] without the view checks: the op may touch any
+    /// live memory, a plan's arenas included, on any stream. For reference
+    /// runs that show what the fence prevents.
+    ///
+    /// # Safety
+    ///
+    /// The caller orders the op against every replay and consumer that uses
+    /// the bytes it touches (the sim itself stays memory-safe: the contract
+    /// is the one a CUDA kernel on raw addresses would have).
+    ///
+    /// # Errors
+    ///
+    /// As [`SimBackend::launch`], but for the view checks.
+    pub unsafe fn launch_unscoped(&self, stream: &SimStream, op: SimOp, duration: u64) -> Result<()> {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         if let Some(capture) = s.streams[id].capturing.as_mut() {
@@ -987,7 +1081,7 @@ impl Backend for SimBackend {
     fn allocate_arena(&self, desc: &ArenaDesc) -> Result<SimArena> {
         let base = self
             .state()
-            .alloc(desc.bytes, desc.alignment)
+            .alloc(desc.bytes, desc.alignment, true)
             .map_err(|reason| BackendError::Allocation {
                 key: desc.key,
                 bytes: desc.bytes,
@@ -1062,14 +1156,21 @@ impl Backend for SimBackend {
         Ok(())
     }
 
-    fn launch(&self, graph: &SimGraph, stream: &SimStream) -> Result<()> {
+    /// All or nothing, as `cuGraphLaunch`: every op is checked before the
+    /// first is submitted.
+    unsafe fn launch(&self, graph: &SimGraph, stream: &SimStream) -> Result<()> {
         let id = self.own(stream, "sim graph launch")?;
         let mut s = self.state();
         if s.streams[id].capturing.is_some() {
             return Err(sim_error("sim graph launch", "the stream is capturing"));
         }
-        for &(op, duration) in &graph.ops {
-            s.submit(id, op, duration)?;
+        let ranges = graph
+            .ops
+            .iter()
+            .map(|(op, _)| s.ranges(op))
+            .collect::<Result<Vec<_>>>()?;
+        for (&(op, duration), ranges) in graph.ops.iter().zip(ranges) {
+            s.submit_checked(id, op, ranges, duration);
         }
         Ok(())
     }
