@@ -964,7 +964,12 @@ impl SimBackend {
     /// # Errors
     ///
     /// As [`SimBackend::launch`], but for the view checks.
-    pub unsafe fn launch_unscoped(&self, stream: &SimStream, op: SimOp, duration: u64) -> Result<()> {
+    pub unsafe fn launch_unscoped(
+        &self,
+        stream: &SimStream,
+        op: SimOp,
+        duration: u64,
+    ) -> Result<()> {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         if let Some(capture) = s.streams[id].capturing.as_mut() {

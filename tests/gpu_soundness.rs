@@ -1,0 +1,324 @@
+//! The soundness holes a hostile user found, closed, on the H200: typed views
+//! work only inside their own capture or consumer closure, on its stream;
+//! teardown waits for every piece of work the crate's safe APIs let onto a
+//! view; a destroyed stream's recycled `CUstream` does not fool the fence.
+//! Each test uses safe code only, except the test kernels' launches.
+#![cfg(feature = "cuda")]
+
+use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
+use replay_arena::cuda::{CudaBackend, CudaStream, ViewExt};
+use replay_arena::{
+    Backend, BackendError, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy,
+    ReplayError, Replayable, Request, RunnerId,
+};
+
+const N: usize = 1 << 18; // 1 MiB of f32
+const REQ: Request = Request::new(Domain::Device, DType::F32, N as u64);
+/// About 100 ms of spinning on an H200 (1.98 GHz).
+const SLOW: i64 = 200_000_000;
+
+const SOURCE: &str = r#"
+extern "C" __global__ void spin_fill(float* x, unsigned int n, float v, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        x[i] = v;
+    }
+}
+"#;
+
+struct Dev {
+    backend: CudaBackend,
+    spin_fill: CudaFunction,
+}
+
+fn dev() -> Dev {
+    let backend = CudaBackend::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    let ptx = compile_ptx(SOURCE).unwrap_or_else(|e| panic!("nvrtc: {e:?}"));
+    let module = backend.context().load_module(ptx).unwrap();
+    Dev {
+        spin_fill: module.load_function("spin_fill").unwrap(),
+        backend,
+    }
+}
+
+impl Dev {
+    /// After `cycles` of spinning, `x[i] = v` for `i < n` (n = 0: spin only).
+    fn spin_fill(&self, s: &CudaStream, x: u64, n: u32, v: f32, cycles: i64) -> Result<(), String> {
+        let mut b = s.cudarc().launch_builder(&self.spin_fill);
+        b.arg(&x).arg(&n).arg(&v).arg(&cycles);
+        let cfg = LaunchConfig {
+            grid_dim: (64, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `x` holds `n` f32s (a view of this closure, or n = 0).
+        unsafe { b.launch(cfg) }
+            .map(drop)
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    /// A plan of `runners` runners of one 1 MiB view each, in `g`
+    /// generations; runner r's graph fills its view with `fill(r)` after
+    /// `cycles(r)` of spinning.
+    fn sealed(
+        &self,
+        runners: u32,
+        g: usize,
+        stream: &CudaStream,
+        fill: impl Fn(u32) -> f32,
+        cycles: impl Fn(u32) -> i64,
+    ) -> Replayable<CudaBackend> {
+        let rs = (0..runners).map(|r| (RunnerId(r), [REQ]));
+        let planned = Discovering::from_runners(PlanConfig::new(), rs)
+            .unwrap()
+            .plan(Policy::Generations(g))
+            .unwrap();
+        let mut capturing = planned.allocate(self.backend.clone()).unwrap();
+        for r in 0..runners {
+            let cap = capturing.capture(RunnerId(r)).unwrap();
+            let view = cap.take(REQ).unwrap();
+            cap.stream_capture(stream, |s| {
+                self.spin_fill(s, view.device_ptr(), N as u32, fill(r), cycles(r))
+            })
+            .unwrap();
+            cap.finish().unwrap();
+        }
+        capturing.seal().unwrap()
+    }
+
+    /// The first and last element at a raw address, after a full wait.
+    fn ends(&self, addr: u64) -> (f32, f32) {
+        self.backend.synchronize().unwrap();
+        let io = self.backend.new_stream().unwrap();
+        let mut host = vec![0f32; N];
+        // A read of the program's own: the plan is idle (synchronized).
+        let view = unsafe { io.cudarc().upgrade_device_ptr::<f32>(addr, N) };
+        io.cudarc().memcpy_dtoh(&view, &mut host).unwrap();
+        io.synchronize().unwrap();
+        view.leak();
+        (host[0], host[N - 1])
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
+    let d = dev();
+    let (pool, other) = (
+        d.backend.new_stream().unwrap(),
+        d.backend.new_stream().unwrap(),
+    );
+    let mut replayable = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    // A view read from the plan is for addresses: no typed view of it.
+    let view = replayable.views(RunnerId(0)).unwrap()[0];
+    let err = view.as_cuda::<f32>(&other).unwrap_err();
+    assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
+    let addr = view.device_ptr();
+    // Inside the consumer: another stream is refused at conversion, and a
+    // typed view handed to cudarc on another stream gets a null address
+    // (cudarc's copy fails) and the consumer reports it.
+    let zeros = vec![0f32; N];
+    let result = replayable.consume(RunnerId(0), &pool, |s, views| {
+        let refused = views[0].as_cuda::<f32>(&other).unwrap_err();
+        assert!(
+            matches!(refused, BackendError::InvalidView { .. }),
+            "{refused}"
+        );
+        let mut typed = views[0].as_cuda::<f32>(s)?;
+        let copy = other.cudarc().memcpy_htod(&zeros, &mut typed);
+        assert!(
+            copy.is_err(),
+            "cudarc was given the arena on another stream"
+        );
+        Ok::<(), BackendError>(())
+    });
+    assert!(
+        matches!(
+            result,
+            Err(ConsumeError::Replay(ReplayError::ViewOutOfScope {
+                runner: RunnerId(0),
+                ..
+            }))
+        ),
+        "{result:?}"
+    );
+    assert_eq!(d.ends(addr), (1.0, 1.0), "nothing was written");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_typed_view_kept_past_its_capture_reaches_no_memory() {
+    let d = dev();
+    let stream = d.backend.new_stream().unwrap();
+    let rs = [(RunnerId(0), [REQ])];
+    let planned = Discovering::from_runners(PlanConfig::new(), rs)
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let mut capturing = planned.allocate(d.backend.clone()).unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let view = cap.take(REQ).unwrap();
+    let mut kept = None;
+    cap.stream_capture(&stream, |s| {
+        kept = Some(view.as_cuda::<f32>(s)?);
+        d.spin_fill(s, view.device_ptr(), N as u32, 3.0, 0)
+            .map_err(|reason| BackendError::Refused { op: "test", reason })
+    })
+    .unwrap();
+    let mut kept = kept.unwrap();
+    // After the closure: cudarc gets address 0 and fails; the arena is not
+    // touched outside the graph.
+    let ones = vec![1f32; N];
+    assert!(stream.cudarc().memcpy_htod(&ones, &mut kept).is_err());
+    cap.finish().unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_ptr();
+    assert_eq!(d.ends(addr), (3.0, 3.0));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_gets_the_bytes() {
+    let d = dev();
+    let (pool, side) = (
+        d.backend.new_stream().unwrap(),
+        d.backend.new_stream().unwrap(),
+    );
+    let mut first = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
+    first.replay(RunnerId(0), &pool).unwrap();
+    let old = first.views(RunnerId(0)).unwrap()[0].device_ptr();
+    // The issue's recipe, outside any consumer: refused before anything is
+    // enqueued.
+    let outside = first.views(RunnerId(0)).unwrap()[0].as_cuda::<f32>(&side);
+    assert!(outside.is_err());
+    // The same copy inside a consumer, behind ~100 ms of spinning: fenced.
+    let sevens = vec![7f32; N];
+    first
+        .consume(RunnerId(0), &side, |s, views| {
+            d.spin_fill(s, 0, 0, 0.0, SLOW)
+                .map_err(|reason| BackendError::Refused { op: "test", reason })?;
+            let mut typed = views[0].as_cuda::<f32>(s)?;
+            s.cudarc()
+                .memcpy_htod(&sevens, &mut typed)
+                .map_err(|e| BackendError::Refused {
+                    op: "memcpy",
+                    reason: format!("{e:?}"),
+                })
+        })
+        .unwrap();
+    drop(first); // must wait for the copy before freeing the arena
+    let mut second = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
+    second.replay(RunnerId(0), &pool).unwrap();
+    let new = second.views(RunnerId(0)).unwrap()[0].device_ptr();
+    println!("first plan's arena at {old:#x}, second's at {new:#x}");
+    assert_eq!(d.ends(new), (2.0, 2.0), "the next plan's arena was written");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_recycled_stream_handle_does_not_skip_the_wait() {
+    let d = dev();
+    let setup = d.backend.new_stream().unwrap();
+    // Two runners sharing one generation: runner 0 writes 5.0 after ~100 ms,
+    // runner 1 writes 9.0 at once.
+    let mut replayable = d.sealed(
+        2,
+        1,
+        &setup,
+        |r| if r == 0 { 5.0 } else { 9.0 },
+        |r| {
+            if r == 0 {
+                SLOW
+            } else {
+                0
+            }
+        },
+    );
+    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let third = d.backend.new_stream().unwrap();
+    let first = d.backend.new_stream().unwrap();
+    // Runner 1 on another stream waits for runner 0: from then on runner 0
+    // records its event at once, and the fence keeps only its stream's id.
+    replayable.replay(RunnerId(0), &first).unwrap();
+    replayable.replay(RunnerId(1), &third).unwrap();
+    replayable.replay(RunnerId(0), &first).unwrap();
+    let raw = first.cu_stream() as usize;
+    drop(first); // the program destroys the stream; runner 0 still spins
+    let second = d.backend.new_stream().unwrap();
+    println!(
+        "destroyed stream {raw:#x}, new stream {:#x} (recycled: {})",
+        second.cu_stream() as usize,
+        second.cu_stream() as usize == raw
+    );
+    let waits = replayable.fence_stats().waits;
+    replayable.replay(RunnerId(1), &second).unwrap();
+    assert_eq!(
+        replayable.fence_stats().waits,
+        waits + 1,
+        "runner 1 must wait"
+    );
+    assert_eq!(d.ends(addr), (9.0, 9.0), "runner 0 overwrote runner 1");
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_for_it() {
+    use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+    use replay_arena::GroupId;
+    let d = dev();
+    let group = GroupId(0);
+    let comm = Communicator::new(&d.backend, group, &UniqueId::new().unwrap(), 0, 1).unwrap();
+    let backend = NcclBackend::new(d.backend.clone())
+        .with_group(comm.clone())
+        .unwrap();
+    let sym = Request::new(Domain::Symmetric(group), DType::F32, N as u64);
+    let config = PlanConfig::new().with_group(group, "gtp").unwrap();
+    let planned = Discovering::from_runners(config, [(RunnerId(0), [sym, REQ])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let (pool, side) = (
+        d.backend.new_stream().unwrap(),
+        d.backend.new_stream().unwrap(),
+    );
+    let mut capturing = planned.allocate(backend).unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let (send, recv) = (cap.take(sym).unwrap(), cap.take(REQ).unwrap());
+    cap.stream_capture(&pool, |s| {
+        d.spin_fill(s, send.device_ptr(), N as u32, 4.0, 0)
+            .and_then(|()| d.spin_fill(s, recv.device_ptr(), N as u32, 0.0, 0))
+            .map_err(|reason| BackendError::Refused { op: "test", reason })
+    })
+    .unwrap();
+    cap.finish().unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    let views = replayable.views(RunnerId(0)).unwrap();
+    let recv_addr = views[1].device_ptr();
+    let outside = comm.reduce_scatter(&views[0], &views[1], &side);
+    assert!(
+        matches!(outside, Err(BackendError::InvalidView { .. })),
+        "{outside:?}"
+    );
+    drop(views);
+    replayable
+        .consume(RunnerId(0), &side, |s, views| {
+            d.spin_fill(s, 0, 0, 0.0, SLOW)
+                .map_err(|reason| BackendError::Refused { op: "test", reason })?;
+            comm.reduce_scatter(&views[0], &views[1], s)
+        })
+        .unwrap();
+    drop(replayable);
+    // The plan waited for the collective before freeing: a new plan's arena
+    // of the same size is not written by it.
+    let mut next = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
+    next.replay(RunnerId(0), &pool).unwrap();
+    let new = next.views(RunnerId(0)).unwrap()[0].device_ptr();
+    println!("recv view was at {recv_addr:#x}; the next plan's arena is at {new:#x}");
+    assert_eq!(d.ends(new), (2.0, 2.0));
+}
