@@ -5,14 +5,17 @@
 //! a random policy and placement (sometimes an invalid one), allocates with
 //! injected allocation failures, captures every runner right or wrong
 //! (mismatched, extra and missing requests, failing and panicking closures,
-//! no graph, dropped captures, a second capture), seals, then replays and
-//! consumes on three streams with synchronizations in between (consumers
-//! fail or panic too), and ends by re-planning into the next round or by
-//! dropping everything.
+//! no graph, dropped captures, a second capture, a nested `stream_capture`),
+//! seals, then replays and consumes on three streams with synchronizations
+//! in between (consumers fail or panic too, or try to use a second live
+//! plan's views and their own on another stream), replaces streams with new
+//! ones, replays on a stream the backend refuses (a failed launch), and ends by
+//! re-planning into the next round or by dropping everything.
 //!
 //! Invariants: no panic escapes the crate (the only panics are the
-//! closures' own, caught); every error is the one the model predicts; the
-//! sim sees no hazard; every value read (consumer copies, and the views of
+//! closures' own, caught); every error is the one the model predicts; a
+//! view used outside its closure, on another stream or from the other plan
+//! is refused; a failed launch enqueues nothing; the sim sees no hazard; every value read (consumer copies, and the views of
 //! runners that still own their bytes) is the one the model predicts; and
 //! nothing stays allocated once a round is dropped.
 //!
@@ -115,6 +118,9 @@ enum CaptureMode {
     Skipped,
     /// As `Right`, then a second capture of the runner is refused.
     Twice,
+    /// As `Right`, with a `stream_capture` from inside the work closure
+    /// (refused; the outer capture goes on).
+    Nested,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -122,6 +128,10 @@ enum ConsumerMode {
     Copies,
     Fails,
     PanicsAfterCopying,
+    /// Copies, after trying the other plan's views, its own views on
+    /// another stream, and its own views from inside the other plan's
+    /// consumer (all refused).
+    Trespasses,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -138,6 +148,15 @@ enum Step {
     },
     ReplayUnknown,
     Synchronize,
+    /// The stream is replaced by a new one (the old handle dropped).
+    NewStream {
+        stream: usize,
+    },
+    /// A replay on a stream of another backend: refused, enqueueing
+    /// nothing, and the fence goes on as if it never happened.
+    ReplayRefused {
+        runner: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +219,7 @@ fn capture_mode() -> impl Strategy<Value = CaptureMode> {
         1 => Just(CaptureMode::NoGraph),
         1 => Just(CaptureMode::Dropped),
         1 => Just(CaptureMode::Skipped),
+        2 => Just(CaptureMode::Nested),
     ]
 }
 
@@ -208,6 +228,7 @@ fn step(runners: usize) -> impl Strategy<Value = Step> {
         8 => Just(ConsumerMode::Copies),
         1 => Just(ConsumerMode::Fails),
         1 => Just(ConsumerMode::PanicsAfterCopying),
+        2 => Just(ConsumerMode::Trespasses),
     ];
     prop_oneof![
         10 => (0..runners, 0..STREAMS).prop_map(|(runner, stream)| Step::Replay { runner, stream }),
@@ -216,6 +237,8 @@ fn step(runners: usize) -> impl Strategy<Value = Step> {
         }),
         1 => Just(Step::ReplayUnknown),
         2 => Just(Step::Synchronize),
+        1 => (0..STREAMS).prop_map(|stream| Step::NewStream { stream }),
+        1 => (0..runners).prop_map(|runner| Step::ReplayRefused { runner }),
     ]
 }
 
@@ -317,14 +340,24 @@ type Check = Result<(), TestCaseError>;
 
 struct Rig {
     sim: SimBackend,
-    streams: Vec<SimStream>,
+    streams: std::cell::RefCell<Vec<SimStream>>,
+    /// A stream of another backend, which `sim` refuses.
+    foreign: SimStream,
+}
+
+impl Rig {
+    /// The current stream in slot `i`.
+    fn stream(&self, i: usize) -> SimStream {
+        self.streams.borrow()[i].clone()
+    }
 }
 
 fn run_case(rounds: &[Round]) -> Check {
     quiet_deliberate_panics();
     let sim = SimBackend::new();
     let rig = Rig {
-        streams: (0..STREAMS).map(|_| sim.stream()).collect(),
+        streams: std::cell::RefCell::new((0..STREAMS).map(|_| sim.stream()).collect()),
+        foreign: SimBackend::new().stream(),
         sim,
     };
     let mut discovery = Discovering::new(config());
@@ -493,6 +526,7 @@ fn run_round(
         counters: (0..n)
             .map(|_| rig.sim.alloc_f32(longest).unwrap())
             .collect(),
+        other_plan: other_plan(&rig.sim, &rig.stream(0)),
         requests,
         ownership: Ownership {
             claims,
@@ -563,7 +597,7 @@ fn run_round(
         match s {
             Step::Replay { runner, stream } => {
                 let id = RunnerId(runner as u32);
-                let result = replayable.replay(id, &rig.streams[stream]);
+                let result = replayable.replay(id, &rig.stream(stream));
                 if captured[runner] {
                     prop_assert!(result.is_ok(), "{:?}", result);
                     if !live.requests[runner].is_empty() {
@@ -575,7 +609,7 @@ fn run_round(
                 }
             }
             Step::ReplayUnknown => {
-                let result = replayable.replay(RunnerId(999), &rig.streams[0]);
+                let result = replayable.replay(RunnerId(999), &rig.stream(0));
                 prop_assert_eq!(
                     result,
                     Err(ReplayError::UnknownRunner {
@@ -592,6 +626,21 @@ fn run_round(
             Step::Synchronize => {
                 replayable.synchronize().unwrap();
                 check(&mut live, &replayable)?;
+            }
+            Step::NewStream { stream } => {
+                let fresh = rig.sim.stream();
+                rig.streams.borrow_mut()[stream] = fresh;
+            }
+            Step::ReplayRefused { runner } => {
+                let id = RunnerId(runner as u32);
+                let result = replayable.replay(id, &rig.foreign);
+                if captured[runner] {
+                    let refused =
+                        matches!(result, Err(ReplayError::Backend { runner: r, .. }) if r == id);
+                    prop_assert!(refused, "{:?}", result);
+                } else {
+                    prop_assert_eq!(result, Err(ReplayError::NoGraph { runner: id }));
+                }
             }
         }
         prop_assert_eq!(rig.sim.hazards(), vec![]);
@@ -646,7 +695,8 @@ fn capture(
 ) -> Result<Option<Option<FailureKind>>, TestCaseError> {
     let id = RunnerId(r as u32);
     let sim = &live.rig.sim;
-    let stream = &live.rig.streams[r % STREAMS];
+    let stream = &live.rig.stream(r % STREAMS);
+    let other = &live.rig.stream((r + 1) % STREAMS);
     let requests = live.requests[r].as_slice();
     let (one, counter) = (&live.ones[r], &live.counters[r]);
     let duration = live.round.durations[r];
@@ -752,8 +802,21 @@ fn capture(
         }
         _ => {}
     }
-    cap.stream_capture(stream, |s| graph(s))
-        .map_err(|e| TestCaseError::fail(format!("capturing {id}: {e}")))?;
+    let mut nested = None;
+    cap.stream_capture(stream, |s| {
+        if mode == CaptureMode::Nested {
+            nested = Some(cap.stream_capture(other, |o| graph(o)));
+        }
+        graph(s)
+    })
+    .map_err(|e| TestCaseError::fail(format!("capturing {id}: {e}")))?;
+    if let Some(nested) = nested {
+        prop_assert!(
+            matches!(nested, Err(StreamCaptureError::Capture(CaptureError::NestedCapture { runner })) if runner == id),
+            "{:?}",
+            nested
+        );
+    }
     drop(views);
     if mode == CaptureMode::TooFew {
         let e = cap.finish().unwrap_err();
@@ -790,6 +853,8 @@ struct Live<'a> {
     /// before copying it into each of its views.
     ones: Vec<SimBuffer>,
     counters: Vec<SimBuffer>,
+    /// A second plan alive beside this one: one runner filling its view.
+    other_plan: Replayable<SimBackend>,
     ownership: Ownership,
     /// Replays per runner with buffers.
     replays: Vec<u32>,
@@ -816,7 +881,13 @@ fn consume(
     let value = live.latest(runner);
     let sim = rig.sim.clone();
     let mut copies: Vec<SimBuffer> = Vec::new();
+    let elsewhere = rig.stream((stream + 1) % STREAMS);
+    let other_plan = &mut live.other_plan;
+    let mut trespassed = Ok(());
     let mut work = |s: &SimStream, views: &[replay_arena::View<'_>]| -> Result<(), String> {
+        if matches!(mode, ConsumerMode::Trespasses) {
+            trespassed = trespass(&sim, other_plan, s, &elsewhere, views);
+        }
         for v in views {
             let out = sim.alloc_f32(v.len()).map_err(|e| e.to_string())?;
             sim.launch(s, SimOp::copy(v, &out), duration)
@@ -824,13 +895,13 @@ fn consume(
             copies.push(out);
         }
         match mode {
-            ConsumerMode::Copies => Ok(()),
+            ConsumerMode::Copies | ConsumerMode::Trespasses => Ok(()),
             ConsumerMode::Fails => Err("the consumer failed".into()),
             ConsumerMode::PanicsAfterCopying => deliberate(),
         }
     };
     let caught = catch_unwind(AssertUnwindSafe(|| {
-        replayable.consume(id, &rig.streams[stream], &mut work)
+        replayable.consume(id, &rig.stream(stream), &mut work)
     }));
     let fenced = !live.requests[runner].is_empty();
     let overwriters = live.ownership.overwriters(runner);
@@ -873,12 +944,72 @@ fn consume(
         }
         Ok(Ok(())) => {
             prop_assert!(!refused, "{} consumed, but the model refuses", id);
-            prop_assert!(matches!(mode, ConsumerMode::Copies));
+            prop_assert!(matches!(
+                mode,
+                ConsumerMode::Copies | ConsumerMode::Trespasses
+            ));
         }
     }
+    trespassed.map_err(TestCaseError::fail)?;
     // Whatever the consumer enqueued, even when it failed or panicked, is
     // fenced and reads the runner's latest replay.
     live.outputs.extend(copies.into_iter().map(|b| (b, value)));
+    Ok(())
+}
+
+/// A second plan of one runner whose graph fills its 64 f32s with 7,
+/// replayed once.
+fn other_plan(sim: &SimBackend, stream: &SimStream) -> Replayable<SimBackend> {
+    let q = Request::new(Domain::Device, DType::F32, 64);
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let view = cap.take(q).unwrap();
+    cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&view, 7.0), 3))
+        .unwrap();
+    cap.finish().unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), stream).unwrap();
+    replayable
+}
+
+/// Inside a consumer on `s` with `views`: the other plan's views, these
+/// views on `elsewhere`, and these views inside the other plan's consumer
+/// must all be refused.
+fn trespass(
+    sim: &SimBackend,
+    other_plan: &mut Replayable<SimBackend>,
+    s: &SimStream,
+    elsewhere: &SimStream,
+    views: &[replay_arena::View<'_>],
+) -> Result<(), String> {
+    let scratch = sim.alloc_f32(64).map_err(|e| e.to_string())?;
+    let refused = |what: &str, r: Result<(), BackendError>| match r {
+        Err(BackendError::Refused { .. }) => Ok(()),
+        other => Err(format!("{what} was not refused: {other:?}")),
+    };
+    let theirs = other_plan.views(RunnerId(0)).map_err(|e| e.to_string())?[0];
+    refused(
+        "the other plan's view",
+        sim.launch(s, SimOp::copy(&theirs, &scratch), 1),
+    )?;
+    if let Some(v) = views.first() {
+        refused(
+            "a view on another stream",
+            sim.launch(elsewhere, SimOp::fill(v, 0.0), 1),
+        )?;
+        let inner = other_plan.consume(RunnerId(0), elsewhere, |o, _| {
+            refused(
+                "a view inside another plan's consumer",
+                sim.launch(o, SimOp::fill(v, 0.0), 1),
+            )
+        });
+        inner.map_err(|e| e.to_string())?;
+    }
     Ok(())
 }
 
