@@ -11,7 +11,7 @@
 #[path = "../examples/tp_backward/model.rs"]
 mod model;
 
-use model::{graphed_step, workspace_range, Model, Reduce, Shape, TpError};
+use model::{graphed_step, workspace_range, Model, Reduce, Shape, Tolerance, TpError};
 use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream};
 use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
 
@@ -76,8 +76,12 @@ fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     let stats = replayable.fence_stats();
     // One bf16 ulp per wgrad element if cuBLAS picked another algorithm
     // under capture, accumulated identically STEPS times.
-    let (rtol, atol) = (1.0 / 128.0, 1e-4 * STEPS as f32);
-    let c = model.compare(&eager, &graphed, rtol, atol).unwrap();
+    let tol = Tolerance {
+        rtol: 1.0 / 128.0,
+        atol: 1e-4 * STEPS as f32,
+        of_max: 0.0,
+    };
+    let c = model.compare(&eager, &graphed, tol).unwrap();
     println!(
         "{strategy:?}, {}: {c}; {} replays, {} waits, {} skipped",
         model.reduce.describe(),
