@@ -244,7 +244,11 @@ def worker(rank, args, shape):
     diff = max((a - b).abs().max().item() for x, y in zip(main_eager, main_graphed) for a, b in zip(x, y))
     if ranks > 1:
         print(f"rank {rank}: main grads, graphed vs eager: {'bitwise equal' if same else f'max |diff| {diff:e}'}")
+        torch.cuda.synchronize()
         dist.barrier()
+        # The graphs hold NCCL work: free them before the communicator.
+        graphs.clear()
+        torch.cuda.synchronize()
         dist.destroy_process_group()
     if not lead:
         return

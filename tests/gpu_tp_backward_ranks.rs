@@ -69,6 +69,9 @@ fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found
         replayable.fence_stats().replays,
         (STEPS * model.modules.len()) as u64
     );
+    // Bitwise when both reduce-scatters sum the ranks in the same order;
+    // else one bf16 ulp of the element plus one of the tensor's largest
+    // value.
     let vs_eager = Tolerance {
         rtol: 1.0 / 128.0,
         atol: 1e-4 * STEPS as f32,
@@ -87,10 +90,13 @@ fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found
         reference.eager_step(&whole_main, &eager_stream).unwrap();
     }
     cuda.synchronize().unwrap();
+    // Three bf16 roundings (each rank's partial, their sum) where one rank
+    // rounds once: one bf16 ulp of the element plus two of the tensor's
+    // largest value.
     let vs_one_rank = Tolerance {
         rtol: 1.0 / 128.0,
         atol: 0.0,
-        of_max: 1.0 / 128.0,
+        of_max: 1.0 / 64.0,
     };
     let reference_c = model
         .compare_to_reference(&eager, &reference, &whole_main, vs_one_rank)

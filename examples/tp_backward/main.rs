@@ -571,6 +571,11 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
 
     // 5. Numerics against the eager run of the same ranks.
     let k_steps = (steps + 1) as f32;
+    // Bitwise when eager and captured steps run the same cuBLAS algorithms
+    // and NCCL sums the ranks in the same order (both were seen on the
+    // H200s); else one bf16 ulp per wgrad element and step, and with more
+    // than one rank one ulp of the tensor's largest value for another
+    // summation order of the ranks' bf16 partials.
     let vs_eager = Tolerance {
         rtol: 1.0 / 128.0,
         atol: 1e-4 * k_steps,
@@ -691,10 +696,15 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
             reference.eager_step(&whole_main, &eager_stream)?;
         }
         cuda.synchronize()?;
+        // Each rank rounds its partial wgrad to bf16 and the reduce-scatter
+        // rounds their sum again, where the one-rank run rounds the whole
+        // sum once: up to three half-ulps of bf16 per step, accumulated
+        // identically every step. One bf16 ulp of the element plus two of
+        // the tensor's largest value.
         let tol = Tolerance {
             rtol: 1.0 / 128.0,
             atol: 0.0,
-            of_max: 1.0 / 128.0,
+            of_max: 1.0 / 64.0,
         };
         let eager = model.compare_to_reference(&mains[0], &reference, &whole_main, tol)?;
         let graphed = model.compare_to_reference(&mains[1], &reference, &whole_main, tol)?;

@@ -363,12 +363,14 @@ impl Reduce {
             }
             #[cfg(feature = "nccl")]
             Reduce::Nccl(comm) => format!(
-                "reduce-scatter: NCCL on symmetric windows, {} rank(s)",
+                "reduce-scatter: {} on symmetric windows, {} rank(s)",
+                nccl_version(),
                 comm.size()
             ),
             #[cfg(feature = "nccl")]
             Reduce::NcclPlain(comm) => format!(
-                "reduce-scatter: NCCL on plain device memory (no window registered), {} rank(s)",
+                "reduce-scatter: {} on plain device memory (no window registered), {} rank(s)",
+                nccl_version(),
                 comm.size()
             ),
         }
@@ -1213,6 +1215,21 @@ fn reduce_scatter(
         },
         #[cfg(feature = "nccl")]
         Reduce::NcclPlain(comm) => nccl_raw(comm, send, recv, shard, s),
+    }
+}
+
+/// The loaded NCCL's version, `NCCL 2.28.9`.
+#[cfg(feature = "nccl")]
+fn nccl_version() -> String {
+    use cudarc::nccl::sys as nc;
+    let mut v = 0i32;
+    // SAFETY: a valid out-pointer; libnccl is loaded (a communicator of it
+    // exists whenever a `Reduce` names one).
+    match unsafe { nc::ncclGetVersion(&mut v) } {
+        nc::ncclResult_t::ncclSuccess => {
+            format!("NCCL {}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
+        }
+        code => format!("NCCL (ncclGetVersion returned {code:?})"),
     }
 }
 
