@@ -11,7 +11,7 @@
 #[path = "../examples/tp_backward/model.rs"]
 mod model;
 
-use model::{graphed_step, workspace_range, Model, Reduce, Shape, Tolerance, TpError};
+use model::{graphed_step, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError};
 use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream};
 use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
 
@@ -198,4 +198,21 @@ fn a_matrix_past_cublas_sizes_is_a_typed_error() {
     };
     assert!(matches!(empty.check(), Err(TpError::Shape(_))));
     assert!(Shape::MID.check().is_ok());
+}
+
+#[test]
+fn fc1_is_column_parallel_fc2_and_the_projection_row_parallel() {
+    let modules = Shape::SMALL.modules();
+    let splits: Vec<(&str, Split)> = modules[..2]
+        .iter()
+        .flat_map(|m| m.linears.iter().map(|l| (l.name, l.split)))
+        .collect();
+    assert_eq!(
+        splits,
+        [
+            ("fc1", Split::Column),
+            ("fc2", Split::Row),
+            ("proj", Split::Row)
+        ]
+    );
 }

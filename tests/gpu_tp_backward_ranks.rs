@@ -45,11 +45,15 @@ fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found
     let eager = model.main_grads().unwrap();
     let graphed = model.main_grads().unwrap();
 
-    let discovery = model.discover::<NcclBackend>(&eager, &eager_stream).unwrap();
+    let discovery = model
+        .discover::<NcclBackend>(&eager, &eager_stream)
+        .unwrap();
     for _ in 1..STEPS {
         model.eager_step(&eager, &eager_stream).unwrap();
     }
-    let planned = discovery.plan(Strategy::from(Policy::OverlapDepth(2))).unwrap();
+    let planned = discovery
+        .plan(Strategy::from(Policy::OverlapDepth(2)))
+        .unwrap();
     comm.check_fingerprint(planned.fingerprint()).unwrap();
     let backend = NcclBackend::new(cuda.clone())
         .with_group(comm.clone())

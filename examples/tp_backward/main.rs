@@ -114,11 +114,7 @@ impl Args {
                         "copy" => Rs::Copy,
                         "nccl" => Rs::Nccl,
                         "nccl-plain" => Rs::NcclPlain,
-                        v => {
-                            return Err(format!(
-                                "--rs takes copy, nccl or nccl-plain, not {v:?}"
-                            ))
-                        }
+                        v => return Err(format!("--rs takes copy, nccl or nccl-plain, not {v:?}")),
                     }
                 }
                 "-h" | "--help" => return Err(USAGE.into()),
@@ -309,6 +305,9 @@ fn run_rank(args: &Args, team: Team<'_>, id: Option<[u8; 128]>) -> Result<()> {
     if args.rs != Rs::Copy && !cfg!(feature = "nccl") {
         println!("this build has no `nccl` feature: using the copy stand-in");
     }
+    // Without NCCL no rank joins a shared communicator (`unique_id`
+    // refused more than one rank).
+    #[cfg(not(feature = "nccl"))]
     let _ = id;
     run_with(&cuda, &|| Ok(cuda.clone()), Reduce::StandIn, args, team)
 }
@@ -326,6 +325,7 @@ enum Mode {
 }
 
 impl Mode {
+    /// Every mode, in declaration order (`mode as usize` is its index).
     const ALL: [Mode; 8] = [
         Mode::Eager,
         Mode::RoundRobin,
@@ -375,6 +375,8 @@ fn median(v: &[Duration]) -> Duration {
 
 /// Checks that every rank planned the same layout (symmetric collectives
 /// assume equal offsets everywhere) before anything is allocated.
+/// (Without NCCL there is one rank and nothing to check.)
+#[cfg_attr(not(feature = "nccl"), allow(unused_variables))]
 fn check_fingerprint(reduce: &Reduce, planned: &replay_arena::Planned) -> Result<()> {
     match reduce {
         Reduce::StandIn => Ok(()),
@@ -426,6 +428,11 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     let mut mains: Vec<MainGrads> = (0..=checked)
         .map(|_| model.main_grads())
         .collect::<Result<_>>()?;
+    // The checked modes come first in `Mode::ALL`, each `mode as usize`.
+    debug_assert!(Mode::ALL
+        .iter()
+        .enumerate()
+        .all(|(k, &m)| m as usize == k && (m.checked() == (k < checked))));
     let slot = |k: usize| if Mode::ALL[k].checked() { k } else { checked };
 
     // 1. Discovery: one eager step with each module's runner armed.
@@ -481,7 +488,7 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     let graph_done: Vec<_> = (0..n)
         .map(|_| model::new_event(cuda))
         .collect::<Result<_>>()?;
-    let unfenced_k = 3;
+    let unfenced_k = Mode::Unfenced as usize;
     let unfenced_mains: Vec<Vec<u64>> = (0..n)
         .map(|m| model.main_ptrs(&mains[unfenced_k], m))
         .collect();
@@ -601,7 +608,7 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
             "| mode | step time | host time per step | TFLOP/s per rank | main grads vs eager |"
         );
         println!("|---|---:|---:|---:|---|");
-        let eager_step = med(0);
+        let eager_step = med(Mode::Eager as usize);
         for (k, &mode) in Mode::ALL.iter().enumerate() {
             let step = med(k);
             let host = median(&times[k].host).as_secs_f64();
@@ -621,9 +628,10 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
         }
         // What the reduce-scatter costs: serialized (one stream, nothing to
         // hide it behind) against what the step loses with it on the pool.
-        let collective = med(4) - med(7);
-        let exposed_fenced = med(1) - med(5);
-        let exposed_unfenced = med(3) - med(6);
+        let at = |m: Mode| med(m as usize);
+        let collective = at(Mode::OneStream) - at(Mode::OneStreamNoRs);
+        let exposed_fenced = at(Mode::RoundRobin) - at(Mode::RoundRobinNoRs);
+        let exposed_unfenced = at(Mode::Unfenced) - at(Mode::UnfencedNoRs);
         let hidden = |exposed: f64| {
             if collective > 0.0 {
                 format!(
@@ -675,11 +683,13 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
         };
         println!("  {who}{}: {verdict}", mode.name());
     }
-    let fenced_ok = [1, 2, 4].iter().all(|&k| {
-        comparisons[k]
-            .as_ref()
-            .is_some_and(|c| c.past_tolerance == 0)
-    });
+    let fenced_ok = [Mode::RoundRobin, Mode::Packed, Mode::OneStream]
+        .iter()
+        .all(|&m| {
+            comparisons[m as usize]
+                .as_ref()
+                .is_some_and(|c| c.past_tolerance == 0)
+        });
     drop((rr, packed, bare));
 
     // 6. More than one rank: the eager main-grad shards against a one-rank
@@ -707,7 +717,12 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
             of_max: 1.0 / 64.0,
         };
         let eager = model.compare_to_reference(&mains[0], &reference, &whole_main, tol)?;
-        let graphed = model.compare_to_reference(&mains[1], &reference, &whole_main, tol)?;
+        let graphed = model.compare_to_reference(
+            &mains[Mode::RoundRobin as usize],
+            &reference,
+            &whole_main,
+            tol,
+        )?;
         team.barrier.wait();
         if lead {
             println!(

@@ -12,8 +12,12 @@
 //! 2. per linear, last first: dgrad `dX = dY W` (cuBLAS, bf16 in and out,
 //!    FP32 compute); the module's input gradient is ready: when captured, an
 //!    external event node marks it for the next module;
-//! 3. per linear: wgrad `dW = dY^T X` into the `wgrad_rs_input` buffer;
-//! 4. per linear: reduce-scatter of the wgrad into the `rs_output` buffer.
+//! 3. per linear: wgrad into the `wgrad_rs_input` buffer, `dW = dY^T X`
+//!    (`[out, in]`) for a column-parallel linear, `dW^T = X^T dY`
+//!    (`[in, out]`) for a row-parallel one, so that each rank's Megatron
+//!    shard is a contiguous slice;
+//! 4. per linear: reduce-scatter of the wgrad into the `rs_output` buffer
+//!    (over the ranks; each rank computed its own rows of the batch).
 //!
 //! Then, on a side stream, the shard is accumulated in FP32 into the main
 //! grad (through `Replayable::consume` when replayed).
