@@ -11,7 +11,7 @@
 #[path = "../examples/tp_backward/model.rs"]
 mod model;
 
-use model::{graphed_step, workspace_range, Model, Reduce, Shape, TpError};
+use model::{graphed_step, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError};
 use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream};
 use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
 
@@ -76,8 +76,12 @@ fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     let stats = replayable.fence_stats();
     // One bf16 ulp per wgrad element if cuBLAS picked another algorithm
     // under capture, accumulated identically STEPS times.
-    let (rtol, atol) = (1.0 / 128.0, 1e-4 * STEPS as f32);
-    let c = model.compare(&eager, &graphed, rtol, atol).unwrap();
+    let tol = Tolerance {
+        rtol: 1.0 / 128.0,
+        atol: 1e-4 * STEPS as f32,
+        of_max: 0.0,
+    };
+    let c = model.compare(&eager, &graphed, tol).unwrap();
     println!(
         "{strategy:?}, {}: {c}; {} replays, {} waits, {} skipped",
         model.reduce.describe(),
@@ -194,4 +198,21 @@ fn a_matrix_past_cublas_sizes_is_a_typed_error() {
     };
     assert!(matches!(empty.check(), Err(TpError::Shape(_))));
     assert!(Shape::MID.check().is_ok());
+}
+
+#[test]
+fn fc1_is_column_parallel_fc2_and_the_projection_row_parallel() {
+    let modules = Shape::SMALL.modules();
+    let splits: Vec<(&str, Split)> = modules[..2]
+        .iter()
+        .flat_map(|m| m.linears.iter().map(|l| (l.name, l.split)))
+        .collect();
+    assert_eq!(
+        splits,
+        [
+            ("fc1", Split::Column),
+            ("fc2", Split::Row),
+            ("proj", Split::Row)
+        ]
+    );
 }

@@ -12,8 +12,12 @@
 //! 2. per linear, last first: dgrad `dX = dY W` (cuBLAS, bf16 in and out,
 //!    FP32 compute); the module's input gradient is ready: when captured, an
 //!    external event node marks it for the next module;
-//! 3. per linear: wgrad `dW = dY^T X` into the `wgrad_rs_input` buffer;
-//! 4. per linear: reduce-scatter of the wgrad into the `rs_output` buffer.
+//! 3. per linear: wgrad into the `wgrad_rs_input` buffer, `dW = dY^T X`
+//!    (`[out, in]`) for a column-parallel linear, `dW^T = X^T dY`
+//!    (`[in, out]`) for a row-parallel one, so that each rank's Megatron
+//!    shard is a contiguous slice;
+//! 4. per linear: reduce-scatter of the wgrad into the `rs_output` buffer
+//!    (over the ranks; each rank computed its own rows of the batch).
 //!
 //! Then, on a side stream, the shard is accumulated in FP32 into the main
 //! grad (through `Replayable::consume` when replayed).
@@ -177,19 +181,23 @@ impl Shape {
         let (h, f) = (self.hidden, self.ffn);
         let mut modules = Vec::with_capacity(2 * self.layers);
         let mut param = 0u64;
-        let mut linear = |name: &'static str, inputs: usize, outputs: usize| {
+        let mut linear = |name: &'static str, inputs: usize, outputs: usize, split: Split| {
             param += 1;
             Linear {
                 name,
                 inputs,
                 outputs,
+                split,
                 param: ParamId(param),
             }
         };
         let mut layers = Vec::new();
         for layer in 0..self.layers {
-            let attn = vec![linear("proj", h, h)];
-            let mlp = vec![linear("fc1", h, f), linear("fc2", f, h)];
+            let attn = vec![linear("proj", h, h, Split::Row)];
+            let mlp = vec![
+                linear("fc1", h, f, Split::Column),
+                linear("fc2", f, h, Split::Row),
+            ];
             layers.push((layer, attn, mlp));
         }
         for (layer, attn, mlp) in layers.into_iter().rev() {
@@ -251,6 +259,19 @@ impl fmt::Display for Shape {
     }
 }
 
+/// How Megatron's tensor parallelism splits a linear's weight over the
+/// ranks, and so which shard of its gradient each rank keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Column-parallel (fc1): rank `r` keeps output rows `r out / N ..`. The
+    /// wgrad is computed as `[out, in]`, so a rank's shard is contiguous.
+    Column,
+    /// Row-parallel (fc2, the attention projection): rank `r` keeps input
+    /// columns `r in / N ..`. The wgrad is computed transposed, `[in, out]`,
+    /// so a rank's shard is contiguous again.
+    Row,
+}
+
 /// One linear layer `y = x W^T`, `W: [outputs, inputs]`.
 #[derive(Clone, Debug)]
 pub struct Linear {
@@ -260,6 +281,8 @@ pub struct Linear {
     pub inputs: usize,
     /// Output features.
     pub outputs: usize,
+    /// Its tensor-parallel split.
+    pub split: Split,
     /// Its parameter (for the plan's per-parameter ring comparison).
     pub param: ParamId,
 }
@@ -286,6 +309,10 @@ pub enum Reduce {
     /// NCCL's reduce-scatter on symmetric views.
     #[cfg(feature = "nccl")]
     Nccl(replay_arena::nccl::Communicator),
+    /// NCCL's reduce-scatter on plain device views (memory no window
+    /// registers): the same graphs, for comparison.
+    #[cfg(feature = "nccl")]
+    NcclPlain(replay_arena::nccl::Communicator),
 }
 
 impl Reduce {
@@ -294,7 +321,16 @@ impl Reduce {
         match self {
             Reduce::StandIn => 1,
             #[cfg(feature = "nccl")]
-            Reduce::Nccl(comm) => comm.size(),
+            Reduce::Nccl(comm) | Reduce::NcclPlain(comm) => comm.size(),
+        }
+    }
+
+    /// This process's rank among them.
+    pub fn rank(&self) -> usize {
+        match self {
+            Reduce::StandIn => 0,
+            #[cfg(feature = "nccl")]
+            Reduce::Nccl(comm) | Reduce::NcclPlain(comm) => comm.rank(),
         }
     }
 
@@ -302,6 +338,8 @@ impl Reduce {
     pub fn domain(&self) -> Domain {
         match self {
             Reduce::StandIn => Domain::Device,
+            #[cfg(feature = "nccl")]
+            Reduce::NcclPlain(_) => Domain::Device,
             #[cfg(feature = "nccl")]
             Reduce::Nccl(_) => Domain::Symmetric(TP_GROUP),
         }
@@ -311,6 +349,8 @@ impl Reduce {
     pub fn config(&self) -> Result<PlanConfig> {
         Ok(match self {
             Reduce::StandIn => PlanConfig::new(),
+            #[cfg(feature = "nccl")]
+            Reduce::NcclPlain(_) => PlanConfig::new(),
             #[cfg(feature = "nccl")]
             Reduce::Nccl(_) => PlanConfig::new()
                 .with_group(TP_GROUP, "tp")
@@ -327,7 +367,14 @@ impl Reduce {
             }
             #[cfg(feature = "nccl")]
             Reduce::Nccl(comm) => format!(
-                "reduce-scatter: NCCL on symmetric windows, {} rank(s)",
+                "reduce-scatter: {} on symmetric windows, {} rank(s)",
+                nccl_version(),
+                comm.size()
+            ),
+            #[cfg(feature = "nccl")]
+            Reduce::NcclPlain(comm) => format!(
+                "reduce-scatter: {} on plain device memory (no window registered), {} rank(s)",
+                nccl_version(),
                 comm.size()
             ),
         }
@@ -348,10 +395,14 @@ __device__ unsigned short f32_to_bf16(float f) {
 #define FOR_EACH(i, n) for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; \
                             i < (n); i += (unsigned long long)gridDim.x * blockDim.x)
 
-// Uniform in [-scale, scale), rounded to bf16.
-extern "C" __global__ void init_bf16(unsigned short* p, unsigned long long n, unsigned int seed, float scale) {
+// Uniform in [-scale, scale), rounded to bf16; element i takes the value of
+// index offset + i, so a rank's rows of a tensor equal the same rows of the
+// whole tensor.
+extern "C" __global__ void init_bf16(unsigned short* p, unsigned long long n, unsigned int seed, float scale,
+                                     unsigned long long offset) {
     FOR_EACH(i, n) {
-        unsigned int h = mix(seed ^ mix((unsigned int)i ^ mix((unsigned int)(i >> 32) + 0x9e3779b9u)));
+        unsigned long long k = offset + i;
+        unsigned int h = mix(seed ^ mix((unsigned int)k ^ mix((unsigned int)(k >> 32) + 0x9e3779b9u)));
         p[i] = f32_to_bf16(((float)(h & 0xFFFFFFu) / 16777216.0f - 0.5f) * 2.0f * scale);
     }
 }
@@ -434,10 +485,18 @@ impl Kernels {
         })
     }
 
-    fn init(&self, s: &CudaStream, p: u64, n: usize, seed: u32, scale: f32) -> Result<()> {
+    fn init(
+        &self,
+        s: &CudaStream,
+        p: u64,
+        n: usize,
+        seed: u32,
+        scale: f32,
+        offset: u64,
+    ) -> Result<()> {
         let n64 = n as u64;
         let mut b = s.cudarc().launch_builder(&self.init);
-        b.arg(&p).arg(&n64).arg(&seed).arg(&scale);
+        b.arg(&p).arg(&n64).arg(&seed).arg(&scale).arg(&offset);
         // SAFETY: `p` holds `n` bf16 elements.
         unsafe { b.launch(grid(n)) }
             .map(drop)
@@ -608,6 +667,10 @@ pub struct Model {
     /// Per module: the event its graph records once its input gradient is
     /// written (an external event node).
     dgrad_done: Vec<CudaEvent>,
+    /// Whether captured graphs contain the reduce-scatter. Off only to
+    /// measure what the collective costs (same graphs without it; their
+    /// shards are then never written and their main grads meaningless).
+    pub reduce_in_graphs: bool,
 }
 
 impl Model {
@@ -625,11 +688,20 @@ impl Model {
                 .alloc_zeros::<bf16>(n)
                 .map_err(driver("cuMemAlloc"))
         };
+        // Weights are the same on every rank (gathered for compute, as GTP
+        // does); activations and the loss gradient are this rank's rows of
+        // the whole batch's (`ranks x tokens` rows).
+        let rank = reduce.rank() as u64;
         let mut seed = 1u32;
-        let mut fill = |buf: &CudaSlice<bf16>, scale: f32| {
+        let mut fill = |buf: &CudaSlice<bf16>, scale: f32, rows_before: bool| {
             seed += 1;
             let p = buf.device_ptr(io.cudarc()).0;
-            kernels.init(&io, p, buf.len(), seed, scale)
+            let offset = if rows_before {
+                rank * buf.len() as u64
+            } else {
+                0
+            };
+            kernels.init(&io, p, buf.len(), seed, scale, offset)
         };
         let mut tensors = Vec::with_capacity(modules.len());
         let mut dgrads = Vec::with_capacity(modules.len());
@@ -641,8 +713,8 @@ impl Model {
                     weight: alloc(l.weight_elements())?,
                     input: alloc(shape.tokens * l.inputs)?,
                 };
-                fill(&t.weight, (3.0 / l.outputs as f32).sqrt())?;
-                fill(&t.input, 1.0)?;
+                fill(&t.weight, (3.0 / l.outputs as f32).sqrt(), false)?;
+                fill(&t.input, 1.0, true)?;
                 ts.push(t);
                 ds.push(alloc(shape.tokens * l.inputs)?);
             }
@@ -650,7 +722,7 @@ impl Model {
             dgrads.push(ds);
         }
         let loss_grad = alloc(shape.tokens * shape.hidden)?;
-        fill(&loss_grad, 1.0)?;
+        fill(&loss_grad, 1.0, true)?;
         io.synchronize()?;
         let dgrad_done = modules
             .iter()
@@ -667,6 +739,7 @@ impl Model {
             dgrads,
             loss_grad,
             dgrad_done,
+            reduce_in_graphs: true,
         })
     }
 
@@ -801,17 +874,37 @@ impl Model {
             let i = n - 1 - j;
             let l = &linears[i];
             let dy = own.get(i + 1).unwrap_or(outer);
-            // wgrad: dW = dY^T X, [out, in], into the wgrad_rs_input buffer.
-            self.blas.matmul(
-                dy,
-                dy_dims(i),
-                true,
-                &tensors[i].input,
-                Dims(tokens, l.inputs),
-                false,
-                wgrad,
-                Dims(l.outputs, l.inputs),
-            )?;
+            let x = &tensors[i].input;
+            let dx_dims = Dims(tokens, l.inputs);
+            // wgrad into the wgrad_rs_input buffer, laid out so that each
+            // rank's shard is contiguous: dW = dY^T X, [out, in], for a
+            // column-parallel linear; dW^T = X^T dY, [in, out], for a
+            // row-parallel one.
+            match l.split {
+                Split::Column => self.blas.matmul(
+                    dy,
+                    dy_dims(i),
+                    true,
+                    x,
+                    dx_dims,
+                    false,
+                    wgrad,
+                    Dims(l.outputs, l.inputs),
+                )?,
+                Split::Row => self.blas.matmul(
+                    x,
+                    dx_dims,
+                    true,
+                    dy,
+                    dy_dims(i),
+                    false,
+                    wgrad,
+                    Dims(l.inputs, l.outputs),
+                )?,
+            }
+        }
+        if capturing && !self.reduce_in_graphs {
+            return Ok(());
         }
         for (j, l) in linears.iter().rev().enumerate() {
             let shard = l.weight_elements() / self.reduce.ranks();
@@ -983,40 +1076,114 @@ impl Model {
         })
     }
 
-    /// Compares two sets of main grads: bits and a tolerance.
-    pub fn compare(
+    /// Compares two sets of main grads of this model, tensor by tensor:
+    /// bits and a tolerance (`a` is the reference).
+    pub fn compare(&self, a: &MainGrads, b: &MainGrads, tol: Tolerance) -> Result<Comparison> {
+        let pairs: Vec<(u64, u64, usize)> = a
+            .grads
+            .iter()
+            .flatten()
+            .zip(b.grads.iter().flatten())
+            .map(|(x, y)| (self.ptr(x), self.ptr(y), x.len()))
+            .collect();
+        self.compare_tensors(&pairs, tol)
+    }
+
+    /// Compares this rank's main-grad shards with the same shards of
+    /// `reference`'s main grads, a one-rank model of the whole batch
+    /// (`ranks x tokens` rows): this rank's shard of each linear is the
+    /// `rank`-th slice of the reference's whole gradient.
+    pub fn compare_to_reference(
         &self,
-        a: &MainGrads,
-        b: &MainGrads,
-        rtol: f32,
-        atol: f32,
+        main: &MainGrads,
+        reference: &Model,
+        whole: &MainGrads,
+        tol: Tolerance,
     ) -> Result<Comparison> {
+        if reference.reduce.ranks() != 1 || reference.modules.len() != self.modules.len() {
+            return Err(TpError::Check(
+                "the reference must be a one-rank model of the same modules".into(),
+            ));
+        }
+        let rank = self.reduce.rank() as u64;
+        let pairs: Vec<(u64, u64, usize)> = whole
+            .grads
+            .iter()
+            .flatten()
+            .zip(main.grads.iter().flatten())
+            .map(|(w, g)| {
+                let offset = rank * g.len() as u64 * 4;
+                (reference.ptr(w) + offset, self.ptr(g), g.len())
+            })
+            .collect();
+        if whole
+            .grads
+            .iter()
+            .flatten()
+            .zip(main.grads.iter().flatten())
+            .any(|(w, g)| w.len() != g.len() * self.reduce.ranks())
+        {
+            return Err(TpError::Check(
+                "the reference's gradients are not ranks x this rank's shards".into(),
+            ));
+        }
+        self.compare_tensors(&pairs, tol)
+    }
+
+    /// Compares (reference, other, elements) FP32 tensors: one pass for the
+    /// reference tensor's largest magnitude, one for the differences.
+    fn compare_tensors(&self, pairs: &[(u64, u64, usize)], tol: Tolerance) -> Result<Comparison> {
+        let mut total = Comparison {
+            elements: 0,
+            differing_bits: 0,
+            past_tolerance: 0,
+            max_abs_diff: 0.0,
+            max_abs: 0.0,
+            max_diff_over_max: 0.0,
+        };
+        for &(a, b, n) in pairs {
+            let [_, _, _, scale] = self.compare_raw(a, a, n, 0.0, 0.0)?;
+            let scale = f32::from_bits(scale as u32);
+            let atol = tol.atol + tol.of_max * scale;
+            let [bits, past, dmax, amax] = self.compare_raw(a, b, n, tol.rtol, atol)?;
+            let (dmax, amax) = (f32::from_bits(dmax as u32), f32::from_bits(amax as u32));
+            total.elements += n as u64;
+            total.differing_bits += bits;
+            total.past_tolerance += past;
+            total.max_abs_diff = total.max_abs_diff.max(dmax);
+            total.max_abs = total.max_abs.max(amax);
+            if scale > 0.0 {
+                total.max_diff_over_max = total.max_diff_over_max.max(dmax / scale);
+            }
+        }
+        Ok(total)
+    }
+
+    /// One launch of the compare kernel on `n` f32 at `a` and `b`: (bits
+    /// differing, past tolerance, max |diff| bits, max |a| bits).
+    fn compare_raw(&self, a: u64, b: u64, n: usize, rtol: f32, atol: f32) -> Result<[u64; 4]> {
         let s = &self.io;
-        let mut counts = s
+        let counts = s
             .cudarc()
             .alloc_zeros::<u64>(2)
             .map_err(driver("cuMemAlloc"))?;
-        let mut maxes = s
+        let maxes = s
             .cudarc()
             .alloc_zeros::<u32>(2)
             .map_err(driver("cuMemAlloc"))?;
-        let mut elements = 0u64;
-        for (x, y) in a.grads.iter().flatten().zip(b.grads.iter().flatten()) {
-            let n = x.len() as u64;
-            elements += n;
-            let mut l = s.cudarc().launch_builder(&self.kernels.compare);
-            let (cp, mp) = (self.ptr(&counts), self.ptr(&maxes));
-            let (xp, yp) = (self.ptr(x), self.ptr(y));
-            l.arg(&xp)
-                .arg(&yp)
-                .arg(&n)
-                .arg(&rtol)
-                .arg(&atol)
-                .arg(&cp)
-                .arg(&mp);
-            // SAFETY: both hold `n` f32; counts and maxes hold two each.
-            unsafe { l.launch(grid(x.len())) }.map_err(driver("cuLaunchKernel"))?;
-        }
+        let n64 = n as u64;
+        let mut l = s.cudarc().launch_builder(&self.kernels.compare);
+        let (cp, mp) = (self.ptr(&counts), self.ptr(&maxes));
+        l.arg(&a)
+            .arg(&b)
+            .arg(&n64)
+            .arg(&rtol)
+            .arg(&atol)
+            .arg(&cp)
+            .arg(&mp);
+        // SAFETY: both hold `n` f32 (the callers' tensors); counts and maxes
+        // hold two each.
+        unsafe { l.launch(grid(n)) }.map_err(driver("cuLaunchKernel"))?;
         let c = s
             .cudarc()
             .clone_dtoh(&counts)
@@ -1026,19 +1193,7 @@ impl Model {
             .clone_dtoh(&maxes)
             .map_err(driver("cuMemcpyDtoH"))?;
         s.synchronize()?;
-        s.cudarc()
-            .memset_zeros(&mut counts)
-            .map_err(driver("cuMemsetD8"))?;
-        s.cudarc()
-            .memset_zeros(&mut maxes)
-            .map_err(driver("cuMemsetD8"))?;
-        Ok(Comparison {
-            elements,
-            differing_bits: c[0],
-            past_tolerance: c[1],
-            max_abs_diff: f32::from_bits(mx[0]),
-            max_abs: f32::from_bits(mx[1]),
-        })
+        Ok([c[0], c[1], u64::from(mx[0]), u64::from(mx[1])])
     }
 }
 
@@ -1062,10 +1217,28 @@ fn reduce_scatter(
             Some(views) => Ok(comm.reduce_scatter(&views[1 + 2 * j], &views[2 + 2 * j], s)?),
             None => nccl_raw(comm, send, recv, shard, s),
         },
+        #[cfg(feature = "nccl")]
+        Reduce::NcclPlain(comm) => nccl_raw(comm, send, recv, shard, s),
     }
 }
 
-/// A raw NCCL reduce-scatter of an eager (unregistered) buffer.
+/// The loaded NCCL's version, `NCCL 2.28.9`.
+#[cfg(feature = "nccl")]
+fn nccl_version() -> String {
+    use cudarc::nccl::sys as nc;
+    let mut v = 0i32;
+    // SAFETY: a valid out-pointer; libnccl is loaded (a communicator of it
+    // exists whenever a `Reduce` names one).
+    match unsafe { nc::ncclGetVersion(&mut v) } {
+        nc::ncclResult_t::ncclSuccess => {
+            format!("NCCL {}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
+        }
+        code => format!("NCCL (ncclGetVersion returned {code:?})"),
+    }
+}
+
+/// A raw NCCL reduce-scatter of unregistered memory: an eager step's
+/// buffers, or plain device views of the plan (captured).
 #[cfg(feature = "nccl")]
 fn nccl_raw(
     comm: &replay_arena::nccl::Communicator,
@@ -1076,7 +1249,8 @@ fn nccl_raw(
 ) -> Result<()> {
     use cudarc::nccl::sys as nc;
     // SAFETY: `send` holds `size * shard` and `recv` `shard` bf16 elements,
-    // alive until the stream passes this call (stream-ordered frees).
+    // alive until the stream passes this call (stream-ordered frees), or
+    // for as long as a graph that captured it can replay (plan views).
     let code = unsafe {
         nc::ncclReduceScatter(
             send as *const c_void,
@@ -1211,6 +1385,30 @@ pub struct Comparison {
     pub max_abs_diff: f32,
     /// Largest absolute value of the reference.
     pub max_abs: f32,
+    /// Over the tensors: largest |diff| over the tensor's largest |value|.
+    pub max_diff_over_max: f32,
+}
+
+/// An element passes when `|a - b| <= rtol max(|a|, |b|) + atol + of_max M`,
+/// `M` the largest |value| of the reference's tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Relative to the element.
+    pub rtol: f32,
+    /// Absolute.
+    pub atol: f32,
+    /// Relative to the tensor's largest magnitude.
+    pub of_max: f32,
+}
+
+impl fmt::Display for Tolerance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "|a - b| <= {:e} max(|a|, |b|) + {:e} + {:e} max|reference tensor|",
+            self.rtol, self.atol, self.of_max
+        )
+    }
 }
 
 impl Comparison {
@@ -1227,12 +1425,13 @@ impl fmt::Display for Comparison {
         } else {
             write!(
                 f,
-                "{} of {} elements differ in bits, {} past tolerance; max |diff| {:e} (max |value| {:e})",
+                "{} of {} elements differ in bits, {} past tolerance; max |diff| {:e} (max |value| {:e}; worst tensor: max |diff| = {:.2e} of its max |value|)",
                 self.differing_bits,
                 self.elements,
                 self.past_tolerance,
                 self.max_abs_diff,
-                self.max_abs
+                self.max_abs,
+                self.max_diff_over_max
             )
         }
     }
