@@ -1028,14 +1028,17 @@ impl Model {
                     }
                 }
             }
-            let workspace = Workspace::View(views[0].as_cuda::<u8>(stream)?);
-            let tensors = views[1..]
-                .iter()
-                .map(|v| v.as_cuda::<bf16>(stream).map(Tensor::View))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut bufs = Bufs::new(workspace, tensors, Some(views));
-            let captured = cap.stream_capture(stream, |s| self.backward(m, &mut bufs, s, true));
-            drop(bufs);
+            // Typed views are made inside the capture's closure, on its
+            // stream: the only place they reach the arena.
+            let captured = cap.stream_capture(stream, |s| {
+                let workspace = Workspace::View(views[0].as_cuda::<u8>(s)?);
+                let tensors = views[1..]
+                    .iter()
+                    .map(|v| v.as_cuda::<bf16>(s).map(Tensor::View))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut bufs = Bufs::new(workspace, tensors, Some(views.clone()));
+                self.backward(m, &mut bufs, s, true)
+            });
             if let Err(e) = captured {
                 return Err(self.capture_failed(runner, e));
             }
