@@ -114,10 +114,12 @@ fn rank_main(
             )
         };
         if r != nc::ncclResult_t::ncclSuccess {
-            cuda.abort_capture(&s);
+            // SAFETY: the capture this bench began.
+            unsafe { cuda.abort_capture(&s) };
             return Err(format!("ncclReduceScatter: {r:?}"));
         }
-        let graph = cuda.end_capture(&s).map_err(e)?;
+        // SAFETY: the capture this bench began.
+        let graph = unsafe { cuda.end_capture(&s) }.map_err(e)?;
         let plain = time_graph(&cuda, &s, &graph, &barrier)?;
         drop(graph);
         cuda.synchronize().map_err(e)?;

@@ -8,7 +8,7 @@ use std::fmt;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::discover::Discovering;
 use crate::plan::{Planned, RunnerPlan};
-use crate::view::{new_scope_id, NotSend, OpenScope, View};
+use crate::view::{new_scope_id, stream_in_open_scope, NotSend, OpenScope, View};
 use crate::vocab::{Key, Request, RunnerId};
 
 /// A failed check while capturing.
@@ -96,6 +96,13 @@ pub enum CaptureError {
     /// `stream_capture` was called from inside its own work closure.
     #[error("{runner}: stream_capture was called from inside its own work closure; one capture records one graph")]
     NestedCapture {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// `stream_capture` was called on a stream that an open consumer (or
+    /// capture) on this thread works on.
+    #[error("{runner}: stream_capture on a stream that a consumer or capture still open on this thread works on; capture on another stream")]
+    StreamInUse {
         /// The runner.
         runner: RunnerId,
     },
@@ -445,7 +452,8 @@ impl<B: Backend> Drop for OpenCapture<'_, B> {
     fn drop(&mut self) {
         if self.armed {
             self.in_closure.set(false);
-            self.backend.abort_capture(self.stream);
+            // SAFETY: the capture `stream_capture` began on this stream.
+            unsafe { self.backend.abort_capture(self.stream) };
             if let Ok(mut f) = self.failure.try_borrow_mut() {
                 *f = Some(CaptureFailure::Panicked);
             }
@@ -573,6 +581,12 @@ impl<B: Backend> RunnerCapture<'_, B> {
         let fail = |failure: CaptureFailure| {
             *self.failure.borrow_mut() = Some(failure);
         };
+        let sid = backend.stream_id(stream);
+        if stream_in_open_scope(sid) {
+            // A consumer (or another capture) on this thread works on this
+            // stream: its views must not be recorded into this graph.
+            return Err(CaptureError::StreamInUse { runner }.into());
+        }
         if let Err(source) = backend.begin_capture(stream) {
             // The stream was never put in capture mode: nothing is lost.
             return Err(CaptureError::Backend { runner, source }.into());
@@ -588,7 +602,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         let result = {
             // The views of this capture work on the device only while the
             // closure runs, on `stream`.
-            let scope = OpenScope::enter(self.scope, backend.stream_id(stream), true);
+            let scope = OpenScope::enter(self.scope, sid, true);
             let result = work(stream);
             result.map(|()| scope.scope().take_misuse())
         };
@@ -596,19 +610,23 @@ impl<B: Backend> RunnerCapture<'_, B> {
         open.armed = false;
         let misuse = match result {
             Err(e) => {
-                backend.abort_capture(stream);
+                // SAFETY: the capture this call began.
+                unsafe { backend.abort_capture(stream) };
                 fail(CaptureFailure::Work(e.to_string()));
                 return Err(StreamCaptureError::Work(e));
             }
             Ok(misuse) => misuse,
         };
         if let Some(reason) = misuse {
-            backend.abort_capture(stream);
+            // SAFETY: the capture this call began.
+            unsafe { backend.abort_capture(stream) };
             let error = CaptureError::ViewOutOfScope { runner, reason };
             fail(CaptureFailure::Check(Box::new(error.clone())));
             return Err(error.into());
         }
-        match backend.end_capture(stream) {
+        // SAFETY: the capture this call began (if the closure ended it, this
+        // fails and the runner is failed).
+        match unsafe { backend.end_capture(stream) } {
             Ok(graph) => {
                 *self.graph.borrow_mut() = Some(graph);
                 Ok(())

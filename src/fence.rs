@@ -219,6 +219,28 @@ impl<B: Backend> Fence<B> {
         Ok(out)
     }
 
+    /// Makes `stream` wait for slot `u`'s latest completion (its latest
+    /// replay and the consumers since), for the program.
+    pub(crate) fn wait_completion(
+        &mut self,
+        backend: &B,
+        u: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        self.wait_for(backend, u, stream, sid)
+    }
+
+    /// Makes `stream` wait for every runner's latest completion.
+    pub(crate) fn wait_all(
+        &mut self,
+        backend: &B,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, stream, sid))
+    }
+
     /// Makes `stream` wait for slot `u`'s latest completion.
     fn wait_for(
         &mut self,

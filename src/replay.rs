@@ -60,6 +60,14 @@ pub enum ReplayError {
         /// Which view, and where it was used.
         reason: String,
     },
+    /// A consumer was asked for on a stream that is capturing: its work
+    /// would be recorded into another graph instead of running. (A replay
+    /// there fails at launch: a graph launch cannot be captured.)
+    #[error("{runner}: the stream is capturing; replay and consume on a stream that is not")]
+    StreamCapturing {
+        /// The runner.
+        runner: RunnerId,
+    },
     /// Waiting for fenced work (synchronize, teardown) failed.
     #[error("waiting for the plan's work failed: {0}")]
     Wait(BackendError),
@@ -359,6 +367,13 @@ impl<B: Backend> Replayable<B> {
         work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
+        let capturing = self
+            .backend
+            .is_capturing(stream)
+            .map_err(|source| ReplayError::Backend { runner, source })?;
+        if capturing {
+            return Err(ReplayError::StreamCapturing { runner }.into());
+        }
         let plan = &self.plan;
         let scope = new_scope_id();
         let views = views_of(plan, &self.arenas, slot, scope);
@@ -392,6 +407,61 @@ impl<B: Backend> Replayable<B> {
             return Err(ReplayError::ViewOutOfScope { runner, reason }.into());
         }
         out.map_err(ConsumeError::Work)
+    }
+
+    /// Makes `stream` wait for `runner`'s latest replay and every consumer
+    /// of it since (the reduce-scatter a consumer enqueued, say), without
+    /// blocking the host: the program's own work on `stream` then sees what
+    /// they wrote. Nothing is issued when stream order already implies it;
+    /// a runner never replayed (or without buffers) has nothing to wait for.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::UnknownRunner`], or the backend's error.
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::sim::{SimBackend, SimOp};
+    ///
+    /// let req = Request::new(Domain::Device, DType::F32, 64);
+    /// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
+    ///     .plan(Policy::Generations(1))?;
+    /// let sim = SimBackend::new();
+    /// let (pool, side, optimizer) = (sim.stream(), sim.stream(), sim.stream());
+    /// let mut capturing = planned.allocate(sim.clone())?;
+    /// let cap = capturing.capture(RunnerId(0))?;
+    /// let view = cap.take(req)?;
+    /// cap.stream_capture(&pool, |s| sim.launch(s, SimOp::fill(&view, 2.0), 5))?;
+    /// cap.finish()?;
+    /// let mut replayable = capturing.seal()?;
+    /// let main_grad = sim.alloc_f32(64)?;
+    /// replayable.replay(RunnerId(0), &pool)?;
+    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, SimOp::add(&v[0], &main_grad), 50))?;
+    /// replayable.wait_for(RunnerId(0), &optimizer)?; // after the consumer's add
+    /// sim.launch(&optimizer, SimOp::scale(&main_grad, 0.5), 1)?;
+    /// assert!(sim.hazards().is_empty());
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
+        let slot = self.slot(runner)?;
+        let sid = self.backend.stream_id(stream);
+        self.fence
+            .wait_completion(&self.backend, slot, stream, sid)
+            .map_err(|source| ReplayError::Backend { runner, source })
+    }
+
+    /// Makes `stream` wait for everything replayed and consumed so far:
+    /// every runner's latest replay and its consumers (the optimizer step
+    /// after every reduce-scatter). Does not block the host.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] with the backend's error.
+    pub fn wait_all(&mut self, stream: &B::Stream) -> Result<()> {
+        let sid = self.backend.stream_id(stream);
+        self.fence
+            .wait_all(&self.backend, stream, sid)
+            .map_err(ReplayError::Wait)
     }
 
     /// The views `runner`'s capture handed out, in request order (same

@@ -245,15 +245,37 @@ pub(crate) fn scope_of(view: &ViewTag) -> Result<Arc<Scope>, String> {
     }
 }
 
+/// Whether a scope open on this thread works on the stream with backend id
+/// `stream`.
+pub(crate) fn stream_in_open_scope(stream: u64) -> bool {
+    OPEN.try_with(|open| {
+        open.try_borrow()
+            .is_ok_and(|open| open.iter().any(|s| s.stream == stream && s.is_open()))
+    })
+    .unwrap_or(false)
+}
+
 /// Checks that `view` may be used on the device on the stream with
-/// backend id `stream`: its closure runs on this thread, on that stream.
+/// backend id `stream`: its closure runs on this thread, on that stream,
+/// and is the innermost scope open on that stream.
 ///
 /// # Errors
 ///
 /// Why not, naming the view, its runner and the streams.
 pub(crate) fn check_use(view: &ViewTag, stream: u64) -> Result<Arc<Scope>, String> {
     let scope = scope_of(view)?;
-    if scope.stream != stream {
+    let innermost = OPEN
+        .try_with(|open| {
+            open.try_borrow().ok().and_then(|open| {
+                open.iter()
+                    .rev()
+                    .find(|s| s.stream == stream && s.is_open())
+                    .map(|s| s.id)
+            })
+        })
+        .ok()
+        .flatten();
+    if scope.stream != stream || innermost != Some(scope.id) {
         return Err(format!(
             "{} of {} is used on another stream than its {} runs on (a view works on the stream \
              of its own `stream_capture` or `consume` closure)",

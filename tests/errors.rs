@@ -862,7 +862,7 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
     // the replay: the sim refuses the launch.
     let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
     let outside = sim.alloc_f32(64).unwrap();
-    let addr = outside.span().addr;
+    let addr = outside.span().addr();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();

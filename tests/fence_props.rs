@@ -100,10 +100,10 @@ fn setup(w: &Workload, s: PlanStrategy, streams: usize, durations: &[u64]) -> Se
 }
 
 fn overlaps(a: &[Span], b: &[Span]) -> bool {
-    let end = |s: &Span| s.addr + 4 * s.len as u64;
+    let end = |s: &Span| s.addr() + 4 * s.len() as u64;
     a.iter().any(|x| {
         b.iter()
-            .any(|y| x.len > 0 && y.len > 0 && x.addr < end(y) && y.addr < end(x))
+            .any(|y| !x.is_empty() && !y.is_empty() && x.addr() < end(y) && y.addr() < end(x))
     })
 }
 
@@ -121,7 +121,7 @@ proptest! {
                 let mut outs = Vec::new();
                 t.replayable.consume(RunnerId(step.runner as u32), &t.streams[c], |st, views| {
                     for v in views {
-                        let out = sim.alloc_f32(v.span().len)?;
+                        let out = sim.alloc_f32(v.span().len())?;
                         sim.launch(st, SimOp::copy(v, &out), duration)?;
                         outs.push(out);
                     }
@@ -151,7 +151,7 @@ proptest! {
             accesses.push((step.runner, step.stream, true));
             if let Some((c, duration)) = step.consumer {
                 for span in &t.spans[step.runner] {
-                    let out = t.sim.alloc_f32(span.len).unwrap();
+                    let out = t.sim.alloc_f32(span.len()).unwrap();
                     // SAFETY: deliberately unfenced, as above.
                     unsafe { t.sim.launch_unscoped(&t.streams[c], SimOp::copy(span, &out), duration).unwrap() };
                     outs.push(out);

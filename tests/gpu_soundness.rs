@@ -322,3 +322,43 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     println!("recv view was at {recv_addr:#x}; the next plan's arena is at {new:#x}");
     assert_eq!(d.ends(new), (2.0, 2.0));
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consumer() {
+    use replay_arena::cuda::cudarc::driver::sys;
+    let d = dev();
+    let pool = d.backend.new_stream().unwrap();
+    let mut replayable = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let mut stolen = None;
+    let result = replayable.consume(RunnerId(0), &pool, |s, views| {
+        let mut typed = views[0].as_cuda::<f32>(s)?;
+        s.cudarc().begin_capture(mode).unwrap();
+        // cudarc's own (safe) capture: the view's address must not get in.
+        let memset = s.cudarc().memset_zeros(&mut typed);
+        let ended = s.cudarc().end_capture(sys::CUgraphInstantiate_flags(0));
+        assert!(
+            memset.is_err(),
+            "the arena's address was captured into the program's graph"
+        );
+        stolen = ended.ok().flatten();
+        Ok::<(), BackendError>(())
+    });
+    assert!(
+        matches!(
+            result,
+            Err(ConsumeError::Replay(ReplayError::ViewOutOfScope { .. }))
+        ),
+        "{result:?}"
+    );
+    drop(replayable);
+    if let Some(graph) = stolen {
+        // Whatever the program kept holds no arena address.
+        graph.launch().unwrap();
+        pool.synchronize().unwrap();
+    }
+    let _ = addr;
+}

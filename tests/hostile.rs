@@ -372,7 +372,8 @@ fn a_failed_sim_graph_launch_enqueues_nothing() {
     sim.launch(&capture, SimOp::fill(&kept, 1.0), 10).unwrap();
     sim.launch(&capture, SimOp::fill(&dropped, 2.0), 10)
         .unwrap();
-    let graph = sim.end_capture(&capture).unwrap();
+    // SAFETY: the capture this test began.
+    let graph = unsafe { sim.end_capture(&capture) }.unwrap();
     drop(dropped);
     // SAFETY: the graph touches the program's own buffers only.
     let err = unsafe { Backend::launch(&sim, &graph, &other) }.unwrap_err();
@@ -382,4 +383,162 @@ fn a_failed_sim_graph_launch_enqueues_nothing() {
     );
     assert_eq!(sim.stream_time(&other), 0, "the first op was not enqueued");
     assert_eq!(sim.read_f32(&kept).unwrap(), vec![0.0; 64]);
+}
+
+// ---- found by a second hostile pass ----------------------------------------
+
+/// One runner filling its view with `value` on `stream`, sealed.
+fn one_runner(sim: &SimBackend, stream: &SimStream, value: f32) -> Replayable<SimBackend> {
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let v = cap.take(F32_64).unwrap();
+    cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&v, value), 10))
+        .unwrap();
+    cap.finish().unwrap();
+    capturing.seal().unwrap()
+}
+
+#[test]
+fn a_consumer_on_a_stream_another_capture_records_is_refused() {
+    let sim = SimBackend::new();
+    let (a, s_cap) = (sim.stream(), sim.stream());
+    let mut pa = one_runner(&sim, &a, 1.0);
+    // Replayed on the stream plan B captures on: the consumer's wait would
+    // be implied by stream order, and its work recorded into B's graph.
+    pa.replay(RunnerId(0), &s_cap).unwrap();
+    let mut b = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let cap = b.capture(RunnerId(0)).unwrap();
+    let view = cap.take(F32_64).unwrap();
+    cap.stream_capture(&s_cap, |s| {
+        let inner = pa.consume(RunnerId(0), s, |s2, v| {
+            sim.launch(s2, SimOp::fill(&v[0], 99.0), 10)
+        });
+        assert!(
+            matches!(
+                inner,
+                Err(ConsumeError::Replay(ReplayError::StreamCapturing {
+                    runner: RunnerId(0)
+                }))
+            ),
+            "{inner:?}"
+        );
+        sim.launch(s, SimOp::fill(&view, 5.0), 10)
+    })
+    .unwrap();
+    cap.finish().unwrap();
+    let b = b.seal().unwrap();
+    assert_eq!(
+        b.graph(RunnerId(0)).unwrap().ops().len(),
+        1,
+        "only B's own op"
+    );
+}
+
+#[test]
+fn a_capture_opened_on_a_consumers_stream_is_refused() {
+    let sim = SimBackend::new();
+    let (a, c) = (sim.stream(), sim.stream());
+    let mut pa = one_runner(&sim, &a, 1.0);
+    pa.replay(RunnerId(0), &a).unwrap();
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    pa.consume(RunnerId(0), &c, |s, v| -> Result<(), String> {
+        let cap = capturing.capture(RunnerId(0)).map_err(|e| e.to_string())?;
+        let view = cap.take(F32_64).map_err(|e| e.to_string())?;
+        let refused = cap.stream_capture(s, |s2| {
+            sim.launch(s2, SimOp::fill(&view, 5.0), 10)?;
+            sim.launch(s2, SimOp::fill(&v[0], 66.0), 10)
+        });
+        assert!(
+            matches!(
+                refused,
+                Err(replay_arena::StreamCaptureError::Capture(
+                    CaptureError::StreamInUse {
+                        runner: RunnerId(0)
+                    }
+                ))
+            ),
+            "{refused:?}"
+        );
+        Ok(())
+    })
+    .unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+}
+
+#[test]
+fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
+    // The program captures a raw span of its own buffer, then frees it; a
+    // later plan's arena may get the address. Retried until it does.
+    let reused = (0..50).any(|_| {
+        let sim = SimBackend::new();
+        let (a, b) = (sim.stream(), sim.stream());
+        let x = sim.alloc_f32(64).unwrap();
+        let addr = replay_arena::sim::AsSpan::span(&x).addr();
+        let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
+            .unwrap()
+            .plan(Policy::Generations(1))
+            .unwrap()
+            .allocate(sim.clone())
+            .unwrap();
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(F32_64).unwrap();
+        cap.stream_capture(&a, |s| {
+            sim.launch(s, SimOp::fill(&view, 1.0), 10)?;
+            sim.launch(
+                s,
+                SimOp::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
+                10,
+            )
+        })
+        .unwrap();
+        cap.finish().unwrap();
+        let mut pb = capturing.seal().unwrap();
+        drop(x);
+        let mut pa = one_runner(&sim, &b, 2.0);
+        let arena = pa.views(RunnerId(0)).unwrap()[0].device_ptr();
+        pa.replay(RunnerId(0), &b).unwrap();
+        let replayed = pb.replay(RunnerId(0), &a);
+        if arena != addr {
+            return false;
+        }
+        let err = replayed.unwrap_err();
+        assert!(err.to_string().contains("lie in a plan's arena"), "{err}");
+        let v = pa.views(RunnerId(0)).unwrap()[0];
+        assert_eq!(sim.read_f32(&v).unwrap(), vec![2.0; 64]);
+        assert!(sim.hazards().is_empty());
+        true
+    });
+    assert!(reused, "the allocator never handed the address out again");
+}
+
+#[test]
+fn dropping_a_buffer_lets_its_pending_ops_end_first() {
+    let sim = SimBackend::new();
+    let s = sim.stream();
+    let x = sim.alloc_f32(64).unwrap();
+    sim.launch(&s, SimOp::fill(&x, 13.0), 1_000).unwrap();
+    drop(x);
+    // Whatever reuses the memory now, nothing pending writes it.
+    let mut pa = one_runner(&sim, &s, 1.0);
+    pa.replay(RunnerId(0), &s).unwrap();
+    let fresh = sim.alloc_f32(64).unwrap();
+    assert_eq!(sim.read_f32(&fresh).unwrap(), vec![0.0; 64]);
+    let v = pa.views(RunnerId(0)).unwrap()[0];
+    assert_eq!(sim.read_f32(&v).unwrap(), vec![1.0; 64]);
+    assert!(sim.hazards().is_empty());
 }

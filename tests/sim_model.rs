@@ -32,7 +32,7 @@ impl Region {
 
     fn span(&self, buffers: &[SimBuffer]) -> Span {
         let base = buffers[self.buffer].span();
-        Span::new(base.addr + 4 * self.offset as u64, self.len)
+        Span::new(base.addr() + 4 * self.offset as u64, self.len)
     }
 }
 
@@ -334,7 +334,7 @@ fn a_span_whose_byte_length_overflows_is_refused_at_launch() {
     let stream = sim.stream();
     let buffer = sim.alloc_f32(16).unwrap();
     // 4 * len overflows 64 bits.
-    let huge = Span::new(buffer.span().addr, usize::MAX);
+    let huge = Span::new(buffer.span().addr(), usize::MAX);
     assert_refused(sim.launch(&stream, SimOp::fill(&huge, 1.0), 1), "outside");
     assert_refused(sim.read_f32(&huge), "outside");
     assert_refused(sim.write_f32(&huge, &[1.0]), "outside");
@@ -346,7 +346,7 @@ fn a_span_whose_end_wraps_around_the_address_space_is_refused_at_launch() {
     let stream = sim.stream();
     let buffer = sim.alloc_f32(16).unwrap();
     // 4 * len fits in 64 bits, but addr + 4 * len wraps to just below addr.
-    let wrapping = Span::new(buffer.span().addr, (u64::MAX / 4) as usize);
+    let wrapping = Span::new(buffer.span().addr(), (u64::MAX / 4) as usize);
     assert_refused(
         sim.launch(&stream, SimOp::copy(&buffer, &wrapping), 1),
         "outside",
@@ -366,7 +366,8 @@ fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
         let s = sim.stream();
         sim.begin_capture(&s).unwrap();
         sim.launch(&s, SimOp::fill(&buffer, 1.0), 1).unwrap();
-        sim.end_capture(&s).unwrap()
+        // SAFETY: the capture this test began.
+        unsafe { sim.end_capture(&s) }.unwrap()
     };
     let event = sim.create_event().unwrap();
     let foreign = "stream belongs to another SimBackend";
@@ -376,7 +377,8 @@ fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
     assert_refused(sim.wait_event(&theirs, &event), foreign);
     assert_refused(sim.record_event(&theirs, &event), foreign);
     assert_refused(sim.begin_capture(&theirs), foreign);
-    assert_refused(sim.end_capture(&theirs), foreign);
+    // SAFETY: refused before anything ends.
+    assert_refused(unsafe { sim.end_capture(&theirs) }, foreign);
     assert_eq!(sim.read_f32(&buffer).unwrap(), vec![0.0; 4]);
     assert_eq!(other.makespan(), 0);
 }

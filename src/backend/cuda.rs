@@ -64,7 +64,7 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
 #[cfg(feature = "dynamic-loading")]
-const REQUIRED_SYMBOLS: [&str; 36] = [
+const REQUIRED_SYMBOLS: [&str; 37] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -83,6 +83,7 @@ const REQUIRED_SYMBOLS: [&str; 36] = [
     "cuStreamWaitEvent",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
+    "cuStreamIsCapturing",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventSynchronize",
@@ -713,6 +714,17 @@ const LEGACY_NULL: usize = 0;
 const LEGACY_HANDLE: usize = 1;
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
 const PER_THREAD_HANDLE: usize = 2;
+/// Whether the stream with this handle is capturing (`cuStreamIsCapturing`).
+fn capturing(raw: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream handle (the caller holds the stream); `status` is
+    // a local out pointer.
+    check("cuStreamIsCapturing", unsafe {
+        sys::cuStreamIsCapturing(raw, &mut status)
+    })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// A [`Backend::stream_id`] for a new [`CudaStream`] handle: unique in the
 /// process and never reused, unlike the driver's `CUstream`, which the next
 /// `cuStreamCreate` hands out again as soon as a stream is destroyed.
@@ -1036,7 +1048,11 @@ impl<T> CudaView<'_, T> {
     fn address_on(&self, stream: &cudarc::driver::CudaStream) -> sys::CUdeviceptr {
         let same_stream = stream.cu_stream() == self.stream.cu_stream()
             && self.per_thread.is_none_or(|owner| owner == this_thread());
-        if self.scope.is_open() && same_stream {
+        // A capture's view works only while the stream still captures (not
+        // after the program ended the capture under the crate); a
+        // consumer's only while it does not (its work must run, fenced).
+        let state_matches = || capturing(stream.cu_stream()).is_ok_and(|c| c == self.scope.capture);
+        if self.scope.is_open() && same_stream && state_matches() {
             return self.ptr;
         }
         self.scope.record_misuse(format!(
@@ -1241,7 +1257,11 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
+    fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+        capturing(stream.raw("cuStreamIsCapturing")?)
+    }
+
+    unsafe fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
         let raw = stream.raw("cuStreamEndCapture")?;
         self.bind()?;
         let mut graph: sys::CUgraph = ptr::null_mut();
@@ -1281,7 +1301,7 @@ impl Backend for CudaBackend {
         Ok(owned)
     }
 
-    fn abort_capture(&self, stream: &CudaStream) {
+    unsafe fn abort_capture(&self, stream: &CudaStream) {
         // Another thread's per-thread stream is not this capture's.
         let Ok(raw) = stream.raw("cuStreamEndCapture") else {
             return;

@@ -239,16 +239,35 @@ pub trait Backend {
     /// runtime's error (the stream is already capturing, say).
     fn begin_capture(&self, stream: &Self::Stream) -> Result<(), BackendError>;
 
+    /// Whether `stream` is capturing.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error, or [`BackendError::Refused`] for a stream this
+    /// backend does not own.
+    fn is_capturing(&self, stream: &Self::Stream) -> Result<bool, BackendError>;
+
     /// Ends the capture and returns the graph, ready to launch.
+    ///
+    /// # Safety
+    ///
+    /// The capture on `stream` is the caller's own: ending a capture that
+    /// [`RunnerCapture::stream_capture`](crate::RunnerCapture::stream_capture)
+    /// opened, from inside its closure, would let the closure's work on the
+    /// runner's views run at once, outside every fence.
     ///
     /// # Errors
     ///
     /// The runtime's error (the capture was invalidated, say).
-    fn end_capture(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError>;
+    unsafe fn end_capture(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError>;
 
     /// Ends a capture and discards what was captured (best effort, after a
     /// failure or during unwinding).
-    fn abort_capture(&self, stream: &Self::Stream);
+    ///
+    /// # Safety
+    ///
+    /// As [`Backend::end_capture`].
+    unsafe fn abort_capture(&self, stream: &Self::Stream);
 
     /// Checks that a captured graph may be owned by a plan: `Err(reason)` if
     /// it allocates or frees memory.

@@ -683,12 +683,18 @@ impl Backend for NcclBackend {
         self.cuda.begin_capture(stream)
     }
 
-    fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
-        self.cuda.end_capture(stream)
+    fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+        self.cuda.is_capturing(stream)
     }
 
-    fn abort_capture(&self, stream: &CudaStream) {
-        self.cuda.abort_capture(stream)
+    unsafe fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.cuda.end_capture(stream) }
+    }
+
+    unsafe fn abort_capture(&self, stream: &CudaStream) {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.cuda.abort_capture(stream) }
     }
 
     fn validate_graph(&self, graph: &CudaGraph) -> std::result::Result<(), String> {

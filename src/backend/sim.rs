@@ -50,11 +50,9 @@ type Result<T> = std::result::Result<T, BackendError>;
 /// arenas at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
-    /// Address of the first element.
-    pub addr: u64,
-    /// Number of `f32` elements.
-    pub len: usize,
-    /// The view it was made from.
+    addr: u64,
+    len: usize,
+    /// The view it was made from (its address and length cannot change).
     view: Option<ViewTag>,
 }
 
@@ -66,6 +64,21 @@ impl Span {
             len,
             view: None,
         }
+    }
+
+    /// Address of the first element.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Number of `f32` elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// One past the last byte; `None` when that overflows the address space
@@ -289,7 +302,10 @@ impl Arena for SimArena {
 
 impl Drop for SimArena {
     fn drop(&mut self) {
-        lock(&self.state).free(self.base);
+        // As a stream-ordered free: pending ops on it end first.
+        let mut s = lock(&self.state);
+        s.synchronize();
+        s.free(self.base);
     }
 }
 
@@ -303,7 +319,11 @@ pub struct SimBuffer {
 
 impl Drop for SimBuffer {
     fn drop(&mut self) {
-        lock(&self.state).free(self.base);
+        // As a stream-ordered free: pending ops on it end first, so freed
+        // memory is never written.
+        let mut s = lock(&self.state);
+        s.synchronize();
+        s.free(self.base);
     }
 }
 
@@ -728,19 +748,23 @@ impl SimState {
                 Some(tag) => {
                     check_use(tag, s as u64).map_err(|reason| sim_error("sim launch", reason))?;
                 }
-                None => {
-                    if self.find(&span).is_some_and(|(_, a)| a.arena) {
-                        return Err(sim_error(
-                            "sim launch",
-                            format!(
-                                "{} f32 at {:#x} lie in a plan's arena: reach arena memory through \
-                                 the views a capture or consumer hands out",
-                                span.len, span.addr
-                            ),
-                        ));
-                    }
-                }
+                None => self.check_raw(&span)?,
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses a raw span that lies in a plan's arena.
+    fn check_raw(&self, span: &Span) -> Result<()> {
+        if span.view.is_none() && self.find(span).is_some_and(|(_, a)| a.arena) {
+            return Err(sim_error(
+                "sim launch",
+                format!(
+                    "{} f32 at {:#x} lie in a plan's arena: reach arena memory through the \
+                     views a capture or consumer hands out",
+                    span.len, span.addr
+                ),
+            ));
         }
         Ok(())
     }
@@ -1172,7 +1196,14 @@ impl Backend for SimBackend {
         let ranges = graph
             .ops
             .iter()
-            .map(|(op, _)| s.ranges(op))
+            .map(|(op, _)| {
+                // A raw span captured into a program buffer that was freed
+                // since may now name a plan's arena.
+                op.accesses()
+                    .iter()
+                    .try_for_each(|(span, _)| s.check_raw(span))?;
+                s.ranges(op)
+            })
             .collect::<Result<Vec<_>>>()?;
         for (&(op, duration), ranges) in graph.ops.iter().zip(ranges) {
             s.submit_checked(id, op, ranges, duration);
@@ -1194,7 +1225,12 @@ impl Backend for SimBackend {
         Ok(())
     }
 
-    fn end_capture(&self, stream: &SimStream) -> Result<SimGraph> {
+    fn is_capturing(&self, stream: &SimStream) -> Result<bool> {
+        let id = self.own(stream, "sim capture status")?;
+        Ok(self.state().streams[id].capturing.is_some())
+    }
+
+    unsafe fn end_capture(&self, stream: &SimStream) -> Result<SimGraph> {
         let id = self.own(stream, "sim end capture")?;
         let ops = self.state().streams[id]
             .capturing
@@ -1203,7 +1239,7 @@ impl Backend for SimBackend {
         Ok(SimGraph { ops })
     }
 
-    fn abort_capture(&self, stream: &SimStream) {
+    unsafe fn abort_capture(&self, stream: &SimStream) {
         if let Ok(id) = self.own(stream, "sim abort capture") {
             self.state().streams[id].capturing = None;
         }

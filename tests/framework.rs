@@ -1,0 +1,96 @@
+//! What a framework needs to graph its own ops, on the `sim` model:
+//! completion the program can wait on, and temporaries inside a runner's
+//! graph (balanced allocation and free nodes).
+
+use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::{
+    CaptureError, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
+};
+
+const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
+
+/// Two runners in two generations, each filling its view with `r + 1`,
+/// replayed on two pool streams; each consumer adds its runner's view into
+/// the main grad (slow, on its own side stream). Returns the optimizer
+/// stream and the main grad.
+fn step(wait: impl Fn(&mut Replayable<SimBackend>, &SimStream)) -> (SimBackend, Vec<f32>) {
+    let sim = SimBackend::new();
+    let rs = (0..2).map(|r| (RunnerId(r), [REQ]));
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), rs)
+        .unwrap()
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let pool = [sim.stream(), sim.stream()];
+    let side = [sim.stream(), sim.stream()];
+    let optimizer = sim.stream();
+    for r in 0..2u32 {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let v = cap.take(REQ).unwrap();
+        cap.stream_capture(&pool[r as usize], |s| {
+            sim.launch(s, SimOp::fill(&v, r as f32 + 1.0), 5)
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    let main: [SimBuffer; 2] = [sim.alloc_f32(64).unwrap(), sim.alloc_f32(64).unwrap()];
+    for r in 0..2usize {
+        replayable.replay(RunnerId(r as u32), &pool[r]).unwrap();
+        replayable
+            .consume(RunnerId(r as u32), &side[r], |s, v| {
+                sim.launch(s, SimOp::add(&v[0], &main[r]), 100)
+            })
+            .unwrap();
+    }
+    wait(&mut replayable, &optimizer);
+    // The optimizer step reads both main grads.
+    sim.launch(&optimizer, SimOp::add(&main[0], &main[1]), 1)
+        .unwrap();
+    let out = sim.read_f32(&main[1]).unwrap();
+    (sim, out)
+}
+
+#[test]
+fn wait_all_orders_the_program_after_every_consumer() {
+    let (sim, out) = step(|rp, s| rp.wait_all(s).unwrap());
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(out, vec![3.0; 64]);
+}
+
+#[test]
+fn without_a_wait_the_optimizer_races_the_consumers() {
+    let (sim, _) = step(|_, _| {});
+    assert!(!sim.hazards().is_empty());
+}
+
+#[test]
+fn wait_for_one_runner_covers_that_runner_only() {
+    let (sim, _) = step(|rp, s| rp.wait_for(RunnerId(1), s).unwrap());
+    let hazards = sim.hazards();
+    assert!(!hazards.is_empty(), "runner 0's consumer is not covered");
+    let (sim, out) = step(|rp, s| {
+        rp.wait_for(RunnerId(0), s).unwrap();
+        rp.wait_for(RunnerId(1), s).unwrap();
+    });
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(out, vec![3.0; 64]);
+}
+
+#[test]
+fn waiting_for_an_unknown_runner_is_a_typed_error() {
+    step(|rp, s| {
+        let err = rp.wait_for(RunnerId(9), s).unwrap_err();
+        assert_eq!(
+            err,
+            replay_arena::ReplayError::UnknownRunner {
+                runner: RunnerId(9)
+            }
+        );
+        rp.wait_all(s).unwrap();
+    });
+    let _ = CaptureError::NestedCapture {
+        runner: RunnerId(0),
+    };
+}

@@ -1,0 +1,11 @@
+//! Proves: safe code cannot end the stream capture `stream_capture` opened
+//! (its work on the runner's views would then run at once, unfenced).
+use replay_arena::sim::SimBackend;
+use replay_arena::{Backend, RunnerCapture};
+
+fn steal(cap: &RunnerCapture<'_, SimBackend>, sim: &SimBackend) {
+    let stream = sim.stream();
+    let _ = cap.stream_capture(&stream, |s| sim.end_capture(s).map(drop));
+}
+
+fn main() {}
