@@ -114,6 +114,10 @@ pub use backend::cuda;
 #[cfg(feature = "nccl")]
 pub use backend::nccl;
 pub use backend::sim;
+#[cfg(feature = "cuda")]
+pub use backend::CUDARC_DRIVER_CALL;
+#[cfg(feature = "nccl")]
+pub use backend::CUDARC_NCCL_CALL;
 pub use backend::{Arena, ArenaDesc, Backend, BackendError};
 pub use capture::{CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError};
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
@@ -154,3 +158,15 @@ assert_impl_all!(Replayable<sim::SimBackend>: Send);
 // per thread).
 assert_not_impl_any!(RunnerCapture<'static, sim::SimBackend>: Send, Sync);
 assert_impl_all!(View<'static>: Send, Sync, Copy);
+// Every error goes into `anyhow::Error` and `Box<dyn Error + Send + Sync>`.
+assert_impl_all!(Error: std::error::Error, Send, Sync);
+assert_impl_all!(DiscoveryError: std::error::Error, Send, Sync);
+assert_impl_all!(PlanError: std::error::Error, Send, Sync);
+assert_impl_all!(CaptureError: std::error::Error, Send, Sync);
+assert_impl_all!(ReplayError: std::error::Error, Send, Sync);
+assert_impl_all!(BackendError: std::error::Error, Send, Sync);
+assert_impl_all!(StreamCaptureError<Error>: std::error::Error, Send, Sync);
+assert_impl_all!(ConsumeError<Error>: std::error::Error, Send, Sync);
+assert_impl_all!(SealError<sim::SimBackend>: std::error::Error, Send, Sync);
+#[cfg(feature = "cuda")]
+assert_impl_all!(SealError<cuda::CudaBackend>: std::error::Error, Send, Sync);

@@ -30,6 +30,40 @@ pub struct ArenaDesc {
     pub alignment: u64,
 }
 
+/// The `op` of a [`BackendError::Driver`] made from a cudarc `DriverError`
+/// (`?` on a cudarc driver call): cudarc's error keeps the code, not the call.
+#[cfg(feature = "cuda")]
+pub const CUDARC_DRIVER_CALL: &str = "a cudarc driver call";
+
+/// The `op` of a [`BackendError::Nccl`] made from a cudarc `NcclError`.
+#[cfg(feature = "nccl")]
+pub const CUDARC_NCCL_CALL: &str = "a cudarc NCCL call";
+
+#[cfg(feature = "cuda")]
+impl From<cudarc::driver::DriverError> for BackendError {
+    /// Keeps the raw `CUresult` (formatting a `DriverError` calls into the
+    /// driver; this crate formats the code itself), with
+    /// [`CUDARC_DRIVER_CALL`] as the operation.
+    fn from(error: cudarc::driver::DriverError) -> BackendError {
+        BackendError::Driver {
+            op: CUDARC_DRIVER_CALL,
+            code: error.0,
+        }
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl From<cudarc::nccl::result::NcclError> for BackendError {
+    /// Keeps the raw `ncclResult_t`, with [`CUDARC_NCCL_CALL`] as the
+    /// operation.
+    fn from(error: cudarc::nccl::result::NcclError) -> BackendError {
+        BackendError::Nccl {
+            op: CUDARC_NCCL_CALL,
+            code: error.0,
+        }
+    }
+}
+
 /// A failed backend call. Driver and NCCL failures keep the library's own
 /// code, as cudarc's `DriverError(CUresult)` does; it is formatted by this
 /// crate (formatting through cudarc calls into the driver).
@@ -57,7 +91,9 @@ pub enum BackendError {
     #[cfg(feature = "cuda")]
     #[error("{op} returned {code:?}")]
     Driver {
-        /// The driver entry point.
+        /// The driver entry point; [`CUDARC_DRIVER_CALL`] for a cudarc
+        /// `DriverError` converted with `?` (which does not say which call
+        /// failed).
         op: &'static str,
         /// Its result code.
         code: cudarc::driver::sys::CUresult,
@@ -66,7 +102,8 @@ pub enum BackendError {
     #[cfg(feature = "nccl")]
     #[error("{op} returned {code:?}")]
     Nccl {
-        /// The NCCL entry point.
+        /// The NCCL entry point; [`CUDARC_NCCL_CALL`] for a cudarc
+        /// `NcclError` converted with `?`.
         op: &'static str,
         /// Its result code.
         code: cudarc::nccl::sys::ncclResult_t,
