@@ -81,7 +81,7 @@ impl From<cudarc::driver::DriverError> for Error {
     }
 }
 
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 impl From<cudarc::nccl::result::NcclError> for Error {
     /// A cudarc NCCL call's failure: a [`BackendError::Nccl`] keeping the
     /// raw code.

@@ -87,9 +87,20 @@
 //! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
 
 #![warn(missing_docs)]
+
 // Errors are structured (runner, key, every size involved) and only built on
 // failure; `Ok(())` stays a discriminant write on the replay path.
 #![allow(clippy::result_large_err)]
+
+// This crate cannot see cudarc's features, so the NCCL version comes through
+// its own (build.rs sets `replay_arena_nccl` when one is on).
+#[cfg(all(feature = "nccl", not(replay_arena_nccl)))]
+compile_error!(
+    "replay-arena: feature `nccl` needs the NCCL version of cudarc's bindings: also turn on one of \
+     replay-arena's features `nccl-02028`, `nccl-02029`, `nccl-02030` or \
+     `nccl-version-from-build-system`, the one your cudarc dependency uses (cudarc's `nccl` \
+     feature is `nccl-02030`)"
+);
 
 // Layers, lowest first: each module imports only modules listed before it
 // (tests/architecture.rs checks it; docs/architecture.md draws it).
@@ -111,12 +122,12 @@ mod workload;
 
 #[cfg(feature = "cuda")]
 pub use backend::cuda;
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 pub use backend::nccl;
 pub use backend::sim;
 #[cfg(feature = "cuda")]
 pub use backend::CUDARC_DRIVER_CALL;
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 pub use backend::CUDARC_NCCL_CALL;
 pub use backend::{Arena, ArenaDesc, Backend, BackendError};
 pub use capture::{CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError};

@@ -15,7 +15,7 @@ pub mod sim;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 pub mod nccl;
 
 /// What one arena must be: the backend's own descriptor (it never sees the
@@ -36,7 +36,7 @@ pub struct ArenaDesc {
 pub const CUDARC_DRIVER_CALL: &str = "a cudarc driver call";
 
 /// The `op` of a [`BackendError::Nccl`] made from a cudarc `NcclError`.
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 pub const CUDARC_NCCL_CALL: &str = "a cudarc NCCL call";
 
 #[cfg(feature = "cuda")]
@@ -52,7 +52,7 @@ impl From<cudarc::driver::DriverError> for BackendError {
     }
 }
 
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 impl From<cudarc::nccl::result::NcclError> for BackendError {
     /// Keeps the raw `ncclResult_t`, with [`CUDARC_NCCL_CALL`] as the
     /// operation.
@@ -99,7 +99,7 @@ pub enum BackendError {
         code: cudarc::driver::sys::CUresult,
     },
     /// An NCCL call failed.
-    #[cfg(feature = "nccl")]
+    #[cfg(replay_arena_nccl)]
     #[error("{op} returned {code:?}")]
     Nccl {
         /// The NCCL entry point; [`CUDARC_NCCL_CALL`] for a cudarc
