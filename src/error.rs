@@ -90,6 +90,15 @@ impl From<cudarc::nccl::result::NcclError> for Error {
     }
 }
 
+#[cfg(feature = "cublas")]
+impl From<cudarc::cublas::result::CublasError> for Error {
+    /// A cudarc cuBLAS call's failure: a [`BackendError::Cublas`] keeping
+    /// the raw status.
+    fn from(error: cudarc::cublas::result::CublasError) -> Error {
+        Error::Backend(error.into())
+    }
+}
+
 impl<B: Backend> From<SealError<B>> for Error {
     /// Keeps the reason; the `Capturing` inside is dropped (freed).
     fn from(e: SealError<B>) -> Error {

@@ -87,7 +87,6 @@
 //! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
 
 #![warn(missing_docs)]
-
 // Errors are structured (runner, key, every size involved) and only built on
 // failure; `Ok(())` stays a discriminant write on the replay path.
 #![allow(clippy::result_large_err)]
@@ -129,6 +128,8 @@ pub use backend::sim;
 pub use backend::CUDARC_DRIVER_CALL;
 #[cfg(replay_arena_nccl)]
 pub use backend::CUDARC_NCCL_CALL;
+#[cfg(feature = "cublas")]
+pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{Arena, ArenaDesc, Backend, BackendError};
 pub use capture::{CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError};
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
@@ -137,7 +138,7 @@ pub use fence::FenceStats;
 pub use plan::{ArenaPlan, Placement, PlanError, Planned, Policy, Slice, Strategy};
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
-pub use source::{Buffer, BufferSource};
+pub use source::{Buffer, BufferSource, ViewSource};
 pub use view::View;
 pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,

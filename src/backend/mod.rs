@@ -18,6 +18,9 @@ pub mod cuda;
 #[cfg(replay_arena_nccl)]
 pub mod nccl;
 
+#[cfg(feature = "cublas")]
+pub mod cublas;
+
 /// What one arena must be: the backend's own descriptor (it never sees the
 /// plan).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +63,22 @@ impl From<cudarc::nccl::result::NcclError> for BackendError {
         BackendError::Nccl {
             op: CUDARC_NCCL_CALL,
             code: error.0,
+        }
+    }
+}
+
+/// The `op` of a [`BackendError::Cublas`] made from a cudarc `CublasError`.
+#[cfg(feature = "cublas")]
+pub const CUDARC_CUBLAS_CALL: &str = "a cudarc cuBLAS call";
+
+#[cfg(feature = "cublas")]
+impl From<cudarc::cublas::result::CublasError> for BackendError {
+    /// Keeps the raw `cublasStatus_t`, with [`CUDARC_CUBLAS_CALL`] as the
+    /// operation.
+    fn from(error: cudarc::cublas::result::CublasError) -> BackendError {
+        BackendError::Cublas {
+            op: CUDARC_CUBLAS_CALL,
+            status: error.0,
         }
     }
 }
@@ -107,6 +126,16 @@ pub enum BackendError {
         op: &'static str,
         /// Its result code.
         code: cudarc::nccl::sys::ncclResult_t,
+    },
+    /// A cuBLAS call failed.
+    #[cfg(feature = "cublas")]
+    #[error("{op} returned {status:?}")]
+    Cublas {
+        /// The cuBLAS entry point; [`CUDARC_CUBLAS_CALL`] for a cudarc
+        /// `CublasError` converted with `?`.
+        op: &'static str,
+        /// Its status code.
+        status: cudarc::cublas::sys::cublasStatus_t,
     },
     /// A call was refused before reaching the runtime (a stream of another
     /// device or backend, a stream that cannot be captured, a simulated

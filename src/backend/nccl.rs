@@ -268,7 +268,7 @@ impl Communicator {
         };
         // SAFETY: a plain device allocation of `size` u64s, freed below.
         let buf = unsafe { cu::malloc_sync(8 * size) }.map_err(driver("cuMemAlloc"))?;
-        let result = (|| {
+        let result = (|| -> Result<Vec<u64>> {
             let mine = buf + 8 * self.inner.rank as u64;
             // SAFETY: `mine` is inside `buf`.
             unsafe { cu::memcpy_htod_sync(mine, &[value]) }.map_err(driver("cuMemcpyHtoD"))?;
