@@ -3,12 +3,7 @@
 //! `compile_error!` naming the fix otherwise, instead of cudarc's missing
 //! `nccl` module showing up deep inside this crate.
 
-const NCCL_VERSIONS: [&str; 4] = [
-    "NCCL_02028",
-    "NCCL_02029",
-    "NCCL_02030",
-    "NCCL_VERSION_FROM_BUILD_SYSTEM",
-];
+const NCCL_VERSIONS: [&str; 2] = ["NCCL_02028", "NCCL_VERSION_FROM_CUDARC"];
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(replay_arena_nccl)");

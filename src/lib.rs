@@ -95,10 +95,9 @@
 // its own (build.rs sets `replay_arena_nccl` when one is on).
 #[cfg(all(feature = "nccl", not(replay_arena_nccl)))]
 compile_error!(
-    "replay-arena: feature `nccl` needs the NCCL version of cudarc's bindings: also turn on one of \
-     replay-arena's features `nccl-02028`, `nccl-02029`, `nccl-02030` or \
-     `nccl-version-from-build-system`, the one your cudarc dependency uses (cudarc's `nccl` \
-     feature is `nccl-02030`)"
+    "replay-arena: feature `nccl` needs an NCCL version for cudarc's bindings: also turn on \
+     replay-arena's feature `nccl-version-from-cudarc` when your own cudarc dependency names one \
+     (`nccl-02028` or newer, or `nccl`), else replay-arena's `nccl-02028`"
 );
 
 // Layers, lowest first: each module imports only modules listed before it
