@@ -74,14 +74,16 @@ pub enum ConsumeError<E> {
 /// seal again).
 ///
 /// It is `Send + Sync + 'static` on every backend whose `Capturing` is
-/// `Send` (all of this crate's), so `capturing.seal()?` works in a function
+/// `Send` (`sim`, `cuda`), so `capturing.seal()?` works in a function
 /// returning `anyhow::Result` (the `Capturing` travels inside the error and
 /// comes back with `downcast::<SealError<B>>()` and
-/// [`into_capturing`](Self::into_capturing)), in one returning
-/// `replay_arena::Result` (the `Capturing` is dropped, freeing its arenas)
-/// and, through [`from_errors!`](crate::from_errors), in one returning the
-/// program's own error type. To drop the `Capturing` before the error goes
-/// on, `.map_err(SealError::into_error)?`.
+/// [`into_capturing`](Self::into_capturing)). Into `replay_arena::Result`,
+/// and through [`from_errors!`](crate::from_errors) into the program's own
+/// error type, `?` works on every backend (the `Capturing` is dropped,
+/// freeing its arenas). To drop the `Capturing` before the error goes on,
+/// `.map_err(SealError::into_error)?`: that is how a failed seal goes into
+/// `anyhow` on the `nccl` backend, whose `Capturing` holds NCCL
+/// communicators and so stays on its thread (not `Send`).
 ///
 /// ```
 /// use replay_arena::{CaptureError, Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId, SealError};

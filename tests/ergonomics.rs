@@ -191,6 +191,16 @@ mod cuda {
     }
 }
 
+/// The `nccl` backend's `Capturing` stays on its thread (NCCL communicators),
+/// so a failed seal goes into a `Send + Sync` box as its plain reason.
+#[cfg(feature = "nccl")]
+#[allow(dead_code)]
+fn seal_on_nccl_goes_into_a_send_sync_box_as_its_reason(
+    capturing: Capturing<replay_arena::nccl::NcclBackend>,
+) -> Result<Replayable<replay_arena::nccl::NcclBackend>, Boxed> {
+    Ok(capturing.seal().map_err(SealError::into_error)?)
+}
+
 #[test]
 fn a_placement_is_chosen_in_one_expression() {
     let policy = Policy::OverlapDepth(2);
