@@ -155,9 +155,10 @@ impl fmt::Display for DeviceInfo {
     }
 }
 
-/// The file names cudarc's dynamic loading tries for a library `stem`
-/// (`"cuda"`, `"nvcuda"`, `"nccl"`), in its order, for every CUDA major
-/// version cudarc has bindings for (cudarc tries its own major's).
+/// File names for a library `stem` (`"cuda"`, `"nvcuda"`, `"nccl"`) in the
+/// order cudarc's dynamic loading tries them: the plain name, its numbered
+/// Windows-style names and the sonames `.so.13` to `.so.1`, for each CUDA
+/// major version cudarc has bindings for (cudarc tries its own major's).
 fn library_candidates(stem: &str) -> Vec<String> {
     use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
     let base = format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}");
