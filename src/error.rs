@@ -3,6 +3,10 @@
 //! ([`DiscoveryError`], [`PlanError`], [`CaptureError`], [`ReplayError`],
 //! [`BackendError`]); closures keep the caller's own error type
 //! ([`StreamCaptureError`], [`ConsumeError`]).
+//!
+//! Every one of them is `Send + Sync + 'static` (so `?` takes it into
+//! `anyhow::Error`); [`from_errors!`](crate::from_errors) lets a program's
+//! own error type take all of them with `?`.
 
 use crate::backend::{Backend, BackendError};
 use crate::capture::{CaptureError, StreamCaptureError};
@@ -67,9 +71,148 @@ impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<ConsumeError<E>> fo
     }
 }
 
+#[cfg(feature = "cuda")]
+impl From<cudarc::driver::DriverError> for Error {
+    /// A cudarc driver call's failure, `?`'d inside a closure or function
+    /// returning this crate's `Result`: a [`BackendError::Driver`] keeping
+    /// the raw code.
+    fn from(error: cudarc::driver::DriverError) -> Error {
+        Error::Backend(error.into())
+    }
+}
+
+#[cfg(replay_arena_nccl)]
+impl From<cudarc::nccl::result::NcclError> for Error {
+    /// A cudarc NCCL call's failure: a [`BackendError::Nccl`] keeping the
+    /// raw code.
+    fn from(error: cudarc::nccl::result::NcclError) -> Error {
+        Error::Backend(error.into())
+    }
+}
+
+#[cfg(feature = "cublas")]
+impl From<cudarc::cublas::result::CublasError> for Error {
+    /// A cudarc cuBLAS call's failure: a [`BackendError::Cublas`] keeping
+    /// the raw status.
+    fn from(error: cudarc::cublas::result::CublasError) -> Error {
+        Error::Backend(error.into())
+    }
+}
+
 impl<B: Backend> From<SealError<B>> for Error {
     /// Keeps the reason; the `Capturing` inside is dropped (freed).
     fn from(e: SealError<B>) -> Error {
-        Error::Capture(e.error)
+        Error::Capture(e.into_error())
     }
+}
+
+/// Lets a program's own error type take every error of this crate with `?`.
+///
+/// The type must already convert from [`Error`] (a thiserror
+/// `#[error(transparent)] Arena(#[from] replay_arena::Error)` variant does
+/// it). `?` applies one `From`, and only the program may implement `From`
+/// for its own type, so this macro writes the rest:
+///
+/// - each phase's error ([`DiscoveryError`](crate::DiscoveryError),
+///   [`PlanError`](crate::PlanError), [`CaptureError`](crate::CaptureError),
+///   [`ReplayError`](crate::ReplayError),
+///   [`BackendError`](crate::BackendError)), through [`Error`];
+/// - [`StreamCaptureError<E>`](crate::StreamCaptureError) and
+///   [`ConsumeError<E>`](crate::ConsumeError) for every closure error `E` the
+///   type converts from: the closure's own error comes back as itself, not
+///   wrapped;
+/// - [`SealError<B>`](crate::SealError) for every backend: the reason is
+///   kept, the `Capturing` dropped (to keep it, match on `seal()`'s result).
+///
+/// Do not also derive `From` for those types on the same enum.
+///
+/// ```
+/// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+/// use replay_arena::sim::{SimBackend, SimOp};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum AppError {
+///     #[error(transparent)]
+///     Arena(#[from] replay_arena::Error),
+///     #[error("bad batch: {0}")]
+///     Batch(String),
+/// }
+/// replay_arena::from_errors!(AppError);
+///
+/// fn run() -> Result<(), AppError> {
+///     let req = Request::new(Domain::Device, DType::F32, 64);
+///     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
+///         .plan(Policy::Generations(1))?;                       // PlanError
+///     let sim = SimBackend::new();
+///     let stream = sim.stream();
+///     let mut capturing = planned.allocate(sim.clone())?;      // BackendError
+///     let cap = capturing.capture(RunnerId(0))?;                // CaptureError
+///     let view = cap.take(req)?;
+///     cap.stream_capture(&stream, |s| {
+///         sim.launch(s, SimOp::fill(&view, 1.0), 5)?;           // inside: AppError
+///         Ok::<(), AppError>(())
+///     })?;                                                      // StreamCaptureError<AppError>
+///     cap.finish()?;
+///     let mut replayable = capturing.seal()?;                   // SealError<SimBackend>
+///     replayable.replay(RunnerId(0), &stream)?;                 // ReplayError
+///     replayable.consume(RunnerId(0), &stream, |_, _| {
+///         Err(AppError::Batch("empty".into()))
+///     })?;                                                      // ConsumeError<AppError>
+///     Ok(())
+/// }
+/// // The consumer's own error comes back as itself.
+/// assert!(matches!(run(), Err(AppError::Batch(_))));
+/// ```
+#[macro_export]
+macro_rules! from_errors {
+    (@via $ty:ty: $phase:ty) => {
+        impl ::core::convert::From<$phase> for $ty {
+            fn from(e: $phase) -> Self {
+                <$ty as ::core::convert::From<$crate::Error>>::from(e.into())
+            }
+        }
+    };
+    ($ty:ty) => {
+        $crate::from_errors!(@via $ty: $crate::DiscoveryError);
+        $crate::from_errors!(@via $ty: $crate::PlanError);
+        $crate::from_errors!(@via $ty: $crate::CaptureError);
+        $crate::from_errors!(@via $ty: $crate::ReplayError);
+        $crate::from_errors!(@via $ty: $crate::BackendError);
+
+        impl<E> ::core::convert::From<$crate::StreamCaptureError<E>> for $ty
+        where
+            $ty: ::core::convert::From<E>,
+        {
+            fn from(e: $crate::StreamCaptureError<E>) -> Self {
+                match e {
+                    $crate::StreamCaptureError::Capture(c) => {
+                        <$ty as ::core::convert::From<$crate::Error>>::from(c.into())
+                    }
+                    $crate::StreamCaptureError::Work(w) => {
+                        <$ty as ::core::convert::From<E>>::from(w)
+                    }
+                }
+            }
+        }
+
+        impl<E> ::core::convert::From<$crate::ConsumeError<E>> for $ty
+        where
+            $ty: ::core::convert::From<E>,
+        {
+            fn from(e: $crate::ConsumeError<E>) -> Self {
+                match e {
+                    $crate::ConsumeError::Replay(r) => {
+                        <$ty as ::core::convert::From<$crate::Error>>::from(r.into())
+                    }
+                    $crate::ConsumeError::Work(w) => <$ty as ::core::convert::From<E>>::from(w),
+                }
+            }
+        }
+
+        impl<B: $crate::Backend> ::core::convert::From<$crate::SealError<B>> for $ty {
+            fn from(e: $crate::SealError<B>) -> Self {
+                <$ty as ::core::convert::From<$crate::Error>>::from(e.into_error().into())
+            }
+        }
+    };
 }

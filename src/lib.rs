@@ -91,6 +91,15 @@
 // failure; `Ok(())` stays a discriminant write on the replay path.
 #![allow(clippy::result_large_err)]
 
+// This crate cannot see cudarc's features, so the NCCL version comes through
+// its own (build.rs sets `replay_arena_nccl` when one is on).
+#[cfg(all(feature = "nccl", not(replay_arena_nccl)))]
+compile_error!(
+    "replay-arena: feature `nccl` needs an NCCL version for cudarc's bindings: also turn on \
+     replay-arena's feature `nccl-version-from-cudarc` when your own cudarc dependency names one \
+     (`nccl-02028` or newer, or `nccl`), else replay-arena's `nccl-02028`"
+);
+
 // Layers, lowest first: each module imports only modules listed before it
 // (tests/architecture.rs checks it; docs/architecture.md draws it).
 mod vocab;
@@ -111,9 +120,15 @@ mod workload;
 
 #[cfg(feature = "cuda")]
 pub use backend::cuda;
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 pub use backend::nccl;
 pub use backend::sim;
+#[cfg(feature = "cuda")]
+pub use backend::CUDARC_DRIVER_CALL;
+#[cfg(replay_arena_nccl)]
+pub use backend::CUDARC_NCCL_CALL;
+#[cfg(feature = "cublas")]
+pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{Arena, ArenaDesc, Backend, BackendError};
 pub use capture::{CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError};
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
@@ -122,7 +137,7 @@ pub use fence::FenceStats;
 pub use plan::{ArenaPlan, Placement, PlanError, Planned, Policy, Slice, Strategy};
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
-pub use source::{Buffer, BufferSource};
+pub use source::{Buffer, BufferSource, ViewSource};
 pub use view::View;
 pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
@@ -154,3 +169,15 @@ assert_impl_all!(Replayable<sim::SimBackend>: Send);
 // per thread).
 assert_not_impl_any!(RunnerCapture<'static, sim::SimBackend>: Send, Sync);
 assert_impl_all!(View<'static>: Send, Sync, Copy);
+// Every error goes into `anyhow::Error` and `Box<dyn Error + Send + Sync>`.
+assert_impl_all!(Error: std::error::Error, Send, Sync);
+assert_impl_all!(DiscoveryError: std::error::Error, Send, Sync);
+assert_impl_all!(PlanError: std::error::Error, Send, Sync);
+assert_impl_all!(CaptureError: std::error::Error, Send, Sync);
+assert_impl_all!(ReplayError: std::error::Error, Send, Sync);
+assert_impl_all!(BackendError: std::error::Error, Send, Sync);
+assert_impl_all!(StreamCaptureError<Error>: std::error::Error, Send, Sync);
+assert_impl_all!(ConsumeError<Error>: std::error::Error, Send, Sync);
+assert_impl_all!(SealError<sim::SimBackend>: std::error::Error, Send, Sync);
+#[cfg(feature = "cuda")]
+assert_impl_all!(SealError<cuda::CudaBackend>: std::error::Error, Send, Sync);

@@ -82,9 +82,32 @@ impl Policy {
 
     /// This policy with the [`Placement::Packed`] placement.
     pub fn packed(self) -> Strategy {
+        self.placed(Placement::Packed)
+    }
+
+    /// This policy with the [`Placement::RoundRobin`] placement (what a bare
+    /// `Policy` converts into), as a [`Strategy`], so that either placement
+    /// can be chosen in one expression:
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy};
+    ///
+    /// let packed = std::env::args().any(|a| a == "--packed");
+    /// let policy = Policy::OverlapDepth(2);
+    /// let strategy = if packed { policy.packed() } else { policy.round_robin() };
+    /// let planned = Discovering::new(PlanConfig::new()).plan(strategy)?;
+    /// # drop(planned);
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn round_robin(self) -> Strategy {
+        self.placed(Placement::RoundRobin)
+    }
+
+    /// This policy with the given placement.
+    pub fn placed(self, placement: Placement) -> Strategy {
         Strategy {
             policy: self,
-            placement: Placement::Packed,
+            placement,
         }
     }
 }
@@ -124,7 +147,8 @@ impl fmt::Display for Placement {
 }
 
 /// A policy and a placement. A bare [`Policy`] converts into the round-robin
-/// strategy; [`Policy::packed`] selects packed placement.
+/// strategy; [`Policy::packed`], [`Policy::round_robin`] and
+/// [`Policy::placed`] name the placement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Strategy {

@@ -87,20 +87,105 @@ pub enum ConsumeError<E> {
 }
 
 /// A failed [`Capturing::seal`]: the reason, and the `Capturing` itself, so
-/// the caller can still [`Capturing::replan`].
+/// the caller can still [`Capturing::replan`] (or capture what is missing and
+/// seal again).
+///
+/// It is `Send + Sync + 'static` on every backend whose `Capturing` is
+/// `Send` (`sim`, `cuda`), so `capturing.seal()?` works in a function
+/// returning `anyhow::Result` (the `Capturing` travels inside the error and
+/// comes back with `downcast::<SealError<B>>()` and
+/// [`into_capturing`](Self::into_capturing)). Into `replay_arena::Result`,
+/// and through [`from_errors!`](crate::from_errors) into the program's own
+/// error type, `?` works on every backend (the `Capturing` is dropped,
+/// freeing its arenas). To drop the `Capturing` before the error goes on,
+/// `.map_err(SealError::into_error)?`: that is how a failed seal goes into
+/// `anyhow` on the `nccl` backend, whose `Capturing` holds NCCL
+/// communicators and so stays on its thread (not `Send`).
+///
+/// ```
+/// use replay_arena::{CaptureError, Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId, SealError};
+/// use replay_arena::sim::SimBackend;
+///
+/// let req = Request::new(Domain::Device, DType::F32, 64);
+/// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
+///     .plan(Policy::Generations(1))?;
+/// let capturing = planned.allocate(SimBackend::new())?;
+/// let mut failed = capturing.seal().unwrap_err(); // runner 0 was never captured
+/// assert!(matches!(failed.error(), CaptureError::Unfinished { .. }));
+/// let capturing = failed.into_capturing();         // capture it, or replan
+/// let discovery = capturing.replan();
+/// # drop(discovery);
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
 pub struct SealError<B: Backend> {
-    /// Always [`CaptureError::Unfinished`].
-    pub error: CaptureError,
-    /// The plan, as it was.
-    pub capturing: Capturing<B>,
+    error: CaptureError,
+    capturing: Exclusive<Capturing<B>>,
 }
+
+impl<B: Backend> SealError<B> {
+    /// Why sealing failed: always [`CaptureError::Unfinished`].
+    pub fn error(&self) -> &CaptureError {
+        &self.error
+    }
+
+    /// The plan, as it was, to capture what is missing.
+    pub fn capturing_mut(&mut self) -> &mut Capturing<B> {
+        self.capturing.get_mut()
+    }
+
+    /// The plan, as it was (the reason is dropped).
+    pub fn into_capturing(self) -> Capturing<B> {
+        self.capturing.into_inner()
+    }
+
+    /// The reason, dropping the plan (its arenas and graphs are freed).
+    pub fn into_error(self) -> CaptureError {
+        self.error
+    }
+
+    /// The reason and the plan.
+    pub fn into_parts(self) -> (CaptureError, Capturing<B>) {
+        (self.error, self.capturing.into_inner())
+    }
+}
+
+impl<B: Backend> From<SealError<B>> for CaptureError {
+    /// Keeps the reason; the `Capturing` inside is dropped (freed).
+    fn from(e: SealError<B>) -> CaptureError {
+        e.into_error()
+    }
+}
+
+/// Holds a value that is reached only through `&mut self` or by value, never
+/// through `&self`, so sharing a reference to the holder shares nothing
+/// (the `Exclusive` pattern of std's unstable `std::sync::Exclusive` and the
+/// `sync_wrapper` crate). It lets a [`SealError`] be `Sync`, as error
+/// handling (`anyhow`, `Box<dyn Error + Send + Sync>`) needs, while the
+/// `Capturing` inside is not.
+struct Exclusive<T>(T);
+
+impl<T> Exclusive<T> {
+    fn get_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+
+    fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+// SAFETY: a `&Exclusive<T>` gives no access to the `T` (no method takes
+// `&self`, the field is private and no trait is implemented), so sharing it
+// between threads shares nothing; moving the `T` between threads still needs
+// `T: Send`.
+unsafe impl<T: Send> Sync for Exclusive<T> {}
 
 impl<B: Backend> fmt::Debug for SealError<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The `Capturing` is not reachable through `&self` (see `Exclusive`).
         f.debug_struct("SealError")
             .field("error", &self.error)
-            .field("capturing", &self.capturing)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -143,7 +228,7 @@ impl<B: Backend> Capturing<B> {
         if !runners.is_empty() {
             return Err(SealError {
                 error: CaptureError::Unfinished { runners },
-                capturing: self,
+                capturing: Exclusive(self),
             });
         }
         let Capturing { slots, plan, res } = self;

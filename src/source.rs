@@ -2,7 +2,7 @@
 //! buffer.
 
 use crate::backend::Backend;
-use crate::capture::RunnerCapture;
+use crate::capture::{CaptureError, RunnerCapture};
 use crate::discover::ArmedRunner;
 use crate::error::Result;
 use crate::view::View;
@@ -13,11 +13,14 @@ use crate::vocab::Request;
 /// out a fixed-address view in capture, and says "allocate it yourself" in
 /// plain runs.
 ///
+/// It does not name the backend (a capture of any backend is a
+/// [`ViewSource`]), so a layer's signature carries only two lifetimes and
+/// plain and discovery runs need no backend type at all.
+///
 /// ```
 /// use replay_arena::{Buffer, BufferSource, Discovering, PlanConfig, Request, Domain, DType, RunnerId};
-/// use replay_arena::sim::SimBackend;
 ///
-/// fn wgrad<B: replay_arena::Backend>(src: &mut BufferSource<'_, '_, B>) -> replay_arena::Result<()> {
+/// fn wgrad(src: &mut BufferSource<'_, '_>) -> replay_arena::Result<()> {
 ///     match src.request(Request::new(Domain::Device, DType::BF16, 1024))? {
 ///         Buffer::Persistent(view) => { /* launch into view.device_ptr() */ let _ = view; }
 ///         Buffer::AllocateYourself => { /* use the framework's allocator */ }
@@ -27,19 +30,44 @@ use crate::vocab::Request;
 ///
 /// let mut discovery = Discovering::new(PlanConfig::new());
 /// let mut armed = discovery.arm(RunnerId(0))?;
-/// wgrad::<SimBackend>(&mut BufferSource::Discover(&mut armed))?;   // records
-/// wgrad::<SimBackend>(&mut BufferSource::Plain)?;                  // records nothing
+/// wgrad(&mut BufferSource::Discover(&mut armed))?;   // records
+/// wgrad(&mut BufferSource::Plain)?;                  // records nothing
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
-pub enum BufferSource<'s, 'c, B: Backend> {
+pub enum BufferSource<'s, 'c> {
     /// A plain run (neither discovery nor capture): nothing is recorded or
     /// handed out.
     Plain,
     /// An eager discovery backward: requests are recorded for the armed
     /// runner; the caller still allocates for this run.
     Discover(&'s mut ArmedRunner<'c>),
-    /// A capture: requests get fixed-address views.
-    Capture(&'s RunnerCapture<'c, B>),
+    /// A capture: requests get fixed-address views. A `&RunnerCapture<'_, B>`
+    /// of any backend coerces to it: `BufferSource::Capture(&cap)`.
+    Capture(&'s dyn ViewSource),
+}
+
+/// An open capture seen without its backend type: what
+/// [`BufferSource::Capture`] holds. Implemented by [`RunnerCapture`] only
+/// (sealed).
+pub trait ViewSource: sealed::Sealed {
+    /// [`RunnerCapture::take`].
+    ///
+    /// # Errors
+    ///
+    /// [`RunnerCapture::take`]'s.
+    fn take_view(&self, request: Request) -> std::result::Result<View<'_>, CaptureError>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<B: Backend> sealed::Sealed for RunnerCapture<'_, B> {}
+
+impl<B: Backend> ViewSource for RunnerCapture<'_, B> {
+    fn take_view(&self, request: Request) -> std::result::Result<View<'_>, CaptureError> {
+        self.take(request)
+    }
 }
 
 /// What [`BufferSource::request`] gives back.
@@ -51,7 +79,7 @@ pub enum Buffer<'v> {
     AllocateYourself,
 }
 
-impl<'s, B: Backend> BufferSource<'s, '_, B> {
+impl<'s> BufferSource<'s, '_> {
     /// Asks for one buffer.
     ///
     /// # Errors
@@ -65,8 +93,8 @@ impl<'s, B: Backend> BufferSource<'s, '_, B> {
                 Ok(Buffer::AllocateYourself)
             }
             BufferSource::Capture(capture) => {
-                let capture: &'s RunnerCapture<'_, B> = capture;
-                Ok(capture.take(request).map(Buffer::Persistent)?)
+                let capture: &'s dyn ViewSource = *capture;
+                Ok(capture.take_view(request).map(Buffer::Persistent)?)
             }
         }
     }

@@ -9,7 +9,7 @@ use replay_arena::{
 /// A layer's backward: two wgrad buffers of one parameter (as MTP does) and
 /// a scratch buffer, asked for the same way in every phase. Returns the
 /// persistent views it got, if any.
-fn layer_backward<'s>(src: &mut BufferSource<'s, '_, SimBackend>) -> Result<Vec<View<'s>>, Error> {
+fn layer_backward<'s>(src: &mut BufferSource<'s, '_>) -> Result<Vec<View<'s>>, Error> {
     let wgrad = Request::new(Domain::Device, DType::BF16, 3000)
         .purpose(Purpose::WgradRsInput)
         .param(ParamId(7));

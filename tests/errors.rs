@@ -585,7 +585,7 @@ fn a_taken_mismatch_fails_the_runner_and_seal_reports_it() {
             .unwrap();
         cap.finish().unwrap_err();
     }
-    let err = expect_err(capturing.seal()).error;
+    let err = expect_err(capturing.seal()).into_error();
     assert!(matches!(&err, CaptureError::Unfinished { runners } if runners.len() == 1));
     assert_mentions(
         &err,
@@ -625,7 +625,7 @@ fn a_failed_capture_fails_the_runner_and_seal_reports_it() {
             "failed: the work closure failed: kernel launch refused",
         ],
     );
-    let err = expect_err(capturing.seal()).error;
+    let err = expect_err(capturing.seal()).into_error();
     assert_eq!(
         err,
         CaptureError::Unfinished {
@@ -727,7 +727,7 @@ fn a_rejected_graph_fails_the_runner_and_seal_reports_it() {
 fn sealing_with_a_runner_never_captured_is_unfinished() {
     let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64]), (1, &[F32_64])]);
     capture_ok(&mut capturing, &sim, &stream, 0, &[F32_64]);
-    let err = expect_err(capturing.seal()).error;
+    let err = expect_err(capturing.seal()).into_error();
     assert_eq!(
         err,
         CaptureError::Unfinished {
@@ -744,7 +744,7 @@ fn sealing_after_a_dropped_capture_is_unfinished() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(F32_64).unwrap();
     } // dropped without finish
-    let err = expect_err(capturing.seal()).error;
+    let err = expect_err(capturing.seal()).into_error();
     assert_eq!(
         err,
         CaptureError::Unfinished {

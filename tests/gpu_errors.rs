@@ -11,7 +11,7 @@ use replay_arena::cuda::cudarc::driver::{sys, CudaSlice};
 use replay_arena::cuda::CudaStream;
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, DType, Discovering, Domain, Error,
-    GroupId, Key, PlanConfig, Policy, Request, RunnerId, StreamCaptureError, View,
+    GroupId, Key, PlanConfig, Policy, Request, RunnerId, SealError, StreamCaptureError, View,
 };
 use support::gpu::{gpu, host_outputs, mismatches, Gpu, Spec, State};
 
@@ -190,7 +190,7 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
 
     capture_wgrad(&g, &mut capturing, R3, &s, step, 64).unwrap();
     let e = capturing.seal().unwrap_err();
-    match e.error {
+    match e.into_error() {
         CaptureError::Unfinished { runners } => {
             let ids: Vec<RunnerId> = runners.iter().map(|(r, _)| *r).collect();
             assert_eq!(ids, vec![R0, R2], "{runners:?}");
@@ -238,7 +238,7 @@ fn graphs_with_memory_alloc_or_free_nodes_are_rejected_by_finish() {
     // The stream and the plan stay usable: a clean runner captures fine.
     capture_wgrad(&g, &mut capturing, R2, &s, step, 1024).unwrap();
     assert!(matches!(
-        capturing.seal().map_err(|e| e.error),
+        capturing.seal().map_err(SealError::into_error),
         Err(CaptureError::Unfinished { runners }) if runners.len() == 2
     ));
 }

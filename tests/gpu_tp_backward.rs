@@ -44,7 +44,7 @@ fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     let graphed = model.main_grads().unwrap();
 
     // The discovery step is the eager run's first step.
-    let discovery = model.discover::<B>(&eager, &eager_stream).unwrap();
+    let discovery = model.discover(&eager, &eager_stream).unwrap();
     for _ in 1..STEPS {
         model.eager_step(&eager, &eager_stream).unwrap();
     }

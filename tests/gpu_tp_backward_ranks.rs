@@ -45,9 +45,7 @@ fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found
     let eager = model.main_grads().unwrap();
     let graphed = model.main_grads().unwrap();
 
-    let discovery = model
-        .discover::<NcclBackend>(&eager, &eager_stream)
-        .unwrap();
+    let discovery = model.discover(&eager, &eager_stream).unwrap();
     for _ in 1..STEPS {
         model.eager_step(&eager, &eager_stream).unwrap();
     }

@@ -575,7 +575,7 @@ fn run_round(
             rep
         }
         Err(e) => {
-            match &e.error {
+            match e.error() {
                 CaptureError::Unfinished { runners } => {
                     let got: Vec<(RunnerId, Option<FailureKind>)> = runners
                         .iter()
@@ -585,7 +585,7 @@ fn run_round(
                 }
                 other => prop_assert!(false, "seal failed with {:?}", other),
             }
-            let next = e.capturing.replan();
+            let next = e.into_capturing().replan();
             drop(live);
             prop_assert_eq!(rig.sim.live_allocations(), live_before);
             prop_assert_eq!(rig.sim.live_events(), 0);

@@ -158,7 +158,7 @@ proptest! {
             rs
         }).collect();
         let policy = Policy::Generations(g);
-        let report = plan(&w, if packed { policy.packed() } else { policy.into() }).report();
+        let report = plan(&w, if packed { policy.packed() } else { policy.round_robin() }).report();
         prop_assert!(report.lower_bound <= report.plan_bytes);
         prop_assert!(report.plan_bytes <= report.ring_bytes, "{}", report);
     }

@@ -436,7 +436,7 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
     let slot = |k: usize| if Mode::ALL[k].checked() { k } else { checked };
 
     // 1. Discovery: one eager step with each module's runner armed.
-    let discovery = model.discover::<B>(&mains[0], &eager_stream)?;
+    let discovery = model.discover(&mains[0], &eager_stream)?;
     let eager_peak = eager_pool_peak(cuda, &mut model, &mains[0], &eager_stream)?;
     for m in &mut mains {
         model.zero(m)?;

@@ -940,10 +940,10 @@ impl Model {
     /// One module of an eager step on `s`, buffers from `src` (recorded in
     /// discovery, allocated here in both discovery and plain runs),
     /// accumulated on the same stream.
-    pub fn eager_module<B: Backend<Stream = CudaStream>>(
+    pub fn eager_module(
         &mut self,
         m: usize,
-        src: &mut BufferSource<'_, '_, B>,
+        src: &mut BufferSource<'_, '_>,
         main: &MainGrads,
         s: &CudaStream,
     ) -> Result<()> {
@@ -986,22 +986,18 @@ impl Model {
     /// An eager step: every module on `s`, in backward order.
     pub fn eager_step(&mut self, main: &MainGrads, s: &CudaStream) -> Result<()> {
         for m in 0..self.modules.len() {
-            self.eager_module::<CudaBackend>(m, &mut BufferSource::Plain, main, s)?;
+            self.eager_module(m, &mut BufferSource::Plain, main, s)?;
         }
         Ok(())
     }
 
     /// The discovery step: an eager step with each module's runner armed.
-    pub fn discover<B: Backend<Stream = CudaStream>>(
-        &mut self,
-        main: &MainGrads,
-        s: &CudaStream,
-    ) -> Result<Discovering> {
+    pub fn discover(&mut self, main: &MainGrads, s: &CudaStream) -> Result<Discovering> {
         let mut discovery = Discovering::new(self.reduce.config()?);
         for m in 0..self.modules.len() {
             let name = format!("{}.bwd", self.modules[m].name);
             let mut armed = discovery.arm_named(RunnerId(m as u32), name)?;
-            self.eager_module::<B>(m, &mut BufferSource::Discover(&mut armed), main, s)?;
+            self.eager_module(m, &mut BufferSource::Discover(&mut armed), main, s)?;
         }
         s.synchronize()?;
         Ok(discovery)

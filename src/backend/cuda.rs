@@ -1,9 +1,9 @@
 //! The `cuda` backend: the CUDA driver through cudarc.
 //!
 //! - [`probe`] / [`probe_device`] say whether a usable driver and device exist,
-//!   without panicking (with the `dynamic-loading` feature they first check
-//!   that `libcuda` and every entry point used can be loaded: cudarc panics
-//!   when they cannot).
+//!   without panicking in any of cudarc's linking modes: they first check
+//!   that `libcuda` and every entry point used can be loaded, by the names
+//!   cudarc's dynamic loading tries (cudarc panics when they cannot).
 //! - [`CudaBackend::new`] retains a device's primary context in a cudarc
 //!   context of its own; [`CudaBackend::from_context`] adopts the program's
 //!   `Arc<CudaContext>` (candle's, cubecl's, a hand-written cudarc
@@ -63,7 +63,6 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
-#[cfg(feature = "dynamic-loading")]
 const REQUIRED_SYMBOLS: [&str; 37] = [
     "cuInit",
     "cuDriverGetVersion",
@@ -157,19 +156,48 @@ impl fmt::Display for DeviceInfo {
     }
 }
 
+/// File names for a library `stem` (`"cuda"`, `"nvcuda"`, `"nccl"`) in the
+/// order cudarc's dynamic loading tries them: the plain name, its numbered
+/// Windows-style names and the sonames `.so.13` to `.so.1`, for each CUDA
+/// major version cudarc has bindings for (cudarc tries its own major's).
+fn library_candidates(stem: &str) -> Vec<String> {
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    let base = format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}");
+    let mut names = vec![base.clone(), format!("{DLL_PREFIX}{stem}64{DLL_SUFFIX}")];
+    for major in [13, 12, 11] {
+        names.push(format!("{DLL_PREFIX}{stem}64_{major}{DLL_SUFFIX}"));
+        names.push(format!("{DLL_PREFIX}{stem}64_{major}0_0{DLL_SUFFIX}"));
+    }
+    for major in [13, 12, 11, 10, 9, 1] {
+        names.push(format!("{base}.{major}"));
+    }
+    names
+}
+
+/// The first library among the `stems`' [`library_candidates`] that the
+/// dynamic loader opens. Checked before cudarc is asked for anything, in
+/// every cudarc configuration: cudarc's own dynamic loading (its
+/// `dynamic-loading` feature, or `fallback-dynamic-loading` from its default
+/// features) panics when it finds no library, and under a linking mode the
+/// loader bound the library at start-up, so opening it again finds it.
+pub(crate) fn open_library(stems: &[&str]) -> Option<libloading::Library> {
+    stems
+        .iter()
+        .flat_map(|stem| library_candidates(stem))
+        // SAFETY: a CUDA or NCCL library's initializers have no
+        // preconditions; nothing in the library is called.
+        .find_map(|name| unsafe { libloading::Library::new(name) }.ok())
+}
+
 /// Whether `libcuda` loads and has every entry point in
 /// [`REQUIRED_SYMBOLS`] (cudarc panics on a missing library or symbol).
-#[cfg(feature = "dynamic-loading")]
 fn check_library() -> Result<()> {
-    // SAFETY: loads and unloads the library by name; calls nothing in it.
-    if !unsafe { sys::is_culib_present() } {
+    let Some(lib) = open_library(&["cuda", "nvcuda"]) else {
         return Err(unavailable(
             "the CUDA driver library (libcuda) was not found by the dynamic loader",
         ));
-    }
-    // SAFETY: the library is present (checked above), so `culib` does not
-    // panic; looking a symbol up calls nothing.
-    let missing = missing_symbols(unsafe { sys::culib() }, &REQUIRED_SYMBOLS);
+    };
+    let missing = missing_symbols(&lib, &REQUIRED_SYMBOLS);
     if missing.is_empty() {
         Ok(())
     } else {
@@ -182,7 +210,6 @@ fn check_library() -> Result<()> {
 
 /// The names among `required` that `lib` does not export (cudarc panics on
 /// the first call of a missing one; the probes ask first).
-#[cfg(feature = "dynamic-loading")]
 pub(crate) fn missing_symbols<'n>(lib: &libloading::Library, required: &[&'n str]) -> Vec<&'n str> {
     required
         .iter()
@@ -202,12 +229,10 @@ pub fn probe() -> Result<DeviceInfo> {
 
 /// Like [`probe`], for the device with this ordinal.
 ///
-/// With the `dynamic-loading` feature it first checks that `libcuda` loads
-/// and has every entry point this backend calls. Without it (cudarc's
-/// `dynamic-linking` or `static-linking`), the loader bound the library
-/// when the program started.
+/// It first checks that `libcuda` loads and has every entry point this
+/// backend calls, whichever linking mode cudarc was built with (cudarc's
+/// default features load the library at run time and panic without it).
 pub fn probe_device(ordinal: usize) -> Result<DeviceInfo> {
-    #[cfg(feature = "dynamic-loading")]
     check_library()?;
     // SAFETY: every entry point called below was resolved above; all out
     // pointers point at live locals.
@@ -629,7 +654,7 @@ impl CudaBackend {
         Ok(arena)
     }
 
-    #[cfg(not(feature = "nccl"))]
+    #[cfg(not(replay_arena_nccl))]
     fn allocate_symmetric(&self, plan: &ArenaDesc, group: GroupId) -> Result<CudaArena> {
         Err(BackendError::Allocation {
             key: plan.key,
@@ -640,7 +665,7 @@ impl CudaBackend {
         })
     }
 
-    #[cfg(feature = "nccl")]
+    #[cfg(replay_arena_nccl)]
     fn allocate_symmetric(&self, _plan: &ArenaDesc, group: GroupId) -> Result<CudaArena> {
         Err(BackendError::NoCommunicator { group })
     }

@@ -15,8 +15,11 @@ pub mod sim;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-#[cfg(feature = "nccl")]
+#[cfg(replay_arena_nccl)]
 pub mod nccl;
+
+#[cfg(feature = "cublas")]
+pub mod cublas;
 
 /// What one arena must be: the backend's own descriptor (it never sees the
 /// plan).
@@ -28,6 +31,56 @@ pub struct ArenaDesc {
     pub bytes: u64,
     /// Required alignment of the base address (a power of two).
     pub alignment: u64,
+}
+
+/// The `op` of a [`BackendError::Driver`] made from a cudarc `DriverError`
+/// (`?` on a cudarc driver call): cudarc's error keeps the code, not the call.
+#[cfg(feature = "cuda")]
+pub const CUDARC_DRIVER_CALL: &str = "a cudarc driver call";
+
+/// The `op` of a [`BackendError::Nccl`] made from a cudarc `NcclError`.
+#[cfg(replay_arena_nccl)]
+pub const CUDARC_NCCL_CALL: &str = "a cudarc NCCL call";
+
+#[cfg(feature = "cuda")]
+impl From<cudarc::driver::DriverError> for BackendError {
+    /// Keeps the raw `CUresult` (formatting a `DriverError` calls into the
+    /// driver; this crate formats the code itself), with
+    /// [`CUDARC_DRIVER_CALL`] as the operation.
+    fn from(error: cudarc::driver::DriverError) -> BackendError {
+        BackendError::Driver {
+            op: CUDARC_DRIVER_CALL,
+            code: error.0,
+        }
+    }
+}
+
+#[cfg(replay_arena_nccl)]
+impl From<cudarc::nccl::result::NcclError> for BackendError {
+    /// Keeps the raw `ncclResult_t`, with [`CUDARC_NCCL_CALL`] as the
+    /// operation.
+    fn from(error: cudarc::nccl::result::NcclError) -> BackendError {
+        BackendError::Nccl {
+            op: CUDARC_NCCL_CALL,
+            code: error.0,
+        }
+    }
+}
+
+/// The `op` of a [`BackendError::Cublas`] made from a cudarc `CublasError`.
+#[cfg(feature = "cublas")]
+pub const CUDARC_CUBLAS_CALL: &str = "a cudarc cuBLAS call";
+
+#[cfg(feature = "cublas")]
+impl From<cudarc::cublas::result::CublasError> for BackendError {
+    /// Keeps the raw `cublasStatus_t`, with [`CUDARC_CUBLAS_CALL`] as the
+    /// operation.
+    fn from(error: cudarc::cublas::result::CublasError) -> BackendError {
+        BackendError::Cublas {
+            op: CUDARC_CUBLAS_CALL,
+            status: error.0,
+        }
+    }
 }
 
 /// A failed backend call. Driver and NCCL failures keep the library's own
@@ -57,19 +110,32 @@ pub enum BackendError {
     #[cfg(feature = "cuda")]
     #[error("{op} returned {code:?}")]
     Driver {
-        /// The driver entry point.
+        /// The driver entry point; [`CUDARC_DRIVER_CALL`] for a cudarc
+        /// `DriverError` converted with `?` (which does not say which call
+        /// failed).
         op: &'static str,
         /// Its result code.
         code: cudarc::driver::sys::CUresult,
     },
     /// An NCCL call failed.
-    #[cfg(feature = "nccl")]
+    #[cfg(replay_arena_nccl)]
     #[error("{op} returned {code:?}")]
     Nccl {
-        /// The NCCL entry point.
+        /// The NCCL entry point; [`CUDARC_NCCL_CALL`] for a cudarc
+        /// `NcclError` converted with `?`.
         op: &'static str,
         /// Its result code.
         code: cudarc::nccl::sys::ncclResult_t,
+    },
+    /// A cuBLAS call failed.
+    #[cfg(feature = "cublas")]
+    #[error("{op} returned {status:?}")]
+    Cublas {
+        /// The cuBLAS entry point; [`CUDARC_CUBLAS_CALL`] for a cudarc
+        /// `CublasError` converted with `?`.
+        op: &'static str,
+        /// Its status code.
+        status: cudarc::cublas::sys::cublasStatus_t,
     },
     /// A call was refused before reaching the runtime (a stream of another
     /// device or backend, a stream that cannot be captured, a simulated

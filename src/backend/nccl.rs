@@ -43,26 +43,15 @@ fn check(op: &'static str, result: nc::ncclResult_t) -> Result<()> {
     }
 }
 
-/// Whether the NCCL library can be loaded (without panicking when it cannot).
-///
-/// With the `dynamic-loading` feature this tries to load it as cudarc would;
-/// without it (cudarc's `dynamic-linking`), the loader bound NCCL when the
-/// program started, so it is there.
+/// Whether the NCCL library can be loaded (without panicking when it cannot),
+/// by the names cudarc's dynamic loading tries; under cudarc's linking modes
+/// the loader bound it at start-up, so it is found again.
 pub fn available() -> bool {
-    #[cfg(feature = "dynamic-loading")]
-    {
-        // SAFETY: only tries to open the library.
-        unsafe { nc::is_culib_present() }
-    }
-    #[cfg(not(feature = "dynamic-loading"))]
-    {
-        true
-    }
+    crate::backend::cuda::open_library(&["nccl"]).is_some()
 }
 
 /// NCCL entry points this module calls; checked before the first call, since
 /// cudarc panics on a missing symbol (NCCL before 2.28 has no symmetric windows).
-#[cfg(feature = "dynamic-loading")]
 const REQUIRED_SYMBOLS: [&str; 10] = [
     "ncclGetUniqueId",
     "ncclCommInitRank",
@@ -76,17 +65,14 @@ const REQUIRED_SYMBOLS: [&str; 10] = [
     "ncclGetVersion",
 ];
 
-#[cfg(feature = "dynamic-loading")]
 fn require_nccl() -> Result<()> {
-    if !available() {
+    let Some(lib) = crate::backend::cuda::open_library(&["nccl"]) else {
         return Err(BackendError::Unavailable {
             reason: "libnccl.so could not be loaded (is NCCL installed and on LD_LIBRARY_PATH?)"
                 .into(),
         });
-    }
-    // SAFETY: the library is present (checked above), so `culib` does not
-    // panic; looking a symbol up calls nothing.
-    let missing = crate::backend::cuda::missing_symbols(unsafe { nc::culib() }, &REQUIRED_SYMBOLS);
+    };
+    let missing = crate::backend::cuda::missing_symbols(&lib, &REQUIRED_SYMBOLS);
     if missing.is_empty() {
         Ok(())
     } else {
@@ -97,12 +83,6 @@ fn require_nccl() -> Result<()> {
             ),
         })
     }
-}
-
-/// Under `dynamic-linking` every symbol was bound when the program started.
-#[cfg(not(feature = "dynamic-loading"))]
-fn require_nccl() -> Result<()> {
-    Ok(())
 }
 
 /// The 128-byte id every rank of a communicator is created from. Rank 0
@@ -288,7 +268,7 @@ impl Communicator {
         };
         // SAFETY: a plain device allocation of `size` u64s, freed below.
         let buf = unsafe { cu::malloc_sync(8 * size) }.map_err(driver("cuMemAlloc"))?;
-        let result = (|| {
+        let result = (|| -> Result<Vec<u64>> {
             let mine = buf + 8 * self.inner.rank as u64;
             // SAFETY: `mine` is inside `buf`.
             unsafe { cu::memcpy_htod_sync(mine, &[value]) }.map_err(driver("cuMemcpyHtoD"))?;

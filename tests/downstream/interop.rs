@@ -45,20 +45,13 @@ pub fn capture_and_replay(
         let view = cap.take(req)?;
         cap.stream_capture(stream, |s| -> Result<(), Error> {
             let mut out = view.as_cuda::<f32>(s)?;
-            let driver = |op| {
-                move |e: replay_arena::cuda::cudarc::driver::DriverError| {
-                    Error::from(BackendError::Driver { op, code: e.0 })
-                }
-            };
-            s.cudarc()
-                .memcpy_dtod(input, &mut out)
-                .map_err(driver("cuMemcpyDtoDAsync"))?;
+            // cudarc's `DriverError` converts into the crate's error.
+            s.cudarc().memcpy_dtod(input, &mut out)?;
             let n = input.len() as u32;
             let mut launch = s.cudarc().launch_builder(scale);
             launch.arg(&mut out).arg(&n);
             // SAFETY: `scale(float*, unsigned)` reads and writes n floats.
-            unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }
-                .map_err(driver("cuLaunchKernel"))?;
+            unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }?;
             Ok(())
         })?;
         cap.finish()?;

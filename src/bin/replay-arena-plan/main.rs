@@ -109,7 +109,13 @@ impl Cli {
             (_, _, Some(d)) => Some(Policy::OverlapDepth(d)),
             _ => None,
         };
-        let strategy = policy.map(|p| if self.packed { p.packed() } else { p.into() });
+        let strategy = policy.map(|p| {
+            if self.packed {
+                p.packed()
+            } else {
+                p.round_robin()
+            }
+        });
         let format = match (self.json, self.markdown) {
             (true, _) => render::Format::Json,
             (_, true) => render::Format::Markdown,
