@@ -690,21 +690,41 @@ fn a_failed_capture_leaves_the_stream_free_for_the_next_capture() {
 }
 
 #[test]
-fn a_graph_that_allocates_memory_is_graph_rejected() {
+fn a_graph_whose_allocation_escapes_it_is_graph_rejected() {
     let (sim, stream, mut capturing) = allocated(&[(1, &[F32_64])]);
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)?;
-        sim.launch(s, SimOp::fill(&view, 1.0), 1)
+        let out = sim.alloc_async(s, 1024)?; // an op's output, never dropped
+        sim.launch(s, SimOp::copy(&view, &out), 1)
     })
     .unwrap();
     let err = cap.finish().unwrap_err();
     assert!(
         matches!(&err, CaptureError::GraphRejected { runner: RunnerId(1), reason }
-        if reason.contains("1 memory allocation node"))
+        if reason.contains("1 allocation(s) of 4096 bytes") && reason.contains("never freed")),
+        "{err}"
     );
     assert_mentions(&err, &["graph captured for runner 1 was rejected"]);
+}
+
+#[test]
+fn a_graph_that_frees_memory_it_did_not_allocate_is_graph_rejected() {
+    let (sim, stream, mut capturing) = allocated(&[(1, &[F32_64])]);
+    let program = sim.alloc_f32(16).unwrap();
+    let cap = capturing.capture(RunnerId(1)).unwrap();
+    let view = cap.take(F32_64).unwrap();
+    cap.stream_capture(&stream, |s| {
+        sim.launch(s, SimOp::fill(&view, 1.0), 1)?;
+        sim.free_async(s, &replay_arena::sim::AsSpan::span(&program))
+    })
+    .unwrap();
+    let err = cap.finish().unwrap_err();
+    assert!(
+        matches!(&err, CaptureError::GraphRejected { runner: RunnerId(1), reason }
+        if reason.contains("1 free(s)") && reason.contains("did not allocate")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -713,14 +733,12 @@ fn a_rejected_graph_fails_the_runner_and_seal_reports_it() {
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| {
-            sim.launch(s, SimOp::AllocNode { bytes: 4096 }, 1)
-        })
-        .unwrap();
+        cap.stream_capture(&stream, |s| sim.alloc_async(s, 16).map(drop))
+            .unwrap();
         cap.finish().unwrap_err();
     }
     let err = expect_err(capturing.seal());
-    assert_mentions(&err, &["runner 1 failed", "memory allocation node"]);
+    assert_mentions(&err, &["runner 1 failed", "never freed"]);
 }
 
 #[test]

@@ -50,7 +50,7 @@ use cudarc::driver::{
     SyncOnDrop,
 };
 
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
+use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError};
 use crate::view::{check_use, Scope, View};
 use crate::vocab::{align_up, DType, Domain, GroupId};
 
@@ -63,7 +63,7 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
-const REQUIRED_SYMBOLS: [&str; 37] = [
+const REQUIRED_SYMBOLS: [&str; 39] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -99,6 +99,8 @@ const REQUIRED_SYMBOLS: [&str; 37] = [
     "cuGraphGetNodes",
     "cuGraphNodeGetType",
     "cuGraphChildGraphNodeGetGraph",
+    "cuGraphMemAllocNodeGetParams",
+    "cuGraphMemFreeNodeGetParams",
     "cuGraphExecDestroy",
     "cuGraphDestroy",
 ];
@@ -670,13 +672,14 @@ impl CudaBackend {
         Err(BackendError::NoCommunicator { group })
     }
 
-    /// Counts memory allocation and free nodes in `graph` and, recursively,
-    /// in its child graphs.
-    fn count_memory_nodes(
+    /// Collects the memory allocation nodes (address, bytes) and free nodes
+    /// (address) of `graph` and, recursively, of its child graphs.
+    fn memory_nodes(
         &self,
         graph: sys::CUgraph,
         depth: usize,
-        counts: &mut (usize, usize),
+        allocs: &mut Vec<(u64, u64)>,
+        frees: &mut Vec<u64>,
     ) -> std::result::Result<(), String> {
         if depth > 64 {
             return Err("child graphs nest more than 64 deep".into());
@@ -716,9 +719,23 @@ impl CudaBackend {
                 sys::cuGraphNodeGetType(node, (&mut kind as *mut u32).cast())
             })?;
             if kind == alloc {
-                counts.0 += 1;
+                // SAFETY: a plain C struct of integers and pointers, for the
+                // driver to fill.
+                let mut params: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: `node` is an allocation node of `graph`; `params`
+                // is a local out pointer.
+                inspect("cuGraphMemAllocNodeGetParams", unsafe {
+                    sys::cuGraphMemAllocNodeGetParams(node, &mut params)
+                })?;
+                allocs.push((params.dptr, params.bytesize as u64));
             } else if kind == free {
-                counts.1 += 1;
+                let mut dptr: sys::CUdeviceptr = 0;
+                // SAFETY: `node` is a free node of `graph`; `dptr` is a local
+                // out pointer.
+                inspect("cuGraphMemFreeNodeGetParams", unsafe {
+                    sys::cuGraphMemFreeNodeGetParams(node, &mut dptr)
+                })?;
+                frees.push(dptr);
             } else if kind == child {
                 let mut sub: sys::CUgraph = ptr::null_mut();
                 // SAFETY: `node` is a child graph node; the child graph stays
@@ -726,7 +743,7 @@ impl CudaBackend {
                 inspect("cuGraphChildGraphNodeGetGraph", unsafe {
                     sys::cuGraphChildGraphNodeGetGraph(node, &mut sub)
                 })?;
-                self.count_memory_nodes(sub, depth + 1, counts)?;
+                self.memory_nodes(sub, depth + 1, allocs, frees)?;
             }
         }
         Ok(())
@@ -1347,17 +1364,9 @@ impl Backend for CudaBackend {
 
     fn validate_graph(&self, graph: &CudaGraph) -> std::result::Result<(), String> {
         self.bind().map_err(|e| e.to_string())?;
-        let mut counts = (0, 0);
-        self.count_memory_nodes(graph.handles.graph, 0, &mut counts)?;
-        match counts {
-            (0, 0) => Ok(()),
-            (allocs, frees) => Err(format!(
-                "it contains {allocs} memory allocation node(s) and {frees} memory free node(s) \
-                 (stream-ordered allocation such as cuMemAllocAsync during capture); graph memory \
-                 nodes make later launches invalid, so allocate every buffer the graph uses before \
-                 capture or take it from the plan"
-            )),
-        }
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
+        check_memory_nodes(&allocs, &frees)
     }
 
     /// Waits for the whole context (`cuCtxSynchronize`), the program's

@@ -205,6 +205,45 @@ pub enum BackendError {
     },
 }
 
+/// The rule a plan's graph keeps for graph memory nodes (`sim` and `cuda`):
+/// every allocation is freed by the same graph (else its next launch fails,
+/// or the memory outlives the launch), and every free is of memory the
+/// same graph allocated (else each replay frees the program's memory).
+pub(crate) fn check_memory_nodes(
+    allocs: &[(u64, u64)],
+    frees: &[u64],
+) -> std::result::Result<(), String> {
+    let escaping: Vec<_> = allocs.iter().filter(|(a, _)| !frees.contains(a)).collect();
+    let foreign: Vec<_> = frees
+        .iter()
+        .filter(|f| !allocs.iter().any(|(a, _)| a == *f))
+        .collect();
+    let mut reasons = Vec::new();
+    if !escaping.is_empty() {
+        let bytes: u64 = escaping.iter().map(|(_, b)| b).sum();
+        reasons.push(format!(
+            "{} allocation(s) of {bytes} bytes in all (the first at {:#x}) are never freed by the \
+             graph: memory a graph allocates must be freed inside it (drop temporaries before the \
+             capture ends) or come from the plan",
+            escaping.len(),
+            escaping[0].0
+        ));
+    }
+    if !foreign.is_empty() {
+        reasons.push(format!(
+            "{} free(s) (the first at {:#x}) of memory the graph did not allocate: every replay \
+             would free the program's memory",
+            foreign.len(),
+            foreign[0]
+        ));
+    }
+    if reasons.is_empty() {
+        Ok(())
+    } else {
+        Err(reasons.join("; "))
+    }
+}
+
 /// One allocated arena. Dropping it frees the memory.
 pub trait Arena {
     /// Device (or host, for `sim`) address of the first byte.
@@ -335,8 +374,11 @@ pub trait Backend {
     /// As [`Backend::end_capture`].
     unsafe fn abort_capture(&self, stream: &Self::Stream);
 
-    /// Checks that a captured graph may be owned by a plan: `Err(reason)` if
-    /// it allocates or frees memory.
+    /// Checks that a captured graph may be owned by a plan: its memory
+    /// nodes are balanced (temporaries
+    /// allocated and freed inside the graph are fine; an allocation that
+    /// escapes the graph, or a free of memory it did not allocate, is
+    /// `Err(reason)`).
     ///
     /// # Errors
     ///

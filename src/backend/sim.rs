@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
+use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError};
 use crate::view::{check_use, View, ViewTag};
 
 type Result<T> = std::result::Result<T, BackendError>;
@@ -152,10 +152,20 @@ pub enum SimOp {
         factor: f32,
     },
     /// A graph memory allocation node, as stream-ordered allocation during
-    /// capture creates in CUDA. Graphs containing one are rejected.
+    /// capture creates in CUDA ([`SimBackend::alloc_async`]). Its address
+    /// is fixed for the graph's life; a plan accepts the graph only when
+    /// the graph also frees it.
     AllocNode {
-        /// Bytes the node would allocate.
+        /// The address it hands out.
+        addr: u64,
+        /// Bytes it allocates.
         bytes: u64,
+    },
+    /// A graph memory free node ([`SimBackend::free_async`]); a plan accepts
+    /// it only for memory the same graph allocated.
+    FreeNode {
+        /// The address it frees.
+        addr: u64,
     },
 }
 
@@ -198,7 +208,7 @@ impl SimOp {
             SimOp::Fill { dst, .. } | SimOp::Scale { dst, .. } => vec![(dst, true)],
             SimOp::Copy { src, dst } => vec![(src, false), (dst, true)],
             SimOp::Add { src, dst } => vec![(src, false), (dst, true)],
-            SimOp::AllocNode { .. } => Vec::new(),
+            SimOp::AllocNode { .. } | SimOp::FreeNode { .. } => Vec::new(),
         }
     }
 }
@@ -269,10 +279,45 @@ impl Drop for SimEvent {
     }
 }
 
-/// A captured op list.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A captured op list, and the memory its allocation nodes hand out (kept
+/// for the graph's life, as CUDA keeps a graph's allocations at fixed
+/// addresses).
+#[derive(Clone, Debug, Default)]
 pub struct SimGraph {
     ops: Vec<(SimOp, u64)>,
+    /// Held for its drop: frees the allocation nodes' memory with the graph.
+    _memory: Option<Arc<GraphMemory>>,
+}
+
+impl PartialEq for SimGraph {
+    fn eq(&self, other: &SimGraph) -> bool {
+        self.ops == other.ops
+    }
+}
+
+/// Host memory behind a graph's allocation nodes; freed with the graph.
+#[derive(Debug)]
+struct GraphMemory {
+    state: Arc<Mutex<SimState>>,
+    bases: Vec<u64>,
+}
+
+impl Drop for GraphMemory {
+    fn drop(&mut self) {
+        let mut s = lock(&self.state);
+        s.synchronize();
+        for &base in &self.bases {
+            s.free(base);
+        }
+    }
+}
+
+/// What a capturing stream has recorded so far.
+#[derive(Default)]
+struct Capture {
+    ops: Vec<(SimOp, u64)>,
+    /// Allocations its allocation nodes made.
+    temps: Vec<u64>,
 }
 
 impl SimGraph {
@@ -338,7 +383,7 @@ struct Allocation {
 struct StreamState {
     tail: u64,
     clock: Vec<u64>,
-    capturing: Option<Vec<(SimOp, u64)>>,
+    capturing: Option<Capture>,
 }
 
 #[derive(Clone, Default)]
@@ -643,6 +688,7 @@ fn sim_error(op: &'static str, reason: impl Into<String>) -> BackendError {
 }
 
 const FOREIGN_STREAM: &str = "stream belongs to another SimBackend";
+
 const FOREIGN_EVENT: &str = "event belongs to another SimBackend";
 
 impl SimState {
@@ -841,7 +887,7 @@ impl SimState {
             SimOp::Copy { src, dst } => self.binary(src, dst, |_, s| s),
             SimOp::Add { src, dst } => self.binary(src, dst, |d, s| d + s),
             SimOp::Scale { dst, factor } => self.binary(dst, dst, |d, _| d * factor),
-            SimOp::AllocNode { .. } => {}
+            SimOp::AllocNode { .. } | SimOp::FreeNode { .. } => {}
         }
     }
 
@@ -969,7 +1015,7 @@ impl SimBackend {
         let mut s = self.state();
         s.check_scope(id, &op)?;
         if let Some(capture) = s.streams[id].capturing.as_mut() {
-            capture.push((op, duration));
+            capture.ops.push((op, duration));
             return Ok(());
         }
         s.submit(id, op, duration)
@@ -997,10 +1043,61 @@ impl SimBackend {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         if let Some(capture) = s.streams[id].capturing.as_mut() {
-            capture.push((op, duration));
+            capture.ops.push((op, duration));
             return Ok(());
         }
         s.submit(id, op, duration)
+    }
+
+    /// Allocates `len` `f32`s while `stream` captures, as `cuMemAllocAsync`
+    /// does in CUDA: the graph gets an allocation node, and the memory, at
+    /// a fixed address, lives as long as the graph. A plan accepts the graph
+    /// only when it also frees the memory ([`SimBackend::free_async`]).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] when `stream` is not capturing (use
+    /// [`SimBackend::alloc_f32`]) or belongs to another backend; the
+    /// allocation's own failure.
+    pub fn alloc_async(&self, stream: &SimStream, len: usize) -> Result<Span> {
+        let id = self.own(stream, "sim alloc async")?;
+        let mut s = self.state();
+        if s.streams[id].capturing.is_none() {
+            return Err(sim_error(
+                "sim alloc async",
+                "the stream is not capturing (alloc_f32 allocates outside captures)",
+            ));
+        }
+        let bytes = (len as u64).saturating_mul(4);
+        let base = s
+            .alloc(bytes, 256, false)
+            .map_err(|reason| sim_error("sim alloc async", reason))?;
+        if let Some(capture) = s.streams[id].capturing.as_mut() {
+            capture.temps.push(base);
+            capture
+                .ops
+                .push((SimOp::AllocNode { addr: base, bytes }, 0));
+        }
+        Ok(Span::new(base, len))
+    }
+
+    /// Frees memory while `stream` captures, as `cuMemFreeAsync` does: the
+    /// graph gets a free node.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] when `stream` is not capturing or belongs to
+    /// another backend.
+    pub fn free_async(&self, stream: &SimStream, span: &Span) -> Result<()> {
+        let id = self.own(stream, "sim free async")?;
+        let mut s = self.state();
+        match s.streams[id].capturing.as_mut() {
+            Some(capture) => {
+                capture.ops.push((SimOp::FreeNode { addr: span.addr }, 0));
+                Ok(())
+            }
+            None => Err(sim_error("sim free async", "the stream is not capturing")),
+        }
     }
 
     /// Waits for everything, then reads `f32`s.
@@ -1221,7 +1318,7 @@ impl Backend for SimBackend {
                 "the stream is already capturing",
             ));
         }
-        st.capturing = Some(Vec::new());
+        st.capturing = Some(Capture::default());
         Ok(())
     }
 
@@ -1232,32 +1329,44 @@ impl Backend for SimBackend {
 
     unsafe fn end_capture(&self, stream: &SimStream) -> Result<SimGraph> {
         let id = self.own(stream, "sim end capture")?;
-        let ops = self.state().streams[id]
+        let capture = self.state().streams[id]
             .capturing
             .take()
             .ok_or_else(|| sim_error("sim end capture", "the stream is not capturing"))?;
-        Ok(SimGraph { ops })
+        let memory = (!capture.temps.is_empty()).then(|| {
+            Arc::new(GraphMemory {
+                state: self.state.clone(),
+                bases: capture.temps,
+            })
+        });
+        Ok(SimGraph {
+            ops: capture.ops,
+            _memory: memory,
+        })
     }
 
     unsafe fn abort_capture(&self, stream: &SimStream) {
         if let Ok(id) = self.own(stream, "sim abort capture") {
-            self.state().streams[id].capturing = None;
+            let mut s = self.state();
+            if let Some(capture) = s.streams[id].capturing.take() {
+                for base in capture.temps {
+                    s.free(base);
+                }
+            }
         }
     }
 
     fn validate_graph(&self, graph: &SimGraph) -> std::result::Result<(), String> {
-        let allocs = graph
-            .ops
-            .iter()
-            .filter(|(op, _)| matches!(op, SimOp::AllocNode { .. }))
-            .count();
-        if allocs == 0 {
-            Ok(())
-        } else {
-            Err(format!(
-                "it contains {allocs} memory allocation node(s); allocate every buffer a graph uses before capture"
-            ))
+        let mut allocs = Vec::new();
+        let mut frees = Vec::new();
+        for (op, _) in &graph.ops {
+            match *op {
+                SimOp::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
+                SimOp::FreeNode { addr } => frees.push(addr),
+                _ => {}
+            }
         }
+        check_memory_nodes(&allocs, &frees)
     }
 
     fn synchronize(&self) -> Result<()> {

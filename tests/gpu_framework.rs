@@ -1,0 +1,110 @@
+//! A framework's own ops inside runner graphs, on the GPU: outputs
+//! allocated inside the capture (`alloc_zeros`, i.e. `cuMemAllocAsync`) and
+//! intermediates dropped there (`cuMemFreeAsync`) are accepted, replay
+//! exactly and keep their addresses; an output that escapes the graph is a
+//! typed error naming the runner and the bytes; the program's optimizer
+//! stream waits for every consumer through the crate.
+#![cfg(feature = "cuda")]
+
+use replay_arena::cuda::cudarc::driver::CudaSlice;
+use replay_arena::cuda::{CudaBackend, ViewExt};
+use replay_arena::{
+    BackendError, CaptureError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
+};
+
+const N: usize = 1 << 16;
+const REQ: Request = Request::new(Domain::Device, DType::F32, N as u64);
+
+fn backend() -> CudaBackend {
+    CudaBackend::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn temporaries_inside_a_runner_graph_replay_exactly() {
+    let b = backend();
+    let (pool, side, optimizer) = (
+        b.new_stream().unwrap(),
+        b.new_stream().unwrap(),
+        b.new_stream().unwrap(),
+    );
+    let input: CudaSlice<f32> = pool.cudarc().clone_htod(&vec![2.5f32; N]).unwrap();
+    pool.synchronize().unwrap();
+    let rs = (0..2).map(|r| (RunnerId(r), [REQ]));
+    let planned = Discovering::from_runners(PlanConfig::new(), rs)
+        .unwrap()
+        .plan(Policy::Generations(2))
+        .unwrap();
+    let mut capturing = planned.allocate(b.clone()).unwrap();
+    for r in 0..2 {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let view = cap.take(REQ).unwrap();
+        cap.stream_capture(&pool, |s| {
+            // An op's output and an intermediate, as candle allocates them.
+            let mut t1: CudaSlice<f32> = s.cudarc().alloc_zeros(N)?;
+            s.cudarc().memcpy_dtod(&input, &mut t1)?;
+            let mut t2: CudaSlice<f32> = s.cudarc().alloc_zeros(N)?;
+            s.cudarc().memcpy_dtod(&t1, &mut t2)?;
+            drop(t1);
+            let mut out = view.as_cuda::<f32>(s)?;
+            s.cudarc().memcpy_dtod(&t2, &mut out)?;
+            drop(t2);
+            Ok::<(), BackendError>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    let mut main: CudaSlice<f32> = side.cudarc().alloc_zeros(N).unwrap();
+    side.synchronize().unwrap();
+    for _ in 0..50 {
+        for r in 0..2 {
+            replayable.replay(RunnerId(r), &pool).unwrap();
+            replayable
+                .consume(RunnerId(r), &side, |s, views| {
+                    let v = views[0].as_cuda::<f32>(s)?;
+                    // main = v (an exact copy: any torn or stale input shows)
+                    s.cudarc().memcpy_dtod(&v, &mut main)?;
+                    Ok::<(), BackendError>(())
+                })
+                .unwrap();
+        }
+    }
+    replayable.wait_all(&optimizer).unwrap();
+    let host = optimizer.cudarc().clone_dtoh(&main).unwrap();
+    optimizer.synchronize().unwrap();
+    assert!(host.iter().all(|&x| x == 2.5));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_output_that_escapes_its_graph_is_a_typed_error() {
+    let b = backend();
+    let pool = b.new_stream().unwrap();
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(3), [REQ])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let cap = capturing.capture(RunnerId(3)).unwrap();
+    let view = cap.take(REQ).unwrap();
+    let mut kept: Option<CudaSlice<f32>> = None;
+    cap.stream_capture(&pool, |s| {
+        let mut out: CudaSlice<f32> = s.cudarc().alloc_zeros(N)?;
+        let v = view.as_cuda::<f32>(s)?;
+        s.cudarc().memcpy_dtod(&v, &mut out)?;
+        kept = Some(out); // the output outlives the graph
+        Ok::<(), BackendError>(())
+    })
+    .unwrap();
+    let err = cap.finish().unwrap_err();
+    assert!(
+        matches!(&err, CaptureError::GraphRejected { runner: RunnerId(3), reason }
+            if reason.contains(&format!("of {} bytes", N * 4)) && reason.contains("never freed")),
+        "{err}"
+    );
+    // The rejected graph was destroyed without a launch, so its allocation
+    // never got memory: there is nothing for the slice to free.
+    std::mem::forget(kept);
+    assert!(capturing.seal().is_err());
+}
