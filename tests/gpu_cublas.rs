@@ -55,12 +55,14 @@ fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused()
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let c = cap.take(c_req).unwrap();
-        let mut ws = cap.take(ws_req).unwrap().as_cuda::<u8>(&stream).unwrap();
-        assert_eq!(ws.device_address() % WORKSPACE_ALIGNMENT, 0);
-        // SAFETY: the handle is used for this capture only and dropped
-        // before the plan.
-        unsafe { bind_workspace(&mut blas, &stream, &mut ws) }.unwrap();
+        let ws = cap.take(ws_req).unwrap();
         cap.stream_capture(&stream, |s| -> replay_arena::Result<()> {
+            // Typed views exist inside the capture's closure only.
+            let mut ws = ws.as_cuda::<u8>(s)?;
+            assert_eq!(ws.device_address() % WORKSPACE_ALIGNMENT, 0);
+            // SAFETY: the handle is used for this capture only and dropped
+            // before the plan.
+            unsafe { bind_workspace(&mut blas, s, &mut ws) }?;
             let mut c = c.as_cuda::<f32>(s)?;
             let cfg = GemmConfig {
                 transa: cublasOperation_t::CUBLAS_OP_N,

@@ -293,19 +293,33 @@ fn a_view_of_another_group_or_the_wrong_size_is_refused() {
     let mut capturing = plan(&runners, 1, 0).allocate(backend).unwrap();
     let cap = capturing.capture(RunnerId(1)).unwrap(); // an expert-gtp runner
     let [send, recv] = runners[1].requests(1).map(|q| cap.take(q).unwrap());
+    // Outside its closure a view is refused before anything else is checked.
     let err = gtp.reduce_scatter(&send, &recv, &s).unwrap_err();
-    assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
-    assert!(err.to_string().contains("symmetric(group 1)"), "{err}");
+    assert!(
+        err.to_string().contains("outside the work closure"),
+        "{err}"
+    );
+    let inside = cap.stream_capture(&s, |s| {
+        let err = gtp.reduce_scatter(&send, &recv, s).unwrap_err();
+        assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
+        assert!(err.to_string().contains("symmetric(group 1)"), "{err}");
+        Ok::<(), BackendError>(())
+    });
+    inside.unwrap();
     drop(cap);
     let cap = capturing.capture(RunnerId(0)).unwrap(); // a gtp runner
     let [send, _] = runners[0].requests(1).map(|q| cap.take(q).unwrap());
-    // SAFETY: refused before anything is enqueued.
-    let err = unsafe { gtp.reduce_scatter_raw(&send, 0, 2999, &s) }.unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("needs 2999 send elements, the view has 3000"),
-        "{err}"
-    );
+    cap.stream_capture(&s, |s| {
+        // SAFETY: refused before anything is enqueued.
+        let err = unsafe { gtp.reduce_scatter_raw(&send, 0, 2999, s) }.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("needs 2999 send elements, the view has 3000"),
+            "{err}"
+        );
+        Ok::<(), BackendError>(())
+    })
+    .unwrap();
 }
 
 #[test]
