@@ -108,3 +108,98 @@ fn an_output_that_escapes_its_graph_is_a_typed_error() {
     std::mem::forget(kept);
     assert!(capturing.seal().is_err());
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_graph_the_program_captured_with_cudarc_is_adopted_and_replays() {
+    use replay_arena::cuda::cudarc::driver::sys;
+    let b = backend();
+    let pool = b.new_stream().unwrap();
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let addr = cap.take(REQ).unwrap().device_ptr();
+    let ones = vec![1.25f32; N];
+    let source: CudaSlice<f32> = pool.cudarc().clone_htod(&ones).unwrap();
+    pool.synchronize().unwrap();
+    // The program's own capture, on its own raw pointer to the view.
+    let s = pool.cudarc();
+    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    // SAFETY: `addr` is the view's N f32s; the slice is leaked, never freed.
+    let mut dst = unsafe { s.upgrade_device_ptr::<f32>(addr, N) };
+    s.memcpy_dtod(&source, &mut dst).unwrap();
+    dst.leak();
+    let graph = s
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    let adopted = b.adopt_graph(&graph).unwrap();
+    drop(graph); // the program's graph is its own; the plan owns the clone
+                 // SAFETY: the graph writes only this capture's view, and reads a slice
+                 // that outlives the plan.
+    unsafe { cap.finish_with_graph(adopted) }.unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    replayable.synchronize().unwrap();
+    let mut host = vec![0f32; N];
+    // SAFETY: the plan is idle; a read of the view's bytes.
+    let view = unsafe { pool.cudarc().upgrade_device_ptr::<f32>(addr, N) };
+    pool.cudarc().memcpy_dtoh(&view, &mut host).unwrap();
+    pool.synchronize().unwrap();
+    view.leak();
+    assert!(host.iter().all(|&x| x == 1.25));
+    let (_, reserved) = b.graph_memory().unwrap();
+    println!("graph memory reserved on the device: {reserved} bytes");
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_communicator_the_program_created_is_adopted_and_left_alive() {
+    use replay_arena::cuda::cudarc::nccl::sys as nc;
+    use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+    use replay_arena::GroupId;
+    let b = backend();
+    let id = UniqueId::new().unwrap();
+    let mut raw: nc::ncclComm_t = std::ptr::null_mut();
+    let unique = nc::ncclUniqueId {
+        internal: id.as_bytes().map(|x| x as _),
+    };
+    b.context().bind_to_thread().unwrap();
+    // SAFETY: a 1-rank communicator of the program's own.
+    let code = unsafe { nc::ncclCommInitRank(&mut raw, 1, unique, 0) };
+    assert_eq!(code, nc::ncclResult_t::ncclSuccess);
+    let group = GroupId(0);
+    {
+        // SAFETY: `raw` outlives everything made from it in this block.
+        let comm = unsafe { Communicator::adopt(&b, group, raw) }.unwrap();
+        assert_eq!((comm.rank(), comm.size()), (0, 1));
+        let backend = NcclBackend::new(b.clone())
+            .with_group(comm.clone())
+            .unwrap();
+        let sym = Request::new(Domain::Symmetric(group), DType::F32, N as u64);
+        let config = PlanConfig::new().with_group(group, "gtp").unwrap();
+        let planned = Discovering::from_runners(config, [(RunnerId(0), [sym, REQ])])
+            .unwrap()
+            .plan(Policy::Generations(1))
+            .unwrap();
+        let pool = b.new_stream().unwrap();
+        let mut capturing = planned.allocate(backend).unwrap();
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let (send, recv) = (cap.take(sym).unwrap(), cap.take(REQ).unwrap());
+        cap.stream_capture(&pool, |s| comm.reduce_scatter(&send, &recv, s))
+            .unwrap();
+        cap.finish().unwrap();
+        let mut replayable = capturing.seal().unwrap();
+        replayable.replay(RunnerId(0), &pool).unwrap();
+        replayable.synchronize().unwrap();
+    }
+    // The program still owns its communicator: destroying it now is valid.
+    // SAFETY: nothing uses it any more.
+    let code = unsafe { nc::ncclCommDestroy(raw) };
+    assert_eq!(code, nc::ncclResult_t::ncclSuccess);
+}

@@ -63,7 +63,7 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
-const REQUIRED_SYMBOLS: [&str; 39] = [
+const REQUIRED_SYMBOLS: [&str; 41] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -100,6 +100,8 @@ const REQUIRED_SYMBOLS: [&str; 39] = [
     "cuGraphNodeGetType",
     "cuGraphChildGraphNodeGetGraph",
     "cuGraphMemAllocNodeGetParams",
+    "cuGraphClone",
+    "cuDeviceGetGraphMemAttribute",
     "cuGraphMemFreeNodeGetParams",
     "cuGraphExecDestroy",
     "cuGraphDestroy",
@@ -383,6 +385,8 @@ struct Inner {
     capture_mode: AtomicU8,
     /// Upload each graph after instantiating it.
     upload: AtomicBool,
+    /// `cuGraphInstantiateWithFlags` flags, from [`InstantiateFlags`].
+    instantiate: AtomicU64,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -488,6 +492,7 @@ impl CudaBackend {
                 info,
                 capture_mode: AtomicU8::new(CaptureMode::default().to_u8()),
                 upload: AtomicBool::new(true),
+                instantiate: AtomicU64::new(0),
             }),
         })
     }
@@ -528,6 +533,107 @@ impl CudaBackend {
     /// from now on by this backend and its clones.
     pub fn set_graph_upload(&self, upload: bool) {
         self.inner.upload.store(upload, Ordering::Relaxed);
+    }
+
+    /// How graphs are instantiated (`cuGraphInstantiateWithFlags`).
+    pub fn instantiate_flags(&self) -> InstantiateFlags {
+        InstantiateFlags::from_bits(self.inner.instantiate.load(Ordering::Relaxed))
+    }
+
+    /// Sets how graphs captured (or adopted) from now on by this backend and
+    /// its clones are instantiated.
+    pub fn set_instantiate_flags(&self, flags: InstantiateFlags) {
+        self.inner
+            .instantiate
+            .store(flags.bits(), Ordering::Relaxed);
+    }
+
+    /// A graph the program captured with cudarc (its own
+    /// `begin_capture`/`end_capture`), for
+    /// [`RunnerCapture::finish_with_graph`](crate::RunnerCapture::finish_with_graph):
+    /// the graph is cloned (`cuGraphClone`, so the program's `CudaGraph`
+    /// stays the program's) and instantiated with this backend's
+    /// [`InstantiateFlags`].
+    ///
+    /// # Errors
+    ///
+    /// The driver's error (a graph with memory nodes cannot be cloned:
+    /// capture such work with `stream_capture` instead).
+    pub fn adopt_graph(&self, graph: &cudarc::driver::CudaGraph) -> Result<CudaGraph> {
+        self.bind()?;
+        let mut clone: sys::CUgraph = ptr::null_mut();
+        // SAFETY: `graph.cu_graph()` is live for the borrow; `clone` is a
+        // local out pointer.
+        check("cuGraphClone", unsafe {
+            sys::cuGraphClone(&mut clone, graph.cu_graph())
+        })?;
+        // SAFETY: `clone` is ours; `instantiate` destroys it on failure.
+        unsafe { self.instantiate(clone, None) }
+    }
+
+    /// Instantiates `graph` with this backend's flags (uploading it on
+    /// `upload_on` when uploads are on) and owns both handles.
+    ///
+    /// # Safety
+    ///
+    /// `graph` is a live graph of this context that the caller hands over:
+    /// it is destroyed here on failure, with the returned `CudaGraph`
+    /// otherwise.
+    unsafe fn instantiate(
+        &self,
+        graph: sys::CUgraph,
+        upload_on: Option<sys::CUstream>,
+    ) -> Result<CudaGraph> {
+        let mut exec: sys::CUgraphExec = ptr::null_mut();
+        let flags = self.inner.instantiate.load(Ordering::Relaxed);
+        // SAFETY: `graph` is live; `exec` is a local out pointer.
+        let code = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags as _) };
+        if let Err(e) = check("cuGraphInstantiate", code) {
+            // SAFETY: the graph was handed over and is destroyed once.
+            let _ = unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        // From here on, dropping `owned` destroys both handles.
+        let owned = CudaGraph {
+            handles: GraphHandles { graph, exec },
+            ctx: self.inner.ctx.clone(),
+            _not_sync: PhantomData,
+        };
+        if let Some(raw) = upload_on.filter(|_| self.graph_upload()) {
+            // SAFETY: the exec and the stream are live objects of this
+            // context; the upload is ordered on that stream, and launches
+            // of this exec are ordered behind it.
+            check("cuGraphUpload", unsafe { sys::cuGraphUpload(exec, raw) })?;
+        }
+        Ok(owned)
+    }
+
+    /// Bytes of device memory the driver holds for graph memory nodes (the
+    /// temporaries of every graph on this device: `cuDeviceGetGraphMemAttribute`),
+    /// as (in use now, reserved now). Beside the plan's arenas, the other
+    /// half of what replaying costs in memory.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn graph_memory(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let get = |attr| {
+            let mut value: u64 = 0;
+            // SAFETY: the attribute is a 64-bit integer written into a local.
+            check("cuDeviceGetGraphMemAttribute", unsafe {
+                sys::cuDeviceGetGraphMemAttribute(
+                    self.inner.ctx.cu_device(),
+                    attr,
+                    (&mut value as *mut u64).cast(),
+                )
+            })
+            .map(|()| value)
+        };
+        Ok((
+            get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
+            get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
+        ))
     }
 
     /// A new non-blocking stream, usable for capture and replay.
@@ -747,6 +853,35 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+}
+
+/// How graphs are instantiated (`cuGraphInstantiateWithFlags`): the
+/// program's choice, set with [`CudaBackend::set_instantiate_flags`]. The
+/// default is none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InstantiateFlags {
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`: a launch first
+    /// frees what the previous launch allocated and did not free. (A plan
+    /// still refuses such graphs: its fence cannot follow the escaping
+    /// memory.)
+    pub auto_free_on_launch: bool,
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`: kernel nodes run
+    /// at the priority they were captured with, not the launch stream's.
+    pub use_node_priority: bool,
+}
+
+impl InstantiateFlags {
+    fn bits(self) -> u64 {
+        u64::from(self.auto_free_on_launch) | (u64::from(self.use_node_priority) << 3)
+    }
+
+    fn from_bits(bits: u64) -> InstantiateFlags {
+        InstantiateFlags {
+            auto_free_on_launch: bits & 1 != 0,
+            use_node_priority: bits & 8 != 0,
+        }
     }
 }
 
@@ -1320,27 +1455,8 @@ impl Backend for CudaBackend {
                 reason: "the capture produced no graph".into(),
             });
         }
-        let mut exec: sys::CUgraphExec = ptr::null_mut();
-        // SAFETY: `graph` is live; `exec` is a local out pointer.
-        let code = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
-        if let Err(e) = check("cuGraphInstantiate", code) {
-            // SAFETY: the graph is ours and destroyed once.
-            let _ = unsafe { sys::cuGraphDestroy(graph) };
-            return Err(e);
-        }
-        // From here on, dropping `owned` destroys both handles.
-        let owned = CudaGraph {
-            handles: GraphHandles { graph, exec },
-            ctx: self.inner.ctx.clone(),
-            _not_sync: PhantomData,
-        };
-        if self.graph_upload() {
-            // SAFETY: the exec and the stream are live objects of this
-            // context; the upload is ordered on the capture stream, and
-            // launches of this exec are ordered behind it.
-            check("cuGraphUpload", unsafe { sys::cuGraphUpload(exec, raw) })?;
-        }
-        Ok(owned)
+        // SAFETY: the capture returned `graph` to us.
+        unsafe { self.instantiate(graph, Some(raw)) }
     }
 
     unsafe fn abort_capture(&self, stream: &CudaStream) {
@@ -1429,6 +1545,32 @@ mod tests {
     fn half_types_map_to_bf16_and_f16() {
         assert_eq!(half::bf16::DTYPE, DType::BF16);
         assert_eq!(half::f16::DTYPE, DType::F16);
+    }
+
+    #[test]
+    fn instantiate_flags_map_to_the_drivers_bits_and_back() {
+        let none = InstantiateFlags::default();
+        assert_eq!(none.bits(), 0);
+        let both = InstantiateFlags {
+            auto_free_on_launch: true,
+            use_node_priority: true,
+        };
+        // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
+        // CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8.
+        assert_eq!(both.bits(), 1 | 8);
+        assert_eq!(InstantiateFlags::from_bits(both.bits()), both);
+        assert_eq!(
+            u64::from(
+                sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0
+            ),
+            1
+        );
+        assert_eq!(
+            u64::from(
+                sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY.0
+            ),
+            8
+        );
     }
 
     #[test]

@@ -52,10 +52,12 @@ pub fn available() -> bool {
 
 /// NCCL entry points this module calls; checked before the first call, since
 /// cudarc panics on a missing symbol (NCCL before 2.28 has no symmetric windows).
-const REQUIRED_SYMBOLS: [&str; 10] = [
+const REQUIRED_SYMBOLS: [&str; 12] = [
     "ncclGetUniqueId",
     "ncclCommInitRank",
     "ncclCommDestroy",
+    "ncclCommUserRank",
+    "ncclCommCount",
     "ncclAllGather",
     "ncclReduceScatter",
     "ncclMemAlloc",
@@ -126,15 +128,19 @@ struct CommInner {
     size: usize,
     /// (base, bytes) of every window registered on this communicator.
     windows: RefCell<Vec<(u64, u64)>>,
+    /// Created here (destroyed on drop), else adopted from the program.
+    owned: bool,
 }
 
 impl Drop for CommInner {
     fn drop(&mut self) {
         // Every window holds an `Rc` to this, so all are deregistered by now.
         let _ = bind(&self.cuda);
-        // SAFETY: `comm` came from ncclCommInitRank and is destroyed once.
-        unsafe {
-            nc::ncclCommDestroy(self.comm);
+        if self.owned {
+            // SAFETY: `comm` came from ncclCommInitRank and is destroyed once.
+            unsafe {
+                nc::ncclCommDestroy(self.comm);
+            }
         }
     }
 }
@@ -185,6 +191,53 @@ impl Communicator {
         check("ncclCommInitRank", unsafe {
             nc::ncclCommInitRank(&mut comm, size as i32, unique, rank as i32)
         })?;
+        Communicator::wrap(backend, group, comm, rank, size, true)
+    }
+
+    /// Adopts a communicator the program created (`ncclCommInitRank`, or
+    /// cudarc's `Comm`) for `group`, on `backend`'s device. Rank and size are
+    /// read from it. Like [`Communicator::new`], it is collective: every rank
+    /// adopts its communicator at the same time (one all-gather connects the
+    /// peers and checks the ranks). The program keeps ownership: dropping
+    /// this does not destroy `comm`.
+    ///
+    /// # Safety
+    ///
+    /// `comm` is a live communicator on `backend`'s device, and stays alive
+    /// (not destroyed, not aborted) for as long as this `Communicator`, its
+    /// clones, or any backend, plan or window holding one exists.
+    ///
+    /// # Errors
+    ///
+    /// NCCL's error; [`BackendError::Refused`] when the ranks do not agree.
+    pub unsafe fn adopt(
+        backend: &CudaBackend,
+        group: GroupId,
+        comm: nc::ncclComm_t,
+    ) -> Result<Communicator> {
+        require_nccl()?;
+        bind(backend)?;
+        let (mut rank, mut size) = (0i32, 0i32);
+        // SAFETY: the caller vouches for `comm`; out pointers are locals.
+        check("ncclCommUserRank", unsafe {
+            nc::ncclCommUserRank(comm, &mut rank)
+        })?;
+        // SAFETY: as above.
+        check("ncclCommCount", unsafe {
+            nc::ncclCommCount(comm, &mut size)
+        })?;
+        Communicator::wrap(backend, group, comm, rank as usize, size as usize, false)
+    }
+
+    /// Wraps a live communicator and connects it (see `new`).
+    fn wrap(
+        backend: &CudaBackend,
+        group: GroupId,
+        comm: nc::ncclComm_t,
+        rank: usize,
+        size: usize,
+        owned: bool,
+    ) -> Result<Communicator> {
         let comm = Communicator {
             inner: Rc::new(CommInner {
                 cuda: backend.clone(),
@@ -193,6 +246,7 @@ impl Communicator {
                 rank,
                 size,
                 windows: RefCell::new(Vec::new()),
+                owned,
             }),
             _not_send: NotSend::default(),
         };
