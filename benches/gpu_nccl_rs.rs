@@ -8,9 +8,10 @@ use std::ffi::c_void;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{result as cu, sys};
 use replay_arena::cuda::cudarc::nccl::sys as nc;
-use replay_arena::cuda::{probe, CudaBackend, CudaStream};
+use replay_arena::cuda::{probe, CudaBackend};
 use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
 use replay_arena::{
     Backend, DType, Discovering, Domain, GroupId, PlanConfig, Policy, Request, RunnerId,
@@ -28,8 +29,8 @@ fn e(x: impl std::fmt::Debug) -> String {
 /// Median over 3 runs of `REPLAYS` launches of `graph`, microseconds each.
 fn time_graph(
     b: &CudaBackend,
-    s: &CudaStream,
-    graph: &replay_arena::cuda::CudaGraph,
+    s: &cuda::Stream,
+    graph: &replay_arena::cuda::Graph,
     barrier: &Barrier,
 ) -> R<f64> {
     // SAFETY (both loops): the graph is this bench's own reduce-scatter on

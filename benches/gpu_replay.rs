@@ -12,9 +12,10 @@
 
 use std::time::Instant;
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKernelArg};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-use replay_arena::cuda::{probe, CudaBackend, CudaStream};
+use replay_arena::cuda::{probe, CudaBackend};
 use replay_arena::{
     Backend, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
     Strategy,
@@ -56,7 +57,7 @@ fn one_block() -> LaunchConfig {
     }
 }
 
-fn touch(k: &Kernels, s: &CudaStream, w: u64) -> Result<(), String> {
+fn touch(k: &Kernels, s: &cuda::Stream, w: u64) -> Result<(), String> {
     let mut l = s.cudarc().launch_builder(&k.touch);
     l.arg(&w);
     unsafe { l.launch(one_block()) }
@@ -64,7 +65,7 @@ fn touch(k: &Kernels, s: &CudaStream, w: u64) -> Result<(), String> {
         .map_err(|e| format!("{e:?}"))
 }
 
-fn spin(k: &Kernels, s: &CudaStream, w: u64, n: u32, cycles: i64) -> Result<(), String> {
+fn spin(k: &Kernels, s: &cuda::Stream, w: u64, n: u32, cycles: i64) -> Result<(), String> {
     let mut l = s.cudarc().launch_builder(&k.spin);
     l.arg(&w).arg(&n).arg(&cycles);
     unsafe { l.launch(one_block()) }
@@ -76,10 +77,10 @@ fn spin(k: &Kernels, s: &CudaStream, w: u64, n: u32, cycles: i64) -> Result<(), 
 /// `body(view)` as each runner's graph.
 fn build(
     b: &CudaBackend,
-    capture_on: &CudaStream,
+    capture_on: &cuda::Stream,
     runners: usize,
     strategy: Strategy,
-    body: &dyn Fn(&CudaStream, u64) -> Result<(), String>,
+    body: &dyn Fn(&cuda::Stream, u64) -> Result<(), String>,
 ) -> R<Replayable<CudaBackend>> {
     let req = Request::new(Domain::Device, DType::F32, 16384);
     let mut d = Discovering::new(PlanConfig::new());
@@ -116,7 +117,7 @@ fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
     let a = b.new_stream()?;
     let s2 = b.new_stream()?;
     let streams = [&a, &s2];
-    let tiny = |s: &CudaStream, w: u64| touch(k, s, w);
+    let tiny = |s: &cuda::Stream, w: u64| touch(k, s, w);
     let one = || build(b, &a, 1, Policy::Generations(1).into(), &tiny);
     let (mut unfenced, mut same, mut cross) = (one()?, one()?, one()?);
     let mut rr4 = build(b, &a, 4, Policy::Generations(2).into(), &tiny)?;
@@ -206,7 +207,7 @@ fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
 fn pipeline_secs(
     b: &CudaBackend,
     r: &mut Replayable<CudaBackend>,
-    pool: &[CudaStream],
+    pool: &[cuda::Stream],
     runners: usize,
     rounds: usize,
     fenced: bool,
@@ -235,7 +236,7 @@ fn overlap(b: &CudaBackend, k: &Kernels) -> R<()> {
     const RUNNERS: usize = 12;
     const ROUNDS: usize = 20;
     // ~10 us of compute, then a ~40 us tail, one block each.
-    let body = |s: &CudaStream, w: u64| -> Result<(), String> {
+    let body = |s: &cuda::Stream, w: u64| -> Result<(), String> {
         spin(k, s, w, 4096, 20_000)?;
         spin(k, s, w, 4096, 80_000)
     };
@@ -244,7 +245,7 @@ fn overlap(b: &CudaBackend, k: &Kernels) -> R<()> {
     println!("| streams | placement | G | GPU time (ms) | throughput vs unfenced | waits/replay |");
     println!("|---:|---|---:|---:|---:|---:|");
     for streams in [2usize, 3] {
-        let pool: Vec<CudaStream> = (0..streams)
+        let pool: Vec<cuda::Stream> = (0..streams)
             .map(|_| b.new_stream())
             .collect::<Result<_, _>>()?;
         let mut reference = build(

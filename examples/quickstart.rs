@@ -93,11 +93,12 @@ impl Kernels for SimBackend {
 mod gpu {
     //! The same kernels on the GPU, compiled with nvrtc at start.
     use super::Kernels;
+    use replay_arena::cuda;
     use replay_arena::cuda::cudarc::driver::{
         CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
     };
     use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-    use replay_arena::cuda::{CudaBackend, CudaStream};
+    use replay_arena::cuda::CudaBackend;
     use replay_arena::{Backend, Error, Result, View};
 
     const SOURCE: &str = r#"
@@ -118,7 +119,7 @@ mod gpu {
         pub backend: CudaBackend,
         fill: CudaFunction,
         add: CudaFunction,
-        io: CudaStream,
+        io: cuda::Stream,
     }
 
     impl Gpu {
@@ -153,7 +154,7 @@ mod gpu {
         fn backend(&self) -> &CudaBackend {
             &self.backend
         }
-        fn new_stream(&self) -> Result<CudaStream> {
+        fn new_stream(&self) -> Result<cuda::Stream> {
             Ok(self.backend.new_stream()?)
         }
         fn zeros(&self, len: usize) -> Result<CudaSlice<f32>> {
@@ -165,7 +166,7 @@ mod gpu {
             self.io.synchronize()?;
             Ok(buf)
         }
-        fn write_grad(&self, s: &CudaStream, view: &View<'_>, value: f32) -> Result<()> {
+        fn write_grad(&self, s: &cuda::Stream, view: &View<'_>, value: f32) -> Result<()> {
             let (ptr, n) = (view.device_ptr(), view.len() as u32);
             let mut b = s.cudarc().launch_builder(&self.fill);
             b.arg(&ptr).arg(&n).arg(&value);
@@ -173,7 +174,12 @@ mod gpu {
                 .map(drop)
                 .map_err(|e| failed("cuLaunchKernel")(format!("{:?}", e.0)))
         }
-        fn accumulate(&self, s: &CudaStream, view: &View<'_>, out: &CudaSlice<f32>) -> Result<()> {
+        fn accumulate(
+            &self,
+            s: &cuda::Stream,
+            view: &View<'_>,
+            out: &CudaSlice<f32>,
+        ) -> Result<()> {
             let (src, n) = (view.device_ptr(), view.len() as u32);
             let dst = out.device_ptr(self.io.cudarc()).0;
             let mut b = s.cudarc().launch_builder(&self.add);

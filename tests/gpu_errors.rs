@@ -7,8 +7,8 @@
 
 mod support;
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{sys, CudaSlice};
-use replay_arena::cuda::CudaStream;
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, DType, Discovering, Domain, Error,
     GroupId, Key, PlanConfig, Policy, Request, RunnerId, SealError, StreamCaptureError, View,
@@ -45,7 +45,7 @@ fn capture_wgrad(
     g: &Gpu,
     capturing: &mut Capturing<replay_arena::cuda::CudaBackend>,
     runner: RunnerId,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     step: u64,
     n: u64,
 ) -> Result<(), Error> {
@@ -63,7 +63,7 @@ fn capture_with_memory_nodes(
     g: &Gpu,
     capturing: &mut Capturing<replay_arena::cuda::CudaBackend>,
     runner: RunnerId,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     step: u64,
     (n, free): (u64, bool),
 ) -> Result<(), CaptureError> {

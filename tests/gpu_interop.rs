@@ -12,13 +12,14 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::cublas::sys::cublasOperation_t;
 use replay_arena::cuda::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use replay_arena::cuda::cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, DeviceSlice, LaunchConfig, PushKernelArg,
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
-use replay_arena::cuda::{CaptureMode, CudaBackend, CudaStream, ViewExt};
+use replay_arena::cuda::{CaptureMode, CudaBackend, ViewExt};
 use replay_arena::{
     BackendError, Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request,
     RunnerId, View,
@@ -129,9 +130,9 @@ fn one_runner(backend: &CudaBackend, requests: &[Request]) -> Capturing<CudaBack
 /// gets the runner's views in request order), finished and sealed.
 fn sealed_one(
     backend: &CudaBackend,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     requests: &[Request],
-    work: impl FnOnce(&CudaStream, &[View<'_>]) -> Result<(), String>,
+    work: impl FnOnce(&cuda::Stream, &[View<'_>]) -> Result<(), String>,
 ) -> Replayable<CudaBackend> {
     let mut capturing = one_runner(backend, requests);
     {
@@ -151,7 +152,7 @@ fn e<T: std::fmt::Debug>(op: &'static str) -> impl Fn(T) -> String {
 /// Reads runner 0's view `index` through a fenced consumer on `stream`.
 fn read_view(
     replayable: &mut Replayable<CudaBackend>,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     index: usize,
 ) -> Vec<f32> {
     let mut host = Vec::new();
@@ -424,7 +425,7 @@ fn spin(
     k: &Kernels,
     stream: &Arc<replay_arena::cuda::cudarc::driver::CudaStream>,
     ms: u64,
-    x: Option<&mut replay_arena::cuda::CudaView<'_, f32>>,
+    x: Option<&mut replay_arena::cuda::TypedView<'_, f32>>,
 ) -> Result<(), String> {
     let ns = ms * 1_000_000;
     let null = 0u64;
@@ -557,7 +558,11 @@ fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
 
 /// Host time of the first and second replay (each launched and waited for)
 /// of a fresh 256-kernel graph.
-fn replay_latency(backend: &CudaBackend, k: &Kernels, stream: &CudaStream) -> (Duration, Duration) {
+fn replay_latency(
+    backend: &CudaBackend,
+    k: &Kernels,
+    stream: &cuda::Stream,
+) -> (Duration, Duration) {
     let req = f32s(1024);
     let mut replayable = sealed_one(backend, stream, &[req], |s, views| {
         let view = &views[0];

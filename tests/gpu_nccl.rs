@@ -10,8 +10,8 @@ mod support;
 
 use std::sync::{Arc, Barrier};
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::cuda::CudaStream;
 use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
 use replay_arena::{
     BackendError, DType, Discovering, Domain, GroupId, PlanConfig, Planned, Policy, Purpose,
@@ -140,7 +140,7 @@ fn run(
     rank: usize,
     steps: usize,
 ) -> Vec<Vec<u32>> {
-    let pool: Vec<CudaStream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
+    let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
     let consumer = g.backend.new_stream().unwrap();
     let steps_buf: Vec<CudaSlice<u32>> = runners.iter().map(|_| g.zeros(1)).collect();
     let outs: Vec<CudaSlice<u32>> = runners.iter().map(|r| g.zeros(r.n as usize)).collect();

@@ -11,8 +11,8 @@ mod support;
 
 use std::sync::OnceLock;
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
 use support::gpu::{eager, gpu, host_outputs, mismatches, Spec, State};
 
@@ -69,7 +69,7 @@ fn pipeline(streams: usize, strategy: impl Into<Strategy>) {
     let planned = discovery.plan(strategy).unwrap();
     println!("{streams} streams, {strategy:?}\n{}", planned.report());
 
-    let pool: Vec<CudaStream> = (0..streams)
+    let pool: Vec<cuda::Stream> = (0..streams)
         .map(|_| g.backend.new_stream().unwrap())
         .collect();
     let consumer = g.backend.new_stream().unwrap();

@@ -15,8 +15,8 @@
 
 mod support;
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy, View};
 use support::gpu::{eager, gpu, mismatches, Gpu, Spec, State};
 
@@ -45,7 +45,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
     }
     let planned = discovery.plan(strategy).unwrap();
     assert_eq!(planned.generations(), 2);
-    let pool: Vec<CudaStream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
+    let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
     let consumer = g.backend.new_stream().unwrap();
     let states: Vec<State> = specs.iter().map(|s| State::new(g, s)).collect();
     let torn: CudaSlice<u32> = g.zeros(1);
@@ -77,7 +77,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
             }
             done[r].record(stream.cudarc()).unwrap();
             let out = &states[r].outs[0];
-            let consume = |s: &CudaStream, views: &[View<'_>]| {
+            let consume = |s: &cuda::Stream, views: &[View<'_>]| {
                 s.cudarc().wait(&done[r]).map_err(|e| format!("{e:?}"))?;
                 let (_, w) = spec.split(views);
                 g.consume(

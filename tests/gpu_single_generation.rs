@@ -7,8 +7,8 @@
 
 mod support;
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::cuda::CudaStream;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
 use support::gpu::{gpu, host_outputs, host_wgrad, mismatches, Spec, State};
 
@@ -35,7 +35,7 @@ fn one_generation_many_replays_match_the_host_model() {
     assert_eq!(planned.generations(), 1);
     println!("{}", planned.report());
 
-    let pool: Vec<CudaStream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
+    let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
     let consumer = g.backend.new_stream().unwrap();
     let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
     let torn: CudaSlice<u32> = g.zeros(1);

@@ -5,9 +5,10 @@
 //! Each test uses safe code only, except the test kernels' launches.
 #![cfg(feature = "cuda")]
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-use replay_arena::cuda::{CudaBackend, CudaStream, ViewExt};
+use replay_arena::cuda::{CudaBackend, ViewExt};
 use replay_arena::{
     Backend, BackendError, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy,
     ReplayError, Replayable, Request, RunnerId,
@@ -45,7 +46,14 @@ fn dev() -> Dev {
 
 impl Dev {
     /// After `cycles` of spinning, `x[i] = v` for `i < n` (n = 0: spin only).
-    fn spin_fill(&self, s: &CudaStream, x: u64, n: u32, v: f32, cycles: i64) -> Result<(), String> {
+    fn spin_fill(
+        &self,
+        s: &cuda::Stream,
+        x: u64,
+        n: u32,
+        v: f32,
+        cycles: i64,
+    ) -> Result<(), String> {
         let mut b = s.cudarc().launch_builder(&self.spin_fill);
         b.arg(&x).arg(&n).arg(&v).arg(&cycles);
         let cfg = LaunchConfig {
@@ -66,7 +74,7 @@ impl Dev {
         &self,
         runners: u32,
         g: usize,
-        stream: &CudaStream,
+        stream: &cuda::Stream,
         fill: impl Fn(u32) -> f32,
         cycles: impl Fn(u32) -> i64,
     ) -> Replayable<CudaBackend> {

@@ -12,7 +12,8 @@
 mod model;
 
 use model::{graphed_step, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError};
-use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream};
+use replay_arena::cuda;
+use replay_arena::cuda::CudaBackend;
 use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
 
 const STEPS: usize = 20;
@@ -30,7 +31,7 @@ fn cuda() -> CudaBackend {
         .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"))
 }
 
-fn graphed_equals_eager<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
+fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     cuda: &CudaBackend,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,

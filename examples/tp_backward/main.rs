@@ -48,7 +48,8 @@ use cudarc::driver::{sys, CudaContext};
 use model::{
     graphed_step, unfenced_step, Comparison, MainGrads, Model, Reduce, Shape, Tolerance, TpError,
 };
-use replay_arena::cuda::{probe, CudaBackend, CudaGraph, CudaStream};
+use replay_arena::cuda;
+use replay_arena::cuda::{probe, CudaBackend};
 use replay_arena::{human_bytes, Backend, BackendError, Policy, Replayable, RunnerId, Strategy};
 
 type Result<T, E = TpError> = std::result::Result<T, E>;
@@ -387,7 +388,7 @@ fn check_fingerprint(reduce: &Reduce, planned: &replay_arena::Planned) -> Result
     }
 }
 
-fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
+fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     cuda: &CudaBackend,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,
@@ -411,7 +412,7 @@ fn run_with<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
         );
     }
     // The program's cudarc streams, wrapped for the plan.
-    let stream = || -> Result<CudaStream> {
+    let stream = || -> Result<cuda::Stream> {
         let s = cuda.context().new_stream().map_err(|e| TpError::Driver {
             op: "cuStreamCreate",
             code: e.0,
@@ -757,11 +758,11 @@ fn strategy_name(s: Strategy) -> String {
 }
 
 /// Allocates `plan`'s arenas on `backend`, captures every module, seals.
-fn capture<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
+fn capture<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     model: &mut Model,
     plan: replay_arena::Planned,
     backend: B,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
 ) -> Result<Replayable<B>> {
     let mut capturing = plan.allocate(backend)?;
     model.capture(&mut capturing, stream)?;
@@ -810,7 +811,7 @@ fn eager_pool_peak(
     cuda: &CudaBackend,
     model: &mut Model,
     main: &MainGrads,
-    s: &CudaStream,
+    s: &cuda::Stream,
 ) -> Result<u64> {
     let device = cuda.context().cu_device();
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();

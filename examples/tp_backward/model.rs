@@ -37,7 +37,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::compile_ptx;
 use half::bf16;
-use replay_arena::cuda::{CudaBackend, CudaGraph, CudaStream, CudaView, ViewExt};
+use replay_arena::cuda;
+use replay_arena::cuda::{CudaBackend, ViewExt};
 use replay_arena::{
     Backend, BackendError, Buffer, BufferSource, Capturing, DType, Discovering, Domain, GroupId,
     ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StreamCaptureError, View,
@@ -487,7 +488,7 @@ impl Kernels {
 
     fn init(
         &self,
-        s: &CudaStream,
+        s: &cuda::Stream,
         p: u64,
         n: usize,
         seed: u32,
@@ -503,7 +504,7 @@ impl Kernels {
             .map_err(driver("cuLaunchKernel"))
     }
 
-    fn copy(&self, s: &CudaStream, dst: u64, src: u64, n: usize) -> Result<()> {
+    fn copy(&self, s: &cuda::Stream, dst: u64, src: u64, n: usize) -> Result<()> {
         let n64 = n as u64;
         let mut b = s.cudarc().launch_builder(&self.copy);
         b.arg(&dst).arg(&src).arg(&n64);
@@ -514,7 +515,7 @@ impl Kernels {
     }
 
     /// `main += shard` (FP32 += bf16) on `s`.
-    pub fn accumulate(&self, s: &CudaStream, main: u64, shard: u64, n: usize) -> Result<()> {
+    pub fn accumulate(&self, s: &cuda::Stream, main: u64, shard: u64, n: usize) -> Result<()> {
         let n64 = n as u64;
         let mut b = s.cudarc().launch_builder(&self.accumulate);
         b.arg(&main).arg(&shard).arg(&n64);
@@ -537,7 +538,7 @@ struct Dims(usize, usize);
 impl Blas {
     /// Checks that libcublas loads (cudarc panics when it does not), then
     /// creates a handle on `stream`.
-    pub fn new(stream: &CudaStream) -> Result<Blas> {
+    pub fn new(stream: &cuda::Stream) -> Result<Blas> {
         // SAFETY: only tries to open the library.
         if !unsafe { blas::is_culib_present() } {
             return Err(TpError::NoCublas);
@@ -551,7 +552,7 @@ impl Blas {
 
     /// Points the handle at `stream` and at `workspace` (in that order:
     /// setting the stream resets the workspace).
-    fn bind(&mut self, stream: &CudaStream, workspace: &impl DevicePtr<u8>) -> Result<()> {
+    fn bind(&mut self, stream: &cuda::Stream, workspace: &impl DevicePtr<u8>) -> Result<()> {
         // SAFETY: the handle is used on one stream at a time (this program
         // is single-threaded and binds before every module).
         unsafe { self.handle.set_stream(stream.cudarc().clone()) }.map_err(|e| {
@@ -658,7 +659,7 @@ pub struct Model {
     /// The cuBLAS handle.
     pub blas: Blas,
     /// Setup and read-back stream.
-    pub io: CudaStream,
+    pub io: cuda::Stream,
     tensors: Vec<Vec<LinearTensors>>,
     /// Per module and linear: the input gradient its dgrad writes (the
     /// module's first one is what the next module reads).
@@ -820,7 +821,7 @@ impl Model {
         &mut self,
         m: usize,
         bufs: &mut Bufs<'_>,
-        s: &CudaStream,
+        s: &cuda::Stream,
         capturing: bool,
     ) -> Result<()> {
         match &bufs.workspace {
@@ -921,7 +922,7 @@ impl Model {
         j: usize,
         main: u64,
         shard: &impl DevicePtr<bf16>,
-        s: &CudaStream,
+        s: &cuda::Stream,
     ) -> Result<()> {
         let l = &self.modules[m].linears[self.modules[m].linears.len() - 1 - j];
         let (p, _sync) = shard.device_ptr(s.cudarc());
@@ -930,7 +931,13 @@ impl Model {
 
     /// Accumulates module `m`'s shards at raw addresses (order as in
     /// [`Model::requests`]) into its main grads on `s`.
-    pub fn accumulate(&self, m: usize, main: &[u64], rs_out: &[u64], s: &CudaStream) -> Result<()> {
+    pub fn accumulate(
+        &self,
+        m: usize,
+        main: &[u64],
+        rs_out: &[u64],
+        s: &cuda::Stream,
+    ) -> Result<()> {
         for ((l, &g), &r) in self.modules[m].linears.iter().rev().zip(main).zip(rs_out) {
             self.kernels.accumulate(s, g, r, self.shard(l))?;
         }
@@ -945,7 +952,7 @@ impl Model {
         m: usize,
         src: &mut BufferSource<'_, '_>,
         main: &MainGrads,
-        s: &CudaStream,
+        s: &cuda::Stream,
     ) -> Result<()> {
         let mut workspace = None;
         let mut tensors = Vec::new();
@@ -984,7 +991,7 @@ impl Model {
     }
 
     /// An eager step: every module on `s`, in backward order.
-    pub fn eager_step(&mut self, main: &MainGrads, s: &CudaStream) -> Result<()> {
+    pub fn eager_step(&mut self, main: &MainGrads, s: &cuda::Stream) -> Result<()> {
         for m in 0..self.modules.len() {
             self.eager_module(m, &mut BufferSource::Plain, main, s)?;
         }
@@ -992,7 +999,7 @@ impl Model {
     }
 
     /// The discovery step: an eager step with each module's runner armed.
-    pub fn discover(&mut self, main: &MainGrads, s: &CudaStream) -> Result<Discovering> {
+    pub fn discover(&mut self, main: &MainGrads, s: &cuda::Stream) -> Result<Discovering> {
         let mut discovery = Discovering::new(self.reduce.config()?);
         for m in 0..self.modules.len() {
             let name = format!("{}.bwd", self.modules[m].name);
@@ -1006,10 +1013,10 @@ impl Model {
     /// Captures every module's backward on `stream` into its runner: views
     /// from the plan, typed for cudarc (`as_cuda`), the workspace set inside
     /// the capture.
-    pub fn capture<B: Backend<Stream = CudaStream, Graph = CudaGraph>>(
+    pub fn capture<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
         &mut self,
         capturing: &mut Capturing<B>,
-        stream: &CudaStream,
+        stream: &cuda::Stream,
     ) -> Result<()> {
         for m in 0..self.modules.len() {
             let runner = RunnerId(m as u32);
@@ -1064,7 +1071,7 @@ impl Model {
     /// Makes `s` wait for what replaying module `m` needs outside the plan:
     /// the previous module's input gradient, or (for the first module) the
     /// previous step's end.
-    pub fn wait_inputs(&self, m: usize, s: &CudaStream, step_done: &CudaEvent) -> Result<()> {
+    pub fn wait_inputs(&self, m: usize, s: &cuda::Stream, step_done: &CudaEvent) -> Result<()> {
         let event = match m.checked_sub(1) {
             None => step_done.cu_event(),
             Some(prev) => self.dgrad_done[prev].cu_event(),
@@ -1205,7 +1212,7 @@ fn reduce_scatter(
     bufs: &Bufs<'_>,
     j: usize,
     shard: usize,
-    s: &CudaStream,
+    s: &cuda::Stream,
 ) -> Result<()> {
     let (send, _a) = bufs.wgrad[j].device_ptr(s.cudarc());
     let (recv, _b) = bufs.rs_out[j].device_ptr(s.cudarc());
@@ -1244,7 +1251,7 @@ fn nccl_raw(
     send: u64,
     recv: u64,
     shard: usize,
-    s: &CudaStream,
+    s: &cuda::Stream,
 ) -> Result<()> {
     use cudarc::nccl::sys as nc;
     // SAFETY: `send` holds `size * shard` and `recv` `shard` bf16 elements,
@@ -1274,13 +1281,13 @@ fn nccl_raw(
 /// A cuBLAS workspace: the eager step's own, or the plan's.
 enum Workspace<'v> {
     Owned(CudaSlice<u8>),
-    View(CudaView<'v, u8>),
+    View(cuda::TypedView<'v, u8>),
 }
 
 /// A bf16 buffer: the eager step's own, or a typed view of the plan's.
 enum Tensor<'v> {
     Owned(CudaSlice<bf16>),
-    View(CudaView<'v, bf16>),
+    View(cuda::TypedView<'v, bf16>),
 }
 
 impl DeviceSlice<bf16> for Tensor<'_> {
@@ -1439,12 +1446,12 @@ impl fmt::Display for Comparison {
 /// Replays one step of every runner with the fence: module `m` on
 /// `pool[m % pool.len()]` after its inputs, its shards accumulated on
 /// `side` through `consume`.
-pub fn graphed_step<B: Backend<Stream = CudaStream>>(
+pub fn graphed_step<B: Backend<Stream = cuda::Stream>>(
     model: &Model,
     replayable: &mut Replayable<B>,
     main: &MainGrads,
-    pool: &[CudaStream],
-    side: &CudaStream,
+    pool: &[cuda::Stream],
+    side: &cuda::Stream,
     step_done: &CudaEvent,
 ) -> Result<()> {
     let n = model.modules.len();
@@ -1471,7 +1478,7 @@ pub fn graphed_step<B: Backend<Stream = CudaStream>>(
 }
 
 /// Records `event` on `s`.
-pub fn record(event: &CudaEvent, s: &CudaStream) -> Result<()> {
+pub fn record(event: &CudaEvent, s: &cuda::Stream) -> Result<()> {
     // SAFETY: both are live objects of this context.
     check("cuEventRecord", unsafe {
         sys::cuEventRecord(event.cu_event(), s.cu_stream())
@@ -1479,7 +1486,7 @@ pub fn record(event: &CudaEvent, s: &CudaStream) -> Result<()> {
 }
 
 /// Makes `s` wait for `event`'s latest record.
-pub fn wait(s: &CudaStream, event: &CudaEvent) -> Result<()> {
+pub fn wait(s: &cuda::Stream, event: &CudaEvent) -> Result<()> {
     // SAFETY: both are live objects of this context.
     check("cuStreamWaitEvent", unsafe {
         sys::cuStreamWaitEvent(s.cu_stream(), event.cu_event(), 0)
@@ -1498,13 +1505,13 @@ pub fn wait(s: &CudaStream, event: &CudaEvent) -> Result<()> {
 /// memory stays valid), and synchronizes before any fenced replay of the
 /// same `replayable`.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn unfenced_step<B: Backend<Stream = CudaStream>>(
+pub unsafe fn unfenced_step<B: Backend<Stream = cuda::Stream>>(
     model: &Model,
     replayable: &mut Replayable<B>,
     mains: &[Vec<u64>],
     shards: &[Vec<u64>],
-    pool: &[CudaStream],
-    side: &CudaStream,
+    pool: &[cuda::Stream],
+    side: &cuda::Stream,
     step_done: &CudaEvent,
     graph_done: &[CudaEvent],
 ) -> Result<()> {

@@ -12,7 +12,7 @@ use cudarc::cublas::sys as blas;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::DevicePtrMut;
 
-use crate::backend::cuda::CudaStream;
+use crate::backend::cuda::Stream;
 use crate::backend::BackendError;
 
 /// The alignment cuBLAS requires of a workspace's address, in bytes.
@@ -68,7 +68,7 @@ pub const WORKSPACE_ALIGNMENT: u64 = 256;
 /// the stream or the workspace.
 pub unsafe fn bind_workspace(
     blas: &mut CudaBlas,
-    stream: &CudaStream,
+    stream: &Stream,
     workspace: &mut impl DevicePtrMut<u8>,
 ) -> Result<(), BackendError> {
     let bytes = workspace.len();

@@ -26,9 +26,9 @@
 //!   default); a captured graph is instantiated at once, uploaded to the
 //!   device on the capture stream (so the first replay does not pay the
 //!   upload; see [`CudaBackend::set_graph_upload`]) and owned by a
-//!   [`CudaGraph`], whose raw `CUgraphExec` stays reachable.
+//!   [`Graph`], whose raw `CUgraphExec` stays reachable.
 //! - Views become typed cudarc device pointers through [`ViewExt::as_cuda`]:
-//!   a [`CudaView`] implements cudarc's `DevicePtr` and `DevicePtrMut`, so
+//!   a [`TypedView`] implements cudarc's `DevicePtr` and `DevicePtrMut`, so
 //!   `memcpy_dtod`, `memset_zeros`, cuBLAS and `launch_builder().arg(..)`
 //!   take it. It never frees arena memory.
 //!
@@ -551,7 +551,7 @@ impl CudaBackend {
     /// A graph the program captured with cudarc (its own
     /// `begin_capture`/`end_capture`), for
     /// [`RunnerCapture::finish_with_graph`](crate::RunnerCapture::finish_with_graph):
-    /// the graph is cloned (`cuGraphClone`, so the program's `CudaGraph`
+    /// the graph is cloned (`cuGraphClone`, so the program's `Graph`
     /// stays the program's) and instantiated with this backend's
     /// [`InstantiateFlags`].
     ///
@@ -559,7 +559,7 @@ impl CudaBackend {
     ///
     /// The driver's error (a graph with memory nodes cannot be cloned:
     /// capture such work with `stream_capture` instead).
-    pub fn adopt_graph(&self, graph: &cudarc::driver::CudaGraph) -> Result<CudaGraph> {
+    pub fn adopt_graph(&self, graph: &cudarc::driver::CudaGraph) -> Result<Graph> {
         self.bind()?;
         let mut clone: sys::CUgraph = ptr::null_mut();
         // SAFETY: `graph.cu_graph()` is live for the borrow; `clone` is a
@@ -577,13 +577,13 @@ impl CudaBackend {
     /// # Safety
     ///
     /// `graph` is a live graph of this context that the caller hands over:
-    /// it is destroyed here on failure, with the returned `CudaGraph`
+    /// it is destroyed here on failure, with the returned `Graph`
     /// otherwise.
     unsafe fn instantiate(
         &self,
         graph: sys::CUgraph,
         upload_on: Option<sys::CUstream>,
-    ) -> Result<CudaGraph> {
+    ) -> Result<Graph> {
         let mut exec: sys::CUgraphExec = ptr::null_mut();
         let flags = self.inner.instantiate.load(Ordering::Relaxed);
         // SAFETY: `graph` is live; `exec` is a local out pointer.
@@ -594,7 +594,7 @@ impl CudaBackend {
             return Err(e);
         }
         // From here on, dropping `owned` destroys both handles.
-        let owned = CudaGraph {
+        let owned = Graph {
             handles: GraphHandles { graph, exec },
             ctx: self.inner.ctx.clone(),
             _not_sync: PhantomData,
@@ -641,13 +641,13 @@ impl CudaBackend {
     /// # Errors
     ///
     /// The driver's error.
-    pub fn new_stream(&self) -> Result<CudaStream> {
+    pub fn new_stream(&self) -> Result<Stream> {
         let inner = self
             .inner
             .ctx
             .new_stream()
             .map_err(|e| driver_error("cuStreamCreate", e))?;
-        Ok(CudaStream {
+        Ok(Stream {
             inner,
             per_thread: None,
             serial: next_stream_serial(),
@@ -666,7 +666,7 @@ impl CudaBackend {
     /// [`BackendError::LegacyStream`] for the legacy default (NULL) stream
     /// (`ctx.default_stream()`), which the driver cannot capture;
     /// [`BackendError::Refused`] for a stream of another context.
-    pub fn wrap_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<CudaStream> {
+    pub fn wrap_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<Stream> {
         if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
             return Err(BackendError::Refused {
                 op: "wrap stream",
@@ -678,7 +678,7 @@ impl CudaBackend {
             return Err(BackendError::LegacyStream { op: "wrap stream" });
         }
         let per_thread = (raw == PER_THREAD_HANDLE).then(this_thread);
-        Ok(CudaStream {
+        Ok(Stream {
             inner: stream,
             per_thread,
             serial: next_stream_serial(),
@@ -856,6 +856,19 @@ impl CudaBackend {
     }
 }
 
+/// The old name of [`Stream`] (it collided with `cudarc::driver::CudaStream`).
+#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::Stream`")]
+pub type CudaStream = Stream;
+/// The old name of [`Event`] (it collided with `cudarc::driver::CudaEvent`).
+#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::Event`")]
+pub type CudaEvent = Event;
+/// The old name of [`Graph`] (it collided with `cudarc::driver::CudaGraph`).
+#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::Graph`")]
+pub type CudaGraph = Graph;
+/// The old name of [`TypedView`] (it collided with `cudarc::driver::CudaView`).
+#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::TypedView`")]
+pub type CudaView<'a, T> = TypedView<'a, T>;
+
 /// How graphs are instantiated (`cuGraphInstantiateWithFlags`): the
 /// program's choice, set with [`CudaBackend::set_instantiate_flags`]. The
 /// default is none.
@@ -902,7 +915,7 @@ fn capturing(raw: sys::CUstream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// A [`Backend::stream_id`] for a new [`CudaStream`] handle: unique in the
+/// A [`Backend::stream_id`] for a new [`Stream`] handle: unique in the
 /// process and never reused, unlike the driver's `CUstream`, which the next
 /// `cuStreamCreate` hands out again as soon as a stream is destroyed.
 fn next_stream_serial() -> u64 {
@@ -929,7 +942,7 @@ fn this_thread() -> u64 {
 /// stream twice gives two identities (the fence then waits where stream
 /// order would have sufficed, which is safe).
 #[derive(Clone, Debug)]
-pub struct CudaStream {
+pub struct Stream {
     inner: Arc<cudarc::driver::CudaStream>,
     /// For the per-thread default stream: the thread whose stream it is.
     per_thread: Option<u64>,
@@ -937,7 +950,7 @@ pub struct CudaStream {
     serial: u64,
 }
 
-impl CudaStream {
+impl Stream {
     /// The cudarc stream, to launch kernels on (`launch_builder`) or copy
     /// memory with.
     pub fn cudarc(&self) -> &Arc<cudarc::driver::CudaStream> {
@@ -1050,47 +1063,47 @@ impl Drop for CudaArena {
 
 /// A completion event (`CU_EVENT_DISABLE_TIMING`), recorded once at creation.
 #[derive(Debug)]
-pub struct CudaEvent {
+pub struct Event {
     inner: cudarc::driver::CudaEvent,
 }
 
-impl CudaEvent {
+impl Event {
     /// The raw `CUevent` (do not destroy it).
     pub fn cu_event(&self) -> sys::CUevent {
         self.inner.cu_event()
     }
 }
 
-/// Raw graph handles; moved between threads only inside a [`CudaGraph`].
+/// Raw graph handles; moved between threads only inside a [`Graph`].
 struct GraphHandles {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
 }
 
 // SAFETY: graph handles may be used from any thread that makes their context
-// current (every call here does); `CudaGraph` is `!Sync`, so they are never
+// current (every call here does); `Graph` is `!Sync`, so they are never
 // used from two threads at once.
 unsafe impl Send for GraphHandles {}
 
 /// A captured graph and its instantiation, owned by the plan once the
 /// runner's capture finishes. `Send` but not `Sync`: CUDA graph objects must
 /// not be used from two threads at once.
-pub struct CudaGraph {
+pub struct Graph {
     handles: GraphHandles,
     ctx: Arc<CudaContext>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
-impl fmt::Debug for CudaGraph {
+impl fmt::Debug for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaGraph")
+        f.debug_struct("Graph")
             .field("graph", &self.handles.graph)
             .field("exec", &self.handles.exec)
             .finish()
     }
 }
 
-impl CudaGraph {
+impl Graph {
     /// The raw `CUgraph` (do not destroy it).
     pub fn cu_graph(&self) -> sys::CUgraph {
         self.handles.graph
@@ -1102,7 +1115,7 @@ impl CudaGraph {
     }
 }
 
-impl Drop for CudaGraph {
+impl Drop for Graph {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: both handles are owned by this graph and destroyed once;
@@ -1119,7 +1132,7 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A Rust element type with a [`DType`]: what a [`CudaView`] may be typed
+/// A Rust element type with a [`DType`]: what a [`TypedView`] may be typed
 /// as. Implemented for `f32`, `f64`, `i32`, `i64`, `i8`, `u8`, and, with the
 /// `f16` feature (cudarc's `f16`), `half::bf16` and `half::f16`. Sealed.
 pub trait CudaElement: DeviceRepr + sealed::Sealed {
@@ -1186,7 +1199,7 @@ elements! {
 /// cap.finish()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct CudaView<'a, T> {
+pub struct TypedView<'a, T> {
     /// The view's address; pushed by address as a kernel argument.
     ptr: sys::CUdeviceptr,
     len: usize,
@@ -1200,9 +1213,9 @@ pub struct CudaView<'a, T> {
     _view: PhantomData<&'a [T]>,
 }
 
-impl<T> fmt::Debug for CudaView<'_, T> {
+impl<T> fmt::Debug for TypedView<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaView")
+        f.debug_struct("TypedView")
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("len", &self.len)
             .field("type", &std::any::type_name::<T>())
@@ -1210,7 +1223,7 @@ impl<T> fmt::Debug for CudaView<'_, T> {
     }
 }
 
-impl<T> CudaView<'_, T> {
+impl<T> TypedView<'_, T> {
     /// The device address of the first element.
     pub fn device_address(&self) -> sys::CUdeviceptr {
         self.ptr
@@ -1247,7 +1260,7 @@ impl<T> CudaView<'_, T> {
     }
 }
 
-impl<T> DeviceSlice<T> for CudaView<'_, T> {
+impl<T> DeviceSlice<T> for TypedView<'_, T> {
     fn len(&self) -> usize {
         self.len
     }
@@ -1257,7 +1270,7 @@ impl<T> DeviceSlice<T> for CudaView<'_, T> {
     }
 }
 
-impl<T> DevicePtr<T> for CudaView<'_, T> {
+impl<T> DevicePtr<T> for TypedView<'_, T> {
     fn device_ptr<'b>(
         &'b self,
         stream: &'b cudarc::driver::CudaStream,
@@ -1269,7 +1282,7 @@ impl<T> DevicePtr<T> for CudaView<'_, T> {
     }
 }
 
-impl<T> DevicePtrMut<T> for CudaView<'_, T> {
+impl<T> DevicePtrMut<T> for TypedView<'_, T> {
     fn device_ptr_mut<'b>(
         &'b mut self,
         stream: &'b cudarc::driver::CudaStream,
@@ -1280,17 +1293,17 @@ impl<T> DevicePtrMut<T> for CudaView<'_, T> {
 
 // SAFETY: pushes a pointer to the view's device address, which lives in the
 // view for `'b`, longer than the launch arguments ('b: 'a).
-unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudaView<'c, T>> for LaunchArgs<'a> {
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b TypedView<'c, T>> for LaunchArgs<'a> {
     #[inline(always)]
-    fn arg(&mut self, arg: &'b CudaView<'c, T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b TypedView<'c, T>) -> &mut Self {
         self.arg(&arg.ptr)
     }
 }
 
 // SAFETY: as above; `&mut` marks the argument as written by the kernel.
-unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaView<'c, T>> for LaunchArgs<'a> {
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut TypedView<'c, T>> for LaunchArgs<'a> {
     #[inline(always)]
-    fn arg(&mut self, arg: &'b mut CudaView<'c, T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b mut TypedView<'c, T>) -> &mut Self {
         self.arg(&arg.ptr)
     }
 }
@@ -1300,8 +1313,8 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaView<'c, T>> for La
 /// Only element types with a [`DType`] convert:
 ///
 /// ```compile_fail
-/// use replay_arena::cuda::{CudaStream, ViewExt};
-/// fn typed(view: replay_arena::View<'_>, stream: &CudaStream) {
+/// use replay_arena::cuda::{Stream, ViewExt};
+/// fn typed(view: replay_arena::View<'_>, stream: &Stream) {
 ///     let _ = view.as_cuda::<u16>(stream); // u16 is not a CudaElement
 /// }
 /// ```
@@ -1309,16 +1322,16 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaView<'c, T>> for La
 /// and a typed view cannot outlive the view's owner:
 ///
 /// ```compile_fail
-/// use replay_arena::cuda::{CudaBackend, CudaStream, CudaView, ViewExt};
+/// use replay_arena::cuda::{CudaBackend, Stream, TypedView, ViewExt};
 /// use replay_arena::{Capturing, Request, RunnerId};
-/// fn escape<'s>(capturing: &'s mut Capturing<CudaBackend>, req: Request, stream: &CudaStream) -> CudaView<'s, f32> {
+/// fn escape<'s>(capturing: &'s mut Capturing<CudaBackend>, req: Request, stream: &Stream) -> TypedView<'s, f32> {
 ///     let cap = capturing.capture(RunnerId(0)).unwrap();
 ///     let view = cap.take(req).unwrap();
 ///     view.as_cuda::<f32>(stream).unwrap() // borrows `cap`, dropped here
 /// }
 /// ```
 pub trait ViewExt<'a> {
-    /// The view as a [`CudaView<T>`], for cudarc calls on `stream`, which
+    /// The view as a [`TypedView<T>`], for cudarc calls on `stream`, which
     /// must be the stream of the closure that handed the view out
     /// ([`RunnerCapture::stream_capture`](crate::RunnerCapture::stream_capture)
     /// or [`Replayable::consume`](crate::Replayable::consume)), called from
@@ -1330,11 +1343,11 @@ pub trait ViewExt<'a> {
     /// [`BackendError::DTypeMismatch`] when `T`'s dtype is not the view's;
     /// [`BackendError::InvalidView`] outside the view's closure or for
     /// another stream.
-    fn as_cuda<T: CudaElement>(&self, stream: &CudaStream) -> Result<CudaView<'a, T>>;
+    fn as_cuda<T: CudaElement>(&self, stream: &Stream) -> Result<TypedView<'a, T>>;
 }
 
 impl<'a> ViewExt<'a> for View<'a> {
-    fn as_cuda<T: CudaElement>(&self, stream: &CudaStream) -> Result<CudaView<'a, T>> {
+    fn as_cuda<T: CudaElement>(&self, stream: &Stream) -> Result<TypedView<'a, T>> {
         if self.dtype() != T::DTYPE {
             return Err(BackendError::DTypeMismatch {
                 view: self.dtype(),
@@ -1344,7 +1357,7 @@ impl<'a> ViewExt<'a> for View<'a> {
         }
         let scope = check_use(&self.tag(), stream.serial)
             .map_err(|reason| BackendError::InvalidView { reason })?;
-        Ok(CudaView {
+        Ok(TypedView {
             ptr: self.device_ptr(),
             len: self.len(),
             stream: stream.inner.clone(),
@@ -1357,9 +1370,9 @@ impl<'a> ViewExt<'a> for View<'a> {
 
 impl Backend for CudaBackend {
     type Arena = CudaArena;
-    type Event = CudaEvent;
-    type Stream = CudaStream;
-    type Graph = CudaGraph;
+    type Event = Event;
+    type Stream = Stream;
+    type Graph = Graph;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -1372,7 +1385,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn create_event(&self) -> Result<CudaEvent> {
+    fn create_event(&self) -> Result<Event> {
         let inner = self
             .inner
             .ctx
@@ -1381,14 +1394,14 @@ impl Backend for CudaBackend {
         inner
             .record(&self.inner.internal)
             .map_err(|e| driver_error("cuEventRecord", e))?;
-        Ok(CudaEvent { inner })
+        Ok(Event { inner })
     }
 
-    fn stream_id(&self, stream: &CudaStream) -> u64 {
+    fn stream_id(&self, stream: &Stream) -> u64 {
         stream.serial
     }
 
-    fn wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuStreamWaitEvent")?;
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
@@ -1397,7 +1410,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn record_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuEventRecord")?;
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
@@ -1406,7 +1419,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn synchronize_event(&self, event: &CudaEvent) -> Result<()> {
+    fn synchronize_event(&self, event: &Event) -> Result<()> {
         self.bind()?;
         // SAFETY: the event is a live object of this context.
         check("cuEventSynchronize", unsafe {
@@ -1414,7 +1427,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    unsafe fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
         let raw = stream.raw("cuGraphLaunch")?;
         self.bind()?;
         // SAFETY: the exec and the stream are live objects of this context.
@@ -1423,7 +1436,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
+    fn begin_capture(&self, stream: &Stream) -> Result<()> {
         // `wrap_stream` refused the legacy stream; the per-thread stream is
         // captured like any other (on its own thread).
         let raw = stream.raw("cuStreamBeginCapture")?;
@@ -1434,11 +1447,11 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
         capturing(stream.raw("cuStreamIsCapturing")?)
     }
 
-    unsafe fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
+    unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
         let raw = stream.raw("cuStreamEndCapture")?;
         self.bind()?;
         let mut graph: sys::CUgraph = ptr::null_mut();
@@ -1459,7 +1472,7 @@ impl Backend for CudaBackend {
         unsafe { self.instantiate(graph, Some(raw)) }
     }
 
-    unsafe fn abort_capture(&self, stream: &CudaStream) {
+    unsafe fn abort_capture(&self, stream: &Stream) {
         // Another thread's per-thread stream is not this capture's.
         let Ok(raw) = stream.raw("cuStreamEndCapture") else {
             return;
@@ -1478,7 +1491,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn validate_graph(&self, graph: &CudaGraph) -> std::result::Result<(), String> {
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
         self.bind().map_err(|e| e.to_string())?;
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
         self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
@@ -1504,13 +1517,13 @@ mod tests {
     use static_assertions::{assert_impl_all, assert_not_impl_any};
 
     assert_impl_all!(CudaBackend: Send, Sync, Clone);
-    assert_impl_all!(CudaStream: Send, Sync, Clone);
+    assert_impl_all!(Stream: Send, Sync, Clone);
     assert_impl_all!(CudaArena: Send, Sync);
-    assert_impl_all!(CudaEvent: Send, Sync);
-    assert_impl_all!(CudaGraph: Send);
-    assert_not_impl_any!(CudaGraph: Sync, Clone);
+    assert_impl_all!(Event: Send, Sync);
+    assert_impl_all!(Graph: Send);
+    assert_not_impl_any!(Graph: Sync, Clone);
     assert_impl_all!(Replayable<CudaBackend>: Send);
-    assert_impl_all!(CudaView<'static, f32>: Send, Sync, DevicePtr<f32>, DevicePtrMut<f32>);
+    assert_impl_all!(TypedView<'static, f32>: Send, Sync, DevicePtr<f32>, DevicePtrMut<f32>);
 
     #[test]
     fn element_types_map_to_their_dtypes() {

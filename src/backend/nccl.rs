@@ -26,7 +26,7 @@ use std::rc::Rc;
 use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
-use crate::backend::cuda::{CudaArena, CudaBackend, CudaEvent, CudaGraph, CudaStream};
+use crate::backend::cuda::{CudaArena, CudaBackend, Event, Graph, Stream};
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::view::{check_use, NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
@@ -363,12 +363,7 @@ impl Communicator {
     /// [`BackendError::InvalidView`] for a view out of its closure or on
     /// another stream, a dtype or size mismatch, or a send view outside this
     /// communicator's windows; NCCL's error.
-    pub fn reduce_scatter(
-        &self,
-        send: &View<'_>,
-        recv: &View<'_>,
-        stream: &CudaStream,
-    ) -> Result<()> {
+    pub fn reduce_scatter(&self, send: &View<'_>, recv: &View<'_>, stream: &Stream) -> Result<()> {
         if recv.dtype() != send.dtype() {
             return Err(BackendError::InvalidView {
                 reason: format!(
@@ -398,7 +393,7 @@ impl Communicator {
         send: &View<'_>,
         recv: u64,
         recv_len: usize,
-        stream: &CudaStream,
+        stream: &Stream,
     ) -> Result<()> {
         check_use(&send.tag(), stream.id())
             .map_err(|reason| BackendError::InvalidView { reason })?;
@@ -662,9 +657,9 @@ impl NcclBackend {
 
 impl Backend for NcclBackend {
     type Arena = NcclArena;
-    type Event = CudaEvent;
-    type Stream = CudaStream;
-    type Graph = CudaGraph;
+    type Event = Event;
+    type Stream = Stream;
+    type Graph = Graph;
 
     fn name(&self) -> &'static str {
         "cuda+nccl"
@@ -688,50 +683,50 @@ impl Backend for NcclBackend {
         }
     }
 
-    fn create_event(&self) -> Result<CudaEvent> {
+    fn create_event(&self) -> Result<Event> {
         self.cuda.create_event()
     }
 
-    fn stream_id(&self, stream: &CudaStream) -> u64 {
+    fn stream_id(&self, stream: &Stream) -> u64 {
         self.cuda.stream_id(stream)
     }
 
-    fn wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         self.cuda.wait_event(stream, event)
     }
 
-    fn record_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         self.cuda.record_event(stream, event)
     }
 
-    fn synchronize_event(&self, event: &CudaEvent) -> Result<()> {
+    fn synchronize_event(&self, event: &Event) -> Result<()> {
         self.cuda.synchronize_event(event)
     }
 
-    unsafe fn launch(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
         // SAFETY: the caller's contract is the same.
         unsafe { self.cuda.launch(graph, stream) }
     }
 
-    fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
+    fn begin_capture(&self, stream: &Stream) -> Result<()> {
         self.cuda.begin_capture(stream)
     }
 
-    fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
         self.cuda.is_capturing(stream)
     }
 
-    unsafe fn end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
+    unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
         // SAFETY: the caller's contract is the same.
         unsafe { self.cuda.end_capture(stream) }
     }
 
-    unsafe fn abort_capture(&self, stream: &CudaStream) {
+    unsafe fn abort_capture(&self, stream: &Stream) {
         // SAFETY: the caller's contract is the same.
         unsafe { self.cuda.abort_capture(stream) }
     }
 
-    fn validate_graph(&self, graph: &CudaGraph) -> std::result::Result<(), String> {
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
         self.cuda.validate_graph(graph)
     }
 

@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use replay_arena::cuda::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
-use replay_arena::cuda::{CaptureMode, CudaBackend, CudaStream, ViewExt};
+use replay_arena::cuda::{CaptureMode, CudaBackend, ViewExt};
+use replay_arena::cuda;
 use replay_arena::{
     BackendError, DType, Discovering, Domain, Error, PlanConfig, Policy, Replayable, Request,
     RunnerId,
 };
 
 /// The program's context and stream (candle's `per_thread_stream()`, say).
-pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, CudaStream), Error> {
+pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, cuda::Stream), Error> {
     let backend = match CudaBackend::from_context(ctx.clone()) {
         Ok(backend) => backend,
         // The program kept cudarc's event tracking on: opt in to turning it off.
@@ -32,7 +33,7 @@ pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, CudaStream), Error> 
 /// place; captured once, replayed.
 pub fn capture_and_replay(
     backend: CudaBackend,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     input: &replay_arena::cuda::cudarc::driver::CudaSlice<f32>,
     scale: &CudaFunction,
 ) -> Result<Replayable<CudaBackend>, Error> {

@@ -7,12 +7,13 @@
 
 use std::sync::OnceLock;
 
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{
     sys, CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
     ValidAsZeroBits,
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
-use replay_arena::cuda::{CudaBackend, CudaStream};
+use replay_arena::cuda::CudaBackend;
 use replay_arena::{Backend, DType, Domain, Purpose, Request, RunnerCapture, View};
 
 /// Errors of test kernels: formatted cudarc errors (there is a driver here).
@@ -80,7 +81,7 @@ pub struct Gpu {
     /// The backend under test.
     pub backend: CudaBackend,
     /// A stream for setup and read-back.
-    pub io: CudaStream,
+    pub io: cuda::Stream,
     scratch: CudaFunction,
     wgrad: CudaFunction,
     bump: CudaFunction,
@@ -130,7 +131,7 @@ fn err(e: impl std::fmt::Debug) -> String {
 
 impl Gpu {
     /// `x[i] = mix(seed * 31 + i + step * 7919)` for `i < m`.
-    pub fn scratch(&self, s: &CudaStream, x: u64, m: u32, step: u64, seed: u32) -> K {
+    pub fn scratch(&self, s: &cuda::Stream, x: u64, m: u32, step: u64, seed: u32) -> K {
         let mut b = s.cudarc().launch_builder(&self.scratch);
         b.arg(&x).arg(&m).arg(&step).arg(&seed);
         unsafe { b.launch(cfg(m)) }.map(drop).map_err(err)
@@ -138,14 +139,23 @@ impl Gpu {
 
     /// The wgrad kernel (see [`host_wgrad`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn wgrad(&self, s: &CudaStream, w: u64, n: u32, step: u64, seed: u32, x: u64, m: u32) -> K {
+    pub fn wgrad(
+        &self,
+        s: &cuda::Stream,
+        w: u64,
+        n: u32,
+        step: u64,
+        seed: u32,
+        x: u64,
+        m: u32,
+    ) -> K {
         let mut b = s.cudarc().launch_builder(&self.wgrad);
         b.arg(&w).arg(&n).arg(&step).arg(&seed).arg(&x).arg(&m);
         unsafe { b.launch(cfg(n)) }.map(drop).map_err(err)
     }
 
     /// `*step += 1`.
-    pub fn bump(&self, s: &CudaStream, step: u64) -> K {
+    pub fn bump(&self, s: &cuda::Stream, step: u64) -> K {
         let mut b = s.cudarc().launch_builder(&self.bump);
         b.arg(&step);
         unsafe { b.launch(cfg(1)) }.map(drop).map_err(err)
@@ -157,7 +167,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn consume(
         &self,
-        s: &CudaStream,
+        s: &cuda::Stream,
         out: u64,
         w: u64,
         n: u32,
@@ -265,7 +275,7 @@ impl Spec {
 
     /// Submits the runner's "backward" to `s`: scratch, each wgrad, then the
     /// step bump. `x` and `w` are the scratch and wgrad addresses.
-    pub fn submit(&self, g: &Gpu, s: &CudaStream, step: u64, x: Option<u64>, w: &[u64]) -> K {
+    pub fn submit(&self, g: &Gpu, s: &cuda::Stream, step: u64, x: Option<u64>, w: &[u64]) -> K {
         let (x, m) = match (x, self.scratch) {
             (Some(x), Some(m)) => {
                 g.scratch(s, x, m, step, self.seed)?;
@@ -286,7 +296,7 @@ impl Spec {
         g: &Gpu,
         cap: RunnerCapture<'_, CudaBackend>,
         step: u64,
-        stream: &CudaStream,
+        stream: &cuda::Stream,
     ) {
         let views: Vec<View<'_>> = self
             .requests()

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use cudarc::driver::{CudaContext, CudaSlice};
-use replay_arena::cuda::{probe, CudaBackend, CudaStream, ViewExt};
+use replay_arena::cuda::{probe, CudaBackend, ViewExt};
+use replay_arena::cuda;
 use replay_arena::{
     Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
     SealError,
@@ -15,7 +16,7 @@ const WGRAD: Request = Request::new(Domain::Device, DType::F32, 1024);
 
 /// Probes, opens device 0 and makes a stream; the probe's error (no driver)
 /// comes back as an `anyhow::Error`.
-pub fn open() -> anyhow::Result<(CudaBackend, CudaStream)> {
+pub fn open() -> anyhow::Result<(CudaBackend, cuda::Stream)> {
     let info = probe()?;
     let backend = CudaBackend::new(info.ordinal)?;
     let stream = backend.new_stream()?;
@@ -23,7 +24,7 @@ pub fn open() -> anyhow::Result<(CudaBackend, CudaStream)> {
 }
 
 /// Adopts the program's context and per-thread stream.
-pub fn adopt(ctx: Arc<CudaContext>) -> anyhow::Result<(CudaBackend, CudaStream)> {
+pub fn adopt(ctx: Arc<CudaContext>) -> anyhow::Result<(CudaBackend, cuda::Stream)> {
     let backend = CudaBackend::from_context(ctx.clone())?;
     let stream = backend.wrap_stream(ctx.per_thread_stream())?;
     Ok((backend, stream))
@@ -43,7 +44,7 @@ pub fn allocate(backend: CudaBackend) -> anyhow::Result<Capturing<CudaBackend>> 
 pub fn capture(
     capturing: &mut Capturing<CudaBackend>,
     runner: RunnerId,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     input: &CudaSlice<f32>,
 ) -> anyhow::Result<()> {
     let cap = capturing.capture(runner)?;
@@ -90,7 +91,7 @@ pub fn seal_or_drop(capturing: Capturing<CudaBackend>) -> anyhow::Result<Replaya
 /// and replans.
 pub fn step(
     mut replayable: Replayable<CudaBackend>,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     main_grad: &mut CudaSlice<f32>,
 ) -> anyhow::Result<Discovering> {
     for r in 0..2 {

@@ -5,14 +5,15 @@ pub mod interop;
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use replay_arena::cuda::{CudaStream, ViewExt};
+use replay_arena::cuda::ViewExt;
+use replay_arena::cuda;
 use replay_arena::View;
 
 /// `c = a * b` (column-major, m x k times k x n) with cuBLAS, straight into
 /// views of the plan: the program's own cudarc types take them.
 pub fn gemm_into_views(
     blas: &CudaBlas,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     (a, b, c): (&View<'_>, &View<'_>, &View<'_>),
     (m, n, k): (i32, i32, i32),
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -39,7 +40,7 @@ pub fn gemm_into_views(
 /// A bf16 view through cudarc's `f16` feature.
 pub fn bf16_view<'a>(
     view: &View<'a>,
-    stream: &CudaStream,
-) -> Result<replay_arena::cuda::CudaView<'a, half::bf16>, replay_arena::BackendError> {
+    stream: &cuda::Stream,
+) -> Result<replay_arena::cuda::TypedView<'a, half::bf16>, replay_arena::BackendError> {
     view.as_cuda::<half::bf16>(stream)
 }

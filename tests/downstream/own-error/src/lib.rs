@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, DriverError};
-use replay_arena::cuda::{probe, CudaBackend, CudaStream, ViewExt};
+use replay_arena::cuda::{probe, CudaBackend, ViewExt};
+use replay_arena::cuda;
 use replay_arena::{
     Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
 };
@@ -30,7 +31,7 @@ replay_arena::from_errors!(AppError);
 const WGRAD: Request = Request::new(Domain::Device, DType::F32, 1024);
 
 /// Probes, opens device 0 and makes a stream.
-pub fn open() -> Result<(CudaBackend, CudaStream), AppError> {
+pub fn open() -> Result<(CudaBackend, cuda::Stream), AppError> {
     let info = probe()?;
     let backend = CudaBackend::new(info.ordinal)?;
     let stream = backend.new_stream()?;
@@ -38,7 +39,7 @@ pub fn open() -> Result<(CudaBackend, CudaStream), AppError> {
 }
 
 /// Adopts the program's context and per-thread stream.
-pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, CudaStream), AppError> {
+pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, cuda::Stream), AppError> {
     let backend = CudaBackend::from_context(ctx.clone())?;
     let stream = backend.wrap_stream(ctx.per_thread_stream())?;
     Ok((backend, stream))
@@ -59,7 +60,7 @@ pub fn allocate(backend: CudaBackend) -> Result<Capturing<CudaBackend>, AppError
 pub fn capture(
     capturing: &mut Capturing<CudaBackend>,
     runner: RunnerId,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     input: &CudaSlice<f32>,
 ) -> Result<(), AppError> {
     let cap = capturing.capture(runner)?;
@@ -78,7 +79,7 @@ pub fn capture(
 /// program's, waits and replans.
 pub fn replay(
     capturing: Capturing<CudaBackend>,
-    stream: &CudaStream,
+    stream: &cuda::Stream,
     main_grad: &mut CudaSlice<f32>,
     batch: usize,
 ) -> Result<Discovering, AppError> {
