@@ -1133,7 +1133,7 @@ mod sealed {
 }
 
 /// A Rust element type with a [`DType`]: what a [`TypedView`] may be typed
-/// as. Implemented for `f32`, `f64`, `i32`, `i64`, `i8`, `u8`, and, with the
+/// as. Implemented for `f32`, `f64`, `i32`, `i64`, `i8`, `u8`, [`F8E4M3`], [`F8E5M2`], and, with the
 /// `f16` feature (cudarc's `f16`), `half::bf16` and `half::f16`. Sealed.
 pub trait CudaElement: DeviceRepr + sealed::Sealed {
     /// The dtype of a view of this type.
@@ -1151,6 +1151,23 @@ macro_rules! elements {
     )*};
 }
 
+/// One byte of an FP8 E4M3 value (`__nv_fp8_e4m3`), for typed views of
+/// [`DType::F8E4M3`]; the bits are the program's to interpret.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct F8E4M3(pub u8);
+
+/// One byte of an FP8 E5M2 value (`__nv_fp8_e5m2`), for typed views of
+/// [`DType::F8E5M2`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct F8E5M2(pub u8);
+
+// SAFETY: one `u8` (`repr(transparent)`), valid for every bit pattern.
+unsafe impl DeviceRepr for F8E4M3 {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for F8E5M2 {}
+
 elements! {
     f32 => F32,
     f64 => F64,
@@ -1158,6 +1175,8 @@ elements! {
     i64 => I64,
     i8 => I8,
     u8 => U8,
+    F8E4M3 => F8E4M3,
+    F8E5M2 => F8E5M2,
     #[cfg(feature = "f16")]
     half::bf16 => BF16,
     #[cfg(feature = "f16")]
@@ -1558,6 +1577,26 @@ mod tests {
     fn half_types_map_to_bf16_and_f16() {
         assert_eq!(half::bf16::DTYPE, DType::BF16);
         assert_eq!(half::f16::DTYPE, DType::F16);
+    }
+
+    #[test]
+    fn every_dtype_has_an_element_type() {
+        let mut covered = vec![
+            f32::DTYPE,
+            f64::DTYPE,
+            i32::DTYPE,
+            i64::DTYPE,
+            i8::DTYPE,
+            u8::DTYPE,
+            F8E4M3::DTYPE,
+            F8E5M2::DTYPE,
+        ];
+        #[cfg(feature = "f16")]
+        covered.extend([half::bf16::DTYPE, half::f16::DTYPE]);
+        #[cfg(feature = "f16")]
+        assert!(DType::ALL.iter().all(|d| covered.contains(d)), "{covered:?}");
+        assert_eq!(std::mem::size_of::<F8E4M3>() as u64, DType::F8E4M3.size_bytes());
+        assert_eq!(std::mem::size_of::<F8E5M2>() as u64, DType::F8E5M2.size_bytes());
     }
 
     #[test]
