@@ -28,9 +28,13 @@
 //!   *settled* (runners re-placed in order of their offset at the lowest free
 //!   offset, which never raises a layout and often lowers it); and first and
 //!   best fit in capture order and by decreasing size. Each settle or fit is
-//!   an `O(n g)` pass; beyond settling round-robin, a call spends at most
-//!   `max(PASS_BUDGET / n, MIN_PASSES)` passes, the most promising first, so
-//!   planning stays fast for 10,000 runners.
+//!   a pass over every runner and its neighbours within `g - 1` positions;
+//!   beyond settling round-robin, a call spends at most
+//!   `max(PASS_BUDGET / n, MIN_PASSES)` passes, the most promising first, and
+//!   the whole search at most its share of [`WORK_BUDGET`] entry visits, so
+//!   a plan costs `O(pairs log pairs)` plus a bounded search whatever `g` is
+//!   (round-robin's `g` slots are only the used ones; no vector has `g`
+//!   entries).
 //!
 //! Every function works on a [`Column`]: only the runners that use the key,
 //! with their positions. A key used by a few of many runners (one symmetric
@@ -95,7 +99,7 @@ impl Column {
     }
 
     /// Number of runners that use the key.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.pos.len()
     }
 }
@@ -123,41 +127,39 @@ pub(crate) struct ColumnLayout {
 /// arena is the max over its runners. Returns the arena size per generation.
 #[cfg(test)]
 pub(crate) fn round_robin(cap: &[u64], g: usize) -> Vec<u64> {
-    round_robin_column(&Column::from_dense(cap), g)
-}
-
-/// [`round_robin`] of a column.
-pub(crate) fn round_robin_column(column: &Column, g: usize) -> Vec<u64> {
     let mut arenas = vec![0u64; g];
-    for (k, c) in column.entries() {
-        let a = &mut arenas[k % g];
-        *a = (*a).max(c);
+    for (generation, bytes) in round_robin_arenas(&Column::from_dense(cap), g) {
+        arenas[generation] = bytes;
     }
     arenas
 }
 
-/// The total of [`round_robin`] for a column (saturating), in
-/// `O(len log len)` whatever `g` is: per generation that has users, the
-/// largest of them.
-pub(crate) fn round_robin_bytes(column: &Column, g: usize) -> u64 {
+/// Round-robin of a column, sparse: `(generation, bytes)` for each
+/// generation that has users, in generation order, in `O(len log len)`
+/// whatever `g` is (never a vector of `g` entries).
+pub(crate) fn round_robin_arenas(column: &Column, g: usize) -> Vec<(usize, u64)> {
     let mut by_generation: Vec<(usize, u64)> = column
-        .pos
-        .iter()
-        .zip(&column.cap)
-        .map(|(&k, &c)| (k % g, c))
+        .entries()
+        .map(|(k, c)| (k % g, c))
         .collect();
     by_generation.sort_unstable();
-    let mut total = 0u64;
-    for (i, &(generation, c)) in by_generation.iter().enumerate() {
-        // The last entry of each generation is its largest.
-        if by_generation
-            .get(i + 1)
-            .is_none_or(|&(next, _)| next != generation)
-        {
-            total = total.saturating_add(c);
+    // The last entry of each generation is its largest.
+    let mut arenas: Vec<(usize, u64)> = Vec::with_capacity(by_generation.len());
+    for (generation, c) in by_generation {
+        match arenas.last_mut() {
+            Some(last) if last.0 == generation => last.1 = c,
+            _ => arenas.push((generation, c)),
         }
     }
-    total
+    arenas
+}
+
+/// The total of [`round_robin_arenas`] (saturating).
+pub(crate) fn round_robin_bytes(column: &Column, g: usize) -> u64 {
+    round_robin_arenas(column, g)
+        .iter()
+        .map(|&(_, c)| c)
+        .fold(0, u64::saturating_add)
 }
 
 /// [`lower_bound_column`] of a dense capacity vector.
@@ -193,16 +195,51 @@ fn heaviest_window(column: &Column, g: usize) -> u128 {
 /// Strided layouts are tried for periods `2..=max(MIN_PERIODS, 2 g)`.
 const MIN_PERIODS: usize = 8;
 
-/// Runner placements (over all settle and fit passes) one call may spend
-/// beyond the first settle: passes cost `O(n g)` each, so for `n` runners at
-/// most `max(PASS_BUDGET / n, MIN_PASSES)` further passes run, the most
+/// Settle and fit passes one call may run beyond the first settle: for `n`
+/// buffer-using runners at most `max(PASS_BUDGET / n, MIN_PASSES)`, the most
 /// promising first. Up to a few thousand runners that is every candidate;
-/// for 10,000 it is four. `n` counts every buffer-using runner, not only the
-/// key's users, so a sparse key spends no more passes than a dense one and
-/// the total over keys stays proportional to the (runner, key) pairs.
+/// for 10,000 it is four.
 const PASS_BUDGET: usize = 40_000;
 /// Passes allowed however many runners there are.
 const MIN_PASSES: usize = 3;
+
+/// Work (entries visited) the packed search of a whole plan may spend
+/// beyond round-robin: each key gets the share of its users
+/// ([`work_share`]). A settle or fit pass visits each entry and its
+/// neighbours within `g - 1` positions, so its cost is known before it runs
+/// and a pass that does not fit in what is left is skipped; a strided seed
+/// costs one visit per entry. Planned workloads of thousands of runners at
+/// small `G` spend a few percent of it, so the budget only ever cuts the
+/// search of very large `G`, where round-robin's layout (or a strided one)
+/// stands.
+pub(crate) const WORK_BUDGET: u64 = 40_000_000;
+
+/// The packed search budget of a key with `users` users, out of `pairs`
+/// (runner, key) pairs in the whole plan: its share of [`WORK_BUDGET`], and
+/// at least a few visits per user.
+pub(crate) fn work_share(users: usize, pairs: usize) -> u64 {
+    let users = users as u64;
+    let share = u128::from(WORK_BUDGET) * u128::from(users) / (pairs.max(1) as u128);
+    u64::try_from(share)
+        .unwrap_or(u64::MAX)
+        .max(users.saturating_mul(4))
+}
+
+/// What is left of a search's budget.
+struct Work(u64);
+
+impl Work {
+    /// Takes `cost` if that much is left.
+    fn spend(&mut self, cost: u64) -> bool {
+        match self.0.checked_sub(cost) {
+            Some(left) => {
+                self.0 = left;
+                true
+            }
+            None => false,
+        }
+    }
+}
 
 /// Packed: per-runner offsets in one arena so that any `g` consecutive
 /// runners are disjoint, as small as the portfolio described in the module
@@ -213,7 +250,7 @@ const MIN_PASSES: usize = 3;
 #[cfg(test)]
 pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
     let column = Column::from_dense(cap);
-    let layout = packed_column(&column, g)?;
+    let layout = packed_column(&column, g, WORK_BUDGET)?;
     let mut offsets = vec![0u64; cap.len()];
     for (&k, &o) in column.pos.iter().zip(&layout.offsets) {
         offsets[k] = o;
@@ -224,9 +261,10 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
     })
 }
 
-/// [`packed`] of a column. Costs `O(len)` per candidate (plus `O(g)` per
-/// slotted one), never `O(n)`.
-pub(crate) fn packed_column(column: &Column, g: usize) -> Option<ColumnLayout> {
+/// [`packed`] of a column, spending at most `work` entry visits beyond
+/// round-robin (see [`WORK_BUDGET`]). Round-robin and the lower bound cost
+/// `O(len log len)` whatever `g` is; memory is `O(len)`.
+pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<ColumnLayout> {
     let n = column.n;
     let bound = u64::try_from(heaviest_window(column, g)).ok()?;
     let mut best = Portfolio::new(bound);
@@ -239,22 +277,36 @@ pub(crate) fn packed_column(column: &Column, g: usize) -> Option<ColumnLayout> {
         best.offer(Some(alternating(column, bound)));
         return best.layout;
     }
+    let mut work = Work(work);
+    let len = column.len() as u64;
+    let pass = len.saturating_add(neighbours(column, g));
     // Settling round-robin is the strongest single candidate on irregular
     // capacities; strided seeds win on periodic ones; plain fits come last.
-    best.offer(fit(column, g, &round_robin.settle_order(), Fit::First));
+    if work.spend(pass) {
+        best.offer(fit(column, g, &round_robin.settle_order(), Fit::First));
+    }
     let mut passes = (PASS_BUDGET / n.max(1)).max(MIN_PASSES);
-    let mut seeds: Vec<(u64, Slotted)> = (2..=MIN_PERIODS.max(2 * g).min(n))
-        .filter(|&p| p != g) // the same slots as round-robin
-        .map(|p| strided(column, g, p))
-        .filter_map(|s| Some((s.bytes()?, s)))
-        .collect();
-    seeds.sort_by_key(|(bytes, _)| *bytes);
-    for (_, seed) in &seeds {
+    let mut seeds: Vec<(u64, usize)> = Vec::new();
+    for p in (2..=MIN_PERIODS.max(2 * g).min(n)).filter(|&p| p != g) {
+        // p = g gives the same slots as round-robin.
+        if !work.spend(len) {
+            break;
+        }
+        if let Some(bytes) = strided(column, g, p).bytes() {
+            seeds.push((bytes, p));
+        }
+    }
+    // Stable: ties stay in order of period.
+    seeds.sort_by_key(|&(bytes, _)| bytes);
+    for &(_, p) in &seeds {
         if best.done() || passes == 0 {
             return best.layout;
         }
+        let seed = strided(column, g, p);
         best.offer(seed.layout());
-        best.offer(fit(column, g, &seed.settle_order(), Fit::First));
+        if work.spend(pass) {
+            best.offer(fit(column, g, &seed.settle_order(), Fit::First));
+        }
         passes -= 1;
     }
     let in_capture_order: Vec<usize> = (0..column.len()).collect();
@@ -266,13 +318,29 @@ pub(crate) fn packed_column(column: &Column, g: usize) -> Option<ColumnLayout> {
         (&in_capture_order, Fit::Best),
         (&by_size_desc, Fit::Best),
     ] {
-        if best.done() || passes == 0 {
+        if best.done() || passes == 0 || !work.spend(pass) {
             return best.layout;
         }
         best.offer(fit(column, g, order, how));
         passes -= 1;
     }
     best.layout
+}
+
+/// The number of (entry, other entry) pairs of the column within `g - 1`
+/// positions of each other, counted both ways: what one settle or fit pass
+/// visits.
+fn neighbours(column: &Column, g: usize) -> u64 {
+    let pos = &column.pos;
+    let mut first = 0;
+    let mut pairs = 0u64;
+    for i in 0..pos.len() {
+        while pos[first] + g <= pos[i] {
+            first += 1;
+        }
+        pairs += (i - first) as u64;
+    }
+    pairs.saturating_mul(2)
 }
 
 /// The smallest layout offered so far.
@@ -314,8 +382,21 @@ struct Slotted {
 
 impl Slotted {
     /// Puts position `k` in slot `slot(k)` (below `slots`).
+    /// Slots that no entry uses are dropped when there are many more slots
+    /// than entries (they hold no bytes, so the layout and the settle order
+    /// stay the same): memory and time are `O(len log len)`, not `O(slots)`.
     fn new(column: &Column, slots: usize, slot: impl Fn(usize) -> usize) -> Slotted {
-        let slot_of: Vec<usize> = column.pos.iter().map(|&k| slot(k)).collect();
+        let mut slot_of: Vec<usize> = column.pos.iter().map(|&k| slot(k)).collect();
+        let mut slots = slots;
+        if slots > 2 * slot_of.len() + 16 {
+            let mut used = slot_of.clone();
+            used.sort_unstable();
+            used.dedup();
+            for z in &mut slot_of {
+                *z = used.binary_search(z).unwrap_or_else(|at| at);
+            }
+            slots = used.len();
+        }
         let mut sizes = vec![0u64; slots];
         for (&c, &z) in column.cap.iter().zip(&slot_of) {
             sizes[z] = sizes[z].max(c);
@@ -418,7 +499,7 @@ fn fit(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLay
     let mut offsets = vec![0u64; len];
     let mut placed = vec![false; len];
     let mut bytes = 0u64;
-    let mut busy: Vec<(u64, u64)> = Vec::with_capacity(2 * g);
+    let mut busy: Vec<(u64, u64)> = Vec::with_capacity((2 * g).min(len));
     for &i in order {
         let c = cap[i];
         busy.clear();
