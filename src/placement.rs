@@ -138,10 +138,7 @@ pub(crate) fn round_robin(cap: &[u64], g: usize) -> Vec<u64> {
 /// generation that has users, in generation order, in `O(len log len)`
 /// whatever `g` is (never a vector of `g` entries).
 pub(crate) fn round_robin_arenas(column: &Column, g: usize) -> Vec<(usize, u64)> {
-    let mut by_generation: Vec<(usize, u64)> = column
-        .entries()
-        .map(|(k, c)| (k % g, c))
-        .collect();
+    let mut by_generation: Vec<(usize, u64)> = column.entries().map(|(k, c)| (k % g, c)).collect();
     by_generation.sort_unstable();
     // The last entry of each generation is its largest.
     let mut arenas: Vec<(usize, u64)> = Vec::with_capacity(by_generation.len());

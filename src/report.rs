@@ -206,7 +206,11 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     }
     // The plan lists each key's arenas together, in generation order.
     for a in &plan.arenas {
-        facts.entry(a.key).or_insert_with(fresh).arenas.push(a.bytes);
+        facts
+            .entry(a.key)
+            .or_insert_with(fresh)
+            .arenas
+            .push(a.bytes);
     }
     let pairs = facts.values().map(|f| f.column.len()).sum();
     let names: BTreeMap<GroupId, &str> = plan.config.groups().collect();

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use crate::render::{mask_digits, Plan};
 use crate::Input;
-use replay_arena::human_bytes;
+use replay_arena::{human_bytes, Slice};
 
 /// Beyond this many buffer-using runners a column is narrower than a pixel.
 const MAX_RUNNERS: usize = 4096;
@@ -103,20 +103,39 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         );
     }
 
+    // One pass over arenas and slices sorts them by key (report.keys is in
+    // key order), so each panel costs what it draws, not every arena and
+    // runner of the plan.
+    let key_at = |key| report.keys.binary_search_by_key(&key, |k| k.key).ok();
     let arenas = plan.planned.arenas();
+    let mut arenas_of: Vec<Vec<usize>> = vec![Vec::new(); report.keys.len()];
+    for (a, arena) in arenas.iter().enumerate() {
+        if let Some(at) = key_at(arena.key) {
+            arenas_of[at].push(a);
+        }
+    }
+    // Per key, (position among buffer-using runners, runner, slice).
+    let mut slices_of: Vec<Vec<(usize, usize, &Slice)>> = vec![Vec::new(); report.keys.len()];
+    for (k, &i) in using.iter().enumerate() {
+        for slice in &report.runners[i].slices {
+            if let Some(at) = key_at(slice.key) {
+                slices_of[at].push((k, i, slice));
+            }
+        }
+    }
     for (key_index, key) in report.keys.iter().enumerate() {
         let panel_top = top + panel * key_index as f64 + PANEL_TITLE;
         let bottom = panel_top + PANEL_HEIGHT;
+        let slices = &slices_of[key_index];
         // The key's arenas stacked from address 0: generation 0 lowest.
         let mut base: HashMap<usize, u128> = HashMap::new();
         let mut stacked = 0u128;
         let mut outlines = Vec::new();
-        for (a, arena) in arenas.iter().enumerate() {
-            if arena.key == key.key {
-                base.insert(a, stacked);
-                outlines.push((stacked, stacked + u128::from(arena.bytes), arena.generation));
-                stacked += u128::from(arena.bytes);
-            }
+        for &a in &arenas_of[key_index] {
+            let arena = &arenas[a];
+            base.insert(a, stacked);
+            outlines.push((stacked, stacked + u128::from(arena.bytes), arena.generation));
+            stacked += u128::from(arena.bytes);
         }
         let scale_top = stacked
             .max(u128::from(key.round_robin_bytes))
@@ -164,40 +183,28 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
             );
         }
         // Slices.
-        for (k, &i) in using.iter().enumerate() {
+        for &(k, i, slice) in slices {
             let runner = &report.runners[i];
-            for slice in runner.slices.iter().filter(|s| s.key == key.key) {
-                let lo = base.get(&slice.arena).copied().unwrap_or(0) + u128::from(slice.offset);
-                let hi = lo + u128::from(slice.bytes);
-                let _ = writeln!(
-                    svg,
-                    r##"<rect class="slice" data-runner="{k}" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
-                    x(k) + 1.0,
-                    y(hi),
-                    g as f64 * column - 2.0,
-                    y(lo) - y(hi),
-                    colour[k],
-                    escape(&input.runner_label(i)),
-                    runner.runner,
-                    human_bytes(slice.bytes),
-                    slice.offset,
-                    slice.arena
-                );
-            }
+            let lo = base.get(&slice.arena).copied().unwrap_or(0) + u128::from(slice.offset);
+            let hi = lo + u128::from(slice.bytes);
+            let _ = writeln!(
+                svg,
+                r##"<rect class="slice" data-runner="{k}" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
+                x(k) + 1.0,
+                y(hi),
+                g as f64 * column - 2.0,
+                y(lo) - y(hi),
+                colour[k],
+                escape(&input.runner_label(i)),
+                runner.runner,
+                human_bytes(slice.bytes),
+                slice.offset,
+                slice.arena
+            );
         }
         // Peak window: the G consecutive runners with the most bytes of this
         // key, all in flight at the window's last column.
-        let caps: Vec<u64> = using
-            .iter()
-            .map(|&i| {
-                report.runners[i]
-                    .slices
-                    .iter()
-                    .filter(|s| s.key == key.key)
-                    .map(|s| s.bytes)
-                    .sum()
-            })
-            .collect();
+        let caps: Vec<(usize, u64)> = slices.iter().map(|&(k, _, s)| (k, s.bytes)).collect();
         if let Some((first, bytes)) = heaviest_window(&caps, g) {
             let col = first + g - 1;
             let _ = writeln!(
@@ -248,14 +255,20 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
 }
 
 /// The first of the `g` consecutive positions with the most bytes, and those
-/// bytes; `None` when nothing uses the key.
-fn heaviest_window(caps: &[u64], g: usize) -> Option<(usize, u64)> {
+/// bytes; `None` when nothing uses the key. `caps` is the key's users as
+/// (position, bytes), in position order (one entry per position). The
+/// earliest heaviest window ends at a used position (a window ending at an
+/// unused one weighs no more than the one before it), so only those are
+/// tried: linear in the key's users.
+fn heaviest_window(caps: &[(usize, u64)], g: usize) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u128)> = None;
     let mut window = 0u128;
-    for (k, &c) in caps.iter().enumerate() {
+    let mut oldest = 0;
+    for &(k, c) in caps {
         window += u128::from(c);
-        if k >= g {
-            window -= u128::from(caps[k - g]);
+        while caps[oldest].0 + g <= k {
+            window -= u128::from(caps[oldest].1);
+            oldest += 1;
         }
         let first = k.saturating_sub(g - 1);
         if window > 0 && best.is_none_or(|(_, b)| window > b) {
