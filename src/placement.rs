@@ -138,6 +138,19 @@ pub(crate) fn round_robin(cap: &[u64], g: usize) -> Vec<u64> {
 /// generation that has users, in generation order, in `O(len log len)`
 /// whatever `g` is (never a vector of `g` entries).
 pub(crate) fn round_robin_arenas(column: &Column, g: usize) -> Vec<(usize, u64)> {
+    if g <= 2 * column.len() + 16 {
+        // Few generations for the users: a max per generation, no sort.
+        let mut arenas = vec![0u64; g];
+        for (k, c) in column.entries() {
+            let a = &mut arenas[k % g];
+            *a = (*a).max(c);
+        }
+        return arenas
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, bytes)| bytes > 0)
+            .collect();
+    }
     let mut by_generation: Vec<(usize, u64)> = column.entries().map(|(k, c)| (k % g, c)).collect();
     by_generation.sort_unstable();
     // The last entry of each generation is its largest.
@@ -209,7 +222,7 @@ const MIN_PASSES: usize = 3;
 /// small `G` spend a few percent of it, so the budget only ever cuts the
 /// search of very large `G`, where round-robin's layout (or a strided one)
 /// stands.
-pub(crate) const WORK_BUDGET: u64 = 40_000_000;
+pub(crate) const WORK_BUDGET: u64 = 16_000_000;
 
 /// The packed search budget of a key with `users` users, out of `pairs`
 /// (runner, key) pairs in the whole plan: its share of [`WORK_BUDGET`], and

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use replay_arena::sim::SimBackend;
 use replay_arena::{
-    DType, Discovering, Domain, Key, PlanConfig, Placement, Planned, Policy, Request, RunnerId,
+    DType, Discovering, Domain, Key, Placement, PlanConfig, Planned, Policy, Request, RunnerId,
     Strategy as PlanStrategy,
 };
 use support::{aligned, discover, workload, Workload};

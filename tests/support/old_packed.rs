@@ -20,7 +20,12 @@ impl Column {
         let keep = |&(_, &c): &(usize, &u64)| c > 0;
         Column {
             n: cap.len(),
-            pos: cap.iter().enumerate().filter(keep).map(|(k, _)| k).collect(),
+            pos: cap
+                .iter()
+                .enumerate()
+                .filter(keep)
+                .map(|(k, _)| k)
+                .collect(),
             cap: cap.iter().copied().filter(|&c| c > 0).collect(),
         }
     }
@@ -313,4 +318,3 @@ fn choose_gap(busy: &[(u64, u64)], size: u64, how: Fit) -> Option<u64> {
         }
     }
 }
-

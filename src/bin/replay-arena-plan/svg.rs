@@ -107,6 +107,23 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
     // key order), so each panel costs what it draws, not every arena and
     // runner of the plan.
     let key_at = |key| report.keys.binary_search_by_key(&key, |k| k.key).ok();
+    // The runner axis every panel shares, every few positions, relative to
+    // the panel's bottom.
+    let _ = writeln!(svg, r#"<defs><g id="runner-axis">"#);
+    let step = using.len().div_ceil(16).max(1);
+    for k in (0..using.len()).step_by(step) {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.2}" y="14.0" text-anchor="middle" fill="#444">{k}</text>"##,
+            LEFT + k as f64 * column + column / 2.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r##"<text x="{LEFT:.1}" y="30.0" fill="#444">buffer-using runner (capture order)</text>"##
+    );
+    let _ = writeln!(svg, "</g></defs>");
+
     let arenas = plan.planned.arenas();
     let mut arenas_of: Vec<Vec<usize>> = vec![Vec::new(); report.keys.len()];
     for (a, arena) in arenas.iter().enumerate() {
@@ -232,22 +249,8 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
                 at + if label == "lower bound" { 12.0 } else { -3.0 }
             );
         }
-        // Runner axis: every few positions.
-        let step = using.len().div_ceil(16).max(1);
-        for k in (0..using.len()).step_by(step) {
-            let _ = writeln!(
-                svg,
-                r##"<text x="{:.2}" y="{:.1}" text-anchor="middle" fill="#444">{k}</text>"##,
-                x(k) + column / 2.0,
-                bottom + 14.0
-            );
-        }
-        let _ = writeln!(
-            svg,
-            r##"<text x="{:.1}" y="{:.1}" fill="#444">buffer-using runner (capture order)</text>"##,
-            LEFT,
-            bottom + 30.0
-        );
+        // Runner axis: the same in every panel, drawn once (below).
+        let _ = writeln!(svg, r##"<use href="#runner-axis" y="{bottom:.1}"/>"##);
         let _ = writeln!(svg, "</g>");
     }
     let _ = writeln!(svg, "</svg>");
