@@ -28,13 +28,16 @@
 //!   *settled* (runners re-placed in order of their offset at the lowest free
 //!   offset, which never raises a layout and often lowers it); and first and
 //!   best fit in capture order and by decreasing size. Each settle or fit is
-//!   a pass over every runner and its neighbours within `g - 1` positions;
-//!   beyond settling round-robin, a call spends at most
-//!   `max(PASS_BUDGET / n, MIN_PASSES)` passes, the most promising first, and
-//!   the whole search at most its share of [`WORK_BUDGET`] entry visits, so
-//!   a plan costs `O(pairs log pairs)` plus a bounded search whatever `g` is
-//!   (round-robin's `g` slots are only the used ones; no vector has `g`
-//!   entries).
+//!   a pass over every runner and its neighbours within `g - 1` positions
+//!   (for large `g`, first fit asks a segment tree over the runners for the
+//!   lowest offset free in a window instead: the same offsets in
+//!   `O(log n)` tree nodes per runner); beyond settling round-robin, a call
+//!   spends at most `max(PASS_BUDGET / n, MIN_PASSES)` passes, the most
+//!   promising first, and the whole search at most its share of
+//!   [`WORK_BUDGET`], so a plan costs `O(pairs log pairs)` plus a bounded
+//!   search whatever `g` is (round-robin's `g` slots are only the used ones;
+//!   no vector has `g` entries). Where the budget cuts a search, the best
+//!   layout found so far stands (never more than round-robin).
 //!
 //! Every function works on a [`Column`]: only the runners that use the key,
 //! with their positions. A key used by a few of many runners (one symmetric
@@ -48,6 +51,7 @@
 //! of capacities), so offsets keep the domain alignment every capacity has.
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 
 /// One key's capacities: the positions (capture order among buffer-using
 /// runners) that use the key, ascending, each with its capacity (never 0),
@@ -289,11 +293,12 @@ pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<Colu
     }
     let mut work = Work(work);
     let len = column.len() as u64;
-    let pass = len.saturating_add(neighbours(column, g));
     // Settling round-robin is the strongest single candidate on irregular
     // capacities; strided seeds win on periodic ones; plain fits come last.
-    if work.spend(pass) {
-        best.offer(fit(column, g, &round_robin.settle_order(), Fit::First));
+    let order = round_robin.settle_order();
+    best.offer(fit(column, g, &order, Fit::First, &mut work));
+    if best.done() {
+        return best.layout;
     }
     let mut passes = (PASS_BUDGET / n.max(1)).max(MIN_PASSES);
     let mut seeds: Vec<(u64, usize)> = Vec::new();
@@ -314,9 +319,7 @@ pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<Colu
         }
         let seed = strided(column, g, p);
         best.offer(seed.layout());
-        if work.spend(pass) {
-            best.offer(fit(column, g, &seed.settle_order(), Fit::First));
-        }
+        best.offer(fit(column, g, &seed.settle_order(), Fit::First, &mut work));
         passes -= 1;
     }
     let in_capture_order: Vec<usize> = (0..column.len()).collect();
@@ -328,10 +331,10 @@ pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<Colu
         (&in_capture_order, Fit::Best),
         (&by_size_desc, Fit::Best),
     ] {
-        if best.done() || passes == 0 || !work.spend(pass) {
+        if best.done() || passes == 0 || work.0 == 0 {
             return best.layout;
         }
-        best.offer(fit(column, g, order, how));
+        best.offer(fit(column, g, order, how, &mut work));
         passes -= 1;
     }
     best.layout
@@ -503,7 +506,32 @@ enum Fit {
 /// Places the column's entries in `order`; each avoids the ranges of already
 /// placed entries within `g - 1` positions of it (neighbours in the column,
 /// since it is sorted by position).
-fn fit(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLayout> {
+///
+/// Spends from `work`: a scanning pass its known cost up front (`None`
+/// without running when that is more than is left), a pass through the tree
+/// what it really used (`None` when it runs out: a partial layout is no
+/// candidate). Both counts are deterministic, so equal inputs still give
+/// equal layouts.
+fn fit(
+    column: &Column,
+    g: usize,
+    order: &[usize],
+    how: Fit,
+    work: &mut Work,
+) -> Option<ColumnLayout> {
+    let neighbours = neighbours(column, g);
+    let len = column.len() as u64;
+    if matches!(how, Fit::First) && neighbours > TREE_FROM.saturating_mul(len) {
+        first_fit_windowed(column, g, order, work)
+    } else if work.spend(len.saturating_add(neighbours)) {
+        fit_scanning(column, g, order, how)
+    } else {
+        None
+    }
+}
+
+/// [`fit`] by scanning and sorting each entry's placed neighbours.
+fn fit_scanning(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLayout> {
     let (pos, cap) = (&column.pos, &column.cap);
     let len = column.len();
     let mut offsets = vec![0u64; len];
@@ -531,6 +559,163 @@ fn fit(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLay
         bytes = bytes.max(offset.checked_add(c)?);
     }
     Some(ColumnLayout { offsets, bytes })
+}
+
+/// Neighbours per entry from which first fit asks a [`Windows`] tree
+/// instead of scanning and sorting every neighbour.
+const TREE_FROM: u64 = 128;
+
+/// Work units one tree operation (a map lookup, insert or removal) is
+/// charged: a few neighbour visits' worth.
+const TREE_OP: u64 = 2;
+
+/// [`fit`] with [`Fit::First`], each entry asking a segment tree over the
+/// column for the lowest offset free in its window of neighbours: the same
+/// offsets as scanning them (the lowest offset clear of every placed
+/// neighbour), in `O(log len)` tree nodes per entry instead of `O(g)`
+/// neighbours.
+fn first_fit_windowed(
+    column: &Column,
+    g: usize,
+    order: &[usize],
+    work: &mut Work,
+) -> Option<ColumnLayout> {
+    let (pos, cap) = (&column.pos, &column.cap);
+    let len = column.len();
+    // Each entry's neighbours are the entries lo[i]..=hi[i] (itself
+    // included, never placed when it asks).
+    let mut lo = vec![0usize; len];
+    let mut hi = vec![0usize; len];
+    let mut first = 0;
+    for i in 0..len {
+        while pos[first] + g <= pos[i] {
+            first += 1;
+        }
+        lo[i] = first;
+    }
+    let mut last = len;
+    for i in (0..len).rev() {
+        while last > i + 1 && pos[last - 1] >= pos[i] + g {
+            last -= 1;
+        }
+        hi[i] = last.max(i + 1) - 1;
+    }
+    let mut tree = Windows::new(len, work.0 / TREE_OP);
+    let mut offsets = vec![0u64; len];
+    let mut bytes = 0u64;
+    let mut nodes = Vec::new();
+    let mut placed = || -> Option<()> {
+        for &i in order {
+            let c = cap[i];
+            tree.cover(lo[i], hi[i], &mut nodes);
+            let offset = tree.lowest_free(&nodes, c)?;
+            let end = offset.checked_add(c)?;
+            tree.insert(i, offset, end)?;
+            offsets[i] = offset;
+            bytes = bytes.max(end);
+        }
+        Some(())
+    };
+    let done = placed();
+    work.0 = work.0.saturating_sub(tree.ops.saturating_mul(TREE_OP));
+    done.map(|()| ColumnLayout { offsets, bytes })
+}
+
+/// A segment tree over a column's entries: each node holds the union of
+/// the ranges placed by the entries below it, as disjoint intervals.
+struct Windows {
+    size: usize,
+    /// Map operations so far, and the most allowed.
+    ops: u64,
+    limit: u64,
+    /// Per node, `start -> end` of disjoint, non-touching ranges.
+    nodes: Vec<BTreeMap<u64, u64>>,
+}
+
+impl Windows {
+    fn new(len: usize, limit: u64) -> Windows {
+        let size = len.next_power_of_two().max(1);
+        Windows {
+            size,
+            ops: 0,
+            limit,
+            nodes: vec![BTreeMap::new(); 2 * size],
+        }
+    }
+
+    /// The nodes that together cover entries `lo..=hi`.
+    fn cover(&self, lo: usize, hi: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let (mut l, mut r) = (lo + self.size, hi + self.size + 1);
+        while l < r {
+            if l & 1 == 1 {
+                out.push(l);
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                out.push(r);
+            }
+            l >>= 1;
+            r >>= 1;
+        }
+    }
+
+    /// Counts one map operation; `None` past the limit.
+    fn op(&mut self) -> Option<()> {
+        self.ops += 1;
+        (self.ops <= self.limit).then_some(())
+    }
+
+    /// Entry `i` holds `[start, end)`. `None` past the limit.
+    fn insert(&mut self, i: usize, start: u64, end: u64) -> Option<()> {
+        let mut node = i + self.size;
+        while node >= 1 {
+            self.op()?;
+            let map = &mut self.nodes[node];
+            let (mut s, mut e) = (start, end);
+            // Merge every range that overlaps or touches [s, e).
+            while let Some((&ms, &me)) = map.range(..=e).next_back() {
+                if me < s {
+                    break;
+                }
+                map.remove(&ms);
+                s = s.min(ms);
+                e = e.max(me);
+                self.ops += 1;
+            }
+            map.insert(s, e);
+            node >>= 1;
+        }
+        Some(())
+    }
+
+    /// The lowest offset `o` such that `[o, o + size)` meets no range in
+    /// any of `nodes`; `None` on overflow or past the limit.
+    fn lowest_free(&mut self, nodes: &[usize], size: u64) -> Option<u64> {
+        let mut o = 0u64;
+        loop {
+            let mut moved = false;
+            for &n in nodes {
+                self.op()?;
+                let map = &self.nodes[n];
+                // The last range starting before o + size either ends by o
+                // (then so do all before it: [o, o + size) is clear here) or
+                // overlaps: jump past it.
+                while let Some((_, &end)) = map.range(..o.checked_add(size)?).next_back() {
+                    if end <= o {
+                        break;
+                    }
+                    o = end;
+                    moved = true;
+                    self.ops += 1;
+                }
+            }
+            if !moved {
+                return Some(o);
+            }
+        }
+    }
 }
 
 /// Picks an offset for `size` bytes among sorted busy ranges.
@@ -764,6 +949,34 @@ mod tests {
         }
 
         #[test]
+        fn first_fit_through_the_tree_places_as_scanning_does(
+            cap in proptest::collection::vec(
+                proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..64], 1..120),
+            g in 1usize..80,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let column = Column::from_dense(&cap);
+            // Capture order, by size, and a pseudo-random order.
+            let mut orders = vec![(0..column.len()).collect::<Vec<usize>>()];
+            let mut by_size = orders[0].clone();
+            by_size.sort_by_key(|&i| (Reverse(column.cap[i]), i));
+            let mut shuffled = orders[0].clone();
+            let mut x = seed | 1;
+            for i in (1..shuffled.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            orders.extend([by_size, shuffled]);
+            for order in &orders {
+                let tree = first_fit_windowed(&column, g, order, &mut Work(u64::MAX));
+                let scan = fit_scanning(&column, g, order, Fit::First);
+                proptest::prop_assert_eq!(tree, scan);
+            }
+        }
+
+        #[test]
         fn settling_never_raises_a_layout(
             cap in proptest::collection::vec(0u64..64, 1..40),
             g in 1usize..6,
@@ -774,7 +987,8 @@ mod tests {
             let slotted = strided(&column, g, p);
             let seed = dense(&column, slotted.layout().unwrap());
             assert_valid(&cap, g, &seed);
-            let settled = fit(&column, g, &slotted.settle_order(), Fit::First).unwrap();
+            let settled = fit(&column, g, &slotted.settle_order(), Fit::First, &mut Work(u64::MAX))
+                .unwrap();
             let settled = dense(&column, settled);
             assert_valid(&cap, g, &settled);
             proptest::prop_assert!(settled.bytes <= seed.bytes);
