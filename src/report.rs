@@ -376,16 +376,24 @@ impl Fnv {
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = bytes as f64;
-    let mut u = 0;
+    let mut u: usize = 0;
     while v >= 1024.0 && u + 1 < UNITS.len() {
         v /= 1024.0;
         u += 1;
     }
     if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
+        return format!("{bytes} B");
     }
+    // `{v:.2}` by integer arithmetic (reports of many keys print millions
+    // of these): `v` is exactly the float of `bytes` over `1024^u`, rounded
+    // to two decimals half to even, as float formatting rounds.
+    let exact = bytes as f64 as u128;
+    let unit = 1u128 << (10 * u);
+    let (mut hundredths, rest) = (exact * 100 / unit, exact * 100 % unit);
+    if 2 * rest > unit || (2 * rest == unit && hundredths % 2 == 1) {
+        hundredths += 1;
+    }
+    format!("{}.{:02} {}", hundredths / 100, hundredths % 100, UNITS[u])
 }
 
 /// How a table column lines up.
@@ -716,5 +724,62 @@ impl fmt::Display for PlanReport {
         self.runner_table().render(f, "")?;
         writeln!(f)?;
         self.legend().render(f, "")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+    use proptest::strategy::Strategy;
+
+    /// What `human_bytes` printed by float formatting.
+    fn by_float(bytes: u64) -> String {
+        const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        let mut v = bytes as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            format!("{bytes} B")
+        } else {
+            format!("{v:.2} {}", UNITS[u])
+        }
+    }
+
+    #[test]
+    fn human_bytes_rounds_as_float_formatting_does_at_ties_and_extremes() {
+        // 1.125 KiB, 1.375 KiB, 2.005 MiB-ish, 1.5 KiB - 1, and the ends.
+        for bytes in [
+            1152,
+            1408,
+            1023,
+            1024,
+            1535,
+            1536,
+            2_102_394,
+            (1 << 20) + 5 * (1 << 10),
+            u64::MAX,
+            u64::MAX - 1,
+            1 << 63,
+            (1 << 53) + 1,
+        ] {
+            assert_eq!(human_bytes(bytes), by_float(bytes), "{bytes}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn human_bytes_prints_as_float_formatting_does(
+            bytes in proptest::prop_oneof![
+                0u64..1 << 24,
+                // Multiples of 1/8 KiB, MiB, GiB: exact ties at two decimals.
+                (0u64..1 << 20, 0u32..3).prop_map(|(k, u)| k << (7 + 10 * u)),
+                proptest::prelude::any::<u64>(),
+            ]
+        ) {
+            proptest::prop_assert_eq!(human_bytes(bytes), by_float(bytes));
+        }
     }
 }

@@ -66,7 +66,9 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
     let panel = PANEL_TITLE + PANEL_HEIGHT + PANEL_AXIS;
     let height = top + panel * report.keys.len() as f64 + 10.0;
 
-    let mut svg = String::new();
+    // About 1.5 kB per panel: reserved up front, so a picture of many keys
+    // is not copied as it grows.
+    let mut svg = String::with_capacity(4096 + 1536 * report.keys.len());
     let _ = writeln!(svg, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
     let _ = writeln!(
         svg,
@@ -145,12 +147,13 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         let bottom = panel_top + PANEL_HEIGHT;
         let slices = &slices_of[key_index];
         // The key's arenas stacked from address 0: generation 0 lowest.
-        let mut base: HashMap<usize, u128> = HashMap::new();
+        // (arena, its base address), by arena.
+        let mut base: Vec<(usize, u128)> = Vec::with_capacity(arenas_of[key_index].len());
         let mut stacked = 0u128;
         let mut outlines = Vec::new();
         for &a in &arenas_of[key_index] {
             let arena = &arenas[a];
-            base.insert(a, stacked);
+            base.push((a, stacked));
             outlines.push((stacked, stacked + u128::from(arena.bytes), arena.generation));
             stacked += u128::from(arena.bytes);
         }
@@ -167,8 +170,8 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         );
         let _ = writeln!(
             svg,
-            r#"<text x="10" y="{:.1}" font-weight="bold">{}: plan {}, lower bound {}, round-robin {}, packed {}</text>"#,
-            panel_top - 14.0,
+            r#"<text x="10" y="{}" font-weight="bold">{}: plan {}, lower bound {}, round-robin {}, packed {}</text>"#,
+            Fixed(panel_top - 14.0, 1),
             escape(&key.name),
             human_bytes(key.plan_bytes),
             human_bytes(key.lower_bound),
@@ -178,39 +181,42 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         // Address axis.
         let _ = writeln!(
             svg,
-            r#"<line x1="{left:.1}" y1="{panel_top:.1}" x2="{left:.1}" y2="{bottom:.1}" stroke="black"/><text x="{:.1}" y="{bottom:.1}" text-anchor="end">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            LEFT - 6.0,
-            LEFT - 6.0,
-            panel_top + 10.0,
+            r#"<line x1="{left}" y1="{panel_top}" x2="{left}" y2="{bottom}" stroke="black"/><text x="{}" y="{bottom}" text-anchor="end">0</text><text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            Fixed(LEFT - 6.0, 1),
+            Fixed(LEFT - 6.0, 1),
+            Fixed(panel_top + 10.0, 1),
             human_bytes(u64::try_from(scale_top).unwrap_or(u64::MAX)),
-            left = LEFT
+            left = Fixed(LEFT, 1),
+            panel_top = Fixed(panel_top, 1),
+            bottom = Fixed(bottom, 1)
         );
         // Arena outlines.
         for (lo, hi, generation) in &outlines {
-            let label = generation.map_or_else(|| "arena".to_string(), |g| format!("gen {g}"));
+            let label = ArenaLabel(*generation);
             let _ = writeln!(
                 svg,
-                r##"<rect class="arena" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="#f4f4f4" stroke="#999" stroke-dasharray="2 2"/><text x="{:.2}" y="{:.3}" fill="#666">{label}</text>"##,
-                x(0),
-                y(*hi),
-                columns as f64 * column,
-                y(*lo) - y(*hi),
-                x(columns) + 4.0,
-                (y(*hi) + y(*lo)) / 2.0 + 4.0
+                r##"<rect class="arena" x="{}" y="{}" width="{}" height="{}" fill="#f4f4f4" stroke="#999" stroke-dasharray="2 2"/><text x="{}" y="{}" fill="#666">{label}</text>"##,
+                Fixed(x(0), 2),
+                Fixed(y(*hi), 3),
+                Fixed(columns as f64 * column, 2),
+                Fixed(y(*lo) - y(*hi), 3),
+                Fixed(x(columns) + 4.0, 2),
+                Fixed((y(*hi) + y(*lo)) / 2.0 + 4.0, 3)
             );
         }
         // Slices.
         for &(k, i, slice) in slices {
             let runner = &report.runners[i];
-            let lo = base.get(&slice.arena).copied().unwrap_or(0) + u128::from(slice.offset);
+            let at = base.binary_search_by_key(&slice.arena, |&(a, _)| a);
+            let lo = at.map_or(0, |at| base[at].1) + u128::from(slice.offset);
             let hi = lo + u128::from(slice.bytes);
             let _ = writeln!(
                 svg,
-                r##"<rect class="slice" data-runner="{k}" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
-                x(k) + 1.0,
-                y(hi),
-                g as f64 * column - 2.0,
-                y(lo) - y(hi),
+                r##"<rect class="slice" data-runner="{k}" x="{}" y="{}" width="{}" height="{}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
+                Fixed(x(k) + 1.0, 2),
+                Fixed(y(hi), 3),
+                Fixed(g as f64 * column - 2.0, 2),
+                Fixed(y(lo) - y(hi), 3),
                 colour[k],
                 escape(&input.runner_label(i)),
                 runner.runner,
@@ -226,12 +232,15 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
             let col = first + g - 1;
             let _ = writeln!(
                 svg,
-                r##"<rect class="peak" data-first="{first}" data-bytes="{bytes}" x="{:.2}" y="{panel_top:.1}" width="{column:.2}" height="{PANEL_HEIGHT:.1}" fill="#ffd54f" fill-opacity="0.3" stroke="#a67c00" stroke-dasharray="1 2"><title>peak window: runners {first} to {} hold {} together</title></rect><text x="{:.2}" y="{:.1}" text-anchor="middle" fill="#a67c00">peak</text>"##,
-                x(col),
+                r##"<rect class="peak" data-first="{first}" data-bytes="{bytes}" x="{}" y="{panel_top}" width="{column}" height="{PANEL_HEIGHT}" fill="#ffd54f" fill-opacity="0.3" stroke="#a67c00" stroke-dasharray="1 2"><title>peak window: runners {first} to {} hold {} together</title></rect><text x="{}" y="{}" text-anchor="middle" fill="#a67c00">peak</text>"##,
+                Fixed(x(col), 2),
                 first + g - 1,
                 human_bytes(bytes),
-                x(col) + column / 2.0,
-                panel_top - 2.0
+                Fixed(x(col) + column / 2.0, 2),
+                Fixed(panel_top - 2.0, 1),
+                panel_top = Fixed(panel_top, 1),
+                column = Fixed(column, 2),
+                PANEL_HEIGHT = Fixed(PANEL_HEIGHT, 1)
             );
         }
         // Reference lines.
@@ -242,15 +251,20 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
             let at = y(u128::from(bytes));
             let _ = writeln!(
                 svg,
-                r#"<line class="reference" x1="{:.2}" y1="{at:.3}" x2="{:.2}" y2="{at:.3}" stroke="{colour}" stroke-dasharray="6 3"/><text x="{:.2}" y="{:.3}" fill="{colour}">{label}</text>"#,
-                x(0),
-                x(columns),
-                x(columns) + 44.0,
-                at + if label == "lower bound" { 12.0 } else { -3.0 }
+                r#"<line class="reference" x1="{}" y1="{at}" x2="{}" y2="{at}" stroke="{colour}" stroke-dasharray="6 3"/><text x="{}" y="{}" fill="{colour}">{label}</text>"#,
+                Fixed(x(0), 2),
+                Fixed(x(columns), 2),
+                Fixed(x(columns) + 44.0, 2),
+                Fixed(at + if label == "lower bound" { 12.0 } else { -3.0 }, 3),
+                at = Fixed(at, 3)
             );
         }
         // Runner axis: the same in every panel, drawn once (below).
-        let _ = writeln!(svg, r##"<use href="#runner-axis" y="{bottom:.1}"/>"##);
+        let _ = writeln!(
+            svg,
+            r##"<use href="#runner-axis" y="{}"/>"##,
+            Fixed(bottom, 1)
+        );
         let _ = writeln!(svg, "</g>");
     }
     let _ = writeln!(svg, "</svg>");
@@ -281,19 +295,89 @@ fn heaviest_window(caps: &[(usize, u64)], g: usize) -> Option<(usize, u64)> {
     best.map(|(first, bytes)| (first, u64::try_from(bytes).unwrap_or(u64::MAX)))
 }
 
-/// Text and attribute values with XML's special characters escaped.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
+/// `value` with `decimals` digits after the point, as `{:.N}` prints it but
+/// by integer arithmetic (floating-point formatting was most of the time a
+/// picture of many panels took); falls back to `{:.N}` past 2^53.
+struct Fixed(f64, u32);
+
+impl std::fmt::Display for Fixed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Fixed(value, decimals) = *self;
+        let decimals = decimals.min(9);
+        let scale = 10u64.pow(decimals);
+        let scaled = (value.abs() * scale as f64).round();
+        if !scaled.is_finite() || scaled >= 9.0e15 {
+            return write!(f, "{value:.*}", decimals as usize);
+        }
+        // Digits right to left into a buffer: at most 16 integer digits
+        // (below 2^53), the point, up to 9 decimals and a sign.
+        let scaled = scaled as u64;
+        let mut buf = [0u8; 32];
+        let mut at = buf.len();
+        let mut push = |digit: u8| {
+            at -= 1;
+            buf[at] = digit;
+        };
+        let mut fraction = scaled % scale;
+        for _ in 0..decimals {
+            push(b'0' + (fraction % 10) as u8);
+            fraction /= 10;
+        }
+        if decimals > 0 {
+            push(b'.');
+        }
+        let mut whole = scaled / scale;
+        loop {
+            push(b'0' + (whole % 10) as u8);
+            whole /= 10;
+            if whole == 0 {
+                break;
+            }
+        }
+        if value < 0.0 && scaled > 0 {
+            push(b'-');
+        }
+        f.write_str(std::str::from_utf8(&buf[at..]).map_err(|_| std::fmt::Error)?)
+    }
+}
+
+/// "gen N" for a round-robin arena, "arena" for a packed one.
+struct ArenaLabel(Option<usize>);
+
+impl std::fmt::Display for ArenaLabel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(g) => write!(f, "gen {g}"),
+            None => f.write_str("arena"),
         }
     }
-    out
+}
+
+/// Text and attribute values with XML's special characters escaped, written
+/// straight into the document.
+fn escape(text: &str) -> Escaped<'_> {
+    Escaped(text)
+}
+
+struct Escaped<'t>(&'t str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut plain = 0;
+        for (at, c) in self.0.char_indices() {
+            let replace = match c {
+                '&' => "&amp;",
+                '<' => "&lt;",
+                '>' => "&gt;",
+                '"' => "&quot;",
+                '\'' => "&apos;",
+                c if c.is_control() => " ",
+                _ => continue,
+            };
+            f.write_str(&self.0[plain..at])?;
+            f.write_str(replace)?;
+            plain = at + c.len_utf8();
+        }
+        f.write_str(&self.0[plain..])
+    }
 }
