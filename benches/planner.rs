@@ -1,5 +1,5 @@
 //! CPU benchmarks of the planner and of the per-request and per-replay
-//! bookkeeping (`cargo bench --bench planner`; about two minutes).
+//! bookkeeping (`cargo bench --bench planner`; about four minutes).
 //!
 //! - `plan/{round_robin,packed}/G3/{model,random}/{100,1000,10000}`:
 //!   `Discovering::plan` with `Policy::Generations(3)` for that many runners
