@@ -1,11 +1,13 @@
 //! CPU benchmarks of the planner and of the per-request and per-replay
-//! bookkeeping (`cargo bench --bench planner`; about two minutes).
+//! bookkeeping (`cargo bench --bench planner`; about four minutes).
 //!
 //! - `plan/{round_robin,packed}/G3/{model,random}/{100,1000,10000}`:
 //!   `Discovering::plan` with `Policy::Generations(3)` for that many runners
 //!   of 8 requests each (4 keys, in a period-3 experts/router/attention
 //!   pattern), with model-like repeating sizes or pseudo-random ones (see
 //!   [`Sizes`]). Target: 10,000 runners in under 10 ms.
+//! - `scale/*`: 100,000 runners at G = 2, 64 and 100,000, and 100,000
+//!   symmetric groups (see [`bench_scale`]). Target: under 1 s each.
 //! - `take/per_request`: one `RunnerCapture::take` on `sim` (the capture is
 //!   opened outside the timed region). Target: under 50 ns.
 //! - `replay/*`: one replay of a graph of one zero-duration fill of 64 `f32`s
@@ -336,5 +338,79 @@ fn bench_capture(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_plan, bench_take, bench_replay, bench_capture);
+/// Buffer-using runners, and symmetric groups, in the scale benchmarks.
+const SCALE: u32 = 100_000;
+
+/// Planning and reporting at any `G`, and many groups: no cliff.
+///
+/// - `scale/plan_report/{round_robin,packed}/G{2,64,all}/100000`:
+///   `Discovering::plan` then `Planned::report` for 100,000 runners of the
+///   `plan` benchmarks' random workload (8 requests, 4 keys each) at G = 2,
+///   64 and G = the number of runners. The report of a round-robin plan
+///   also searches the packed layout. Target: under 1 s.
+/// - `scale/groups/{round_robin,packed}/G{2,all}/100000`: 100,000
+///   symmetric groups registered with `PlanConfig::with_group`, one runner
+///   per group recording one request of its group, planned at G = 2 and
+///   G = the number of runners. Target: under 1 s.
+fn bench_scale(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scale");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_secs(4));
+    let n = SCALE as usize;
+    let d = discovery(n, Sizes::Random);
+    for (gs, g) in [("G2", 2), ("G64", 64), ("Gall", n)] {
+        let policy = Policy::Generations(g);
+        for (name, strategy) in [("round_robin", policy.into()), ("packed", policy.packed())] {
+            let id = format!("plan_report/{name}/{gs}");
+            group.bench_function(BenchmarkId::new(id, n), |b| {
+                b.iter_batched(
+                    || d.clone(),
+                    |d: Discovering| {
+                        let planned = d.plan(strategy).expect("plannable");
+                        (planned.report(), planned)
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+    }
+    let names: Vec<String> = (0..SCALE).map(|i| format!("group{i}")).collect();
+    for (gs, g) in [("G2", 2), ("Gall", n)] {
+        let policy = Policy::Generations(g);
+        for (name, strategy) in [("round_robin", policy.into()), ("packed", policy.packed())] {
+            let id = format!("groups/{name}/{gs}");
+            group.bench_function(BenchmarkId::new(id, n), |b| {
+                b.iter(|| {
+                    let mut config = PlanConfig::new();
+                    for (i, name) in names.iter().enumerate() {
+                        config = config
+                            .with_group(GroupId(i as u32), name.as_str())
+                            .expect("distinct groups");
+                    }
+                    let mut d = Discovering::new(config);
+                    for i in 0..SCALE {
+                        let request =
+                            Request::new(Domain::Symmetric(GroupId(i)), DType::BF16, 4096);
+                        d.arm(RunnerId(i))
+                            .and_then(|mut a| a.record(request))
+                            .expect("a registered group");
+                    }
+                    d.plan(strategy).expect("plannable")
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_plan,
+    bench_take,
+    bench_replay,
+    bench_capture,
+    bench_scale
+);
 criterion_main!(benches);

@@ -16,6 +16,8 @@
 //! - `workload/report/round_robin_G2/1M`: `Planned::report`.
 //! - `workload/save/1M`: [`Workload::from_discovering`] then
 //!   [`Workload::to_json`].
+//! - `cli/*`: the `replay-arena-plan` command on 100,000 symmetric groups
+//!   (with `--features cli`; see [`bench_cli`]).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -124,5 +126,95 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// Symmetric groups in the command-line benchmarks.
+const GROUPS: u64 = 100_000;
+
+/// `GROUPS` symmetric groups spread over `runners` runners
+/// (`layer{i}.bwd`), each group used by one runner with one wgrad input of
+/// a pseudo-random size.
+fn groups_workload(runners: u64) -> Workload {
+    let mut next = sizes();
+    let per = GROUPS / runners;
+    let runners = (0..runners)
+        .map(|i| RunnerSpec {
+            id: None,
+            name: Some(format!("layer{i}.bwd")),
+            requests: (i * per..(i + 1) * per)
+                .map(|g| RequestSpec {
+                    domain: DomainSpec::Symmetric(format!("g{g}")),
+                    dtype: DType::BF16,
+                    elements: 1 + next() % (1 << 20),
+                    purpose: Purpose::WgradRsInput,
+                    param: None,
+                })
+                .collect(),
+        })
+        .collect();
+    Workload {
+        name: format!("groups-{GROUPS}"),
+        source: None,
+        module_kinds: None,
+        groups: None,
+        runners,
+    }
+}
+
+/// `replay-arena-plan` on a workload of 100,000 symmetric groups, as a user
+/// runs it (process start, reading the file, planning, the report and
+/// writing it out), when the benchmark is built with `--features cli`:
+///
+/// - `cli/{text,json}/G100000/100k_groups`: 100,000 runners of one group
+///   each, `-g 100000` and `-g 100000 --json`.
+/// - `cli/json_svg/G2/100k_groups`: 4,000 runners of 25 groups each (`--svg`
+///   draws at most 4,096 buffer-using runners), `-g 2 --packed --json --svg`:
+///   100,000 panels.
+fn bench_cli(c: &mut Criterion) {
+    let Some(exe) = option_env!("CARGO_BIN_EXE_replay-arena-plan") else {
+        eprintln!("cli benchmarks skipped: build with --features cli");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("replay-arena-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let write = |name: &str, workload: Workload| {
+        let path = dir.join(name);
+        let text = workload.to_json().expect("the workload writes");
+        std::fs::write(&path, text).expect("the workload is saved");
+        path.to_string_lossy().into_owned()
+    };
+    let one_each = write("one-each.json", groups_workload(GROUPS));
+    let drawn = write("drawn.json", groups_workload(4_000));
+    let svg = dir.join("plan.svg").to_string_lossy().into_owned();
+    let cases: [(&str, Vec<&str>); 3] = [
+        ("text/G100000/100k_groups", vec![&one_each, "-g", "100000"]),
+        (
+            "json/G100000/100k_groups",
+            vec![&one_each, "-g", "100000", "--json"],
+        ),
+        (
+            "json_svg/G2/100k_groups",
+            vec![&drawn, "-g", "2", "--packed", "--json", "--svg", &svg],
+        ),
+    ];
+    let mut group = c.benchmark_group("cli");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(10));
+    for (name, args) in &cases {
+        group.bench_function(*name, |b| {
+            b.iter(|| {
+                let status = std::process::Command::new(exe)
+                    .args(args)
+                    .stdout(std::process::Stdio::null())
+                    .status()
+                    .expect("the command starts");
+                assert!(status.success(), "{name}: {status}");
+            })
+        });
+    }
+    group.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, bench, bench_cli);
 criterion_main!(benches);

@@ -1,7 +1,9 @@
 //! Phase 1: [`Discovering`]. An eager backward arms each runner in turn and
 //! records its requests.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 
 use crate::vocab::{DType, Domain, GroupId, Key, Request, RunnerId};
 
@@ -69,9 +71,21 @@ fn list_groups(groups: &[GroupId]) -> String {
 type Result<T> = std::result::Result<T, DiscoveryError>;
 
 /// Settings shared by every phase: the symmetric groups requests may name.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct PlanConfig {
     groups: Vec<(GroupId, String)>,
+    /// Each registered group's index in `groups`: registration and lookup
+    /// in `O(log groups)`, so registering and discovering many groups stays
+    /// near-linear.
+    index: BTreeMap<GroupId, usize>,
+}
+
+impl fmt::Debug for PlanConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PlanConfig")
+            .field("groups", &self.groups)
+            .finish()
+    }
 }
 
 impl PlanConfig {
@@ -83,11 +97,14 @@ impl PlanConfig {
     /// Registers a symmetric group under a human-readable name (used in
     /// reports). Registering the same id twice is an error.
     pub fn with_group(mut self, group: GroupId, name: impl Into<String>) -> Result<PlanConfig> {
-        if self.group_name(group).is_some() {
-            return Err(DiscoveryError::GroupRegisteredTwice { group });
+        match self.index.entry(group) {
+            Entry::Occupied(_) => Err(DiscoveryError::GroupRegisteredTwice { group }),
+            Entry::Vacant(slot) => {
+                slot.insert(self.groups.len());
+                self.groups.push((group, name.into()));
+                Ok(self)
+            }
         }
-        self.groups.push((group, name.into()));
-        Ok(self)
     }
 
     /// The registered groups, in registration order.
@@ -97,10 +114,8 @@ impl PlanConfig {
 
     /// The name a group was registered under.
     pub fn group_name(&self, group: GroupId) -> Option<&str> {
-        self.groups
-            .iter()
-            .find(|(g, _)| *g == group)
-            .map(|(_, n)| n.as_str())
+        let &i = self.index.get(&group)?;
+        self.groups.get(i).map(|(_, n)| n.as_str())
     }
 }
 

@@ -28,9 +28,16 @@
 //!   *settled* (runners re-placed in order of their offset at the lowest free
 //!   offset, which never raises a layout and often lowers it); and first and
 //!   best fit in capture order and by decreasing size. Each settle or fit is
-//!   an `O(n g)` pass; beyond settling round-robin, a call spends at most
-//!   `max(PASS_BUDGET / n, MIN_PASSES)` passes, the most promising first, so
-//!   planning stays fast for 10,000 runners.
+//!   a pass over every runner and its neighbours within `g - 1` positions
+//!   (for large `g`, first fit asks a segment tree over the runners for the
+//!   lowest offset free in a window instead: the same offsets in
+//!   `O(log n)` tree nodes per runner); beyond settling round-robin, a call
+//!   spends at most `max(PASS_BUDGET / n, MIN_PASSES)` passes, the most
+//!   promising first, and the whole search at most its share of
+//!   [`WORK_BUDGET`], so a plan costs `O(pairs log pairs)` plus a bounded
+//!   search whatever `g` is (round-robin's `g` slots are only the used ones;
+//!   no vector has `g` entries). Where the budget cuts a search, the best
+//!   layout found so far stands (never more than round-robin).
 //!
 //! Every function works on a [`Column`]: only the runners that use the key,
 //! with their positions. A key used by a few of many runners (one symmetric
@@ -44,6 +51,7 @@
 //! of capacities), so offsets keep the domain alignment every capacity has.
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 
 /// One key's capacities: the positions (capture order among buffer-using
 /// runners) that use the key, ascending, each with its capacity (never 0),
@@ -95,7 +103,7 @@ impl Column {
     }
 
     /// Number of runners that use the key.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.pos.len()
     }
 }
@@ -123,41 +131,49 @@ pub(crate) struct ColumnLayout {
 /// arena is the max over its runners. Returns the arena size per generation.
 #[cfg(test)]
 pub(crate) fn round_robin(cap: &[u64], g: usize) -> Vec<u64> {
-    round_robin_column(&Column::from_dense(cap), g)
-}
-
-/// [`round_robin`] of a column.
-pub(crate) fn round_robin_column(column: &Column, g: usize) -> Vec<u64> {
     let mut arenas = vec![0u64; g];
-    for (k, c) in column.entries() {
-        let a = &mut arenas[k % g];
-        *a = (*a).max(c);
+    for (generation, bytes) in round_robin_arenas(&Column::from_dense(cap), g) {
+        arenas[generation] = bytes;
     }
     arenas
 }
 
-/// The total of [`round_robin`] for a column (saturating), in
-/// `O(len log len)` whatever `g` is: per generation that has users, the
-/// largest of them.
-pub(crate) fn round_robin_bytes(column: &Column, g: usize) -> u64 {
-    let mut by_generation: Vec<(usize, u64)> = column
-        .pos
-        .iter()
-        .zip(&column.cap)
-        .map(|(&k, &c)| (k % g, c))
-        .collect();
+/// Round-robin of a column, sparse: `(generation, bytes)` for each
+/// generation that has users, in generation order, in `O(len log len)`
+/// whatever `g` is (never a vector of `g` entries).
+pub(crate) fn round_robin_arenas(column: &Column, g: usize) -> Vec<(usize, u64)> {
+    if g <= 2 * column.len() + 16 {
+        // Few generations for the users: a max per generation, no sort.
+        let mut arenas = vec![0u64; g];
+        for (k, c) in column.entries() {
+            let a = &mut arenas[k % g];
+            *a = (*a).max(c);
+        }
+        return arenas
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, bytes)| bytes > 0)
+            .collect();
+    }
+    let mut by_generation: Vec<(usize, u64)> = column.entries().map(|(k, c)| (k % g, c)).collect();
     by_generation.sort_unstable();
-    let mut total = 0u64;
-    for (i, &(generation, c)) in by_generation.iter().enumerate() {
-        // The last entry of each generation is its largest.
-        if by_generation
-            .get(i + 1)
-            .is_none_or(|&(next, _)| next != generation)
-        {
-            total = total.saturating_add(c);
+    // The last entry of each generation is its largest.
+    let mut arenas: Vec<(usize, u64)> = Vec::with_capacity(by_generation.len());
+    for (generation, c) in by_generation {
+        match arenas.last_mut() {
+            Some(last) if last.0 == generation => last.1 = c,
+            _ => arenas.push((generation, c)),
         }
     }
-    total
+    arenas
+}
+
+/// The total of [`round_robin_arenas`] (saturating).
+pub(crate) fn round_robin_bytes(column: &Column, g: usize) -> u64 {
+    round_robin_arenas(column, g)
+        .iter()
+        .map(|&(_, c)| c)
+        .fold(0, u64::saturating_add)
 }
 
 /// [`lower_bound_column`] of a dense capacity vector.
@@ -193,16 +209,51 @@ fn heaviest_window(column: &Column, g: usize) -> u128 {
 /// Strided layouts are tried for periods `2..=max(MIN_PERIODS, 2 g)`.
 const MIN_PERIODS: usize = 8;
 
-/// Runner placements (over all settle and fit passes) one call may spend
-/// beyond the first settle: passes cost `O(n g)` each, so for `n` runners at
-/// most `max(PASS_BUDGET / n, MIN_PASSES)` further passes run, the most
+/// Settle and fit passes one call may run beyond the first settle: for `n`
+/// buffer-using runners at most `max(PASS_BUDGET / n, MIN_PASSES)`, the most
 /// promising first. Up to a few thousand runners that is every candidate;
-/// for 10,000 it is four. `n` counts every buffer-using runner, not only the
-/// key's users, so a sparse key spends no more passes than a dense one and
-/// the total over keys stays proportional to the (runner, key) pairs.
+/// for 10,000 it is four.
 const PASS_BUDGET: usize = 40_000;
 /// Passes allowed however many runners there are.
 const MIN_PASSES: usize = 3;
+
+/// Work (entries visited) the packed search of a whole plan may spend
+/// beyond round-robin: each key gets the share of its users
+/// ([`work_share`]). A settle or fit pass visits each entry and its
+/// neighbours within `g - 1` positions, so its cost is known before it runs
+/// and a pass that does not fit in what is left is skipped; a strided seed
+/// costs one visit per entry. Planned workloads of thousands of runners at
+/// small `G` spend a few percent of it, so the budget only ever cuts the
+/// search of very large `G`, where round-robin's layout (or a strided one)
+/// stands.
+pub(crate) const WORK_BUDGET: u64 = 16_000_000;
+
+/// The packed search budget of a key with `users` users, out of `pairs`
+/// (runner, key) pairs in the whole plan: its share of [`WORK_BUDGET`], and
+/// at least a few visits per user.
+pub(crate) fn work_share(users: usize, pairs: usize) -> u64 {
+    let users = users as u64;
+    let share = u128::from(WORK_BUDGET) * u128::from(users) / (pairs.max(1) as u128);
+    u64::try_from(share)
+        .unwrap_or(u64::MAX)
+        .max(users.saturating_mul(4))
+}
+
+/// What is left of a search's budget.
+struct Work(u64);
+
+impl Work {
+    /// Takes `cost` if that much is left.
+    fn spend(&mut self, cost: u64) -> bool {
+        match self.0.checked_sub(cost) {
+            Some(left) => {
+                self.0 = left;
+                true
+            }
+            None => false,
+        }
+    }
+}
 
 /// Packed: per-runner offsets in one arena so that any `g` consecutive
 /// runners are disjoint, as small as the portfolio described in the module
@@ -213,7 +264,7 @@ const MIN_PASSES: usize = 3;
 #[cfg(test)]
 pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
     let column = Column::from_dense(cap);
-    let layout = packed_column(&column, g)?;
+    let layout = packed_column(&column, g, WORK_BUDGET)?;
     let mut offsets = vec![0u64; cap.len()];
     for (&k, &o) in column.pos.iter().zip(&layout.offsets) {
         offsets[k] = o;
@@ -224,9 +275,10 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
     })
 }
 
-/// [`packed`] of a column. Costs `O(len)` per candidate (plus `O(g)` per
-/// slotted one), never `O(n)`.
-pub(crate) fn packed_column(column: &Column, g: usize) -> Option<ColumnLayout> {
+/// [`packed`] of a column, spending at most `work` entry visits beyond
+/// round-robin (see [`WORK_BUDGET`]). Round-robin and the lower bound cost
+/// `O(len log len)` whatever `g` is; memory is `O(len)`.
+pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<ColumnLayout> {
     let n = column.n;
     let bound = u64::try_from(heaviest_window(column, g)).ok()?;
     let mut best = Portfolio::new(bound);
@@ -239,22 +291,35 @@ pub(crate) fn packed_column(column: &Column, g: usize) -> Option<ColumnLayout> {
         best.offer(Some(alternating(column, bound)));
         return best.layout;
     }
+    let mut work = Work(work);
+    let len = column.len() as u64;
     // Settling round-robin is the strongest single candidate on irregular
     // capacities; strided seeds win on periodic ones; plain fits come last.
-    best.offer(fit(column, g, &round_robin.settle_order(), Fit::First));
+    let order = round_robin.settle_order();
+    best.offer(fit(column, g, &order, Fit::First, &mut work));
+    if best.done() {
+        return best.layout;
+    }
     let mut passes = (PASS_BUDGET / n.max(1)).max(MIN_PASSES);
-    let mut seeds: Vec<(u64, Slotted)> = (2..=MIN_PERIODS.max(2 * g).min(n))
-        .filter(|&p| p != g) // the same slots as round-robin
-        .map(|p| strided(column, g, p))
-        .filter_map(|s| Some((s.bytes()?, s)))
-        .collect();
-    seeds.sort_by_key(|(bytes, _)| *bytes);
-    for (_, seed) in &seeds {
+    let mut seeds: Vec<(u64, usize)> = Vec::new();
+    for p in (2..=MIN_PERIODS.max(2 * g).min(n)).filter(|&p| p != g) {
+        // p = g gives the same slots as round-robin.
+        if !work.spend(len) {
+            break;
+        }
+        if let Some(bytes) = strided(column, g, p).bytes() {
+            seeds.push((bytes, p));
+        }
+    }
+    // Stable: ties stay in order of period.
+    seeds.sort_by_key(|&(bytes, _)| bytes);
+    for &(_, p) in &seeds {
         if best.done() || passes == 0 {
             return best.layout;
         }
+        let seed = strided(column, g, p);
         best.offer(seed.layout());
-        best.offer(fit(column, g, &seed.settle_order(), Fit::First));
+        best.offer(fit(column, g, &seed.settle_order(), Fit::First, &mut work));
         passes -= 1;
     }
     let in_capture_order: Vec<usize> = (0..column.len()).collect();
@@ -266,13 +331,29 @@ pub(crate) fn packed_column(column: &Column, g: usize) -> Option<ColumnLayout> {
         (&in_capture_order, Fit::Best),
         (&by_size_desc, Fit::Best),
     ] {
-        if best.done() || passes == 0 {
+        if best.done() || passes == 0 || work.0 == 0 {
             return best.layout;
         }
-        best.offer(fit(column, g, order, how));
+        best.offer(fit(column, g, order, how, &mut work));
         passes -= 1;
     }
     best.layout
+}
+
+/// The number of (entry, other entry) pairs of the column within `g - 1`
+/// positions of each other, counted both ways: what one settle or fit pass
+/// visits.
+fn neighbours(column: &Column, g: usize) -> u64 {
+    let pos = &column.pos;
+    let mut first = 0;
+    let mut pairs = 0u64;
+    for i in 0..pos.len() {
+        while pos[first] + g <= pos[i] {
+            first += 1;
+        }
+        pairs += (i - first) as u64;
+    }
+    pairs.saturating_mul(2)
 }
 
 /// The smallest layout offered so far.
@@ -314,8 +395,21 @@ struct Slotted {
 
 impl Slotted {
     /// Puts position `k` in slot `slot(k)` (below `slots`).
+    /// Slots that no entry uses are dropped when there are many more slots
+    /// than entries (they hold no bytes, so the layout and the settle order
+    /// stay the same): memory and time are `O(len log len)`, not `O(slots)`.
     fn new(column: &Column, slots: usize, slot: impl Fn(usize) -> usize) -> Slotted {
-        let slot_of: Vec<usize> = column.pos.iter().map(|&k| slot(k)).collect();
+        let mut slot_of: Vec<usize> = column.pos.iter().map(|&k| slot(k)).collect();
+        let mut slots = slots;
+        if slots > 2 * slot_of.len() + 16 {
+            let mut used = slot_of.clone();
+            used.sort_unstable();
+            used.dedup();
+            for z in &mut slot_of {
+                *z = used.binary_search(z).unwrap_or_else(|at| at);
+            }
+            slots = used.len();
+        }
         let mut sizes = vec![0u64; slots];
         for (&c, &z) in column.cap.iter().zip(&slot_of) {
             sizes[z] = sizes[z].max(c);
@@ -412,13 +506,38 @@ enum Fit {
 /// Places the column's entries in `order`; each avoids the ranges of already
 /// placed entries within `g - 1` positions of it (neighbours in the column,
 /// since it is sorted by position).
-fn fit(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLayout> {
+///
+/// Spends from `work`: a scanning pass its known cost up front (`None`
+/// without running when that is more than is left), a pass through the tree
+/// what it really used (`None` when it runs out: a partial layout is no
+/// candidate). Both counts are deterministic, so equal inputs still give
+/// equal layouts.
+fn fit(
+    column: &Column,
+    g: usize,
+    order: &[usize],
+    how: Fit,
+    work: &mut Work,
+) -> Option<ColumnLayout> {
+    let neighbours = neighbours(column, g);
+    let len = column.len() as u64;
+    if matches!(how, Fit::First) && neighbours > TREE_FROM.saturating_mul(len) {
+        first_fit_windowed(column, g, order, work)
+    } else if work.spend(len.saturating_add(neighbours)) {
+        fit_scanning(column, g, order, how)
+    } else {
+        None
+    }
+}
+
+/// [`fit`] by scanning and sorting each entry's placed neighbours.
+fn fit_scanning(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLayout> {
     let (pos, cap) = (&column.pos, &column.cap);
     let len = column.len();
     let mut offsets = vec![0u64; len];
     let mut placed = vec![false; len];
     let mut bytes = 0u64;
-    let mut busy: Vec<(u64, u64)> = Vec::with_capacity(2 * g);
+    let mut busy: Vec<(u64, u64)> = Vec::with_capacity((2 * g).min(len));
     for &i in order {
         let c = cap[i];
         busy.clear();
@@ -440,6 +559,163 @@ fn fit(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLay
         bytes = bytes.max(offset.checked_add(c)?);
     }
     Some(ColumnLayout { offsets, bytes })
+}
+
+/// Neighbours per entry from which first fit asks a [`Windows`] tree
+/// instead of scanning and sorting every neighbour.
+const TREE_FROM: u64 = 128;
+
+/// Work units one tree operation (a map lookup, insert or removal) is
+/// charged: a few neighbour visits' worth.
+const TREE_OP: u64 = 2;
+
+/// [`fit`] with [`Fit::First`], each entry asking a segment tree over the
+/// column for the lowest offset free in its window of neighbours: the same
+/// offsets as scanning them (the lowest offset clear of every placed
+/// neighbour), in `O(log len)` tree nodes per entry instead of `O(g)`
+/// neighbours.
+fn first_fit_windowed(
+    column: &Column,
+    g: usize,
+    order: &[usize],
+    work: &mut Work,
+) -> Option<ColumnLayout> {
+    let (pos, cap) = (&column.pos, &column.cap);
+    let len = column.len();
+    // Each entry's neighbours are the entries lo[i]..=hi[i] (itself
+    // included, never placed when it asks).
+    let mut lo = vec![0usize; len];
+    let mut hi = vec![0usize; len];
+    let mut first = 0;
+    for i in 0..len {
+        while pos[first] + g <= pos[i] {
+            first += 1;
+        }
+        lo[i] = first;
+    }
+    let mut last = len;
+    for i in (0..len).rev() {
+        while last > i + 1 && pos[last - 1] >= pos[i] + g {
+            last -= 1;
+        }
+        hi[i] = last.max(i + 1) - 1;
+    }
+    let mut tree = Windows::new(len, work.0 / TREE_OP);
+    let mut offsets = vec![0u64; len];
+    let mut bytes = 0u64;
+    let mut nodes = Vec::new();
+    let mut placed = || -> Option<()> {
+        for &i in order {
+            let c = cap[i];
+            tree.cover(lo[i], hi[i], &mut nodes);
+            let offset = tree.lowest_free(&nodes, c)?;
+            let end = offset.checked_add(c)?;
+            tree.insert(i, offset, end)?;
+            offsets[i] = offset;
+            bytes = bytes.max(end);
+        }
+        Some(())
+    };
+    let done = placed();
+    work.0 = work.0.saturating_sub(tree.ops.saturating_mul(TREE_OP));
+    done.map(|()| ColumnLayout { offsets, bytes })
+}
+
+/// A segment tree over a column's entries: each node holds the union of
+/// the ranges placed by the entries below it, as disjoint intervals.
+struct Windows {
+    size: usize,
+    /// Map operations so far, and the most allowed.
+    ops: u64,
+    limit: u64,
+    /// Per node, `start -> end` of disjoint, non-touching ranges.
+    nodes: Vec<BTreeMap<u64, u64>>,
+}
+
+impl Windows {
+    fn new(len: usize, limit: u64) -> Windows {
+        let size = len.next_power_of_two().max(1);
+        Windows {
+            size,
+            ops: 0,
+            limit,
+            nodes: vec![BTreeMap::new(); 2 * size],
+        }
+    }
+
+    /// The nodes that together cover entries `lo..=hi`.
+    fn cover(&self, lo: usize, hi: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let (mut l, mut r) = (lo + self.size, hi + self.size + 1);
+        while l < r {
+            if l & 1 == 1 {
+                out.push(l);
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                out.push(r);
+            }
+            l >>= 1;
+            r >>= 1;
+        }
+    }
+
+    /// Counts one map operation; `None` past the limit.
+    fn op(&mut self) -> Option<()> {
+        self.ops += 1;
+        (self.ops <= self.limit).then_some(())
+    }
+
+    /// Entry `i` holds `[start, end)`. `None` past the limit.
+    fn insert(&mut self, i: usize, start: u64, end: u64) -> Option<()> {
+        let mut node = i + self.size;
+        while node >= 1 {
+            self.op()?;
+            let map = &mut self.nodes[node];
+            let (mut s, mut e) = (start, end);
+            // Merge every range that overlaps or touches [s, e).
+            while let Some((&ms, &me)) = map.range(..=e).next_back() {
+                if me < s {
+                    break;
+                }
+                map.remove(&ms);
+                s = s.min(ms);
+                e = e.max(me);
+                self.ops += 1;
+            }
+            map.insert(s, e);
+            node >>= 1;
+        }
+        Some(())
+    }
+
+    /// The lowest offset `o` such that `[o, o + size)` meets no range in
+    /// any of `nodes`; `None` on overflow or past the limit.
+    fn lowest_free(&mut self, nodes: &[usize], size: u64) -> Option<u64> {
+        let mut o = 0u64;
+        loop {
+            let mut moved = false;
+            for &n in nodes {
+                self.op()?;
+                let map = &self.nodes[n];
+                // The last range starting before o + size either ends by o
+                // (then so do all before it: [o, o + size) is clear here) or
+                // overlaps: jump past it.
+                while let Some((_, &end)) = map.range(..o.checked_add(size)?).next_back() {
+                    if end <= o {
+                        break;
+                    }
+                    o = end;
+                    moved = true;
+                    self.ops += 1;
+                }
+            }
+            if !moved {
+                return Some(o);
+            }
+        }
+    }
 }
 
 /// Picks an offset for `size` bytes among sorted busy ranges.
@@ -673,6 +949,34 @@ mod tests {
         }
 
         #[test]
+        fn first_fit_through_the_tree_places_as_scanning_does(
+            cap in proptest::collection::vec(
+                proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..64], 1..120),
+            g in 1usize..80,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let column = Column::from_dense(&cap);
+            // Capture order, by size, and a pseudo-random order.
+            let mut orders = vec![(0..column.len()).collect::<Vec<usize>>()];
+            let mut by_size = orders[0].clone();
+            by_size.sort_by_key(|&i| (Reverse(column.cap[i]), i));
+            let mut shuffled = orders[0].clone();
+            let mut x = seed | 1;
+            for i in (1..shuffled.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            orders.extend([by_size, shuffled]);
+            for order in &orders {
+                let tree = first_fit_windowed(&column, g, order, &mut Work(u64::MAX));
+                let scan = fit_scanning(&column, g, order, Fit::First);
+                proptest::prop_assert_eq!(tree, scan);
+            }
+        }
+
+        #[test]
         fn settling_never_raises_a_layout(
             cap in proptest::collection::vec(0u64..64, 1..40),
             g in 1usize..6,
@@ -683,7 +987,8 @@ mod tests {
             let slotted = strided(&column, g, p);
             let seed = dense(&column, slotted.layout().unwrap());
             assert_valid(&cap, g, &seed);
-            let settled = fit(&column, g, &slotted.settle_order(), Fit::First).unwrap();
+            let settled = fit(&column, g, &slotted.settle_order(), Fit::First, &mut Work(u64::MAX))
+                .unwrap();
             let settled = dense(&column, settled);
             assert_valid(&cap, g, &settled);
             proptest::prop_assert!(settled.bytes <= seed.bytes);

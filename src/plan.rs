@@ -285,34 +285,36 @@ impl Planned {
             .collect();
 
         let mut arenas = Vec::new();
-        for (key, cap) in capacities_by_key(&runners, &using) {
+        let columns = capacities_by_key(&runners, &using);
+        let pairs = columns.iter().map(|(_, c)| c.len()).sum();
+        for (key, cap) in columns {
             match strategy.placement {
                 Placement::RoundRobin => {
-                    let sizes = placement::round_robin_column(&cap, g);
+                    // Only generations with users get an arena: sparse, so
+                    // many keys at a large G cost their users, not keys x G.
                     let first = arenas.len();
-                    let mut index = vec![usize::MAX; g];
-                    for (gen, &bytes) in sizes.iter().enumerate() {
-                        if bytes > 0 {
-                            index[gen] = arenas.len();
-                            arenas.push(ArenaPlan {
-                                key,
-                                generation: Some(gen),
-                                bytes,
-                            });
-                        }
+                    for (gen, bytes) in placement::round_robin_arenas(&cap, g) {
+                        arenas.push(ArenaPlan {
+                            key,
+                            generation: Some(gen),
+                            bytes,
+                        });
                     }
-                    debug_assert!(arenas.len() > first);
+                    let mine = &arenas[first..];
                     for (k, bytes) in cap.entries() {
+                        let gen = k % g;
+                        let at = mine.partition_point(|a| a.generation < Some(gen));
                         runners[using[k]].slices.push(Slice {
                             key,
-                            arena: index[k % g],
+                            arena: first + at,
                             offset: 0,
                             bytes,
                         });
                     }
                 }
                 Placement::Packed => {
-                    let layout = placement::packed_column(&cap, g)
+                    let work = placement::work_share(cap.len(), pairs);
+                    let layout = placement::packed_column(&cap, g, work)
                         .ok_or(PlanError::ArenaOverflow { key })?;
                     let arena = arenas.len();
                     arenas.push(ArenaPlan {

@@ -31,9 +31,14 @@ pub struct KeyReport {
     pub key: Key,
     /// Name of the key with the group's registered name, e.g. "bf16 in symmetric(gtp)".
     pub name: String,
-    /// Bytes of each arena of this key: one per generation under
-    /// round-robin (0 where no runner of that generation uses the key), one
-    /// under packed.
+    /// Bytes of each arena the plan allocates for this key, in the order of
+    /// [`Planned::arenas`]: one per generation that has users of the key
+    /// under round-robin (in generation order; [`ArenaPlan::generation`]
+    /// says which), one under packed. Generations without users of the key
+    /// have no arena and no entry, so the report stays as large as the plan
+    /// whatever `G` is.
+    ///
+    /// [`ArenaPlan::generation`]: crate::ArenaPlan::generation
     pub arenas: Vec<u64>,
     /// Bytes this plan allocates for the key.
     pub plan_bytes: u64,
@@ -153,15 +158,14 @@ struct KeyFacts {
 ///
 /// Every per-key figure is gathered in one pass keyed by [`Key`] (never a
 /// scan of all runners, requests or arenas per key, nor per generation), so
-/// the report costs `O((runners + requests + arenas) log keys)` plus its own
-/// size (`keys x G` arena figures under round-robin). The one search, the
-/// packed column of a round-robin plan, runs on each key's sparse column
-/// (only the runners that use the key, see [`placement::Column`]) with the
-/// planner's pass budget, which is set by the number of buffer-using runners:
-/// it costs what packed planning costs, `O(users x G)` per key and pass,
-/// and the passes per key shrink as runners grow. It is computed rather than
-/// cached or bounded so the column is exactly what
-/// [`Policy::packed`](crate::Policy::packed) would allocate.
+/// the report costs `O((runners + requests + arenas) log keys)`, whatever
+/// `G` is (round-robin arenas are listed only where a generation has users).
+/// The one search, the packed column of a round-robin plan, runs on each
+/// key's sparse column (only the runners that use the key, see
+/// [`placement::Column`]) with the same pass and work budgets as packed
+/// planning ([`placement::work_share`] of the same (runner, key) pairs), so
+/// the column is exactly what [`Policy::packed`](crate::Policy::packed)
+/// would allocate and costs what planning it costs.
 pub(crate) fn build(plan: &Planned) -> PlanReport {
     let g = plan.generations;
     let waits = steady_state_waits(plan);
@@ -169,10 +173,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     let mut facts: BTreeMap<Key, KeyFacts> = BTreeMap::new();
     let fresh = || KeyFacts {
         column: Column::new(using),
-        arenas: match plan.strategy.placement {
-            Placement::RoundRobin => vec![0; g],
-            Placement::Packed => Vec::new(),
-        },
+        arenas: Vec::new(),
         longest_wait_list: 0,
         writers: BTreeMap::new(),
         anonymous: 0,
@@ -203,17 +204,15 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
             }
         }
     }
+    // The plan lists each key's arenas together, in generation order.
     for a in &plan.arenas {
-        let f = facts.entry(a.key).or_insert_with(fresh);
-        match a.generation {
-            Some(generation) => {
-                if let Some(bytes) = f.arenas.get_mut(generation) {
-                    *bytes = a.bytes;
-                }
-            }
-            None => f.arenas.push(a.bytes),
-        }
+        facts
+            .entry(a.key)
+            .or_insert_with(fresh)
+            .arenas
+            .push(a.bytes);
     }
+    let pairs = facts.values().map(|f| f.column.len()).sum();
     let names: BTreeMap<GroupId, &str> = plan.config.groups().collect();
     let keys: Vec<KeyReport> = facts
         .into_iter()
@@ -222,7 +221,12 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
             let (round_robin_bytes, packed_bytes) = match plan.strategy.placement {
                 Placement::RoundRobin => (
                     plan_bytes,
-                    placement::packed_column(&f.column, g).map_or(u64::MAX, |l| l.bytes),
+                    placement::packed_column(
+                        &f.column,
+                        g,
+                        placement::work_share(f.column.len(), pairs),
+                    )
+                    .map_or(u64::MAX, |l| l.bytes),
                 ),
                 Placement::Packed => (placement::round_robin_bytes(&f.column, g), plan_bytes),
             };
@@ -372,16 +376,24 @@ impl Fnv {
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = bytes as f64;
-    let mut u = 0;
+    let mut u: usize = 0;
     while v >= 1024.0 && u + 1 < UNITS.len() {
         v /= 1024.0;
         u += 1;
     }
     if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
+        return format!("{bytes} B");
     }
+    // `{v:.2}` by integer arithmetic (reports of many keys print millions
+    // of these): `v` is exactly the float of `bytes` over `1024^u`, rounded
+    // to two decimals half to even, as float formatting rounds.
+    let exact = bytes as f64 as u128;
+    let unit = 1u128 << (10 * u);
+    let (mut hundredths, rest) = (exact * 100 / unit, exact * 100 % unit);
+    if 2 * rest > unit || (2 * rest == unit && hundredths % 2 == 1) {
+        hundredths += 1;
+    }
+    format!("{}.{:02} {}", hundredths / 100, hundredths % 100, UNITS[u])
 }
 
 /// How a table column lines up.
@@ -712,5 +724,62 @@ impl fmt::Display for PlanReport {
         self.runner_table().render(f, "")?;
         writeln!(f)?;
         self.legend().render(f, "")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+    use proptest::strategy::Strategy;
+
+    /// What `human_bytes` printed by float formatting.
+    fn by_float(bytes: u64) -> String {
+        const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        let mut v = bytes as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            format!("{bytes} B")
+        } else {
+            format!("{v:.2} {}", UNITS[u])
+        }
+    }
+
+    #[test]
+    fn human_bytes_rounds_as_float_formatting_does_at_ties_and_extremes() {
+        // 1.125 KiB, 1.375 KiB, 2.005 MiB-ish, 1.5 KiB - 1, and the ends.
+        for bytes in [
+            1152,
+            1408,
+            1023,
+            1024,
+            1535,
+            1536,
+            2_102_394,
+            (1 << 20) + 5 * (1 << 10),
+            u64::MAX,
+            u64::MAX - 1,
+            1 << 63,
+            (1 << 53) + 1,
+        ] {
+            assert_eq!(human_bytes(bytes), by_float(bytes), "{bytes}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn human_bytes_prints_as_float_formatting_does(
+            bytes in proptest::prop_oneof![
+                0u64..1 << 24,
+                // Multiples of 1/8 KiB, MiB, GiB: exact ties at two decimals.
+                (0u64..1 << 20, 0u32..3).prop_map(|(k, u)| k << (7 + 10 * u)),
+                proptest::prelude::any::<u64>(),
+            ]
+        ) {
+            proptest::prop_assert_eq!(human_bytes(bytes), by_float(bytes));
+        }
     }
 }

@@ -1,12 +1,17 @@
 //! Planner invariants, for random workloads, policies and placements.
 
 mod support;
+#[path = "support/old_packed.rs"]
+mod old_packed;
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use replay_arena::sim::SimBackend;
-use replay_arena::{Key, Placement, Planned, Policy, RunnerId, Strategy as PlanStrategy};
+use replay_arena::{
+    DType, Discovering, Domain, Key, Placement, PlanConfig, Planned, Policy, Request, RunnerId,
+    Strategy as PlanStrategy,
+};
 use support::{aligned, discover, workload, Workload};
 
 fn strategy() -> impl proptest::strategy::Strategy<Value = PlanStrategy> {
@@ -185,6 +190,76 @@ proptest! {
         prop_assert_eq!(p.strategy().placement, Placement::Packed);
         let keys: std::collections::BTreeSet<Key> = w.iter().flatten().map(|q| q.key()).collect();
         prop_assert_eq!(p.arenas().len(), keys.len());
+    }
+}
+
+/// What the old packed placement allocates for the plan's discovery: per
+/// key, the capacities of the buffer-using runners in capture order.
+fn old_packed_bytes(p: &Planned) -> u64 {
+    let using: Vec<RunnerId> = p
+        .runners()
+        .filter(|&r| !p.slices_of(r).unwrap_or_default().is_empty())
+        .collect();
+    let mut columns: BTreeMap<Key, Vec<u64>> = BTreeMap::new();
+    for (k, &r) in using.iter().enumerate() {
+        for s in p.slices_of(r).unwrap_or_default() {
+            columns.entry(s.key).or_insert_with(|| vec![0; using.len()])[k] = s.bytes;
+        }
+    }
+    columns
+        .values()
+        .map(|cap| {
+            old_packed::packed_column(&old_packed::Column::from_dense(cap), p.generations())
+                .expect("no overflow")
+                .bytes
+        })
+        .sum()
+}
+
+/// One device key; runner `k` needs `cap[k]` units of 256 bytes (none when
+/// 0). Model-like columns repeat a short pattern, the others are random.
+fn one_key(cap: &[u64]) -> Discovering {
+    let runners = cap.iter().enumerate().map(|(k, &c)| {
+        let requests = (c > 0).then(|| Request::new(Domain::Device, DType::BF16, 128 * c));
+        (RunnerId(k as u32), requests.into_iter())
+    });
+    Discovering::from_runners(PlanConfig::new(), runners).unwrap()
+}
+
+fn capacities() -> impl proptest::strategy::Strategy<Value = Vec<u64>> {
+    prop_oneof![
+        // Random sizes, some runners without buffers.
+        prop::collection::vec(prop_oneof![Just(0u64), 1u64..64], 1..160),
+        // A repeating pattern (layers of a model graphed per module).
+        (prop::collection::vec(1u64..64, 1..7), 1usize..40)
+            .prop_map(|(pattern, repeats)| pattern.repeat(repeats)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The placement made independent of `G` never allocates more than the
+    /// old one (kept as an oracle in `support/old_packed.rs`), on random
+    /// multi-key workloads and on long single-key columns with any `G` up to
+    /// past the number of runners.
+    #[test]
+    fn packed_never_allocates_more_than_the_old_placement(w in workload(24), g in 1usize..9) {
+        let p = plan(&w, Policy::Generations(g).packed());
+        prop_assert!(p.total_bytes() <= old_packed_bytes(&p));
+    }
+
+    #[test]
+    fn packed_never_allocates_more_than_the_old_placement_at_any_g(
+        cap in capacities(),
+        g in prop_oneof![1usize..8, 8usize..200],
+    ) {
+        let p = one_key(&cap).plan(Policy::Generations(g).packed()).unwrap();
+        let old = old_packed_bytes(&p);
+        prop_assert!(p.total_bytes() <= old, "new {} old {} g {}", p.total_bytes(), old, p.generations());
+        let report = p.report();
+        prop_assert!(report.lower_bound <= report.plan_bytes);
+        prop_assert!(report.plan_bytes <= report.round_robin_bytes);
     }
 }
 

@@ -396,3 +396,89 @@ fn a_report_at_as_many_generations_as_runners_is_linear() {
         "{allocated} bytes allocated for {items} runners and arenas"
     );
 }
+
+/// `n` runners, runner `k` recording one request of its own symmetric group.
+fn one_group_each(n: u32) -> Discovering {
+    let mut config = PlanConfig::new();
+    for k in 0..n {
+        config = config.with_group(GroupId(k), format!("g{k}")).unwrap();
+    }
+    let mut d = Discovering::new(config);
+    for k in 0..n {
+        d.arm(RunnerId(k))
+            .unwrap()
+            .record(Request::new(Domain::Symmetric(GroupId(k)), DType::BF16, 64))
+            .unwrap();
+    }
+    d
+}
+
+#[test]
+fn many_single_runner_groups_at_as_many_generations_plan_and_report_in_linear_memory() {
+    // 4,000 keys at G = 4,000. Round-robin planning kept G arena sizes per
+    // key (keys x G = 16e6 entries) and the report G more; packed planning
+    // G slots per key for its round-robin candidate. Only generations with
+    // users get an arena now, and nothing has G entries per key.
+    let n = 4_000u32;
+    for strategy in [
+        Strategy::from(Policy::Generations(n as usize)),
+        Policy::Generations(n as usize).packed(),
+    ] {
+        let d = one_group_each(n);
+        let before = ALLOCATED.with(Cell::get);
+        let planned = d.plan(strategy).unwrap();
+        let (report, _) = report_allocating(&planned);
+        let allocated = ALLOCATED.with(Cell::get) - before;
+        assert_eq!(planned.generations(), n as usize);
+        assert_eq!(planned.arenas().len(), n as usize);
+        assert!(report.keys.iter().all(|k| k.arenas.len() == 1));
+        assert_eq!(report.plan_bytes, report.lower_bound);
+        assert!(
+            allocated <= 4096 * u64::from(n),
+            "{strategy:?}: {allocated} bytes allocated for {n} runners and keys"
+        );
+    }
+}
+
+#[test]
+fn round_robin_key_figures_list_only_generations_with_users() {
+    // Two keys at G = 4: the device key is used by every runner, the
+    // symmetric key only by runners 1 and 3 (generations 1 and 3).
+    let config = PlanConfig::new().with_group(GroupId(0), "gtp").unwrap();
+    let mut d = Discovering::new(config);
+    for k in 0..4u32 {
+        let mut armed = d.arm(RunnerId(k)).unwrap();
+        armed.record(bf16_mib(u64::from(k) + 1)).unwrap();
+        if k % 2 == 1 {
+            armed
+                .record(Request::new(
+                    Domain::Symmetric(GroupId(0)),
+                    DType::BF16,
+                    2048 * u64::from(k),
+                ))
+                .unwrap();
+        }
+    }
+    let planned = d.plan(Policy::Generations(4)).unwrap();
+    let report = planned.report();
+    assert_eq!(report.keys.len(), 2);
+    let symmetric = report
+        .keys
+        .iter()
+        .find(|k| k.key.domain == Domain::Symmetric(GroupId(0)))
+        .unwrap();
+    assert_eq!(symmetric.arenas, vec![4096, 12288]);
+    let device = report
+        .keys
+        .iter()
+        .find(|k| k.key.domain == Domain::Device)
+        .unwrap();
+    assert_eq!(device.arenas, vec![MIB, 2 * MIB, 3 * MIB, 4 * MIB]);
+    let generations: Vec<Option<usize>> = planned
+        .arenas()
+        .iter()
+        .filter(|a| a.key == symmetric.key)
+        .map(|a| a.generation)
+        .collect();
+    assert_eq!(generations, vec![Some(1), Some(3)]);
+}

@@ -320,16 +320,10 @@ impl Serialize for RunnersJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let plan = self.0;
         let report = &plan.report;
-        let key_names: Vec<(Key, &str)> = report
-            .keys
-            .iter()
-            .map(|k| (k.key, k.name.as_str()))
-            .collect();
-        let key_name = |key: Key| {
-            key_names
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map_or_else(|| Cow::Owned(key.to_string()), |(_, n)| Cow::Borrowed(*n))
+        // The report lists keys in key order: a binary search per slice.
+        let key_name = |key: Key| match report.keys.binary_search_by_key(&key, |k| k.key) {
+            Ok(at) => Cow::Borrowed(report.keys[at].name.as_str()),
+            Err(_) => Cow::Owned(key.to_string()),
         };
         let mut seq = serializer.serialize_seq(Some(report.runners.len()))?;
         for (i, runner) in report.runners.iter().enumerate() {

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use crate::render::{mask_digits, Plan};
 use crate::Input;
-use replay_arena::human_bytes;
+use replay_arena::{human_bytes, Slice};
 
 /// Beyond this many buffer-using runners a column is narrower than a pixel.
 const MAX_RUNNERS: usize = 4096;
@@ -66,7 +66,9 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
     let panel = PANEL_TITLE + PANEL_HEIGHT + PANEL_AXIS;
     let height = top + panel * report.keys.len() as f64 + 10.0;
 
-    let mut svg = String::new();
+    // About 1.5 kB per panel: reserved up front, so a picture of many keys
+    // is not copied as it grows.
+    let mut svg = String::with_capacity(4096 + 1536 * report.keys.len());
     let _ = writeln!(svg, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
     let _ = writeln!(
         svg,
@@ -103,20 +105,57 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         );
     }
 
+    // One pass over arenas and slices sorts them by key (report.keys is in
+    // key order), so each panel costs what it draws, not every arena and
+    // runner of the plan.
+    let key_at = |key| report.keys.binary_search_by_key(&key, |k| k.key).ok();
+    // The runner axis every panel shares, every few positions, relative to
+    // the panel's bottom.
+    let _ = writeln!(svg, r#"<defs><g id="runner-axis">"#);
+    let step = using.len().div_ceil(16).max(1);
+    for k in (0..using.len()).step_by(step) {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.2}" y="14.0" text-anchor="middle" fill="#444">{k}</text>"##,
+            LEFT + k as f64 * column + column / 2.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r##"<text x="{LEFT:.1}" y="30.0" fill="#444">buffer-using runner (capture order)</text>"##
+    );
+    let _ = writeln!(svg, "</g></defs>");
+
     let arenas = plan.planned.arenas();
+    let mut arenas_of: Vec<Vec<usize>> = vec![Vec::new(); report.keys.len()];
+    for (a, arena) in arenas.iter().enumerate() {
+        if let Some(at) = key_at(arena.key) {
+            arenas_of[at].push(a);
+        }
+    }
+    // Per key, (position among buffer-using runners, runner, slice).
+    let mut slices_of: Vec<Vec<(usize, usize, &Slice)>> = vec![Vec::new(); report.keys.len()];
+    for (k, &i) in using.iter().enumerate() {
+        for slice in &report.runners[i].slices {
+            if let Some(at) = key_at(slice.key) {
+                slices_of[at].push((k, i, slice));
+            }
+        }
+    }
     for (key_index, key) in report.keys.iter().enumerate() {
         let panel_top = top + panel * key_index as f64 + PANEL_TITLE;
         let bottom = panel_top + PANEL_HEIGHT;
+        let slices = &slices_of[key_index];
         // The key's arenas stacked from address 0: generation 0 lowest.
-        let mut base: HashMap<usize, u128> = HashMap::new();
+        // (arena, its base address), by arena.
+        let mut base: Vec<(usize, u128)> = Vec::with_capacity(arenas_of[key_index].len());
         let mut stacked = 0u128;
         let mut outlines = Vec::new();
-        for (a, arena) in arenas.iter().enumerate() {
-            if arena.key == key.key {
-                base.insert(a, stacked);
-                outlines.push((stacked, stacked + u128::from(arena.bytes), arena.generation));
-                stacked += u128::from(arena.bytes);
-            }
+        for &a in &arenas_of[key_index] {
+            let arena = &arenas[a];
+            base.push((a, stacked));
+            outlines.push((stacked, stacked + u128::from(arena.bytes), arena.generation));
+            stacked += u128::from(arena.bytes);
         }
         let scale_top = stacked
             .max(u128::from(key.round_robin_bytes))
@@ -131,8 +170,8 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         );
         let _ = writeln!(
             svg,
-            r#"<text x="10" y="{:.1}" font-weight="bold">{}: plan {}, lower bound {}, round-robin {}, packed {}</text>"#,
-            panel_top - 14.0,
+            r#"<text x="10" y="{}" font-weight="bold">{}: plan {}, lower bound {}, round-robin {}, packed {}</text>"#,
+            Fixed(panel_top - 14.0, 1),
             escape(&key.name),
             human_bytes(key.plan_bytes),
             human_bytes(key.lower_bound),
@@ -142,72 +181,66 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         // Address axis.
         let _ = writeln!(
             svg,
-            r#"<line x1="{left:.1}" y1="{panel_top:.1}" x2="{left:.1}" y2="{bottom:.1}" stroke="black"/><text x="{:.1}" y="{bottom:.1}" text-anchor="end">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            LEFT - 6.0,
-            LEFT - 6.0,
-            panel_top + 10.0,
+            r#"<line x1="{left}" y1="{panel_top}" x2="{left}" y2="{bottom}" stroke="black"/><text x="{}" y="{bottom}" text-anchor="end">0</text><text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            Fixed(LEFT - 6.0, 1),
+            Fixed(LEFT - 6.0, 1),
+            Fixed(panel_top + 10.0, 1),
             human_bytes(u64::try_from(scale_top).unwrap_or(u64::MAX)),
-            left = LEFT
+            left = Fixed(LEFT, 1),
+            panel_top = Fixed(panel_top, 1),
+            bottom = Fixed(bottom, 1)
         );
         // Arena outlines.
         for (lo, hi, generation) in &outlines {
-            let label = generation.map_or_else(|| "arena".to_string(), |g| format!("gen {g}"));
+            let label = ArenaLabel(*generation);
             let _ = writeln!(
                 svg,
-                r##"<rect class="arena" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="#f4f4f4" stroke="#999" stroke-dasharray="2 2"/><text x="{:.2}" y="{:.3}" fill="#666">{label}</text>"##,
-                x(0),
-                y(*hi),
-                columns as f64 * column,
-                y(*lo) - y(*hi),
-                x(columns) + 4.0,
-                (y(*hi) + y(*lo)) / 2.0 + 4.0
+                r##"<rect class="arena" x="{}" y="{}" width="{}" height="{}" fill="#f4f4f4" stroke="#999" stroke-dasharray="2 2"/><text x="{}" y="{}" fill="#666">{label}</text>"##,
+                Fixed(x(0), 2),
+                Fixed(y(*hi), 3),
+                Fixed(columns as f64 * column, 2),
+                Fixed(y(*lo) - y(*hi), 3),
+                Fixed(x(columns) + 4.0, 2),
+                Fixed((y(*hi) + y(*lo)) / 2.0 + 4.0, 3)
             );
         }
         // Slices.
-        for (k, &i) in using.iter().enumerate() {
+        for &(k, i, slice) in slices {
             let runner = &report.runners[i];
-            for slice in runner.slices.iter().filter(|s| s.key == key.key) {
-                let lo = base.get(&slice.arena).copied().unwrap_or(0) + u128::from(slice.offset);
-                let hi = lo + u128::from(slice.bytes);
-                let _ = writeln!(
-                    svg,
-                    r##"<rect class="slice" data-runner="{k}" x="{:.2}" y="{:.3}" width="{:.2}" height="{:.3}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
-                    x(k) + 1.0,
-                    y(hi),
-                    g as f64 * column - 2.0,
-                    y(lo) - y(hi),
-                    colour[k],
-                    escape(&input.runner_label(i)),
-                    runner.runner,
-                    human_bytes(slice.bytes),
-                    slice.offset,
-                    slice.arena
-                );
-            }
+            let at = base.binary_search_by_key(&slice.arena, |&(a, _)| a);
+            let lo = at.map_or(0, |at| base[at].1) + u128::from(slice.offset);
+            let hi = lo + u128::from(slice.bytes);
+            let _ = writeln!(
+                svg,
+                r##"<rect class="slice" data-runner="{k}" x="{}" y="{}" width="{}" height="{}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
+                Fixed(x(k) + 1.0, 2),
+                Fixed(y(hi), 3),
+                Fixed(g as f64 * column - 2.0, 2),
+                Fixed(y(lo) - y(hi), 3),
+                colour[k],
+                escape(&input.runner_label(i)),
+                runner.runner,
+                human_bytes(slice.bytes),
+                slice.offset,
+                slice.arena
+            );
         }
         // Peak window: the G consecutive runners with the most bytes of this
         // key, all in flight at the window's last column.
-        let caps: Vec<u64> = using
-            .iter()
-            .map(|&i| {
-                report.runners[i]
-                    .slices
-                    .iter()
-                    .filter(|s| s.key == key.key)
-                    .map(|s| s.bytes)
-                    .sum()
-            })
-            .collect();
+        let caps: Vec<(usize, u64)> = slices.iter().map(|&(k, _, s)| (k, s.bytes)).collect();
         if let Some((first, bytes)) = heaviest_window(&caps, g) {
             let col = first + g - 1;
             let _ = writeln!(
                 svg,
-                r##"<rect class="peak" data-first="{first}" data-bytes="{bytes}" x="{:.2}" y="{panel_top:.1}" width="{column:.2}" height="{PANEL_HEIGHT:.1}" fill="#ffd54f" fill-opacity="0.3" stroke="#a67c00" stroke-dasharray="1 2"><title>peak window: runners {first} to {} hold {} together</title></rect><text x="{:.2}" y="{:.1}" text-anchor="middle" fill="#a67c00">peak</text>"##,
-                x(col),
+                r##"<rect class="peak" data-first="{first}" data-bytes="{bytes}" x="{}" y="{panel_top}" width="{column}" height="{PANEL_HEIGHT}" fill="#ffd54f" fill-opacity="0.3" stroke="#a67c00" stroke-dasharray="1 2"><title>peak window: runners {first} to {} hold {} together</title></rect><text x="{}" y="{}" text-anchor="middle" fill="#a67c00">peak</text>"##,
+                Fixed(x(col), 2),
                 first + g - 1,
                 human_bytes(bytes),
-                x(col) + column / 2.0,
-                panel_top - 2.0
+                Fixed(x(col) + column / 2.0, 2),
+                Fixed(panel_top - 2.0, 1),
+                panel_top = Fixed(panel_top, 1),
+                column = Fixed(column, 2),
+                PANEL_HEIGHT = Fixed(PANEL_HEIGHT, 1)
             );
         }
         // Reference lines.
@@ -218,28 +251,19 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
             let at = y(u128::from(bytes));
             let _ = writeln!(
                 svg,
-                r#"<line class="reference" x1="{:.2}" y1="{at:.3}" x2="{:.2}" y2="{at:.3}" stroke="{colour}" stroke-dasharray="6 3"/><text x="{:.2}" y="{:.3}" fill="{colour}">{label}</text>"#,
-                x(0),
-                x(columns),
-                x(columns) + 44.0,
-                at + if label == "lower bound" { 12.0 } else { -3.0 }
+                r#"<line class="reference" x1="{}" y1="{at}" x2="{}" y2="{at}" stroke="{colour}" stroke-dasharray="6 3"/><text x="{}" y="{}" fill="{colour}">{label}</text>"#,
+                Fixed(x(0), 2),
+                Fixed(x(columns), 2),
+                Fixed(x(columns) + 44.0, 2),
+                Fixed(at + if label == "lower bound" { 12.0 } else { -3.0 }, 3),
+                at = Fixed(at, 3)
             );
         }
-        // Runner axis: every few positions.
-        let step = using.len().div_ceil(16).max(1);
-        for k in (0..using.len()).step_by(step) {
-            let _ = writeln!(
-                svg,
-                r##"<text x="{:.2}" y="{:.1}" text-anchor="middle" fill="#444">{k}</text>"##,
-                x(k) + column / 2.0,
-                bottom + 14.0
-            );
-        }
+        // Runner axis: the same in every panel, drawn once (below).
         let _ = writeln!(
             svg,
-            r##"<text x="{:.1}" y="{:.1}" fill="#444">buffer-using runner (capture order)</text>"##,
-            LEFT,
-            bottom + 30.0
+            r##"<use href="#runner-axis" y="{}"/>"##,
+            Fixed(bottom, 1)
         );
         let _ = writeln!(svg, "</g>");
     }
@@ -248,14 +272,20 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
 }
 
 /// The first of the `g` consecutive positions with the most bytes, and those
-/// bytes; `None` when nothing uses the key.
-fn heaviest_window(caps: &[u64], g: usize) -> Option<(usize, u64)> {
+/// bytes; `None` when nothing uses the key. `caps` is the key's users as
+/// (position, bytes), in position order (one entry per position). The
+/// earliest heaviest window ends at a used position (a window ending at an
+/// unused one weighs no more than the one before it), so only those are
+/// tried: linear in the key's users.
+fn heaviest_window(caps: &[(usize, u64)], g: usize) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u128)> = None;
     let mut window = 0u128;
-    for (k, &c) in caps.iter().enumerate() {
+    let mut oldest = 0;
+    for &(k, c) in caps {
         window += u128::from(c);
-        if k >= g {
-            window -= u128::from(caps[k - g]);
+        while caps[oldest].0 + g <= k {
+            window -= u128::from(caps[oldest].1);
+            oldest += 1;
         }
         let first = k.saturating_sub(g - 1);
         if window > 0 && best.is_none_or(|(_, b)| window > b) {
@@ -265,19 +295,89 @@ fn heaviest_window(caps: &[u64], g: usize) -> Option<(usize, u64)> {
     best.map(|(first, bytes)| (first, u64::try_from(bytes).unwrap_or(u64::MAX)))
 }
 
-/// Text and attribute values with XML's special characters escaped.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
+/// `value` with `decimals` digits after the point, as `{:.N}` prints it but
+/// by integer arithmetic (floating-point formatting was most of the time a
+/// picture of many panels took); falls back to `{:.N}` past 2^53.
+struct Fixed(f64, u32);
+
+impl std::fmt::Display for Fixed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Fixed(value, decimals) = *self;
+        let decimals = decimals.min(9);
+        let scale = 10u64.pow(decimals);
+        let scaled = (value.abs() * scale as f64).round();
+        if !scaled.is_finite() || scaled >= 9.0e15 {
+            return write!(f, "{value:.*}", decimals as usize);
+        }
+        // Digits right to left into a buffer: at most 16 integer digits
+        // (below 2^53), the point, up to 9 decimals and a sign.
+        let scaled = scaled as u64;
+        let mut buf = [0u8; 32];
+        let mut at = buf.len();
+        let mut push = |digit: u8| {
+            at -= 1;
+            buf[at] = digit;
+        };
+        let mut fraction = scaled % scale;
+        for _ in 0..decimals {
+            push(b'0' + (fraction % 10) as u8);
+            fraction /= 10;
+        }
+        if decimals > 0 {
+            push(b'.');
+        }
+        let mut whole = scaled / scale;
+        loop {
+            push(b'0' + (whole % 10) as u8);
+            whole /= 10;
+            if whole == 0 {
+                break;
+            }
+        }
+        if value < 0.0 && scaled > 0 {
+            push(b'-');
+        }
+        f.write_str(std::str::from_utf8(&buf[at..]).map_err(|_| std::fmt::Error)?)
+    }
+}
+
+/// "gen N" for a round-robin arena, "arena" for a packed one.
+struct ArenaLabel(Option<usize>);
+
+impl std::fmt::Display for ArenaLabel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(g) => write!(f, "gen {g}"),
+            None => f.write_str("arena"),
         }
     }
-    out
+}
+
+/// Text and attribute values with XML's special characters escaped, written
+/// straight into the document.
+fn escape(text: &str) -> Escaped<'_> {
+    Escaped(text)
+}
+
+struct Escaped<'t>(&'t str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut plain = 0;
+        for (at, c) in self.0.char_indices() {
+            let replace = match c {
+                '&' => "&amp;",
+                '<' => "&lt;",
+                '>' => "&gt;",
+                '"' => "&quot;",
+                '\'' => "&apos;",
+                c if c.is_control() => " ",
+                _ => continue,
+            };
+            f.write_str(&self.0[plain..at])?;
+            f.write_str(replace)?;
+            plain = at + c.len_utf8();
+        }
+        f.write_str(&self.0[plain..])
+    }
 }
