@@ -221,44 +221,99 @@ pub(crate) struct Resources<B: Backend> {
     pub(crate) backend: B,
 }
 
+/// A failed [`Planned::allocate`]: the backend's error, and the plan back
+/// (whatever was allocated is freed), to allocate again (after freeing
+/// memory, or on another device) without planning again.
+#[derive(Debug)]
+pub struct AllocateFailed {
+    error: BackendError,
+    planned: Box<Planned>,
+}
+
+impl AllocateFailed {
+    /// Why allocation failed.
+    pub fn error(&self) -> &BackendError {
+        &self.error
+    }
+
+    /// The reason alone (the plan is dropped).
+    pub fn into_error(self) -> BackendError {
+        self.error
+    }
+
+    /// The plan, as it was.
+    pub fn into_planned(self) -> Planned {
+        *self.planned
+    }
+}
+
+impl fmt::Display for AllocateFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for AllocateFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 impl Planned {
     /// Allocates every arena once, outside graph memory pools, and one
     /// completion event per buffer-using runner; nothing is captured yet.
     ///
     /// # Errors
     ///
-    /// The backend's error ([`BackendError::Allocation`] when an arena
-    /// cannot be had); whatever was allocated is freed.
+    /// [`AllocateFailed`] with the backend's error
+    /// ([`BackendError::Allocation`] when an arena cannot be had) and the
+    /// plan back ([`AllocateFailed::into_planned`]); whatever was allocated
+    /// is freed.
     pub fn allocate<B: Backend>(
         self,
         backend: B,
-    ) -> std::result::Result<Capturing<B>, BackendError> {
-        let mut res = Resources {
-            events: Vec::with_capacity(self.runners.len()),
-            arenas: Vec::with_capacity(self.arenas.len()),
-            backend,
-        };
-        // On any error below, `res` drops and frees what was allocated.
-        for a in &self.arenas {
-            let desc = ArenaDesc {
-                key: a.key,
-                bytes: a.bytes,
-                alignment: a.key.domain.alignment(),
-            };
-            res.arenas.push(res.backend.allocate_arena(&desc)?);
+    ) -> std::result::Result<Capturing<B>, AllocateFailed> {
+        match allocate_resources(&self, backend) {
+            Ok(res) => Ok(Capturing {
+                slots: self.runners.iter().map(|_| Slot::Pending).collect(),
+                plan: self,
+                res,
+            }),
+            Err(error) => Err(AllocateFailed {
+                error,
+                planned: Box::new(self),
+            }),
         }
-        for r in &self.runners {
-            res.events.push(match r.position {
-                Some(_) => Some(res.backend.create_event()?),
-                None => None,
-            });
-        }
-        Ok(Capturing {
-            slots: self.runners.iter().map(|_| Slot::Pending).collect(),
-            plan: self,
-            res,
-        })
     }
+}
+
+/// Every arena and event of `plan` on `backend`; on error, what was
+/// allocated is freed.
+fn allocate_resources<B: Backend>(
+    plan: &Planned,
+    backend: B,
+) -> std::result::Result<Resources<B>, BackendError> {
+    let mut res = Resources {
+        events: Vec::with_capacity(plan.runners.len()),
+        arenas: Vec::with_capacity(plan.arenas.len()),
+        backend,
+    };
+    // On any error below, `res` drops and frees what was allocated.
+    for a in &plan.arenas {
+        let desc = ArenaDesc {
+            key: a.key,
+            bytes: a.bytes,
+            alignment: a.key.domain.alignment(),
+        };
+        res.arenas.push(res.backend.allocate_arena(&desc)?);
+    }
+    for r in &plan.runners {
+        res.events.push(match r.position {
+            Some(_) => Some(res.backend.create_event()?),
+            None => None,
+        });
+    }
+    Ok(res)
 }
 
 /// Phase 3 of 4: arenas are allocated; runners are captured one at a time.

@@ -9,9 +9,9 @@
 //! own error type take all of them with `?`.
 
 use crate::backend::{Backend, BackendError};
-use crate::capture::{CaptureError, StreamCaptureError};
+use crate::capture::{AllocateFailed, CaptureError, StreamCaptureError};
 use crate::discover::DiscoveryError;
-use crate::plan::PlanError;
+use crate::plan::{PlanError, PlanFailed};
 use crate::replay::{ConsumeError, ReplayError, SealError};
 
 /// Shorthand for `Result<T, replay_arena::Error>`.
@@ -99,6 +99,20 @@ impl From<cudarc::cublas::result::CublasError> for Error {
     }
 }
 
+impl From<PlanFailed> for Error {
+    /// Keeps the reason; the discovery inside is dropped.
+    fn from(e: PlanFailed) -> Error {
+        Error::Plan(e.into_error())
+    }
+}
+
+impl From<AllocateFailed> for Error {
+    /// Keeps the reason; the plan inside is dropped.
+    fn from(e: AllocateFailed) -> Error {
+        Error::Backend(e.into_error())
+    }
+}
+
 impl<B: Backend> From<SealError<B>> for Error {
     /// Keeps the reason; the `Capturing` inside is dropped (freed).
     fn from(e: SealError<B>) -> Error {
@@ -178,6 +192,8 @@ macro_rules! from_errors {
         $crate::from_errors!(@via $ty: $crate::CaptureError);
         $crate::from_errors!(@via $ty: $crate::ReplayError);
         $crate::from_errors!(@via $ty: $crate::BackendError);
+        $crate::from_errors!(@via $ty: $crate::PlanFailed);
+        $crate::from_errors!(@via $ty: $crate::AllocateFailed);
 
         impl<E> ::core::convert::From<$crate::StreamCaptureError<E>> for $ty
         where

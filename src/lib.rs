@@ -130,11 +130,13 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg(feature = "cublas")]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{Arena, ArenaDesc, Backend, BackendError};
-pub use capture::{CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError};
+pub use capture::{
+    AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
+};
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
 pub use error::{Error, Result};
 pub use fence::FenceStats;
-pub use plan::{ArenaPlan, Placement, PlanError, Planned, Policy, Slice, Strategy};
+pub use plan::{ArenaPlan, Placement, PlanError, PlanFailed, Planned, Policy, Slice, Strategy};
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};

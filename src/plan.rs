@@ -19,12 +19,62 @@ pub enum PlanError {
         /// The policy as written.
         policy: Policy,
     },
-    /// An arena's size overflowed `u64` while planning.
-    #[error("the arena for {key} overflows 64 bits while planning")]
+    /// A packed arena's size overflowed `u64` while planning.
+    #[error("the packed arena for {key} overflows 64 bits: {users} runner(s) use {key} and need more than 2^64 bytes of it in all (the largest: {}); plan fewer generations or smaller requests", describe_largest(.largest))]
     ArenaOverflow {
         /// The key whose arena overflowed.
         key: Key,
+        /// Buffer-using runners with capacity in this key.
+        users: usize,
+        /// The runners with the largest capacities in this key (up to four),
+        /// with their bytes, largest first.
+        largest: Vec<(RunnerId, u64)>,
     },
+}
+
+fn describe_largest(largest: &[(RunnerId, u64)]) -> String {
+    largest
+        .iter()
+        .map(|(r, b)| format!("{r} with {b} bytes"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A failed [`Discovering::plan`]: why, and the discovery back, so a second
+/// try (fewer generations, another placement) needs no second eager run.
+#[derive(Debug)]
+pub struct PlanFailed {
+    error: PlanError,
+    discovering: Box<Discovering>,
+}
+
+impl PlanFailed {
+    /// Why planning failed.
+    pub fn error(&self) -> &PlanError {
+        &self.error
+    }
+
+    /// The reason alone (the discovery is dropped).
+    pub fn into_error(self) -> PlanError {
+        self.error
+    }
+
+    /// The discovery, as it was, to plan again.
+    pub fn into_discovering(self) -> Discovering {
+        *self.discovering
+    }
+}
+
+impl fmt::Display for PlanFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for PlanFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
 }
 
 type Result<T> = std::result::Result<T, PlanError>;
@@ -35,10 +85,32 @@ impl Discovering {
     ///
     /// # Errors
     ///
-    /// [`PlanError::ZeroGenerations`] for a policy of zero, and
-    /// [`PlanError::ArenaOverflow`] when an arena would not fit in 64 bits.
-    pub fn plan(self, strategy: impl Into<Strategy>) -> Result<Planned> {
-        Planned::new(self.config, self.runners, strategy.into())
+    /// [`PlanFailed`] with [`PlanError::ZeroGenerations`] for a policy of
+    /// zero, or [`PlanError::ArenaOverflow`] when an arena would not fit in
+    /// 64 bits; the discovery comes back inside
+    /// ([`PlanFailed::into_discovering`]).
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, PlanError, Policy, Request, Domain, DType, RunnerId};
+    /// let q = Request::new(Domain::Device, DType::F32, 64);
+    /// let discovery = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q])])?;
+    /// let failed = discovery.plan(Policy::Generations(0)).unwrap_err();
+    /// assert!(matches!(failed.error(), PlanError::ZeroGenerations { .. }));
+    /// let planned = failed.into_discovering().plan(Policy::Generations(1))?; // no second backward
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn plan(self, strategy: impl Into<Strategy>) -> std::result::Result<Planned, PlanFailed> {
+        let mut discovering = self;
+        let records = std::mem::take(&mut discovering.runners);
+        let config = discovering.config.clone();
+        Planned::new(config, records, strategy.into()).map_err(|(error, records)| {
+            // The records come back unchanged: the discovery is as it was.
+            discovering.runners = records;
+            PlanFailed {
+                error,
+                discovering: Box::new(discovering),
+            }
+        })
     }
 }
 
@@ -252,12 +324,16 @@ pub struct Planned {
 }
 
 impl Planned {
+    /// Plans `records`; on failure hands them back unchanged.
     pub(crate) fn new(
         config: PlanConfig,
         records: Vec<RunnerRecord>,
         strategy: Strategy,
-    ) -> Result<Planned> {
-        let requested = strategy.policy.requested()?;
+    ) -> std::result::Result<Planned, (PlanError, Vec<RunnerRecord>)> {
+        let requested = match strategy.policy.requested() {
+            Ok(n) => n,
+            Err(e) => return Err((e, records)),
+        };
         let using = records.iter().filter(|r| !r.capacity.is_empty()).count();
         let g = requested.min(using).max(1);
 
@@ -314,8 +390,10 @@ impl Planned {
                 }
                 Placement::Packed => {
                     let work = placement::work_share(cap.len(), pairs);
-                    let layout = placement::packed_column(&cap, g, work)
-                        .ok_or(PlanError::ArenaOverflow { key })?;
+                    let Some(layout) = placement::packed_column(&cap, g, work) else {
+                        let error = overflow(key, &cap, &runners, &using);
+                        return Err((error, runners.into_iter().map(|r| r.record).collect()));
+                    };
                     let arena = arenas.len();
                     arenas.push(ArenaPlan {
                         key,
@@ -439,6 +517,23 @@ impl Planned {
 /// Per key, in key order, the buffer-using runners that use it (by
 /// position) with their capacity: only the users, so many sparse keys cost
 /// what their users do.
+/// [`PlanError::ArenaOverflow`] for `key`'s column: its users, their exact
+/// total, and the largest of them.
+fn overflow(key: Key, cap: &Column, runners: &[RunnerPlan], using: &[usize]) -> PlanError {
+    let mut all: Vec<(RunnerId, u64)> = cap
+        .entries()
+        .map(|(k, bytes)| (runners[using[k]].id(), bytes))
+        .collect();
+    all.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let users = all.len();
+    all.truncate(4);
+    PlanError::ArenaOverflow {
+        key,
+        users,
+        largest: all,
+    }
+}
+
 fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> Vec<(Key, Column)> {
     // Models have a handful of keys: a linear scan beats hashing. Past
     // `SCAN` keys (many symmetric groups), a map keeps it linear overall.

@@ -303,8 +303,31 @@ impl Workload {
         })
     }
 
+    /// The checks of the file as a whole that loading makes: a name, a
+    /// source that is not empty, at least one module kind and one runner.
+    fn check_top_level(&self) -> Result<(), WorkloadError> {
+        non_empty(&self.name, || "name".into())?;
+        if let Some(source) = &self.source {
+            non_empty(source, || "source".into())?;
+        }
+        if self.module_kinds == Some(0) {
+            return Err(invalid("module_kinds", "must be at least 1"));
+        }
+        if self.runners.is_empty() {
+            return Err(invalid("runners", "must list at least one runner"));
+        }
+        Ok(())
+    }
+
     /// Writes [`Workload::to_json`] to `writer`.
+    ///
+    /// # Errors
+    ///
+    /// What [`Workload::to_discovering`] would say of the file as a whole
+    /// (an empty name or source, zero module kinds, no runner): a saved file
+    /// always loads that far. [`WorkloadError::Write`] when writing fails.
     pub fn to_writer(&self, mut writer: impl Write) -> Result<(), WorkloadError> {
+        self.check_top_level()?;
         let w = &mut writer;
         let io = |e: std::io::Error| WorkloadError::Write(e);
         w.write_all(b"{\n  \"name\": ").map_err(io)?;
@@ -351,7 +374,9 @@ impl Workload {
     /// every registered group. Parameters are saved as numbers.
     ///
     /// Fails when two runners or two groups share a name or a name is empty:
-    /// the file refers to groups by name, and people read runners by name.
+    /// the file refers to groups by name, and people read runners by name;
+    /// and, as loading would, for an empty workload name or a discovery with
+    /// no runner.
     pub fn from_discovering(
         name: impl Into<String>,
         discovery: &Discovering,
@@ -409,13 +434,17 @@ impl Workload {
                 requests,
             });
         }
-        Ok(Workload {
+        let workload = Workload {
             name: name.into(),
             source: None,
             module_kinds: None,
             groups: (!groups.is_empty()).then_some(groups),
             runners,
-        })
+        };
+        // What loading would refuse (no runner, an empty name) is refused
+        // here, with the same error.
+        workload.check_top_level()?;
+        Ok(workload)
     }
 
     /// Checks the workload and replays it as discovery: the groups are
@@ -424,16 +453,7 @@ impl Workload {
     /// every discovery check applies. Errors name the JSON path of the
     /// problem. Linear in the size of the workload.
     pub fn to_discovering(&self) -> Result<Discovering, WorkloadError> {
-        non_empty(&self.name, || "name".into())?;
-        if let Some(source) = &self.source {
-            non_empty(source, || "source".into())?;
-        }
-        if self.module_kinds == Some(0) {
-            return Err(invalid("module_kinds", "must be at least 1"));
-        }
-        if self.runners.is_empty() {
-            return Err(invalid("runners", "must list at least one runner"));
-        }
+        self.check_top_level()?;
         let groups = self.group_table()?;
         let params = self.numbered_params();
         let mut config = PlanConfig::new();

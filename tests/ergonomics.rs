@@ -48,8 +48,10 @@ fn every_phase_error_goes_into_a_send_sync_box_with_question_mark() {
         Ok(())
     };
     let e = plan().unwrap_err();
+    // The boxed error is the `PlanFailed`, with the discovery inside.
     assert!(matches!(
-        e.downcast_ref::<PlanError>(),
+        e.downcast_ref::<replay_arena::PlanFailed>()
+            .map(|f| f.error()),
         Some(PlanError::ZeroGenerations { .. })
     ));
 

@@ -241,7 +241,8 @@ fn registering_a_group_twice_is_group_registered_twice() {
 fn zero_generations_is_zero_generations() {
     let err = discovered(&[(0, &[F32_64])])
         .plan(Policy::Generations(0))
-        .unwrap_err();
+        .unwrap_err()
+        .into_error();
     assert_eq!(
         err,
         PlanError::ZeroGenerations {
@@ -255,7 +256,8 @@ fn zero_generations_is_zero_generations() {
 fn an_overlap_depth_of_zero_is_zero_generations() {
     let err = discovered(&[(0, &[F32_64])])
         .plan(Policy::OverlapDepth(0))
-        .unwrap_err();
+        .unwrap_err()
+        .into_error();
     assert_eq!(
         err,
         PlanError::ZeroGenerations {
@@ -270,7 +272,7 @@ fn zero_generations_is_an_error_under_packed_placement_too() {
     let err = discovered(&[(0, &[F32_64])])
         .plan(Policy::Generations(0).packed())
         .unwrap_err();
-    assert!(matches!(err, PlanError::ZeroGenerations { .. }));
+    assert!(matches!(err.error(), PlanError::ZeroGenerations { .. }));
 }
 
 #[test]
@@ -286,11 +288,40 @@ fn a_packed_arena_past_64_bits_is_arena_overflow() {
     // Two consecutive runners of 2^63 bytes each must be disjoint when both
     // may be in flight: 2^64 bytes.
     let half = device(DType::U8, 1 << 63);
-    let err = discovered(&[(0, &[half]), (1, &[half])])
+    let failed = discovered(&[(0, &[half]), (1, &[half])])
         .plan(Policy::Generations(2).packed())
         .unwrap_err();
-    assert_eq!(err, PlanError::ArenaOverflow { key: half.key() });
-    assert_mentions(&err, &["u8 in device", "overflows 64 bits"]);
+    assert_eq!(
+        failed.error(),
+        &PlanError::ArenaOverflow {
+            key: half.key(),
+            users: 2,
+            largest: vec![(RunnerId(0), 1 << 63), (RunnerId(1), 1 << 63)],
+        }
+    );
+    assert_mentions(
+        failed.error(),
+        &[
+            "u8 in device",
+            "overflows 64 bits",
+            "2 runner(s) use u8 in device and need more than 2^64 bytes",
+            "runner 0 with 9223372036854775808 bytes, runner 1 with",
+        ],
+    );
+    // The discovery comes back: round-robin plans the same records.
+    let planned = failed
+        .into_discovering()
+        .plan(Policy::Generations(2))
+        .unwrap();
+    assert_eq!(planned.generations(), 2);
+}
+
+#[test]
+fn a_failed_plan_hands_the_discovery_back_unchanged() {
+    let discovery = discovered(&[(0, &[F32_64]), (3, &[F32_64, F32_64])]);
+    let before = discovery.clone();
+    let failed = discovery.plan(Policy::Generations(0)).unwrap_err();
+    assert_eq!(failed.into_discovering(), before);
 }
 
 #[test]
@@ -320,11 +351,15 @@ fn a_failed_arena_allocation_is_allocation() {
         .unwrap();
     let sim = SimBackend::new();
     sim.fail_allocations_after(Some(1));
-    let err = expect_err(planned.allocate(sim));
+    let failed = expect_err(planned.allocate(sim.clone()));
+    let err = failed.error().clone();
     assert!(matches!(
         &err,
         BackendError::Allocation { key, bytes: 2048, .. } if *key == bf16.key()
     ));
+    // The plan comes back: once memory is there, it allocates.
+    sim.fail_allocations_after(None);
+    failed.into_planned().allocate(sim).unwrap();
     assert_mentions(
         &err,
         &[
@@ -341,7 +376,7 @@ fn an_arena_larger_than_the_address_space_is_allocation_not_a_panic() {
     let planned = discovered(&[(0, &[huge])])
         .plan(Policy::Generations(1))
         .unwrap();
-    let err = expect_err(planned.allocate(SimBackend::new()));
+    let err = expect_err(planned.allocate(SimBackend::new())).into_error();
     assert!(matches!(
         err,
         BackendError::Allocation {

@@ -381,7 +381,10 @@ fn symmetric_domains_without_nccl_windows_are_a_typed_error() {
         .record(Request::new(Domain::Symmetric(group), DType::BF16, 4096))
         .unwrap();
     let planned = discovery.plan(Policy::Generations(1)).unwrap();
-    let e = match planned.allocate(g.backend.clone()) {
+    let e = match planned
+        .allocate(g.backend.clone())
+        .map_err(replay_arena::AllocateFailed::into_error)
+    {
         Ok(_) => panic!("the cuda backend has no NCCL windows to allocate from"),
         Err(e) => e,
     };

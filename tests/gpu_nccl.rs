@@ -329,7 +329,10 @@ fn a_symmetric_group_without_communicator_cannot_allocate() {
     let backend = NcclBackend::new(g.backend.clone())
         .with_group(one_rank_comm(&g, GTP))
         .unwrap();
-    let err = plan(&runners(), 1, 0).allocate(backend).unwrap_err();
+    let err = plan(&runners(), 1, 0)
+        .allocate(backend)
+        .unwrap_err()
+        .into_error();
     assert_eq!(err, BackendError::NoCommunicator { group: EXPERT });
 }
 

@@ -448,11 +448,17 @@ fn run_round(
         Ok(p) => p,
         Err(e) => {
             prop_assert_eq!(round.generations, 0);
-            prop_assert_eq!(e, PlanError::ZeroGenerations { policy });
-            return Ok(None);
+            prop_assert_eq!(e.error(), &PlanError::ZeroGenerations { policy });
+            // The discovery comes back: plan it again, no second backward.
+            let again = Policy::Generations(1);
+            let again = if round.packed {
+                again.packed()
+            } else {
+                again.into()
+            };
+            e.into_discovering().plan(again).unwrap()
         }
     };
-    prop_assert!(round.generations > 0);
     let report = planned.report();
     for (r, spec) in round.runners.iter().enumerate() {
         let named = report.runners[r].name.is_some();
@@ -500,10 +506,15 @@ fn run_round(
         }
         Err(e) => {
             prop_assert!(round.allocations_before_failure.is_some_and(|k| k < arenas));
-            prop_assert!(matches!(e, BackendError::Allocation { .. }), "{:?}", e);
+            prop_assert!(
+                matches!(e.error(), BackendError::Allocation { .. }),
+                "{:?}",
+                e
+            );
             prop_assert_eq!(rig.sim.live_allocations(), live_before);
             prop_assert_eq!(rig.sim.live_events(), 0);
-            return Ok(None);
+            // The plan comes back: allocate it again, no second planning.
+            e.into_planned().allocate(rig.sim.clone()).unwrap()
         }
     };
     prop_assert_eq!(rig.sim.live_allocations(), live_before + arenas);

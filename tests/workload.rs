@@ -642,7 +642,14 @@ proptest! {
 
     #[test]
     fn any_workload_survives_its_json(w in workload()) {
-        let text = w.to_json().unwrap();
+        // What would not load is not saved: the same error as loading.
+        let text = match w.to_json() {
+            Ok(text) => text,
+            Err(e) => {
+                prop_assert_eq!(e.to_string(), w.to_discovering().unwrap_err().to_string());
+                return Ok(());
+            }
+        };
         prop_assert_eq!(Workload::from_json_str(&text).unwrap(), w.clone());
         // serde_json's own writer is read back the same too.
         let plain = serde_json::to_string(&w).unwrap();
@@ -900,4 +907,32 @@ fn bundled_plans_keep_lower_bound_le_packed_le_round_robin() {
             );
         }
     }
+}
+
+#[test]
+fn saving_refuses_what_loading_would_refuse_with_the_same_error() {
+    use replay_arena::{Discovering, PlanConfig, RunnerId};
+    let empty = Discovering::new(PlanConfig::new());
+    let saved = Workload::from_discovering("empty", &empty).unwrap_err();
+    let one = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), Vec::new())]).unwrap();
+    let mut loaded = Workload::from_discovering("one", &one).unwrap();
+    loaded.runners.clear();
+    assert_eq!(
+        saved.to_string(),
+        loaded.to_discovering().unwrap_err().to_string()
+    );
+    assert_eq!(saved.to_string(), loaded.to_json().unwrap_err().to_string());
+    let unnamed = Workload::from_discovering("", &one).unwrap_err();
+    let mut named = Workload::from_discovering("x", &one).unwrap();
+    named.name.clear();
+    assert_eq!(
+        unnamed.to_string(),
+        named.to_discovering().unwrap_err().to_string()
+    );
+    // What saves, loads.
+    let ok = Workload::from_discovering("one", &one).unwrap();
+    Workload::from_json_str(&ok.to_json().unwrap())
+        .unwrap()
+        .to_discovering()
+        .unwrap();
 }

@@ -120,6 +120,8 @@ arena_error!(
     replay_arena::CaptureError,
     replay_arena::ReplayError,
     replay_arena::PlanError,
+    replay_arena::PlanFailed,
+    replay_arena::AllocateFailed,
     replay_arena::DiscoveryError
 );
 

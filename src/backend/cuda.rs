@@ -1594,9 +1594,18 @@ mod tests {
         #[cfg(feature = "f16")]
         covered.extend([half::bf16::DTYPE, half::f16::DTYPE]);
         #[cfg(feature = "f16")]
-        assert!(DType::ALL.iter().all(|d| covered.contains(d)), "{covered:?}");
-        assert_eq!(std::mem::size_of::<F8E4M3>() as u64, DType::F8E4M3.size_bytes());
-        assert_eq!(std::mem::size_of::<F8E5M2>() as u64, DType::F8E5M2.size_bytes());
+        assert!(
+            DType::ALL.iter().all(|d| covered.contains(d)),
+            "{covered:?}"
+        );
+        assert_eq!(
+            std::mem::size_of::<F8E4M3>() as u64,
+            DType::F8E4M3.size_bytes()
+        );
+        assert_eq!(
+            std::mem::size_of::<F8E5M2>() as u64,
+            DType::F8E5M2.size_bytes()
+        );
     }
 
     #[test]
