@@ -86,6 +86,7 @@
 //!   run without CUDA.
 //! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 // Errors are structured (runner, key, every size involved) and only built on
 // failure; `Ok(())` stays a discriminant write on the replay path.
@@ -119,15 +120,20 @@ mod source;
 mod workload;
 
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use backend::cuda;
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub use backend::nccl;
 pub use backend::sim;
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use backend::CUDARC_DRIVER_CALL;
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub use backend::CUDARC_NCCL_CALL;
 #[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{Arena, ArenaDesc, Backend, BackendError};
 pub use capture::{CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError};
@@ -144,6 +150,7 @@ pub use vocab::{
     SYMMETRIC_ALIGNMENT,
 };
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use workload::{
     DomainSpec, GroupSpec, ParamRef, RequestSpec, RunnerSpec, Workload, WorkloadError,
 };

@@ -1146,8 +1146,10 @@ elements! {
     i8 => I8,
     u8 => U8,
     #[cfg(feature = "f16")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "f16")))]
     half::bf16 => BF16,
     #[cfg(feature = "f16")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "f16")))]
     half::f16 => F16,
 }
 
