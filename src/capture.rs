@@ -666,9 +666,13 @@ impl<B: Backend> RunnerCapture<'_, B> {
     }
 
     /// Closes the capture with a graph the program captured by its own
-    /// means (a cudarc user's own stream capture), instead of one from
-    /// [`RunnerCapture::stream_capture`]. The same checks as
-    /// [`RunnerCapture::finish`] apply.
+    /// means, instead of one from [`RunnerCapture::stream_capture`]: on
+    /// `cuda`, a graph from cudarc's own `begin_capture` / `end_capture`,
+    /// made into the crate's graph by `CudaBackend::adopt_graph`. That
+    /// capture runs outside the crate's closures, so its kernels take the
+    /// views' raw addresses ([`View::device_ptr`](crate::View::device_ptr)):
+    /// typed views work only inside `stream_capture` and `consume`. The
+    /// same checks as [`RunnerCapture::finish`] apply.
     ///
     /// # Safety
     ///
