@@ -160,6 +160,31 @@ pub use workload::{
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The snippets of `docs/lifecycle.md` (on `sim`), compiled and run.
+#[doc = include_str!("../docs/lifecycle.md")]
+#[cfg(doctest)]
+pub struct LifecycleDoctests;
+
+/// The snippets of `docs/integration.md`, compiled (`no_run`: they need a GPU).
+#[doc = include_str!("../docs/integration.md")]
+#[cfg(all(doctest, feature = "cuda"))]
+pub struct IntegrationDoctests;
+
+/// The snippets of `docs/gpu.md`, compiled (`no_run`: they need a GPU).
+#[doc = include_str!("../docs/gpu.md")]
+#[cfg(all(doctest, feature = "cuda"))]
+pub struct GpuDoctests;
+
+/// The snippets of `docs/nccl.md`, compiled (`no_run`: they need GPUs).
+#[doc = include_str!("../docs/nccl.md")]
+#[cfg(all(doctest, replay_arena_nccl))]
+pub struct NcclDoctests;
+
+/// The snippets of `docs/workload-format.md`, compiled and run.
+#[doc = include_str!("../docs/workload-format.md")]
+#[cfg(all(doctest, feature = "serde"))]
+pub struct WorkloadFormatDoctests;
+
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 // Plain data phases move and share freely.

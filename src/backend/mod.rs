@@ -221,9 +221,11 @@ pub enum BackendError {
 }
 
 /// The rule a plan's graph keeps for graph memory nodes (`sim` and `cuda`):
-/// every allocation is freed by the same graph (else its next launch fails,
-/// or the memory outlives the launch), and every free is of memory the
-/// same graph allocated (else each replay frees the program's memory).
+/// every allocation is freed by the same graph (else its next launch
+/// fails: an allocation that escapes its graph must be freed before a
+/// relaunch), and every free is of memory the same graph allocated (else
+/// each replay frees the program's memory). Balanced temporaries keep
+/// their addresses at every launch.
 pub(crate) fn check_memory_nodes(
     allocs: &[(u64, u64)],
     frees: &[u64],
