@@ -115,7 +115,10 @@ pub enum CaptureError {
         /// Which view, and where it was used.
         reason: String,
     },
-    /// A graph was rejected (it allocates or frees memory).
+    /// A graph was rejected: it allocates memory it does not free (the
+    /// allocation escapes the graph, and the next launch would fail), or
+    /// frees memory it did not allocate. Temporaries allocated and freed
+    /// inside the graph are accepted.
     #[error("the graph captured for {runner} was rejected: {reason}")]
     GraphRejected {
         /// The runner.
@@ -640,8 +643,9 @@ impl<B: Backend> RunnerCapture<'_, B> {
     }
 
     /// Closes the capture: checks that every key's capacity was taken
-    /// exactly and that the graph allocates no memory, then hands the graph
-    /// to the plan to own.
+    /// exactly and that the graph's memory nodes are balanced (every
+    /// allocation freed inside the graph, no free of foreign memory), then
+    /// hands the graph to the plan to own.
     ///
     /// # Errors
     ///
