@@ -115,8 +115,7 @@ fn cited_paths(text: &str) -> BTreeSet<String> {
                 .unwrap_or(text.len() - i);
             let path = text[i..i + len].trim_end_matches(['.', ',', ':', '-']);
             // `<hash>` and the like are placeholders, not files.
-            if text[i + len..].starts_with('<') || path.len() <= prefix.len() && path != *prefix
-            {
+            if text[i + len..].starts_with('<') || path.len() <= prefix.len() && path != *prefix {
                 continue;
             }
             found.insert(path.to_string());
@@ -176,8 +175,7 @@ fn defines_type(source: &str, ty: &str) -> bool {
         .iter()
         .any(|kw| {
             source.match_indices(&format!("{kw} {ty}")).any(|(i, m)| {
-                !source[i + m.len()..].starts_with(is_ident)
-                    && !source[..i].ends_with(is_ident)
+                !source[i + m.len()..].starts_with(is_ident) && !source[..i].ends_with(is_ident)
             })
         })
 }
@@ -200,7 +198,10 @@ fn defines_member(source: &str, member: &str) -> bool {
     source.lines().any(|line| {
         let line = line.trim_start();
         line.strip_prefix(member)
-            .or_else(|| line.strip_prefix("pub ").and_then(|l| l.strip_prefix(member)))
+            .or_else(|| {
+                line.strip_prefix("pub ")
+                    .and_then(|l| l.strip_prefix(member))
+            })
             .is_some_and(|rest| rest.starts_with([',', '(', ' ', '{', ':']) || rest.is_empty())
     })
 }
@@ -223,7 +224,11 @@ fn pages_cite_only_paths_that_exist() {
             }
         }
     }
-    assert!(missing.is_empty(), "cited but missing:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "cited but missing:\n{}",
+        missing.join("\n")
+    );
 }
 
 #[test]
@@ -250,7 +255,11 @@ fn pages_cite_only_items_that_exist() {
             }
         }
     }
-    assert!(missing.is_empty(), "cited but not defined:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "cited but not defined:\n{}",
+        missing.join("\n")
+    );
 }
 
 #[test]
