@@ -155,9 +155,10 @@ pub use workload::{
     DomainSpec, GroupSpec, ParamRef, RequestSpec, RunnerSpec, Workload, WorkloadError,
 };
 
-/// The README's example, compiled and run as a doc test.
+/// The README's snippets, compiled (its `cuda` ones `no_run`), and its
+/// example run, as doc tests.
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "cuda"))]
 pub struct ReadmeDoctests;
 
 /// The snippets of `docs/lifecycle.md` (on `sim`), compiled and run.
