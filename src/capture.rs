@@ -115,7 +115,10 @@ pub enum CaptureError {
         /// Which view, and where it was used.
         reason: String,
     },
-    /// A graph was rejected (it allocates or frees memory).
+    /// A graph was rejected: it allocates memory it does not free (the
+    /// allocation escapes the graph, and the next launch would fail), or
+    /// frees memory it did not allocate. Temporaries allocated and freed
+    /// inside the graph are accepted.
     #[error("the graph captured for {runner} was rejected: {reason}")]
     GraphRejected {
         /// The runner.
@@ -695,8 +698,9 @@ impl<B: Backend> RunnerCapture<'_, B> {
     }
 
     /// Closes the capture: checks that every key's capacity was taken
-    /// exactly and that the graph allocates no memory, then hands the graph
-    /// to the plan to own.
+    /// exactly and that the graph's memory nodes are balanced (every
+    /// allocation freed inside the graph, no free of foreign memory), then
+    /// hands the graph to the plan to own.
     ///
     /// # Errors
     ///
@@ -721,9 +725,13 @@ impl<B: Backend> RunnerCapture<'_, B> {
     }
 
     /// Closes the capture with a graph the program captured by its own
-    /// means (a cudarc user's own stream capture), instead of one from
-    /// [`RunnerCapture::stream_capture`]. The same checks as
-    /// [`RunnerCapture::finish`] apply.
+    /// means, instead of one from [`RunnerCapture::stream_capture`]: on
+    /// `cuda`, a graph from cudarc's own `begin_capture` / `end_capture`,
+    /// made into the crate's graph by `CudaBackend::adopt_graph`. That
+    /// capture runs outside the crate's closures, so its kernels take the
+    /// views' raw addresses ([`View::device_ptr`](crate::View::device_ptr)):
+    /// typed views work only inside `stream_capture` and `consume`. The
+    /// same checks as [`RunnerCapture::finish`] apply.
     ///
     /// # Safety
     ///

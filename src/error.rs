@@ -72,6 +72,7 @@ impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<ConsumeError<E>> fo
 }
 
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 impl From<cudarc::driver::DriverError> for Error {
     /// A cudarc driver call's failure, `?`'d inside a closure or function
     /// returning this crate's `Result`: a [`BackendError::Driver`] keeping
@@ -82,6 +83,7 @@ impl From<cudarc::driver::DriverError> for Error {
 }
 
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 impl From<cudarc::nccl::result::NcclError> for Error {
     /// A cudarc NCCL call's failure: a [`BackendError::Nccl`] keeping the
     /// raw code.
@@ -91,6 +93,7 @@ impl From<cudarc::nccl::result::NcclError> for Error {
 }
 
 #[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 impl From<cudarc::cublas::result::CublasError> for Error {
     /// A cudarc cuBLAS call's failure: a [`BackendError::Cublas`] keeping
     /// the raw status.

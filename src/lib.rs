@@ -86,6 +86,7 @@
 //!   run without CUDA.
 //! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 // Errors are structured (runner, key, every size involved) and only built on
 // failure; `Ok(())` stays a discriminant write on the replay path.
@@ -119,15 +120,20 @@ mod source;
 mod workload;
 
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use backend::cuda;
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub use backend::nccl;
 pub use backend::sim;
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use backend::CUDARC_DRIVER_CALL;
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub use backend::CUDARC_NCCL_CALL;
 #[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{Arena, ArenaDesc, Backend, BackendError};
 pub use capture::{
@@ -146,14 +152,41 @@ pub use vocab::{
     SYMMETRIC_ALIGNMENT,
 };
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use workload::{
     DomainSpec, GroupSpec, ParamRef, RequestSpec, RunnerSpec, Workload, WorkloadError,
 };
 
-/// The README's example, compiled and run as a doc test.
+/// The README's snippets, compiled (its `cuda` ones `no_run`), and its
+/// example run, as doc tests.
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "cuda"))]
 pub struct ReadmeDoctests;
+
+/// The snippets of `docs/lifecycle.md` (on `sim`), compiled and run.
+#[doc = include_str!("../docs/lifecycle.md")]
+#[cfg(doctest)]
+pub struct LifecycleDoctests;
+
+/// The snippets of `docs/integration.md`, compiled (`no_run`: they need a GPU).
+#[doc = include_str!("../docs/integration.md")]
+#[cfg(all(doctest, feature = "cuda"))]
+pub struct IntegrationDoctests;
+
+/// The snippets of `docs/gpu.md`, compiled (`no_run`: they need a GPU).
+#[doc = include_str!("../docs/gpu.md")]
+#[cfg(all(doctest, feature = "cuda"))]
+pub struct GpuDoctests;
+
+/// The snippets of `docs/nccl.md`, compiled (`no_run`: they need GPUs).
+#[doc = include_str!("../docs/nccl.md")]
+#[cfg(all(doctest, replay_arena_nccl))]
+pub struct NcclDoctests;
+
+/// The snippets of `docs/workload-format.md`, compiled and run.
+#[doc = include_str!("../docs/workload-format.md")]
+#[cfg(all(doctest, feature = "serde"))]
+pub struct WorkloadFormatDoctests;
 
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 

@@ -61,7 +61,7 @@ pub struct KeyReport {
 pub struct RunnerReport {
     /// The runner.
     pub runner: RunnerId,
-    /// The name it was armed with ([`Discovering::arm_named`](crate::Discovering::arm_named)), if any.
+    /// The name it was armed with ([`Discovering::arm_named`](crate::discover::Discovering::arm_named)), if any.
     pub name: Option<String>,
     /// Round-robin generation (`None` for empty runners and packed placement).
     pub generation: Option<usize>,

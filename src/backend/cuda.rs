@@ -1178,8 +1178,10 @@ elements! {
     F8E4M3 => F8E4M3,
     F8E5M2 => F8E5M2,
     #[cfg(feature = "f16")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "f16")))]
     half::bf16 => BF16,
     #[cfg(feature = "f16")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "f16")))]
     half::f16 => F16,
 }
 

@@ -13,12 +13,15 @@ use crate::vocab::{GroupId, Key};
 pub mod sim;
 
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod cuda;
 
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub mod nccl;
 
 #[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub mod cublas;
 
 /// What one arena must be: the backend's own descriptor (it never sees the
@@ -36,13 +39,16 @@ pub struct ArenaDesc {
 /// The `op` of a [`BackendError::Driver`] made from a cudarc `DriverError`
 /// (`?` on a cudarc driver call): cudarc's error keeps the code, not the call.
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub const CUDARC_DRIVER_CALL: &str = "a cudarc driver call";
 
 /// The `op` of a [`BackendError::Nccl`] made from a cudarc `NcclError`.
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub const CUDARC_NCCL_CALL: &str = "a cudarc NCCL call";
 
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 impl From<cudarc::driver::DriverError> for BackendError {
     /// Keeps the raw `CUresult` (formatting a `DriverError` calls into the
     /// driver; this crate formats the code itself), with
@@ -56,6 +62,7 @@ impl From<cudarc::driver::DriverError> for BackendError {
 }
 
 #[cfg(replay_arena_nccl)]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 impl From<cudarc::nccl::result::NcclError> for BackendError {
     /// Keeps the raw `ncclResult_t`, with [`CUDARC_NCCL_CALL`] as the
     /// operation.
@@ -69,9 +76,11 @@ impl From<cudarc::nccl::result::NcclError> for BackendError {
 
 /// The `op` of a [`BackendError::Cublas`] made from a cudarc `CublasError`.
 #[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub const CUDARC_CUBLAS_CALL: &str = "a cudarc cuBLAS call";
 
 #[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 impl From<cudarc::cublas::result::CublasError> for BackendError {
     /// Keeps the raw `cublasStatus_t`, with [`CUDARC_CUBLAS_CALL`] as the
     /// operation.
@@ -108,6 +117,7 @@ pub enum BackendError {
     },
     /// A CUDA driver call failed.
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     #[error("{op} returned {code:?}")]
     Driver {
         /// The driver entry point; [`CUDARC_DRIVER_CALL`] for a cudarc
@@ -119,6 +129,7 @@ pub enum BackendError {
     },
     /// An NCCL call failed.
     #[cfg(replay_arena_nccl)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
     #[error("{op} returned {code:?}")]
     Nccl {
         /// The NCCL entry point; [`CUDARC_NCCL_CALL`] for a cudarc
@@ -129,6 +140,7 @@ pub enum BackendError {
     },
     /// A cuBLAS call failed.
     #[cfg(feature = "cublas")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
     #[error("{op} returned {status:?}")]
     Cublas {
         /// The cuBLAS entry point; [`CUDARC_CUBLAS_CALL`] for a cudarc
@@ -153,11 +165,13 @@ pub enum BackendError {
     /// an event recorded outside the capture fails
     /// (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`).
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     #[error("the CUDA context has cudarc's event tracking on, which breaks stream capture: call `unsafe {{ ctx.disable_event_tracking() }}` before allocating anything a graph will use and then `CudaBackend::from_context`, or adopt it with `CudaBackend::from_context_disabling_event_tracking`")]
     EventTracking,
     /// The legacy default (NULL) stream was offered for capture or replay;
     /// the driver cannot capture it (the per-thread default stream is fine).
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     #[error("{op}: the legacy default (NULL) stream cannot be captured; use the per-thread stream (`ctx.per_thread_stream()`) or a stream from `ctx.new_stream()`")]
     LegacyStream {
         /// The operation.
@@ -166,6 +180,7 @@ pub enum BackendError {
     /// A typed view was asked for with an element type whose dtype differs
     /// from the view's.
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     #[error("a view of {view} cannot be used as {requested} ({type_name})")]
     DTypeMismatch {
         /// The view's dtype.
@@ -206,9 +221,11 @@ pub enum BackendError {
 }
 
 /// The rule a plan's graph keeps for graph memory nodes (`sim` and `cuda`):
-/// every allocation is freed by the same graph (else its next launch fails,
-/// or the memory outlives the launch), and every free is of memory the
-/// same graph allocated (else each replay frees the program's memory).
+/// every allocation is freed by the same graph (else its next launch
+/// fails: an allocation that escapes its graph must be freed before a
+/// relaunch), and every free is of memory the same graph allocated (else
+/// each replay frees the program's memory). Balanced temporaries keep
+/// their addresses at every launch.
 pub(crate) fn check_memory_nodes(
     allocs: &[(u64, u64)],
     frees: &[u64],
