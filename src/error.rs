@@ -13,6 +13,7 @@ use crate::capture::{AllocateFailed, CaptureError, StreamCaptureError};
 use crate::discover::DiscoveryError;
 use crate::plan::{PlanError, PlanFailed};
 use crate::replay::{ConsumeError, ReplayError, SealError};
+use crate::view::SliceError;
 
 /// Shorthand for `Result<T, replay_arena::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -36,6 +37,9 @@ pub enum Error {
     /// A backend call failed (allocation, device setup).
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// A sub-view outside its view.
+    #[error(transparent)]
+    Slice(#[from] SliceError),
     /// The caller's own work closure failed.
     #[error("{0}")]
     Work(Box<dyn std::error::Error + Send + Sync>),
@@ -195,6 +199,7 @@ macro_rules! from_errors {
         $crate::from_errors!(@via $ty: $crate::CaptureError);
         $crate::from_errors!(@via $ty: $crate::ReplayError);
         $crate::from_errors!(@via $ty: $crate::BackendError);
+        $crate::from_errors!(@via $ty: $crate::SliceError);
         $crate::from_errors!(@via $ty: $crate::PlanFailed);
         $crate::from_errors!(@via $ty: $crate::AllocateFailed);
 

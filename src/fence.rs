@@ -75,6 +75,20 @@ struct Runner<B: Backend> {
     record_at_once: bool,
     /// A wait used the latest record made at once.
     waited_on: bool,
+    /// The stream that last waited on the latest record: it need not wait
+    /// again (stream order).
+    waited_by: Option<u64>,
+    /// Consumers of the latest replay on streams other than the one it
+    /// completes on: each is waited for by the next claimer of the bytes,
+    /// none by another consumer. Their events are reused across replays.
+    readers: Vec<Reader<B>>,
+}
+
+/// One consumer stream's latest read of a runner's bytes.
+struct Reader<B: Backend> {
+    event: B::Event,
+    /// `None` once a replay of the runner waited for it.
+    completion: Option<Completion<B::Stream>>,
 }
 
 /// Why a consumer may not read a runner's bytes.
@@ -106,6 +120,8 @@ impl<B: Backend> Fence<B> {
                     completion: None,
                     record_at_once: false,
                     waited_on: false,
+                    waited_by: None,
+                    readers: Vec::new(),
                 })
                 .collect(),
             painter: Painter::new(regions),
@@ -160,6 +176,11 @@ impl<B: Backend> Fence<B> {
         for &claim in claims {
             self.painter.paint(claim, slot as u32);
         }
+        // The replay waited for every reader of the runner's bytes (it is
+        // their claimer): the new replay has none yet.
+        for reader in &mut self.runners[slot].readers {
+            reader.completion = None;
+        }
         self.forget_unused_record(slot);
         if self.runners[slot].record_at_once {
             // Record straight away: no pending stream handle to keep.
@@ -197,26 +218,68 @@ impl<B: Backend> Fence<B> {
         result
     }
 
-    /// Runs a consumer of `slot`'s bytes on `stream`: waits for the slot's
-    /// latest completion, marks the slot as completing on `stream` *before*
-    /// `work` runs (so whatever `work` enqueues is fenced even if it fails or
-    /// unwinds: a later waiter records the event on `stream`), then records
-    /// at once if another stream is expected to wait.
-    pub(crate) fn consume<T>(
+    /// Starts a consumer of `slot`'s bytes on `stream`: waits for the slot's
+    /// latest replay (not for its other consumers: consumers on different
+    /// streams run at once), and makes the consumer a reader that every
+    /// later claimer of the bytes waits for, *before* the consumer's work
+    /// is enqueued (so whatever it enqueues is fenced even if it fails or
+    /// unwinds: a later waiter records the reader's event on `stream`).
+    pub(crate) fn consume_begin(
         &mut self,
         backend: &B,
         slot: usize,
         stream: &B::Stream,
         sid: u64,
-        work: impl FnOnce() -> T,
-    ) -> Result<T, BackendError> {
-        self.wait_for(backend, slot, stream, sid)?;
-        self.forget_unused_record(slot);
-        self.settle(slot, stream, sid);
+    ) -> Result<(), BackendError> {
+        self.wait_replay(backend, slot, stream, sid)?;
         self.stats.consumers += 1;
-        let out = work();
-        self.record_if_expected(backend, slot, stream, sid)?;
-        Ok(out)
+        let runner = &mut self.runners[slot];
+        if let Some(Completion::Pending { id, .. }) = &runner.completion {
+            if *id == sid {
+                // The runner's own pending record will cover the consumer.
+                return Ok(());
+            }
+        }
+        let pending = Completion::Pending {
+            stream: stream.clone(),
+            id: sid,
+        };
+        let same = runner
+            .readers
+            .iter()
+            .position(|r| r.completion.as_ref().is_some_and(|c| c.stream_id() == sid));
+        let free = || runner.readers.iter().position(|r| r.completion.is_none());
+        match same.or_else(free) {
+            Some(i) => runner.readers[i].completion = Some(pending),
+            None => runner.readers.push(Reader {
+                event: backend.create_event()?,
+                completion: Some(pending),
+            }),
+        }
+        Ok(())
+    }
+
+    /// Ends a consumer started with [`Fence::consume_begin`]: records its
+    /// reader's event at once (the next claimer of the bytes waits for
+    /// exactly the consumer's work).
+    pub(crate) fn consume_end(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        let runner = &mut self.runners[slot];
+        let reader = runner
+            .readers
+            .iter_mut()
+            .find(|r| matches!(r.completion, Some(Completion::Pending { id, .. }) if id == sid));
+        if let Some(reader) = reader {
+            backend.record_event(stream, &reader.event)?;
+            self.stats.event_records += 1;
+            reader.completion = Some(Completion::Recorded { id: sid });
+        }
+        Ok(())
     }
 
     /// Makes `stream` wait for slot `u`'s latest completion (its latest
@@ -241,8 +304,42 @@ impl<B: Backend> Fence<B> {
         (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, stream, sid))
     }
 
-    /// Makes `stream` wait for slot `u`'s latest completion.
+    /// Makes `stream` wait for slot `u`'s latest replay and every reader of
+    /// it since.
     fn wait_for(
+        &mut self,
+        backend: &B,
+        u: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        self.wait_replay(backend, u, stream, sid)?;
+        let mut readers = std::mem::take(&mut self.runners[u].readers);
+        let waited = readers.iter_mut().try_for_each(|reader| {
+            let Some(completion) = &reader.completion else {
+                return Ok(());
+            };
+            if completion.stream_id() == sid {
+                self.stats.waits_skipped += 1;
+                return Ok(());
+            }
+            if let Completion::Pending { stream: on, id } = completion {
+                let id = *id;
+                backend.record_event(on, &reader.event)?;
+                self.stats.event_records += 1;
+                reader.completion = Some(Completion::Recorded { id });
+            }
+            backend.wait_event(stream, &reader.event)?;
+            self.stats.waits += 1;
+            Ok(())
+        });
+        self.runners[u].readers = readers;
+        waited
+    }
+
+    /// Makes `stream` wait for slot `u`'s latest replay (or, where a
+    /// consumer moved it, its latest completion).
+    fn wait_replay(
         &mut self,
         backend: &B,
         u: usize,
@@ -253,7 +350,9 @@ impl<B: Backend> Fence<B> {
         let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
             return Ok(());
         };
-        if completion.stream_id() == sid {
+        let already =
+            matches!(completion, Completion::Recorded { .. }) && runner.waited_by == Some(sid);
+        if completion.stream_id() == sid || already {
             self.stats.waits_skipped += 1;
             return Ok(());
         }
@@ -267,6 +366,7 @@ impl<B: Backend> Fence<B> {
         backend.wait_event(stream, event)?;
         self.stats.waits += 1;
         runner.waited_on = true;
+        runner.waited_by = Some(sid);
         Ok(())
     }
 
@@ -280,7 +380,8 @@ impl<B: Backend> Fence<B> {
                 runner.completion = Some(Completion::Pending {
                     stream: stream.clone(),
                     id: sid,
-                })
+                });
+                runner.waited_by = None;
             }
         }
     }
@@ -303,6 +404,7 @@ impl<B: Backend> Fence<B> {
             self.stats.event_records += 1;
             runner.completion = Some(Completion::Recorded { id: sid });
             runner.waited_on = false;
+            runner.waited_by = None;
         }
         Ok(())
     }
@@ -318,26 +420,52 @@ impl<B: Backend> Fence<B> {
         let mut first = Ok(());
         let mut unrecorded = false;
         for runner in &mut self.runners {
-            let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
-                continue;
-            };
-            let recorded = match completion {
-                Completion::Pending { stream, .. } => backend.record_event(stream, event),
-                Completion::Recorded { .. } => Ok(()),
-            };
-            unrecorded |= recorded.is_err();
-            let waited = recorded.and_then(|()| backend.synchronize_event(event));
-            if waited.is_ok() {
-                // Done: a second quiesce (drop after `replan`) waits for nothing.
-                runner.completion = None;
+            if let Some(event) = &runner.event {
+                first = first.and(drain(
+                    backend,
+                    event,
+                    &mut runner.completion,
+                    &mut unrecorded,
+                ));
             }
-            first = first.and(waited);
+            for reader in &mut runner.readers {
+                first = first.and(drain(
+                    backend,
+                    &reader.event,
+                    &mut reader.completion,
+                    &mut unrecorded,
+                ));
+            }
         }
         if unrecorded {
             first = first.and(backend.synchronize());
         }
         first
     }
+}
+
+/// Records `completion`'s event if it is still pending, waits for it, and
+/// forgets it once waited for (so a second quiesce waits for nothing).
+/// Sets `unrecorded` when a pending record could not be made.
+fn drain<B: Backend>(
+    backend: &B,
+    event: &B::Event,
+    completion: &mut Option<Completion<B::Stream>>,
+    unrecorded: &mut bool,
+) -> Result<(), BackendError> {
+    let Some(c) = completion else {
+        return Ok(());
+    };
+    let recorded = match c {
+        Completion::Pending { stream, .. } => backend.record_event(stream, event),
+        Completion::Recorded { .. } => Ok(()),
+    };
+    *unrecorded |= recorded.is_err();
+    let waited = recorded.and_then(|()| backend.synchronize_event(event));
+    if waited.is_ok() {
+        *completion = None;
+    }
+    waited
 }
 
 #[cfg(test)]
@@ -417,16 +545,17 @@ mod tests {
     }
 
     #[test]
-    fn a_consumer_moves_the_runners_completion_to_its_stream() {
+    fn a_consumer_waits_for_the_replay_and_a_later_claimer_on_its_stream_waits_no_more() {
         let sim = SimBackend::new();
         let mut f = fence(&sim, 2);
         let (a, x) = (sim.stream(), sim.stream());
         replay(&mut f, &sim, 0, &a);
-        let ran = f.consume(&sim, 0, &x, sim.stream_id(&x), || 7).unwrap();
-        assert_eq!(ran, 7);
+        let xid = sim.stream_id(&x);
+        f.consume_begin(&sim, 0, &x, xid).unwrap();
+        f.consume_end(&sim, 0, &x, xid).unwrap();
         assert_eq!((f.stats().consumers, f.stats().waits), (1, 1));
         // The next claimer on `x` is ordered after the consumer by stream
-        // order alone.
+        // order, and waits for the replay on `a` only.
         replay(&mut f, &sim, 1, &x);
         assert_eq!(f.stats().waits, 1);
     }

@@ -146,7 +146,7 @@ pub use plan::{ArenaPlan, Placement, PlanError, PlanFailed, Planned, Policy, Sli
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};
-pub use view::View;
+pub use view::{SliceError, View, ViewsExt};
 pub use vocab::{
     DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
     SYMMETRIC_ALIGNMENT,

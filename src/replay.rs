@@ -239,11 +239,21 @@ impl<B: Backend> Capturing<B> {
                 Slot::Pending | Slot::Failed(_) => None,
             })
             .collect();
+        let mut views = Vec::new();
+        let view_ranges = (0..plan.runners.len())
+            .map(|slot| {
+                let start = views.len();
+                views.extend(views_of(&plan, &res.arenas, slot));
+                start..views.len()
+            })
+            .collect();
         Ok(Replayable {
             graphs,
             fence: Fence::new(res.events, plan.fence_regions),
             plan,
-            arenas: res.arenas,
+            views,
+            view_ranges,
+            _arenas: res.arenas,
             backend: res.backend,
         })
     }
@@ -297,7 +307,14 @@ pub struct Replayable<B: Backend> {
     graphs: Vec<Option<B::Graph>>,
     fence: Fence<B>,
     plan: Planned,
-    arenas: Vec<B::Arena>,
+    /// Every runner's views, runner after runner, made once at seal: a
+    /// consumer or `views` hands out a slice, no allocation. Their scope is
+    /// set while a consumer of theirs runs, 0 otherwise.
+    views: Vec<View<'static>>,
+    /// Runner slot -> its views in `views`.
+    view_ranges: Vec<std::ops::Range<usize>>,
+    /// Held for their drop (after graphs and events): views point into them.
+    _arenas: Vec<B::Arena>,
     backend: B,
 }
 
@@ -452,44 +469,155 @@ impl<B: Backend> Replayable<B> {
         work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
-        let capturing = self
-            .backend
-            .is_capturing(stream)
-            .map_err(|source| ReplayError::Backend { runner, source })?;
+        self.consume_slots(&[slot], stream, |s, views| work(s, views[0]))
+    }
+
+    /// [`Replayable::consume`] over several runners at once: one consumer
+    /// (a bucketed reduce-scatter over the wgrads of several layers, say)
+    /// reads the views of every runner in `runners`; `work` gets them in
+    /// that order, one slice per runner. The stream waits for each runner's
+    /// latest replay, and every later claimer of any of those bytes waits
+    /// for the consumer.
+    ///
+    /// # Errors
+    ///
+    /// As [`Replayable::consume`], for the first runner that fails a check
+    /// (nothing is enqueued then).
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::sim::{SimBackend, SimOp};
+    ///
+    /// let req = Request::new(Domain::Device, DType::F32, 64);
+    /// let rs = (0..3).map(|r| (RunnerId(r), [req]));
+    /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(3))?;
+    /// let sim = SimBackend::new();
+    /// let (pool, side) = (sim.stream(), sim.stream());
+    /// let mut capturing = planned.allocate(sim.clone())?;
+    /// for r in 0..3 {
+    ///     let cap = capturing.capture(RunnerId(r))?;
+    ///     let v = cap.take(req)?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, SimOp::fill(&v, 1.0 + r as f32), 5))?;
+    ///     cap.finish()?;
+    /// }
+    /// let mut replayable = capturing.seal()?;
+    /// for r in 0..3 {
+    ///     replayable.replay(RunnerId(r), &pool)?;
+    /// }
+    /// let bucket = sim.alloc_f32(64)?;
+    /// replayable.consume_many(&[RunnerId(0), RunnerId(2)], &side, |s, runners| {
+    ///     for views in runners {
+    ///         sim.launch(s, SimOp::add(&views[0], &bucket), 10)?;
+    ///     }
+    ///     Ok::<(), replay_arena::BackendError>(())
+    /// })?;
+    /// assert_eq!(sim.read_f32(&bucket)?[0], 4.0);
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn consume_many<E>(
+        &mut self,
+        runners: &[RunnerId],
+        stream: &B::Stream,
+        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), ConsumeError<E>> {
+        let slots = runners
+            .iter()
+            .map(|&r| self.slot(r))
+            .collect::<Result<Vec<_>>>()?;
+        self.consume_slots(&slots, stream, work)
+    }
+
+    /// A consumer of the runners in `slots` (see `consume`).
+    fn consume_slots<E>(
+        &mut self,
+        slots: &[usize],
+        stream: &B::Stream,
+        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), ConsumeError<E>> {
+        let first = self.plan.runners[slots[0]].id();
+        let capturing =
+            self.backend
+                .is_capturing(stream)
+                .map_err(|source| ReplayError::Backend {
+                    runner: first,
+                    source,
+                })?;
         if capturing {
-            return Err(ReplayError::StreamCapturing { runner }.into());
+            return Err(ReplayError::StreamCapturing { runner: first }.into());
         }
         let plan = &self.plan;
-        let scope = new_scope_id();
-        let views = views_of(plan, &self.arenas, slot, scope);
-        let sid = self.backend.stream_id(stream);
+        for &slot in slots {
+            if !self.fence.is_fenced(slot) {
+                // A runner without buffers has nothing to fence.
+                continue;
+            }
+            let runner = plan.runners[slot].id();
+            self.fence
+                .owner_check(slot, &plan.runners[slot].claims)
+                .map_err(|not| match not {
+                    NotOwner::NeverReplayed => ReplayError::NotReplayed { runner },
+                    NotOwner::OverwrittenBy(other) => ReplayError::Overwritten {
+                        runner,
+                        by: plan.runners[other].id(),
+                    },
+                })?;
+        }
         // The views work on the device only inside `work`, on `stream`.
-        let run = || {
+        let scope = new_scope_id();
+        for &slot in slots {
+            for v in &mut self.views[self.view_ranges[slot].clone()] {
+                v.scope = scope;
+            }
+        }
+        let sid = self.backend.stream_id(stream);
+        let backend = &self.backend;
+        let fenced = |f: &Fence<B>, slot: usize| f.is_fenced(slot);
+        for &slot in slots {
+            if fenced(&self.fence, slot) {
+                let runner = plan.runners[slot].id();
+                self.fence
+                    .consume_begin(backend, slot, stream, sid)
+                    .map_err(|source| ReplayError::Backend { runner, source })?;
+            }
+        }
+        let (out, misuse) = {
             let open = OpenScope::enter(scope, sid, false);
-            let out = work(stream, &views);
+            let one;
+            let many: Vec<&[View<'_>]>;
+            let lists: &[&[View<'_>]] = if let [slot] = slots {
+                one = [&self.views[self.view_ranges[*slot].clone()]];
+                &one
+            } else {
+                many = slots
+                    .iter()
+                    .map(|&slot| &self.views[self.view_ranges[slot].clone()])
+                    .collect();
+                &many
+            };
+            let out = work(stream, lists);
             (out, open.scope().take_misuse())
         };
-        if !self.fence.is_fenced(slot) {
-            // A runner without buffers has nothing to fence.
-            let (out, _) = run();
-            return out.map_err(ConsumeError::Work);
+        let mut recorded = Ok(());
+        for &slot in slots {
+            if fenced(&self.fence, slot) {
+                let runner = plan.runners[slot].id();
+                let ended = self
+                    .fence
+                    .consume_end(backend, slot, stream, sid)
+                    .map_err(|source| ReplayError::Backend { runner, source });
+                recorded = recorded.and(ended);
+            }
+            for v in &mut self.views[self.view_ranges[slot].clone()] {
+                v.scope = 0;
+            }
         }
-        let claims = &plan.runners[slot].claims;
-        self.fence
-            .owner_check(slot, claims)
-            .map_err(|not| match not {
-                NotOwner::NeverReplayed => ReplayError::NotReplayed { runner },
-                NotOwner::OverwrittenBy(other) => ReplayError::Overwritten {
-                    runner,
-                    by: plan.runners[other].id(),
-                },
-            })?;
-        let (out, misuse) = self
-            .fence
-            .consume(&self.backend, slot, stream, sid, run)
-            .map_err(|source| ReplayError::Backend { runner, source })?;
+        recorded?;
         if let Some(reason) = misuse {
-            return Err(ReplayError::ViewOutOfScope { runner, reason }.into());
+            return Err(ReplayError::ViewOutOfScope {
+                runner: first,
+                reason,
+            }
+            .into());
         }
         out.map_err(ConsumeError::Work)
     }
@@ -555,9 +683,9 @@ impl<B: Backend> Replayable<B> {
     /// # Errors
     ///
     /// [`ReplayError::UnknownRunner`].
-    pub fn views(&self, runner: RunnerId) -> Result<Vec<View<'_>>> {
+    pub fn views(&self, runner: RunnerId) -> Result<&[View<'_>]> {
         let slot = self.slot(runner)?;
-        Ok(views_of(&self.plan, &self.arenas, slot, 0))
+        Ok(&self.views[self.view_ranges[slot].clone()])
     }
 
     /// Waits for all submitted work on the backend (not only the plan's).
@@ -586,14 +714,12 @@ impl<B: Backend> Replayable<B> {
     }
 }
 
-/// The views of runner slot `slot`, in request order, usable on the device
-/// in `scope` (0: nowhere).
-fn views_of<'a, A: Arena>(
-    plan: &'a Planned,
-    arenas: &'a [A],
+/// The views of runner slot `slot`, in request order, in no scope.
+fn views_of<'p, 'v, A: Arena>(
+    plan: &'p Planned,
+    arenas: &'p [A],
     slot: usize,
-    scope: u64,
-) -> Vec<View<'a>> {
+) -> impl Iterator<Item = View<'v>> + use<'p, 'v, A> {
     let r = &plan.runners[slot];
     // Discovery gives every request an offset and every key a slice, so
     // every request has a place: no view is skipped.
@@ -601,7 +727,7 @@ fn views_of<'a, A: Arena>(
         .requests
         .iter()
         .enumerate()
-        .filter_map(|(i, &request)| {
+        .filter_map(move |(i, &request)| {
             let place = plan.place(slot, i)?;
             Some(View {
                 addr: arenas.get(place.arena)?.base() + place.offset,
@@ -609,9 +735,8 @@ fn views_of<'a, A: Arena>(
                 offset: place.offset,
                 request,
                 runner: r.id(),
-                scope,
+                scope: 0,
                 _owner: std::marker::PhantomData,
             })
         })
-        .collect()
 }

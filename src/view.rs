@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 
-use crate::vocab::{DType, Domain, Key, Request, RunnerId};
+use crate::vocab::{DType, Domain, Key, ParamId, Purpose, Request, RunnerId};
 
 /// Makes a type `!Send` and `!Sync` without naming a backend's types (so
 /// compile-fail diagnostics name this crate's types only).
@@ -46,7 +46,7 @@ pub(crate) struct ViewTag {
     pub(crate) runner: RunnerId,
 }
 
-impl View<'_> {
+impl<'a> View<'a> {
     /// Its scope and names, for backends' checks.
     pub(crate) fn tag(&self) -> ViewTag {
         ViewTag {
@@ -110,6 +110,114 @@ impl View<'_> {
     /// Byte offset inside its arena.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// The largest power of two (up to its domain's alignment) its address
+    /// is a multiple of: the domain's alignment for a view a capture handed
+    /// out, possibly less for a sub-view.
+    pub fn alignment(&self) -> u64 {
+        let domain = self.request.domain.alignment();
+        if self.addr == 0 {
+            return domain;
+        }
+        (1u64 << self.addr.trailing_zeros()).min(domain)
+    }
+
+    /// Elements `range` of this view, as a view of its own: same dtype,
+    /// domain, runner and closure (so the same fence), at the address of
+    /// element `range.start` (a flat bucket cut into per-parameter pieces,
+    /// as a bucketed reduce-scatter does).
+    ///
+    /// # Errors
+    ///
+    /// [`SliceError`] for an empty or reversed range, or one past the end.
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// let q = Request::new(Domain::Device, DType::BF16, 1000);
+    /// let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q])])?
+    ///     .plan(Policy::Generations(1))?
+    ///     .allocate(replay_arena::sim::SimBackend::new())?;
+    /// let cap = capturing.capture(RunnerId(0))?;
+    /// let bucket = cap.take(q)?;
+    /// let (w1, w2) = bucket.split_at(384)?;
+    /// assert_eq!((w1.len(), w2.len()), (384, 616));
+    /// assert_eq!(w2.device_ptr(), bucket.device_ptr() + 768);
+    /// assert_eq!(w2.alignment(), 256);
+    /// assert!(bucket.slice(900..1001).is_err());
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Result<View<'a>, SliceError> {
+        let len = self.len();
+        if range.start >= range.end || range.end > len {
+            return Err(SliceError {
+                start: range.start,
+                end: range.end,
+                len,
+            });
+        }
+        let skip = range.start as u64 * self.request.dtype.size_bytes();
+        let mut request = self.request;
+        request.elements = (range.end - range.start) as u64;
+        Ok(View {
+            addr: self.addr + skip,
+            offset: self.offset + skip,
+            request,
+            ..*self
+        })
+    }
+
+    /// The first `mid` elements and the rest, as two views (see
+    /// [`View::slice`]).
+    ///
+    /// # Errors
+    ///
+    /// [`SliceError`] unless `0 < mid < len`.
+    pub fn split_at(&self, mid: usize) -> Result<(View<'a>, View<'a>), SliceError> {
+        Ok((self.slice(0..mid)?, self.slice(mid..self.len())?))
+    }
+}
+
+/// A sub-view outside its view ([`View::slice`], [`View::split_at`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("elements {start}..{end} of a view of {len} elements: a sub-view must be a non-empty range inside the view")]
+pub struct SliceError {
+    /// First element asked for.
+    pub start: usize,
+    /// One past the last element asked for.
+    pub end: usize,
+    /// Elements of the view.
+    pub len: usize,
+}
+
+/// Finding views by what they are for, in the slice a consumer (or
+/// [`Replayable::views`](crate::Replayable::views)) hands out, without
+/// positional indices and without allocating.
+pub trait ViewsExt<'a> {
+    /// The first view that answers `request` (domain, dtype, elements,
+    /// purpose and parameter all equal).
+    fn find(&self, request: &Request) -> Option<View<'a>>;
+    /// The views of one purpose, in request order.
+    fn with_purpose(&self, purpose: Purpose) -> impl Iterator<Item = View<'a>> + '_;
+    /// The views of one parameter, in request order.
+    fn of_param(&self, param: ParamId) -> impl Iterator<Item = View<'a>> + '_;
+}
+
+impl<'a> ViewsExt<'a> for [View<'a>] {
+    fn find(&self, request: &Request) -> Option<View<'a>> {
+        self.iter().find(|v| v.request == *request).copied()
+    }
+
+    fn with_purpose(&self, purpose: Purpose) -> impl Iterator<Item = View<'a>> + '_ {
+        self.iter()
+            .filter(move |v| v.request.purpose == purpose)
+            .copied()
+    }
+
+    fn of_param(&self, param: ParamId) -> impl Iterator<Item = View<'a>> + '_ {
+        self.iter()
+            .filter(move |v| v.request.param == Some(param))
+            .copied()
     }
 }
 

@@ -173,3 +173,190 @@ fn a_capture_that_fails_frees_its_temporaries() {
     assert!(err.is_err());
     assert_eq!(sim.live_allocations(), arenas);
 }
+
+// ---- views and consumers shaped for bucketed reduce-scatter --------------------
+
+#[test]
+fn sub_views_keep_the_closure_and_the_fence() {
+    let sim = SimBackend::new();
+    let stream = sim.stream();
+    let bucket = Request::new(Domain::Device, DType::F32, 128);
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [bucket])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let view = cap.take(bucket).unwrap();
+    let (a, b) = view.split_at(48).unwrap();
+    assert_eq!(b.device_ptr(), view.device_ptr() + 4 * 48);
+    assert_eq!(
+        (a.dtype(), b.domain(), b.runner()),
+        (DType::F32, Domain::Device, RunnerId(0))
+    );
+    assert_eq!(b.alignment(), 64);
+    let err = view.slice(100..129).unwrap_err();
+    assert_eq!((err.start, err.end, err.len), (100, 129, 128));
+    assert!(view.split_at(0).is_err() && view.split_at(128).is_err());
+    cap.stream_capture(&stream, |s| {
+        sim.launch(s, SimOp::fill(&a, 1.0), 1)?;
+        sim.launch(s, SimOp::fill(&b, 2.0), 1)
+    })
+    .unwrap();
+    // Out of its closure, a sub-view is as refused as its view.
+    let err = sim.launch(&stream, SimOp::fill(&b, 9.0), 1).unwrap_err();
+    assert!(
+        err.to_string().contains("outside the work closure"),
+        "{err}"
+    );
+    cap.finish().unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let whole = replayable.views(RunnerId(0)).unwrap()[0];
+    let got = sim.read_f32(&whole).unwrap();
+    assert_eq!(&got[..48], &[1.0; 48][..]);
+    assert_eq!(&got[48..], &[2.0; 80][..]);
+}
+
+#[test]
+fn consumers_find_views_by_request_purpose_and_parameter() {
+    use replay_arena::{ParamId, Purpose, ViewsExt};
+    let w = |p| {
+        Request::new(Domain::Device, DType::F32, 64)
+            .purpose(Purpose::WgradRsInput)
+            .param(ParamId(p))
+    };
+    let scratch = Request::new(Domain::Device, DType::F32, 16).purpose(Purpose::Fp32AccumScratch);
+    let sim = SimBackend::new();
+    let stream = sim.stream();
+    let mut capturing =
+        Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [w(1), scratch, w(2)])])
+            .unwrap()
+            .plan(Policy::Generations(1))
+            .unwrap()
+            .allocate(sim.clone())
+            .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let vs = [w(1), scratch, w(2)].map(|q| cap.take(q).unwrap());
+    cap.stream_capture(&stream, |s| {
+        sim.launch(s, SimOp::fill(&vs[0], 1.0), 1)?;
+        sim.launch(s, SimOp::fill(&vs[2], 2.0), 1)
+    })
+    .unwrap();
+    cap.finish().unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let out = sim.alloc_f32(64).unwrap();
+    replayable
+        .consume(RunnerId(0), &stream, |s, views| {
+            assert_eq!(views.with_purpose(Purpose::WgradRsInput).count(), 2);
+            assert_eq!(views.find(&scratch).unwrap().len(), 16);
+            let second = views.of_param(ParamId(2)).next().unwrap();
+            sim.launch(s, SimOp::copy(&second, &out), 1)
+        })
+        .unwrap();
+    assert_eq!(sim.read_f32(&out).unwrap(), vec![2.0; 64]);
+}
+
+/// Runner 0 replays (5 ticks); consumers on two side streams take 100
+/// ticks each. Returns the makespan.
+fn two_consumers(sim: &SimBackend) -> u64 {
+    let stream = sim.stream();
+    let (x, y) = (sim.stream(), sim.stream());
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let v = cap.take(REQ).unwrap();
+    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 3.0), 5))
+        .unwrap();
+    cap.finish().unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    let outs = [sim.alloc_f32(64).unwrap(), sim.alloc_f32(64).unwrap()];
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    for (s, out) in [&x, &y].into_iter().zip(&outs) {
+        replayable
+            .consume(RunnerId(0), s, |s, views| {
+                sim.launch(s, SimOp::copy(&views[0], out), 100)
+            })
+            .unwrap();
+    }
+    // The next replay waits for both readers.
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    replayable.synchronize().unwrap();
+    for out in &outs {
+        assert_eq!(sim.read_f32(out).unwrap(), vec![3.0; 64]);
+    }
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    sim.makespan()
+}
+
+#[test]
+fn consumers_of_one_runner_on_two_streams_run_at_once_and_both_are_waited_for() {
+    let sim = SimBackend::new();
+    let makespan = two_consumers(&sim);
+    // Replay (5), both consumers side by side (100), the next replay (5):
+    // not 5 + 100 + 100 + 5, which serialized consumers would take.
+    assert_eq!(makespan, 110);
+}
+
+#[test]
+fn one_consumer_over_several_runners_is_fenced_against_each() {
+    let sim = SimBackend::new();
+    let rs = (0..3).map(|r| (RunnerId(r), [REQ]));
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), rs)
+        .unwrap()
+        .plan(Policy::Generations(3))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let pools = [sim.stream(), sim.stream(), sim.stream()];
+    for r in 0..3u32 {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let v = cap.take(REQ).unwrap();
+        cap.stream_capture(&pools[r as usize], |s| {
+            sim.launch(s, SimOp::fill(&v, r as f32 + 1.0), 10 * (r as u64 + 1))
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    for r in 0..3u32 {
+        replayable.replay(RunnerId(r), &pools[r as usize]).unwrap();
+    }
+    let side = sim.stream();
+    let bucket = sim.alloc_f32(64).unwrap();
+    replayable
+        .consume_many(
+            &[RunnerId(0), RunnerId(1), RunnerId(2)],
+            &side,
+            |s, runners| {
+                assert_eq!(runners.len(), 3);
+                runners
+                    .iter()
+                    .try_for_each(|views| sim.launch(s, SimOp::add(&views[0], &bucket), 5))
+            },
+        )
+        .unwrap();
+    // Each runner's next replay waits for the bucket's reads.
+    for r in 0..3u32 {
+        replayable.replay(RunnerId(r), &pools[r as usize]).unwrap();
+    }
+    replayable.synchronize().unwrap();
+    assert_eq!(sim.read_f32(&bucket).unwrap(), vec![6.0; 64]);
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    // A runner that lost its bytes refuses the whole consumer.
+    let err = replayable
+        .consume_many(&[RunnerId(0), RunnerId(9)], &side, |_, _| {
+            Ok::<(), String>(())
+        })
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        replay_arena::ConsumeError::Replay(replay_arena::ReplayError::UnknownRunner { .. })
+    ));
+}

@@ -96,7 +96,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
                 // The unfenced reference reads the views with no fence
                 // either (the fence never saw the unfenced replays).
                 let views = replayable.views(runner).unwrap();
-                consume(&consumer, &views).unwrap();
+                consume(&consumer, views).unwrap();
             }
         }
     }

@@ -50,7 +50,7 @@ fn one_generation_many_replays_match_the_host_model() {
     let first: Vec<u64> = specs
         .iter()
         .enumerate()
-        .map(|(r, spec)| spec.split(&replayable.views(RunnerId(r as u32)).unwrap()).1[0])
+        .map(|(r, spec)| spec.split(replayable.views(RunnerId(r as u32)).unwrap()).1[0])
         .collect();
     assert!(first.iter().all(|&a| a == first[0]), "{first:x?}");
 
@@ -101,7 +101,7 @@ fn one_generation_many_replays_match_the_host_model() {
     // The shared arena holds what the last runner wrote at the last step.
     let last = specs.len() - 1;
     let views = replayable.views(RunnerId(last as u32)).unwrap();
-    let (_, w) = specs[last].split(&views);
+    let (_, w) = specs[last].split(views);
     let n = specs[last].wgrads[0];
     let arena: Vec<f32> = g.read_raw(w[0], n as usize);
     let model: Vec<f32> = (0..n)

@@ -313,7 +313,6 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
         matches!(outside, Err(BackendError::InvalidView { .. })),
         "{outside:?}"
     );
-    drop(views);
     replayable
         .consume(RunnerId(0), &side, |s, views| {
             d.spin_fill(s, 0, 0, 0.0, SLOW)

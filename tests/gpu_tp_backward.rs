@@ -59,7 +59,7 @@ fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
 
     let n = model.modules.len();
     let ranges: Vec<(u64, u64)> = (0..n)
-        .map(|m| workspace_range(&replayable.views(RunnerId(m as u32)).unwrap()).unwrap())
+        .map(|m| workspace_range(replayable.views(RunnerId(m as u32)).unwrap()).unwrap())
         .collect();
     for w in ranges.windows(2) {
         let ((a, x), (b, y)) = (w[0], w[1]);

@@ -228,7 +228,6 @@ fn a_failed_capture_then_replan_captures_and_replays() -> Result<()> {
     let views = replayable.views(RunnerId(3))?;
     assert_eq!(sim.read_f32(&views[0])?, vec![3.0; 64]);
     assert!(sim.hazards().is_empty());
-    drop(views);
     drop(replayable);
     assert_all_freed_once(&sim, 8);
     Ok(())

@@ -498,7 +498,7 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
         .collect();
     let shards = |r: &Replayable<B>| -> Result<Vec<Vec<u64>>> {
         (0..n)
-            .map(|m| Ok(model::rs_outputs(&r.views(RunnerId(m as u32))?)))
+            .map(|m| Ok(model::rs_outputs(r.views(RunnerId(m as u32))?)))
             .collect()
     };
     let rr_shards = shards(&rr)?;
@@ -779,7 +779,7 @@ fn workspaces<B: Backend>(name: &str, replayable: &Replayable<B>, lead: bool) ->
     let mut ranges = Vec::with_capacity(runners.len());
     for &r in &runners {
         let views = replayable.views(r)?;
-        if let Some(range) = model::workspace_range(&views) {
+        if let Some(range) = model::workspace_range(views) {
             ranges.push(range);
         }
     }

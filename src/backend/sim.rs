@@ -103,6 +103,12 @@ impl AsSpan for Span {
     }
 }
 
+impl<T: AsSpan + ?Sized> AsSpan for &T {
+    fn span(&self) -> Span {
+        (**self).span()
+    }
+}
+
 impl AsSpan for View<'_> {
     /// The view's bytes read as `f32` elements.
     fn span(&self) -> Span {
