@@ -293,6 +293,38 @@ fn bench_replay(c: &mut Criterion) {
     group.finish();
 }
 
+/// The crate's host cost of a consumer (its closure does nothing) and of
+/// reading a runner's views, on `sim`: the same code runs against earlier
+/// releases, whose `views` returned a `Vec`.
+fn bench_consume(c: &mut Criterion) {
+    let mut group = c.benchmark_group("consume");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let sim = SimBackend::new();
+    let mut replayable = replayable(&sim);
+    let stream = sim.stream();
+    for r in 0..REPLAY_RUNNERS {
+        replayable.replay(RunnerId(r), &stream).expect("sim replays");
+    }
+    let last = RunnerId(REPLAY_RUNNERS - 1);
+    group.bench_function("consume/empty_closure", |b| {
+        b.iter(|| {
+            replayable
+                .consume(last, &stream, |_, views| {
+                    std::hint::black_box(views.len());
+                    Ok::<(), String>(())
+                })
+                .expect("the runner owns its bytes")
+        })
+    });
+    group.bench_function("views", |b| {
+        b.iter(|| std::hint::black_box(replayable.views(last).expect("known").len()))
+    });
+    group.finish();
+}
+
 /// Opening, filling and finishing every runner's capture, as runners grow:
 /// the runner lookup must stay logarithmic (a linear scan made 100k runners
 /// take 15 s).
@@ -410,6 +442,7 @@ criterion_group!(
     bench_plan,
     bench_take,
     bench_replay,
+    bench_consume,
     bench_capture,
     bench_scale
 );

@@ -344,13 +344,11 @@ fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consume
     let result = replayable.consume(RunnerId(0), &pool, |s, views| {
         let mut typed = views[0].as_cuda::<f32>(s)?;
         s.cudarc().begin_capture(mode).unwrap();
-        // cudarc's own (safe) capture: the view's address must not get in.
-        let memset = s.cudarc().memset_zeros(&mut typed);
+        // cudarc's own (safe) capture: the typed view hands cudarc address
+        // 0 here, so the capture records a memset of address 0, which the
+        // driver refuses to instantiate: the program gets no graph.
+        let _ = s.cudarc().memset_zeros(&mut typed);
         let ended = s.cudarc().end_capture(sys::CUgraphInstantiate_flags(0));
-        assert!(
-            memset.is_err(),
-            "the arena's address was captured into the program's graph"
-        );
         stolen = ended.ok().flatten();
         Ok::<(), BackendError>(())
     });
