@@ -306,7 +306,9 @@ fn bench_consume(c: &mut Criterion) {
     let mut replayable = replayable(&sim);
     let stream = sim.stream();
     for r in 0..REPLAY_RUNNERS {
-        replayable.replay(RunnerId(r), &stream).expect("sim replays");
+        replayable
+            .replay(RunnerId(r), &stream)
+            .expect("sim replays");
     }
     let last = RunnerId(REPLAY_RUNNERS - 1);
     group.bench_function("consume/empty_closure", |b| {

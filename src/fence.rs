@@ -15,13 +15,17 @@
 //!
 //! Each latest user waited for the one before it, so waiting for the latest
 //! user of a byte waits for every earlier one: no arena byte is overwritten
-//! while a replay that uses it is in flight. A consumer ([`Fence::consume`])
-//! reads a runner's bytes outside its graph: it waits for the runner, and
-//! the runner then completes where the consumer does, so every later
-//! claimer of those bytes waits for the consumer too.
+//! while a replay that uses it is in flight. A consumer
+//! ([`Fence::consume_begin`], [`Fence::consume_end`]) reads a runner's bytes
+//! outside its graph: it waits for the runner's replay only, and becomes a
+//! *reader* of the runner (one per consumer stream, with its own event,
+//! recorded right after the consumer's work): consumers on different
+//! streams run at once, and every later claimer of those bytes waits for
+//! the replay and every reader. A consumer on the stream the replay
+//! completes on adds no reader: the replay's own record covers it.
 //!
 //! Events are recorded only where someone waits on them. A runner's event is
-//! recorded right after its graph (or consumer) if, the last time, another
+//! recorded right after its graph if, the last time, another
 //! stream waited for it; otherwise the record is deferred until another
 //! stream first has to wait, and issued then on the runner's stream. A
 //! deferred record covers everything enqueued on that stream so far (the
