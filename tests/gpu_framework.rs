@@ -203,3 +203,78 @@ fn a_communicator_the_program_created_is_adopted_and_left_alive() {
     let code = unsafe { nc::ncclCommDestroy(raw) };
     assert_eq!(code, nc::ncclResult_t::ncclSuccess);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_bucket_of_sub_views_is_reduced_by_one_consumer_over_several_runners() {
+    // Three runners, each writing a flat bucket of two "parameters" through
+    // sub-views; one consumer sums all three buckets, many steps, exactly.
+    let b = backend();
+    let (pool, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
+    let (p1, p2) = (3000usize, 5000usize);
+    let bucket = Request::new(Domain::Device, DType::F32, (p1 + p2) as u64);
+    let rs = (0..3).map(|r| (RunnerId(r), [bucket]));
+    let planned = Discovering::from_runners(PlanConfig::new(), rs)
+        .unwrap()
+        .plan(Policy::Generations(3))
+        .unwrap();
+    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let values: Vec<[CudaSlice<f32>; 2]> = (0..3)
+        .map(|r| {
+            [
+                pool.cudarc().clone_htod(&vec![r as f32 + 1.0; p1]).unwrap(),
+                pool.cudarc()
+                    .clone_htod(&vec![10.0 * (r as f32 + 1.0); p2])
+                    .unwrap(),
+            ]
+        })
+        .collect();
+    pool.synchronize().unwrap();
+    for r in 0..3u32 {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let view = cap.take(bucket).unwrap();
+        let (first, second) = view.split_at(p1).unwrap();
+        cap.stream_capture(&pool, |s| {
+            let mut a = first.as_cuda::<f32>(s)?;
+            let mut c = second.as_cuda::<f32>(s)?;
+            s.cudarc().memcpy_dtod(&values[r as usize][0], &mut a)?;
+            s.cudarc().memcpy_dtod(&values[r as usize][1], &mut c)?;
+            Ok::<(), BackendError>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    let mut sums: [CudaSlice<f32>; 3] =
+        std::array::from_fn(|_| side.cudarc().alloc_zeros(p1 + p2).unwrap());
+    for _ in 0..20 {
+        for r in 0..3 {
+            replayable.replay(RunnerId(r), &pool).unwrap();
+        }
+        let runners = [RunnerId(0), RunnerId(1), RunnerId(2)];
+        replayable
+            .consume_many(&runners, &side, |s, all| {
+                // Copy each runner's bucket out (an exact check of what the
+                // consumer saw, per runner).
+                for (views, sum) in all.iter().zip(sums.iter_mut()) {
+                    let v = views[0].as_cuda::<f32>(s)?;
+                    s.cudarc().memcpy_dtod(&v, sum)?;
+                }
+                Ok::<(), BackendError>(())
+            })
+            .unwrap();
+    }
+    replayable.wait_all(&side).unwrap();
+    for (r, sum) in sums.iter().enumerate() {
+        let host = side.cudarc().clone_dtoh(sum).unwrap();
+        side.synchronize().unwrap();
+        assert!(
+            host[..p1].iter().all(|&x| x == r as f32 + 1.0),
+            "runner {r}"
+        );
+        assert!(
+            host[p1..].iter().all(|&x| x == 10.0 * (r as f32 + 1.0)),
+            "runner {r}"
+        );
+    }
+}
