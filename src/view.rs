@@ -268,7 +268,13 @@ impl Scope {
 thread_local! {
     /// Scopes open on this thread, innermost last.
     static OPEN: RefCell<Vec<Arc<Scope>>> = const { RefCell::new(Vec::new()) };
+    /// Closed scopes nobody holds any more, reused so that opening one
+    /// allocates nothing in a steady loop of replays and consumers.
+    static SPARE: RefCell<Vec<Arc<Scope>>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Closed scopes kept for reuse per thread.
+const SPARE_SCOPES: usize = 8;
 
 /// A new scope id (never 0, never reused).
 pub(crate) fn new_scope_id() -> u64 {
@@ -285,12 +291,28 @@ pub(crate) struct OpenScope {
 impl OpenScope {
     /// Opens scope `id` on this thread for views used on `stream`.
     pub(crate) fn enter(id: u64, stream: u64, capture: bool) -> OpenScope {
-        let scope = Arc::new(Scope {
-            id,
-            stream,
-            capture,
-            open: AtomicBool::new(true),
-            misuse: Mutex::new(None),
+        let reused = SPARE
+            .try_with(|spare| spare.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten()
+            .and_then(|mut arc| {
+                // Only a scope no typed view still holds can be reused.
+                let s = Arc::get_mut(&mut arc)?;
+                s.id = id;
+                s.stream = stream;
+                s.capture = capture;
+                *s.open.get_mut() = true;
+                *s.misuse.get_mut().ok()? = None;
+                Some(arc)
+            });
+        let scope = reused.unwrap_or_else(|| {
+            Arc::new(Scope {
+                id,
+                stream,
+                capture,
+                open: AtomicBool::new(true),
+                misuse: Mutex::new(None),
+            })
         });
         OPEN.with(|open| open.borrow_mut().push(scope.clone()));
         OpenScope { scope }
@@ -310,6 +332,13 @@ impl Drop for OpenScope {
         let _ = OPEN.try_with(|open| {
             if let Ok(mut open) = open.try_borrow_mut() {
                 open.retain(|s| s.id != id);
+            }
+        });
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut() {
+                if spare.len() < SPARE_SCOPES {
+                    spare.push(self.scope.clone());
+                }
             }
         });
     }
