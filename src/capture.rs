@@ -8,7 +8,7 @@ use std::fmt;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::discover::Discovering;
 use crate::plan::{Planned, RunnerPlan};
-use crate::view::{new_scope_id, stream_in_open_scope, NotSend, OpenScope, View};
+use crate::view::{new_scope_id, NotSend, OpenScope, ScopeKind, View};
 use crate::vocab::{Key, Request, RunnerId};
 
 /// A failed check while capturing.
@@ -100,8 +100,8 @@ pub enum CaptureError {
         runner: RunnerId,
     },
     /// `stream_capture` was called on a stream that an open consumer (or
-    /// capture) on this thread works on.
-    #[error("{runner}: stream_capture on a stream that a consumer or capture still open on this thread works on; capture on another stream")]
+    /// capture), of any thread, works on.
+    #[error("{runner}: stream_capture on a stream that an open consumer or capture works on; capture on another stream")]
     StreamInUse {
         /// The runner.
         runner: RunnerId,
@@ -640,11 +640,13 @@ impl<B: Backend> RunnerCapture<'_, B> {
             *self.failure.borrow_mut() = Some(failure);
         };
         let sid = backend.stream_id(stream);
-        if stream_in_open_scope(sid) {
-            // A consumer (or another capture) on this thread works on this
-            // stream: its views must not be recorded into this graph.
+        // The views of this capture work on the device only while the
+        // closure runs, on `stream`; and no consumer or capture of any
+        // thread may work on `stream` meanwhile (its work would be recorded
+        // into this graph).
+        let Ok(scope) = OpenScope::enter(self.scope, sid, ScopeKind::Capture, runner) else {
             return Err(CaptureError::StreamInUse { runner }.into());
-        }
+        };
         if let Err(source) = backend.begin_capture(stream) {
             // The stream was never put in capture mode: nothing is lost.
             return Err(CaptureError::Backend { runner, source }.into());
@@ -657,13 +659,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
             armed: true,
         };
         self.in_closure.set(true);
-        let result = {
-            // The views of this capture work on the device only while the
-            // closure runs, on `stream`.
-            let scope = OpenScope::enter(self.scope, sid, true);
-            let result = work(stream);
-            result.map(|()| scope.scope().take_misuse())
-        };
+        let result = work(stream).map(|()| scope.scope().take_misuse());
+        drop(scope);
         self.in_closure.set(false);
         open.armed = false;
         let misuse = match result {

@@ -228,15 +228,29 @@ impl<B: Backend> Fence<B> {
     /// later claimer of the bytes waits for, *before* the consumer's work
     /// is enqueued (so whatever it enqueues is fenced even if it fails or
     /// unwinds: a later waiter records the reader's event on `stream`).
+    ///
+    /// An `exclusive` consumer (one that writes the bytes) waits for the
+    /// replay and every reader instead, and the runner then completes where
+    /// it does: every later user waits for it.
     pub(crate) fn consume_begin(
         &mut self,
         backend: &B,
         slot: usize,
         stream: &B::Stream,
         sid: u64,
+        exclusive: bool,
     ) -> Result<(), BackendError> {
-        self.wait_replay(backend, slot, stream, sid)?;
         self.stats.consumers += 1;
+        if exclusive {
+            self.wait_for(backend, slot, stream, sid)?;
+            self.forget_unused_record(slot);
+            self.settle(slot, stream, sid);
+            for reader in &mut self.runners[slot].readers {
+                reader.completion = None;
+            }
+            return Ok(());
+        }
+        self.wait_replay(backend, slot, stream, sid)?;
         let runner = &mut self.runners[slot];
         if let Some(Completion::Pending { id, .. }) = &runner.completion {
             if *id == sid {
@@ -272,7 +286,11 @@ impl<B: Backend> Fence<B> {
         slot: usize,
         stream: &B::Stream,
         sid: u64,
+        exclusive: bool,
     ) -> Result<(), BackendError> {
+        if exclusive {
+            return self.record_if_expected(backend, slot, stream, sid);
+        }
         let runner = &mut self.runners[slot];
         let reader = runner
             .readers
@@ -555,8 +573,8 @@ mod tests {
         let (a, x) = (sim.stream(), sim.stream());
         replay(&mut f, &sim, 0, &a);
         let xid = sim.stream_id(&x);
-        f.consume_begin(&sim, 0, &x, xid).unwrap();
-        f.consume_end(&sim, 0, &x, xid).unwrap();
+        f.consume_begin(&sim, 0, &x, xid, false).unwrap();
+        f.consume_end(&sim, 0, &x, xid, false).unwrap();
         assert_eq!((f.stats().consumers, f.stats().waits), (1, 1));
         // The next claimer on `x` is ordered after the consumer by stream
         // order, and waits for the replay on `a` only.

@@ -8,7 +8,7 @@ use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::fence::{Fence, FenceStats, NotOwner};
 use crate::plan::Planned;
-use crate::view::{new_scope_id, OpenScope, View};
+use crate::view::{new_scope_id, OpenScope, ScopeKind, StreamBusy, View};
 use crate::vocab::RunnerId;
 
 /// A failed check or backend call while replaying.
@@ -68,6 +68,9 @@ pub enum ReplayError {
         /// The runner.
         runner: RunnerId,
     },
+    /// `consume_many` was given no runner.
+    #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
+    NoRunners,
     /// Waiting for fenced work (synchronize, teardown) failed.
     #[error("waiting for the plan's work failed: {0}")]
     Wait(BackendError),
@@ -469,7 +472,32 @@ impl<B: Backend> Replayable<B> {
         work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
-        self.consume_slots(&[slot], stream, |s, views| work(s, views[0]))
+        self.consume_slots(&[slot], stream, ScopeKind::Read, |s, views| {
+            work(s, views[0])
+        })
+    }
+
+    /// [`Replayable::consume`] for a consumer that also *writes* the
+    /// runner's views (a reduce-scatter into a plan output view, say). It
+    /// waits for the runner's replay and for every consumer of it since,
+    /// and every later user of the bytes (consumers included) waits for it.
+    /// A plain `consume` may only read: writing its views is refused
+    /// ([`ReplayError::ViewOutOfScope`]), since consumers on other streams
+    /// read them at the same time.
+    ///
+    /// # Errors
+    ///
+    /// As [`Replayable::consume`].
+    pub fn consume_mut<E>(
+        &mut self,
+        runner: RunnerId,
+        stream: &B::Stream,
+        work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), ConsumeError<E>> {
+        let slot = self.slot(runner)?;
+        self.consume_slots(&[slot], stream, ScopeKind::Write, |s, views| {
+            work(s, views[0])
+        })
     }
 
     /// [`Replayable::consume`] over several runners at once: one consumer
@@ -524,17 +552,22 @@ impl<B: Backend> Replayable<B> {
             .iter()
             .map(|&r| self.slot(r))
             .collect::<Result<Vec<_>>>()?;
-        self.consume_slots(&slots, stream, work)
+        self.consume_slots(&slots, stream, ScopeKind::Read, work)
     }
 
-    /// A consumer of the runners in `slots` (see `consume`).
+    /// A consumer of the runners in `slots` (see `consume`); `kind` says
+    /// whether it may write their views.
     fn consume_slots<E>(
         &mut self,
         slots: &[usize],
         stream: &B::Stream,
+        kind: ScopeKind,
         work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
-        let first = self.plan.runners[slots[0]].id();
+        let Some(&head) = slots.first() else {
+            return Err(ReplayError::NoRunners.into());
+        };
+        let first = self.plan.runners[head].id();
         let capturing =
             self.backend
                 .is_capturing(stream)
@@ -562,26 +595,33 @@ impl<B: Backend> Replayable<B> {
                     },
                 })?;
         }
-        // The views work on the device only inside `work`, on `stream`.
+        // The views work on the device only inside `work`, on `stream`; no
+        // capture of any thread may record `stream` meanwhile.
         let scope = new_scope_id();
+        let sid = self.backend.stream_id(stream);
+        let open = match OpenScope::enter(scope, sid, kind, first) {
+            Ok(open) => open,
+            Err(StreamBusy::Capturing | StreamBusy::InUse) => {
+                return Err(ReplayError::StreamCapturing { runner: first }.into())
+            }
+        };
         for &slot in slots {
             for v in &mut self.views[self.view_ranges[slot].clone()] {
                 v.scope = scope;
             }
         }
-        let sid = self.backend.stream_id(stream);
+        let exclusive = kind == ScopeKind::Write;
         let backend = &self.backend;
         let fenced = |f: &Fence<B>, slot: usize| f.is_fenced(slot);
         for &slot in slots {
             if fenced(&self.fence, slot) {
                 let runner = plan.runners[slot].id();
                 self.fence
-                    .consume_begin(backend, slot, stream, sid)
+                    .consume_begin(backend, slot, stream, sid, exclusive)
                     .map_err(|source| ReplayError::Backend { runner, source })?;
             }
         }
         let (out, misuse) = {
-            let open = OpenScope::enter(scope, sid, false);
             let one;
             let many: Vec<&[View<'_>]>;
             let lists: &[&[View<'_>]] = if let [slot] = slots {
@@ -597,13 +637,14 @@ impl<B: Backend> Replayable<B> {
             let out = work(stream, lists);
             (out, open.scope().take_misuse())
         };
+        drop(open);
         let mut recorded = Ok(());
         for &slot in slots {
             if fenced(&self.fence, slot) {
                 let runner = plan.runners[slot].id();
                 let ended = self
                     .fence
-                    .consume_end(backend, slot, stream, sid)
+                    .consume_end(backend, slot, stream, sid, exclusive)
                     .map_err(|source| ReplayError::Backend { runner, source });
                 recorded = recorded.and(ended);
             }

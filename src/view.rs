@@ -221,6 +221,18 @@ impl<'a> ViewsExt<'a> for [View<'a>] {
     }
 }
 
+/// What a scope's closure may do with its views.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScopeKind {
+    /// A runner's capture: its graph reads and writes the views.
+    Capture,
+    /// A consumer (`consume`, `consume_many`): it reads the views, beside
+    /// other readers on other streams.
+    Read,
+    /// A consumer that writes (`consume_mut`): alone with the bytes.
+    Write,
+}
+
 /// Where the views of one capture or consumer may be used on the device:
 /// inside that capture's (or consumer's) work closure, on its stream.
 ///
@@ -230,7 +242,7 @@ impl<'a> ViewsExt<'a> for [View<'a>] {
 /// runs. Backends check a view against its scope at each use (a `sim` op, a
 /// typed cudarc view, a reduce-scatter), so a view cannot put work on
 /// another plan's graph, on a stream the fence does not follow, or after its
-/// closure returned.
+/// closure returned; and a reader's views cannot be written.
 #[derive(Debug)]
 pub(crate) struct Scope {
     /// Unique in the process; 0 is never issued.
@@ -238,8 +250,9 @@ pub(crate) struct Scope {
     /// The backend's [`stream_id`](crate::Backend::stream_id) of the stream
     /// the closure runs on.
     pub(crate) stream: u64,
-    /// Whether it is a capture's (else a consumer's).
-    pub(crate) capture: bool,
+    pub(crate) kind: ScopeKind,
+    /// The runner whose capture it is (or the first runner consumed).
+    pub(crate) runner: RunnerId,
     open: AtomicBool,
     /// The first use refused after the view left the closure's checks (a
     /// typed view used on another stream), reported when the closure ends.
@@ -276,21 +289,60 @@ thread_local! {
 /// Closed scopes kept for reuse per thread.
 const SPARE_SCOPES: usize = 8;
 
+/// Every open scope's stream, in the whole process: (stream, scope, is a
+/// capture). A capture may not open on a stream a scope of any thread works
+/// on, nor a consumer on a stream a capture records.
+static STREAMS: Mutex<Vec<(u64, u64, bool)>> = Mutex::new(Vec::new());
+
 /// A new scope id (never 0, never reused).
 pub(crate) fn new_scope_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, AtomicOrdering::Relaxed)
 }
 
+/// Why a scope could not open on its stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StreamBusy {
+    /// A capture was asked for on a stream another scope works on.
+    InUse,
+    /// A consumer was asked for on a stream a capture records.
+    Capturing,
+}
+
 /// An open scope; closing it (on drop, unwinding included) makes its views
-/// unusable on the device again.
+/// unusable on the device again and frees its stream.
 pub(crate) struct OpenScope {
     scope: Arc<Scope>,
 }
 
 impl OpenScope {
     /// Opens scope `id` on this thread for views used on `stream`.
-    pub(crate) fn enter(id: u64, stream: u64, capture: bool) -> OpenScope {
+    ///
+    /// # Errors
+    ///
+    /// [`StreamBusy`] when the stream conflicts with another open scope of
+    /// any thread.
+    pub(crate) fn enter(
+        id: u64,
+        stream: u64,
+        kind: ScopeKind,
+        runner: RunnerId,
+    ) -> Result<OpenScope, StreamBusy> {
+        {
+            let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+            let capture = kind == ScopeKind::Capture;
+            for &(s, _, c) in streams.iter() {
+                if s == stream {
+                    if capture {
+                        return Err(StreamBusy::InUse);
+                    }
+                    if c {
+                        return Err(StreamBusy::Capturing);
+                    }
+                }
+            }
+            streams.push((stream, id, capture));
+        }
         let reused = SPARE
             .try_with(|spare| spare.try_borrow_mut().ok()?.pop())
             .ok()
@@ -300,7 +352,8 @@ impl OpenScope {
                 let s = Arc::get_mut(&mut arc)?;
                 s.id = id;
                 s.stream = stream;
-                s.capture = capture;
+                s.kind = kind;
+                s.runner = runner;
                 *s.open.get_mut() = true;
                 *s.misuse.get_mut().ok()? = None;
                 Some(arc)
@@ -309,13 +362,14 @@ impl OpenScope {
             Arc::new(Scope {
                 id,
                 stream,
-                capture,
+                kind,
+                runner,
                 open: AtomicBool::new(true),
                 misuse: Mutex::new(None),
             })
         });
         OPEN.with(|open| open.borrow_mut().push(scope.clone()));
-        OpenScope { scope }
+        Ok(OpenScope { scope })
     }
 
     /// The scope.
@@ -328,6 +382,10 @@ impl Drop for OpenScope {
     fn drop(&mut self) {
         self.scope.open.store(false, AtomicOrdering::Release);
         let id = self.scope.id;
+        {
+            let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+            streams.retain(|&(_, scope, _)| scope != id);
+        }
         // `try_with`: during thread teardown the list may be gone already.
         let _ = OPEN.try_with(|open| {
             if let Ok(mut open) = open.try_borrow_mut() {
@@ -342,6 +400,21 @@ impl Drop for OpenScope {
             }
         });
     }
+}
+
+/// The capture open on this thread on `stream` (the innermost scope there),
+/// as (scope id, runner): where a graph's temporaries belong.
+pub(crate) fn capture_on(stream: u64) -> Option<(u64, RunnerId)> {
+    OPEN.try_with(|open| {
+        let open = open.try_borrow().ok()?;
+        let s = open
+            .iter()
+            .rev()
+            .find(|s| s.stream == stream && s.is_open())?;
+        (s.kind == ScopeKind::Capture).then_some((s.id, s.runner))
+    })
+    .ok()
+    .flatten()
 }
 
 /// Why a view may not be used on the device here.
@@ -359,6 +432,15 @@ pub(crate) fn out_of_scope(view: &ViewTag) -> String {
             view.request, view.runner
         )
     }
+}
+
+/// Why a consumer's view may not be written.
+pub(crate) fn read_only(view: &ViewTag) -> String {
+    format!(
+        "{} of {} is a consumer's view, which it reads (consumers on other streams may read \
+         it at the same time); write a runner's views in its graph, or in `consume_mut`",
+        view.request, view.runner
+    )
 }
 
 /// The open scope `view` belongs to, on this thread.
@@ -382,24 +464,15 @@ pub(crate) fn scope_of(view: &ViewTag) -> Result<Arc<Scope>, String> {
     }
 }
 
-/// Whether a scope open on this thread works on the stream with backend id
-/// `stream`.
-pub(crate) fn stream_in_open_scope(stream: u64) -> bool {
-    OPEN.try_with(|open| {
-        open.try_borrow()
-            .is_ok_and(|open| open.iter().any(|s| s.stream == stream && s.is_open()))
-    })
-    .unwrap_or(false)
-}
-
 /// Checks that `view` may be used on the device on the stream with
-/// backend id `stream`: its closure runs on this thread, on that stream,
-/// and is the innermost scope open on that stream.
+/// backend id `stream` (and written, if `write`): its closure runs on this
+/// thread, on that stream, is the innermost scope open on that stream, and
+/// is not a reader's when writing.
 ///
 /// # Errors
 ///
 /// Why not, naming the view, its runner and the streams.
-pub(crate) fn check_use(view: &ViewTag, stream: u64) -> Result<Arc<Scope>, String> {
+pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<Arc<Scope>, String> {
     let scope = scope_of(view)?;
     let innermost = OPEN
         .try_with(|open| {
@@ -418,8 +491,15 @@ pub(crate) fn check_use(view: &ViewTag, stream: u64) -> Result<Arc<Scope>, Strin
              of its own `stream_capture` or `consume` closure)",
             view.request,
             view.runner,
-            if scope.capture { "capture" } else { "consumer" }
+            if scope.kind == ScopeKind::Capture {
+                "capture"
+            } else {
+                "consumer"
+            }
         ));
+    }
+    if write && scope.kind == ScopeKind::Read {
+        return Err(read_only(view));
     }
     Ok(scope)
 }

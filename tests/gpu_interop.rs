@@ -541,7 +541,7 @@ fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
     let started = Instant::now();
     replayable.replay(RunnerId(0), &stream).unwrap();
     replayable
-        .consume(RunnerId(0), &consumer, |s, views| -> Result<(), String> {
+        .consume_mut(RunnerId(0), &consumer, |s, views| -> Result<(), String> {
             // A slow reader of the runner's view (it also writes it).
             let mut x = views[0].as_cuda::<f32>(s).map_err(|e| e.to_string())?;
             spin(&k, s.cudarc(), FENCED_MS, Some(&mut x))

@@ -206,7 +206,7 @@ fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_get
     // The same copy inside a consumer, behind ~100 ms of spinning: fenced.
     let sevens = vec![7f32; N];
     first
-        .consume(RunnerId(0), &side, |s, views| {
+        .consume_mut(RunnerId(0), &side, |s, views| {
             d.spin_fill(s, 0, 0, 0.0, SLOW)
                 .map_err(|reason| BackendError::Refused { op: "test", reason })?;
             let mut typed = views[0].as_cuda::<f32>(s)?;
@@ -314,7 +314,7 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
         "{outside:?}"
     );
     replayable
-        .consume(RunnerId(0), &side, |s, views| {
+        .consume_mut(RunnerId(0), &side, |s, views| {
             d.spin_fill(s, 0, 0, 0.0, SLOW)
                 .map_err(|reason| BackendError::Refused { op: "test", reason })?;
             comm.reduce_scatter(&views[0], &views[1], s)

@@ -542,3 +542,115 @@ fn dropping_a_buffer_lets_its_pending_ops_end_first() {
     assert_eq!(sim.read_f32(&v).unwrap(), vec![1.0; 64]);
     assert!(sim.hazards().is_empty());
 }
+
+// ---- found by a third hostile pass ------------------------------------------
+
+#[test]
+fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
+    let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
+    let (pool, x, y) = (sim.stream(), sim.stream(), sim.stream());
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    let out = sim.alloc_f32(64).unwrap();
+    replayable
+        .consume(RunnerId(0), &x, |s, views| {
+            let err = sim.launch(s, SimOp::fill(&views[0], 7.0), 50).unwrap_err();
+            assert!(
+                err.to_string().contains("consumer's view, which it reads"),
+                "{err}"
+            );
+            sim.launch(s, SimOp::copy(&views[0], &out), 100)
+        })
+        .unwrap();
+    // A writing consumer on another stream waits for the reader above.
+    replayable
+        .consume_mut(RunnerId(0), &y, |s, views| {
+            sim.launch(s, SimOp::scale(&views[0], 2.0), 10)
+        })
+        .unwrap();
+    replayable.synchronize().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&out).unwrap(), vec![5.0; 64]);
+    let v = replayable.views(RunnerId(0)).unwrap()[0];
+    assert_eq!(sim.read_f32(&v).unwrap(), vec![10.0; 64]);
+}
+
+#[test]
+fn a_capture_on_a_stream_another_threads_consumer_works_on_is_refused() {
+    use std::sync::mpsc::channel;
+    let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
+    let (pool, a) = (sim.stream(), sim.stream());
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    let (inside_tx, inside_rx) = channel::<()>();
+    let (done_tx, done_rx) = channel();
+    std::thread::scope(|scope| {
+        let (sim, a) = (&sim, &a);
+        scope.spawn(move || {
+            let mut capturing =
+                Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
+                    .unwrap()
+                    .plan(Policy::Generations(1))
+                    .unwrap()
+                    .allocate(sim.clone())
+                    .unwrap();
+            let cap = capturing.capture(RunnerId(0)).unwrap();
+            let v = cap.take(F32_64).unwrap();
+            inside_rx.recv().unwrap(); // the other thread's consumer is open on `a`
+            let refused = cap.stream_capture(a, |s| sim.launch(s, SimOp::fill(&v, 1.0), 1));
+            done_tx.send(format!("{refused:?}")).unwrap();
+        });
+        replayable
+            .consume(RunnerId(0), a, |_, _| {
+                inside_tx.send(()).unwrap();
+                let refused = done_rx.recv().unwrap();
+                assert!(refused.contains("StreamInUse"), "{refused}");
+                Ok::<(), String>(())
+            })
+            .unwrap();
+    });
+}
+
+#[test]
+fn a_graph_temporary_works_only_inside_its_capture_closure() {
+    let (sim, stream, mut capturing) = allocated(&[&[F32_64], &[F32_64]], Policy::Generations(2));
+    let other = sim.stream();
+    let mut kept = None;
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let v = cap.take(F32_64).unwrap();
+        cap.stream_capture(&stream, |s| {
+            let t = sim.alloc_async(s, 64)?;
+            // Not on another stream, even inside the closure.
+            assert!(sim.launch(&other, SimOp::fill(&t, 3.0), 1).is_err());
+            sim.launch(s, SimOp::fill(&t, 2.0), 1)?;
+            sim.launch(s, SimOp::copy(&t, &v), 1)?;
+            kept = Some(t);
+            sim.free_async(s, &t)
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let kept = kept.unwrap();
+    // Outside its closure, and in another runner's graph: refused.
+    assert!(sim.launch(&other, SimOp::fill(&kept, 9.0), 1).is_err());
+    let cap = capturing.capture(RunnerId(1)).unwrap();
+    let v1 = cap.take(F32_64).unwrap();
+    let refused = cap.stream_capture(&stream, |s| {
+        sim.launch(s, SimOp::fill(&v1, 1.0), 1)?;
+        sim.launch(s, SimOp::fill(&kept, 9.0), 1)
+    });
+    assert!(refused.is_err());
+    // Outside every capture there is nothing to allocate into.
+    assert!(sim.alloc_async(&other, 16).is_err());
+}
+
+#[test]
+fn a_consumer_of_no_runner_is_a_typed_error() {
+    let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
+    let err = replayable
+        .consume_many(&[], &sim.stream(), |_, _| Ok::<(), String>(()))
+        .unwrap_err();
+    assert!(
+        matches!(err, ConsumeError::Replay(ReplayError::NoRunners)),
+        "{err:?}"
+    );
+}

@@ -51,7 +51,7 @@ use cudarc::driver::{
 };
 
 use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError};
-use crate::view::{check_use, Scope, View};
+use crate::view::{check_use, read_only, Scope, ScopeKind, View};
 use crate::vocab::{align_up, DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;
@@ -1223,6 +1223,8 @@ elements! {
 pub struct TypedView<'a, T> {
     /// The view's address; pushed by address as a kernel argument.
     ptr: sys::CUdeviceptr,
+    /// The view's scope and names, for errors.
+    tag: crate::view::ViewTag,
     len: usize,
     /// The stream of the closure that made it: the only stream cudarc may
     /// put work on it on (also what cudarc's context checks see).
@@ -1256,27 +1258,33 @@ impl<T> TypedView<'_, T> {
     /// the driver's or NCCL's invalid-argument error, nothing touches the
     /// arena), and the capture or consumer reports
     /// [`ViewOutOfScope`](crate::CaptureError::ViewOutOfScope).
-    fn address_on(&self, stream: &cudarc::driver::CudaStream) -> sys::CUdeviceptr {
+    fn address_on(&self, stream: &cudarc::driver::CudaStream, write: bool) -> sys::CUdeviceptr {
         let same_stream = stream.cu_stream() == self.stream.cu_stream()
             && self.per_thread.is_none_or(|owner| owner == this_thread());
         // A capture's view works only while the stream still captures (not
         // after the program ended the capture under the crate); a
         // consumer's only while it does not (its work must run, fenced).
-        let state_matches = || capturing(stream.cu_stream()).is_ok_and(|c| c == self.scope.capture);
-        if self.scope.is_open() && same_stream && state_matches() {
+        let capture = self.scope.kind == ScopeKind::Capture;
+        let state_matches = || capturing(stream.cu_stream()).is_ok_and(|c| c == capture);
+        let writable = !write || self.scope.kind != ScopeKind::Read;
+        if self.scope.is_open() && same_stream && writable && state_matches() {
             return self.ptr;
         }
-        self.scope.record_misuse(format!(
-            "a typed view of {} elements at {:#x} was handed to cudarc {}; it works only on \
-             the stream of its own closure, while that closure runs",
-            self.len,
-            self.ptr,
-            if self.scope.is_open() {
-                "on another stream"
-            } else {
-                "after its closure returned"
-            }
-        ));
+        self.scope.record_misuse(if !writable {
+            read_only(&self.tag)
+        } else {
+            format!(
+                "a typed view of {} elements at {:#x} was handed to cudarc {}; it works only on \
+                 the stream of its own closure, while that closure runs",
+                self.len,
+                self.ptr,
+                if self.scope.is_open() {
+                    "on another stream"
+                } else {
+                    "after its closure returned"
+                }
+            )
+        });
         0
     }
 }
@@ -1299,7 +1307,7 @@ impl<T> DevicePtr<T> for TypedView<'_, T> {
         // No event to wait on or record: arena memory is ordered by the
         // fence (the closure's stream is the fenced one), never by cudarc's
         // tracking.
-        (self.address_on(stream), SyncOnDrop::Record(None))
+        (self.address_on(stream, false), SyncOnDrop::Record(None))
     }
 }
 
@@ -1308,7 +1316,7 @@ impl<T> DevicePtrMut<T> for TypedView<'_, T> {
         &'b mut self,
         stream: &'b cudarc::driver::CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
-        (self.address_on(stream), SyncOnDrop::Record(None))
+        (self.address_on(stream, true), SyncOnDrop::Record(None))
     }
 }
 
@@ -1376,10 +1384,11 @@ impl<'a> ViewExt<'a> for View<'a> {
                 type_name: std::any::type_name::<T>(),
             });
         }
-        let scope = check_use(&self.tag(), stream.serial)
+        let scope = check_use(&self.tag(), stream.serial, false)
             .map_err(|reason| BackendError::InvalidView { reason })?;
         Ok(TypedView {
             ptr: self.device_ptr(),
+            tag: self.tag(),
             len: self.len(),
             stream: stream.inner.clone(),
             per_thread: stream.per_thread,

@@ -373,7 +373,7 @@ impl Communicator {
                 ),
             });
         }
-        check_use(&recv.tag(), stream.id())
+        check_use(&recv.tag(), stream.id(), true)
             .map_err(|reason| BackendError::InvalidView { reason })?;
         // SAFETY: `recv` is a live view of `recv.len()` elements, used inside
         // its closure on that closure's (fenced) stream.
@@ -395,7 +395,7 @@ impl Communicator {
         recv_len: usize,
         stream: &Stream,
     ) -> Result<()> {
-        check_use(&send.tag(), stream.id())
+        check_use(&send.tag(), stream.id(), false)
             .map_err(|reason| BackendError::InvalidView { reason })?;
         self.check_send_view(send, recv_len)?;
         // SAFETY: checked above: `send` lies in a registered window and holds

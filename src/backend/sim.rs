@@ -38,7 +38,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError};
-use crate::view::{check_use, View, ViewTag};
+use crate::view::{capture_on, check_use, View, ViewTag};
+use crate::vocab::{DType, Domain, Request};
 
 type Result<T> = std::result::Result<T, BackendError>;
 
@@ -794,11 +795,11 @@ impl SimState {
     /// Refuses an op that touches a plan's arena where the fence cannot
     /// order it: through a view outside its closure or on another stream,
     /// or through a raw span.
-    fn check_scope(&self, s: usize, op: &SimOp) -> Result<()> {
-        for (span, _) in op.accesses() {
+    fn check_scope(&self, sid: u64, op: &SimOp) -> Result<()> {
+        for (span, write) in op.accesses() {
             match &span.view {
                 Some(tag) => {
-                    check_use(tag, s as u64).map_err(|reason| sim_error("sim launch", reason))?;
+                    check_use(tag, sid, write).map_err(|reason| sim_error("sim launch", reason))?;
                 }
                 None => self.check_raw(&span)?,
             }
@@ -926,9 +927,22 @@ impl SimState {
 }
 
 /// The `sim` backend. A cheap handle: clones share one simulated device.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct SimBackend {
     state: Arc<Mutex<SimState>>,
+    /// Unique in the process: stream ids are `serial << 32 | index`, so no
+    /// two backends' streams share an id.
+    serial: u64,
+}
+
+impl Default for SimBackend {
+    fn default() -> SimBackend {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        SimBackend {
+            state: Arc::default(),
+            serial: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
 }
 
 impl fmt::Debug for SimState {
@@ -1019,7 +1033,7 @@ impl SimBackend {
     pub fn launch(&self, stream: &SimStream, op: SimOp, duration: u64) -> Result<()> {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
-        s.check_scope(id, &op)?;
+        s.check_scope(self.stream_id(stream), &op)?;
         if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.ops.push((op, duration));
             return Ok(());
@@ -1055,10 +1069,13 @@ impl SimBackend {
         s.submit(id, op, duration)
     }
 
-    /// Allocates `len` `f32`s while `stream` captures, as `cuMemAllocAsync`
-    /// does in CUDA: the graph gets an allocation node, and the memory, at
-    /// a fixed address, lives as long as the graph. A plan accepts the graph
-    /// only when it also frees the memory ([`SimBackend::free_async`]).
+    /// Allocates `len` `f32`s inside a runner's
+    /// [`stream_capture`](crate::RunnerCapture::stream_capture) closure, as
+    /// `cuMemAllocAsync` does in CUDA: the graph gets an allocation node, and
+    /// the memory, at a fixed address, lives as long as the graph. The span
+    /// works like the runner's views: inside that closure, on its stream
+    /// (no other graph, no op outside it). A plan accepts the graph only
+    /// when it also frees the memory ([`SimBackend::free_async`]).
     ///
     /// # Errors
     ///
@@ -1067,16 +1084,23 @@ impl SimBackend {
     /// allocation's own failure.
     pub fn alloc_async(&self, stream: &SimStream, len: usize) -> Result<Span> {
         let id = self.own(stream, "sim alloc async")?;
-        let mut s = self.state();
-        if s.streams[id].capturing.is_none() {
+        // A temporary belongs to the runner's capture: it works, as its
+        // views do, only inside that capture's closure, on its stream.
+        let Some((scope, runner)) = capture_on(self.stream_id(stream)) else {
             return Err(sim_error(
                 "sim alloc async",
-                "the stream is not capturing (alloc_f32 allocates outside captures)",
+                "temporaries are allocated inside a runner's `stream_capture` closure, on its \
+                 stream (alloc_f32 allocates outside captures)",
             ));
+        };
+        let mut s = self.state();
+        if s.streams[id].capturing.is_none() {
+            return Err(sim_error("sim alloc async", "the stream is not capturing"));
         }
         let bytes = (len as u64).saturating_mul(4);
+        // Marked like an arena: no raw span may reach it.
         let base = s
-            .alloc(bytes, 256, false)
+            .alloc(bytes, 256, true)
             .map_err(|reason| sim_error("sim alloc async", reason))?;
         if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.temps.push(base);
@@ -1084,7 +1108,15 @@ impl SimBackend {
                 .ops
                 .push((SimOp::AllocNode { addr: base, bytes }, 0));
         }
-        Ok(Span::new(base, len))
+        Ok(Span {
+            addr: base,
+            len,
+            view: Some(ViewTag {
+                scope,
+                request: Request::new(Domain::Device, DType::F32, len as u64),
+                runner,
+            }),
+        })
     }
 
     /// Frees memory while `stream` captures, as `cuMemFreeAsync` does: the
@@ -1235,7 +1267,7 @@ impl Backend for SimBackend {
     }
 
     fn stream_id(&self, stream: &SimStream) -> u64 {
-        stream.id as u64
+        (self.serial << 32) | stream.id as u64
     }
 
     fn wait_event(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
