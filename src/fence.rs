@@ -345,11 +345,8 @@ impl<B: Backend> Fence<B> {
                 self.stats.waits_skipped += 1;
                 return Ok(());
             }
-            if let Completion::Pending { stream: on, id } = completion {
-                let id = *id;
-                backend.record_event(on, &reader.event)?;
+            if record_pending(backend, &reader.event, &mut reader.completion)? {
                 self.stats.event_records += 1;
-                reader.completion = Some(Completion::Recorded { id });
             }
             backend.wait_event(stream, &reader.event)?;
             self.stats.waits += 1;
@@ -378,11 +375,8 @@ impl<B: Backend> Fence<B> {
             self.stats.waits_skipped += 1;
             return Ok(());
         }
-        if let Completion::Pending { stream: on, id } = completion {
-            let id = *id;
-            backend.record_event(on, event)?;
+        if record_pending(backend, event, &mut runner.completion)? {
             self.stats.event_records += 1;
-            runner.completion = Some(Completion::Recorded { id });
             runner.record_at_once = true;
         }
         backend.wait_event(stream, event)?;
@@ -466,6 +460,21 @@ impl<B: Backend> Fence<B> {
     }
 }
 
+/// Records `event` where `completion` is still pending (on that stream) and
+/// marks it recorded; `Ok(true)` when a record was issued.
+fn record_pending<B: Backend>(
+    backend: &B,
+    event: &B::Event,
+    completion: &mut Option<Completion<B::Stream>>,
+) -> Result<bool, BackendError> {
+    let Some(Completion::Pending { stream, id }) = completion else {
+        return Ok(false);
+    };
+    backend.record_event(stream, event)?;
+    *completion = Some(Completion::Recorded { id: *id });
+    Ok(true)
+}
+
 /// Records `completion`'s event if it is still pending, waits for it, and
 /// forgets it once waited for (so a second quiesce waits for nothing).
 /// Sets `unrecorded` when a pending record could not be made.
@@ -475,15 +484,12 @@ fn drain<B: Backend>(
     completion: &mut Option<Completion<B::Stream>>,
     unrecorded: &mut bool,
 ) -> Result<(), BackendError> {
-    let Some(c) = completion else {
+    if completion.is_none() {
         return Ok(());
-    };
-    let recorded = match c {
-        Completion::Pending { stream, .. } => backend.record_event(stream, event),
-        Completion::Recorded { .. } => Ok(()),
-    };
+    }
+    let recorded = record_pending(backend, event, completion);
     *unrecorded |= recorded.is_err();
-    let waited = recorded.and_then(|()| backend.synchronize_event(event));
+    let waited = recorded.and_then(|_| backend.synchronize_event(event));
     if waited.is_ok() {
         *completion = None;
     }

@@ -7,6 +7,17 @@ use replay_arena::{
     CaptureError, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
 };
 
+/// One runner recording `requests`, planned in one generation and
+/// allocated on `sim`.
+fn on_sim(sim: &SimBackend, requests: &[Request]) -> replay_arena::Capturing<SimBackend> {
+    Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), requests.iter().copied())])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap()
+}
+
 const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
 
 /// Two runners in two generations, each filling its view with `r + 1`,
@@ -115,12 +126,7 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
     let stream = sim.stream();
     let input = sim.alloc_f32(64).unwrap();
     sim.write_f32(&input, &[1.5; 64]).unwrap();
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = on_sim(&sim, &[REQ]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let wgrad = cap.take(REQ).unwrap();
     cap.stream_capture(&stream, |s| {
@@ -154,12 +160,7 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
 fn a_capture_that_fails_frees_its_temporaries() {
     let sim = SimBackend::new();
     let stream = sim.stream();
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = on_sim(&sim, &[REQ]);
     let arenas = sim.live_allocations();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let _ = cap.take(REQ).unwrap();
@@ -181,12 +182,7 @@ fn sub_views_keep_the_closure_and_the_fence() {
     let sim = SimBackend::new();
     let stream = sim.stream();
     let bucket = Request::new(Domain::Device, DType::F32, 128);
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [bucket])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = on_sim(&sim, &[bucket]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(bucket).unwrap();
     let (a, b) = view.split_at(48).unwrap();
@@ -230,13 +226,7 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
     let scratch = Request::new(Domain::Device, DType::F32, 16).purpose(Purpose::Fp32AccumScratch);
     let sim = SimBackend::new();
     let stream = sim.stream();
-    let mut capturing =
-        Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [w(1), scratch, w(2)])])
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+    let mut capturing = on_sim(&sim, &[w(1), scratch, w(2)]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let vs = [w(1), scratch, w(2)].map(|q| cap.take(q).unwrap());
     cap.stream_capture(&stream, |s| {
@@ -264,12 +254,7 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
 fn two_consumers(sim: &SimBackend) -> u64 {
     let stream = sim.stream();
     let (x, y) = (sim.stream(), sim.stream());
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = on_sim(sim, &[REQ]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let v = cap.take(REQ).unwrap();
     cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 3.0), 5))

@@ -9,6 +9,17 @@ use replay_arena::{
     ReplayError, Replayable, Request, RunnerId,
 };
 
+/// One runner recording `requests`, planned in one generation and
+/// allocated on `sim`.
+fn on_sim(sim: &SimBackend, requests: &[Request]) -> Capturing<SimBackend> {
+    Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), requests.iter().copied())])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap()
+}
+
 /// 64 f32s: one device alignment unit.
 const F32_64: Request = Request::new(Domain::Device, DType::F32, 64);
 
@@ -230,12 +241,7 @@ fn assert_out_of_scope<T: std::fmt::Debug>(result: Result<T, replay_arena::Backe
 #[test]
 fn a_capture_cannot_write_a_view_of_another_live_plan() {
     let (sim, stream, mut a) = allocated(&[&[F32_64]], Policy::Generations(1));
-    let mut b = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut b = on_sim(&sim, &[F32_64]);
     let cap_a = a.capture(RunnerId(0)).unwrap();
     let theirs = cap_a.take(F32_64).unwrap();
     let cap_b = b.capture(RunnerId(0)).unwrap();
@@ -389,12 +395,7 @@ fn a_failed_sim_graph_launch_enqueues_nothing() {
 
 /// One runner filling its view with `value` on `stream`, sealed.
 fn one_runner(sim: &SimBackend, stream: &SimStream, value: f32) -> Replayable<SimBackend> {
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = on_sim(sim, &[F32_64]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let v = cap.take(F32_64).unwrap();
     cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&v, value), 10))
@@ -411,12 +412,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
     // Replayed on the stream plan B captures on: the consumer's wait would
     // be implied by stream order, and its work recorded into B's graph.
     pa.replay(RunnerId(0), &s_cap).unwrap();
-    let mut b = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut b = on_sim(&sim, &[F32_64]);
     let cap = b.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&s_cap, |s| {
@@ -450,12 +446,7 @@ fn a_capture_opened_on_a_consumers_stream_is_refused() {
     let (a, c) = (sim.stream(), sim.stream());
     let mut pa = one_runner(&sim, &a, 1.0);
     pa.replay(RunnerId(0), &a).unwrap();
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = on_sim(&sim, &[F32_64]);
     pa.consume(RunnerId(0), &c, |s, v| -> Result<(), String> {
         let cap = capturing.capture(RunnerId(0)).map_err(|e| e.to_string())?;
         let view = cap.take(F32_64).map_err(|e| e.to_string())?;
@@ -489,12 +480,7 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
         let (a, b) = (sim.stream(), sim.stream());
         let x = sim.alloc_f32(64).unwrap();
         let addr = replay_arena::sim::AsSpan::span(&x).addr();
-        let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let mut capturing = on_sim(&sim, &[F32_64]);
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
         cap.stream_capture(&a, |s| {
@@ -585,13 +571,7 @@ fn a_capture_on_a_stream_another_threads_consumer_works_on_is_refused() {
     std::thread::scope(|scope| {
         let (sim, a) = (&sim, &a);
         scope.spawn(move || {
-            let mut capturing =
-                Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])])
-                    .unwrap()
-                    .plan(Policy::Generations(1))
-                    .unwrap()
-                    .allocate(sim.clone())
-                    .unwrap();
+            let mut capturing = on_sim(sim, &[F32_64]);
             let cap = capturing.capture(RunnerId(0)).unwrap();
             let v = cap.take(F32_64).unwrap();
             inside_rx.recv().unwrap(); // the other thread's consumer is open on `a`
