@@ -182,9 +182,7 @@ impl<B: Backend> Fence<B> {
         }
         // The replay waited for every reader of the runner's bytes (it is
         // their claimer): the new replay has none yet.
-        for reader in &mut self.runners[slot].readers {
-            reader.completion = None;
-        }
+        self.readers_waited(slot);
         self.forget_unused_record(slot);
         if self.runners[slot].record_at_once {
             // Record straight away: no pending stream handle to keep.
@@ -192,6 +190,14 @@ impl<B: Backend> Fence<B> {
         } else {
             self.settle(slot, stream, sid);
             Ok(())
+        }
+    }
+
+    /// Every reader of `slot` was waited for: forget them (their events are
+    /// kept for the next readers).
+    fn readers_waited(&mut self, slot: usize) {
+        for reader in &mut self.runners[slot].readers {
+            reader.completion = None;
         }
     }
 
@@ -245,9 +251,7 @@ impl<B: Backend> Fence<B> {
             self.wait_for(backend, slot, stream, sid)?;
             self.forget_unused_record(slot);
             self.settle(slot, stream, sid);
-            for reader in &mut self.runners[slot].readers {
-                reader.completion = None;
-            }
+            self.readers_waited(slot);
             return Ok(());
         }
         self.wait_replay(backend, slot, stream, sid)?;
