@@ -8,8 +8,8 @@ use std::fmt;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::discover::Discovering;
 use crate::plan::{Planned, RunnerPlan};
-use crate::view::{new_scope_id, NotSend, OpenScope, ScopeKind, View};
-use crate::vocab::{Key, Request, RunnerId};
+use crate::view::{new_scope_id, retire, NotSend, OpenScope, ScopeKind, View};
+use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
 /// A failed check while capturing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,6 +135,39 @@ pub enum CaptureError {
         /// The earlier failure.
         failure: CaptureFailure,
     },
+    /// A capture asked for a handoff that discovery did not declare for
+    /// this runner in that role.
+    #[error("{runner} asked for {handoff} as its {role}, but discovery declared no such handoff for it (declare it with ArmedRunner::hand_off or ArmedRunner::receive)")]
+    HandoffNotDeclared {
+        /// The runner.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// "writer" or "reader".
+        role: &'static str,
+    },
+    /// Closing a capture found a handoff the runner writes or reads that
+    /// it never took.
+    #[error("{runner} never took {handoff}, which discovery declared for it as its {role}; a capture takes exactly what discovery recorded")]
+    HandoffNotTaken {
+        /// The runner.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// "writer" or "reader".
+        role: &'static str,
+    },
+    /// [`RunnerCapture::ready`] was called where it cannot mark a point of
+    /// this runner's graph.
+    #[error("{runner} cannot mark {handoff} ready: {reason}")]
+    ReadyMisplaced {
+        /// The runner.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Why.
+        reason: &'static str,
+    },
     /// `seal` found buffer-using runners whose capture did not finish.
     #[error("cannot seal: {}", describe_unfinished(.runners))]
     Unfinished {
@@ -218,7 +251,8 @@ pub(crate) enum Slot<G> {
 /// What a plan owns on a backend besides graphs: per buffer-using runner
 /// slot its completion event, and every arena. Field order is drop order.
 pub(crate) struct Resources<B: Backend> {
-    /// Runner slot -> its event (buffer-using runners only).
+    /// Runner slot -> its event (fenced runners only), then one event per
+    /// handoff.
     pub(crate) events: Vec<Option<B::Event>>,
     pub(crate) arenas: Vec<B::Arena>,
     pub(crate) backend: B,
@@ -279,6 +313,7 @@ impl Planned {
         match allocate_resources(&self, backend) {
             Ok(res) => Ok(Capturing {
                 slots: self.runners.iter().map(|_| Slot::Pending).collect(),
+                ready: vec![false; self.handoffs.len()],
                 plan: self,
                 res,
             }),
@@ -311,10 +346,13 @@ fn allocate_resources<B: Backend>(
         res.arenas.push(res.backend.allocate_arena(&desc)?);
     }
     for r in &plan.runners {
-        res.events.push(match r.position {
-            Some(_) => Some(res.backend.create_event()?),
-            None => None,
+        res.events.push(match r.is_fenced() {
+            true => Some(res.backend.create_event()?),
+            false => None,
         });
+    }
+    for _ in &plan.handoffs {
+        res.events.push(Some(res.backend.create_event()?));
     }
     Ok(res)
 }
@@ -336,6 +374,9 @@ fn allocate_resources<B: Backend>(
 pub struct Capturing<B: Backend> {
     /// Runner slot -> its capture state and graph. Dropped before `res`.
     pub(crate) slots: Vec<Slot<B::Graph>>,
+    /// Handoff -> its writer's graph records its event at a ready point
+    /// ([`RunnerCapture::ready`]).
+    pub(crate) ready: Vec<bool>,
     pub(crate) plan: Planned,
     pub(crate) res: Resources<B>,
 }
@@ -431,6 +472,8 @@ impl<B: Backend> Capturing<B> {
             graph: RefCell::new(None),
             failure: RefCell::new(None),
             in_closure: Cell::new(false),
+            stream: Cell::new(None),
+            handoffs: RefCell::new(Vec::new()),
             closed: false,
             _not_send: NotSend::default(),
         })
@@ -440,7 +483,9 @@ impl<B: Backend> Capturing<B> {
     /// events and arenas (nothing was replayed, so nothing is in flight),
     /// and returns a fresh discovery with the same config.
     pub fn replan(self) -> Discovering {
-        let Capturing { slots, plan, res } = self;
+        let Capturing {
+            slots, plan, res, ..
+        } = self;
         drop(slots);
         drop(res);
         Discovering::new(plan.config)
@@ -481,6 +526,10 @@ pub struct RunnerCapture<'c, B: Backend> {
     failure: RefCell<Option<CaptureFailure>>,
     /// `stream_capture`'s work closure is running.
     in_closure: Cell<bool>,
+    /// The id of the stream `stream_capture` captures on, while it does.
+    stream: Cell<Option<u64>>,
+    /// Handoffs taken so far, with whether a ready point was marked.
+    handoffs: RefCell<Vec<(HandoffId, bool)>>,
     closed: bool,
     _not_send: NotSend,
 }
@@ -604,8 +653,127 @@ impl<B: Backend> RunnerCapture<'_, B> {
             request,
             runner,
             scope: self.scope,
+            read_only: false,
+            handoff: None,
             _owner: std::marker::PhantomData,
         })
+    }
+
+    /// The view of `handoff`, which this runner writes (declared with
+    /// [`ArmedRunner::hand_off`](crate::ArmedRunner::hand_off)): fixed for
+    /// the plan's life, apart from every runner's own bytes. Mark where the
+    /// graph has finished writing it with [`RunnerCapture::ready`], so
+    /// readers start there instead of at the end of this graph.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::HandoffNotDeclared`] when this runner does not write
+    /// `handoff`.
+    pub fn hand_off(&self, handoff: HandoffId) -> Result<View<'_>> {
+        self.handoff_view(handoff, true)
+    }
+
+    /// The read-only view of `handoff`, written by an earlier runner
+    /// (declared with [`ArmedRunner::receive`](crate::ArmedRunner::receive)).
+    /// Each replay of this runner waits for the writer's latest write (its
+    /// ready point, or the end of its graph), and the writer's next replay
+    /// waits for this runner's.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::HandoffNotDeclared`] when this runner does not read
+    /// `handoff`.
+    pub fn receive(&self, handoff: HandoffId) -> Result<View<'_>> {
+        self.handoff_view(handoff, false)
+    }
+
+    fn handoff_view(&self, handoff: HandoffId, write: bool) -> Result<View<'_>> {
+        let plan = self.plan();
+        let runner = plan.id();
+        let list = if write {
+            &plan.record.writes
+        } else {
+            &plan.record.reads
+        };
+        let h = self.owner.plan.handoffs.get(handoff.0 as usize);
+        let (Some(h), true) = (h, list.contains(&handoff)) else {
+            return Err(CaptureError::HandoffNotDeclared {
+                runner,
+                handoff,
+                role: role(write),
+            });
+        };
+        let mut taken = self.handoffs.borrow_mut();
+        if !taken.iter().any(|(t, _)| *t == handoff) {
+            taken.push((handoff, false));
+        }
+        Ok(View {
+            addr: self.owner.res.arenas[h.place.arena].base() + h.place.offset,
+            arena: h.place.arena,
+            offset: h.place.offset,
+            request: h.record.request,
+            runner,
+            scope: self.scope,
+            read_only: !write,
+            handoff: Some(handoff.0),
+            _owner: std::marker::PhantomData,
+        })
+    }
+
+    /// Marks the point of this runner's graph after which it no longer
+    /// touches `handoff`: the graph records the handoff's event there (an
+    /// event record node), and readers' replays wait for that point instead
+    /// of the end of the graph (module `m`'s dgrad starts while `m + 1`'s
+    /// wgrad still runs). Call it inside the work closure of
+    /// [`RunnerCapture::stream_capture`], on its stream, after the last
+    /// work that writes or reads the handoff. Work after it must leave the
+    /// handoff alone: readers and the next writer may use it from there.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::ReadyMisplaced`] outside the work closure, on
+    /// another stream, for a handoff this capture did not take with
+    /// [`RunnerCapture::hand_off`], or marked twice; the backend's error.
+    pub fn ready(&self, handoff: HandoffId, stream: &B::Stream) -> Result<()> {
+        let runner = self.runner();
+        let misplaced = |reason| CaptureError::ReadyMisplaced {
+            runner,
+            handoff,
+            reason,
+        };
+        let backend = &self.owner.res.backend;
+        if !self.in_closure.get() || self.stream.get() != Some(backend.stream_id(stream)) {
+            return Err(misplaced(
+                "call it inside the work closure of this runner's stream_capture, on its stream",
+            ));
+        }
+        let mut taken = self.handoffs.borrow_mut();
+        let Some(entry) = taken.iter_mut().find(|(t, _)| *t == handoff) else {
+            return Err(misplaced(
+                "take it with hand_off first (only its writer marks it ready)",
+            ));
+        };
+        if !self.plan().record.writes.contains(&handoff) {
+            return Err(misplaced("only its writer marks it ready"));
+        }
+        if entry.1 {
+            return Err(misplaced("it was marked ready already"));
+        }
+        let event = self
+            .owner
+            .res
+            .events
+            .get(self.owner.plan.runners.len() + handoff.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| misplaced("the plan has no event for it"))?;
+        backend
+            .record_event_node(stream, event)
+            .map_err(|source| CaptureError::Backend { runner, source })?;
+        if !retire(self.scope, handoff.0) {
+            return Err(misplaced("the capture's scope is not open on this thread"));
+        }
+        entry.1 = true;
+        Ok(())
     }
 
     /// Captures the work `work` puts on `stream` into this runner's graph,
@@ -659,9 +827,11 @@ impl<B: Backend> RunnerCapture<'_, B> {
             armed: true,
         };
         self.in_closure.set(true);
+        self.stream.set(Some(sid));
         let result = work(stream).map(|()| scope.scope().take_misuse());
         drop(scope);
         self.in_closure.set(false);
+        self.stream.set(None);
         open.armed = false;
         let misuse = match result {
             Err(e) => {
@@ -774,11 +944,32 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 capacity,
             });
         }
+        let taken = self.handoffs.borrow().clone();
+        let missing = [(&plan.record.writes, true), (&plan.record.reads, false)]
+            .into_iter()
+            .find_map(|(list, write)| {
+                let h = list.iter().find(|h| !taken.iter().any(|(t, _)| t == *h))?;
+                Some((*h, write))
+            });
+        {
+            if let Some((handoff, write)) = missing {
+                return self.close_failed(CaptureError::HandoffNotTaken {
+                    runner,
+                    handoff,
+                    role: role(write),
+                });
+            }
+        }
         if let Err(reason) = self.owner.res.backend.validate_graph(&graph) {
             return self.close_failed(CaptureError::GraphRejected { runner, reason });
         }
         let mut this = self;
         this.closed = true;
+        for (handoff, ready) in taken {
+            if ready {
+                this.owner.ready[handoff.0 as usize] = true;
+            }
+        }
         this.owner.slots[this.slot] = Slot::Captured(graph);
         Ok(())
     }
@@ -791,6 +982,14 @@ impl<B: Backend> RunnerCapture<'_, B> {
         };
         self.owner.slots[self.slot] = Slot::Failed(failure);
         Err(error)
+    }
+}
+
+fn role(write: bool) -> &'static str {
+    if write {
+        "writer"
+    } else {
+        "reader"
     }
 }
 

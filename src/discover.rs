@@ -5,7 +5,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use crate::vocab::{DType, Domain, GroupId, Key, Request, RunnerId};
+use crate::vocab::{DType, Domain, GroupId, HandoffId, Key, Request, RunnerId};
 
 /// A failed check during discovery (or while building a [`PlanConfig`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +54,33 @@ pub enum DiscoveryError {
     GroupRegisteredTwice {
         /// The group.
         group: GroupId,
+    },
+    /// A runner received a handoff this discovery never declared.
+    #[error("{runner} receives {handoff}, which this discovery never declared ({declared} handoff(s) declared so far); receive the id `hand_off` returned, after its writer was armed")]
+    UnknownHandoff {
+        /// The receiving runner.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Handoffs declared so far.
+        declared: usize,
+    },
+    /// A runner received its own handoff: a handoff goes from its writer to
+    /// later runners.
+    #[error("{runner} receives {handoff}, which it writes itself; a handoff is read by runners armed after its writer")]
+    OwnHandoff {
+        /// The runner.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+    },
+    /// A runner received the same handoff twice.
+    #[error("{runner} receives {handoff} twice; receive it once and use its view as often as needed")]
+    HandoffReceivedTwice {
+        /// The runner.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
     },
 }
 
@@ -133,6 +160,20 @@ pub(crate) struct RunnerRecord {
     /// the key's capacity before it was recorded (bump allocation, done
     /// once, here).
     pub(crate) offsets: Vec<u64>,
+    /// Handoffs this runner writes, in declaration order.
+    pub(crate) writes: Vec<HandoffId>,
+    /// Handoffs this runner reads, in the order it received them.
+    pub(crate) reads: Vec<HandoffId>,
+}
+
+/// What discovery learned about one handoff.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct HandoffRecord {
+    pub(crate) request: Request,
+    /// The writer's slot (its index in capture order).
+    pub(crate) writer: usize,
+    /// The readers' slots, in the order they were armed.
+    pub(crate) readers: Vec<usize>,
 }
 
 /// Phase 1 of 4: an eager backward records each runner's requests.
@@ -167,6 +208,7 @@ pub(crate) struct RunnerRecord {
 pub struct Discovering {
     pub(crate) config: PlanConfig,
     pub(crate) runners: Vec<RunnerRecord>,
+    pub(crate) handoffs: Vec<HandoffRecord>,
     index: HashMap<RunnerId, usize>,
 }
 
@@ -176,6 +218,7 @@ impl Discovering {
         Discovering {
             config,
             runners: Vec::new(),
+            handoffs: Vec::new(),
             index: HashMap::new(),
         }
     }
@@ -241,11 +284,20 @@ impl Discovering {
             requests: Vec::new(),
             capacity: BTreeMap::new(),
             offsets: Vec::new(),
+            writes: Vec::new(),
+            reads: Vec::new(),
         });
+        let slot = self.runners.len() - 1;
         let config = &self.config;
+        let handoffs = &mut self.handoffs;
         let record = self.runners.last_mut();
         record
-            .map(|record| ArmedRunner { config, record })
+            .map(|record| ArmedRunner {
+                config,
+                record,
+                handoffs,
+                slot,
+            })
             .ok_or(DiscoveryError::RunnerArmedTwice { runner })
     }
 
@@ -266,6 +318,18 @@ impl Discovering {
         let i = *self.index.get(&runner)?;
         Some(&self.runners[i].requests)
     }
+
+    /// Handoffs declared so far: (id, its request, writer, readers).
+    pub fn handoffs(&self) -> impl Iterator<Item = (HandoffId, Request, RunnerId, Vec<RunnerId>)> + '_ {
+        self.handoffs.iter().enumerate().map(|(i, h)| {
+            (
+                HandoffId(i as u32),
+                h.request,
+                self.runners[h.writer].id,
+                h.readers.iter().map(|&r| self.runners[r].id).collect(),
+            )
+        })
+    }
 }
 
 /// One armed runner; requests can only be recorded through it. Dropping it
@@ -274,6 +338,8 @@ impl Discovering {
 pub struct ArmedRunner<'d> {
     config: &'d PlanConfig,
     record: &'d mut RunnerRecord,
+    handoffs: &'d mut Vec<HandoffRecord>,
+    slot: usize,
 }
 
 impl ArmedRunner<'_> {
@@ -292,6 +358,91 @@ impl ArmedRunner<'_> {
     /// for a group the config does not register, and
     /// [`DiscoveryError::SizeOverflow`].
     pub fn record(&mut self, request: Request) -> Result<u64> {
+        let aligned = self.check(request)?;
+        let runner = self.record.id;
+        let key = request.key();
+        let offset = self.record.capacity.get(&key).copied().unwrap_or(0);
+        let capacity = offset
+            .checked_add(aligned)
+            .ok_or(DiscoveryError::SizeOverflow {
+                runner,
+                key,
+                what: "capacity",
+                elements: request.elements,
+                dtype: request.dtype,
+            })?;
+        self.record.capacity.insert(key, capacity);
+        self.record.requests.push(request);
+        self.record.offsets.push(offset);
+        Ok(aligned)
+    }
+
+    /// Declares a buffer this runner writes and later runners read (its
+    /// input gradient, which the next layer's backward reads): the plan
+    /// places it for its whole lifetime, from this runner to its last
+    /// reader, apart from every runner's own bytes. In the capture, the
+    /// writer takes it with
+    /// [`RunnerCapture::hand_off`](crate::RunnerCapture::hand_off) and each
+    /// reader with [`RunnerCapture::receive`](crate::RunnerCapture::receive);
+    /// the fence makes each reader's replay wait for the writer's write, and
+    /// the writer's next replay wait for every reader.
+    ///
+    /// # Errors
+    ///
+    /// As [`ArmedRunner::record`].
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Request, Domain, DType, RunnerId};
+    /// let grad = Request::new(Domain::Device, DType::BF16, 4096);
+    /// let mut discovery = Discovering::new(PlanConfig::new());
+    /// let h = discovery.arm(RunnerId(0))?.hand_off(grad)?; // layer 1 writes dX
+    /// let got = discovery.arm(RunnerId(1))?.receive(h)?;   // layer 0 reads it
+    /// assert_eq!(got, grad);
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn hand_off(&mut self, request: Request) -> Result<HandoffId> {
+        self.check(request)?;
+        let id = HandoffId(self.handoffs.len() as u32);
+        self.handoffs.push(HandoffRecord {
+            request,
+            writer: self.slot,
+            readers: Vec::new(),
+        });
+        self.record.writes.push(id);
+        Ok(id)
+    }
+
+    /// Declares that this runner reads `handoff`, written by a runner armed
+    /// before it; returns the handoff's request.
+    ///
+    /// # Errors
+    ///
+    /// [`DiscoveryError::UnknownHandoff`] for an id this discovery never
+    /// handed out, [`DiscoveryError::OwnHandoff`] for one this runner
+    /// writes, [`DiscoveryError::HandoffReceivedTwice`].
+    pub fn receive(&mut self, handoff: HandoffId) -> Result<Request> {
+        let runner = self.record.id;
+        let declared = self.handoffs.len();
+        let Some(h) = self.handoffs.get_mut(handoff.0 as usize) else {
+            return Err(DiscoveryError::UnknownHandoff {
+                runner,
+                handoff,
+                declared,
+            });
+        };
+        if h.writer == self.slot {
+            return Err(DiscoveryError::OwnHandoff { runner, handoff });
+        }
+        if h.readers.contains(&self.slot) {
+            return Err(DiscoveryError::HandoffReceivedTwice { runner, handoff });
+        }
+        h.readers.push(self.slot);
+        self.record.reads.push(handoff);
+        Ok(h.request)
+    }
+
+    /// The checks every request passes; its aligned size.
+    fn check(&self, request: Request) -> Result<u64> {
         let runner = self.record.id;
         let key = request.key();
         if request.elements == 0 {
@@ -313,16 +464,8 @@ impl ArmedRunner<'_> {
             elements: request.elements,
             dtype: request.dtype,
         };
-        let aligned = request
+        request
             .aligned_bytes()
-            .ok_or_else(|| overflow("request size"))?;
-        let offset = self.record.capacity.get(&key).copied().unwrap_or(0);
-        let capacity = offset
-            .checked_add(aligned)
-            .ok_or_else(|| overflow("capacity"))?;
-        self.record.capacity.insert(key, capacity);
-        self.record.requests.push(request);
-        self.record.offsets.push(offset);
-        Ok(aligned)
+            .ok_or_else(|| overflow("request size"))
     }
 }

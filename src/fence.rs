@@ -177,6 +177,70 @@ impl<B: Backend> Fence<B> {
         if !self.is_fenced(slot) {
             return Ok(());
         }
+        self.settle_use(backend, slot, claims, stream, sid)
+    }
+
+    /// After a writer's graph was launched on `stream`: handoff slot `slot`
+    /// is the latest user of `claim`. With `in_graph`, the graph recorded
+    /// the handoff's event at its ready point; otherwise it completes with
+    /// the graph.
+    pub(crate) fn complete_handoff(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        claim: Claim,
+        stream: &B::Stream,
+        sid: u64,
+        in_graph: bool,
+    ) -> Result<(), BackendError> {
+        if !in_graph {
+            return self.settle_use(backend, slot, &[claim], stream, sid);
+        }
+        self.painter.paint(claim, slot as u32);
+        self.readers_waited(slot);
+        let runner = &mut self.runners[slot];
+        runner.completion = Some(Completion::Recorded { id: sid });
+        runner.record_at_once = false;
+        runner.waited_on = false;
+        runner.waited_by = None;
+        Ok(())
+    }
+
+    /// Makes `stream` wait for handoff slot `slot`'s latest write (its
+    /// ready point, or its writer's graph), not for its other readers.
+    pub(crate) fn wait_written(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        self.wait_replay(backend, slot, stream, sid)
+    }
+
+    /// After a reader's graph was launched on `stream`: it reads handoff
+    /// slot `slot` until the tail of `stream`, and the next writer of the
+    /// handoff's bytes waits for it.
+    pub(crate) fn read_handoff(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        self.add_reader(backend, slot, stream, sid)
+    }
+
+    /// `slot` is the latest user of `claims` and completes at the tail of
+    /// `stream` (recorded there at once if another stream waits for it).
+    fn settle_use(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        claims: &[Claim],
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
         for &claim in claims {
             self.painter.paint(claim, slot as u32);
         }
@@ -255,6 +319,18 @@ impl<B: Backend> Fence<B> {
             return Ok(());
         }
         self.wait_replay(backend, slot, stream, sid)?;
+        self.add_reader(backend, slot, stream, sid)
+    }
+
+    /// Makes the work at the tail of `stream` from now on a reader of
+    /// `slot`: the next claimer of its bytes waits for it.
+    fn add_reader(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        stream: &B::Stream,
+        sid: u64,
+    ) -> Result<(), BackendError> {
         let runner = &mut self.runners[slot];
         if let Some(Completion::Pending { id, .. }) = &runner.completion {
             if *id == sid {

@@ -142,13 +142,13 @@ pub use capture::{
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
 pub use error::{Error, Result};
 pub use fence::FenceStats;
-pub use plan::{ArenaPlan, Placement, PlanError, PlanFailed, Planned, Policy, Slice, Strategy};
+pub use plan::{ArenaPlan, HandoffInfo, Placement, PlanError, PlanFailed, Planned, Policy, Slice, Strategy};
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
-pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
+pub use report::{byte_ratio, human_bytes, GraphMemory, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use view::{SliceError, View, ViewsExt};
 pub use vocab::{
-    DType, Domain, GroupId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
+    DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
     SYMMETRIC_ALIGNMENT,
 };
 #[cfg(feature = "serde")]

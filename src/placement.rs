@@ -745,6 +745,112 @@ fn choose_gap(busy: &[(u64, u64)], size: u64, how: Fit) -> Option<u64> {
     }
 }
 
+/// One buffer live over an interval of capture order (a handoff from its
+/// writer to its last reader): `[start, end]`, inclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Interval {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) bytes: u64,
+}
+
+/// First-fit offsets for buffers live over intervals: two whose intervals
+/// meet get disjoint ranges; the arena's size is the highest end. A sweep
+/// in order of start over the buffers live at that point, so `O(n log n +
+/// n * live)`. `None` when the arena overflows `u64`. Offsets are sums of
+/// sizes, so they keep the sizes' alignment.
+pub(crate) fn place_intervals(items: &[Interval]) -> Option<(Vec<u64>, u64)> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (items[i].start, i));
+    let mut offsets = vec![0u64; items.len()];
+    // Live buffers: (offset, end of range, end of interval), by offset.
+    let mut live: Vec<(u64, u64, usize)> = Vec::new();
+    let mut top = 0u64;
+    for i in order {
+        let it = items[i];
+        live.retain(|&(_, _, end)| end >= it.start);
+        live.sort_unstable();
+        let mut at = 0u64;
+        for &(lo, hi, _) in &live {
+            if at.checked_add(it.bytes)? <= lo {
+                break;
+            }
+            at = at.max(hi);
+        }
+        let hi = at.checked_add(it.bytes)?;
+        offsets[i] = at;
+        top = top.max(hi);
+        live.push((at, hi, it.end));
+    }
+    Some((offsets, top))
+}
+
+/// The most bytes live at once over the intervals: no placement of them
+/// needs less.
+pub(crate) fn interval_lower_bound(items: &[Interval]) -> u64 {
+    let mut events: Vec<(usize, bool, u64)> = Vec::with_capacity(2 * items.len());
+    for it in items {
+        events.push((it.start, false, it.bytes));
+        events.push((it.end, true, it.bytes));
+    }
+    // At one point, starts count before ends (both endpoints are live).
+    events.sort_unstable();
+    let (mut now, mut most) = (0u128, 0u128);
+    for (_, ends, bytes) in events {
+        if ends {
+            now -= u128::from(bytes);
+        } else {
+            now += u128::from(bytes);
+            most = most.max(now);
+        }
+    }
+    u64::try_from(most).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod interval_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Buffers whose intervals meet never share a byte, and the arena
+        /// is at least the lower bound.
+        #[test]
+        fn overlapping_intervals_get_disjoint_ranges(
+            raw in prop::collection::vec((0usize..20, 0usize..6, 1u64..9), 0..24)
+        ) {
+            let items: Vec<Interval> = raw
+                .iter()
+                .map(|&(start, len, bytes)| Interval { start, end: start + len, bytes: bytes * 256 })
+                .collect();
+            let (offsets, top) = place_intervals(&items).unwrap();
+            for i in 0..items.len() {
+                prop_assert!(offsets[i] + items[i].bytes <= top);
+                for j in 0..i {
+                    let meet = items[i].start <= items[j].end && items[j].start <= items[i].end;
+                    let apart = offsets[i] + items[i].bytes <= offsets[j]
+                        || offsets[j] + items[j].bytes <= offsets[i];
+                    prop_assert!(!meet || apart, "{i} and {j} overlap");
+                }
+            }
+            prop_assert!(interval_lower_bound(&items) <= top);
+        }
+    }
+
+    #[test]
+    fn a_chain_of_handoffs_needs_two_buffers() {
+        // Runner k hands off to k + 1: neighbours meet, every other does not.
+        let items: Vec<Interval> = (0..10)
+            .map(|k| Interval { start: k, end: k + 1, bytes: 512 })
+            .collect();
+        let (offsets, top) = place_intervals(&items).unwrap();
+        assert_eq!(top, 1024);
+        assert_eq!(interval_lower_bound(&items), 1024);
+        assert_ne!(offsets[0], offsets[1]);
+        assert_eq!(offsets[0], offsets[2]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::discover::{Discovering, PlanConfig, RunnerRecord};
+use crate::discover::{Discovering, HandoffRecord, PlanConfig, RunnerRecord};
 use crate::painter::Claim;
 use crate::placement::{self, Column};
-use crate::vocab::{Key, Request, RunnerId};
+use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
 /// A plan that cannot be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,10 +102,12 @@ impl Discovering {
     pub fn plan(self, strategy: impl Into<Strategy>) -> std::result::Result<Planned, PlanFailed> {
         let mut discovering = self;
         let records = std::mem::take(&mut discovering.runners);
+        let handoffs = std::mem::take(&mut discovering.handoffs);
         let config = discovering.config.clone();
-        Planned::new(config, records, strategy.into()).map_err(|(error, records)| {
+        Planned::new(config, records, handoffs, strategy.into()).map_err(|(error, records, handoffs)| {
             // The records come back unchanged: the discovery is as it was.
             discovering.runners = records;
+            discovering.handoffs = handoffs;
             PlanFailed {
                 error,
                 discovering: Box::new(discovering),
@@ -245,8 +247,13 @@ impl From<Policy> for Strategy {
 pub struct ArenaPlan {
     /// Its key.
     pub key: Key,
-    /// Its generation under round-robin placement (`None` when packed).
+    /// Its generation under round-robin placement (`None` when packed, and
+    /// for handoffs).
     pub generation: Option<usize>,
+    /// It holds the key's handoffs, each placed for its lifetime (writer to
+    /// last reader), apart from every runner's own bytes.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub handoffs: bool,
     /// Its size in bytes (a multiple of the domain's alignment).
     pub bytes: u64,
 }
@@ -279,6 +286,18 @@ pub(crate) struct RunnerPlan {
     pub(crate) claims: Vec<Claim>,
 }
 
+/// Everything the plan decided for one handoff.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct HandoffPlan {
+    pub(crate) record: HandoffRecord,
+    /// Index into [`Planned::arenas`], and the byte offset there.
+    pub(crate) place: Place,
+    /// Aligned bytes.
+    pub(crate) bytes: u64,
+    /// The bytes its writer's replay overwrites.
+    pub(crate) claim: Claim,
+}
+
 /// Where one request's view lies ([`Planned::place`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Place {
@@ -291,6 +310,18 @@ pub(crate) struct Place {
 impl RunnerPlan {
     pub(crate) fn id(&self) -> RunnerId {
         self.record.id
+    }
+
+    /// Whether the fence tracks this runner's replays: it owns bytes (its
+    /// requests or the handoffs it writes).
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.position.is_some() || !self.record.writes.is_empty()
+    }
+
+    /// Whether sealing needs this runner's graph: it owns bytes or reads
+    /// a handoff.
+    pub(crate) fn needs_graph(&self) -> bool {
+        self.is_fenced() || !self.record.reads.is_empty()
     }
 
     pub(crate) fn slice(&self, key: Key) -> Option<&Slice> {
@@ -321,18 +352,22 @@ pub struct Planned {
     pub(crate) fence_regions: usize,
     /// (runner, slot), sorted by runner: the one lookup every phase uses.
     pub(crate) index: Vec<(RunnerId, usize)>,
+    /// Handoffs, by id.
+    pub(crate) handoffs: Vec<HandoffPlan>,
 }
 
 impl Planned {
     /// Plans `records`; on failure hands them back unchanged.
+    #[allow(clippy::type_complexity)]
     pub(crate) fn new(
         config: PlanConfig,
         records: Vec<RunnerRecord>,
+        handoffs: Vec<HandoffRecord>,
         strategy: Strategy,
-    ) -> std::result::Result<Planned, (PlanError, Vec<RunnerRecord>)> {
+    ) -> std::result::Result<Planned, (PlanError, Vec<RunnerRecord>, Vec<HandoffRecord>)> {
         let requested = match strategy.policy.requested() {
             Ok(n) => n,
-            Err(e) => return Err((e, records)),
+            Err(e) => return Err((e, records, handoffs)),
         };
         let using = records.iter().filter(|r| !r.capacity.is_empty()).count();
         let g = requested.min(using).max(1);
@@ -373,6 +408,7 @@ impl Planned {
                         arenas.push(ArenaPlan {
                             key,
                             generation: Some(gen),
+                            handoffs: false,
                             bytes,
                         });
                     }
@@ -392,12 +428,17 @@ impl Planned {
                     let work = placement::work_share(cap.len(), pairs);
                     let Some(layout) = placement::packed_column(&cap, g, work) else {
                         let error = overflow(key, &cap, &runners, &using);
-                        return Err((error, runners.into_iter().map(|r| r.record).collect()));
+                        return Err((
+                            error,
+                            runners.into_iter().map(|r| r.record).collect(),
+                            handoffs,
+                        ));
                     };
                     let arena = arenas.len();
                     arenas.push(ArenaPlan {
                         key,
                         generation: None,
+                        handoffs: false,
                         bytes: layout.bytes,
                     });
                     for ((k, bytes), &offset) in cap.entries().zip(&layout.offsets) {
@@ -412,7 +453,17 @@ impl Planned {
             }
         }
 
-        let fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
+        let mut fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
+        let handoffs = match place_handoffs(handoffs, &runners, &mut arenas, &mut fence_regions, g) {
+            Ok(placed) => placed,
+            Err((error, handoffs)) => {
+                return Err((
+                    error,
+                    runners.into_iter().map(|r| r.record).collect(),
+                    handoffs,
+                ))
+            }
+        };
         let mut index: Vec<(RunnerId, usize)> = runners
             .iter()
             .enumerate()
@@ -427,6 +478,7 @@ impl Planned {
             arenas,
             fence_regions,
             index,
+            handoffs,
         })
     }
 
@@ -505,6 +557,23 @@ impl Planned {
         })
     }
 
+    /// Every handoff as planned, in id order.
+    pub fn handoffs(&self) -> impl Iterator<Item = HandoffInfo> + '_ {
+        self.handoffs.iter().enumerate().map(|(i, h)| HandoffInfo {
+            id: HandoffId(i as u32),
+            request: h.record.request,
+            writer: self.runners[h.record.writer].id(),
+            readers: h
+                .record
+                .readers
+                .iter()
+                .map(|&r| self.runners[r].id())
+                .collect(),
+            arena: h.place.arena,
+            offset: h.place.offset,
+        })
+    }
+
     /// The runner's slot (its index in capture order), by binary search.
     pub(crate) fn slot(&self, runner: RunnerId) -> Option<usize> {
         self.index
@@ -512,6 +581,105 @@ impl Planned {
             .ok()
             .map(|k| self.index[k].1)
     }
+}
+
+/// One handoff as planned ([`Planned::handoffs`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HandoffInfo {
+    /// Its id.
+    pub id: HandoffId,
+    /// What it holds.
+    pub request: Request,
+    /// The runner that writes it.
+    pub writer: RunnerId,
+    /// The runners that read it, in capture order.
+    pub readers: Vec<RunnerId>,
+    /// Index into [`Planned::arenas`] of its arena.
+    pub arena: usize,
+    /// Its byte offset there.
+    pub offset: u64,
+}
+
+/// Each handoff's lifetime, in capture order: from its writer to its last
+/// reader, and `g - 1` runners more (runners that close may be in flight
+/// together: a handoff that reused those bytes at once would make its
+/// writer wait for them).
+pub(crate) fn handoff_interval(h: &HandoffRecord, g: usize, window: bool) -> placement::Interval {
+    let last = h.readers.iter().copied().max().unwrap_or(h.writer).max(h.writer);
+    placement::Interval {
+        start: h.writer,
+        end: if window { last.saturating_add(g - 1) } else { last },
+        bytes: h.request.aligned_bytes().unwrap_or(u64::MAX),
+    }
+}
+
+/// Places every handoff in one arena per key (appended to `arenas`, one
+/// fence region each); hands the records back on overflow.
+#[allow(clippy::type_complexity)]
+fn place_handoffs(
+    records: Vec<HandoffRecord>,
+    runners: &[RunnerPlan],
+    arenas: &mut Vec<ArenaPlan>,
+    regions: &mut usize,
+    g: usize,
+) -> std::result::Result<Vec<HandoffPlan>, (PlanError, Vec<HandoffRecord>)> {
+    let mut keys: Vec<Key> = records.iter().map(|h| h.request.key()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut places = vec![None; records.len()];
+    for key in keys {
+        let members: Vec<usize> = (0..records.len())
+            .filter(|&i| records[i].request.key() == key)
+            .collect();
+        let items: Vec<placement::Interval> = members
+            .iter()
+            .map(|&i| handoff_interval(&records[i], g, true))
+            .collect();
+        let Some((offsets, bytes)) = placement::place_intervals(&items) else {
+            let mut largest: Vec<(RunnerId, u64)> = members
+                .iter()
+                .zip(&items)
+                .map(|(&i, it)| (runners[records[i].writer].id(), it.bytes))
+                .collect();
+            largest.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            largest.truncate(4);
+            let error = PlanError::ArenaOverflow {
+                key,
+                users: members.len(),
+                largest,
+            };
+            return Err((error, records));
+        };
+        let arena = arenas.len();
+        arenas.push(ArenaPlan {
+            key,
+            generation: None,
+            handoffs: true,
+            bytes,
+        });
+        let region = *regions as u32;
+        *regions += 1;
+        for ((&i, it), offset) in members.iter().zip(&items).zip(offsets) {
+            places[i] = Some((Place { arena, offset }, it.bytes, region));
+        }
+    }
+    Ok(records
+        .into_iter()
+        .zip(places)
+        .filter_map(|(record, place)| {
+            let (place, bytes, region) = place?;
+            Some(HandoffPlan {
+                record,
+                place,
+                bytes,
+                claim: Claim {
+                    region,
+                    lo: place.offset,
+                    hi: place.offset + bytes,
+                },
+            })
+        })
+        .collect())
 }
 
 /// Per key, in key order, the buffer-using runners that use it (by

@@ -9,7 +9,7 @@ use crate::discover::Discovering;
 use crate::fence::{Fence, FenceStats, NotOwner};
 use crate::plan::Planned;
 use crate::view::{new_scope_id, OpenScope, ScopeKind, StreamBusy, View};
-use crate::vocab::RunnerId;
+use crate::vocab::{HandoffId, RunnerId};
 
 /// A failed check or backend call while replaying.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +67,29 @@ pub enum ReplayError {
     StreamCapturing {
         /// The runner.
         runner: RunnerId,
+    },
+    /// A runner that reads a handoff was replayed before the handoff's
+    /// writer was ever replayed.
+    #[error("{reader} reads {handoff}, which {writer} writes, and {writer} was never replayed; replay runners in the order discovery armed them")]
+    HandoffNotWritten {
+        /// The reading runner.
+        reader: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Its writer.
+        writer: RunnerId,
+    },
+    /// A runner that reads a handoff was replayed again before the
+    /// handoff's writer was: it would read the write it already read (its
+    /// writer comes first in the order the plan assumed).
+    #[error("{reader} already read {handoff}'s latest write; replay its writer {writer} first (runners replay in the order discovery armed them)")]
+    HandoffAlreadyRead {
+        /// The reading runner.
+        reader: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Its writer.
+        writer: RunnerId,
     },
     /// `consume_many` was given no runner.
     #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
@@ -221,7 +244,7 @@ impl<B: Backend> Capturing<B> {
             .runners
             .iter()
             .zip(&self.slots)
-            .filter(|(r, _)| r.position.is_some())
+            .filter(|(r, _)| r.needs_graph())
             .filter_map(|(r, s)| match s {
                 Slot::Captured(_) => None,
                 Slot::Pending => Some((r.id(), None)),
@@ -234,7 +257,12 @@ impl<B: Backend> Capturing<B> {
                 capturing: Exclusive(self),
             });
         }
-        let Capturing { slots, plan, res } = self;
+        let Capturing {
+            slots,
+            ready,
+            plan,
+            res,
+        } = self;
         let graphs = slots
             .into_iter()
             .map(|s| match s {
@@ -250,9 +278,37 @@ impl<B: Backend> Capturing<B> {
                 start..views.len()
             })
             .collect();
+        let handoff_base = plan.runners.len();
+        let admit_claims = plan
+            .runners
+            .iter()
+            .map(|r| {
+                let mut claims = r.claims.clone();
+                claims.extend(
+                    r.record
+                        .writes
+                        .iter()
+                        .map(|h| plan.handoffs[h.0 as usize].claim),
+                );
+                claims
+            })
+            .collect();
+        let handoffs = plan
+            .handoffs
+            .iter()
+            .zip(ready)
+            .map(|(h, ready)| HandoffState {
+                ready,
+                written: 0,
+                read: vec![0; h.record.readers.len()],
+            })
+            .collect();
         Ok(Replayable {
             graphs,
             fence: Fence::new(res.events, plan.fence_regions),
+            handoff_base,
+            admit_claims,
+            handoffs,
             plan,
             views,
             view_ranges,
@@ -309,6 +365,13 @@ pub struct Replayable<B: Backend> {
     /// events, then arenas.
     graphs: Vec<Option<B::Graph>>,
     fence: Fence<B>,
+    /// Fence slot of handoff 0 (handoff `h` is slot `handoff_base + h`).
+    handoff_base: usize,
+    /// Runner slot -> every byte its replay overwrites: its own claims and
+    /// those of the handoffs it writes.
+    admit_claims: Vec<Vec<crate::painter::Claim>>,
+    /// Per handoff: writes and reads so far.
+    handoffs: Vec<HandoffState>,
     plan: Planned,
     /// Every runner's views, runner after runner, made once at seal: a
     /// consumer or `views` hands out a slice, no allocation. Their scope is
@@ -319,6 +382,17 @@ pub struct Replayable<B: Backend> {
     /// Held for their drop (after graphs and events): views point into them.
     _arenas: Vec<B::Arena>,
     backend: B,
+}
+
+/// One handoff's writes and reads, to refuse a reader that would read a
+/// write it already read (replayed before its writer).
+struct HandoffState {
+    /// Its writer's graph records its event at a ready point.
+    ready: bool,
+    /// Writer replays so far.
+    written: u64,
+    /// Per reader (in the plan's order): `written` when it last read.
+    read: Vec<u64>,
 }
 
 impl<B: Backend> fmt::Debug for Replayable<B> {
@@ -356,6 +430,24 @@ impl<B: Backend> Replayable<B> {
         self.graphs[self.plan.slot(runner)?].as_ref()
     }
 
+    /// The plan's report, with what the backend holds for the graphs'
+    /// temporaries beside the plan's bytes
+    /// ([`PlanReport::graph_memory`](crate::PlanReport::graph_memory): on
+    /// CUDA the device's whole graph pool, every plan's and program's).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] when the backend cannot tell.
+    pub fn report(&self) -> Result<crate::report::PlanReport> {
+        let mut report = self.plan.report();
+        report.graph_memory = self
+            .backend
+            .graph_memory_in_use()
+            .map_err(ReplayError::Wait)?
+            .map(|(used, reserved)| crate::report::GraphMemory { used, reserved });
+        Ok(report)
+    }
+
     /// What the fence has done so far.
     pub fn fence_stats(&self) -> FenceStats {
         self.fence.stats()
@@ -382,17 +474,71 @@ impl<B: Backend> Replayable<B> {
         };
         let backend = &self.backend;
         let sid = backend.stream_id(stream);
-        let claims = &self.plan.runners[slot].claims;
+        let r = &self.plan.runners[slot];
+        let record = &r.record;
+        for &h in &record.reads {
+            let state = &self.handoffs[h.0 as usize];
+            let writer = self.plan.runners[self.plan.handoffs[h.0 as usize].record.writer].id();
+            if state.written == 0 {
+                return Err(ReplayError::HandoffNotWritten {
+                    reader: runner,
+                    handoff: h,
+                    writer,
+                });
+            }
+            if reader_mark(&self.plan, h, slot, state) == Some(state.written) {
+                return Err(ReplayError::HandoffAlreadyRead {
+                    reader: runner,
+                    handoff: h,
+                    writer,
+                });
+            }
+        }
         let failed = |source| ReplayError::Backend { runner, source };
         self.fence
-            .admit(backend, claims, stream, sid)
+            .admit(backend, &self.admit_claims[slot], stream, sid)
             .map_err(failed)?;
+        for &h in &record.reads {
+            let hs = self.handoff_base + h.0 as usize;
+            self.fence
+                .wait_written(backend, hs, stream, sid)
+                .map_err(failed)?;
+        }
         // SAFETY: the fence made `stream` wait for every earlier user of the
-        // bytes this graph claims, and `complete` makes it their latest user.
+        // bytes this graph claims (the handoffs it writes included) and for
+        // the latest write of every handoff it reads; below, it becomes the
+        // latest user of its bytes and a reader of those handoffs.
         unsafe { backend.launch(graph, stream) }.map_err(failed)?;
         self.fence
-            .complete(backend, slot, claims, stream, sid)
-            .map_err(failed)
+            .complete(backend, slot, &r.claims, stream, sid)
+            .map_err(failed)?;
+        for &h in &record.writes {
+            let i = h.0 as usize;
+            let state = &mut self.handoffs[i];
+            state.written += 1;
+            self.fence
+                .complete_handoff(
+                    backend,
+                    self.handoff_base + i,
+                    self.plan.handoffs[i].claim,
+                    stream,
+                    sid,
+                    state.ready,
+                )
+                .map_err(failed)?;
+        }
+        for &h in &record.reads {
+            let i = h.0 as usize;
+            let at = self.plan.handoffs[i].record.readers.iter().position(|&x| x == slot);
+            let state = &mut self.handoffs[i];
+            if let Some(at) = at {
+                state.read[at] = state.written;
+            }
+            self.fence
+                .read_handoff(backend, self.handoff_base + i, stream, sid)
+                .map_err(failed)?;
+        }
+        Ok(())
     }
 
     /// Launches `runner`'s graph with no fence at all.
@@ -755,6 +901,16 @@ impl<B: Backend> Replayable<B> {
     }
 }
 
+/// The write count of handoff `h` that reader slot `slot` last read.
+fn reader_mark(plan: &Planned, h: HandoffId, slot: usize, state: &HandoffState) -> Option<u64> {
+    let at = plan.handoffs[h.0 as usize]
+        .record
+        .readers
+        .iter()
+        .position(|&x| x == slot)?;
+    state.read.get(at).copied()
+}
+
 /// The views of runner slot `slot`, in request order, in no scope.
 fn views_of<'p, 'v, A: Arena>(
     plan: &'p Planned,
@@ -777,6 +933,8 @@ fn views_of<'p, 'v, A: Arena>(
                 request,
                 runner: r.id(),
                 scope: 0,
+                read_only: false,
+                handoff: None,
                 _owner: std::marker::PhantomData,
             })
         })

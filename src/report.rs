@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::painter::Painter;
 use crate::placement::{self, Column};
-use crate::plan::{Placement, Planned, Slice, Strategy};
+use crate::plan::{handoff_interval, Placement, Planned, Slice, Strategy};
 use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
 impl Planned {
@@ -103,8 +103,31 @@ pub struct PlanReport {
     pub ring_bytes: u64,
     /// The most fence waits any one replay needs in steady state.
     pub longest_wait_list: usize,
+    /// Handoffs between runners ([`ArmedRunner::hand_off`](crate::ArmedRunner::hand_off)).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub handoffs: usize,
+    /// Bytes of the handoff arenas (included in `plan_bytes`).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub handoff_bytes: u64,
+    /// What the driver holds for graph memory nodes (the temporaries that
+    /// captured graphs allocate and free inside themselves), beside the
+    /// plan's own bytes: known once graphs exist, so only in
+    /// [`Replayable::report`](crate::Replayable::report).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub graph_memory: Option<GraphMemory>,
     /// [`Planned::fingerprint`].
     pub fingerprint: u64,
+}
+
+/// Device memory the backend holds for graph memory nodes
+/// (CUDA: `cuDeviceGetGraphMemAttribute`), on the whole device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GraphMemory {
+    /// Bytes in use by graph allocations now.
+    pub used: u64,
+    /// Bytes reserved for graph allocations now.
+    pub reserved: u64,
 }
 
 impl PlanReport {
@@ -152,6 +175,9 @@ struct KeyFacts {
     writers: BTreeMap<(ParamId, u64), u64>,
     /// Wgrad bytes of requests with no parameter (each its own ring slot).
     anonymous: u64,
+    /// The key's handoffs: their arena's bytes and lifetimes.
+    handoff_bytes: u64,
+    handoffs: Vec<placement::Interval>,
 }
 
 /// Builds the report in a few passes over runners, requests and arenas.
@@ -177,6 +203,8 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         longest_wait_list: 0,
         writers: BTreeMap::new(),
         anonymous: 0,
+        handoff_bytes: 0,
+        handoffs: Vec::new(),
     };
     for (r, &wait_list) in plan.runners.iter().zip(&waits) {
         if let Some(position) = r.position {
@@ -204,13 +232,21 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
             }
         }
     }
-    // The plan lists each key's arenas together, in generation order.
+    // The plan lists each key's arenas together, in generation order
+    // (then each key's handoff arena, after every other arena).
     for a in &plan.arenas {
+        let f = facts.entry(a.key).or_insert_with(fresh);
+        f.arenas.push(a.bytes);
+        if a.handoffs {
+            f.handoff_bytes = f.handoff_bytes.saturating_add(a.bytes);
+        }
+    }
+    for h in &plan.handoffs {
         facts
-            .entry(a.key)
+            .entry(h.record.request.key())
             .or_insert_with(fresh)
-            .arenas
-            .push(a.bytes);
+            .handoffs
+            .push(handoff_interval(&h.record, g, false));
     }
     let pairs = facts.values().map(|f| f.column.len()).sum();
     let names: BTreeMap<GroupId, &str> = plan.config.groups().collect();
@@ -218,6 +254,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         .into_iter()
         .map(|(key, f)| {
             let plan_bytes = f.arenas.iter().copied().fold(0, u64::saturating_add);
+            // Handoffs are placed alike under both placements.
             let (round_robin_bytes, packed_bytes) = match plan.strategy.placement {
                 Placement::RoundRobin => (
                     plan_bytes,
@@ -226,10 +263,19 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                         g,
                         placement::work_share(f.column.len(), pairs),
                     )
-                    .map_or(u64::MAX, |l| l.bytes),
+                    .map_or(u64::MAX, |l| l.bytes.saturating_add(f.handoff_bytes)),
                 ),
-                Placement::Packed => (placement::round_robin_bytes(&f.column, g), plan_bytes),
+                Placement::Packed => (
+                    placement::round_robin_bytes(&f.column, g).saturating_add(f.handoff_bytes),
+                    plan_bytes,
+                ),
             };
+            // The old way: one buffer per handoff, each its own.
+            let handoff_sum = f
+                .handoffs
+                .iter()
+                .map(|h| h.bytes)
+                .fold(0, u64::saturating_add);
             KeyReport {
                 key,
                 name: key_name(&names, key),
@@ -237,12 +283,14 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                 plan_bytes,
                 round_robin_bytes,
                 packed_bytes,
-                lower_bound: placement::lower_bound_column(&f.column, g),
+                lower_bound: placement::lower_bound_column(&f.column, g)
+                    .saturating_add(placement::interval_lower_bound(&f.handoffs)),
                 ring_bytes: f
                     .writers
                     .iter()
                     .map(|(&(_, size), &n)| size.saturating_mul(n.min(2)))
-                    .fold(f.anonymous, u64::saturating_add),
+                    .fold(f.anonymous, u64::saturating_add)
+                    .saturating_add(handoff_sum),
                 longest_wait_list: f.longest_wait_list,
             }
         })
@@ -277,6 +325,14 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         lower_bound: sum(|k| k.lower_bound),
         ring_bytes: sum(|k| k.ring_bytes),
         longest_wait_list: waits.iter().copied().max().unwrap_or(0),
+        handoffs: plan.handoffs.len(),
+        handoff_bytes: plan
+            .arenas
+            .iter()
+            .filter(|a| a.handoffs)
+            .map(|a| a.bytes)
+            .fold(0, u64::saturating_add),
+        graph_memory: None,
         keys,
         runners,
         fingerprint: fingerprint(plan),
@@ -342,6 +398,17 @@ pub(crate) fn fingerprint(plan: &Planned) -> u64 {
     for a in &plan.arenas {
         h.key(a.key);
         h.u64(a.bytes);
+    }
+    for x in &plan.handoffs {
+        h.key(x.record.request.key());
+        h.u64(x.record.request.elements);
+        h.u64(x.record.writer as u64);
+        h.u64(x.record.readers.len() as u64);
+        for &r in &x.record.readers {
+            h.u64(r as u64);
+        }
+        h.u64(x.place.arena as u64);
+        h.u64(x.place.offset);
     }
     h.0
 }
@@ -718,6 +785,23 @@ impl fmt::Display for PlanReport {
             self.fingerprint
         )?;
         writeln!(f, "verdict: {}", self.verdict())?;
+        if self.handoffs > 0 {
+            writeln!(
+                f,
+                "handoffs: {} between runners, {} (in the totals), each placed for its lifetime",
+                self.handoffs,
+                human_bytes(self.handoff_bytes)
+            )?;
+        }
+        if let Some(m) = self.graph_memory {
+            writeln!(
+                f,
+                "graph memory: {} in use, {} reserved by the driver for graph temporaries (the device's), beside the plan's {}",
+                human_bytes(m.used),
+                human_bytes(m.reserved),
+                human_bytes(self.plan_bytes)
+            )?;
+        }
         writeln!(f)?;
         self.key_table().render(f, "")?;
         writeln!(f)?;

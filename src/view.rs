@@ -34,6 +34,10 @@ pub struct View<'a> {
     /// The capture or consumer whose closure may use it on the device (0:
     /// none, a view for reading addresses only).
     pub(crate) scope: u64,
+    /// A handoff its reader received: the capture may only read it.
+    pub(crate) read_only: bool,
+    /// The handoff it is, if any: unusable once its writer marked it ready.
+    pub(crate) handoff: Option<u32>,
     pub(crate) _owner: PhantomData<&'a ()>,
 }
 
@@ -44,6 +48,8 @@ pub(crate) struct ViewTag {
     pub(crate) scope: u64,
     pub(crate) request: Request,
     pub(crate) runner: RunnerId,
+    pub(crate) read_only: bool,
+    pub(crate) handoff: Option<u32>,
 }
 
 impl<'a> View<'a> {
@@ -53,6 +59,8 @@ impl<'a> View<'a> {
             scope: self.scope,
             request: self.request,
             runner: self.runner,
+            read_only: self.read_only,
+            handoff: self.handoff,
         }
     }
 
@@ -97,7 +105,15 @@ impl<'a> View<'a> {
         self.request
     }
 
-    /// The runner that owns it.
+    /// Whether work may only read it: a handoff its reader received
+    /// ([`RunnerCapture::receive`](crate::RunnerCapture::receive)). A
+    /// consumer's views are read-only too, by their consumer's kind.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The runner that owns it (for a handoff, the runner whose capture
+    /// took it).
     pub fn runner(&self) -> RunnerId {
         self.runner
     }
@@ -257,6 +273,9 @@ pub(crate) struct Scope {
     /// The first use refused after the view left the closure's checks (a
     /// typed view used on another stream), reported when the closure ends.
     misuse: Mutex<Option<String>>,
+    /// Handoffs marked ready in this capture: its work may no longer use
+    /// them.
+    retired: Mutex<Vec<u32>>,
 }
 
 impl Scope {
@@ -275,6 +294,15 @@ impl Scope {
     /// The first refused use, if any.
     pub(crate) fn take_misuse(&self) -> Option<String> {
         self.misuse.lock().ok().and_then(|mut m| m.take())
+    }
+
+    /// Whether the view may still be used in this scope: a handoff its
+    /// writer marked ready may not. (Fails closed on a poisoned lock.)
+    pub(crate) fn in_use(&self, view: &ViewTag) -> bool {
+        match view.handoff {
+            None => true,
+            Some(h) => self.retired.lock().is_ok_and(|r| !r.contains(&h)),
+        }
     }
 }
 
@@ -356,6 +384,7 @@ impl OpenScope {
                 s.runner = runner;
                 *s.open.get_mut() = true;
                 *s.misuse.get_mut().ok()? = None;
+                s.retired.get_mut().ok()?.clear();
                 Some(arc)
             });
         let scope = reused.unwrap_or_else(|| {
@@ -366,6 +395,7 @@ impl OpenScope {
                 runner,
                 open: AtomicBool::new(true),
                 misuse: Mutex::new(None),
+                retired: Mutex::new(Vec::new()),
             })
         });
         OPEN.with(|open| open.borrow_mut().push(scope.clone()));
@@ -436,6 +466,13 @@ pub(crate) fn out_of_scope(view: &ViewTag) -> String {
 
 /// Why a consumer's view may not be written.
 pub(crate) fn read_only(view: &ViewTag) -> String {
+    if view.read_only {
+        return format!(
+            "{} of {} is a handoff it received, which it reads (the writer's next replay and \
+             other readers rely on that); write handoffs in their writer's graph",
+            view.request, view.runner
+        );
+    }
     format!(
         "{} of {} is a consumer's view, which it reads (consumers on other streams may read \
          it at the same time); write a runner's views in its graph, or in `consume_mut`",
@@ -472,8 +509,34 @@ pub(crate) fn scope_of(view: &ViewTag) -> Result<Arc<Scope>, String> {
 /// # Errors
 ///
 /// Why not, naming the view, its runner and the streams.
+/// Handoff `handoff` was marked ready in the open scope `scope`: its views
+/// no longer work there. `false` when no such scope is open on this thread.
+pub(crate) fn retire(scope: u64, handoff: u32) -> bool {
+    OPEN.try_with(|open| {
+        let open = open.try_borrow().ok()?;
+        let s = open.iter().rev().find(|s| s.id == scope && s.is_open())?;
+        s.retired.lock().ok()?.push(handoff);
+        Some(())
+    })
+    .ok()
+    .flatten()
+    .is_some()
+}
+
+/// Why a handoff view was refused after its ready point.
+pub(crate) fn retired(view: &ViewTag) -> String {
+    format!(
+        "{} of {} is a handoff its capture marked ready; after that point of the graph, \
+         readers and the next writer may use it, so the writer's graph leaves it alone",
+        view.request, view.runner
+    )
+}
+
 pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<Arc<Scope>, String> {
     let scope = scope_of(view)?;
+    if !scope.in_use(view) {
+        return Err(retired(view));
+    }
     let innermost = OPEN
         .try_with(|open| {
             open.try_borrow().ok().and_then(|open| {
@@ -498,7 +561,7 @@ pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<Arc<
             }
         ));
     }
-    if write && scope.kind == ScopeKind::Read {
+    if write && (scope.kind == ScopeKind::Read || view.read_only) {
         return Err(read_only(view));
     }
     Ok(scope)

@@ -16,6 +16,21 @@ impl fmt::Display for RunnerId {
     }
 }
 
+/// A buffer one runner writes and later runners read (a layer's input
+/// gradient, which the next layer's backward reads), declared at discovery
+/// by [`ArmedRunner::hand_off`](crate::ArmedRunner::hand_off), read by
+/// [`ArmedRunner::receive`](crate::ArmedRunner::receive). Ids count from 0
+/// in declaration order within one discovery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct HandoffId(pub u32);
+
+impl fmt::Display for HandoffId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "handoff {}", self.0)
+    }
+}
+
 /// A communicator group (for example dense GTP or expert GTP) whose
 /// NCCL-registered memory backs a [`Domain::Symmetric`] domain.
 ///

@@ -51,7 +51,7 @@ use cudarc::driver::{
 };
 
 use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError};
-use crate::view::{check_use, read_only, Scope, ScopeKind, View};
+use crate::view::{check_use, read_only, retired, Scope, ScopeKind, View};
 use crate::vocab::{align_up, DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;
@@ -1266,12 +1266,15 @@ impl<T> TypedView<'_, T> {
         // consumer's only while it does not (its work must run, fenced).
         let capture = self.scope.kind == ScopeKind::Capture;
         let state_matches = || capturing(stream.cu_stream()).is_ok_and(|c| c == capture);
-        let writable = !write || self.scope.kind != ScopeKind::Read;
-        if self.scope.is_open() && same_stream && writable && state_matches() {
+        let writable = !write || (self.scope.kind != ScopeKind::Read && !self.tag.read_only);
+        let in_use = self.scope.in_use(&self.tag);
+        if self.scope.is_open() && same_stream && writable && in_use && state_matches() {
             return self.ptr;
         }
         self.scope.record_misuse(if !writable {
             read_only(&self.tag)
+        } else if !in_use {
+            retired(&self.tag)
         } else {
             format!(
                 "a typed view of {} elements at {:#x} was handed to cudarc {}; it works only on \
@@ -1449,6 +1452,27 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let raw = stream.raw("cuEventRecordWithFlags")?;
+        self.bind()?;
+        if !capturing(raw)? {
+            return Err(BackendError::Refused {
+                op: "cuEventRecordWithFlags",
+                reason: "an event record node is made inside a capture; the stream is not capturing".into(),
+            });
+        }
+        // SAFETY: both handles are live objects of this context; an
+        // external record on a capturing stream becomes an event record
+        // node of the graph.
+        check("cuEventRecordWithFlags", unsafe {
+            sys::cuEventRecordWithFlags(
+                event.cu_event(),
+                raw,
+                sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+            )
+        })
+    }
+
     fn synchronize_event(&self, event: &Event) -> Result<()> {
         self.bind()?;
         // SAFETY: the event is a live object of this context.
@@ -1519,6 +1543,10 @@ impl Backend for CudaBackend {
                 let _ = sys::cuGraphDestroy(graph);
             }
         }
+    }
+
+    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
+        self.graph_memory().map(Some)
     }
 
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {

@@ -329,6 +329,21 @@ pub trait Backend {
     /// As [`Backend::wait_event`].
     fn record_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<(), BackendError>;
 
+    /// Records the event *inside* the capture running on `stream`, as a
+    /// node of the graph being captured: every launch of the graph records
+    /// the event at that point of the graph (CUDA: an external event record
+    /// node, `cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)`).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error; [`BackendError::Refused`] when `stream` is not
+    /// capturing.
+    fn record_event_node(
+        &self,
+        stream: &Self::Stream,
+        event: &Self::Event,
+    ) -> Result<(), BackendError>;
+
     /// Blocks the calling thread until the event's latest record completed.
     ///
     /// # Errors
@@ -401,6 +416,17 @@ pub trait Backend {
     ///
     /// Why the graph cannot be owned.
     fn validate_graph(&self, graph: &Self::Graph) -> Result<(), String>;
+
+    /// Bytes the backend holds for graph memory nodes on the device, as
+    /// (in use, reserved): the other half of what replaying costs in memory
+    /// beside the plan's arenas. `None` when the backend cannot tell.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>, BackendError> {
+        Ok(None)
+    }
 
     /// Waits for all work submitted through this backend (for
     /// [`Replayable::synchronize`](crate::Replayable::synchronize); teardown

@@ -699,6 +699,10 @@ impl Backend for NcclBackend {
         self.cuda.record_event(stream, event)
     }
 
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        self.cuda.record_event_node(stream, event)
+    }
+
     fn synchronize_event(&self, event: &Event) -> Result<()> {
         self.cuda.synchronize_event(event)
     }
@@ -724,6 +728,10 @@ impl Backend for NcclBackend {
     unsafe fn abort_capture(&self, stream: &Stream) {
         // SAFETY: the caller's contract is the same.
         unsafe { self.cuda.abort_capture(stream) }
+    }
+
+    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
+        self.cuda.graph_memory_in_use()
     }
 
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {

@@ -292,6 +292,8 @@ impl Drop for SimEvent {
 #[derive(Clone, Debug, Default)]
 pub struct SimGraph {
     ops: Vec<(SimOp, u64)>,
+    /// Event record nodes: (index of the op they precede, event id).
+    records: Vec<(usize, usize)>,
     /// Held for its drop: frees the allocation nodes' memory with the graph.
     _memory: Option<Arc<GraphMemory>>,
 }
@@ -314,7 +316,7 @@ impl Drop for GraphMemory {
         let mut s = lock(&self.state);
         s.synchronize();
         for &base in &self.bases {
-            s.free(base);
+            s.free_graph_memory(base);
         }
     }
 }
@@ -323,6 +325,7 @@ impl Drop for GraphMemory {
 #[derive(Default)]
 struct Capture {
     ops: Vec<(SimOp, u64)>,
+    records: Vec<(usize, usize)>,
     /// Allocations its allocation nodes made.
     temps: Vec<u64>,
 }
@@ -666,6 +669,8 @@ struct SimState {
     allocations_left: Option<usize>,
     allocations: u64,
     frees: u64,
+    /// Bytes held by live graphs' allocation nodes.
+    graph_bytes: u64,
 }
 
 fn lock(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {
@@ -727,6 +732,14 @@ impl SimState {
         );
         self.allocations += 1;
         Ok(base)
+    }
+
+    /// Frees a graph allocation node's memory.
+    fn free_graph_memory(&mut self, base: u64) {
+        if let Some(a) = self.allocs.get(&base) {
+            self.graph_bytes = self.graph_bytes.saturating_sub(a.bytes);
+        }
+        self.free(base);
     }
 
     fn free(&mut self, base: u64) {
@@ -906,6 +919,19 @@ impl SimState {
         if let (Some(s), Some(d)) = (self.read(&src), self.read(&dst)) {
             let out: Vec<f32> = d.iter().zip(&s).map(|(&d, &s)| f(d, s)).collect();
             self.write(&dst, &out);
+        }
+    }
+
+    /// Records event `event` at the tail of stream `s` (a graph's event
+    /// record node); an event dropped since is skipped.
+    fn record(&mut self, s: usize, event: usize) {
+        let st = &self.streams[s];
+        let recorded = EventState {
+            time: st.tail,
+            clock: st.clock.clone(),
+        };
+        if let Some(e) = self.events.get_mut(event) {
+            *e = recorded;
         }
     }
 
@@ -1102,6 +1128,7 @@ impl SimBackend {
         let base = s
             .alloc(bytes, 256, true)
             .map_err(|reason| sim_error("sim alloc async", reason))?;
+        s.graph_bytes += bytes;
         if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.temps.push(base);
             capture
@@ -1115,6 +1142,8 @@ impl SimBackend {
                 scope,
                 request: Request::new(Domain::Device, DType::F32, len as u64),
                 runner,
+                read_only: false,
+                handoff: None,
             }),
         })
     }
@@ -1291,6 +1320,22 @@ impl Backend for SimBackend {
         Ok(())
     }
 
+    fn record_event_node(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
+        let sid = self.own(stream, "sim record node")?;
+        let eid = self.own_event(event, "sim record node")?;
+        let mut s = self.state();
+        match s.streams[sid].capturing.as_mut() {
+            Some(capture) => {
+                capture.records.push((capture.ops.len(), eid));
+                Ok(())
+            }
+            None => Err(sim_error(
+                "sim record node",
+                "an event record node is made inside a capture; the stream is not capturing",
+            )),
+        }
+    }
+
     fn record_event(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
         let sid = self.own(stream, "sim record")?;
         let eid = self.own_event(event, "sim record")?;
@@ -1340,8 +1385,15 @@ impl Backend for SimBackend {
                 s.ranges(op)
             })
             .collect::<Result<Vec<_>>>()?;
-        for (&(op, duration), ranges) in graph.ops.iter().zip(ranges) {
+        let mut records = graph.records.iter().peekable();
+        for (i, (&(op, duration), ranges)) in graph.ops.iter().zip(ranges).enumerate() {
+            while let Some(&(_, event)) = records.next_if(|(at, _)| *at == i) {
+                s.record(id, event);
+            }
             s.submit_checked(id, op, ranges, duration);
+        }
+        for &(_, event) in records {
+            s.record(id, event);
         }
         Ok(())
     }
@@ -1379,6 +1431,7 @@ impl Backend for SimBackend {
         });
         Ok(SimGraph {
             ops: capture.ops,
+            records: capture.records,
             _memory: memory,
         })
     }
@@ -1388,10 +1441,17 @@ impl Backend for SimBackend {
             let mut s = self.state();
             if let Some(capture) = s.streams[id].capturing.take() {
                 for base in capture.temps {
-                    s.free(base);
+                    s.free_graph_memory(base);
                 }
             }
         }
+    }
+
+    /// The bytes of every live graph's allocation nodes (the sim reserves
+    /// exactly what it uses).
+    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
+        let bytes = self.state().graph_bytes;
+        Ok(Some((bytes, bytes)))
     }
 
     fn validate_graph(&self, graph: &SimGraph) -> std::result::Result<(), String> {
