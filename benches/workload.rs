@@ -65,6 +65,8 @@ fn workload() -> Workload {
                 id: None,
                 name: Some(format!("layer{}.{}.bwd", i / 3, kinds[(i % 3) as usize])),
                 requests,
+                receive: Vec::new(),
+                hand_off: Vec::new(),
             }
         })
         .collect();

@@ -8,7 +8,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::discover::{Discovering, PlanConfig};
-use crate::vocab::{DType, Domain, GroupId, ParamId, Purpose, Request, RunnerId};
+use crate::vocab::{DType, Domain, GroupId, HandoffId, ParamId, Purpose, Request, RunnerId};
 
 /// A workload file: the runners one eager backward discovered, in capture
 /// order, with everything a plan needs (feature `serde`).
@@ -105,6 +105,14 @@ pub struct RunnerSpec {
     /// nothing gets no generation.
     #[serde(deserialize_with = "object::list")]
     pub requests: Vec<RequestSpec>,
+    /// The handoffs it reads, by id (declared by an earlier runner's
+    /// `hand_off`; ids count from 0 in file order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receive: Vec<u32>,
+    /// The handoffs it writes, in order
+    /// ([`ArmedRunner::hand_off`](crate::ArmedRunner::hand_off)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hand_off: Vec<RequestSpec>,
 }
 
 /// One request of [`RunnerSpec::requests`]: a [`Request`] whose group and
@@ -364,7 +372,16 @@ impl Workload {
             if !runner.requests.is_empty() {
                 w.write_all(b"\n    ").map_err(io)?;
             }
-            w.write_all(b"]}").map_err(io)?;
+            w.write_all(b"]").map_err(io)?;
+            if !runner.receive.is_empty() {
+                w.write_all(b", \"receive\": ").map_err(io)?;
+                json_to(w, &runner.receive)?;
+            }
+            if !runner.hand_off.is_empty() {
+                w.write_all(b", \"hand_off\": ").map_err(io)?;
+                json_to(w, &runner.hand_off)?;
+            }
+            w.write_all(b"}").map_err(io)?;
         }
         w.write_all(b"\n  ]\n}\n").map_err(io)
     }
@@ -405,6 +422,17 @@ impl Workload {
         }
         let mut runner_names: HashMap<&str, RunnerId> = HashMap::new();
         let mut runners = Vec::new();
+        let mut receives: HashMap<RunnerId, Vec<u32>> = HashMap::new();
+        let mut hand_offs: HashMap<RunnerId, Vec<RequestSpec>> = HashMap::new();
+        for (id, request, writer, readers) in discovery.handoffs() {
+            hand_offs
+                .entry(writer)
+                .or_default()
+                .push(RequestSpec::from_request(&request, config));
+            for reader in readers {
+                receives.entry(reader).or_default().push(id.0);
+            }
+        }
         for (i, runner) in discovery.runners().enumerate() {
             let runner_name = discovery.runner_name(runner);
             if let Some(n) = runner_name {
@@ -432,6 +460,8 @@ impl Workload {
                 id: (u64::from(runner.0) != i as u64).then_some(runner.0),
                 name: runner_name.map(str::to_string),
                 requests,
+                receive: receives.remove(&runner).unwrap_or_default(),
+                hand_off: hand_offs.remove(&runner).unwrap_or_default(),
             });
         }
         let workload = Workload {
@@ -491,17 +521,32 @@ impl Workload {
                 None => discovery.arm(id),
             }
             .map_err(|e| discovery_error(path(), e))?;
-            for (j, spec) in runner.requests.iter().enumerate() {
+            // Requests, then the handoffs it receives (declared by earlier
+            // runners), then those it hands off.
+            let receives = runner.requests.len();
+            let specs = runner
+                .requests
+                .iter()
+                .enumerate()
+                .map(|(j, q)| (q, request_path(j), false))
+                .chain(
+                    runner
+                        .hand_off
+                        .iter()
+                        .enumerate()
+                        .map(|(j, q)| (q, format!("runners[{i}].hand_off[{j}]"), true)),
+                );
+            for (k, (spec, path, handoff)) in specs.enumerate() {
+                if k == receives {
+                    receive_all(&mut armed, runner, i)?;
+                }
                 if spec.elements == 0 {
-                    return Err(invalid(
-                        format!("{}.elements", request_path(j)),
-                        "must be at least 1",
-                    ));
+                    return Err(invalid(format!("{path}.elements"), "must be at least 1"));
                 }
                 let domain = match &spec.domain {
                     DomainSpec::Device => Domain::Device,
                     DomainSpec::Symmetric(name) => Domain::Symmetric(
-                        groups.id(name, || format!("{}.domain.symmetric", request_path(j)))?,
+                        groups.id(name, || format!("{path}.domain.symmetric"))?,
                     ),
                 };
                 let mut request =
@@ -510,7 +555,7 @@ impl Workload {
                     None => {}
                     Some(ParamRef::Id(n)) => request = request.param(ParamId(*n)),
                     Some(ParamRef::Name(name)) => {
-                        non_empty(name, || format!("{}.param", request_path(j)))?;
+                        non_empty(name, || format!("{path}.param"))?;
                         let id = match interned.get(name.as_str()) {
                             Some(&id) => id,
                             None => {
@@ -526,9 +571,15 @@ impl Workload {
                         request = request.param(id);
                     }
                 }
-                armed
-                    .record(request)
-                    .map_err(|e| discovery_error(request_path(j), e))?;
+                let recorded = if handoff {
+                    armed.hand_off(request).map(|_| ())
+                } else {
+                    armed.record(request).map(|_| ())
+                };
+                recorded.map_err(|e| discovery_error(path, e))?;
+            }
+            if runner.requests.len() + runner.hand_off.len() == receives {
+                receive_all(&mut armed, runner, i)?;
             }
         }
         Ok(discovery)
@@ -666,6 +717,20 @@ fn non_empty(value: &str, path: impl FnOnce() -> String) -> Result<(), WorkloadE
     } else {
         Ok(())
     }
+}
+
+/// Runner `i`'s receives, in order.
+fn receive_all(
+    armed: &mut crate::ArmedRunner<'_>,
+    runner: &RunnerSpec,
+    i: usize,
+) -> Result<(), WorkloadError> {
+    for (n, &h) in runner.receive.iter().enumerate() {
+        armed
+            .receive(HandoffId(h))
+            .map_err(|e| discovery_error(format!("runners[{i}].receive[{n}]"), e))?;
+    }
+    Ok(())
 }
 
 fn discovery_error(path: String, error: impl Into<crate::Error>) -> WorkloadError {

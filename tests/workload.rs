@@ -381,6 +381,8 @@ fn a_hundred_thousand_distinct_params_load_in_linear_time() {
                 purpose: Purpose::WgradRsInput,
                 param: Some(ParamRef::Name(format!("p{i}"))),
             }],
+            receive: Vec::new(),
+            hand_off: Vec::new(),
         })
         .collect();
     let workload = Workload {
@@ -598,7 +600,13 @@ fn workload() -> impl Strategy<Value = Workload> {
         prop::option::of(".{0,6}"),
         prop::collection::vec(request, 0..3),
     )
-        .prop_map(|(id, name, requests)| RunnerSpec { id, name, requests });
+        .prop_map(|(id, name, requests)| RunnerSpec {
+            id,
+            name,
+            requests,
+            receive: Vec::new(),
+            hand_off: Vec::new(),
+        });
     let group =
         (prop::option::of(any::<u32>()), ".{0,4}").prop_map(|(id, name)| GroupSpec { id, name });
     (
@@ -935,4 +943,33 @@ fn saving_refuses_what_loading_would_refuse_with_the_same_error() {
         .unwrap()
         .to_discovering()
         .unwrap();
+}
+
+#[test]
+fn handoffs_are_saved_and_loaded_with_their_readers() {
+    let grad = Request::new(Domain::Device, DType::BF16, 4096);
+    let mut d = Discovering::new(PlanConfig::new());
+    let h0 = d.arm(RunnerId(0)).unwrap().hand_off(grad).unwrap();
+    {
+        let mut armed = d.arm(RunnerId(1)).unwrap();
+        armed.record(Request::new(Domain::Device, DType::F32, 8)).unwrap();
+        armed.receive(h0).unwrap();
+        armed.hand_off(grad).unwrap();
+    }
+    {
+        let mut armed = d.arm(RunnerId(2)).unwrap();
+        armed.receive(h0).unwrap();
+        armed.receive(replay_arena::HandoffId(1)).unwrap();
+    }
+    let text = Workload::from_discovering("handoffs", &d)
+        .unwrap()
+        .to_json()
+        .unwrap();
+    assert!(text.contains("\"receive\": [0,1]"), "{text}");
+    let back = Workload::from_json_str(&text).unwrap().to_discovering().unwrap();
+    assert_eq!(back, d);
+    // A receive of a handoff never declared is refused with its path.
+    let bad = text.replace("\"receive\": [0,1]", "\"receive\": [0,5]");
+    let e = error_of(&bad);
+    assert!(e.contains("runners[2].receive[1]"), "{e}");
 }
