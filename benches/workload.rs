@@ -150,6 +150,8 @@ fn groups_workload(runners: u64) -> Workload {
                     param: None,
                 })
                 .collect(),
+            receive: Vec::new(),
+            hand_off: Vec::new(),
         })
         .collect();
     Workload {

@@ -206,6 +206,34 @@ impl<B: Backend> Fence<B> {
         Ok(())
     }
 
+    /// Makes `stream` wait for the latest record of `slot`'s event, whatever
+    /// made it, tracking nothing (for unfenced launches).
+    pub(crate) fn wait_latest_record(
+        &self,
+        backend: &B,
+        slot: usize,
+        stream: &B::Stream,
+    ) -> Result<(), BackendError> {
+        match &self.runners[slot].event {
+            Some(event) => backend.wait_event(stream, event),
+            None => Ok(()),
+        }
+    }
+
+    /// Records `slot`'s event on `stream` now, tracking nothing (for
+    /// unfenced launches).
+    pub(crate) fn record_now(
+        &self,
+        backend: &B,
+        slot: usize,
+        stream: &B::Stream,
+    ) -> Result<(), BackendError> {
+        match &self.runners[slot].event {
+            Some(event) => backend.record_event(stream, event),
+            None => Ok(()),
+        }
+    }
+
     /// Makes `stream` wait for handoff slot `slot`'s latest write (its
     /// ready point, or its writer's graph), not for its other readers.
     pub(crate) fn wait_written(

@@ -541,14 +541,20 @@ impl<B: Backend> Replayable<B> {
         Ok(())
     }
 
-    /// Launches `runner`'s graph with no fence at all.
+    /// Launches `runner`'s graph with no fence for the bytes it
+    /// overwrites. Data still flows: `stream` waits for the latest write of
+    /// every handoff the runner reads (the event its writer's graph records
+    /// at its ready point, or records after an unfenced launch of a writer
+    /// with none), as a program ordering its layers by hand would.
     ///
     /// # Safety
     ///
-    /// The caller guarantees that no replay in flight uses any byte of this
-    /// runner's arenas, and that no later fenced replay relies on this one
-    /// being tracked: the fence does not know about it. Meant for unfenced
-    /// reference measurements and for tests that show the fence is needed.
+    /// The caller guarantees that no replay or consumer in flight uses any
+    /// byte this runner's graph writes (its arenas and the handoffs it
+    /// writes), and that no later fenced replay relies on this one being
+    /// tracked: the fence does not know about it (synchronize before the
+    /// next fenced replay). Meant for unfenced reference measurements and
+    /// for tests that show the fence is needed.
     ///
     /// # Errors
     ///
@@ -558,9 +564,23 @@ impl<B: Backend> Replayable<B> {
         let graph = self.graphs[slot]
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
+        let failed = |source| ReplayError::Backend { runner, source };
+        let record = &self.plan.runners[slot].record;
+        for &h in &record.reads {
+            self.fence
+                .wait_latest_record(&self.backend, self.handoff_base + h.0 as usize, stream)
+                .map_err(failed)?;
+        }
         // SAFETY: the caller's contract above.
-        unsafe { self.backend.launch(graph, stream) }
-            .map_err(|source| ReplayError::Backend { runner, source })
+        unsafe { self.backend.launch(graph, stream) }.map_err(failed)?;
+        for &h in &record.writes {
+            if !self.handoffs[h.0 as usize].ready {
+                self.fence
+                    .record_now(&self.backend, self.handoff_base + h.0 as usize, stream)
+                    .map_err(failed)?;
+            }
+        }
+        Ok(())
     }
 
     /// Runs asynchronous work that reads `runner`'s views outside its graph

@@ -69,9 +69,8 @@ fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
         );
     }
 
-    let step_done = model::new_event(cuda).unwrap();
     for _ in 0..STEPS {
-        graphed_step(&model, &mut replayable, &graphed, &pool, &side, &step_done).unwrap();
+        graphed_step(&model, &mut replayable, &graphed, &pool, &side).unwrap();
     }
     replayable.synchronize().unwrap();
     let stats = replayable.fence_stats();

@@ -485,7 +485,6 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
 
     // 4. Replay, modes interleaved round by round.
     let n = model.modules.len();
-    let step_done = model::new_event(cuda)?;
     let graph_done: Vec<_> = (0..n)
         .map(|_| model::new_event(cuda))
         .collect::<Result<_>>()?;
@@ -521,17 +520,17 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
                 match mode {
                     Mode::Eager => model.eager_step(main, &eager_stream)?,
                     Mode::RoundRobin => {
-                        graphed_step(&model, &mut rr, main, &pool, &side, &step_done)?
+                        graphed_step(&model, &mut rr, main, &pool, &side)?
                     }
                     Mode::Packed => {
-                        graphed_step(&model, &mut packed, main, &pool, &side, &step_done)?
+                        graphed_step(&model, &mut packed, main, &pool, &side)?
                     }
-                    Mode::OneStream => graphed_step(&model, &mut rr, main, one, &side, &step_done)?,
+                    Mode::OneStream => graphed_step(&model, &mut rr, main, one, &side)?,
                     Mode::RoundRobinNoRs => {
-                        graphed_step(&model, &mut bare, main, &pool, &side, &step_done)?
+                        graphed_step(&model, &mut bare, main, &pool, &side)?
                     }
                     Mode::OneStreamNoRs => {
-                        graphed_step(&model, &mut bare, main, one, &side, &step_done)?
+                        graphed_step(&model, &mut bare, main, one, &side)?
                     }
                     // SAFETY: the unsafe reference: its shards may be
                     // overwritten before they are accumulated (measured
@@ -545,7 +544,6 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
                             &rr_shards,
                             &pool,
                             &side,
-                            &step_done,
                             &graph_done,
                         )?
                     },
@@ -558,7 +556,6 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
                             &bare_shards,
                             &pool,
                             &side,
-                            &step_done,
                             &graph_done,
                         )?
                     },

@@ -10,8 +10,10 @@
 //!
 //! 1. set the cuBLAS workspace to the module's own workspace buffer;
 //! 2. per linear, last first: dgrad `dX = dY W` (cuBLAS, bf16 in and out,
-//!    FP32 compute); the module's input gradient is ready: when captured, an
-//!    external event node marks it for the next module;
+//!    FP32 compute); the module's input gradient is ready: it is a handoff
+//!    to the next module (`hand_off` / `receive` at discovery), and when
+//!    captured, `RunnerCapture::ready` marks this point, so the next
+//!    module's replay starts here while this one's wgrad still runs;
 //! 3. per linear: wgrad into the `wgrad_rs_input` buffer, `dW = dY^T X`
 //!    (`[out, in]`) for a column-parallel linear, `dW^T = X^T dY`
 //!    (`[in, out]`) for a row-parallel one, so that each rank's Megatron
@@ -41,7 +43,8 @@ use replay_arena::cuda;
 use replay_arena::cuda::{CudaBackend, ViewExt};
 use replay_arena::{
     Backend, BackendError, Buffer, BufferSource, Capturing, DType, Discovering, Domain, GroupId,
-    ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StreamCaptureError, View,
+    HandoffId, ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StreamCaptureError,
+    View,
 };
 
 /// The group the reduce-scatter runs over when it is NCCL.
@@ -664,12 +667,13 @@ pub struct Model {
     pub io: cuda::Stream,
     tensors: Vec<Vec<LinearTensors>>,
     /// Per module and linear: the input gradient its dgrad writes (the
-    /// module's first one is what the next module reads).
+    /// module's first one is what the next module reads; graphed, that one
+    /// is a handoff of the plan instead).
     dgrads: Vec<Vec<CudaSlice<bf16>>>,
     loss_grad: CudaSlice<bf16>,
-    /// Per module: the event its graph records once its input gradient is
-    /// written (an external event node).
-    dgrad_done: Vec<CudaEvent>,
+    /// Per module but the last: the handoff of its input gradient to the
+    /// next module (declared at discovery).
+    handoffs: Vec<HandoffId>,
     /// Whether captured graphs contain the reduce-scatter. Off only to
     /// measure what the collective costs (same graphs without it; their
     /// shards are then never written and their main grads meaningless).
@@ -727,10 +731,6 @@ impl Model {
         let loss_grad = alloc(shape.tokens * shape.hidden)?;
         fill(&loss_grad, 1.0, true)?;
         io.synchronize()?;
-        let dgrad_done = modules
-            .iter()
-            .map(|_| new_event(backend))
-            .collect::<Result<_>>()?;
         Ok(Model {
             shape,
             modules,
@@ -741,7 +741,7 @@ impl Model {
             tensors,
             dgrads,
             loss_grad,
-            dgrad_done,
+            handoffs: Vec::new(),
             reduce_in_graphs: true,
         })
     }
@@ -816,16 +816,24 @@ impl Model {
         main.grads[m].iter().map(|g| self.ptr(g)).collect()
     }
 
+    /// The handoff request of module `m`'s input gradient (what its first
+    /// linear's dgrad writes and module `m + 1` reads).
+    fn input_grad(&self, m: usize) -> Request {
+        let l = &self.modules[m].linears[0];
+        Request::new(Domain::Device, DType::BF16, (self.shape.tokens * l.inputs) as u64)
+    }
+
     /// Module `m`'s backward on `s` with these buffers (see the module
-    /// docs). `capturing`: record the external "input gradient written"
-    /// event node.
+    /// docs). `ready`, when captured: marks the handoff of the input
+    /// gradient ready once the dgrads are done.
     fn backward(
         &mut self,
         m: usize,
         bufs: &mut Bufs<'_>,
         s: &cuda::Stream,
-        capturing: bool,
+        ready: Option<&Ready<'_>>,
     ) -> Result<()> {
+        let capturing = ready.is_some();
         match &bufs.workspace {
             Workspace::Owned(w) => self.blas.bind(s, w)?,
             Workspace::View(w) => self.blas.bind(s, w)?,
@@ -837,9 +845,12 @@ impl Model {
         // The gradient this module reads: the loss gradient for the first
         // module, else the input gradient the module before it wrote.
         let (before, rest) = self.dgrads.split_at_mut(m);
-        let outer = match before.last() {
-            None => &self.loss_grad,
-            Some(prev) => &prev[0],
+        // The module's incoming gradient: the handoff it received when
+        // captured, else the loss gradient or the module before's.
+        let outer = match (&bufs.input, before.last()) {
+            (Some(input), _) => Grad::Tensor(input),
+            (None, None) => Grad::Slice(&self.loss_grad),
+            (None, Some(prev)) => Grad::Slice(&prev[0]),
         };
         let own = &mut rest[0];
         // Linear i reads the gradient of its output: linear i + 1's input
@@ -848,35 +859,25 @@ impl Model {
         for i in (0..n).rev() {
             let l = &linears[i];
             let (lo, hi) = own.split_at_mut(i + 1);
-            let dy = hi.first().unwrap_or(outer);
-            // dgrad: dX = dY W, [tokens, in].
-            self.blas.matmul(
-                dy,
-                dy_dims(i),
-                false,
-                &tensors[i].weight,
-                Dims(l.outputs, l.inputs),
-                false,
-                &mut lo[i],
-                Dims(tokens, l.inputs),
-            )?;
+            let dy = hi.first().map_or(outer, Grad::Slice);
+            // dgrad: dX = dY W, [tokens, in]; the first linear's is the
+            // module's input gradient (the handoff, when captured).
+            let w = &tensors[i].weight;
+            let (dw, dx) = (Dims(l.outputs, l.inputs), Dims(tokens, l.inputs));
+            match (&mut bufs.output, i) {
+                (Some(out), 0) => self.blas.matmul(&dy, dy_dims(i), false, w, dw, false, out, dx)?,
+                _ => self.blas.matmul(&dy, dy_dims(i), false, w, dw, false, &mut lo[i], dx)?,
+            }
         }
-        if capturing {
-            // SAFETY: the event and the capturing stream are live objects of
-            // this context; an external record becomes an event record node.
-            check("cuEventRecordWithFlags", unsafe {
-                sys::cuEventRecordWithFlags(
-                    self.dgrad_done[m].cu_event(),
-                    s.cu_stream(),
-                    sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-                )
-            })?;
+        if let Some(ready) = ready {
+            ready(s)?;
         }
         let own = &*own;
         for (j, wgrad) in bufs.wgrad.iter_mut().enumerate() {
             let i = n - 1 - j;
             let l = &linears[i];
-            let dy = own.get(i + 1).unwrap_or(outer);
+            let dy = own.get(i + 1).map_or(outer, Grad::Slice);
+            let dy = &dy;
             let x = &tensors[i].input;
             let dx_dims = Dims(tokens, l.inputs);
             // wgrad into the wgrad_rs_input buffer, laid out so that each
@@ -983,7 +984,7 @@ impl Model {
             tensors.into_iter().map(Tensor::Owned),
             None,
         );
-        self.backward(m, &mut bufs, s, false)?;
+        self.backward(m, &mut bufs, s, None)?;
         for (j, (rs, g)) in bufs.rs_out.iter().zip(&main.grads[m]).enumerate() {
             self.accumulate_one(m, j, self.ptr(g), rs, s)?;
         }
@@ -1007,6 +1008,16 @@ impl Model {
             let name = format!("{}.bwd", self.modules[m].name);
             let mut armed = discovery.arm_named(RunnerId(m as u32), name)?;
             self.eager_module(m, &mut BufferSource::Discover(&mut armed), main, s)?;
+            // The input gradient module m - 1 handed off, and its own, for
+            // module m + 1.
+            if let Some(&h) = self.handoffs.get(m.wrapping_sub(1)) {
+                armed.receive(h)?;
+            }
+            if m + 1 < self.modules.len() {
+                let h = armed.hand_off(self.input_grad(m))?;
+                self.handoffs.truncate(m);
+                self.handoffs.push(h);
+            }
         }
         s.synchronize()?;
         Ok(discovery)
@@ -1033,6 +1044,21 @@ impl Model {
                     }
                 }
             }
+            let input = match m.checked_sub(1) {
+                Some(prev) => Some(cap.receive(self.handoff(prev)?)?),
+                None => None,
+            };
+            let output = match m + 1 < self.modules.len() {
+                true => Some((self.handoff(m)?, cap.hand_off(self.handoff(m)?)?)),
+                false => None,
+            };
+            // Marks the input gradient ready for module m + 1.
+            let ready = |s: &cuda::Stream| -> Result<()> {
+                if let Some((h, _)) = output {
+                    cap.ready(h, s)?;
+                }
+                Ok(())
+            };
             // Typed views are made inside the capture's closure, on its
             // stream: the only place they reach the arena.
             let captured = cap.stream_capture(stream, |s| {
@@ -1042,7 +1068,11 @@ impl Model {
                     .map(|v| v.as_cuda::<bf16>(s).map(Tensor::View))
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut bufs = Bufs::new(workspace, tensors, Some(views.clone()));
-                self.backward(m, &mut bufs, s, true)
+                bufs.input = input.map(|v| v.as_cuda::<bf16>(s).map(Tensor::View)).transpose()?;
+                bufs.output = output
+                    .map(|(_, v)| v.as_cuda::<bf16>(s).map(Tensor::View))
+                    .transpose()?;
+                self.backward(m, &mut bufs, s, Some(&ready))
             });
             if let Err(e) = captured {
                 return Err(self.capture_failed(runner, e));
@@ -1070,18 +1100,12 @@ impl Model {
         }
     }
 
-    /// Makes `s` wait for what replaying module `m` needs outside the plan:
-    /// the previous module's input gradient, or (for the first module) the
-    /// previous step's end.
-    pub fn wait_inputs(&self, m: usize, s: &cuda::Stream, step_done: &CudaEvent) -> Result<()> {
-        let event = match m.checked_sub(1) {
-            None => step_done.cu_event(),
-            Some(prev) => self.dgrad_done[prev].cu_event(),
-        };
-        // SAFETY: both are live objects of this context.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(s.cu_stream(), event, 0)
-        })
+    /// The handoff of module `m`'s input gradient (to module `m + 1`).
+    fn handoff(&self, m: usize) -> Result<HandoffId> {
+        self.handoffs
+            .get(m)
+            .copied()
+            .ok_or_else(|| TpError::View(format!("module {m} hands nothing off: discover first")))
     }
 
     /// Compares two sets of main grads of this model, tensor by tensor:
@@ -1338,6 +1362,48 @@ struct Bufs<'v> {
     wgrad: Vec<Tensor<'v>>,
     rs_out: Vec<Tensor<'v>>,
     views: Option<Vec<View<'v>>>,
+    /// Captured: the input gradient the module before handed off.
+    input: Option<Tensor<'v>>,
+    /// Captured: the input gradient this module hands off.
+    output: Option<Tensor<'v>>,
+}
+
+/// Marks a captured module's handoff ready on the capture's stream.
+type Ready<'a> = dyn Fn(&cuda::Stream) -> Result<()> + 'a;
+
+/// A gradient a GEMM reads: a program tensor or a plan view.
+#[derive(Clone, Copy)]
+enum Grad<'a, 'v> {
+    Slice(&'a CudaSlice<bf16>),
+    Tensor(&'a Tensor<'v>),
+}
+
+impl DeviceSlice<bf16> for Grad<'_, '_> {
+    fn len(&self) -> usize {
+        match self {
+            Grad::Slice(t) => t.len(),
+            Grad::Tensor(t) => t.len(),
+        }
+    }
+
+    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+        match self {
+            Grad::Slice(t) => t.stream(),
+            Grad::Tensor(t) => t.stream(),
+        }
+    }
+}
+
+impl DevicePtr<bf16> for Grad<'_, '_> {
+    fn device_ptr<'a>(
+        &'a self,
+        stream: &'a cudarc::driver::CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        match self {
+            Grad::Slice(t) => t.device_ptr(stream),
+            Grad::Tensor(t) => t.device_ptr(stream),
+        }
+    }
 }
 
 impl<'v> Bufs<'v> {
@@ -1361,6 +1427,8 @@ impl<'v> Bufs<'v> {
             wgrad,
             rs_out,
             views,
+            input: None,
+            output: None,
         }
     }
 }
@@ -1454,13 +1522,13 @@ pub fn graphed_step<B: Backend<Stream = cuda::Stream>>(
     main: &MainGrads,
     pool: &[cuda::Stream],
     side: &cuda::Stream,
-    step_done: &CudaEvent,
 ) -> Result<()> {
     let n = model.modules.len();
     for m in 0..n {
         let s = &pool[m % pool.len()];
         let runner = RunnerId(m as u32);
-        model.wait_inputs(m, s, step_done)?;
+        // Waits for what module m - 1 handed off (its ready point), and for
+        // the last users of the bytes it overwrites.
         replayable.replay(runner, s)?;
         let mains = &main.grads[m];
         replayable
@@ -1476,7 +1544,7 @@ pub fn graphed_step<B: Backend<Stream = cuda::Stream>>(
                 replay_arena::ConsumeError::Work(w) => w,
             })?;
     }
-    record(step_done, &pool[(n - 1) % pool.len()])
+    Ok(())
 }
 
 /// Records `event` on `s`.
@@ -1497,8 +1565,9 @@ pub fn wait(s: &cuda::Stream, event: &CudaEvent) -> Result<()> {
 
 /// Replays one step of every runner with no fence (the unsafe reference):
 /// as [`graphed_step`], but each consumer waits only for its runner's graph
-/// (an event recorded after the launch); nothing stops a later replay from
-/// overwriting bytes a consumer has not read yet.
+/// (an event recorded after the launch), and each module only for the input
+/// gradient it reads; nothing stops a later replay from overwriting bytes a
+/// consumer or the next module has not read yet.
 ///
 /// # Safety
 ///
@@ -1514,20 +1583,19 @@ pub unsafe fn unfenced_step<B: Backend<Stream = cuda::Stream>>(
     shards: &[Vec<u64>],
     pool: &[cuda::Stream],
     side: &cuda::Stream,
-    step_done: &CudaEvent,
     graph_done: &[CudaEvent],
 ) -> Result<()> {
     let n = model.modules.len();
     for m in 0..n {
         let s = &pool[m % pool.len()];
-        model.wait_inputs(m, s, step_done)?;
-        // SAFETY: the caller's contract.
+        // SAFETY: the caller's contract (the replay still waits for the
+        // input gradient it reads).
         unsafe { replayable.replay_unfenced(RunnerId(m as u32), s) }?;
         record(&graph_done[m], s)?;
         wait(side, &graph_done[m])?;
         model.accumulate(m, &mains[m], &shards[m], side)?;
     }
-    record(step_done, &pool[(n - 1) % pool.len()])
+    Ok(())
 }
 
 /// A timing-free event of the backend's context.
