@@ -4,6 +4,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
+#[cfg(feature = "cuda")]
+pub mod ops;
 
 use proptest::prelude::*;
 use replay_arena::{

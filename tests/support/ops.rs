@@ -1,0 +1,151 @@
+//! A small op library shaped like a framework's (candle's): every op
+//! allocates its output on the stream it runs on (`alloc_zeros`, i.e.
+//! `cuMemAllocAsync`), and intermediates are dropped when done
+//! (`cuMemFreeAsync`). Inside a runner's capture these become graph memory
+//! nodes. Values are `i32` with wrapping arithmetic, so every run agrees
+//! bit for bit.
+
+use std::sync::OnceLock;
+
+use replay_arena::cuda;
+use replay_arena::cuda::cudarc::driver::{
+    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
+use replay_arena::cuda::CudaBackend;
+
+/// An op's error, formatted (there is a driver here).
+pub type OpResult<T> = std::result::Result<T, String>;
+
+const SOURCE: &str = r#"
+__device__ unsigned int mix(unsigned int x) {
+    x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+    return x;
+}
+// out[i] = mix(a[i] ^ (b[i] * 0x9e3779b9 + salt))
+extern "C" __global__ void mix2(int* out, const int* a, const int* b, unsigned int n, unsigned int salt) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = (int)mix((unsigned int)a[i] ^ ((unsigned int)b[i] * 0x9e3779b9U + salt));
+}
+// acc[i] = acc[i] * 1664525 + w[i] (a slow one when spin > 0)
+extern "C" __global__ void fold(int* acc, const int* w, unsigned int n, long long spin) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        unsigned int v = (unsigned int)w[i];
+        if (spin > 0) { long long t0 = clock64(); while (clock64() - t0 < spin) { } }
+        acc[i] = (int)((unsigned int)acc[i] * 1664525U + v);
+    }
+}
+"#;
+
+fn ptx() -> Ptx {
+    static PTX: OnceLock<String> = OnceLock::new();
+    let src = PTX.get_or_init(|| {
+        compile_ptx(SOURCE)
+            .unwrap_or_else(|e| panic!("nvrtc failed: {e:?}"))
+            .to_src()
+    });
+    Ptx::from_src(src.clone())
+}
+
+/// The op library on one device.
+pub struct Ops {
+    mix2: CudaFunction,
+    fold: CudaFunction,
+}
+
+fn cfg(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(256).clamp(1, 256), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn err(e: impl std::fmt::Debug) -> String {
+    format!("{e:?}")
+}
+
+impl Ops {
+    /// Loads the kernels into the backend's context.
+    pub fn new(backend: &CudaBackend) -> Ops {
+        let module = backend
+            .context()
+            .load_module(ptx())
+            .unwrap_or_else(|e| panic!("loading the op kernels: {e:?}"));
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .unwrap_or_else(|e| panic!("kernel {name}: {e:?}"))
+        };
+        Ops {
+            mix2: f("mix2"),
+            fold: f("fold"),
+        }
+    }
+
+    /// A new tensor: `mix(a ^ (b * golden + salt))`, allocated on `s` (a
+    /// graph allocation node when `s` captures).
+    pub fn mix2(
+        &self,
+        s: &cuda::Stream,
+        a: &impl DevicePtr<i32>,
+        b: &impl DevicePtr<i32>,
+        salt: u32,
+    ) -> OpResult<CudaSlice<i32>> {
+        let n = a.len();
+        let mut out: CudaSlice<i32> = s.cudarc().alloc_zeros(n).map_err(err)?;
+        self.mix2_into(s, &mut out, a, b, salt)?;
+        Ok(out)
+    }
+
+    /// `mix2` into an existing tensor (a plan view, say).
+    pub fn mix2_into(
+        &self,
+        s: &cuda::Stream,
+        out: &mut impl DevicePtrMut<i32>,
+        a: &impl DevicePtr<i32>,
+        b: &impl DevicePtr<i32>,
+        salt: u32,
+    ) -> OpResult<()> {
+        let n = a.len() as u32;
+        let cs = s.cudarc();
+        // Addresses through the pointer traits: a plan view hands out its
+        // own only inside its closure, on its stream.
+        let (o, _o) = out.device_ptr_mut(cs);
+        let (pa, _a) = a.device_ptr(cs);
+        let (pb, _b) = b.device_ptr(cs);
+        let mut l = cs.launch_builder(&self.mix2);
+        l.arg(&o).arg(&pa).arg(&pb).arg(&n).arg(&salt);
+        // SAFETY: the kernel reads `n` elements of `a` and `b` and writes
+        // `n` of `out`, all at least that long.
+        unsafe { l.launch(cfg(n as usize)) }.map(|_| ()).map_err(err)
+    }
+
+    /// `acc = acc * 1664525 + w`, spinning `spin` cycles per element.
+    pub fn fold(
+        &self,
+        s: &cuda::Stream,
+        acc: &mut impl DevicePtrMut<i32>,
+        w: &impl DevicePtr<i32>,
+        spin: i64,
+    ) -> OpResult<()> {
+        let n = w.len() as u32;
+        let cs = s.cudarc();
+        let (pacc, _acc) = acc.device_ptr_mut(cs);
+        let (pw, _w) = w.device_ptr(cs);
+        let mut l = cs.launch_builder(&self.fold);
+        l.arg(&pacc).arg(&pw).arg(&n).arg(&spin);
+        // SAFETY: as `mix2_into`.
+        unsafe { l.launch(cfg(n as usize)) }.map(|_| ()).map_err(err)
+    }
+
+    /// A copy into an existing tensor.
+    pub fn copy_into(
+        &self,
+        s: &cuda::Stream,
+        src: &impl DevicePtr<i32>,
+        dst: &mut impl DevicePtrMut<i32>,
+    ) -> OpResult<()> {
+        s.cudarc().memcpy_dtod(src, dst).map_err(err)
+    }
+}
