@@ -75,7 +75,9 @@ pub enum DiscoveryError {
         handoff: HandoffId,
     },
     /// A runner received the same handoff twice.
-    #[error("{runner} receives {handoff} twice; receive it once and use its view as often as needed")]
+    #[error(
+        "{runner} receives {handoff} twice; receive it once and use its view as often as needed"
+    )]
     HandoffReceivedTwice {
         /// The runner.
         runner: RunnerId,
@@ -320,7 +322,9 @@ impl Discovering {
     }
 
     /// Handoffs declared so far: (id, its request, writer, readers).
-    pub fn handoffs(&self) -> impl Iterator<Item = (HandoffId, Request, RunnerId, Vec<RunnerId>)> + '_ {
+    pub fn handoffs(
+        &self,
+    ) -> impl Iterator<Item = (HandoffId, Request, RunnerId, Vec<RunnerId>)> + '_ {
         self.handoffs.iter().enumerate().map(|(i, h)| {
             (
                 HandoffId(i as u32),

@@ -142,7 +142,9 @@ pub use capture::{
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
 pub use error::{Error, Result};
 pub use fence::FenceStats;
-pub use plan::{ArenaPlan, HandoffInfo, Placement, PlanError, PlanFailed, Planned, Policy, Slice, Strategy};
+pub use plan::{
+    ArenaPlan, HandoffInfo, Placement, PlanError, PlanFailed, Planned, Policy, Slice, Strategy,
+};
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, GraphMemory, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};

@@ -841,7 +841,11 @@ mod interval_tests {
     fn a_chain_of_handoffs_needs_two_buffers() {
         // Runner k hands off to k + 1: neighbours meet, every other does not.
         let items: Vec<Interval> = (0..10)
-            .map(|k| Interval { start: k, end: k + 1, bytes: 512 })
+            .map(|k| Interval {
+                start: k,
+                end: k + 1,
+                bytes: 512,
+            })
             .collect();
         let (offsets, top) = place_intervals(&items).unwrap();
         assert_eq!(top, 1024);

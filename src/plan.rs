@@ -104,15 +104,17 @@ impl Discovering {
         let records = std::mem::take(&mut discovering.runners);
         let handoffs = std::mem::take(&mut discovering.handoffs);
         let config = discovering.config.clone();
-        Planned::new(config, records, handoffs, strategy.into()).map_err(|(error, records, handoffs)| {
-            // The records come back unchanged: the discovery is as it was.
-            discovering.runners = records;
-            discovering.handoffs = handoffs;
-            PlanFailed {
-                error,
-                discovering: Box::new(discovering),
-            }
-        })
+        Planned::new(config, records, handoffs, strategy.into()).map_err(
+            |(error, records, handoffs)| {
+                // The records come back unchanged: the discovery is as it was.
+                discovering.runners = records;
+                discovering.handoffs = handoffs;
+                PlanFailed {
+                    error,
+                    discovering: Box::new(discovering),
+                }
+            },
+        )
     }
 }
 
@@ -454,7 +456,8 @@ impl Planned {
         }
 
         let mut fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
-        let handoffs = match place_handoffs(handoffs, &runners, &mut arenas, &mut fence_regions, g) {
+        let handoffs = match place_handoffs(handoffs, &runners, &mut arenas, &mut fence_regions, g)
+        {
             Ok(placed) => placed,
             Err((error, handoffs)) => {
                 return Err((
@@ -605,10 +608,20 @@ pub struct HandoffInfo {
 /// together: a handoff that reused those bytes at once would make its
 /// writer wait for them).
 pub(crate) fn handoff_interval(h: &HandoffRecord, g: usize, window: bool) -> placement::Interval {
-    let last = h.readers.iter().copied().max().unwrap_or(h.writer).max(h.writer);
+    let last = h
+        .readers
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(h.writer)
+        .max(h.writer);
     placement::Interval {
         start: h.writer,
-        end: if window { last.saturating_add(g - 1) } else { last },
+        end: if window {
+            last.saturating_add(g - 1)
+        } else {
+            last
+        },
         bytes: h.request.aligned_bytes().unwrap_or(u64::MAX),
     }
 }

@@ -529,7 +529,11 @@ impl<B: Backend> Replayable<B> {
         }
         for &h in &record.reads {
             let i = h.0 as usize;
-            let at = self.plan.handoffs[i].record.readers.iter().position(|&x| x == slot);
+            let at = self.plan.handoffs[i]
+                .record
+                .readers
+                .iter()
+                .position(|&x| x == slot);
             let state = &mut self.handoffs[i];
             if let Some(at) = at {
                 state.read[at] = state.written;

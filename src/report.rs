@@ -351,22 +351,31 @@ fn key_name(groups: &BTreeMap<GroupId, &str>, key: Key) -> String {
 
 /// Fence waits per runner when every runner replays in capture order on
 /// different streams, in steady state (second pass): the number of distinct
-/// runners that last used the bytes it claims.
+/// runners (and handoff readers' writers) that last used the bytes it
+/// claims, its handoffs' included, plus one per handoff it reads.
 fn steady_state_waits(plan: &Planned) -> Vec<usize> {
     let mut painter = Painter::new(plan.fence_regions);
     let mut waits = vec![0; plan.runners.len()];
     let mut users = Vec::new();
+    let base = plan.runners.len();
     for pass in 0..2 {
         for (i, r) in plan.runners.iter().enumerate() {
             users.clear();
-            for &c in &r.claims {
+            let handoffs = r
+                .record
+                .writes
+                .iter()
+                .map(|h| (base + h.0 as usize, plan.handoffs[h.0 as usize].claim));
+            let claims: Vec<(usize, crate::painter::Claim)> =
+                r.claims.iter().map(|&c| (i, c)).chain(handoffs).collect();
+            for &(_, c) in &claims {
                 painter.users(c, &mut users);
             }
-            for &c in &r.claims {
-                painter.paint(c, i as u32);
+            for &(owner, c) in &claims {
+                painter.paint(c, owner as u32);
             }
             if pass == 1 {
-                waits[i] = users.len();
+                waits[i] = users.len() + r.record.reads.len();
             }
         }
     }

@@ -545,9 +545,9 @@ impl Workload {
                 }
                 let domain = match &spec.domain {
                     DomainSpec::Device => Domain::Device,
-                    DomainSpec::Symmetric(name) => Domain::Symmetric(
-                        groups.id(name, || format!("{path}.domain.symmetric"))?,
-                    ),
+                    DomainSpec::Symmetric(name) => {
+                        Domain::Symmetric(groups.id(name, || format!("{path}.domain.symmetric"))?)
+                    }
                 };
                 let mut request =
                     Request::new(domain, spec.dtype, spec.elements).purpose(spec.purpose);

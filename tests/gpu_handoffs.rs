@@ -129,7 +129,9 @@ fn discover() -> (Discovering, Vec<HandoffId>) {
     let mut d = Discovering::new(PlanConfig::new());
     let mut handoffs = Vec::new();
     for l in 0..LAYERS {
-        let mut armed = d.arm_named(RunnerId(l as u32), format!("layer{l}.bwd")).unwrap();
+        let mut armed = d
+            .arm_named(RunnerId(l as u32), format!("layer{l}.bwd"))
+            .unwrap();
         armed.record(WGRAD).unwrap();
         if l > 0 {
             armed.receive(handoffs[l - 1]).unwrap();
@@ -198,7 +200,10 @@ fn graphed(model: &Model, strategy: Strategy, steps: usize) -> Vec<Vec<i32>> {
         .collect();
     let report = replayable.report().unwrap();
     let memory = report.graph_memory.unwrap();
-    assert!(memory.used > 0, "the graphs' temporaries live in the graph pool");
+    assert!(
+        memory.used > 0,
+        "the graphs' temporaries live in the graph pool"
+    );
     assert_eq!(report.handoffs, LAYERS - 1);
     let stats = replayable.fence_stats();
     assert_eq!(stats.replays, (steps * LAYERS) as u64);
@@ -221,7 +226,10 @@ fn per_layer_graphs_with_handoffs_and_temporaries_equal_eager_over_many_steps() 
             .zip(&eager)
             .map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x != y).count())
             .sum();
-        assert_eq!(differ, 0, "{strategy:?}: {differ} elements differ from eager");
+        assert_eq!(
+            differ, 0,
+            "{strategy:?}: {differ} elements differ from eager"
+        );
     }
 }
 

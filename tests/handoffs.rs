@@ -112,7 +112,10 @@ impl Chain {
 #[test]
 fn a_chain_of_handoffs_is_exact_and_race_free_over_many_steps() {
     for ready in [false, true] {
-        for strategy in [Policy::Generations(2).round_robin(), Policy::Generations(2).packed()] {
+        for strategy in [
+            Policy::Generations(2).round_robin(),
+            Policy::Generations(2).packed(),
+        ] {
             let mut c = captured(6, strategy, ready, 40, 25);
             for step in 1..=12 {
                 c.step();
@@ -176,7 +179,11 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
     let (d, hs) = chain(2);
     let sim = SimBackend::new();
     let s = sim.stream();
-    let mut capturing = d.plan(Policy::Generations(2)).unwrap().allocate(sim.clone()).unwrap();
+    let mut capturing = d
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let _own = cap.take(OWN).unwrap();
@@ -239,7 +246,11 @@ fn misused_handoffs_are_typed_errors_at_capture() {
     let (d, hs) = chain(3);
     let sim = SimBackend::new();
     let s = sim.stream();
-    let mut capturing = d.plan(Policy::Generations(2)).unwrap().allocate(sim.clone()).unwrap();
+    let mut capturing = d
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         // Runner 1 reads handoff 0 and writes handoff 1, not the other way.
@@ -281,13 +292,19 @@ fn a_reader_replayed_before_its_writer_is_a_typed_error() {
     let s = c.pool[0].clone();
     assert!(matches!(
         c.replayable.replay(RunnerId(1), &s),
-        Err(ReplayError::HandoffNotWritten { writer: RunnerId(0), .. })
+        Err(ReplayError::HandoffNotWritten {
+            writer: RunnerId(0),
+            ..
+        })
     ));
     c.step();
     // Runner 1 already read runner 0's latest write.
     assert!(matches!(
         c.replayable.replay(RunnerId(1), &s),
-        Err(ReplayError::HandoffAlreadyRead { writer: RunnerId(0), .. })
+        Err(ReplayError::HandoffAlreadyRead {
+            writer: RunnerId(0),
+            ..
+        })
     ));
     c.step();
     assert!(c.sim.hazards().is_empty());
@@ -302,7 +319,11 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
     let sim = SimBackend::new();
     let (a, b) = (sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64).unwrap();
-    let mut capturing = d.plan(Policy::Generations(2)).unwrap().allocate(sim.clone()).unwrap();
+    let mut capturing = d
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let out = cap.hand_off(h).unwrap();
@@ -352,7 +373,10 @@ fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
     let report = replayable.report().unwrap();
     let memory = report.graph_memory.unwrap();
     assert_eq!(memory.used, 4096);
-    assert!(report.to_string().contains("graph memory: 4.00 KiB in use"), "{report}");
+    assert!(
+        report.to_string().contains("graph memory: 4.00 KiB in use"),
+        "{report}"
+    );
     drop(replayable);
     assert_eq!(sim.live_allocations(), 0);
 }

@@ -952,7 +952,9 @@ fn handoffs_are_saved_and_loaded_with_their_readers() {
     let h0 = d.arm(RunnerId(0)).unwrap().hand_off(grad).unwrap();
     {
         let mut armed = d.arm(RunnerId(1)).unwrap();
-        armed.record(Request::new(Domain::Device, DType::F32, 8)).unwrap();
+        armed
+            .record(Request::new(Domain::Device, DType::F32, 8))
+            .unwrap();
         armed.receive(h0).unwrap();
         armed.hand_off(grad).unwrap();
     }
@@ -966,7 +968,10 @@ fn handoffs_are_saved_and_loaded_with_their_readers() {
         .to_json()
         .unwrap();
     assert!(text.contains("\"receive\": [0,1]"), "{text}");
-    let back = Workload::from_json_str(&text).unwrap().to_discovering().unwrap();
+    let back = Workload::from_json_str(&text)
+        .unwrap()
+        .to_discovering()
+        .unwrap();
     assert_eq!(back, d);
     // A receive of a handoff never declared is refused with its path.
     let bad = text.replace("\"receive\": [0,1]", "\"receive\": [0,5]");

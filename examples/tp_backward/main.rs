@@ -519,19 +519,11 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
             for i in 0..count {
                 match mode {
                     Mode::Eager => model.eager_step(main, &eager_stream)?,
-                    Mode::RoundRobin => {
-                        graphed_step(&model, &mut rr, main, &pool, &side)?
-                    }
-                    Mode::Packed => {
-                        graphed_step(&model, &mut packed, main, &pool, &side)?
-                    }
+                    Mode::RoundRobin => graphed_step(&model, &mut rr, main, &pool, &side)?,
+                    Mode::Packed => graphed_step(&model, &mut packed, main, &pool, &side)?,
                     Mode::OneStream => graphed_step(&model, &mut rr, main, one, &side)?,
-                    Mode::RoundRobinNoRs => {
-                        graphed_step(&model, &mut bare, main, &pool, &side)?
-                    }
-                    Mode::OneStreamNoRs => {
-                        graphed_step(&model, &mut bare, main, one, &side)?
-                    }
+                    Mode::RoundRobinNoRs => graphed_step(&model, &mut bare, main, &pool, &side)?,
+                    Mode::OneStreamNoRs => graphed_step(&model, &mut bare, main, one, &side)?,
                     // SAFETY: the unsafe reference: its shards may be
                     // overwritten before they are accumulated (measured
                     // below); the device is synchronized before any fenced

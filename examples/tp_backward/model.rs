@@ -820,7 +820,11 @@ impl Model {
     /// linear's dgrad writes and module `m + 1` reads).
     fn input_grad(&self, m: usize) -> Request {
         let l = &self.modules[m].linears[0];
-        Request::new(Domain::Device, DType::BF16, (self.shape.tokens * l.inputs) as u64)
+        Request::new(
+            Domain::Device,
+            DType::BF16,
+            (self.shape.tokens * l.inputs) as u64,
+        )
     }
 
     /// Module `m`'s backward on `s` with these buffers (see the module
@@ -865,8 +869,13 @@ impl Model {
             let w = &tensors[i].weight;
             let (dw, dx) = (Dims(l.outputs, l.inputs), Dims(tokens, l.inputs));
             match (&mut bufs.output, i) {
-                (Some(out), 0) => self.blas.matmul(&dy, dy_dims(i), false, w, dw, false, out, dx)?,
-                _ => self.blas.matmul(&dy, dy_dims(i), false, w, dw, false, &mut lo[i], dx)?,
+                (Some(out), 0) => {
+                    self.blas
+                        .matmul(&dy, dy_dims(i), false, w, dw, false, out, dx)?
+                }
+                _ => self
+                    .blas
+                    .matmul(&dy, dy_dims(i), false, w, dw, false, &mut lo[i], dx)?,
             }
         }
         if let Some(ready) = ready {
@@ -1068,7 +1077,9 @@ impl Model {
                     .map(|v| v.as_cuda::<bf16>(s).map(Tensor::View))
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut bufs = Bufs::new(workspace, tensors, Some(views.clone()));
-                bufs.input = input.map(|v| v.as_cuda::<bf16>(s).map(Tensor::View)).transpose()?;
+                bufs.input = input
+                    .map(|v| v.as_cuda::<bf16>(s).map(Tensor::View))
+                    .transpose()?;
                 bufs.output = output
                     .map(|(_, v)| v.as_cuda::<bf16>(s).map(Tensor::View))
                     .transpose()?;

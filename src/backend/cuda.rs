@@ -1458,7 +1458,9 @@ impl Backend for CudaBackend {
         if !capturing(raw)? {
             return Err(BackendError::Refused {
                 op: "cuEventRecordWithFlags",
-                reason: "an event record node is made inside a capture; the stream is not capturing".into(),
+                reason:
+                    "an event record node is made inside a capture; the stream is not capturing"
+                        .into(),
             });
         }
         // SAFETY: both handles are live objects of this context; an

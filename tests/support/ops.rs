@@ -118,7 +118,9 @@ impl Ops {
         l.arg(&o).arg(&pa).arg(&pb).arg(&n).arg(&salt);
         // SAFETY: the kernel reads `n` elements of `a` and `b` and writes
         // `n` of `out`, all at least that long.
-        unsafe { l.launch(cfg(n as usize)) }.map(|_| ()).map_err(err)
+        unsafe { l.launch(cfg(n as usize)) }
+            .map(|_| ())
+            .map_err(err)
     }
 
     /// `acc = acc * 1664525 + w`, spinning `spin` cycles per element.
@@ -136,7 +138,9 @@ impl Ops {
         let mut l = cs.launch_builder(&self.fold);
         l.arg(&pacc).arg(&pw).arg(&n).arg(&spin);
         // SAFETY: as `mix2_into`.
-        unsafe { l.launch(cfg(n as usize)) }.map(|_| ()).map_err(err)
+        unsafe { l.launch(cfg(n as usize)) }
+            .map(|_| ())
+            .map_err(err)
     }
 
     /// A copy into an existing tensor.
