@@ -306,9 +306,11 @@ impl<B: Backend> Capturing<B> {
         Ok(Replayable {
             graphs,
             fence: Fence::new(res.events, plan.fence_regions),
-            handoff_base,
-            admit_claims,
-            handoffs,
+            book: Book {
+                handoff_base,
+                admit_claims,
+                handoffs,
+            },
             plan,
             views,
             view_ranges,
@@ -363,16 +365,11 @@ impl<B: Backend> Capturing<B> {
 pub struct Replayable<B: Backend> {
     /// Runner slot -> its graph. Field order is drop order: graphs, then
     /// events, then arenas.
-    graphs: Vec<Option<B::Graph>>,
-    fence: Fence<B>,
-    /// Fence slot of handoff 0 (handoff `h` is slot `handoff_base + h`).
-    handoff_base: usize,
-    /// Runner slot -> every byte its replay overwrites: its own claims and
-    /// those of the handoffs it writes.
-    admit_claims: Vec<Vec<crate::painter::Claim>>,
-    /// Per handoff: writes and reads so far.
-    handoffs: Vec<HandoffState>,
-    plan: Planned,
+    pub(crate) graphs: Vec<Option<B::Graph>>,
+    pub(crate) fence: Fence<B>,
+    /// What the fence needs besides itself to drive replays.
+    pub(crate) book: Book,
+    pub(crate) plan: Planned,
     /// Every runner's views, runner after runner, made once at seal: a
     /// consumer or `views` hands out a slice, no allocation. Their scope is
     /// set while a consumer of theirs runs, 0 otherwise.
@@ -384,11 +381,26 @@ pub struct Replayable<B: Backend> {
     backend: B,
 }
 
+/// What the fence needs besides itself to drive replays: where handoff
+/// slots start, the bytes each runner's replay overwrites, and each
+/// handoff's writes and reads.
+#[derive(Clone, Debug)]
+pub(crate) struct Book {
+    /// Fence slot of handoff 0 (handoff `h` is slot `handoff_base + h`).
+    pub(crate) handoff_base: usize,
+    /// Runner slot -> every byte its replay overwrites: its own claims and
+    /// those of the handoffs it writes.
+    pub(crate) admit_claims: Vec<Vec<crate::painter::Claim>>,
+    /// Per handoff: writes and reads so far.
+    pub(crate) handoffs: Vec<HandoffState>,
+}
+
 /// One handoff's writes and reads, to refuse a reader that would read a
 /// write it already read (replayed before its writer).
-struct HandoffState {
+#[derive(Clone, Debug)]
+pub(crate) struct HandoffState {
     /// Its writer's graph records its event at a ready point.
-    ready: bool,
+    pub(crate) ready: bool,
     /// Writer replays so far.
     written: u64,
     /// Per reader (in the plan's order): `written` when it last read.
@@ -473,76 +485,23 @@ impl<B: Backend> Replayable<B> {
             return Err(ReplayError::NoGraph { runner });
         };
         let backend = &self.backend;
-        let sid = backend.stream_id(stream);
-        let r = &self.plan.runners[slot];
-        let record = &r.record;
-        for &h in &record.reads {
-            let state = &self.handoffs[h.0 as usize];
-            let writer = self.plan.runners[self.plan.handoffs[h.0 as usize].record.writer].id();
-            if state.written == 0 {
-                return Err(ReplayError::HandoffNotWritten {
-                    reader: runner,
-                    handoff: h,
-                    writer,
-                });
-            }
-            if reader_mark(&self.plan, h, slot, state) == Some(state.written) {
-                return Err(ReplayError::HandoffAlreadyRead {
-                    reader: runner,
-                    handoff: h,
-                    writer,
-                });
-            }
-        }
-        let failed = |source| ReplayError::Backend { runner, source };
-        self.fence
-            .admit(backend, &self.admit_claims[slot], stream, sid)
-            .map_err(failed)?;
-        for &h in &record.reads {
-            let hs = self.handoff_base + h.0 as usize;
-            self.fence
-                .wait_written(backend, hs, stream, sid)
-                .map_err(failed)?;
-        }
-        // SAFETY: the fence made `stream` wait for every earlier user of the
-        // bytes this graph claims (the handoffs it writes included) and for
-        // the latest write of every handoff it reads; below, it becomes the
-        // latest user of its bytes and a reader of those handoffs.
-        unsafe { backend.launch(graph, stream) }.map_err(failed)?;
-        self.fence
-            .complete(backend, slot, &r.claims, stream, sid)
-            .map_err(failed)?;
-        for &h in &record.writes {
-            let i = h.0 as usize;
-            let state = &mut self.handoffs[i];
-            state.written += 1;
-            self.fence
-                .complete_handoff(
-                    backend,
-                    self.handoff_base + i,
-                    self.plan.handoffs[i].claim,
-                    stream,
-                    sid,
-                    state.ready,
-                )
-                .map_err(failed)?;
-        }
-        for &h in &record.reads {
-            let i = h.0 as usize;
-            let at = self.plan.handoffs[i]
-                .record
-                .readers
-                .iter()
-                .position(|&x| x == slot);
-            let state = &mut self.handoffs[i];
-            if let Some(at) = at {
-                state.read[at] = state.written;
-            }
-            self.fence
-                .read_handoff(backend, self.handoff_base + i, stream, sid)
-                .map_err(failed)?;
-        }
-        Ok(())
+        drive_replay(
+            &mut self.fence,
+            backend,
+            &self.plan,
+            &mut self.book,
+            slot,
+            stream,
+            || {
+                // SAFETY: `drive_replay` made `stream` wait for every
+                // earlier user of the bytes this graph claims (the handoffs
+                // it writes included) and for the latest write of every
+                // handoff it reads; after the launch, it makes the runner
+                // the latest user of its bytes and a reader of those
+                // handoffs.
+                unsafe { backend.launch(graph, stream) }
+            },
+        )
     }
 
     /// Launches `runner`'s graph with no fence for the bytes it
@@ -570,17 +529,18 @@ impl<B: Backend> Replayable<B> {
             .ok_or(ReplayError::NoGraph { runner })?;
         let failed = |source| ReplayError::Backend { runner, source };
         let record = &self.plan.runners[slot].record;
+        let base = self.book.handoff_base;
         for &h in &record.reads {
             self.fence
-                .wait_latest_record(&self.backend, self.handoff_base + h.0 as usize, stream)
+                .wait_latest_record(&self.backend, base + h.0 as usize, stream)
                 .map_err(failed)?;
         }
         // SAFETY: the caller's contract above.
         unsafe { self.backend.launch(graph, stream) }.map_err(failed)?;
         for &h in &record.writes {
-            if !self.handoffs[h.0 as usize].ready {
+            if !self.book.handoffs[h.0 as usize].ready {
                 self.fence
-                    .record_now(&self.backend, self.handoff_base + h.0 as usize, stream)
+                    .record_now(&self.backend, base + h.0 as usize, stream)
                     .map_err(failed)?;
             }
         }
@@ -923,6 +883,84 @@ impl<B: Backend> Replayable<B> {
         waited.map_err(ReplayError::Wait)?;
         Ok(Discovering::new(config))
     }
+}
+
+/// The fence's side of one replay of runner slot `slot` on `stream`, for
+/// any backend that drives a fence (the device's, or the tracer a step
+/// graph is compiled with): the handoff checks, the waits, `launch`, then
+/// the bookkeeping. Nothing is enqueued when a check fails.
+pub(crate) fn drive_replay<F: Backend>(
+    fence: &mut Fence<F>,
+    backend: &F,
+    plan: &Planned,
+    book: &mut Book,
+    slot: usize,
+    stream: &F::Stream,
+    launch: impl FnOnce() -> std::result::Result<(), BackendError>,
+) -> Result<()> {
+    let sid = backend.stream_id(stream);
+    let r = &plan.runners[slot];
+    let runner = r.id();
+    let record = &r.record;
+    for &h in &record.reads {
+        let state = &book.handoffs[h.0 as usize];
+        let writer = plan.runners[plan.handoffs[h.0 as usize].record.writer].id();
+        if state.written == 0 {
+            return Err(ReplayError::HandoffNotWritten {
+                reader: runner,
+                handoff: h,
+                writer,
+            });
+        }
+        if reader_mark(plan, h, slot, state) == Some(state.written) {
+            return Err(ReplayError::HandoffAlreadyRead {
+                reader: runner,
+                handoff: h,
+                writer,
+            });
+        }
+    }
+    let failed = |source| ReplayError::Backend { runner, source };
+    let base = book.handoff_base;
+    fence
+        .admit(backend, &book.admit_claims[slot], stream, sid)
+        .map_err(failed)?;
+    for &h in &record.reads {
+        fence
+            .wait_written(backend, base + h.0 as usize, stream, sid)
+            .map_err(failed)?;
+    }
+    launch().map_err(failed)?;
+    fence
+        .complete(backend, slot, &r.claims, stream, sid)
+        .map_err(failed)?;
+    for &h in &record.writes {
+        let i = h.0 as usize;
+        let state = &mut book.handoffs[i];
+        state.written += 1;
+        fence
+            .complete_handoff(
+                backend,
+                base + i,
+                plan.handoffs[i].claim,
+                stream,
+                sid,
+                state.ready,
+            )
+            .map_err(failed)?;
+    }
+    for &h in &record.reads {
+        let i = h.0 as usize;
+        let at = plan.handoffs[i].record.readers.iter().position(|&x| x == slot);
+        let state = &mut book.handoffs[i];
+        if let Some(at) = at {
+            state.read[at] = state.written;
+        }
+        fence
+            .read_handoff(backend, base + i, stream, sid)
+            .map_err(failed)?;
+    }
+    Ok(())
 }
 
 /// The write count of handoff `h` that reader slot `slot` last read.

@@ -36,12 +36,12 @@
 //! formatting a cudarc `DriverError` calls into `libcuda`.
 
 use std::cell::Cell;
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use cudarc;
 use cudarc::driver::sys;
@@ -50,7 +50,7 @@ use cudarc::driver::{
     SyncOnDrop,
 };
 
-use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError};
+use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError, StepNode};
 use crate::view::{check_use, read_only, retired, Scope, ScopeKind, View};
 use crate::vocab::{align_up, DType, Domain, GroupId};
 
@@ -63,7 +63,7 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
-const REQUIRED_SYMBOLS: [&str; 41] = [
+const REQUIRED_SYMBOLS: [&str; 46] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -101,6 +101,11 @@ const REQUIRED_SYMBOLS: [&str; 41] = [
     "cuGraphChildGraphNodeGetGraph",
     "cuGraphMemAllocNodeGetParams",
     "cuGraphClone",
+    "cuGraphCreate",
+    "cuGraphAddChildGraphNode",
+    "cuGraphNodeFindInClone",
+    "cuGraphDestroyNode",
+    "cuGraphEventRecordNodeGetEvent",
     "cuDeviceGetGraphMemAttribute",
     "cuGraphMemFreeNodeGetParams",
     "cuGraphExecDestroy",
@@ -1119,13 +1124,87 @@ impl Drop for Graph {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: both handles are owned by this graph and destroyed once;
-            // the plan synchronized before dropping graphs.
+            // the plan synchronized before dropping graphs. A part of a
+            // split graph has no executable graph.
             unsafe {
-                let _ = sys::cuGraphExecDestroy(self.handles.exec);
+                if !self.handles.exec.is_null() {
+                    let _ = sys::cuGraphExecDestroy(self.handles.exec);
+                }
                 let _ = sys::cuGraphDestroy(self.handles.graph);
             }
         }
     }
+}
+
+/// `cuGraphNodeGetDependencies`, whose signature changed in CUDA 12.3
+/// (`_v2`, with edge data) and whose old form is gone from CUDA 13: looked
+/// up in the driver by name, so the crate works with whichever version the
+/// program's cudarc binds.
+enum DepsFn {
+    V2(unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNode, *mut c_void, *mut usize) -> sys::CUresult),
+    V1(unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNode, *mut usize) -> sys::CUresult),
+}
+
+fn deps_fn() -> Option<&'static DepsFn> {
+    static DEPS: OnceLock<Option<(libloading::Library, DepsFn)>> = OnceLock::new();
+    DEPS.get_or_init(|| {
+        let lib = open_library(&["cuda", "nvcuda"])?;
+        // SAFETY: the symbols have the C signatures above (CUDA's
+        // `cuda.h`); the library stays loaded with the pointer.
+        let found = unsafe {
+            lib.get(b"cuGraphNodeGetDependencies_v2")
+                .map(|f: libloading::Symbol<'_, _>| DepsFn::V2(*f))
+                .or_else(|_| {
+                    lib.get(b"cuGraphNodeGetDependencies")
+                        .map(|f: libloading::Symbol<'_, _>| DepsFn::V1(*f))
+                })
+        }
+        .ok()?;
+        Some((lib, found))
+    })
+    .as_ref()
+    .map(|(_, f)| f)
+}
+
+/// The nodes of `graph`.
+fn nodes_of(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
+    let mut n = 0usize;
+    // SAFETY: a live graph; with a null array only the count is written.
+    check("cuGraphGetNodes", unsafe {
+        sys::cuGraphGetNodes(graph, ptr::null_mut(), &mut n)
+    })?;
+    let mut nodes = vec![ptr::null_mut(); n];
+    if n > 0 {
+        // SAFETY: `nodes` has room for `n`.
+        check("cuGraphGetNodes", unsafe {
+            sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)
+        })?;
+        nodes.truncate(n);
+    }
+    Ok(nodes)
+}
+
+/// The nodes `node` depends on.
+fn deps_of(node: sys::CUgraphNode) -> Result<Vec<sys::CUgraphNode>> {
+    let f = deps_fn().ok_or_else(|| BackendError::Refused {
+        op: "cuGraphNodeGetDependencies",
+        reason: "the driver exports neither cuGraphNodeGetDependencies_v2 nor cuGraphNodeGetDependencies".into(),
+    })?;
+    let call = |out: *mut sys::CUgraphNode, n: &mut usize| match f {
+        // SAFETY: a live node; `out` is null or has room for `*n`; no edge
+        // data is asked for.
+        DepsFn::V2(f) => unsafe { f(node, out, ptr::null_mut(), n) },
+        // SAFETY: as above.
+        DepsFn::V1(f) => unsafe { f(node, out, n) },
+    };
+    let mut n = 0usize;
+    check("cuGraphNodeGetDependencies", call(ptr::null_mut(), &mut n))?;
+    let mut deps = vec![ptr::null_mut(); n];
+    if n > 0 {
+        check("cuGraphNodeGetDependencies", call(deps.as_mut_ptr(), &mut n))?;
+        deps.truncate(n);
+    }
+    Ok(deps)
 }
 
 mod sealed {
@@ -1549,6 +1628,123 @@ impl Backend for CudaBackend {
 
     fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
         self.graph_memory().map(Some)
+    }
+
+    /// Clones the graph twice: one clone keeps the nodes the chosen record
+    /// node depends on, the other every node but those and the record.
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph)> {
+        self.bind()?;
+        let g = graph.handles.graph;
+        let record = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EVENT_RECORD as u32;
+        let nodes = nodes_of(g)?;
+        // The record nodes of `events`, each with its ancestors.
+        let mut best: Option<(sys::CUgraphNode, std::collections::HashSet<usize>)> = None;
+        for &node in &nodes {
+            let mut kind: u32 = u32::MAX;
+            // SAFETY: a node of `g`; the type is a 32-bit C enum.
+            check("cuGraphNodeGetType", unsafe {
+                sys::cuGraphNodeGetType(node, (&mut kind as *mut u32).cast())
+            })?;
+            if kind != record {
+                continue;
+            }
+            let mut event: sys::CUevent = ptr::null_mut();
+            // SAFETY: an event record node of `g`; a local out pointer.
+            check("cuGraphEventRecordNodeGetEvent", unsafe {
+                sys::cuGraphEventRecordNodeGetEvent(node, &mut event)
+            })?;
+            if !events.iter().any(|e| e.cu_event() == event) {
+                continue;
+            }
+            let mut seen = std::collections::HashSet::new();
+            let mut todo = deps_of(node)?;
+            while let Some(n) = todo.pop() {
+                if seen.insert(n as usize) {
+                    todo.extend(deps_of(n)?);
+                }
+            }
+            if best.as_ref().is_none_or(|(_, b)| seen.len() < b.len()) {
+                best = Some((node, seen));
+            }
+        }
+        let Some((at, before)) = best else {
+            return Err(BackendError::Refused {
+                op: "split graph",
+                reason: "the graph records none of the events".into(),
+            });
+        };
+        // Each part: a clone without the nodes `drop` names.
+        let part = |drop: &dyn Fn(sys::CUgraphNode) -> bool| -> Result<Graph> {
+            let mut clone: sys::CUgraph = ptr::null_mut();
+            // SAFETY: `g` is live; `clone` a local out pointer.
+            check("cuGraphClone", unsafe { sys::cuGraphClone(&mut clone, g) })?;
+            let owned = Graph {
+                handles: GraphHandles {
+                    graph: clone,
+                    exec: ptr::null_mut(),
+                },
+                ctx: self.inner.ctx.clone(),
+                _not_sync: PhantomData,
+            };
+            for &node in nodes.iter().filter(|&&n| drop(n)) {
+                let mut twin: sys::CUgraphNode = ptr::null_mut();
+                // SAFETY: `node` is a node of `g`, of which `clone` is a
+                // clone; then its twin is destroyed once.
+                check("cuGraphNodeFindInClone", unsafe {
+                    sys::cuGraphNodeFindInClone(&mut twin, node, clone)
+                })?;
+                check("cuGraphDestroyNode", unsafe { sys::cuGraphDestroyNode(twin) })?;
+            }
+            Ok(owned)
+        };
+        let first = part(&|n| !before.contains(&(n as usize)))?;
+        let rest = part(&|n| n == at || before.contains(&(n as usize)))?;
+        Ok((first, rest))
+    }
+
+    /// A graph of child graph nodes (`cuGraphAddChildGraphNode` copies
+    /// each graph in), instantiated with this backend's flags.
+    fn compose(&self, nodes: &[StepNode<'_, CudaBackend>]) -> Result<Graph> {
+        self.bind()?;
+        let mut parent: sys::CUgraph = ptr::null_mut();
+        // SAFETY: a local out pointer.
+        check("cuGraphCreate", unsafe { sys::cuGraphCreate(&mut parent, 0) })?;
+        let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let deps = node
+                .deps
+                .iter()
+                .map(|&d| added.get(d).copied())
+                .collect::<Option<Vec<_>>>();
+            let Some(deps) = deps else {
+                // SAFETY: `parent` is ours and destroyed once.
+                let _ = unsafe { sys::cuGraphDestroy(parent) };
+                return Err(BackendError::Refused {
+                    op: "cuGraphAddChildGraphNode",
+                    reason: "a node depends on a node that is not before it".into(),
+                });
+            };
+            let mut child: sys::CUgraphNode = ptr::null_mut();
+            // SAFETY: `parent` and the node's graph are live graphs of this
+            // context; the child graph is cloned into `parent`.
+            let added_ok = check("cuGraphAddChildGraphNode", unsafe {
+                sys::cuGraphAddChildGraphNode(
+                    &mut child,
+                    parent,
+                    deps.as_ptr(),
+                    deps.len(),
+                    node.graph.handles.graph,
+                )
+            });
+            if let Err(e) = added_ok {
+                // SAFETY: as above.
+                let _ = unsafe { sys::cuGraphDestroy(parent) };
+                return Err(e);
+            }
+            added.push(child);
+        }
+        // SAFETY: `parent` is ours; `instantiate` destroys it on failure.
+        unsafe { self.instantiate(parent, None) }
     }
 
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {

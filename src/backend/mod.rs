@@ -269,6 +269,17 @@ pub trait Arena {
     fn bytes(&self) -> u64;
 }
 
+/// One node of [`Backend::compose`]: a graph, the earlier nodes it waits
+/// for, and the stream of the step it was scheduled on.
+pub struct StepNode<'a, B: Backend + ?Sized> {
+    /// The graph the node runs.
+    pub graph: &'a B::Graph,
+    /// Indices of earlier nodes it runs after.
+    pub deps: Vec<usize>,
+    /// The step's stream (lane) it was scheduled on.
+    pub lane: usize,
+}
+
 /// What the lifecycle needs from a device runtime.
 ///
 /// Every call takes `&self`: backends are thin handles over a runtime. The
@@ -416,6 +427,34 @@ pub trait Backend {
     ///
     /// Why the graph cannot be owned.
     fn validate_graph(&self, graph: &Self::Graph) -> Result<(), String>;
+
+    /// Splits a captured graph at the event record node of the first of
+    /// `events` it records (made by [`Backend::record_event_node`]): the
+    /// nodes that record depends on, and the rest, as two graphs for
+    /// [`Backend::compose`] (not to be launched on their own). The record
+    /// nodes of every one of `events` are left out of both. The second part
+    /// depends on the first.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error; [`BackendError::Refused`] when the graph
+    /// records none of `events`.
+    fn split_graph(
+        &self,
+        graph: &Self::Graph,
+        events: &[&Self::Event],
+    ) -> Result<(Self::Graph, Self::Graph), BackendError>;
+
+    /// One graph of graphs: each node runs its graph after the nodes it
+    /// depends on (earlier nodes, by index) and nothing else orders it.
+    /// `lane` says which stream of the step the node was scheduled on: a
+    /// model backend runs each lane as a stream; the driver ignores it.
+    /// The graphs are copied in: they may be dropped afterwards.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error (a graph the runtime cannot nest, say).
+    fn compose(&self, nodes: &[StepNode<'_, Self>]) -> Result<Self::Graph, BackendError>;
 
     /// Bytes the backend holds for graph memory nodes on the device, as
     /// (in use, reserved): the other half of what replaying costs in memory

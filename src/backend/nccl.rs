@@ -27,7 +27,7 @@ use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{CudaArena, CudaBackend, Event, Graph, Stream};
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
 use crate::view::{check_use, NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
 
@@ -732,6 +732,22 @@ impl Backend for NcclBackend {
 
     fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
         self.cuda.graph_memory_in_use()
+    }
+
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph)> {
+        self.cuda.split_graph(graph, events)
+    }
+
+    fn compose(&self, nodes: &[StepNode<'_, NcclBackend>]) -> Result<Graph> {
+        let nodes: Vec<StepNode<'_, CudaBackend>> = nodes
+            .iter()
+            .map(|n| StepNode {
+                graph: n.graph,
+                deps: n.deps.clone(),
+                lane: n.lane,
+            })
+            .collect();
+        self.cuda.compose(&nodes)
     }
 
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {

@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError};
+use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError, StepNode};
 use crate::view::{capture_on, check_use, View, ViewTag};
 use crate::vocab::{DType, Domain, Request};
 
@@ -294,8 +294,31 @@ pub struct SimGraph {
     ops: Vec<(SimOp, u64)>,
     /// Event record nodes: (index of the op they precede, event id).
     records: Vec<(usize, usize)>,
-    /// Held for its drop: frees the allocation nodes' memory with the graph.
-    _memory: Option<Arc<GraphMemory>>,
+    /// Held for their drop: frees the allocation nodes' memory with the
+    /// graph (a composed graph holds its parts').
+    memory: Vec<Arc<GraphMemory>>,
+    /// A composed graph ([`Backend::compose`]): its nodes, run on lanes.
+    step: Option<Arc<SimStep>>,
+}
+
+/// A graph of graphs: each node runs on its lane (an internal stream)
+/// after the nodes it depends on.
+#[derive(Debug)]
+struct SimStep {
+    nodes: Vec<SimStepNode>,
+    /// Lane -> the internal stream it runs on.
+    lanes: Vec<usize>,
+    /// Where the latest launch ended: launches of one composed graph are
+    /// serialized, as launches of one CUDA executable graph are.
+    last: Mutex<Option<EventState>>,
+}
+
+#[derive(Debug)]
+struct SimStepNode {
+    ops: Vec<(SimOp, u64)>,
+    records: Vec<(usize, usize)>,
+    deps: Vec<usize>,
+    lane: usize,
 }
 
 impl PartialEq for SimGraph {
@@ -396,7 +419,7 @@ struct StreamState {
     capturing: Option<Capture>,
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 struct EventState {
     time: u64,
     clock: Vec<u64>,
@@ -922,6 +945,76 @@ impl SimState {
         }
     }
 
+    /// Launches a composed graph on stream `s`: every lane starts after what
+    /// `s` holds (and after the graph's previous launch), each node after
+    /// its dependencies, and `s` goes on after every node. All or nothing.
+    fn launch_step(&mut self, s: usize, step: &SimStep) -> Result<()> {
+        let mut ranges = Vec::with_capacity(step.nodes.len());
+        for node in &step.nodes {
+            let r = node
+                .ops
+                .iter()
+                .map(|(op, _)| {
+                    op.accesses()
+                        .iter()
+                        .try_for_each(|(span, _)| self.check_raw(span))?;
+                    self.ranges(op)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            ranges.push(r);
+        }
+        let mut last = step.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut start = EventState {
+            time: self.streams[s].tail,
+            clock: self.streams[s].clock.clone(),
+        };
+        if let Some(prev) = last.as_ref() {
+            start.time = start.time.max(prev.time);
+            merge(&mut start.clock, &prev.clock);
+        }
+        for &lane in &step.lanes {
+            let st = &mut self.streams[lane];
+            st.tail = st.tail.max(start.time);
+            merge(&mut st.clock, &start.clock);
+        }
+        let mut ends: Vec<EventState> = Vec::with_capacity(step.nodes.len());
+        for (node, ranges) in step.nodes.iter().zip(ranges) {
+            let lane = step.lanes[node.lane];
+            for &d in &node.deps {
+                let (time, clock) = (ends[d].time, ends[d].clock.clone());
+                let st = &mut self.streams[lane];
+                st.tail = st.tail.max(time);
+                merge(&mut st.clock, &clock);
+            }
+            let mut records = node.records.iter().peekable();
+            for (i, (&(op, duration), ranges)) in node.ops.iter().zip(ranges).enumerate() {
+                while let Some(&(_, event)) = records.next_if(|(at, _)| *at == i) {
+                    self.record(lane, event);
+                }
+                self.submit_checked(lane, op, ranges, duration);
+            }
+            for &(_, event) in records {
+                self.record(lane, event);
+            }
+            let st = &self.streams[lane];
+            ends.push(EventState {
+                time: st.tail,
+                clock: st.clock.clone(),
+            });
+        }
+        for &lane in &step.lanes {
+            let (time, clock) = (self.streams[lane].tail, self.streams[lane].clock.clone());
+            let st = &mut self.streams[s];
+            st.tail = st.tail.max(time);
+            merge(&mut st.clock, &clock);
+        }
+        *last = Some(EventState {
+            time: self.streams[s].tail,
+            clock: self.streams[s].clock.clone(),
+        });
+        Ok(())
+    }
+
     /// Records event `event` at the tail of stream `s` (a graph's event
     /// record node); an event dropped since is skipped.
     fn record(&mut self, s: usize, event: usize) {
@@ -1373,6 +1466,9 @@ impl Backend for SimBackend {
         if s.streams[id].capturing.is_some() {
             return Err(sim_error("sim graph launch", "the stream is capturing"));
         }
+        if let Some(step) = &graph.step {
+            return s.launch_step(id, step);
+        }
         let ranges = graph
             .ops
             .iter()
@@ -1423,16 +1519,20 @@ impl Backend for SimBackend {
             .capturing
             .take()
             .ok_or_else(|| sim_error("sim end capture", "the stream is not capturing"))?;
-        let memory = (!capture.temps.is_empty()).then(|| {
-            Arc::new(GraphMemory {
-                state: self.state.clone(),
-                bases: capture.temps,
+        let memory = (!capture.temps.is_empty())
+            .then(|| {
+                Arc::new(GraphMemory {
+                    state: self.state.clone(),
+                    bases: capture.temps,
+                })
             })
-        });
+            .into_iter()
+            .collect();
         Ok(SimGraph {
             ops: capture.ops,
             records: capture.records,
-            _memory: memory,
+            memory,
+            step: None,
         })
     }
 
@@ -1452,6 +1552,75 @@ impl Backend for SimBackend {
     fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
         let bytes = self.state().graph_bytes;
         Ok(Some((bytes, bytes)))
+    }
+
+    fn split_graph(&self, graph: &SimGraph, events: &[&SimEvent]) -> Result<(SimGraph, SimGraph)> {
+        let ids = events
+            .iter()
+            .map(|e| self.own_event(e, "sim split graph"))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(at) = graph
+            .records
+            .iter()
+            .find(|(_, e)| ids.contains(e))
+            .map(|&(at, _)| at)
+        else {
+            return Err(sim_error(
+                "sim split graph",
+                "the graph records none of the events",
+            ));
+        };
+        let part = |range: std::ops::Range<usize>| SimGraph {
+            ops: graph.ops[range.clone()].to_vec(),
+            records: graph
+                .records
+                .iter()
+                .filter(|(p, e)| range.contains(p) && !ids.contains(e))
+                .map(|&(p, e)| (p - range.start, e))
+                .collect(),
+            memory: graph.memory.clone(),
+            step: None,
+        };
+        Ok((part(0..at), part(at..graph.ops.len())))
+    }
+
+    fn compose(&self, nodes: &[StepNode<'_, SimBackend>]) -> Result<SimGraph> {
+        if nodes.iter().any(|n| n.graph.step.is_some()) {
+            return Err(sim_error("sim compose", "a composed graph cannot be a node"));
+        }
+        if let Some((i, _)) = nodes
+            .iter()
+            .enumerate()
+            .find(|(i, n)| n.deps.iter().any(|d| d >= i))
+        {
+            return Err(sim_error(
+                "sim compose",
+                format!("node {i} depends on a node that is not before it"),
+            ));
+        }
+        let lanes = nodes.iter().map(|n| n.lane + 1).max().unwrap_or(0);
+        let lanes = (0..lanes).map(|_| self.stream().id).collect();
+        Ok(SimGraph {
+            ops: Vec::new(),
+            records: Vec::new(),
+            memory: nodes
+                .iter()
+                .flat_map(|n| n.graph.memory.iter().cloned())
+                .collect(),
+            step: Some(Arc::new(SimStep {
+                nodes: nodes
+                    .iter()
+                    .map(|n| SimStepNode {
+                        ops: n.graph.ops.clone(),
+                        records: n.graph.records.clone(),
+                        deps: n.deps.clone(),
+                        lane: n.lane,
+                    })
+                    .collect(),
+                lanes,
+                last: Mutex::new(None),
+            })),
+        })
     }
 
     fn validate_graph(&self, graph: &SimGraph) -> std::result::Result<(), String> {
