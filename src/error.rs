@@ -13,6 +13,7 @@ use crate::capture::{AllocateFailed, CaptureError, StreamCaptureError};
 use crate::discover::DiscoveryError;
 use crate::plan::{PlanError, PlanFailed};
 use crate::replay::{ConsumeError, ReplayError, SealError};
+use crate::step::StepError;
 use crate::view::SliceError;
 
 /// Shorthand for `Result<T, replay_arena::Error>`.
@@ -34,6 +35,9 @@ pub enum Error {
     /// A replay or consumer failed.
     #[error(transparent)]
     Replay(#[from] ReplayError),
+    /// A step graph could not be built.
+    #[error(transparent)]
+    Step(#[from] StepError),
     /// A backend call failed (allocation, device setup).
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -198,6 +202,7 @@ macro_rules! from_errors {
         $crate::from_errors!(@via $ty: $crate::PlanError);
         $crate::from_errors!(@via $ty: $crate::CaptureError);
         $crate::from_errors!(@via $ty: $crate::ReplayError);
+        $crate::from_errors!(@via $ty: $crate::StepError);
         $crate::from_errors!(@via $ty: $crate::BackendError);
         $crate::from_errors!(@via $ty: $crate::SliceError);
         $crate::from_errors!(@via $ty: $crate::PlanFailed);

@@ -51,6 +51,9 @@ pub struct FenceStats {
     pub waits_skipped: u64,
     /// Event records issued (only for waits on another stream).
     pub event_records: u64,
+    /// Launches of step graphs of the plan ([`StepGraph`](crate::StepGraph)),
+    /// counted when the step graph is dropped.
+    pub step_launches: u64,
 }
 
 /// Where a runner's latest replay (or consumer) completes.
@@ -136,6 +139,60 @@ impl<B: Backend> Fence<B> {
 
     pub(crate) fn stats(&self) -> FenceStats {
         self.stats
+    }
+
+    /// Fence slots: runners, then handoffs.
+    pub(crate) fn slots(&self) -> usize {
+        self.runners.len()
+    }
+
+    /// The event of `slot`, if it is fenced.
+    pub(crate) fn event(&self, slot: usize) -> Option<&B::Event> {
+        self.runners.get(slot).and_then(|r| r.event.as_ref())
+    }
+
+    /// Who last used which bytes.
+    pub(crate) fn painter(&self) -> &Painter {
+        &self.painter
+    }
+
+    /// Starts from another fence's record of who last used which bytes.
+    pub(crate) fn set_painter(&mut self, painter: Painter) {
+        self.painter = painter;
+    }
+
+    /// After launches of a step graph on `stream`: `painter` is who last
+    /// used which bytes, and every slot that was used, or that the step
+    /// touched, completes at the tail of `stream` (the step graph joins all
+    /// its work there, after everything the fence knew of); readers are
+    /// covered by that too.
+    pub(crate) fn absorb_step(
+        &mut self,
+        painter: Painter,
+        touched: &[bool],
+        stream: &B::Stream,
+        sid: u64,
+        launches: u64,
+    ) {
+        self.painter = painter;
+        self.stats.step_launches += launches;
+        for (i, runner) in self.runners.iter_mut().enumerate() {
+            if runner.event.is_none() {
+                continue;
+            }
+            if runner.completion.is_some() || touched.get(i).copied().unwrap_or(false) {
+                runner.completion = Some(Completion::Pending {
+                    stream: stream.clone(),
+                    id: sid,
+                });
+                runner.record_at_once = false;
+                runner.waited_on = false;
+                runner.waited_by = None;
+            }
+            for reader in &mut runner.readers {
+                reader.completion = None;
+            }
+        }
     }
 
     /// Whether the slot is fenced (uses buffers).
@@ -246,9 +303,12 @@ impl<B: Backend> Fence<B> {
         self.wait_replay(backend, slot, stream, sid)
     }
 
-    /// After a reader's graph was launched on `stream`: it reads handoff
-    /// slot `slot` until the tail of `stream`, and the next writer of the
-    /// handoff's bytes waits for it.
+    /// After a reader's graph was launched on `stream`: it read handoff
+    /// slot `slot`, and the next writer of the handoff's bytes waits for
+    /// it. Its event is recorded at once, right after the graph: the next
+    /// writer always waits for it, and a record deferred to that wait would
+    /// also cover whatever the reader's stream ran since (the next step's
+    /// work, in steady state).
     pub(crate) fn read_handoff(
         &mut self,
         backend: &B,
@@ -256,7 +316,8 @@ impl<B: Backend> Fence<B> {
         stream: &B::Stream,
         sid: u64,
     ) -> Result<(), BackendError> {
-        self.add_reader(backend, slot, stream, sid)
+        self.add_reader(backend, slot, stream, sid)?;
+        self.consume_end(backend, slot, stream, sid, false)
     }
 
     /// `slot` is the latest user of `claims` and completes at the tail of

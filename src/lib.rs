@@ -114,6 +114,7 @@ mod report;
 mod capture;
 mod fence;
 mod replay;
+mod step;
 mod error;
 mod source;
 #[cfg(feature = "serde")]
@@ -135,7 +136,7 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg(feature = "cublas")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
-pub use backend::{Arena, ArenaDesc, Backend, BackendError};
+pub use backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
 };
@@ -148,6 +149,7 @@ pub use plan::{
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, GraphMemory, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};
+pub use step::{StepBuilder, StepError, StepGraph};
 pub use view::{SliceError, View, ViewsExt};
 pub use vocab::{
     DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,

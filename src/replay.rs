@@ -373,12 +373,12 @@ pub struct Replayable<B: Backend> {
     /// Every runner's views, runner after runner, made once at seal: a
     /// consumer or `views` hands out a slice, no allocation. Their scope is
     /// set while a consumer of theirs runs, 0 otherwise.
-    views: Vec<View<'static>>,
+    pub(crate) views: Vec<View<'static>>,
     /// Runner slot -> its views in `views`.
-    view_ranges: Vec<std::ops::Range<usize>>,
+    pub(crate) view_ranges: Vec<std::ops::Range<usize>>,
     /// Held for their drop (after graphs and events): views point into them.
     _arenas: Vec<B::Arena>,
-    backend: B,
+    pub(crate) backend: B,
 }
 
 /// What the fence needs besides itself to drive replays: where handoff
@@ -717,13 +717,7 @@ impl<B: Backend> Replayable<B> {
             let runner = plan.runners[slot].id();
             self.fence
                 .owner_check(slot, &plan.runners[slot].claims)
-                .map_err(|not| match not {
-                    NotOwner::NeverReplayed => ReplayError::NotReplayed { runner },
-                    NotOwner::OverwrittenBy(other) => ReplayError::Overwritten {
-                        runner,
-                        by: plan.runners[other].id(),
-                    },
-                })?;
+                .map_err(|not| not_owner(plan, runner, not))?;
         }
         // The views work on the device only inside `work`, on `stream`; no
         // capture of any thread may record `stream` meanwhile.
@@ -738,6 +732,7 @@ impl<B: Backend> Replayable<B> {
         for &slot in slots {
             for v in &mut self.views[self.view_ranges[slot].clone()] {
                 v.scope = scope;
+                v.read_only = false;
             }
         }
         let exclusive = kind == ScopeKind::Write;
@@ -885,6 +880,17 @@ impl<B: Backend> Replayable<B> {
     }
 }
 
+/// The error for a consumer of `runner` that does not own its bytes.
+pub(crate) fn not_owner(plan: &Planned, runner: RunnerId, not: NotOwner) -> ReplayError {
+    match not {
+        NotOwner::NeverReplayed => ReplayError::NotReplayed { runner },
+        NotOwner::OverwrittenBy(other) => ReplayError::Overwritten {
+            runner,
+            by: plan.runners[other].id(),
+        },
+    }
+}
+
 /// The fence's side of one replay of runner slot `slot` on `stream`, for
 /// any backend that drives a fence (the device's, or the tracer a step
 /// graph is compiled with): the handoff checks, the waits, `launch`, then
@@ -951,7 +957,11 @@ pub(crate) fn drive_replay<F: Backend>(
     }
     for &h in &record.reads {
         let i = h.0 as usize;
-        let at = plan.handoffs[i].record.readers.iter().position(|&x| x == slot);
+        let at = plan.handoffs[i]
+            .record
+            .readers
+            .iter()
+            .position(|&x| x == slot);
         let state = &mut book.handoffs[i];
         if let Some(at) = at {
             state.read[at] = state.written;

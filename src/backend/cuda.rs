@@ -1141,7 +1141,14 @@ impl Drop for Graph {
 /// up in the driver by name, so the crate works with whichever version the
 /// program's cudarc binds.
 enum DepsFn {
-    V2(unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNode, *mut c_void, *mut usize) -> sys::CUresult),
+    V2(
+        unsafe extern "C" fn(
+            sys::CUgraphNode,
+            *mut sys::CUgraphNode,
+            *mut c_void,
+            *mut usize,
+        ) -> sys::CUresult,
+    ),
     V1(unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNode, *mut usize) -> sys::CUresult),
 }
 
@@ -1201,7 +1208,10 @@ fn deps_of(node: sys::CUgraphNode) -> Result<Vec<sys::CUgraphNode>> {
     check("cuGraphNodeGetDependencies", call(ptr::null_mut(), &mut n))?;
     let mut deps = vec![ptr::null_mut(); n];
     if n > 0 {
-        check("cuGraphNodeGetDependencies", call(deps.as_mut_ptr(), &mut n))?;
+        check(
+            "cuGraphNodeGetDependencies",
+            call(deps.as_mut_ptr(), &mut n),
+        )?;
         deps.truncate(n);
     }
     Ok(deps)
@@ -1693,7 +1703,9 @@ impl Backend for CudaBackend {
                 check("cuGraphNodeFindInClone", unsafe {
                     sys::cuGraphNodeFindInClone(&mut twin, node, clone)
                 })?;
-                check("cuGraphDestroyNode", unsafe { sys::cuGraphDestroyNode(twin) })?;
+                check("cuGraphDestroyNode", unsafe {
+                    sys::cuGraphDestroyNode(twin)
+                })?;
             }
             Ok(owned)
         };
@@ -1708,7 +1720,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         let mut parent: sys::CUgraph = ptr::null_mut();
         // SAFETY: a local out pointer.
-        check("cuGraphCreate", unsafe { sys::cuGraphCreate(&mut parent, 0) })?;
+        check("cuGraphCreate", unsafe {
+            sys::cuGraphCreate(&mut parent, 0)
+        })?;
         let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         for node in nodes {
             let deps = node

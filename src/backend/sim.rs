@@ -1586,7 +1586,10 @@ impl Backend for SimBackend {
 
     fn compose(&self, nodes: &[StepNode<'_, SimBackend>]) -> Result<SimGraph> {
         if nodes.iter().any(|n| n.graph.step.is_some()) {
-            return Err(sim_error("sim compose", "a composed graph cannot be a node"));
+            return Err(sim_error(
+                "sim compose",
+                "a composed graph cannot be a node",
+            ));
         }
         if let Some((i, _)) = nodes
             .iter()

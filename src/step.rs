@@ -1,0 +1,863 @@
+//! Phase 5: [`StepGraph`]. One step's fixed schedule (which runner replays
+//! on which stream, which consumers run where, in what order) compiled into
+//! one graph and launched with one call.
+//!
+//! The schedule is run through the same fence code a per-runner replay
+//! uses, twice, on a *tracer* backend whose streams are the schedule's
+//! streams and whose graphs are the step graph's nodes: every event the
+//! fence records marks the node last enqueued on that stream, and every
+//! wait it issues becomes a dependency of the next node on the waiting
+//! stream. The second pass is the steady state; its waits, with stream
+//! order, are the step graph's edges. Waits on the step before are implied:
+//! launches of one executable graph run one after another.
+//!
+//! A writer that marks a handoff ready ([`RunnerCapture::ready`]) is split
+//! at that point into two nodes, so a reader starts there, as it does when
+//! replayed per runner.
+//!
+//! [`RunnerCapture::ready`]: crate::RunnerCapture::ready
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
+use crate::fence::Fence;
+use crate::painter::Painter;
+use crate::replay::{drive_replay, not_owner, Book, ConsumeError, ReplayError, Replayable};
+use crate::view::{new_scope_id, OpenScope, ScopeKind, View};
+use crate::vocab::RunnerId;
+
+/// A step schedule that cannot be compiled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// The schedule has no replay and no consumer.
+    #[error("the step schedules nothing: replay a runner or run a consumer first")]
+    Empty,
+    /// The schedule fails a check the fence makes on every step (a
+    /// consumer of a runner whose bytes another runner of the step claimed
+    /// since, a reader before its handoff's writer, ...).
+    #[error("the step's schedule fails the fence's checks: {0}")]
+    Schedule(#[from] ReplayError),
+    /// The backend could not build the step graph.
+    #[error("the step graph could not be built at {what}: {source}")]
+    Backend {
+        /// The node the backend refused (`runner 3`, `the consumer of
+        /// runner 3`), or the step as a whole.
+        what: String,
+        /// The backend's error.
+        source: BackendError,
+    },
+}
+
+/// One scheduled item.
+enum Item<B: Backend> {
+    Replay {
+        slot: usize,
+        lane: usize,
+    },
+    Consume {
+        slots: Vec<usize>,
+        lane: usize,
+        exclusive: bool,
+        graph: B::Graph,
+    },
+}
+
+impl<B: Backend> Replayable<B> {
+    /// Starts a step schedule: state, in order, the replays and consumers of
+    /// one step, then [`StepBuilder::build`] compiles them into one graph
+    /// whose edges are the waits the fence makes for that schedule in
+    /// steady state. While the builder or its [`StepGraph`] lives, the
+    /// per-runner API of this plan cannot be used (both borrow it
+    /// mutably); dropping the step graph hands the plan back, its fence
+    /// up to date.
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::sim::{SimBackend, SimOp};
+    ///
+    /// let req = Request::new(Domain::Device, DType::F32, 64);
+    /// let rs = (0..4).map(|r| (RunnerId(r), [req]));
+    /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(2))?;
+    /// let sim = SimBackend::new();
+    /// let (pool, side, launch) = ([sim.stream(), sim.stream()], sim.stream(), sim.stream());
+    /// let mut capturing = planned.allocate(sim.clone())?;
+    /// for r in 0..4 {
+    ///     let cap = capturing.capture(RunnerId(r))?;
+    ///     let v = cap.take(req)?;
+    ///     cap.stream_capture(&pool[0], |s| sim.launch(s, SimOp::fill(&v, r as f32), 10))?;
+    ///     cap.finish()?;
+    /// }
+    /// let mut replayable = capturing.seal()?;
+    /// let main = sim.alloc_f32(64)?;
+    ///
+    /// let mut step = replayable.step();
+    /// for r in 0..4 {
+    ///     step.replay(RunnerId(r), &pool[r as usize % 2])?;
+    ///     step.consume(RunnerId(r), &side, |s, v| sim.launch(s, SimOp::add(&v[0], &main), 5))?;
+    /// }
+    /// let mut graph = step.build()?;
+    /// for _ in 0..10 {
+    ///     graph.launch(&launch)?; // one launch per step
+    /// }
+    /// drop(graph); // the plan is replayable per runner again
+    /// assert_eq!(sim.read_f32(&main)?[0], 10.0 * (0.0 + 1.0 + 2.0 + 3.0));
+    /// assert!(sim.hazards().is_empty());
+    /// replayable.replay(RunnerId(0), &pool[0])?;
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn step(&mut self) -> StepBuilder<'_, B> {
+        StepBuilder {
+            replayable: self,
+            items: Vec::new(),
+            lanes: Vec::new(),
+        }
+    }
+}
+
+/// A step schedule being stated ([`Replayable::step`]).
+pub struct StepBuilder<'r, B: Backend> {
+    replayable: &'r mut Replayable<B>,
+    items: Vec<Item<B>>,
+    /// The schedule's streams, by first use: (id, stream).
+    lanes: Vec<(u64, B::Stream)>,
+}
+
+impl<B: Backend> fmt::Debug for StepBuilder<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepBuilder")
+            .field("items", &self.items.len())
+            .field("streams", &self.lanes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'r, B: Backend> StepBuilder<'r, B> {
+    fn lane(&mut self, stream: &B::Stream) -> usize {
+        let sid = self.replayable.backend.stream_id(stream);
+        match self.lanes.iter().position(|(id, _)| *id == sid) {
+            Some(l) => l,
+            None => {
+                self.lanes.push((sid, stream.clone()));
+                self.lanes.len() - 1
+            }
+        }
+    }
+
+    fn slot(&self, runner: RunnerId) -> Result<usize, ReplayError> {
+        self.replayable
+            .plan
+            .slot(runner)
+            .ok_or(ReplayError::UnknownRunner { runner })
+    }
+
+    /// Schedules a replay of `runner` on `stream` (as
+    /// [`Replayable::replay`] would make it, waits included).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`].
+    pub fn replay(
+        &mut self,
+        runner: RunnerId,
+        stream: &B::Stream,
+    ) -> Result<&mut Self, ReplayError> {
+        let slot = self.slot(runner)?;
+        if self.replayable.graphs[slot].is_none() {
+            return Err(ReplayError::NoGraph { runner });
+        }
+        let lane = self.lane(stream);
+        self.items.push(Item::Replay { slot, lane });
+        Ok(self)
+    }
+
+    /// Schedules a consumer of `runner`'s views on `stream`, as
+    /// [`Replayable::consume`]: `work` is called now, and what it enqueues
+    /// on `stream` is captured into the step graph (so it must be work a
+    /// stream capture takes: kernels, copies, collectives; no host
+    /// synchronization). Its views may only be read.
+    ///
+    /// # Errors
+    ///
+    /// As [`Replayable::consume`]; a consumer whose work cannot be captured
+    /// is [`ReplayError::Backend`] naming the runner, or
+    /// [`ConsumeError::Work`] with the closure's error.
+    pub fn consume<E>(
+        &mut self,
+        runner: RunnerId,
+        stream: &B::Stream,
+        work: impl FnOnce(&B::Stream, &[View<'_>]) -> Result<(), E>,
+    ) -> Result<&mut Self, ConsumeError<E>> {
+        let slot = self.slot(runner)?;
+        self.consume_slots(vec![slot], stream, ScopeKind::Read, |s, v| work(s, v[0]))
+    }
+
+    /// [`StepBuilder::consume`] for a consumer that also writes the views
+    /// (as [`Replayable::consume_mut`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`StepBuilder::consume`].
+    pub fn consume_mut<E>(
+        &mut self,
+        runner: RunnerId,
+        stream: &B::Stream,
+        work: impl FnOnce(&B::Stream, &[View<'_>]) -> Result<(), E>,
+    ) -> Result<&mut Self, ConsumeError<E>> {
+        let slot = self.slot(runner)?;
+        self.consume_slots(vec![slot], stream, ScopeKind::Write, |s, v| work(s, v[0]))
+    }
+
+    /// [`StepBuilder::consume`] over several runners (as
+    /// [`Replayable::consume_many`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`StepBuilder::consume`]; [`ReplayError::NoRunners`] for none.
+    pub fn consume_many<E>(
+        &mut self,
+        runners: &[RunnerId],
+        stream: &B::Stream,
+        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> Result<(), E>,
+    ) -> Result<&mut Self, ConsumeError<E>> {
+        let slots = runners
+            .iter()
+            .map(|&r| self.slot(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.consume_slots(slots, stream, ScopeKind::Read, work)
+    }
+
+    /// Captures a consumer of `slots` on `stream` into a graph of its own.
+    fn consume_slots<E>(
+        &mut self,
+        slots: Vec<usize>,
+        stream: &B::Stream,
+        kind: ScopeKind,
+        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> Result<(), E>,
+    ) -> Result<&mut Self, ConsumeError<E>> {
+        let Some(&head) = slots.first() else {
+            return Err(ReplayError::NoRunners.into());
+        };
+        let r = &mut *self.replayable;
+        let runner = r.plan.runners[head].id();
+        let failed = |source| ReplayError::Backend { runner, source };
+        if r.backend.is_capturing(stream).map_err(failed)? {
+            return Err(ReplayError::StreamCapturing { runner }.into());
+        }
+        let scope = new_scope_id();
+        let sid = r.backend.stream_id(stream);
+        // Captured like a runner's graph: the views work inside `work`, on
+        // `stream`, while it captures; a reader's views are read-only.
+        let Ok(open) = OpenScope::enter(scope, sid, ScopeKind::Capture, runner) else {
+            return Err(ReplayError::StreamCapturing { runner }.into());
+        };
+        let read_only = kind == ScopeKind::Read;
+        for &slot in &slots {
+            for v in &mut r.views[r.view_ranges[slot].clone()] {
+                v.scope = scope;
+                v.read_only = read_only;
+            }
+        }
+        r.backend.begin_capture(stream).map_err(failed)?;
+        let mut guard = AbortOnUnwind {
+            backend: &r.backend,
+            stream,
+            armed: true,
+        };
+        let (out, misuse) = {
+            let lists: Vec<&[View<'_>]> = slots
+                .iter()
+                .map(|&slot| &r.views[r.view_ranges[slot].clone()])
+                .collect();
+            let out = work(stream, &lists);
+            (out, open.scope().take_misuse())
+        };
+        drop(open);
+        guard.armed = false;
+        drop(guard);
+        for &slot in &slots {
+            for v in &mut r.views[r.view_ranges[slot].clone()] {
+                v.scope = 0;
+                v.read_only = false;
+            }
+        }
+        let abort = || {
+            // SAFETY: the capture this call began on `stream`.
+            unsafe { r.backend.abort_capture(stream) }
+        };
+        if let Err(e) = out {
+            abort();
+            return Err(ConsumeError::Work(e));
+        }
+        if let Some(reason) = misuse {
+            abort();
+            return Err(ReplayError::ViewOutOfScope { runner, reason }.into());
+        }
+        // SAFETY: the capture this call began on `stream`.
+        let graph = unsafe { r.backend.end_capture(stream) }.map_err(failed)?;
+        if let Err(reason) = r.backend.validate_graph(&graph) {
+            return Err(failed(BackendError::Refused {
+                op: "capture of a step's consumer",
+                reason,
+            })
+            .into());
+        }
+        let lane = self.lane(stream);
+        self.items.push(Item::Consume {
+            slots,
+            lane,
+            exclusive: kind == ScopeKind::Write,
+            graph,
+        });
+        Ok(self)
+    }
+
+    /// Compiles the schedule into one graph.
+    ///
+    /// # Errors
+    ///
+    /// [`StepError::Empty`]; [`StepError::Schedule`] when the schedule
+    /// fails a check the fence makes on every step; [`StepError::Backend`]
+    /// naming the node the backend could not put in the graph.
+    pub fn build(self) -> Result<StepGraph<'r, B>, StepError> {
+        let StepBuilder {
+            replayable: r,
+            items,
+            lanes,
+        } = self;
+        if items.is_empty() {
+            return Err(StepError::Empty);
+        }
+        let plan = &r.plan;
+        let base = r.book.handoff_base;
+        // Per runner slot: the handoffs it writes that its graph marks ready.
+        let ready = |slot: usize| -> Vec<usize> {
+            plan.runners[slot]
+                .record
+                .writes
+                .iter()
+                .map(|h| h.0 as usize)
+                .filter(|&h| r.book.handoffs[h].ready)
+                .collect()
+        };
+        // Node ids: a replay of a runner with a ready point is two nodes.
+        let mut first = Vec::with_capacity(items.len());
+        let mut nodes = 0;
+        for item in &items {
+            first.push(nodes);
+            nodes += match item {
+                Item::Replay { slot, .. } if !ready(*slot).is_empty() => 2,
+                _ => 1,
+            };
+        }
+
+        // 1. Trace the schedule through the fence, twice.
+        let tracer = Tracer::new(lanes.len(), nodes);
+        let events = (0..r.fence.slots())
+            .map(|i| r.fence.event(i).map(|_| TraceEvent(i)))
+            .collect();
+        let mut fence: Fence<Tracer> = Fence::new(events, plan.fence_regions);
+        fence.set_painter(r.fence.painter().clone());
+        tracer.reserve_events(r.fence.slots());
+        let mut book: Book = r.book.clone();
+        let mut touched = vec![false; r.fence.slots()];
+        for pass in 0..2 {
+            tracer.begin_pass(pass == 1);
+            for (k, item) in items.iter().enumerate() {
+                match item {
+                    Item::Replay { slot, lane } => {
+                        let parts = if ready(*slot).is_empty() { 1 } else { 2 };
+                        drive_replay(
+                            &mut fence,
+                            &tracer,
+                            plan,
+                            &mut book,
+                            *slot,
+                            &Lane(*lane),
+                            || {
+                                tracer.run(first[k], parts, *lane);
+                                Ok(())
+                            },
+                        )?;
+                        touched[*slot] = true;
+                        for h in plan.runners[*slot].record.writes.iter() {
+                            touched[base + h.0 as usize] = true;
+                        }
+                        // The first part records the ready events.
+                        for h in ready(*slot) {
+                            tracer.mark(base + h, first[k]);
+                        }
+                    }
+                    Item::Consume {
+                        slots,
+                        lane,
+                        exclusive,
+                        ..
+                    } => {
+                        let sid = *lane as u64;
+                        let stream = Lane(*lane);
+                        for &slot in slots {
+                            if !fence.is_fenced(slot) {
+                                continue;
+                            }
+                            let runner = plan.runners[slot].id();
+                            if pass == 1 {
+                                fence
+                                    .owner_check(slot, &plan.runners[slot].claims)
+                                    .map_err(|not| not_owner(plan, runner, not))?;
+                            }
+                            fence
+                                .consume_begin(&tracer, slot, &stream, sid, *exclusive)
+                                .map_err(|source| ReplayError::Backend { runner, source })?;
+                            touched[slot] = true;
+                        }
+                        tracer.run(first[k], 1, *lane);
+                        for &slot in slots {
+                            if fence.is_fenced(slot) {
+                                let runner = plan.runners[slot].id();
+                                fence
+                                    .consume_end(&tracer, slot, &stream, sid, *exclusive)
+                                    .map_err(|source| ReplayError::Backend { runner, source })?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let deps = tracer.deps();
+
+        // 2. The real nodes: runner graphs (split at their ready point) and
+        //    the consumers' graphs.
+        let backend = &r.backend;
+        let mut parts: Vec<(B::Graph, B::Graph)> = Vec::new();
+        let mut part_of = vec![None; items.len()];
+        for (k, item) in items.iter().enumerate() {
+            if let Item::Replay { slot, .. } = item {
+                let marks = ready(*slot);
+                if marks.is_empty() {
+                    continue;
+                }
+                let events: Vec<&B::Event> = marks
+                    .iter()
+                    .filter_map(|&h| r.fence.event(base + h))
+                    .collect();
+                let Some(graph) = r.graphs[*slot].as_ref() else {
+                    continue;
+                };
+                let split =
+                    backend
+                        .split_graph(graph, &events)
+                        .map_err(|source| StepError::Backend {
+                            what: plan.runners[*slot].id().to_string(),
+                            source,
+                        })?;
+                part_of[k] = Some(parts.len());
+                parts.push(split);
+            }
+        }
+        let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
+        let mut names: Vec<String> = Vec::with_capacity(nodes);
+        for (k, item) in items.iter().enumerate() {
+            match item {
+                Item::Replay { slot, lane } => {
+                    let name = plan.runners[*slot].id().to_string();
+                    let graphs: Vec<&B::Graph> = match part_of[k] {
+                        Some(p) => vec![&parts[p].0, &parts[p].1],
+                        None => r.graphs[*slot].as_ref().into_iter().collect(),
+                    };
+                    for g in graphs {
+                        names.push(name.clone());
+                        step_nodes.push(StepNode {
+                            graph: g,
+                            deps: deps[step_nodes.len()].clone(),
+                            lane: *lane,
+                        });
+                    }
+                }
+                Item::Consume {
+                    slots, lane, graph, ..
+                } => {
+                    names.push(format!("the consumer of {}", plan.runners[slots[0]].id()));
+                    step_nodes.push(StepNode {
+                        graph,
+                        deps: deps[step_nodes.len()].clone(),
+                        lane: *lane,
+                    });
+                }
+            }
+        }
+        let graph = match backend.compose(&step_nodes) {
+            Ok(graph) => graph,
+            Err(source) => {
+                // Name the node the backend refuses, when one alone is.
+                let what = step_nodes
+                    .iter()
+                    .zip(&names)
+                    .find(|(n, _)| {
+                        let alone = StepNode {
+                            graph: n.graph,
+                            deps: Vec::new(),
+                            lane: 0,
+                        };
+                        backend.compose(std::slice::from_ref(&alone)).is_err()
+                    })
+                    .map_or_else(|| "the step".to_string(), |(_, name)| name.clone());
+                return Err(StepError::Backend { what, source });
+            }
+        };
+        let done = backend
+            .create_event()
+            .map_err(|source| StepError::Backend {
+                what: "the step's completion event".into(),
+                source,
+            })?;
+        let edges = deps.iter().map(Vec::len).sum();
+        drop(step_nodes);
+        drop(parts);
+        drop(items);
+        Ok(StepGraph {
+            graph,
+            done,
+            painter: fence.painter().clone(),
+            book,
+            touched,
+            launched: None,
+            launches: 0,
+            nodes,
+            edges,
+            replayable: r,
+        })
+    }
+}
+
+/// Ends a stream capture if the consumer's closure unwinds.
+struct AbortOnUnwind<'a, B: Backend> {
+    backend: &'a B,
+    stream: &'a B::Stream,
+    armed: bool,
+}
+
+impl<B: Backend> Drop for AbortOnUnwind<'_, B> {
+    fn drop(&mut self) {
+        if self.armed {
+            // SAFETY: the capture `consume_slots` began on this stream.
+            unsafe { self.backend.abort_capture(self.stream) };
+        }
+    }
+}
+
+/// Phase 5: one step of a plan, compiled into one graph
+/// ([`Replayable::step`]). Each [`StepGraph::launch`] runs the whole step:
+/// every replay and consumer of the schedule, ordered by exactly the waits
+/// the fence makes for that schedule in steady state, after the previous
+/// launch. It borrows the plan: dropping it (which waits for its last
+/// launch) hands the plan back with its fence as the step left it.
+pub struct StepGraph<'r, B: Backend> {
+    graph: B::Graph,
+    /// Recorded after a launch for [`StepGraph::wait_all`] and drop.
+    done: B::Event,
+    /// Who last used which bytes after a step.
+    painter: Painter,
+    /// Handoff writes and reads after a step.
+    book: Book,
+    /// Fence slots the step uses.
+    touched: Vec<bool>,
+    /// The stream of the latest launch.
+    launched: Option<(B::Stream, u64)>,
+    launches: u64,
+    nodes: usize,
+    edges: usize,
+    replayable: &'r mut Replayable<B>,
+}
+
+impl<B: Backend> fmt::Debug for StepGraph<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepGraph")
+            .field("nodes", &self.nodes)
+            .field("edges", &self.edges)
+            .field("launches", &self.launches)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> StepGraph<'_, B> {
+    /// Launches the whole step on `stream`: after what `stream` holds and
+    /// after the previous launch; the first launch also waits for every
+    /// replay and consumer the fence knew of.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] with the backend's error (nothing of the step
+    /// was enqueued).
+    pub fn launch(&mut self, stream: &B::Stream) -> Result<(), ReplayError> {
+        let r = &mut *self.replayable;
+        let sid = r.backend.stream_id(stream);
+        if self.launched.is_none() {
+            r.fence
+                .wait_all(&r.backend, stream, sid)
+                .map_err(ReplayError::Wait)?;
+        }
+        // SAFETY: the step graph's edges are the fence's waits for its
+        // schedule; its first launch waited for everything the fence knew
+        // of, and each later one runs after the one before (launches of one
+        // executable graph are serialized); the plan is borrowed, so no
+        // other replay or consumer of it runs meanwhile.
+        unsafe { r.backend.launch(&self.graph, stream) }.map_err(ReplayError::Wait)?;
+        self.launched = Some((stream.clone(), sid));
+        self.launches += 1;
+        Ok(())
+    }
+
+    /// Makes `stream` wait for the latest launch (the optimizer step after
+    /// every replay and consumer of the step), without blocking the host.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] with the backend's error.
+    pub fn wait_all(&self, stream: &B::Stream) -> Result<(), ReplayError> {
+        let Some((last, _)) = &self.launched else {
+            return Ok(());
+        };
+        let b = &self.replayable.backend;
+        b.record_event(last, &self.done)
+            .and_then(|()| b.wait_event(stream, &self.done))
+            .map_err(ReplayError::Wait)
+    }
+
+    /// Graphs in the step graph: one per replay (two for a writer split at
+    /// its ready point) and one per consumer.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Dependency edges between them (the fence's waits, and stream order).
+    pub fn edges(&self) -> usize {
+        self.edges
+    }
+
+    /// Launches so far.
+    pub fn launches(&self) -> u64 {
+        self.launches
+    }
+
+    /// The plan (read-only while the step graph lives).
+    pub fn replayable(&self) -> &Replayable<B> {
+        self.replayable
+    }
+}
+
+impl<B: Backend> Drop for StepGraph<'_, B> {
+    fn drop(&mut self) {
+        let Some((stream, sid)) = self.launched.take() else {
+            return;
+        };
+        let r = &mut *self.replayable;
+        // The fence goes on from where the steps left the bytes: every slot
+        // they used completes after the last launch.
+        r.fence.absorb_step(
+            self.painter.clone(),
+            &self.touched,
+            &stream,
+            sid,
+            self.launches,
+        );
+        r.book = self.book.clone();
+        // The step graph is freed now: wait for its last launch first.
+        let waited = r
+            .backend
+            .record_event(&stream, &self.done)
+            .and_then(|()| r.backend.synchronize_event(&self.done));
+        if waited.is_err() {
+            let _ = r.backend.synchronize();
+        }
+    }
+}
+
+/// The backend a step schedule is traced on: streams are the schedule's
+/// streams (lanes), a "launch" runs step graph nodes, and every event
+/// remembers the node last run on the stream it was recorded on.
+#[derive(Clone)]
+struct Tracer {
+    state: Rc<RefCell<Trace>>,
+}
+
+struct Trace {
+    /// Per lane: the latest node, and nodes the next one waits for.
+    tails: Vec<Option<usize>>,
+    waits: Vec<Vec<usize>>,
+    /// Per event: the node its latest record follows (`None`: the step
+    /// before, which launch order covers).
+    recorded: Vec<Option<usize>>,
+    /// Per node: what it runs after (from the second pass).
+    deps: Vec<Vec<usize>>,
+    keep: bool,
+}
+
+#[derive(Clone)]
+struct Lane(usize);
+
+struct TraceEvent(usize);
+
+struct NoArena;
+
+impl Arena for NoArena {
+    fn base(&self) -> u64 {
+        0
+    }
+
+    fn bytes(&self) -> u64 {
+        0
+    }
+}
+
+impl Tracer {
+    fn new(lanes: usize, nodes: usize) -> Tracer {
+        Tracer {
+            state: Rc::new(RefCell::new(Trace {
+                tails: vec![None; lanes],
+                waits: vec![Vec::new(); lanes],
+                recorded: Vec::new(),
+                deps: vec![Vec::new(); nodes],
+                keep: false,
+            })),
+        }
+    }
+
+    /// Events `0..n` are the fence slots' own.
+    fn reserve_events(&self, n: usize) {
+        let mut t = self.state.borrow_mut();
+        if t.recorded.len() < n {
+            t.recorded.resize(n, None);
+        }
+    }
+
+    /// A new step: everything before it is ordered by launch order.
+    fn begin_pass(&self, keep: bool) {
+        let mut t = self.state.borrow_mut();
+        t.tails.iter_mut().for_each(|x| *x = None);
+        t.waits.iter_mut().for_each(Vec::clear);
+        t.recorded.iter_mut().for_each(|x| *x = None);
+        t.keep = keep;
+    }
+
+    /// Runs nodes `first..first + parts` on `lane`, one after another.
+    fn run(&self, first: usize, parts: usize, lane: usize) {
+        let mut t = self.state.borrow_mut();
+        for node in first..first + parts {
+            let mut deps: Vec<usize> = std::mem::take(&mut t.waits[lane]);
+            deps.extend(t.tails[lane]);
+            deps.sort_unstable();
+            deps.dedup();
+            if t.keep {
+                t.deps[node] = deps;
+            }
+            t.tails[lane] = Some(node);
+        }
+    }
+
+    /// Event `event` was recorded inside node `node`.
+    fn mark(&self, event: usize, node: usize) {
+        let mut t = self.state.borrow_mut();
+        if let Some(e) = t.recorded.get_mut(event) {
+            *e = Some(node);
+        }
+    }
+
+    fn deps(&self) -> Vec<Vec<usize>> {
+        self.state.borrow().deps.clone()
+    }
+}
+
+fn traced(op: &'static str) -> BackendError {
+    BackendError::Refused {
+        op,
+        reason: "a step schedule is traced, not run".into(),
+    }
+}
+
+impl Backend for Tracer {
+    type Arena = NoArena;
+    type Event = TraceEvent;
+    type Stream = Lane;
+    type Graph = ();
+
+    fn name(&self) -> &'static str {
+        "step tracer"
+    }
+
+    fn allocate_arena(&self, _: &ArenaDesc) -> Result<NoArena, BackendError> {
+        Err(traced("allocate"))
+    }
+
+    fn create_event(&self) -> Result<TraceEvent, BackendError> {
+        let mut t = self.state.borrow_mut();
+        t.recorded.push(None);
+        Ok(TraceEvent(t.recorded.len() - 1))
+    }
+
+    fn stream_id(&self, stream: &Lane) -> u64 {
+        stream.0 as u64
+    }
+
+    fn wait_event(&self, stream: &Lane, event: &TraceEvent) -> Result<(), BackendError> {
+        let mut t = self.state.borrow_mut();
+        if let Some(&Some(node)) = t.recorded.get(event.0) {
+            t.waits[stream.0].push(node);
+        }
+        Ok(())
+    }
+
+    fn record_event(&self, stream: &Lane, event: &TraceEvent) -> Result<(), BackendError> {
+        let mut t = self.state.borrow_mut();
+        let tail = t.tails[stream.0];
+
+        if let Some(e) = t.recorded.get_mut(event.0) {
+            *e = tail;
+        }
+        Ok(())
+    }
+
+    fn record_event_node(&self, _: &Lane, _: &TraceEvent) -> Result<(), BackendError> {
+        Err(traced("record node"))
+    }
+
+    fn synchronize_event(&self, _: &TraceEvent) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    unsafe fn launch(&self, _: &(), _: &Lane) -> Result<(), BackendError> {
+        Err(traced("launch"))
+    }
+
+    fn begin_capture(&self, _: &Lane) -> Result<(), BackendError> {
+        Err(traced("capture"))
+    }
+
+    fn is_capturing(&self, _: &Lane) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
+    unsafe fn end_capture(&self, _: &Lane) -> Result<(), BackendError> {
+        Err(traced("capture"))
+    }
+
+    unsafe fn abort_capture(&self, _: &Lane) {}
+
+    fn validate_graph(&self, _: &()) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn split_graph(&self, _: &(), _: &[&TraceEvent]) -> Result<((), ()), BackendError> {
+        Err(traced("split"))
+    }
+
+    fn compose(&self, _: &[StepNode<'_, Tracer>]) -> Result<(), BackendError> {
+        Err(traced("compose"))
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}

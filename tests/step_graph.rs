@@ -1,0 +1,386 @@
+//! Step graphs on the `sim` model: one step's schedule compiled into one
+//! graph. For random plans and schedules (placements, generations, streams,
+//! consumers, handoffs and ready points) the step graph never lets two
+//! users of the same bytes overlap, leaves every value the per-runner
+//! fenced replay of the same schedule leaves, refuses exactly the
+//! schedules the host fence refuses, and hands the plan back consistent.
+
+use proptest::prelude::*;
+use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::{
+    DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError, Replayable, Request,
+    RunnerId, StepError,
+};
+
+const OWN: Request = Request::new(Domain::Device, DType::F32, 32);
+const GRAD: Request = Request::new(Domain::Device, DType::F32, 32);
+
+/// One random step.
+#[derive(Debug, Clone)]
+struct Schedule {
+    /// Per runner in capture order: (hands off to the next runner, marks it
+    /// ready, its lane, its duration).
+    runners: Vec<(bool, bool, usize, u64)>,
+    /// Consumers: (runner, placed after this many more replays, lane,
+    /// duration, writes).
+    consumers: Vec<(usize, usize, usize, u64, bool)>,
+    generations: usize,
+    packed: bool,
+}
+
+fn schedule() -> impl proptest::strategy::Strategy<Value = Schedule> {
+    (2usize..7, 1usize..4, any::<bool>()).prop_flat_map(|(n, g, packed)| {
+        let runner = (any::<bool>(), any::<bool>(), 0usize..3, 1u64..40);
+        let consumer = (
+            0..n,
+            0usize..3,
+            0usize..3,
+            1u64..60,
+            prop::bool::weighted(0.2),
+        );
+        (
+            prop::collection::vec(runner, n),
+            prop::collection::vec(consumer, 0..6),
+        )
+            .prop_map(move |(runners, consumers)| Schedule {
+                runners,
+                consumers,
+                generations: g,
+                packed,
+            })
+    })
+}
+
+/// The plan of a schedule, captured on `sim`: runner `r` bumps its counter
+/// (a program buffer) and copies it into its own view and into the
+/// gradient it hands off (if any); a reader adds what it receives into its
+/// sink. Consumers add a runner's view into their own accumulator.
+struct Setup {
+    sim: SimBackend,
+    replayable: Replayable<SimBackend>,
+    lanes: [SimStream; 3],
+    launch: SimStream,
+    sinks: Vec<SimBuffer>,
+    accs: Vec<SimBuffer>,
+    _keep: Vec<SimBuffer>,
+}
+
+fn setup(w: &Schedule) -> Setup {
+    let n = w.runners.len();
+    let mut d = Discovering::new(PlanConfig::new());
+    let mut handoffs: Vec<Option<HandoffId>> = vec![None; n];
+    for r in 0..n {
+        let mut armed = d.arm(RunnerId(r as u32)).unwrap();
+        armed.record(OWN).unwrap();
+        if r > 0 {
+            if let Some(h) = handoffs[r - 1] {
+                armed.receive(h).unwrap();
+            }
+        }
+        if w.runners[r].0 && r + 1 < n {
+            handoffs[r] = Some(armed.hand_off(GRAD).unwrap());
+        }
+    }
+    let sim = SimBackend::new();
+    let lanes = [sim.stream(), sim.stream(), sim.stream()];
+    let launch = sim.stream();
+    let one = sim.alloc_f32(32).unwrap();
+    sim.write_f32(&one, &[1.0; 32]).unwrap();
+    let counts: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
+    let sinks: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
+    let accs: Vec<SimBuffer> = w
+        .consumers
+        .iter()
+        .map(|_| sim.alloc_f32(32).unwrap())
+        .collect();
+    let policy = Policy::Generations(w.generations);
+    let strategy = if w.packed {
+        policy.packed()
+    } else {
+        policy.round_robin()
+    };
+    let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
+    for r in 0..n {
+        let (_, ready, _, duration) = w.runners[r];
+        let cap = capturing.capture(RunnerId(r as u32)).unwrap();
+        let own = cap.take(OWN).unwrap();
+        let input = (r > 0)
+            .then(|| handoffs[r - 1])
+            .flatten()
+            .map(|h| cap.receive(h).unwrap());
+        let output = handoffs[r].map(|h| (h, cap.hand_off(h).unwrap()));
+        let (count, sink) = (&counts[r], &sinks[r]);
+        cap.stream_capture(&lanes[0], |s| {
+            sim.launch(s, SimOp::add(&one, count), 1)?;
+            if let Some(input) = &input {
+                sim.launch(s, SimOp::add(input, sink), duration)?;
+            }
+            if let Some((h, out)) = &output {
+                sim.launch(s, SimOp::copy(count, out), 2)?;
+                if ready {
+                    cap.ready(*h, s)?;
+                }
+            }
+            sim.launch(s, SimOp::copy(count, &own), duration)?;
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut keep = counts;
+    keep.push(one);
+    Setup {
+        replayable: capturing.seal().unwrap(),
+        sim,
+        lanes,
+        launch,
+        sinks,
+        accs,
+        _keep: keep,
+    }
+}
+
+/// The schedule's items in order: replays in capture order, each consumer
+/// after the replay of its runner and `delay` more.
+fn items(w: &Schedule) -> Vec<(bool, usize)> {
+    let n = w.runners.len();
+    let mut out = Vec::new();
+    for r in 0..n {
+        out.push((true, r));
+        for (c, &(runner, delay, ..)) in w.consumers.iter().enumerate() {
+            if (runner + delay).min(n - 1) == r {
+                out.push((false, c));
+            }
+        }
+    }
+    out
+}
+
+/// Runs `steps` steps per runner through the host fence.
+fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayError> {
+    for _ in 0..steps {
+        for &(replay, i) in &items(w) {
+            if replay {
+                let lane = &s.lanes[w.runners[i].2];
+                s.replayable.replay(RunnerId(i as u32), lane)?;
+            } else {
+                let (runner, _, lane, duration, writes) = w.consumers[i];
+                let (sim, acc) = (&s.sim, &s.accs[i]);
+                let work = |st: &SimStream, v: &[replay_arena::View<'_>]| {
+                    sim.launch(st, SimOp::add(&v[0], acc), duration)
+                };
+                let lane = &s.lanes[lane];
+                let r = RunnerId(runner as u32);
+                let done = if writes {
+                    s.replayable.consume_mut(r, lane, work)
+                } else {
+                    s.replayable.consume(r, lane, work)
+                };
+                done.map_err(|e| match e {
+                    replay_arena::ConsumeError::Replay(r) => r,
+                    replay_arena::ConsumeError::Work(w) => panic!("{w}"),
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds the step graph of the schedule and launches it `steps` times.
+fn stepped(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(usize, usize), StepError> {
+    let mut step = s.replayable.step();
+    for &(replay, i) in &items(w) {
+        if replay {
+            step.replay(RunnerId(i as u32), &s.lanes[w.runners[i].2])?;
+        } else {
+            let (runner, _, lane, duration, writes) = w.consumers[i];
+            let (sim, acc) = (&s.sim, &s.accs[i]);
+            let work = |st: &SimStream, v: &[replay_arena::View<'_>]| {
+                sim.launch(st, SimOp::add(&v[0], acc), duration)
+            };
+            let r = RunnerId(runner as u32);
+            let done = if writes {
+                step.consume_mut(r, &s.lanes[lane], work).map(|_| ())
+            } else {
+                step.consume(r, &s.lanes[lane], work).map(|_| ())
+            };
+            done.map_err(|e| match e {
+                replay_arena::ConsumeError::Replay(r) => StepError::Schedule(r),
+                replay_arena::ConsumeError::Work(w) => panic!("{w}"),
+            })?;
+        }
+    }
+    let mut graph = step.build()?;
+    for _ in 0..steps {
+        graph.launch(&s.launch).unwrap();
+    }
+    Ok((graph.nodes(), graph.edges()))
+}
+
+fn values(s: &Setup) -> Vec<Vec<f32>> {
+    s.sinks
+        .iter()
+        .chain(&s.accs)
+        .map(|b| s.sim.read_f32(b).unwrap())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The step graph against the host fence on the same schedule: the
+    /// same refusals, the same values, no overlap; and the plan goes on
+    /// per runner afterwards without overlap either.
+    #[test]
+    fn a_step_graph_is_the_host_fence_compiled(w in schedule()) {
+        let steps = 4;
+        let mut fenced = setup(&w);
+        let host = per_runner(&mut fenced, &w, steps);
+        let mut graphed = setup(&w);
+        let built = stepped(&mut graphed, &w, steps);
+        match (&host, &built) {
+            (Ok(()), Ok(_)) => {}
+            (Err(_), Err(StepError::Schedule(_))) => return Ok(()),
+            _ => prop_assert!(false, "host fence {:?} but step graph {:?}", host, built),
+        }
+        prop_assert!(fenced.sim.hazards().is_empty(), "host fence: {:?}", fenced.sim.hazards());
+        let hazards = graphed.sim.hazards();
+        prop_assert!(hazards.is_empty(), "step graph: {:?}", hazards);
+        prop_assert_eq!(values(&graphed), values(&fenced));
+        // Per runner again, after the step graph: still exact, still safe.
+        per_runner(&mut graphed, &w, 1).unwrap();
+        per_runner(&mut fenced, &w, 1).unwrap();
+        prop_assert!(graphed.sim.hazards().is_empty(), "{:?}", graphed.sim.hazards());
+        prop_assert_eq!(values(&graphed), values(&fenced));
+    }
+}
+
+/// Four runners in two generations on two streams, a consumer of each on a
+/// third: the chain the per-module backward makes.
+fn four_with_consumers() -> Schedule {
+    Schedule {
+        runners: (0..4).map(|r| (true, true, r % 2, 20)).collect(),
+        consumers: (0..4).map(|r| (r, 0, 2, 30, false)).collect(),
+        generations: 2,
+        packed: false,
+    }
+}
+
+#[test]
+fn one_launch_runs_the_step_and_overlaps_what_the_fence_overlaps() {
+    let w = four_with_consumers();
+    let mut fenced = setup(&w);
+    per_runner(&mut fenced, &w, 1).unwrap();
+    fenced.replayable.synchronize().unwrap();
+    let mut graphed = setup(&w);
+    let (nodes, edges) = stepped(&mut graphed, &w, 1).unwrap();
+    // Four writers split at their ready points (the last has no reader but
+    // marks nothing: it hands nothing off), four consumers.
+    assert_eq!(nodes, 3 * 2 + 1 + 4);
+    assert!(edges > 0);
+    graphed.replayable.synchronize().unwrap();
+    assert_eq!(values(&graphed), values(&fenced));
+    // The same dependencies within a step: the same simulated time (each
+    // reader starts at its writer's ready point in both). Across steps a
+    // step graph gives up one thing: a launch starts after the whole
+    // previous launch, where the host fence lets the next step's first
+    // runners start under the last consumers.
+    assert_eq!(graphed.sim.makespan(), fenced.sim.makespan());
+    assert!(graphed.sim.hazards().is_empty());
+}
+
+#[test]
+fn the_fence_goes_on_from_where_the_step_left_it() {
+    let w = four_with_consumers();
+    let mut s = setup(&w);
+    stepped(&mut s, &w, 3).unwrap();
+    let stats = s.replayable.fence_stats();
+    assert_eq!(stats.step_launches, 3);
+    // Runner 3 replayed last in the step: its views are consumable; runner
+    // 1's bytes were claimed by runner 3 since.
+    let side = s.sim.stream();
+    s.replayable
+        .consume(RunnerId(3), &side, |_, _| Ok::<(), String>(()))
+        .unwrap();
+    let late = s
+        .replayable
+        .consume(RunnerId(1), &side, |_, _| Ok::<(), String>(()));
+    assert!(matches!(
+        late,
+        Err(replay_arena::ConsumeError::Replay(
+            ReplayError::Overwritten {
+                by: RunnerId(3),
+                ..
+            }
+        ))
+    ));
+    // Runner 1 reads what runner 0 handed off in the last step: runner 0
+    // first, then runner 1.
+    assert!(matches!(
+        s.replayable.replay(RunnerId(1), &side),
+        Err(ReplayError::HandoffAlreadyRead { .. })
+    ));
+    s.replayable.replay(RunnerId(0), &side).unwrap();
+    s.replayable.replay(RunnerId(1), &s.lanes[1]).unwrap();
+    s.replayable.synchronize().unwrap();
+    assert!(s.sim.hazards().is_empty());
+}
+
+#[test]
+fn schedules_the_fence_refuses_are_typed_errors() {
+    let w = four_with_consumers();
+    let mut s = setup(&w);
+    assert!(matches!(s.replayable.step().build(), Err(StepError::Empty)));
+    // A consumer of runner 0 after runner 2 claimed its bytes.
+    let mut step = s.replayable.step();
+    for r in 0..3 {
+        step.replay(RunnerId(r), &s.lanes[r as usize % 2]).unwrap();
+    }
+    step.consume(RunnerId(0), &s.lanes[2], |_, _| Ok::<(), String>(()))
+        .unwrap();
+    assert!(matches!(
+        step.build(),
+        Err(StepError::Schedule(ReplayError::Overwritten {
+            by: RunnerId(2),
+            ..
+        }))
+    ));
+    // A reader whose writer was never replayed.
+    let mut step = s.replayable.step();
+    step.replay(RunnerId(1), &s.lanes[0]).unwrap();
+    assert!(matches!(
+        step.build(),
+        Err(StepError::Schedule(ReplayError::HandoffNotWritten { .. }))
+    ));
+    // An unknown runner.
+    let mut step = s.replayable.step();
+    assert!(matches!(
+        step.replay(RunnerId(9), &s.lanes[0]),
+        Err(ReplayError::UnknownRunner { .. })
+    ));
+}
+
+#[test]
+fn a_consumer_of_a_step_reads_and_may_not_write_its_views() {
+    let w = four_with_consumers();
+    let mut s = setup(&w);
+    let mut step = s.replayable.step();
+    step.replay(RunnerId(0), &s.lanes[0]).unwrap();
+    let sim = s.sim.clone();
+    let e = step
+        .consume(RunnerId(0), &s.lanes[2], |st, v| {
+            sim.launch(st, SimOp::fill(&v[0], 0.0), 1)
+        })
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("consumer") || e.to_string().contains("read"),
+        "{e}"
+    );
+    // A consumer that fails leaves the stream free for the next one.
+    step.consume(RunnerId(0), &s.lanes[2], |_, _| Ok::<(), String>(()))
+        .unwrap();
+    let mut graph = step.build().unwrap();
+    graph.launch(&s.launch).unwrap();
+    let optimizer = s.sim.stream();
+    graph.wait_all(&optimizer).unwrap();
+}
