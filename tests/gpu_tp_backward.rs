@@ -11,7 +11,9 @@
 #[path = "../examples/tp_backward/model.rs"]
 mod model;
 
-use model::{graphed_step, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError};
+use model::{
+    graphed_step, step_graph, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError,
+};
 use replay_arena::cuda;
 use replay_arena::cuda::CudaBackend;
 use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
@@ -104,6 +106,27 @@ fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
             "within the bf16 tolerance, not bitwise: cuBLAS picked other algorithms under capture"
         }
     );
+
+    // The same schedule compiled into one step graph, launched STEPS times
+    // on one stream: bit for bit what the per-runner replays gave.
+    let stepped = model.main_grads().unwrap();
+    let launch = cuda.new_stream().unwrap();
+    {
+        let mut step = step_graph(&model, &mut replayable, &stepped, &pool, &side).unwrap();
+        for _ in 0..STEPS {
+            step.launch(&launch).unwrap();
+        }
+        println!("step graph: {step:?}");
+    }
+    replayable.synchronize().unwrap();
+    let exact = Tolerance {
+        rtol: 0.0,
+        atol: 0.0,
+        of_max: 0.0,
+    };
+    let s = model.compare(&graphed, &stepped, exact).unwrap();
+    assert!(s.bitwise(), "the step graph differs from per-runner replays: {s}");
+    assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
     replayable.replan().unwrap();
 }
 

@@ -320,6 +320,8 @@ enum Mode {
     Packed,
     Unfenced,
     OneStream,
+    StepRoundRobin,
+    StepPacked,
     RoundRobinNoRs,
     UnfencedNoRs,
     OneStreamNoRs,
@@ -327,12 +329,14 @@ enum Mode {
 
 impl Mode {
     /// Every mode, in declaration order (`mode as usize` is its index).
-    const ALL: [Mode; 8] = [
+    const ALL: [Mode; 10] = [
         Mode::Eager,
         Mode::RoundRobin,
         Mode::Packed,
         Mode::Unfenced,
         Mode::OneStream,
+        Mode::StepRoundRobin,
+        Mode::StepPacked,
         Mode::RoundRobinNoRs,
         Mode::UnfencedNoRs,
         Mode::OneStreamNoRs,
@@ -345,6 +349,8 @@ impl Mode {
             Mode::Packed => "graphed, OverlapDepth(2) packed, fenced",
             Mode::Unfenced => "graphed, no fence (unsafe reference)",
             Mode::OneStream => "graphed, round-robin plan on one stream (RS serialized), fenced",
+            Mode::StepRoundRobin => "step graph (one launch per step), round-robin",
+            Mode::StepPacked => "step graph (one launch per step), packed",
             Mode::RoundRobinNoRs => "same graphs without the RS: round-robin, fenced",
             Mode::UnfencedNoRs => "same graphs without the RS: no fence",
             Mode::OneStreamNoRs => "same graphs without the RS: one stream, fenced",
@@ -449,6 +455,8 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     let packed_strategy = Policy::OverlapDepth(2).packed();
     let rr_plan = discovery.clone().plan(rr_strategy)?;
     let bare_plan = discovery.clone().plan(rr_strategy)?;
+    let rr_step_plan = discovery.clone().plan(rr_strategy)?;
+    let packed_step_plan = discovery.clone().plan(packed_strategy)?;
     let packed_plan = discovery.plan(packed_strategy)?;
     for p in [&rr_plan, &bare_plan, &packed_plan] {
         check_fingerprint(&model.reduce, p)?;
@@ -473,9 +481,11 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     let bare = capture(&mut model, bare_plan, make()?, &capture_stream);
     model.reduce_in_graphs = true;
     let mut bare = bare?;
+    let mut rr_s = capture(&mut model, rr_step_plan, make()?, &capture_stream)?;
+    let mut packed_s = capture(&mut model, packed_step_plan, make()?, &capture_stream)?;
     if lead {
         println!(
-            "captured {} graphs per plan in {:.1} ms (three plans)",
+            "captured {} graphs per plan in {:.1} ms (five plans)",
             model.modules.len(),
             capture_start.elapsed().as_secs_f64() * 1e3
         );
@@ -503,6 +513,21 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     let rr_shards = shards(&rr)?;
     let bare_shards = shards(&bare)?;
     let one = std::slice::from_ref(&pool[0]);
+    // The step graphs: the pool schedule compiled once per plan; each step
+    // is one launch on `pool[0]`.
+    let build_start = Instant::now();
+    let at = |m: Mode| &mains[slot(m as usize)];
+    let mut rr_step = model::step_graph(&model, &mut rr_s, at(Mode::StepRoundRobin), &pool, &side)?;
+    let mut packed_step =
+        model::step_graph(&model, &mut packed_s, at(Mode::StepPacked), &pool, &side)?;
+    if lead {
+        println!(
+            "step graphs: {} graphs and {} edges each, built in {:.1} ms (both)",
+            rr_step.nodes(),
+            rr_step.edges(),
+            build_start.elapsed().as_secs_f64() * 1e3
+        );
+    }
     let per_round = args.steps / args.rounds;
     let steps = per_round * args.rounds;
     let mut times: Vec<Times> = Mode::ALL.iter().map(|_| Times::default()).collect();
@@ -522,6 +547,8 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
                     Mode::RoundRobin => graphed_step(&model, &mut rr, main, &pool, &side)?,
                     Mode::Packed => graphed_step(&model, &mut packed, main, &pool, &side)?,
                     Mode::OneStream => graphed_step(&model, &mut rr, main, one, &side)?,
+                    Mode::StepRoundRobin => rr_step.launch(&pool[0])?,
+                    Mode::StepPacked => packed_step.launch(&pool[0])?,
                     Mode::RoundRobinNoRs => graphed_step(&model, &mut bare, main, &pool, &side)?,
                     Mode::OneStreamNoRs => graphed_step(&model, &mut bare, main, one, &side)?,
                     // SAFETY: the unsafe reference: its shards may be
@@ -673,14 +700,21 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
         };
         println!("  {who}{}: {verdict}", mode.name());
     }
-    let fenced_ok = [Mode::RoundRobin, Mode::Packed, Mode::OneStream]
+    let fenced_ok = [
+        Mode::RoundRobin,
+        Mode::Packed,
+        Mode::OneStream,
+        Mode::StepRoundRobin,
+        Mode::StepPacked,
+    ]
         .iter()
         .all(|&m| {
             comparisons[m as usize]
                 .as_ref()
                 .is_some_and(|c| c.past_tolerance == 0)
         });
-    drop((rr, packed, bare));
+    drop((rr_step, packed_step));
+    drop((rr, packed, bare, rr_s, packed_s));
 
     // 6. More than one rank: the eager main-grad shards against a one-rank
     //    run of the whole batch on this rank's GPU (same weights, all ranks'

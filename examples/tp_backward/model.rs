@@ -43,8 +43,8 @@ use replay_arena::cuda;
 use replay_arena::cuda::{CudaBackend, ViewExt};
 use replay_arena::{
     Backend, BackendError, Buffer, BufferSource, Capturing, DType, Discovering, Domain, GroupId,
-    HandoffId, ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StreamCaptureError,
-    View,
+    HandoffId, ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StepGraph,
+    StreamCaptureError, View,
 };
 
 /// The group the reduce-scatter runs over when it is NCCL.
@@ -125,7 +125,8 @@ arena_error!(
     replay_arena::PlanError,
     replay_arena::PlanFailed,
     replay_arena::AllocateFailed,
-    replay_arena::DiscoveryError
+    replay_arena::DiscoveryError,
+    replay_arena::StepError
 );
 
 type Result<T, E = TpError> = std::result::Result<T, E>;
@@ -1522,6 +1523,37 @@ impl fmt::Display for Comparison {
             )
         }
     }
+}
+
+/// One step compiled into one graph: the schedule of [`graphed_step`]
+/// (module `m` on `pool[m % pool.len()]`, its shards accumulated into
+/// `main` on `side`), its waits turned into the graph's edges. Each
+/// `launch` of the result runs a whole step.
+pub fn step_graph<'r, B: Backend<Stream = cuda::Stream>>(
+    model: &Model,
+    replayable: &'r mut Replayable<B>,
+    main: &MainGrads,
+    pool: &[cuda::Stream],
+    side: &cuda::Stream,
+) -> Result<StepGraph<'r, B>> {
+    let mut step = replayable.step();
+    for m in 0..model.modules.len() {
+        let runner = RunnerId(m as u32);
+        step.replay(runner, &pool[m % pool.len()])?;
+        let mains = &main.grads[m];
+        step.consume(runner, side, |s, views| {
+            for (j, (v, g)) in views.iter().skip(2).step_by(2).zip(mains).enumerate() {
+                let shard = v.as_cuda::<bf16>(s)?;
+                model.accumulate_one(m, j, model.ptr(g), &shard, s)?;
+            }
+            Ok::<(), TpError>(())
+        })
+        .map_err(|e| match e {
+            replay_arena::ConsumeError::Replay(r) => r.into(),
+            replay_arena::ConsumeError::Work(w) => w,
+        })?;
+    }
+    Ok(step.build()?)
 }
 
 /// Replays one step of every runner with the fence: module `m` on
