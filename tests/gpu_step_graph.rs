@@ -23,7 +23,9 @@ const CONSUMER_BLOCKS: u32 = 8;
 
 fn stepped_equals_eager(strategy: Strategy) {
     let g = gpu();
-    let specs: Vec<Spec> = (0..RUNNERS).map(|r| Spec::new(r, &[N], Some(256))).collect();
+    let specs: Vec<Spec> = (0..RUNNERS)
+        .map(|r| Spec::new(r, &[N], Some(256)))
+        .collect();
     let mut discovery = Discovering::new(PlanConfig::new());
     for (r, spec) in specs.iter().enumerate() {
         let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
@@ -33,7 +35,10 @@ fn stepped_equals_eager(strategy: Strategy) {
     }
     let planned = discovery.plan(strategy).unwrap();
     let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
-    let (consumer, launch) = (g.backend.new_stream().unwrap(), g.backend.new_stream().unwrap());
+    let (consumer, launch) = (
+        g.backend.new_stream().unwrap(),
+        g.backend.new_stream().unwrap(),
+    );
     let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
     let torn: CudaSlice<u32> = g.zeros(1);
     let mut capturing = planned.allocate(g.backend.clone()).unwrap();
@@ -42,18 +47,29 @@ fn stepped_equals_eager(strategy: Strategy) {
         spec.capture(&g, cap, g.ptr(&states[r].step), &pool[r % 2]);
     }
     let mut replayable = capturing.seal().unwrap();
-    let consume = |g: &Gpu, spec: &Spec, out: &CudaSlice<u32>, s: &cuda::Stream, views: &[View<'_>]| {
-        let (_, w) = spec.split(views);
-        g.consume(s, g.ptr(out), w[0], N, SPIN, g.ptr(&torn), Some(CONSUMER_BLOCKS))
-    };
+    let consume =
+        |g: &Gpu, spec: &Spec, out: &CudaSlice<u32>, s: &cuda::Stream, views: &[View<'_>]| {
+            let (_, w) = spec.split(views);
+            g.consume(
+                s,
+                g.ptr(out),
+                w[0],
+                N,
+                SPIN,
+                g.ptr(&torn),
+                Some(CONSUMER_BLOCKS),
+            )
+        };
     {
         let mut step = replayable.step();
         for (r, spec) in specs.iter().enumerate() {
             let runner = RunnerId(r as u32);
             step.replay(runner, &pool[r % 2]).unwrap();
             let out = &states[r].outs[0];
-            step.consume(runner, &consumer, |s, views| consume(&g, spec, out, s, views))
-                .unwrap();
+            step.consume(runner, &consumer, |s, views| {
+                consume(&g, spec, out, s, views)
+            })
+            .unwrap();
         }
         let mut graph = step.build().unwrap();
         println!("{strategy:?}: {graph:?}");
@@ -66,8 +82,16 @@ fn stepped_equals_eager(strategy: Strategy) {
     }
     let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(&g)).collect();
     let expected = eager(&g, &specs, STEPS);
-    assert_eq!(mismatches(&got, &expected), 0, "{strategy:?}: outputs differ from eager");
-    assert_eq!(g.read(&torn), vec![0], "{strategy:?}: a consumer's input changed under it");
+    assert_eq!(
+        mismatches(&got, &expected),
+        0,
+        "{strategy:?}: outputs differ from eager"
+    );
+    assert_eq!(
+        g.read(&torn),
+        vec![0],
+        "{strategy:?}: a consumer's input changed under it"
+    );
 
     // Per runner again, where the step graphs left the plan.
     for (r, spec) in specs.iter().enumerate() {
@@ -75,13 +99,19 @@ fn stepped_equals_eager(strategy: Strategy) {
         replayable.replay(runner, &pool[r % 2]).unwrap();
         let out = &states[r].outs[0];
         replayable
-            .consume(runner, &consumer, |s, views| consume(&g, spec, out, s, views))
+            .consume(runner, &consumer, |s, views| {
+                consume(&g, spec, out, s, views)
+            })
             .unwrap();
     }
     replayable.synchronize().unwrap();
     let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(&g)).collect();
     let expected = eager(&g, &specs, STEPS + 1);
-    assert_eq!(mismatches(&got, &expected), 0, "{strategy:?}: per runner after the step graph");
+    assert_eq!(
+        mismatches(&got, &expected),
+        0,
+        "{strategy:?}: per runner after the step graph"
+    );
     assert_eq!(g.read(&torn), vec![0]);
     assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
 }

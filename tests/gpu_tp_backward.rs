@@ -125,7 +125,10 @@ fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
         of_max: 0.0,
     };
     let s = model.compare(&graphed, &stepped, exact).unwrap();
-    assert!(s.bitwise(), "the step graph differs from per-runner replays: {s}");
+    assert!(
+        s.bitwise(),
+        "the step graph differs from per-runner replays: {s}"
+    );
     assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
     replayable.replan().unwrap();
 }

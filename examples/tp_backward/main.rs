@@ -707,12 +707,12 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
         Mode::StepRoundRobin,
         Mode::StepPacked,
     ]
-        .iter()
-        .all(|&m| {
-            comparisons[m as usize]
-                .as_ref()
-                .is_some_and(|c| c.past_tolerance == 0)
-        });
+    .iter()
+    .all(|&m| {
+        comparisons[m as usize]
+            .as_ref()
+            .is_some_and(|c| c.past_tolerance == 0)
+    });
     drop((rr_step, packed_step));
     drop((rr, packed, bare, rr_s, packed_s));
 
