@@ -9,6 +9,10 @@
 //!    reduce-scatter-like tail (few blocks, so several fit side by side), on
 //!    pools of 2 and 3 streams, with G = 1, 2, 3, packed G = 2, and no fence
 //!    at all (the unsafe reference). GPU throughput relative to unfenced.
+//! 3. One launch per step: 16 runners on a pool of two streams, each with a
+//!    consumer on a third, as per-runner fenced `replay` + `consume`, as
+//!    unfenced launches (the unsafe reference), and as one `StepGraph`
+//!    launch: host time and wall time per step.
 
 use std::time::Instant;
 
@@ -25,6 +29,9 @@ const SOURCE: &str = r#"
 extern "C" __global__ void touch(float* w) {
     if (threadIdx.x == 0) w[0] += 1.0f;
 }
+extern "C" __global__ void read(const float* w, float* out) {
+    if (threadIdx.x == 0) out[0] += w[0];
+}
 extern "C" __global__ void spin(float* w, unsigned int n, long long cycles) {
     long long t0 = clock64();
     while (clock64() - t0 < cycles) { }
@@ -36,6 +43,7 @@ type R<T> = Result<T, Box<dyn std::error::Error>>;
 
 struct Kernels {
     touch: CudaFunction,
+    read: CudaFunction,
     spin: CudaFunction,
 }
 
@@ -45,6 +53,7 @@ fn kernels(b: &CudaBackend) -> R<Kernels> {
     let f = |n: &str| m.load_function(n).map_err(|e| format!("{e:?}"));
     Ok(Kernels {
         touch: f("touch")?,
+        read: f("read")?,
         spin: f("spin")?,
     })
 }
@@ -60,6 +69,15 @@ fn one_block() -> LaunchConfig {
 fn touch(k: &Kernels, s: &cuda::Stream, w: u64) -> Result<(), String> {
     let mut l = s.cudarc().launch_builder(&k.touch);
     l.arg(&w);
+    unsafe { l.launch(one_block()) }
+        .map(drop)
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// `out[0] += w[0]`: a consumer that reads its runner's view.
+fn read(k: &Kernels, s: &cuda::Stream, w: u64, out: u64) -> Result<(), String> {
+    let mut l = s.cudarc().launch_builder(&k.read);
+    l.arg(&w).arg(&out);
     unsafe { l.launch(one_block()) }
         .map(drop)
         .map_err(|e| format!("{e:?}"))
@@ -285,6 +303,100 @@ fn overlap(b: &CudaBackend, k: &Kernels) -> R<()> {
     Ok(())
 }
 
+/// Host and wall time per step of 16 runners with consumers: per runner,
+/// unfenced, and as one step graph.
+fn step_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
+    const RUNNERS: usize = 16;
+    const STEPS: usize = 100;
+    const ROUNDS: usize = 20;
+    let capture_on = b.new_stream()?;
+    let pool = [b.new_stream()?, b.new_stream()?];
+    let (side, launch) = (b.new_stream()?, b.new_stream()?);
+    let body = |s: &cuda::Stream, w: u64| spin(k, s, w, 4096, 2_000);
+    let strategy: Strategy = Policy::OverlapDepth(2).into();
+    let mut fenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
+    let mut unfenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
+    let mut stepped = build(b, &capture_on, RUNNERS, strategy, &body)?;
+    let out = side.cudarc().alloc_zeros::<f32>(RUNNERS)?;
+    side.synchronize()?;
+    let out_ptr = |r: usize| {
+        use replay_arena::cuda::cudarc::driver::DevicePtr;
+        out.device_ptr(side.cudarc()).0 + 4 * r as u64
+    };
+    let views: Vec<u64> = (0..RUNNERS)
+        .map(|r| Ok(unfenced.views(RunnerId(r as u32))?[0].device_ptr()))
+        .collect::<R<_>>()?;
+    let mut step = stepped.step();
+    for r in 0..RUNNERS {
+        step.replay(RunnerId(r as u32), &pool[r % 2])?;
+        step.consume(RunnerId(r as u32), &side, |s, v| read(k, s, v[0].device_ptr(), out_ptr(r)))?;
+    }
+    let mut graph = step.build()?;
+    let done = b.create_event()?;
+    let modes = [
+        "per runner: replay + consume, fenced",
+        "per runner: replay_unfenced + consumer after its graph (unsafe reference)",
+        "step graph: one launch",
+    ];
+    let mut host: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    for round in 0..=ROUNDS {
+        for m in 0..modes.len() {
+            b.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..STEPS {
+                match m {
+                    0 => {
+                        for r in 0..RUNNERS {
+                            let runner = RunnerId(r as u32);
+                            fenced.replay(runner, &pool[r % 2])?;
+                            fenced.consume(runner, &side, |s, v| {
+                                read(k, s, v[0].device_ptr(), out_ptr(r))
+                            })?;
+                        }
+                    }
+                    1 => {
+                        for (r, &w) in views.iter().enumerate() {
+                            let s = &pool[r % 2];
+                            // SAFETY: the unsafe reference: consumers may read
+                            // bytes a later replay overwrites (values nobody
+                            // checks).
+                            unsafe { unfenced.replay_unfenced(RunnerId(r as u32), s)? };
+                            b.record_event(s, &done)?;
+                            b.wait_event(&side, &done)?;
+                            read(k, &side, w, out_ptr(r))?;
+                        }
+                    }
+                    _ => graph.launch(&launch)?,
+                }
+            }
+            let enqueued = t.elapsed();
+            b.synchronize()?;
+            if round > 0 {
+                host[m].push(enqueued.as_nanos() as f64 / STEPS as f64 / 1e3);
+                wall[m].push(t.elapsed().as_nanos() as f64 / STEPS as f64 / 1e3);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "\n## one launch per step: {RUNNERS} runners (~1.5 us of GPU work each) on 2 streams, a consumer of each on a third; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
+    );
+    println!("step graph: {graph:?}");
+    println!("| mode | host us/step | wall us/step | host vs step graph |");
+    println!("|---|---:|---:|---:|");
+    let graph_host = median(&mut host[2].clone());
+    for (m, name) in modes.iter().enumerate() {
+        let h = median(&mut host[m]);
+        let w = median(&mut wall[m]);
+        println!("| {name} | {h:.1} | {w:.1} | {:.1}x |", h / graph_host);
+    }
+    Ok(())
+}
+
 fn main() -> R<()> {
     if let Err(e) = probe() {
         println!("gpu_replay: skipped, no usable GPU: {e}");
@@ -295,5 +407,6 @@ fn main() -> R<()> {
     let k = kernels(&b)?;
     host_cost(&b, &k)?;
     overlap(&b, &k)?;
+    step_cost(&b, &k)?;
     Ok(())
 }
