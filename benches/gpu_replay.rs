@@ -329,7 +329,9 @@ fn step_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
     let mut step = stepped.step();
     for r in 0..RUNNERS {
         step.replay(RunnerId(r as u32), &pool[r % 2])?;
-        step.consume(RunnerId(r as u32), &side, |s, v| read(k, s, v[0].device_ptr(), out_ptr(r)))?;
+        step.consume(RunnerId(r as u32), &side, |s, v| {
+            read(k, s, v[0].device_ptr(), out_ptr(r))
+        })?;
     }
     let mut graph = step.build()?;
     let done = b.create_event()?;

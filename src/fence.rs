@@ -337,13 +337,16 @@ impl<B: Backend> Fence<B> {
         // their claimer): the new replay has none yet.
         self.readers_waited(slot);
         self.forget_unused_record(slot);
+        // The runner completes at the tail of `stream` from now on, whether
+        // or not the record below succeeds: a failed record (the stream
+        // began capturing on another thread since the launch, say) leaves
+        // a pending completion that a later waiter records, never an older
+        // one that would let it skip the wait.
+        self.settle(slot, stream, sid);
         if self.runners[slot].record_at_once {
-            // Record straight away: no pending stream handle to keep.
-            self.record_if_expected(backend, slot, stream, sid)
-        } else {
-            self.settle(slot, stream, sid);
-            Ok(())
+            self.record_if_expected(backend, slot, stream, sid)?;
         }
+        Ok(())
     }
 
     /// Every reader of `slot` was waited for: forget them (their events are
@@ -409,6 +412,28 @@ impl<B: Backend> Fence<B> {
         }
         self.wait_replay(backend, slot, stream, sid)?;
         self.add_reader(backend, slot, stream, sid)
+    }
+
+    /// Makes sure a reader of `slot` on `stream` can be added later without
+    /// creating an event (called before a launch whose reads are tracked
+    /// after it: nothing can fail between the launch and the tracking).
+    pub(crate) fn reserve_reader(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        sid: u64,
+    ) -> Result<(), BackendError> {
+        let runner = &mut self.runners[slot];
+        let has = runner.readers.iter().any(|r| {
+            r.completion.is_none() || r.completion.as_ref().is_some_and(|c| c.stream_id() == sid)
+        });
+        if !has {
+            runner.readers.push(Reader {
+                event: backend.create_event()?,
+                completion: None,
+            });
+        }
+        Ok(())
     }
 
     /// Makes the work at the tail of `stream` from now on a reader of

@@ -79,6 +79,20 @@ pub enum ReplayError {
         /// Its writer.
         writer: RunnerId,
     },
+    /// A runner that reads a handoff was replayed after another handoff
+    /// that shares its bytes (their lifetimes do not meet in capture order,
+    /// so the plan let them share) was written since: the data is gone.
+    #[error("{reader} reads {handoff}, but {by} wrote bytes of another handoff over it since {writer} wrote it; replay runners in the order discovery armed them")]
+    HandoffOverwritten {
+        /// The reading runner.
+        reader: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Its writer.
+        writer: RunnerId,
+        /// The runner whose handoff took the bytes since.
+        by: RunnerId,
+    },
     /// A runner that reads a handoff was replayed again before the
     /// handoff's writer was: it would read the write it already read (its
     /// writer comes first in the order the plan assumed).
@@ -918,6 +932,21 @@ pub(crate) fn drive_replay<F: Backend>(
                 writer,
             });
         }
+        let claim = plan.handoffs[h.0 as usize].claim;
+        if let Err(NotOwner::OverwrittenBy(other)) =
+            fence.owner_check(book.handoff_base + h.0 as usize, &[claim])
+        {
+            let by = match other.checked_sub(book.handoff_base) {
+                Some(g) => plan.runners[plan.handoffs[g].record.writer].id(),
+                None => plan.runners[other].id(),
+            };
+            return Err(ReplayError::HandoffOverwritten {
+                reader: runner,
+                handoff: h,
+                writer,
+                by,
+            });
+        }
         if reader_mark(plan, h, slot, state) == Some(state.written) {
             return Err(ReplayError::HandoffAlreadyRead {
                 reader: runner,
@@ -934,6 +963,10 @@ pub(crate) fn drive_replay<F: Backend>(
     for &h in &record.reads {
         fence
             .wait_written(backend, base + h.0 as usize, stream, sid)
+            .map_err(failed)?;
+        // Nothing may fail between the launch and tracking its reads.
+        fence
+            .reserve_reader(backend, base + h.0 as usize, sid)
             .map_err(failed)?;
     }
     launch().map_err(failed)?;

@@ -22,7 +22,7 @@ use std::fmt;
 use std::rc::Rc;
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
-use crate::fence::Fence;
+use crate::fence::{Fence, NotOwner};
 use crate::painter::Painter;
 use crate::replay::{drive_replay, not_owner, Book, ConsumeError, ReplayError, Replayable};
 use crate::view::{new_scope_id, OpenScope, ScopeKind, View};
@@ -253,13 +253,23 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
         let Ok(open) = OpenScope::enter(scope, sid, ScopeKind::Capture, runner) else {
             return Err(ReplayError::StreamCapturing { runner }.into());
         };
+        // Copies of the views, in the consumer's scope (read-only for a
+        // reader): the plan's own views stay as they are, whatever `work`
+        // does (fails, panics).
         let read_only = kind == ScopeKind::Read;
-        for &slot in &slots {
-            for v in &mut r.views[r.view_ranges[slot].clone()] {
-                v.scope = scope;
-                v.read_only = read_only;
-            }
-        }
+        let copies: Vec<Vec<View<'_>>> = slots
+            .iter()
+            .map(|&slot| {
+                r.views[r.view_ranges[slot].clone()]
+                    .iter()
+                    .map(|&v| View {
+                        scope,
+                        read_only,
+                        ..v
+                    })
+                    .collect()
+            })
+            .collect();
         r.backend.begin_capture(stream).map_err(failed)?;
         let mut guard = AbortOnUnwind {
             backend: &r.backend,
@@ -267,22 +277,13 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
             armed: true,
         };
         let (out, misuse) = {
-            let lists: Vec<&[View<'_>]> = slots
-                .iter()
-                .map(|&slot| &r.views[r.view_ranges[slot].clone()])
-                .collect();
+            let lists: Vec<&[View<'_>]> = copies.iter().map(Vec::as_slice).collect();
             let out = work(stream, &lists);
             (out, open.scope().take_misuse())
         };
         drop(open);
         guard.armed = false;
         drop(guard);
-        for &slot in &slots {
-            for v in &mut r.views[r.view_ranges[slot].clone()] {
-                v.scope = 0;
-                v.read_only = false;
-            }
-        }
         let abort = || {
             // SAFETY: the capture this call began on `stream`.
             unsafe { r.backend.abort_capture(stream) }
@@ -353,85 +354,11 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
             };
         }
 
-        // 1. Trace the schedule through the fence, twice.
-        let tracer = Tracer::new(lanes.len(), nodes);
-        let events = (0..r.fence.slots())
-            .map(|i| r.fence.event(i).map(|_| TraceEvent(i)))
-            .collect();
-        let mut fence: Fence<Tracer> = Fence::new(events, plan.fence_regions);
-        fence.set_painter(r.fence.painter().clone());
-        tracer.reserve_events(r.fence.slots());
-        let mut book: Book = r.book.clone();
-        let mut touched = vec![false; r.fence.slots()];
-        for pass in 0..2 {
-            tracer.begin_pass(pass == 1);
-            for (k, item) in items.iter().enumerate() {
-                match item {
-                    Item::Replay { slot, lane } => {
-                        let parts = if ready(*slot).is_empty() { 1 } else { 2 };
-                        drive_replay(
-                            &mut fence,
-                            &tracer,
-                            plan,
-                            &mut book,
-                            *slot,
-                            &Lane(*lane),
-                            || {
-                                tracer.run(first[k], parts, *lane);
-                                Ok(())
-                            },
-                        )?;
-                        touched[*slot] = true;
-                        for h in plan.runners[*slot].record.writes.iter() {
-                            touched[base + h.0 as usize] = true;
-                        }
-                        // The first part records the ready events.
-                        for h in ready(*slot) {
-                            tracer.mark(base + h, first[k]);
-                        }
-                    }
-                    Item::Consume {
-                        slots,
-                        lane,
-                        exclusive,
-                        ..
-                    } => {
-                        let sid = *lane as u64;
-                        let stream = Lane(*lane);
-                        for &slot in slots {
-                            if !fence.is_fenced(slot) {
-                                continue;
-                            }
-                            let runner = plan.runners[slot].id();
-                            if pass == 1 {
-                                fence
-                                    .owner_check(slot, &plan.runners[slot].claims)
-                                    .map_err(|not| not_owner(plan, runner, not))?;
-                            }
-                            fence
-                                .consume_begin(&tracer, slot, &stream, sid, *exclusive)
-                                .map_err(|source| ReplayError::Backend { runner, source })?;
-                            touched[slot] = true;
-                        }
-                        tracer.run(first[k], 1, *lane);
-                        for &slot in slots {
-                            if fence.is_fenced(slot) {
-                                let runner = plan.runners[slot].id();
-                                fence
-                                    .consume_end(&tracer, slot, &stream, sid, *exclusive)
-                                    .map_err(|source| ReplayError::Backend { runner, source })?;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let deps = tracer.deps();
-
-        // 2. The real nodes: runner graphs (split at their ready point) and
-        //    the consumers' graphs.
+        // 1. Writers with ready points split at the earliest one: readers
+        //    of that handoff start there, readers of the others after the
+        //    whole graph.
         let backend = &r.backend;
-        let mut parts: Vec<(B::Graph, B::Graph)> = Vec::new();
+        let mut parts: Vec<(B::Graph, B::Graph, usize)> = Vec::new();
         let mut part_of = vec![None; items.len()];
         for (k, item) in items.iter().enumerate() {
             if let Item::Replay { slot, .. } = item {
@@ -457,6 +384,94 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                 parts.push(split);
             }
         }
+        // 2. Trace the schedule through the fence, twice.
+        let tracer = Tracer::new(lanes.len(), nodes);
+        let events = (0..r.fence.slots())
+            .map(|i| r.fence.event(i).map(|_| TraceEvent(i)))
+            .collect();
+        let mut fence: Fence<Tracer> = Fence::new(events, plan.fence_regions);
+        fence.set_painter(r.fence.painter().clone());
+        tracer.reserve_events(r.fence.slots());
+        let mut book: Book = r.book.clone();
+        let mut touched = vec![false; r.fence.slots()];
+        for pass in 0..2 {
+            tracer.begin_pass(pass == 1);
+            for (k, item) in items.iter().enumerate() {
+                match item {
+                    Item::Replay { slot, lane } => {
+                        let count = if ready(*slot).is_empty() { 1 } else { 2 };
+                        drive_replay(
+                            &mut fence,
+                            &tracer,
+                            plan,
+                            &mut book,
+                            *slot,
+                            &Lane(*lane),
+                            || {
+                                tracer.run(first[k], count, *lane);
+                                Ok(())
+                            },
+                        )?;
+                        touched[*slot] = true;
+                        for h in plan.runners[*slot].record.writes.iter() {
+                            touched[base + h.0 as usize] = true;
+                        }
+                        // The first part records the event it was split at;
+                        // the other ready events count from the end.
+                        if let Some(p) = part_of[k] {
+                            let split = parts[p].2;
+                            for (n, h) in ready(*slot).into_iter().enumerate() {
+                                let node = if n == split { first[k] } else { first[k] + 1 };
+                                tracer.mark(base + h, node);
+                            }
+                        }
+                    }
+                    Item::Consume {
+                        slots,
+                        lane,
+                        exclusive,
+                        ..
+                    } => {
+                        let sid = *lane as u64;
+                        let stream = Lane(*lane);
+                        for &slot in slots {
+                            if !fence.is_fenced(slot) {
+                                continue;
+                            }
+                            let runner = plan.runners[slot].id();
+                            let claims = &plan.runners[slot].claims;
+                            match fence.owner_check(slot, claims) {
+                                Ok(()) => {}
+                                // Not replayed in the step before it: the
+                                // first launch reads what the last replay
+                                // before the step graph left, if any.
+                                Err(NotOwner::NeverReplayed)
+                                    if pass == 0 && r.fence.owner_check(slot, claims).is_ok() => {}
+                                Err(not) => return Err(not_owner(plan, runner, not).into()),
+                            }
+                            fence
+                                .consume_begin(&tracer, slot, &stream, sid, *exclusive)
+                                .map_err(|source| ReplayError::Backend { runner, source })?;
+                            touched[slot] = true;
+                        }
+                        tracer.run(first[k], 1, *lane);
+                        for &slot in slots {
+                            if fence.is_fenced(slot) {
+                                let runner = plan.runners[slot].id();
+                                fence
+                                    .consume_end(&tracer, slot, &stream, sid, *exclusive)
+                                    .map_err(|source| ReplayError::Backend { runner, source })?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let deps = tracer.deps();
+
+        // 3. The step graph: the runners' graphs (or their two parts) and
+        //    the consumers' graphs, with the traced edges.
+
         let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
         let mut names: Vec<String> = Vec::with_capacity(nodes);
         for (k, item) in items.iter().enumerate() {
@@ -849,7 +864,7 @@ impl Backend for Tracer {
         Ok(())
     }
 
-    fn split_graph(&self, _: &(), _: &[&TraceEvent]) -> Result<((), ()), BackendError> {
+    fn split_graph(&self, _: &(), _: &[&TraceEvent]) -> Result<((), (), usize), BackendError> {
         Err(traced("split"))
     }
 

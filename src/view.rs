@@ -285,6 +285,7 @@ impl Scope {
     }
 
     /// Keeps the first refused use, for the capture or consumer to report.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn record_misuse(&self, what: String) {
         if let Ok(mut m) = self.misuse.lock() {
             m.get_or_insert(what);
@@ -466,7 +467,7 @@ pub(crate) fn out_of_scope(view: &ViewTag) -> String {
 
 /// Why a consumer's view may not be written.
 pub(crate) fn read_only(view: &ViewTag) -> String {
-    if view.read_only {
+    if view.read_only && view.handoff.is_some() {
         return format!(
             "{} of {} is a handoff it received, which it reads (the writer's next replay and \
              other readers rely on that); write handoffs in their writer's graph",

@@ -1642,13 +1642,14 @@ impl Backend for CudaBackend {
 
     /// Clones the graph twice: one clone keeps the nodes the chosen record
     /// node depends on, the other every node but those and the record.
-    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph)> {
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
         self.bind()?;
         let g = graph.handles.graph;
         let record = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EVENT_RECORD as u32;
         let nodes = nodes_of(g)?;
         // The record nodes of `events`, each with its ancestors.
-        let mut best: Option<(sys::CUgraphNode, std::collections::HashSet<usize>)> = None;
+        type Found = (sys::CUgraphNode, std::collections::HashSet<usize>, usize);
+        let mut best: Option<Found> = None;
         for &node in &nodes {
             let mut kind: u32 = u32::MAX;
             // SAFETY: a node of `g`; the type is a 32-bit C enum.
@@ -1663,9 +1664,9 @@ impl Backend for CudaBackend {
             check("cuGraphEventRecordNodeGetEvent", unsafe {
                 sys::cuGraphEventRecordNodeGetEvent(node, &mut event)
             })?;
-            if !events.iter().any(|e| e.cu_event() == event) {
+            let Some(which) = events.iter().position(|e| e.cu_event() == event) else {
                 continue;
-            }
+            };
             let mut seen = std::collections::HashSet::new();
             let mut todo = deps_of(node)?;
             while let Some(n) = todo.pop() {
@@ -1673,11 +1674,11 @@ impl Backend for CudaBackend {
                     todo.extend(deps_of(n)?);
                 }
             }
-            if best.as_ref().is_none_or(|(_, b)| seen.len() < b.len()) {
-                best = Some((node, seen));
+            if best.as_ref().is_none_or(|(_, b, _)| seen.len() < b.len()) {
+                best = Some((node, seen, which));
             }
         }
-        let Some((at, before)) = best else {
+        let Some((at, before, which)) = best else {
             return Err(BackendError::Refused {
                 op: "split graph",
                 reason: "the graph records none of the events".into(),
@@ -1711,7 +1712,7 @@ impl Backend for CudaBackend {
         };
         let first = part(&|n| !before.contains(&(n as usize)))?;
         let rest = part(&|n| n == at || before.contains(&(n as usize)))?;
-        Ok((first, rest))
+        Ok((first, rest, which))
     }
 
     /// A graph of child graph nodes (`cuGraphAddChildGraphNode` copies

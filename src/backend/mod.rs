@@ -428,12 +428,12 @@ pub trait Backend {
     /// Why the graph cannot be owned.
     fn validate_graph(&self, graph: &Self::Graph) -> Result<(), String>;
 
-    /// Splits a captured graph at the event record node of the first of
-    /// `events` it records (made by [`Backend::record_event_node`]): the
-    /// nodes that record depends on, and the rest, as two graphs for
-    /// [`Backend::compose`] (not to be launched on their own). The record
-    /// nodes of every one of `events` are left out of both. The second part
-    /// depends on the first.
+    /// Splits a captured graph at the earliest event record node of
+    /// `events` (made by [`Backend::record_event_node`]): the nodes that
+    /// record depends on, and the rest, as two graphs for
+    /// [`Backend::compose`] (not to be launched on their own), and the index
+    /// in `events` of the event it split at. The second part runs after the
+    /// first; the other events' records stay where they were.
     ///
     /// # Errors
     ///
@@ -443,7 +443,7 @@ pub trait Backend {
         &self,
         graph: &Self::Graph,
         events: &[&Self::Event],
-    ) -> Result<(Self::Graph, Self::Graph), BackendError>;
+    ) -> Result<(Self::Graph, Self::Graph, usize), BackendError>;
 
     /// One graph of graphs: each node runs its graph after the nodes it
     /// depends on (earlier nodes, by index) and nothing else orders it.

@@ -734,7 +734,7 @@ impl Backend for NcclBackend {
         self.cuda.graph_memory_in_use()
     }
 
-    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph)> {
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
         self.cuda.split_graph(graph, events)
     }
 

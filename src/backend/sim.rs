@@ -256,6 +256,8 @@ impl fmt::Display for Hazard {
 pub struct SimStream {
     id: usize,
     owner: Weak<Mutex<SimState>>,
+    /// Its backend's serial: stream ids are unique in the process.
+    serial: u64,
 }
 
 impl PartialEq for SimStream {
@@ -299,6 +301,9 @@ pub struct SimGraph {
     memory: Vec<Arc<GraphMemory>>,
     /// A composed graph ([`Backend::compose`]): its nodes, run on lanes.
     step: Option<Arc<SimStep>>,
+    /// Where the latest launch ended: launches of one graph run one after
+    /// another, as launches of one CUDA executable graph do.
+    last: Arc<Mutex<Option<EventState>>>,
 }
 
 /// A graph of graphs: each node runs on its lane (an internal stream)
@@ -1122,6 +1127,7 @@ impl SimBackend {
         SimStream {
             id,
             owner: Arc::downgrade(&self.state),
+            serial: self.serial,
         }
     }
 
@@ -1388,8 +1394,10 @@ impl Backend for SimBackend {
         })
     }
 
+    /// The stream's own backend's serial and its index: a stream of
+    /// another backend never shares an id with one of this backend.
     fn stream_id(&self, stream: &SimStream) -> u64 {
-        (self.serial << 32) | stream.id as u64
+        (stream.serial << 32) | stream.id as u64
     }
 
     fn wait_event(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
@@ -1481,6 +1489,13 @@ impl Backend for SimBackend {
                 s.ranges(op)
             })
             .collect::<Result<Vec<_>>>()?;
+        // After the graph's previous launch, on whatever stream it ran.
+        let mut last = graph.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(prev) = last.as_ref() {
+            let st = &mut s.streams[id];
+            st.tail = st.tail.max(prev.time);
+            merge(&mut st.clock, &prev.clock);
+        }
         let mut records = graph.records.iter().peekable();
         for (i, (&(op, duration), ranges)) in graph.ops.iter().zip(ranges).enumerate() {
             while let Some(&(_, event)) = records.next_if(|(at, _)| *at == i) {
@@ -1491,6 +1506,10 @@ impl Backend for SimBackend {
         for &(_, event) in records {
             s.record(id, event);
         }
+        *last = Some(EventState {
+            time: s.streams[id].tail,
+            clock: s.streams[id].clock.clone(),
+        });
         Ok(())
     }
 
@@ -1533,6 +1552,7 @@ impl Backend for SimBackend {
             records: capture.records,
             memory,
             step: None,
+            last: Arc::default(),
         })
     }
 
@@ -1554,34 +1574,43 @@ impl Backend for SimBackend {
         Ok(Some((bytes, bytes)))
     }
 
-    fn split_graph(&self, graph: &SimGraph, events: &[&SimEvent]) -> Result<(SimGraph, SimGraph)> {
+    fn split_graph(
+        &self,
+        graph: &SimGraph,
+        events: &[&SimEvent],
+    ) -> Result<(SimGraph, SimGraph, usize)> {
         let ids = events
             .iter()
             .map(|e| self.own_event(e, "sim split graph"))
             .collect::<Result<Vec<_>>>()?;
-        let Some(at) = graph
+        let Some((at, which)) = graph
             .records
             .iter()
-            .find(|(_, e)| ids.contains(e))
-            .map(|&(at, _)| at)
+            .find_map(|&(at, e)| Some((at, ids.iter().position(|&i| i == e)?)))
         else {
             return Err(sim_error(
                 "sim split graph",
                 "the graph records none of the events",
             ));
         };
-        let part = |range: std::ops::Range<usize>| SimGraph {
+        let split_at = ids[which];
+        let part = |range: std::ops::Range<usize>, last: bool| SimGraph {
             ops: graph.ops[range.clone()].to_vec(),
+            // The split record goes; the others stay where they were (a
+            // record at the very end belongs to the second part).
             records: graph
                 .records
                 .iter()
-                .filter(|(p, e)| range.contains(p) && !ids.contains(e))
+                .filter(|&&(p, e)| {
+                    e != split_at && (range.contains(&p) || (last && p == range.end))
+                })
                 .map(|&(p, e)| (p - range.start, e))
                 .collect(),
             memory: graph.memory.clone(),
             step: None,
+            last: Arc::default(),
         };
-        Ok((part(0..at), part(at..graph.ops.len())))
+        Ok((part(0..at, false), part(at..graph.ops.len(), true), which))
     }
 
     fn compose(&self, nodes: &[StepNode<'_, SimBackend>]) -> Result<SimGraph> {
@@ -1589,6 +1618,19 @@ impl Backend for SimBackend {
             return Err(sim_error(
                 "sim compose",
                 "a composed graph cannot be a node",
+            ));
+        }
+        // As CUDA: a graph with memory nodes cannot be cloned into a child
+        // graph node.
+        let memory_nodes = |g: &SimGraph| {
+            g.ops
+                .iter()
+                .any(|(op, _)| matches!(op, SimOp::AllocNode { .. } | SimOp::FreeNode { .. }))
+        };
+        if nodes.iter().any(|n| memory_nodes(n.graph)) {
+            return Err(sim_error(
+                "sim compose",
+                "a graph with memory nodes cannot be a child graph (CUDA refuses to clone it)",
             ));
         }
         if let Some((i, _)) = nodes
@@ -1606,6 +1648,7 @@ impl Backend for SimBackend {
         Ok(SimGraph {
             ops: Vec::new(),
             records: Vec::new(),
+            last: Arc::default(),
             memory: nodes
                 .iter()
                 .flat_map(|n| n.graph.memory.iter().cloned())

@@ -1,0 +1,309 @@
+//! The holes a hostile pass found in handoffs and step graphs, from safe
+//! code only, one test each (each failed before its fix).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::{
+    Backend, DType, Discovering, Domain, Error, PlanConfig, Policy, ReplayError, Replayable,
+    Request, RunnerId, StepError,
+};
+
+type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+fn req(n: u64) -> Request {
+    Request::new(Domain::Device, DType::F32, n)
+}
+
+/// At G = 1, handoffs H0 (runner 0 to 1) and H1 (runner 3 to 4) have
+/// lifetimes that do not meet, so the plan gives them the same bytes.
+fn shared_handoff_plan(
+    sim: &SimBackend,
+    s: &SimStream,
+    out: &SimBuffer,
+) -> R<Replayable<SimBackend>> {
+    let mut d = Discovering::new(PlanConfig::new());
+    let h0 = {
+        let mut a = d.arm(RunnerId(0))?;
+        a.record(req(64))?;
+        a.hand_off(req(64))?
+    };
+    d.arm(RunnerId(1))?.receive(h0)?;
+    d.arm(RunnerId(2))?.record(req(64))?;
+    let h1 = {
+        let mut a = d.arm(RunnerId(3))?;
+        a.record(req(64))?;
+        a.hand_off(req(64))?
+    };
+    d.arm(RunnerId(4))?.receive(h1)?;
+    let planned = d.plan(Policy::Generations(1))?;
+    let places: Vec<_> = planned.handoffs().map(|h| (h.arena, h.offset)).collect();
+    assert_eq!(places[0], places[1], "the two handoffs share bytes");
+    let mut cap = planned.allocate(sim.clone())?;
+    for (r, h, val) in [(0, h0, 1.0), (3, h1, 3.0)] {
+        let c = cap.capture(RunnerId(r))?;
+        let (w, dx) = (c.take(req(64))?, c.hand_off(h)?);
+        c.stream_capture(s, |s| {
+            sim.launch(s, SimOp::fill(&dx, val), 5)?;
+            c.ready(h, s)?;
+            sim.launch(s, SimOp::fill(&w, 7.0), 1)?;
+            Ok::<(), Error>(())
+        })?;
+        c.finish()?;
+    }
+    for (r, h) in [(1, h0), (4, h1)] {
+        let c = cap.capture(RunnerId(r))?;
+        let dy = c.receive(h)?;
+        c.stream_capture(s, |s| sim.launch(s, SimOp::copy(&dy, out), 50))?;
+        c.finish()?;
+    }
+    let c = cap.capture(RunnerId(2))?;
+    let w = c.take(req(64))?;
+    c.stream_capture(s, |s| sim.launch(s, SimOp::fill(&w, 2.0), 5))?;
+    c.finish()?;
+    Ok(cap.seal()?)
+}
+
+#[test]
+fn a_reader_of_a_handoff_whose_bytes_another_handoff_took_is_refused() -> R {
+    let sim = SimBackend::new();
+    let (sa, sb, sc) = (sim.stream(), sim.stream(), sim.stream());
+    let out = sim.alloc_f32(64)?;
+    let mut rp = shared_handoff_plan(&sim, &sa, &out)?;
+    rp.replay(RunnerId(0), &sa)?;
+    rp.replay(RunnerId(3), &sc)?; // H1 over H0's bytes
+    assert!(matches!(
+        rp.replay(RunnerId(1), &sb),
+        Err(ReplayError::HandoffOverwritten {
+            writer: RunnerId(0),
+            by: RunnerId(3),
+            ..
+        })
+    ));
+    // In capture order all is well.
+    rp.replay(RunnerId(0), &sa)?;
+    rp.replay(RunnerId(1), &sb)?;
+    rp.synchronize()?;
+    assert_eq!(sim.read_f32(&out)?[0], 1.0);
+    // A step graph of the same bad schedule is refused at build.
+    let mut step = rp.step();
+    step.replay(RunnerId(0), &sa)?;
+    step.replay(RunnerId(3), &sc)?;
+    step.replay(RunnerId(1), &sb)?;
+    assert!(matches!(
+        step.build(),
+        Err(StepError::Schedule(ReplayError::HandoffOverwritten { .. }))
+    ));
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    Ok(())
+}
+
+#[test]
+fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
+    let sim = SimBackend::new();
+    let (sa, sb) = (sim.stream(), sim.stream());
+    let mut d = Discovering::new(PlanConfig::new());
+    let (h0, h1) = {
+        let mut a = d.arm(RunnerId(0))?;
+        a.record(req(64))?;
+        (a.hand_off(req(64))?, a.hand_off(req(64))?)
+    };
+    {
+        let mut a = d.arm(RunnerId(1))?;
+        a.record(req(64))?;
+        a.receive(h0)?;
+        a.receive(h1)?;
+    }
+    let mut cap = d.plan(Policy::OverlapDepth(2))?.allocate(sim.clone())?;
+    {
+        let c = cap.capture(RunnerId(0))?;
+        let (w, x0, x1) = (c.take(req(64))?, c.hand_off(h0)?, c.hand_off(h1)?);
+        c.stream_capture(&sa, |s| {
+            sim.launch(s, SimOp::fill(&x0, 1.0), 5)?;
+            c.ready(h0, s)?;
+            sim.launch(s, SimOp::fill(&x1, 2.0), 500)?; // h1 is written long after h0
+            c.ready(h1, s)?;
+            sim.launch(s, SimOp::fill(&w, 3.0), 5)?;
+            Ok::<(), Error>(())
+        })?;
+        c.finish()?;
+    }
+    {
+        let c = cap.capture(RunnerId(1))?;
+        let (w, y0, y1) = (c.take(req(64))?, c.receive(h0)?, c.receive(h1)?);
+        c.stream_capture(&sb, |s| {
+            sim.launch(s, SimOp::copy(&y1, &w), 5)?;
+            sim.launch(s, SimOp::add(&y0, &w), 5)
+        })?;
+        c.finish()?;
+    }
+    let mut rp = cap.seal()?;
+    rp.replay(RunnerId(0), &sa)?;
+    rp.replay(RunnerId(1), &sb)?;
+    {
+        let mut step = rp.step();
+        step.replay(RunnerId(0), &sa)?;
+        step.replay(RunnerId(1), &sb)?;
+        let mut g = step.build()?;
+        for _ in 0..3 {
+            g.launch(&sa)?;
+        }
+    }
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&rp.views(RunnerId(1))?[0])?[0], 3.0);
+    Ok(())
+}
+
+/// A runner that requests nothing but allocates a temporary in its graph.
+fn temporaries_plan(sim: &SimBackend, s: &SimStream) -> R<Replayable<SimBackend>> {
+    let mut d = Discovering::new(PlanConfig::new());
+    d.arm(RunnerId(0))?.record(req(64))?;
+    d.arm(RunnerId(1))?;
+    let mut cap = d.plan(Policy::Generations(1))?.allocate(sim.clone())?;
+    {
+        let c = cap.capture(RunnerId(0))?;
+        let v = c.take(req(64))?;
+        c.stream_capture(s, |s| sim.launch(s, SimOp::fill(&v, 1.0), 5))?;
+        c.finish()?;
+    }
+    let c = cap.capture(RunnerId(1))?;
+    c.stream_capture(s, |s| {
+        let t = sim.alloc_async(s, 64)?;
+        sim.launch(s, SimOp::fill(&t, 5.0), 50)?;
+        sim.free_async(s, &t)
+    })?;
+    c.finish()?;
+    Ok(cap.seal()?)
+}
+
+#[test]
+fn launches_of_one_graph_run_one_after_another_as_on_cuda() -> R {
+    let sim = SimBackend::new();
+    let (sa, sb) = (sim.stream(), sim.stream());
+    let mut rp = temporaries_plan(&sim, &sa)?;
+    // Unfenced (it owns no bytes), but its temporaries are not shared
+    // between two launches in flight: launches of one graph are serialized.
+    rp.replay(RunnerId(1), &sa)?;
+    rp.replay(RunnerId(1), &sb)?;
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    // As on CUDA, a graph with memory nodes cannot be a child graph.
+    let mut step = rp.step();
+    step.replay(RunnerId(1), &sa)?;
+    step.replay(RunnerId(1), &sb)?;
+    assert!(matches!(step.build(), Err(StepError::Backend { what, .. }) if what == "runner 1"));
+    Ok(())
+}
+
+#[test]
+fn a_capture_starting_on_another_thread_never_lets_a_replay_skip_its_wait() -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let sim = SimBackend::new();
+    let (s, t) = (sim.stream(), sim.stream());
+    // G = 1: runner 1 waits for runner 0 on the other stream every time.
+    let rs = (0..2).map(|r| (RunnerId(r), [req(16)]));
+    let mut cap = Discovering::from_runners(PlanConfig::new(), rs)?
+        .plan(Policy::Generations(1))?
+        .allocate(sim.clone())?;
+    for r in 0..2 {
+        let c = cap.capture(RunnerId(r))?;
+        let v = c.take(req(16))?;
+        c.stream_capture(&s, |s| sim.launch(s, SimOp::fill(&v, r as f32), 3))?;
+        c.finish()?;
+    }
+    let mut a = cap.seal()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let capturer = {
+        let (sim, s, stop) = (sim.clone(), s.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let rs = [(RunnerId(0), [req(16)])];
+                let mut cap = Discovering::from_runners(PlanConfig::new(), rs)
+                    .unwrap()
+                    .plan(Policy::Generations(1))
+                    .unwrap()
+                    .allocate(sim.clone())
+                    .unwrap();
+                let c = cap.capture(RunnerId(0)).unwrap();
+                let _ = c.stream_capture(&s, |_| Ok::<(), Error>(()));
+            }
+        })
+    };
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(1500) && sim.hazards().is_empty() {
+        for (r, st) in [(0u32, &s), (1, &t)] {
+            // Refusals (the stream is capturing) are fine; skipped waits
+            // are not.
+            let _ = a.replay(RunnerId(r), st);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    capturer.join().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards().first());
+    Ok(())
+}
+
+#[test]
+fn a_panicking_step_consumer_leaves_the_plans_views_as_they_were() -> R {
+    let sim = SimBackend::new();
+    let (sa, sb) = (sim.stream(), sim.stream());
+    let mut rp = temporaries_plan(&sim, &sa)?;
+    let before = format!("{:?}", rp.views(RunnerId(0))?[0]);
+    {
+        let mut step = rp.step();
+        step.replay(RunnerId(0), &sa)?;
+        let panicked = catch_unwind(AssertUnwindSafe(|| {
+            let _ = step.consume(RunnerId(0), &sb, |_, _| -> Result<(), String> {
+                panic!("the consumer's closure panics")
+            });
+        }));
+        assert!(panicked.is_err());
+        assert!(!Backend::is_capturing(&sim, &sb)?);
+    }
+    let after = rp.views(RunnerId(0))?[0];
+    assert_eq!(before, format!("{after:?}"));
+    assert!(!after.is_read_only());
+    // The stream is free and the plan goes on.
+    rp.replay(RunnerId(0), &sa)?;
+    rp.consume(RunnerId(0), &sb, |_, _| Ok::<(), String>(()))?;
+    Ok(())
+}
+
+#[test]
+fn a_step_consumer_of_a_runner_never_replayed_is_refused() -> R {
+    let sim = SimBackend::new();
+    let s = sim.stream();
+    let mut rp = temporaries_plan(&sim, &s)?;
+    let mut step = rp.step();
+    step.consume(RunnerId(0), &s, |_, _| Ok::<(), String>(()))?;
+    step.replay(RunnerId(0), &s)?;
+    assert!(matches!(
+        step.build(),
+        Err(StepError::Schedule(ReplayError::NotReplayed {
+            runner: RunnerId(0)
+        }))
+    ));
+    // Replayed before the step graph: its first launch reads that replay.
+    rp.replay(RunnerId(0), &s)?;
+    let mut step = rp.step();
+    step.consume(RunnerId(0), &s, |_, _| Ok::<(), String>(()))?;
+    step.replay(RunnerId(0), &s)?;
+    step.build()?.launch(&s)?;
+    Ok(())
+}
+
+#[test]
+fn a_stream_of_another_backend_is_never_taken_for_one_of_this_backend() -> R {
+    let sim = SimBackend::new();
+    let other = SimBackend::new();
+    let s = sim.stream();
+    let foreign = other.stream(); // index 0, as `s`
+    let mut rp = temporaries_plan(&sim, &s)?;
+    rp.replay(RunnerId(0), &s)?;
+    assert!(rp.wait_for(RunnerId(0), &foreign).is_err());
+    assert!(rp.wait_all(&foreign).is_err());
+    Ok(())
+}
