@@ -159,9 +159,27 @@ proptest! {
                 accesses.push((step.runner, c, false));
             }
         }
-        let expected = accesses.iter().enumerate().any(|(i, a)| {
-            accesses[i + 1..].iter().any(|b| {
-                a.1 != b.1 && (a.2 || b.2) && overlaps(&t.spans[a.0], &t.spans[b.0])
+        // Happens-before: stream order, and launches of one graph (one
+        // runner's replays) run one after another, as on CUDA.
+        let n_acc = accesses.len();
+        let mut hb = vec![vec![false; n_acc]; n_acc];
+        for j in 0..n_acc {
+            let (runner, stream, replay) = accesses[j];
+            let same_stream = (0..j).rev().find(|&i| accesses[i].1 == stream);
+            let same_graph = (0..j).rev().find(|&i| replay && accesses[i].2 && accesses[i].0 == runner);
+            for p in same_stream.into_iter().chain(same_graph) {
+                hb[p][j] = true;
+                for i in 0..p {
+                    if hb[i][p] {
+                        hb[i][j] = true;
+                    }
+                }
+            }
+        }
+        let expected = (0..n_acc).any(|i| {
+            (i + 1..n_acc).any(|j| {
+                let (a, b) = (accesses[i], accesses[j]);
+                !hb[i][j] && (a.2 || b.2) && overlaps(&t.spans[a.0], &t.spans[b.0])
             })
         });
         prop_assert_eq!(!t.sim.hazards().is_empty(), expected);
