@@ -169,9 +169,9 @@ proptest! {
             let same_graph = (0..j).rev().find(|&i| replay && accesses[i].2 && accesses[i].0 == runner);
             for p in same_stream.into_iter().chain(same_graph) {
                 hb[p][j] = true;
-                for i in 0..p {
-                    if hb[i][p] {
-                        hb[i][j] = true;
+                for row in hb.iter_mut().take(p) {
+                    if row[p] {
+                        row[j] = true;
                     }
                 }
             }

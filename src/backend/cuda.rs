@@ -783,6 +783,31 @@ impl CudaBackend {
         Err(BackendError::NoCommunicator { group })
     }
 
+    /// Refuses a graph with memory nodes where it would be cloned (a split,
+    /// a child graph node): the driver does not clone such graphs
+    /// (`cuGraphClone` returns `CUDA_ERROR_NOT_SUPPORTED`).
+    fn refuse_memory_nodes(&self, graph: &Graph) -> Result<()> {
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)
+            .map_err(|reason| BackendError::Refused {
+                op: "step graph",
+                reason,
+            })?;
+        if allocs.is_empty() && frees.is_empty() {
+            return Ok(());
+        }
+        Err(BackendError::Refused {
+            op: "step graph",
+            reason: format!(
+                "the graph has memory nodes ({} allocation(s), {} free(s) of temporaries), which \
+                 the driver does not clone into a child graph; replay this runner per runner, or \
+                 give its temporaries plan requests",
+                allocs.len(),
+                frees.len()
+            ),
+        })
+    }
+
     /// Collects the memory allocation nodes (address, bytes) and free nodes
     /// (address) of `graph` and, recursively, of its child graphs.
     fn memory_nodes(
@@ -1644,6 +1669,7 @@ impl Backend for CudaBackend {
     /// node depends on, the other every node but those and the record.
     fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
         self.bind()?;
+        self.refuse_memory_nodes(graph)?;
         let g = graph.handles.graph;
         let record = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EVENT_RECORD as u32;
         let nodes = nodes_of(g)?;
@@ -1719,6 +1745,9 @@ impl Backend for CudaBackend {
     /// each graph in), instantiated with this backend's flags.
     fn compose(&self, nodes: &[StepNode<'_, CudaBackend>]) -> Result<Graph> {
         self.bind()?;
+        for node in nodes {
+            self.refuse_memory_nodes(node.graph)?;
+        }
         let mut parent: sys::CUgraph = ptr::null_mut();
         // SAFETY: a local out pointer.
         check("cuGraphCreate", unsafe {
