@@ -8,7 +8,7 @@
 //! This crate plans that storage from one eager run, hands out fixed-address
 //! views during capture, and fences replays with events.
 //!
-//! # The lifecycle: four phases, four types
+//! # The lifecycle: four phases, four types (and a fifth for fixed steps)
 //!
 //! 1. [`Discovering`]: during an eager backward, each runner is armed in turn
 //!    ([`Discovering::arm`]) and records its requests through the
@@ -26,6 +26,15 @@
 //!    the bytes it overwrites (unless stream order implies it), then
 //!    launches. [`Replayable::replan`] frees everything and starts discovery
 //!    again.
+//! 5. [`StepGraph`]: [`Replayable::step`] takes one step's fixed schedule of
+//!    replays and consumers and compiles it, the fence's waits included,
+//!    into one graph launched with one call; it borrows the plan, and
+//!    dropping it hands the plan back.
+//!
+//! Data one runner's graph passes to a later one (a layer's input gradient)
+//! is a *handoff*: [`ArmedRunner::hand_off`] and [`ArmedRunner::receive`] at
+//! discovery, [`RunnerCapture::hand_off`], [`RunnerCapture::receive`] and
+//! [`RunnerCapture::ready`] in the capture; the fence orders both ways.
 //!
 //! ```
 //! use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
