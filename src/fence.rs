@@ -156,9 +156,25 @@ impl<B: Backend> Fence<B> {
         &self.painter
     }
 
-    /// Starts from another fence's record of who last used which bytes.
-    pub(crate) fn set_painter(&mut self, painter: Painter) {
+    /// Starts from another fence's record of who last used which bytes, and
+    /// of which slots were ever used (`used`): a tracer of a step schedule
+    /// starts where the real fence stands, so its ownership checks see
+    /// what happened before the step.
+    pub(crate) fn start_from(&mut self, painter: Painter, used: &[bool]) {
         self.painter = painter;
+        for (runner, &used) in self.runners.iter_mut().zip(used) {
+            if used && runner.event.is_some() && runner.completion.is_none() {
+                // Before the step: ordered by launch order, no record here.
+                runner.completion = Some(Completion::Recorded { id: u64::MAX });
+            }
+        }
+    }
+
+    /// Whether `slot` was ever used (replayed, written, consumed).
+    pub(crate) fn was_used(&self, slot: usize) -> bool {
+        self.runners
+            .get(slot)
+            .is_some_and(|r| r.completion.is_some())
     }
 
     /// After launches of a step graph on `stream`: `painter` is who last

@@ -805,8 +805,10 @@ impl<B: Backend> Replayable<B> {
     /// Makes `stream` wait for `runner`'s latest replay and every consumer
     /// of it since (the reduce-scatter a consumer enqueued, say), without
     /// blocking the host: the program's own work on `stream` then sees what
-    /// they wrote. Nothing is issued when stream order already implies it;
-    /// a runner never replayed (or without buffers) has nothing to wait for.
+    /// they wrote. For a runner that reads handoffs, also for the latest
+    /// reads of those handoffs (every reader's). Nothing is issued when
+    /// stream order already implies it; a runner never replayed (or with
+    /// no bytes and no handoffs) has nothing to wait for.
     ///
     /// # Errors
     ///
@@ -838,9 +840,24 @@ impl<B: Backend> Replayable<B> {
     pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
         let sid = self.backend.stream_id(stream);
+        let failed = |source| ReplayError::Backend { runner, source };
         self.fence
             .wait_completion(&self.backend, slot, stream, sid)
-            .map_err(|source| ReplayError::Backend { runner, source })
+            .map_err(failed)?;
+        // Its reads of handoffs are tracked as the handoffs' readers (a
+        // reader without bytes of its own has no completion of its own):
+        // wait for those too (with every other reader of those handoffs).
+        for &h in &self.plan.runners[slot].record.reads {
+            self.fence
+                .wait_completion(
+                    &self.backend,
+                    self.book.handoff_base + h.0 as usize,
+                    stream,
+                    sid,
+                )
+                .map_err(failed)?;
+        }
+        Ok(())
     }
 
     /// Makes `stream` wait for everything replayed and consumed so far:
@@ -970,23 +987,18 @@ pub(crate) fn drive_replay<F: Backend>(
             .map_err(failed)?;
     }
     launch().map_err(failed)?;
-    fence
-        .complete(backend, slot, &r.claims, stream, sid)
-        .map_err(failed)?;
+    // The graph runs: every piece of bookkeeping happens, even when a
+    // record fails (another thread began capturing on `stream` since the
+    // launch, say); the first error is returned. Each piece sets its state
+    // before it tries a record, so nothing launched goes untracked.
+    let mut tracked = fence.complete(backend, slot, &r.claims, stream, sid);
     for &h in &record.writes {
         let i = h.0 as usize;
         let state = &mut book.handoffs[i];
         state.written += 1;
-        fence
-            .complete_handoff(
-                backend,
-                base + i,
-                plan.handoffs[i].claim,
-                stream,
-                sid,
-                state.ready,
-            )
-            .map_err(failed)?;
+        let claim = plan.handoffs[i].claim;
+        tracked =
+            tracked.and(fence.complete_handoff(backend, base + i, claim, stream, sid, state.ready));
     }
     for &h in &record.reads {
         let i = h.0 as usize;
@@ -999,11 +1011,9 @@ pub(crate) fn drive_replay<F: Backend>(
         if let Some(at) = at {
             state.read[at] = state.written;
         }
-        fence
-            .read_handoff(backend, base + i, stream, sid)
-            .map_err(failed)?;
+        tracked = tracked.and(fence.read_handoff(backend, base + i, stream, sid));
     }
-    Ok(())
+    tracked.map_err(failed)
 }
 
 /// The write count of handoff `h` that reader slot `slot` last read.

@@ -22,7 +22,7 @@ use std::fmt;
 use std::rc::Rc;
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
-use crate::fence::{Fence, NotOwner};
+use crate::fence::Fence;
 use crate::painter::Painter;
 use crate::replay::{drive_replay, not_owner, Book, ConsumeError, ReplayError, Replayable};
 use crate::view::{new_scope_id, OpenScope, ScopeKind, View};
@@ -390,7 +390,8 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
             .map(|i| r.fence.event(i).map(|_| TraceEvent(i)))
             .collect();
         let mut fence: Fence<Tracer> = Fence::new(events, plan.fence_regions);
-        fence.set_painter(r.fence.painter().clone());
+        let used: Vec<bool> = (0..r.fence.slots()).map(|i| r.fence.was_used(i)).collect();
+        fence.start_from(r.fence.painter().clone(), &used);
         tracer.reserve_events(r.fence.slots());
         let mut book: Book = r.book.clone();
         let mut touched = vec![false; r.fence.slots()];
@@ -440,15 +441,13 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                             }
                             let runner = plan.runners[slot].id();
                             let claims = &plan.runners[slot].claims;
-                            match fence.owner_check(slot, claims) {
-                                Ok(()) => {}
-                                // Not replayed in the step before it: the
-                                // first launch reads what the last replay
-                                // before the step graph left, if any.
-                                Err(NotOwner::NeverReplayed)
-                                    if pass == 0 && r.fence.owner_check(slot, claims).is_ok() => {}
-                                Err(not) => return Err(not_owner(plan, runner, not).into()),
-                            }
+                            // The tracer starts where the real fence stands:
+                            // a consumer before its runner's replay in the
+                            // step reads what the last replay before the
+                            // step graph left, if it is still there.
+                            fence
+                                .owner_check(slot, claims)
+                                .map_err(|not| not_owner(plan, runner, not))?;
                             fence
                                 .consume_begin(&tracer, slot, &stream, sid, *exclusive)
                                 .map_err(|source| ReplayError::Backend { runner, source })?;

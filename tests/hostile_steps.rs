@@ -307,3 +307,146 @@ fn a_stream_of_another_backend_is_never_taken_for_one_of_this_backend() -> R {
     assert!(rp.wait_all(&foreign).is_err());
     Ok(())
 }
+
+// The second hostile pass.
+
+#[test]
+fn a_step_graph_sees_a_handoff_overwritten_before_the_step() -> R {
+    let sim = SimBackend::new();
+    let (sa, sb) = (sim.stream(), sim.stream());
+    let out = sim.alloc_f32(64)?;
+    let mut rp = shared_handoff_plan(&sim, &sa, &out)?;
+    rp.replay(RunnerId(0), &sa)?; // H0
+    rp.replay(RunnerId(3), &sa)?; // H1, over H0's bytes
+    let mut step = rp.step();
+    step.replay(RunnerId(1), &sb)?; // would read H0 before its writer
+    step.replay(RunnerId(0), &sa)?;
+    assert!(matches!(
+        step.build(),
+        Err(StepError::Schedule(ReplayError::HandoffOverwritten {
+            by: RunnerId(3),
+            ..
+        }))
+    ));
+    Ok(())
+}
+
+#[test]
+fn waiting_for_a_reader_without_bytes_of_its_own_waits_for_its_reads() -> R {
+    let mut d = Discovering::new(PlanConfig::new());
+    let h = {
+        let mut a = d.arm(RunnerId(0))?;
+        a.record(req(64))?;
+        a.hand_off(req(64))?
+    };
+    d.arm(RunnerId(1))?.receive(h)?;
+    let sim = SimBackend::new();
+    let (sa, sb, opt) = (sim.stream(), sim.stream(), sim.stream());
+    let out = sim.alloc_f32(64)?;
+    let mut cap = d.plan(Policy::Generations(2))?.allocate(sim.clone())?;
+    {
+        let c = cap.capture(RunnerId(0))?;
+        let (w, x) = (c.take(req(64))?, c.hand_off(h)?);
+        c.stream_capture(&sa, |s| {
+            sim.launch(s, SimOp::fill(&x, 1.0), 5)?;
+            sim.launch(s, SimOp::fill(&w, 7.0), 5)
+        })?;
+        c.finish()?;
+    }
+    {
+        let c = cap.capture(RunnerId(1))?;
+        let y = c.receive(h)?;
+        c.stream_capture(&sa, |s| sim.launch(s, SimOp::copy(&y, &out), 50))?;
+        c.finish()?;
+    }
+    let mut rp = cap.seal()?;
+    rp.replay(RunnerId(0), &sa)?;
+    rp.replay(RunnerId(1), &sb)?; // its graph writes `out`
+    rp.wait_for(RunnerId(1), &opt)?;
+    let copy = sim.alloc_f32(64)?;
+    sim.launch(&opt, SimOp::copy(&out, &copy), 1)?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&copy)?[0], 1.0);
+    Ok(())
+}
+
+#[test]
+fn a_replay_whose_record_fails_after_its_launch_still_tracks_every_read() -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let q = req(64);
+    let mut d = Discovering::new(PlanConfig::new());
+    let h0 = {
+        let mut a = d.arm(RunnerId(0))?;
+        a.record(q)?;
+        a.hand_off(q)?
+    };
+    let h1 = {
+        let mut a = d.arm(RunnerId(1))?;
+        a.record(q)?;
+        a.hand_off(q)?
+    };
+    {
+        let mut a = d.arm(RunnerId(2))?; // reads both, no bytes of its own
+        a.receive(h0)?;
+        a.receive(h1)?;
+    }
+    let sim = SimBackend::new();
+    let (sa, sb, s) = (sim.stream(), sim.stream(), sim.stream());
+    let out = sim.alloc_f32(64)?;
+    let mut cap = d.plan(Policy::Generations(2))?.allocate(sim.clone())?;
+    for (r, h) in [(0u32, h0), (1, h1)] {
+        let c = cap.capture(RunnerId(r))?;
+        let (w, x) = (c.take(q)?, c.hand_off(h)?);
+        c.stream_capture(&sa, |st| {
+            sim.launch(st, SimOp::fill(&x, 1.0 + r as f32), 5)?;
+            sim.launch(st, SimOp::fill(&w, 7.0), 5)
+        })?;
+        c.finish()?;
+    }
+    {
+        let c = cap.capture(RunnerId(2))?;
+        let (y0, y1) = (c.receive(h0)?, c.receive(h1)?);
+        c.stream_capture(&sa, |st| {
+            sim.launch(st, SimOp::add(&y0, &out), 50)?;
+            sim.launch(st, SimOp::add(&y1, &out), 50)
+        })?;
+        c.finish()?;
+    }
+    let mut rp = cap.seal()?;
+    // Another thread's captures toggle capture mode on the reader's stream.
+    let n = 3000u32;
+    let mut other =
+        Discovering::from_runners(PlanConfig::new(), (0..n).map(|r| (RunnerId(r), [q])))?
+            .plan(Policy::Generations(1))?
+            .allocate(sim.clone())?;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (s2, stop) = (s.clone(), &stop);
+        scope.spawn(move || {
+            for r in 0..n {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let c = other.capture(RunnerId(r)).unwrap();
+                let _v = c.take(q).unwrap();
+                let _ = c.stream_capture(&s2, |_| Ok::<(), String>(()));
+                let _ = c.finish();
+            }
+        });
+        for _ in 0..2000 {
+            // Refusals are fine; untracked reads are not.
+            let _ = rp.replay(RunnerId(0), &sa);
+            let _ = rp.replay(RunnerId(1), &sb);
+            let _ = rp.replay(RunnerId(2), &s);
+            if !sim.hazards().is_empty() {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let _ = rp.replay(RunnerId(0), &sa);
+    let _ = rp.replay(RunnerId(1), &sb);
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards().first());
+    Ok(())
+}
