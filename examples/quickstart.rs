@@ -252,6 +252,30 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
             })?;
         }
     }
+    // The same schedule, compiled once into one step graph: each further
+    // step is one launch, its waits are the graph's edges.
+    {
+        let mut step = replayable.step();
+        for (r, (_, params)) in RUNNERS.iter().enumerate() {
+            let runner = RunnerId(r as u32);
+            step.replay(runner, &pool[r % pool.len()])?;
+            step.consume(runner, &rs_stream, |s, views| {
+                views
+                    .iter()
+                    .zip(params.iter())
+                    .try_for_each(|(v, &p)| backend.accumulate(s, v, &main_grads[p]))
+            })?;
+        }
+        let mut graph = step.build()?;
+        for _ in 0..STEPS {
+            graph.launch(&pool[0])?;
+        }
+        println!(
+            "step graph: {} graphs, {} edges; {STEPS} steps, one launch each",
+            graph.nodes(),
+            graph.edges()
+        );
+    } // dropping it hands the plan back
     replayable.synchronize()?;
 
     for (p, (name, _)) in PARAMS.iter().enumerate() {
@@ -266,23 +290,28 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
                     .map(move |(i, _)| grad_value(r, i))
             })
             .sum();
-        let expected = per_step * STEPS as f32;
+        // STEPS steps per runner, then STEPS launches of the step graph.
+        let expected = per_step * (2 * STEPS) as f32;
         let got = backend.read(&main_grads[p])?;
         if let Some(bad) = got.iter().position(|&x| x != expected) {
             return Err(replay_arena::Error::Work(
                 format!("{name}[{bad}] = {} but expected {expected}", got[bad]).into(),
             ));
         }
-        println!("{name:<10} main grad = {expected} everywhere after {STEPS} steps: ok");
+        println!(
+            "{name:<10} main grad = {expected} everywhere after {} steps: ok",
+            2 * STEPS
+        );
     }
     let stats = replayable.fence_stats();
     println!(
-        "{} replays and {} consumers on {}: {} waits on another stream, {} skipped because stream order already implied them",
+        "{} replays and {} consumers on {}: {} waits on another stream, {} skipped because stream order already implied them; then {} step graph launches",
         stats.replays,
         stats.consumers,
         backend.backend().name(),
         stats.waits,
-        stats.waits_skipped
+        stats.waits_skipped,
+        stats.step_launches
     );
     println!(
         "What this shows: every main grad equals the eager sum exactly, so no wgrad view was overwritten while the\n\
