@@ -629,3 +629,44 @@ fn module_kinds_come_from_the_file_or_from_masked_runner_names() {
     );
     assert_eq!(json_of(&[&masked, "--json"])["module_kinds"], 2);
 }
+
+#[test]
+fn a_workload_with_handoffs_plans_reports_and_draws() {
+    let w = file(
+        r#"{"name": "handoffs", "runners": [
+          {"name": "l2.bwd", "requests": [{"domain": "device", "dtype": "f32", "elements": 4096}],
+           "hand_off": [{"domain": "device", "dtype": "bf16", "elements": 8192}]},
+          {"name": "l1.bwd", "requests": [{"domain": "device", "dtype": "f32", "elements": 4096}],
+           "receive": [0], "hand_off": [{"domain": "device", "dtype": "bf16", "elements": 8192}]},
+          {"name": "l0.bwd", "requests": [{"domain": "device", "dtype": "f32", "elements": 2048}],
+           "receive": [1]}
+        ]}"#,
+    );
+    let text = ok(&[&w, "-g", "2"]);
+    assert!(
+        text.contains("handoffs: 2 between runners, 32.00 KiB"),
+        "{text}"
+    );
+    let v = json_of(&[&w, "-g", "2", "--json"]);
+    assert_eq!(v["handoffs"], 2);
+    // Two handoffs of 16 KiB whose widened lifetimes meet: 32 KiB.
+    assert_eq!(v["handoff_bytes"], 32768);
+    let svg = scratch("handoffs.svg");
+    ok(&[&w, "-g", "2", "--svg", svg.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg "));
+    let cmp = ok(&["--compare", &w]);
+    assert!(cmp.contains("Generations(2)"), "{cmp}");
+    // A receive of a handoff nobody declared is refused with its path.
+    let bad = file(
+        &std::fs::read_to_string(&w)
+            .unwrap()
+            .replace(r#""receive": [1]"#, r#""receive": [7]"#),
+    );
+    let out = run(&[&bad]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("runners[2].receive[0]"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -507,3 +507,12 @@ proptest! {
         prop_assert!(hazards.is_empty(), "{:?}", hazards);
     }
 }
+
+#[test]
+fn a_failed_plan_hands_its_handoffs_back() {
+    let (d, _) = chain(3);
+    let failed = d.clone().plan(Policy::Generations(0)).unwrap_err();
+    let back = failed.into_discovering();
+    assert_eq!(back, d);
+    assert_eq!(back.handoffs().count(), 2);
+}

@@ -384,3 +384,51 @@ fn a_consumer_of_a_step_reads_and_may_not_write_its_views() {
     let optimizer = s.sim.stream();
     graph.wait_all(&optimizer).unwrap();
 }
+
+#[test]
+fn wait_all_orders_the_programs_work_after_the_latest_launch() {
+    let w = four_with_consumers();
+    let mut s = setup(&w);
+    let optimizer = s.sim.stream();
+    let copy = s.sim.alloc_f32(32).unwrap();
+    let mut step = s.replayable.step();
+    for r in 0..4 {
+        let (sim, acc) = (&s.sim, &s.accs[r]);
+        step.replay(RunnerId(r as u32), &s.lanes[r % 2]).unwrap();
+        step.consume(RunnerId(r as u32), &s.lanes[2], |st, v| {
+            sim.launch(st, SimOp::add(&v[0], acc), 30)
+        })
+        .unwrap();
+    }
+    let mut graph = step.build().unwrap();
+    graph.launch(&s.launch).unwrap();
+    graph.wait_all(&optimizer).unwrap();
+    // The optimizer reads what the step's last consumer wrote.
+    s.sim
+        .launch(&optimizer, SimOp::copy(&s.accs[3], &copy), 1)
+        .unwrap();
+    drop(graph);
+    assert!(s.sim.hazards().is_empty(), "{:?}", s.sim.hazards());
+}
+
+#[test]
+fn a_consumer_the_backend_cannot_put_in_a_step_graph_is_named() {
+    let w = four_with_consumers();
+    let mut s = setup(&w);
+    let mut step = s.replayable.step();
+    step.replay(RunnerId(0), &s.lanes[0]).unwrap();
+    let sim = s.sim.clone();
+    // A consumer with a graph temporary: a graph with memory nodes cannot
+    // be a child graph (CUDA does not clone it; the sim refuses it alike).
+    step.consume(RunnerId(0), &s.lanes[2], |st, v| {
+        let t = sim.alloc_async(st, 32)?;
+        sim.launch(st, SimOp::copy(&v[0], &t), 1)?;
+        sim.free_async(st, &t)
+    })
+    .unwrap();
+    match step.build() {
+        Err(StepError::Backend { what, .. }) => assert_eq!(what, "the consumer of runner 0"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.replayable.fence_stats().step_launches, 0);
+}

@@ -227,6 +227,8 @@ impl<'i> Plan<'i> {
             lower_bound: r.lower_bound,
             ring_bytes: r.ring_bytes,
             longest_wait_list: r.longest_wait_list,
+            handoffs: r.handoffs,
+            handoff_bytes: r.handoff_bytes,
             fingerprint: format!("{:016x}", r.fingerprint),
             ratios: Ratios {
                 plan_over_lower_bound: r.plan_over_lower_bound(),
@@ -277,6 +279,8 @@ pub(crate) struct PlanJson<'p> {
     lower_bound: u64,
     ring_bytes: u64,
     longest_wait_list: usize,
+    handoffs: usize,
+    handoff_bytes: u64,
     fingerprint: String,
     ratios: Ratios,
     groups: Vec<&'p str>,
