@@ -307,18 +307,6 @@ impl<B: Backend> Fence<B> {
         }
     }
 
-    /// Makes `stream` wait for handoff slot `slot`'s latest write (its
-    /// ready point, or its writer's graph), not for its other readers.
-    pub(crate) fn wait_written(
-        &mut self,
-        backend: &B,
-        slot: usize,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
-        self.wait_replay(backend, slot, stream, sid)
-    }
-
     /// After a reader's graph was launched on `stream`: it read handoff
     /// slot `slot`, and the next writer of the handoff's bytes waits for
     /// it. Its event is recorded at once, right after the graph: the next
@@ -354,15 +342,16 @@ impl<B: Backend> Fence<B> {
         self.readers_waited(slot);
         self.forget_unused_record(slot);
         // The runner completes at the tail of `stream` from now on, whether
-        // or not the record below succeeds: a failed record (the stream
-        // began capturing on another thread since the launch, say) leaves
-        // a pending completion that a later waiter records, never an older
+        // or not a record succeeds: a failed record (the stream began
+        // capturing on another thread since the launch, say) leaves a
+        // pending completion that a later waiter records, never an older
         // one that would let it skip the wait.
-        self.settle(slot, stream, sid);
-        if self.runners[slot].record_at_once {
-            self.record_if_expected(backend, slot, stream, sid)?;
+        if !self.runners[slot].record_at_once {
+            self.settle(slot, stream, sid);
+            return Ok(());
         }
-        Ok(())
+        self.record_if_expected(backend, slot, stream, sid)
+            .inspect_err(|_| self.settle(slot, stream, sid))
     }
 
     /// Every reader of `slot` was waited for: forget them (their events are
@@ -514,18 +503,6 @@ impl<B: Backend> Fence<B> {
         Ok(())
     }
 
-    /// Makes `stream` wait for slot `u`'s latest completion (its latest
-    /// replay and the consumers since), for the program.
-    pub(crate) fn wait_completion(
-        &mut self,
-        backend: &B,
-        u: usize,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
-        self.wait_for(backend, u, stream, sid)
-    }
-
     /// Makes `stream` wait for every runner's latest completion.
     pub(crate) fn wait_all(
         &mut self,
@@ -537,8 +514,8 @@ impl<B: Backend> Fence<B> {
     }
 
     /// Makes `stream` wait for slot `u`'s latest replay and every reader of
-    /// it since.
-    fn wait_for(
+    /// it since (for the program's waits, and a claimer's).
+    pub(crate) fn wait_for(
         &mut self,
         backend: &B,
         u: usize,
@@ -568,7 +545,7 @@ impl<B: Backend> Fence<B> {
 
     /// Makes `stream` wait for slot `u`'s latest replay (or, where a
     /// consumer moved it, its latest completion).
-    fn wait_replay(
+    pub(crate) fn wait_replay(
         &mut self,
         backend: &B,
         u: usize,

@@ -317,6 +317,21 @@ impl<B: Backend> Capturing<B> {
                 read: vec![0; h.record.readers.len()],
             })
             .collect();
+        let read_at = plan
+            .runners
+            .iter()
+            .enumerate()
+            .map(|(slot, r)| {
+                r.record
+                    .reads
+                    .iter()
+                    .map(|h| {
+                        let readers = &plan.handoffs[h.0 as usize].record.readers;
+                        readers.iter().position(|&x| x == slot).unwrap_or(0)
+                    })
+                    .collect()
+            })
+            .collect();
         Ok(Replayable {
             graphs,
             fence: Fence::new(res.events, plan.fence_regions),
@@ -324,6 +339,7 @@ impl<B: Backend> Capturing<B> {
                 handoff_base,
                 admit_claims,
                 handoffs,
+                read_at,
             },
             plan,
             views,
@@ -407,6 +423,9 @@ pub(crate) struct Book {
     pub(crate) admit_claims: Vec<Vec<crate::painter::Claim>>,
     /// Per handoff: writes and reads so far.
     pub(crate) handoffs: Vec<HandoffState>,
+    /// Runner slot -> for each handoff it reads (in `record.reads` order),
+    /// its place among that handoff's readers.
+    pub(crate) read_at: Vec<Vec<usize>>,
 }
 
 /// One handoff's writes and reads, to refuse a reader that would read a
@@ -699,6 +718,21 @@ impl<B: Backend> Replayable<B> {
         self.consume_slots(&slots, stream, ScopeKind::Read, work)
     }
 
+    /// The first runner of a consumer of `slots`, once `stream` is known
+    /// not to capture (its work would be recorded into another graph).
+    pub(crate) fn consumer_of(&self, slots: &[usize], stream: &B::Stream) -> Result<RunnerId> {
+        let &head = slots.first().ok_or(ReplayError::NoRunners)?;
+        let runner = self.plan.runners[head].id();
+        let capturing = self
+            .backend
+            .is_capturing(stream)
+            .map_err(|source| ReplayError::Backend { runner, source })?;
+        if capturing {
+            return Err(ReplayError::StreamCapturing { runner });
+        }
+        Ok(runner)
+    }
+
     /// A consumer of the runners in `slots` (see `consume`); `kind` says
     /// whether it may write their views.
     fn consume_slots<E>(
@@ -708,20 +742,7 @@ impl<B: Backend> Replayable<B> {
         kind: ScopeKind,
         work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
-        let Some(&head) = slots.first() else {
-            return Err(ReplayError::NoRunners.into());
-        };
-        let first = self.plan.runners[head].id();
-        let capturing =
-            self.backend
-                .is_capturing(stream)
-                .map_err(|source| ReplayError::Backend {
-                    runner: first,
-                    source,
-                })?;
-        if capturing {
-            return Err(ReplayError::StreamCapturing { runner: first }.into());
-        }
+        let first = self.consumer_of(slots, stream)?;
         let plan = &self.plan;
         for &slot in slots {
             if !self.fence.is_fenced(slot) {
@@ -735,14 +756,8 @@ impl<B: Backend> Replayable<B> {
         }
         // The views work on the device only inside `work`, on `stream`; no
         // capture of any thread may record `stream` meanwhile.
-        let scope = new_scope_id();
         let sid = self.backend.stream_id(stream);
-        let open = match OpenScope::enter(scope, sid, kind, first) {
-            Ok(open) => open,
-            Err(StreamBusy::Capturing | StreamBusy::InUse) => {
-                return Err(ReplayError::StreamCapturing { runner: first }.into())
-            }
-        };
+        let (scope, open) = open_scope(sid, kind, first)?;
         for &slot in slots {
             for v in &mut self.views[self.view_ranges[slot].clone()] {
                 v.scope = scope;
@@ -842,14 +857,14 @@ impl<B: Backend> Replayable<B> {
         let sid = self.backend.stream_id(stream);
         let failed = |source| ReplayError::Backend { runner, source };
         self.fence
-            .wait_completion(&self.backend, slot, stream, sid)
+            .wait_for(&self.backend, slot, stream, sid)
             .map_err(failed)?;
         // Its reads of handoffs are tracked as the handoffs' readers (a
         // reader without bytes of its own has no completion of its own):
         // wait for those too (with every other reader of those handoffs).
         for &h in &self.plan.runners[slot].record.reads {
             self.fence
-                .wait_completion(
+                .wait_for(
                     &self.backend,
                     self.book.handoff_base + h.0 as usize,
                     stream,
@@ -911,6 +926,19 @@ impl<B: Backend> Replayable<B> {
     }
 }
 
+/// Opens a new scope of `kind` for `runner`'s views on stream `sid`: no
+/// capture of any thread may record the stream meanwhile, and a capture
+/// scope needs the stream to itself.
+pub(crate) fn open_scope(sid: u64, kind: ScopeKind, runner: RunnerId) -> Result<(u64, OpenScope)> {
+    let scope = new_scope_id();
+    match OpenScope::enter(scope, sid, kind, runner) {
+        Ok(open) => Ok((scope, open)),
+        Err(StreamBusy::Capturing | StreamBusy::InUse) => {
+            Err(ReplayError::StreamCapturing { runner })
+        }
+    }
+}
+
 /// The error for a consumer of `runner` that does not own its bytes.
 pub(crate) fn not_owner(plan: &Planned, runner: RunnerId, not: NotOwner) -> ReplayError {
     match not {
@@ -939,7 +967,7 @@ pub(crate) fn drive_replay<F: Backend>(
     let r = &plan.runners[slot];
     let runner = r.id();
     let record = &r.record;
-    for &h in &record.reads {
+    for (&h, &at) in record.reads.iter().zip(&book.read_at[slot]) {
         let state = &book.handoffs[h.0 as usize];
         let writer = plan.runners[plan.handoffs[h.0 as usize].record.writer].id();
         if state.written == 0 {
@@ -964,7 +992,7 @@ pub(crate) fn drive_replay<F: Backend>(
                 by,
             });
         }
-        if reader_mark(plan, h, slot, state) == Some(state.written) {
+        if state.read[at] == state.written {
             return Err(ReplayError::HandoffAlreadyRead {
                 reader: runner,
                 handoff: h,
@@ -979,7 +1007,8 @@ pub(crate) fn drive_replay<F: Backend>(
         .map_err(failed)?;
     for &h in &record.reads {
         fence
-            .wait_written(backend, base + h.0 as usize, stream, sid)
+            // Its latest write (ready point or graph), not its other readers.
+            .wait_replay(backend, base + h.0 as usize, stream, sid)
             .map_err(failed)?;
         // Nothing may fail between the launch and tracking its reads.
         fence
@@ -1000,30 +1029,13 @@ pub(crate) fn drive_replay<F: Backend>(
         tracked =
             tracked.and(fence.complete_handoff(backend, base + i, claim, stream, sid, state.ready));
     }
-    for &h in &record.reads {
+    for (&h, &at) in record.reads.iter().zip(&book.read_at[slot]) {
         let i = h.0 as usize;
-        let at = plan.handoffs[i]
-            .record
-            .readers
-            .iter()
-            .position(|&x| x == slot);
         let state = &mut book.handoffs[i];
-        if let Some(at) = at {
-            state.read[at] = state.written;
-        }
+        state.read[at] = state.written;
         tracked = tracked.and(fence.read_handoff(backend, base + i, stream, sid));
     }
     tracked.map_err(failed)
-}
-
-/// The write count of handoff `h` that reader slot `slot` last read.
-fn reader_mark(plan: &Planned, h: HandoffId, slot: usize, state: &HandoffState) -> Option<u64> {
-    let at = plan.handoffs[h.0 as usize]
-        .record
-        .readers
-        .iter()
-        .position(|&x| x == slot)?;
-    state.read.get(at).copied()
 }
 
 /// The views of runner slot `slot`, in request order, in no scope.

@@ -24,8 +24,10 @@ use std::rc::Rc;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
 use crate::fence::Fence;
 use crate::painter::Painter;
-use crate::replay::{drive_replay, not_owner, Book, ConsumeError, ReplayError, Replayable};
-use crate::view::{new_scope_id, OpenScope, ScopeKind, View};
+use crate::replay::{
+    drive_replay, not_owner, open_scope, Book, ConsumeError, ReplayError, Replayable,
+};
+use crate::view::{ScopeKind, View};
 use crate::vocab::RunnerId;
 
 /// A step schedule that cannot be compiled.
@@ -237,22 +239,13 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
         kind: ScopeKind,
         work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> Result<(), E>,
     ) -> Result<&mut Self, ConsumeError<E>> {
-        let Some(&head) = slots.first() else {
-            return Err(ReplayError::NoRunners.into());
-        };
         let r = &mut *self.replayable;
-        let runner = r.plan.runners[head].id();
+        let runner = r.consumer_of(&slots, stream)?;
         let failed = |source| ReplayError::Backend { runner, source };
-        if r.backend.is_capturing(stream).map_err(failed)? {
-            return Err(ReplayError::StreamCapturing { runner }.into());
-        }
-        let scope = new_scope_id();
-        let sid = r.backend.stream_id(stream);
         // Captured like a runner's graph: the views work inside `work`, on
         // `stream`, while it captures; a reader's views are read-only.
-        let Ok(open) = OpenScope::enter(scope, sid, ScopeKind::Capture, runner) else {
-            return Err(ReplayError::StreamCapturing { runner }.into());
-        };
+        let sid = r.backend.stream_id(stream);
+        let (scope, open) = open_scope(sid, ScopeKind::Capture, runner)?;
         // Copies of the views, in the consumer's scope (read-only for a
         // reader): the plan's own views stay as they are, whatever `work`
         // does (fails, panics).

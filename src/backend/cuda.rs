@@ -826,22 +826,8 @@ impl CudaBackend {
                 "could not inspect the graph: {op} returned {code:?}"
             )),
         };
-        let mut n = 0usize;
-        // SAFETY: `graph` is a live graph of this context (the context is
-        // current); with a null node array the call only writes the count.
-        inspect("cuGraphGetNodes", unsafe {
-            sys::cuGraphGetNodes(graph, ptr::null_mut(), &mut n)
-        })?;
-        if n == 0 {
-            // An empty graph (a runner whose capture enqueued nothing).
-            return Ok(());
-        }
-        let mut nodes: Vec<sys::CUgraphNode> = vec![ptr::null_mut(); n];
-        // SAFETY: `nodes` has room for `n` nodes.
-        inspect("cuGraphGetNodes", unsafe {
-            sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)
-        })?;
-        nodes.truncate(n);
+        // An empty graph (a runner whose capture enqueued nothing) has none.
+        let nodes = nodes_of(graph).map_err(|e| format!("could not inspect the graph: {e}"))?;
         let alloc = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32;
         let free = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE as u32;
         let child = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH as u32;

@@ -306,6 +306,9 @@ pub struct SimGraph {
     last: Arc<Mutex<Option<EventState>>>,
 }
 
+/// The byte ranges one op touches: ((start, end), written?).
+type OpRanges = Vec<((u64, u64), bool)>;
+
 /// A graph of graphs: each node runs on its lane (an internal stream)
 /// after the nodes it depends on.
 #[derive(Debug)]
@@ -313,9 +316,6 @@ struct SimStep {
     nodes: Vec<SimStepNode>,
     /// Lane -> the internal stream it runs on.
     lanes: Vec<usize>,
-    /// Where the latest launch ended: launches of one composed graph are
-    /// serialized, as launches of one CUDA executable graph are.
-    last: Mutex<Option<EventState>>,
 }
 
 #[derive(Debug)]
@@ -950,84 +950,109 @@ impl SimState {
         }
     }
 
-    /// Launches a composed graph on stream `s`: every lane starts after what
-    /// `s` holds (and after the graph's previous launch), each node after
-    /// its dependencies, and `s` goes on after every node. All or nothing.
-    fn launch_step(&mut self, s: usize, step: &SimStep) -> Result<()> {
-        let mut ranges = Vec::with_capacity(step.nodes.len());
-        for node in &step.nodes {
-            let r = node
-                .ops
-                .iter()
-                .map(|(op, _)| {
-                    op.accesses()
-                        .iter()
-                        .try_for_each(|(span, _)| self.check_raw(span))?;
-                    self.ranges(op)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            ranges.push(r);
+    /// Stream `s`'s tail: its time and clock.
+    fn tail_of(&self, s: usize) -> EventState {
+        let st = &self.streams[s];
+        EventState {
+            time: st.tail,
+            clock: st.clock.clone(),
         }
-        let mut last = step.last.lock().unwrap_or_else(|p| p.into_inner());
-        let mut start = EventState {
-            time: self.streams[s].tail,
-            clock: self.streams[s].clock.clone(),
+    }
+
+    /// Stream `s` goes on after `after`.
+    fn wait_for(&mut self, s: usize, after: &EventState) {
+        let st = &mut self.streams[s];
+        st.tail = st.tail.max(after.time);
+        merge(&mut st.clock, &after.clock);
+    }
+
+    /// Checks a graph's ops before any is submitted (all or nothing): a raw
+    /// span captured into a program buffer that was freed since may now
+    /// name a plan's arena.
+    fn graph_ranges(&self, ops: &[(SimOp, u64)]) -> Result<Vec<OpRanges>> {
+        ops.iter()
+            .map(|(op, _)| {
+                op.accesses()
+                    .iter()
+                    .try_for_each(|(span, _)| self.check_raw(span))?;
+                self.ranges(op)
+            })
+            .collect()
+    }
+
+    /// Submits checked ops to stream `s`, with the event records between
+    /// them.
+    fn run_ops(
+        &mut self,
+        s: usize,
+        ops: &[(SimOp, u64)],
+        records: &[(usize, usize)],
+        ranges: Vec<OpRanges>,
+    ) {
+        let mut records = records.iter().peekable();
+        for (i, (&(op, duration), ranges)) in ops.iter().zip(ranges).enumerate() {
+            while let Some(&(_, event)) = records.next_if(|(at, _)| *at == i) {
+                self.record(s, event);
+            }
+            self.submit_checked(s, op, ranges, duration);
+        }
+        for &(_, event) in records {
+            self.record(s, event);
+        }
+    }
+
+    /// Launches `graph` on stream `s`, after its previous launch (on
+    /// whatever stream it ran), as launches of one CUDA executable graph
+    /// run. A composed graph runs each node on its lane (an internal
+    /// stream) after its dependencies, every lane starting after what `s`
+    /// holds, and `s` goes on after every node. All or nothing.
+    fn launch_graph(&mut self, s: usize, graph: &SimGraph) -> Result<()> {
+        let nodes: Vec<&[(SimOp, u64)]> = match &graph.step {
+            Some(step) => step.nodes.iter().map(|n| n.ops.as_slice()).collect(),
+            None => vec![graph.ops.as_slice()],
         };
+        let ranges = nodes
+            .iter()
+            .map(|ops| self.graph_ranges(ops))
+            .collect::<Result<Vec<_>>>()?;
+        let mut last = graph.last.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(prev) = last.as_ref() {
-            start.time = start.time.max(prev.time);
-            merge(&mut start.clock, &prev.clock);
+            self.wait_for(s, prev);
         }
-        for &lane in &step.lanes {
-            let st = &mut self.streams[lane];
-            st.tail = st.tail.max(start.time);
-            merge(&mut st.clock, &start.clock);
-        }
-        let mut ends: Vec<EventState> = Vec::with_capacity(step.nodes.len());
-        for (node, ranges) in step.nodes.iter().zip(ranges) {
-            let lane = step.lanes[node.lane];
-            for &d in &node.deps {
-                let (time, clock) = (ends[d].time, ends[d].clock.clone());
-                let st = &mut self.streams[lane];
-                st.tail = st.tail.max(time);
-                merge(&mut st.clock, &clock);
+        match &graph.step {
+            None => {
+                let ranges = ranges.into_iter().next().unwrap_or_default();
+                self.run_ops(s, &graph.ops, &graph.records, ranges);
             }
-            let mut records = node.records.iter().peekable();
-            for (i, (&(op, duration), ranges)) in node.ops.iter().zip(ranges).enumerate() {
-                while let Some(&(_, event)) = records.next_if(|(at, _)| *at == i) {
-                    self.record(lane, event);
+            Some(step) => {
+                let start = self.tail_of(s);
+                for &lane in &step.lanes {
+                    self.wait_for(lane, &start);
                 }
-                self.submit_checked(lane, op, ranges, duration);
+                let mut ends: Vec<EventState> = Vec::with_capacity(step.nodes.len());
+                for (node, ranges) in step.nodes.iter().zip(ranges) {
+                    let lane = step.lanes[node.lane];
+                    for &d in &node.deps {
+                        let after = ends[d].clone();
+                        self.wait_for(lane, &after);
+                    }
+                    self.run_ops(lane, &node.ops, &node.records, ranges);
+                    ends.push(self.tail_of(lane));
+                }
+                for &lane in &step.lanes {
+                    let end = self.tail_of(lane);
+                    self.wait_for(s, &end);
+                }
             }
-            for &(_, event) in records {
-                self.record(lane, event);
-            }
-            let st = &self.streams[lane];
-            ends.push(EventState {
-                time: st.tail,
-                clock: st.clock.clone(),
-            });
         }
-        for &lane in &step.lanes {
-            let (time, clock) = (self.streams[lane].tail, self.streams[lane].clock.clone());
-            let st = &mut self.streams[s];
-            st.tail = st.tail.max(time);
-            merge(&mut st.clock, &clock);
-        }
-        *last = Some(EventState {
-            time: self.streams[s].tail,
-            clock: self.streams[s].clock.clone(),
-        });
+        *last = Some(self.tail_of(s));
         Ok(())
     }
 
     /// Records event `event` at the tail of stream `s` (a graph's event
     /// record node); an event dropped since is skipped.
     fn record(&mut self, s: usize, event: usize) {
-        let st = &self.streams[s];
-        let recorded = EventState {
-            time: st.tail,
-            clock: st.clock.clone(),
-        };
+        let recorded = self.tail_of(s);
         if let Some(e) = self.events.get_mut(event) {
             *e = recorded;
         }
@@ -1474,43 +1499,7 @@ impl Backend for SimBackend {
         if s.streams[id].capturing.is_some() {
             return Err(sim_error("sim graph launch", "the stream is capturing"));
         }
-        if let Some(step) = &graph.step {
-            return s.launch_step(id, step);
-        }
-        let ranges = graph
-            .ops
-            .iter()
-            .map(|(op, _)| {
-                // A raw span captured into a program buffer that was freed
-                // since may now name a plan's arena.
-                op.accesses()
-                    .iter()
-                    .try_for_each(|(span, _)| s.check_raw(span))?;
-                s.ranges(op)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        // After the graph's previous launch, on whatever stream it ran.
-        let mut last = graph.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(prev) = last.as_ref() {
-            let st = &mut s.streams[id];
-            st.tail = st.tail.max(prev.time);
-            merge(&mut st.clock, &prev.clock);
-        }
-        let mut records = graph.records.iter().peekable();
-        for (i, (&(op, duration), ranges)) in graph.ops.iter().zip(ranges).enumerate() {
-            while let Some(&(_, event)) = records.next_if(|(at, _)| *at == i) {
-                s.record(id, event);
-            }
-            s.submit_checked(id, op, ranges, duration);
-        }
-        for &(_, event) in records {
-            s.record(id, event);
-        }
-        *last = Some(EventState {
-            time: s.streams[id].tail,
-            clock: s.streams[id].clock.clone(),
-        });
-        Ok(())
+        s.launch_graph(id, graph)
     }
 
     fn begin_capture(&self, stream: &SimStream) -> Result<()> {
@@ -1664,7 +1653,6 @@ impl Backend for SimBackend {
                     })
                     .collect(),
                 lanes,
-                last: Mutex::new(None),
             })),
         })
     }
