@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy};
-use support::gpu::{eager, gpu, host_outputs, mismatches, Spec, State};
+use replay_arena::{Policy, RunnerId, Strategy};
+use support::gpu::{discover_specs, eager, gpu, host_outputs, mismatches, Spec, State};
 
 const STEPS: usize = 100;
 
@@ -59,14 +59,7 @@ fn pipeline(streams: usize, strategy: impl Into<Strategy>) {
         "the eager run differs from the host model"
     );
 
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for (r, spec) in specs.iter().enumerate() {
-        let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
-        for request in spec.requests() {
-            armed.record(request).unwrap();
-        }
-    }
-    let planned = discovery.plan(strategy).unwrap();
+    let planned = discover_specs(&specs).plan(strategy).unwrap();
     println!("{streams} streams, {strategy:?}\n{}", planned.report());
 
     let pool: Vec<cuda::Stream> = (0..streams)

@@ -17,8 +17,8 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy, View};
-use support::gpu::{eager, gpu, mismatches, Gpu, Spec, State};
+use replay_arena::{Policy, RunnerId, Strategy, View};
+use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
 const N: u32 = 1 << 14;
@@ -36,14 +36,7 @@ struct Outcome {
 }
 
 fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for (r, spec) in specs.iter().enumerate() {
-        let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
-        for request in spec.requests() {
-            armed.record(request).unwrap();
-        }
-    }
-    let planned = discovery.plan(strategy).unwrap();
+    let planned = discover_specs(specs).plan(strategy).unwrap();
     assert_eq!(planned.generations(), 2);
     let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
     let consumer = g.backend.new_stream().unwrap();
@@ -54,12 +47,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
         .map(|_| g.backend.context().new_event(None).unwrap())
         .collect();
 
-    let mut capturing = planned.allocate(g.backend.clone()).unwrap();
-    for (r, spec) in specs.iter().enumerate() {
-        let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        spec.capture(g, cap, g.ptr(&states[r].step), &pool[r % 2]);
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = capture_specs(g, planned, specs, &states, &pool);
     // Runner r and r + 2 must share bytes, or there is nothing to race on.
     let base = |r: u32| replayable.views(RunnerId(r)).unwrap()[0].device_ptr();
     assert_eq!(base(0), base(2), "runners 0 and 2 share their arena bytes");

@@ -9,8 +9,10 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
-use support::gpu::{gpu, host_outputs, host_wgrad, mismatches, Spec, State};
+use replay_arena::{Policy, RunnerId};
+use support::gpu::{
+    capture_specs, discover_specs, gpu, host_outputs, host_wgrad, mismatches, Spec, State,
+};
 
 const STEPS: usize = 2000;
 
@@ -24,14 +26,7 @@ fn one_generation_many_replays_match_the_host_model() {
         Spec::new(23, &[10000], None),
         Spec::new(24, &[2500], Some(999)),
     ];
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for (r, spec) in specs.iter().enumerate() {
-        let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
-        for request in spec.requests() {
-            armed.record(request).unwrap();
-        }
-    }
-    let planned = discovery.plan(Policy::ModuleKinds(1)).unwrap();
+    let planned = discover_specs(&specs).plan(Policy::ModuleKinds(1)).unwrap();
     assert_eq!(planned.generations(), 1);
     println!("{}", planned.report());
 
@@ -39,12 +34,7 @@ fn one_generation_many_replays_match_the_host_model() {
     let consumer = g.backend.new_stream().unwrap();
     let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
     let torn: CudaSlice<u32> = g.zeros(1);
-    let mut capturing = planned.allocate(g.backend.clone()).unwrap();
-    for (r, spec) in specs.iter().enumerate() {
-        let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        spec.capture(&g, cap, g.ptr(&states[r].step), &pool[r % 2]);
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = capture_specs(&g, planned, &specs, &states, &pool);
     // One generation: every runner's first wgrad view starts at the same
     // address.
     let first: Vec<u64> = specs

@@ -12,8 +12,8 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Strategy, View};
-use support::gpu::{eager, gpu, mismatches, Gpu, Spec, State};
+use replay_arena::{Policy, RunnerId, Strategy, View};
+use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
 const N: u32 = 1 << 14;
@@ -26,14 +26,7 @@ fn stepped_equals_eager(strategy: Strategy) {
     let specs: Vec<Spec> = (0..RUNNERS)
         .map(|r| Spec::new(r, &[N], Some(256)))
         .collect();
-    let mut discovery = Discovering::new(PlanConfig::new());
-    for (r, spec) in specs.iter().enumerate() {
-        let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
-        for request in spec.requests() {
-            armed.record(request).unwrap();
-        }
-    }
-    let planned = discovery.plan(strategy).unwrap();
+    let planned = discover_specs(&specs).plan(strategy).unwrap();
     let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
     let (consumer, launch) = (
         g.backend.new_stream().unwrap(),
@@ -41,12 +34,7 @@ fn stepped_equals_eager(strategy: Strategy) {
     );
     let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
     let torn: CudaSlice<u32> = g.zeros(1);
-    let mut capturing = planned.allocate(g.backend.clone()).unwrap();
-    for (r, spec) in specs.iter().enumerate() {
-        let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        spec.capture(&g, cap, g.ptr(&states[r].step), &pool[r % 2]);
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = capture_specs(&g, planned, &specs, &states, &pool);
     let consume =
         |g: &Gpu, spec: &Spec, out: &CudaSlice<u32>, s: &cuda::Stream, views: &[View<'_>]| {
             let (_, w) = spec.split(views);

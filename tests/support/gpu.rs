@@ -14,7 +14,10 @@ use replay_arena::cuda::cudarc::driver::{
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
 use replay_arena::cuda::CudaBackend;
-use replay_arena::{Backend, DType, Domain, Purpose, Request, RunnerCapture, View};
+use replay_arena::{
+    Backend, DType, Discovering, Domain, PlanConfig, Planned, Purpose, Replayable, Request,
+    RunnerCapture, RunnerId, View,
+};
 
 /// Errors of test kernels: formatted cudarc errors (there is a driver here).
 pub type K = std::result::Result<(), String>;
@@ -66,14 +69,28 @@ extern "C" __global__ void consume(unsigned int* out, const float* w, unsigned i
 }
 "#;
 
-fn ptx() -> Ptx {
-    static PTX: OnceLock<String> = OnceLock::new();
-    let src = PTX.get_or_init(|| {
-        compile_ptx(SOURCE)
+/// `source` compiled once (cached in `cell`), loaded into the backend's
+/// context, and the functions of `names` from it, in that order.
+pub fn load_kernels<const K: usize>(
+    backend: &CudaBackend,
+    cell: &OnceLock<String>,
+    source: &str,
+    names: [&str; K],
+) -> [CudaFunction; K] {
+    let src = cell.get_or_init(|| {
+        compile_ptx(source)
             .unwrap_or_else(|e| panic!("nvrtc failed: {e:?}"))
             .to_src()
     });
-    Ptx::from_src(src.clone())
+    let module = backend
+        .context()
+        .load_module(Ptx::from_src(src.clone()))
+        .unwrap_or_else(|e| panic!("loading the test kernels: {e:?}"));
+    names.map(|name| {
+        module
+            .load_function(name)
+            .unwrap_or_else(|e| panic!("kernel {name}: {e:?}"))
+    })
 }
 
 /// The device and the test kernels loaded into its context.
@@ -97,27 +114,26 @@ pub fn gpu() -> Gpu {
 pub fn gpu_on(ordinal: usize) -> Gpu {
     let backend = CudaBackend::new(ordinal)
         .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"));
-    let module = backend
-        .context()
-        .load_module(ptx())
-        .unwrap_or_else(|e| panic!("loading the test kernels: {e:?}"));
-    let f = |name: &str| {
-        module
-            .load_function(name)
-            .unwrap_or_else(|e| panic!("kernel {name}: {e:?}"))
-    };
+    static PTX: OnceLock<String> = OnceLock::new();
+    let [scratch, wgrad, bump, consume] = load_kernels(
+        &backend,
+        &PTX,
+        SOURCE,
+        ["scratch", "wgrad", "bump", "consume"],
+    );
     let io = backend.new_stream().expect("io stream");
     Gpu {
-        scratch: f("scratch"),
-        wgrad: f("wgrad"),
-        bump: f("bump"),
-        consume: f("consume"),
+        scratch,
+        wgrad,
+        bump,
+        consume,
         io,
         backend,
     }
 }
 
-fn cfg(n: u32) -> LaunchConfig {
+/// A grid-stride launch over `n` elements.
+pub fn cfg(n: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(256).clamp(1, 512), 1, 1),
         block_dim: (256, 1, 1),
@@ -125,7 +141,8 @@ fn cfg(n: u32) -> LaunchConfig {
     }
 }
 
-fn err(e: impl std::fmt::Debug) -> String {
+/// A launch error, formatted.
+pub fn err(e: impl std::fmt::Debug) -> String {
     format!("{e:?}")
 }
 
@@ -315,6 +332,32 @@ impl Spec {
         let x = self.scratch.map(|_| views[0].device_ptr());
         (x, views[skip..].iter().map(View::device_ptr).collect())
     }
+}
+
+/// Discovery of `specs`: runner `r` records spec `r`'s requests.
+pub fn discover_specs(specs: &[Spec]) -> Discovering {
+    let runners = specs
+        .iter()
+        .enumerate()
+        .map(|(r, spec)| (RunnerId(r as u32), spec.requests()));
+    Discovering::from_runners(PlanConfig::new(), runners).expect("discovery of the specs")
+}
+
+/// Allocates `planned` and captures every spec's runner (runner `r` on
+/// `pool[r % pool.len()]`, its step counter in `states[r]`), then seals.
+pub fn capture_specs(
+    g: &Gpu,
+    planned: Planned,
+    specs: &[Spec],
+    states: &[State],
+    pool: &[cuda::Stream],
+) -> Replayable<CudaBackend> {
+    let mut capturing = planned.allocate(g.backend.clone()).expect("allocate");
+    for (r, spec) in specs.iter().enumerate() {
+        let cap = capturing.capture(RunnerId(r as u32)).expect("capture");
+        spec.capture(g, cap, g.ptr(&states[r].step), &pool[r % pool.len()]);
+    }
+    capturing.seal().expect("seal")
 }
 
 /// Per-runner buffers outside the plan: step counter and consumer outputs.

@@ -9,10 +9,11 @@ use std::sync::OnceLock;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{
-    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg,
 };
-use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
 use replay_arena::cuda::CudaBackend;
+
+use super::gpu::{cfg, err, load_kernels};
 
 /// An op's error, formatted (there is a driver here).
 pub type OpResult<T> = std::result::Result<T, String>;
@@ -37,50 +38,18 @@ extern "C" __global__ void fold(int* acc, const int* w, unsigned int n, long lon
 }
 "#;
 
-fn ptx() -> Ptx {
-    static PTX: OnceLock<String> = OnceLock::new();
-    let src = PTX.get_or_init(|| {
-        compile_ptx(SOURCE)
-            .unwrap_or_else(|e| panic!("nvrtc failed: {e:?}"))
-            .to_src()
-    });
-    Ptx::from_src(src.clone())
-}
-
 /// The op library on one device.
 pub struct Ops {
     mix2: CudaFunction,
     fold: CudaFunction,
 }
 
-fn cfg(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(256).clamp(1, 256), 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn err(e: impl std::fmt::Debug) -> String {
-    format!("{e:?}")
-}
-
 impl Ops {
     /// Loads the kernels into the backend's context.
     pub fn new(backend: &CudaBackend) -> Ops {
-        let module = backend
-            .context()
-            .load_module(ptx())
-            .unwrap_or_else(|e| panic!("loading the op kernels: {e:?}"));
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .unwrap_or_else(|e| panic!("kernel {name}: {e:?}"))
-        };
-        Ops {
-            mix2: f("mix2"),
-            fold: f("fold"),
-        }
+        static PTX: OnceLock<String> = OnceLock::new();
+        let [mix2, fold] = load_kernels(backend, &PTX, SOURCE, ["mix2", "fold"]);
+        Ops { mix2, fold }
     }
 
     /// A new tensor: `mix(a ^ (b * golden + salt))`, allocated on `s` (a
@@ -118,9 +87,7 @@ impl Ops {
         l.arg(&o).arg(&pa).arg(&pb).arg(&n).arg(&salt);
         // SAFETY: the kernel reads `n` elements of `a` and `b` and writes
         // `n` of `out`, all at least that long.
-        unsafe { l.launch(cfg(n as usize)) }
-            .map(|_| ())
-            .map_err(err)
+        unsafe { l.launch(cfg(n)) }.map(|_| ()).map_err(err)
     }
 
     /// `acc = acc * 1664525 + w`, spinning `spin` cycles per element.
@@ -138,9 +105,7 @@ impl Ops {
         let mut l = cs.launch_builder(&self.fold);
         l.arg(&pacc).arg(&pw).arg(&n).arg(&spin);
         // SAFETY: as `mix2_into`.
-        unsafe { l.launch(cfg(n as usize)) }
-            .map(|_| ())
-            .map_err(err)
+        unsafe { l.launch(cfg(n)) }.map(|_| ()).map_err(err)
     }
 
     /// A copy into an existing tensor.
