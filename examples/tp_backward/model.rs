@@ -1328,33 +1328,38 @@ enum Tensor<'v> {
     View(cuda::TypedView<'v, bf16>),
 }
 
-impl DeviceSlice<bf16> for Tensor<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Tensor::Owned(t) => t.len(),
-            Tensor::View(t) => t.len(),
-        }
-    }
+/// cudarc's slice and pointer traits for an enum of bf16 buffers, each
+/// call passed to the buffer the variant holds.
+macro_rules! delegate_bf16 {
+    ($ty:ty: $($variant:path),+) => {
+        impl DeviceSlice<bf16> for $ty {
+            fn len(&self) -> usize {
+                match self {
+                    $($variant(t) => t.len(),)+
+                }
+            }
 
-    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
-        match self {
-            Tensor::Owned(t) => t.stream(),
-            Tensor::View(t) => t.stream(),
+            fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+                match self {
+                    $($variant(t) => t.stream(),)+
+                }
+            }
         }
-    }
+
+        impl DevicePtr<bf16> for $ty {
+            fn device_ptr<'a>(
+                &'a self,
+                stream: &'a cudarc::driver::CudaStream,
+            ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+                match self {
+                    $($variant(t) => t.device_ptr(stream),)+
+                }
+            }
+        }
+    };
 }
 
-impl DevicePtr<bf16> for Tensor<'_> {
-    fn device_ptr<'a>(
-        &'a self,
-        stream: &'a cudarc::driver::CudaStream,
-    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        match self {
-            Tensor::Owned(t) => t.device_ptr(stream),
-            Tensor::View(t) => t.device_ptr(stream),
-        }
-    }
-}
+delegate_bf16!(Tensor<'_>: Tensor::Owned, Tensor::View);
 
 impl DevicePtrMut<bf16> for Tensor<'_> {
     fn device_ptr_mut<'a>(
@@ -1390,33 +1395,7 @@ enum Grad<'a, 'v> {
     Tensor(&'a Tensor<'v>),
 }
 
-impl DeviceSlice<bf16> for Grad<'_, '_> {
-    fn len(&self) -> usize {
-        match self {
-            Grad::Slice(t) => t.len(),
-            Grad::Tensor(t) => t.len(),
-        }
-    }
-
-    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
-        match self {
-            Grad::Slice(t) => t.stream(),
-            Grad::Tensor(t) => t.stream(),
-        }
-    }
-}
-
-impl DevicePtr<bf16> for Grad<'_, '_> {
-    fn device_ptr<'a>(
-        &'a self,
-        stream: &'a cudarc::driver::CudaStream,
-    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        match self {
-            Grad::Slice(t) => t.device_ptr(stream),
-            Grad::Tensor(t) => t.device_ptr(stream),
-        }
-    }
-}
+delegate_bf16!(Grad<'_, '_>: Grad::Slice, Grad::Tensor);
 
 impl<'v> Bufs<'v> {
     /// From tensors in request order after the workspace: (wgrad, rs_out)
