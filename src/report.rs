@@ -361,17 +361,20 @@ fn steady_state_waits(plan: &Planned) -> Vec<usize> {
     for pass in 0..2 {
         for (i, r) in plan.runners.iter().enumerate() {
             users.clear();
-            let handoffs = r
-                .record
-                .writes
-                .iter()
-                .map(|h| (base + h.0 as usize, plan.handoffs[h.0 as usize].claim));
-            let claims: Vec<(usize, crate::painter::Claim)> =
-                r.claims.iter().map(|&c| (i, c)).chain(handoffs).collect();
-            for &(_, c) in &claims {
+            // Its own claims, then those of the handoffs it writes (each
+            // painted as the handoff's own fence slot).
+            let claims = || {
+                let handoffs = r
+                    .record
+                    .writes
+                    .iter()
+                    .map(|h| (base + h.0 as usize, plan.handoffs[h.0 as usize].claim));
+                r.claims.iter().map(move |&c| (i, c)).chain(handoffs)
+            };
+            for (_, c) in claims() {
                 painter.users(c, &mut users);
             }
-            for &(owner, c) in &claims {
+            for (owner, c) in claims() {
                 painter.paint(c, owner as u32);
             }
             if pass == 1 {
