@@ -279,34 +279,6 @@ impl<B: Backend> Fence<B> {
         Ok(())
     }
 
-    /// Makes `stream` wait for the latest record of `slot`'s event, whatever
-    /// made it, tracking nothing (for unfenced launches).
-    pub(crate) fn wait_latest_record(
-        &self,
-        backend: &B,
-        slot: usize,
-        stream: &B::Stream,
-    ) -> Result<(), BackendError> {
-        match &self.runners[slot].event {
-            Some(event) => backend.wait_event(stream, event),
-            None => Ok(()),
-        }
-    }
-
-    /// Records `slot`'s event on `stream` now, tracking nothing (for
-    /// unfenced launches).
-    pub(crate) fn record_now(
-        &self,
-        backend: &B,
-        slot: usize,
-        stream: &B::Stream,
-    ) -> Result<(), BackendError> {
-        match &self.runners[slot].event {
-            Some(event) => backend.record_event(stream, event),
-            None => Ok(()),
-        }
-    }
-
     /// After a reader's graph was launched on `stream`: it read handoff
     /// slot `slot`, and the next writer of the handoff's bytes waits for
     /// it. Its event is recorded at once, right after the graph: the next

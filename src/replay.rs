@@ -563,19 +563,20 @@ impl<B: Backend> Replayable<B> {
         let failed = |source| ReplayError::Backend { runner, source };
         let record = &self.plan.runners[slot].record;
         let base = self.book.handoff_base;
-        for &h in &record.reads {
-            self.fence
-                .wait_latest_record(&self.backend, base + h.0 as usize, stream)
-                .map_err(failed)?;
+        // The handoffs' own events, whatever recorded them last: nothing is
+        // tracked.
+        let event = |h: &HandoffId| self.fence.event(base + h.0 as usize);
+        for e in record.reads.iter().filter_map(event) {
+            self.backend.wait_event(stream, e).map_err(failed)?;
         }
         // SAFETY: the caller's contract above.
         unsafe { self.backend.launch(graph, stream) }.map_err(failed)?;
-        for &h in &record.writes {
-            if !self.book.handoffs[h.0 as usize].ready {
-                self.fence
-                    .record_now(&self.backend, base + h.0 as usize, stream)
-                    .map_err(failed)?;
-            }
+        let unready = record
+            .writes
+            .iter()
+            .filter(|h| !self.book.handoffs[h.0 as usize].ready);
+        for e in unready.filter_map(event) {
+            self.backend.record_event(stream, e).map_err(failed)?;
         }
         Ok(())
     }
