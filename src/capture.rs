@@ -176,12 +176,12 @@ pub enum CaptureError {
         runners: Vec<(RunnerId, Option<CaptureFailure>)>,
     },
     /// The backend failed while capturing.
-    #[error("capture of {runner}: {source}")]
+    #[error("capture of {runner}: {error}")]
     Backend {
         /// The runner.
         runner: RunnerId,
         /// The backend's error.
-        source: BackendError,
+        error: BackendError,
     },
 }
 
@@ -768,7 +768,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
             .ok_or_else(|| misplaced("the plan has no event for it"))?;
         backend
             .record_event_node(stream, event)
-            .map_err(|source| CaptureError::Backend { runner, source })?;
+            .map_err(|error| CaptureError::Backend { runner, error })?;
         if !retire(self.scope, handoff.0) {
             return Err(misplaced("the capture's scope is not open on this thread"));
         }
@@ -815,9 +815,9 @@ impl<B: Backend> RunnerCapture<'_, B> {
         let Ok(scope) = OpenScope::enter(self.scope, sid, ScopeKind::Capture, runner) else {
             return Err(CaptureError::StreamInUse { runner }.into());
         };
-        if let Err(source) = backend.begin_capture(stream) {
+        if let Err(error) = backend.begin_capture(stream) {
             // The stream was never put in capture mode: nothing is lost.
-            return Err(CaptureError::Backend { runner, source }.into());
+            return Err(CaptureError::Backend { runner, error }.into());
         }
         let mut open = OpenCapture {
             backend,
@@ -856,8 +856,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 *self.graph.borrow_mut() = Some(graph);
                 Ok(())
             }
-            Err(source) => {
-                let error = CaptureError::Backend { runner, source };
+            Err(error) => {
+                let error = CaptureError::Backend { runner, error };
                 fail(CaptureFailure::Check(Box::new(error.clone())));
                 Err(error.into())
             }

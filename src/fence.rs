@@ -52,7 +52,7 @@ pub struct FenceStats {
     /// Event records issued (only for waits on another stream).
     pub event_records: u64,
     /// Launches of step graphs of the plan ([`StepGraph`](crate::StepGraph)),
-    /// counted when the step graph is dropped.
+    /// counted at each launch.
     pub step_launches: u64,
 }
 
@@ -177,21 +177,21 @@ impl<B: Backend> Fence<B> {
             .is_some_and(|r| r.completion.is_some())
     }
 
-    /// After launches of a step graph on `stream`: `painter` is who last
-    /// used which bytes, and every slot that was used, or that the step
-    /// touched, completes at the tail of `stream` (the step graph joins all
-    /// its work there, after everything the fence knew of); readers are
-    /// covered by that too.
+    /// Before a launch of a step graph on `stream`: `painter` is who last
+    /// uses which bytes once it ran, and every slot that was used, or that
+    /// the step touches, completes at the tail of `stream` (the step graph
+    /// joins all its work there, after everything the fence knew of);
+    /// readers are covered by that too. Called *before* the launch, so the
+    /// fence orders every later user after it whatever happens to the step
+    /// graph (a forgotten one included). Returns the painter it replaced,
+    /// for a launch that fails.
     pub(crate) fn absorb_step(
         &mut self,
         painter: Painter,
         touched: &[bool],
         stream: &B::Stream,
         sid: u64,
-        launches: u64,
-    ) {
-        self.painter = painter;
-        self.stats.step_launches += launches;
+    ) -> Painter {
         for (i, runner) in self.runners.iter_mut().enumerate() {
             if runner.event.is_none() {
                 continue;
@@ -209,6 +209,20 @@ impl<B: Backend> Fence<B> {
                 reader.completion = None;
             }
         }
+        std::mem::replace(&mut self.painter, painter)
+    }
+
+    /// A launch of a step graph that failed before the step ran: who last
+    /// used which bytes is `painter` again. The completions stay at the
+    /// launch stream's tail (after everything the fence knew of: at worst
+    /// a conservative wait).
+    pub(crate) fn unabsorb_step(&mut self, painter: Painter) {
+        self.painter = painter;
+    }
+
+    /// Counts one launch of a step graph of the plan.
+    pub(crate) fn count_step_launch(&mut self) {
+        self.stats.step_launches += 1;
     }
 
     /// Whether the slot is fenced (uses buffers).

@@ -44,12 +44,12 @@ pub enum ReplayError {
         by: RunnerId,
     },
     /// The backend failed while replaying or consuming a runner.
-    #[error("{runner}: {source}")]
+    #[error("{runner}: {error}")]
     Backend {
         /// The runner.
         runner: RunnerId,
         /// The backend's error.
-        source: BackendError,
+        error: BackendError,
     },
     /// A consumer used a view where the fence cannot order it (another
     /// stream than the consumer's, say); the use was refused.
@@ -60,14 +60,20 @@ pub enum ReplayError {
         /// Which view, and where it was used.
         reason: String,
     },
-    /// A consumer was asked for on a stream that is capturing: its work
-    /// would be recorded into another graph instead of running. (A replay
-    /// there fails at launch: a graph launch cannot be captured.)
+    /// A replay or a consumer was asked for on a stream that is capturing
+    /// (inside a `stream_capture` closure of this or another plan, or the
+    /// program's own capture): its work would be recorded into that graph
+    /// instead of running, outside the fence. Nothing was enqueued.
     #[error("{runner}: the stream is capturing; replay and consume on a stream that is not")]
     StreamCapturing {
         /// The runner.
         runner: RunnerId,
     },
+    /// A step graph was launched on a stream that is capturing: the launch
+    /// would be recorded into that graph instead of running, outside the
+    /// fence. Nothing was enqueued.
+    #[error("the step graph was launched on a stream that is capturing; launch it on a stream that is not")]
+    StepOnCapturingStream,
     /// A runner that reads a handoff was replayed before the handoff's
     /// writer was ever replayed.
     #[error("{reader} reads {handoff}, which {writer} writes, and {writer} was never replayed; replay runners in the order discovery armed them")]
@@ -560,7 +566,8 @@ impl<B: Backend> Replayable<B> {
         let graph = self.graphs[slot]
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
-        let failed = |source| ReplayError::Backend { runner, source };
+        refuse_capturing(&self.backend, stream, runner)?;
+        let failed = |error| ReplayError::Backend { runner, error };
         let record = &self.plan.runners[slot].record;
         let base = self.book.handoff_base;
         // The handoffs' own events, whatever recorded them last: nothing is
@@ -724,13 +731,7 @@ impl<B: Backend> Replayable<B> {
     pub(crate) fn consumer_of(&self, slots: &[usize], stream: &B::Stream) -> Result<RunnerId> {
         let &head = slots.first().ok_or(ReplayError::NoRunners)?;
         let runner = self.plan.runners[head].id();
-        let capturing = self
-            .backend
-            .is_capturing(stream)
-            .map_err(|source| ReplayError::Backend { runner, source })?;
-        if capturing {
-            return Err(ReplayError::StreamCapturing { runner });
-        }
+        refuse_capturing(&self.backend, stream, runner)?;
         Ok(runner)
     }
 
@@ -773,7 +774,7 @@ impl<B: Backend> Replayable<B> {
                 let runner = plan.runners[slot].id();
                 self.fence
                     .consume_begin(backend, slot, stream, sid, exclusive)
-                    .map_err(|source| ReplayError::Backend { runner, source })?;
+                    .map_err(|error| ReplayError::Backend { runner, error })?;
             }
         }
         let (out, misuse) = {
@@ -800,7 +801,7 @@ impl<B: Backend> Replayable<B> {
                 let ended = self
                     .fence
                     .consume_end(backend, slot, stream, sid, exclusive)
-                    .map_err(|source| ReplayError::Backend { runner, source });
+                    .map_err(|error| ReplayError::Backend { runner, error });
                 recorded = recorded.and(ended);
             }
             for v in &mut self.views[self.view_ranges[slot].clone()] {
@@ -856,7 +857,7 @@ impl<B: Backend> Replayable<B> {
     pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
         let sid = self.backend.stream_id(stream);
-        let failed = |source| ReplayError::Backend { runner, source };
+        let failed = |error| ReplayError::Backend { runner, error };
         self.fence
             .wait_for(&self.backend, slot, stream, sid)
             .map_err(failed)?;
@@ -964,9 +965,10 @@ pub(crate) fn drive_replay<F: Backend>(
     stream: &F::Stream,
     launch: impl FnOnce() -> std::result::Result<(), BackendError>,
 ) -> Result<()> {
-    let sid = backend.stream_id(stream);
     let r = &plan.runners[slot];
     let runner = r.id();
+    refuse_capturing(backend, stream, runner)?;
+    let sid = backend.stream_id(stream);
     let record = &r.record;
     for (&h, &at) in record.reads.iter().zip(&book.read_at[slot]) {
         let state = &book.handoffs[h.0 as usize];
@@ -1001,7 +1003,7 @@ pub(crate) fn drive_replay<F: Backend>(
             });
         }
     }
-    let failed = |source| ReplayError::Backend { runner, source };
+    let failed = |error| ReplayError::Backend { runner, error };
     let base = book.handoff_base;
     fence
         .admit(backend, &book.admit_claims[slot], stream, sid)
@@ -1037,6 +1039,18 @@ pub(crate) fn drive_replay<F: Backend>(
         tracked = tracked.and(fence.read_handoff(backend, base + i, stream, sid));
     }
     tracked.map_err(failed)
+}
+
+/// [`ReplayError::StreamCapturing`] when `stream` is capturing: a launch
+/// there would be recorded into that graph instead of running.
+fn refuse_capturing<F: Backend>(backend: &F, stream: &F::Stream, runner: RunnerId) -> Result<()> {
+    let capturing = backend
+        .is_capturing(stream)
+        .map_err(|error| ReplayError::Backend { runner, error })?;
+    if capturing {
+        return Err(ReplayError::StreamCapturing { runner });
+    }
+    Ok(())
 }
 
 /// The views of runner slot `slot`, in request order, in no scope.

@@ -41,16 +41,24 @@ pub enum StepError {
     /// consumer of a runner whose bytes another runner of the step claimed
     /// since, a reader before its handoff's writer, ...).
     #[error("the step's schedule fails the fence's checks: {0}")]
-    Schedule(#[from] ReplayError),
+    Schedule(ReplayError),
     /// The backend could not build the step graph.
-    #[error("the step graph could not be built at {what}: {source}")]
+    #[error("the step graph could not be built at {what}: {error}")]
     Backend {
         /// The node the backend refused (`runner 3`, `the consumer of
         /// runner 3`), or the step as a whole.
         what: String,
         /// The backend's error.
-        source: BackendError,
+        error: BackendError,
     },
+}
+
+// Not `#[from]`: that would also make the schedule's error the `source()`
+// of a message that already shows it (printed twice in an error chain).
+impl From<ReplayError> for StepError {
+    fn from(e: ReplayError) -> StepError {
+        StepError::Schedule(e)
+    }
 }
 
 /// One scheduled item.
@@ -241,7 +249,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
     ) -> Result<&mut Self, ConsumeError<E>> {
         let r = &mut *self.replayable;
         let runner = r.consumer_of(&slots, stream)?;
-        let failed = |source| ReplayError::Backend { runner, source };
+        let failed = |error| ReplayError::Backend { runner, error };
         // Captured like a runner's graph: the views work inside `work`, on
         // `stream`, while it captures; a reader's views are read-only.
         let sid = r.backend.stream_id(stream);
@@ -369,9 +377,9 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                 let split =
                     backend
                         .split_graph(graph, &events)
-                        .map_err(|source| StepError::Backend {
+                        .map_err(|error| StepError::Backend {
                             what: plan.runners[*slot].id().to_string(),
-                            source,
+                            error,
                         })?;
                 part_of[k] = Some(parts.len());
                 parts.push(split);
@@ -443,7 +451,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                                 .map_err(|not| not_owner(plan, runner, not))?;
                             fence
                                 .consume_begin(&tracer, slot, &stream, sid, *exclusive)
-                                .map_err(|source| ReplayError::Backend { runner, source })?;
+                                .map_err(|error| ReplayError::Backend { runner, error })?;
                             touched[slot] = true;
                         }
                         tracer.run(first[k], 1, *lane);
@@ -452,7 +460,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                                 let runner = plan.runners[slot].id();
                                 fence
                                     .consume_end(&tracer, slot, &stream, sid, *exclusive)
-                                    .map_err(|source| ReplayError::Backend { runner, source })?;
+                                    .map_err(|error| ReplayError::Backend { runner, error })?;
                             }
                         }
                     }
@@ -497,7 +505,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
         }
         let graph = match backend.compose(&step_nodes) {
             Ok(graph) => graph,
-            Err(source) => {
+            Err(error) => {
                 // Name the node the backend refuses, when one alone is.
                 let what = step_nodes
                     .iter()
@@ -511,15 +519,13 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                         backend.compose(std::slice::from_ref(&alone)).is_err()
                     })
                     .map_or_else(|| "the step".to_string(), |(_, name)| name.clone());
-                return Err(StepError::Backend { what, source });
+                return Err(StepError::Backend { what, error });
             }
         };
-        let done = backend
-            .create_event()
-            .map_err(|source| StepError::Backend {
-                what: "the step's completion event".into(),
-                source,
-            })?;
+        let done = backend.create_event().map_err(|error| StepError::Backend {
+            what: "the step's completion event".into(),
+            error,
+        })?;
         let edges = deps.iter().map(Vec::len).sum();
         drop(step_nodes);
         drop(parts);
@@ -594,24 +600,54 @@ impl<B: Backend> StepGraph<'_, B> {
     /// after the previous launch; the first launch also waits for every
     /// replay and consumer the fence knew of.
     ///
+    /// The plan's fence learns what the launch leaves *before* the launch
+    /// (every byte the step uses completes at the tail of `stream`), so
+    /// every later replay, consumer, `replan` and teardown is ordered after
+    /// it, even if this step graph is never dropped (`mem::forget`).
+    ///
     /// # Errors
     ///
+    /// [`ReplayError::StepOnCapturingStream`] when `stream` is capturing (inside
+    /// a `stream_capture` closure, or the program's own capture);
     /// [`ReplayError::Wait`] with the backend's error (nothing of the step
     /// was enqueued).
     pub fn launch(&mut self, stream: &B::Stream) -> Result<(), ReplayError> {
         let r = &mut *self.replayable;
+        let capturing = r.backend.is_capturing(stream).map_err(ReplayError::Wait)?;
+        if capturing {
+            return Err(ReplayError::StepOnCapturingStream);
+        }
         let sid = r.backend.stream_id(stream);
         if self.launched.is_none() {
             r.fence
                 .wait_all(&r.backend, stream, sid)
                 .map_err(ReplayError::Wait)?;
         }
+        // The fence's state after this launch, set before it (as
+        // `Vec::drain` shortens the vector before it hands out the
+        // iterator). A later launch on the same stream leaves the same
+        // state: nothing to do.
+        let moved = self.launched.as_ref().map(|(_, id)| *id) != Some(sid);
+        let before = moved.then(|| {
+            let painter = r
+                .fence
+                .absorb_step(self.painter.clone(), &self.touched, stream, sid);
+            (painter, std::mem::replace(&mut r.book, self.book.clone()))
+        });
         // SAFETY: the step graph's edges are the fence's waits for its
         // schedule; its first launch waited for everything the fence knew
         // of, and each later one runs after the one before (launches of one
-        // executable graph are serialized); the plan is borrowed, so no
-        // other replay or consumer of it runs meanwhile.
-        unsafe { r.backend.launch(&self.graph, stream) }.map_err(ReplayError::Wait)?;
+        // executable graph are serialized); the fence already orders every
+        // later user of the plan's bytes after this launch; the plan is
+        // borrowed, so no other replay or consumer of it runs meanwhile.
+        if let Err(e) = unsafe { r.backend.launch(&self.graph, stream) } {
+            if let Some((painter, book)) = before {
+                r.fence.unabsorb_step(painter);
+                r.book = book;
+            }
+            return Err(ReplayError::Wait(e));
+        }
+        r.fence.count_step_launch();
         self.launched = Some((stream.clone(), sid));
         self.launches += 1;
         Ok(())
@@ -657,21 +693,14 @@ impl<B: Backend> StepGraph<'_, B> {
 
 impl<B: Backend> Drop for StepGraph<'_, B> {
     fn drop(&mut self) {
-        let Some((stream, sid)) = self.launched.take() else {
+        // The fence already orders everything after the launches (see
+        // `launch`); the step graph is freed now, so wait for its last
+        // launch first. Skipping this (`mem::forget`) leaks the graph and
+        // nothing else.
+        let Some((stream, _)) = self.launched.take() else {
             return;
         };
-        let r = &mut *self.replayable;
-        // The fence goes on from where the steps left the bytes: every slot
-        // they used completes after the last launch.
-        r.fence.absorb_step(
-            self.painter.clone(),
-            &self.touched,
-            &stream,
-            sid,
-            self.launches,
-        );
-        r.book = self.book.clone();
-        // The step graph is freed now: wait for its last launch first.
+        let r = &*self.replayable;
         let waited = r
             .backend
             .record_event(&stream, &self.done)

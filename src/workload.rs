@@ -218,12 +218,12 @@ pub enum WorkloadError {
         known: String,
     },
     /// Discovery refused what the file asks for.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Discovery {
         /// JSON path of the runner, group or request.
         path: String,
         /// What discovery said.
-        source: Box<crate::Error>,
+        error: Box<crate::Error>,
     },
     /// A [`Discovering`] to save has two runners of one name.
     #[error("{first} and {second} are both named {name:?}; a workload names runners uniquely")]
@@ -255,10 +255,10 @@ pub enum WorkloadError {
     },
     /// Reading the input failed.
     #[error("reading the workload failed: {0}")]
-    Read(#[source] std::io::Error),
+    Read(std::io::Error),
     /// Writing the JSON failed.
     #[error("writing the workload failed: {0}")]
-    Write(#[source] std::io::Error),
+    Write(std::io::Error),
 }
 
 fn path_prefix(path: &str) -> String {
@@ -736,7 +736,7 @@ fn receive_all(
 fn discovery_error(path: String, error: impl Into<crate::Error>) -> WorkloadError {
     WorkloadError::Discovery {
         path,
-        source: Box::new(error.into()),
+        error: Box::new(error.into()),
     }
 }
 

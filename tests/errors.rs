@@ -930,7 +930,7 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
         err,
         ReplayError::Backend {
             runner: RunnerId(0),
-            source: BackendError::Refused {
+            error: BackendError::Refused {
                 op: "sim launch",
                 ..
             }
@@ -944,4 +944,72 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
             "outside every live allocation",
         ],
     );
+}
+
+// ---- each cause prints once ---------------------------------------------------
+
+/// The error chain as `anyhow`'s `{:#}` prints it: each message, then its
+/// `source()`'s, and so on.
+fn chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = vec![err.to_string()];
+    let mut next = err.source();
+    while let Some(e) = next {
+        out.push(e.to_string());
+        next = e.source();
+    }
+    out
+}
+
+/// Asserts that no message in the chain repeats a cause printed after it.
+#[track_caller]
+fn assert_each_cause_once(err: &(dyn std::error::Error + 'static)) {
+    let messages = chain(err);
+    for (i, m) in messages.iter().enumerate() {
+        for later in &messages[i + 1..] {
+            assert!(
+                !m.contains(later.as_str()),
+                "{m:?} prints its cause {later:?}, which the chain prints again"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
+    let cause = || BackendError::Refused {
+        op: "sim launch",
+        reason: "the cause".into(),
+    };
+    let replay = ReplayError::Backend {
+        runner: RunnerId(3),
+        error: cause(),
+    };
+    let step = replay_arena::StepError::Backend {
+        what: "runner 3".into(),
+        error: cause(),
+    };
+    let schedule = replay_arena::StepError::from(replay.clone());
+    let capture = CaptureError::Backend {
+        runner: RunnerId(3),
+        error: cause(),
+    };
+    let errors: Vec<Box<dyn std::error::Error + 'static>> = vec![
+        Box::new(replay.clone()),
+        Box::new(replay_arena::Error::from(replay.clone())),
+        Box::new(ConsumeError::<String>::Replay(replay)),
+        Box::new(step.clone()),
+        Box::new(replay_arena::Error::from(step)),
+        Box::new(schedule.clone()),
+        Box::new(replay_arena::Error::from(schedule)),
+        Box::new(capture.clone()),
+        Box::new(StreamCaptureError::<String>::Capture(capture.clone())),
+        Box::new(replay_arena::Error::from(capture)),
+    ];
+    for err in &errors {
+        assert!(
+            chain(err.as_ref()).iter().any(|m| m.contains("the cause")),
+            "{err}"
+        );
+        assert_each_cause_once(err.as_ref());
+    }
 }

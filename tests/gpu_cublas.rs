@@ -110,3 +110,41 @@ fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused()
     drop(replayable);
     drop(blas);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_typed_view_with_no_address_on_the_stream_is_refused_as_a_workspace() {
+    probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    let backend = CudaBackend::new(0).unwrap();
+    let (stream, other) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
+    let mut blas = CudaBlas::new(stream.cudarc().clone()).unwrap();
+    let ws_req = Request::new(Domain::Device, DType::U8, 4 << 20);
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [ws_req])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(backend.clone())
+        .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let ws = cap.take(ws_req).unwrap();
+    let mut refused = None;
+    let captured = cap.stream_capture(&stream, |s| -> replay_arena::Result<()> {
+        let mut ws = ws.as_cuda::<u8>(s)?;
+        // On another stream than its capture's, the view's address is 0:
+        // cuBLAS must not get a NULL workspace of 4 MiB.
+        // SAFETY: refused before the handle is touched.
+        refused = Some(unsafe { bind_workspace(&mut blas, &other, &mut ws) });
+        Ok(())
+    });
+    let refused = refused.expect("the closure ran");
+    assert!(
+        matches!(
+            &refused,
+            Err(BackendError::Refused { op: "cublasSetWorkspace", reason }) if reason.contains("no address")
+        ),
+        "{refused:?}"
+    );
+    // The capture reports the misuse too.
+    assert!(captured.is_err(), "{captured:?}");
+    drop(blas);
+}

@@ -271,9 +271,9 @@ fn the_framework_backward_as_one_step_graph_is_exact_or_a_typed_refusal() {
         }
         // The driver may refuse graphs with memory nodes as child graphs:
         // then the error names the runner whose graph it refused.
-        Err(StepError::Backend { what, source }) => {
-            assert!(what.starts_with("runner "), "{what}: {source}");
-            println!("step graph with graph temporaries refused at {what}: {source}");
+        Err(StepError::Backend { what, error }) => {
+            assert!(what.starts_with("runner "), "{what}: {error}");
+            println!("step graph with graph temporaries refused at {what}: {error}");
         }
         Err(e) => panic!("{e}"),
     }

@@ -31,7 +31,7 @@ use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
     DiscoveryError, Domain, GroupId, Placement, PlanConfig, PlanError, Policy, ReplayError,
-    Replayable, Request, RunnerId, Strategy as PlanStrategy, StreamCaptureError,
+    Replayable, Request, RunnerId, StepError, Strategy as PlanStrategy, StreamCaptureError,
 };
 
 /// Cases `cargo test` runs when no count is set.
@@ -121,6 +121,10 @@ enum CaptureMode {
     /// As `Right`, with a `stream_capture` from inside the work closure
     /// (refused; the outer capture goes on).
     Nested,
+    /// The graph is captured, then the capture is forgotten
+    /// (`mem::forget`) instead of finished: the runner stays uncaptured
+    /// and its graph can never be launched.
+    Forgotten,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -157,12 +161,24 @@ enum Step {
     ReplayRefused {
         runner: usize,
     },
+    /// Every captured runner, in capture order on its capture stream, as a
+    /// step graph launched `launches` times on `stream`, then dropped or
+    /// forgotten (`mem::forget`): the fence goes on after it either way.
+    StepGraph {
+        launches: usize,
+        stream: usize,
+        forget: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
     Replan,
     Drop,
+    /// `mem::forget` of the `Replayable` with work in flight: its arenas
+    /// and events leak, and the next round's plan on the same backend
+    /// never touches them.
+    Forget,
 }
 
 #[derive(Clone, Debug)]
@@ -176,6 +192,9 @@ struct Round {
     durations: Vec<u64>,
     steps: Vec<Step>,
     end: End,
+    /// A failed plan, allocation or seal is forgotten instead of handed
+    /// back (the round ends there; what it holds leaks).
+    forget_failures: bool,
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -220,6 +239,7 @@ fn capture_mode() -> impl Strategy<Value = CaptureMode> {
         1 => Just(CaptureMode::Dropped),
         1 => Just(CaptureMode::Skipped),
         2 => Just(CaptureMode::Nested),
+        1 => Just(CaptureMode::Forgotten),
     ]
 }
 
@@ -239,6 +259,8 @@ fn step(runners: usize) -> impl Strategy<Value = Step> {
         2 => Just(Step::Synchronize),
         1 => (0..STREAMS).prop_map(|stream| Step::NewStream { stream }),
         1 => (0..runners).prop_map(|runner| Step::ReplayRefused { runner }),
+        2 => (0usize..4, 0..STREAMS, any::<bool>())
+            .prop_map(|(launches, stream, forget)| Step::StepGraph { launches, stream, forget }),
     ]
 }
 
@@ -253,7 +275,8 @@ fn round() -> impl Strategy<Value = Round> {
             prop::collection::vec(capture_mode(), n),
             prop::collection::vec(0u64..30, n),
             prop::collection::vec(step(n), 0..40),
-            prop_oneof![Just(End::Replan), Just(End::Drop)],
+            prop_oneof![3 => Just(End::Replan), 3 => Just(End::Drop), 1 => Just(End::Forget)],
+            prop::bool::weighted(0.3),
         )
             .prop_map(
                 |(
@@ -265,6 +288,7 @@ fn round() -> impl Strategy<Value = Round> {
                     durations,
                     steps,
                     end,
+                    forget_failures,
                 )| Round {
                     runners,
                     generations,
@@ -274,6 +298,7 @@ fn round() -> impl Strategy<Value = Round> {
                     durations,
                     steps,
                     end,
+                    forget_failures,
                 },
             )
     })
@@ -343,6 +368,8 @@ struct Rig {
     streams: std::cell::RefCell<Vec<SimStream>>,
     /// A stream of another backend, which `sim` refuses.
     foreign: SimStream,
+    /// Events that forgotten values leaked (leaking is allowed).
+    leaked_events: std::cell::Cell<usize>,
 }
 
 impl Rig {
@@ -359,18 +386,23 @@ fn run_case(rounds: &[Round]) -> Check {
         streams: std::cell::RefCell::new((0..STREAMS).map(|_| sim.stream()).collect()),
         foreign: SimBackend::new().stream(),
         sim,
+        leaked_events: std::cell::Cell::new(0),
     };
+    // Arenas that forgotten values leaked.
+    let mut leaked_arenas = 0;
     let mut discovery = Discovering::new(config());
     for (i, round) in rounds.iter().enumerate() {
+        let before = rig.sim.live_allocations();
         match run_round(&rig, i, round, discovery)? {
             Some(next) => discovery = next,
             None => discovery = Discovering::new(config()),
         }
+        leaked_arenas += rig.sim.live_allocations() - before;
         prop_assert_eq!(rig.sim.hazards(), vec![], "round {}", i);
     }
     drop(discovery);
-    prop_assert_eq!(rig.sim.live_allocations(), 0);
-    prop_assert_eq!(rig.sim.live_events(), 0);
+    prop_assert_eq!(rig.sim.live_allocations(), leaked_arenas);
+    prop_assert_eq!(rig.sim.live_events(), rig.leaked_events.get());
     Ok(())
 }
 
@@ -449,6 +481,11 @@ fn run_round(
         Err(e) => {
             prop_assert_eq!(round.generations, 0);
             prop_assert_eq!(e.error(), &PlanError::ZeroGenerations { policy });
+            if round.forget_failures {
+                // It holds host data only: forgetting it leaks that.
+                std::mem::forget(e);
+                return Ok(None);
+            }
             // The discovery comes back: plan it again, no second backward.
             let again = Policy::Generations(1);
             let again = if round.packed {
@@ -512,7 +549,13 @@ fn run_round(
                 e
             );
             prop_assert_eq!(rig.sim.live_allocations(), live_before);
-            prop_assert_eq!(rig.sim.live_events(), 0);
+            prop_assert_eq!(rig.sim.live_events(), rig.leaked_events.get());
+            if round.forget_failures {
+                // What it allocated was freed before it was returned.
+                std::mem::forget(e);
+                prop_assert_eq!(rig.sim.live_allocations(), live_before);
+                return Ok(None);
+            }
             // The plan comes back: allocate it again, no second planning.
             e.into_planned().allocate(rig.sim.clone()).unwrap()
         }
@@ -596,10 +639,18 @@ fn run_round(
                 }
                 other => prop_assert!(false, "seal failed with {:?}", other),
             }
+            if round.forget_failures {
+                // Its arenas and events leak; nothing of it ever ran.
+                std::mem::forget(e);
+                drop(live);
+                prop_assert_eq!(rig.sim.live_allocations(), live_before + arenas);
+                rig.leaked_events.set(rig.sim.live_events());
+                return Ok(None);
+            }
             let next = e.into_capturing().replan();
             drop(live);
             prop_assert_eq!(rig.sim.live_allocations(), live_before);
-            prop_assert_eq!(rig.sim.live_events(), 0);
+            prop_assert_eq!(rig.sim.live_events(), rig.leaked_events.get());
             return Ok(Some(next));
         }
     };
@@ -642,6 +693,41 @@ fn run_round(
                 let fresh = rig.sim.stream();
                 rig.streams.borrow_mut()[stream] = fresh;
             }
+            Step::StepGraph {
+                launches,
+                stream,
+                forget,
+            } => {
+                let order: Vec<usize> = (0..n).filter(|&r| captured[r]).collect();
+                let mut step = replayable.step();
+                for &r in &order {
+                    step.replay(RunnerId(r as u32), &rig.stream(r % STREAMS))
+                        .unwrap();
+                }
+                match step.build() {
+                    Err(e) => {
+                        prop_assert!(order.is_empty() && matches!(e, StepError::Empty), "{:?}", e)
+                    }
+                    Ok(mut graph) => {
+                        prop_assert!(!order.is_empty());
+                        for _ in 0..launches {
+                            graph.launch(&rig.stream(stream)).unwrap();
+                            for &r in &order {
+                                if !live.requests[r].is_empty() {
+                                    live.replays[r] += 1;
+                                }
+                                live.ownership.replayed(r);
+                            }
+                        }
+                        if forget {
+                            // It leaks its graph and completion event; the
+                            // fence already orders everything after it.
+                            std::mem::forget(graph);
+                            rig.leaked_events.set(rig.leaked_events.get() + 1);
+                        }
+                    }
+                }
+            }
             Step::ReplayRefused { runner } => {
                 let id = RunnerId(runner as u32);
                 let result = replayable.replay(id, &rig.foreign);
@@ -665,10 +751,24 @@ fn run_round(
             drop(replayable);
             None
         }
+        End::Forget => {
+            // Leaked with replays in flight: the arenas stay allocated
+            // under them, and the next round's plan gets other memory.
+            for r in (0..n).filter(|&r| captured[r]) {
+                replayable
+                    .replay(RunnerId(r as u32), &rig.stream(r % STREAMS))
+                    .unwrap();
+            }
+            std::mem::forget(replayable);
+            drop(live);
+            prop_assert_eq!(rig.sim.live_allocations(), live_before + arenas);
+            rig.leaked_events.set(rig.sim.live_events());
+            return Ok(None);
+        }
     };
     drop(live);
     prop_assert_eq!(rig.sim.live_allocations(), live_before);
-    prop_assert_eq!(rig.sim.live_events(), 0);
+    prop_assert_eq!(rig.sim.live_events(), rig.leaked_events.get());
     Ok(next)
 }
 
@@ -829,6 +929,35 @@ fn capture(
         );
     }
     drop(views);
+    if mode == CaptureMode::Forgotten {
+        // No safety rests on its destructor: the runner stays uncaptured,
+        // its graph leaks and can never be launched, and it can be
+        // captured again.
+        std::mem::forget(cap);
+        let again = capturing
+            .capture(id)
+            .map_err(|e| TestCaseError::fail(format!("capturing {id} again: {e}")))?;
+        let views: Vec<_> = requests.iter().map(|&q| again.take(q).unwrap()).collect();
+        again
+            .stream_capture(stream, |s| -> Result<(), String> {
+                if requests.is_empty() {
+                    return Ok(());
+                }
+                sim.launch(s, SimOp::add(one, counter), duration)
+                    .map_err(|e| e.to_string())?;
+                for v in &views {
+                    sim.launch(s, SimOp::copy(counter, v), duration)
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            })
+            .map_err(|e| TestCaseError::fail(format!("capturing {id} again: {e}")))?;
+        drop(views);
+        again
+            .finish()
+            .map_err(|e| TestCaseError::fail(format!("finishing {id} again: {e}")))?;
+        return Ok(None);
+    }
     if mode == CaptureMode::TooFew {
         let e = cap.finish().unwrap_err();
         prop_assert!(

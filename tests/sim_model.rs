@@ -404,7 +404,7 @@ fn a_replay_on_a_stream_of_another_backend_is_a_backend_error() {
     match replayable.replay(RunnerId(0), &theirs) {
         Err(ReplayError::Backend {
             runner,
-            source: BackendError::Refused { reason, .. },
+            error: BackendError::Refused { reason, .. },
         }) => {
             assert_eq!(runner, RunnerId(0));
             assert!(reason.contains("another SimBackend"), "{reason}");

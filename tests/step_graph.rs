@@ -186,8 +186,15 @@ fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayErr
     Ok(())
 }
 
-/// Builds the step graph of the schedule and launches it `steps` times.
-fn stepped(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(usize, usize), StepError> {
+/// Builds the step graph of the schedule and launches it `steps` times;
+/// then drops it, or with `forget` leaks it (`mem::forget` is safe: the
+/// plan must be just as safe to use afterwards).
+fn stepped(
+    s: &mut Setup,
+    w: &Schedule,
+    steps: usize,
+    forget: bool,
+) -> Result<(usize, usize), StepError> {
     let mut step = s.replayable.step();
     for &(replay, i) in &items(w) {
         if replay {
@@ -214,7 +221,11 @@ fn stepped(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(usize, usize), 
     for _ in 0..steps {
         graph.launch(&s.launch).unwrap();
     }
-    Ok((graph.nodes(), graph.edges()))
+    let shape = (graph.nodes(), graph.edges());
+    if forget {
+        std::mem::forget(graph);
+    }
+    Ok(shape)
 }
 
 fn values(s: &Setup) -> Vec<Vec<f32>> {
@@ -230,14 +241,15 @@ proptest! {
 
     /// The step graph against the host fence on the same schedule: the
     /// same refusals, the same values, no overlap; and the plan goes on
-    /// per runner afterwards without overlap either.
+    /// per runner afterwards without overlap either, whether the step
+    /// graph was dropped or forgotten.
     #[test]
-    fn a_step_graph_is_the_host_fence_compiled(w in schedule()) {
+    fn a_step_graph_is_the_host_fence_compiled(w in schedule(), forget in any::<bool>()) {
         let steps = 4;
         let mut fenced = setup(&w);
         let host = per_runner(&mut fenced, &w, steps);
         let mut graphed = setup(&w);
-        let built = stepped(&mut graphed, &w, steps);
+        let built = stepped(&mut graphed, &w, steps, forget);
         match (&host, &built) {
             (Ok(()), Ok(_)) => {}
             (Err(_), Err(StepError::Schedule(_))) => return Ok(()),
@@ -273,7 +285,7 @@ fn one_launch_runs_the_step_and_overlaps_what_the_fence_overlaps() {
     per_runner(&mut fenced, &w, 1).unwrap();
     fenced.replayable.synchronize().unwrap();
     let mut graphed = setup(&w);
-    let (nodes, edges) = stepped(&mut graphed, &w, 1).unwrap();
+    let (nodes, edges) = stepped(&mut graphed, &w, 1, false).unwrap();
     // Four writers split at their ready points (the last has no reader but
     // marks nothing: it hands nothing off), four consumers.
     assert_eq!(nodes, 3 * 2 + 1 + 4);
@@ -291,9 +303,21 @@ fn one_launch_runs_the_step_and_overlaps_what_the_fence_overlaps() {
 
 #[test]
 fn the_fence_goes_on_from_where_the_step_left_it() {
+    the_fence_goes_on_after_the_step(false);
+}
+
+#[test]
+fn the_fence_goes_on_from_where_a_forgotten_step_graph_left_it() {
+    the_fence_goes_on_after_the_step(true);
+}
+
+/// Three launches of the step graph, dropped or forgotten: the plan's fence
+/// knows what they left (ownership, handoff reads, completions), so a
+/// consumer, a reader and a replay right after are typed or race-free.
+fn the_fence_goes_on_after_the_step(forget: bool) {
     let w = four_with_consumers();
     let mut s = setup(&w);
-    stepped(&mut s, &w, 3).unwrap();
+    stepped(&mut s, &w, 3, forget).unwrap();
     let stats = s.replayable.fence_stats();
     assert_eq!(stats.step_launches, 3);
     // Runner 3 replayed last in the step: its views are consumable; runner

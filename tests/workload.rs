@@ -978,3 +978,41 @@ fn handoffs_are_saved_and_loaded_with_their_readers() {
     let e = error_of(&bad);
     assert!(e.contains("runners[2].receive[1]"), "{e}");
 }
+
+// ---- each cause prints once ---------------------------------------------------
+
+/// Asserts that no message in `err`'s `source()` chain repeats a cause
+/// printed after it (as `anyhow`'s `{:#}` would show it twice).
+#[track_caller]
+fn assert_each_cause_once(err: &(dyn std::error::Error + 'static)) {
+    let mut messages = vec![err.to_string()];
+    let mut next = err.source();
+    while let Some(e) = next {
+        messages.push(e.to_string());
+        next = e.source();
+    }
+    for (i, m) in messages.iter().enumerate() {
+        for later in &messages[i + 1..] {
+            assert!(!m.contains(later.as_str()), "{m:?} repeats {later:?}");
+        }
+    }
+}
+
+#[test]
+fn workload_errors_print_each_cause_once() {
+    let refused = Workload::from_json_str(&tiny_with("\"elements\": 100", "\"elements\": 0"))
+        .and_then(|w| w.to_discovering())
+        .unwrap_err();
+    assert!(refused.to_string().contains("at least 1"), "{refused}");
+    assert_each_cause_once(&refused);
+
+    struct Broken;
+    impl std::io::Read for Broken {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("the disk is gone"))
+        }
+    }
+    let unread = Workload::from_reader(Broken).unwrap_err();
+    assert!(unread.to_string().contains("the disk is gone"), "{unread}");
+    assert_each_cause_once(&unread);
+}

@@ -39,11 +39,13 @@ pub const WORKSPACE_ALIGNMENT: u64 = 256;
 /// # let mut capturing = discovery.plan(Policy::Generations(1))?.allocate(backend)?;
 /// let mut handle = replay_arena::cuda::cudarc::cublas::CudaBlas::new(stream.cudarc().clone())?;
 /// let cap = capturing.capture(RunnerId(0))?;
-/// let mut ws = cap.take(workspace)?.as_cuda::<u8>(&stream)?;
-/// // SAFETY: the handle is used for this runner's capture only, and is
-/// // dropped or re-bound before the plan is.
-/// unsafe { replay_arena::cublas::bind_workspace(&mut handle, &stream, &mut ws)? };
+/// let ws = cap.take(workspace)?;
 /// cap.stream_capture(&stream, |s| -> replay_arena::Result<()> {
+///     // A typed view works inside its capture's closure, on its stream.
+///     let mut ws = ws.as_cuda::<u8>(s)?;
+///     // SAFETY: the handle is used for this runner's capture only, and is
+///     // dropped or re-bound before the plan is.
+///     unsafe { replay_arena::cublas::bind_workspace(&mut handle, s, &mut ws)? };
 ///     // cuBLAS calls on `handle`: they use `ws`, never allocate.
 ///     Ok(())
 /// })?;
@@ -63,8 +65,9 @@ pub const WORKSPACE_ALIGNMENT: u64 = 256;
 ///
 /// # Errors
 ///
-/// [`BackendError::Refused`] when the workspace's address is not a multiple
-/// of [`WORKSPACE_ALIGNMENT`]; [`BackendError::Cublas`] when cuBLAS refuses
+/// [`BackendError::Refused`] when the workspace has no address on `stream`
+/// (a typed view out of its closure) or its address is not a multiple of
+/// [`WORKSPACE_ALIGNMENT`]; [`BackendError::Cublas`] when cuBLAS refuses
 /// the stream or the workspace.
 pub unsafe fn bind_workspace(
     blas: &mut CudaBlas,
@@ -73,6 +76,18 @@ pub unsafe fn bind_workspace(
 ) -> Result<(), BackendError> {
     let bytes = workspace.len();
     let (ptr, _record) = workspace.device_ptr_mut(stream.cudarc());
+    if ptr == 0 && bytes > 0 {
+        // A typed view out of its closure (or on another stream) hands out
+        // address 0: cuBLAS would get a NULL workspace of `bytes` bytes.
+        return Err(BackendError::Refused {
+            op: "cublasSetWorkspace",
+            reason: format!(
+                "the workspace of {bytes} bytes has no address on this stream (a plan's typed \
+                 view works only inside its own `stream_capture` or `consume` closure, on that \
+                 closure's stream): bind the workspace inside the closure"
+            ),
+        });
+    }
     if ptr % WORKSPACE_ALIGNMENT != 0 {
         return Err(BackendError::Refused {
             op: "cublasSetWorkspace",
