@@ -1,0 +1,411 @@
+//! No safety rests on a destructor: `mem::forget` is safe, so every guard
+//! and phase value a program holds is forgotten here, then the worst next
+//! thing is done (replay a runner sharing the bytes, read a handoff,
+//! consume, re-plan, drop the plan and allocate a new one on the same
+//! backend). Leaking memory is allowed; a hazard, a stale completion or a
+//! freed arena under queued work is not. One guard per test; the table in
+//! `docs/safety.md` ("Forgetting a guard") says what each one leaks.
+//!
+//! Also here: a launch on a stream that is capturing is the crate's typed
+//! error, for replays, unfenced replays and step graphs alike.
+
+use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::{
+    CaptureError, ConsumeError, DType, Discovering, Domain, Error, PlanConfig, Policy, ReplayError,
+    Replayable, Request, RunnerId,
+};
+
+type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
+
+/// Two runners at G = 1 (so they share one arena), each filling its view
+/// with `r + 1` for `duration` ticks; runner 0 also hands a gradient to
+/// runner 1, which adds it into `sink`.
+fn two_runners(
+    sim: &SimBackend,
+    stream: &SimStream,
+    sink: &SimBuffer,
+    duration: u64,
+) -> R<Replayable<SimBackend>> {
+    let mut d = Discovering::new(PlanConfig::new());
+    let h = {
+        let mut a = d.arm(RunnerId(0))?;
+        a.record(REQ)?;
+        a.hand_off(REQ)?
+    };
+    {
+        let mut a = d.arm(RunnerId(1))?;
+        a.record(REQ)?;
+        a.receive(h)?;
+    }
+    let mut capturing = d.plan(Policy::Generations(1))?.allocate(sim.clone())?;
+    {
+        let cap = capturing.capture(RunnerId(0))?;
+        let (v, dx) = (cap.take(REQ)?, cap.hand_off(h)?);
+        cap.stream_capture(stream, |s| {
+            sim.launch(s, SimOp::fill(&v, 1.0), duration)?;
+            sim.launch(s, SimOp::fill(&dx, 10.0), duration)
+        })?;
+        cap.finish()?;
+    }
+    {
+        let cap = capturing.capture(RunnerId(1))?;
+        let (v, dy) = (cap.take(REQ)?, cap.receive(h)?);
+        cap.stream_capture(stream, |s| {
+            sim.launch(s, SimOp::fill(&v, 2.0), duration)?;
+            sim.launch(s, SimOp::add(&dy, sink), duration)
+        })?;
+        cap.finish()?;
+    }
+    Ok(capturing.seal()?)
+}
+
+/// A step graph of runner 0 alone (on `lane`), launched `launches` times
+/// on `launch`, then forgotten.
+fn forget_a_step_of_runner_0(
+    rp: &mut Replayable<SimBackend>,
+    lane: &SimStream,
+    launch: &SimStream,
+    launches: usize,
+) -> R {
+    let mut step = rp.step();
+    step.replay(RunnerId(0), lane)?;
+    let mut graph = step.build()?;
+    for _ in 0..launches {
+        graph.launch(launch)?;
+    }
+    std::mem::forget(graph);
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_step_graph_leaves_a_replay_of_its_bytes_ordered_after_it() -> R {
+    let sim = SimBackend::new();
+    let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 100)?;
+    forget_a_step_of_runner_0(&mut rp, &a, &l, 3)?;
+    // Runner 0's writes are queued on `l`; runner 1 shares the arena.
+    rp.replay(RunnerId(1), &b)?;
+    rp.replay(RunnerId(0), &a)?;
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_step_graph_leaves_a_reader_of_its_handoff_ordered_after_it() -> R {
+    let sim = SimBackend::new();
+    let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 100)?;
+    forget_a_step_of_runner_0(&mut rp, &a, &l, 2)?;
+    // The step wrote the handoff; its reader waits for that write.
+    rp.replay(RunnerId(1), &b)?;
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&sink)?[0], 10.0);
+    // The handoff's state moved with the step: the reader read its write.
+    assert!(matches!(
+        rp.replay(RunnerId(1), &b),
+        Err(ReplayError::HandoffAlreadyRead { .. })
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
+    let sim = SimBackend::new();
+    let (a, side, l) = (sim.stream(), sim.stream(), sim.stream());
+    let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
+    let mut rp = two_runners(&sim, &a, &sink, 100)?;
+    forget_a_step_of_runner_0(&mut rp, &a, &l, 1)?;
+    // Runner 0 was never replayed per runner: the step's launch made it
+    // the owner of its bytes.
+    rp.consume(RunnerId(0), &side, |s, v| {
+        sim.launch(s, SimOp::copy(&v[0], &out), 5)
+    })?;
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&out)?, vec![1.0; 64]);
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_step_graph_counts_its_launches() -> R {
+    let sim = SimBackend::new();
+    let (a, l) = (sim.stream(), sim.stream());
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 1)?;
+    forget_a_step_of_runner_0(&mut rp, &a, &l, 4)?;
+    assert_eq!(rp.fence_stats().step_launches, 4);
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_step_graph_is_waited_for_by_replan_and_the_next_plan_is_race_free() -> R {
+    let sim = SimBackend::new();
+    let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 1_000)?;
+    forget_a_step_of_runner_0(&mut rp, &a, &l, 3)?;
+    let events = sim.live_events();
+    drop(rp.replan()?);
+    // The step graph's completion event is all it leaked.
+    assert_eq!(sim.live_events(), 1, "{events} before the replan");
+    let mut next = two_runners(&sim, &b, &sink, 1)?;
+    next.replay(RunnerId(0), &b)?;
+    next.replay(RunnerId(1), &a)?;
+    next.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    Ok(())
+}
+
+#[test]
+fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
+    let sim = SimBackend::new();
+    let (a, side) = (sim.stream(), sim.stream());
+    let foreign = SimBackend::new().stream();
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 1)?;
+    {
+        let mut step = rp.step();
+        step.replay(RunnerId(0), &a)?;
+        let mut graph = step.build()?;
+        // A stream of another backend: refused, nothing ran.
+        assert!(graph.launch(&foreign).is_err());
+        std::mem::forget(graph);
+    }
+    // The step never ran: runner 0 never wrote its bytes or the handoff.
+    let consumed = rp.consume(RunnerId(0), &side, |_, _| Ok::<(), String>(()));
+    assert!(
+        matches!(
+            consumed,
+            Err(ConsumeError::Replay(ReplayError::NotReplayed { .. }))
+        ),
+        "{consumed:?}"
+    );
+    assert!(matches!(
+        rp.replay(RunnerId(1), &side),
+        Err(ReplayError::HandoffNotWritten { .. })
+    ));
+    assert_eq!(rp.fence_stats().step_launches, 0);
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
+    let sim = SimBackend::new();
+    let (a, b, side) = (sim.stream(), sim.stream(), sim.stream());
+    let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
+    let mut rp = two_runners(&sim, &a, &sink, 50)?;
+    rp.replay(RunnerId(0), &a)?;
+    {
+        let mut step = rp.step();
+        step.replay(RunnerId(1), &b)?;
+        // Captured into the step, never run.
+        step.consume(RunnerId(0), &side, |s, v| {
+            sim.launch(s, SimOp::copy(&v[0], &out), 5)
+        })?;
+        std::mem::forget(step);
+    }
+    assert_eq!(sim.read_f32(&out)?, vec![0.0; 64], "the consumer never ran");
+    rp.replay(RunnerId(1), &b)?;
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&sink)?[0], 10.0);
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R {
+    let sim = SimBackend::new();
+    let stream = sim.stream();
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
+        .plan(Policy::Generations(1))?;
+    let mut capturing = planned.allocate(sim.clone())?;
+    {
+        let cap = capturing.capture(RunnerId(0))?;
+        let v = cap.take(REQ)?;
+        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 9.0), 5))?;
+        std::mem::forget(cap);
+    }
+    // Never finished: seal refuses, and hands the capturing phase back.
+    let refused = capturing.seal().unwrap_err();
+    assert!(
+        matches!(refused.error(), CaptureError::Unfinished { runners } if runners == &[(RunnerId(0), None)]),
+        "{refused}"
+    );
+    let mut capturing = refused.into_capturing();
+    {
+        let cap = capturing.capture(RunnerId(0))?;
+        let v = cap.take(REQ)?;
+        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 1.0), 5))?;
+        cap.finish()?;
+    }
+    let mut rp = capturing.seal()?;
+    rp.replay(RunnerId(0), &stream)?;
+    rp.synchronize()?;
+    // The forgotten graph never ran.
+    assert_eq!(sim.read_f32(&rp.views(RunnerId(0))?[0])?, vec![1.0; 64]);
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_armed_runner_keeps_what_it_recorded() -> R {
+    let mut d = Discovering::new(PlanConfig::new());
+    {
+        let mut armed = d.arm(RunnerId(0))?;
+        armed.record(REQ)?;
+        std::mem::forget(armed);
+    }
+    d.arm(RunnerId(1))?.record(REQ)?;
+    assert_eq!(d.requests(RunnerId(0)), Some(&[REQ][..]));
+    let planned = d.plan(Policy::Generations(2))?;
+    assert_eq!(planned.generation_of(RunnerId(0)), Some(0));
+    assert_eq!(planned.generation_of(RunnerId(1)), Some(1));
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_replayable_leaks_its_arenas_under_queued_work_and_the_next_plan_gets_other_memory(
+) -> R {
+    let sim = SimBackend::new();
+    let (a, b) = (sim.stream(), sim.stream());
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 10_000)?;
+    rp.replay(RunnerId(0), &a)?;
+    rp.replay(RunnerId(1), &b)?;
+    let old = rp.views(RunnerId(0))?[0].device_ptr();
+    let live = sim.live_allocations();
+    std::mem::forget(rp);
+    let mut next = two_runners(&sim, &b, &sink, 1)?;
+    assert_ne!(next.views(RunnerId(0))?[0].device_ptr(), old);
+    next.replay(RunnerId(0), &b)?;
+    next.replay(RunnerId(1), &a)?;
+    next.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    drop(next);
+    assert_eq!(
+        sim.live_allocations(),
+        live,
+        "only the forgotten plan's arenas"
+    );
+    Ok(())
+}
+
+#[test]
+fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
+    let sim = SimBackend::new();
+    let runners = || Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])]);
+    // A failed plan holds the discovery (host data).
+    std::mem::forget(runners()?.plan(Policy::Generations(0)).unwrap_err());
+    // A failed allocation frees what it allocated before handing the plan
+    // back.
+    sim.fail_allocations_after(Some(0));
+    let failed = runners()?
+        .plan(Policy::Generations(1))?
+        .allocate(sim.clone());
+    sim.fail_allocations_after(None);
+    std::mem::forget(failed.unwrap_err());
+    assert_eq!(sim.live_allocations(), 0);
+    // A failed seal holds the capturing phase: its arenas and events leak.
+    let capturing = runners()?
+        .plan(Policy::Generations(1))?
+        .allocate(sim.clone())?;
+    std::mem::forget(capturing.seal().unwrap_err());
+    assert_eq!(sim.live_allocations(), 1);
+    // The backend goes on: a new plan beside the leaked arena.
+    let stream = sim.stream();
+    let mut capturing = runners()?
+        .plan(Policy::Generations(1))?
+        .allocate(sim.clone())?;
+    let cap = capturing.capture(RunnerId(0))?;
+    let v = cap.take(REQ)?;
+    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 3.0), 5))?;
+    cap.finish()?;
+    let mut rp = capturing.seal()?;
+    rp.replay(RunnerId(0), &stream)?;
+    rp.synchronize()?;
+    assert_eq!(sim.read_f32(&rp.views(RunnerId(0))?[0])?, vec![3.0; 64]);
+    Ok(())
+}
+
+// ---- launches on a capturing stream ----------------------------------------------
+
+/// Runs `inside` on a stream while another plan's capture records it.
+fn inside_a_capture(sim: &SimBackend, inside: impl FnOnce(&SimStream)) -> R {
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(7), [REQ])])?
+        .plan(Policy::Generations(1))?;
+    let mut other = planned.allocate(sim.clone())?;
+    let cap = other.capture(RunnerId(7))?;
+    let v = cap.take(REQ)?;
+    let stream = sim.stream();
+    cap.stream_capture(&stream, |s| {
+        inside(s);
+        sim.launch(s, SimOp::fill(&v, 1.0), 1)
+    })?;
+    cap.finish()?;
+    Ok(())
+}
+
+#[test]
+fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
+    let sim = SimBackend::new();
+    let a = sim.stream();
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 1)?;
+    let mut got = None;
+    inside_a_capture(&sim, |s| got = Some(rp.replay(RunnerId(0), s)))?;
+    assert_eq!(
+        got,
+        Some(Err(ReplayError::StreamCapturing {
+            runner: RunnerId(0)
+        }))
+    );
+    // Nothing was enqueued or tracked: runner 0 was never replayed.
+    assert!(matches!(
+        rp.replay(RunnerId(1), &a),
+        Err(ReplayError::HandoffNotWritten { .. })
+    ));
+    Ok(())
+}
+
+#[test]
+fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
+    let sim = SimBackend::new();
+    let a = sim.stream();
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 1)?;
+    let mut got = None;
+    inside_a_capture(&sim, |s| {
+        // SAFETY: nothing else of the plan runs.
+        got = Some(unsafe { rp.replay_unfenced(RunnerId(0), s) });
+    })?;
+    assert_eq!(
+        got,
+        Some(Err(ReplayError::StreamCapturing {
+            runner: RunnerId(0)
+        }))
+    );
+    Ok(())
+}
+
+#[test]
+fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
+    let sim = SimBackend::new();
+    let a = sim.stream();
+    let sink = sim.alloc_f32(64)?;
+    let mut rp = two_runners(&sim, &a, &sink, 1)?;
+    let mut step = rp.step();
+    step.replay(RunnerId(0), &a)?;
+    let mut graph = step.build()?;
+    let mut got = None;
+    inside_a_capture(&sim, |s| got = Some(graph.launch(s)))?;
+    assert_eq!(got, Some(Err(ReplayError::StepOnCapturingStream)));
+    assert_eq!(graph.launches(), 0);
+    let e: Error = got.unwrap().unwrap_err().into();
+    assert!(e.to_string().contains("capturing"), "{e}");
+    Ok(())
+}
