@@ -8,7 +8,8 @@ use std::fmt;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::discover::Discovering;
 use crate::plan::{Planned, RunnerPlan};
-use crate::view::{new_scope_id, retire, NotSend, OpenScope, ScopeKind, View};
+use crate::scope::{new_scope_id, retire, OpenScope, ScopeKind};
+use crate::view::{NotSend, View};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
 /// A failed check while capturing.

@@ -114,6 +114,7 @@ compile_error!(
 // (tests/architecture.rs checks it; docs/architecture.md draws it).
 mod vocab;
 mod view;
+mod scope;
 mod backend;
 mod discover;
 mod painter;

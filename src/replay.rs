@@ -8,7 +8,8 @@ use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::fence::{Fence, FenceStats, NotOwner};
 use crate::plan::Planned;
-use crate::view::{new_scope_id, OpenScope, ScopeKind, StreamBusy, View};
+use crate::scope::{new_scope_id, OpenScope, ScopeKind, StreamBusy};
+use crate::view::View;
 use crate::vocab::{HandoffId, RunnerId};
 
 /// A failed check or backend call while replaying.

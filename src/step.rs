@@ -27,7 +27,8 @@ use crate::painter::Painter;
 use crate::replay::{
     drive_replay, not_owner, open_scope, Book, ConsumeError, ReplayError, Replayable,
 };
-use crate::view::{ScopeKind, View};
+use crate::scope::ScopeKind;
+use crate::view::View;
 use crate::vocab::RunnerId;
 
 /// A step schedule that cannot be compiled.

@@ -1,7 +1,8 @@
 //! The layering of `src/`: each module imports only modules declared before
 //! it in `src/lib.rs` (lowest first), so the phases read one way: vocabulary,
-//! views and backends at the bottom, then discovery, planning, capture, the
-//! fence and replay, with the crate error and `BufferSource` on top.
+//! views, the scope registry and backends at the bottom, then discovery,
+//! planning, capture, the fence and replay, with the crate error and
+//! `BufferSource` on top.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -99,5 +100,9 @@ fn the_phases_are_layered_in_lifecycle_order() {
     assert!(
         at("backend") < at("discover"),
         "backends know nothing of plans"
+    );
+    assert!(
+        at("view") < at("scope") && at("scope") < at("backend"),
+        "the scope registry knows views only; backends check views against it"
     );
 }

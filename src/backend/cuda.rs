@@ -51,7 +51,8 @@ use cudarc::driver::{
 };
 
 use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError, StepNode};
-use crate::view::{check_use, read_only, retired, Scope, ScopeKind, View};
+use crate::scope::{check_use, read_only, retired, Scope, ScopeKind};
+use crate::view::View;
 use crate::vocab::{align_up, DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;

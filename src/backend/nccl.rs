@@ -28,7 +28,8 @@ use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{CudaArena, CudaBackend, Event, Graph, Stream};
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
-use crate::view::{check_use, NotSend, View};
+use crate::scope::check_use;
+use crate::view::{NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;

@@ -38,7 +38,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError, StepNode};
-use crate::view::{capture_on, check_use, View, ViewTag};
+use crate::scope::{capture_on, check_use};
+use crate::view::{View, ViewTag};
 use crate::vocab::{DType, Domain, Request};
 
 type Result<T> = std::result::Result<T, BackendError>;
