@@ -3,13 +3,65 @@
 //! before they put device work on a view. Process-wide (`STREAMS`, the
 //! streams open scopes claim) and per thread (`OPEN`, `SPARE`). A leaf
 //! module: it knows views and the vocabulary only.
+//!
+//! Under `--cfg loom` its locks, atomics, `Arc`s, statics and thread-locals
+//! are loom's, and the `loom_model` tests below explore every interleaving
+//! of a few threads claiming, opening, checking and closing scopes
+//! (`docs/fuzzing.md`).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering as AtomicOrdering;
 
+use self::sync::{Arc, AtomicBool, AtomicU64, Mutex};
 use crate::view::ViewTag;
 use crate::vocab::RunnerId;
+
+/// The registry's synchronization: std's, or loom's models of it under
+/// `--cfg loom`.
+mod sync {
+    #[cfg(loom)]
+    pub(super) use loom::sync::{
+        atomic::{AtomicBool, AtomicU64},
+        Arc, Mutex,
+    };
+    #[cfg(not(loom))]
+    pub(super) use std::sync::{
+        atomic::{AtomicBool, AtomicU64},
+        Arc, Mutex,
+    };
+}
+
+/// Process-wide statics: plain (const-initialized) statics, or loom's
+/// `lazy_static!` under `--cfg loom` (loom's types have no `const fn new`,
+/// and loom gives each explored execution fresh values).
+macro_rules! process_statics {
+    ($($(#[$attr:meta])* static $name:ident: $t:ty = $init:expr;)*) => {
+        $(
+            #[cfg(not(loom))]
+            $(#[$attr])*
+            static $name: $t = $init;
+        )*
+        #[cfg(loom)]
+        loom::lazy_static! {
+            $($(#[$attr])* static ref $name: $t = $init;)*
+        }
+    };
+}
+
+/// Thread-locals: std's `thread_local!` with a `const` initializer, or
+/// loom's `thread_local!` under `--cfg loom`.
+macro_rules! thread_locals {
+    ($($(#[$attr:meta])* static $name:ident: $t:ty = $init:expr;)*) => {
+        #[cfg(not(loom))]
+        std::thread_local! {
+            $($(#[$attr])* static $name: $t = const { $init };)*
+        }
+        #[cfg(loom)]
+        loom::thread_local! {
+            $($(#[$attr])* static $name: $t = $init;)*
+        }
+    };
+}
 
 /// What a scope's closure may do with its views.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +104,10 @@ pub(crate) struct Scope {
     retired: Mutex<Vec<u32>>,
 }
 
+/// A scope as the checks hand it out: what a typed view keeps, and may
+/// check from any thread it is sent to.
+pub(crate) type SharedScope = Arc<Scope>;
+
 impl Scope {
     /// Whether its closure is still running.
     pub(crate) fn is_open(&self) -> bool {
@@ -81,26 +137,29 @@ impl Scope {
     }
 }
 
-thread_local! {
+thread_locals! {
     /// Scopes open on this thread, innermost last.
-    static OPEN: RefCell<Vec<Arc<Scope>>> = const { RefCell::new(Vec::new()) };
+    static OPEN: RefCell<Vec<Arc<Scope>>> = RefCell::new(Vec::new());
     /// Closed scopes nobody holds any more, reused so that opening one
     /// allocates nothing in a steady loop of replays and consumers.
-    static SPARE: RefCell<Vec<Arc<Scope>>> = const { RefCell::new(Vec::new()) };
+    static SPARE: RefCell<Vec<Arc<Scope>>> = RefCell::new(Vec::new());
 }
 
 /// Closed scopes kept for reuse per thread.
 const SPARE_SCOPES: usize = 8;
 
-/// Every open scope's stream, in the whole process: (stream, scope, is a
-/// capture). A capture may not open on a stream a scope of any thread works
-/// on, nor a consumer on a stream a capture records.
-static STREAMS: Mutex<Vec<(u64, u64, bool)>> = Mutex::new(Vec::new());
+process_statics! {
+    /// Every open scope's stream, in the whole process: (stream, scope, is a
+    /// capture). A capture may not open on a stream a scope of any thread
+    /// works on, nor a consumer on a stream a capture records.
+    static STREAMS: Mutex<Vec<(u64, u64, bool)>> = Mutex::new(Vec::new());
+    /// The next scope id.
+    static NEXT_SCOPE_ID: AtomicU64 = AtomicU64::new(1);
+}
 
 /// A new scope id (never 0, never reused).
 pub(crate) fn new_scope_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, AtomicOrdering::Relaxed)
+    NEXT_SCOPE_ID.fetch_add(1, AtomicOrdering::Relaxed)
 }
 
 /// Why a scope could not open on its stream.
@@ -157,7 +216,7 @@ impl OpenScope {
                 s.stream = stream;
                 s.kind = kind;
                 s.runner = runner;
-                *s.open.get_mut() = true;
+                s.open = AtomicBool::new(true);
                 *s.misuse.get_mut().ok()? = None;
                 s.retired.get_mut().ok()?.clear();
                 Some(arc)
@@ -260,7 +319,7 @@ pub(crate) fn read_only(view: &ViewTag) -> String {
 /// # Errors
 ///
 /// Why not (see [`out_of_scope`]) when its closure is not running here.
-pub(crate) fn scope_of(view: &ViewTag) -> Result<Arc<Scope>, String> {
+pub(crate) fn scope_of(view: &ViewTag) -> Result<SharedScope, String> {
     let id = view.scope;
     let found = OPEN
         .try_with(|open| {
@@ -307,7 +366,7 @@ pub(crate) fn retired(view: &ViewTag) -> String {
 /// # Errors
 ///
 /// Why not, naming the view, its runner and the streams.
-pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<Arc<Scope>, String> {
+pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<SharedScope, String> {
     let scope = scope_of(view)?;
     if !scope.in_use(view) {
         return Err(retired(view));
@@ -340,4 +399,323 @@ pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<Arc<
         return Err(read_only(view));
     }
     Ok(scope)
+}
+
+/// Model tests of the registry under every interleaving of two or three
+/// threads (`RUSTFLAGS="--cfg loom" cargo test --lib scope::loom`;
+/// `docs/fuzzing.md`). Each names the property it checks, and the outcomes
+/// the interleavings must reach: a model that never reaches a race fails
+/// too. "Open" means `OpenScope::enter` returned, "closed" that the
+/// `OpenScope` was dropped.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use std::collections::BTreeSet;
+    use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+    use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
+
+    use loom::sync::atomic::{AtomicBool as Flag, AtomicUsize};
+    use loom::thread;
+
+    use super::*;
+    use crate::vocab::{DType, Domain, Request};
+
+    const STREAM_A: u64 = 1;
+    const STREAM_B: u64 = 2;
+    const RUNNER: RunnerId = RunnerId(3);
+
+    /// Explores every interleaving of `f` (up to `LOOM_MAX_PREEMPTIONS`
+    /// preemptions per execution when that is set) and checks that the
+    /// outcomes `f` names, over all of them, are exactly `expected`.
+    fn model(expected: &[&str], f: impl Fn() -> String + Sync + Send + 'static) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+        let record = seen.clone();
+        loom::model::Builder::new().check(move || {
+            let outcome = f();
+            record.lock().unwrap().insert(outcome);
+        });
+        let expected: BTreeSet<String> = expected.iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            expected,
+            "outcomes over all interleavings"
+        );
+    }
+
+    /// A view of scope `scope`, as a backend sees it.
+    fn tag(scope: u64) -> ViewTag {
+        ViewTag {
+            scope,
+            request: Request::new(Domain::Device, DType::F32, 1),
+            runner: RUNNER,
+            read_only: false,
+            handoff: None,
+        }
+    }
+
+    /// Opens a new scope of `kind` on `stream` on this thread.
+    fn open(stream: u64, kind: ScopeKind) -> Result<(u64, OpenScope), StreamBusy> {
+        let id = new_scope_id();
+        OpenScope::enter(id, stream, kind, RUNNER).map(|scope| (id, scope))
+    }
+
+    /// Opens a scope of `kind` on `stream` and, while it is open, checks
+    /// that no other scope counted in `inside` is (the caller counts the
+    /// scopes that may not share the stream) and that its own view works.
+    /// `Ok` when it opened, else why not.
+    fn open_alone(stream: u64, kind: ScopeKind, inside: &AtomicUsize) -> Result<(), StreamBusy> {
+        let (id, scope) = open(stream, kind)?;
+        assert_eq!(
+            inside.fetch_add(1, SeqCst),
+            0,
+            "two scopes that may not share stream {stream} are open at once"
+        );
+        assert!(check_use(&tag(id), stream, kind != ScopeKind::Read).is_ok());
+        inside.fetch_sub(1, SeqCst);
+        drop(scope);
+        Ok(())
+    }
+
+    #[test]
+    fn two_captures_on_one_stream_are_never_open_at_once() {
+        let expected = [
+            "both, one after the other",
+            "mine refused",
+            "theirs refused",
+        ];
+        model(&expected, || {
+            let inside = Arc::new(AtomicUsize::new(0));
+            let other = {
+                let inside = inside.clone();
+                thread::spawn(move || open_alone(STREAM_A, ScopeKind::Capture, &inside))
+            };
+            let mine = open_alone(STREAM_A, ScopeKind::Capture, &inside);
+            let theirs = other.join().unwrap();
+            assert!(
+                open(STREAM_A, ScopeKind::Capture).is_ok(),
+                "claim left behind"
+            );
+            match (mine, theirs) {
+                (Ok(()), Ok(())) => "both, one after the other",
+                (Err(StreamBusy::InUse), Ok(())) => "mine refused",
+                (Ok(()), Err(StreamBusy::InUse)) => "theirs refused",
+                other => panic!("{other:?}"),
+            }
+            .to_string()
+        });
+    }
+
+    #[test]
+    fn a_capture_and_a_consumer_racing_for_one_stream_exclude_each_other() {
+        let expected = [
+            "both, one after the other",
+            "the capture refused: InUse",
+            "the consumer refused: Capturing",
+        ];
+        model(&expected, || {
+            let inside = Arc::new(AtomicUsize::new(0));
+            let consumer = {
+                let inside = inside.clone();
+                thread::spawn(move || open_alone(STREAM_A, ScopeKind::Read, &inside))
+            };
+            let capture = open_alone(STREAM_A, ScopeKind::Capture, &inside);
+            let consumer = consumer.join().unwrap();
+            assert!(
+                open(STREAM_A, ScopeKind::Capture).is_ok(),
+                "claim left behind"
+            );
+            match (capture, consumer) {
+                (Ok(()), Ok(())) => "both, one after the other",
+                (Err(StreamBusy::InUse), Ok(())) => "the capture refused: InUse",
+                (Ok(()), Err(StreamBusy::Capturing)) => "the consumer refused: Capturing",
+                other => panic!("{other:?}"),
+            }
+            .to_string()
+        });
+    }
+
+    #[test]
+    fn consumers_share_a_stream_and_a_capture_on_another_stream_opens_beside_them() {
+        model(&["all three open"], || {
+            let reader = thread::spawn(|| {
+                let (id, _scope) = open(STREAM_A, ScopeKind::Read).unwrap();
+                assert!(check_use(&tag(id), STREAM_A, false).is_ok());
+            });
+            let capture = thread::spawn(|| {
+                let (id, _scope) = open(STREAM_B, ScopeKind::Capture).unwrap();
+                assert!(check_use(&tag(id), STREAM_B, true).is_ok());
+                assert_eq!(capture_on(STREAM_B), Some((id, RUNNER)));
+            });
+            let (id, _scope) = open(STREAM_A, ScopeKind::Write).unwrap();
+            assert!(check_use(&tag(id), STREAM_A, true).is_ok());
+            assert_eq!(capture_on(STREAM_A), None);
+            reader.join().unwrap();
+            capture.join().unwrap();
+            "all three open".to_string()
+        });
+    }
+
+    #[test]
+    fn a_view_works_only_on_its_own_thread_while_its_scope_is_open() {
+        let expected = [
+            "refused beside the other thread's own capture",
+            "the other thread's capture refused: InUse",
+        ];
+        model(&expected, || {
+            let (id, scope) = open(STREAM_A, ScopeKind::Capture).unwrap();
+            let view = tag(id);
+            let other = thread::spawn(move || {
+                // The view, copied to another thread, works there in no
+                // scope: not in that thread's own capture on the same
+                // stream either (once the first one closed).
+                let refused = |when: &str| {
+                    assert!(scope_of(&view).is_err(), "{when}: scope_of");
+                    assert!(
+                        check_use(&view, STREAM_A, false).is_err(),
+                        "{when}: check_use"
+                    );
+                    assert!(!retire(id, 0), "{when}: retire");
+                };
+                refused("in no scope");
+                assert_eq!(capture_on(STREAM_A), None);
+                match open(STREAM_A, ScopeKind::Capture) {
+                    Ok((own, _scope)) => {
+                        assert!(check_use(&tag(own), STREAM_A, true).is_ok());
+                        refused("beside its own capture");
+                        "refused beside the other thread's own capture"
+                    }
+                    Err(StreamBusy::InUse) => "the other thread's capture refused: InUse",
+                    Err(busy) => panic!("{busy:?}"),
+                }
+            });
+            assert!(check_use(&view, STREAM_A, true).is_ok());
+            assert!(check_use(&view, STREAM_B, false).is_err(), "another stream");
+            assert_eq!(capture_on(STREAM_A), Some((id, RUNNER)));
+            assert!(retire(id, 7));
+            let handoff = ViewTag {
+                handoff: Some(7),
+                ..view
+            };
+            assert!(check_use(&handoff, STREAM_A, false).is_err(), "retired");
+            drop(scope);
+            assert!(scope_of(&view).is_err(), "closed");
+            assert!(check_use(&view, STREAM_A, false).is_err(), "closed");
+            assert_eq!(capture_on(STREAM_A), None);
+            assert!(!retire(id, 8), "closed");
+            other.join().unwrap().to_string()
+        });
+    }
+
+    #[test]
+    fn a_thread_that_panics_inside_its_scope_releases_the_stream() {
+        let expected = [
+            "opened after the panic",
+            "opened before the panicking thread's capture",
+            "refused while the panicking thread's capture was open",
+        ];
+        model(&expected, || {
+            let other = thread::spawn(|| {
+                let id = new_scope_id();
+                let unwound = catch_unwind(AssertUnwindSafe(|| {
+                    if let Ok(_scope) = OpenScope::enter(id, STREAM_A, ScopeKind::Capture, RUNNER) {
+                        // `resume_unwind`: a panic that skips the hook
+                        // (thousands of interleavings would print it).
+                        resume_unwind(Box::new("the work closure panicked"));
+                    }
+                }));
+                assert!(scope_of(&tag(id)).is_err(), "open after unwinding");
+                assert_eq!(capture_on(STREAM_A), None);
+                unwound.is_err()
+            });
+            let mine = open(STREAM_A, ScopeKind::Capture).map(|_| ());
+            let panicked = other.join().unwrap();
+            let (id, _scope) = open(STREAM_A, ScopeKind::Capture).expect("claim left behind");
+            assert!(check_use(&tag(id), STREAM_A, true).is_ok());
+            match (mine, panicked) {
+                (Ok(()), true) => "opened after the panic",
+                (Ok(()), false) => "opened before the panicking thread's capture",
+                (Err(StreamBusy::InUse), true) => {
+                    "refused while the panicking thread's capture was open"
+                }
+                other => panic!("{other:?}"),
+            }
+            .to_string()
+        });
+    }
+
+    #[test]
+    fn a_closed_scope_a_typed_view_holds_never_reads_open_again_nor_is_reused() {
+        let expected = [
+            "read closed; reopened on a fresh scope",
+            "read closed; reopened on the spare scope",
+            "read open; reopened on a fresh scope",
+            "read open; reopened on the spare scope",
+        ];
+        model(&expected, || {
+            let (id, scope) = open(STREAM_A, ScopeKind::Capture).unwrap();
+            // What a typed view keeps: the scope itself, which it checks
+            // from any thread it is sent to.
+            let held = check_use(&tag(id), STREAM_A, true).unwrap();
+            let held_at = Arc::as_ptr(&held) as usize;
+            let closed = Arc::new(Flag::new(false));
+            let released = Arc::new(Flag::new(false));
+            let holder = {
+                let (closed, released) = (closed.clone(), released.clone());
+                thread::spawn(move || {
+                    let saw_closed = closed.load(Acquire);
+                    let first = held.is_open();
+                    let second = held.is_open();
+                    assert!(!(saw_closed && first), "reads open after its close");
+                    assert!(first || !second, "read closed, then open again");
+                    assert_eq!((held.id, held.stream), (id, STREAM_A), "reused while held");
+                    released.store(true, Release);
+                    drop(held);
+                    first
+                })
+            };
+            drop(scope);
+            closed.store(true, Release);
+            // Reopening on this thread takes the spare scope only once no
+            // view holds it.
+            let (again, reopened) = open(STREAM_A, ScopeKind::Capture).unwrap();
+            let reused = std::ptr::from_ref(reopened.scope()) as usize == held_at;
+            if reused {
+                assert!(released.load(Acquire), "spare reused while a view held it");
+            }
+            assert!(check_use(&tag(again), STREAM_A, true).is_ok());
+            assert!(check_use(&tag(id), STREAM_A, true).is_err());
+            let read_open = holder.join().unwrap();
+            format!(
+                "read {}; reopened on {}",
+                if read_open { "open" } else { "closed" },
+                if reused {
+                    "the spare scope"
+                } else {
+                    "a fresh scope"
+                }
+            )
+        });
+    }
+
+    #[test]
+    fn a_capture_claims_a_stream_only_once_its_consumers_read_closed() {
+        let expected = [
+            "the capture opened after the close",
+            "the capture refused: InUse",
+        ];
+        model(&expected, || {
+            let (id, scope) = open(STREAM_A, ScopeKind::Read).unwrap();
+            let held = check_use(&tag(id), STREAM_A, false).unwrap();
+            let capture = thread::spawn(move || match open(STREAM_A, ScopeKind::Capture) {
+                Ok((own, _scope)) => {
+                    assert!(!held.is_open(), "a consumer still open beside a capture");
+                    assert!(check_use(&tag(own), STREAM_A, true).is_ok());
+                    "the capture opened after the close"
+                }
+                Err(StreamBusy::InUse) => "the capture refused: InUse",
+                Err(busy) => panic!("{busy:?}"),
+            });
+            drop(scope);
+            capture.join().unwrap().to_string()
+        });
+    }
 }

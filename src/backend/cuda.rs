@@ -51,7 +51,7 @@ use cudarc::driver::{
 };
 
 use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError, StepNode};
-use crate::scope::{check_use, read_only, retired, Scope, ScopeKind};
+use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};
 use crate::view::View;
 use crate::vocab::{align_up, DType, Domain, GroupId};
 
@@ -1333,7 +1333,7 @@ pub struct TypedView<'a, T> {
     /// For the per-thread default stream: the thread whose stream it is.
     per_thread: Option<u64>,
     /// The capture or consumer whose closure may use it.
-    scope: Arc<Scope>,
+    scope: SharedScope,
     _view: PhantomData<&'a [T]>,
 }
 
