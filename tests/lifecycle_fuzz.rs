@@ -164,7 +164,7 @@ enum Step {
     /// Every captured runner, in capture order on its capture stream, as a
     /// step graph launched `launches` times on `stream`, then dropped or
     /// forgotten (`mem::forget`): the fence goes on after it either way.
-    StepGraph {
+    LaunchStepGraph {
         launches: usize,
         stream: usize,
         forget: bool,
@@ -260,7 +260,7 @@ fn step(runners: usize) -> impl Strategy<Value = Step> {
         1 => (0..STREAMS).prop_map(|stream| Step::NewStream { stream }),
         1 => (0..runners).prop_map(|runner| Step::ReplayRefused { runner }),
         2 => (0usize..4, 0..STREAMS, any::<bool>())
-            .prop_map(|(launches, stream, forget)| Step::StepGraph { launches, stream, forget }),
+            .prop_map(|(launches, stream, forget)| Step::LaunchStepGraph { launches, stream, forget }),
     ]
 }
 
@@ -693,7 +693,7 @@ fn run_round(
                 let fresh = rig.sim.stream();
                 rig.streams.borrow_mut()[stream] = fresh;
             }
-            Step::StepGraph {
+            Step::LaunchStepGraph {
                 launches,
                 stream,
                 forget,
