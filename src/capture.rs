@@ -2,6 +2,7 @@
 //! fixed-address views in the order discovery recorded them, captures its
 //! graph, and must take exactly what discovery recorded.
 
+use crate::failed::Failed;
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
@@ -262,38 +263,12 @@ pub(crate) struct Resources<B: Backend> {
 /// A failed [`Planned::allocate`]: the backend's error, and the plan back
 /// (whatever was allocated is freed), to allocate again (after freeing
 /// memory, or on another device) without planning again.
-#[derive(Debug)]
-pub struct AllocateFailed {
-    error: BackendError,
-    planned: Box<Planned>,
-}
+pub type AllocateFailed = Failed<BackendError, Planned>;
 
-impl AllocateFailed {
-    /// Why allocation failed.
-    pub fn error(&self) -> &BackendError {
-        &self.error
-    }
-
-    /// The reason alone (the plan is dropped).
-    pub fn into_error(self) -> BackendError {
-        self.error
-    }
-
-    /// The plan, as it was.
+impl<E> Failed<E, Planned> {
+    /// The plan, as it was, to allocate again.
     pub fn into_planned(self) -> Planned {
-        *self.planned
-    }
-}
-
-impl fmt::Display for AllocateFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl std::error::Error for AllocateFailed {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
+        self.into_input()
     }
 }
 
@@ -318,10 +293,7 @@ impl Planned {
                 plan: self,
                 res,
             }),
-            Err(error) => Err(AllocateFailed {
-                error,
-                planned: Box::new(self),
-            }),
+            Err(error) => Err(Failed::new(error, self)),
         }
     }
 }

@@ -8,11 +8,12 @@
 //! `anyhow::Error`); [`from_errors!`](crate::from_errors) lets a program's
 //! own error type take all of them with `?`.
 
-use crate::backend::{Backend, BackendError};
-use crate::capture::{AllocateFailed, CaptureError, StreamCaptureError};
+use crate::backend::BackendError;
+use crate::capture::{CaptureError, StreamCaptureError};
 use crate::discover::DiscoveryError;
-use crate::plan::{PlanError, PlanFailed};
-use crate::replay::{ConsumeError, ReplayError, SealError};
+use crate::failed::Failed;
+use crate::plan::PlanError;
+use crate::replay::{ConsumeError, ReplayError};
 use crate::step::StepError;
 use crate::view::SliceError;
 
@@ -110,24 +111,14 @@ impl From<cudarc::cublas::result::CublasError> for Error {
     }
 }
 
-impl From<PlanFailed> for Error {
-    /// Keeps the reason; the discovery inside is dropped.
-    fn from(e: PlanFailed) -> Error {
-        Error::Plan(e.into_error())
-    }
-}
-
-impl From<AllocateFailed> for Error {
-    /// Keeps the reason; the plan inside is dropped.
-    fn from(e: AllocateFailed) -> Error {
-        Error::Backend(e.into_error())
-    }
-}
-
-impl<B: Backend> From<SealError<B>> for Error {
-    /// Keeps the reason; the `Capturing` inside is dropped (freed).
-    fn from(e: SealError<B>) -> Error {
-        Error::Capture(e.into_error())
+impl<E, T> From<Failed<E, T>> for Error
+where
+    Error: From<E>,
+{
+    /// Keeps the reason; the input inside (a discovery, a plan, a
+    /// `Capturing`, whose arenas are freed) is dropped.
+    fn from(e: Failed<E, T>) -> Error {
+        Error::from(e.into_error())
     }
 }
 
@@ -205,8 +196,15 @@ macro_rules! from_errors {
         $crate::from_errors!(@via $ty: $crate::StepError);
         $crate::from_errors!(@via $ty: $crate::BackendError);
         $crate::from_errors!(@via $ty: $crate::SliceError);
-        $crate::from_errors!(@via $ty: $crate::PlanFailed);
-        $crate::from_errors!(@via $ty: $crate::AllocateFailed);
+
+        impl<E, T> ::core::convert::From<$crate::Failed<E, T>> for $ty
+        where
+            $crate::Error: ::core::convert::From<E>,
+        {
+            fn from(e: $crate::Failed<E, T>) -> Self {
+                <$ty as ::core::convert::From<$crate::Error>>::from(e.into_error().into())
+            }
+        }
 
         impl<E> ::core::convert::From<$crate::StreamCaptureError<E>> for $ty
         where
@@ -238,10 +236,5 @@ macro_rules! from_errors {
             }
         }
 
-        impl<B: $crate::Backend> ::core::convert::From<$crate::SealError<B>> for $ty {
-            fn from(e: $crate::SealError<B>) -> Self {
-                <$ty as ::core::convert::From<$crate::Error>>::from(e.into_error().into())
-            }
-        }
     };
 }

@@ -113,6 +113,7 @@ compile_error!(
 // Layers, lowest first: each module imports only modules listed before it
 // (tests/architecture.rs checks it; docs/architecture.md draws it).
 mod vocab;
+mod failed;
 mod view;
 mod scope;
 mod backend;
@@ -152,6 +153,7 @@ pub use capture::{
 };
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
 pub use error::{Error, Result};
+pub use failed::Failed;
 pub use fence::FenceStats;
 pub use plan::{
     ArenaPlan, HandoffInfo, Placement, PlanError, PlanFailed, Planned, Policy, Slice, Strategy,

@@ -1,6 +1,7 @@
 //! Phase 2: [`Planned`]. Generations (or packed offsets), arena sizes, fence
 //! claims, a report and a fingerprint.
 
+use crate::failed::Failed;
 use std::collections::HashMap;
 use std::fmt;
 
@@ -42,38 +43,12 @@ fn describe_largest(largest: &[(RunnerId, u64)]) -> String {
 
 /// A failed [`Discovering::plan`]: why, and the discovery back, so a second
 /// try (fewer generations, another placement) needs no second eager run.
-#[derive(Debug)]
-pub struct PlanFailed {
-    error: PlanError,
-    discovering: Box<Discovering>,
-}
+pub type PlanFailed = Failed<PlanError, Discovering>;
 
-impl PlanFailed {
-    /// Why planning failed.
-    pub fn error(&self) -> &PlanError {
-        &self.error
-    }
-
-    /// The reason alone (the discovery is dropped).
-    pub fn into_error(self) -> PlanError {
-        self.error
-    }
-
+impl<E> Failed<E, Discovering> {
     /// The discovery, as it was, to plan again.
     pub fn into_discovering(self) -> Discovering {
-        *self.discovering
-    }
-}
-
-impl fmt::Display for PlanFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl std::error::Error for PlanFailed {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
+        self.into_input()
     }
 }
 
@@ -109,10 +84,7 @@ impl Discovering {
                 // The records come back unchanged: the discovery is as it was.
                 discovering.runners = records;
                 discovering.handoffs = handoffs;
-                PlanFailed {
-                    error,
-                    discovering: Box::new(discovering),
-                }
+                Failed::new(error, discovering)
             },
         )
     }

@@ -1,6 +1,7 @@
 //! Phase 4: [`Replayable`]. The public API over the fence (`fence.rs`):
 //! replay, consume, views, teardown.
 
+use crate::failed::Failed;
 use std::fmt;
 
 use crate::backend::{Arena, Backend, BackendError};
@@ -164,87 +165,27 @@ pub enum ConsumeError<E> {
 /// # drop(discovery);
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
-pub struct SealError<B: Backend> {
-    error: CaptureError,
-    capturing: Exclusive<Capturing<B>>,
-}
+pub type SealError<B> = Failed<CaptureError, Capturing<B>>;
 
-impl<B: Backend> SealError<B> {
-    /// Why sealing failed: always [`CaptureError::Unfinished`].
-    pub fn error(&self) -> &CaptureError {
-        &self.error
-    }
-
-    /// The plan, as it was, to capture what is missing.
+impl<E, B: Backend> Failed<E, Capturing<B>> {
+    /// The `Capturing` in place, to capture what is missing before taking
+    /// it back.
     pub fn capturing_mut(&mut self) -> &mut Capturing<B> {
-        self.capturing.get_mut()
+        self.input_mut()
     }
 
-    /// The plan, as it was (the reason is dropped).
+    /// The `Capturing`, to capture what is missing and seal again, or to
+    /// [`Capturing::replan`].
     pub fn into_capturing(self) -> Capturing<B> {
-        self.capturing.into_inner()
-    }
-
-    /// The reason, dropping the plan (its arenas and graphs are freed).
-    pub fn into_error(self) -> CaptureError {
-        self.error
-    }
-
-    /// The reason and the plan.
-    pub fn into_parts(self) -> (CaptureError, Capturing<B>) {
-        (self.error, self.capturing.into_inner())
+        self.into_input()
     }
 }
 
-impl<B: Backend> From<SealError<B>> for CaptureError {
-    /// Keeps the reason; the `Capturing` inside is dropped (freed).
-    fn from(e: SealError<B>) -> CaptureError {
+impl<T> From<Failed<CaptureError, T>> for CaptureError {
+    /// Keeps the reason; the input is dropped (a `Capturing` frees its
+    /// arenas).
+    fn from(e: Failed<CaptureError, T>) -> CaptureError {
         e.into_error()
-    }
-}
-
-/// Holds a value that is reached only through `&mut self` or by value, never
-/// through `&self`, so sharing a reference to the holder shares nothing
-/// (the `Exclusive` pattern of std's unstable `std::sync::Exclusive` and the
-/// `sync_wrapper` crate). It lets a [`SealError`] be `Sync`, as error
-/// handling (`anyhow`, `Box<dyn Error + Send + Sync>`) needs, while the
-/// `Capturing` inside is not.
-struct Exclusive<T>(T);
-
-impl<T> Exclusive<T> {
-    fn get_mut(&mut self) -> &mut T {
-        &mut self.0
-    }
-
-    fn into_inner(self) -> T {
-        self.0
-    }
-}
-
-// SAFETY: a `&Exclusive<T>` gives no access to the `T` (no method takes
-// `&self`, the field is private and no trait is implemented), so sharing it
-// between threads shares nothing; moving the `T` between threads still needs
-// `T: Send`.
-unsafe impl<T: Send> Sync for Exclusive<T> {}
-
-impl<B: Backend> fmt::Debug for SealError<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The `Capturing` is not reachable through `&self` (see `Exclusive`).
-        f.debug_struct("SealError")
-            .field("error", &self.error)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<B: Backend> fmt::Display for SealError<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl<B: Backend> std::error::Error for SealError<B> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.error.source()
     }
 }
 
@@ -273,10 +214,7 @@ impl<B: Backend> Capturing<B> {
             })
             .collect();
         if !runners.is_empty() {
-            return Err(SealError {
-                error: CaptureError::Unfinished { runners },
-                capturing: Exclusive(self),
-            });
+            return Err(Failed::new(CaptureError::Unfinished { runners }, self));
         }
         let Capturing {
             slots,

@@ -1013,3 +1013,37 @@ fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
         assert_each_cause_once(err.as_ref());
     }
 }
+
+#[test]
+fn failed_transitions_print_their_reason_once_in_an_error_chain() {
+    let discovery = || Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [F32_64])]);
+    let plan_failed = discovery()
+        .unwrap()
+        .plan(Policy::Generations(0))
+        .unwrap_err();
+    let sim = SimBackend::new();
+    sim.fail_allocations_after(Some(0));
+    let allocate_failed = discovery()
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap_err();
+    sim.fail_allocations_after(None);
+    let seal_failed = discovery()
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap()
+        .seal()
+        .unwrap_err();
+    assert_mentions(&plan_failed, &["zero"]);
+    assert_mentions(&seal_failed, &["runner 0 was never captured"]);
+    assert_each_cause_once(&plan_failed);
+    assert_each_cause_once(&replay_arena::Error::from(plan_failed));
+    assert_each_cause_once(&allocate_failed);
+    assert_each_cause_once(&replay_arena::Error::from(allocate_failed));
+    assert_each_cause_once(&seal_failed);
+    assert_each_cause_once(&replay_arena::Error::from(seal_failed));
+}
