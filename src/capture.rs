@@ -2,14 +2,14 @@
 //! fixed-address views in the order discovery recorded them, captures its
 //! graph, and must take exactly what discovery recorded.
 
-use crate::failed::Failed;
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
 use crate::discover::Discovering;
+use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
-use crate::scope::{new_scope_id, retire, OpenScope, ScopeKind};
+use crate::scope::{new_scope_id, retire, OpenScope, ScopeKind, StreamBusy};
 use crate::view::{NotSend, View};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
@@ -517,26 +517,84 @@ impl<B: Backend> fmt::Debug for RunnerCapture<'_, B> {
     }
 }
 
-/// An open stream capture while the work closure runs: if the closure
-/// unwinds, dropping it ends and discards the capture and marks the runner
-/// failed, so the stream is never left capturing.
-struct OpenCapture<'a, B: Backend> {
-    backend: &'a B,
-    stream: &'a B::Stream,
-    failure: &'a RefCell<Option<CaptureFailure>>,
-    in_closure: &'a Cell<bool>,
-    armed: bool,
+/// Why [`capture_work`] captured no graph.
+pub(crate) enum Uncaptured<E> {
+    /// Another scope of any thread works on the stream (nothing begun).
+    Busy(StreamBusy),
+    /// The backend could not begin the capture (nothing begun).
+    Begin(BackendError),
+    /// The work closure failed; the capture was aborted.
+    Work(E),
+    /// The work used a view where the fence cannot order it; the capture
+    /// was aborted.
+    Misuse(String),
+    /// The backend could not end the capture.
+    End(BackendError),
 }
 
-impl<B: Backend> Drop for OpenCapture<'_, B> {
+/// The one stream capture of a closure's work, for a runner's graph and a
+/// step graph's consumer alike. It claims the stream (id `sid`) for scope
+/// `scope` first: no other capture or consumer of any thread works on it
+/// until the capture has ended. Then it begins the capture, runs `work`
+/// with the scope open (its views work on the device only there), closes
+/// the scope for the views, and ends the capture, or aborts it when `work`
+/// failed or misused a view. If `work` unwinds, the capture is aborted and
+/// `unwound` runs, before the stream is given up.
+pub(crate) fn capture_work<B: Backend, T, E>(
+    backend: &B,
+    stream: &B::Stream,
+    (sid, scope, runner): (u64, u64, RunnerId),
+    unwound: impl FnOnce(),
+    work: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<(T, B::Graph), Uncaptured<E>> {
+    let claim =
+        OpenScope::enter(scope, sid, ScopeKind::Capture, runner).map_err(Uncaptured::Busy)?;
+    backend.begin_capture(stream).map_err(Uncaptured::Begin)?;
+    let mut guard = AbortOnUnwind {
+        backend,
+        stream,
+        unwound: Some(unwound),
+    };
+    let out = work();
+    let misuse = claim.scope().take_misuse();
+    claim.close_views();
+    guard.unwound = None;
+    let abort = || {
+        // SAFETY: the capture this call began on `stream`.
+        unsafe { backend.abort_capture(stream) }
+    };
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => {
+            abort();
+            return Err(Uncaptured::Work(e));
+        }
+    };
+    if let Some(reason) = misuse {
+        abort();
+        return Err(Uncaptured::Misuse(reason));
+    }
+    // SAFETY: the capture this call began (if the work ended it, this fails).
+    let graph = unsafe { backend.end_capture(stream) }.map_err(Uncaptured::End)?;
+    drop(claim);
+    Ok((out, graph))
+}
+
+/// Aborts the stream capture [`capture_work`] began when its work unwinds
+/// (then runs `unwound`); disarmed once the work returned. Declared after
+/// the stream's claim, so it runs before the claim is given up.
+struct AbortOnUnwind<'a, B: Backend, F: FnOnce()> {
+    backend: &'a B,
+    stream: &'a B::Stream,
+    unwound: Option<F>,
+}
+
+impl<B: Backend, F: FnOnce()> Drop for AbortOnUnwind<'_, B, F> {
     fn drop(&mut self) {
-        if self.armed {
-            self.in_closure.set(false);
-            // SAFETY: the capture `stream_capture` began on this stream.
+        if let Some(unwound) = self.unwound.take() {
+            // SAFETY: the capture `capture_work` began on this stream.
             unsafe { self.backend.abort_capture(self.stream) };
-            if let Ok(mut f) = self.failure.try_borrow_mut() {
-                *f = Some(CaptureFailure::Panicked);
-            }
+            unwound();
         }
     }
 }
@@ -783,53 +841,46 @@ impl<B: Backend> RunnerCapture<'_, B> {
         let sid = backend.stream_id(stream);
         // The views of this capture work on the device only while the
         // closure runs, on `stream`; and no consumer or capture of any
-        // thread may work on `stream` meanwhile (its work would be recorded
-        // into this graph).
-        let Ok(scope) = OpenScope::enter(self.scope, sid, ScopeKind::Capture, runner) else {
-            return Err(CaptureError::StreamInUse { runner }.into());
-        };
-        if let Err(error) = backend.begin_capture(stream) {
-            // The stream was never put in capture mode: nothing is lost.
-            return Err(CaptureError::Backend { runner, error }.into());
-        }
-        let mut open = OpenCapture {
+        // thread may work on `stream` until the capture ended (its work
+        // would be recorded into this graph).
+        let captured = capture_work(
             backend,
             stream,
-            failure: &self.failure,
-            in_closure: &self.in_closure,
-            armed: true,
-        };
-        self.in_closure.set(true);
-        self.stream.set(Some(sid));
-        let result = work(stream).map(|()| scope.scope().take_misuse());
-        drop(scope);
-        self.in_closure.set(false);
-        self.stream.set(None);
-        open.armed = false;
-        let misuse = match result {
-            Err(e) => {
-                // SAFETY: the capture this call began.
-                unsafe { backend.abort_capture(stream) };
-                fail(CaptureFailure::Work(e.to_string()));
-                return Err(StreamCaptureError::Work(e));
-            }
-            Ok(misuse) => misuse,
-        };
-        if let Some(reason) = misuse {
-            // SAFETY: the capture this call began.
-            unsafe { backend.abort_capture(stream) };
-            let error = CaptureError::ViewOutOfScope { runner, reason };
-            fail(CaptureFailure::Check(Box::new(error.clone())));
-            return Err(error.into());
-        }
-        // SAFETY: the capture this call began (if the closure ended it, this
-        // fails and the runner is failed).
-        match unsafe { backend.end_capture(stream) } {
-            Ok(graph) => {
+            (sid, self.scope, runner),
+            || {
+                self.in_closure.set(false);
+                self.stream.set(None);
+                if let Ok(mut f) = self.failure.try_borrow_mut() {
+                    *f = Some(CaptureFailure::Panicked);
+                }
+            },
+            || {
+                self.in_closure.set(true);
+                self.stream.set(Some(sid));
+                let out = work(stream);
+                self.in_closure.set(false);
+                self.stream.set(None);
+                out
+            },
+        );
+        match captured {
+            Ok(((), graph)) => {
                 *self.graph.borrow_mut() = Some(graph);
                 Ok(())
             }
-            Err(error) => {
+            // Nothing was begun: nothing is lost.
+            Err(Uncaptured::Busy(_)) => Err(CaptureError::StreamInUse { runner }.into()),
+            Err(Uncaptured::Begin(error)) => Err(CaptureError::Backend { runner, error }.into()),
+            Err(Uncaptured::Work(e)) => {
+                fail(CaptureFailure::Work(e.to_string()));
+                Err(StreamCaptureError::Work(e))
+            }
+            Err(Uncaptured::Misuse(reason)) => {
+                let error = CaptureError::ViewOutOfScope { runner, reason };
+                fail(CaptureFailure::Check(Box::new(error.clone())));
+                Err(error.into())
+            }
+            Err(Uncaptured::End(error)) => {
                 let error = CaptureError::Backend { runner, error };
                 fail(CaptureFailure::Check(Box::new(error.clone())));
                 Err(error.into())

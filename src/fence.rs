@@ -1,7 +1,10 @@
-//! The replay fence: who last used which bytes, where each runner's latest
-//! replay or consumer completes, and the events that make other streams
-//! wait for it. [`Fence`] owns all of it; `replay.rs` is the public API
-//! over it.
+//! The replay engine: who last used which bytes, where each runner's
+//! latest replay or consumer completes, each handoff's writes and reads,
+//! and the events that make other streams wait. [`Fence`] owns all of it
+//! and does every replay and consumer of a plan ([`Fence::replay`],
+//! [`Fence::consume`]), for `Replayable` and for the tracer a step graph
+//! is compiled on alike; `replay.rs` and `step.rs` are the public API over
+//! it.
 //!
 //! Every buffer-using runner claims byte ranges (the whole of its generation
 //! under round-robin placement; its slices under packed placement) and owns
@@ -16,13 +19,17 @@
 //! Each latest user waited for the one before it, so waiting for the latest
 //! user of a byte waits for every earlier one: no arena byte is overwritten
 //! while a replay that uses it is in flight. A consumer
-//! ([`Fence::consume_begin`], [`Fence::consume_end`]) reads a runner's bytes
-//! outside its graph: it waits for the runner's replay only, and becomes a
+//! ([`Fence::consume`]) reads a runner's bytes outside its graph: it waits
+//! for the runner's replay only, and becomes a
 //! *reader* of the runner (one per consumer stream, with its own event,
 //! recorded right after the consumer's work): consumers on different
 //! streams run at once, and every later claimer of those bytes waits for
 //! the replay and every reader. A consumer on the stream the replay
 //! completes on adds no reader: the replay's own record covers it.
+//!
+//! Handoffs are fence slots of their own, after the runners': the writer's
+//! replay claims their bytes, a reader's replay waits for the latest write
+//! and becomes a reader of the slot.
 //!
 //! Events are recorded only where someone waits on them. A runner's event is
 //! recorded right after its graph if, the last time, another
@@ -36,6 +43,218 @@
 
 use crate::backend::{Backend, BackendError};
 use crate::painter::{Claim, Painter};
+use crate::plan::Planned;
+use crate::vocab::{HandoffId, RunnerId};
+
+/// A failed check or backend call while replaying.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The runner was never discovered.
+    #[error("{runner} was not discovered, so the plan has no graph for it")]
+    UnknownRunner {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// The runner has no captured graph (a runner that uses no buffers and
+    /// was not captured).
+    #[error("{runner} has no captured graph to replay")]
+    NoGraph {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A consumer asked for a runner's bytes before the runner was replayed.
+    #[error("{runner} was never replayed, so its views hold nothing to consume")]
+    NotReplayed {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A consumer asked for a runner's bytes after another runner claimed
+    /// some of them.
+    #[error("{runner}'s bytes were overwritten by {by}, replayed since; consume a runner's views before the next runner that shares its arena replays")]
+    Overwritten {
+        /// The runner whose views were asked for.
+        runner: RunnerId,
+        /// The runner that claimed its bytes since.
+        by: RunnerId,
+    },
+    /// The backend failed while replaying or consuming a runner.
+    #[error("{runner}: {error}")]
+    Backend {
+        /// The runner.
+        runner: RunnerId,
+        /// The backend's error.
+        error: BackendError,
+    },
+    /// A consumer used a view where the fence cannot order it (another
+    /// stream than the consumer's, say); the use was refused.
+    #[error("the consumer of {runner} used a view out of its scope: {reason}")]
+    ViewOutOfScope {
+        /// The runner.
+        runner: RunnerId,
+        /// Which view, and where it was used.
+        reason: String,
+    },
+    /// A replay or a consumer was asked for on a stream that is capturing
+    /// (inside a `stream_capture` closure of this or another plan, or the
+    /// program's own capture): its work would be recorded into that graph
+    /// instead of running, outside the fence. Nothing was enqueued.
+    #[error("{runner}: the stream is capturing; replay and consume on a stream that is not")]
+    StreamCapturing {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A step graph was launched on a stream that is capturing: the launch
+    /// would be recorded into that graph instead of running, outside the
+    /// fence. Nothing was enqueued.
+    #[error("the step graph was launched on a stream that is capturing; launch it on a stream that is not")]
+    StepOnCapturingStream,
+    /// A runner that reads a handoff was replayed before the handoff's
+    /// writer was ever replayed.
+    #[error("{reader} reads {handoff}, which {writer} writes, and {writer} was never replayed; replay runners in the order discovery armed them")]
+    HandoffNotWritten {
+        /// The reading runner.
+        reader: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Its writer.
+        writer: RunnerId,
+    },
+    /// A runner that reads a handoff was replayed after another handoff
+    /// that shares its bytes (their lifetimes do not meet in capture order,
+    /// so the plan let them share) was written since: the data is gone.
+    #[error("{reader} reads {handoff}, but {by} wrote bytes of another handoff over it since {writer} wrote it; replay runners in the order discovery armed them")]
+    HandoffOverwritten {
+        /// The reading runner.
+        reader: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Its writer.
+        writer: RunnerId,
+        /// The runner whose handoff took the bytes since.
+        by: RunnerId,
+    },
+    /// A runner that reads a handoff was replayed again before the
+    /// handoff's writer was: it would read the write it already read (its
+    /// writer comes first in the order the plan assumed).
+    #[error("{reader} already read {handoff}'s latest write; replay its writer {writer} first (runners replay in the order discovery armed them)")]
+    HandoffAlreadyRead {
+        /// The reading runner.
+        reader: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Its writer.
+        writer: RunnerId,
+    },
+    /// `consume_many` was given no runner.
+    #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
+    NoRunners,
+    /// Waiting for fenced work (synchronize, teardown) failed.
+    #[error("waiting for the plan's work failed: {0}")]
+    Wait(BackendError),
+}
+
+type Result<T> = std::result::Result<T, ReplayError>;
+
+/// A stream, with the identity the backend issued for it (what the fence
+/// compares: never the raw handle of a stream that may be gone).
+pub(crate) struct On<'a, S> {
+    pub(crate) stream: &'a S,
+    pub(crate) id: u64,
+}
+
+impl<S> Clone for On<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for On<'_, S> {}
+
+impl<'a, S> On<'a, S> {
+    /// `stream` with its identity on `backend`.
+    pub(crate) fn new<B: Backend<Stream = S>>(backend: &B, stream: &'a S) -> On<'a, S> {
+        On {
+            stream,
+            id: backend.stream_id(stream),
+        }
+    }
+}
+
+/// What the fence knows besides events and completions: who last used
+/// which bytes, and each handoff's writes and reads. It does not depend on
+/// the backend, so a step graph's tracer hands its state to the plan's
+/// fence whole.
+#[derive(Clone, Debug)]
+pub(crate) struct Ledger {
+    painter: Painter,
+    handoffs: Vec<HandoffState>,
+}
+
+/// One handoff's writes and reads, to refuse a reader that would read a
+/// write it already read (replayed before its writer).
+#[derive(Clone, Debug)]
+struct HandoffState {
+    /// Its writer's graph records its event at a ready point.
+    ready: bool,
+    /// Writer replays so far.
+    written: u64,
+    /// Per reader (in the plan's order): `written` when it last read.
+    read: Vec<u64>,
+}
+
+/// Fixed at seal: where handoff slots start, the bytes each runner's replay
+/// overwrites, and each reader's place among its handoffs' readers.
+#[derive(Clone, Debug)]
+struct Layout {
+    /// Fence slot of handoff 0 (handoff `h` is slot `handoff_base + h`).
+    handoff_base: usize,
+    /// Runner slot -> every byte its replay overwrites: its own claims and
+    /// those of the handoffs it writes.
+    admit_claims: Vec<Vec<Claim>>,
+    /// Runner slot -> for each handoff it reads (in `record.reads` order),
+    /// its place among that handoff's readers.
+    read_at: Vec<Vec<usize>>,
+}
+
+impl Layout {
+    fn of(plan: &Planned) -> Layout {
+        let admit_claims = plan
+            .runners
+            .iter()
+            .map(|r| {
+                let mut claims = r.claims.clone();
+                claims.extend(
+                    r.record
+                        .writes
+                        .iter()
+                        .map(|h| plan.handoffs[h.0 as usize].claim),
+                );
+                claims
+            })
+            .collect();
+        let read_at = plan
+            .runners
+            .iter()
+            .enumerate()
+            .map(|(slot, r)| {
+                r.record
+                    .reads
+                    .iter()
+                    .map(|h| {
+                        let readers = &plan.handoffs[h.0 as usize].record.readers;
+                        readers.iter().position(|&x| x == slot).unwrap_or(0)
+                    })
+                    .collect()
+            })
+            .collect();
+        Layout {
+            handoff_base: plan.runners.len(),
+            admit_claims,
+            read_at,
+        }
+    }
+}
 
 /// Counters of the fence's work since sealing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -91,6 +310,19 @@ struct Runner<B: Backend> {
     readers: Vec<Reader<B>>,
 }
 
+impl<B: Backend> Runner<B> {
+    fn new(event: Option<B::Event>) -> Runner<B> {
+        Runner {
+            event,
+            completion: None,
+            record_at_once: false,
+            waited_on: false,
+            waited_by: None,
+            readers: Vec::new(),
+        }
+    }
+}
+
 /// One consumer stream's latest read of a runner's bytes.
 struct Reader<B: Backend> {
     event: B::Event,
@@ -100,38 +332,76 @@ struct Reader<B: Backend> {
 
 /// Why a consumer may not read a runner's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NotOwner {
+enum NotOwner {
     /// The runner was never replayed.
     NeverReplayed,
     /// Another runner (this slot) claimed some of its bytes since.
     OverwrittenBy(usize),
 }
 
-/// Events, completions and the byte painter of one plan.
+/// The replay engine of one plan: per fence slot (runners, then handoffs)
+/// its event and latest completion, the ledger of who used which bytes,
+/// and the plan's fixed layout.
 pub(crate) struct Fence<B: Backend> {
     runners: Vec<Runner<B>>,
-    painter: Painter,
+    ledger: Ledger,
+    layout: Layout,
     scratch: Vec<u32>,
     stats: FenceStats,
 }
 
 impl<B: Backend> Fence<B> {
-    /// A fence over `regions` fence regions, with one entry per runner slot
-    /// (its event, if it uses buffers).
-    pub(crate) fn new(events: Vec<Option<B::Event>>, regions: usize) -> Fence<B> {
+    /// The fence of `plan`, with one entry per fence slot (its event, if it
+    /// uses buffers; runners, then handoffs); `ready[h]` says whether
+    /// handoff `h`'s writer records its event at a ready point.
+    pub(crate) fn new(events: Vec<Option<B::Event>>, plan: &Planned, ready: &[bool]) -> Fence<B> {
+        let handoffs = plan
+            .handoffs
+            .iter()
+            .zip(ready)
+            .map(|(h, &ready)| HandoffState {
+                ready,
+                written: 0,
+                read: vec![0; h.record.readers.len()],
+            })
+            .collect();
         Fence {
-            runners: events
-                .into_iter()
-                .map(|event| Runner {
-                    event,
-                    completion: None,
-                    record_at_once: false,
-                    waited_on: false,
-                    waited_by: None,
-                    readers: Vec::new(),
-                })
-                .collect(),
-            painter: Painter::new(regions),
+            runners: events.into_iter().map(Runner::new).collect(),
+            ledger: Ledger {
+                painter: Painter::new(plan.fence_regions),
+                handoffs,
+            },
+            layout: Layout::of(plan),
+            scratch: Vec::new(),
+            stats: FenceStats::default(),
+        }
+    }
+
+    /// A fence that starts where `other` stands (its ledger; every slot
+    /// `other` used counts as used, complete before anything this fence
+    /// orders), with one event per fenced slot of `other` from `event`:
+    /// the fence a step schedule is traced on.
+    pub(crate) fn start_from<C: Backend>(
+        other: &Fence<C>,
+        mut event: impl FnMut(usize) -> B::Event,
+    ) -> Fence<B> {
+        let runners = other
+            .runners
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let mut runner = Runner::new(o.event.as_ref().map(|_| event(i)));
+                if o.event.is_some() && o.completion.is_some() {
+                    // Before the step: ordered by launch order, no record.
+                    runner.completion = Some(Completion::Recorded { id: u64::MAX });
+                }
+                runner
+            })
+            .collect();
+        Fence {
+            runners,
+            ledger: other.ledger.clone(),
+            layout: other.layout.clone(),
             scratch: Vec::new(),
             stats: FenceStats::default(),
         }
@@ -146,60 +416,257 @@ impl<B: Backend> Fence<B> {
         self.runners.len()
     }
 
+    /// The fence slot of handoff `h`.
+    pub(crate) fn handoff_slot(&self, h: HandoffId) -> usize {
+        self.layout.handoff_base + h.0 as usize
+    }
+
     /// The event of `slot`, if it is fenced.
     pub(crate) fn event(&self, slot: usize) -> Option<&B::Event> {
         self.runners.get(slot).and_then(|r| r.event.as_ref())
     }
 
-    /// Who last used which bytes.
-    pub(crate) fn painter(&self) -> &Painter {
-        &self.painter
+    /// Whether handoff `h`'s writer records its event at a ready point.
+    pub(crate) fn is_ready(&self, h: HandoffId) -> bool {
+        self.ledger.handoffs[h.0 as usize].ready
     }
 
-    /// Starts from another fence's record of who last used which bytes, and
-    /// of which slots were ever used (`used`): a tracer of a step schedule
-    /// starts where the real fence stands, so its ownership checks see
-    /// what happened before the step.
-    pub(crate) fn start_from(&mut self, painter: Painter, used: &[bool]) {
-        self.painter = painter;
-        for (runner, &used) in self.runners.iter_mut().zip(used) {
-            if used && runner.event.is_some() && runner.completion.is_none() {
-                // Before the step: ordered by launch order, no record here.
-                runner.completion = Some(Completion::Recorded { id: u64::MAX });
+    /// Who last used which bytes, and the handoffs' writes and reads.
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Whether the slot is fenced (uses buffers).
+    pub(crate) fn is_fenced(&self, slot: usize) -> bool {
+        self.runners[slot].event.is_some()
+    }
+
+    /// Replays runner slot `slot` on `on`: the handoff checks, the waits,
+    /// `launch`, then the bookkeeping. Nothing is enqueued when a check
+    /// fails; once `launch` succeeded, every piece of bookkeeping happens
+    /// (each sets its state before it tries a record, so nothing launched
+    /// goes untracked) and the first error is returned.
+    pub(crate) fn replay(
+        &mut self,
+        backend: &B,
+        plan: &Planned,
+        slot: usize,
+        on: On<'_, B::Stream>,
+        launch: impl FnOnce() -> std::result::Result<(), BackendError>,
+    ) -> Result<()> {
+        let r = &plan.runners[slot];
+        let runner = r.id();
+        refuse_capturing(backend, on.stream, runner)?;
+        let record = &r.record;
+        let base = self.layout.handoff_base;
+        for (k, &h) in record.reads.iter().enumerate() {
+            let (i, at) = (h.0 as usize, self.layout.read_at[slot][k]);
+            let state = &self.ledger.handoffs[i];
+            let writer = plan.runners[plan.handoffs[i].record.writer].id();
+            if state.written == 0 {
+                return Err(ReplayError::HandoffNotWritten {
+                    reader: runner,
+                    handoff: h,
+                    writer,
+                });
+            }
+            let already = state.read[at] == state.written;
+            if let Err(NotOwner::OverwrittenBy(other)) =
+                self.owner_check(base + i, &[plan.handoffs[i].claim])
+            {
+                let by = match other.checked_sub(base) {
+                    Some(g) => plan.runners[plan.handoffs[g].record.writer].id(),
+                    None => plan.runners[other].id(),
+                };
+                return Err(ReplayError::HandoffOverwritten {
+                    reader: runner,
+                    handoff: h,
+                    writer,
+                    by,
+                });
+            }
+            if already {
+                return Err(ReplayError::HandoffAlreadyRead {
+                    reader: runner,
+                    handoff: h,
+                    writer,
+                });
             }
         }
+        let failed = |error| ReplayError::Backend { runner, error };
+        let mut users = std::mem::take(&mut self.scratch);
+        users.clear();
+        for &claim in &self.layout.admit_claims[slot] {
+            self.ledger.painter.users(claim, &mut users);
+        }
+        let admitted = users
+            .iter()
+            .try_for_each(|&u| self.wait_for(backend, u as usize, on));
+        self.scratch = users;
+        admitted.map_err(failed)?;
+        for &h in &record.reads {
+            let i = base + h.0 as usize;
+            // Its latest write (ready point or graph), not its other readers.
+            self.wait_replay(backend, i, on).map_err(failed)?;
+            // Nothing may fail between the launch and tracking its reads.
+            self.reserve_reader(backend, i, on.id).map_err(failed)?;
+        }
+        launch().map_err(failed)?;
+        self.stats.replays += 1;
+        let mut tracked = if self.is_fenced(slot) {
+            self.settle_use(backend, slot, &r.claims, on)
+        } else {
+            Ok(())
+        };
+        for &h in &record.writes {
+            let i = h.0 as usize;
+            let state = &mut self.ledger.handoffs[i];
+            state.written += 1;
+            let in_graph = state.ready;
+            let claim = plan.handoffs[i].claim;
+            tracked = tracked.and(if in_graph {
+                self.written_at_ready_point(base + i, claim, on);
+                Ok(())
+            } else {
+                self.settle_use(backend, base + i, &[claim], on)
+            });
+        }
+        for (k, &h) in record.reads.iter().enumerate() {
+            let (i, at) = (h.0 as usize, self.layout.read_at[slot][k]);
+            let state = &mut self.ledger.handoffs[i];
+            state.read[at] = state.written;
+            // Recorded at once, right after the graph: the next writer
+            // always waits for it, and a record deferred to that wait would
+            // also cover whatever the reader's stream ran since (the next
+            // step's work, in steady state).
+            tracked = tracked.and(
+                self.add_reader(backend, base + i, on)
+                    .and_then(|()| self.end_read(backend, base + i, on)),
+            );
+        }
+        tracked.map_err(failed)
     }
 
-    /// Whether `slot` was ever used (replayed, written, consumed).
-    pub(crate) fn was_used(&self, slot: usize) -> bool {
-        self.runners
-            .get(slot)
-            .is_some_and(|r| r.completion.is_some())
+    /// Checks that a consumer of the runners in `slots` may read their
+    /// bytes: each (fenced) runner still owns what its latest replay wrote.
+    /// Nothing is enqueued.
+    pub(crate) fn check_consumable(&mut self, plan: &Planned, slots: &[usize]) -> Result<()> {
+        for &slot in slots {
+            if !self.is_fenced(slot) {
+                // A runner without buffers has nothing to fence.
+                continue;
+            }
+            let runner = plan.runners[slot].id();
+            match self.owner_check(slot, &plan.runners[slot].claims) {
+                Ok(()) => {}
+                Err(NotOwner::NeverReplayed) => return Err(ReplayError::NotReplayed { runner }),
+                Err(NotOwner::OverwrittenBy(other)) => {
+                    return Err(ReplayError::Overwritten {
+                        runner,
+                        by: plan.runners[other].id(),
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
-    /// Before a launch of a step graph on `stream`: `painter` is who last
-    /// uses which bytes once it ran, and every slot that was used, or that
-    /// the step touches, completes at the tail of `stream` (the step graph
-    /// joins all its work there, after everything the fence knew of);
-    /// readers are covered by that too. Called *before* the launch, so the
-    /// fence orders every later user after it whatever happens to the step
-    /// graph (a forgotten one included). Returns the painter it replaced,
-    /// for a launch that fails.
+    /// Runs a consumer of the runners in `slots` on `on` (checked with
+    /// [`Fence::check_consumable`]): waits for each runner's latest replay
+    /// and makes the consumer a reader that every later claimer of the
+    /// bytes waits for, *before* `work` enqueues anything (so whatever it
+    /// enqueues is fenced even if it fails or unwinds: a later waiter
+    /// records the reader's event on the stream); after `work`, records
+    /// the readers' events (even when `work` failed: it may have enqueued).
+    ///
+    /// An `exclusive` consumer (one that writes the bytes) waits for the
+    /// replay and every reader instead, and the runner then completes where
+    /// it does: every later user waits for it.
+    pub(crate) fn consume<T>(
+        &mut self,
+        backend: &B,
+        plan: &Planned,
+        slots: &[usize],
+        on: On<'_, B::Stream>,
+        exclusive: bool,
+        work: impl FnOnce() -> T,
+    ) -> Result<T> {
+        let failed = |slot: usize| {
+            let runner = plan.runners[slot].id();
+            move |error| ReplayError::Backend { runner, error }
+        };
+        for &slot in slots {
+            if self.is_fenced(slot) {
+                self.stats.consumers += 1;
+                self.begin_read(backend, slot, on, exclusive)
+                    .map_err(failed(slot))?;
+            }
+        }
+        let out = work();
+        let mut recorded = Ok(());
+        for &slot in slots {
+            if self.is_fenced(slot) {
+                let ended = if exclusive {
+                    self.record_if_expected(backend, slot, on)
+                } else {
+                    self.end_read(backend, slot, on)
+                };
+                recorded = recorded.and(ended.map_err(failed(slot)));
+            }
+        }
+        recorded.map(|()| out)
+    }
+
+    /// Makes `on` wait for runner slot `slot`'s latest replay and every
+    /// consumer of it since, and for the latest reads of every handoff it
+    /// reads (every reader's: a reader without bytes of its own has no
+    /// completion of its own).
+    pub(crate) fn wait_for_runner(
+        &mut self,
+        backend: &B,
+        plan: &Planned,
+        slot: usize,
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
+        self.wait_for(backend, slot, on)?;
+        for &h in &plan.runners[slot].record.reads {
+            let i = self.handoff_slot(h);
+            self.wait_for(backend, i, on)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `on` wait for every slot's latest completion.
+    pub(crate) fn wait_all(
+        &mut self,
+        backend: &B,
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
+        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, on))
+    }
+
+    /// Before a launch of a step graph on `on`: `ledger` is what the fence
+    /// knows once it ran, and every slot that was used, or that the step
+    /// touches, completes at the tail of `on` (the step graph joins all its
+    /// work there, after everything the fence knew of); readers are covered
+    /// by that too. Called *before* the launch, so the fence orders every
+    /// later user after it whatever happens to the step graph (a forgotten
+    /// one included). Returns the ledger it replaced, for a launch that
+    /// fails ([`Fence::unabsorb_step`]).
     pub(crate) fn absorb_step(
         &mut self,
-        painter: Painter,
+        ledger: Ledger,
         touched: &[bool],
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Painter {
+        on: On<'_, B::Stream>,
+    ) -> Ledger {
         for (i, runner) in self.runners.iter_mut().enumerate() {
             if runner.event.is_none() {
                 continue;
             }
             if runner.completion.is_some() || touched.get(i).copied().unwrap_or(false) {
                 runner.completion = Some(Completion::Pending {
-                    stream: stream.clone(),
-                    id: sid,
+                    stream: on.stream.clone(),
+                    id: on.id,
                 });
                 runner.record_at_once = false;
                 runner.waited_on = false;
@@ -209,15 +676,15 @@ impl<B: Backend> Fence<B> {
                 reader.completion = None;
             }
         }
-        std::mem::replace(&mut self.painter, painter)
+        std::mem::replace(&mut self.ledger, ledger)
     }
 
-    /// A launch of a step graph that failed before the step ran: who last
-    /// used which bytes is `painter` again. The completions stay at the
-    /// launch stream's tail (after everything the fence knew of: at worst
-    /// a conservative wait).
-    pub(crate) fn unabsorb_step(&mut self, painter: Painter) {
-        self.painter = painter;
+    /// A launch of a step graph that failed before the step ran: the
+    /// ledger is `ledger` again. The completions stay at the launch
+    /// stream's tail (after everything the fence knew of: at worst a
+    /// conservative wait).
+    pub(crate) fn unabsorb_step(&mut self, ledger: Ledger) {
+        self.ledger = ledger;
     }
 
     /// Counts one launch of a step graph of the plan.
@@ -225,119 +692,46 @@ impl<B: Backend> Fence<B> {
         self.stats.step_launches += 1;
     }
 
-    /// Whether the slot is fenced (uses buffers).
-    pub(crate) fn is_fenced(&self, slot: usize) -> bool {
-        self.runners[slot].event.is_some()
-    }
-
-    /// Makes `stream` wait for the latest users of every byte of `claims`.
-    pub(crate) fn admit(
-        &mut self,
-        backend: &B,
-        claims: &[Claim],
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
-        let mut users = std::mem::take(&mut self.scratch);
-        users.clear();
-        for &claim in claims {
-            self.painter.users(claim, &mut users);
-        }
-        let waited = users
-            .iter()
-            .try_for_each(|&u| self.wait_for(backend, u as usize, stream, sid));
-        self.scratch = users;
-        waited
-    }
-
-    /// After `slot`'s graph was launched on `stream`: it is the latest user
-    /// of `claims` and completes on `stream`.
-    pub(crate) fn complete(
-        &mut self,
-        backend: &B,
-        slot: usize,
-        claims: &[Claim],
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
-        self.stats.replays += 1;
-        if !self.is_fenced(slot) {
-            return Ok(());
-        }
-        self.settle_use(backend, slot, claims, stream, sid)
-    }
-
-    /// After a writer's graph was launched on `stream`: handoff slot `slot`
-    /// is the latest user of `claim`. With `in_graph`, the graph recorded
-    /// the handoff's event at its ready point; otherwise it completes with
-    /// the graph.
-    pub(crate) fn complete_handoff(
-        &mut self,
-        backend: &B,
-        slot: usize,
-        claim: Claim,
-        stream: &B::Stream,
-        sid: u64,
-        in_graph: bool,
-    ) -> Result<(), BackendError> {
-        if !in_graph {
-            return self.settle_use(backend, slot, &[claim], stream, sid);
-        }
-        self.painter.paint(claim, slot as u32);
+    /// A handoff's writer recorded its event at the graph's ready point:
+    /// handoff slot `slot` is the latest user of `claim`, its event recorded
+    /// on `on` (inside the graph).
+    fn written_at_ready_point(&mut self, slot: usize, claim: Claim, on: On<'_, B::Stream>) {
+        self.ledger.painter.paint(claim, slot as u32);
         self.readers_waited(slot);
         let runner = &mut self.runners[slot];
-        runner.completion = Some(Completion::Recorded { id: sid });
+        runner.completion = Some(Completion::Recorded { id: on.id });
         runner.record_at_once = false;
         runner.waited_on = false;
         runner.waited_by = None;
-        Ok(())
-    }
-
-    /// After a reader's graph was launched on `stream`: it read handoff
-    /// slot `slot`, and the next writer of the handoff's bytes waits for
-    /// it. Its event is recorded at once, right after the graph: the next
-    /// writer always waits for it, and a record deferred to that wait would
-    /// also cover whatever the reader's stream ran since (the next step's
-    /// work, in steady state).
-    pub(crate) fn read_handoff(
-        &mut self,
-        backend: &B,
-        slot: usize,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
-        self.add_reader(backend, slot, stream, sid)?;
-        self.consume_end(backend, slot, stream, sid, false)
     }
 
     /// `slot` is the latest user of `claims` and completes at the tail of
-    /// `stream` (recorded there at once if another stream waits for it).
+    /// `on` (recorded there at once if another stream waits for it).
     fn settle_use(
         &mut self,
         backend: &B,
         slot: usize,
         claims: &[Claim],
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
         for &claim in claims {
-            self.painter.paint(claim, slot as u32);
+            self.ledger.painter.paint(claim, slot as u32);
         }
         // The replay waited for every reader of the runner's bytes (it is
         // their claimer): the new replay has none yet.
         self.readers_waited(slot);
         self.forget_unused_record(slot);
-        // The runner completes at the tail of `stream` from now on, whether
-        // or not a record succeeds: a failed record (the stream began
+        // The runner completes at the tail of `on` from now on, whether or
+        // not a record succeeds: a failed record (the stream began
         // capturing on another thread since the launch, say) leaves a
         // pending completion that a later waiter records, never an older
         // one that would let it skip the wait.
         if !self.runners[slot].record_at_once {
-            self.settle(slot, stream, sid);
+            self.settle(slot, on);
             return Ok(());
         }
-        self.record_if_expected(backend, slot, stream, sid)
-            .inspect_err(|_| self.settle(slot, stream, sid))
+        self.record_if_expected(backend, slot, on)
+            .inspect_err(|_| self.settle(slot, on))
     }
 
     /// Every reader of `slot` was waited for: forget them (their events are
@@ -357,14 +751,14 @@ impl<B: Backend> Fence<B> {
     }
 
     /// Whether `slot` is still the latest user of every byte it claims.
-    pub(crate) fn owner_check(&mut self, slot: usize, claims: &[Claim]) -> Result<(), NotOwner> {
+    fn owner_check(&mut self, slot: usize, claims: &[Claim]) -> std::result::Result<(), NotOwner> {
         if self.runners[slot].completion.is_none() {
             return Err(NotOwner::NeverReplayed);
         }
         let mut users = std::mem::take(&mut self.scratch);
         users.clear();
         for &claim in claims {
-            self.painter.users(claim, &mut users);
+            self.ledger.painter.users(claim, &mut users);
         }
         let result = match users.iter().find(|&&u| u as usize != slot) {
             Some(&other) => Err(NotOwner::OverwrittenBy(other as usize)),
@@ -375,45 +769,35 @@ impl<B: Backend> Fence<B> {
         result
     }
 
-    /// Starts a consumer of `slot`'s bytes on `stream`: waits for the slot's
-    /// latest replay (not for its other consumers: consumers on different
-    /// streams run at once), and makes the consumer a reader that every
-    /// later claimer of the bytes waits for, *before* the consumer's work
-    /// is enqueued (so whatever it enqueues is fenced even if it fails or
-    /// unwinds: a later waiter records the reader's event on `stream`).
-    ///
-    /// An `exclusive` consumer (one that writes the bytes) waits for the
-    /// replay and every reader instead, and the runner then completes where
-    /// it does: every later user waits for it.
-    pub(crate) fn consume_begin(
+    /// A consumer of `slot` starts on `on` (see [`Fence::consume`]).
+    fn begin_read(
         &mut self,
         backend: &B,
         slot: usize,
-        stream: &B::Stream,
-        sid: u64,
+        on: On<'_, B::Stream>,
         exclusive: bool,
-    ) -> Result<(), BackendError> {
-        self.stats.consumers += 1;
+    ) -> std::result::Result<(), BackendError> {
         if exclusive {
-            self.wait_for(backend, slot, stream, sid)?;
+            self.wait_for(backend, slot, on)?;
             self.forget_unused_record(slot);
-            self.settle(slot, stream, sid);
+            self.settle(slot, on);
             self.readers_waited(slot);
             return Ok(());
         }
-        self.wait_replay(backend, slot, stream, sid)?;
-        self.add_reader(backend, slot, stream, sid)
+        self.wait_replay(backend, slot, on)?;
+        self.add_reader(backend, slot, on)
     }
 
-    /// Makes sure a reader of `slot` on `stream` can be added later without
-    /// creating an event (called before a launch whose reads are tracked
-    /// after it: nothing can fail between the launch and the tracking).
-    pub(crate) fn reserve_reader(
+    /// Makes sure a reader of `slot` on the stream with id `sid` can be
+    /// added later without creating an event (called before a launch whose
+    /// reads are tracked after it: nothing can fail between the launch and
+    /// the tracking).
+    fn reserve_reader(
         &mut self,
         backend: &B,
         slot: usize,
         sid: u64,
-    ) -> Result<(), BackendError> {
+    ) -> std::result::Result<(), BackendError> {
         let runner = &mut self.runners[slot];
         let has = runner.readers.iter().any(|r| {
             r.completion.is_none() || r.completion.as_ref().is_some_and(|c| c.stream_id() == sid)
@@ -427,30 +811,30 @@ impl<B: Backend> Fence<B> {
         Ok(())
     }
 
-    /// Makes the work at the tail of `stream` from now on a reader of
-    /// `slot`: the next claimer of its bytes waits for it.
+    /// Makes the work at the tail of `on` from now on a reader of `slot`:
+    /// the next claimer of its bytes waits for it.
     fn add_reader(
         &mut self,
         backend: &B,
         slot: usize,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
         let runner = &mut self.runners[slot];
         if let Some(Completion::Pending { id, .. }) = &runner.completion {
-            if *id == sid {
+            if *id == on.id {
                 // The runner's own pending record will cover the consumer.
                 return Ok(());
             }
         }
         let pending = Completion::Pending {
-            stream: stream.clone(),
-            id: sid,
+            stream: on.stream.clone(),
+            id: on.id,
         };
-        let same = runner
-            .readers
-            .iter()
-            .position(|r| r.completion.as_ref().is_some_and(|c| c.stream_id() == sid));
+        let same = runner.readers.iter().position(|r| {
+            r.completion
+                .as_ref()
+                .is_some_and(|c| c.stream_id() == on.id)
+        });
         let free = || runner.readers.iter().position(|r| r.completion.is_none());
         match same.or_else(free) {
             Some(i) => runner.readers[i].completion = Some(pending),
@@ -462,66 +846,49 @@ impl<B: Backend> Fence<B> {
         Ok(())
     }
 
-    /// Ends a consumer started with [`Fence::consume_begin`]: records its
-    /// reader's event at once (the next claimer of the bytes waits for
-    /// exactly the consumer's work).
-    pub(crate) fn consume_end(
+    /// Ends a read of `slot` on `on`: records its reader's event at once
+    /// (the next claimer of the bytes waits for exactly the reader's work).
+    fn end_read(
         &mut self,
         backend: &B,
         slot: usize,
-        stream: &B::Stream,
-        sid: u64,
-        exclusive: bool,
-    ) -> Result<(), BackendError> {
-        if exclusive {
-            return self.record_if_expected(backend, slot, stream, sid);
-        }
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
         let runner = &mut self.runners[slot];
         let reader = runner
             .readers
             .iter_mut()
-            .find(|r| matches!(r.completion, Some(Completion::Pending { id, .. }) if id == sid));
+            .find(|r| matches!(r.completion, Some(Completion::Pending { id, .. }) if id == on.id));
         if let Some(reader) = reader {
-            backend.record_event(stream, &reader.event)?;
+            backend.record_event(on.stream, &reader.event)?;
             self.stats.event_records += 1;
-            reader.completion = Some(Completion::Recorded { id: sid });
+            reader.completion = Some(Completion::Recorded { id: on.id });
         }
         Ok(())
     }
 
-    /// Makes `stream` wait for every runner's latest completion.
-    pub(crate) fn wait_all(
-        &mut self,
-        backend: &B,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
-        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, stream, sid))
-    }
-
-    /// Makes `stream` wait for slot `u`'s latest replay and every reader of
-    /// it since (for the program's waits, and a claimer's).
-    pub(crate) fn wait_for(
+    /// Makes `on` wait for slot `u`'s latest replay and every reader of it
+    /// since (for the program's waits, and a claimer's).
+    fn wait_for(
         &mut self,
         backend: &B,
         u: usize,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
-        self.wait_replay(backend, u, stream, sid)?;
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
+        self.wait_replay(backend, u, on)?;
         let mut readers = std::mem::take(&mut self.runners[u].readers);
         let waited = readers.iter_mut().try_for_each(|reader| {
             let Some(completion) = &reader.completion else {
                 return Ok(());
             };
-            if completion.stream_id() == sid {
+            if completion.stream_id() == on.id {
                 self.stats.waits_skipped += 1;
                 return Ok(());
             }
             if record_pending(backend, &reader.event, &mut reader.completion)? {
                 self.stats.event_records += 1;
             }
-            backend.wait_event(stream, &reader.event)?;
+            backend.wait_event(on.stream, &reader.event)?;
             self.stats.waits += 1;
             Ok(())
         });
@@ -529,22 +896,21 @@ impl<B: Backend> Fence<B> {
         waited
     }
 
-    /// Makes `stream` wait for slot `u`'s latest replay (or, where a
-    /// consumer moved it, its latest completion).
-    pub(crate) fn wait_replay(
+    /// Makes `on` wait for slot `u`'s latest replay (or, where a consumer
+    /// moved it, its latest completion).
+    fn wait_replay(
         &mut self,
         backend: &B,
         u: usize,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
         let runner = &mut self.runners[u];
         let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
             return Ok(());
         };
         let already =
-            matches!(completion, Completion::Recorded { .. }) && runner.waited_by == Some(sid);
-        if completion.stream_id() == sid || already {
+            matches!(completion, Completion::Recorded { .. }) && runner.waited_by == Some(on.id);
+        if completion.stream_id() == on.id || already {
             self.stats.waits_skipped += 1;
             return Ok(());
         }
@@ -552,46 +918,45 @@ impl<B: Backend> Fence<B> {
             self.stats.event_records += 1;
             runner.record_at_once = true;
         }
-        backend.wait_event(stream, event)?;
+        backend.wait_event(on.stream, event)?;
         self.stats.waits += 1;
         runner.waited_on = true;
-        runner.waited_by = Some(sid);
+        runner.waited_by = Some(on.id);
         Ok(())
     }
 
-    /// Slot `i` now completes at the tail of `stream`, its event not yet
+    /// Slot `i` now completes at the tail of `on`, its event not yet
     /// recorded there.
-    fn settle(&mut self, i: usize, stream: &B::Stream, sid: u64) {
+    fn settle(&mut self, i: usize, on: On<'_, B::Stream>) {
         let runner = &mut self.runners[i];
         match &runner.completion {
-            Some(Completion::Pending { id, .. }) if *id == sid => {}
+            Some(Completion::Pending { id, .. }) if *id == on.id => {}
             _ => {
                 runner.completion = Some(Completion::Pending {
-                    stream: stream.clone(),
-                    id: sid,
+                    stream: on.stream.clone(),
+                    id: on.id,
                 });
                 runner.waited_by = None;
             }
         }
     }
 
-    /// Records slot `i`'s event on `stream` now if another stream is
-    /// expected to wait for it.
+    /// Records slot `i`'s event on `on` now if another stream is expected
+    /// to wait for it.
     fn record_if_expected(
         &mut self,
         backend: &B,
         i: usize,
-        stream: &B::Stream,
-        sid: u64,
-    ) -> Result<(), BackendError> {
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
         let runner = &mut self.runners[i];
         let Some(event) = &runner.event else {
             return Ok(());
         };
         if runner.record_at_once {
-            backend.record_event(stream, event)?;
+            backend.record_event(on.stream, event)?;
             self.stats.event_records += 1;
-            runner.completion = Some(Completion::Recorded { id: sid });
+            runner.completion = Some(Completion::Recorded { id: on.id });
             runner.waited_on = false;
             runner.waited_by = None;
         }
@@ -601,11 +966,11 @@ impl<B: Backend> Fence<B> {
     /// Blocks until every replay and consumer the fence ordered is done:
     /// records deferred events, then waits for every runner's latest
     /// completion (each waited for the earlier users of its bytes), and
-    /// forgets what it waited for. Does not wait for unrelated work. Keeps going after an error and returns the
-    /// first one. When a deferred record cannot be made, it falls back to
-    /// waiting for the whole backend, so nothing is freed under work in
-    /// flight.
-    pub(crate) fn quiesce(&mut self, backend: &B) -> Result<(), BackendError> {
+    /// forgets what it waited for. Does not wait for unrelated work. Keeps
+    /// going after an error and returns the first one. When a deferred
+    /// record cannot be made, it falls back to waiting for the whole
+    /// backend, so nothing is freed under work in flight.
+    pub(crate) fn quiesce(&mut self, backend: &B) -> std::result::Result<(), BackendError> {
         let mut first = Ok(());
         let mut unrecorded = false;
         for runner in &mut self.runners {
@@ -633,13 +998,29 @@ impl<B: Backend> Fence<B> {
     }
 }
 
+/// [`ReplayError::StreamCapturing`] when `stream` is capturing: a launch
+/// there would be recorded into that graph instead of running.
+pub(crate) fn refuse_capturing<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    runner: RunnerId,
+) -> Result<()> {
+    let capturing = backend
+        .is_capturing(stream)
+        .map_err(|error| ReplayError::Backend { runner, error })?;
+    if capturing {
+        return Err(ReplayError::StreamCapturing { runner });
+    }
+    Ok(())
+}
+
 /// Records `event` where `completion` is still pending (on that stream) and
 /// marks it recorded; `Ok(true)` when a record was issued.
 fn record_pending<B: Backend>(
     backend: &B,
     event: &B::Event,
     completion: &mut Option<Completion<B::Stream>>,
-) -> Result<bool, BackendError> {
+) -> std::result::Result<bool, BackendError> {
     let Some(Completion::Pending { stream, id }) = completion else {
         return Ok(false);
     };
@@ -656,7 +1037,7 @@ fn drain<B: Backend>(
     event: &B::Event,
     completion: &mut Option<Completion<B::Stream>>,
     unrecorded: &mut bool,
-) -> Result<(), BackendError> {
+) -> std::result::Result<(), BackendError> {
     if completion.is_none() {
         return Ok(());
     }
@@ -673,31 +1054,58 @@ fn drain<B: Backend>(
 mod tests {
     use super::*;
     use crate::backend::sim::{SimBackend, SimStream};
+    use crate::discover::{Discovering, PlanConfig};
+    use crate::plan::Policy;
+    use crate::vocab::{DType, Domain, Request};
 
-    /// A fence over one region with `n` fenced runner slots.
-    fn fence(sim: &SimBackend, n: usize) -> Fence<SimBackend> {
-        let events = (0..n).map(|_| Some(sim.create_event().unwrap())).collect();
-        Fence::new(events, 1)
+    /// `n` runners of one request each at G = 1: they all claim the one
+    /// generation's region.
+    fn plan(n: u32) -> Planned {
+        let q = Request::new(Domain::Device, DType::F32, 64);
+        Discovering::from_runners(PlanConfig::new(), (0..n).map(|r| (RunnerId(r), [q])))
+            .unwrap()
+            .plan(Policy::Generations(1))
+            .unwrap()
     }
 
-    const ALL: [Claim; 1] = [Claim {
-        region: 0,
-        lo: 0,
-        hi: 1,
-    }];
+    /// The fence of `plan`, with an event per runner.
+    fn fence(sim: &SimBackend, plan: &Planned) -> Fence<SimBackend> {
+        let n = plan.runners.len();
+        let events = (0..n).map(|_| Some(sim.create_event().unwrap())).collect();
+        Fence::new(events, plan, &[])
+    }
 
-    /// Admits and completes slot `i` on `stream`, as a replay does.
-    fn replay(f: &mut Fence<SimBackend>, sim: &SimBackend, i: usize, stream: &SimStream) {
-        let sid = sim.stream_id(stream);
-        f.admit(sim, &ALL, stream, sid).unwrap();
-        f.complete(sim, i, &ALL, stream, sid).unwrap();
+    /// A replay of slot `i` on `stream` (an empty launch).
+    fn replay(
+        f: &mut Fence<SimBackend>,
+        sim: &SimBackend,
+        p: &Planned,
+        i: usize,
+        stream: &SimStream,
+    ) {
+        f.replay(sim, p, i, On::new(sim, stream), || Ok(()))
+            .unwrap();
+    }
+
+    /// A reading consumer of slot `i` on `stream` that enqueues nothing.
+    fn consume(
+        f: &mut Fence<SimBackend>,
+        sim: &SimBackend,
+        p: &Planned,
+        i: usize,
+        stream: &SimStream,
+    ) {
+        f.check_consumable(p, &[i]).unwrap();
+        f.consume(sim, p, &[i], On::new(sim, stream), false, || ())
+            .unwrap();
     }
 
     #[test]
     fn a_first_replay_waits_for_nothing() {
         let sim = SimBackend::new();
-        let mut f = fence(&sim, 2);
-        replay(&mut f, &sim, 0, &sim.stream());
+        let p = plan(2);
+        let mut f = fence(&sim, &p);
+        replay(&mut f, &sim, &p, 0, &sim.stream());
         let s = f.stats();
         assert_eq!(
             (s.replays, s.waits, s.waits_skipped, s.event_records),
@@ -708,10 +1116,11 @@ mod tests {
     #[test]
     fn a_claimer_on_the_same_stream_skips_the_wait() {
         let sim = SimBackend::new();
-        let mut f = fence(&sim, 2);
+        let p = plan(2);
+        let mut f = fence(&sim, &p);
         let a = sim.stream();
-        replay(&mut f, &sim, 0, &a);
-        replay(&mut f, &sim, 1, &a);
+        replay(&mut f, &sim, &p, 0, &a);
+        replay(&mut f, &sim, &p, 1, &a);
         assert_eq!(f.stats().waits_skipped, 1);
         assert_eq!(f.stats().waits, 0);
     }
@@ -719,13 +1128,14 @@ mod tests {
     #[test]
     fn a_claimer_on_another_stream_records_the_deferred_event_then_waits() {
         let sim = SimBackend::new();
-        let mut f = fence(&sim, 2);
+        let p = plan(2);
+        let mut f = fence(&sim, &p);
         let (a, b) = (sim.stream(), sim.stream());
-        replay(&mut f, &sim, 0, &a);
-        replay(&mut f, &sim, 1, &b);
+        replay(&mut f, &sim, &p, 0, &a);
+        replay(&mut f, &sim, &p, 1, &b);
         assert_eq!((f.stats().event_records, f.stats().waits), (1, 1));
         // Runner 0 was waited on, so from now on it records at once.
-        replay(&mut f, &sim, 0, &a);
+        replay(&mut f, &sim, &p, 0, &a);
         assert_eq!(
             f.stats().event_records,
             3,
@@ -736,38 +1146,40 @@ mod tests {
     #[test]
     fn ownership_is_lost_to_the_next_claimer_and_missing_before_any_replay() {
         let sim = SimBackend::new();
-        let mut f = fence(&sim, 2);
+        let p = plan(2);
+        let mut f = fence(&sim, &p);
         let a = sim.stream();
-        assert_eq!(f.owner_check(0, &ALL), Err(NotOwner::NeverReplayed));
-        replay(&mut f, &sim, 0, &a);
-        assert_eq!(f.owner_check(0, &ALL), Ok(()));
-        replay(&mut f, &sim, 1, &a);
-        assert_eq!(f.owner_check(0, &ALL), Err(NotOwner::OverwrittenBy(1)));
+        let all = p.runners[0].claims.clone();
+        assert_eq!(f.owner_check(0, &all), Err(NotOwner::NeverReplayed));
+        replay(&mut f, &sim, &p, 0, &a);
+        assert_eq!(f.owner_check(0, &all), Ok(()));
+        replay(&mut f, &sim, &p, 1, &a);
+        assert_eq!(f.owner_check(0, &all), Err(NotOwner::OverwrittenBy(1)));
     }
 
     #[test]
     fn a_consumer_waits_for_the_replay_and_a_later_claimer_on_its_stream_waits_no_more() {
         let sim = SimBackend::new();
-        let mut f = fence(&sim, 2);
+        let p = plan(2);
+        let mut f = fence(&sim, &p);
         let (a, x) = (sim.stream(), sim.stream());
-        replay(&mut f, &sim, 0, &a);
-        let xid = sim.stream_id(&x);
-        f.consume_begin(&sim, 0, &x, xid, false).unwrap();
-        f.consume_end(&sim, 0, &x, xid, false).unwrap();
+        replay(&mut f, &sim, &p, 0, &a);
+        consume(&mut f, &sim, &p, 0, &x);
         assert_eq!((f.stats().consumers, f.stats().waits), (1, 1));
         // The next claimer on `x` is ordered after the consumer by stream
         // order, and waits for the replay on `a` only.
-        replay(&mut f, &sim, 1, &x);
+        replay(&mut f, &sim, &p, 1, &x);
         assert_eq!(f.stats().waits, 1);
     }
 
     #[test]
     fn quiesce_records_deferred_completions_and_leaves_nothing_pending() {
         let sim = SimBackend::new();
-        let mut f = fence(&sim, 2);
+        let p = plan(2);
+        let mut f = fence(&sim, &p);
         let (a, b) = (sim.stream(), sim.stream());
-        replay(&mut f, &sim, 0, &a);
-        replay(&mut f, &sim, 1, &b); // different claim owners: 1 now owns it
+        replay(&mut f, &sim, &p, 0, &a);
+        replay(&mut f, &sim, &p, 1, &b); // different claim owners: 1 now owns it
         f.quiesce(&sim).unwrap();
         assert!(f
             .runners

@@ -1,125 +1,18 @@
 //! Phase 4: [`Replayable`]. The public API over the fence (`fence.rs`):
 //! replay, consume, views, teardown.
 
-use crate::failed::Failed;
 use std::fmt;
 
-use crate::backend::{Arena, Backend, BackendError};
+use crate::backend::{Arena, Backend};
 use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
-use crate::fence::{Fence, FenceStats, NotOwner};
+use crate::failed::Failed;
+pub use crate::fence::ReplayError;
+use crate::fence::{refuse_capturing, Fence, FenceStats, On};
 use crate::plan::Planned;
 use crate::scope::{new_scope_id, OpenScope, ScopeKind, StreamBusy};
 use crate::view::View;
 use crate::vocab::{HandoffId, RunnerId};
-
-/// A failed check or backend call while replaying.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReplayError {
-    /// The runner was never discovered.
-    #[error("{runner} was not discovered, so the plan has no graph for it")]
-    UnknownRunner {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// The runner has no captured graph (a runner that uses no buffers and
-    /// was not captured).
-    #[error("{runner} has no captured graph to replay")]
-    NoGraph {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// A consumer asked for a runner's bytes before the runner was replayed.
-    #[error("{runner} was never replayed, so its views hold nothing to consume")]
-    NotReplayed {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// A consumer asked for a runner's bytes after another runner claimed
-    /// some of them.
-    #[error("{runner}'s bytes were overwritten by {by}, replayed since; consume a runner's views before the next runner that shares its arena replays")]
-    Overwritten {
-        /// The runner whose views were asked for.
-        runner: RunnerId,
-        /// The runner that claimed its bytes since.
-        by: RunnerId,
-    },
-    /// The backend failed while replaying or consuming a runner.
-    #[error("{runner}: {error}")]
-    Backend {
-        /// The runner.
-        runner: RunnerId,
-        /// The backend's error.
-        error: BackendError,
-    },
-    /// A consumer used a view where the fence cannot order it (another
-    /// stream than the consumer's, say); the use was refused.
-    #[error("the consumer of {runner} used a view out of its scope: {reason}")]
-    ViewOutOfScope {
-        /// The runner.
-        runner: RunnerId,
-        /// Which view, and where it was used.
-        reason: String,
-    },
-    /// A replay or a consumer was asked for on a stream that is capturing
-    /// (inside a `stream_capture` closure of this or another plan, or the
-    /// program's own capture): its work would be recorded into that graph
-    /// instead of running, outside the fence. Nothing was enqueued.
-    #[error("{runner}: the stream is capturing; replay and consume on a stream that is not")]
-    StreamCapturing {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// A step graph was launched on a stream that is capturing: the launch
-    /// would be recorded into that graph instead of running, outside the
-    /// fence. Nothing was enqueued.
-    #[error("the step graph was launched on a stream that is capturing; launch it on a stream that is not")]
-    StepOnCapturingStream,
-    /// A runner that reads a handoff was replayed before the handoff's
-    /// writer was ever replayed.
-    #[error("{reader} reads {handoff}, which {writer} writes, and {writer} was never replayed; replay runners in the order discovery armed them")]
-    HandoffNotWritten {
-        /// The reading runner.
-        reader: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// Its writer.
-        writer: RunnerId,
-    },
-    /// A runner that reads a handoff was replayed after another handoff
-    /// that shares its bytes (their lifetimes do not meet in capture order,
-    /// so the plan let them share) was written since: the data is gone.
-    #[error("{reader} reads {handoff}, but {by} wrote bytes of another handoff over it since {writer} wrote it; replay runners in the order discovery armed them")]
-    HandoffOverwritten {
-        /// The reading runner.
-        reader: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// Its writer.
-        writer: RunnerId,
-        /// The runner whose handoff took the bytes since.
-        by: RunnerId,
-    },
-    /// A runner that reads a handoff was replayed again before the
-    /// handoff's writer was: it would read the write it already read (its
-    /// writer comes first in the order the plan assumed).
-    #[error("{reader} already read {handoff}'s latest write; replay its writer {writer} first (runners replay in the order discovery armed them)")]
-    HandoffAlreadyRead {
-        /// The reading runner.
-        reader: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// Its writer.
-        writer: RunnerId,
-    },
-    /// `consume_many` was given no runner.
-    #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
-    NoRunners,
-    /// Waiting for fenced work (synchronize, teardown) failed.
-    #[error("waiting for the plan's work failed: {0}")]
-    Wait(BackendError),
-}
 
 /// What [`Replayable::consume`] returns on failure: the crate's check, or
 /// the work closure's own error, unchanged. Either way, whatever the closure
@@ -237,55 +130,9 @@ impl<B: Backend> Capturing<B> {
                 start..views.len()
             })
             .collect();
-        let handoff_base = plan.runners.len();
-        let admit_claims = plan
-            .runners
-            .iter()
-            .map(|r| {
-                let mut claims = r.claims.clone();
-                claims.extend(
-                    r.record
-                        .writes
-                        .iter()
-                        .map(|h| plan.handoffs[h.0 as usize].claim),
-                );
-                claims
-            })
-            .collect();
-        let handoffs = plan
-            .handoffs
-            .iter()
-            .zip(ready)
-            .map(|(h, ready)| HandoffState {
-                ready,
-                written: 0,
-                read: vec![0; h.record.readers.len()],
-            })
-            .collect();
-        let read_at = plan
-            .runners
-            .iter()
-            .enumerate()
-            .map(|(slot, r)| {
-                r.record
-                    .reads
-                    .iter()
-                    .map(|h| {
-                        let readers = &plan.handoffs[h.0 as usize].record.readers;
-                        readers.iter().position(|&x| x == slot).unwrap_or(0)
-                    })
-                    .collect()
-            })
-            .collect();
         Ok(Replayable {
             graphs,
-            fence: Fence::new(res.events, plan.fence_regions),
-            book: Book {
-                handoff_base,
-                admit_claims,
-                handoffs,
-                read_at,
-            },
+            fence: Fence::new(res.events, &plan, &ready),
             plan,
             views,
             view_ranges,
@@ -342,8 +189,6 @@ pub struct Replayable<B: Backend> {
     /// events, then arenas.
     pub(crate) graphs: Vec<Option<B::Graph>>,
     pub(crate) fence: Fence<B>,
-    /// What the fence needs besides itself to drive replays.
-    pub(crate) book: Book,
     pub(crate) plan: Planned,
     /// Every runner's views, runner after runner, made once at seal: a
     /// consumer or `views` hands out a slice, no allocation. Their scope is
@@ -354,35 +199,6 @@ pub struct Replayable<B: Backend> {
     /// Held for their drop (after graphs and events): views point into them.
     _arenas: Vec<B::Arena>,
     pub(crate) backend: B,
-}
-
-/// What the fence needs besides itself to drive replays: where handoff
-/// slots start, the bytes each runner's replay overwrites, and each
-/// handoff's writes and reads.
-#[derive(Clone, Debug)]
-pub(crate) struct Book {
-    /// Fence slot of handoff 0 (handoff `h` is slot `handoff_base + h`).
-    pub(crate) handoff_base: usize,
-    /// Runner slot -> every byte its replay overwrites: its own claims and
-    /// those of the handoffs it writes.
-    pub(crate) admit_claims: Vec<Vec<crate::painter::Claim>>,
-    /// Per handoff: writes and reads so far.
-    pub(crate) handoffs: Vec<HandoffState>,
-    /// Runner slot -> for each handoff it reads (in `record.reads` order),
-    /// its place among that handoff's readers.
-    pub(crate) read_at: Vec<Vec<usize>>,
-}
-
-/// One handoff's writes and reads, to refuse a reader that would read a
-/// write it already read (replayed before its writer).
-#[derive(Clone, Debug)]
-pub(crate) struct HandoffState {
-    /// Its writer's graph records its event at a ready point.
-    pub(crate) ready: bool,
-    /// Writer replays so far.
-    written: u64,
-    /// Per reader (in the plan's order): `written` when it last read.
-    read: Vec<u64>,
 }
 
 impl<B: Backend> fmt::Debug for Replayable<B> {
@@ -463,23 +279,16 @@ impl<B: Backend> Replayable<B> {
             return Err(ReplayError::NoGraph { runner });
         };
         let backend = &self.backend;
-        drive_replay(
-            &mut self.fence,
-            backend,
-            &self.plan,
-            &mut self.book,
-            slot,
-            stream,
-            || {
-                // SAFETY: `drive_replay` made `stream` wait for every
-                // earlier user of the bytes this graph claims (the handoffs
-                // it writes included) and for the latest write of every
+        self.fence
+            .replay(backend, &self.plan, slot, On::new(backend, stream), || {
+                // SAFETY: the fence made `stream` wait for every earlier
+                // user of the bytes this graph claims (the handoffs it
+                // writes included) and for the latest write of every
                 // handoff it reads; after the launch, it makes the runner
                 // the latest user of its bytes and a reader of those
                 // handoffs.
                 unsafe { backend.launch(graph, stream) }
-            },
-        )
+            })
     }
 
     /// Launches `runner`'s graph with no fence for the bytes it
@@ -508,19 +317,15 @@ impl<B: Backend> Replayable<B> {
         refuse_capturing(&self.backend, stream, runner)?;
         let failed = |error| ReplayError::Backend { runner, error };
         let record = &self.plan.runners[slot].record;
-        let base = self.book.handoff_base;
         // The handoffs' own events, whatever recorded them last: nothing is
         // tracked.
-        let event = |h: &HandoffId| self.fence.event(base + h.0 as usize);
+        let event = |h: &HandoffId| self.fence.event(self.fence.handoff_slot(*h));
         for e in record.reads.iter().filter_map(event) {
             self.backend.wait_event(stream, e).map_err(failed)?;
         }
         // SAFETY: the caller's contract above.
         unsafe { self.backend.launch(graph, stream) }.map_err(failed)?;
-        let unready = record
-            .writes
-            .iter()
-            .filter(|h| !self.book.handoffs[h.0 as usize].ready);
+        let unready = record.writes.iter().filter(|&&h| !self.fence.is_ready(h));
         for e in unready.filter_map(event) {
             self.backend.record_event(stream, e).map_err(failed)?;
         }
@@ -685,69 +490,49 @@ impl<B: Backend> Replayable<B> {
     ) -> std::result::Result<(), ConsumeError<E>> {
         let first = self.consumer_of(slots, stream)?;
         let plan = &self.plan;
-        for &slot in slots {
-            if !self.fence.is_fenced(slot) {
-                // A runner without buffers has nothing to fence.
-                continue;
-            }
-            let runner = plan.runners[slot].id();
-            self.fence
-                .owner_check(slot, &plan.runners[slot].claims)
-                .map_err(|not| not_owner(plan, runner, not))?;
-        }
+        self.fence.check_consumable(plan, slots)?;
         // The views work on the device only inside `work`, on `stream`; no
         // capture of any thread may record `stream` meanwhile.
-        let sid = self.backend.stream_id(stream);
-        let (scope, open) = open_scope(sid, kind, first)?;
+        let on = On::new(&self.backend, stream);
+        let (scope, open) = open_scope(on.id, kind, first)?;
         for &slot in slots {
             for v in &mut self.views[self.view_ranges[slot].clone()] {
                 v.scope = scope;
                 v.read_only = false;
             }
         }
-        let exclusive = kind == ScopeKind::Write;
-        let backend = &self.backend;
-        let fenced = |f: &Fence<B>, slot: usize| f.is_fenced(slot);
+        let (views, ranges) = (&self.views, &self.view_ranges);
+        let consumed = self.fence.consume(
+            &self.backend,
+            plan,
+            slots,
+            on,
+            kind == ScopeKind::Write,
+            || {
+                let one;
+                let many: Vec<&[View<'_>]>;
+                let lists: &[&[View<'_>]] = if let [slot] = slots {
+                    one = [&views[ranges[*slot].clone()]];
+                    &one
+                } else {
+                    many = slots
+                        .iter()
+                        .map(|&slot| &views[ranges[slot].clone()])
+                        .collect();
+                    &many
+                };
+                let out = work(stream, lists);
+                let misuse = open.scope().take_misuse();
+                drop(open);
+                (out, misuse)
+            },
+        );
         for &slot in slots {
-            if fenced(&self.fence, slot) {
-                let runner = plan.runners[slot].id();
-                self.fence
-                    .consume_begin(backend, slot, stream, sid, exclusive)
-                    .map_err(|error| ReplayError::Backend { runner, error })?;
-            }
-        }
-        let (out, misuse) = {
-            let one;
-            let many: Vec<&[View<'_>]>;
-            let lists: &[&[View<'_>]] = if let [slot] = slots {
-                one = [&self.views[self.view_ranges[*slot].clone()]];
-                &one
-            } else {
-                many = slots
-                    .iter()
-                    .map(|&slot| &self.views[self.view_ranges[slot].clone()])
-                    .collect();
-                &many
-            };
-            let out = work(stream, lists);
-            (out, open.scope().take_misuse())
-        };
-        drop(open);
-        let mut recorded = Ok(());
-        for &slot in slots {
-            if fenced(&self.fence, slot) {
-                let runner = plan.runners[slot].id();
-                let ended = self
-                    .fence
-                    .consume_end(backend, slot, stream, sid, exclusive)
-                    .map_err(|error| ReplayError::Backend { runner, error });
-                recorded = recorded.and(ended);
-            }
             for v in &mut self.views[self.view_ranges[slot].clone()] {
                 v.scope = 0;
             }
         }
-        recorded?;
+        let (out, misuse) = consumed?;
         if let Some(reason) = misuse {
             return Err(ReplayError::ViewOutOfScope {
                 runner: first,
@@ -795,25 +580,10 @@ impl<B: Backend> Replayable<B> {
     /// ```
     pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
-        let sid = self.backend.stream_id(stream);
-        let failed = |error| ReplayError::Backend { runner, error };
+        let on = On::new(&self.backend, stream);
         self.fence
-            .wait_for(&self.backend, slot, stream, sid)
-            .map_err(failed)?;
-        // Its reads of handoffs are tracked as the handoffs' readers (a
-        // reader without bytes of its own has no completion of its own):
-        // wait for those too (with every other reader of those handoffs).
-        for &h in &self.plan.runners[slot].record.reads {
-            self.fence
-                .wait_for(
-                    &self.backend,
-                    self.book.handoff_base + h.0 as usize,
-                    stream,
-                    sid,
-                )
-                .map_err(failed)?;
-        }
-        Ok(())
+            .wait_for_runner(&self.backend, &self.plan, slot, on)
+            .map_err(|error| ReplayError::Backend { runner, error })
     }
 
     /// Makes `stream` wait for everything replayed and consumed so far:
@@ -824,9 +594,8 @@ impl<B: Backend> Replayable<B> {
     ///
     /// [`ReplayError::Wait`] with the backend's error.
     pub fn wait_all(&mut self, stream: &B::Stream) -> Result<()> {
-        let sid = self.backend.stream_id(stream);
         self.fence
-            .wait_all(&self.backend, stream, sid)
+            .wait_all(&self.backend, On::new(&self.backend, stream))
             .map_err(ReplayError::Wait)
     }
 
@@ -878,118 +647,6 @@ pub(crate) fn open_scope(sid: u64, kind: ScopeKind, runner: RunnerId) -> Result<
             Err(ReplayError::StreamCapturing { runner })
         }
     }
-}
-
-/// The error for a consumer of `runner` that does not own its bytes.
-pub(crate) fn not_owner(plan: &Planned, runner: RunnerId, not: NotOwner) -> ReplayError {
-    match not {
-        NotOwner::NeverReplayed => ReplayError::NotReplayed { runner },
-        NotOwner::OverwrittenBy(other) => ReplayError::Overwritten {
-            runner,
-            by: plan.runners[other].id(),
-        },
-    }
-}
-
-/// The fence's side of one replay of runner slot `slot` on `stream`, for
-/// any backend that drives a fence (the device's, or the tracer a step
-/// graph is compiled with): the handoff checks, the waits, `launch`, then
-/// the bookkeeping. Nothing is enqueued when a check fails.
-pub(crate) fn drive_replay<F: Backend>(
-    fence: &mut Fence<F>,
-    backend: &F,
-    plan: &Planned,
-    book: &mut Book,
-    slot: usize,
-    stream: &F::Stream,
-    launch: impl FnOnce() -> std::result::Result<(), BackendError>,
-) -> Result<()> {
-    let r = &plan.runners[slot];
-    let runner = r.id();
-    refuse_capturing(backend, stream, runner)?;
-    let sid = backend.stream_id(stream);
-    let record = &r.record;
-    for (&h, &at) in record.reads.iter().zip(&book.read_at[slot]) {
-        let state = &book.handoffs[h.0 as usize];
-        let writer = plan.runners[plan.handoffs[h.0 as usize].record.writer].id();
-        if state.written == 0 {
-            return Err(ReplayError::HandoffNotWritten {
-                reader: runner,
-                handoff: h,
-                writer,
-            });
-        }
-        let claim = plan.handoffs[h.0 as usize].claim;
-        if let Err(NotOwner::OverwrittenBy(other)) =
-            fence.owner_check(book.handoff_base + h.0 as usize, &[claim])
-        {
-            let by = match other.checked_sub(book.handoff_base) {
-                Some(g) => plan.runners[plan.handoffs[g].record.writer].id(),
-                None => plan.runners[other].id(),
-            };
-            return Err(ReplayError::HandoffOverwritten {
-                reader: runner,
-                handoff: h,
-                writer,
-                by,
-            });
-        }
-        if state.read[at] == state.written {
-            return Err(ReplayError::HandoffAlreadyRead {
-                reader: runner,
-                handoff: h,
-                writer,
-            });
-        }
-    }
-    let failed = |error| ReplayError::Backend { runner, error };
-    let base = book.handoff_base;
-    fence
-        .admit(backend, &book.admit_claims[slot], stream, sid)
-        .map_err(failed)?;
-    for &h in &record.reads {
-        fence
-            // Its latest write (ready point or graph), not its other readers.
-            .wait_replay(backend, base + h.0 as usize, stream, sid)
-            .map_err(failed)?;
-        // Nothing may fail between the launch and tracking its reads.
-        fence
-            .reserve_reader(backend, base + h.0 as usize, sid)
-            .map_err(failed)?;
-    }
-    launch().map_err(failed)?;
-    // The graph runs: every piece of bookkeeping happens, even when a
-    // record fails (another thread began capturing on `stream` since the
-    // launch, say); the first error is returned. Each piece sets its state
-    // before it tries a record, so nothing launched goes untracked.
-    let mut tracked = fence.complete(backend, slot, &r.claims, stream, sid);
-    for &h in &record.writes {
-        let i = h.0 as usize;
-        let state = &mut book.handoffs[i];
-        state.written += 1;
-        let claim = plan.handoffs[i].claim;
-        tracked =
-            tracked.and(fence.complete_handoff(backend, base + i, claim, stream, sid, state.ready));
-    }
-    for (&h, &at) in record.reads.iter().zip(&book.read_at[slot]) {
-        let i = h.0 as usize;
-        let state = &mut book.handoffs[i];
-        state.read[at] = state.written;
-        tracked = tracked.and(fence.read_handoff(backend, base + i, stream, sid));
-    }
-    tracked.map_err(failed)
-}
-
-/// [`ReplayError::StreamCapturing`] when `stream` is capturing: a launch
-/// there would be recorded into that graph instead of running.
-fn refuse_capturing<F: Backend>(backend: &F, stream: &F::Stream, runner: RunnerId) -> Result<()> {
-    let capturing = backend
-        .is_capturing(stream)
-        .map_err(|error| ReplayError::Backend { runner, error })?;
-    if capturing {
-        return Err(ReplayError::StreamCapturing { runner });
-    }
-    Ok(())
 }
 
 /// The views of runner slot `slot`, in request order, in no scope.

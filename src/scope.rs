@@ -240,22 +240,32 @@ impl OpenScope {
     pub(crate) fn scope(&self) -> &Scope {
         &self.scope
     }
-}
 
-impl Drop for OpenScope {
-    fn drop(&mut self) {
+    /// Closes the scope for its views (they no longer work on the device)
+    /// while it keeps its stream: a capture keeps the stream to itself
+    /// until the stream capture has ended, after its work closure returned.
+    pub(crate) fn close_views(&self) {
         self.scope.open.store(false, AtomicOrdering::Release);
         let id = self.scope.id;
-        {
-            let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-            streams.retain(|&(_, scope, _)| scope != id);
-        }
         // `try_with`: during thread teardown the list may be gone already.
         let _ = OPEN.try_with(|open| {
             if let Ok(mut open) = open.try_borrow_mut() {
                 open.retain(|s| s.id != id);
             }
         });
+    }
+}
+
+impl Drop for OpenScope {
+    fn drop(&mut self) {
+        // Closed before the stream is given up (a capture on it may open
+        // only once this scope reads closed).
+        self.close_views();
+        let id = self.scope.id;
+        {
+            let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+            streams.retain(|&(_, scope, _)| scope != id);
+        }
         let _ = SPARE.try_with(|spare| {
             if let Ok(mut spare) = spare.try_borrow_mut() {
                 if spare.len() < SPARE_SCOPES {

@@ -22,12 +22,10 @@ use std::fmt;
 use std::rc::Rc;
 
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
-use crate::fence::Fence;
-use crate::painter::Painter;
-use crate::replay::{
-    drive_replay, not_owner, open_scope, Book, ConsumeError, ReplayError, Replayable,
-};
-use crate::scope::ScopeKind;
+use crate::capture::{capture_work, Uncaptured};
+use crate::fence::{Fence, Ledger, On};
+use crate::replay::{ConsumeError, ReplayError, Replayable};
+use crate::scope::{new_scope_id, ScopeKind, StreamBusy};
 use crate::view::View;
 use crate::vocab::RunnerId;
 
@@ -254,7 +252,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
         // Captured like a runner's graph: the views work inside `work`, on
         // `stream`, while it captures; a reader's views are read-only.
         let sid = r.backend.stream_id(stream);
-        let (scope, open) = open_scope(sid, ScopeKind::Capture, runner)?;
+        let scope = new_scope_id();
         // Copies of the views, in the consumer's scope (read-only for a
         // reader): the plan's own views stay as they are, whatever `work`
         // does (fails, panics).
@@ -272,34 +270,26 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                     .collect()
             })
             .collect();
-        r.backend.begin_capture(stream).map_err(failed)?;
-        let mut guard = AbortOnUnwind {
-            backend: &r.backend,
+        let lists: Vec<&[View<'_>]> = copies.iter().map(Vec::as_slice).collect();
+        let graph = match capture_work(
+            &r.backend,
             stream,
-            armed: true,
+            (sid, scope, runner),
+            || {},
+            || work(stream, &lists),
+        ) {
+            Ok(((), graph)) => graph,
+            Err(Uncaptured::Busy(StreamBusy::Capturing | StreamBusy::InUse)) => {
+                return Err(ReplayError::StreamCapturing { runner }.into())
+            }
+            Err(Uncaptured::Begin(error) | Uncaptured::End(error)) => {
+                return Err(failed(error).into())
+            }
+            Err(Uncaptured::Work(e)) => return Err(ConsumeError::Work(e)),
+            Err(Uncaptured::Misuse(reason)) => {
+                return Err(ReplayError::ViewOutOfScope { runner, reason }.into())
+            }
         };
-        let (out, misuse) = {
-            let lists: Vec<&[View<'_>]> = copies.iter().map(Vec::as_slice).collect();
-            let out = work(stream, &lists);
-            (out, open.scope().take_misuse())
-        };
-        drop(open);
-        guard.armed = false;
-        drop(guard);
-        let abort = || {
-            // SAFETY: the capture this call began on `stream`.
-            unsafe { r.backend.abort_capture(stream) }
-        };
-        if let Err(e) = out {
-            abort();
-            return Err(ConsumeError::Work(e));
-        }
-        if let Some(reason) = misuse {
-            abort();
-            return Err(ReplayError::ViewOutOfScope { runner, reason }.into());
-        }
-        // SAFETY: the capture this call began on `stream`.
-        let graph = unsafe { r.backend.end_capture(stream) }.map_err(failed)?;
         if let Err(reason) = r.backend.validate_graph(&graph) {
             return Err(failed(BackendError::Refused {
                 op: "capture of a step's consumer",
@@ -334,15 +324,15 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
             return Err(StepError::Empty);
         }
         let plan = &r.plan;
-        let base = r.book.handoff_base;
-        // Per runner slot: the handoffs it writes that its graph marks ready.
+        // Per runner slot: the fence slots of the handoffs it writes that
+        // its graph marks ready.
         let ready = |slot: usize| -> Vec<usize> {
             plan.runners[slot]
                 .record
                 .writes
                 .iter()
-                .map(|h| h.0 as usize)
-                .filter(|&h| r.book.handoffs[h].ready)
+                .filter(|&&h| r.fence.is_ready(h))
+                .map(|&h| r.fence.handoff_slot(h))
                 .collect()
         };
         // Node ids: a replay of a runner with a ready point is two nodes.
@@ -368,10 +358,8 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                 if marks.is_empty() {
                     continue;
                 }
-                let events: Vec<&B::Event> = marks
-                    .iter()
-                    .filter_map(|&h| r.fence.event(base + h))
-                    .collect();
+                let events: Vec<&B::Event> =
+                    marks.iter().filter_map(|&h| r.fence.event(h)).collect();
                 let Some(graph) = r.graphs[*slot].as_ref() else {
                     continue;
                 };
@@ -386,16 +374,13 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                 parts.push(split);
             }
         }
-        // 2. Trace the schedule through the fence, twice.
+        // 2. Trace the schedule through the fence, twice, starting where
+        //    the plan's fence stands (a consumer before its runner's replay
+        //    in the step reads what the last replay before the step graph
+        //    left, if it is still there).
         let tracer = Tracer::new(lanes.len(), nodes);
-        let events = (0..r.fence.slots())
-            .map(|i| r.fence.event(i).map(|_| TraceEvent(i)))
-            .collect();
-        let mut fence: Fence<Tracer> = Fence::new(events, plan.fence_regions);
-        let used: Vec<bool> = (0..r.fence.slots()).map(|i| r.fence.was_used(i)).collect();
-        fence.start_from(r.fence.painter().clone(), &used);
+        let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
         tracer.reserve_events(r.fence.slots());
-        let mut book: Book = r.book.clone();
         let mut touched = vec![false; r.fence.slots()];
         for pass in 0..2 {
             tracer.begin_pass(pass == 1);
@@ -403,21 +388,17 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                 match item {
                     Item::Replay { slot, lane } => {
                         let count = if ready(*slot).is_empty() { 1 } else { 2 };
-                        drive_replay(
-                            &mut fence,
-                            &tracer,
-                            plan,
-                            &mut book,
-                            *slot,
-                            &Lane(*lane),
-                            || {
-                                tracer.run(first[k], count, *lane);
-                                Ok(())
-                            },
-                        )?;
+                        let on = On {
+                            stream: &Lane(*lane),
+                            id: *lane as u64,
+                        };
+                        fence.replay(&tracer, plan, *slot, on, || {
+                            tracer.run(first[k], count, *lane);
+                            Ok(())
+                        })?;
                         touched[*slot] = true;
-                        for h in plan.runners[*slot].record.writes.iter() {
-                            touched[base + h.0 as usize] = true;
+                        for &h in &plan.runners[*slot].record.writes {
+                            touched[fence.handoff_slot(h)] = true;
                         }
                         // The first part records the event it was split at;
                         // the other ready events count from the end.
@@ -425,7 +406,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                             let split = parts[p].2;
                             for (n, h) in ready(*slot).into_iter().enumerate() {
                                 let node = if n == split { first[k] } else { first[k] + 1 };
-                                tracer.mark(base + h, node);
+                                tracer.mark(h, node);
                             }
                         }
                     }
@@ -435,34 +416,16 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
                         exclusive,
                         ..
                     } => {
-                        let sid = *lane as u64;
-                        let stream = Lane(*lane);
+                        let on = On {
+                            stream: &Lane(*lane),
+                            id: *lane as u64,
+                        };
+                        fence.check_consumable(plan, slots)?;
+                        fence.consume(&tracer, plan, slots, on, *exclusive, || {
+                            tracer.run(first[k], 1, *lane)
+                        })?;
                         for &slot in slots {
-                            if !fence.is_fenced(slot) {
-                                continue;
-                            }
-                            let runner = plan.runners[slot].id();
-                            let claims = &plan.runners[slot].claims;
-                            // The tracer starts where the real fence stands:
-                            // a consumer before its runner's replay in the
-                            // step reads what the last replay before the
-                            // step graph left, if it is still there.
-                            fence
-                                .owner_check(slot, claims)
-                                .map_err(|not| not_owner(plan, runner, not))?;
-                            fence
-                                .consume_begin(&tracer, slot, &stream, sid, *exclusive)
-                                .map_err(|error| ReplayError::Backend { runner, error })?;
-                            touched[slot] = true;
-                        }
-                        tracer.run(first[k], 1, *lane);
-                        for &slot in slots {
-                            if fence.is_fenced(slot) {
-                                let runner = plan.runners[slot].id();
-                                fence
-                                    .consume_end(&tracer, slot, &stream, sid, *exclusive)
-                                    .map_err(|error| ReplayError::Backend { runner, error })?;
-                            }
+                            touched[slot] |= fence.is_fenced(slot);
                         }
                     }
                 }
@@ -534,8 +497,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
         Ok(StepGraph {
             graph,
             done,
-            painter: fence.painter().clone(),
-            book,
+            ledger: fence.ledger().clone(),
             touched,
             launched: None,
             launches: 0,
@@ -543,22 +505,6 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
             edges,
             replayable: r,
         })
-    }
-}
-
-/// Ends a stream capture if the consumer's closure unwinds.
-struct AbortOnUnwind<'a, B: Backend> {
-    backend: &'a B,
-    stream: &'a B::Stream,
-    armed: bool,
-}
-
-impl<B: Backend> Drop for AbortOnUnwind<'_, B> {
-    fn drop(&mut self) {
-        if self.armed {
-            // SAFETY: the capture `consume_slots` began on this stream.
-            unsafe { self.backend.abort_capture(self.stream) };
-        }
     }
 }
 
@@ -573,9 +519,7 @@ pub struct StepGraph<'r, B: Backend> {
     /// Recorded after a launch for [`StepGraph::wait_all`] and drop.
     done: B::Event,
     /// Who last used which bytes after a step.
-    painter: Painter,
-    /// Handoff writes and reads after a step.
-    book: Book,
+    ledger: Ledger,
     /// Fence slots the step uses.
     touched: Vec<bool>,
     /// The stream of the latest launch.
@@ -618,23 +562,18 @@ impl<B: Backend> StepGraph<'_, B> {
         if capturing {
             return Err(ReplayError::StepOnCapturingStream);
         }
-        let sid = r.backend.stream_id(stream);
+        let on = On::new(&r.backend, stream);
         if self.launched.is_none() {
             r.fence
-                .wait_all(&r.backend, stream, sid)
+                .wait_all(&r.backend, on)
                 .map_err(ReplayError::Wait)?;
         }
         // The fence's state after this launch, set before it (as
         // `Vec::drain` shortens the vector before it hands out the
         // iterator). A later launch on the same stream leaves the same
         // state: nothing to do.
-        let moved = self.launched.as_ref().map(|(_, id)| *id) != Some(sid);
-        let before = moved.then(|| {
-            let painter = r
-                .fence
-                .absorb_step(self.painter.clone(), &self.touched, stream, sid);
-            (painter, std::mem::replace(&mut r.book, self.book.clone()))
-        });
+        let moved = self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
+        let before = moved.then(|| r.fence.absorb_step(self.ledger.clone(), &self.touched, on));
         // SAFETY: the step graph's edges are the fence's waits for its
         // schedule; its first launch waited for everything the fence knew
         // of, and each later one runs after the one before (launches of one
@@ -642,14 +581,13 @@ impl<B: Backend> StepGraph<'_, B> {
         // later user of the plan's bytes after this launch; the plan is
         // borrowed, so no other replay or consumer of it runs meanwhile.
         if let Err(e) = unsafe { r.backend.launch(&self.graph, stream) } {
-            if let Some((painter, book)) = before {
-                r.fence.unabsorb_step(painter);
-                r.book = book;
+            if let Some(ledger) = before {
+                r.fence.unabsorb_step(ledger);
             }
             return Err(ReplayError::Wait(e));
         }
         r.fence.count_step_launch();
-        self.launched = Some((stream.clone(), sid));
+        self.launched = Some((stream.clone(), on.id));
         self.launches += 1;
         Ok(())
     }
