@@ -44,6 +44,7 @@
 use crate::backend::{Backend, BackendError};
 use crate::painter::{Claim, Painter};
 use crate::plan::Planned;
+use crate::scope::StreamClaim;
 use crate::vocab::{HandoffId, RunnerId};
 
 /// A failed check or backend call while replaying.
@@ -346,6 +347,9 @@ pub(crate) struct Fence<B: Backend> {
     runners: Vec<Runner<B>>,
     ledger: Ledger,
     layout: Layout,
+    /// Streams are claimed for the fence's own event records (see
+    /// `record_pending`): a real backend's fence, not a tracer's.
+    claims: bool,
     scratch: Vec<u32>,
     stats: FenceStats,
 }
@@ -372,6 +376,7 @@ impl<B: Backend> Fence<B> {
                 handoffs,
             },
             layout: Layout::of(plan),
+            claims: true,
             scratch: Vec::new(),
             stats: FenceStats::default(),
         }
@@ -402,6 +407,7 @@ impl<B: Backend> Fence<B> {
             runners,
             ledger: other.ledger.clone(),
             layout: other.layout.clone(),
+            claims: false,
             scratch: Vec::new(),
             stats: FenceStats::default(),
         }
@@ -885,7 +891,7 @@ impl<B: Backend> Fence<B> {
                 self.stats.waits_skipped += 1;
                 return Ok(());
             }
-            if record_pending(backend, &reader.event, &mut reader.completion)? {
+            if record_pending(backend, &reader.event, &mut reader.completion, self.claims)? {
                 self.stats.event_records += 1;
             }
             backend.wait_event(on.stream, &reader.event)?;
@@ -914,7 +920,7 @@ impl<B: Backend> Fence<B> {
             self.stats.waits_skipped += 1;
             return Ok(());
         }
-        if record_pending(backend, event, &mut runner.completion)? {
+        if record_pending(backend, event, &mut runner.completion, self.claims)? {
             self.stats.event_records += 1;
             runner.record_at_once = true;
         }
@@ -966,35 +972,39 @@ impl<B: Backend> Fence<B> {
     /// Blocks until every replay and consumer the fence ordered is done:
     /// records deferred events, then waits for every runner's latest
     /// completion (each waited for the earlier users of its bytes), and
-    /// forgets what it waited for. Does not wait for unrelated work. Keeps
-    /// going after an error and returns the first one. When a deferred
-    /// record cannot be made, it falls back to waiting for the whole
-    /// backend, so nothing is freed under work in flight.
+    /// forgets what it waited for. Does not wait for unrelated work. When a
+    /// record or a wait fails, it falls back to waiting for the whole
+    /// backend. `Ok` means nothing the fence ordered still runs; on `Err`
+    /// the caller keeps (leaks) whatever that work may use.
     pub(crate) fn quiesce(&mut self, backend: &B) -> std::result::Result<(), BackendError> {
-        let mut first = Ok(());
-        let mut unrecorded = false;
+        let claims = self.claims;
+        let mut all = Ok(());
         for runner in &mut self.runners {
             if let Some(event) = &runner.event {
-                first = first.and(drain(
-                    backend,
-                    event,
-                    &mut runner.completion,
-                    &mut unrecorded,
-                ));
+                all = all.and(drain(backend, event, &mut runner.completion, claims));
             }
             for reader in &mut runner.readers {
-                first = first.and(drain(
+                all = all.and(drain(
                     backend,
                     &reader.event,
                     &mut reader.completion,
-                    &mut unrecorded,
+                    claims,
                 ));
             }
         }
-        if unrecorded {
-            first = first.and(backend.synchronize());
+        if all.is_err() {
+            // A record or a wait failed (a stream captures now, say): wait
+            // for the whole backend instead; if that fails too, the caller
+            // must not free what the work may still use.
+            backend.synchronize()?;
+            for runner in &mut self.runners {
+                runner.completion = None;
+                for reader in &mut runner.readers {
+                    reader.completion = None;
+                }
+            }
         }
-        first
+        Ok(())
     }
 }
 
@@ -1015,15 +1025,32 @@ pub(crate) fn refuse_capturing<B: Backend>(
 }
 
 /// Records `event` where `completion` is still pending (on that stream) and
-/// marks it recorded; `Ok(true)` when a record was issued.
+/// marks it recorded; `Ok(true)` when a record was issued. With `claims`
+/// (a real backend's fence), the stream is claimed for the record: a
+/// capture of any thread that holds it, or a capture of the program's own,
+/// would take the record into its graph, so that is refused instead.
 fn record_pending<B: Backend>(
     backend: &B,
     event: &B::Event,
     completion: &mut Option<Completion<B::Stream>>,
+    claims: bool,
 ) -> std::result::Result<bool, BackendError> {
     let Some(Completion::Pending { stream, id }) = completion else {
         return Ok(false);
     };
+    let refused = || BackendError::Refused {
+        op: "the fence's event record",
+        reason: "the stream the work completes on is capturing, so the record would go into \
+                 that graph; end the capture first"
+            .into(),
+    };
+    let _claim = match claims {
+        true => Some(StreamClaim::enter(*id).map_err(|_| refused())?),
+        false => None,
+    };
+    if claims && backend.is_capturing(stream)? {
+        return Err(refused());
+    }
     backend.record_event(stream, event)?;
     *completion = Some(Completion::Recorded { id: *id });
     Ok(true)
@@ -1031,23 +1058,19 @@ fn record_pending<B: Backend>(
 
 /// Records `completion`'s event if it is still pending, waits for it, and
 /// forgets it once waited for (so a second quiesce waits for nothing).
-/// Sets `unrecorded` when a pending record could not be made.
 fn drain<B: Backend>(
     backend: &B,
     event: &B::Event,
     completion: &mut Option<Completion<B::Stream>>,
-    unrecorded: &mut bool,
+    claims: bool,
 ) -> std::result::Result<(), BackendError> {
     if completion.is_none() {
         return Ok(());
     }
-    let recorded = record_pending(backend, event, completion);
-    *unrecorded |= recorded.is_err();
-    let waited = recorded.and_then(|_| backend.synchronize_event(event));
-    if waited.is_ok() {
-        *completion = None;
-    }
-    waited
+    record_pending(backend, event, completion, claims)?;
+    backend.synchronize_event(event)?;
+    *completion = None;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -3,14 +3,14 @@
 
 use std::fmt;
 
-use crate::backend::{Arena, Backend};
+use crate::backend::{Arena, Backend, BackendError};
 use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 pub use crate::fence::ReplayError;
 use crate::fence::{refuse_capturing, Fence, FenceStats, On};
 use crate::plan::Planned;
-use crate::scope::{new_scope_id, OpenScope, ScopeKind, StreamBusy};
+use crate::scope::{new_scope_id, OpenScope, ScopeKind, StreamBusy, StreamClaim};
 use crate::view::View;
 use crate::vocab::{HandoffId, RunnerId};
 
@@ -213,9 +213,7 @@ impl<B: Backend> fmt::Debug for Replayable<B> {
 
 impl<B: Backend> Drop for Replayable<B> {
     fn drop(&mut self) {
-        // Nothing may be freed while fenced work that uses it is in flight.
-        // A failure (a sticky device error) leaves nothing to wait for.
-        let _ = self.fence.quiesce(&self.backend);
+        let _ = self.quiesce();
     }
 }
 
@@ -279,16 +277,19 @@ impl<B: Backend> Replayable<B> {
             return Err(ReplayError::NoGraph { runner });
         };
         let backend = &self.backend;
-        self.fence
-            .replay(backend, &self.plan, slot, On::new(backend, stream), || {
-                // SAFETY: the fence made `stream` wait for every earlier
-                // user of the bytes this graph claims (the handoffs it
-                // writes included) and for the latest write of every
-                // handoff it reads; after the launch, it makes the runner
-                // the latest user of its bytes and a reader of those
-                // handoffs.
-                unsafe { backend.launch(graph, stream) }
-            })
+        let on = On::new(backend, stream);
+        // No capture of any thread may begin on `stream` until the launch
+        // and its records are done (they would go into its graph).
+        let _claim = claim(on.id, runner)?;
+        self.fence.replay(backend, &self.plan, slot, on, || {
+            // SAFETY: the fence made `stream` wait for every earlier
+            // user of the bytes this graph claims (the handoffs it
+            // writes included) and for the latest write of every
+            // handoff it reads; after the launch, it makes the runner
+            // the latest user of its bytes and a reader of those
+            // handoffs.
+            unsafe { backend.launch(graph, stream) }
+        })
     }
 
     /// Launches `runner`'s graph with no fence for the bytes it
@@ -314,6 +315,7 @@ impl<B: Backend> Replayable<B> {
         let graph = self.graphs[slot]
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
+        let _claim = claim(self.backend.stream_id(stream), runner)?;
         refuse_capturing(&self.backend, stream, runner)?;
         let failed = |error| ReplayError::Backend { runner, error };
         let record = &self.plan.runners[slot].record;
@@ -581,6 +583,7 @@ impl<B: Backend> Replayable<B> {
     pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
         let on = On::new(&self.backend, stream);
+        let _claim = claim(on.id, runner)?;
         self.fence
             .wait_for_runner(&self.backend, &self.plan, slot, on)
             .map_err(|error| ReplayError::Backend { runner, error })
@@ -594,8 +597,10 @@ impl<B: Backend> Replayable<B> {
     ///
     /// [`ReplayError::Wait`] with the backend's error.
     pub fn wait_all(&mut self, stream: &B::Stream) -> Result<()> {
+        let on = On::new(&self.backend, stream);
+        let _claim = StreamClaim::enter(on.id).map_err(|_| ReplayError::Wait(capturing_wait()))?;
         self.fence
-            .wait_all(&self.backend, On::new(&self.backend, stream))
+            .wait_all(&self.backend, on)
             .map_err(ReplayError::Wait)
     }
 
@@ -619,20 +624,51 @@ impl<B: Backend> Replayable<B> {
         self.backend.synchronize().map_err(ReplayError::Wait)
     }
 
+    /// Waits for every replay and consumer the fence ordered. When it
+    /// cannot (a stream it must record on captures now and the backend
+    /// cannot be waited for as a whole either, or a sticky device error),
+    /// the graphs and arenas are leaked, not freed: nothing may be freed
+    /// while work that uses it may still run.
+    fn quiesce(&mut self) -> std::result::Result<(), BackendError> {
+        let waited = self.fence.quiesce(&self.backend);
+        if waited.is_err() {
+            std::mem::forget(std::mem::take(&mut self.graphs));
+            std::mem::forget(std::mem::take(&mut self._arenas));
+        }
+        waited
+    }
+
     /// After a shape change: waits for every replay and consumer the fence
     /// ordered, frees graphs, events and arenas, and returns a fresh
     /// discovery with the same config.
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Wait`] when waiting failed; everything is freed
-    /// anyway.
+    /// [`ReplayError::Wait`] when waiting failed; then the graphs and
+    /// arenas are leaked, since work that uses them may still run.
     pub fn replan(mut self) -> Result<Discovering> {
-        let waited = self.fence.quiesce(&self.backend);
+        let waited = self.quiesce();
         let config = self.plan.config.clone();
         drop(self);
         waited.map_err(ReplayError::Wait)?;
         Ok(Discovering::new(config))
+    }
+}
+
+/// Claims stream `sid` for a call of `runner`'s that waits, launches or
+/// records on it: [`ReplayError::StreamCapturing`] while a capture of any
+/// thread holds it.
+fn claim(sid: u64, runner: RunnerId) -> Result<StreamClaim> {
+    StreamClaim::enter(sid).map_err(|_| ReplayError::StreamCapturing { runner })
+}
+
+/// Why a wait on a stream a capture holds is refused.
+pub(crate) fn capturing_wait() -> BackendError {
+    BackendError::Refused {
+        op: "wait",
+        reason: "the stream is capturing: the wait would go into that graph; wait on a stream \
+                 that is not capturing"
+            .into(),
     }
 }
 

@@ -276,6 +276,43 @@ impl Drop for OpenScope {
     }
 }
 
+/// The crate working on a stream outside any scope (a replay's waits and
+/// launch, an event record the fence makes): while it is held, no capture
+/// of any thread can begin on the stream, and it cannot be taken while a
+/// capture holds the stream. Released on drop.
+pub(crate) struct StreamClaim {
+    token: u64,
+}
+
+impl StreamClaim {
+    /// Claims the stream with backend id `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamBusy::Capturing`] while a capture of any thread holds it.
+    pub(crate) fn enter(stream: u64) -> Result<StreamClaim, StreamBusy> {
+        let token = new_scope_id();
+        let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        if streams
+            .iter()
+            .any(|&(s, _, capture)| s == stream && capture)
+        {
+            return Err(StreamBusy::Capturing);
+        }
+        streams.push((stream, token, false));
+        Ok(StreamClaim { token })
+    }
+}
+
+impl Drop for StreamClaim {
+    fn drop(&mut self) {
+        let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = streams.iter().rposition(|&(_, t, _)| t == self.token) {
+            streams.swap_remove(i);
+        }
+    }
+}
+
 /// The capture open on this thread on `stream` (the innermost scope there),
 /// as (scope id, runner): where a graph's temporaries belong.
 pub(crate) fn capture_on(stream: u64) -> Option<(u64, RunnerId)> {

@@ -24,8 +24,8 @@ use std::rc::Rc;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
 use crate::capture::{capture_work, Uncaptured};
 use crate::fence::{Fence, Ledger, On};
-use crate::replay::{ConsumeError, ReplayError, Replayable};
-use crate::scope::{new_scope_id, ScopeKind, StreamBusy};
+use crate::replay::{capturing_wait, ConsumeError, ReplayError, Replayable};
+use crate::scope::{new_scope_id, ScopeKind, StreamBusy, StreamClaim};
 use crate::view::View;
 use crate::vocab::RunnerId;
 
@@ -558,11 +558,14 @@ impl<B: Backend> StepGraph<'_, B> {
     /// was enqueued).
     pub fn launch(&mut self, stream: &B::Stream) -> Result<(), ReplayError> {
         let r = &mut *self.replayable;
+        let on = On::new(&r.backend, stream);
+        // No capture of any thread may begin on `stream` until the launch
+        // is enqueued (it would go into its graph).
+        let _claim = StreamClaim::enter(on.id).map_err(|_| ReplayError::StepOnCapturingStream)?;
         let capturing = r.backend.is_capturing(stream).map_err(ReplayError::Wait)?;
         if capturing {
             return Err(ReplayError::StepOnCapturingStream);
         }
-        let on = On::new(&r.backend, stream);
         if self.launched.is_none() {
             r.fence
                 .wait_all(&r.backend, on)
@@ -603,6 +606,11 @@ impl<B: Backend> StepGraph<'_, B> {
             return Ok(());
         };
         let b = &self.replayable.backend;
+        // No capture may take the record or the wait into its graph.
+        let claim = |s: &B::Stream| {
+            StreamClaim::enter(b.stream_id(s)).map_err(|_| ReplayError::Wait(capturing_wait()))
+        };
+        let _claims = (claim(last)?, claim(stream)?);
         b.record_event(last, &self.done)
             .and_then(|()| b.wait_event(stream, &self.done))
             .map_err(ReplayError::Wait)

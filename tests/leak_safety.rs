@@ -412,3 +412,194 @@ fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
     assert!(e.to_string().contains("capturing"), "{e}");
     Ok(())
 }
+
+// ---- teardown that cannot wait, and captures racing the fence ------------------
+
+/// A one-runner plan whose graph fills its view with `value` for `duration`.
+fn one_runner(
+    sim: &SimBackend,
+    stream: &SimStream,
+    value: f32,
+    duration: u64,
+) -> R<Replayable<SimBackend>> {
+    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
+        .plan(Policy::Generations(1))?
+        .allocate(sim.clone())?;
+    let cap = capturing.capture(RunnerId(0))?;
+    let v = cap.take(REQ)?;
+    cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&v, value), duration))?;
+    cap.finish()?;
+    Ok(capturing.seal()?)
+}
+
+#[test]
+fn a_teardown_that_cannot_wait_leaks_the_arenas_instead_of_freeing_them() -> R {
+    let sim = SimBackend::new();
+    let a = sim.stream();
+    let mut rp = one_runner(&sim, &a, 1.0, 1_000)?;
+    rp.replay(RunnerId(0), &a)?;
+    let live = sim.live_allocations();
+    sim.fail_waits(true);
+    drop(rp);
+    sim.fail_waits(false);
+    assert_eq!(
+        sim.live_allocations(),
+        live,
+        "the arena was freed under its queued replay"
+    );
+
+    let mut rp = one_runner(&sim, &a, 1.0, 1_000)?;
+    rp.replay(RunnerId(0), &a)?;
+    let live = sim.live_allocations();
+    sim.fail_waits(true);
+    let replanned = rp.replan();
+    sim.fail_waits(false);
+    assert!(
+        matches!(replanned, Err(ReplayError::Wait(_))),
+        "{replanned:?}"
+    );
+    assert_eq!(
+        sim.live_allocations(),
+        live,
+        "the arena was freed under its queued replay"
+    );
+    Ok(())
+}
+
+/// Runs `inside` while another plan's capture holds `stream`.
+fn while_captured(sim: &SimBackend, stream: &SimStream, inside: impl FnOnce()) -> R {
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
+        .plan(Policy::Generations(1))?;
+    let mut other = planned.allocate(sim.clone())?;
+    let cap = other.capture(RunnerId(0))?;
+    let v = cap.take(REQ)?;
+    cap.stream_capture(stream, |s| {
+        inside();
+        sim.launch(s, SimOp::fill(&v, 2.0), 1)
+    })?;
+    cap.finish()?;
+    Ok(())
+}
+
+#[test]
+fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> R {
+    let sim = SimBackend::new();
+    let (a, l) = (sim.stream(), sim.stream());
+    // A replay queued on `a` (its record deferred), then teardown while a
+    // capture holds `a`: the record is refused, and teardown waits for the
+    // whole backend instead; if that fails too, it leaks.
+    for fail in [false, true] {
+        let mut rp = one_runner(&sim, &a, 1.0, 1_000_000)?;
+        rp.replay(RunnerId(0), &a)?;
+        let live = sim.live_allocations();
+        let mut replanned = None;
+        while_captured(&sim, &a, || {
+            sim.fail_waits(fail);
+            replanned = Some(rp.replan().map(drop));
+            sim.fail_waits(false);
+        })?;
+        let (replanned, now) = (replanned.unwrap(), sim.live_allocations());
+        if fail {
+            assert!(replanned.is_err());
+            assert_eq!(now, live, "freed under the queued replay");
+        } else {
+            assert!(replanned.is_ok(), "{replanned:?}");
+        }
+    }
+    // The same with a forgotten step graph's launch queued on `l`.
+    let mut rp = one_runner(&sim, &a, 1.0, 1_000_000)?;
+    {
+        let mut step = rp.step();
+        step.replay(RunnerId(0), &a)?;
+        let mut graph = step.build()?;
+        graph.launch(&l)?;
+        std::mem::forget(graph);
+    }
+    let live = sim.live_allocations();
+    while_captured(&sim, &l, || {
+        sim.fail_waits(true);
+        drop(rp);
+        sim.fail_waits(false);
+    })?;
+    assert_eq!(
+        sim.live_allocations(),
+        live,
+        "freed under the queued step launch"
+    );
+    Ok(())
+}
+
+#[test]
+fn no_fence_call_works_on_a_stream_another_plan_captures() -> R {
+    let sim = SimBackend::new();
+    let (a, b) = (sim.stream(), sim.stream());
+    let mut rp = one_runner(&sim, &a, 1.0, 10)?;
+    rp.replay(RunnerId(0), &a)?; // its record is deferred on `a`
+    let mut got = Vec::new();
+    while_captured(&sim, &a, || {
+        got.push(format!("{:?}", rp.wait_for(RunnerId(0), &a)));
+        got.push(format!("{:?}", rp.wait_all(&a)));
+        // On `b`, the wait must record on `a`, which the capture holds.
+        got.push(format!("{:?}", rp.wait_for(RunnerId(0), &b)));
+        got.push(format!("{:?}", rp.replay(RunnerId(0), &b)));
+    })?;
+    for g in &got {
+        assert!(g.starts_with("Err("), "{got:?}");
+    }
+    // Afterwards everything works, and nothing overlapped.
+    rp.replay(RunnerId(0), &b)?;
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    Ok(())
+}
+
+#[test]
+fn a_consumer_racing_another_plans_capture_on_its_stream_is_never_captured_into_it() -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let sim = SimBackend::new();
+    let (a, c) = (sim.stream(), sim.stream());
+    let mut rp = one_runner(&sim, &a, 1.0, 1)?;
+    let captures = 40_000u32;
+    let mut other = Discovering::from_runners(
+        PlanConfig::new(),
+        (0..captures).map(|r| (RunnerId(r), Vec::<Request>::new())),
+    )?
+    .plan(Policy::Generations(1))?
+    .allocate(sim.clone())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sim1, c1, stop1) = (sim.clone(), c.clone(), stop.clone());
+    let racer = std::thread::spawn(move || {
+        while !stop1.load(Ordering::Relaxed) {
+            if rp.replay(RunnerId(0), &c1).is_ok() {
+                let _ = rp.consume_mut(RunnerId(0), &c1, |s, v| {
+                    sim1.launch(s, SimOp::scale(&v[0], 2.0), 1)
+                });
+            }
+        }
+        rp
+    });
+    for r in 0..captures {
+        let cap = other.capture(RunnerId(r))?;
+        if cap.stream_capture(&c, |_| Ok::<(), String>(())).is_ok() {
+            cap.finish()?;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rp = racer.join().expect("the racing thread");
+    drop(rp);
+    let other = match other.seal() {
+        Ok(rp) => rp,
+        Err(e) => e.into_capturing().seal().map_err(|e| e.into_error())?,
+    };
+    let empty = replay_arena::sim::SimGraph::default();
+    for r in 0..captures {
+        if let Some(g) = other.graph(RunnerId(r)) {
+            assert_eq!(
+                *g, empty,
+                "runner {r}'s empty capture recorded another plan's work"
+            );
+        }
+    }
+    Ok(())
+}

@@ -696,6 +696,8 @@ struct SimState {
     hazards: Vec<Hazard>,
     submitted: u64,
     allocations_left: Option<usize>,
+    /// Fault injection: host waits fail (a sticky device error, say).
+    waits_fail: bool,
     allocations: u64,
     frees: u64,
     /// Bytes held by live graphs' allocation nodes.
@@ -1376,6 +1378,13 @@ impl SimBackend {
         self.state().allocations_left = n;
     }
 
+    /// Fault injection: while `fail` is set, the host waits of the
+    /// `Backend` trait (`synchronize`, `synchronize_event`) fail as they
+    /// would after a sticky device error, and wait for nothing.
+    pub fn fail_waits(&self, fail: bool) {
+        self.state().waits_fail = fail;
+    }
+
     /// Sizes of the model's internal bookkeeping, for tests that bound it:
     /// (shadow intervals of the hazard detector, ops submitted and not yet
     /// applied, event slots including free ones).
@@ -1488,7 +1497,11 @@ impl Backend for SimBackend {
     /// needs).
     fn synchronize_event(&self, event: &SimEvent) -> Result<()> {
         self.own_event(event, "sim event synchronize")?;
-        self.state().synchronize();
+        let mut s = self.state();
+        if s.waits_fail {
+            return Err(sim_error("sim event synchronize", "waits fail (injected)"));
+        }
+        s.synchronize();
         Ok(())
     }
 
@@ -1672,7 +1685,11 @@ impl Backend for SimBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.state().synchronize();
+        let mut s = self.state();
+        if s.waits_fail {
+            return Err(sim_error("sim synchronize", "waits fail (injected)"));
+        }
+        s.synchronize();
         Ok(())
     }
 }
