@@ -849,19 +849,7 @@ fn capture(
             e
         );
     }
-    // A runner without buffers is never fenced: its graph touches nothing.
-    let graph = |s: &SimStream| -> Result<(), String> {
-        if requests.is_empty() {
-            return Ok(());
-        }
-        sim.launch(s, SimOp::add(one, counter), duration)
-            .map_err(|e| e.to_string())?;
-        for v in &views {
-            sim.launch(s, SimOp::copy(counter, v), duration)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    };
+    let graph = |s: &SimStream| runner_graph(sim, s, one, counter, &views, duration);
     match mode {
         CaptureMode::Dropped => {
             drop(views);
@@ -939,17 +927,8 @@ fn capture(
             .map_err(|e| TestCaseError::fail(format!("capturing {id} again: {e}")))?;
         let views: Vec<_> = requests.iter().map(|&q| again.take(q).unwrap()).collect();
         again
-            .stream_capture(stream, |s| -> Result<(), String> {
-                if requests.is_empty() {
-                    return Ok(());
-                }
-                sim.launch(s, SimOp::add(one, counter), duration)
-                    .map_err(|e| e.to_string())?;
-                for v in &views {
-                    sim.launch(s, SimOp::copy(counter, v), duration)
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(())
+            .stream_capture(stream, |s| {
+                runner_graph(sim, s, one, counter, &views, duration)
             })
             .map_err(|e| TestCaseError::fail(format!("capturing {id} again: {e}")))?;
         drop(views);
@@ -980,6 +959,29 @@ fn capture(
         );
     }
     Ok(None)
+}
+
+/// A runner's graph: add one to its counter, copy the counter into each
+/// of its views. A runner without buffers is never fenced: its graph
+/// touches nothing.
+fn runner_graph(
+    sim: &SimBackend,
+    s: &SimStream,
+    one: &SimBuffer,
+    counter: &SimBuffer,
+    views: &[replay_arena::View<'_>],
+    duration: u64,
+) -> Result<(), String> {
+    if views.is_empty() {
+        return Ok(());
+    }
+    sim.launch(s, SimOp::add(one, counter), duration)
+        .map_err(|e| e.to_string())?;
+    for v in views {
+        sim.launch(s, SimOp::copy(counter, v), duration)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// One round from allocation on: the rig, the workload as recorded, and
