@@ -21,8 +21,8 @@ use replay_arena::cuda::cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKe
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::{probe, CudaBackend};
 use replay_arena::{
-    Backend, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
-    Strategy,
+    Backend, DType, Discovering, Domain, PlacedPolicy, PlanConfig, Policy, Replayable, Request,
+    RunnerId,
 };
 
 const SOURCE: &str = r#"
@@ -97,7 +97,7 @@ fn build(
     b: &CudaBackend,
     capture_on: &cuda::Stream,
     runners: usize,
-    strategy: Strategy,
+    strategy: PlacedPolicy,
     body: &dyn Fn(&cuda::Stream, u64) -> Result<(), String>,
 ) -> R<Replayable<CudaBackend>> {
     let req = Request::new(Domain::Device, DType::F32, 16384);
@@ -109,7 +109,7 @@ fn build(
     for r in 0..runners {
         let cap = capturing.capture(RunnerId(r as u32))?;
         let v = cap.take(req)?;
-        cap.stream_capture(capture_on, |s| body(s, v.device_ptr()))?;
+        cap.stream_capture(capture_on, |s| body(s, v.device_address()))?;
         cap.finish()?;
     }
     Ok(capturing.seal()?)
@@ -279,7 +279,7 @@ fn overlap(b: &CudaBackend, k: &Kernels) -> R<()> {
             "| {streams} | none (unfenced) | - | {:.2} | 1.000 | 0 |",
             unfenced * 1e3
         );
-        let configs: [(&str, Strategy); 4] = [
+        let configs: [(&str, PlacedPolicy); 4] = [
             ("round-robin", Policy::Generations(1).into()),
             ("round-robin", Policy::Generations(2).into()),
             ("round-robin", Policy::Generations(3).into()),
@@ -313,7 +313,7 @@ fn step_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
     let pool = [b.new_stream()?, b.new_stream()?];
     let (side, launch) = (b.new_stream()?, b.new_stream()?);
     let body = |s: &cuda::Stream, w: u64| spin(k, s, w, 4096, 2_000);
-    let strategy: Strategy = Policy::OverlapDepth(2).into();
+    let strategy: PlacedPolicy = Policy::OverlapDepth(2).into();
     let mut fenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
     let mut unfenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
     let mut stepped = build(b, &capture_on, RUNNERS, strategy, &body)?;
@@ -324,13 +324,13 @@ fn step_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
         out.device_ptr(side.cudarc()).0 + 4 * r as u64
     };
     let views: Vec<u64> = (0..RUNNERS)
-        .map(|r| Ok(unfenced.views(RunnerId(r as u32))?[0].device_ptr()))
+        .map(|r| Ok(unfenced.views(RunnerId(r as u32))?[0].device_address()))
         .collect::<R<_>>()?;
     let mut step = stepped.step();
     for r in 0..RUNNERS {
         step.replay(RunnerId(r as u32), &pool[r % 2])?;
         step.consume(RunnerId(r as u32), &side, |s, v| {
-            read(k, s, v[0].device_ptr(), out_ptr(r))
+            read(k, s, v[0].device_address(), out_ptr(r))
         })?;
     }
     let mut graph = step.build()?;
@@ -353,7 +353,7 @@ fn step_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
                             let runner = RunnerId(r as u32);
                             fenced.replay(runner, &pool[r % 2])?;
                             fenced.consume(runner, &side, |s, v| {
-                                read(k, s, v[0].device_ptr(), out_ptr(r))
+                                read(k, s, v[0].device_address(), out_ptr(r))
                             })?;
                         }
                     }

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use replay_arena::sim::{SimBackend, SimOp};
 use replay_arena::{
-    Capturing, DType, Discovering, Domain, GroupId, PlanConfig, Policy, Purpose, Replayable,
-    Request, RunnerId, Strategy,
+    Capturing, DType, Discovering, Domain, GroupId, PlacedPolicy, PlanConfig, Policy, Purpose,
+    Replayable, Request, RunnerId,
 };
 
 const GTP: GroupId = GroupId(0);
@@ -117,7 +117,7 @@ fn bench_plan(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
     let policy = Policy::Generations(3);
-    let strategies: [(&str, Strategy); 2] =
+    let strategies: [(&str, PlacedPolicy); 2] =
         [("round_robin", policy.into()), ("packed", policy.packed())];
     for sizes in [Sizes::Model, Sizes::Random] {
         for n in [100, 1_000, 10_000] {

@@ -167,7 +167,7 @@ mod gpu {
             Ok(buf)
         }
         fn write_grad(&self, s: &cuda::Stream, view: &View<'_>, value: f32) -> Result<()> {
-            let (ptr, n) = (view.device_ptr(), view.len() as u32);
+            let (ptr, n) = (view.device_address(), view.len() as u32);
             let mut b = s.cudarc().launch_builder(&self.fill);
             b.arg(&ptr).arg(&n).arg(&value);
             unsafe { b.launch(cfg(view.len())) }
@@ -180,7 +180,7 @@ mod gpu {
             view: &View<'_>,
             out: &CudaSlice<f32>,
         ) -> Result<()> {
-            let (src, n) = (view.device_ptr(), view.len() as u32);
+            let (src, n) = (view.device_address(), view.len() as u32);
             let dst = out.device_ptr(self.io.cudarc()).0;
             let mut b = s.cudarc().launch_builder(&self.add);
             b.arg(&dst).arg(&src).arg(&n);

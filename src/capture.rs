@@ -409,7 +409,7 @@ impl<B: Backend> Capturing<B> {
     /// let cap = capturing.capture(RunnerId(0))?;
     /// let w = cap.take(wgrad)?;            // same order as discovery
     /// let x = cap.take(scratch)?;
-    /// assert_eq!(w.device_ptr() % 256, 0); // aligned, fixed for the plan's life
+    /// assert_eq!(w.device_address() % 256, 0); // aligned, fixed for the plan's life
     /// cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&x, 1.0), 3))?;
     /// cap.finish()?;                        // took exactly what was recorded
     ///
@@ -484,7 +484,7 @@ impl<B: Backend> Capturing<B> {
 /// let view = cap.take(Request::new(Domain::Device, DType::F32, 64)).unwrap();
 /// cap.stream_capture(&stream, |_| Ok::<(), replay_arena::Error>(())).unwrap();
 /// cap.finish().unwrap();
-/// println!("{:x}", view.device_ptr()); // `cap` was moved while borrowed
+/// println!("{:x}", view.device_address()); // `cap` was moved while borrowed
 /// ```
 pub struct RunnerCapture<'c, B: Backend> {
     owner: &'c mut Capturing<B>,
@@ -642,7 +642,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
             // Sizes for the error only: the happy path compares one request.
             let requested = request.aligned_bytes().unwrap_or(u64::MAX);
             let taken = self.taken(key, index.min(plan.record.requests.len()));
-            let capacity = plan.slice(key).map_or(0, |s| s.bytes);
+            let capacity = plan.extent(key).map_or(0, |s| s.bytes);
             return Err(match expected {
                 None => CaptureError::CapacityExceeded {
                     runner,
@@ -920,7 +920,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// `cuda`, a graph from cudarc's own `begin_capture` / `end_capture`,
     /// made into the crate's graph by `CudaBackend::adopt_graph`. That
     /// capture runs outside the crate's closures, so its kernels take the
-    /// views' raw addresses ([`View::device_ptr`](crate::View::device_ptr)):
+    /// views' raw addresses ([`View::device_address`](crate::View::device_address)):
     /// typed views work only inside `stream_capture` and `consume`. The
     /// same checks as [`RunnerCapture::finish`] apply.
     ///
@@ -960,7 +960,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         if let Some(first_left) = plan.record.requests.get(next) {
             let key = first_left.key();
             let taken = self.taken(key, next);
-            let capacity = plan.slice(key).map_or(0, |s| s.bytes);
+            let capacity = plan.extent(key).map_or(0, |s| s.bytes);
             return self.close_failed(CaptureError::TakenMismatch {
                 runner,
                 key,

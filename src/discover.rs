@@ -354,7 +354,7 @@ impl ArmedRunner<'_> {
 
     /// Records one request; returns its aligned size in bytes. Capacity per
     /// key is the sum of the aligned sizes, so two requests for the same
-    /// parameter get two distinct slices.
+    /// parameter get two distinct views.
     ///
     /// # Errors
     ///

@@ -147,7 +147,7 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg(feature = "cublas")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
-pub use backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
+pub use backend::{Arena, ArenaDesc, Backend, BackendError, GraphMemory, StepNode};
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
 };
@@ -156,10 +156,10 @@ pub use error::{Error, Result};
 pub use failed::Failed;
 pub use fence::FenceStats;
 pub use plan::{
-    ArenaPlan, HandoffInfo, Placement, PlanError, PlanFailed, Planned, Policy, Slice, Strategy,
+    ArenaPlan, Extent, HandoffInfo, PlacedPolicy, Placement, PlanError, PlanFailed, Planned, Policy,
 };
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
-pub use report::{byte_ratio, human_bytes, GraphMemory, KeyReport, PlanReport, RunnerReport};
+pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use step::{StepBuilder, StepError, StepGraph};
 pub use view::{SliceError, View, ViewsExt};

@@ -74,12 +74,12 @@ impl Discovering {
     /// let planned = failed.into_discovering().plan(Policy::Generations(1))?; // no second backward
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
-    pub fn plan(self, strategy: impl Into<Strategy>) -> std::result::Result<Planned, PlanFailed> {
+    pub fn plan(self, policy: impl Into<PlacedPolicy>) -> std::result::Result<Planned, PlanFailed> {
         let mut discovering = self;
         let records = std::mem::take(&mut discovering.runners);
         let handoffs = std::mem::take(&mut discovering.handoffs);
         let config = discovering.config.clone();
-        Planned::new(config, records, handoffs, strategy.into()).map_err(
+        Planned::new(config, records, handoffs, policy.into()).map_err(
             |(error, records, handoffs)| {
                 // The records come back unchanged: the discovery is as it was.
                 discovering.runners = records;
@@ -129,12 +129,12 @@ impl Policy {
     }
 
     /// This policy with the [`Placement::Packed`] placement.
-    pub fn packed(self) -> Strategy {
+    pub fn packed(self) -> PlacedPolicy {
         self.placed(Placement::Packed)
     }
 
     /// This policy with the [`Placement::RoundRobin`] placement (what a bare
-    /// `Policy` converts into), as a [`Strategy`], so that either placement
+    /// `Policy` converts into), as a [`PlacedPolicy`], so that either placement
     /// can be chosen in one expression:
     ///
     /// ```
@@ -142,18 +142,18 @@ impl Policy {
     ///
     /// let packed = std::env::args().any(|a| a == "--packed");
     /// let policy = Policy::OverlapDepth(2);
-    /// let strategy = if packed { policy.packed() } else { policy.round_robin() };
-    /// let planned = Discovering::new(PlanConfig::new()).plan(strategy)?;
+    /// let placed = if packed { policy.packed() } else { policy.round_robin() };
+    /// let planned = Discovering::new(PlanConfig::new()).plan(placed)?;
     /// # drop(planned);
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
-    pub fn round_robin(self) -> Strategy {
+    pub fn round_robin(self) -> PlacedPolicy {
         self.placed(Placement::RoundRobin)
     }
 
     /// This policy with the given placement.
-    pub fn placed(self, placement: Placement) -> Strategy {
-        Strategy {
+    pub fn placed(self, placement: Placement) -> PlacedPolicy {
+        PlacedPolicy {
             policy: self,
             placement,
         }
@@ -194,21 +194,22 @@ impl fmt::Display for Placement {
     }
 }
 
-/// A policy and a placement. A bare [`Policy`] converts into the round-robin
-/// strategy; [`Policy::packed`], [`Policy::round_robin`] and
+/// A policy with its placement: what [`Discovering::plan`] takes and what
+/// [`Planned::placed_policy`] gives back. A bare [`Policy`] converts into the
+/// round-robin one; [`Policy::packed`], [`Policy::round_robin`] and
 /// [`Policy::placed`] name the placement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Strategy {
+pub struct PlacedPolicy {
     /// How many runners may be in flight at once.
     pub policy: Policy,
     /// Where their bytes go.
     pub placement: Placement,
 }
 
-impl From<Policy> for Strategy {
-    fn from(policy: Policy) -> Strategy {
-        Strategy {
+impl From<Policy> for PlacedPolicy {
+    fn from(policy: Policy) -> PlacedPolicy {
+        PlacedPolicy {
             policy,
             placement: Placement::RoundRobin,
         }
@@ -232,10 +233,12 @@ pub struct ArenaPlan {
     pub bytes: u64,
 }
 
-/// The bytes of one key a runner owns in one arena.
+/// The bytes of one key a runner owns in one arena: its extent, out of
+/// which capture hands out the runner's views (a view's own sub-views are
+/// [`View::slice`](crate::View::slice)'s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Slice {
+pub struct Extent {
     /// The key.
     pub key: Key,
     /// Index into [`Planned::arenas`].
@@ -254,8 +257,8 @@ pub(crate) struct RunnerPlan {
     pub(crate) position: Option<usize>,
     /// Round-robin generation.
     pub(crate) generation: Option<usize>,
-    /// One slice per key, in key order.
-    pub(crate) slices: Vec<Slice>,
+    /// One extent per key, in key order.
+    pub(crate) extents: Vec<Extent>,
     /// Byte ranges of fence regions this runner's replay overwrites.
     pub(crate) claims: Vec<Claim>,
 }
@@ -298,8 +301,8 @@ impl RunnerPlan {
         self.is_fenced() || !self.record.reads.is_empty()
     }
 
-    pub(crate) fn slice(&self, key: Key) -> Option<&Slice> {
-        self.slices.iter().find(|s| s.key == key)
+    pub(crate) fn extent(&self, key: Key) -> Option<&Extent> {
+        self.extents.iter().find(|s| s.key == key)
     }
 }
 
@@ -318,7 +321,7 @@ impl RunnerPlan {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Planned {
     pub(crate) config: PlanConfig,
-    pub(crate) strategy: Strategy,
+    pub(crate) placed_policy: PlacedPolicy,
     pub(crate) generations: usize,
     pub(crate) runners: Vec<RunnerPlan>,
     pub(crate) arenas: Vec<ArenaPlan>,
@@ -337,9 +340,9 @@ impl Planned {
         config: PlanConfig,
         records: Vec<RunnerRecord>,
         handoffs: Vec<HandoffRecord>,
-        strategy: Strategy,
+        placed_policy: PlacedPolicy,
     ) -> std::result::Result<Planned, (PlanError, Vec<RunnerRecord>, Vec<HandoffRecord>)> {
-        let requested = match strategy.policy.requested() {
+        let requested = match placed_policy.policy.requested() {
             Ok(n) => n,
             Err(e) => return Err((e, records, handoffs)),
         };
@@ -357,11 +360,11 @@ impl Planned {
             runners.push(RunnerPlan {
                 record,
                 position: pos,
-                generation: match strategy.placement {
+                generation: match placed_policy.placement {
                     Placement::RoundRobin => pos.map(|p| p % g),
                     Placement::Packed => None,
                 },
-                slices: Vec::with_capacity(keys),
+                extents: Vec::with_capacity(keys),
                 claims: Vec::new(),
             });
         }
@@ -373,7 +376,7 @@ impl Planned {
         let columns = capacities_by_key(&runners, &using);
         let pairs = columns.iter().map(|(_, c)| c.len()).sum();
         for (key, cap) in columns {
-            match strategy.placement {
+            match placed_policy.placement {
                 Placement::RoundRobin => {
                     // Only generations with users get an arena: sparse, so
                     // many keys at a large G cost their users, not keys x G.
@@ -390,7 +393,7 @@ impl Planned {
                     for (k, bytes) in cap.entries() {
                         let gen = k % g;
                         let at = mine.partition_point(|a| a.generation < Some(gen));
-                        runners[using[k]].slices.push(Slice {
+                        runners[using[k]].extents.push(Extent {
                             key,
                             arena: first + at,
                             offset: 0,
@@ -416,7 +419,7 @@ impl Planned {
                         bytes: layout.bytes,
                     });
                     for ((k, bytes), &offset) in cap.entries().zip(&layout.offsets) {
-                        runners[using[k]].slices.push(Slice {
+                        runners[using[k]].extents.push(Extent {
                             key,
                             arena,
                             offset,
@@ -427,7 +430,7 @@ impl Planned {
             }
         }
 
-        let mut fence_regions = assign_claims(&mut runners, &arenas, strategy.placement, g);
+        let mut fence_regions = assign_claims(&mut runners, &arenas, placed_policy.placement, g);
         let handoffs = match place_handoffs(handoffs, &runners, &mut arenas, &mut fence_regions, g)
         {
             Ok(placed) => placed,
@@ -447,7 +450,7 @@ impl Planned {
         index.sort_unstable();
         Ok(Planned {
             config,
-            strategy,
+            placed_policy,
             generations: g,
             runners,
             arenas,
@@ -463,8 +466,8 @@ impl Planned {
     }
 
     /// The policy and placement.
-    pub fn strategy(&self) -> Strategy {
-        self.strategy
+    pub fn placed_policy(&self) -> PlacedPolicy {
+        self.placed_policy
     }
 
     /// `G`: the policy's count capped at the number of buffer-using runners
@@ -509,9 +512,9 @@ impl Planned {
         self.runner(runner).and_then(|r| r.generation)
     }
 
-    /// The slices a runner owns, one per key it uses.
-    pub fn slices_of(&self, runner: RunnerId) -> Option<&[Slice]> {
-        self.runner(runner).map(|r| r.slices.as_slice())
+    /// The extents a runner owns, one per key it uses.
+    pub fn extents_of(&self, runner: RunnerId) -> Option<&[Extent]> {
+        self.runner(runner).map(|r| r.extents.as_slice())
     }
 
     pub(crate) fn runner(&self, runner: RunnerId) -> Option<&RunnerPlan> {
@@ -525,10 +528,10 @@ impl Planned {
     pub(crate) fn place(&self, slot: usize, index: usize) -> Option<Place> {
         let r = &self.runners[slot];
         let request = r.record.requests.get(index)?;
-        let slice = r.slice(request.key())?;
+        let extent = r.extent(request.key())?;
         Some(Place {
-            arena: slice.arena,
-            offset: slice.offset + r.record.offsets.get(index)?,
+            arena: extent.arena,
+            offset: extent.offset + r.record.offsets.get(index)?,
         })
     }
 
@@ -719,7 +722,7 @@ fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> Vec<(Key, Colum
 /// Gives every buffer-using runner the byte ranges its replay claims.
 ///
 /// Round-robin: the whole of its generation (one fence region per
-/// generation, so one wait per replay). Packed: its slice of each key's arena
+/// generation, so one wait per replay). Packed: its extent of each key's arena
 /// (one region per arena), so it waits only for those that last used the
 /// bytes it overwrites. Returns the number of regions.
 fn assign_claims(
@@ -740,7 +743,7 @@ fn assign_claims(
                 .into_iter()
                 .collect(),
             Placement::Packed => r
-                .slices
+                .extents
                 .iter()
                 .map(|s| Claim {
                     region: s.arena as u32,

@@ -247,8 +247,7 @@ impl<B: Backend> Replayable<B> {
         report.graph_memory = self
             .backend
             .graph_memory_in_use()
-            .map_err(ReplayError::Wait)?
-            .map(|(used, reserved)| crate::report::GraphMemory { used, reserved });
+            .map_err(ReplayError::Wait)?;
         Ok(report)
     }
 

@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::backend::GraphMemory;
 use crate::painter::Painter;
 use crate::placement::{self, Column};
-use crate::plan::{handoff_interval, Placement, Planned, Slice, Strategy};
+use crate::plan::{handoff_interval, Extent, PlacedPolicy, Placement, Planned};
 use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
 impl Planned {
@@ -15,7 +16,7 @@ impl Planned {
     }
 
     /// A stable 64-bit hash of the layout (placement, generations, every
-    /// runner's requests and slices, every arena). Equal on every rank that
+    /// runner's requests and extents, every arena). Equal on every rank that
     /// discovered the same requests in the same order; symmetric collectives
     /// need that, since they assume equal offsets on every rank.
     pub fn fingerprint(&self) -> u64 {
@@ -70,7 +71,7 @@ pub struct RunnerReport {
     /// Bytes owned, over all keys.
     pub bytes: u64,
     /// Where they are.
-    pub slices: Vec<Slice>,
+    pub extents: Vec<Extent>,
     /// Fence waits this runner's replay needs in steady state.
     pub wait_list: usize,
 }
@@ -80,7 +81,7 @@ pub struct RunnerReport {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PlanReport {
     /// Policy and placement.
-    pub strategy: Strategy,
+    pub placed_policy: PlacedPolicy,
     /// `G`.
     pub generations: usize,
     /// Runners discovered.
@@ -117,17 +118,6 @@ pub struct PlanReport {
     pub graph_memory: Option<GraphMemory>,
     /// [`Planned::fingerprint`].
     pub fingerprint: u64,
-}
-
-/// Device memory the backend holds for graph memory nodes
-/// (CUDA: `cuDeviceGetGraphMemAttribute`), on the whole device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct GraphMemory {
-    /// Bytes in use by graph allocations now.
-    pub used: u64,
-    /// Bytes reserved for graph allocations now.
-    pub reserved: u64,
 }
 
 impl PlanReport {
@@ -216,8 +206,8 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                     .push(position, bytes);
             }
         }
-        for slice in &r.slices {
-            let f = facts.entry(slice.key).or_insert_with(fresh);
+        for extent in &r.extents {
+            let f = facts.entry(extent.key).or_insert_with(fresh);
             f.longest_wait_list = f.longest_wait_list.max(wait_list);
         }
         for q in &r.record.requests {
@@ -255,7 +245,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         .map(|(key, f)| {
             let plan_bytes = f.arenas.iter().copied().fold(0, u64::saturating_add);
             // Handoffs are placed alike under both placements.
-            let (round_robin_bytes, packed_bytes) = match plan.strategy.placement {
+            let (round_robin_bytes, packed_bytes) = match plan.placed_policy.placement {
                 Placement::RoundRobin => (
                     plan_bytes,
                     placement::packed_column(
@@ -305,17 +295,17 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
             generation: r.generation,
             requests: r.record.requests.len(),
             bytes: r
-                .slices
+                .extents
                 .iter()
                 .map(|s| s.bytes)
                 .fold(0, u64::saturating_add),
-            slices: r.slices.clone(),
+            extents: r.extents.clone(),
             wait_list,
         })
         .collect();
     let sum = |f: fn(&KeyReport) -> u64| keys.iter().map(f).fold(0u64, u64::saturating_add);
     PlanReport {
-        strategy: plan.strategy,
+        placed_policy: plan.placed_policy,
         generations: g,
         runners_total: plan.runners.len(),
         runners_using: using,
@@ -388,7 +378,7 @@ fn steady_state_waits(plan: &Planned) -> Vec<usize> {
 /// FNV-1a over a canonical encoding of the layout.
 pub(crate) fn fingerprint(plan: &Planned) -> u64 {
     let mut h = Fnv::default();
-    h.u64(match plan.strategy.placement {
+    h.u64(match plan.placed_policy.placement {
         Placement::RoundRobin => 1,
         Placement::Packed => 2,
     });
@@ -400,7 +390,7 @@ pub(crate) fn fingerprint(plan: &Planned) -> u64 {
             h.key(q.key());
             h.u64(q.elements);
         }
-        for s in &r.slices {
+        for s in &r.extents {
             h.key(s.key);
             h.u64(s.arena as u64);
             h.u64(s.offset);
@@ -599,7 +589,7 @@ impl PlanReport {
         };
         format!(
             "{comparison}; this plan is {}, {}x the lower bound",
-            self.strategy.placement,
+            self.placed_policy.placement,
             ratio(self.plan_bytes, self.lower_bound)
         )
     }
@@ -611,7 +601,7 @@ impl PlanReport {
 
     fn key_table(&self) -> Table {
         use Align::{Left, Right};
-        let arena_head = match self.strategy.placement {
+        let arena_head = match self.placed_policy.placement {
             Placement::RoundRobin => "arenas (per generation)",
             Placement::Packed => "arena",
         };
@@ -677,7 +667,7 @@ impl PlanReport {
             columns.push(("name", Left));
         }
         columns.extend([("requests", Right), ("bytes", Right), ("waits", Right)]);
-        match self.strategy.placement {
+        match self.placed_policy.placement {
             Placement::RoundRobin => columns.push(("gen", Right)),
             Placement::Packed => columns.extend([
                 ("key", Left),
@@ -703,7 +693,7 @@ impl PlanReport {
                 human_bytes(r.bytes),
                 r.wait_list.to_string(),
             ]);
-            match self.strategy.placement {
+            match self.placed_policy.placement {
                 Placement::RoundRobin => {
                     head.push(
                         r.generation
@@ -711,13 +701,13 @@ impl PlanReport {
                     );
                     t.row(head);
                 }
-                Placement::Packed if r.slices.is_empty() => {
+                Placement::Packed if r.extents.is_empty() => {
                     head.extend(["none".into(), String::new(), String::new(), String::new()]);
                     t.row(head);
                 }
                 Placement::Packed => {
                     let blank = vec![String::new(); head.len()];
-                    for (n, s) in r.slices.iter().enumerate() {
+                    for (n, s) in r.extents.iter().enumerate() {
                         let mut row = if n == 0 { head.clone() } else { blank.clone() };
                         let k = index.get(&s.key).copied();
                         let arena = k.map_or(0, |k| self.keys[k].plan_bytes);
@@ -762,7 +752,7 @@ impl PlanReport {
             "waits",
             "most fence waits one replay needs in steady state (every runner replayed in capture order, each on its own stream)",
         );
-        match self.strategy.placement {
+        match self.placed_policy.placement {
             Placement::RoundRobin => line(
                 "gen",
                 "the runner's generation; none: it requested nothing, owns no bytes and is never fenced",
@@ -789,9 +779,9 @@ impl fmt::Display for PlanReport {
         writeln!(
             f,
             "plan: {} placement, G = {} (policy {}), {} runners ({} use buffers), fingerprint {:016x}",
-            self.strategy.placement,
+            self.placed_policy.placement,
             self.generations,
-            self.strategy.policy,
+            self.placed_policy.policy,
             self.runners_total,
             self.runners_using,
             self.fingerprint

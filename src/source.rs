@@ -22,7 +22,7 @@ use crate::vocab::Request;
 ///
 /// fn wgrad(src: &mut BufferSource<'_, '_>) -> replay_arena::Result<()> {
 ///     match src.request(Request::new(Domain::Device, DType::BF16, 1024))? {
-///         Buffer::Persistent(view) => { /* launch into view.device_ptr() */ let _ = view; }
+///         Buffer::Persistent(view) => { /* launch into view.device_address() */ let _ = view; }
 ///         Buffer::AllocateYourself => { /* use the framework's allocator */ }
 ///     }
 ///     Ok(())

@@ -63,7 +63,7 @@ impl<'a> View<'a> {
 
     /// Device address of the first element (host address on `sim`), aligned
     /// to the domain's alignment.
-    pub fn device_ptr(&self) -> u64 {
+    pub fn device_address(&self) -> u64 {
         self.addr
     }
 
@@ -155,7 +155,7 @@ impl<'a> View<'a> {
     /// let bucket = cap.take(q)?;
     /// let (w1, w2) = bucket.split_at(384)?;
     /// assert_eq!((w1.len(), w2.len()), (384, 616));
-    /// assert_eq!(w2.device_ptr(), bucket.device_ptr() + 768);
+    /// assert_eq!(w2.device_address(), bucket.device_address() + 768);
     /// assert_eq!(w2.alignment(), 256);
     /// assert!(bucket.slice(900..1001).is_err());
     /// # Ok::<(), replay_arena::Error>(())

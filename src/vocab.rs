@@ -234,7 +234,7 @@ impl fmt::Display for Purpose {
 
 /// Identifies the parameter a wgrad request belongs to. Only used to compute
 /// what the per-parameter ring would have cost; repeated use of one parameter
-/// in one graph (MTP) still gets distinct slices.
+/// in one graph (MTP) still gets distinct views.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ParamId(pub u64);

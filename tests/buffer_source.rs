@@ -42,7 +42,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
     }
     let planned = discovery.plan(Policy::Generations(1)).unwrap();
     // Two distinct slices for the repeated parameter, aligned to 256 bytes.
-    let slices = planned.slices_of(RunnerId(0)).unwrap();
+    let slices = planned.extents_of(RunnerId(0)).unwrap();
     let bf16 = slices.iter().find(|s| s.key.dtype == DType::BF16).unwrap();
     assert_eq!(bf16.bytes, 2 * 6144);
 
@@ -59,7 +59,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
                 .try_for_each(|v| sim.launch(s, SimOp::fill(v, 1.0), 1))
         })
         .unwrap();
-        addrs = views.iter().map(|v| v.device_ptr()).collect::<Vec<_>>();
+        addrs = views.iter().map(|v| v.device_address()).collect::<Vec<_>>();
         cap.finish().unwrap();
     }
     assert_eq!(addrs.len(), 3);
@@ -71,7 +71,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), &stream).unwrap();
     let views = replayable.views(RunnerId(0)).unwrap();
-    let same: Vec<u64> = views.iter().map(|v| v.device_ptr()).collect();
+    let same: Vec<u64> = views.iter().map(|v| v.device_address()).collect();
     assert_eq!(
         same, addrs,
         "replay-time views have the capture-time addresses"

@@ -94,7 +94,7 @@ fn failure(args: &[&str]) -> String {
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.starts_with("error: "), "{e}");
     // No Rust Debug in what users read.
-    assert!(!e.contains("{ ") && !e.contains("Strategy"), "{e}");
+    assert!(!e.contains("{ ") && !e.contains("PlacedPolicy"), "{e}");
     e
 }
 
@@ -379,7 +379,7 @@ fn report_json_carries_names_sizes_and_ratios() {
     assert_eq!(v["workload"]["source"], "hand-written");
     assert_eq!(v["groups"], json!(["gtp", "expert-gtp"]));
     assert_eq!(v["runners"][2]["name"], "layer0.mlp.bwd");
-    assert_eq!(v["runners"][1]["slices"], json!([]));
+    assert_eq!(v["runners"][1]["extents"], json!([]));
     assert_eq!(v["packed_bytes"], v["plan_bytes"]);
     let gtp = v["keys"]
         .as_array()
@@ -513,7 +513,7 @@ fn check_picture(workload: &str, args: &[&str]) {
         );
         let boxes: Vec<SliceBox> = panel
             .descendants()
-            .filter(|n| n.attribute("class") == Some("slice"))
+            .filter(|n| n.attribute("class") == Some("extent"))
             .map(|n| SliceBox {
                 runner: n.attribute("data-runner").unwrap().parse().unwrap(),
                 x: attr(n, "x"),

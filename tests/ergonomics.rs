@@ -6,8 +6,8 @@ use std::error::Error as StdError;
 
 use replay_arena::sim::{SimBackend, SimOp};
 use replay_arena::{
-    CaptureError, Capturing, DType, Discovering, Domain, Error, Placement, PlanConfig, PlanError,
-    Policy, Replayable, Request, RunnerId, SealError, Strategy,
+    CaptureError, Capturing, DType, Discovering, Domain, Error, PlacedPolicy, Placement,
+    PlanConfig, PlanError, Policy, Replayable, Request, RunnerId, SealError,
 };
 
 /// What `anyhow::Error` needs of an error, without the dependency.
@@ -220,5 +220,5 @@ fn a_placement_is_chosen_in_one_expression() {
         assert_eq!(strategy, policy.placed(want));
         assert!(Discovering::new(PlanConfig::new()).plan(strategy).is_ok());
     }
-    assert_eq!(policy.round_robin(), Strategy::from(policy));
+    assert_eq!(policy.round_robin(), PlacedPolicy::from(policy));
 }

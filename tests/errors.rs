@@ -130,7 +130,7 @@ fn a_rejected_request_is_not_recorded() {
         armed.record(F32_64).unwrap();
     }
     let planned = discovery.plan(Policy::Generations(1)).unwrap();
-    let slices = planned.slices_of(RunnerId(0)).unwrap();
+    let slices = planned.extents_of(RunnerId(0)).unwrap();
     assert_eq!(slices.len(), 1);
     assert_eq!(slices[0].bytes, 256);
 }

@@ -7,9 +7,7 @@ mod support;
 
 use proptest::prelude::*;
 use replay_arena::sim::{AsSpan, SimBackend, SimOp, Span};
-use replay_arena::{
-    DType, Domain, Policy, Replayable, Request, RunnerId, Strategy as PlanStrategy,
-};
+use replay_arena::{DType, Domain, PlacedPolicy, Policy, Replayable, Request, RunnerId};
 use support::{discover, Workload, GTP};
 
 fn f32_request() -> impl Strategy<Value = Request> {
@@ -36,7 +34,7 @@ struct Step {
     consumer: Option<(usize, u64)>,
 }
 
-fn case() -> impl Strategy<Value = (Workload, PlanStrategy, usize, Vec<Step>, Vec<u64>)> {
+fn case() -> impl Strategy<Value = (Workload, PlacedPolicy, usize, Vec<Step>, Vec<u64>)> {
     (workload(), 1usize..4, any::<bool>(), 1usize..4).prop_flat_map(|(w, g, packed, streams)| {
         let n = w.len();
         let step = (0..n, 0..streams, prop::option::of((0..streams, 1u64..300))).prop_map(
@@ -74,7 +72,7 @@ fn value(runner: usize) -> f32 {
 }
 
 /// Captures every runner: its graph fills each of its views with its value.
-fn setup(w: &Workload, s: PlanStrategy, streams: usize, durations: &[u64]) -> Setup {
+fn setup(w: &Workload, s: PlacedPolicy, streams: usize, durations: &[u64]) -> Setup {
     let sim = SimBackend::new();
     let streams: Vec<_> = (0..streams).map(|_| sim.stream()).collect();
     let mut capturing = discover(w).plan(s).unwrap().allocate(sim.clone()).unwrap();

@@ -186,7 +186,7 @@ fn sub_views_keep_the_closure_and_the_fence() {
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(bucket).unwrap();
     let (a, b) = view.split_at(48).unwrap();
-    assert_eq!(b.device_ptr(), view.device_ptr() + 4 * 48);
+    assert_eq!(b.device_address(), view.device_address() + 4 * 48);
     assert_eq!(
         (a.dtype(), b.domain(), b.runner()),
         (DType::F32, Domain::Device, RunnerId(0))

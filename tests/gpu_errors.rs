@@ -52,7 +52,7 @@ fn capture_wgrad(
     let cap = capturing.capture(runner)?;
     let view = cap.take(f32s(n))?;
     cap.stream_capture(stream, |s| {
-        g.wgrad(s, view.device_ptr(), n as u32, step, runner.0, 0, 0)
+        g.wgrad(s, view.device_address(), n as u32, step, runner.0, 0, 0)
     })?;
     Ok(cap.finish()?)
 }
@@ -80,7 +80,7 @@ fn capture_with_memory_nodes(
             return Err(format!("cuMemAllocAsync: {code:?}"));
         }
         g.wgrad(s, tmp, 1024, step, 7, 0, 0)?;
-        g.wgrad(s, view.device_ptr(), 1024, step, 7, 0, 0)?;
+        g.wgrad(s, view.device_address(), 1024, step, 7, 0, 0)?;
         if free {
             let code = unsafe { sys::cuMemFreeAsync(tmp, s.cu_stream()) };
             if code != sys::CUresult::CUDA_SUCCESS {
@@ -150,8 +150,10 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
             ),
             "{e:?}"
         );
-        cap.stream_capture(&s, |s| g.wgrad(s, view.device_ptr(), 2000, step, 1, 0, 0))
-            .unwrap();
+        cap.stream_capture(&s, |s| {
+            g.wgrad(s, view.device_address(), 2000, step, 1, 0, 0)
+        })
+        .unwrap();
         cap.finish().unwrap();
     }
 
@@ -434,7 +436,7 @@ fn round(g: &Gpu) -> u64 {
         );
         let e = cap
             .stream_capture(&s, |s| {
-                g.wgrad(s, views.0.device_ptr(), 1024, step, 1, 0, 0)?;
+                g.wgrad(s, views.0.device_address(), 1024, step, 1, 0, 0)?;
                 Err::<(), String>("injected".into())
             })
             .unwrap_err();
@@ -452,7 +454,7 @@ fn round(g: &Gpu) -> u64 {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
         let views: Vec<View<'_>> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
         cap.stream_capture(&s, |s| {
-            g.wgrad(s, views[0].device_ptr(), 1 << 16, step, r as u32, 0, 0)
+            g.wgrad(s, views[0].device_address(), 1 << 16, step, r as u32, 0, 0)
         })
         .unwrap();
         cap.finish().unwrap();

@@ -121,7 +121,7 @@ fn a_graph_the_program_captured_with_cudarc_is_adopted_and_replays() {
         .unwrap();
     let mut capturing = planned.allocate(b.clone()).unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
-    let addr = cap.take(REQ).unwrap().device_ptr();
+    let addr = cap.take(REQ).unwrap().device_address();
     let ones = vec![1.25f32; N];
     let source: CudaSlice<f32> = pool.cudarc().clone_htod(&ones).unwrap();
     pool.synchronize().unwrap();
@@ -152,7 +152,7 @@ fn a_graph_the_program_captured_with_cudarc_is_adopted_and_replays() {
     pool.synchronize().unwrap();
     view.leak();
     assert!(host.iter().all(|&x| x == 1.25));
-    let (_, reserved) = b.graph_memory().unwrap();
+    let reserved = b.graph_memory_in_use().unwrap().reserved;
     println!("graph memory reserved on the device: {reserved} bytes");
 }
 

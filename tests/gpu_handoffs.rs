@@ -14,8 +14,8 @@ use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use replay_arena::cuda::{CudaBackend, ViewExt};
 use replay_arena::{
-    CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Request, RunnerId,
-    StepError, Strategy,
+    CaptureError, DType, Discovering, Domain, HandoffId, PlacedPolicy, PlanConfig, Policy, Request,
+    RunnerId, StepError,
 };
 use support::ops::{OpResult, Ops};
 
@@ -147,7 +147,7 @@ fn discover() -> (Discovering, Vec<HandoffId>) {
 /// step graph launched once per step.
 fn graphed(
     model: &Model,
-    strategy: Strategy,
+    strategy: PlacedPolicy,
     steps: usize,
     stepped: bool,
 ) -> Result<Vec<Vec<i32>>, StepError> {

@@ -125,7 +125,7 @@ fn host_fold(rs: &Rs, ranks: usize, rank: usize, steps: u32) -> Vec<u32> {
 fn inside(windows: &[(u64, u64)], v: &View<'_>) -> bool {
     windows
         .iter()
-        .any(|&(b, n)| v.device_ptr() >= b && v.device_ptr() + v.bytes() <= b + n)
+        .any(|&(b, n)| v.device_address() >= b && v.device_address() + v.bytes() <= b + n)
 }
 
 /// Captures every runner (wgrad, reduce-scatter, step bump), replays
@@ -164,7 +164,7 @@ fn run(
         let spec = rs.spec(ranks, rank);
         let step = g.ptr(&steps_buf[r]);
         cap.stream_capture(&pool[0], |s| {
-            spec.submit(g, s, step, None, &[send.device_ptr()])?;
+            spec.submit(g, s, step, None, &[send.device_address()])?;
             comm.reduce_scatter(&send, &recv, s)
                 .map_err(|e| e.to_string())
         })
@@ -181,7 +181,7 @@ fn run(
                     g.consume(
                         s,
                         g.ptr(&outs[r]),
-                        views[1].device_ptr(),
+                        views[1].device_address(),
                         rs.n,
                         0,
                         g.ptr(&torn),

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{Policy, RunnerId, Strategy};
+use replay_arena::{PlacedPolicy, Policy, RunnerId};
 use support::gpu::{discover_specs, eager, gpu, host_outputs, mismatches, Spec, State};
 
 const STEPS: usize = 100;
@@ -48,7 +48,7 @@ fn host() -> &'static Vec<Vec<Vec<u32>>> {
     })
 }
 
-fn pipeline(streams: usize, strategy: impl Into<Strategy>) {
+fn pipeline(streams: usize, strategy: impl Into<PlacedPolicy>) {
     let strategy = strategy.into();
     let g = gpu();
     let specs = specs();

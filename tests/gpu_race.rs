@@ -17,7 +17,7 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{Policy, RunnerId, Strategy, View};
+use replay_arena::{PlacedPolicy, Policy, RunnerId, View};
 use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
@@ -35,7 +35,7 @@ struct Outcome {
     torn: u32,
 }
 
-fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
+fn run(g: &Gpu, specs: &[Spec], strategy: PlacedPolicy, fenced: bool) -> Outcome {
     let planned = discover_specs(specs).plan(strategy).unwrap();
     assert_eq!(planned.generations(), 2);
     let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
@@ -49,7 +49,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
 
     let mut replayable = capture_specs(g, planned, specs, &states, &pool);
     // Runner r and r + 2 must share bytes, or there is nothing to race on.
-    let base = |r: u32| replayable.views(RunnerId(r)).unwrap()[0].device_ptr();
+    let base = |r: u32| replayable.views(RunnerId(r)).unwrap()[0].device_address();
     assert_eq!(base(0), base(2), "runners 0 and 2 share their arena bytes");
 
     for _ in 0..STEPS {
@@ -106,7 +106,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: Strategy, fenced: bool) -> Outcome {
     outcome
 }
 
-fn fence_on_never_corrupts_fence_off_does(strategy: Strategy) {
+fn fence_on_never_corrupts_fence_off_does(strategy: PlacedPolicy) {
     let g = gpu();
     let specs: Vec<Spec> = (0..RUNNERS).map(|r| Spec::new(r, &[N], None)).collect();
     for round in 0..3 {

@@ -88,7 +88,7 @@ impl Dev {
             let cap = capturing.capture(RunnerId(r)).unwrap();
             let view = cap.take(REQ).unwrap();
             cap.stream_capture(stream, |s| {
-                self.spin_fill(s, view.device_ptr(), N as u32, fill(r), cycles(r))
+                self.spin_fill(s, view.device_address(), N as u32, fill(r), cycles(r))
             })
             .unwrap();
             cap.finish().unwrap();
@@ -130,7 +130,7 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
     let view = replayable.views(RunnerId(0)).unwrap()[0];
     let err = view.as_cuda::<f32>(&other).unwrap_err();
     assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
-    let addr = view.device_ptr();
+    let addr = view.device_address();
     // Inside the consumer: another stream is refused at conversion, and a
     // typed view handed to cudarc on another stream gets a null address
     // (cudarc's copy fails) and the consumer reports it.
@@ -178,7 +178,7 @@ fn a_typed_view_kept_past_its_capture_reaches_no_memory() {
     let mut kept = None;
     cap.stream_capture(&stream, |s| {
         kept = Some(view.as_cuda::<f32>(s)?);
-        d.spin_fill(s, view.device_ptr(), N as u32, 3.0, 0)
+        d.spin_fill(s, view.device_address(), N as u32, 3.0, 0)
             .map_err(|reason| BackendError::Refused { op: "test", reason })
     })
     .unwrap();
@@ -190,7 +190,7 @@ fn a_typed_view_kept_past_its_capture_reaches_no_memory() {
     cap.finish().unwrap();
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), &stream).unwrap();
-    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();
     assert_eq!(d.ends(addr), (3.0, 3.0));
 }
 
@@ -204,7 +204,7 @@ fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_get
     );
     let mut first = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
     first.replay(RunnerId(0), &pool).unwrap();
-    let old = first.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let old = first.views(RunnerId(0)).unwrap()[0].device_address();
     // The recipe, outside any consumer: refused before anything is
     // enqueued.
     let outside = first.views(RunnerId(0)).unwrap()[0].as_cuda::<f32>(&side);
@@ -227,7 +227,7 @@ fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_get
     drop(first); // must wait for the copy before freeing the arena
     let mut second = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
     second.replay(RunnerId(0), &pool).unwrap();
-    let new = second.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let new = second.views(RunnerId(0)).unwrap()[0].device_address();
     println!("first plan's arena at {old:#x}, second's at {new:#x}");
     assert_eq!(d.ends(new), (2.0, 2.0), "the next plan's arena was written");
 }
@@ -242,7 +242,7 @@ fn a_forgotten_step_graph_is_waited_for_before_the_next_plan_gets_the_bytes() {
     );
     // Each launch spins ~100 ms, then fills the arena with 1.0.
     let mut first = d.sealed(1, 1, &pool, |_| 1.0, |_| SLOW);
-    let old = first.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let old = first.views(RunnerId(0)).unwrap()[0].device_address();
     {
         let mut step = first.step();
         step.replay(RunnerId(0), &pool).unwrap();
@@ -256,7 +256,7 @@ fn a_forgotten_step_graph_is_waited_for_before_the_next_plan_gets_the_bytes() {
     drop(first); // must wait for the three queued launches
     let mut second = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
     second.replay(RunnerId(0), &pool).unwrap();
-    let new = second.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let new = second.views(RunnerId(0)).unwrap()[0].device_address();
     println!("first plan's arena at {old:#x}, second's at {new:#x}");
     let changed = d.read(new).iter().filter(|&&x| x != 2.0).count();
     assert_eq!(
@@ -285,7 +285,7 @@ fn a_recycled_stream_handle_does_not_skip_the_wait() {
             }
         },
     );
-    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();
     let third = d.backend.new_stream().unwrap();
     let first = d.backend.new_stream().unwrap();
     // Runner 1 on another stream waits for runner 0: from then on runner 0
@@ -337,8 +337,8 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let (send, recv) = (cap.take(sym).unwrap(), cap.take(REQ).unwrap());
     cap.stream_capture(&pool, |s| {
-        d.spin_fill(s, send.device_ptr(), N as u32, 4.0, 0)
-            .and_then(|()| d.spin_fill(s, recv.device_ptr(), N as u32, 0.0, 0))
+        d.spin_fill(s, send.device_address(), N as u32, 4.0, 0)
+            .and_then(|()| d.spin_fill(s, recv.device_address(), N as u32, 0.0, 0))
             .map_err(|reason| BackendError::Refused { op: "test", reason })
     })
     .unwrap();
@@ -346,7 +346,7 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), &pool).unwrap();
     let views = replayable.views(RunnerId(0)).unwrap();
-    let recv_addr = views[1].device_ptr();
+    let recv_addr = views[1].device_address();
     let outside = comm.reduce_scatter(&views[0], &views[1], &side);
     assert!(
         matches!(outside, Err(BackendError::InvalidView { .. })),
@@ -364,7 +364,7 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     // of the same size is not written by it.
     let mut next = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
     next.replay(RunnerId(0), &pool).unwrap();
-    let new = next.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let new = next.views(RunnerId(0)).unwrap()[0].device_address();
     println!("recv view was at {recv_addr:#x}; the next plan's arena is at {new:#x}");
     assert_eq!(d.ends(new), (2.0, 2.0));
 }
@@ -377,7 +377,7 @@ fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consume
     let pool = d.backend.new_stream().unwrap();
     let mut replayable = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
     replayable.replay(RunnerId(0), &pool).unwrap();
-    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_ptr();
+    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     let mut stolen = None;
     let result = replayable.consume(RunnerId(0), &pool, |s, views| {

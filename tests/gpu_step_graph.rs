@@ -12,7 +12,7 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{Policy, RunnerId, Strategy, View};
+use replay_arena::{PlacedPolicy, Policy, RunnerId, View};
 use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
@@ -21,7 +21,7 @@ const STEPS: usize = 20;
 const SPIN: i64 = 20_000;
 const CONSUMER_BLOCKS: u32 = 8;
 
-fn stepped_equals_eager(strategy: Strategy) {
+fn stepped_equals_eager(strategy: PlacedPolicy) {
     let g = gpu();
     let specs: Vec<Spec> = (0..RUNNERS)
         .map(|r| Spec::new(r, &[N], Some(256)))

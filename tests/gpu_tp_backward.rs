@@ -16,7 +16,7 @@ use model::{
 };
 use replay_arena::cuda;
 use replay_arena::cuda::CudaBackend;
-use replay_arena::{Backend, BackendError, Policy, RunnerId, Strategy};
+use replay_arena::{Backend, BackendError, PlacedPolicy, Policy, RunnerId};
 
 const STEPS: usize = 20;
 
@@ -37,7 +37,7 @@ fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     cuda: &CudaBackend,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,
-    strategy: Strategy,
+    strategy: PlacedPolicy,
 ) {
     let mut model = Model::new(cuda, SHAPE, reduce).unwrap();
     let eager_stream = cuda.new_stream().unwrap();

@@ -15,7 +15,7 @@ use model::{graphed_step, Comparison, Model, Reduce, Shape, Tolerance};
 use replay_arena::cuda::cudarc::driver::CudaContext;
 use replay_arena::cuda::CudaBackend;
 use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
-use replay_arena::{Backend, Policy, Strategy};
+use replay_arena::{Backend, PlacedPolicy, Policy};
 
 const STEPS: usize = 12;
 
@@ -50,7 +50,7 @@ fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found
         model.eager_step(&eager, &eager_stream).unwrap();
     }
     let planned = discovery
-        .plan(Strategy::from(Policy::OverlapDepth(2)))
+        .plan(PlacedPolicy::from(Policy::OverlapDepth(2)))
         .unwrap();
     comm.check_fingerprint(planned.fingerprint()).unwrap();
     let backend = NcclBackend::new(cuda.clone())

@@ -59,7 +59,7 @@ pub struct RSpec {
 pub struct Spec {
     pub runners: Vec<RSpec>,
     pub handoffs: Vec<HSpec>,
-    pub policy: Strategy,
+    pub policy: PlacedPolicy,
 }
 
 pub fn hval(h: usize) -> f32 {

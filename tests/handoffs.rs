@@ -3,11 +3,10 @@
 //! declared at discovery, placed for its lifetime, fenced both ways.
 
 use proptest::prelude::*;
-use proptest::strategy::Strategy as _;
 use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
 use replay_arena::{
-    CaptureError, DType, Discovering, DiscoveryError, Domain, HandoffId, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId, Strategy,
+    CaptureError, DType, Discovering, DiscoveryError, Domain, HandoffId, PlacedPolicy, PlanConfig,
+    Policy, ReplayError, Replayable, Request, RunnerId,
 };
 
 const GRAD: Request = Request::new(Domain::Device, DType::F32, 64);
@@ -46,7 +45,7 @@ struct Chain {
     _buffers: (SimBuffer, Vec<SimBuffer>),
 }
 
-fn captured(n: u32, strategy: impl Into<Strategy>, ready: bool, read: u64, tail: u64) -> Chain {
+fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, tail: u64) -> Chain {
     let (d, handoffs) = chain(n);
     let sim = SimBackend::new();
     let pool = [sim.stream(), sim.stream()];

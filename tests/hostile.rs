@@ -330,7 +330,7 @@ fn a_view_or_its_span_cannot_be_used_after_its_closure_returned() {
     let view = replayable.views(RunnerId(1)).unwrap()[0];
     assert_out_of_scope(sim.launch(&side, SimOp::fill(&view, 7.0), 50));
     // Nor can a raw span of the same bytes get in.
-    let raw = replay_arena::sim::Span::new(view.device_ptr(), 64);
+    let raw = replay_arena::sim::Span::new(view.device_address(), 64);
     let err = sim.launch(&side, SimOp::fill(&raw, 7.0), 50).unwrap_err();
     assert!(err.to_string().contains("lie in a plan's arena"), "{err}");
     assert_eq!(sim.read_f32(&view).unwrap(), vec![6.0; 64]);
@@ -496,7 +496,7 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
         let mut pb = capturing.seal().unwrap();
         drop(x);
         let mut pa = one_runner(&sim, &b, 2.0);
-        let arena = pa.views(RunnerId(0)).unwrap()[0].device_ptr();
+        let arena = pa.views(RunnerId(0)).unwrap()[0].device_address();
         pa.replay(RunnerId(0), &b).unwrap();
         let replayed = pb.replay(RunnerId(0), &a);
         if arena != addr {

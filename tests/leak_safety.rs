@@ -280,11 +280,11 @@ fn a_forgotten_replayable_leaks_its_arenas_under_queued_work_and_the_next_plan_g
     let mut rp = two_runners(&sim, &a, &sink, 10_000)?;
     rp.replay(RunnerId(0), &a)?;
     rp.replay(RunnerId(1), &b)?;
-    let old = rp.views(RunnerId(0))?[0].device_ptr();
+    let old = rp.views(RunnerId(0))?[0].device_address();
     let live = sim.live_allocations();
     std::mem::forget(rp);
     let mut next = two_runners(&sim, &b, &sink, 1)?;
-    assert_ne!(next.views(RunnerId(0))?[0].device_ptr(), old);
+    assert_ne!(next.views(RunnerId(0))?[0].device_address(), old);
     next.replay(RunnerId(0), &b)?;
     next.replay(RunnerId(1), &a)?;
     next.synchronize()?;

@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
-    DiscoveryError, Domain, GroupId, Placement, PlanConfig, PlanError, Policy, ReplayError,
-    Replayable, Request, RunnerId, StepError, Strategy as PlanStrategy, StreamCaptureError,
+    DiscoveryError, Domain, GroupId, PlacedPolicy, Placement, PlanConfig, PlanError, Policy,
+    ReplayError, Replayable, Request, RunnerId, StepError, StreamCaptureError,
 };
 
 /// Cases `cargo test` runs when no count is set.
@@ -471,7 +471,7 @@ fn run_round(
 ) -> Result<Option<Discovering>, TestCaseError> {
     let requests = discover(&mut discovery, round)?;
     let policy = Policy::Generations(round.generations);
-    let strategy: PlanStrategy = if round.packed {
+    let strategy: PlacedPolicy = if round.packed {
         policy.packed()
     } else {
         policy.into()
@@ -505,7 +505,7 @@ fn run_round(
     let claims: Vec<Vec<Claim>> = (0..n)
         .map(|r| {
             let id = RunnerId(r as u32);
-            match planned.strategy().placement {
+            match planned.placed_policy().placement {
                 Placement::RoundRobin => planned
                     .generation_of(id)
                     .map(|g| Claim {
@@ -516,7 +516,7 @@ fn run_round(
                     .into_iter()
                     .collect(),
                 Placement::Packed => planned
-                    .slices_of(id)
+                    .extents_of(id)
                     .unwrap_or(&[])
                     .iter()
                     .map(|s| Claim {

@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use replay_arena::sim::SimBackend;
 use replay_arena::{
-    DType, Discovering, Domain, Key, Placement, PlanConfig, Planned, Policy, Request, RunnerId,
-    Strategy as PlanStrategy,
+    DType, Discovering, Domain, Key, PlacedPolicy, Placement, PlanConfig, Planned, Policy, Request,
+    RunnerId,
 };
 use support::{aligned, discover, workload, Workload};
 
-fn strategy() -> impl proptest::strategy::Strategy<Value = PlanStrategy> {
+fn strategy() -> impl proptest::strategy::Strategy<Value = PlacedPolicy> {
     (1usize..5, any::<bool>()).prop_map(|(g, packed)| {
         let p = Policy::Generations(g);
         if packed {
@@ -38,7 +38,7 @@ fn capacity(requests: &[replay_arena::Request]) -> BTreeMap<Key, u64> {
     c
 }
 
-fn plan(w: &Workload, s: PlanStrategy) -> Planned {
+fn plan(w: &Workload, s: PlacedPolicy) -> Planned {
     discover(w).plan(s).unwrap()
 }
 
@@ -49,7 +49,7 @@ proptest! {
     fn capacity_is_the_sum_of_aligned_requests(w in workload(12), s in strategy()) {
         let p = plan(&w, s);
         for (r, requests) in w.iter().enumerate() {
-            let slices = p.slices_of(RunnerId(r as u32)).unwrap();
+            let slices = p.extents_of(RunnerId(r as u32)).unwrap();
             let expected = capacity(requests);
             prop_assert_eq!(slices.len(), expected.len());
             for sl in slices {
@@ -94,8 +94,8 @@ proptest! {
         let g = p.generations();
         for a in 0..users.len() {
             for b in a + 1..users.len().min(a + g) {
-                for x in p.slices_of(RunnerId(users[a] as u32)).unwrap() {
-                    for y in p.slices_of(RunnerId(users[b] as u32)).unwrap() {
+                for x in p.extents_of(RunnerId(users[a] as u32)).unwrap() {
+                    for y in p.extents_of(RunnerId(users[b] as u32)).unwrap() {
                         let disjoint = x.arena != y.arena
                             || x.offset + x.bytes <= y.offset
                             || y.offset + y.bytes <= x.offset;
@@ -120,9 +120,9 @@ proptest! {
             let cap = capturing.capture(RunnerId(r as u32)).unwrap();
             for q in requests {
                 let v = cap.take(*q).unwrap();
-                prop_assert_eq!(v.device_ptr() % q.domain.alignment(), 0);
+                prop_assert_eq!(v.device_address() % q.domain.alignment(), 0);
                 let pos = users.iter().position(|&u| u == r).unwrap();
-                views.push((pos, v.device_ptr(), v.device_ptr() + aligned(q)));
+                views.push((pos, v.device_address(), v.device_address() + aligned(q)));
             }
             cap.stream_capture(&stream, |_| Ok::<(), replay_arena::Error>(())).unwrap();
             cap.finish().unwrap();
@@ -187,7 +187,7 @@ proptest! {
     #[test]
     fn packed_placement_is_chosen_when_asked(w in workload(8), g in 1usize..4) {
         let p = plan(&w, Policy::Generations(g).packed());
-        prop_assert_eq!(p.strategy().placement, Placement::Packed);
+        prop_assert_eq!(p.placed_policy().placement, Placement::Packed);
         let keys: std::collections::BTreeSet<Key> = w.iter().flatten().map(|q| q.key()).collect();
         prop_assert_eq!(p.arenas().len(), keys.len());
     }
@@ -198,11 +198,11 @@ proptest! {
 fn old_packed_bytes(p: &Planned) -> u64 {
     let using: Vec<RunnerId> = p
         .runners()
-        .filter(|&r| !p.slices_of(r).unwrap_or_default().is_empty())
+        .filter(|&r| !p.extents_of(r).unwrap_or_default().is_empty())
         .collect();
     let mut columns: BTreeMap<Key, Vec<u64>> = BTreeMap::new();
     for (k, &r) in using.iter().enumerate() {
-        for s in p.slices_of(r).unwrap_or_default() {
+        for s in p.extents_of(r).unwrap_or_default() {
             columns.entry(s.key).or_insert_with(|| vec![0; using.len()])[k] = s.bytes;
         }
     }

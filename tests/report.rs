@@ -6,8 +6,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use replay_arena::{
-    human_bytes, DType, Discovering, Domain, GroupId, ParamId, PlanConfig, PlanReport, Planned,
-    Policy, Purpose, Request, RunnerId, Strategy,
+    human_bytes, DType, Discovering, Domain, GroupId, ParamId, PlacedPolicy, PlanConfig,
+    PlanReport, Planned, Policy, Purpose, Request, RunnerId,
 };
 
 /// Counts the bytes this thread allocates, so a test can bound what one
@@ -78,7 +78,7 @@ fn named_runners(sizes: &[u64], config: PlanConfig) -> Discovering {
     d
 }
 
-fn table(d: &Discovering, strategy: impl Into<Strategy>) -> (PlanReport, String) {
+fn table(d: &Discovering, strategy: impl Into<PlacedPolicy>) -> (PlanReport, String) {
     let report = d.clone().plan(strategy).unwrap().report();
     let text = report.to_string();
     (report, text)
@@ -206,12 +206,12 @@ fn a_packed_table_shows_every_runner_offset_and_end() {
     let d = named_runners(&[10, 1, 20, 10, 1, 20], PlanConfig::new());
     let (report, text) = table(&d, Policy::Generations(2).packed());
     let rows = block(&text, "runner ");
-    for r in report.runners.iter().filter(|r| !r.slices.is_empty()) {
+    for r in report.runners.iter().filter(|r| !r.extents.is_empty()) {
         let row = rows
             .iter()
             .find(|l| l.starts_with(&format!("{} ", r.runner)))
             .unwrap();
-        let s = r.slices[0];
+        let s = r.extents[0];
         let cells: Vec<&str> = row.split("  ").map(str::trim).collect();
         assert!(
             cells.contains(&human_bytes(s.offset).as_str())
@@ -421,7 +421,7 @@ fn many_single_runner_groups_at_as_many_generations_plan_and_report_in_linear_me
     // users get an arena now, and nothing has G entries per key.
     let n = 4_000u32;
     for strategy in [
-        Strategy::from(Policy::Generations(n as usize)),
+        PlacedPolicy::from(Policy::Generations(n as usize)),
         Policy::Generations(n as usize).packed(),
     ] {
         let d = one_group_each(n);

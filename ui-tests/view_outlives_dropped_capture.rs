@@ -16,5 +16,5 @@ fn main() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(request).unwrap()
     };
-    let _ = view.device_ptr();
+    let _ = view.device_address();
 }

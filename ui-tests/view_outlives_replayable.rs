@@ -10,5 +10,5 @@ fn main() {
     let replayable = planned.allocate(SimBackend::new()).unwrap().seal().unwrap();
     let views = replayable.views(RunnerId(0)).unwrap();
     let _discovery = replayable.replan();
-    let _ = views[0].device_ptr();
+    let _ = views[0].device_address();
 }

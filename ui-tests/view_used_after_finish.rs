@@ -18,5 +18,5 @@ fn main() {
     let view = cap.take(request).unwrap();
     cap.stream_capture(&stream, |_| Ok::<(), Error>(())).unwrap();
     cap.finish().unwrap();
-    let _ = view.device_ptr();
+    let _ = view.device_address();
 }

@@ -50,7 +50,9 @@ use model::{
 };
 use replay_arena::cuda;
 use replay_arena::cuda::{probe, CudaBackend};
-use replay_arena::{human_bytes, Backend, BackendError, Policy, Replayable, RunnerId, Strategy};
+use replay_arena::{
+    human_bytes, Backend, BackendError, PlacedPolicy, Policy, Replayable, RunnerId,
+};
 
 type Result<T, E = TpError> = std::result::Result<T, E>;
 
@@ -451,7 +453,7 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
 
     // 2. Plan for a pool of two streams, both placements; every rank checks
     //    that all ranks planned the same layout.
-    let rr_strategy: Strategy = Policy::OverlapDepth(2).into();
+    let rr_strategy: PlacedPolicy = Policy::OverlapDepth(2).into();
     let packed_strategy = Policy::OverlapDepth(2).packed();
     let rr_plan = discovery.clone().plan(rr_strategy)?;
     let bare_plan = discovery.clone().plan(rr_strategy)?;
@@ -776,7 +778,7 @@ fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
     Ok(())
 }
 
-fn strategy_name(s: Strategy) -> String {
+fn strategy_name(s: PlacedPolicy) -> String {
     format!("{} {}", s.policy, s.placement)
 }
 

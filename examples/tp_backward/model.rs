@@ -1430,13 +1430,13 @@ pub fn rs_outputs(views: &[View<'_>]) -> Vec<u64> {
         .iter()
         .skip(2)
         .step_by(2)
-        .map(View::device_ptr)
+        .map(View::device_address)
         .collect()
 }
 
 /// The workspace view's byte range (address, bytes) of a runner.
 pub fn workspace_range(views: &[View<'_>]) -> Option<(u64, u64)> {
-    views.first().map(|v| (v.device_ptr(), v.bytes()))
+    views.first().map(|v| (v.device_address(), v.bytes()))
 }
 
 /// What [`Model::compare`] found.

@@ -50,7 +50,9 @@ use cudarc::driver::{
     SyncOnDrop,
 };
 
-use crate::backend::{check_memory_nodes, Arena, ArenaDesc, Backend, BackendError, StepNode};
+use crate::backend::{
+    check_memory_nodes, Arena, ArenaDesc, Backend, BackendError, GraphMemory, StepNode,
+};
 use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};
 use crate::view::View;
 use crate::vocab::{align_up, DType, Domain, GroupId};
@@ -614,15 +616,16 @@ impl CudaBackend {
         Ok(owned)
     }
 
-    /// Bytes of device memory the driver holds for graph memory nodes (the
+    /// Device memory the driver holds for graph memory nodes (the
     /// temporaries of every graph on this device: `cuDeviceGetGraphMemAttribute`),
-    /// as (in use now, reserved now). Beside the plan's arenas, the other
-    /// half of what replaying costs in memory.
+    /// in use now and reserved now. Beside the plan's arenas, the other half
+    /// of what replaying costs in memory. [`Backend::graph_memory_in_use`]
+    /// gives the same, always `Some`.
     ///
     /// # Errors
     ///
     /// The driver's error.
-    pub fn graph_memory(&self) -> Result<(u64, u64)> {
+    pub fn graph_memory_in_use(&self) -> Result<GraphMemory> {
         self.bind()?;
         let get = |attr| {
             let mut value: u64 = 0;
@@ -636,10 +639,10 @@ impl CudaBackend {
             })
             .map(|()| value)
         };
-        Ok((
-            get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
-            get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
-        ))
+        Ok(GraphMemory {
+            used: get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
+            reserved: get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
+        })
     }
 
     /// A new non-blocking stream, usable for capture and replay.
@@ -1491,7 +1494,7 @@ impl<'a> ViewExt<'a> for View<'a> {
         let scope = check_use(&self.tag(), stream.serial, false)
             .map_err(|reason| BackendError::InvalidView { reason })?;
         Ok(TypedView {
-            ptr: self.device_ptr(),
+            ptr: self.device_address(),
             tag: self.tag(),
             len: self.len(),
             stream: stream.inner.clone(),
@@ -1648,8 +1651,8 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
-        self.graph_memory().map(Some)
+    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
+        CudaBackend::graph_memory_in_use(self).map(Some)
     }
 
     /// Clones the graph twice: one clone keeps the nodes the chosen record

@@ -261,6 +261,17 @@ pub(crate) fn check_memory_nodes(
     }
 }
 
+/// Device memory the backend holds for graph memory nodes
+/// (CUDA: `cuDeviceGetGraphMemAttribute`), on the whole device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GraphMemory {
+    /// Bytes in use by graph allocations now.
+    pub used: u64,
+    /// Bytes reserved for graph allocations now.
+    pub reserved: u64,
+}
+
 /// One allocated arena. Dropping it frees the memory.
 pub trait Arena {
     /// Device (or host, for `sim`) address of the first byte.
@@ -456,14 +467,14 @@ pub trait Backend {
     /// The runtime's error (a graph the runtime cannot nest, say).
     fn compose(&self, nodes: &[StepNode<'_, Self>]) -> Result<Self::Graph, BackendError>;
 
-    /// Bytes the backend holds for graph memory nodes on the device, as
-    /// (in use, reserved): the other half of what replaying costs in memory
-    /// beside the plan's arenas. `None` when the backend cannot tell.
+    /// What the backend holds for graph memory nodes on the device: the
+    /// other half of what replaying costs in memory beside the plan's
+    /// arenas. `None` when the backend cannot tell.
     ///
     /// # Errors
     ///
     /// The runtime's error.
-    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>, BackendError> {
+    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>, BackendError> {
         Ok(None)
     }
 

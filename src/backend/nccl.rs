@@ -27,7 +27,7 @@ use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{CudaArena, CudaBackend, Event, Graph, Stream};
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphMemory, StepNode};
 use crate::scope::check_use;
 use crate::view::{NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
@@ -378,7 +378,7 @@ impl Communicator {
             .map_err(|reason| BackendError::InvalidView { reason })?;
         // SAFETY: `recv` is a live view of `recv.len()` elements, used inside
         // its closure on that closure's (fenced) stream.
-        unsafe { self.reduce_scatter_raw(send, recv.device_ptr(), recv.len(), stream) }
+        unsafe { self.reduce_scatter_raw(send, recv.device_address(), recv.len(), stream) }
     }
 
     /// [`Communicator::reduce_scatter`] into a buffer outside the plan.
@@ -403,7 +403,7 @@ impl Communicator {
         // size * recv_len elements; the caller vouches for `recv`.
         check("ncclReduceScatter", unsafe {
             nc::ncclReduceScatter(
-                send.device_ptr() as *const c_void,
+                send.device_address() as *const c_void,
                 recv as *mut c_void,
                 recv_len,
                 nccl_dtype(send.dtype()),
@@ -424,7 +424,7 @@ impl Communicator {
                 ),
             });
         }
-        let (start, end) = (send.device_ptr(), send.device_ptr() + send.bytes());
+        let (start, end) = (send.device_address(), send.device_address() + send.bytes());
         let inside = self
             .inner
             .windows
@@ -731,8 +731,8 @@ impl Backend for NcclBackend {
         unsafe { self.cuda.abort_capture(stream) }
     }
 
-    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
-        self.cuda.graph_memory_in_use()
+    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
+        self.cuda.graph_memory_in_use().map(Some)
     }
 
     fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {

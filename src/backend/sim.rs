@@ -115,7 +115,7 @@ impl AsSpan for View<'_> {
     /// The view's bytes read as `f32` elements.
     fn span(&self) -> Span {
         Span {
-            addr: self.device_ptr(),
+            addr: self.device_address(),
             len: (self.bytes() / 4) as usize,
             view: Some(self.tag()),
         }
@@ -1572,9 +1572,12 @@ impl Backend for SimBackend {
 
     /// The bytes of every live graph's allocation nodes (the sim reserves
     /// exactly what it uses).
-    fn graph_memory_in_use(&self) -> Result<Option<(u64, u64)>> {
+    fn graph_memory_in_use(&self) -> Result<Option<crate::backend::GraphMemory>> {
         let bytes = self.state().graph_bytes;
-        Ok(Some((bytes, bytes)))
+        Ok(Some(crate::backend::GraphMemory {
+            used: bytes,
+            reserved: bytes,
+        }))
     }
 
     fn split_graph(

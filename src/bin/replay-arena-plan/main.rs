@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::{ArgGroup, CommandFactory, Parser};
-use replay_arena::{Discovering, Policy, Strategy, Workload};
+use replay_arena::{Discovering, PlacedPolicy, Policy, Workload};
 
 /// Prints the persistent-buffer plan of recorded discovery (workload files),
 /// or compares every policy and both placements.
@@ -88,8 +88,8 @@ fn positive(text: &str) -> Result<usize, String> {
 /// What the command line asks for, checked.
 struct Options {
     inputs: Vec<String>,
-    /// One strategy, or `None` for the comparison.
-    strategy: Option<Strategy>,
+    /// One placed policy, or `None` for the comparison.
+    placed_policy: Option<PlacedPolicy>,
     format: render::Format,
     svg: Option<PathBuf>,
 }
@@ -109,7 +109,7 @@ impl Cli {
             (_, _, Some(d)) => Some(Policy::OverlapDepth(d)),
             _ => None,
         };
-        let strategy = policy.map(|p| {
+        let placed_policy = policy.map(|p| {
             if self.packed {
                 p.packed()
             } else {
@@ -123,7 +123,7 @@ impl Cli {
         };
         Ok(Options {
             inputs: self.inputs,
-            strategy,
+            placed_policy,
             format,
             svg: self.svg,
         })
@@ -198,11 +198,11 @@ fn run(options: &Options) -> Result<String, String> {
         .iter()
         .map(|i| Input::read(i))
         .collect::<Result<Vec<_>, _>>()?;
-    match options.strategy {
-        Some(strategy) => {
+    match options.placed_policy {
+        Some(placed_policy) => {
             let mut plans = Vec::with_capacity(inputs.len());
             for input in &inputs {
-                let plan = render::Plan::of(input, strategy)
+                let plan = render::Plan::of(input, placed_policy)
                     .map_err(|e| format!("{}: {e}", input.label))?;
                 if let Some(path) = &options.svg {
                     let picture = svg::draw(input, &plan)?;

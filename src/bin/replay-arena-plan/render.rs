@@ -4,7 +4,9 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use replay_arena::{byte_ratio, human_bytes, Domain, Key, PlanReport, Planned, Policy, Strategy};
+use replay_arena::{
+    byte_ratio, human_bytes, Domain, Key, PlacedPolicy, PlanReport, Planned, Policy,
+};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -33,10 +35,10 @@ ring/rr      the same ring over round-robin
 ";
 
 /// "policy Generations(2), packed placement".
-pub(crate) fn describe(strategy: Strategy) -> String {
+pub(crate) fn describe(placed_policy: PlacedPolicy) -> String {
     format!(
         "policy {}, {} placement",
-        strategy.policy, strategy.placement
+        placed_policy.policy, placed_policy.placement
     )
 }
 
@@ -128,7 +130,7 @@ fn check_figures(report: &PlanReport) -> Result<(), String> {
         Err(format!(
             "with {}: the {what} of {of} overflow 64 bits, so no plan of this workload fits in \
              memory",
-            describe(report.strategy)
+            describe(report.placed_policy)
         ))
     };
     let figures = |plan, round_robin, packed, lower_bound, ring| {
@@ -168,19 +170,19 @@ fn check_figures(report: &PlanReport) -> Result<(), String> {
     Ok(())
 }
 
-/// Plans `input` with `strategy` and checks that every figure fits.
-fn plan(input: &Input, strategy: Strategy) -> Result<(Planned, PlanReport), String> {
+/// Plans `input` with `placed_policy` and checks that every figure fits.
+fn plan(input: &Input, placed_policy: PlacedPolicy) -> Result<(Planned, PlanReport), String> {
     let planned = input
         .discovery
         .clone()
-        .plan(strategy)
-        .map_err(|e| format!("planning with {} failed: {e}", describe(strategy)))?;
+        .plan(placed_policy)
+        .map_err(|e| format!("planning with {} failed: {e}", describe(placed_policy)))?;
     let report = planned.report();
     check_figures(&report)?;
     Ok((planned, report))
 }
 
-/// One workload planned with one strategy.
+/// One workload planned with one placed policy.
 pub(crate) struct Plan<'i> {
     pub(crate) input: &'i Input,
     pub(crate) planned: Planned,
@@ -188,8 +190,8 @@ pub(crate) struct Plan<'i> {
 }
 
 impl<'i> Plan<'i> {
-    pub(crate) fn of(input: &'i Input, strategy: Strategy) -> Result<Plan<'i>, String> {
-        let (planned, report) = plan(input, strategy)?;
+    pub(crate) fn of(input: &'i Input, placed_policy: PlacedPolicy) -> Result<Plan<'i>, String> {
+        let (planned, report) = plan(input, placed_policy)?;
         Ok(Plan {
             input,
             planned,
@@ -216,8 +218,8 @@ impl<'i> Plan<'i> {
                 source: self.input.workload.source.as_deref(),
                 file: &self.input.label,
             },
-            policy: r.strategy.policy.to_string(),
-            placement: r.strategy.placement.to_string(),
+            policy: r.placed_policy.policy.to_string(),
+            placement: r.placed_policy.placement.to_string(),
             generations: r.generations,
             runners_total: r.runners_total,
             runners_using: r.runners_using,
@@ -324,17 +326,17 @@ impl Serialize for RunnersJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let plan = self.0;
         let report = &plan.report;
-        // The report lists keys in key order: a binary search per slice.
+        // The report lists keys in key order: a binary search per extent.
         let key_name = |key: Key| match report.keys.binary_search_by_key(&key, |k| k.key) {
             Ok(at) => Cow::Borrowed(report.keys[at].name.as_str()),
             Err(_) => Cow::Owned(key.to_string()),
         };
         let mut seq = serializer.serialize_seq(Some(report.runners.len()))?;
         for (i, runner) in report.runners.iter().enumerate() {
-            let slices: Vec<SliceJson<'_>> = runner
-                .slices
+            let extents: Vec<ExtentJson<'_>> = runner
+                .extents
                 .iter()
-                .map(|s| SliceJson {
+                .map(|s| ExtentJson {
                     key: key_name(s.key),
                     arena: s.arena,
                     offset: s.offset,
@@ -353,7 +355,7 @@ impl Serialize for RunnersJson<'_> {
                 requests: runner.requests,
                 bytes: runner.bytes,
                 wait_list: runner.wait_list,
-                slices,
+                extents,
             })?;
         }
         seq.end()
@@ -368,11 +370,11 @@ struct RunnerJson<'p> {
     requests: usize,
     bytes: u64,
     wait_list: usize,
-    slices: Vec<SliceJson<'p>>,
+    extents: Vec<ExtentJson<'p>>,
 }
 
 #[derive(Serialize)]
-struct SliceJson<'p> {
+struct ExtentJson<'p> {
     key: Cow<'p, str>,
     arena: usize,
     offset: u64,

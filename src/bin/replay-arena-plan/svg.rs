@@ -1,6 +1,6 @@
 //! `--svg`: the plan as a picture. One panel per key: addresses upwards,
 //! buffer-using runners in capture order from left to right. Each runner's
-//! slice is a box that starts at the runner's column and spans the `G`
+//! extent is a box that starts at the runner's column and spans the `G`
 //! columns of the runners it may be in flight with, so the boxes crossing any
 //! column are the bytes live together there; those of conflicting runners
 //! never overlap. Dashed lines mark the lower bound and round-robin's size,
@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use crate::render::{mask_digits, Plan};
 use crate::Input;
-use replay_arena::{human_bytes, Slice};
+use replay_arena::{human_bytes, Extent};
 
 /// Beyond this many buffer-using runners a column is narrower than a pixel.
 const MAX_RUNNERS: usize = 4096;
@@ -32,7 +32,7 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
     let g = report.generations;
     // Buffer-using runners, in capture order, with their position in the file.
     let using: Vec<usize> = (0..report.runners.len())
-        .filter(|&i| !report.runners[i].slices.is_empty())
+        .filter(|&i| !report.runners[i].extents.is_empty())
         .collect();
     if using.len() > MAX_RUNNERS {
         return Err(format!(
@@ -79,9 +79,9 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         svg,
         r#"<text x="10" y="22" font-size="15" font-weight="bold">{}: {} placement, G = {} (policy {}), {} of {} runners use buffers</text>"#,
         escape(&input.workload.name),
-        report.strategy.placement,
+        report.placed_policy.placement,
         g,
-        report.strategy.policy,
+        report.placed_policy.policy,
         report.runners_using,
         report.runners_total
     );
@@ -105,7 +105,7 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         );
     }
 
-    // One pass over arenas and slices sorts them by key (report.keys is in
+    // One pass over arenas and extents sorts them by key (report.keys is in
     // key order), so each panel costs what it draws, not every arena and
     // runner of the plan.
     let key_at = |key| report.keys.binary_search_by_key(&key, |k| k.key).ok();
@@ -133,19 +133,19 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
             arenas_of[at].push(a);
         }
     }
-    // Per key, (position among buffer-using runners, runner, slice).
-    let mut slices_of: Vec<Vec<(usize, usize, &Slice)>> = vec![Vec::new(); report.keys.len()];
+    // Per key, (position among buffer-using runners, runner, extent).
+    let mut extents_of: Vec<Vec<(usize, usize, &Extent)>> = vec![Vec::new(); report.keys.len()];
     for (k, &i) in using.iter().enumerate() {
-        for slice in &report.runners[i].slices {
-            if let Some(at) = key_at(slice.key) {
-                slices_of[at].push((k, i, slice));
+        for extent in &report.runners[i].extents {
+            if let Some(at) = key_at(extent.key) {
+                extents_of[at].push((k, i, extent));
             }
         }
     }
     for (key_index, key) in report.keys.iter().enumerate() {
         let panel_top = top + panel * key_index as f64 + PANEL_TITLE;
         let bottom = panel_top + PANEL_HEIGHT;
-        let slices = &slices_of[key_index];
+        let extents = &extents_of[key_index];
         // The key's arenas stacked from address 0: generation 0 lowest.
         // (arena, its base address), by arena.
         let mut base: Vec<(usize, u128)> = Vec::with_capacity(arenas_of[key_index].len());
@@ -204,15 +204,15 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
                 Fixed((y(*hi) + y(*lo)) / 2.0 + 4.0, 3)
             );
         }
-        // Slices.
-        for &(k, i, slice) in slices {
+        // Extents.
+        for &(k, i, extent) in extents {
             let runner = &report.runners[i];
-            let at = base.binary_search_by_key(&slice.arena, |&(a, _)| a);
-            let lo = at.map_or(0, |at| base[at].1) + u128::from(slice.offset);
-            let hi = lo + u128::from(slice.bytes);
+            let at = base.binary_search_by_key(&extent.arena, |&(a, _)| a);
+            let lo = at.map_or(0, |at| base[at].1) + u128::from(extent.offset);
+            let hi = lo + u128::from(extent.bytes);
             let _ = writeln!(
                 svg,
-                r##"<rect class="slice" data-runner="{k}" x="{}" y="{}" width="{}" height="{}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
+                r##"<rect class="extent" data-runner="{k}" x="{}" y="{}" width="{}" height="{}" fill="{}" fill-opacity="0.8" stroke="#333" stroke-width="0.5"><title>{} ({}): {} at offset {} of arena {}</title></rect>"##,
                 Fixed(x(k) + 1.0, 2),
                 Fixed(y(hi), 3),
                 Fixed(g as f64 * column - 2.0, 2),
@@ -220,14 +220,14 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
                 colour[k],
                 escape(&input.runner_label(i)),
                 runner.runner,
-                human_bytes(slice.bytes),
-                slice.offset,
-                slice.arena
+                human_bytes(extent.bytes),
+                extent.offset,
+                extent.arena
             );
         }
         // Peak window: the G consecutive runners with the most bytes of this
         // key, all in flight at the window's last column.
-        let caps: Vec<(usize, u64)> = slices.iter().map(|&(k, _, s)| (k, s.bytes)).collect();
+        let caps: Vec<(usize, u64)> = extents.iter().map(|&(k, _, s)| (k, s.bytes)).collect();
         if let Some((first, bytes)) = heaviest_window(&caps, g) {
             let col = first + g - 1;
             let _ = writeln!(
