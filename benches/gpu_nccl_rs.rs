@@ -11,8 +11,8 @@ use std::time::Instant;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{result as cu, sys};
 use replay_arena::cuda::cudarc::nccl::sys as nc;
-use replay_arena::cuda::{probe, CudaBackend};
-use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+use replay_arena::cuda::probe;
+use replay_arena::nccl::{self, Communicator, UniqueId};
 use replay_arena::{
     Backend, DType, Discovering, Domain, GroupId, PlanConfig, Policy, Request, RunnerId,
 };
@@ -28,7 +28,7 @@ fn e(x: impl std::fmt::Debug) -> String {
 
 /// Median over 3 runs of `REPLAYS` launches of `graph`, microseconds each.
 fn time_graph(
-    b: &CudaBackend,
+    b: &cuda::Device,
     s: &cuda::Stream,
     graph: &replay_arena::cuda::Graph,
     barrier: &Barrier,
@@ -59,7 +59,7 @@ fn rank_main(
     id: UniqueId,
     barrier: Arc<Barrier>,
 ) -> R<Vec<(u64, f64, f64)>> {
-    let cuda = CudaBackend::new(rank).map_err(e)?;
+    let cuda = cuda::Device::new(rank).map_err(e)?;
     let comm = Communicator::new(&cuda, GTP, &id, rank, ranks).map_err(e)?;
     let s = cuda.new_stream().map_err(e)?;
     let mut rows = Vec::new();
@@ -77,7 +77,7 @@ fn rank_main(
         }
         let planned = d.plan(Policy::Generations(1)).map_err(e)?;
         comm.check_fingerprint(planned.fingerprint()).map_err(e)?;
-        let backend = NcclBackend::new(cuda.clone())
+        let backend = nccl::Device::new(cuda.clone())
             .with_group(comm.clone())
             .map_err(e)?;
         let mut capturing = planned.allocate(backend).map_err(e)?;

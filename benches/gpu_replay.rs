@@ -19,7 +19,7 @@ use std::time::Instant;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKernelArg};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-use replay_arena::cuda::{probe, CudaBackend};
+use replay_arena::cuda::probe;
 use replay_arena::{
     Backend, DType, Discovering, Domain, PlacedPolicy, PlanConfig, Policy, Replayable, Request,
     RunnerId,
@@ -47,7 +47,7 @@ struct Kernels {
     spin: CudaFunction,
 }
 
-fn kernels(b: &CudaBackend) -> R<Kernels> {
+fn kernels(b: &cuda::Device) -> R<Kernels> {
     let ptx = compile_ptx(SOURCE).map_err(|e| format!("nvrtc: {e:?}"))?;
     let m = b.context().load_module(ptx).map_err(|e| format!("{e:?}"))?;
     let f = |n: &str| m.load_function(n).map_err(|e| format!("{e:?}"));
@@ -94,12 +94,12 @@ fn spin(k: &Kernels, s: &cuda::Stream, w: u64, n: u32, cycles: i64) -> Result<()
 /// Plans `runners` runners of one 64 KiB f32 request each, and captures
 /// `body(view)` as each runner's graph.
 fn build(
-    b: &CudaBackend,
+    b: &cuda::Device,
     capture_on: &cuda::Stream,
     runners: usize,
     strategy: PlacedPolicy,
     body: &dyn Fn(&cuda::Stream, u64) -> Result<(), String>,
-) -> R<Replayable<CudaBackend>> {
+) -> R<Replayable<cuda::Device>> {
     let req = Request::new(Domain::Device, DType::F32, 16384);
     let mut d = Discovering::new(PlanConfig::new());
     for r in 0..runners {
@@ -131,7 +131,7 @@ const MODES: [&str; 8] = [
     "replay, round-robin G=2, 4 runners, stream k % 2 (steady state of a pool)",
 ];
 
-fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
+fn host_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     let a = b.new_stream()?;
     let s2 = b.new_stream()?;
     let streams = [&a, &s2];
@@ -223,8 +223,8 @@ fn host_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
 
 /// Runs `rounds` rounds of the pipeline and returns GPU-bound wall seconds.
 fn pipeline_secs(
-    b: &CudaBackend,
-    r: &mut Replayable<CudaBackend>,
+    b: &cuda::Device,
+    r: &mut Replayable<cuda::Device>,
     pool: &[cuda::Stream],
     runners: usize,
     rounds: usize,
@@ -250,7 +250,7 @@ fn pipeline_secs(
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn overlap(b: &CudaBackend, k: &Kernels) -> R<()> {
+fn overlap(b: &cuda::Device, k: &Kernels) -> R<()> {
     const RUNNERS: usize = 12;
     const ROUNDS: usize = 20;
     // ~10 us of compute, then a ~40 us tail, one block each.
@@ -305,7 +305,7 @@ fn overlap(b: &CudaBackend, k: &Kernels) -> R<()> {
 
 /// Host and wall time per step of 16 runners with consumers: per runner,
 /// unfenced, and as one step graph.
-fn step_cost(b: &CudaBackend, k: &Kernels) -> R<()> {
+fn step_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     const RUNNERS: usize = 16;
     const STEPS: usize = 100;
     const ROUNDS: usize = 20;
@@ -404,7 +404,7 @@ fn main() -> R<()> {
         println!("gpu_replay: skipped, no usable GPU: {e}");
         return Ok(());
     }
-    let b = CudaBackend::new(0)?;
+    let b = cuda::Device::new(0)?;
     println!("gpu_replay on {}", b.info());
     let k = kernels(&b)?;
     host_cost(&b, &k)?;

@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
-use replay_arena::sim::{SimBackend, SimOp};
+use replay_arena::sim;
 use replay_arena::{
     Capturing, DType, Discovering, Domain, GroupId, PlacedPolicy, PlanConfig, Policy, Purpose,
     Replayable, Request, RunnerId,
@@ -183,9 +183,9 @@ fn bench_take(c: &mut Criterion) {
             let mut total = Duration::ZERO;
             let mut left = iters as usize;
             while left > 0 {
-                let mut capturing: Capturing<SimBackend> = planned
+                let mut capturing: Capturing<sim::Device> = planned
                     .clone()
-                    .allocate(SimBackend::new())
+                    .allocate(sim::Device::new())
                     .expect("sim allocates");
                 for r in 0..4u32 {
                     if left == 0 {
@@ -213,7 +213,7 @@ const REPLAY_RUNNERS: u32 = 8;
 /// pending-op and access lists short.
 const REPLAY_BATCH: u64 = 16;
 
-fn replayable(sim: &SimBackend) -> Replayable<SimBackend> {
+fn replayable(sim: &sim::Device) -> Replayable<sim::Device> {
     let req = Request::new(Domain::Device, DType::F32, 64);
     let mut d = Discovering::new(PlanConfig::new());
     for r in 0..REPLAY_RUNNERS {
@@ -230,8 +230,10 @@ fn replayable(sim: &SimBackend) -> Replayable<SimBackend> {
     for r in 0..REPLAY_RUNNERS {
         let cap = capturing.capture(RunnerId(r)).expect("first capture");
         let view = cap.take(req).expect("as discovered");
-        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 0))
-            .expect("sim captures");
+        cap.stream_capture(&stream, |s| {
+            sim.launch(s, sim::Op::fill(&view, r as f32), 0)
+        })
+        .expect("sim captures");
         cap.finish().expect("exact consumption");
     }
     capturing.seal().expect("every runner captured")
@@ -256,7 +258,7 @@ fn bench_replay(c: &mut Criterion) {
         ("unfenced/one_stream", Replay::Unfenced),
     ];
     for (name, case) in cases {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let mut replayable = replayable(&sim);
         let streams = [sim.stream(), sim.stream()];
         group.bench_function(name, |b| {
@@ -302,7 +304,7 @@ fn bench_consume(c: &mut Criterion) {
         .sample_size(30)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let mut replayable = replayable(&sim);
     let stream = sim.stream();
     for r in 0..REPLAY_RUNNERS {
@@ -345,7 +347,7 @@ fn bench_capture(c: &mut Criterion) {
                 .expect("fresh runner");
         }
         let planned = d.plan(Policy::Generations(2)).expect("a valid policy");
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let stream = sim.stream();
         group.bench_function(BenchmarkId::from_parameter(runners), |b| {
             b.iter_batched(
@@ -359,8 +361,10 @@ fn bench_capture(c: &mut Criterion) {
                     for r in 0..runners {
                         let cap = capturing.capture(RunnerId(r)).expect("first capture");
                         let view = cap.take(req).expect("as discovered");
-                        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 0))
-                            .expect("sim captures");
+                        cap.stream_capture(&stream, |s| {
+                            sim.launch(s, sim::Op::fill(&view, 1.0), 0)
+                        })
+                        .expect("sim captures");
                         cap.finish().expect("took exactly its capacity");
                     }
                     capturing

@@ -12,7 +12,7 @@
 //! Runs on the `sim` backend everywhere, and on the GPU (`cuda` backend) when
 //! one is present.
 
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     Backend, DType, Discovering, Domain, ParamId, PlanConfig, Policy, Purpose, Replayable, Request,
     Result, RunnerId, View,
@@ -66,25 +66,30 @@ trait Kernels {
 
 type Stream<K> = <<K as Kernels>::Backend as Backend>::Stream;
 
-impl Kernels for SimBackend {
-    type Backend = SimBackend;
-    type Buffer = SimBuffer;
-    fn backend(&self) -> &SimBackend {
+impl Kernels for sim::Device {
+    type Backend = sim::Device;
+    type Buffer = sim::HostBuffer;
+    fn backend(&self) -> &sim::Device {
         self
     }
-    fn new_stream(&self) -> Result<SimStream> {
+    fn new_stream(&self) -> Result<sim::Stream> {
         Ok(self.stream())
     }
-    fn zeros(&self, len: usize) -> Result<SimBuffer> {
+    fn zeros(&self, len: usize) -> Result<sim::HostBuffer> {
         Ok(self.alloc_f32(len)?)
     }
-    fn write_grad(&self, stream: &SimStream, view: &View<'_>, value: f32) -> Result<()> {
-        Ok(self.launch(stream, SimOp::fill(view, value), 20)?)
+    fn write_grad(&self, stream: &sim::Stream, view: &View<'_>, value: f32) -> Result<()> {
+        Ok(self.launch(stream, sim::Op::fill(view, value), 20)?)
     }
-    fn accumulate(&self, stream: &SimStream, view: &View<'_>, out: &SimBuffer) -> Result<()> {
-        Ok(self.launch(stream, SimOp::add(view, out), 50)?)
+    fn accumulate(
+        &self,
+        stream: &sim::Stream,
+        view: &View<'_>,
+        out: &sim::HostBuffer,
+    ) -> Result<()> {
+        Ok(self.launch(stream, sim::Op::add(view, out), 50)?)
     }
-    fn read(&self, out: &SimBuffer) -> Result<Vec<f32>> {
+    fn read(&self, out: &sim::HostBuffer) -> Result<Vec<f32>> {
         Ok(self.read_f32(out)?)
     }
 }
@@ -98,7 +103,6 @@ mod gpu {
         CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
     };
     use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-    use replay_arena::cuda::CudaBackend;
     use replay_arena::{Backend, Error, Result, View};
 
     const SOURCE: &str = r#"
@@ -116,7 +120,7 @@ mod gpu {
 
     /// The `cuda` backend with the example's two kernels.
     pub struct Gpu {
-        pub backend: CudaBackend,
+        pub backend: cuda::Device,
         fill: CudaFunction,
         add: CudaFunction,
         io: cuda::Stream,
@@ -124,7 +128,7 @@ mod gpu {
 
     impl Gpu {
         pub fn new(ordinal: usize) -> Result<Gpu> {
-            let backend = CudaBackend::new(ordinal)?;
+            let backend = cuda::Device::new(ordinal)?;
             let ptx = compile_ptx(SOURCE).map_err(|e| failed("nvrtc")(format!("{e:?}")))?;
             let module = backend
                 .context()
@@ -149,9 +153,9 @@ mod gpu {
     }
 
     impl Kernels for Gpu {
-        type Backend = CudaBackend;
+        type Backend = cuda::Device;
         type Buffer = CudaSlice<f32>;
-        fn backend(&self) -> &CudaBackend {
+        fn backend(&self) -> &cuda::Device {
             &self.backend
         }
         fn new_stream(&self) -> Result<cuda::Stream> {
@@ -323,7 +327,7 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     run(&sim)?;
     if !sim.hazards().is_empty() {
         eprintln!("hazards: {:?}", sim.hazards());

@@ -337,9 +337,9 @@ fn allocate_resources<B: Backend>(
 /// is open:
 ///
 /// ```compile_fail
-/// use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, sim::SimBackend};
+/// use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, sim};
 /// let planned = Discovering::new(PlanConfig::new()).plan(Policy::Generations(1)).unwrap();
-/// let mut capturing = planned.allocate(SimBackend::new()).unwrap();
+/// let mut capturing = planned.allocate(sim::Device::new()).unwrap();
 /// let cap = capturing.capture(RunnerId(0)).unwrap();
 /// let replayable = capturing.seal(); // `capturing` is still borrowed by `cap`
 /// drop(cap);
@@ -392,7 +392,7 @@ impl<B: Backend> Capturing<B> {
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
     /// use replay_arena::{CaptureError, Purpose};
-    /// use replay_arena::sim::{SimBackend, SimOp};
+    /// use replay_arena::sim;
     ///
     /// let wgrad = Request::new(Domain::Device, DType::BF16, 4096).purpose(Purpose::WgradRsInput);
     /// let scratch = Request::new(Domain::Device, DType::F32, 512);
@@ -402,7 +402,7 @@ impl<B: Backend> Capturing<B> {
     ///     armed.record(wgrad)?;
     ///     armed.record(scratch)?;
     /// }
-    /// let sim = SimBackend::new();
+    /// let sim = sim::Device::new();
     /// let stream = sim.stream();
     /// let mut capturing = discovery.plan(Policy::OverlapDepth(2))?.allocate(sim.clone())?;
     ///
@@ -410,7 +410,7 @@ impl<B: Backend> Capturing<B> {
     /// let w = cap.take(wgrad)?;            // same order as discovery
     /// let x = cap.take(scratch)?;
     /// assert_eq!(w.device_address() % 256, 0); // aligned, fixed for the plan's life
-    /// cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&x, 1.0), 3))?;
+    /// cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&x, 1.0), 3))?;
     /// cap.finish()?;                        // took exactly what was recorded
     ///
     /// let again = capturing.capture(RunnerId(0)).unwrap_err();
@@ -474,10 +474,10 @@ impl<B: Backend> Capturing<B> {
 /// A view cannot be used after its capture closed:
 ///
 /// ```compile_fail
-/// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId, sim::SimBackend};
+/// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId, sim};
 /// let mut d = Discovering::new(PlanConfig::new());
 /// d.arm(RunnerId(0)).unwrap().record(Request::new(Domain::Device, DType::F32, 64)).unwrap();
-/// let sim = SimBackend::new();
+/// let sim = sim::Device::new();
 /// let stream = sim.stream();
 /// let mut capturing = d.plan(Policy::Generations(1)).unwrap().allocate(sim).unwrap();
 /// let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -918,7 +918,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// Closes the capture with a graph the program captured by its own
     /// means, instead of one from [`RunnerCapture::stream_capture`]: on
     /// `cuda`, a graph from cudarc's own `begin_capture` / `end_capture`,
-    /// made into the crate's graph by `CudaBackend::adopt_graph`. That
+    /// made into the crate's graph by `cuda::Device::adopt_graph`. That
     /// capture runs outside the crate's closures, so its kernels take the
     /// views' raw addresses ([`View::device_address`](crate::View::device_address)):
     /// typed views work only inside `stream_capture` and `consume`. The

@@ -144,7 +144,7 @@ where
 ///
 /// ```
 /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-/// use replay_arena::sim::{SimBackend, SimOp};
+/// use replay_arena::sim;
 ///
 /// #[derive(Debug, thiserror::Error)]
 /// enum AppError {
@@ -159,17 +159,17 @@ where
 ///     let req = Request::new(Domain::Device, DType::F32, 64);
 ///     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
 ///         .plan(Policy::Generations(1))?;                       // PlanError
-///     let sim = SimBackend::new();
+///     let sim = sim::Device::new();
 ///     let stream = sim.stream();
 ///     let mut capturing = planned.allocate(sim.clone())?;      // BackendError
 ///     let cap = capturing.capture(RunnerId(0))?;                // CaptureError
 ///     let view = cap.take(req)?;
 ///     cap.stream_capture(&stream, |s| {
-///         sim.launch(s, SimOp::fill(&view, 1.0), 5)?;           // inside: AppError
+///         sim.launch(s, sim::Op::fill(&view, 1.0), 5)?;           // inside: AppError
 ///         Ok::<(), AppError>(())
 ///     })?;                                                      // StreamCaptureError<AppError>
 ///     cap.finish()?;
-///     let mut replayable = capturing.seal()?;                   // SealError<SimBackend>
+///     let mut replayable = capturing.seal()?;                   // SealError<sim::Device>
 ///     replayable.replay(RunnerId(0), &stream)?;                 // ReplayError
 ///     replayable.consume(RunnerId(0), &stream, |_, _| {
 ///         Err(AppError::Batch("empty".into()))

@@ -1076,7 +1076,7 @@ fn drain<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sim::{SimBackend, SimStream};
+    use crate::backend::sim;
     use crate::discover::{Discovering, PlanConfig};
     use crate::plan::Policy;
     use crate::vocab::{DType, Domain, Request};
@@ -1092,7 +1092,7 @@ mod tests {
     }
 
     /// The fence of `plan`, with an event per runner.
-    fn fence(sim: &SimBackend, plan: &Planned) -> Fence<SimBackend> {
+    fn fence(sim: &sim::Device, plan: &Planned) -> Fence<sim::Device> {
         let n = plan.runners.len();
         let events = (0..n).map(|_| Some(sim.create_event().unwrap())).collect();
         Fence::new(events, plan, &[])
@@ -1100,11 +1100,11 @@ mod tests {
 
     /// A replay of slot `i` on `stream` (an empty launch).
     fn replay(
-        f: &mut Fence<SimBackend>,
-        sim: &SimBackend,
+        f: &mut Fence<sim::Device>,
+        sim: &sim::Device,
         p: &Planned,
         i: usize,
-        stream: &SimStream,
+        stream: &sim::Stream,
     ) {
         f.replay(sim, p, i, On::new(sim, stream), || Ok(()))
             .unwrap();
@@ -1112,11 +1112,11 @@ mod tests {
 
     /// A reading consumer of slot `i` on `stream` that enqueues nothing.
     fn consume(
-        f: &mut Fence<SimBackend>,
-        sim: &SimBackend,
+        f: &mut Fence<sim::Device>,
+        sim: &sim::Device,
         p: &Planned,
         i: usize,
-        stream: &SimStream,
+        stream: &sim::Stream,
     ) {
         f.check_consumable(p, &[i]).unwrap();
         f.consume(sim, p, &[i], On::new(sim, stream), false, || ())
@@ -1125,7 +1125,7 @@ mod tests {
 
     #[test]
     fn a_first_replay_waits_for_nothing() {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let p = plan(2);
         let mut f = fence(&sim, &p);
         replay(&mut f, &sim, &p, 0, &sim.stream());
@@ -1138,7 +1138,7 @@ mod tests {
 
     #[test]
     fn a_claimer_on_the_same_stream_skips_the_wait() {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let p = plan(2);
         let mut f = fence(&sim, &p);
         let a = sim.stream();
@@ -1150,7 +1150,7 @@ mod tests {
 
     #[test]
     fn a_claimer_on_another_stream_records_the_deferred_event_then_waits() {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let p = plan(2);
         let mut f = fence(&sim, &p);
         let (a, b) = (sim.stream(), sim.stream());
@@ -1168,7 +1168,7 @@ mod tests {
 
     #[test]
     fn ownership_is_lost_to_the_next_claimer_and_missing_before_any_replay() {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let p = plan(2);
         let mut f = fence(&sim, &p);
         let a = sim.stream();
@@ -1182,7 +1182,7 @@ mod tests {
 
     #[test]
     fn a_consumer_waits_for_the_replay_and_a_later_claimer_on_its_stream_waits_no_more() {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let p = plan(2);
         let mut f = fence(&sim, &p);
         let (a, x) = (sim.stream(), sim.stream());
@@ -1197,7 +1197,7 @@ mod tests {
 
     #[test]
     fn quiesce_records_deferred_completions_and_leaves_nothing_pending() {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let p = plan(2);
         let mut f = fence(&sim, &p);
         let (a, b) = (sim.stream(), sim.stream());

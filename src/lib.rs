@@ -38,7 +38,7 @@
 //!
 //! ```
 //! use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-//! use replay_arena::sim::{SimBackend, SimOp};
+//! use replay_arena::sim;
 //!
 //! let wgrad = Request::new(Domain::Device, DType::F32, 1024);
 //! let mut discovery = Discovering::new(PlanConfig::new());
@@ -49,13 +49,13 @@
 //! let planned = discovery.plan(Policy::Generations(2))?;
 //! println!("{}", planned.report());
 //!
-//! let sim = SimBackend::new();                        // or the `cuda` backend
+//! let sim = sim::Device::new();                       // or the `cuda` backend
 //! let stream = sim.stream();
 //! let mut capturing = planned.allocate(sim.clone())?;
 //! for r in 0..4 {
 //!     let cap = capturing.capture(RunnerId(r))?;
 //!     let view = cap.take(wgrad)?;                    // fixed address
-//!     cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 5))?;
+//!     cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 5))?;
 //!     cap.finish()?;                                  // took exactly what was discovered
 //! }
 //! let mut replayable = capturing.seal()?;
@@ -212,13 +212,13 @@ assert_impl_all!(Planned: Send, Sync, Clone);
 assert_impl_all!(PlanReport: Send, Sync, Clone);
 // Resource-owning phases are never cloned (that would double-free); on `sim`
 // they may move between threads.
-assert_not_impl_any!(Capturing<sim::SimBackend>: Clone);
-assert_not_impl_any!(Replayable<sim::SimBackend>: Clone);
-assert_impl_all!(Capturing<sim::SimBackend>: Send);
-assert_impl_all!(Replayable<sim::SimBackend>: Send);
+assert_not_impl_any!(Capturing<sim::Device>: Clone);
+assert_not_impl_any!(Replayable<sim::Device>: Clone);
+assert_impl_all!(Capturing<sim::Device>: Send);
+assert_impl_all!(Replayable<sim::Device>: Send);
 // An open capture stays on the thread that opened it (CUDA stream capture is
 // per thread).
-assert_not_impl_any!(RunnerCapture<'static, sim::SimBackend>: Send, Sync);
+assert_not_impl_any!(RunnerCapture<'static, sim::Device>: Send, Sync);
 assert_impl_all!(View<'static>: Send, Sync, Copy);
 // Every error goes into `anyhow::Error` and `Box<dyn Error + Send + Sync>`.
 assert_impl_all!(Error: std::error::Error, Send, Sync);
@@ -229,6 +229,6 @@ assert_impl_all!(ReplayError: std::error::Error, Send, Sync);
 assert_impl_all!(BackendError: std::error::Error, Send, Sync);
 assert_impl_all!(StreamCaptureError<Error>: std::error::Error, Send, Sync);
 assert_impl_all!(ConsumeError<Error>: std::error::Error, Send, Sync);
-assert_impl_all!(SealError<sim::SimBackend>: std::error::Error, Send, Sync);
+assert_impl_all!(SealError<sim::Device>: std::error::Error, Send, Sync);
 #[cfg(feature = "cuda")]
-assert_impl_all!(SealError<cuda::CudaBackend>: std::error::Error, Send, Sync);
+assert_impl_all!(SealError<cuda::Device>: std::error::Error, Send, Sync);

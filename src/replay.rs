@@ -45,12 +45,12 @@ pub enum ConsumeError<E> {
 ///
 /// ```
 /// use replay_arena::{CaptureError, Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId, SealError};
-/// use replay_arena::sim::SimBackend;
+/// use replay_arena::sim;
 ///
 /// let req = Request::new(Domain::Device, DType::F32, 64);
 /// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
 ///     .plan(Policy::Generations(1))?;
-/// let capturing = planned.allocate(SimBackend::new())?;
+/// let capturing = planned.allocate(sim::Device::new())?;
 /// let mut failed = capturing.seal().unwrap_err(); // runner 0 was never captured
 /// assert!(matches!(failed.error(), CaptureError::Unfinished { .. }));
 /// let capturing = failed.into_capturing();         // capture it, or replan
@@ -153,18 +153,18 @@ impl<B: Backend> Capturing<B> {
 ///
 /// ```
 /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-/// use replay_arena::sim::{SimBackend, SimOp};
+/// use replay_arena::sim;
 ///
 /// let req = Request::new(Domain::Device, DType::F32, 256);
 /// let mut discovery = Discovering::new(PlanConfig::new());
 /// discovery.arm(RunnerId(0))?.record(req)?;
-/// let sim = SimBackend::new();
+/// let sim = sim::Device::new();
 /// let stream = sim.stream();
 /// let mut capturing = discovery.plan(Policy::Generations(2))?.allocate(sim.clone())?;
 /// {
 ///     let cap = capturing.capture(RunnerId(0))?;
 ///     let view = cap.take(req)?;
-///     cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.5), 10))?;
+///     cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.5), 10))?;
 ///     cap.finish()?;
 /// }
 /// let mut replayable = capturing.seal()?;
@@ -177,8 +177,8 @@ impl<B: Backend> Capturing<B> {
 /// A replay is only possible once sealed:
 ///
 /// ```compile_fail
-/// use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, sim::SimBackend};
-/// let sim = SimBackend::new();
+/// use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, sim};
+/// let sim = sim::Device::new();
 /// let stream = sim.stream();
 /// let planned = Discovering::new(PlanConfig::new()).plan(Policy::Generations(1)).unwrap();
 /// let mut capturing = planned.allocate(sim).unwrap();
@@ -349,19 +349,19 @@ impl<B: Backend> Replayable<B> {
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
     /// use replay_arena::{ConsumeError, ReplayError};
-    /// use replay_arena::sim::{SimBackend, SimOp};
+    /// use replay_arena::sim;
     ///
     /// let req = Request::new(Domain::Device, DType::F32, 64);
     /// let runners = (0..2).map(|r| (RunnerId(r), [req]));
     /// let planned = Discovering::from_runners(PlanConfig::new(), runners)?
     ///     .plan(Policy::Generations(1))?; // both runners share one arena
-    /// let sim = SimBackend::new();
+    /// let sim = sim::Device::new();
     /// let (pool, side) = (sim.stream(), sim.stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// for r in 0..2 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let view = cap.take(req)?;
-    ///     cap.stream_capture(&pool, |s| sim.launch(s, SimOp::fill(&view, r as f32), 5))?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 5))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -369,7 +369,7 @@ impl<B: Backend> Replayable<B> {
     ///
     /// replayable.replay(RunnerId(0), &pool)?;
     /// replayable.consume(RunnerId(0), &side, |s, views| {
-    ///     sim.launch(s, SimOp::add(&views[0], &main_grad), 20) // waits for the replay
+    ///     sim.launch(s, sim::Op::add(&views[0], &main_grad), 20) // waits for the replay
     /// })?;
     /// replayable.replay(RunnerId(1), &pool)?; // waits for the consumer
     ///
@@ -430,18 +430,18 @@ impl<B: Backend> Replayable<B> {
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-    /// use replay_arena::sim::{SimBackend, SimOp};
+    /// use replay_arena::sim;
     ///
     /// let req = Request::new(Domain::Device, DType::F32, 64);
     /// let rs = (0..3).map(|r| (RunnerId(r), [req]));
     /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(3))?;
-    /// let sim = SimBackend::new();
+    /// let sim = sim::Device::new();
     /// let (pool, side) = (sim.stream(), sim.stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// for r in 0..3 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let v = cap.take(req)?;
-    ///     cap.stream_capture(&pool, |s| sim.launch(s, SimOp::fill(&v, 1.0 + r as f32), 5))?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&v, 1.0 + r as f32), 5))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -451,7 +451,7 @@ impl<B: Backend> Replayable<B> {
     /// let bucket = sim.alloc_f32(64)?;
     /// replayable.consume_many(&[RunnerId(0), RunnerId(2)], &side, |s, runners| {
     ///     for views in runners {
-    ///         sim.launch(s, SimOp::add(&views[0], &bucket), 10)?;
+    ///         sim.launch(s, sim::Op::add(&views[0], &bucket), 10)?;
     ///     }
     ///     Ok::<(), replay_arena::BackendError>(())
     /// })?;
@@ -558,24 +558,24 @@ impl<B: Backend> Replayable<B> {
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-    /// use replay_arena::sim::{SimBackend, SimOp};
+    /// use replay_arena::sim;
     ///
     /// let req = Request::new(Domain::Device, DType::F32, 64);
     /// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
     ///     .plan(Policy::Generations(1))?;
-    /// let sim = SimBackend::new();
+    /// let sim = sim::Device::new();
     /// let (pool, side, optimizer) = (sim.stream(), sim.stream(), sim.stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// let cap = capturing.capture(RunnerId(0))?;
     /// let view = cap.take(req)?;
-    /// cap.stream_capture(&pool, |s| sim.launch(s, SimOp::fill(&view, 2.0), 5))?;
+    /// cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&view, 2.0), 5))?;
     /// cap.finish()?;
     /// let mut replayable = capturing.seal()?;
     /// let main_grad = sim.alloc_f32(64)?;
     /// replayable.replay(RunnerId(0), &pool)?;
-    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, SimOp::add(&v[0], &main_grad), 50))?;
+    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &main_grad), 50))?;
     /// replayable.wait_for(RunnerId(0), &optimizer)?; // after the consumer's add
-    /// sim.launch(&optimizer, SimOp::scale(&main_grad, 0.5), 1)?;
+    /// sim.launch(&optimizer, sim::Op::scale(&main_grad, 0.5), 1)?;
     /// assert!(sim.hazards().is_empty());
     /// # Ok::<(), replay_arena::Error>(())
     /// ```

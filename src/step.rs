@@ -85,18 +85,18 @@ impl<B: Backend> Replayable<B> {
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-    /// use replay_arena::sim::{SimBackend, SimOp};
+    /// use replay_arena::sim;
     ///
     /// let req = Request::new(Domain::Device, DType::F32, 64);
     /// let rs = (0..4).map(|r| (RunnerId(r), [req]));
     /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(2))?;
-    /// let sim = SimBackend::new();
+    /// let sim = sim::Device::new();
     /// let (pool, side, launch) = ([sim.stream(), sim.stream()], sim.stream(), sim.stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// for r in 0..4 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let v = cap.take(req)?;
-    ///     cap.stream_capture(&pool[0], |s| sim.launch(s, SimOp::fill(&v, r as f32), 10))?;
+    ///     cap.stream_capture(&pool[0], |s| sim.launch(s, sim::Op::fill(&v, r as f32), 10))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -105,7 +105,7 @@ impl<B: Backend> Replayable<B> {
     /// let mut step = replayable.step();
     /// for r in 0..4 {
     ///     step.replay(RunnerId(r), &pool[r as usize % 2])?;
-    ///     step.consume(RunnerId(r), &side, |s, v| sim.launch(s, SimOp::add(&v[0], &main), 5))?;
+    ///     step.consume(RunnerId(r), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &main), 5))?;
     /// }
     /// let mut graph = step.build()?;
     /// for _ in 0..10 {

@@ -150,7 +150,7 @@ impl<'a> View<'a> {
     /// let q = Request::new(Domain::Device, DType::BF16, 1000);
     /// let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q])])?
     ///     .plan(Policy::Generations(1))?
-    ///     .allocate(replay_arena::sim::SimBackend::new())?;
+    ///     .allocate(replay_arena::sim::Device::new())?;
     /// let cap = capturing.capture(RunnerId(0))?;
     /// let bucket = cap.take(q)?;
     /// let (w1, w2) = bucket.split_at(384)?;

@@ -1,6 +1,6 @@
 //! One call for code shared by eager, discovery and captured paths.
 
-use replay_arena::sim::{SimBackend, SimOp};
+use replay_arena::sim;
 use replay_arena::{
     Buffer, BufferSource, CaptureError, DType, Discovering, Domain, Error, ParamId, PlanConfig,
     Policy, Purpose, Request, RunnerId, View,
@@ -46,7 +46,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
     let bf16 = slices.iter().find(|s| s.key.dtype == DType::BF16).unwrap();
     assert_eq!(bf16.bytes, 2 * 6144);
 
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let addrs;
@@ -56,7 +56,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
         cap.stream_capture(&stream, |s| {
             views
                 .iter()
-                .try_for_each(|v| sim.launch(s, SimOp::fill(v, 1.0), 1))
+                .try_for_each(|v| sim.launch(s, sim::Op::fill(v, 1.0), 1))
         })
         .unwrap();
         addrs = views.iter().map(|v| v.device_address()).collect::<Vec<_>>();
@@ -86,7 +86,7 @@ fn a_capture_that_differs_from_discovery_fails_through_the_same_call() {
         .unwrap()
         .record(Request::new(Domain::Device, DType::BF16, 3000))
         .unwrap();
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let mut capturing = discovery
         .plan(Policy::Generations(1))
         .unwrap()

@@ -3,7 +3,7 @@
 //! the device and the backend opens.
 #![cfg(feature = "cuda")]
 
-use replay_arena::cuda::{probe, probe_device, CudaBackend};
+use replay_arena::cuda::{self, probe, probe_device};
 use replay_arena::BackendError;
 
 fn gpu_required() -> bool {
@@ -13,7 +13,7 @@ fn gpu_required() -> bool {
 #[test]
 fn probe_and_new_return_a_typed_error_without_a_driver_or_succeed_with_one() {
     let probed = probe();
-    let opened = CudaBackend::new(0);
+    let opened = cuda::Device::new(0);
     match probed {
         Err(BackendError::Unavailable { reason }) => {
             assert!(
@@ -23,7 +23,7 @@ fn probe_and_new_return_a_typed_error_without_a_driver_or_succeed_with_one() {
             assert!(!reason.is_empty());
             match opened {
                 Err(BackendError::Unavailable { reason: again }) => assert_eq!(again, reason),
-                other => panic!("probe failed ({reason}) but CudaBackend::new gave {other:?}"),
+                other => panic!("probe failed ({reason}) but cuda::Device::new gave {other:?}"),
             }
         }
         Err(other) => panic!("the probe failed with a non-availability error: {other}"),
@@ -57,7 +57,7 @@ fn a_device_that_does_not_exist_is_a_typed_error_not_a_panic() {
         other => panic!("device {ordinal} cannot exist, yet the probe gave {other:?}"),
     }
     assert!(matches!(
-        CudaBackend::new(ordinal),
+        cuda::Device::new(ordinal),
         Err(BackendError::Unavailable { .. })
     ));
 }

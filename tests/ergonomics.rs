@@ -4,7 +4,7 @@
 
 use std::error::Error as StdError;
 
-use replay_arena::sim::{SimBackend, SimOp};
+use replay_arena::sim;
 use replay_arena::{
     CaptureError, Capturing, DType, Discovering, Domain, Error, PlacedPolicy, Placement,
     PlanConfig, PlanError, Policy, Replayable, Request, RunnerId, SealError,
@@ -15,7 +15,7 @@ type Boxed = Box<dyn StdError + Send + Sync + 'static>;
 
 const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
 
-fn allocated(runners: u32) -> (SimBackend, Capturing<SimBackend>) {
+fn allocated(runners: u32) -> (sim::Device, Capturing<sim::Device>) {
     let planned = Discovering::from_runners(
         PlanConfig::new(),
         (0..runners).map(|r| (RunnerId(r), [REQ])),
@@ -23,21 +23,21 @@ fn allocated(runners: u32) -> (SimBackend, Capturing<SimBackend>) {
     .unwrap()
     .plan(Policy::Generations(1))
     .unwrap();
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let capturing = planned.allocate(sim.clone()).unwrap();
     (sim, capturing)
 }
 
-fn capture(sim: &SimBackend, capturing: &mut Capturing<SimBackend>, r: u32) -> Result<(), Boxed> {
+fn capture(sim: &sim::Device, capturing: &mut Capturing<sim::Device>, r: u32) -> Result<(), Boxed> {
     let stream = sim.stream();
     let cap = capturing.capture(RunnerId(r))?;
     let view = cap.take(REQ)?;
-    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 5))?;
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 5))?;
     cap.finish()?;
     Ok(())
 }
 
-fn seal_boxed(capturing: Capturing<SimBackend>) -> Result<Replayable<SimBackend>, Boxed> {
+fn seal_boxed(capturing: Capturing<sim::Device>) -> Result<Replayable<sim::Device>, Boxed> {
     Ok(capturing.seal()?)
 }
 
@@ -59,7 +59,7 @@ fn every_phase_error_goes_into_a_send_sync_box_with_question_mark() {
     capture(&sim, &mut capturing, 0).unwrap();
     let mut replayable = seal_boxed(capturing).unwrap();
     let stream = sim.stream();
-    let consume = |replayable: &mut Replayable<SimBackend>| -> Result<(), Boxed> {
+    let consume = |replayable: &mut Replayable<sim::Device>| -> Result<(), Boxed> {
         replayable.replay(RunnerId(0), &stream)?;
         replayable.consume(RunnerId(0), &stream, |_, _| {
             Err::<(), Boxed>("short read".into())
@@ -76,7 +76,7 @@ fn a_failed_seal_in_a_box_hands_the_capturing_back_by_downcast() {
     let before = sim.live_allocations();
     let e = seal_boxed(capturing).unwrap_err();
     assert!(e.to_string().contains("runner 0"), "{e}");
-    let failed = e.downcast::<SealError<SimBackend>>().unwrap();
+    let failed = e.downcast::<SealError<sim::Device>>().unwrap();
     assert!(matches!(failed.error(), CaptureError::Unfinished { .. }));
     let mut capturing = failed.into_capturing();
     assert_eq!(sim.live_allocations(), before, "the arenas are still there");
@@ -94,7 +94,7 @@ fn a_failed_seal_turned_into_a_plain_error_frees_the_plan() {
     assert_eq!(sim.live_allocations(), 0);
 
     let (sim, capturing) = allocated(1);
-    let seal = || -> replay_arena::Result<Replayable<SimBackend>> { Ok(capturing.seal()?) };
+    let seal = || -> replay_arena::Result<Replayable<sim::Device>> { Ok(capturing.seal()?) };
     assert!(matches!(
         seal(),
         Err(Error::Capture(CaptureError::Unfinished { .. }))
@@ -131,7 +131,7 @@ fn a_program_enum_takes_every_crate_error_with_one_from_and_the_macro() {
         let cap = capturing.capture(RunnerId(0))?;
         let view = cap.take(REQ)?;
         cap.stream_capture(&stream, |s| -> Result<(), AppError> {
-            sim.launch(s, SimOp::fill(&view, 1.0), 5)?; // BackendError
+            sim.launch(s, sim::Op::fill(&view, 1.0), 5)?; // BackendError
             Err(AppError::Own("bad input"))
         })?;
         Ok(())
@@ -139,7 +139,7 @@ fn a_program_enum_takes_every_crate_error_with_one_from_and_the_macro() {
     // The closure's own error comes back as itself, not wrapped.
     assert!(matches!(work_fails(), Err(AppError::Own("bad input"))));
 
-    let seal = move || -> Result<Replayable<SimBackend>, AppError> { Ok(capturing.seal()?) };
+    let seal = move || -> Result<Replayable<sim::Device>, AppError> { Ok(capturing.seal()?) };
     assert!(matches!(
         seal(),
         Err(AppError::Arena(Error::Capture(
@@ -151,8 +151,8 @@ fn a_program_enum_takes_every_crate_error_with_one_from_and_the_macro() {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
+    use replay_arena::cuda;
     use replay_arena::cuda::cudarc::driver::{sys::CUresult, DriverError};
-    use replay_arena::cuda::CudaBackend;
     use replay_arena::{BackendError, CUDARC_DRIVER_CALL};
 
     #[test]
@@ -184,11 +184,11 @@ mod cuda {
         ));
     }
 
-    /// Compiles only while `SealError<CudaBackend>` is `Send + Sync`.
+    /// Compiles only while `SealError<cuda::Device>` is `Send + Sync`.
     #[allow(dead_code)]
     fn seal_on_cuda_goes_into_a_send_sync_box(
-        capturing: Capturing<CudaBackend>,
-    ) -> Result<Replayable<CudaBackend>, Boxed> {
+        capturing: Capturing<cuda::Device>,
+    ) -> Result<Replayable<cuda::Device>, Boxed> {
         Ok(capturing.seal()?)
     }
 }
@@ -198,8 +198,8 @@ mod cuda {
 #[cfg(feature = "nccl")]
 #[allow(dead_code)]
 fn seal_on_nccl_goes_into_a_send_sync_box_as_its_reason(
-    capturing: Capturing<replay_arena::nccl::NcclBackend>,
-) -> Result<Replayable<replay_arena::nccl::NcclBackend>, Boxed> {
+    capturing: Capturing<replay_arena::nccl::Device>,
+) -> Result<Replayable<replay_arena::nccl::Device>, Boxed> {
     Ok(capturing.seal().map_err(SealError::into_error)?)
 }
 

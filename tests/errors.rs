@@ -7,7 +7,7 @@
 //! `InvalidView`, `FingerprintMismatch`) are tested with the `cuda` and `nccl`
 //! backends.
 
-use replay_arena::sim::{AsSpan, SimBackend, SimOp, SimStream};
+use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
     DiscoveryError, Domain, GroupId, PlanConfig, PlanError, Policy, Purpose, ReplayError,
@@ -54,8 +54,8 @@ fn discovered(runners: &[(u32, &[Request])]) -> Discovering {
 }
 
 /// The runners planned with `G = 1` and allocated on a fresh sim.
-fn allocated(runners: &[(u32, &[Request])]) -> (SimBackend, SimStream, Capturing<SimBackend>) {
-    let sim = SimBackend::new();
+fn allocated(runners: &[(u32, &[Request])]) -> (sim::Device, sim::Stream, Capturing<sim::Device>) {
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let capturing = discovered(runners)
         .plan(Policy::Generations(1))
@@ -68,9 +68,9 @@ fn allocated(runners: &[(u32, &[Request])]) -> (SimBackend, SimStream, Capturing
 /// Captures `runner` correctly: takes `requests` in order, fills each view,
 /// finishes.
 fn capture_ok(
-    capturing: &mut Capturing<SimBackend>,
-    sim: &SimBackend,
-    stream: &SimStream,
+    capturing: &mut Capturing<sim::Device>,
+    sim: &sim::Device,
+    stream: &sim::Stream,
     runner: u32,
     requests: &[Request],
 ) {
@@ -79,14 +79,14 @@ fn capture_ok(
     cap.stream_capture(stream, |s| {
         views
             .iter()
-            .try_for_each(|v| sim.launch(s, SimOp::fill(v, runner as f32), 1))
+            .try_for_each(|v| sim.launch(s, sim::Op::fill(v, runner as f32), 1))
     })
     .unwrap();
     cap.finish().unwrap();
 }
 
 /// One runner with one f32 request, captured and sealed.
-fn sealed_one() -> (SimBackend, SimStream, Replayable<SimBackend>) {
+fn sealed_one() -> (sim::Device, sim::Stream, Replayable<sim::Device>) {
     let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
     capture_ok(&mut capturing, &sim, &stream, 0, &[F32_64]);
     (sim, stream, capturing.seal().unwrap())
@@ -349,7 +349,7 @@ fn a_failed_arena_allocation_is_allocation() {
     let planned = discovered(&[(0, &[F32_64, bf16])])
         .plan(Policy::Generations(1))
         .unwrap();
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     sim.fail_allocations_after(Some(1));
     let failed = expect_err(planned.allocate(sim.clone()));
     let err = failed.error().clone();
@@ -376,7 +376,7 @@ fn an_arena_larger_than_the_address_space_is_allocation_not_a_panic() {
     let planned = discovered(&[(0, &[huge])])
         .plan(Policy::Generations(1))
         .unwrap();
-    let err = expect_err(planned.allocate(SimBackend::new())).into_error();
+    let err = expect_err(planned.allocate(sim::Device::new())).into_error();
     assert!(matches!(
         err,
         BackendError::Allocation {
@@ -579,7 +579,7 @@ fn a_rejected_take_takes_nothing() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(device(DType::F32, 128)).unwrap_err();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
             .unwrap();
         cap.finish().unwrap();
     }
@@ -592,7 +592,7 @@ fn finishing_with_capacity_left_is_taken_mismatch() {
     let (sim, stream, mut capturing) = allocated(&[(3, &[bf16, bf16])]);
     let cap = capturing.capture(RunnerId(3)).unwrap();
     let view = cap.take(bf16).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
         .unwrap();
     let err = cap.finish().unwrap_err();
     assert_eq!(
@@ -616,7 +616,7 @@ fn a_taken_mismatch_fails_the_runner_and_seal_reports_it() {
     {
         let cap = capturing.capture(RunnerId(3)).unwrap();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
             .unwrap();
         cap.finish().unwrap_err();
     }
@@ -690,7 +690,7 @@ fn capturing_again_after_a_failed_capture_fails_and_so_does_finish() {
         cap.stream_capture(&stream, |_| Err::<(), _>("out of launch slots"))
             .unwrap_err();
         let again = cap
-            .stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+            .stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
             .unwrap_err();
         assert!(matches!(
             again,
@@ -731,7 +731,7 @@ fn a_graph_whose_allocation_escapes_it_is_graph_rejected() {
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| {
         let out = sim.alloc_async(s, 1024)?; // an op's output, never dropped
-        sim.launch(s, SimOp::copy(&view, &out), 1)
+        sim.launch(s, sim::Op::copy(&view, &out), 1)
     })
     .unwrap();
     let err = cap.finish().unwrap_err();
@@ -750,7 +750,7 @@ fn a_graph_that_frees_memory_it_did_not_allocate_is_graph_rejected() {
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, SimOp::fill(&view, 1.0), 1)?;
+        sim.launch(s, sim::Op::fill(&view, 1.0), 1)?;
         sim.free_async(s, &replay_arena::sim::AsSpan::span(&program))
     })
     .unwrap();
@@ -919,8 +919,10 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::copy(&outside, &view), 1))
-            .unwrap();
+        cap.stream_capture(&stream, |s| {
+            sim.launch(s, sim::Op::copy(&outside, &view), 1)
+        })
+        .unwrap();
         cap.finish().unwrap();
     }
     let mut replayable = capturing.seal().unwrap();
@@ -1021,7 +1023,7 @@ fn failed_transitions_print_their_reason_once_in_an_error_chain() {
         .unwrap()
         .plan(Policy::Generations(0))
         .unwrap_err();
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     sim.fail_allocations_after(Some(0));
     let allocate_failed = discovery()
         .unwrap()

@@ -6,7 +6,7 @@
 mod support;
 
 use proptest::prelude::*;
-use replay_arena::sim::{AsSpan, SimBackend, SimOp, Span};
+use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{DType, Domain, PlacedPolicy, Policy, Replayable, Request, RunnerId};
 use support::{discover, Workload, GTP};
 
@@ -61,9 +61,9 @@ fn case() -> impl Strategy<Value = (Workload, PlacedPolicy, usize, Vec<Step>, Ve
 }
 
 struct Setup {
-    sim: SimBackend,
-    streams: Vec<replay_arena::sim::SimStream>,
-    replayable: Replayable<SimBackend>,
+    sim: sim::Device,
+    streams: Vec<replay_arena::sim::Stream>,
+    replayable: Replayable<sim::Device>,
     spans: Vec<Vec<Span>>,
 }
 
@@ -73,7 +73,7 @@ fn value(runner: usize) -> f32 {
 
 /// Captures every runner: its graph fills each of its views with its value.
 fn setup(w: &Workload, s: PlacedPolicy, streams: usize, durations: &[u64]) -> Setup {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let streams: Vec<_> = (0..streams).map(|_| sim.stream()).collect();
     let mut capturing = discover(w).plan(s).unwrap().allocate(sim.clone()).unwrap();
     let mut spans = Vec::new();
@@ -84,7 +84,7 @@ fn setup(w: &Workload, s: PlacedPolicy, streams: usize, durations: &[u64]) -> Se
         cap.stream_capture(&streams[0], |st| {
             views
                 .iter()
-                .try_for_each(|v| sim.launch(st, SimOp::fill(v, value(r)), durations[r]))
+                .try_for_each(|v| sim.launch(st, sim::Op::fill(v, value(r)), durations[r]))
         })
         .unwrap();
         cap.finish().unwrap();
@@ -120,7 +120,7 @@ proptest! {
                 t.replayable.consume(RunnerId(step.runner as u32), &t.streams[c], |st, views| {
                     for v in views {
                         let out = sim.alloc_f32(v.span().len())?;
-                        sim.launch(st, SimOp::copy(v, &out), duration)?;
+                        sim.launch(st, sim::Op::copy(v, &out), duration)?;
                         outs.push(out);
                     }
                     Ok::<(), replay_arena::Error>(())
@@ -151,7 +151,7 @@ proptest! {
                 for span in &t.spans[step.runner] {
                     let out = t.sim.alloc_f32(span.len()).unwrap();
                     // SAFETY: deliberately unfenced, as above.
-                    unsafe { t.sim.launch_unscoped(&t.streams[c], SimOp::copy(span, &out), duration).unwrap() };
+                    unsafe { t.sim.launch_unscoped(&t.streams[c], sim::Op::copy(span, &out), duration).unwrap() };
                     outs.push(out);
                 }
                 accesses.push((step.runner, c, false));

@@ -2,14 +2,14 @@
 //! completion the program can wait on, and temporaries inside a runner's
 //! graph (balanced allocation and free nodes).
 
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     CaptureError, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
 };
 
 /// One runner recording `requests`, planned in one generation and
 /// allocated on `sim`.
-fn on_sim(sim: &SimBackend, requests: &[Request]) -> replay_arena::Capturing<SimBackend> {
+fn on_sim(sim: &sim::Device, requests: &[Request]) -> replay_arena::Capturing<sim::Device> {
     Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), requests.iter().copied())])
         .unwrap()
         .plan(Policy::Generations(1))
@@ -24,8 +24,8 @@ const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
 /// replayed on two pool streams; each consumer adds its runner's view into
 /// the main grad (slow, on its own side stream). Returns the optimizer
 /// stream and the main grad.
-fn step(wait: impl Fn(&mut Replayable<SimBackend>, &SimStream)) -> (SimBackend, Vec<f32>) {
-    let sim = SimBackend::new();
+fn step(wait: impl Fn(&mut Replayable<sim::Device>, &sim::Stream)) -> (sim::Device, Vec<f32>) {
+    let sim = sim::Device::new();
     let rs = (0..2).map(|r| (RunnerId(r), [REQ]));
     let mut capturing = Discovering::from_runners(PlanConfig::new(), rs)
         .unwrap()
@@ -40,24 +40,24 @@ fn step(wait: impl Fn(&mut Replayable<SimBackend>, &SimStream)) -> (SimBackend, 
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
         cap.stream_capture(&pool[r as usize], |s| {
-            sim.launch(s, SimOp::fill(&v, r as f32 + 1.0), 5)
+            sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 5)
         })
         .unwrap();
         cap.finish().unwrap();
     }
     let mut replayable = capturing.seal().unwrap();
-    let main: [SimBuffer; 2] = [sim.alloc_f32(64).unwrap(), sim.alloc_f32(64).unwrap()];
+    let main: [sim::HostBuffer; 2] = [sim.alloc_f32(64).unwrap(), sim.alloc_f32(64).unwrap()];
     for r in 0..2usize {
         replayable.replay(RunnerId(r as u32), &pool[r]).unwrap();
         replayable
             .consume(RunnerId(r as u32), &side[r], |s, v| {
-                sim.launch(s, SimOp::add(&v[0], &main[r]), 100)
+                sim.launch(s, sim::Op::add(&v[0], &main[r]), 100)
             })
             .unwrap();
     }
     wait(&mut replayable, &optimizer);
     // The optimizer step reads both main grads.
-    sim.launch(&optimizer, SimOp::add(&main[0], &main[1]), 1)
+    sim.launch(&optimizer, sim::Op::add(&main[0], &main[1]), 1)
         .unwrap();
     let out = sim.read_f32(&main[1]).unwrap();
     (sim, out)
@@ -109,20 +109,20 @@ fn waiting_for_an_unknown_runner_is_a_typed_error() {
 /// A framework op: allocates its output inside the capture (an allocation
 /// node), as `stream.alloc_zeros` does, and writes `src * 2` into it.
 fn scaled(
-    sim: &SimBackend,
-    s: &SimStream,
+    sim: &sim::Device,
+    s: &sim::Stream,
     src: &impl replay_arena::sim::AsSpan,
     len: usize,
 ) -> Result<replay_arena::sim::Span, replay_arena::BackendError> {
     let out = sim.alloc_async(s, len)?;
-    sim.launch(s, SimOp::copy(src, &out), 2)?;
-    sim.launch(s, SimOp::scale(&out, 2.0), 2)?;
+    sim.launch(s, sim::Op::copy(src, &out), 2)?;
+    sim.launch(s, sim::Op::scale(&out, 2.0), 2)?;
     Ok(out)
 }
 
 #[test]
 fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactly() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let input = sim.alloc_f32(64).unwrap();
     sim.write_f32(&input, &[1.5; 64]).unwrap();
@@ -134,7 +134,7 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
         let t1 = scaled(&sim, s, &input, 64)?;
         let t2 = scaled(&sim, s, &t1, 64)?;
         sim.free_async(s, &t1)?;
-        sim.launch(s, SimOp::copy(&t2, &wgrad), 1)?;
+        sim.launch(s, sim::Op::copy(&t2, &wgrad), 1)?;
         sim.free_async(s, &t2)
     })
     .unwrap();
@@ -158,7 +158,7 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
 
 #[test]
 fn a_capture_that_fails_frees_its_temporaries() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = on_sim(&sim, &[REQ]);
     let arenas = sim.live_allocations();
@@ -179,7 +179,7 @@ fn a_capture_that_fails_frees_its_temporaries() {
 
 #[test]
 fn sub_views_keep_the_closure_and_the_fence() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let bucket = Request::new(Domain::Device, DType::F32, 128);
     let mut capturing = on_sim(&sim, &[bucket]);
@@ -196,12 +196,12 @@ fn sub_views_keep_the_closure_and_the_fence() {
     assert_eq!((err.start, err.end, err.len), (100, 129, 128));
     assert!(view.split_at(0).is_err() && view.split_at(128).is_err());
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, SimOp::fill(&a, 1.0), 1)?;
-        sim.launch(s, SimOp::fill(&b, 2.0), 1)
+        sim.launch(s, sim::Op::fill(&a, 1.0), 1)?;
+        sim.launch(s, sim::Op::fill(&b, 2.0), 1)
     })
     .unwrap();
     // Out of its closure, a sub-view is as refused as its view.
-    let err = sim.launch(&stream, SimOp::fill(&b, 9.0), 1).unwrap_err();
+    let err = sim.launch(&stream, sim::Op::fill(&b, 9.0), 1).unwrap_err();
     assert!(
         err.to_string().contains("outside the work closure"),
         "{err}"
@@ -224,14 +224,14 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
             .param(ParamId(p))
     };
     let scratch = Request::new(Domain::Device, DType::F32, 16).purpose(Purpose::Fp32AccumScratch);
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = on_sim(&sim, &[w(1), scratch, w(2)]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let vs = [w(1), scratch, w(2)].map(|q| cap.take(q).unwrap());
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, SimOp::fill(&vs[0], 1.0), 1)?;
-        sim.launch(s, SimOp::fill(&vs[2], 2.0), 1)
+        sim.launch(s, sim::Op::fill(&vs[0], 1.0), 1)?;
+        sim.launch(s, sim::Op::fill(&vs[2], 2.0), 1)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -243,7 +243,7 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
             assert_eq!(views.with_purpose(Purpose::WgradRsInput).count(), 2);
             assert_eq!(views.find(&scratch).unwrap().len(), 16);
             let second = views.of_param(ParamId(2)).next().unwrap();
-            sim.launch(s, SimOp::copy(&second, &out), 1)
+            sim.launch(s, sim::Op::copy(&second, &out), 1)
         })
         .unwrap();
     assert_eq!(sim.read_f32(&out).unwrap(), vec![2.0; 64]);
@@ -251,13 +251,13 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
 
 /// Runner 0 replays (5 ticks); consumers on two side streams take 100
 /// ticks each. Returns the makespan.
-fn two_consumers(sim: &SimBackend) -> u64 {
+fn two_consumers(sim: &sim::Device) -> u64 {
     let stream = sim.stream();
     let (x, y) = (sim.stream(), sim.stream());
     let mut capturing = on_sim(sim, &[REQ]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let v = cap.take(REQ).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 3.0), 5))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 3.0), 5))
         .unwrap();
     cap.finish().unwrap();
     let mut replayable = capturing.seal().unwrap();
@@ -266,7 +266,7 @@ fn two_consumers(sim: &SimBackend) -> u64 {
     for (s, out) in [&x, &y].into_iter().zip(&outs) {
         replayable
             .consume(RunnerId(0), s, |s, views| {
-                sim.launch(s, SimOp::copy(&views[0], out), 100)
+                sim.launch(s, sim::Op::copy(&views[0], out), 100)
             })
             .unwrap();
     }
@@ -282,7 +282,7 @@ fn two_consumers(sim: &SimBackend) -> u64 {
 
 #[test]
 fn consumers_of_one_runner_on_two_streams_run_at_once_and_both_are_waited_for() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let makespan = two_consumers(&sim);
     // Replay (5), both consumers side by side (100), the next replay (5):
     // not 5 + 100 + 100 + 5, which serialized consumers would take.
@@ -291,7 +291,7 @@ fn consumers_of_one_runner_on_two_streams_run_at_once_and_both_are_waited_for() 
 
 #[test]
 fn one_consumer_over_several_runners_is_fenced_against_each() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let rs = (0..3).map(|r| (RunnerId(r), [REQ]));
     let mut capturing = Discovering::from_runners(PlanConfig::new(), rs)
         .unwrap()
@@ -304,7 +304,7 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
         cap.stream_capture(&pools[r as usize], |s| {
-            sim.launch(s, SimOp::fill(&v, r as f32 + 1.0), 10 * (r as u64 + 1))
+            sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 10 * (r as u64 + 1))
         })
         .unwrap();
         cap.finish().unwrap();
@@ -323,7 +323,7 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
                 assert_eq!(runners.len(), 3);
                 runners
                     .iter()
-                    .try_for_each(|views| sim.launch(s, SimOp::add(&views[0], &bucket), 5))
+                    .try_for_each(|views| sim.launch(s, sim::Op::add(&views[0], &bucket), 5))
             },
         )
         .unwrap();

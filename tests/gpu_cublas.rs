@@ -9,7 +9,7 @@
 use replay_arena::cublas::{bind_workspace, WORKSPACE_ALIGNMENT};
 use replay_arena::cuda::cudarc::cublas::sys::cublasOperation_t;
 use replay_arena::cuda::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use replay_arena::cuda::{probe, CudaBackend, ViewExt};
+use replay_arena::cuda::{self, probe, ViewExt};
 use replay_arena::{
     BackendError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
 };
@@ -18,7 +18,7 @@ use replay_arena::{
 #[ignore = "needs a CUDA GPU"]
 fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused() {
     probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let backend = CudaBackend::new(0).unwrap();
+    let backend = cuda::Device::new(0).unwrap();
     let stream = backend.new_stream().unwrap();
     let (m, n, k) = (64usize, 48usize, 32usize);
     let ha: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32).collect();
@@ -115,7 +115,7 @@ fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused()
 #[ignore = "needs a CUDA GPU"]
 fn a_typed_view_with_no_address_on_the_stream_is_refused_as_a_workspace() {
     probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let backend = CudaBackend::new(0).unwrap();
+    let backend = cuda::Device::new(0).unwrap();
     let (stream, other) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
     let mut blas = CudaBlas::new(stream.cudarc().clone()).unwrap();
     let ws_req = Request::new(Domain::Device, DType::U8, 4 << 20);

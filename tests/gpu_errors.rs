@@ -43,7 +43,7 @@ fn discover(runners: &[&[Request]]) -> Discovering {
 /// Captures one wgrad kernel into `view` (a real graph).
 fn capture_wgrad(
     g: &Gpu,
-    capturing: &mut Capturing<replay_arena::cuda::CudaBackend>,
+    capturing: &mut Capturing<replay_arena::cuda::Device>,
     runner: RunnerId,
     stream: &cuda::Stream,
     step: u64,
@@ -61,7 +61,7 @@ fn capture_wgrad(
 /// capture, as a careless caller would.
 fn capture_with_memory_nodes(
     g: &Gpu,
-    capturing: &mut Capturing<replay_arena::cuda::CudaBackend>,
+    capturing: &mut Capturing<replay_arena::cuda::Device>,
     runner: RunnerId,
     stream: &cuda::Stream,
     step: u64,

@@ -7,7 +7,7 @@
 #![cfg(feature = "cuda")]
 
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::cuda::{CudaBackend, ViewExt};
+use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{
     BackendError, CaptureError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
 };
@@ -15,8 +15,8 @@ use replay_arena::{
 const N: usize = 1 << 16;
 const REQ: Request = Request::new(Domain::Device, DType::F32, N as u64);
 
-fn backend() -> CudaBackend {
-    CudaBackend::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+fn backend() -> cuda::Device {
+    cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
 }
 
 #[test]
@@ -161,7 +161,7 @@ fn a_graph_the_program_captured_with_cudarc_is_adopted_and_replays() {
 #[ignore = "needs a CUDA GPU"]
 fn a_communicator_the_program_created_is_adopted_and_left_alive() {
     use replay_arena::cuda::cudarc::nccl::sys as nc;
-    use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+    use replay_arena::nccl::{self, Communicator, UniqueId};
     use replay_arena::GroupId;
     let b = backend();
     let id = UniqueId::new().unwrap();
@@ -178,7 +178,7 @@ fn a_communicator_the_program_created_is_adopted_and_left_alive() {
         // SAFETY: `raw` outlives everything made from it in this block.
         let comm = unsafe { Communicator::adopt(&b, group, raw) }.unwrap();
         assert_eq!((comm.rank(), comm.size()), (0, 1));
-        let backend = NcclBackend::new(b.clone())
+        let backend = nccl::Device::new(b.clone())
             .with_group(comm.clone())
             .unwrap();
         let sym = Request::new(Domain::Symmetric(group), DType::F32, N as u64);

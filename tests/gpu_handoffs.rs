@@ -12,7 +12,7 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use replay_arena::cuda::{CudaBackend, ViewExt};
+use replay_arena::cuda::ViewExt;
 use replay_arena::{
     CaptureError, DType, Discovering, Domain, HandoffId, PlacedPolicy, PlanConfig, Policy, Request,
     RunnerId, StepError,
@@ -27,7 +27,7 @@ const WGRAD: Request = Request::new(Domain::Device, DType::I32, N as u64);
 const GRAD: Request = Request::new(Domain::Device, DType::I32, N as u64);
 
 struct Model {
-    backend: CudaBackend,
+    backend: cuda::Device,
     ops: Ops,
     io: cuda::Stream,
     weights: Vec<CudaSlice<i32>>,
@@ -38,7 +38,7 @@ struct Model {
 impl Model {
     fn new() -> Model {
         let backend =
-            CudaBackend::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
         let ops = Ops::new(&backend);
         let io = backend.new_stream().unwrap();
         let tensor = |seed: i32| {

@@ -19,7 +19,7 @@ use replay_arena::cuda::cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, DeviceSlice, LaunchConfig, PushKernelArg,
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
-use replay_arena::cuda::{CaptureMode, CudaBackend, ViewExt};
+use replay_arena::cuda::{CaptureMode, ViewExt};
 use replay_arena::{
     BackendError, Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request,
     RunnerId, View,
@@ -102,10 +102,10 @@ fn kernels(ctx: &Arc<CudaContext>) -> Kernels {
 }
 
 /// The program's context adopted through the explicit opt-in.
-fn adopted() -> (Arc<CudaContext>, CudaBackend, Kernels) {
+fn adopted() -> (Arc<CudaContext>, cuda::Device, Kernels) {
     let ctx = program_context();
     // SAFETY: these tests order their own slices with stream syncs.
-    let backend = unsafe { CudaBackend::from_context_disabling_event_tracking(ctx.clone()) }
+    let backend = unsafe { cuda::Device::from_context_disabling_event_tracking(ctx.clone()) }
         .unwrap_or_else(|e| panic!("adopting the context: {e}"));
     let k = kernels(&ctx);
     (ctx, backend, k)
@@ -116,7 +116,7 @@ fn f32s(n: u64) -> Request {
 }
 
 /// A plan of one runner (0) with these requests, allocated on `backend`.
-fn one_runner(backend: &CudaBackend, requests: &[Request]) -> Capturing<CudaBackend> {
+fn one_runner(backend: &cuda::Device, requests: &[Request]) -> Capturing<cuda::Device> {
     let runner = [(RunnerId(0), requests.iter().copied())];
     Discovering::from_runners(PlanConfig::new(), runner)
         .unwrap()
@@ -129,11 +129,11 @@ fn one_runner(backend: &CudaBackend, requests: &[Request]) -> Capturing<CudaBack
 /// One runner recording `requests`, captured on `stream` by `work` (which
 /// gets the runner's views in request order), finished and sealed.
 fn sealed_one(
-    backend: &CudaBackend,
+    backend: &cuda::Device,
     stream: &cuda::Stream,
     requests: &[Request],
     work: impl FnOnce(&cuda::Stream, &[View<'_>]) -> Result<(), String>,
-) -> Replayable<CudaBackend> {
+) -> Replayable<cuda::Device> {
     let mut capturing = one_runner(backend, requests);
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -151,7 +151,7 @@ fn e<T: std::fmt::Debug>(op: &'static str) -> impl Fn(T) -> String {
 
 /// Reads runner 0's view `index` through a fenced consumer on `stream`.
 fn read_view(
-    replayable: &mut Replayable<CudaBackend>,
+    replayable: &mut Replayable<cuda::Device>,
     stream: &cuda::Stream,
     index: usize,
 ) -> Vec<f32> {
@@ -179,7 +179,7 @@ fn adopting_a_context_with_event_tracking_on_is_refused_naming_the_fix() {
     let _gpu = serial();
     let ctx = program_context();
     assert!(ctx.is_event_tracking(), "cudarc's default");
-    let err = CudaBackend::from_context(ctx.clone()).unwrap_err();
+    let err = cuda::Device::from_context(ctx.clone()).unwrap_err();
     assert_eq!(err, BackendError::EventTracking);
     let message = err.to_string();
     assert!(message.contains("disable_event_tracking"), "{message}");
@@ -204,7 +204,7 @@ fn the_opt_in_turns_tracking_off_so_a_slice_made_with_tracking_on_is_captured() 
 
     // SAFETY: the program synchronized its stream above.
     let backend =
-        unsafe { CudaBackend::from_context_disabling_event_tracking(ctx.clone()) }.unwrap();
+        unsafe { cuda::Device::from_context_disabling_event_tracking(ctx.clone()) }.unwrap();
     assert!(!ctx.is_event_tracking());
     assert!(Arc::ptr_eq(backend.context(), &ctx));
 
@@ -559,7 +559,7 @@ fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
 /// Host time of the first and second replay (each launched and waited for)
 /// of a fresh 256-kernel graph.
 fn replay_latency(
-    backend: &CudaBackend,
+    backend: &cuda::Device,
     k: &Kernels,
     stream: &cuda::Stream,
 ) -> (Duration, Duration) {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Barrier};
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+use replay_arena::nccl::{self, Communicator, UniqueId};
 use replay_arena::{
     BackendError, DType, Discovering, Domain, GroupId, PlanConfig, Planned, Policy, Purpose,
     Request, RunnerId, View,
@@ -133,7 +133,7 @@ fn inside(windows: &[(u64, u64)], v: &View<'_>) -> bool {
 /// returns each runner's folded output.
 fn run(
     g: &Gpu,
-    backend: NcclBackend,
+    backend: nccl::Device,
     planned: Planned,
     runners: &[Rs],
     ranks: usize,
@@ -209,7 +209,7 @@ fn under_sanitizer() -> bool {
 }
 
 /// Both groups as 1-rank communicators, and a backend holding them.
-fn one_rank_groups(g: &Gpu) -> (Communicator, Communicator, NcclBackend) {
+fn one_rank_groups(g: &Gpu) -> (Communicator, Communicator, nccl::Device) {
     rank_backend(
         g,
         0,
@@ -326,7 +326,7 @@ fn a_view_of_another_group_or_the_wrong_size_is_refused() {
 #[ignore = "needs a CUDA GPU"]
 fn a_symmetric_group_without_communicator_cannot_allocate() {
     let g = gpu();
-    let backend = NcclBackend::new(g.backend.clone())
+    let backend = nccl::Device::new(g.backend.clone())
         .with_group(one_rank_comm(&g, GTP))
         .unwrap();
     let err = plan(&runners(), 1, 0)
@@ -340,7 +340,7 @@ fn a_symmetric_group_without_communicator_cannot_allocate() {
 #[ignore = "needs a CUDA GPU"]
 fn a_group_registers_one_communicator() {
     let g = gpu();
-    let err = NcclBackend::new(g.backend.clone())
+    let err = nccl::Device::new(g.backend.clone())
         .with_group(one_rank_comm(&g, GTP))
         .unwrap()
         .with_group(one_rank_comm(&g, GTP))
@@ -383,10 +383,10 @@ fn rank_backend(
     rank: usize,
     ranks: usize,
     ids: [UniqueId; 2],
-) -> (Communicator, Communicator, NcclBackend) {
+) -> (Communicator, Communicator, nccl::Device) {
     let gtp = Communicator::new(&g.backend, GTP, &ids[0], rank, ranks).unwrap();
     let expert = Communicator::new(&g.backend, EXPERT, &ids[1], rank, ranks).unwrap();
-    let backend = NcclBackend::new(g.backend.clone())
+    let backend = nccl::Device::new(g.backend.clone())
         .with_group(gtp.clone())
         .unwrap()
         .with_group(expert.clone())

@@ -8,7 +8,7 @@
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-use replay_arena::cuda::{CudaBackend, ViewExt};
+use replay_arena::cuda::ViewExt;
 use replay_arena::{
     Backend, BackendError, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy,
     ReplayError, Replayable, Request, RunnerId,
@@ -30,12 +30,13 @@ extern "C" __global__ void spin_fill(float* x, unsigned int n, float v, long lon
 "#;
 
 struct Dev {
-    backend: CudaBackend,
+    backend: cuda::Device,
     spin_fill: CudaFunction,
 }
 
 fn dev() -> Dev {
-    let backend = CudaBackend::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    let backend =
+        cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
     let ptx = compile_ptx(SOURCE).unwrap_or_else(|e| panic!("nvrtc: {e:?}"));
     let module = backend.context().load_module(ptx).unwrap();
     Dev {
@@ -77,7 +78,7 @@ impl Dev {
         stream: &cuda::Stream,
         fill: impl Fn(u32) -> f32,
         cycles: impl Fn(u32) -> i64,
-    ) -> Replayable<CudaBackend> {
+    ) -> Replayable<cuda::Device> {
         let rs = (0..runners).map(|r| (RunnerId(r), [REQ]));
         let planned = Discovering::from_runners(PlanConfig::new(), rs)
             .unwrap()
@@ -315,12 +316,12 @@ fn a_recycled_stream_handle_does_not_skip_the_wait() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_for_it() {
-    use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+    use replay_arena::nccl::{self, Communicator, UniqueId};
     use replay_arena::GroupId;
     let d = dev();
     let group = GroupId(0);
     let comm = Communicator::new(&d.backend, group, &UniqueId::new().unwrap(), 0, 1).unwrap();
-    let backend = NcclBackend::new(d.backend.clone())
+    let backend = nccl::Device::new(d.backend.clone())
         .with_group(comm.clone())
         .unwrap();
     let sym = Request::new(Domain::Symmetric(group), DType::F32, N as u64);

@@ -15,7 +15,6 @@ use model::{
     graphed_step, step_graph, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError,
 };
 use replay_arena::cuda;
-use replay_arena::cuda::CudaBackend;
 use replay_arena::{Backend, BackendError, PlacedPolicy, Policy, RunnerId};
 
 const STEPS: usize = 20;
@@ -28,13 +27,13 @@ const SHAPE: Shape = Shape {
     workspace: 8 << 20,
 };
 
-fn cuda() -> CudaBackend {
-    CudaBackend::new(0)
+fn cuda() -> cuda::Device {
+    cuda::Device::new(0)
         .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"))
 }
 
 fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
-    cuda: &CudaBackend,
+    cuda: &cuda::Device,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,
     strategy: PlacedPolicy,
@@ -161,13 +160,13 @@ fn packed_copy_stand_in_equals_eager() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn round_robin_nccl_symmetric_equals_eager() {
-    use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+    use replay_arena::nccl::{self, Communicator, UniqueId};
     let cuda = cuda();
     let id = UniqueId::new().unwrap();
     let comm = Communicator::new(&cuda, model::TP_GROUP, &id, 0, 1).unwrap();
     graphed_equals_eager(
         &cuda,
-        &|| NcclBackend::new(cuda.clone()).with_group(comm.clone()),
+        &|| nccl::Device::new(cuda.clone()).with_group(comm.clone()),
         Reduce::Nccl(comm.clone()),
         Policy::OverlapDepth(2).into(),
     );

@@ -12,9 +12,9 @@ mod model;
 use std::sync::Barrier;
 
 use model::{graphed_step, Comparison, Model, Reduce, Shape, Tolerance};
+use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaContext;
-use replay_arena::cuda::CudaBackend;
-use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+use replay_arena::nccl::{self, Communicator, UniqueId};
 use replay_arena::{Backend, PlacedPolicy, Policy};
 
 const STEPS: usize = 12;
@@ -35,7 +35,7 @@ struct Found {
 }
 
 fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found {
-    let cuda = CudaBackend::new(rank)
+    let cuda = cuda::Device::new(rank)
         .unwrap_or_else(|e| panic!("rank {rank}: this test needs a CUDA GPU per rank: {e}"));
     let comm = Communicator::new(&cuda, model::TP_GROUP, &id, rank, ranks).unwrap();
     let mut model = Model::new(&cuda, SHAPE, Reduce::Nccl(comm.clone())).unwrap();
@@ -53,7 +53,7 @@ fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found
         .plan(PlacedPolicy::from(Policy::OverlapDepth(2)))
         .unwrap();
     comm.check_fingerprint(planned.fingerprint()).unwrap();
-    let backend = NcclBackend::new(cuda.clone())
+    let backend = nccl::Device::new(cuda.clone())
         .with_group(comm.clone())
         .unwrap();
     let mut capturing = planned.allocate(backend).unwrap();

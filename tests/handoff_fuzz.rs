@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::*;
 
 type R<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -70,9 +70,9 @@ pub fn oval(r: usize) -> f32 {
 }
 
 pub struct Built {
-    pub rp: Replayable<SimBackend>,
+    pub rp: Replayable<sim::Device>,
     /// out[r][k]: reader r's copy of its k-th read handoff.
-    pub out: Vec<Vec<SimBuffer>>,
+    pub out: Vec<Vec<sim::HostBuffer>>,
     pub hids: Vec<HandoffId>,
 }
 
@@ -83,7 +83,7 @@ pub fn elems(r: &Request) -> usize {
 /// Builds and captures the plan. Writers fill each handoff with hval(h),
 /// readers add each received handoff into a program buffer, own bytes get
 /// oval(r).
-pub fn build(sim: &SimBackend, spec: &Spec, cs: &SimStream) -> R<Built> {
+pub fn build(sim: &sim::Device, spec: &Spec, cs: &sim::Stream) -> R<Built> {
     let mut d = Discovering::new(PlanConfig::new());
     let mut hids: Vec<Option<HandoffId>> = vec![None; spec.handoffs.len()];
     for (i, r) in spec.runners.iter().enumerate() {
@@ -131,10 +131,10 @@ pub fn build(sim: &SimBackend, spec: &Spec, cs: &SimStream) -> R<Built> {
         let outs = &out[i];
         c.stream_capture(cs, |s| {
             for (k, v) in rv.iter().enumerate() {
-                sim.launch(s, SimOp::add(v, &outs[k]), 7)?;
+                sim.launch(s, sim::Op::add(v, &outs[k]), 7)?;
             }
             for (k, v) in wv.iter().enumerate() {
-                sim.launch(s, SimOp::fill(v, hval(r.writes[k])), 20)?;
+                sim.launch(s, sim::Op::fill(v, hval(r.writes[k])), 20)?;
                 if r.interleave && r.ready.contains(&r.writes[k]) {
                     c.ready(hids[r.writes[k]], s)?;
                 }
@@ -145,7 +145,7 @@ pub fn build(sim: &SimBackend, spec: &Spec, cs: &SimStream) -> R<Built> {
                 }
             }
             if let Some(o) = &own {
-                sim.launch(s, SimOp::fill(o, oval(i)), 30)?;
+                sim.launch(s, sim::Op::fill(o, oval(i)), 30)?;
             }
             Ok::<(), Error>(())
         })?;
@@ -155,7 +155,7 @@ pub fn build(sim: &SimBackend, spec: &Spec, cs: &SimStream) -> R<Built> {
     Ok(Built { rp, out, hids })
 }
 
-pub fn base(sim: &SimBackend) -> (usize, usize) {
+pub fn base(sim: &sim::Device) -> (usize, usize) {
     (sim.live_allocations(), sim.live_events())
 }
 
@@ -227,8 +227,8 @@ struct Expect {
 fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
     let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15).wrapping_add(7) | 1);
     let spec = random_spec(&mut rng);
-    let sim = SimBackend::new();
-    let streams: Vec<SimStream> = (0..3).map(|_| sim.stream()).collect();
+    let sim = sim::Device::new();
+    let streams: Vec<sim::Stream> = (0..3).map(|_| sim.stream()).collect();
     let b0 = base(&sim);
     let mut problems = Vec::new();
     // Events of forgotten step graphs (leaking is allowed).
@@ -236,7 +236,7 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
     {
         let Built { mut rp, out, .. } = build(&sim, &spec, &streams[0])?;
         let n = spec.runners.len();
-        let cout: Vec<Vec<SimBuffer>> = (0..n)
+        let cout: Vec<Vec<sim::HostBuffer>> = (0..n)
             .map(|_| (0..3).map(|_| sim.alloc_f32(64).unwrap()).collect())
             .collect();
         let mut ex = Expect {
@@ -277,15 +277,15 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                     let s = rng.below(3);
                     let mode = rng.below(4); // 0 ok, 1 fail after enqueue, 2 panic after enqueue, 3 mut
                     let c = &cout[r][s];
-                    let f = |st: &SimStream, v: &[View<'_>]| -> std::result::Result<(), String> {
+                    let f = |st: &sim::Stream, v: &[View<'_>]| -> std::result::Result<(), String> {
                         if let Some(v0) = v.first() {
                             if mode == 3 {
-                                sim.launch(st, SimOp::fill(v0, oval(r)), 3)
+                                sim.launch(st, sim::Op::fill(v0, oval(r)), 3)
                                     .map_err(|e| e.to_string())?;
                             }
                             // first 64 f32s of own view (own >= 64 f32s)
                             let part = v0.slice(0..64.min(v0.len())).unwrap();
-                            sim.launch(st, SimOp::add(&part, c), 5)
+                            sim.launch(st, sim::Op::add(&part, c), 5)
                                 .map_err(|e| e.to_string())?;
                         }
                         if mode == 1 {
@@ -339,7 +339,7 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                             let r = [r1, r2][i];
                             if let Some(v0) = views.first() {
                                 let part = v0.slice(0..64.min(v0.len())).unwrap();
-                                sim.launch(st, SimOp::add(&part, &cout[r][s]), 5)?;
+                                sim.launch(st, sim::Op::add(&part, &cout[r][s]), 5)?;
                             }
                         }
                         Ok::<(), BackendError>(())
@@ -391,7 +391,7 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                             let res = step.consume(RunnerId(r as u32), &streams[s], |st, v| {
                                 if let Some(v0) = v.first() {
                                     let part = v0.slice(0..64.min(v0.len())).unwrap();
-                                    sim.launch(st, SimOp::add(&part, c), 5)?;
+                                    sim.launch(st, sim::Op::add(&part, c), 5)?;
                                 }
                                 Ok::<(), BackendError>(())
                             });

@@ -3,7 +3,7 @@
 //! declared at discovery, placed for its lifetime, fenced both ways.
 
 use proptest::prelude::*;
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     CaptureError, DType, Discovering, DiscoveryError, Domain, HandoffId, PlacedPolicy, PlanConfig,
     Policy, ReplayError, Replayable, Request, RunnerId,
@@ -36,23 +36,23 @@ fn chain(n: u32) -> (Discovering, Vec<HandoffId>) {
 /// gradient it hands off (marking it ready when `ready`), then fills its
 /// own view's tail (slow: `tail` ticks).
 struct Chain {
-    sim: SimBackend,
-    replayable: Replayable<SimBackend>,
-    pool: [SimStream; 2],
+    sim: sim::Device,
+    replayable: Replayable<sim::Device>,
+    pool: [sim::Stream; 2],
     handoffs: Vec<HandoffId>,
     n: u32,
-    sinks: Vec<SimBuffer>,
-    _buffers: (SimBuffer, Vec<SimBuffer>),
+    sinks: Vec<sim::HostBuffer>,
+    _buffers: (sim::HostBuffer, Vec<sim::HostBuffer>),
 }
 
 fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, tail: u64) -> Chain {
     let (d, handoffs) = chain(n);
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let pool = [sim.stream(), sim.stream()];
     let one = sim.alloc_f32(64).unwrap();
     sim.write_f32(&one, &[1.0; 64]).unwrap();
-    let sinks: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
-    let counts: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
+    let sinks: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
+    let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
     let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
     for r in 0..n {
         let sink = &sinks[r as usize];
@@ -63,18 +63,18 @@ fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, t
         let output = (r + 1 < n).then(|| cap.hand_off(handoffs[r as usize]).unwrap());
         cap.stream_capture(&pool[r as usize % 2], |s| {
             if let Some(input) = &input {
-                sim.launch(s, SimOp::copy(input, sink), read)?;
+                sim.launch(s, sim::Op::copy(input, sink), read)?;
             }
             if let Some(output) = &output {
                 // A handoff's bytes hold nothing between steps (they may be
                 // another handoff's meanwhile): the writer overwrites them.
-                sim.launch(s, SimOp::add(&one, count), 1)?;
-                sim.launch(s, SimOp::copy(count, output), 2)?;
+                sim.launch(s, sim::Op::add(&one, count), 1)?;
+                sim.launch(s, sim::Op::copy(count, output), 2)?;
                 if ready {
                     cap.ready(handoffs[r as usize], s)?;
                 }
             }
-            sim.launch(s, SimOp::scale(&own, 1.0), tail)?;
+            sim.launch(s, sim::Op::scale(&own, 1.0), tail)?;
             Ok::<(), replay_arena::Error>(())
         })
         .unwrap();
@@ -176,7 +176,7 @@ fn the_ready_point_lets_readers_start_before_the_writers_graph_ends() {
 #[test]
 fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
     let (d, hs) = chain(2);
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = d
         .plan(Policy::Generations(2))
@@ -190,10 +190,10 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
         assert!(!out.is_read_only());
         let e = cap
             .stream_capture(&s, |s| {
-                sim.launch(s, SimOp::fill(&out, 1.0), 1)?;
+                sim.launch(s, sim::Op::fill(&out, 1.0), 1)?;
                 cap.ready(hs[0], s)?;
                 // Readers may run from here: the writer leaves it alone.
-                sim.launch(s, SimOp::fill(&out, 2.0), 1)?;
+                sim.launch(s, sim::Op::fill(&out, 2.0), 1)?;
                 Ok::<(), replay_arena::Error>(())
             })
             .unwrap_err();
@@ -204,7 +204,7 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
     let input = cap.receive(hs[0]).unwrap();
     assert!(input.is_read_only());
     let e = cap
-        .stream_capture(&s, |s| sim.launch(s, SimOp::fill(&input, 1.0), 1))
+        .stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&input, 1.0), 1))
         .unwrap_err();
     assert!(e.to_string().contains("handoff it received"), "{e}");
 }
@@ -243,7 +243,7 @@ fn misdeclared_handoffs_are_typed_errors_at_discovery() {
 #[test]
 fn misused_handoffs_are_typed_errors_at_capture() {
     let (d, hs) = chain(3);
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = d
         .plan(Policy::Generations(2))
@@ -315,7 +315,7 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
     let mut d = Discovering::new(PlanConfig::new());
     let h = d.arm(RunnerId(0)).unwrap().hand_off(GRAD).unwrap();
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, b) = (sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64).unwrap();
     let mut capturing = d
@@ -326,14 +326,14 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let out = cap.hand_off(h).unwrap();
-        cap.stream_capture(&a, |s| sim.launch(s, SimOp::scale(&out, 2.0), 30))
+        cap.stream_capture(&a, |s| sim.launch(s, sim::Op::scale(&out, 2.0), 30))
             .unwrap();
         cap.finish().unwrap();
     }
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         let input = cap.receive(h).unwrap();
-        cap.stream_capture(&b, |s| sim.launch(s, SimOp::add(&input, &sink), 50))
+        cap.stream_capture(&b, |s| sim.launch(s, sim::Op::add(&input, &sink), 50))
             .unwrap();
         cap.finish().unwrap();
     }
@@ -348,7 +348,7 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
 
 #[test]
 fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [OWN])])
         .unwrap()
@@ -361,8 +361,8 @@ fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
         let own = cap.take(OWN).unwrap();
         cap.stream_capture(&s, |s| {
             let tmp = sim.alloc_async(s, 1024)?;
-            sim.launch(s, SimOp::fill(&tmp, 1.0), 1)?;
-            sim.launch(s, SimOp::copy(&tmp, &own), 1)?;
+            sim.launch(s, sim::Op::fill(&tmp, 1.0), 1)?;
+            sim.launch(s, sim::Op::copy(&tmp, &own), 1)?;
             sim.free_async(s, &tmp)
         })
         .unwrap();
@@ -448,15 +448,15 @@ proptest! {
                 ids[r as usize] = Some(armed.hand_off(GRAD).unwrap());
             }
         }
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let streams = [sim.stream(), sim.stream(), sim.stream()];
         let one = sim.alloc_f32(64).unwrap();
         sim.write_f32(&one, &[1.0; 64]).unwrap();
         // Per runner, a program buffer its graph adds what it reads into
         // (a runner's replays are ordered: each waits for the latest users
         // of its bytes, which waited for its previous replay).
-        let sinks: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
-        let counts: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
+        let sinks: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
+        let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
         let policy = Policy::Generations(w.generations);
         let strategy = if w.packed { policy.packed() } else { policy.round_robin() };
         let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
@@ -473,16 +473,16 @@ proptest! {
             let output = ids[r as usize].map(|h| (h, cap.hand_off(h).unwrap()));
             cap.stream_capture(&streams[0], |s| {
                 for input in &inputs {
-                    sim.launch(s, SimOp::add(input, sink), read)?;
+                    sim.launch(s, sim::Op::add(input, sink), read)?;
                 }
                 if let Some((h, out)) = &output {
-                    sim.launch(s, SimOp::add(&one, count), 1)?;
-                    sim.launch(s, SimOp::copy(count, out), 2)?;
+                    sim.launch(s, sim::Op::add(&one, count), 1)?;
+                    sim.launch(s, sim::Op::copy(count, out), 2)?;
                     if ready {
                         cap.ready(*h, s)?;
                     }
                 }
-                sim.launch(s, SimOp::scale(&own, 1.0), tail)?;
+                sim.launch(s, sim::Op::scale(&own, 1.0), tail)?;
                 Ok::<(), replay_arena::Error>(())
             })
             .unwrap();

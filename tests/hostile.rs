@@ -3,7 +3,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use replay_arena::sim::{SimBackend, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     CaptureError, Capturing, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy,
     ReplayError, Replayable, Request, RunnerId,
@@ -11,7 +11,7 @@ use replay_arena::{
 
 /// One runner recording `requests`, planned in one generation and
 /// allocated on `sim`.
-fn on_sim(sim: &SimBackend, requests: &[Request]) -> Capturing<SimBackend> {
+fn on_sim(sim: &sim::Device, requests: &[Request]) -> Capturing<sim::Device> {
     Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), requests.iter().copied())])
         .unwrap()
         .plan(Policy::Generations(1))
@@ -28,12 +28,12 @@ const F32_64: Request = Request::new(Domain::Device, DType::F32, 64);
 fn allocated(
     runners: &[&[Request]],
     policy: Policy,
-) -> (SimBackend, SimStream, Capturing<SimBackend>) {
+) -> (sim::Device, sim::Stream, Capturing<sim::Device>) {
     let runners = runners
         .iter()
         .enumerate()
         .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let capturing = Discovering::from_runners(PlanConfig::new(), runners)
         .unwrap()
@@ -46,14 +46,14 @@ fn allocated(
 
 /// Runners `0..n`, each filling its one view with `runner + 5` in `ticks`;
 /// sealed under `policy`.
-fn sealed(n: u32, policy: Policy, ticks: u64) -> (SimBackend, Replayable<SimBackend>) {
+fn sealed(n: u32, policy: Policy, ticks: u64) -> (sim::Device, Replayable<sim::Device>) {
     let runners = vec![&[F32_64][..]; n as usize];
     let (sim, stream, mut capturing) = allocated(&runners, policy);
     for r in 0..n {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(F32_64).unwrap();
         cap.stream_capture(&stream, |s| {
-            sim.launch(s, SimOp::fill(&view, r as f32 + 5.0), ticks)
+            sim.launch(s, sim::Op::fill(&view, r as f32 + 5.0), ticks)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -63,15 +63,15 @@ fn sealed(n: u32, policy: Policy, ticks: u64) -> (SimBackend, Replayable<SimBack
 
 /// A consumer that copies the runner's view into `out`, taking `ticks`.
 fn copy_out(
-    sim: &SimBackend,
-    replayable: &mut Replayable<SimBackend>,
+    sim: &sim::Device,
+    replayable: &mut Replayable<sim::Device>,
     runner: u32,
-    stream: &SimStream,
-    out: &replay_arena::sim::SimBuffer,
+    stream: &sim::Stream,
+    out: &replay_arena::sim::HostBuffer,
     ticks: u64,
 ) -> Result<(), ConsumeError<replay_arena::BackendError>> {
     replayable.consume(RunnerId(runner), stream, |s, views| {
-        sim.launch(s, SimOp::copy(&views[0], out), ticks)
+        sim.launch(s, sim::Op::copy(&views[0], out), ticks)
     })
 }
 
@@ -137,7 +137,7 @@ fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
         let _ = cap.stream_capture(&stream, |s| {
-            sim.launch(s, SimOp::fill(&view, 1.0), 1).unwrap();
+            sim.launch(s, sim::Op::fill(&view, 1.0), 1).unwrap();
             if view.len() == 64 {
                 panic!("kernel wrapper panicked");
             }
@@ -147,12 +147,12 @@ fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
     assert!(unwound.is_err());
     // The stream is no longer capturing: eager work on it runs...
     let buf = sim.alloc_f32(4).unwrap();
-    sim.launch(&stream, SimOp::fill(&buf, 3.0), 1).unwrap();
+    sim.launch(&stream, sim::Op::fill(&buf, 3.0), 1).unwrap();
     assert_eq!(sim.read_f32(&buf).unwrap(), vec![3.0; 4]);
     // ...and the next capture on it works.
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let view = cap.take(F32_64).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 2.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 2.0), 1))
         .unwrap();
     cap.finish().unwrap();
     // Runner 0 is failed for good, with the reason.
@@ -168,7 +168,7 @@ fn a_panic_inside_a_consumer_after_it_enqueued_work_stays_fenced() {
     replayable.replay(RunnerId(0), &a).unwrap();
     let unwound = catch_unwind(AssertUnwindSafe(|| {
         let _ = replayable.consume(RunnerId(0), &x, |s, views| {
-            sim.launch(s, SimOp::copy(&views[0], &out), 100).unwrap();
+            sim.launch(s, sim::Op::copy(&views[0], &out), 100).unwrap();
             if views.len() == 1 {
                 panic!("consumer panicked after enqueuing");
             }
@@ -188,7 +188,7 @@ fn seal_ignores_a_dropped_capture_of_a_runner_that_uses_no_buffers() {
     drop(capturing.capture(RunnerId(1)).unwrap());
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
         .unwrap();
     cap.finish().unwrap();
     let replayable = capturing.seal().unwrap();
@@ -213,10 +213,10 @@ fn a_second_stream_capture_on_one_capture_is_refused() {
     let (sim, stream, mut capturing) = allocated(&[&[F32_64]], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 1.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
         .unwrap();
     let again = cap
-        .stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&view, 2.0), 1))
+        .stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 2.0), 1))
         .unwrap_err();
     assert!(matches!(
         again,
@@ -251,15 +251,15 @@ fn a_capture_cannot_write_a_view_of_another_live_plan() {
         .stream_capture(&other, |s| {
             // Plan A's view, taken but outside A's closure: refused, and the
             // refusal recorded nothing.
-            assert_out_of_scope(sim.launch(s, SimOp::fill(&theirs, 9.0), 1));
-            sim.launch(s, SimOp::fill(&ours, 1.0), 1)
+            assert_out_of_scope(sim.launch(s, sim::Op::fill(&theirs, 9.0), 1));
+            sim.launch(s, sim::Op::fill(&ours, 1.0), 1)
         })
         .unwrap();
     // Nested inside A's own closure, A's view on B's stream is refused too.
     cap_a
         .stream_capture(&stream, |s| {
-            assert_out_of_scope(sim.launch(&other, SimOp::fill(&theirs, 9.0), 1));
-            sim.launch(s, SimOp::fill(&theirs, 2.0), 1)
+            assert_out_of_scope(sim.launch(&other, sim::Op::fill(&theirs, 9.0), 1));
+            sim.launch(s, sim::Op::fill(&theirs, 2.0), 1)
         })
         .unwrap();
     cap_b.finish().unwrap();
@@ -283,7 +283,7 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
             .unwrap();
         let cap = c.capture(RunnerId(0)).unwrap();
         let v = cap.take(F32_64).unwrap();
-        cap.stream_capture(&s, |s| sim.launch(s, SimOp::fill(&v, 3.0), 1))
+        cap.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&v, 3.0), 1))
             .unwrap();
         cap.finish().unwrap();
         (s, c.seal().unwrap())
@@ -295,13 +295,13 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
     a.consume(RunnerId(0), &s1, |s, mine| {
         b.consume(RunnerId(0), &s2, |_, theirs| {
             // B's view on A's consumer stream, and A's view on B's: refused.
-            assert_out_of_scope(sim.launch(s, SimOp::copy(&theirs[0], &out), 1));
-            assert_out_of_scope(sim.launch(&s2, SimOp::copy(&mine[0], &out), 1));
+            assert_out_of_scope(sim.launch(s, sim::Op::copy(&theirs[0], &out), 1));
+            assert_out_of_scope(sim.launch(&s2, sim::Op::copy(&mine[0], &out), 1));
             Ok::<(), String>(())
         })
         .unwrap();
         // A's own view on another stream than its consumer's: refused.
-        assert_out_of_scope(sim.launch(&s2, SimOp::copy(&mine[0], &out), 1));
+        assert_out_of_scope(sim.launch(&s2, sim::Op::copy(&mine[0], &out), 1));
         Ok::<(), String>(())
     })
     .unwrap();
@@ -325,13 +325,13 @@ fn a_view_or_its_span_cannot_be_used_after_its_closure_returned() {
     // The span escaped the closure (it is plain data), but its scope closed:
     // it cannot race runner 1's replay, which claims the same bytes.
     replayable.replay(RunnerId(1), &pool).unwrap();
-    assert_out_of_scope(sim.launch(&side, SimOp::fill(&kept, 7.0), 50));
+    assert_out_of_scope(sim.launch(&side, sim::Op::fill(&kept, 7.0), 50));
     // Views read from the plan are for addresses: no device work.
     let view = replayable.views(RunnerId(1)).unwrap()[0];
-    assert_out_of_scope(sim.launch(&side, SimOp::fill(&view, 7.0), 50));
+    assert_out_of_scope(sim.launch(&side, sim::Op::fill(&view, 7.0), 50));
     // Nor can a raw span of the same bytes get in.
     let raw = replay_arena::sim::Span::new(view.device_address(), 64);
-    let err = sim.launch(&side, SimOp::fill(&raw, 7.0), 50).unwrap_err();
+    let err = sim.launch(&side, sim::Op::fill(&raw, 7.0), 50).unwrap_err();
     assert!(err.to_string().contains("lie in a plan's arena"), "{err}");
     assert_eq!(sim.read_f32(&view).unwrap(), vec![6.0; 64]);
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
@@ -344,7 +344,7 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
     let view = cap.take(F32_64).unwrap();
     let other = sim.stream();
     cap.stream_capture(&stream, |s| {
-        let nested = cap.stream_capture(&other, |o| sim.launch(o, SimOp::fill(&view, 9.0), 1));
+        let nested = cap.stream_capture(&other, |o| sim.launch(o, sim::Op::fill(&view, 9.0), 1));
         assert!(
             matches!(
                 nested,
@@ -356,7 +356,7 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
             ),
             "{nested:?}"
         );
-        sim.launch(s, SimOp::fill(&view, 1.0), 1)
+        sim.launch(s, sim::Op::fill(&view, 1.0), 1)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -370,13 +370,13 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
 #[test]
 fn a_failed_sim_graph_launch_enqueues_nothing() {
     use replay_arena::Backend;
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (capture, other) = (sim.stream(), sim.stream());
     let kept = sim.alloc_f32(64).unwrap();
     let dropped = sim.alloc_f32(64).unwrap();
     sim.begin_capture(&capture).unwrap();
-    sim.launch(&capture, SimOp::fill(&kept, 1.0), 10).unwrap();
-    sim.launch(&capture, SimOp::fill(&dropped, 2.0), 10)
+    sim.launch(&capture, sim::Op::fill(&kept, 1.0), 10).unwrap();
+    sim.launch(&capture, sim::Op::fill(&dropped, 2.0), 10)
         .unwrap();
     // SAFETY: the capture this test began.
     let graph = unsafe { sim.end_capture(&capture) }.unwrap();
@@ -394,11 +394,11 @@ fn a_failed_sim_graph_launch_enqueues_nothing() {
 // ---- found by a second hostile pass ----------------------------------------
 
 /// One runner filling its view with `value` on `stream`, sealed.
-fn one_runner(sim: &SimBackend, stream: &SimStream, value: f32) -> Replayable<SimBackend> {
+fn one_runner(sim: &sim::Device, stream: &sim::Stream, value: f32) -> Replayable<sim::Device> {
     let mut capturing = on_sim(sim, &[F32_64]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let v = cap.take(F32_64).unwrap();
-    cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&v, value), 10))
+    cap.stream_capture(stream, |s| sim.launch(s, sim::Op::fill(&v, value), 10))
         .unwrap();
     cap.finish().unwrap();
     capturing.seal().unwrap()
@@ -406,7 +406,7 @@ fn one_runner(sim: &SimBackend, stream: &SimStream, value: f32) -> Replayable<Si
 
 #[test]
 fn a_consumer_on_a_stream_another_capture_records_is_refused() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, s_cap) = (sim.stream(), sim.stream());
     let mut pa = one_runner(&sim, &a, 1.0);
     // Replayed on the stream plan B captures on: the consumer's wait would
@@ -417,7 +417,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&s_cap, |s| {
         let inner = pa.consume(RunnerId(0), s, |s2, v| {
-            sim.launch(s2, SimOp::fill(&v[0], 99.0), 10)
+            sim.launch(s2, sim::Op::fill(&v[0], 99.0), 10)
         });
         assert!(
             matches!(
@@ -428,7 +428,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
             ),
             "{inner:?}"
         );
-        sim.launch(s, SimOp::fill(&view, 5.0), 10)
+        sim.launch(s, sim::Op::fill(&view, 5.0), 10)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -442,7 +442,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
 
 #[test]
 fn a_capture_opened_on_a_consumers_stream_is_refused() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, c) = (sim.stream(), sim.stream());
     let mut pa = one_runner(&sim, &a, 1.0);
     pa.replay(RunnerId(0), &a).unwrap();
@@ -451,8 +451,8 @@ fn a_capture_opened_on_a_consumers_stream_is_refused() {
         let cap = capturing.capture(RunnerId(0)).map_err(|e| e.to_string())?;
         let view = cap.take(F32_64).map_err(|e| e.to_string())?;
         let refused = cap.stream_capture(s, |s2| {
-            sim.launch(s2, SimOp::fill(&view, 5.0), 10)?;
-            sim.launch(s2, SimOp::fill(&v[0], 66.0), 10)
+            sim.launch(s2, sim::Op::fill(&view, 5.0), 10)?;
+            sim.launch(s2, sim::Op::fill(&v[0], 66.0), 10)
         });
         assert!(
             matches!(
@@ -476,7 +476,7 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
     // The program captures a raw span of its own buffer, then frees it; a
     // later plan's arena may get the address. Retried until it does.
     let reused = (0..50).any(|_| {
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let (a, b) = (sim.stream(), sim.stream());
         let x = sim.alloc_f32(64).unwrap();
         let addr = replay_arena::sim::AsSpan::span(&x).addr();
@@ -484,10 +484,10 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
         cap.stream_capture(&a, |s| {
-            sim.launch(s, SimOp::fill(&view, 1.0), 10)?;
+            sim.launch(s, sim::Op::fill(&view, 1.0), 10)?;
             sim.launch(
                 s,
-                SimOp::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
+                sim::Op::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
                 10,
             )
         })
@@ -514,10 +514,10 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
 
 #[test]
 fn dropping_a_buffer_lets_its_pending_ops_end_first() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let s = sim.stream();
     let x = sim.alloc_f32(64).unwrap();
-    sim.launch(&s, SimOp::fill(&x, 13.0), 1_000).unwrap();
+    sim.launch(&s, sim::Op::fill(&x, 13.0), 1_000).unwrap();
     drop(x);
     // Whatever reuses the memory now, nothing pending writes it.
     let mut pa = one_runner(&sim, &s, 1.0);
@@ -539,18 +539,20 @@ fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
     let out = sim.alloc_f32(64).unwrap();
     replayable
         .consume(RunnerId(0), &x, |s, views| {
-            let err = sim.launch(s, SimOp::fill(&views[0], 7.0), 50).unwrap_err();
+            let err = sim
+                .launch(s, sim::Op::fill(&views[0], 7.0), 50)
+                .unwrap_err();
             assert!(
                 err.to_string().contains("consumer's view, which it reads"),
                 "{err}"
             );
-            sim.launch(s, SimOp::copy(&views[0], &out), 100)
+            sim.launch(s, sim::Op::copy(&views[0], &out), 100)
         })
         .unwrap();
     // A writing consumer on another stream waits for the reader above.
     replayable
         .consume_mut(RunnerId(0), &y, |s, views| {
-            sim.launch(s, SimOp::scale(&views[0], 2.0), 10)
+            sim.launch(s, sim::Op::scale(&views[0], 2.0), 10)
         })
         .unwrap();
     replayable.synchronize().unwrap();
@@ -575,7 +577,7 @@ fn a_capture_on_a_stream_another_threads_consumer_works_on_is_refused() {
             let cap = capturing.capture(RunnerId(0)).unwrap();
             let v = cap.take(F32_64).unwrap();
             inside_rx.recv().unwrap(); // the other thread's consumer is open on `a`
-            let refused = cap.stream_capture(a, |s| sim.launch(s, SimOp::fill(&v, 1.0), 1));
+            let refused = cap.stream_capture(a, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 1));
             done_tx.send(format!("{refused:?}")).unwrap();
         });
         replayable
@@ -600,9 +602,9 @@ fn a_graph_temporary_works_only_inside_its_capture_closure() {
         cap.stream_capture(&stream, |s| {
             let t = sim.alloc_async(s, 64)?;
             // Not on another stream, even inside the closure.
-            assert!(sim.launch(&other, SimOp::fill(&t, 3.0), 1).is_err());
-            sim.launch(s, SimOp::fill(&t, 2.0), 1)?;
-            sim.launch(s, SimOp::copy(&t, &v), 1)?;
+            assert!(sim.launch(&other, sim::Op::fill(&t, 3.0), 1).is_err());
+            sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
+            sim.launch(s, sim::Op::copy(&t, &v), 1)?;
             kept = Some(t);
             sim.free_async(s, &t)
         })
@@ -611,12 +613,12 @@ fn a_graph_temporary_works_only_inside_its_capture_closure() {
     }
     let kept = kept.unwrap();
     // Outside its closure, and in another runner's graph: refused.
-    assert!(sim.launch(&other, SimOp::fill(&kept, 9.0), 1).is_err());
+    assert!(sim.launch(&other, sim::Op::fill(&kept, 9.0), 1).is_err());
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let v1 = cap.take(F32_64).unwrap();
     let refused = cap.stream_capture(&stream, |s| {
-        sim.launch(s, SimOp::fill(&v1, 1.0), 1)?;
-        sim.launch(s, SimOp::fill(&kept, 9.0), 1)
+        sim.launch(s, sim::Op::fill(&v1, 1.0), 1)?;
+        sim.launch(s, sim::Op::fill(&kept, 9.0), 1)
     });
     assert!(refused.is_err());
     // Outside every capture there is nothing to allocate into.

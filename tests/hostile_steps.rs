@@ -3,7 +3,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     Backend, DType, Discovering, Domain, Error, PlanConfig, Policy, ReplayError, Replayable,
     Request, RunnerId, StepError,
@@ -18,10 +18,10 @@ fn req(n: u64) -> Request {
 /// At G = 1, handoffs H0 (runner 0 to 1) and H1 (runner 3 to 4) have
 /// lifetimes that do not meet, so the plan gives them the same bytes.
 fn shared_handoff_plan(
-    sim: &SimBackend,
-    s: &SimStream,
-    out: &SimBuffer,
-) -> R<Replayable<SimBackend>> {
+    sim: &sim::Device,
+    s: &sim::Stream,
+    out: &sim::HostBuffer,
+) -> R<Replayable<sim::Device>> {
     let mut d = Discovering::new(PlanConfig::new());
     let h0 = {
         let mut a = d.arm(RunnerId(0))?;
@@ -44,9 +44,9 @@ fn shared_handoff_plan(
         let c = cap.capture(RunnerId(r))?;
         let (w, dx) = (c.take(req(64))?, c.hand_off(h)?);
         c.stream_capture(s, |s| {
-            sim.launch(s, SimOp::fill(&dx, val), 5)?;
+            sim.launch(s, sim::Op::fill(&dx, val), 5)?;
             c.ready(h, s)?;
-            sim.launch(s, SimOp::fill(&w, 7.0), 1)?;
+            sim.launch(s, sim::Op::fill(&w, 7.0), 1)?;
             Ok::<(), Error>(())
         })?;
         c.finish()?;
@@ -54,19 +54,19 @@ fn shared_handoff_plan(
     for (r, h) in [(1, h0), (4, h1)] {
         let c = cap.capture(RunnerId(r))?;
         let dy = c.receive(h)?;
-        c.stream_capture(s, |s| sim.launch(s, SimOp::copy(&dy, out), 50))?;
+        c.stream_capture(s, |s| sim.launch(s, sim::Op::copy(&dy, out), 50))?;
         c.finish()?;
     }
     let c = cap.capture(RunnerId(2))?;
     let w = c.take(req(64))?;
-    c.stream_capture(s, |s| sim.launch(s, SimOp::fill(&w, 2.0), 5))?;
+    c.stream_capture(s, |s| sim.launch(s, sim::Op::fill(&w, 2.0), 5))?;
     c.finish()?;
     Ok(cap.seal()?)
 }
 
 #[test]
 fn a_reader_of_a_handoff_whose_bytes_another_handoff_took_is_refused() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (sa, sb, sc) = (sim.stream(), sim.stream(), sim.stream());
     let out = sim.alloc_f32(64)?;
     let mut rp = shared_handoff_plan(&sim, &sa, &out)?;
@@ -101,7 +101,7 @@ fn a_reader_of_a_handoff_whose_bytes_another_handoff_took_is_refused() -> R {
 
 #[test]
 fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (sa, sb) = (sim.stream(), sim.stream());
     let mut d = Discovering::new(PlanConfig::new());
     let (h0, h1) = {
@@ -120,11 +120,11 @@ fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
         let c = cap.capture(RunnerId(0))?;
         let (w, x0, x1) = (c.take(req(64))?, c.hand_off(h0)?, c.hand_off(h1)?);
         c.stream_capture(&sa, |s| {
-            sim.launch(s, SimOp::fill(&x0, 1.0), 5)?;
+            sim.launch(s, sim::Op::fill(&x0, 1.0), 5)?;
             c.ready(h0, s)?;
-            sim.launch(s, SimOp::fill(&x1, 2.0), 500)?; // h1 is written long after h0
+            sim.launch(s, sim::Op::fill(&x1, 2.0), 500)?; // h1 is written long after h0
             c.ready(h1, s)?;
-            sim.launch(s, SimOp::fill(&w, 3.0), 5)?;
+            sim.launch(s, sim::Op::fill(&w, 3.0), 5)?;
             Ok::<(), Error>(())
         })?;
         c.finish()?;
@@ -133,8 +133,8 @@ fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
         let c = cap.capture(RunnerId(1))?;
         let (w, y0, y1) = (c.take(req(64))?, c.receive(h0)?, c.receive(h1)?);
         c.stream_capture(&sb, |s| {
-            sim.launch(s, SimOp::copy(&y1, &w), 5)?;
-            sim.launch(s, SimOp::add(&y0, &w), 5)
+            sim.launch(s, sim::Op::copy(&y1, &w), 5)?;
+            sim.launch(s, sim::Op::add(&y0, &w), 5)
         })?;
         c.finish()?;
     }
@@ -157,7 +157,7 @@ fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
 }
 
 /// A runner that requests nothing but allocates a temporary in its graph.
-fn temporaries_plan(sim: &SimBackend, s: &SimStream) -> R<Replayable<SimBackend>> {
+fn temporaries_plan(sim: &sim::Device, s: &sim::Stream) -> R<Replayable<sim::Device>> {
     let mut d = Discovering::new(PlanConfig::new());
     d.arm(RunnerId(0))?.record(req(64))?;
     d.arm(RunnerId(1))?;
@@ -165,13 +165,13 @@ fn temporaries_plan(sim: &SimBackend, s: &SimStream) -> R<Replayable<SimBackend>
     {
         let c = cap.capture(RunnerId(0))?;
         let v = c.take(req(64))?;
-        c.stream_capture(s, |s| sim.launch(s, SimOp::fill(&v, 1.0), 5))?;
+        c.stream_capture(s, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5))?;
         c.finish()?;
     }
     let c = cap.capture(RunnerId(1))?;
     c.stream_capture(s, |s| {
         let t = sim.alloc_async(s, 64)?;
-        sim.launch(s, SimOp::fill(&t, 5.0), 50)?;
+        sim.launch(s, sim::Op::fill(&t, 5.0), 50)?;
         sim.free_async(s, &t)
     })?;
     c.finish()?;
@@ -180,7 +180,7 @@ fn temporaries_plan(sim: &SimBackend, s: &SimStream) -> R<Replayable<SimBackend>
 
 #[test]
 fn launches_of_one_graph_run_one_after_another_as_on_cuda() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (sa, sb) = (sim.stream(), sim.stream());
     let mut rp = temporaries_plan(&sim, &sa)?;
     // Unfenced (it owns no bytes), but its temporaries are not shared
@@ -201,7 +201,7 @@ fn launches_of_one_graph_run_one_after_another_as_on_cuda() -> R {
 fn a_capture_starting_on_another_thread_never_lets_a_replay_skip_its_wait() -> R {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (s, t) = (sim.stream(), sim.stream());
     // G = 1: runner 1 waits for runner 0 on the other stream every time.
     let rs = (0..2).map(|r| (RunnerId(r), [req(16)]));
@@ -211,7 +211,7 @@ fn a_capture_starting_on_another_thread_never_lets_a_replay_skip_its_wait() -> R
     for r in 0..2 {
         let c = cap.capture(RunnerId(r))?;
         let v = c.take(req(16))?;
-        c.stream_capture(&s, |s| sim.launch(s, SimOp::fill(&v, r as f32), 3))?;
+        c.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&v, r as f32), 3))?;
         c.finish()?;
     }
     let mut a = cap.seal()?;
@@ -248,7 +248,7 @@ fn a_capture_starting_on_another_thread_never_lets_a_replay_skip_its_wait() -> R
 
 #[test]
 fn a_panicking_step_consumer_leaves_the_plans_views_as_they_were() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (sa, sb) = (sim.stream(), sim.stream());
     let mut rp = temporaries_plan(&sim, &sa)?;
     let before = format!("{:?}", rp.views(RunnerId(0))?[0]);
@@ -274,7 +274,7 @@ fn a_panicking_step_consumer_leaves_the_plans_views_as_they_were() -> R {
 
 #[test]
 fn a_step_consumer_of_a_runner_never_replayed_is_refused() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let s = sim.stream();
     let mut rp = temporaries_plan(&sim, &s)?;
     let mut step = rp.step();
@@ -297,8 +297,8 @@ fn a_step_consumer_of_a_runner_never_replayed_is_refused() -> R {
 
 #[test]
 fn a_stream_of_another_backend_is_never_taken_for_one_of_this_backend() -> R {
-    let sim = SimBackend::new();
-    let other = SimBackend::new();
+    let sim = sim::Device::new();
+    let other = sim::Device::new();
     let s = sim.stream();
     let foreign = other.stream(); // index 0, as `s`
     let mut rp = temporaries_plan(&sim, &s)?;
@@ -312,7 +312,7 @@ fn a_stream_of_another_backend_is_never_taken_for_one_of_this_backend() -> R {
 
 #[test]
 fn a_step_graph_sees_a_handoff_overwritten_before_the_step() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (sa, sb) = (sim.stream(), sim.stream());
     let out = sim.alloc_f32(64)?;
     let mut rp = shared_handoff_plan(&sim, &sa, &out)?;
@@ -340,7 +340,7 @@ fn waiting_for_a_reader_without_bytes_of_its_own_waits_for_its_reads() -> R {
         a.hand_off(req(64))?
     };
     d.arm(RunnerId(1))?.receive(h)?;
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (sa, sb, opt) = (sim.stream(), sim.stream(), sim.stream());
     let out = sim.alloc_f32(64)?;
     let mut cap = d.plan(Policy::Generations(2))?.allocate(sim.clone())?;
@@ -348,15 +348,15 @@ fn waiting_for_a_reader_without_bytes_of_its_own_waits_for_its_reads() -> R {
         let c = cap.capture(RunnerId(0))?;
         let (w, x) = (c.take(req(64))?, c.hand_off(h)?);
         c.stream_capture(&sa, |s| {
-            sim.launch(s, SimOp::fill(&x, 1.0), 5)?;
-            sim.launch(s, SimOp::fill(&w, 7.0), 5)
+            sim.launch(s, sim::Op::fill(&x, 1.0), 5)?;
+            sim.launch(s, sim::Op::fill(&w, 7.0), 5)
         })?;
         c.finish()?;
     }
     {
         let c = cap.capture(RunnerId(1))?;
         let y = c.receive(h)?;
-        c.stream_capture(&sa, |s| sim.launch(s, SimOp::copy(&y, &out), 50))?;
+        c.stream_capture(&sa, |s| sim.launch(s, sim::Op::copy(&y, &out), 50))?;
         c.finish()?;
     }
     let mut rp = cap.seal()?;
@@ -364,7 +364,7 @@ fn waiting_for_a_reader_without_bytes_of_its_own_waits_for_its_reads() -> R {
     rp.replay(RunnerId(1), &sb)?; // its graph writes `out`
     rp.wait_for(RunnerId(1), &opt)?;
     let copy = sim.alloc_f32(64)?;
-    sim.launch(&opt, SimOp::copy(&out, &copy), 1)?;
+    sim.launch(&opt, sim::Op::copy(&out, &copy), 1)?;
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
     assert_eq!(sim.read_f32(&copy)?[0], 1.0);
     Ok(())
@@ -390,7 +390,7 @@ fn a_replay_whose_record_fails_after_its_launch_still_tracks_every_read() -> R {
         a.receive(h0)?;
         a.receive(h1)?;
     }
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (sa, sb, s) = (sim.stream(), sim.stream(), sim.stream());
     let out = sim.alloc_f32(64)?;
     let mut cap = d.plan(Policy::Generations(2))?.allocate(sim.clone())?;
@@ -398,8 +398,8 @@ fn a_replay_whose_record_fails_after_its_launch_still_tracks_every_read() -> R {
         let c = cap.capture(RunnerId(r))?;
         let (w, x) = (c.take(q)?, c.hand_off(h)?);
         c.stream_capture(&sa, |st| {
-            sim.launch(st, SimOp::fill(&x, 1.0 + r as f32), 5)?;
-            sim.launch(st, SimOp::fill(&w, 7.0), 5)
+            sim.launch(st, sim::Op::fill(&x, 1.0 + r as f32), 5)?;
+            sim.launch(st, sim::Op::fill(&w, 7.0), 5)
         })?;
         c.finish()?;
     }
@@ -407,8 +407,8 @@ fn a_replay_whose_record_fails_after_its_launch_still_tracks_every_read() -> R {
         let c = cap.capture(RunnerId(2))?;
         let (y0, y1) = (c.receive(h0)?, c.receive(h1)?);
         c.stream_capture(&sa, |st| {
-            sim.launch(st, SimOp::add(&y0, &out), 50)?;
-            sim.launch(st, SimOp::add(&y1, &out), 50)
+            sim.launch(st, sim::Op::add(&y0, &out), 50)?;
+            sim.launch(st, sim::Op::add(&y1, &out), 50)
         })?;
         c.finish()?;
     }

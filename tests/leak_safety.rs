@@ -9,7 +9,7 @@
 //! Also here: a launch on a stream that is capturing is the crate's typed
 //! error, for replays, unfenced replays and step graphs alike.
 
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     CaptureError, ConsumeError, DType, Discovering, Domain, Error, PlanConfig, Policy, ReplayError,
     Replayable, Request, RunnerId,
@@ -23,11 +23,11 @@ const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
 /// with `r + 1` for `duration` ticks; runner 0 also hands a gradient to
 /// runner 1, which adds it into `sink`.
 fn two_runners(
-    sim: &SimBackend,
-    stream: &SimStream,
-    sink: &SimBuffer,
+    sim: &sim::Device,
+    stream: &sim::Stream,
+    sink: &sim::HostBuffer,
     duration: u64,
-) -> R<Replayable<SimBackend>> {
+) -> R<Replayable<sim::Device>> {
     let mut d = Discovering::new(PlanConfig::new());
     let h = {
         let mut a = d.arm(RunnerId(0))?;
@@ -44,8 +44,8 @@ fn two_runners(
         let cap = capturing.capture(RunnerId(0))?;
         let (v, dx) = (cap.take(REQ)?, cap.hand_off(h)?);
         cap.stream_capture(stream, |s| {
-            sim.launch(s, SimOp::fill(&v, 1.0), duration)?;
-            sim.launch(s, SimOp::fill(&dx, 10.0), duration)
+            sim.launch(s, sim::Op::fill(&v, 1.0), duration)?;
+            sim.launch(s, sim::Op::fill(&dx, 10.0), duration)
         })?;
         cap.finish()?;
     }
@@ -53,8 +53,8 @@ fn two_runners(
         let cap = capturing.capture(RunnerId(1))?;
         let (v, dy) = (cap.take(REQ)?, cap.receive(h)?);
         cap.stream_capture(stream, |s| {
-            sim.launch(s, SimOp::fill(&v, 2.0), duration)?;
-            sim.launch(s, SimOp::add(&dy, sink), duration)
+            sim.launch(s, sim::Op::fill(&v, 2.0), duration)?;
+            sim.launch(s, sim::Op::add(&dy, sink), duration)
         })?;
         cap.finish()?;
     }
@@ -64,9 +64,9 @@ fn two_runners(
 /// A step graph of runner 0 alone (on `lane`), launched `launches` times
 /// on `launch`, then forgotten.
 fn forget_a_step_of_runner_0(
-    rp: &mut Replayable<SimBackend>,
-    lane: &SimStream,
-    launch: &SimStream,
+    rp: &mut Replayable<sim::Device>,
+    lane: &sim::Stream,
+    launch: &sim::Stream,
     launches: usize,
 ) -> R {
     let mut step = rp.step();
@@ -81,7 +81,7 @@ fn forget_a_step_of_runner_0(
 
 #[test]
 fn a_forgotten_step_graph_leaves_a_replay_of_its_bytes_ordered_after_it() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 100)?;
@@ -96,7 +96,7 @@ fn a_forgotten_step_graph_leaves_a_replay_of_its_bytes_ordered_after_it() -> R {
 
 #[test]
 fn a_forgotten_step_graph_leaves_a_reader_of_its_handoff_ordered_after_it() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 100)?;
@@ -116,7 +116,7 @@ fn a_forgotten_step_graph_leaves_a_reader_of_its_handoff_ordered_after_it() -> R
 
 #[test]
 fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, side, l) = (sim.stream(), sim.stream(), sim.stream());
     let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
     let mut rp = two_runners(&sim, &a, &sink, 100)?;
@@ -124,7 +124,7 @@ fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
     // Runner 0 was never replayed per runner: the step's launch made it
     // the owner of its bytes.
     rp.consume(RunnerId(0), &side, |s, v| {
-        sim.launch(s, SimOp::copy(&v[0], &out), 5)
+        sim.launch(s, sim::Op::copy(&v[0], &out), 5)
     })?;
     rp.synchronize()?;
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
@@ -134,7 +134,7 @@ fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
 
 #[test]
 fn a_forgotten_step_graph_counts_its_launches() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, l) = (sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
@@ -145,7 +145,7 @@ fn a_forgotten_step_graph_counts_its_launches() -> R {
 
 #[test]
 fn a_forgotten_step_graph_is_waited_for_by_replan_and_the_next_plan_is_race_free() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1_000)?;
@@ -164,9 +164,9 @@ fn a_forgotten_step_graph_is_waited_for_by_replan_and_the_next_plan_is_race_free
 
 #[test]
 fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, side) = (sim.stream(), sim.stream());
-    let foreign = SimBackend::new().stream();
+    let foreign = sim::Device::new().stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     {
@@ -196,7 +196,7 @@ fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
 
 #[test]
 fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, b, side) = (sim.stream(), sim.stream(), sim.stream());
     let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
     let mut rp = two_runners(&sim, &a, &sink, 50)?;
@@ -206,7 +206,7 @@ fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
         step.replay(RunnerId(1), &b)?;
         // Captured into the step, never run.
         step.consume(RunnerId(0), &side, |s, v| {
-            sim.launch(s, SimOp::copy(&v[0], &out), 5)
+            sim.launch(s, sim::Op::copy(&v[0], &out), 5)
         })?;
         std::mem::forget(step);
     }
@@ -220,7 +220,7 @@ fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
 
 #[test]
 fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
         .plan(Policy::Generations(1))?;
@@ -228,7 +228,7 @@ fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R
     {
         let cap = capturing.capture(RunnerId(0))?;
         let v = cap.take(REQ)?;
-        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 9.0), 5))?;
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 9.0), 5))?;
         std::mem::forget(cap);
     }
     // Never finished: seal refuses, and hands the capturing phase back.
@@ -241,7 +241,7 @@ fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R
     {
         let cap = capturing.capture(RunnerId(0))?;
         let v = cap.take(REQ)?;
-        cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 1.0), 5))?;
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5))?;
         cap.finish()?;
     }
     let mut rp = capturing.seal()?;
@@ -274,7 +274,7 @@ fn a_forgotten_armed_runner_keeps_what_it_recorded() -> R {
 #[test]
 fn a_forgotten_replayable_leaks_its_arenas_under_queued_work_and_the_next_plan_gets_other_memory(
 ) -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, b) = (sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 10_000)?;
@@ -300,7 +300,7 @@ fn a_forgotten_replayable_leaks_its_arenas_under_queued_work_and_the_next_plan_g
 
 #[test]
 fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let runners = || Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])]);
     // A failed plan holds the discovery (host data).
     std::mem::forget(runners()?.plan(Policy::Generations(0)).unwrap_err());
@@ -326,7 +326,7 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
         .allocate(sim.clone())?;
     let cap = capturing.capture(RunnerId(0))?;
     let v = cap.take(REQ)?;
-    cap.stream_capture(&stream, |s| sim.launch(s, SimOp::fill(&v, 3.0), 5))?;
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 3.0), 5))?;
     cap.finish()?;
     let mut rp = capturing.seal()?;
     rp.replay(RunnerId(0), &stream)?;
@@ -338,7 +338,7 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
 // ---- launches on a capturing stream ----------------------------------------------
 
 /// Runs `inside` on a stream while another plan's capture records it.
-fn inside_a_capture(sim: &SimBackend, inside: impl FnOnce(&SimStream)) -> R {
+fn inside_a_capture(sim: &sim::Device, inside: impl FnOnce(&sim::Stream)) -> R {
     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(7), [REQ])])?
         .plan(Policy::Generations(1))?;
     let mut other = planned.allocate(sim.clone())?;
@@ -347,7 +347,7 @@ fn inside_a_capture(sim: &SimBackend, inside: impl FnOnce(&SimStream)) -> R {
     let stream = sim.stream();
     cap.stream_capture(&stream, |s| {
         inside(s);
-        sim.launch(s, SimOp::fill(&v, 1.0), 1)
+        sim.launch(s, sim::Op::fill(&v, 1.0), 1)
     })?;
     cap.finish()?;
     Ok(())
@@ -355,7 +355,7 @@ fn inside_a_capture(sim: &SimBackend, inside: impl FnOnce(&SimStream)) -> R {
 
 #[test]
 fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let a = sim.stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
@@ -377,7 +377,7 @@ fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
 
 #[test]
 fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let a = sim.stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
@@ -397,7 +397,7 @@ fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
 
 #[test]
 fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let a = sim.stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
@@ -417,24 +417,26 @@ fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
 
 /// A one-runner plan whose graph fills its view with `value` for `duration`.
 fn one_runner(
-    sim: &SimBackend,
-    stream: &SimStream,
+    sim: &sim::Device,
+    stream: &sim::Stream,
     value: f32,
     duration: u64,
-) -> R<Replayable<SimBackend>> {
+) -> R<Replayable<sim::Device>> {
     let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
         .plan(Policy::Generations(1))?
         .allocate(sim.clone())?;
     let cap = capturing.capture(RunnerId(0))?;
     let v = cap.take(REQ)?;
-    cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&v, value), duration))?;
+    cap.stream_capture(stream, |s| {
+        sim.launch(s, sim::Op::fill(&v, value), duration)
+    })?;
     cap.finish()?;
     Ok(capturing.seal()?)
 }
 
 #[test]
 fn a_teardown_that_cannot_wait_leaks_the_arenas_instead_of_freeing_them() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let a = sim.stream();
     let mut rp = one_runner(&sim, &a, 1.0, 1_000)?;
     rp.replay(RunnerId(0), &a)?;
@@ -467,7 +469,7 @@ fn a_teardown_that_cannot_wait_leaks_the_arenas_instead_of_freeing_them() -> R {
 }
 
 /// Runs `inside` while another plan's capture holds `stream`.
-fn while_captured(sim: &SimBackend, stream: &SimStream, inside: impl FnOnce()) -> R {
+fn while_captured(sim: &sim::Device, stream: &sim::Stream, inside: impl FnOnce()) -> R {
     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
         .plan(Policy::Generations(1))?;
     let mut other = planned.allocate(sim.clone())?;
@@ -475,7 +477,7 @@ fn while_captured(sim: &SimBackend, stream: &SimStream, inside: impl FnOnce()) -
     let v = cap.take(REQ)?;
     cap.stream_capture(stream, |s| {
         inside();
-        sim.launch(s, SimOp::fill(&v, 2.0), 1)
+        sim.launch(s, sim::Op::fill(&v, 2.0), 1)
     })?;
     cap.finish()?;
     Ok(())
@@ -483,7 +485,7 @@ fn while_captured(sim: &SimBackend, stream: &SimStream, inside: impl FnOnce()) -
 
 #[test]
 fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, l) = (sim.stream(), sim.stream());
     // A replay queued on `a` (its record deferred), then teardown while a
     // capture holds `a`: the record is refused, and teardown waits for the
@@ -531,7 +533,7 @@ fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> 
 
 #[test]
 fn no_fence_call_works_on_a_stream_another_plan_captures() -> R {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, b) = (sim.stream(), sim.stream());
     let mut rp = one_runner(&sim, &a, 1.0, 10)?;
     rp.replay(RunnerId(0), &a)?; // its record is deferred on `a`
@@ -557,7 +559,7 @@ fn no_fence_call_works_on_a_stream_another_plan_captures() -> R {
 fn a_consumer_racing_another_plans_capture_on_its_stream_is_never_captured_into_it() -> R {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (a, c) = (sim.stream(), sim.stream());
     let mut rp = one_runner(&sim, &a, 1.0, 1)?;
     let captures = 40_000u32;
@@ -573,7 +575,7 @@ fn a_consumer_racing_another_plans_capture_on_its_stream_is_never_captured_into_
         while !stop1.load(Ordering::Relaxed) {
             if rp.replay(RunnerId(0), &c1).is_ok() {
                 let _ = rp.consume_mut(RunnerId(0), &c1, |s, v| {
-                    sim1.launch(s, SimOp::scale(&v[0], 2.0), 1)
+                    sim1.launch(s, sim::Op::scale(&v[0], 2.0), 1)
                 });
             }
         }
@@ -592,7 +594,7 @@ fn a_consumer_racing_another_plans_capture_on_its_stream_is_never_captured_into_
         Ok(rp) => rp,
         Err(e) => e.into_capturing().seal().map_err(|e| e.into_error())?,
     };
-    let empty = replay_arena::sim::SimGraph::default();
+    let empty = replay_arena::sim::Graph::default();
     for r in 0..captures {
         if let Some(g) = other.graph(RunnerId(r)) {
             assert_eq!(

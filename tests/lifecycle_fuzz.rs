@@ -27,7 +27,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
 use proptest::prelude::*;
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
     DiscoveryError, Domain, GroupId, PlacedPolicy, Placement, PlanConfig, PlanError, Policy,
@@ -364,27 +364,27 @@ fn base(round: usize, r: usize) -> f32 {
 type Check = Result<(), TestCaseError>;
 
 struct Rig {
-    sim: SimBackend,
-    streams: std::cell::RefCell<Vec<SimStream>>,
+    sim: sim::Device,
+    streams: std::cell::RefCell<Vec<sim::Stream>>,
     /// A stream of another backend, which `sim` refuses.
-    foreign: SimStream,
+    foreign: sim::Stream,
     /// Events that forgotten values leaked (leaking is allowed).
     leaked_events: std::cell::Cell<usize>,
 }
 
 impl Rig {
     /// The current stream in slot `i`.
-    fn stream(&self, i: usize) -> SimStream {
+    fn stream(&self, i: usize) -> sim::Stream {
         self.streams.borrow()[i].clone()
     }
 }
 
 fn run_case(rounds: &[Round]) -> Check {
     quiet_deliberate_panics();
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let rig = Rig {
         streams: std::cell::RefCell::new((0..STREAMS).map(|_| sim.stream()).collect()),
-        foreign: SimBackend::new().stream(),
+        foreign: sim::Device::new().stream(),
         sim,
         leaked_events: std::cell::Cell::new(0),
     };
@@ -801,7 +801,7 @@ fn kind_of(f: &CaptureFailure) -> FailureKind {
 /// runner never captured).
 fn capture(
     live: &Live<'_>,
-    capturing: &mut Capturing<SimBackend>,
+    capturing: &mut Capturing<sim::Device>,
     r: usize,
 ) -> Result<Option<Option<FailureKind>>, TestCaseError> {
     let id = RunnerId(r as u32);
@@ -849,7 +849,7 @@ fn capture(
             e
         );
     }
-    let graph = |s: &SimStream| runner_graph(sim, s, one, counter, &views, duration);
+    let graph = |s: &sim::Stream| runner_graph(sim, s, one, counter, &views, duration);
     match mode {
         CaptureMode::Dropped => {
             drop(views);
@@ -965,20 +965,20 @@ fn capture(
 /// of its views. A runner without buffers is never fenced: its graph
 /// touches nothing.
 fn runner_graph(
-    sim: &SimBackend,
-    s: &SimStream,
-    one: &SimBuffer,
-    counter: &SimBuffer,
+    sim: &sim::Device,
+    s: &sim::Stream,
+    one: &sim::HostBuffer,
+    counter: &sim::HostBuffer,
     views: &[replay_arena::View<'_>],
     duration: u64,
 ) -> Result<(), String> {
     if views.is_empty() {
         return Ok(());
     }
-    sim.launch(s, SimOp::add(one, counter), duration)
+    sim.launch(s, sim::Op::add(one, counter), duration)
         .map_err(|e| e.to_string())?;
     for v in views {
-        sim.launch(s, SimOp::copy(counter, v), duration)
+        sim.launch(s, sim::Op::copy(counter, v), duration)
             .map_err(|e| e.to_string())?;
     }
     Ok(())
@@ -993,15 +993,15 @@ struct Live<'a> {
     requests: Vec<Vec<Request>>,
     /// Per runner, a buffer of ones and the counter its graph adds them to
     /// before copying it into each of its views.
-    ones: Vec<SimBuffer>,
-    counters: Vec<SimBuffer>,
+    ones: Vec<sim::HostBuffer>,
+    counters: Vec<sim::HostBuffer>,
     /// A second plan alive beside this one: one runner filling its view.
-    other_plan: Replayable<SimBackend>,
+    other_plan: Replayable<sim::Device>,
     ownership: Ownership,
     /// Replays per runner with buffers.
     replays: Vec<u32>,
     /// Consumer outputs to check at the next synchronize, with their value.
-    outputs: Vec<(SimBuffer, f32)>,
+    outputs: Vec<(sim::HostBuffer, f32)>,
 }
 
 impl Live<'_> {
@@ -1014,7 +1014,7 @@ impl Live<'_> {
 /// Runs a consumer of `runner` and checks its outcome against the model.
 fn consume(
     live: &mut Live<'_>,
-    replayable: &mut Replayable<SimBackend>,
+    replayable: &mut Replayable<sim::Device>,
     step: (usize, usize, u64, ConsumerMode),
 ) -> Check {
     let (runner, stream, duration, mode) = step;
@@ -1022,17 +1022,17 @@ fn consume(
     let rig = live.rig;
     let value = live.latest(runner);
     let sim = rig.sim.clone();
-    let mut copies: Vec<SimBuffer> = Vec::new();
+    let mut copies: Vec<sim::HostBuffer> = Vec::new();
     let elsewhere = rig.stream((stream + 1) % STREAMS);
     let other_plan = &mut live.other_plan;
     let mut trespassed = Ok(());
-    let mut work = |s: &SimStream, views: &[replay_arena::View<'_>]| -> Result<(), String> {
+    let mut work = |s: &sim::Stream, views: &[replay_arena::View<'_>]| -> Result<(), String> {
         if matches!(mode, ConsumerMode::Trespasses) {
             trespassed = trespass(&sim, other_plan, s, &elsewhere, views);
         }
         for v in views {
             let out = sim.alloc_f32(v.len()).map_err(|e| e.to_string())?;
-            sim.launch(s, SimOp::copy(v, &out), duration)
+            sim.launch(s, sim::Op::copy(v, &out), duration)
                 .map_err(|e| e.to_string())?;
             copies.push(out);
         }
@@ -1101,7 +1101,7 @@ fn consume(
 
 /// A second plan of one runner whose graph fills its 64 f32s with 7,
 /// replayed once.
-fn other_plan(sim: &SimBackend, stream: &SimStream) -> Replayable<SimBackend> {
+fn other_plan(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Device> {
     let q = Request::new(Domain::Device, DType::F32, 64);
     let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q])])
         .unwrap()
@@ -1111,7 +1111,7 @@ fn other_plan(sim: &SimBackend, stream: &SimStream) -> Replayable<SimBackend> {
         .unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(q).unwrap();
-    cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&view, 7.0), 3))
+    cap.stream_capture(stream, |s| sim.launch(s, sim::Op::fill(&view, 7.0), 3))
         .unwrap();
     cap.finish().unwrap();
     let mut replayable = capturing.seal().unwrap();
@@ -1123,10 +1123,10 @@ fn other_plan(sim: &SimBackend, stream: &SimStream) -> Replayable<SimBackend> {
 /// views on `elsewhere`, and these views inside the other plan's consumer
 /// must all be refused.
 fn trespass(
-    sim: &SimBackend,
-    other_plan: &mut Replayable<SimBackend>,
-    s: &SimStream,
-    elsewhere: &SimStream,
+    sim: &sim::Device,
+    other_plan: &mut Replayable<sim::Device>,
+    s: &sim::Stream,
+    elsewhere: &sim::Stream,
     views: &[replay_arena::View<'_>],
 ) -> Result<(), String> {
     let scratch = sim.alloc_f32(64).map_err(|e| e.to_string())?;
@@ -1137,17 +1137,17 @@ fn trespass(
     let theirs = other_plan.views(RunnerId(0)).map_err(|e| e.to_string())?[0];
     refused(
         "the other plan's view",
-        sim.launch(s, SimOp::copy(&theirs, &scratch), 1),
+        sim.launch(s, sim::Op::copy(&theirs, &scratch), 1),
     )?;
     if let Some(v) = views.first() {
         refused(
             "a view on another stream",
-            sim.launch(elsewhere, SimOp::fill(v, 0.0), 1),
+            sim.launch(elsewhere, sim::Op::fill(v, 0.0), 1),
         )?;
         let inner = other_plan.consume(RunnerId(0), elsewhere, |o, _| {
             refused(
                 "a view inside another plan's consumer",
-                sim.launch(o, SimOp::fill(v, 0.0), 1),
+                sim.launch(o, sim::Op::fill(v, 0.0), 1),
             )
         });
         inner.map_err(|e| e.to_string())?;
@@ -1158,7 +1158,7 @@ fn trespass(
 /// After a synchronize: every consumer copy holds the value the model
 /// predicted when it ran, and every runner that still owns its bytes holds
 /// its latest value.
-fn check(live: &mut Live<'_>, replayable: &Replayable<SimBackend>) -> Check {
+fn check(live: &mut Live<'_>, replayable: &Replayable<sim::Device>) -> Check {
     let sim = &live.rig.sim;
     for (buffer, value) in live.outputs.drain(..) {
         let got = sim.read_f32(&buffer).unwrap();

@@ -7,7 +7,7 @@ mod old_packed;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{
     DType, Discovering, Domain, Key, PlacedPolicy, Placement, PlanConfig, Planned, Policy, Request,
     RunnerId,
@@ -111,7 +111,7 @@ proptest! {
         let p = plan(&w, s);
         let g = p.generations();
         let users = using(&w);
-        let sim = SimBackend::new();
+        let sim = sim::Device::new();
         let stream = sim.stream();
         let mut capturing = p.allocate(sim.clone()).unwrap();
         // (position among users, addr, aligned end)

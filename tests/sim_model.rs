@@ -4,7 +4,7 @@
 //! however long it runs; and it refuses what is not its own.
 
 use proptest::prelude::*;
-use replay_arena::sim::{AsSpan, SimBackend, SimBuffer, SimOp, SimStream, Span};
+use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{
     Backend, BackendError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Replayable,
     Request, RunnerId,
@@ -30,7 +30,7 @@ impl Region {
             && other.offset < self.offset + self.len
     }
 
-    fn span(&self, buffers: &[SimBuffer]) -> Span {
+    fn span(&self, buffers: &[sim::HostBuffer]) -> Span {
         let base = buffers[self.buffer].span();
         Span::new(base.addr() + 4 * self.offset as u64, self.len)
     }
@@ -53,12 +53,12 @@ impl Op {
         }
     }
 
-    fn sim(&self, buffers: &[SimBuffer]) -> SimOp {
+    fn sim(&self, buffers: &[sim::HostBuffer]) -> sim::Op {
         match *self {
-            Op::Fill(dst, value) => SimOp::fill(&dst.span(buffers), value),
-            Op::Copy(src, dst) => SimOp::copy(&src.span(buffers), &dst.span(buffers)),
-            Op::Add(src, dst) => SimOp::add(&src.span(buffers), &dst.span(buffers)),
-            Op::Scale(dst) => SimOp::scale(&dst.span(buffers), 2.0),
+            Op::Fill(dst, value) => sim::Op::fill(&dst.span(buffers), value),
+            Op::Copy(src, dst) => sim::Op::copy(&src.span(buffers), &dst.span(buffers)),
+            Op::Add(src, dst) => sim::Op::add(&src.span(buffers), &dst.span(buffers)),
+            Op::Scale(dst) => sim::Op::scale(&dst.span(buffers), 2.0),
         }
     }
 
@@ -191,10 +191,10 @@ proptest! {
     fn the_detector_and_the_data_match_a_full_history_model(
         acts in prop::collection::vec(act(), 1..80),
     ) {
-        let sim = SimBackend::new();
-        let streams: Vec<SimStream> = (0..STREAMS).map(|_| sim.stream()).collect();
+        let sim = sim::Device::new();
+        let streams: Vec<sim::Stream> = (0..STREAMS).map(|_| sim.stream()).collect();
         let events: Vec<_> = (0..EVENTS).map(|_| sim.create_event().unwrap()).collect();
-        let buffers: Vec<SimBuffer> = (0..BUFFERS).map(|_| sim.alloc_f32(LEN).unwrap()).collect();
+        let buffers: Vec<sim::HostBuffer> = (0..BUFFERS).map(|_| sim.alloc_f32(LEN).unwrap()).collect();
         let mut model = Reference { data: vec![vec![0.0; LEN]; BUFFERS], ..Reference::default() };
         let mut first_seen = false;
         for (i, act) in acts.iter().enumerate() {
@@ -241,7 +241,7 @@ proptest! {
 }
 
 /// Four runners, `G = 2`, captured to fill their view.
-fn four_runners(sim: &SimBackend, stream: &SimStream) -> Replayable<SimBackend> {
+fn four_runners(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Device> {
     let req = Request::new(Domain::Device, DType::F32, 64);
     let mut discovery = Discovering::new(PlanConfig::new());
     for r in 0..4 {
@@ -255,7 +255,7 @@ fn four_runners(sim: &SimBackend, stream: &SimStream) -> Replayable<SimBackend> 
     for r in 0..4 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(req).unwrap();
-        cap.stream_capture(stream, |s| sim.launch(s, SimOp::fill(&view, r as f32), 3))
+        cap.stream_capture(stream, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 3))
             .unwrap();
         cap.finish().unwrap();
     }
@@ -267,7 +267,7 @@ fn streams_that_never_wait_for_each_other_keep_the_detector_bounded() {
     // Generation 0 (runners 0 and 2) replays on stream 0, generation 1 on
     // stream 1: every wait is implied by stream order, so neither stream is
     // ever ordered after the other's work, and nothing is ever synchronized.
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let streams = [sim.stream(), sim.stream()];
     let mut replayable = four_runners(&sim, &streams[0]);
     for _step in 0..20_000 {
@@ -287,7 +287,7 @@ fn streams_that_never_wait_for_each_other_keep_the_detector_bounded() {
 
 #[test]
 fn replan_rounds_free_every_event_and_arena() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     for _round in 0..2_000 {
         let mut replayable = four_runners(&sim, &stream);
@@ -309,7 +309,7 @@ fn replan_rounds_free_every_event_and_arena() {
 
 #[test]
 fn dropping_an_event_frees_its_slot() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     for _ in 0..10_000 {
         let event = sim.create_event().unwrap();
         assert_eq!(sim.live_events(), 1);
@@ -330,25 +330,25 @@ fn assert_refused<T: std::fmt::Debug>(result: Result<T, BackendError>, reason: &
 
 #[test]
 fn a_span_whose_byte_length_overflows_is_refused_at_launch() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let buffer = sim.alloc_f32(16).unwrap();
     // 4 * len overflows 64 bits.
     let huge = Span::new(buffer.span().addr(), usize::MAX);
-    assert_refused(sim.launch(&stream, SimOp::fill(&huge, 1.0), 1), "outside");
+    assert_refused(sim.launch(&stream, sim::Op::fill(&huge, 1.0), 1), "outside");
     assert_refused(sim.read_f32(&huge), "outside");
     assert_refused(sim.write_f32(&huge, &[1.0]), "outside");
 }
 
 #[test]
 fn a_span_whose_end_wraps_around_the_address_space_is_refused_at_launch() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let buffer = sim.alloc_f32(16).unwrap();
     // 4 * len fits in 64 bits, but addr + 4 * len wraps to just below addr.
     let wrapping = Span::new(buffer.span().addr(), (u64::MAX / 4) as usize);
     assert_refused(
-        sim.launch(&stream, SimOp::copy(&buffer, &wrapping), 1),
+        sim.launch(&stream, sim::Op::copy(&buffer, &wrapping), 1),
         "outside",
     );
     assert_refused(sim.read_f32(&wrapping), "outside");
@@ -357,21 +357,21 @@ fn a_span_whose_end_wraps_around_the_address_space_is_refused_at_launch() {
 
 #[test]
 fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
-    let sim = SimBackend::new();
-    let other = SimBackend::new();
+    let sim = sim::Device::new();
+    let other = sim::Device::new();
     let _ours = [sim.stream(), sim.stream()];
     let theirs = other.stream(); // index 0, which `sim` has too
     let buffer = sim.alloc_f32(4).unwrap();
     let graph = {
         let s = sim.stream();
         sim.begin_capture(&s).unwrap();
-        sim.launch(&s, SimOp::fill(&buffer, 1.0), 1).unwrap();
+        sim.launch(&s, sim::Op::fill(&buffer, 1.0), 1).unwrap();
         // SAFETY: the capture this test began.
         unsafe { sim.end_capture(&s) }.unwrap()
     };
     let event = sim.create_event().unwrap();
-    let foreign = "stream belongs to another SimBackend";
-    assert_refused(sim.launch(&theirs, SimOp::fill(&buffer, 2.0), 1), foreign);
+    let foreign = "stream belongs to another sim::Device";
+    assert_refused(sim.launch(&theirs, sim::Op::fill(&buffer, 2.0), 1), foreign);
     // SAFETY: the graph writes a buffer of the program's, used by nothing else.
     assert_refused(unsafe { Backend::launch(&sim, &graph, &theirs) }, foreign);
     assert_refused(sim.wait_event(&theirs, &event), foreign);
@@ -385,11 +385,11 @@ fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
 
 #[test]
 fn an_event_of_another_backend_is_refused() {
-    let sim = SimBackend::new();
-    let other = SimBackend::new();
+    let sim = sim::Device::new();
+    let other = sim::Device::new();
     let stream = sim.stream();
     let theirs = other.create_event().unwrap();
-    let foreign = "event belongs to another SimBackend";
+    let foreign = "event belongs to another sim::Device";
     assert_refused(sim.wait_event(&stream, &theirs), foreign);
     assert_refused(sim.record_event(&stream, &theirs), foreign);
     assert_refused(sim.synchronize_event(&theirs), foreign);
@@ -397,17 +397,17 @@ fn an_event_of_another_backend_is_refused() {
 
 #[test]
 fn a_replay_on_a_stream_of_another_backend_is_a_backend_error() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut replayable = four_runners(&sim, &stream);
-    let theirs = SimBackend::new().stream();
+    let theirs = sim::Device::new().stream();
     match replayable.replay(RunnerId(0), &theirs) {
         Err(ReplayError::Backend {
             runner,
             error: BackendError::Refused { reason, .. },
         }) => {
             assert_eq!(runner, RunnerId(0));
-            assert!(reason.contains("another SimBackend"), "{reason}");
+            assert!(reason.contains("another sim::Device"), "{reason}");
         }
         other => panic!("expected a refused replay, got {other:?}"),
     }
@@ -416,28 +416,28 @@ fn a_replay_on_a_stream_of_another_backend_is_a_backend_error() {
 
 #[test]
 fn streams_of_one_backend_are_equal_only_to_their_clones() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let a = sim.stream();
     let b = sim.stream();
     assert_eq!(a, a.clone());
     assert_ne!(a, b);
-    assert_ne!(a, SimBackend::new().stream());
+    assert_ne!(a, sim::Device::new().stream());
 }
 
 #[test]
 fn ops_take_effect_in_the_order_they_end_even_when_applied_early() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let (slow, fast) = (sim.stream(), sim.stream());
     let buffer = sim.alloc_f32(4).unwrap();
     let other = sim.alloc_f32(4).unwrap();
     // The slow fill is submitted first but ends last: it wins.
-    sim.launch(&slow, SimOp::fill(&buffer, 1.0), 100).unwrap();
-    sim.launch(&fast, SimOp::fill(&buffer, 2.0), 10).unwrap();
+    sim.launch(&slow, sim::Op::fill(&buffer, 1.0), 100).unwrap();
+    sim.launch(&fast, sim::Op::fill(&buffer, 2.0), 10).unwrap();
     // Both streams move far past both ends, with no synchronize: the fills
     // are settled and applied while the streams run on.
     for _ in 0..1_000 {
-        sim.launch(&fast, SimOp::scale(&other, 1.0), 10).unwrap();
-        sim.launch(&slow, SimOp::scale(&other, 1.0), 10).unwrap();
+        sim.launch(&fast, sim::Op::scale(&other, 1.0), 10).unwrap();
+        sim.launch(&slow, sim::Op::scale(&other, 1.0), 10).unwrap();
     }
     let pending = sim.bookkeeping().1;
     assert!(pending <= 512, "{pending} ops pending");

@@ -6,7 +6,7 @@
 //! schedules the host fence refuses, and hands the plan back consistent.
 
 use proptest::prelude::*;
-use replay_arena::sim::{SimBackend, SimBuffer, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError, Replayable, Request,
     RunnerId, StepError,
@@ -56,13 +56,13 @@ fn schedule() -> impl proptest::strategy::Strategy<Value = Schedule> {
 /// gradient it hands off (if any); a reader adds what it receives into its
 /// sink. Consumers add a runner's view into their own accumulator.
 struct Setup {
-    sim: SimBackend,
-    replayable: Replayable<SimBackend>,
-    lanes: [SimStream; 3],
-    launch: SimStream,
-    sinks: Vec<SimBuffer>,
-    accs: Vec<SimBuffer>,
-    _keep: Vec<SimBuffer>,
+    sim: sim::Device,
+    replayable: Replayable<sim::Device>,
+    lanes: [sim::Stream; 3],
+    launch: sim::Stream,
+    sinks: Vec<sim::HostBuffer>,
+    accs: Vec<sim::HostBuffer>,
+    _keep: Vec<sim::HostBuffer>,
 }
 
 fn setup(w: &Schedule) -> Setup {
@@ -81,14 +81,14 @@ fn setup(w: &Schedule) -> Setup {
             handoffs[r] = Some(armed.hand_off(GRAD).unwrap());
         }
     }
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let lanes = [sim.stream(), sim.stream(), sim.stream()];
     let launch = sim.stream();
     let one = sim.alloc_f32(32).unwrap();
     sim.write_f32(&one, &[1.0; 32]).unwrap();
-    let counts: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
-    let sinks: Vec<SimBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
-    let accs: Vec<SimBuffer> = w
+    let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
+    let sinks: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
+    let accs: Vec<sim::HostBuffer> = w
         .consumers
         .iter()
         .map(|_| sim.alloc_f32(32).unwrap())
@@ -111,17 +111,17 @@ fn setup(w: &Schedule) -> Setup {
         let output = handoffs[r].map(|h| (h, cap.hand_off(h).unwrap()));
         let (count, sink) = (&counts[r], &sinks[r]);
         cap.stream_capture(&lanes[0], |s| {
-            sim.launch(s, SimOp::add(&one, count), 1)?;
+            sim.launch(s, sim::Op::add(&one, count), 1)?;
             if let Some(input) = &input {
-                sim.launch(s, SimOp::add(input, sink), duration)?;
+                sim.launch(s, sim::Op::add(input, sink), duration)?;
             }
             if let Some((h, out)) = &output {
-                sim.launch(s, SimOp::copy(count, out), 2)?;
+                sim.launch(s, sim::Op::copy(count, out), 2)?;
                 if ready {
                     cap.ready(*h, s)?;
                 }
             }
-            sim.launch(s, SimOp::copy(count, &own), duration)?;
+            sim.launch(s, sim::Op::copy(count, &own), duration)?;
             Ok::<(), replay_arena::Error>(())
         })
         .unwrap();
@@ -166,8 +166,8 @@ fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayErr
             } else {
                 let (runner, _, lane, duration, writes) = w.consumers[i];
                 let (sim, acc) = (&s.sim, &s.accs[i]);
-                let work = |st: &SimStream, v: &[replay_arena::View<'_>]| {
-                    sim.launch(st, SimOp::add(&v[0], acc), duration)
+                let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
+                    sim.launch(st, sim::Op::add(&v[0], acc), duration)
                 };
                 let lane = &s.lanes[lane];
                 let r = RunnerId(runner as u32);
@@ -202,8 +202,8 @@ fn stepped(
         } else {
             let (runner, _, lane, duration, writes) = w.consumers[i];
             let (sim, acc) = (&s.sim, &s.accs[i]);
-            let work = |st: &SimStream, v: &[replay_arena::View<'_>]| {
-                sim.launch(st, SimOp::add(&v[0], acc), duration)
+            let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
+                sim.launch(st, sim::Op::add(&v[0], acc), duration)
             };
             let r = RunnerId(runner as u32);
             let done = if writes {
@@ -393,7 +393,7 @@ fn a_consumer_of_a_step_reads_and_may_not_write_its_views() {
     let sim = s.sim.clone();
     let e = step
         .consume(RunnerId(0), &s.lanes[2], |st, v| {
-            sim.launch(st, SimOp::fill(&v[0], 0.0), 1)
+            sim.launch(st, sim::Op::fill(&v[0], 0.0), 1)
         })
         .unwrap_err();
     assert!(
@@ -420,7 +420,7 @@ fn wait_all_orders_the_programs_work_after_the_latest_launch() {
         let (sim, acc) = (&s.sim, &s.accs[r]);
         step.replay(RunnerId(r as u32), &s.lanes[r % 2]).unwrap();
         step.consume(RunnerId(r as u32), &s.lanes[2], |st, v| {
-            sim.launch(st, SimOp::add(&v[0], acc), 30)
+            sim.launch(st, sim::Op::add(&v[0], acc), 30)
         })
         .unwrap();
     }
@@ -429,7 +429,7 @@ fn wait_all_orders_the_programs_work_after_the_latest_launch() {
     graph.wait_all(&optimizer).unwrap();
     // The optimizer reads what the step's last consumer wrote.
     s.sim
-        .launch(&optimizer, SimOp::copy(&s.accs[3], &copy), 1)
+        .launch(&optimizer, sim::Op::copy(&s.accs[3], &copy), 1)
         .unwrap();
     drop(graph);
     assert!(s.sim.hazards().is_empty(), "{:?}", s.sim.hazards());
@@ -446,7 +446,7 @@ fn a_consumer_the_backend_cannot_put_in_a_step_graph_is_named() {
     // be a child graph (CUDA does not clone it; the sim refuses it alike).
     step.consume(RunnerId(0), &s.lanes[2], |st, v| {
         let t = sim.alloc_async(st, 32)?;
-        sim.launch(st, SimOp::copy(&v[0], &t), 1)?;
+        sim.launch(st, sim::Op::copy(&v[0], &t), 1)?;
         sim.free_async(st, &t)
     })
     .unwrap();

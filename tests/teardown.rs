@@ -2,7 +2,7 @@
 //! a failed capture, a failed seal, an allocation failure midway), every arena
 //! it allocated is freed exactly once, after the work that uses it.
 
-use replay_arena::sim::{SimBackend, SimOp, SimStream};
+use replay_arena::sim;
 use replay_arena::{
     Capturing, DType, Discovering, Domain, Planned, Policy, Request, Result, RunnerId,
 };
@@ -24,12 +24,17 @@ fn planned() -> Planned {
 }
 
 /// Captures runner `r` correctly, filling its f32 view with `r`.
-fn capture(capturing: &mut Capturing<SimBackend>, sim: &SimBackend, stream: &SimStream, r: u32) {
+fn capture(
+    capturing: &mut Capturing<sim::Device>,
+    sim: &sim::Device,
+    stream: &sim::Stream,
+    r: u32,
+) {
     let cap = capturing.capture(RunnerId(r)).unwrap();
     let f32_view = cap.take(F32_64).unwrap();
     cap.take(BF16_1K).unwrap();
     cap.stream_capture(stream, |s| {
-        sim.launch(s, SimOp::fill(&f32_view, r as f32), 10)
+        sim.launch(s, sim::Op::fill(&f32_view, r as f32), 10)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -37,14 +42,14 @@ fn capture(capturing: &mut Capturing<SimBackend>, sim: &SimBackend, stream: &Sim
 
 /// Asserts that `sim` allocated `n` times and freed all of them once.
 #[track_caller]
-fn assert_all_freed_once(sim: &SimBackend, n: u64) {
+fn assert_all_freed_once(sim: &sim::Device, n: u64) {
     assert_eq!(sim.live_allocations(), 0, "live allocations remain");
     assert_eq!(sim.allocation_counts(), (n, n), "(allocated, freed)");
 }
 
 #[test]
 fn allocate_makes_one_allocation_per_arena() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let capturing = planned().allocate(sim.clone()).unwrap();
     assert_eq!(sim.live_allocations(), 4);
     assert_eq!(sim.allocation_counts(), (4, 0));
@@ -53,7 +58,7 @@ fn allocate_makes_one_allocation_per_arena() {
 
 #[test]
 fn dropping_a_replayable_frees_every_arena_once() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     for r in 0..4 {
@@ -69,7 +74,7 @@ fn dropping_a_replayable_frees_every_arena_once() {
 
 #[test]
 fn dropping_a_capturing_phase_frees_every_arena_once() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     capture(&mut capturing, &sim, &stream, 0);
@@ -79,7 +84,7 @@ fn dropping_a_capturing_phase_frees_every_arena_once() {
 
 #[test]
 fn a_failed_capture_then_dropping_frees_every_arena_once() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     {
@@ -94,7 +99,7 @@ fn a_failed_capture_then_dropping_frees_every_arena_once() {
 
 #[test]
 fn a_failed_seal_frees_every_arena_once() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     capture(&mut capturing, &sim, &stream, 0);
@@ -104,7 +109,7 @@ fn a_failed_seal_frees_every_arena_once() {
 
 #[test]
 fn an_allocation_failure_midway_frees_what_was_allocated() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     sim.fail_allocations_after(Some(2));
     assert!(planned().allocate(sim.clone()).is_err());
     assert_all_freed_once(&sim, 2);
@@ -112,7 +117,7 @@ fn an_allocation_failure_midway_frees_what_was_allocated() {
 
 #[test]
 fn an_allocation_failure_at_the_first_arena_allocates_nothing() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     sim.fail_allocations_after(Some(0));
     assert!(planned().allocate(sim.clone()).is_err());
     assert_all_freed_once(&sim, 0);
@@ -120,7 +125,7 @@ fn an_allocation_failure_at_the_first_arena_allocates_nothing() {
 
 #[test]
 fn replan_frees_every_arena_once_before_returning_discovery() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     for r in 0..4 {
@@ -135,7 +140,7 @@ fn replan_frees_every_arena_once_before_returning_discovery() {
 
 #[test]
 fn replan_of_a_capturing_phase_frees_every_arena_once() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let capturing = planned().allocate(sim.clone()).unwrap();
     capturing.replan();
     assert_all_freed_once(&sim, 4);
@@ -143,7 +148,7 @@ fn replan_of_a_capturing_phase_frees_every_arena_once() {
 
 #[test]
 fn successive_plans_on_one_backend_each_free_their_own_arenas() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     for round in 1..=3 {
         let mut capturing = planned().allocate(sim.clone()).unwrap();
@@ -157,7 +162,7 @@ fn successive_plans_on_one_backend_each_free_their_own_arenas() {
 
 #[test]
 fn teardown_leaves_memory_outside_the_plan_alone() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let outside = sim.alloc_f32(16).unwrap();
     drop(planned().allocate(sim.clone()).unwrap());
     assert_eq!(sim.live_allocations(), 1);
@@ -169,7 +174,7 @@ fn dropping_a_replayable_lets_in_flight_work_finish_before_freeing() {
     // A consumer copies runner 0's view into a buffer outside the plan; the
     // copy is still pending on the simulated clock when the plan is dropped.
     // Teardown synchronizes first, so the copy read live arena memory.
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     for r in 0..4 {
@@ -183,7 +188,7 @@ fn dropping_a_replayable_lets_in_flight_work_finish_before_freeing() {
     let side = sim.stream();
     replayable
         .consume(RunnerId(2), &side, |s, views| {
-            sim.launch(s, SimOp::copy(&views[0], &out), 100)
+            sim.launch(s, sim::Op::copy(&views[0], &out), 100)
         })
         .unwrap();
     drop(replayable);
@@ -197,7 +202,7 @@ fn dropping_a_replayable_lets_in_flight_work_finish_before_freeing() {
 
 #[test]
 fn a_failed_capture_then_replan_captures_and_replays() -> Result<()> {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let mut capturing = planned().allocate(sim.clone())?;
     {

@@ -1,10 +1,10 @@
 //! Proves: the views a consumer is handed cannot escape the consumer; work
 //! on them must be enqueued inside `consume`, where it is fenced.
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{Discovering, Error, PlanConfig, Policy, RunnerId, View};
 
 fn main() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let planned = Discovering::new(PlanConfig::new())
         .plan(Policy::Generations(1))

@@ -1,9 +1,9 @@
 //! Proves: safe code cannot end the stream capture `stream_capture` opened
 //! (its work on the runner's views would then run at once, unfenced).
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{Backend, RunnerCapture};
 
-fn steal(cap: &RunnerCapture<'_, SimBackend>, sim: &SimBackend) {
+fn steal(cap: &RunnerCapture<'_, sim::Device>, sim: &sim::Device) {
     let stream = sim.stream();
     let _ = cap.stream_capture(&stream, |s| sim.end_capture(s).map(drop));
 }

@@ -1,10 +1,10 @@
 //! Proves: safe code cannot launch a plan's graph around the fence. The
 //! plan's graph and backend are reachable, but `Backend::launch` is an
 //! `unsafe fn`: `Replayable::replay` is the safe way in.
-use replay_arena::sim::{SimBackend, SimStream};
+use replay_arena::sim;
 use replay_arena::{Backend, Replayable, RunnerId};
 
-fn unfenced(replayable: &Replayable<SimBackend>, stream: &SimStream) {
+fn unfenced(replayable: &Replayable<sim::Device>, stream: &sim::Stream) {
     let graph = replayable.graph(RunnerId(0)).unwrap();
     let _ = Backend::launch(replayable.backend(), graph, stream);
 }

@@ -1,9 +1,9 @@
 //! Proves: nothing replays before `seal`; `Capturing` has no `replay`.
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
 
 fn main() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let planned = Discovering::new(PlanConfig::new())
         .plan(Policy::Generations(1))

@@ -1,10 +1,10 @@
 //! Proves: no replay after `replan` freed the arenas and graphs; it consumes
 //! the `Replayable`.
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
 
 fn main() {
-    let sim = SimBackend::new();
+    let sim = sim::Device::new();
     let stream = sim.stream();
     let planned = Discovering::new(PlanConfig::new())
         .plan(Policy::Generations(1))

@@ -1,6 +1,6 @@
 //! Proves: a closed capture hands out no more views; `finish` consumes the
 //! `RunnerCapture`.
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
 
 fn main() {
@@ -8,7 +8,7 @@ fn main() {
     let planned = Discovering::new(PlanConfig::new())
         .plan(Policy::Generations(1))
         .unwrap();
-    let mut capturing = planned.allocate(SimBackend::new()).unwrap();
+    let mut capturing = planned.allocate(sim::Device::new()).unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let _ = cap.finish();
     let _ = cap.take(request);

@@ -1,6 +1,6 @@
 //! Proves: views are only handed out inside a runner's capture: `take` is a
 //! method of the `RunnerCapture` guard, and the `Capturing` phase is not one.
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerCapture, RunnerId,
 };
@@ -12,7 +12,7 @@ fn main() {
     let capturing = discovery
         .plan(Policy::Generations(1))
         .unwrap()
-        .allocate(SimBackend::new())
+        .allocate(sim::Device::new())
         .unwrap();
     let _view = RunnerCapture::take(&capturing, request);
 }

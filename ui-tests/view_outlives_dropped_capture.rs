@@ -1,6 +1,6 @@
 //! Proves: a view cannot escape the scope of its capture, even when the
 //! capture is dropped (closed unfinished) rather than finished.
-use replay_arena::sim::SimBackend;
+use replay_arena::sim;
 use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
 
 fn main() {
@@ -10,7 +10,7 @@ fn main() {
     let mut capturing = discovery
         .plan(Policy::Generations(1))
         .unwrap()
-        .allocate(SimBackend::new())
+        .allocate(sim::Device::new())
         .unwrap();
     let view = {
         let cap = capturing.capture(RunnerId(0)).unwrap();

@@ -49,7 +49,7 @@ use model::{
     graphed_step, unfenced_step, Comparison, MainGrads, Model, Reduce, Shape, Tolerance, TpError,
 };
 use replay_arena::cuda;
-use replay_arena::cuda::{probe, CudaBackend};
+use replay_arena::cuda::probe;
 use replay_arena::{
     human_bytes, Backend, BackendError, PlacedPolicy, Policy, Replayable, RunnerId,
 };
@@ -285,11 +285,11 @@ fn run_rank(args: &Args, team: Team<'_>, id: Option<[u8; 128]>) -> Result<()> {
     // them; an eager step's buffers live and die on its one stream; the
     // streams of a graphed step are ordered by events (module inputs, step
     // ends) and by the plan's fence.
-    let cuda = unsafe { CudaBackend::from_context_disabling_event_tracking(ctx) }
+    let cuda = unsafe { cuda::Device::from_context_disabling_event_tracking(ctx) }
         .map_err(TpError::NoGpu)?;
     #[cfg(feature = "nccl")]
     if args.rs != Rs::Copy {
-        use replay_arena::nccl::{available, Communicator, NcclBackend, UniqueId};
+        use replay_arena::nccl::{self, available, Communicator, UniqueId};
         if available() {
             let id = match id {
                 Some(bytes) => UniqueId::from_bytes(bytes),
@@ -300,7 +300,7 @@ fn run_rank(args: &Args, team: Team<'_>, id: Option<[u8; 128]>) -> Result<()> {
                 let reduce = Reduce::NcclPlain(comm);
                 return run_with(&cuda, &|| Ok(cuda.clone()), reduce, args, team);
             }
-            let make = || NcclBackend::new(cuda.clone()).with_group(comm.clone());
+            let make = || nccl::Device::new(cuda.clone()).with_group(comm.clone());
             return run_with(&cuda, &make, Reduce::Nccl(comm.clone()), args, team);
         }
         println!("NCCL was not found by the dynamic loader: using the copy stand-in");
@@ -397,7 +397,7 @@ fn check_fingerprint(reduce: &Reduce, planned: &replay_arena::Planned) -> Result
 }
 
 fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
-    cuda: &CudaBackend,
+    cuda: &cuda::Device,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,
     args: &Args,
@@ -833,7 +833,7 @@ fn workspaces<B: Backend>(name: &str, replayable: &Replayable<B>, lead: bool) ->
 /// at their peak: the stream-ordered pool's high-water mark over one plain
 /// eager step, above what was in use before it.
 fn eager_pool_peak(
-    cuda: &CudaBackend,
+    cuda: &cuda::Device,
     model: &mut Model,
     main: &MainGrads,
     s: &cuda::Stream,

@@ -40,7 +40,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::compile_ptx;
 use half::bf16;
 use replay_arena::cuda;
-use replay_arena::cuda::{CudaBackend, ViewExt};
+use replay_arena::cuda::ViewExt;
 use replay_arena::{
     Backend, BackendError, Buffer, BufferSource, Capturing, DType, Discovering, Domain, GroupId,
     HandoffId, ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StepGraph,
@@ -473,7 +473,7 @@ pub struct Kernels {
 
 impl Kernels {
     /// Compiles (nvrtc) and loads the kernels.
-    pub fn load(backend: &CudaBackend) -> Result<Kernels> {
+    pub fn load(backend: &cuda::Device) -> Result<Kernels> {
         let ptx = compile_ptx(SOURCE).map_err(|e| TpError::Nvrtc(format!("{e:?}")))?;
         let module = backend
             .context()
@@ -685,7 +685,7 @@ impl Model {
     /// Allocates and fills the model's tensors (bf16 weights scaled to keep
     /// gradients near unit size, activations and the loss gradient uniform in
     /// [-1, 1)).
-    pub fn new(backend: &CudaBackend, shape: Shape, reduce: Reduce) -> Result<Model> {
+    pub fn new(backend: &cuda::Device, shape: Shape, reduce: Reduce) -> Result<Model> {
         shape.check()?;
         let io = backend.new_stream()?;
         let kernels = Kernels::load(backend)?;
@@ -1621,7 +1621,7 @@ pub unsafe fn unfenced_step<B: Backend<Stream = cuda::Stream>>(
 }
 
 /// A timing-free event of the backend's context.
-pub fn new_event(backend: &CudaBackend) -> Result<CudaEvent> {
+pub fn new_event(backend: &cuda::Device) -> Result<CudaEvent> {
     backend
         .context()
         .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))

@@ -29,9 +29,9 @@ pub const WORKSPACE_ALIGNMENT: u64 = 256;
 ///
 /// ```no_run
 /// # use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-/// # use replay_arena::cuda::{CudaBackend, ViewExt};
+/// # use replay_arena::cuda::{self, ViewExt};
 /// # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-/// # let backend = CudaBackend::new(0)?;
+/// # let backend = cuda::Device::new(0)?;
 /// # let stream = backend.new_stream()?;
 /// let workspace = Request::new(Domain::Device, DType::U8, 32 << 20);
 /// # let mut discovery = Discovering::new(PlanConfig::new());

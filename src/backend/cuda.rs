@@ -4,16 +4,16 @@
 //!   without panicking in any of cudarc's linking modes: they first check
 //!   that `libcuda` and every entry point used can be loaded, by the names
 //!   cudarc's dynamic loading tries (cudarc panics when they cannot).
-//! - [`CudaBackend::new`] retains a device's primary context in a cudarc
-//!   context of its own; [`CudaBackend::from_context`] adopts the program's
+//! - [`Device::new`] retains a device's primary context in a cudarc
+//!   context of its own; [`Device::from_context`] adopts the program's
 //!   `Arc<CudaContext>` (candle's, cubecl's, a hand-written cudarc
 //!   program's). cudarc's automatic event tracking must be off on an adopted
 //!   context (it inserts waits on events recorded outside a capture): a
 //!   context that tracks is refused with [`BackendError::EventTracking`],
 //!   unless adopted through
-//!   [`CudaBackend::from_context_disabling_event_tracking`].
-//! - [`CudaBackend::new_stream`] makes non-blocking streams;
-//!   [`CudaBackend::wrap_stream`] adopts the program's, the per-thread
+//!   [`Device::from_context_disabling_event_tracking`].
+//! - [`Device::new_stream`] makes non-blocking streams;
+//!   [`Device::wrap_stream`] adopts the program's, the per-thread
 //!   default stream included. Only the legacy NULL stream is refused
 //!   ([`BackendError::LegacyStream`]): the driver cannot capture it.
 //! - Arenas come from the device's default memory pool (`cuMemAllocAsync`,
@@ -25,7 +25,7 @@
 //! - Captures use the [`CaptureMode`] set on the backend (thread-local by
 //!   default); a captured graph is instantiated at once, uploaded to the
 //!   device on the capture stream (so the first replay does not pay the
-//!   upload; see [`CudaBackend::set_graph_upload`]) and owned by a
+//!   upload; see [`Device::set_graph_upload`]) and owned by a
 //!   [`Graph`], whose raw `CUgraphExec` stays reachable.
 //! - Views become typed cudarc device pointers through [`ViewExt::as_cuda`]:
 //!   a [`TypedView`] implements cudarc's `DevicePtr` and `DevicePtrMut`, so
@@ -358,10 +358,10 @@ impl CaptureMode {
 /// ([`CaptureMode`], graph upload).
 ///
 /// ```no_run
-/// use replay_arena::cuda::CudaBackend;
+/// use replay_arena::cuda;
 ///
-/// let backend = CudaBackend::new(0)?;          // BackendUnavailable without a driver
-/// let stream = backend.new_stream()?;          // capture and replay on this
+/// let backend = cuda::Device::new(0)?;        // BackendUnavailable without a driver
+/// let stream = backend.new_stream()?;         // capture and replay on this
 /// println!("{}", backend.info());
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
@@ -369,17 +369,17 @@ impl CaptureMode {
 /// Adopting the program's context and stream (candle's, say):
 ///
 /// ```no_run
-/// use replay_arena::cuda::{cudarc::driver::CudaContext, CudaBackend};
+/// use replay_arena::cuda::{self, cudarc::driver::CudaContext};
 ///
 /// let ctx = CudaContext::new(0).expect("the program's context");
 /// // The program turned cudarc's event tracking off before allocating.
 /// unsafe { ctx.disable_event_tracking() };
-/// let backend = CudaBackend::from_context(ctx.clone())?;
+/// let backend = cuda::Device::from_context(ctx.clone())?;
 /// let stream = backend.wrap_stream(ctx.per_thread_stream())?;
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
 #[derive(Clone)]
-pub struct CudaBackend {
+pub struct Device {
     inner: Arc<Inner>,
 }
 
@@ -397,9 +397,9 @@ struct Inner {
     instantiate: AtomicU64,
 }
 
-impl fmt::Debug for CudaBackend {
+impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaBackend")
+        f.debug_struct("Device")
             .field("device", &self.inner.info)
             .field("capture_mode", &self.capture_mode())
             .field("graph_upload", &self.graph_upload())
@@ -407,21 +407,21 @@ impl fmt::Debug for CudaBackend {
     }
 }
 
-impl CudaBackend {
+impl Device {
     /// Opens device `ordinal`: probes the driver ([`probe_device`]), retains
     /// the primary context in a cudarc context of the backend's own, turns
     /// off cudarc's automatic event tracking on it, and creates an internal
     /// stream.
     ///
     /// A program that has a cudarc context already should adopt it with
-    /// [`CudaBackend::from_context`] instead: event tracking stays on in the
+    /// [`Device::from_context`] instead: event tracking stays on in the
     /// program's own context object.
     ///
     /// # Errors
     ///
     /// [`BackendError::Unavailable`] when there is no usable driver or no
     /// such device; never panics.
-    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+    pub fn new(ordinal: usize) -> Result<Device> {
         let info = probe_device(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| {
             unavailable(format!(
@@ -434,13 +434,13 @@ impl CudaBackend {
         // outside a capture into captured streams. The plan's fence orders
         // arena use; callers order their own slices of this context.
         unsafe { ctx.disable_event_tracking() };
-        CudaBackend::adopt(ctx, info)
+        Device::adopt(ctx, info)
     }
 
     /// Adopts the program's cudarc context (candle's, cubecl's, a cudarc
     /// program's): arenas, events and graphs are made in it, and the
     /// program's streams of it can be wrapped with
-    /// [`CudaBackend::wrap_stream`].
+    /// [`Device::wrap_stream`].
     ///
     /// cudarc's event tracking must be off on it: with tracking on, cudarc
     /// makes a stream wait on events recorded outside the capture whenever a
@@ -448,22 +448,22 @@ impl CudaBackend {
     /// `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`. The program turns it off with
     /// `unsafe { ctx.disable_event_tracking() }` (and takes over ordering its
     /// slices across streams), or hands that step to
-    /// [`CudaBackend::from_context_disabling_event_tracking`].
+    /// [`Device::from_context_disabling_event_tracking`].
     ///
     /// # Errors
     ///
     /// [`BackendError::EventTracking`] when tracking is on;
     /// [`BackendError::Unavailable`] when the driver cannot be used.
-    pub fn from_context(ctx: Arc<CudaContext>) -> Result<CudaBackend> {
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Device> {
         if ctx.is_event_tracking() {
             return Err(BackendError::EventTracking);
         }
         let info = probe_device(ctx.ordinal())?;
-        CudaBackend::adopt(ctx, info)
+        Device::adopt(ctx, info)
     }
 
     /// Turns cudarc's event tracking off on the program's context, then
-    /// adopts it as [`CudaBackend::from_context`] does: the explicit opt-in
+    /// adopts it as [`Device::from_context`] does: the explicit opt-in
     /// for programs that let cudarc order their slices across streams.
     ///
     /// # Safety
@@ -481,19 +481,17 @@ impl CudaBackend {
     /// # Errors
     ///
     /// [`BackendError::Unavailable`] when the driver cannot be used.
-    pub unsafe fn from_context_disabling_event_tracking(
-        ctx: Arc<CudaContext>,
-    ) -> Result<CudaBackend> {
+    pub unsafe fn from_context_disabling_event_tracking(ctx: Arc<CudaContext>) -> Result<Device> {
         // SAFETY: the caller upholds cudarc's contract (above).
         unsafe { ctx.disable_event_tracking() };
-        CudaBackend::from_context(ctx)
+        Device::from_context(ctx)
     }
 
-    fn adopt(ctx: Arc<CudaContext>, info: DeviceInfo) -> Result<CudaBackend> {
+    fn adopt(ctx: Arc<CudaContext>, info: DeviceInfo) -> Result<Device> {
         let internal = ctx
             .new_stream()
             .map_err(|e| driver_error("cuStreamCreate", e))?;
-        Ok(CudaBackend {
+        Ok(Device {
             inner: Arc::new(Inner {
                 ctx,
                 internal,
@@ -717,7 +715,7 @@ impl CudaBackend {
             .map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 
-    fn allocate_device(&self, plan: &ArenaDesc) -> Result<CudaArena> {
+    fn allocate_device(&self, plan: &ArenaDesc) -> Result<Memory> {
         let failed = |reason: String| BackendError::Allocation {
             key: plan.key,
             bytes: plan.bytes,
@@ -749,7 +747,7 @@ impl CudaBackend {
         }
         let base = align_up(raw, ARENA_ALIGNMENT).unwrap_or(raw);
         // From here on, dropping `arena` frees the allocation.
-        let arena = CudaArena {
+        let arena = Memory {
             raw,
             base,
             bytes: plan.bytes,
@@ -772,7 +770,7 @@ impl CudaBackend {
     }
 
     #[cfg(not(replay_arena_nccl))]
-    fn allocate_symmetric(&self, plan: &ArenaDesc, group: GroupId) -> Result<CudaArena> {
+    fn allocate_symmetric(&self, plan: &ArenaDesc, group: GroupId) -> Result<Memory> {
         Err(BackendError::Allocation {
             key: plan.key,
             bytes: plan.bytes,
@@ -783,7 +781,7 @@ impl CudaBackend {
     }
 
     #[cfg(replay_arena_nccl)]
-    fn allocate_symmetric(&self, _plan: &ArenaDesc, group: GroupId) -> Result<CudaArena> {
+    fn allocate_symmetric(&self, _plan: &ArenaDesc, group: GroupId) -> Result<Memory> {
         Err(BackendError::NoCommunicator { group })
     }
 
@@ -876,21 +874,8 @@ impl CudaBackend {
     }
 }
 
-/// The old name of [`Stream`] (it collided with `cudarc::driver::CudaStream`).
-#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::Stream`")]
-pub type CudaStream = Stream;
-/// The old name of [`Event`] (it collided with `cudarc::driver::CudaEvent`).
-#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::Event`")]
-pub type CudaEvent = Event;
-/// The old name of [`Graph`] (it collided with `cudarc::driver::CudaGraph`).
-#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::Graph`")]
-pub type CudaGraph = Graph;
-/// The old name of [`TypedView`] (it collided with `cudarc::driver::CudaView`).
-#[deprecated(since = "0.2.0", note = "renamed to `replay_arena::cuda::TypedView`")]
-pub type CudaView<'a, T> = TypedView<'a, T>;
-
 /// How graphs are instantiated (`cuGraphInstantiateWithFlags`): the
-/// program's choice, set with [`CudaBackend::set_instantiate_flags`]. The
+/// program's choice, set with [`Device::set_instantiate_flags`]. The
 /// default is none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -952,11 +937,11 @@ fn this_thread() -> u64 {
     SERIAL.with(|serial| *serial)
 }
 
-/// A stream of a [`CudaBackend`]'s context. Cheap to clone; clones are the
+/// A stream of a [`Device`]'s context. Cheap to clone; clones are the
 /// same stream.
 ///
 /// The fence knows it by an identity this crate issued when the handle was
-/// made ([`CudaBackend::new_stream`], [`CudaBackend::wrap_stream`]), never by
+/// made ([`Device::new_stream`], [`Device::wrap_stream`]), never by
 /// its raw `CUstream`: a destroyed stream's handle value comes back from the
 /// next `cuStreamCreate` while its work may still run. Wrapping one cudarc
 /// stream twice gives two identities (the fence then waits where stream
@@ -1034,7 +1019,7 @@ impl Stream {
 /// (from the device's default memory pool where it has one); freed on drop
 /// without waiting for unrelated streams.
 #[derive(Debug)]
-pub struct CudaArena {
+pub struct Memory {
     /// What the allocation returned (what the free takes).
     raw: sys::CUdeviceptr,
     /// `raw` rounded up to [`ARENA_ALIGNMENT`].
@@ -1048,7 +1033,7 @@ pub struct CudaArena {
     internal: Arc<cudarc::driver::CudaStream>,
 }
 
-impl Arena for CudaArena {
+impl Arena for Memory {
     fn base(&self) -> u64 {
         self.base
     }
@@ -1058,7 +1043,7 @@ impl Arena for CudaArena {
     }
 }
 
-impl Drop for CudaArena {
+impl Drop for Memory {
     fn drop(&mut self) {
         // The plan waited for every fenced use before dropping arenas. A
         // failure here (a dead context) leaves nothing to free; it is kept
@@ -1239,7 +1224,7 @@ mod sealed {
 /// A Rust element type with a [`DType`]: what a [`TypedView`] may be typed
 /// as. Implemented for `f32`, `f64`, `i32`, `i64`, `i8`, `u8`, [`F8E4M3`], [`F8E5M2`], and, with the
 /// `f16` feature (cudarc's `f16`), `half::bf16` and `half::f16`. Sealed.
-pub trait CudaElement: DeviceRepr + sealed::Sealed {
+pub trait Element: DeviceRepr + sealed::Sealed {
     /// The dtype of a view of this type.
     const DTYPE: DType;
 }
@@ -1249,7 +1234,7 @@ macro_rules! elements {
         $(#[$attr])*
         impl sealed::Sealed for $t {}
         $(#[$attr])*
-        impl CudaElement for $t {
+        impl Element for $t {
             const DTYPE: DType = DType::$d;
         }
     )*};
@@ -1304,12 +1289,12 @@ elements! {
 ///
 /// ```no_run
 /// # use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-/// use replay_arena::cuda::{CudaBackend, ViewExt};
+/// use replay_arena::cuda::{self, ViewExt};
 ///
 /// # let req = Request::new(Domain::Device, DType::F32, 1024);
 /// # let mut discovery = Discovering::new(PlanConfig::new());
 /// # discovery.arm(RunnerId(0))?.record(req)?;
-/// let backend = CudaBackend::new(0)?;
+/// let backend = cuda::Device::new(0)?;
 /// let stream = backend.new_stream()?;
 /// let mut capturing = discovery.plan(Policy::Generations(1))?.allocate(backend.clone())?;
 /// let cap = capturing.capture(RunnerId(0))?;
@@ -1451,16 +1436,16 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut TypedView<'c, T>> for L
 /// ```compile_fail
 /// use replay_arena::cuda::{Stream, ViewExt};
 /// fn typed(view: replay_arena::View<'_>, stream: &Stream) {
-///     let _ = view.as_cuda::<u16>(stream); // u16 is not a CudaElement
+///     let _ = view.as_cuda::<u16>(stream); // u16 is not a cuda::Element
 /// }
 /// ```
 ///
 /// and a typed view cannot outlive the view's owner:
 ///
 /// ```compile_fail
-/// use replay_arena::cuda::{CudaBackend, Stream, TypedView, ViewExt};
+/// use replay_arena::cuda::{self, Stream, TypedView, ViewExt};
 /// use replay_arena::{Capturing, Request, RunnerId};
-/// fn escape<'s>(capturing: &'s mut Capturing<CudaBackend>, req: Request, stream: &Stream) -> TypedView<'s, f32> {
+/// fn escape<'s>(capturing: &'s mut Capturing<cuda::Device>, req: Request, stream: &Stream) -> TypedView<'s, f32> {
 ///     let cap = capturing.capture(RunnerId(0)).unwrap();
 ///     let view = cap.take(req).unwrap();
 ///     view.as_cuda::<f32>(stream).unwrap() // borrows `cap`, dropped here
@@ -1479,11 +1464,11 @@ pub trait ViewExt<'a> {
     /// [`BackendError::DTypeMismatch`] when `T`'s dtype is not the view's;
     /// [`BackendError::InvalidView`] outside the view's closure or for
     /// another stream.
-    fn as_cuda<T: CudaElement>(&self, stream: &Stream) -> Result<TypedView<'a, T>>;
+    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T>>;
 }
 
 impl<'a> ViewExt<'a> for View<'a> {
-    fn as_cuda<T: CudaElement>(&self, stream: &Stream) -> Result<TypedView<'a, T>> {
+    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T>> {
         if self.dtype() != T::DTYPE {
             return Err(BackendError::DTypeMismatch {
                 view: self.dtype(),
@@ -1505,8 +1490,8 @@ impl<'a> ViewExt<'a> for View<'a> {
     }
 }
 
-impl Backend for CudaBackend {
-    type Arena = CudaArena;
+impl Backend for Device {
+    type Arena = Memory;
     type Event = Event;
     type Stream = Stream;
     type Graph = Graph;
@@ -1515,7 +1500,7 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
-    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<CudaArena> {
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
         match plan.key.domain {
             Domain::Device => self.allocate_device(plan),
             Domain::Symmetric(group) => self.allocate_symmetric(plan, group),
@@ -1652,7 +1637,7 @@ impl Backend for CudaBackend {
     }
 
     fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
-        CudaBackend::graph_memory_in_use(self).map(Some)
+        Device::graph_memory_in_use(self).map(Some)
     }
 
     /// Clones the graph twice: one clone keeps the nodes the chosen record
@@ -1733,7 +1718,7 @@ impl Backend for CudaBackend {
 
     /// A graph of child graph nodes (`cuGraphAddChildGraphNode` copies
     /// each graph in), instantiated with this backend's flags.
-    fn compose(&self, nodes: &[StepNode<'_, CudaBackend>]) -> Result<Graph> {
+    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
         self.bind()?;
         for node in nodes {
             self.refuse_memory_nodes(node.graph)?;
@@ -1806,13 +1791,13 @@ mod tests {
     use crate::replay::Replayable;
     use static_assertions::{assert_impl_all, assert_not_impl_any};
 
-    assert_impl_all!(CudaBackend: Send, Sync, Clone);
+    assert_impl_all!(Device: Send, Sync, Clone);
     assert_impl_all!(Stream: Send, Sync, Clone);
-    assert_impl_all!(CudaArena: Send, Sync);
+    assert_impl_all!(Memory: Send, Sync);
     assert_impl_all!(Event: Send, Sync);
     assert_impl_all!(Graph: Send);
     assert_not_impl_any!(Graph: Sync, Clone);
-    assert_impl_all!(Replayable<CudaBackend>: Send);
+    assert_impl_all!(Replayable<Device>: Send);
     assert_impl_all!(TypedView<'static, f32>: Send, Sync, DevicePtr<f32>, DevicePtrMut<f32>);
 
     #[test]
@@ -1910,7 +1895,7 @@ mod tests {
         let tracking = BackendError::EventTracking.to_string();
         assert!(tracking.contains("disable_event_tracking()"), "{tracking}");
         assert!(
-            tracking.contains("CudaBackend::from_context_disabling_event_tracking"),
+            tracking.contains("cuda::Device::from_context_disabling_event_tracking"),
             "{tracking}"
         );
         let legacy = BackendError::LegacyStream { op: "wrap stream" }.to_string();

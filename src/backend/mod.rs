@@ -166,7 +166,7 @@ pub enum BackendError {
     /// (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`).
     #[cfg(feature = "cuda")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-    #[error("the CUDA context has cudarc's event tracking on, which breaks stream capture: call `unsafe {{ ctx.disable_event_tracking() }}` before allocating anything a graph will use and then `CudaBackend::from_context`, or adopt it with `CudaBackend::from_context_disabling_event_tracking`")]
+    #[error("the CUDA context has cudarc's event tracking on, which breaks stream capture: call `unsafe {{ ctx.disable_event_tracking() }}` before allocating anything a graph will use and then `cuda::Device::from_context`, or adopt it with `cuda::Device::from_context_disabling_event_tracking`")]
     EventTracking,
     /// The legacy default (NULL) stream was offered for capture or replay;
     /// the driver cannot capture it (the per-thread default stream is fine).

@@ -2,7 +2,7 @@
 //!
 //! A [`Communicator`] is a crate-owned NCCL communicator for one
 //! [`GroupId`]: the caller exchanges the [`UniqueId`] bytes between ranks
-//! however it likes (a file, a TCP store, `MPI_Bcast`). An [`NcclBackend`] is
+//! however it likes (a file, a TCP store, `MPI_Bcast`). A [`Device`] is
 //! the `cuda` backend plus one communicator per group; it backs every arena of
 //! `Domain::Symmetric(group)`: one `ncclMemAlloc`
 //! allocation per arena of that domain (one per (generation, dtype) under
@@ -26,7 +26,7 @@ use std::rc::Rc;
 use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
-use crate::backend::cuda::{CudaArena, CudaBackend, Event, Graph, Stream};
+use crate::backend::cuda::{self, Event, Graph, Stream};
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphMemory, StepNode};
 use crate::scope::check_use;
 use crate::view::{NotSend, View};
@@ -122,7 +122,7 @@ impl fmt::Debug for UniqueId {
 
 struct CommInner {
     /// The device the communicator lives on; bound before every NCCL call.
-    cuda: CudaBackend,
+    cuda: cuda::Device,
     comm: nc::ncclComm_t,
     group: GroupId,
     rank: usize,
@@ -171,7 +171,7 @@ impl Communicator {
     /// `backend`'s device. Every rank must call this (from its own thread or
     /// process) with the same id and size.
     pub fn new(
-        backend: &CudaBackend,
+        backend: &cuda::Device,
         group: GroupId,
         id: &UniqueId,
         rank: usize,
@@ -212,7 +212,7 @@ impl Communicator {
     ///
     /// NCCL's error; [`BackendError::Refused`] when the ranks do not agree.
     pub unsafe fn adopt(
-        backend: &CudaBackend,
+        backend: &cuda::Device,
         group: GroupId,
         comm: nc::ncclComm_t,
     ) -> Result<Communicator> {
@@ -232,7 +232,7 @@ impl Communicator {
 
     /// Wraps a live communicator and connects it (see `new`).
     fn wrap(
-        backend: &CudaBackend,
+        backend: &cuda::Device,
         group: GroupId,
         comm: nc::ncclComm_t,
         rank: usize,
@@ -453,7 +453,7 @@ impl Communicator {
     }
 }
 
-fn bind(backend: &CudaBackend) -> Result<()> {
+fn bind(backend: &cuda::Device) -> Result<()> {
     backend
         .context()
         .bind_to_thread()
@@ -578,27 +578,27 @@ impl Drop for Window {
     }
 }
 
-/// An arena of an [`NcclBackend`]: plain device memory or a symmetric window.
+/// An arena of a [`Device`]: plain device memory or a symmetric window.
 #[derive(Debug)]
-pub enum NcclArena {
+pub enum Memory {
     /// A `Domain::Device` arena.
-    Device(CudaArena),
+    Device(cuda::Memory),
     /// A `Domain::Symmetric` arena.
     Symmetric(Window),
 }
 
-impl Arena for NcclArena {
+impl Arena for Memory {
     fn base(&self) -> u64 {
         match self {
-            NcclArena::Device(a) => a.base(),
-            NcclArena::Symmetric(w) => w.base(),
+            Memory::Device(a) => a.base(),
+            Memory::Symmetric(w) => w.base(),
         }
     }
 
     fn bytes(&self) -> u64 {
         match self {
-            NcclArena::Device(a) => a.bytes(),
-            NcclArena::Symmetric(w) => w.bytes(),
+            Memory::Device(a) => a.bytes(),
+            Memory::Symmetric(w) => w.bytes(),
         }
     }
 }
@@ -609,33 +609,33 @@ impl Arena for NcclArena {
 /// communicator. Not `Send`: communicators stay on their thread.
 ///
 /// ```no_run
-/// use replay_arena::cuda::CudaBackend;
-/// use replay_arena::nccl::{Communicator, NcclBackend, UniqueId};
+/// use replay_arena::cuda;
+/// use replay_arena::nccl::{self, Communicator, UniqueId};
 /// use replay_arena::GroupId;
 ///
-/// let cuda = CudaBackend::new(0)?;
+/// let cuda = cuda::Device::new(0)?;
 /// let id = UniqueId::new()?; // rank 0 makes it; send id.as_bytes() to the others
 /// let gtp = Communicator::new(&cuda, GroupId(0), &id, 0, 1)?;
-/// let backend = NcclBackend::new(cuda).with_group(gtp)?;
+/// let backend = nccl::Device::new(cuda).with_group(gtp)?;
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
 #[derive(Debug)]
-pub struct NcclBackend {
-    cuda: CudaBackend,
+pub struct Device {
+    cuda: cuda::Device,
     groups: Vec<Communicator>,
 }
 
-impl NcclBackend {
-    /// Wraps a `cuda` backend; add communicators with [`NcclBackend::with_group`].
-    pub fn new(cuda: CudaBackend) -> NcclBackend {
-        NcclBackend {
+impl Device {
+    /// Wraps a `cuda` backend; add communicators with [`Device::with_group`].
+    pub fn new(cuda: cuda::Device) -> Device {
+        Device {
             cuda,
             groups: Vec::new(),
         }
     }
 
     /// Adds the communicator of one group (one per group).
-    pub fn with_group(mut self, comm: Communicator) -> Result<NcclBackend> {
+    pub fn with_group(mut self, comm: Communicator) -> Result<Device> {
         if self.communicator(comm.group()).is_some() {
             return Err(BackendError::CommunicatorTwice {
                 group: comm.group(),
@@ -646,7 +646,7 @@ impl NcclBackend {
     }
 
     /// The `cuda` backend underneath.
-    pub fn cuda(&self) -> &CudaBackend {
+    pub fn cuda(&self) -> &cuda::Device {
         &self.cuda
     }
 
@@ -656,8 +656,8 @@ impl NcclBackend {
     }
 }
 
-impl Backend for NcclBackend {
-    type Arena = NcclArena;
+impl Backend for Device {
+    type Arena = Memory;
     type Event = Event;
     type Stream = Stream;
     type Graph = Graph;
@@ -666,15 +666,15 @@ impl Backend for NcclBackend {
         "cuda+nccl"
     }
 
-    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<NcclArena> {
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
         match plan.key.domain {
-            Domain::Device => self.cuda.allocate_arena(plan).map(NcclArena::Device),
+            Domain::Device => self.cuda.allocate_arena(plan).map(Memory::Device),
             Domain::Symmetric(group) => {
                 let comm = self
                     .communicator(group)
                     .ok_or(BackendError::NoCommunicator { group })?;
                 Window::new(comm, plan.bytes)
-                    .map(NcclArena::Symmetric)
+                    .map(Memory::Symmetric)
                     .map_err(|e| BackendError::Allocation {
                         key: plan.key,
                         bytes: plan.bytes,
@@ -739,8 +739,8 @@ impl Backend for NcclBackend {
         self.cuda.split_graph(graph, events)
     }
 
-    fn compose(&self, nodes: &[StepNode<'_, NcclBackend>]) -> Result<Graph> {
-        let nodes: Vec<StepNode<'_, CudaBackend>> = nodes
+    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
+        let nodes: Vec<StepNode<'_, cuda::Device>> = nodes
             .iter()
             .map(|n| StepNode {
                 graph: n.graph,

@@ -10,9 +10,9 @@
 //!   data, as they would on a GPU;
 //! - a vector-clock detector records a [`Hazard`] whenever an op touches bytes
 //!   that an op not ordered before it (by stream order, event waits or
-//!   [`SimBackend::synchronize`]) wrote, or writes bytes such an op read,
+//!   [`Device::synchronize`]) wrote, or writes bytes such an op read,
 //!   whatever the timing;
-//! - streams, events and memory belong to one `SimBackend` (clones share
+//! - streams, events and memory belong to one `Device` (clones share
 //!   it): another refuses them with [`BackendError::Refused`], as it refuses
 //!   a span outside every live allocation or too long to address.
 //!
@@ -30,7 +30,7 @@
 //! the detector holds at most a few intervals per span in use, however long
 //! streams go without waiting for each other.
 //!
-//! Kernels are [`SimOp`]s on `f32` data: fill, copy, add, scale.
+//! Kernels are [`Op`]s on `f32` data: fill, copy, add, scale.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -122,7 +122,7 @@ impl AsSpan for View<'_> {
     }
 }
 
-impl AsSpan for SimBuffer {
+impl AsSpan for HostBuffer {
     fn span(&self) -> Span {
         Span::new(self.base, self.len)
     }
@@ -130,7 +130,7 @@ impl AsSpan for SimBuffer {
 
 /// One simulated kernel.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum SimOp {
+pub enum Op {
     /// `dst[i] = value`.
     Fill {
         /// Written.
@@ -160,7 +160,7 @@ pub enum SimOp {
         factor: f32,
     },
     /// A graph memory allocation node, as stream-ordered allocation during
-    /// capture creates in CUDA ([`SimBackend::alloc_async`]). Its address
+    /// capture creates in CUDA ([`Device::alloc_async`]). Its address
     /// is fixed for the graph's life; a plan accepts the graph only when
     /// the graph also frees it.
     AllocNode {
@@ -169,7 +169,7 @@ pub enum SimOp {
         /// Bytes it allocates.
         bytes: u64,
     },
-    /// A graph memory free node ([`SimBackend::free_async`]); a plan accepts
+    /// A graph memory free node ([`Device::free_async`]); a plan accepts
     /// it only for memory the same graph allocated.
     FreeNode {
         /// The address it frees.
@@ -177,34 +177,34 @@ pub enum SimOp {
     },
 }
 
-impl SimOp {
+impl Op {
     /// `dst[i] = value`.
-    pub fn fill(dst: &impl AsSpan, value: f32) -> SimOp {
-        SimOp::Fill {
+    pub fn fill(dst: &impl AsSpan, value: f32) -> Op {
+        Op::Fill {
             dst: dst.span(),
             value,
         }
     }
 
     /// `dst[i] = src[i]` (over the shorter of the two).
-    pub fn copy(src: &impl AsSpan, dst: &impl AsSpan) -> SimOp {
-        SimOp::Copy {
+    pub fn copy(src: &impl AsSpan, dst: &impl AsSpan) -> Op {
+        Op::Copy {
             src: src.span(),
             dst: dst.span(),
         }
     }
 
     /// `dst[i] += src[i]` (over the shorter of the two).
-    pub fn add(src: &impl AsSpan, dst: &impl AsSpan) -> SimOp {
-        SimOp::Add {
+    pub fn add(src: &impl AsSpan, dst: &impl AsSpan) -> Op {
+        Op::Add {
             src: src.span(),
             dst: dst.span(),
         }
     }
 
     /// `dst[i] *= factor`.
-    pub fn scale(dst: &impl AsSpan, factor: f32) -> SimOp {
-        SimOp::Scale {
+    pub fn scale(dst: &impl AsSpan, factor: f32) -> Op {
+        Op::Scale {
             dst: dst.span(),
             factor,
         }
@@ -213,10 +213,10 @@ impl SimOp {
     /// (span, written?) for every span the op touches.
     fn accesses(&self) -> Vec<(Span, bool)> {
         match *self {
-            SimOp::Fill { dst, .. } | SimOp::Scale { dst, .. } => vec![(dst, true)],
-            SimOp::Copy { src, dst } => vec![(src, false), (dst, true)],
-            SimOp::Add { src, dst } => vec![(src, false), (dst, true)],
-            SimOp::AllocNode { .. } | SimOp::FreeNode { .. } => Vec::new(),
+            Op::Fill { dst, .. } | Op::Scale { dst, .. } => vec![(dst, true)],
+            Op::Copy { src, dst } => vec![(src, false), (dst, true)],
+            Op::Add { src, dst } => vec![(src, false), (dst, true)],
+            Op::AllocNode { .. } | Op::FreeNode { .. } => Vec::new(),
         }
     }
 }
@@ -252,24 +252,24 @@ impl fmt::Display for Hazard {
 }
 
 /// A simulated stream. Cheap to clone; clones are the same stream. It knows
-/// its backend: another `SimBackend` refuses it.
+/// its backend: another `Device` refuses it.
 #[derive(Clone, Debug)]
-pub struct SimStream {
+pub struct Stream {
     id: usize,
     owner: Weak<Mutex<SimState>>,
     /// Its backend's serial: stream ids are unique in the process.
     serial: u64,
 }
 
-impl PartialEq for SimStream {
-    fn eq(&self, other: &SimStream) -> bool {
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
         self.id == other.id && Weak::ptr_eq(&self.owner, &other.owner)
     }
 }
 
-impl Eq for SimStream {}
+impl Eq for Stream {}
 
-impl SimStream {
+impl Stream {
     /// Index of the stream in its backend.
     pub fn index(&self) -> usize {
         self.id
@@ -278,12 +278,12 @@ impl SimStream {
 
 /// A simulated completion event; dropping it frees its state.
 #[derive(Debug)]
-pub struct SimEvent {
+pub struct Event {
     state: Arc<Mutex<SimState>>,
     id: usize,
 }
 
-impl Drop for SimEvent {
+impl Drop for Event {
     fn drop(&mut self) {
         lock(&self.state).events.remove(self.id);
     }
@@ -293,8 +293,8 @@ impl Drop for SimEvent {
 /// for the graph's life, as CUDA keeps a graph's allocations at fixed
 /// addresses).
 #[derive(Clone, Debug, Default)]
-pub struct SimGraph {
-    ops: Vec<(SimOp, u64)>,
+pub struct Graph {
+    ops: Vec<(Op, u64)>,
     /// Event record nodes: (index of the op they precede, event id).
     records: Vec<(usize, usize)>,
     /// Held for their drop: frees the allocation nodes' memory with the
@@ -321,14 +321,14 @@ struct SimStep {
 
 #[derive(Debug)]
 struct SimStepNode {
-    ops: Vec<(SimOp, u64)>,
+    ops: Vec<(Op, u64)>,
     records: Vec<(usize, usize)>,
     deps: Vec<usize>,
     lane: usize,
 }
 
-impl PartialEq for SimGraph {
-    fn eq(&self, other: &SimGraph) -> bool {
+impl PartialEq for Graph {
+    fn eq(&self, other: &Graph) -> bool {
         self.ops == other.ops
     }
 }
@@ -353,28 +353,28 @@ impl Drop for GraphMemory {
 /// What a capturing stream has recorded so far.
 #[derive(Default)]
 struct Capture {
-    ops: Vec<(SimOp, u64)>,
+    ops: Vec<(Op, u64)>,
     records: Vec<(usize, usize)>,
     /// Allocations its allocation nodes made.
     temps: Vec<u64>,
 }
 
-impl SimGraph {
+impl Graph {
     /// The captured ops with their durations.
-    pub fn ops(&self) -> &[(SimOp, u64)] {
+    pub fn ops(&self) -> &[(Op, u64)] {
         &self.ops
     }
 }
 
 /// A simulated arena; dropping it frees its host memory.
 #[derive(Debug)]
-pub struct SimArena {
+pub struct Memory {
     state: Arc<Mutex<SimState>>,
     base: u64,
     bytes: u64,
 }
 
-impl Arena for SimArena {
+impl Arena for Memory {
     fn base(&self) -> u64 {
         self.base
     }
@@ -384,7 +384,7 @@ impl Arena for SimArena {
     }
 }
 
-impl Drop for SimArena {
+impl Drop for Memory {
     fn drop(&mut self) {
         // As a stream-ordered free: pending ops on it end first.
         let mut s = lock(&self.state);
@@ -395,13 +395,13 @@ impl Drop for SimArena {
 
 /// A host buffer of `f32`s outside the plan (consumer outputs, say).
 #[derive(Debug)]
-pub struct SimBuffer {
+pub struct HostBuffer {
     state: Arc<Mutex<SimState>>,
     base: u64,
     len: usize,
 }
 
-impl Drop for SimBuffer {
+impl Drop for HostBuffer {
     fn drop(&mut self) {
         // As a stream-ordered free: pending ops on it end first, so freed
         // memory is never written.
@@ -663,7 +663,7 @@ impl Shadow {
 struct Pending {
     end: u64,
     order: u64,
-    op: SimOp,
+    op: Op,
 }
 
 impl PartialEq for Pending {
@@ -730,9 +730,9 @@ fn sim_error(op: &'static str, reason: impl Into<String>) -> BackendError {
     }
 }
 
-const FOREIGN_STREAM: &str = "stream belongs to another SimBackend";
+const FOREIGN_STREAM: &str = "stream belongs to another sim::Device";
 
-const FOREIGN_EVENT: &str = "event belongs to another SimBackend";
+const FOREIGN_EVENT: &str = "event belongs to another sim::Device";
 
 impl SimState {
     fn alloc(&mut self, bytes: u64, align: u64, arena: bool) -> std::result::Result<u64, String> {
@@ -816,7 +816,7 @@ impl SimState {
 
     /// The byte ranges (start, end, written?) an op touches, each inside a
     /// live allocation.
-    fn ranges(&self, op: &SimOp) -> Result<Vec<((u64, u64), bool)>> {
+    fn ranges(&self, op: &Op) -> Result<Vec<((u64, u64), bool)>> {
         let accesses = op.accesses();
         let mut ranges = Vec::with_capacity(accesses.len());
         for (span, write) in &accesses {
@@ -839,7 +839,7 @@ impl SimState {
     /// Refuses an op that touches a plan's arena where the fence cannot
     /// order it: through a view outside its closure or on another stream,
     /// or through a raw span.
-    fn check_scope(&self, sid: u64, op: &SimOp) -> Result<()> {
+    fn check_scope(&self, sid: u64, op: &Op) -> Result<()> {
         for (span, write) in op.accesses() {
             match &span.view {
                 Some(tag) => {
@@ -867,20 +867,14 @@ impl SimState {
     }
 
     /// Submits one op to a stream that is not capturing.
-    fn submit(&mut self, s: usize, op: SimOp, duration: u64) -> Result<()> {
+    fn submit(&mut self, s: usize, op: Op, duration: u64) -> Result<()> {
         let ranges = self.ranges(&op)?;
         self.submit_checked(s, op, ranges, duration);
         Ok(())
     }
 
     /// Submits an op whose ranges were checked.
-    fn submit_checked(
-        &mut self,
-        s: usize,
-        op: SimOp,
-        ranges: Vec<((u64, u64), bool)>,
-        duration: u64,
-    ) {
+    fn submit_checked(&mut self, s: usize, op: Op, ranges: Vec<((u64, u64), bool)>, duration: u64) {
         let stream = &mut self.streams[s];
         let end = stream.tail.saturating_add(duration);
         stream.tail = end;
@@ -932,13 +926,13 @@ impl SimState {
         }
     }
 
-    fn apply(&mut self, op: SimOp) {
+    fn apply(&mut self, op: Op) {
         match op {
-            SimOp::Fill { dst, value } => self.binary(dst, dst, |_, _| value),
-            SimOp::Copy { src, dst } => self.binary(src, dst, |_, s| s),
-            SimOp::Add { src, dst } => self.binary(src, dst, |d, s| d + s),
-            SimOp::Scale { dst, factor } => self.binary(dst, dst, |d, _| d * factor),
-            SimOp::AllocNode { .. } | SimOp::FreeNode { .. } => {}
+            Op::Fill { dst, value } => self.binary(dst, dst, |_, _| value),
+            Op::Copy { src, dst } => self.binary(src, dst, |_, s| s),
+            Op::Add { src, dst } => self.binary(src, dst, |d, s| d + s),
+            Op::Scale { dst, factor } => self.binary(dst, dst, |d, _| d * factor),
+            Op::AllocNode { .. } | Op::FreeNode { .. } => {}
         }
     }
 
@@ -972,7 +966,7 @@ impl SimState {
     /// Checks a graph's ops before any is submitted (all or nothing): a raw
     /// span captured into a program buffer that was freed since may now
     /// name a plan's arena.
-    fn graph_ranges(&self, ops: &[(SimOp, u64)]) -> Result<Vec<OpRanges>> {
+    fn graph_ranges(&self, ops: &[(Op, u64)]) -> Result<Vec<OpRanges>> {
         ops.iter()
             .map(|(op, _)| {
                 op.accesses()
@@ -988,7 +982,7 @@ impl SimState {
     fn run_ops(
         &mut self,
         s: usize,
-        ops: &[(SimOp, u64)],
+        ops: &[(Op, u64)],
         records: &[(usize, usize)],
         ranges: Vec<OpRanges>,
     ) {
@@ -1009,8 +1003,8 @@ impl SimState {
     /// run. A composed graph runs each node on its lane (an internal
     /// stream) after its dependencies, every lane starting after what `s`
     /// holds, and `s` goes on after every node. All or nothing.
-    fn launch_graph(&mut self, s: usize, graph: &SimGraph) -> Result<()> {
-        let nodes: Vec<&[(SimOp, u64)]> = match &graph.step {
+    fn launch_graph(&mut self, s: usize, graph: &Graph) -> Result<()> {
+        let nodes: Vec<&[(Op, u64)]> = match &graph.step {
             Some(step) => step.nodes.iter().map(|n| n.ops.as_slice()).collect(),
             None => vec![graph.ops.as_slice()],
         };
@@ -1080,17 +1074,17 @@ impl SimState {
 
 /// The `sim` backend. A cheap handle: clones share one simulated device.
 #[derive(Clone)]
-pub struct SimBackend {
+pub struct Device {
     state: Arc<Mutex<SimState>>,
     /// Unique in the process: stream ids are `serial << 32 | index`, so no
     /// two backends' streams share an id.
     serial: u64,
 }
 
-impl Default for SimBackend {
-    fn default() -> SimBackend {
+impl Default for Device {
+    fn default() -> Device {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        SimBackend {
+        Device {
             state: Arc::default(),
             serial: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
@@ -1108,16 +1102,16 @@ impl fmt::Debug for SimState {
     }
 }
 
-impl fmt::Debug for SimBackend {
+impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("SimBackend").field(&*self.state()).finish()
+        f.debug_tuple("Device").field(&*self.state()).finish()
     }
 }
 
-impl SimBackend {
+impl Device {
     /// A fresh simulated device with no streams.
-    pub fn new() -> SimBackend {
-        SimBackend::default()
+    pub fn new() -> Device {
+        Device::default()
     }
 
     fn state(&self) -> MutexGuard<'_, SimState> {
@@ -1125,7 +1119,7 @@ impl SimBackend {
     }
 
     /// The index of `stream` if this backend created it.
-    fn own(&self, stream: &SimStream, op: &'static str) -> Result<usize> {
+    fn own(&self, stream: &Stream, op: &'static str) -> Result<usize> {
         if std::ptr::eq(stream.owner.as_ptr(), Arc::as_ptr(&self.state)) {
             Ok(stream.id)
         } else {
@@ -1134,7 +1128,7 @@ impl SimBackend {
     }
 
     /// The id of `event` if this backend created it.
-    fn own_event(&self, event: &SimEvent, op: &'static str) -> Result<usize> {
+    fn own_event(&self, event: &Event, op: &'static str) -> Result<usize> {
         if Arc::ptr_eq(&event.state, &self.state) {
             Ok(event.id)
         } else {
@@ -1143,7 +1137,7 @@ impl SimBackend {
     }
 
     /// A new stream (every stream can be captured).
-    pub fn stream(&self) -> SimStream {
+    pub fn stream(&self) -> Stream {
         let mut s = self.state();
         let id = s.streams.len();
         let tail = s.streams.iter().map(|t| t.tail).max().unwrap_or(0);
@@ -1152,7 +1146,7 @@ impl SimBackend {
             clock: vec![0; id + 1],
             capturing: None,
         });
-        SimStream {
+        Stream {
             id,
             owner: Arc::downgrade(&self.state),
             serial: self.serial,
@@ -1160,13 +1154,13 @@ impl SimBackend {
     }
 
     /// Allocates a zeroed host buffer of `len` `f32`s outside any plan.
-    pub fn alloc_f32(&self, len: usize) -> Result<SimBuffer> {
+    pub fn alloc_f32(&self, len: usize) -> Result<HostBuffer> {
         let bytes = (len as u64).saturating_mul(4);
         let base = self
             .state()
             .alloc(bytes, 256, false)
             .map_err(|reason| sim_error("sim alloc", reason))?;
-        Ok(SimBuffer {
+        Ok(HostBuffer {
             state: self.state.clone(),
             base,
             len,
@@ -1178,12 +1172,12 @@ impl SimBackend {
     ///
     /// # Errors
     ///
-    /// [`BackendError::Refused`] for a stream of another `SimBackend`; for a
+    /// [`BackendError::Refused`] for a stream of another `Device`; for a
     /// view used outside the closure of the capture or consumer that handed
     /// it out, or on another stream than that closure's; for a raw span
     /// into a plan's arena; and, when not capturing, for a span outside
     /// every live allocation (or too long to address).
-    pub fn launch(&self, stream: &SimStream, op: SimOp, duration: u64) -> Result<()> {
+    pub fn launch(&self, stream: &Stream, op: Op, duration: u64) -> Result<()> {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         s.check_scope(self.stream_id(stream), &op)?;
@@ -1194,7 +1188,7 @@ impl SimBackend {
         s.submit(id, op, duration)
     }
 
-    /// [`SimBackend::launch`] without the view checks: the op may touch any
+    /// [`Device::launch`] without the view checks: the op may touch any
     /// live memory, a plan's arenas included, on any stream. For reference
     /// runs that show what the fence prevents.
     ///
@@ -1206,13 +1200,8 @@ impl SimBackend {
     ///
     /// # Errors
     ///
-    /// As [`SimBackend::launch`], but for the view checks.
-    pub unsafe fn launch_unscoped(
-        &self,
-        stream: &SimStream,
-        op: SimOp,
-        duration: u64,
-    ) -> Result<()> {
+    /// As [`Device::launch`], but for the view checks.
+    pub unsafe fn launch_unscoped(&self, stream: &Stream, op: Op, duration: u64) -> Result<()> {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         if let Some(capture) = s.streams[id].capturing.as_mut() {
@@ -1228,14 +1217,14 @@ impl SimBackend {
     /// the memory, at a fixed address, lives as long as the graph. The span
     /// works like the runner's views: inside that closure, on its stream
     /// (no other graph, no op outside it). A plan accepts the graph only
-    /// when it also frees the memory ([`SimBackend::free_async`]).
+    /// when it also frees the memory ([`Device::free_async`]).
     ///
     /// # Errors
     ///
     /// [`BackendError::Refused`] when `stream` is not capturing (use
-    /// [`SimBackend::alloc_f32`]) or belongs to another backend; the
+    /// [`Device::alloc_f32`]) or belongs to another backend; the
     /// allocation's own failure.
-    pub fn alloc_async(&self, stream: &SimStream, len: usize) -> Result<Span> {
+    pub fn alloc_async(&self, stream: &Stream, len: usize) -> Result<Span> {
         let id = self.own(stream, "sim alloc async")?;
         // A temporary belongs to the runner's capture: it works, as its
         // views do, only inside that capture's closure, on its stream.
@@ -1258,9 +1247,7 @@ impl SimBackend {
         s.graph_bytes += bytes;
         if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.temps.push(base);
-            capture
-                .ops
-                .push((SimOp::AllocNode { addr: base, bytes }, 0));
+            capture.ops.push((Op::AllocNode { addr: base, bytes }, 0));
         }
         Ok(Span {
             addr: base,
@@ -1282,12 +1269,12 @@ impl SimBackend {
     ///
     /// [`BackendError::Refused`] when `stream` is not capturing or belongs to
     /// another backend.
-    pub fn free_async(&self, stream: &SimStream, span: &Span) -> Result<()> {
+    pub fn free_async(&self, stream: &Stream, span: &Span) -> Result<()> {
         let id = self.own(stream, "sim free async")?;
         let mut s = self.state();
         match s.streams[id].capturing.as_mut() {
             Some(capture) => {
-                capture.ops.push((SimOp::FreeNode { addr: span.addr }, 0));
+                capture.ops.push((Op::FreeNode { addr: span.addr }, 0));
                 Ok(())
             }
             None => Err(sim_error("sim free async", "the stream is not capturing")),
@@ -1341,7 +1328,7 @@ impl SimBackend {
 
     /// The simulated time at which `stream`'s last op ends (0 for a stream
     /// of another backend).
-    pub fn stream_time(&self, stream: &SimStream) -> u64 {
+    pub fn stream_time(&self, stream: &Stream) -> u64 {
         self.own(stream, "sim stream time")
             .map_or(0, |id| self.state().streams[id].tail)
     }
@@ -1395,17 +1382,17 @@ impl SimBackend {
     }
 }
 
-impl Backend for SimBackend {
-    type Arena = SimArena;
-    type Event = SimEvent;
-    type Stream = SimStream;
-    type Graph = SimGraph;
+impl Backend for Device {
+    type Arena = Memory;
+    type Event = Event;
+    type Stream = Stream;
+    type Graph = Graph;
 
     fn name(&self) -> &'static str {
         "sim"
     }
 
-    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<SimArena> {
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Memory> {
         let base = self
             .state()
             .alloc(desc.bytes, desc.alignment, true)
@@ -1414,16 +1401,16 @@ impl Backend for SimBackend {
                 bytes: desc.bytes,
                 reason,
             })?;
-        Ok(SimArena {
+        Ok(Memory {
             state: self.state.clone(),
             base,
             bytes: desc.bytes,
         })
     }
 
-    fn create_event(&self) -> Result<SimEvent> {
+    fn create_event(&self) -> Result<Event> {
         let id = self.state().events.insert(EventState::default());
-        Ok(SimEvent {
+        Ok(Event {
             state: self.state.clone(),
             id,
         })
@@ -1431,11 +1418,11 @@ impl Backend for SimBackend {
 
     /// The stream's own backend's serial and its index: a stream of
     /// another backend never shares an id with one of this backend.
-    fn stream_id(&self, stream: &SimStream) -> u64 {
+    fn stream_id(&self, stream: &Stream) -> u64 {
         (stream.serial << 32) | stream.id as u64
     }
 
-    fn wait_event(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
+    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let sid = self.own(stream, "sim wait")?;
         let eid = self.own_event(event, "sim wait")?;
         let mut s = self.state();
@@ -1456,7 +1443,7 @@ impl Backend for SimBackend {
         Ok(())
     }
 
-    fn record_event_node(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
         let sid = self.own(stream, "sim record node")?;
         let eid = self.own_event(event, "sim record node")?;
         let mut s = self.state();
@@ -1472,7 +1459,7 @@ impl Backend for SimBackend {
         }
     }
 
-    fn record_event(&self, stream: &SimStream, event: &SimEvent) -> Result<()> {
+    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let sid = self.own(stream, "sim record")?;
         let eid = self.own_event(event, "sim record")?;
         let mut s = self.state();
@@ -1495,7 +1482,7 @@ impl Backend for SimBackend {
 
     /// A full synchronize (deterministic, and never less than the event
     /// needs).
-    fn synchronize_event(&self, event: &SimEvent) -> Result<()> {
+    fn synchronize_event(&self, event: &Event) -> Result<()> {
         self.own_event(event, "sim event synchronize")?;
         let mut s = self.state();
         if s.waits_fail {
@@ -1507,7 +1494,7 @@ impl Backend for SimBackend {
 
     /// All or nothing, as `cuGraphLaunch`: every op is checked before the
     /// first is submitted.
-    unsafe fn launch(&self, graph: &SimGraph, stream: &SimStream) -> Result<()> {
+    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
         let id = self.own(stream, "sim graph launch")?;
         let mut s = self.state();
         if s.streams[id].capturing.is_some() {
@@ -1516,7 +1503,7 @@ impl Backend for SimBackend {
         s.launch_graph(id, graph)
     }
 
-    fn begin_capture(&self, stream: &SimStream) -> Result<()> {
+    fn begin_capture(&self, stream: &Stream) -> Result<()> {
         let id = self.own(stream, "sim begin capture")?;
         let mut s = self.state();
         let st = &mut s.streams[id];
@@ -1530,12 +1517,12 @@ impl Backend for SimBackend {
         Ok(())
     }
 
-    fn is_capturing(&self, stream: &SimStream) -> Result<bool> {
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
         let id = self.own(stream, "sim capture status")?;
         Ok(self.state().streams[id].capturing.is_some())
     }
 
-    unsafe fn end_capture(&self, stream: &SimStream) -> Result<SimGraph> {
+    unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
         let id = self.own(stream, "sim end capture")?;
         let capture = self.state().streams[id]
             .capturing
@@ -1550,7 +1537,7 @@ impl Backend for SimBackend {
             })
             .into_iter()
             .collect();
-        Ok(SimGraph {
+        Ok(Graph {
             ops: capture.ops,
             records: capture.records,
             memory,
@@ -1559,7 +1546,7 @@ impl Backend for SimBackend {
         })
     }
 
-    unsafe fn abort_capture(&self, stream: &SimStream) {
+    unsafe fn abort_capture(&self, stream: &Stream) {
         if let Ok(id) = self.own(stream, "sim abort capture") {
             let mut s = self.state();
             if let Some(capture) = s.streams[id].capturing.take() {
@@ -1580,11 +1567,7 @@ impl Backend for SimBackend {
         }))
     }
 
-    fn split_graph(
-        &self,
-        graph: &SimGraph,
-        events: &[&SimEvent],
-    ) -> Result<(SimGraph, SimGraph, usize)> {
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
         let ids = events
             .iter()
             .map(|e| self.own_event(e, "sim split graph"))
@@ -1600,7 +1583,7 @@ impl Backend for SimBackend {
             ));
         };
         let split_at = ids[which];
-        let part = |range: std::ops::Range<usize>, last: bool| SimGraph {
+        let part = |range: std::ops::Range<usize>, last: bool| Graph {
             ops: graph.ops[range.clone()].to_vec(),
             // The split record goes; the others stay where they were (a
             // record at the very end belongs to the second part).
@@ -1619,7 +1602,7 @@ impl Backend for SimBackend {
         Ok((part(0..at, false), part(at..graph.ops.len(), true), which))
     }
 
-    fn compose(&self, nodes: &[StepNode<'_, SimBackend>]) -> Result<SimGraph> {
+    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
         if nodes.iter().any(|n| n.graph.step.is_some()) {
             return Err(sim_error(
                 "sim compose",
@@ -1628,10 +1611,10 @@ impl Backend for SimBackend {
         }
         // As CUDA: a graph with memory nodes cannot be cloned into a child
         // graph node.
-        let memory_nodes = |g: &SimGraph| {
+        let memory_nodes = |g: &Graph| {
             g.ops
                 .iter()
-                .any(|(op, _)| matches!(op, SimOp::AllocNode { .. } | SimOp::FreeNode { .. }))
+                .any(|(op, _)| matches!(op, Op::AllocNode { .. } | Op::FreeNode { .. }))
         };
         if nodes.iter().any(|n| memory_nodes(n.graph)) {
             return Err(sim_error(
@@ -1651,7 +1634,7 @@ impl Backend for SimBackend {
         }
         let lanes = nodes.iter().map(|n| n.lane + 1).max().unwrap_or(0);
         let lanes = (0..lanes).map(|_| self.stream().id).collect();
-        Ok(SimGraph {
+        Ok(Graph {
             ops: Vec::new(),
             records: Vec::new(),
             last: Arc::default(),
@@ -1674,13 +1657,13 @@ impl Backend for SimBackend {
         })
     }
 
-    fn validate_graph(&self, graph: &SimGraph) -> std::result::Result<(), String> {
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
         let mut allocs = Vec::new();
         let mut frees = Vec::new();
         for (op, _) in &graph.ops {
             match *op {
-                SimOp::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
-                SimOp::FreeNode { addr } => frees.push(addr),
+                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
+                Op::FreeNode { addr } => frees.push(addr),
                 _ => {}
             }
         }

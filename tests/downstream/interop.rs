@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use replay_arena::cuda::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
-use replay_arena::cuda::{CaptureMode, CudaBackend, ViewExt};
+use replay_arena::cuda::{CaptureMode, ViewExt};
 use replay_arena::cuda;
 use replay_arena::{
     BackendError, DType, Discovering, Domain, Error, PlanConfig, Policy, Replayable, Request,
@@ -13,13 +13,13 @@ use replay_arena::{
 };
 
 /// The program's context and stream (candle's `per_thread_stream()`, say).
-pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, cuda::Stream), Error> {
-    let backend = match CudaBackend::from_context(ctx.clone()) {
+pub fn adopt(ctx: Arc<CudaContext>) -> Result<(cuda::Device, cuda::Stream), Error> {
+    let backend = match cuda::Device::from_context(ctx.clone()) {
         Ok(backend) => backend,
         // The program kept cudarc's event tracking on: opt in to turning it off.
         Err(BackendError::EventTracking) => {
             // SAFETY: this program orders its slices across streams itself.
-            unsafe { CudaBackend::from_context_disabling_event_tracking(ctx.clone())? }
+            unsafe { cuda::Device::from_context_disabling_event_tracking(ctx.clone())? }
         }
         Err(e) => return Err(e.into()),
     };
@@ -32,11 +32,11 @@ pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, cuda::Stream), Error
 /// One runner: copies `input` into a view, then a cudarc kernel scales it in
 /// place; captured once, replayed.
 pub fn capture_and_replay(
-    backend: CudaBackend,
+    backend: cuda::Device,
     stream: &cuda::Stream,
     input: &replay_arena::cuda::cudarc::driver::CudaSlice<f32>,
     scale: &CudaFunction,
-) -> Result<Replayable<CudaBackend>, Error> {
+) -> Result<Replayable<cuda::Device>, Error> {
     let req = Request::new(Domain::Device, DType::F32, input.len() as u64);
     let mut discovery = Discovering::new(PlanConfig::new());
     discovery.arm(RunnerId(0))?.record(req)?;

@@ -13,7 +13,6 @@ use replay_arena::cuda::cudarc::driver::{
     ValidAsZeroBits,
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
-use replay_arena::cuda::CudaBackend;
 use replay_arena::{
     Backend, DType, Discovering, Domain, PlanConfig, Planned, Purpose, Replayable, Request,
     RunnerCapture, RunnerId, View,
@@ -72,7 +71,7 @@ extern "C" __global__ void consume(unsigned int* out, const float* w, unsigned i
 /// `source` compiled once (cached in `cell`), loaded into the backend's
 /// context, and the functions of `names` from it, in that order.
 pub fn load_kernels<const K: usize>(
-    backend: &CudaBackend,
+    backend: &cuda::Device,
     cell: &OnceLock<String>,
     source: &str,
     names: [&str; K],
@@ -96,7 +95,7 @@ pub fn load_kernels<const K: usize>(
 /// The device and the test kernels loaded into its context.
 pub struct Gpu {
     /// The backend under test.
-    pub backend: CudaBackend,
+    pub backend: cuda::Device,
     /// A stream for setup and read-back.
     pub io: cuda::Stream,
     scratch: CudaFunction,
@@ -112,7 +111,7 @@ pub fn gpu() -> Gpu {
 
 /// Opens device `ordinal` and loads the test kernels into its context.
 pub fn gpu_on(ordinal: usize) -> Gpu {
-    let backend = CudaBackend::new(ordinal)
+    let backend = cuda::Device::new(ordinal)
         .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"));
     static PTX: OnceLock<String> = OnceLock::new();
     let [scratch, wgrad, bump, consume] = load_kernels(
@@ -311,7 +310,7 @@ impl Spec {
     pub fn capture(
         &self,
         g: &Gpu,
-        cap: RunnerCapture<'_, CudaBackend>,
+        cap: RunnerCapture<'_, cuda::Device>,
         step: u64,
         stream: &cuda::Stream,
     ) {
@@ -351,7 +350,7 @@ pub fn capture_specs(
     specs: &[Spec],
     states: &[State],
     pool: &[cuda::Stream],
-) -> Replayable<CudaBackend> {
+) -> Replayable<cuda::Device> {
     let mut capturing = planned.allocate(g.backend.clone()).expect("allocate");
     for (r, spec) in specs.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32)).expect("capture");

@@ -11,7 +11,6 @@ use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg,
 };
-use replay_arena::cuda::CudaBackend;
 
 use super::gpu::{cfg, err, load_kernels};
 
@@ -46,7 +45,7 @@ pub struct Ops {
 
 impl Ops {
     /// Loads the kernels into the backend's context.
-    pub fn new(backend: &CudaBackend) -> Ops {
+    pub fn new(backend: &cuda::Device) -> Ops {
         static PTX: OnceLock<String> = OnceLock::new();
         let [mix2, fold] = load_kernels(backend, &PTX, SOURCE, ["mix2", "fold"]);
         Ops { mix2, fold }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use cudarc::driver::{CudaContext, CudaSlice};
-use replay_arena::cuda::{probe, CudaBackend, ViewExt};
+use replay_arena::cuda::{probe, ViewExt};
 use replay_arena::cuda;
 use replay_arena::{
     Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
@@ -16,22 +16,22 @@ const WGRAD: Request = Request::new(Domain::Device, DType::F32, 1024);
 
 /// Probes, opens device 0 and makes a stream; the probe's error (no driver)
 /// comes back as an `anyhow::Error`.
-pub fn open() -> anyhow::Result<(CudaBackend, cuda::Stream)> {
+pub fn open() -> anyhow::Result<(cuda::Device, cuda::Stream)> {
     let info = probe()?;
-    let backend = CudaBackend::new(info.ordinal)?;
+    let backend = cuda::Device::new(info.ordinal)?;
     let stream = backend.new_stream()?;
     Ok((backend, stream))
 }
 
 /// Adopts the program's context and per-thread stream.
-pub fn adopt(ctx: Arc<CudaContext>) -> anyhow::Result<(CudaBackend, cuda::Stream)> {
-    let backend = CudaBackend::from_context(ctx.clone())?;
+pub fn adopt(ctx: Arc<CudaContext>) -> anyhow::Result<(cuda::Device, cuda::Stream)> {
+    let backend = cuda::Device::from_context(ctx.clone())?;
     let stream = backend.wrap_stream(ctx.per_thread_stream())?;
     Ok((backend, stream))
 }
 
 /// Discovery, planning and allocation for two runners.
-pub fn allocate(backend: CudaBackend) -> anyhow::Result<Capturing<CudaBackend>> {
+pub fn allocate(backend: cuda::Device) -> anyhow::Result<Capturing<cuda::Device>> {
     let mut discovery = Discovering::new(PlanConfig::new());
     for r in 0..2 {
         discovery.arm(RunnerId(r))?.record(WGRAD)?;
@@ -42,7 +42,7 @@ pub fn allocate(backend: CudaBackend) -> anyhow::Result<Capturing<CudaBackend>> 
 
 /// Captures one runner whose work is cudarc calls on its view.
 pub fn capture(
-    capturing: &mut Capturing<CudaBackend>,
+    capturing: &mut Capturing<cuda::Device>,
     runner: RunnerId,
     stream: &cuda::Stream,
     input: &CudaSlice<f32>,
@@ -60,27 +60,27 @@ pub fn capture(
 
 /// Seals with `?`: on failure the `Capturing` travels inside the
 /// `anyhow::Error`.
-pub fn seal(capturing: Capturing<CudaBackend>) -> anyhow::Result<Replayable<CudaBackend>> {
+pub fn seal(capturing: Capturing<cuda::Device>) -> anyhow::Result<Replayable<cuda::Device>> {
     Ok(capturing.seal()?)
 }
 
 /// Seals, or gets the `Capturing` back out of the `anyhow::Error` to start
 /// discovery again.
-pub fn seal_or_replan(capturing: Capturing<CudaBackend>) -> anyhow::Result<Option<Discovering>> {
+pub fn seal_or_replan(capturing: Capturing<cuda::Device>) -> anyhow::Result<Option<Discovering>> {
     match seal(capturing) {
         Ok(replayable) => {
             drop(replayable);
             Ok(None)
         }
         Err(e) => {
-            let failed = e.downcast::<SealError<CudaBackend>>()?;
+            let failed = e.downcast::<SealError<cuda::Device>>()?;
             Ok(Some(failed.into_capturing().replan()))
         }
     }
 }
 
 /// Seals, dropping the `Capturing` before the error goes on.
-pub fn seal_or_drop(capturing: Capturing<CudaBackend>) -> anyhow::Result<Replayable<CudaBackend>> {
+pub fn seal_or_drop(capturing: Capturing<cuda::Device>) -> anyhow::Result<Replayable<cuda::Device>> {
     capturing
         .seal()
         .map_err(SealError::into_error)
@@ -90,7 +90,7 @@ pub fn seal_or_drop(capturing: Capturing<CudaBackend>) -> anyhow::Result<Replaya
 /// Replays both runners, reads runner 1's bytes with a consumer, waits,
 /// and replans.
 pub fn step(
-    mut replayable: Replayable<CudaBackend>,
+    mut replayable: Replayable<cuda::Device>,
     stream: &cuda::Stream,
     main_grad: &mut CudaSlice<f32>,
 ) -> anyhow::Result<Discovering> {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, DriverError};
-use replay_arena::cuda::{probe, CudaBackend, ViewExt};
+use replay_arena::cuda::{probe, ViewExt};
 use replay_arena::cuda;
 use replay_arena::{
     Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
@@ -31,22 +31,22 @@ replay_arena::from_errors!(AppError);
 const WGRAD: Request = Request::new(Domain::Device, DType::F32, 1024);
 
 /// Probes, opens device 0 and makes a stream.
-pub fn open() -> Result<(CudaBackend, cuda::Stream), AppError> {
+pub fn open() -> Result<(cuda::Device, cuda::Stream), AppError> {
     let info = probe()?;
-    let backend = CudaBackend::new(info.ordinal)?;
+    let backend = cuda::Device::new(info.ordinal)?;
     let stream = backend.new_stream()?;
     Ok((backend, stream))
 }
 
 /// Adopts the program's context and per-thread stream.
-pub fn adopt(ctx: Arc<CudaContext>) -> Result<(CudaBackend, cuda::Stream), AppError> {
-    let backend = CudaBackend::from_context(ctx.clone())?;
+pub fn adopt(ctx: Arc<CudaContext>) -> Result<(cuda::Device, cuda::Stream), AppError> {
+    let backend = cuda::Device::from_context(ctx.clone())?;
     let stream = backend.wrap_stream(ctx.per_thread_stream())?;
     Ok((backend, stream))
 }
 
 /// Discovery, planning and allocation for two runners.
-pub fn allocate(backend: CudaBackend) -> Result<Capturing<CudaBackend>, AppError> {
+pub fn allocate(backend: cuda::Device) -> Result<Capturing<cuda::Device>, AppError> {
     let mut discovery = Discovering::new(PlanConfig::new());
     for r in 0..2 {
         discovery.arm(RunnerId(r))?.record(WGRAD)?;
@@ -58,7 +58,7 @@ pub fn allocate(backend: CudaBackend) -> Result<Capturing<CudaBackend>, AppError
 /// Captures one runner; the closure returns the crate's `Result`, and
 /// cudarc's `DriverError` goes into it with `?`.
 pub fn capture(
-    capturing: &mut Capturing<CudaBackend>,
+    capturing: &mut Capturing<cuda::Device>,
     runner: RunnerId,
     stream: &cuda::Stream,
     input: &CudaSlice<f32>,
@@ -78,12 +78,12 @@ pub fn capture(
 /// runners, hands runner 1's bytes to a consumer whose own error is the
 /// program's, waits and replans.
 pub fn replay(
-    capturing: Capturing<CudaBackend>,
+    capturing: Capturing<cuda::Device>,
     stream: &cuda::Stream,
     main_grad: &mut CudaSlice<f32>,
     batch: usize,
 ) -> Result<Discovering, AppError> {
-    let mut replayable: Replayable<CudaBackend> = capturing.seal()?;
+    let mut replayable: Replayable<cuda::Device> = capturing.seal()?;
     for r in 0..2 {
         replayable.replay(RunnerId(r), stream)?;
     }
@@ -102,8 +102,8 @@ pub fn replay(
 
 /// Seals, or keeps the `Capturing` to start discovery again.
 pub fn seal_or_replan(
-    capturing: Capturing<CudaBackend>,
-) -> Result<Result<Replayable<CudaBackend>, Discovering>, AppError> {
+    capturing: Capturing<cuda::Device>,
+) -> Result<Result<Replayable<cuda::Device>, Discovering>, AppError> {
     Ok(match capturing.seal() {
         Ok(replayable) => Ok(replayable),
         Err(failed) => Err(failed.into_capturing().replan()),
