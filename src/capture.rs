@@ -330,7 +330,7 @@ fn allocate_resources<B: Backend>(
     Ok(res)
 }
 
-/// Phase 3 of 4: arenas are allocated; runners are captured one at a time.
+/// Phase 3 of 5: arenas are allocated; runners are captured one at a time.
 ///
 /// Only one [`RunnerCapture`] can be open at once (it borrows the
 /// `Capturing` mutably), and [`Capturing::seal`] cannot be called while one

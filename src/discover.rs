@@ -178,7 +178,7 @@ pub(crate) struct HandoffRecord {
     pub(crate) readers: Vec<usize>,
 }
 
-/// Phase 1 of 4: an eager backward records each runner's requests.
+/// Phase 1 of 5: an eager backward records each runner's requests.
 ///
 /// Requests go through the [`ArmedRunner`] guard that [`Discovering::arm`]
 /// returns, so recording without arming, or with two runners armed at once,

@@ -8,7 +8,7 @@
 //! This crate plans that storage from one eager run, hands out fixed-address
 //! views during capture, and fences replays with events.
 //!
-//! # The lifecycle: four phases, four types (and a fifth for fixed steps)
+//! # The lifecycle: five phases, five types
 //!
 //! 1. [`Discovering`]: during an eager backward, each runner is armed in turn
 //!    ([`Discovering::arm`]) and records its requests through the

@@ -306,7 +306,7 @@ impl RunnerPlan {
     }
 }
 
-/// Phase 2 of 4: a plan for arenas, views and fences, made from discovery.
+/// Phase 2 of 5: a plan for arenas, views and fences, made from discovery.
 ///
 /// Pure data: it can be inspected ([`Planned::report`]), compared across ranks
 /// ([`Planned::fingerprint`]) and then turned into real arenas with

@@ -142,7 +142,7 @@ impl<B: Backend> Capturing<B> {
     }
 }
 
-/// Phase 4 of 4: every buffer-using runner is captured; graphs replay behind
+/// Phase 4 of 5: every buffer-using runner is captured; graphs replay behind
 /// event fences.
 ///
 /// Runners may be replayed in any order, on any streams: each replay waits

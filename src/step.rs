@@ -508,7 +508,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
     }
 }
 
-/// Phase 5: one step of a plan, compiled into one graph
+/// Phase 5 of 5: one step of a plan, compiled into one graph
 /// ([`Replayable::step`]). Each [`StepGraph::launch`] runs the whole step:
 /// every replay and consumer of the schedule, ordered by exactly the waits
 /// the fence makes for that schedule in steady state, after the previous
