@@ -80,8 +80,9 @@
 //!
 //! With the `serde` feature, `Workload` saves what discovery recorded as a
 //! file and loads it back, so a plan can be studied away from the GPUs
-//! (`docs/workload-format.md`); the `cli` feature adds the plan explorer,
-//! `replay-arena-plan`.
+//! (`docs/workload-format.md`), and reports and the vocabulary serialize
+//! with the names files and tables use (`"bf16"`, `"device"`); the `cli`
+//! feature adds the plan explorer, `replay-arena-plan`.
 //!
 //! # Backends
 //!

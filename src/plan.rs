@@ -91,8 +91,10 @@ impl Discovering {
 }
 
 /// How many runners' buffers may be live at once.
+///
+/// With the `serde` feature it is what `Display` writes
+/// (`"Generations(2)"`), as reports and the plan explorer print it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Policy {
     /// Exactly this many generations (at least 1).
     Generations(usize),
@@ -160,19 +162,50 @@ impl Policy {
     }
 }
 
+/// A kind of policy: its name and how it is made from its count.
+type PolicyKind = (&'static str, fn(usize) -> Policy);
+
+impl Policy {
+    /// Each kind of policy by its name.
+    const KINDS: [PolicyKind; 3] = [
+        ("Generations", Policy::Generations),
+        ("ModuleKinds", Policy::ModuleKinds),
+        ("OverlapDepth", Policy::OverlapDepth),
+    ];
+
+    /// The policy's kind, by name, and its count.
+    fn parts(self) -> (&'static str, usize) {
+        match self {
+            Policy::Generations(n) => (Policy::KINDS[0].0, n),
+            Policy::ModuleKinds(k) => (Policy::KINDS[1].0, k),
+            Policy::OverlapDepth(d) => (Policy::KINDS[2].0, d),
+        }
+    }
+
+    /// Parses what `Display` writes (`Generations(2)`, `ModuleKinds(3)`,
+    /// `OverlapDepth(4)`).
+    pub fn parse(text: &str) -> Option<Policy> {
+        let (kind, count) = text.strip_suffix(')')?.split_once('(')?;
+        let count = count.parse().ok()?;
+        Policy::KINDS
+            .iter()
+            .find(|(name, _)| *name == kind)
+            .map(|(_, policy)| policy(count))
+    }
+}
+
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Policy::Generations(n) => write!(f, "Generations({n})"),
-            Policy::ModuleKinds(k) => write!(f, "ModuleKinds({k})"),
-            Policy::OverlapDepth(d) => write!(f, "OverlapDepth({d})"),
-        }
+        let (kind, count) = self.parts();
+        write!(f, "{kind}({count})")
     }
 }
 
 /// Where each runner's bytes go.
+///
+/// With the `serde` feature it is its [`Placement::name`]
+/// (`"round-robin"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Placement {
     /// Megatron-LM's placement: the k-th buffer-using runner uses generation
     /// `k % G`; each (generation, key) arena is the max over its runners; one
@@ -185,12 +218,60 @@ pub enum Placement {
     Packed,
 }
 
-impl fmt::Display for Placement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Placement {
+    /// Both placements, in declaration order.
+    pub const ALL: [Placement; 2] = [Placement::RoundRobin, Placement::Packed];
+
+    /// The name reports print: `round-robin` or `packed`.
+    pub const fn name(self) -> &'static str {
+        match self {
             Placement::RoundRobin => "round-robin",
             Placement::Packed => "packed",
-        })
+        }
+    }
+
+    /// Parses [`Placement::name`].
+    pub fn from_name(name: &str) -> Option<Placement> {
+        Placement::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// [`Policy`] and [`Placement`] by their names (feature `serde`).
+#[cfg(feature = "serde")]
+mod names {
+    use serde::de::Deserializer;
+    use serde::{Deserialize, Serialize, Serializer};
+
+    use super::{Placement, Policy};
+    use crate::vocab::names::ByName;
+
+    impl Serialize for Policy {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(self)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Policy {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Policy, D::Error> {
+            deserializer.deserialize_str(ByName {
+                what: "policy",
+                parse: Policy::parse,
+                names: || {
+                    let kinds = Policy::KINDS.iter();
+                    kinds.map(|(kind, _)| format!("{kind}(N)")).collect()
+                },
+            })
+        }
+    }
+
+    crate::vocab::names::by_name! {
+        Placement => "placement",
     }
 }
 

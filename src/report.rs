@@ -77,6 +77,10 @@ pub struct RunnerReport {
 }
 
 /// A plan described as data; `Display` renders it as a table.
+///
+/// With the `serde` feature its fields keep their names, the vocabulary its
+/// own (`"bf16"`, `"device"`, `{"symmetric": 0}`, `"Generations(2)"`,
+/// `"round-robin"`), and the fingerprint is the table's 16 hex digits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PlanReport {
@@ -114,10 +118,36 @@ pub struct PlanReport {
     /// captured graphs allocate and free inside themselves), beside the
     /// plan's own bytes: known once graphs exist, so only in
     /// [`Replayable::report`](crate::Replayable::report).
-    #[cfg_attr(feature = "serde", serde(default))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
     pub graph_memory: Option<GraphMemory>,
     /// [`Planned::fingerprint`].
+    #[cfg_attr(feature = "serde", serde(with = "fingerprint_hex"))]
     pub fingerprint: u64,
+}
+
+/// A fingerprint as the table prints it: 16 hex digits.
+#[cfg(feature = "serde")]
+mod fingerprint_hex {
+    use serde::de::{self, Deserialize, Deserializer};
+    use serde::Serializer;
+
+    pub(super) fn serialize<S: Serializer>(v: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&format_args!("{v:016x}"))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match u64::from_str_radix(&text, 16) {
+            Ok(v) if text.len() == 16 => Ok(v),
+            _ => Err(de::Error::invalid_value(
+                de::Unexpected::Str(&text),
+                &"a fingerprint of 16 hex digits",
+            )),
+        }
+    }
 }
 
 impl PlanReport {

@@ -47,8 +47,11 @@ impl fmt::Display for GroupId {
 }
 
 /// Where the memory of a request comes from.
+///
+/// With the `serde` feature it is `"device"` or `{"symmetric": 0}` (the
+/// group's id), as the workload format spells it (there with the group's
+/// name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Domain {
     /// Plain device memory, allocated outside every graph memory pool.
     Device,
@@ -67,6 +70,13 @@ impl Domain {
             Domain::Symmetric(_) => SYMMETRIC_ALIGNMENT,
         }
     }
+
+    /// How reports and workload files spell [`Domain::Device`].
+    pub(crate) const DEVICE_NAME: &'static str = "device";
+
+    /// How reports and workload files spell [`Domain::Symmetric`] (with its
+    /// group: `symmetric(gtp)`, `{"symmetric": "gtp"}`).
+    pub(crate) const SYMMETRIC_NAME: &'static str = "symmetric";
 }
 
 /// Alignment of views in [`Domain::Device`].
@@ -77,16 +87,17 @@ pub const SYMMETRIC_ALIGNMENT: u64 = 4096;
 impl fmt::Display for Domain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Domain::Device => f.write_str("device"),
-            Domain::Symmetric(g) => write!(f, "symmetric({g})"),
+            Domain::Device => f.write_str(Domain::DEVICE_NAME),
+            Domain::Symmetric(g) => write!(f, "{}({g})", Domain::SYMMETRIC_NAME),
         }
     }
 }
 
 /// Element type of a request.
+///
+/// With the `serde` feature it is its [`DType::name`] (`"bf16"`), as in
+/// workload files and reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum DType {
     /// 64-bit float.
     F64,
@@ -183,9 +194,10 @@ impl fmt::Display for Key {
 /// discovery's like every other field. Reports and errors show it, and the
 /// report uses it to compute what the old per-parameter wgrad ring would have
 /// cost.
+///
+/// With the `serde` feature it is its [`Purpose::name`]
+/// (`"wgrad_rs_input"`), as in workload files.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Purpose {
     /// Input of a weight-gradient reduce-scatter.
     WgradRsInput,
@@ -201,6 +213,15 @@ pub enum Purpose {
 }
 
 impl Purpose {
+    /// Every purpose, in declaration order.
+    pub const ALL: [Purpose; 5] = [
+        Purpose::WgradRsInput,
+        Purpose::RsOutput,
+        Purpose::Fp32RsScratch,
+        Purpose::Fp32AccumScratch,
+        Purpose::Other,
+    ];
+
     /// The snake-case name used in reports and workload files.
     pub const fn name(self) -> &'static str {
         match self {
@@ -214,15 +235,7 @@ impl Purpose {
 
     /// Parses [`Purpose::name`].
     pub fn from_name(name: &str) -> Option<Purpose> {
-        [
-            Purpose::WgradRsInput,
-            Purpose::RsOutput,
-            Purpose::Fp32RsScratch,
-            Purpose::Fp32AccumScratch,
-            Purpose::Other,
-        ]
-        .into_iter()
-        .find(|p| p.name() == name)
+        Purpose::ALL.into_iter().find(|p| p.name() == name)
     }
 }
 
@@ -315,4 +328,193 @@ impl fmt::Display for Request {
 pub(crate) fn align_up(value: u64, align: u64) -> Option<u64> {
     debug_assert!(align.is_power_of_two());
     Some(value.checked_add(align - 1)? & !(align - 1))
+}
+
+/// The vocabulary's one serialized form (feature `serde`): every name is the
+/// one [`Display`](fmt::Display), reports and workload files use.
+#[cfg(feature = "serde")]
+pub(crate) mod names {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{self, Deserializer, MapAccess, Visitor};
+    use serde::ser::{SerializeMap, Serializer};
+    use serde::{Deserialize, Serialize};
+
+    use super::{DType, Domain, GroupId, Purpose};
+
+    /// A value read from one of its names, with an error that lists them
+    /// (`unknown dtype "bf17" (expected one of: f64, ...)`).
+    pub(crate) struct ByName<T> {
+        /// What the value is, for errors ("dtype").
+        pub(crate) what: &'static str,
+        /// The type's own parser of its names.
+        pub(crate) parse: fn(&str) -> Option<T>,
+        /// Every name, for errors.
+        pub(crate) names: fn() -> Vec<String>,
+    }
+
+    impl<T> Visitor<'_> for ByName<T> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            (self.parse)(v).ok_or_else(|| {
+                E::custom(format_args!(
+                    "unknown {} {v:?} (expected one of: {})",
+                    self.what,
+                    (self.names)().join(", ")
+                ))
+            })
+        }
+    }
+
+    /// `Serialize` and `Deserialize` for a type by its `name()` and
+    /// `from_name`, errors listing the names of its `ALL`.
+    macro_rules! by_name {
+        ($($t:ty => $what:literal),* $(,)?) => {$(
+            impl serde::Serialize for $t {
+                fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                    serializer.serialize_str(self.name())
+                }
+            }
+
+            impl<'de> serde::Deserialize<'de> for $t {
+                fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<$t, D::Error> {
+                    deserializer.deserialize_str($crate::vocab::names::ByName {
+                        what: $what,
+                        parse: <$t>::from_name,
+                        names: || <$t>::ALL.iter().map(|x| x.name().into()).collect(),
+                    })
+                }
+            }
+        )*};
+    }
+    pub(crate) use by_name;
+
+    by_name! {
+        DType => "dtype",
+        Purpose => "purpose",
+    }
+
+    /// `"device"` or `{"symmetric": 0}`.
+    impl Serialize for Domain {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            match self {
+                Domain::Device => serializer.serialize_str(Domain::DEVICE_NAME),
+                Domain::Symmetric(group) => serialize_symmetric(group, serializer),
+            }
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Domain {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Domain, D::Error> {
+            let group = deserialize_domain::<D, GroupId>(deserializer, "GROUP_ID")?;
+            Ok(group.map_or(Domain::Device, Domain::Symmetric))
+        }
+    }
+
+    /// `{"symmetric": group}`: a symmetric domain's object form, with its
+    /// group as an id (reports) or a name (workload files).
+    pub(crate) fn serialize_symmetric<S: Serializer>(
+        group: &impl Serialize,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry(Domain::SYMMETRIC_NAME, group)?;
+        map.end()
+    }
+
+    /// Reads `"device"` (`None`) or `{"symmetric": group}` (`Some(group)`),
+    /// where `placeholder` names the group in errors (`"device" or
+    /// {"symmetric": GROUP}`).
+    pub(crate) fn deserialize_domain<'de, D, G>(
+        deserializer: D,
+        placeholder: &'static str,
+    ) -> Result<Option<G>, D::Error>
+    where
+        D: Deserializer<'de>,
+        G: Deserialize<'de>,
+    {
+        struct DomainVisitor<G> {
+            placeholder: &'static str,
+            group: PhantomData<G>,
+        }
+
+        impl<'de, G: Deserialize<'de>> Visitor<'de> for DomainVisitor<G> {
+            type Value = Option<G>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    r#""{}" or {{"{}": {}}}"#,
+                    Domain::DEVICE_NAME,
+                    Domain::SYMMETRIC_NAME,
+                    self.placeholder
+                )
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<G>, E> {
+                if v == Domain::DEVICE_NAME {
+                    Ok(None)
+                } else {
+                    Err(E::custom(format_args!(
+                        "unknown domain {v:?} (expected {})",
+                        &self as &dyn de::Expected
+                    )))
+                }
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<G>, A::Error> {
+                let mut group = None;
+                while map.next_key::<SymmetricKey>()?.is_some() {
+                    if group.is_some() {
+                        return Err(de::Error::duplicate_field(Domain::SYMMETRIC_NAME));
+                    }
+                    group = Some(map.next_value()?);
+                }
+                group
+                    .map(Some)
+                    .ok_or_else(|| de::Error::missing_field(Domain::SYMMETRIC_NAME))
+            }
+        }
+
+        deserializer.deserialize_any(DomainVisitor {
+            placeholder,
+            group: PhantomData,
+        })
+    }
+
+    /// The one key of a symmetric domain's object form; any other is an
+    /// unknown field.
+    struct SymmetricKey;
+
+    impl<'de> Deserialize<'de> for SymmetricKey {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<SymmetricKey, D::Error> {
+            const FIELDS: &[&str] = &[Domain::SYMMETRIC_NAME];
+
+            struct KeyVisitor;
+
+            impl Visitor<'_> for KeyVisitor {
+                type Value = SymmetricKey;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("field identifier")
+                }
+
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<SymmetricKey, E> {
+                    if v == Domain::SYMMETRIC_NAME {
+                        Ok(SymmetricKey)
+                    } else {
+                        Err(E::unknown_field(v, FIELDS))
+                    }
+                }
+            }
+
+            deserializer.deserialize_identifier(KeyVisitor)
+        }
+    }
 }

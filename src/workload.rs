@@ -4,10 +4,11 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{Read, Write};
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::discover::{Discovering, PlanConfig};
+use crate::vocab::names;
 use crate::vocab::{DType, Domain, GroupId, HandoffId, ParamId, Purpose, Request, RunnerId};
 
 /// A workload file: the runners one eager backward discovered, in capture
@@ -123,13 +124,12 @@ pub struct RequestSpec {
     /// Where the memory comes from.
     pub domain: DomainSpec,
     /// Element type, by [`DType::name`].
-    #[serde(with = "dtype_name")]
     pub dtype: DType,
     /// Number of elements. At least 1.
     #[serde(with = "count")]
     pub elements: u64,
     /// What the buffer is for, by [`Purpose::name`]; `other` when left out.
-    #[serde(default, skip_serializing_if = "is_other", with = "purpose_name")]
+    #[serde(default, skip_serializing_if = "is_other")]
     pub purpose: Purpose,
     /// The parameter the buffer belongs to, if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -765,53 +765,17 @@ fn is_other(purpose: &Purpose) -> bool {
 
 impl Serialize for DomainSpec {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
         match self {
-            DomainSpec::Device => serializer.serialize_str("device"),
-            DomainSpec::Symmetric(group) => {
-                let mut map = serializer.serialize_map(Some(1))?;
-                map.serialize_entry("symmetric", group)?;
-                map.end()
-            }
+            DomainSpec::Device => Domain::Device.serialize(serializer),
+            DomainSpec::Symmetric(group) => names::serialize_symmetric(group, serializer),
         }
     }
 }
 
 impl<'de> Deserialize<'de> for DomainSpec {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<DomainSpec, D::Error> {
-        /// The object form of a symmetric domain.
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Symmetric {
-            symmetric: String,
-        }
-
-        struct DomainVisitor;
-
-        impl<'de> Visitor<'de> for DomainVisitor {
-            type Value = DomainSpec;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(r#""device" or {"symmetric": GROUP}"#)
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<DomainSpec, E> {
-                if v == "device" {
-                    Ok(DomainSpec::Device)
-                } else {
-                    Err(E::custom(format_args!(
-                        r#"unknown domain {v:?} (expected "device" or {{"symmetric": GROUP}})"#
-                    )))
-                }
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<DomainSpec, A::Error> {
-                let s = Symmetric::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(DomainSpec::Symmetric(s.symmetric))
-            }
-        }
-
-        deserializer.deserialize_any(DomainVisitor)
+        let group = names::deserialize_domain::<D, String>(deserializer, "GROUP")?;
+        Ok(group.map_or(DomainSpec::Device, DomainSpec::Symmetric))
     }
 }
 
@@ -973,54 +937,5 @@ mod count {
         fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
             Err(not_a_whole_count(v, &self))
         }
-    }
-}
-
-/// [`DType`] by [`DType::name`].
-mod dtype_name {
-    use serde::de::{self, Deserialize, Deserializer};
-    use serde::Serializer;
-
-    use crate::vocab::DType;
-
-    pub(super) fn serialize<S: Serializer>(d: &DType, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(d.name())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<DType, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        DType::from_name(&name).ok_or_else(|| {
-            let known: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
-            de::Error::custom(format_args!(
-                "unknown dtype {name:?} (expected one of: {})",
-                known.join(", ")
-            ))
-        })
-    }
-}
-
-/// [`Purpose`] by [`Purpose::name`].
-mod purpose_name {
-    use serde::de::{self, Deserialize, Deserializer};
-    use serde::Serializer;
-
-    use crate::vocab::Purpose;
-
-    pub(super) fn serialize<S: Serializer>(p: &Purpose, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(p.name())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Purpose, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        Purpose::from_name(&name).ok_or_else(|| {
-            de::Error::custom(format_args!(
-                "unknown purpose {name:?} (expected one of: wgrad_rs_input, rs_output, \
-                 fp32_rs_scratch, fp32_accum_scratch, other)"
-            ))
-        })
     }
 }

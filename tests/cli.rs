@@ -123,19 +123,19 @@ fn packed_selects_the_packed_placement_and_dash_reads_stdin() {
     let o = run_with(&["--module-kinds", "2", "--packed", "-", "--json"], TINY);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["placement"], "packed");
-    assert_eq!(v["policy"], "ModuleKinds(2)");
+    assert_eq!(v["placed_policy"]["placement"], "packed");
+    assert_eq!(v["placed_policy"]["policy"], "ModuleKinds(2)");
     assert_eq!(v["workload"]["file"], "-");
     let tiny = file(TINY);
     let v = json_of(&[&tiny, "-d", "4", "--packed", "--json"]);
-    assert_eq!(v["policy"], "OverlapDepth(4)");
+    assert_eq!(v["placed_policy"]["policy"], "OverlapDepth(4)");
 }
 
 #[test]
 fn conventional_flag_forms_are_accepted() {
     let tiny = file(TINY);
     let v = json_of(&["--generations=2", "--json", "--", &tiny]);
-    assert_eq!(v["policy"], "Generations(2)");
+    assert_eq!(v["placed_policy"]["policy"], "Generations(2)");
     let v = json_of(&["-g2", "--json", &tiny]);
     assert_eq!(v["generations"], 2);
 }
@@ -373,11 +373,16 @@ fn the_report_names_runners_and_groups() {
 fn report_json_carries_names_sizes_and_ratios() {
     let tiny = file(TINY);
     let v = json_of(&[&tiny, "--generations", "2", "--packed", "--json"]);
-    assert_eq!(v["placement"], "packed");
-    assert_eq!(v["policy"], "Generations(2)");
+    assert_eq!(
+        v["placed_policy"],
+        json!({"policy": "Generations(2)", "placement": "packed"})
+    );
     assert_eq!(v["workload"]["file"], tiny.as_str());
     assert_eq!(v["workload"]["source"], "hand-written");
-    assert_eq!(v["groups"], json!(["gtp", "expert-gtp"]));
+    assert_eq!(
+        v["groups"],
+        json!([{"id": 0, "name": "gtp"}, {"id": 1, "name": "expert-gtp"}])
+    );
     assert_eq!(v["runners"][2]["name"], "layer0.mlp.bwd");
     assert_eq!(v["runners"][1]["extents"], json!([]));
     assert_eq!(v["packed_bytes"], v["plan_bytes"]);
@@ -387,7 +392,15 @@ fn report_json_carries_names_sizes_and_ratios() {
         .iter()
         .find(|k| k["name"] == "bf16 in symmetric(gtp)")
         .unwrap();
-    assert_eq!(gtp["domain"], json!({"symmetric": "gtp"}));
+    assert_eq!(
+        gtp["key"],
+        json!({"domain": {"symmetric": 0}, "dtype": "bf16"})
+    );
+    assert_eq!(
+        v["runners"][0]["extents"][0]["key"],
+        json!({"domain": "device", "dtype": "f32"})
+    );
+    assert_eq!(v["fingerprint"].as_str().unwrap().len(), 16);
     assert_eq!(gtp["lower_bound"], 3 * 8192);
     assert_eq!(v["ratios"]["packed_over_lower_bound"], 1.0);
 }
@@ -459,7 +472,7 @@ fn bundled_comparisons_keep_lower_bound_le_packed_le_round_robin() {
 
 /// One box of the picture.
 #[derive(Debug)]
-struct SliceBox {
+struct ExtentBox {
     runner: usize,
     x: f64,
     y: f64,
@@ -511,10 +524,10 @@ fn check_picture(workload: &str, args: &[&str]) {
             "{workload} {args:?} {}",
             key["name"]
         );
-        let boxes: Vec<SliceBox> = panel
+        let boxes: Vec<ExtentBox> = panel
             .descendants()
             .filter(|n| n.attribute("class") == Some("extent"))
-            .map(|n| SliceBox {
+            .map(|n| ExtentBox {
                 runner: n.attribute("data-runner").unwrap().parse().unwrap(),
                 x: attr(n, "x"),
                 y: attr(n, "y"),

@@ -1016,3 +1016,149 @@ fn workload_errors_print_each_cause_once() {
     assert!(unread.to_string().contains("the disk is gone"), "{unread}");
     assert_each_cause_once(&unread);
 }
+
+/// Every dtype and purpose, on the device and in two groups (ids 0 and 3),
+/// one request per runner.
+fn every_name() -> Discovering {
+    let config = PlanConfig::new()
+        .with_group(GroupId(0), "gtp")
+        .unwrap()
+        .with_group(GroupId(3), "expert-gtp")
+        .unwrap();
+    let mut d = Discovering::new(config);
+    for (i, &dtype) in DType::ALL.iter().enumerate() {
+        let domain = match i % 3 {
+            0 => Domain::Device,
+            1 => Domain::Symmetric(GroupId(0)),
+            _ => Domain::Symmetric(GroupId(3)),
+        };
+        let purpose = Purpose::ALL[i % Purpose::ALL.len()];
+        d.arm(RunnerId(i as u32))
+            .unwrap()
+            .record(Request::new(domain, dtype, 64).purpose(purpose))
+            .unwrap();
+    }
+    d
+}
+
+#[test]
+fn the_vocabulary_serializes_with_the_names_workload_files_use() {
+    let d = every_name();
+    let saved: serde_json::Value = serde_json::from_str(
+        &Workload::from_discovering("all", &d)
+            .unwrap()
+            .to_json()
+            .unwrap(),
+    )
+    .unwrap();
+    for (i, runner) in saved["runners"].as_array().unwrap().iter().enumerate() {
+        let recorded = d.requests(RunnerId(i as u32)).unwrap()[0];
+        let request = serde_json::to_value(recorded).unwrap();
+        let spec = &runner["requests"][0];
+        assert_eq!(request["dtype"], recorded.dtype.name());
+        assert_eq!(spec["dtype"], request["dtype"]);
+        assert_eq!(request["purpose"], recorded.purpose.name());
+        let other = serde_json::json!("other");
+        assert_eq!(spec.get("purpose").unwrap_or(&other), &request["purpose"]);
+        match recorded.domain {
+            Domain::Device => {
+                assert_eq!(request["domain"], "device");
+                assert_eq!(spec["domain"], request["domain"]);
+            }
+            Domain::Symmetric(group) => {
+                assert_eq!(request["domain"], serde_json::json!({"symmetric": group.0}));
+                let name = d.config().group_name(group).unwrap();
+                assert_eq!(spec["domain"], serde_json::json!({ "symmetric": name }));
+            }
+        }
+        let back: Request = serde_json::from_value(request).unwrap();
+        assert_eq!(back, recorded);
+    }
+}
+
+#[test]
+fn report_json_round_trips_through_the_workload_names() {
+    let d = every_name();
+    let report = d
+        .clone()
+        .plan(Policy::Generations(2).packed())
+        .unwrap()
+        .report();
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        json["placed_policy"],
+        serde_json::json!({"policy": "Generations(2)", "placement": "packed"})
+    );
+    assert_eq!(json["fingerprint"], format!("{:016x}", report.fingerprint));
+    // A workload file whose requests take their dtype and domain from the
+    // report's JSON as they are, the group ids turned into their names.
+    let group_name = |id: &serde_json::Value| {
+        let id = GroupId(u32::try_from(id.as_u64().unwrap()).unwrap());
+        d.config().group_name(id).unwrap().to_string()
+    };
+    let requests: Vec<serde_json::Value> = json["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            let domain = match &k["key"]["domain"] {
+                serde_json::Value::Object(o) => {
+                    serde_json::json!({ "symmetric": group_name(&o["symmetric"]) })
+                }
+                device => device.clone(),
+            };
+            serde_json::json!({"domain": domain, "dtype": k["key"]["dtype"], "elements": 64})
+        })
+        .collect();
+    let groups: Vec<serde_json::Value> = d
+        .config()
+        .groups()
+        .map(|(id, name)| serde_json::json!({"id": id.0, "name": name}))
+        .collect();
+    let file = serde_json::json!({
+        "name": "from-report",
+        "groups": groups,
+        "runners": [{"requests": requests}],
+    });
+    let again = load(&file.to_string())
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .report();
+    let keys = |r: &replay_arena::PlanReport| -> Vec<(Key, String)> {
+        r.keys.iter().map(|k| (k.key, k.name.clone())).collect()
+    };
+    assert_eq!(keys(&again), keys(&report));
+    // And the report's JSON reads back into the same report.
+    let back: replay_arena::PlanReport = serde_json::from_value(json).unwrap();
+    assert_eq!(back, report);
+}
+
+#[test]
+fn policies_and_placements_serialize_as_they_display() {
+    for policy in [
+        Policy::Generations(2),
+        Policy::ModuleKinds(3),
+        Policy::OverlapDepth(4),
+    ] {
+        let json = serde_json::to_value(policy).unwrap();
+        assert_eq!(json, policy.to_string());
+        assert_eq!(Policy::parse(&policy.to_string()), Some(policy));
+        assert_eq!(serde_json::from_value::<Policy>(json).unwrap(), policy);
+    }
+    for placement in replay_arena::Placement::ALL {
+        let json = serde_json::to_value(placement).unwrap();
+        assert_eq!(json, placement.to_string());
+        assert_eq!(
+            serde_json::from_value::<replay_arena::Placement>(json).unwrap(),
+            placement
+        );
+    }
+    let e = serde_json::from_str::<Policy>(r#""Generations(two)""#).unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "unknown policy \"Generations(two)\" (expected one of: Generations(N), \
+             ModuleKinds(N), OverlapDepth(N))"
+        ),
+        "{e}"
+    );
+}

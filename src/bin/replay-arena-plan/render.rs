@@ -4,10 +4,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use replay_arena::{
-    byte_ratio, human_bytes, Domain, Key, PlacedPolicy, PlanReport, Planned, Policy,
-};
-use serde::ser::{SerializeSeq, Serializer};
+use replay_arena::{byte_ratio, human_bytes, GroupSpec, PlacedPolicy, PlanReport, Planned, Policy};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -91,21 +88,6 @@ impl Input {
                     .collect();
                 (kinds.len(), "runner names")
             }
-        }
-    }
-
-    fn group_name(&self, domain: Domain) -> Option<&str> {
-        match domain {
-            Domain::Device => None,
-            Domain::Symmetric(g) => self.discovery.config().group_name(g),
-        }
-    }
-
-    fn domain_json(&self, key: Key) -> Value {
-        match (key.domain, self.group_name(key.domain)) {
-            (Domain::Device, _) => json!("device"),
-            (Domain::Symmetric(_), Some(name)) => json!({ "symmetric": name }),
-            (Domain::Symmetric(g), None) => json!({ "symmetric": g.0 }),
         }
     }
 }
@@ -207,31 +189,19 @@ impl<'i> Plan<'i> {
         out
     }
 
-    /// The report as data, with group and runner names from the file.
-    /// Serialized as it is written: a million runners need no tree of
-    /// values.
-    pub(crate) fn json(&self) -> PlanJson<'_> {
+    /// The report as data: its own serialized form (`PlanReport`'s), with
+    /// where it came from, its ratios and the groups' names. Serialized as
+    /// it is written: a million runners need no tree of values.
+    pub(crate) fn json(&self) -> PlanDocument<'_> {
         let r = &self.report;
-        PlanJson {
-            workload: WorkloadJson {
-                name: &self.input.workload.name,
-                source: self.input.workload.source.as_deref(),
+        let w = &self.input.workload;
+        PlanDocument {
+            workload: Source {
+                name: &w.name,
+                source: w.source.as_deref(),
                 file: &self.input.label,
             },
-            policy: r.placed_policy.policy.to_string(),
-            placement: r.placed_policy.placement.to_string(),
-            generations: r.generations,
-            runners_total: r.runners_total,
-            runners_using: r.runners_using,
-            plan_bytes: r.plan_bytes,
-            round_robin_bytes: r.round_robin_bytes,
-            packed_bytes: r.packed_bytes,
-            lower_bound: r.lower_bound,
-            ring_bytes: r.ring_bytes,
-            longest_wait_list: r.longest_wait_list,
-            handoffs: r.handoffs,
-            handoff_bytes: r.handoff_bytes,
-            fingerprint: format!("{:016x}", r.fingerprint),
+            report: r,
             ratios: Ratios {
                 plan_over_lower_bound: r.plan_over_lower_bound(),
                 round_robin_over_lower_bound: r.round_robin_over_lower_bound(),
@@ -243,142 +213,42 @@ impl<'i> Plan<'i> {
                 .discovery
                 .config()
                 .groups()
-                .map(|(_, n)| n)
-                .collect(),
-            keys: r
-                .keys
-                .iter()
-                .map(|k| KeyJson {
-                    name: &k.name,
-                    domain: self.input.domain_json(k.key),
-                    dtype: k.key.dtype.name(),
-                    arenas: &k.arenas,
-                    plan_bytes: k.plan_bytes,
-                    round_robin_bytes: k.round_robin_bytes,
-                    packed_bytes: k.packed_bytes,
-                    lower_bound: k.lower_bound,
-                    ring_bytes: k.ring_bytes,
-                    longest_wait_list: k.longest_wait_list,
+                .map(|(id, name)| GroupSpec {
+                    id: Some(id.0),
+                    name: name.to_string(),
                 })
                 .collect(),
-            runners: RunnersJson(self),
         }
     }
 }
 
-/// [`Plan::json`]'s document.
+/// [`Plan::json`]'s document: the report's fields, beside the workload it
+/// planned, the report's ratios, and each group's id and name (the report
+/// names groups by id).
 #[derive(Serialize)]
-pub(crate) struct PlanJson<'p> {
-    workload: WorkloadJson<'p>,
-    policy: String,
-    placement: String,
-    generations: usize,
-    runners_total: usize,
-    runners_using: usize,
-    plan_bytes: u64,
-    round_robin_bytes: u64,
-    packed_bytes: u64,
-    lower_bound: u64,
-    ring_bytes: u64,
-    longest_wait_list: usize,
-    handoffs: usize,
-    handoff_bytes: u64,
-    fingerprint: String,
+pub(crate) struct PlanDocument<'p> {
+    workload: Source<'p>,
+    #[serde(flatten)]
+    report: &'p PlanReport,
     ratios: Ratios,
-    groups: Vec<&'p str>,
-    keys: Vec<KeyJson<'p>>,
-    runners: RunnersJson<'p>,
+    groups: Vec<GroupSpec>,
 }
 
+/// The workload a document describes, and the file it came from.
 #[derive(Serialize)]
-struct WorkloadJson<'p> {
+struct Source<'p> {
     name: &'p str,
     source: Option<&'p str>,
     file: &'p str,
 }
 
+/// [`PlanReport`]'s ratios.
 #[derive(Serialize)]
 struct Ratios {
     plan_over_lower_bound: f64,
     round_robin_over_lower_bound: f64,
     packed_over_lower_bound: f64,
     ring_over_plan: f64,
-}
-
-#[derive(Serialize)]
-struct KeyJson<'p> {
-    name: &'p str,
-    domain: Value,
-    dtype: &'static str,
-    arenas: &'p [u64],
-    plan_bytes: u64,
-    round_robin_bytes: u64,
-    packed_bytes: u64,
-    lower_bound: u64,
-    ring_bytes: u64,
-    longest_wait_list: usize,
-}
-
-/// Every runner of a plan, serialized one at a time.
-struct RunnersJson<'p>(&'p Plan<'p>);
-
-impl Serialize for RunnersJson<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let plan = self.0;
-        let report = &plan.report;
-        // The report lists keys in key order: a binary search per extent.
-        let key_name = |key: Key| match report.keys.binary_search_by_key(&key, |k| k.key) {
-            Ok(at) => Cow::Borrowed(report.keys[at].name.as_str()),
-            Err(_) => Cow::Owned(key.to_string()),
-        };
-        let mut seq = serializer.serialize_seq(Some(report.runners.len()))?;
-        for (i, runner) in report.runners.iter().enumerate() {
-            let extents: Vec<ExtentJson<'_>> = runner
-                .extents
-                .iter()
-                .map(|s| ExtentJson {
-                    key: key_name(s.key),
-                    arena: s.arena,
-                    offset: s.offset,
-                    bytes: s.bytes,
-                })
-                .collect();
-            seq.serialize_element(&RunnerJson {
-                id: runner.runner.0,
-                name: plan
-                    .input
-                    .workload
-                    .runners
-                    .get(i)
-                    .and_then(|s| s.name.as_deref()),
-                generation: runner.generation,
-                requests: runner.requests,
-                bytes: runner.bytes,
-                wait_list: runner.wait_list,
-                extents,
-            })?;
-        }
-        seq.end()
-    }
-}
-
-#[derive(Serialize)]
-struct RunnerJson<'p> {
-    id: u32,
-    name: Option<&'p str>,
-    generation: Option<usize>,
-    requests: usize,
-    bytes: u64,
-    wait_list: usize,
-    extents: Vec<ExtentJson<'p>>,
-}
-
-#[derive(Serialize)]
-struct ExtentJson<'p> {
-    key: Cow<'p, str>,
-    arena: usize,
-    offset: u64,
-    bytes: u64,
 }
 
 /// One policy in the comparison: both placements' bytes and the lower bound.
@@ -492,7 +362,7 @@ impl<'i> Comparison<'i> {
             .iter()
             .map(|r| {
                 json!({
-                    "policy": r.policy.to_string(),
+                    "policy": r.policy,
                     "generations": r.generations,
                     "lower_bound": r.lower_bound,
                     "packed_bytes": r.packed,
