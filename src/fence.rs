@@ -259,6 +259,7 @@ impl Layout {
 
 /// Counters of the fence's work since sealing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FenceStats {
     /// Graph launches through [`Replayable::replay`](crate::Replayable::replay).
     pub replays: u64,

@@ -300,6 +300,7 @@ impl From<Policy> for PlacedPolicy {
 /// One arena the plan allocates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct ArenaPlan {
     /// Its key.
     pub key: Key,
@@ -319,6 +320,7 @@ pub struct ArenaPlan {
 /// [`View::slice`](crate::View::slice)'s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct Extent {
     /// The key.
     pub key: Key,
@@ -644,6 +646,7 @@ impl Planned {
 
 /// One handoff as planned ([`Planned::handoffs`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct HandoffInfo {
     /// Its id.
     pub id: HandoffId,

@@ -27,6 +27,7 @@ impl Planned {
 /// Per-key figures of a plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct KeyReport {
     /// The key.
     pub key: Key,
@@ -59,6 +60,7 @@ pub struct KeyReport {
 /// Per-runner figures of a plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct RunnerReport {
     /// The runner.
     pub runner: RunnerId,
@@ -83,6 +85,7 @@ pub struct RunnerReport {
 /// `"round-robin"`), and the fingerprint is the table's 16 hex digits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct PlanReport {
     /// Policy and placement.
     pub placed_policy: PlacedPolicy,

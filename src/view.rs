@@ -194,6 +194,7 @@ impl<'a> View<'a> {
 /// A sub-view outside its view ([`View::slice`], [`View::split_at`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("elements {start}..{end} of a view of {len} elements: a sub-view must be a non-empty range inside the view")]
+#[non_exhaustive]
 pub struct SliceError {
     /// First element asked for.
     pub start: usize,

@@ -136,6 +136,7 @@ fn unavailable(reason: impl Into<String>) -> BackendError {
 
 /// What [`probe_device`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// The device's ordinal.
     pub ordinal: usize,

@@ -265,11 +265,20 @@ pub(crate) fn check_memory_nodes(
 /// (CUDA: `cuDeviceGetGraphMemAttribute`), on the whole device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct GraphMemory {
     /// Bytes in use by graph allocations now.
     pub used: u64,
     /// Bytes reserved for graph allocations now.
     pub reserved: u64,
+}
+
+impl GraphMemory {
+    /// `used` bytes in use and `reserved` bytes reserved (what a backend's
+    /// [`Backend::graph_memory_in_use`] reports).
+    pub const fn new(used: u64, reserved: u64) -> GraphMemory {
+        GraphMemory { used, reserved }
+    }
 }
 
 /// One allocated arena. Dropping it frees the memory.

@@ -223,6 +223,7 @@ impl Op {
 
 /// Two unordered accesses to the same bytes, at least one a write.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Hazard {
     /// Stream of the earlier-submitted access.
     pub first_stream: usize,
@@ -1561,10 +1562,7 @@ impl Backend for Device {
     /// exactly what it uses).
     fn graph_memory_in_use(&self) -> Result<Option<crate::backend::GraphMemory>> {
         let bytes = self.state().graph_bytes;
-        Ok(Some(crate::backend::GraphMemory {
-            used: bytes,
-            reserved: bytes,
-        }))
+        Ok(Some(crate::backend::GraphMemory::new(bytes, bytes)))
     }
 
     fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
