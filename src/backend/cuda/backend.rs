@@ -1,0 +1,187 @@
+//! [`Backend`] for [`Device`]: arenas, events, stream capture and launch.
+
+use std::ptr;
+
+use super::graph::Graph;
+use super::handles::{capturing, Device, Event, Stream};
+use super::memory::Memory;
+use super::{check, driver_error, sys, Result};
+use crate::backend::{check_memory_nodes, ArenaDesc, Backend, BackendError, GraphMemory, StepNode};
+use crate::vocab::Domain;
+
+impl Backend for Device {
+    type Arena = Memory;
+    type Event = Event;
+    type Stream = Stream;
+    type Graph = Graph;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
+        match plan.key.domain {
+            Domain::Device => self.allocate_device(plan),
+            Domain::Symmetric(group) => self.allocate_symmetric(plan, group),
+        }
+    }
+
+    fn create_event(&self) -> Result<Event> {
+        let inner = self
+            .inner
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| driver_error("cuEventCreate", e))?;
+        inner
+            .record(&self.inner.internal)
+            .map_err(|e| driver_error("cuEventRecord", e))?;
+        Ok(Event { inner })
+    }
+
+    fn stream_id(&self, stream: &Stream) -> u64 {
+        stream.serial
+    }
+
+    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let raw = stream.raw("cuStreamWaitEvent")?;
+        self.bind()?;
+        // SAFETY: both handles are live objects of this context.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(raw, event.cu_event(), 0)
+        })
+    }
+
+    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let raw = stream.raw("cuEventRecord")?;
+        self.bind()?;
+        // SAFETY: both handles are live objects of this context.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event.cu_event(), raw)
+        })
+    }
+
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let raw = stream.raw("cuEventRecordWithFlags")?;
+        self.bind()?;
+        if !capturing(raw)? {
+            return Err(BackendError::Refused {
+                op: "cuEventRecordWithFlags",
+                reason:
+                    "an event record node is made inside a capture; the stream is not capturing"
+                        .into(),
+            });
+        }
+        // SAFETY: both handles are live objects of this context; an
+        // external record on a capturing stream becomes an event record
+        // node of the graph.
+        check("cuEventRecordWithFlags", unsafe {
+            sys::cuEventRecordWithFlags(
+                event.cu_event(),
+                raw,
+                sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+            )
+        })
+    }
+
+    fn synchronize_event(&self, event: &Event) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the event is a live object of this context.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(event.cu_event())
+        })
+    }
+
+    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
+        let raw = stream.raw("cuGraphLaunch")?;
+        self.bind()?;
+        // SAFETY: the exec and the stream are live objects of this context.
+        check("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(graph.handles.exec, raw)
+        })
+    }
+
+    fn begin_capture(&self, stream: &Stream) -> Result<()> {
+        // `wrap_stream` refused the legacy stream; the per-thread stream is
+        // captured like any other (on its own thread).
+        let raw = stream.raw("cuStreamBeginCapture")?;
+        self.bind()?;
+        // SAFETY: the stream is a live, capturable stream of this context.
+        check("cuStreamBeginCapture", unsafe {
+            sys::cuStreamBeginCapture_v2(raw, self.capture_mode().raw())
+        })
+    }
+
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
+        capturing(stream.raw("cuStreamIsCapturing")?)
+    }
+
+    unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
+        let raw = stream.raw("cuStreamEndCapture")?;
+        self.bind()?;
+        let mut graph: sys::CUgraph = ptr::null_mut();
+        // SAFETY: the stream is live; `graph` is a local out pointer.
+        let code = unsafe { sys::cuStreamEndCapture(raw, &mut graph) };
+        if code != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
+            if !graph.is_null() {
+                // SAFETY: the graph was returned to us and is destroyed once.
+                let _ = unsafe { sys::cuGraphDestroy(graph) };
+            }
+            check("cuStreamEndCapture", code)?;
+            return Err(BackendError::Refused {
+                op: "cuStreamEndCapture",
+                reason: "the capture produced no graph".into(),
+            });
+        }
+        // SAFETY: the capture returned `graph` to us.
+        unsafe { self.instantiate(graph, Some(raw)) }
+    }
+
+    unsafe fn abort_capture(&self, stream: &Stream) {
+        // Another thread's per-thread stream is not this capture's.
+        let Ok(raw) = stream.raw("cuStreamEndCapture") else {
+            return;
+        };
+        if self.bind().is_err() {
+            return;
+        }
+        let mut graph: sys::CUgraph = ptr::null_mut();
+        // SAFETY: ending a capture (or failing to, when none is open) leaves
+        // the stream usable; a returned graph is destroyed once.
+        unsafe {
+            let _ = sys::cuStreamEndCapture(raw, &mut graph);
+            if !graph.is_null() {
+                let _ = sys::cuGraphDestroy(graph);
+            }
+        }
+    }
+
+    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
+        Device::graph_memory_in_use(self).map(Some)
+    }
+
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
+        self.split_at_record(graph, events)
+    }
+
+    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
+        self.compose_children(nodes)
+    }
+
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
+        self.bind().map_err(|e| e.to_string())?;
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
+        check_memory_nodes(&allocs, &frees)
+    }
+
+    /// Waits for the whole context (`cuCtxSynchronize`), the program's
+    /// other streams included: the backend does not know every stream work
+    /// was submitted to. Teardown does not call it; it waits for the
+    /// fence's events only.
+    fn synchronize(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .synchronize()
+            .map_err(|e| driver_error("cuCtxSynchronize", e))
+    }
+}

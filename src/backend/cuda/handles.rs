@@ -1,0 +1,561 @@
+//! The backend's handles: the [`Device`] (a context, its internal stream and
+//! its settings), its streams and events, and the settings themselves
+//! ([`CaptureMode`], [`InstantiateFlags`]).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use super::probe::{probe_device, DeviceInfo};
+use super::{check, driver_error, sys, unavailable, Result};
+use crate::backend::BackendError;
+
+/// How a stream capture treats CUDA calls that are unsafe while capturing
+/// (`CUstreamCaptureMode`): which threads' captures make such a call fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CaptureMode {
+    /// Any thread's thread-local or global capture (`GLOBAL`).
+    Global,
+    /// Only captures this thread began (`THREAD_LOCAL`); the default. Other
+    /// threads of the program keep running their own work.
+    #[default]
+    ThreadLocal,
+    /// No check at all (`RELAXED`): the program vouches that nothing it
+    /// calls while capturing allocates, frees or synchronizes.
+    Relaxed,
+}
+
+impl CaptureMode {
+    fn from_u8(value: u8) -> CaptureMode {
+        match value {
+            0 => CaptureMode::Global,
+            2 => CaptureMode::Relaxed,
+            _ => CaptureMode::ThreadLocal,
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            CaptureMode::Global => 0,
+            CaptureMode::ThreadLocal => 1,
+            CaptureMode::Relaxed => 2,
+        }
+    }
+
+    /// The driver's value.
+    pub fn raw(self) -> sys::CUstreamCaptureMode {
+        match self {
+            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => {
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            }
+            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        }
+    }
+}
+
+/// The `cuda` backend: one CUDA context (its own, or the program's). A cheap
+/// handle; clones share the context, the internal stream and the settings
+/// ([`CaptureMode`], graph upload).
+///
+/// ```no_run
+/// use replay_arena::cuda;
+///
+/// let backend = cuda::Device::new(0)?;        // BackendUnavailable without a driver
+/// let stream = backend.new_stream()?;         // capture and replay on this
+/// println!("{}", backend.info());
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
+///
+/// Adopting the program's context and stream (candle's, say):
+///
+/// ```no_run
+/// use replay_arena::cuda::{self, cudarc::driver::CudaContext};
+///
+/// let ctx = CudaContext::new(0).expect("the program's context");
+/// // The program turned cudarc's event tracking off before allocating.
+/// unsafe { ctx.disable_event_tracking() };
+/// let backend = cuda::Device::from_context(ctx.clone())?;
+/// let stream = backend.wrap_stream(ctx.per_thread_stream())?;
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Device {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub(super) ctx: Arc<CudaContext>,
+    /// Where events get their first record, and arenas their allocation,
+    /// zeroing and stream-ordered free.
+    pub(super) internal: Arc<cudarc::driver::CudaStream>,
+    pub(super) info: DeviceInfo,
+    /// A [`CaptureMode`] as `u8`.
+    pub(super) capture_mode: AtomicU8,
+    /// Upload each graph after instantiating it.
+    pub(super) upload: AtomicBool,
+    /// `cuGraphInstantiateWithFlags` flags, from [`InstantiateFlags`].
+    pub(super) instantiate: AtomicU64,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("device", &self.inner.info)
+            .field("capture_mode", &self.capture_mode())
+            .field("graph_upload", &self.graph_upload())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    /// Opens device `ordinal`: probes the driver ([`probe_device`]), retains
+    /// the primary context in a cudarc context of the backend's own, turns
+    /// off cudarc's automatic event tracking on it, and creates an internal
+    /// stream.
+    ///
+    /// A program that has a cudarc context already should adopt it with
+    /// [`Device::from_context`] instead: event tracking stays on in the
+    /// program's own context object.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unavailable`] when there is no usable driver or no
+    /// such device; never panics.
+    pub fn new(ordinal: usize) -> Result<Device> {
+        let info = probe_device(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            unavailable(format!(
+                "retaining the primary context of CUDA device {ordinal} returned {:?}",
+                e.0
+            ))
+        })?;
+        // SAFETY: nothing has been allocated through this fresh context
+        // object; cudarc's tracking would put waits on events recorded
+        // outside a capture into captured streams. The plan's fence orders
+        // arena use; callers order their own slices of this context.
+        unsafe { ctx.disable_event_tracking() };
+        Device::adopt(ctx, info)
+    }
+
+    /// Adopts the program's cudarc context (candle's, cubecl's, a cudarc
+    /// program's): arenas, events and graphs are made in it, and the
+    /// program's streams of it can be wrapped with
+    /// [`Device::wrap_stream`].
+    ///
+    /// cudarc's event tracking must be off on it: with tracking on, cudarc
+    /// makes a stream wait on events recorded outside the capture whenever a
+    /// slice of the program's is used inside one, and the capture fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`. The program turns it off with
+    /// `unsafe { ctx.disable_event_tracking() }` (and takes over ordering its
+    /// slices across streams), or hands that step to
+    /// [`Device::from_context_disabling_event_tracking`].
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::EventTracking`] when tracking is on;
+    /// [`BackendError::Unavailable`] when the driver cannot be used.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Device> {
+        if ctx.is_event_tracking() {
+            return Err(BackendError::EventTracking);
+        }
+        let info = probe_device(ctx.ordinal())?;
+        Device::adopt(ctx, info)
+    }
+
+    /// Turns cudarc's event tracking off on the program's context, then
+    /// adopts it as [`Device::from_context`] does: the explicit opt-in
+    /// for programs that let cudarc order their slices across streams.
+    ///
+    /// # Safety
+    ///
+    /// This is cudarc's `CudaContext::disable_event_tracking`, with its
+    /// contract: from now on cudarc no longer orders the program's slices
+    /// across streams, for every user of this context. The caller
+    /// guarantees that no slice is freed before its use on another stream
+    /// is finished, that no slice is used on another stream before its
+    /// allocation (or last write) on the allocating stream is finished, and
+    /// that no slice is written by two streams at once, ordering such uses
+    /// with events or stream synchronization where the program has several
+    /// streams.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unavailable`] when the driver cannot be used.
+    pub unsafe fn from_context_disabling_event_tracking(ctx: Arc<CudaContext>) -> Result<Device> {
+        // SAFETY: the caller upholds cudarc's contract (above).
+        unsafe { ctx.disable_event_tracking() };
+        Device::from_context(ctx)
+    }
+
+    fn adopt(ctx: Arc<CudaContext>, info: DeviceInfo) -> Result<Device> {
+        let internal = ctx
+            .new_stream()
+            .map_err(|e| driver_error("cuStreamCreate", e))?;
+        Ok(Device {
+            inner: Arc::new(Inner {
+                ctx,
+                internal,
+                info,
+                capture_mode: AtomicU8::new(CaptureMode::default().to_u8()),
+                upload: AtomicBool::new(true),
+                instantiate: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// What the probe found for this device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// The cudarc context (event tracking is off on it: slices allocated
+    /// through it are not ordered across streams automatically).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The capture mode of captures begun from now on (thread-local unless
+    /// set).
+    pub fn capture_mode(&self) -> CaptureMode {
+        CaptureMode::from_u8(self.inner.capture_mode.load(Ordering::Relaxed))
+    }
+
+    /// Sets the capture mode of captures begun from now on, for this backend
+    /// and its clones (the plan's included).
+    pub fn set_capture_mode(&self, mode: CaptureMode) {
+        self.inner
+            .capture_mode
+            .store(mode.to_u8(), Ordering::Relaxed);
+    }
+
+    /// Whether graphs are uploaded (`cuGraphUpload`, on the capture stream)
+    /// right after instantiation, so that the first replay does not pay the
+    /// upload. On unless set.
+    pub fn graph_upload(&self) -> bool {
+        self.inner.upload.load(Ordering::Relaxed)
+    }
+
+    /// Turns the upload after instantiation on or off, for graphs captured
+    /// from now on by this backend and its clones.
+    pub fn set_graph_upload(&self, upload: bool) {
+        self.inner.upload.store(upload, Ordering::Relaxed);
+    }
+
+    /// How graphs are instantiated (`cuGraphInstantiateWithFlags`).
+    pub fn instantiate_flags(&self) -> InstantiateFlags {
+        InstantiateFlags::from_bits(self.inner.instantiate.load(Ordering::Relaxed))
+    }
+
+    /// Sets how graphs captured (or adopted) from now on by this backend and
+    /// its clones are instantiated.
+    pub fn set_instantiate_flags(&self, flags: InstantiateFlags) {
+        self.inner
+            .instantiate
+            .store(flags.bits(), Ordering::Relaxed);
+    }
+
+    /// A new non-blocking stream, usable for capture and replay.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn new_stream(&self) -> Result<Stream> {
+        let inner = self
+            .inner
+            .ctx
+            .new_stream()
+            .map_err(|e| driver_error("cuStreamCreate", e))?;
+        Ok(Stream {
+            inner,
+            per_thread: None,
+            serial: next_stream_serial(),
+        })
+    }
+
+    /// Adopts one of the program's cudarc streams of this backend's context
+    /// for capture and replay: one from `ctx.new_stream()`, a stream wrapped
+    /// with `wrap_borrowed_stream`, or the per-thread default stream
+    /// (`ctx.per_thread_stream()`, candle's). The per-thread stream is a
+    /// different stream on every thread: the handle wrapped here stands for
+    /// the calling thread's, and using it from another thread is refused.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::LegacyStream`] for the legacy default (NULL) stream
+    /// (`ctx.default_stream()`), which the driver cannot capture;
+    /// [`BackendError::Refused`] for a stream of another context.
+    pub fn wrap_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<Stream> {
+        if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
+            return Err(BackendError::Refused {
+                op: "wrap stream",
+                reason: "the stream belongs to another CUDA context".into(),
+            });
+        }
+        let raw = stream.cu_stream() as usize;
+        if raw == LEGACY_NULL || raw == LEGACY_HANDLE {
+            return Err(BackendError::LegacyStream { op: "wrap stream" });
+        }
+        let per_thread = (raw == PER_THREAD_HANDLE).then(this_thread);
+        Ok(Stream {
+            inner: stream,
+            per_thread,
+            serial: next_stream_serial(),
+        })
+    }
+
+    /// Free and total device memory in bytes (`cuMemGetInfo`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: the context is current; out pointers point at locals.
+        check("cuMemGetInfo", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Makes the context current on the calling thread.
+    pub(super) fn bind(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("cuCtxSetCurrent", e))
+    }
+}
+
+/// How graphs are instantiated (`cuGraphInstantiateWithFlags`): the
+/// program's choice, set with [`Device::set_instantiate_flags`]. The
+/// default is none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InstantiateFlags {
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`: a launch first
+    /// frees what the previous launch allocated and did not free. (A plan
+    /// still refuses such graphs: its fence cannot follow the escaping
+    /// memory.)
+    pub auto_free_on_launch: bool,
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`: kernel nodes run
+    /// at the priority they were captured with, not the launch stream's.
+    pub use_node_priority: bool,
+}
+
+impl InstantiateFlags {
+    pub(super) fn bits(self) -> u64 {
+        u64::from(self.auto_free_on_launch) | (u64::from(self.use_node_priority) << 3)
+    }
+
+    fn from_bits(bits: u64) -> InstantiateFlags {
+        InstantiateFlags {
+            auto_free_on_launch: bits & 1 != 0,
+            use_node_priority: bits & 8 != 0,
+        }
+    }
+}
+
+/// `cu_stream()` of cudarc's `default_stream()`: the legacy NULL stream.
+const LEGACY_NULL: usize = 0;
+/// `CU_STREAM_LEGACY`: the legacy default stream, by its explicit handle.
+const LEGACY_HANDLE: usize = 1;
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+const PER_THREAD_HANDLE: usize = 2;
+/// Whether the stream with this handle is capturing (`cuStreamIsCapturing`).
+pub(super) fn capturing(raw: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream handle (the caller holds the stream); `status` is
+    // a local out pointer.
+    check("cuStreamIsCapturing", unsafe {
+        sys::cuStreamIsCapturing(raw, &mut status)
+    })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// A [`Backend::stream_id`] for a new [`Stream`] handle: unique in the
+/// process and never reused, unlike the driver's `CUstream`, which the next
+/// `cuStreamCreate` hands out again as soon as a stream is destroyed.
+fn next_stream_serial() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A number for the calling thread, unique in the process.
+pub(super) fn this_thread() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static SERIAL: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SERIAL.with(|serial| *serial)
+}
+
+/// A stream of a [`Device`]'s context. Cheap to clone; clones are the
+/// same stream.
+///
+/// The fence knows it by an identity this crate issued when the handle was
+/// made ([`Device::new_stream`], [`Device::wrap_stream`]), never by
+/// its raw `CUstream`: a destroyed stream's handle value comes back from the
+/// next `cuStreamCreate` while its work may still run. Wrapping one cudarc
+/// stream twice gives two identities (the fence then waits where stream
+/// order would have sufficed, which is safe).
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pub(super) inner: Arc<cudarc::driver::CudaStream>,
+    /// For the per-thread default stream: the thread whose stream it is.
+    pub(super) per_thread: Option<u64>,
+    /// The identity the fence compares.
+    pub(super) serial: u64,
+}
+
+impl Stream {
+    /// The cudarc stream, to launch kernels on (`launch_builder`) or copy
+    /// memory with.
+    pub fn cudarc(&self) -> &Arc<cudarc::driver::CudaStream> {
+        &self.inner
+    }
+
+    /// The raw `CUstream` (do not destroy it; `0x2` for the per-thread
+    /// default stream).
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.inner.cu_stream()
+    }
+
+    /// The identity the fence and the view checks compare (issued by this
+    /// crate, unique in the process, never reused).
+    pub fn id(&self) -> u64 {
+        self.serial
+    }
+
+    /// Whether this is the per-thread default stream of the thread that
+    /// wrapped it.
+    pub fn is_per_thread(&self) -> bool {
+        self.per_thread.is_some()
+    }
+
+    /// Blocks until everything submitted to this stream is done.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error; [`BackendError::Refused`] for a per-thread stream
+    /// used from another thread.
+    pub fn synchronize(&self) -> Result<()> {
+        self.check_thread("cuStreamSynchronize")?;
+        self.inner
+            .synchronize()
+            .map_err(|e| driver_error("cuStreamSynchronize", e))
+    }
+
+    /// Refuses a per-thread stream on a thread other than its own: the
+    /// handle would name that thread's stream instead.
+    fn check_thread(&self, op: &'static str) -> Result<()> {
+        match self.per_thread {
+            Some(owner) if owner != this_thread() => Err(BackendError::Refused {
+                op,
+                reason: "this per-thread default stream was wrapped on another thread; on this \
+                         thread the handle names a different stream (wrap this thread's own \
+                         `ctx.per_thread_stream()`)"
+                    .into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The stream handle for a driver call, after the thread check.
+    pub(super) fn raw(&self, op: &'static str) -> Result<sys::CUstream> {
+        self.check_thread(op)?;
+        Ok(self.inner.cu_stream())
+    }
+}
+
+/// A completion event (`CU_EVENT_DISABLE_TIMING`), recorded once at creation.
+#[derive(Debug)]
+pub struct Event {
+    pub(super) inner: cudarc::driver::CudaEvent,
+}
+
+impl Event {
+    /// The raw `CUevent` (do not destroy it).
+    pub fn cu_event(&self) -> sys::CUevent {
+        self.inner.cu_event()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vocab::DType;
+
+    #[test]
+    fn instantiate_flags_map_to_the_drivers_bits_and_back() {
+        let none = InstantiateFlags::default();
+        assert_eq!(none.bits(), 0);
+        let both = InstantiateFlags {
+            auto_free_on_launch: true,
+            use_node_priority: true,
+        };
+        // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
+        // CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8.
+        assert_eq!(both.bits(), 1 | 8);
+        assert_eq!(InstantiateFlags::from_bits(both.bits()), both);
+        assert_eq!(
+            u64::from(
+                sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0
+            ),
+            1
+        );
+        assert_eq!(
+            u64::from(
+                sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY.0
+            ),
+            8
+        );
+    }
+
+    #[test]
+    fn adoption_errors_name_the_fix() {
+        let tracking = BackendError::EventTracking.to_string();
+        assert!(tracking.contains("disable_event_tracking()"), "{tracking}");
+        assert!(
+            tracking.contains("cuda::Device::from_context_disabling_event_tracking"),
+            "{tracking}"
+        );
+        let legacy = BackendError::LegacyStream { op: "wrap stream" }.to_string();
+        assert!(legacy.contains("per_thread_stream()"), "{legacy}");
+        let mismatch = BackendError::DTypeMismatch {
+            view: DType::BF16,
+            requested: DType::F32,
+            type_name: "f32",
+        }
+        .to_string();
+        assert_eq!(mismatch, "a view of bf16 cannot be used as f32 (f32)");
+    }
+
+    #[test]
+    fn capture_mode_is_thread_local_by_default_and_round_trips() {
+        assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
+        for mode in [
+            CaptureMode::Global,
+            CaptureMode::ThreadLocal,
+            CaptureMode::Relaxed,
+        ] {
+            assert_eq!(CaptureMode::from_u8(mode.to_u8()), mode);
+        }
+        assert_eq!(
+            CaptureMode::Relaxed.raw(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
+        );
+    }
+
+    #[test]
+    fn per_thread_stream_ids_differ_by_thread() {
+        let here = this_thread();
+        assert_eq!(here, this_thread());
+        let there = std::thread::spawn(this_thread).join().unwrap();
+        assert_ne!(here, there);
+    }
+}

@@ -1,0 +1,134 @@
+//! Arena memory: allocated from the device's default memory pool, outside
+//! every graph memory pool, aligned, zeroed, and freed stream-ordered.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use super::handles::Device;
+use super::{check, sys, Result, ARENA_ALIGNMENT};
+use crate::backend::{Arena, ArenaDesc, BackendError};
+use crate::vocab::{align_up, GroupId};
+
+/// Device memory of one arena, allocated outside every graph memory pool
+/// (from the device's default memory pool where it has one); freed on drop
+/// without waiting for unrelated streams.
+#[derive(Debug)]
+pub struct Memory {
+    /// What the allocation returned (what the free takes).
+    raw: sys::CUdeviceptr,
+    /// `raw` rounded up to [`ARENA_ALIGNMENT`].
+    base: u64,
+    bytes: u64,
+    /// From `cuMemAllocAsync` (freed with `cuMemFreeAsync`), else from
+    /// `cuMemAlloc`.
+    pooled: bool,
+    ctx: Arc<CudaContext>,
+    /// The backend's internal stream, which orders the free.
+    internal: Arc<cudarc::driver::CudaStream>,
+}
+
+impl Arena for Memory {
+    fn base(&self) -> u64 {
+        self.base
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // The plan waited for every fenced use before dropping arenas. A
+        // failure here (a dead context) leaves nothing to free; it is kept
+        // on the context for the program's next check, as cudarc does.
+        if let Err(e) = self.ctx.bind_to_thread() {
+            self.ctx.record_err::<()>(Err(e));
+            return;
+        }
+        // SAFETY: `raw` came from the matching allocation in this context
+        // and is freed once; the stream-ordered free does not wait for the
+        // program's other streams (a plain cuMemFree may).
+        let code = unsafe {
+            if self.pooled {
+                sys::cuMemFreeAsync(self.raw, self.internal.cu_stream())
+            } else {
+                sys::cuMemFree_v2(self.raw)
+            }
+        };
+        self.ctx.record_err(code.result());
+    }
+}
+
+impl Device {
+    pub(super) fn allocate_device(&self, plan: &ArenaDesc) -> Result<Memory> {
+        let failed = |reason: String| BackendError::Allocation {
+            key: plan.key,
+            bytes: plan.bytes,
+            reason,
+        };
+        let padded = plan
+            .bytes
+            .checked_add(ARENA_ALIGNMENT)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| failed("the size overflows the address space".into()))?;
+        self.bind()?;
+        let internal = self.inner.internal.clone();
+        let pooled = self.inner.ctx.has_async_alloc();
+        let mut raw: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current; `raw` is a live local; the
+        // internal stream belongs to the context.
+        let (op, code) = unsafe {
+            if pooled {
+                (
+                    "cuMemAllocAsync",
+                    sys::cuMemAllocAsync(&mut raw, padded, internal.cu_stream()),
+                )
+            } else {
+                ("cuMemAlloc", sys::cuMemAlloc_v2(&mut raw, padded))
+            }
+        };
+        if code != sys::CUresult::CUDA_SUCCESS {
+            return Err(failed(format!("{op} of {padded} bytes returned {code:?}")));
+        }
+        let base = align_up(raw, ARENA_ALIGNMENT).unwrap_or(raw);
+        // From here on, dropping `arena` frees the allocation.
+        let arena = Memory {
+            raw,
+            base,
+            bytes: plan.bytes,
+            pooled,
+            ctx: self.inner.ctx.clone(),
+            internal,
+        };
+        let stream = arena.internal.cu_stream();
+        // SAFETY: [base, base + bytes) lies inside the allocation (base - raw
+        // < ARENA_ALIGNMENT); the internal stream belongs to the context and
+        // orders the zeroing after the allocation.
+        unsafe {
+            check(
+                "cuMemsetD8Async",
+                sys::cuMemsetD8Async(base, 0, plan.bytes as usize, stream),
+            )?;
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(stream))?;
+        }
+        Ok(arena)
+    }
+
+    #[cfg(not(replay_arena_nccl))]
+    pub(super) fn allocate_symmetric(&self, plan: &ArenaDesc, group: GroupId) -> Result<Memory> {
+        Err(BackendError::Allocation {
+            key: plan.key,
+            bytes: plan.bytes,
+            reason: format!(
+                "symmetric memory of {group} needs NCCL windows, and this build has no `nccl` feature"
+            ),
+        })
+    }
+
+    #[cfg(replay_arena_nccl)]
+    pub(super) fn allocate_symmetric(&self, _plan: &ArenaDesc, group: GroupId) -> Result<Memory> {
+        Err(BackendError::NoCommunicator { group })
+    }
+}

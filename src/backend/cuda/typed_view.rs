@@ -1,0 +1,230 @@
+//! Views as typed cudarc device pointers ([`TypedView`], [`ViewExt`]).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop};
+
+use super::element::Element;
+use super::handles::{capturing, this_thread, Stream};
+use super::{sys, Result};
+use crate::backend::BackendError;
+use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};
+use crate::view::View;
+
+/// A [`View`] as a typed cudarc device pointer: implements cudarc's
+/// [`DevicePtr<T>`] and [`DevicePtrMut<T>`] (so `memcpy_dtod`,
+/// `memset_zeros`, cuBLAS `gemm` and friends take it) and can be pushed as a
+/// kernel argument with `launch_builder().arg(&view)` (`&mut view` for a
+/// write).
+///
+/// It never frees arena memory (dropping it drops a stream handle only),
+/// and it borrows what the view borrows (the open capture, or the
+/// [`Replayable`](crate::Replayable)), so it cannot outlive the arena. It
+/// carries no cudarc event: ordering across streams is the fence's (inside
+/// graphs and [`Replayable::consume`](crate::Replayable::consume)) or the
+/// caller's.
+///
+/// ```no_run
+/// # use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+/// use replay_arena::cuda::{self, ViewExt};
+///
+/// # let req = Request::new(Domain::Device, DType::F32, 1024);
+/// # let mut discovery = Discovering::new(PlanConfig::new());
+/// # discovery.arm(RunnerId(0))?.record(req)?;
+/// let backend = cuda::Device::new(0)?;
+/// let stream = backend.new_stream()?;
+/// let mut capturing = discovery.plan(Policy::Generations(1))?.allocate(backend.clone())?;
+/// let cap = capturing.capture(RunnerId(0))?;
+/// let view = cap.take(req)?;
+/// cap.stream_capture(&stream, |s| {
+///     let mut out = view.as_cuda::<f32>(s)?;  // DevicePtrMut<f32>
+///     s.cudarc().memset_zeros(&mut out).map_err(|e| replay_arena::BackendError::Driver {
+///         op: "cuMemsetD8Async",
+///         code: e.0,
+///     })
+/// })?;
+/// cap.finish()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct TypedView<'a, T> {
+    /// The view's address; pushed by address as a kernel argument.
+    ptr: sys::CUdeviceptr,
+    /// The view's scope and names, for errors.
+    tag: crate::view::ViewTag,
+    len: usize,
+    /// The stream of the closure that made it: the only stream cudarc may
+    /// put work on it on (also what cudarc's context checks see).
+    stream: Arc<cudarc::driver::CudaStream>,
+    /// For the per-thread default stream: the thread whose stream it is.
+    per_thread: Option<u64>,
+    /// The capture or consumer whose closure may use it.
+    scope: SharedScope,
+    _view: PhantomData<&'a [T]>,
+}
+
+impl<T> fmt::Debug for TypedView<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TypedView")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("type", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T> TypedView<'_, T> {
+    /// The device address of the first element.
+    pub fn device_address(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The address cudarc may put work on `stream` on: the view's own while
+    /// its closure runs and `stream` is the closure's stream; otherwise 0
+    /// (fail closed: cudarc's copies, fills and collectives then fail with
+    /// the driver's or NCCL's invalid-argument error, nothing touches the
+    /// arena), and the capture or consumer reports
+    /// [`ViewOutOfScope`](crate::CaptureError::ViewOutOfScope).
+    fn address_on(&self, stream: &cudarc::driver::CudaStream, write: bool) -> sys::CUdeviceptr {
+        let same_stream = stream.cu_stream() == self.stream.cu_stream()
+            && self.per_thread.is_none_or(|owner| owner == this_thread());
+        // A capture's view works only while the stream still captures (not
+        // after the program ended the capture under the crate); a
+        // consumer's only while it does not (its work must run, fenced).
+        let capture = self.scope.kind == ScopeKind::Capture;
+        let state_matches = || capturing(stream.cu_stream()).is_ok_and(|c| c == capture);
+        let writable = !write || (self.scope.kind != ScopeKind::Read && !self.tag.read_only);
+        let in_use = self.scope.in_use(&self.tag);
+        if self.scope.is_open() && same_stream && writable && in_use && state_matches() {
+            return self.ptr;
+        }
+        self.scope.record_misuse(if !writable {
+            read_only(&self.tag)
+        } else if !in_use {
+            retired(&self.tag)
+        } else {
+            format!(
+                "a typed view of {} elements at {:#x} was handed to cudarc {}; it works only on \
+                 the stream of its own closure, while that closure runs",
+                self.len,
+                self.ptr,
+                if self.scope.is_open() {
+                    "on another stream"
+                } else {
+                    "after its closure returned"
+                }
+            )
+        });
+        0
+    }
+}
+
+impl<T> DeviceSlice<T> for TypedView<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<cudarc::driver::CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for TypedView<'_, T> {
+    fn device_ptr<'b>(
+        &'b self,
+        stream: &'b cudarc::driver::CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        // No event to wait on or record: arena memory is ordered by the
+        // fence (the closure's stream is the fenced one), never by cudarc's
+        // tracking.
+        (self.address_on(stream, false), SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for TypedView<'_, T> {
+    fn device_ptr_mut<'b>(
+        &'b mut self,
+        stream: &'b cudarc::driver::CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        (self.address_on(stream, true), SyncOnDrop::Record(None))
+    }
+}
+
+// SAFETY: pushes a pointer to the view's device address, which lives in the
+// view for `'b`, longer than the launch arguments ('b: 'a).
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b TypedView<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b TypedView<'c, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+// SAFETY: as above; `&mut` marks the argument as written by the kernel.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut TypedView<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut TypedView<'c, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+/// Typed cudarc views of a [`View`]: `use replay_arena::cuda::ViewExt`.
+///
+/// Only element types with a [`DType`](crate::DType) convert:
+///
+/// ```compile_fail
+/// use replay_arena::cuda::{Stream, ViewExt};
+/// fn typed(view: replay_arena::View<'_>, stream: &Stream) {
+///     let _ = view.as_cuda::<u16>(stream); // u16 is not a cuda::Element
+/// }
+/// ```
+///
+/// and a typed view cannot outlive the view's owner:
+///
+/// ```compile_fail
+/// use replay_arena::cuda::{self, Stream, TypedView, ViewExt};
+/// use replay_arena::{Capturing, Request, RunnerId};
+/// fn escape<'s>(capturing: &'s mut Capturing<cuda::Device>, req: Request, stream: &Stream) -> TypedView<'s, f32> {
+///     let cap = capturing.capture(RunnerId(0)).unwrap();
+///     let view = cap.take(req).unwrap();
+///     view.as_cuda::<f32>(stream).unwrap() // borrows `cap`, dropped here
+/// }
+/// ```
+pub trait ViewExt<'a> {
+    /// The view as a [`TypedView<T>`], for cudarc calls on `stream`, which
+    /// must be the stream of the closure that handed the view out
+    /// ([`RunnerCapture::stream_capture`](crate::RunnerCapture::stream_capture)
+    /// or [`Replayable::consume`](crate::Replayable::consume)), called from
+    /// inside that closure. It lives as long as the view does, and cudarc
+    /// gets its address only for work on that stream while the closure runs.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::DTypeMismatch`] when `T`'s dtype is not the view's;
+    /// [`BackendError::InvalidView`] outside the view's closure or for
+    /// another stream.
+    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T>>;
+}
+
+impl<'a> ViewExt<'a> for View<'a> {
+    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T>> {
+        if self.dtype() != T::DTYPE {
+            return Err(BackendError::DTypeMismatch {
+                view: self.dtype(),
+                requested: T::DTYPE,
+                type_name: std::any::type_name::<T>(),
+            });
+        }
+        let scope = check_use(&self.tag(), stream.serial, false)
+            .map_err(|reason| BackendError::InvalidView { reason })?;
+        Ok(TypedView {
+            ptr: self.device_address(),
+            tag: self.tag(),
+            len: self.len(),
+            stream: stream.inner.clone(),
+            per_thread: stream.per_thread,
+            scope,
+            _view: PhantomData,
+        })
+    }
+}
