@@ -253,7 +253,7 @@ fn the_per_thread_stream_is_captured_and_replayed_in_every_capture_mode() {
     .into_iter()
     .enumerate()
     {
-        backend.set_capture_mode(mode);
+        let backend = backend.clone().with_capture_mode(mode);
         assert_eq!(backend.capture_mode(), mode);
         let req = f32s(1000);
         let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
@@ -282,7 +282,7 @@ fn the_per_thread_stream_is_captured_and_replayed_in_every_capture_mode() {
             &got[..4]
         );
     }
-    backend.set_capture_mode(CaptureMode::ThreadLocal);
+    assert_eq!(backend.capture_mode(), CaptureMode::ThreadLocal);
 
     // On another thread the handle names that thread's stream: refused.
     std::thread::scope(|scope| {
@@ -602,7 +602,7 @@ fn first_replay_latency_with_and_without_graph_upload() {
     };
     let mut rows = Vec::new();
     for upload in [false, true] {
-        backend.set_graph_upload(upload);
+        let backend = backend.clone().with_graph_upload(upload);
         let runs: Vec<(Duration, Duration)> = (0..9)
             .map(|_| replay_latency(&backend, &k, &stream))
             .collect();
@@ -610,7 +610,7 @@ fn first_replay_latency_with_and_without_graph_upload() {
         let second = median(runs.iter().map(|r| r.1).collect());
         rows.push((upload, first, second));
     }
-    backend.set_graph_upload(true);
+    assert!(backend.graph_upload());
     for (upload, first, second) in rows {
         println!(
             "graph upload {}: first replay {:.1} us, second replay {:.1} us (256-kernel graph, median of 9)",

@@ -23,8 +23,9 @@ pub fn adopt(ctx: Arc<CudaContext>) -> Result<(cuda::Device, cuda::Stream), Erro
         }
         Err(e) => return Err(e.into()),
     };
-    backend.set_capture_mode(CaptureMode::ThreadLocal);
-    backend.set_graph_upload(true);
+    let backend = backend
+        .with_capture_mode(CaptureMode::ThreadLocal)
+        .with_graph_upload(true);
     let stream = backend.wrap_stream(ctx.per_thread_stream())?;
     Ok((backend, stream))
 }

@@ -7,7 +7,6 @@ use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
@@ -112,7 +111,7 @@ impl Device {
         upload_on: Option<sys::CUstream>,
     ) -> Result<Graph> {
         let mut exec: sys::CUgraphExec = ptr::null_mut();
-        let flags = self.inner.instantiate.load(Ordering::Relaxed);
+        let flags = self.instantiate_flags().bits();
         // SAFETY: `graph` is live; `exec` is a local out pointer.
         let code = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags as _) };
         if let Err(e) = check("cuGraphInstantiate", code) {

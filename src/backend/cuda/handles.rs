@@ -3,7 +3,7 @@
 //! ([`CaptureMode`], [`InstantiateFlags`]).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
@@ -29,22 +29,6 @@ pub enum CaptureMode {
 }
 
 impl CaptureMode {
-    fn from_u8(value: u8) -> CaptureMode {
-        match value {
-            0 => CaptureMode::Global,
-            2 => CaptureMode::Relaxed,
-            _ => CaptureMode::ThreadLocal,
-        }
-    }
-
-    fn to_u8(self) -> u8 {
-        match self {
-            CaptureMode::Global => 0,
-            CaptureMode::ThreadLocal => 1,
-            CaptureMode::Relaxed => 2,
-        }
-    }
-
     /// The driver's value.
     pub fn raw(self) -> sys::CUstreamCaptureMode {
         match self {
@@ -58,8 +42,14 @@ impl CaptureMode {
 }
 
 /// The `cuda` backend: one CUDA context (its own, or the program's). A cheap
-/// handle; clones share the context, the internal stream and the settings
-/// ([`CaptureMode`], graph upload).
+/// handle; clones share the context and the internal stream.
+///
+/// Its settings ([`CaptureMode`], graph upload, [`InstantiateFlags`]) are
+/// the handle's own, chosen when it is made (`with_capture_mode`,
+/// `with_graph_upload`, `with_instantiate_flags`) and copied by its clones:
+/// the plan captures and instantiates with those of the handle given to
+/// [`Planned::allocate`](crate::Planned::allocate), whatever is done to other
+/// handles afterwards.
 ///
 /// ```no_run
 /// use replay_arena::cuda;
@@ -67,6 +57,9 @@ impl CaptureMode {
 /// let backend = cuda::Device::new(0)?;        // BackendUnavailable without a driver
 /// let stream = backend.new_stream()?;         // capture and replay on this
 /// println!("{}", backend.info());
+/// let relaxed = backend.clone().with_capture_mode(cuda::CaptureMode::Relaxed);
+/// assert_eq!(backend.capture_mode(), cuda::CaptureMode::ThreadLocal);
+/// # drop(relaxed);
 /// # Ok::<(), replay_arena::Error>(())
 /// ```
 ///
@@ -85,6 +78,8 @@ impl CaptureMode {
 #[derive(Clone)]
 pub struct Device {
     pub(super) inner: Arc<Inner>,
+    /// This handle's own settings (its clones copy them).
+    settings: Settings,
 }
 
 pub(super) struct Inner {
@@ -93,12 +88,26 @@ pub(super) struct Inner {
     /// zeroing and stream-ordered free.
     pub(super) internal: Arc<cudarc::driver::CudaStream>,
     pub(super) info: DeviceInfo,
-    /// A [`CaptureMode`] as `u8`.
-    pub(super) capture_mode: AtomicU8,
+}
+
+/// How a handle captures and instantiates graphs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Settings {
+    capture_mode: CaptureMode,
     /// Upload each graph after instantiating it.
-    pub(super) upload: AtomicBool,
-    /// `cuGraphInstantiateWithFlags` flags, from [`InstantiateFlags`].
-    pub(super) instantiate: AtomicU64,
+    upload: bool,
+    instantiate: InstantiateFlags,
+}
+
+impl Default for Settings {
+    /// Thread-local captures, uploads on, no instantiation flags.
+    fn default() -> Settings {
+        Settings {
+            capture_mode: CaptureMode::default(),
+            upload: true,
+            instantiate: InstantiateFlags::default(),
+        }
+    }
 }
 
 impl fmt::Debug for Device {
@@ -200,10 +209,8 @@ impl Device {
                 ctx,
                 internal,
                 info,
-                capture_mode: AtomicU8::new(CaptureMode::default().to_u8()),
-                upload: AtomicBool::new(true),
-                instantiate: AtomicU64::new(0),
             }),
+            settings: Settings::default(),
         })
     }
 
@@ -218,44 +225,43 @@ impl Device {
         &self.inner.ctx
     }
 
-    /// The capture mode of captures begun from now on (thread-local unless
-    /// set).
+    /// The capture mode of this handle's captures (thread-local unless
+    /// chosen).
     pub fn capture_mode(&self) -> CaptureMode {
-        CaptureMode::from_u8(self.inner.capture_mode.load(Ordering::Relaxed))
+        self.settings.capture_mode
     }
 
-    /// Sets the capture mode of captures begun from now on, for this backend
-    /// and its clones (the plan's included).
-    pub fn set_capture_mode(&self, mode: CaptureMode) {
-        self.inner
-            .capture_mode
-            .store(mode.to_u8(), Ordering::Relaxed);
+    /// This handle with `mode` for its captures (and its clones', the plan's
+    /// when it is allocated with it).
+    pub fn with_capture_mode(mut self, mode: CaptureMode) -> Device {
+        self.settings.capture_mode = mode;
+        self
     }
 
-    /// Whether graphs are uploaded (`cuGraphUpload`, on the capture stream)
-    /// right after instantiation, so that the first replay does not pay the
-    /// upload. On unless set.
+    /// Whether this handle uploads graphs (`cuGraphUpload`, on the capture
+    /// stream) right after instantiation, so that the first replay does not
+    /// pay the upload. On unless chosen.
     pub fn graph_upload(&self) -> bool {
-        self.inner.upload.load(Ordering::Relaxed)
+        self.settings.upload
     }
 
-    /// Turns the upload after instantiation on or off, for graphs captured
-    /// from now on by this backend and its clones.
-    pub fn set_graph_upload(&self, upload: bool) {
-        self.inner.upload.store(upload, Ordering::Relaxed);
+    /// This handle with the upload after instantiation on or off (and its
+    /// clones').
+    pub fn with_graph_upload(mut self, upload: bool) -> Device {
+        self.settings.upload = upload;
+        self
     }
 
-    /// How graphs are instantiated (`cuGraphInstantiateWithFlags`).
+    /// How this handle instantiates graphs (`cuGraphInstantiateWithFlags`).
     pub fn instantiate_flags(&self) -> InstantiateFlags {
-        InstantiateFlags::from_bits(self.inner.instantiate.load(Ordering::Relaxed))
+        self.settings.instantiate
     }
 
-    /// Sets how graphs captured (or adopted) from now on by this backend and
-    /// its clones are instantiated.
-    pub fn set_instantiate_flags(&self, flags: InstantiateFlags) {
-        self.inner
-            .instantiate
-            .store(flags.bits(), Ordering::Relaxed);
+    /// This handle with `flags` for the graphs it captures, adopts or
+    /// composes (and its clones').
+    pub fn with_instantiate_flags(mut self, flags: InstantiateFlags) -> Device {
+        self.settings.instantiate = flags;
+        self
     }
 
     /// A new non-blocking stream, usable for capture and replay.
@@ -332,7 +338,7 @@ impl Device {
 }
 
 /// How graphs are instantiated (`cuGraphInstantiateWithFlags`): the
-/// program's choice, set with [`Device::set_instantiate_flags`]. The
+/// program's choice, given with [`Device::with_instantiate_flags`]. The
 /// default is none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -350,13 +356,6 @@ pub struct InstantiateFlags {
 impl InstantiateFlags {
     pub(super) fn bits(self) -> u64 {
         u64::from(self.auto_free_on_launch) | (u64::from(self.use_node_priority) << 3)
-    }
-
-    fn from_bits(bits: u64) -> InstantiateFlags {
-        InstantiateFlags {
-            auto_free_on_launch: bits & 1 != 0,
-            use_node_priority: bits & 8 != 0,
-        }
     }
 }
 
@@ -491,7 +490,7 @@ mod tests {
     use crate::vocab::DType;
 
     #[test]
-    fn instantiate_flags_map_to_the_drivers_bits_and_back() {
+    fn instantiate_flags_map_to_the_drivers_bits() {
         let none = InstantiateFlags::default();
         assert_eq!(none.bits(), 0);
         let both = InstantiateFlags {
@@ -501,7 +500,6 @@ mod tests {
         // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
         // CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8.
         assert_eq!(both.bits(), 1 | 8);
-        assert_eq!(InstantiateFlags::from_bits(both.bits()), both);
         assert_eq!(
             u64::from(
                 sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0
@@ -514,6 +512,14 @@ mod tests {
             ),
             8
         );
+    }
+
+    #[test]
+    fn a_handle_captures_thread_locally_uploads_and_sets_no_flags_unless_chosen() {
+        let settings = Settings::default();
+        assert_eq!(settings.capture_mode, CaptureMode::ThreadLocal);
+        assert!(settings.upload);
+        assert_eq!(settings.instantiate, InstantiateFlags::default());
     }
 
     #[test]
@@ -536,15 +542,8 @@ mod tests {
     }
 
     #[test]
-    fn capture_mode_is_thread_local_by_default_and_round_trips() {
+    fn capture_mode_is_thread_local_by_default_and_maps_to_the_drivers_mode() {
         assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
-        for mode in [
-            CaptureMode::Global,
-            CaptureMode::ThreadLocal,
-            CaptureMode::Relaxed,
-        ] {
-            assert_eq!(CaptureMode::from_u8(mode.to_u8()), mode);
-        }
         assert_eq!(
             CaptureMode::Relaxed.raw(),
             sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED

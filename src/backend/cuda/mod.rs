@@ -22,10 +22,11 @@
 //!   `cuMemFreeAsync`, which does not wait for the program's other streams.
 //!   Events are created with `CU_EVENT_DISABLE_TIMING` and recorded once at
 //!   creation.
-//! - Captures use the [`CaptureMode`] set on the backend (thread-local by
-//!   default); a captured graph is instantiated at once, uploaded to the
-//!   device on the capture stream (so the first replay does not pay the
-//!   upload; see [`Device::set_graph_upload`]) and owned by a
+//! - Captures use the [`CaptureMode`] of the backend handle the plan was
+//!   allocated with (thread-local unless chosen with
+//!   [`Device::with_capture_mode`]); a captured graph is instantiated at
+//!   once, uploaded to the device on the capture stream (so the first replay
+//!   does not pay the upload; see [`Device::with_graph_upload`]) and owned by a
 //!   [`Graph`], whose raw `CUgraphExec` stays reachable.
 //! - Views become typed cudarc device pointers through [`ViewExt::as_cuda`]:
 //!   a [`TypedView`] implements cudarc's `DevicePtr` and `DevicePtrMut`, so
