@@ -1,0 +1,307 @@
+//! [`Backend`] for [`Device`]: arenas, events, capture, launch, split and
+//! compose on the model.
+
+use std::sync::Arc;
+
+use super::device::Device;
+use super::graphs::{Graph, GraphMemory, SimStep, SimStepNode};
+use super::memory::Memory;
+use super::ops::Op;
+use super::streams::{Capture, Event, EventState, Stream};
+use super::{hazards::merge, sim_error, Result, FOREIGN_EVENT};
+use crate::backend::{check_memory_nodes, ArenaDesc, Backend, BackendError, StepNode};
+
+impl Backend for Device {
+    type Arena = Memory;
+    type Event = Event;
+    type Stream = Stream;
+    type Graph = Graph;
+
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Memory> {
+        let base = self
+            .state()
+            .alloc(desc.bytes, desc.alignment, true)
+            .map_err(|reason| BackendError::Allocation {
+                key: desc.key,
+                bytes: desc.bytes,
+                reason,
+            })?;
+        Ok(Memory {
+            state: self.state.clone(),
+            base,
+            bytes: desc.bytes,
+        })
+    }
+
+    fn create_event(&self) -> Result<Event> {
+        let id = self.state().events.insert(EventState::default());
+        Ok(Event {
+            state: self.state.clone(),
+            id,
+        })
+    }
+
+    /// The stream's own backend's serial and its index: a stream of
+    /// another backend never shares an id with one of this backend.
+    fn stream_id(&self, stream: &Stream) -> u64 {
+        (stream.serial << 32) | stream.id as u64
+    }
+
+    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let sid = self.own(stream, "sim wait")?;
+        let eid = self.own_event(event, "sim wait")?;
+        let mut s = self.state();
+        let e = s
+            .events
+            .get_mut(eid)
+            .cloned()
+            .ok_or_else(|| sim_error("sim wait", FOREIGN_EVENT))?;
+        let st = &mut s.streams[sid];
+        if st.capturing.is_some() {
+            return Err(sim_error(
+                "sim wait",
+                "the sim does not capture event waits",
+            ));
+        }
+        st.tail = st.tail.max(e.time);
+        merge(&mut st.clock, &e.clock);
+        Ok(())
+    }
+
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let sid = self.own(stream, "sim record node")?;
+        let eid = self.own_event(event, "sim record node")?;
+        let mut s = self.state();
+        match s.streams[sid].capturing.as_mut() {
+            Some(capture) => {
+                capture.records.push((capture.ops.len(), eid));
+                Ok(())
+            }
+            None => Err(sim_error(
+                "sim record node",
+                "an event record node is made inside a capture; the stream is not capturing",
+            )),
+        }
+    }
+
+    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let sid = self.own(stream, "sim record")?;
+        let eid = self.own_event(event, "sim record")?;
+        let mut s = self.state();
+        let st = &s.streams[sid];
+        if st.capturing.is_some() {
+            return Err(sim_error(
+                "sim record",
+                "the sim does not capture event records",
+            ));
+        }
+        let recorded = EventState {
+            time: st.tail,
+            clock: st.clock.clone(),
+        };
+        *s.events
+            .get_mut(eid)
+            .ok_or_else(|| sim_error("sim record", FOREIGN_EVENT))? = recorded;
+        Ok(())
+    }
+
+    /// A full synchronize (deterministic, and never less than the event
+    /// needs).
+    fn synchronize_event(&self, event: &Event) -> Result<()> {
+        self.own_event(event, "sim event synchronize")?;
+        let mut s = self.state();
+        if s.waits_fail {
+            return Err(sim_error("sim event synchronize", "waits fail (injected)"));
+        }
+        s.synchronize();
+        Ok(())
+    }
+
+    /// All or nothing, as `cuGraphLaunch`: every op is checked before the
+    /// first is submitted.
+    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
+        let id = self.own(stream, "sim graph launch")?;
+        let mut s = self.state();
+        if s.streams[id].capturing.is_some() {
+            return Err(sim_error("sim graph launch", "the stream is capturing"));
+        }
+        s.launch_graph(id, graph)
+    }
+
+    fn begin_capture(&self, stream: &Stream) -> Result<()> {
+        let id = self.own(stream, "sim begin capture")?;
+        let mut s = self.state();
+        let st = &mut s.streams[id];
+        if st.capturing.is_some() {
+            return Err(sim_error(
+                "sim begin capture",
+                "the stream is already capturing",
+            ));
+        }
+        st.capturing = Some(Capture::default());
+        Ok(())
+    }
+
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
+        let id = self.own(stream, "sim capture status")?;
+        Ok(self.state().streams[id].capturing.is_some())
+    }
+
+    unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
+        let id = self.own(stream, "sim end capture")?;
+        let capture = self.state().streams[id]
+            .capturing
+            .take()
+            .ok_or_else(|| sim_error("sim end capture", "the stream is not capturing"))?;
+        let memory = (!capture.temps.is_empty())
+            .then(|| {
+                Arc::new(GraphMemory {
+                    state: self.state.clone(),
+                    bases: capture.temps,
+                })
+            })
+            .into_iter()
+            .collect();
+        Ok(Graph {
+            ops: capture.ops,
+            records: capture.records,
+            memory,
+            step: None,
+            last: Arc::default(),
+        })
+    }
+
+    unsafe fn abort_capture(&self, stream: &Stream) {
+        if let Ok(id) = self.own(stream, "sim abort capture") {
+            let mut s = self.state();
+            if let Some(capture) = s.streams[id].capturing.take() {
+                for base in capture.temps {
+                    s.free_graph_memory(base);
+                }
+            }
+        }
+    }
+
+    /// The bytes of every live graph's allocation nodes (the sim reserves
+    /// exactly what it uses).
+    fn graph_memory_in_use(&self) -> Result<Option<crate::backend::GraphMemory>> {
+        let bytes = self.state().graph_bytes;
+        Ok(Some(crate::backend::GraphMemory::new(bytes, bytes)))
+    }
+
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
+        let ids = events
+            .iter()
+            .map(|e| self.own_event(e, "sim split graph"))
+            .collect::<Result<Vec<_>>>()?;
+        let Some((at, which)) = graph
+            .records
+            .iter()
+            .find_map(|&(at, e)| Some((at, ids.iter().position(|&i| i == e)?)))
+        else {
+            return Err(sim_error(
+                "sim split graph",
+                "the graph records none of the events",
+            ));
+        };
+        let split_at = ids[which];
+        let part = |range: std::ops::Range<usize>, last: bool| Graph {
+            ops: graph.ops[range.clone()].to_vec(),
+            // The split record goes; the others stay where they were (a
+            // record at the very end belongs to the second part).
+            records: graph
+                .records
+                .iter()
+                .filter(|&&(p, e)| {
+                    e != split_at && (range.contains(&p) || (last && p == range.end))
+                })
+                .map(|&(p, e)| (p - range.start, e))
+                .collect(),
+            memory: graph.memory.clone(),
+            step: None,
+            last: Arc::default(),
+        };
+        Ok((part(0..at, false), part(at..graph.ops.len(), true), which))
+    }
+
+    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
+        if nodes.iter().any(|n| n.graph.step.is_some()) {
+            return Err(sim_error(
+                "sim compose",
+                "a composed graph cannot be a node",
+            ));
+        }
+        // As CUDA: a graph with memory nodes cannot be cloned into a child
+        // graph node.
+        let memory_nodes = |g: &Graph| {
+            g.ops
+                .iter()
+                .any(|(op, _)| matches!(op, Op::AllocNode { .. } | Op::FreeNode { .. }))
+        };
+        if nodes.iter().any(|n| memory_nodes(n.graph)) {
+            return Err(sim_error(
+                "sim compose",
+                "a graph with memory nodes cannot be a child graph (CUDA refuses to clone it)",
+            ));
+        }
+        if let Some((i, _)) = nodes
+            .iter()
+            .enumerate()
+            .find(|(i, n)| n.deps.iter().any(|d| d >= i))
+        {
+            return Err(sim_error(
+                "sim compose",
+                format!("node {i} depends on a node that is not before it"),
+            ));
+        }
+        let lanes = nodes.iter().map(|n| n.lane + 1).max().unwrap_or(0);
+        let lanes = (0..lanes).map(|_| self.stream().id).collect();
+        Ok(Graph {
+            ops: Vec::new(),
+            records: Vec::new(),
+            last: Arc::default(),
+            memory: nodes
+                .iter()
+                .flat_map(|n| n.graph.memory.iter().cloned())
+                .collect(),
+            step: Some(Arc::new(SimStep {
+                nodes: nodes
+                    .iter()
+                    .map(|n| SimStepNode {
+                        ops: n.graph.ops.clone(),
+                        records: n.graph.records.clone(),
+                        deps: n.deps.clone(),
+                        lane: n.lane,
+                    })
+                    .collect(),
+                lanes,
+            })),
+        })
+    }
+
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
+        let mut allocs = Vec::new();
+        let mut frees = Vec::new();
+        for (op, _) in &graph.ops {
+            match *op {
+                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
+                Op::FreeNode { addr } => frees.push(addr),
+                _ => {}
+            }
+        }
+        check_memory_nodes(&allocs, &frees)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let mut s = self.state();
+        if s.waits_fail {
+            return Err(sim_error("sim synchronize", "waits fail (injected)"));
+        }
+        s.synchronize();
+        Ok(())
+    }
+}

@@ -1,0 +1,199 @@
+//! The simulated kernels ([`Op`]) on spans of `f32` memory, and what they
+//! do to it.
+
+use super::SimState;
+use crate::view::{View, ViewTag};
+
+/// A range of `f32` elements in simulated memory.
+///
+/// A span of a [`View`] remembers the view, and is usable only where the
+/// view is (inside its capture's or consumer's closure, on its stream); a
+/// span made from a raw address ([`Span::new`]) may not touch a plan's
+/// arenas at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub(super) addr: u64,
+    pub(super) len: usize,
+    /// The view it was made from (its address and length cannot change).
+    pub(super) view: Option<ViewTag>,
+}
+
+impl Span {
+    /// `len` `f32`s at `addr` (host memory of this backend's buffers).
+    pub fn new(addr: u64, len: usize) -> Span {
+        Span {
+            addr,
+            len,
+            view: None,
+        }
+    }
+
+    /// Address of the first element.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Number of `f32` elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// One past the last byte; `None` when that overflows the address space
+    /// (such a span lies outside every allocation).
+    pub(super) fn end(&self) -> Option<u64> {
+        u64::try_from(self.len)
+            .ok()?
+            .checked_mul(4)?
+            .checked_add(self.addr)
+    }
+}
+
+/// Anything that names simulated `f32` memory.
+pub trait AsSpan {
+    /// The span.
+    fn span(&self) -> Span;
+}
+
+impl AsSpan for Span {
+    fn span(&self) -> Span {
+        *self
+    }
+}
+
+impl<T: AsSpan + ?Sized> AsSpan for &T {
+    fn span(&self) -> Span {
+        (**self).span()
+    }
+}
+
+impl AsSpan for View<'_> {
+    /// The view's bytes read as `f32` elements.
+    fn span(&self) -> Span {
+        Span {
+            addr: self.device_address(),
+            len: (self.bytes() / 4) as usize,
+            view: Some(self.tag()),
+        }
+    }
+}
+
+/// One simulated kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// `dst[i] = value`.
+    Fill {
+        /// Written.
+        dst: Span,
+        /// The value.
+        value: f32,
+    },
+    /// `dst[i] = src[i]`.
+    Copy {
+        /// Read.
+        src: Span,
+        /// Written.
+        dst: Span,
+    },
+    /// `dst[i] += src[i]`.
+    Add {
+        /// Read.
+        src: Span,
+        /// Read and written.
+        dst: Span,
+    },
+    /// `dst[i] *= factor`.
+    Scale {
+        /// Read and written.
+        dst: Span,
+        /// The factor.
+        factor: f32,
+    },
+    /// A graph memory allocation node, as stream-ordered allocation during
+    /// capture creates in CUDA ([`Device::alloc_async`](super::Device::alloc_async)). Its address
+    /// is fixed for the graph's life; a plan accepts the graph only when
+    /// the graph also frees it.
+    AllocNode {
+        /// The address it hands out.
+        addr: u64,
+        /// Bytes it allocates.
+        bytes: u64,
+    },
+    /// A graph memory free node ([`Device::free_async`](super::Device::free_async)); a plan accepts
+    /// it only for memory the same graph allocated.
+    FreeNode {
+        /// The address it frees.
+        addr: u64,
+    },
+}
+
+impl Op {
+    /// `dst[i] = value`.
+    pub fn fill(dst: &impl AsSpan, value: f32) -> Op {
+        Op::Fill {
+            dst: dst.span(),
+            value,
+        }
+    }
+
+    /// `dst[i] = src[i]` (over the shorter of the two).
+    pub fn copy(src: &impl AsSpan, dst: &impl AsSpan) -> Op {
+        Op::Copy {
+            src: src.span(),
+            dst: dst.span(),
+        }
+    }
+
+    /// `dst[i] += src[i]` (over the shorter of the two).
+    pub fn add(src: &impl AsSpan, dst: &impl AsSpan) -> Op {
+        Op::Add {
+            src: src.span(),
+            dst: dst.span(),
+        }
+    }
+
+    /// `dst[i] *= factor`.
+    pub fn scale(dst: &impl AsSpan, factor: f32) -> Op {
+        Op::Scale {
+            dst: dst.span(),
+            factor,
+        }
+    }
+
+    /// (span, written?) for every span the op touches.
+    pub(super) fn accesses(&self) -> Vec<(Span, bool)> {
+        match *self {
+            Op::Fill { dst, .. } | Op::Scale { dst, .. } => vec![(dst, true)],
+            Op::Copy { src, dst } => vec![(src, false), (dst, true)],
+            Op::Add { src, dst } => vec![(src, false), (dst, true)],
+            Op::AllocNode { .. } | Op::FreeNode { .. } => Vec::new(),
+        }
+    }
+}
+
+impl SimState {
+    pub(super) fn apply(&mut self, op: Op) {
+        match op {
+            Op::Fill { dst, value } => self.binary(dst, dst, |_, _| value),
+            Op::Copy { src, dst } => self.binary(src, dst, |_, s| s),
+            Op::Add { src, dst } => self.binary(src, dst, |d, s| d + s),
+            Op::Scale { dst, factor } => self.binary(dst, dst, |d, _| d * factor),
+            Op::AllocNode { .. } | Op::FreeNode { .. } => {}
+        }
+    }
+
+    /// `dst[i] = f(dst[i], src[i])` over the shorter of the two.
+    fn binary(&mut self, src: Span, dst: Span, f: impl Fn(f32, f32) -> f32) {
+        let n = src.len.min(dst.len);
+        let src = Span { len: n, ..src };
+        let dst = Span { len: n, ..dst };
+        if let (Some(s), Some(d)) = (self.read(&src), self.read(&dst)) {
+            let out: Vec<f32> = d.iter().zip(&s).map(|(&d, &s)| f(d, s)).collect();
+            self.write(&dst, &out);
+        }
+    }
+}
