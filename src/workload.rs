@@ -7,7 +7,8 @@ use std::io::{Read, Write};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::discover::{Discovering, PlanConfig};
+use crate::discover::{ArmedRunner, Discovering, PlanConfig};
+use crate::error::Error;
 use crate::vocab::names;
 use crate::vocab::{DType, Domain, GroupId, HandoffId, ParamId, Purpose, Request, RunnerId};
 
@@ -223,7 +224,7 @@ pub enum WorkloadError {
         /// JSON path of the runner, group or request.
         path: String,
         /// What discovery said.
-        error: Box<crate::Error>,
+        error: Box<Error>,
     },
     /// A [`Discovering`] to save has two runners of one name.
     #[error("{first} and {second} are both named {name:?}; a workload names runners uniquely")]
@@ -721,7 +722,7 @@ fn non_empty(value: &str, path: impl FnOnce() -> String) -> Result<(), WorkloadE
 
 /// Runner `i`'s receives, in order.
 fn receive_all(
-    armed: &mut crate::ArmedRunner<'_>,
+    armed: &mut ArmedRunner<'_>,
     runner: &RunnerSpec,
     i: usize,
 ) -> Result<(), WorkloadError> {
@@ -733,7 +734,7 @@ fn receive_all(
     Ok(())
 }
 
-fn discovery_error(path: String, error: impl Into<crate::Error>) -> WorkloadError {
+fn discovery_error(path: String, error: impl Into<Error>) -> WorkloadError {
     WorkloadError::Discovery {
         path,
         error: Box::new(error.into()),
