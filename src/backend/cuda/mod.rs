@@ -97,5 +97,8 @@ mod tests {
     assert_impl_all!(Graph: Send);
     assert_not_impl_any!(Graph: Sync, Clone);
     assert_impl_all!(Replayable<Device>: Send);
-    assert_impl_all!(TypedView<'static, f32>: Send, Sync, DevicePtr<f32>, DevicePtrMut<f32>);
+    assert_impl_all!(TypedView<'static, f32>: DevicePtr<f32>, DevicePtrMut<f32>);
+    // A typed view stays on its closure's thread: another thread could use
+    // it after the closure returned, between its checks and the enqueue.
+    assert_not_impl_any!(TypedView<'static, f32>: Send, Sync);
 }

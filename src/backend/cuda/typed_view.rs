@@ -11,13 +11,16 @@ use super::handles::{capturing, this_thread, Stream};
 use super::{sys, Result};
 use crate::backend::BackendError;
 use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};
-use crate::view::View;
+use crate::view::{NotSend, View};
 
 /// A [`View`] as a typed cudarc device pointer: implements cudarc's
 /// [`DevicePtr<T>`] and [`DevicePtrMut<T>`] (so `memcpy_dtod`,
 /// `memset_zeros`, cuBLAS `gemm` and friends take it) and can be pushed as a
 /// kernel argument with `launch_builder().arg(&view)` (`&mut view` for a
 /// write).
+///
+/// It is neither `Send` nor `Sync`: it works on the thread of the closure
+/// that made it, while that closure runs.
 ///
 /// It never frees arena memory (dropping it drops a stream handle only),
 /// and it borrows what the view borrows (the open capture, or the
@@ -61,6 +64,11 @@ pub struct TypedView<'a, T> {
     per_thread: Option<u64>,
     /// The capture or consumer whose closure may use it.
     scope: SharedScope,
+    /// It stays on the thread of its closure: its checks (scope open, the
+    /// stream's capture state) and cudarc's enqueue happen on that thread,
+    /// so the closure cannot return (and its capture end, or its reader's
+    /// completion be recorded) between them.
+    _on_its_thread: NotSend,
     _view: PhantomData<&'a [T]>,
 }
 
@@ -224,6 +232,7 @@ impl<'a> ViewExt<'a> for View<'a> {
             stream: stream.inner.clone(),
             per_thread: stream.per_thread,
             scope,
+            _on_its_thread: NotSend::default(),
             _view: PhantomData,
         })
     }
