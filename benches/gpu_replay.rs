@@ -21,8 +21,8 @@ use replay_arena::cuda::cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKe
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::probe;
 use replay_arena::{
-    Backend, DType, Discovering, Domain, PlacedPolicy, PlanConfig, Policy, Replayable, Request,
-    RunnerId,
+    DType, Discovering, Domain, PlacedPolicy, PlanConfig, Policy, Replayable, Request, RunnerId,
+    Streams,
 };
 
 const SOURCE: &str = r#"

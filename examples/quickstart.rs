@@ -14,8 +14,8 @@
 
 use replay_arena::sim;
 use replay_arena::{
-    Backend, DType, Discovering, Domain, ParamId, PlanConfig, Policy, Purpose, Replayable, Request,
-    Result, RunnerId, View,
+    Backend, Compose, DType, Discovering, Domain, ParamId, PlanConfig, Policy, Purpose, Replayable,
+    Request, Result, RunnerId, Streams, View,
 };
 
 /// Parameters: (name, elements of its wgrad shard).
@@ -51,7 +51,7 @@ fn grad_value(r: usize, i: usize) -> f32 {
 
 /// The kernels the pipeline needs, per backend.
 trait Kernels {
-    type Backend: Backend + Clone;
+    type Backend: Compose + Clone;
     /// A buffer outside the plan holding one parameter's main grad.
     type Buffer;
     fn backend(&self) -> &Self::Backend;
@@ -64,7 +64,7 @@ trait Kernels {
     fn read(&self, out: &Self::Buffer) -> Result<Vec<f32>>;
 }
 
-type Stream<K> = <<K as Kernels>::Backend as Backend>::Stream;
+type Stream<K> = <<K as Kernels>::Backend as Streams>::Stream;
 
 impl Kernels for sim::Device {
     type Backend = sim::Device;
@@ -103,7 +103,7 @@ mod gpu {
         CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
     };
     use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-    use replay_arena::{Backend, Error, Result, View};
+    use replay_arena::{Error, Result, Streams, View};
 
     const SOURCE: &str = r#"
     extern "C" __global__ void fill(float* w, unsigned int n, float value) {

@@ -41,7 +41,7 @@
 //! on, so a steady schedule waits exactly. A replay whose waits are all
 //! implied by stream order costs one graph launch.
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{BackendError, Streams};
 use crate::painter::{Claim, Painter};
 use crate::plan::Planned;
 use crate::scope::StreamClaim;
@@ -174,7 +174,7 @@ impl<S> Copy for On<'_, S> {}
 
 impl<'a, S> On<'a, S> {
     /// `stream` with its identity on `backend`.
-    pub(crate) fn new<B: Backend<Stream = S>>(backend: &B, stream: &'a S) -> On<'a, S> {
+    pub(crate) fn new<B: Streams<Stream = S>>(backend: &B, stream: &'a S) -> On<'a, S> {
         On {
             stream,
             id: backend.stream_id(stream),
@@ -294,7 +294,7 @@ impl<S> Completion<S> {
 }
 
 /// The fence's view of one runner slot.
-struct Runner<B: Backend> {
+struct Runner<B: Streams> {
     /// `None` for a runner that uses no buffers: it is never fenced.
     event: Option<B::Event>,
     completion: Option<Completion<B::Stream>>,
@@ -312,7 +312,7 @@ struct Runner<B: Backend> {
     readers: Vec<Reader<B>>,
 }
 
-impl<B: Backend> Runner<B> {
+impl<B: Streams> Runner<B> {
     fn new(event: Option<B::Event>) -> Runner<B> {
         Runner {
             event,
@@ -326,7 +326,7 @@ impl<B: Backend> Runner<B> {
 }
 
 /// One consumer stream's latest read of a runner's bytes.
-struct Reader<B: Backend> {
+struct Reader<B: Streams> {
     event: B::Event,
     /// `None` once a replay of the runner waited for it.
     completion: Option<Completion<B::Stream>>,
@@ -344,7 +344,7 @@ enum NotOwner {
 /// The replay engine of one plan: per fence slot (runners, then handoffs)
 /// its event and latest completion, the ledger of who used which bytes,
 /// and the plan's fixed layout.
-pub(crate) struct Fence<B: Backend> {
+pub(crate) struct Fence<B: Streams> {
     runners: Vec<Runner<B>>,
     ledger: Ledger,
     layout: Layout,
@@ -355,7 +355,7 @@ pub(crate) struct Fence<B: Backend> {
     stats: FenceStats,
 }
 
-impl<B: Backend> Fence<B> {
+impl<B: Streams> Fence<B> {
     /// The fence of `plan`, with one entry per fence slot (its event, if it
     /// uses buffers; runners, then handoffs); `ready[h]` says whether
     /// handoff `h`'s writer records its event at a ready point.
@@ -387,7 +387,7 @@ impl<B: Backend> Fence<B> {
     /// `other` used counts as used, complete before anything this fence
     /// orders), with one event per fenced slot of `other` from `event`:
     /// the fence a step schedule is traced on.
-    pub(crate) fn start_from<C: Backend>(
+    pub(crate) fn start_from<C: Streams>(
         other: &Fence<C>,
         mut event: impl FnMut(usize) -> B::Event,
     ) -> Fence<B> {
@@ -1011,7 +1011,7 @@ impl<B: Backend> Fence<B> {
 
 /// [`ReplayError::StreamCapturing`] when `stream` is capturing: a launch
 /// there would be recorded into that graph instead of running.
-pub(crate) fn refuse_capturing<B: Backend>(
+pub(crate) fn refuse_capturing<B: Streams>(
     backend: &B,
     stream: &B::Stream,
     runner: RunnerId,
@@ -1030,7 +1030,7 @@ pub(crate) fn refuse_capturing<B: Backend>(
 /// (a real backend's fence), the stream is claimed for the record: a
 /// capture of any thread that holds it, or a capture of the program's own,
 /// would take the record into its graph, so that is refused instead.
-fn record_pending<B: Backend>(
+fn record_pending<B: Streams>(
     backend: &B,
     event: &B::Event,
     completion: &mut Option<Completion<B::Stream>>,
@@ -1059,7 +1059,7 @@ fn record_pending<B: Backend>(
 
 /// Records `completion`'s event if it is still pending, waits for it, and
 /// forgets it once waited for (so a second quiesce waits for nothing).
-fn drain<B: Backend>(
+fn drain<B: Streams>(
     backend: &B,
     event: &B::Event,
     completion: &mut Option<Completion<B::Stream>>,

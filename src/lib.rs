@@ -148,7 +148,9 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg(feature = "cublas")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
-pub use backend::{Arena, ArenaDesc, Backend, BackendError, GraphMemory, StepNode};
+pub use backend::{
+    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, StepNode, Streams,
+};
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
 };

@@ -21,7 +21,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
 
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError, StepNode};
+use crate::backend::{BackendError, Compose, StepNode, Streams};
 use crate::capture::{capture_work, Uncaptured};
 use crate::fence::{Fence, Ledger, On};
 use crate::replay::{capturing_wait, ConsumeError, ReplayError, Replayable};
@@ -61,7 +61,7 @@ impl From<ReplayError> for StepError {
 }
 
 /// One scheduled item.
-enum Item<B: Backend> {
+enum Item<B: Compose> {
     Replay {
         slot: usize,
         lane: usize,
@@ -74,7 +74,7 @@ enum Item<B: Backend> {
     },
 }
 
-impl<B: Backend> Replayable<B> {
+impl<B: Compose> Replayable<B> {
     /// Starts a step schedule: state, in order, the replays and consumers of
     /// one step, then [`StepBuilder::build`] compiles them into one graph
     /// whose edges are the waits the fence makes for that schedule in
@@ -127,14 +127,14 @@ impl<B: Backend> Replayable<B> {
 }
 
 /// A step schedule being stated ([`Replayable::step`]).
-pub struct StepBuilder<'r, B: Backend> {
+pub struct StepBuilder<'r, B: Compose> {
     replayable: &'r mut Replayable<B>,
     items: Vec<Item<B>>,
     /// The schedule's streams, by first use: (id, stream).
     lanes: Vec<(u64, B::Stream)>,
 }
 
-impl<B: Backend> fmt::Debug for StepBuilder<'_, B> {
+impl<B: Compose> fmt::Debug for StepBuilder<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StepBuilder")
             .field("items", &self.items.len())
@@ -143,7 +143,7 @@ impl<B: Backend> fmt::Debug for StepBuilder<'_, B> {
     }
 }
 
-impl<'r, B: Backend> StepBuilder<'r, B> {
+impl<'r, B: Compose> StepBuilder<'r, B> {
     fn lane(&mut self, stream: &B::Stream) -> usize {
         let sid = self.replayable.backend.stream_id(stream);
         match self.lanes.iter().position(|(id, _)| *id == sid) {
@@ -514,7 +514,7 @@ impl<'r, B: Backend> StepBuilder<'r, B> {
 /// the fence makes for that schedule in steady state, after the previous
 /// launch. It borrows the plan: dropping it (which waits for its last
 /// launch) hands the plan back with its fence as the step left it.
-pub struct StepGraph<'r, B: Backend> {
+pub struct StepGraph<'r, B: Compose> {
     graph: B::Graph,
     /// Recorded after a launch for [`StepGraph::wait_all`] and drop.
     done: B::Event,
@@ -530,7 +530,7 @@ pub struct StepGraph<'r, B: Backend> {
     replayable: &'r mut Replayable<B>,
 }
 
-impl<B: Backend> fmt::Debug for StepGraph<'_, B> {
+impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StepGraph")
             .field("nodes", &self.nodes)
@@ -540,7 +540,7 @@ impl<B: Backend> fmt::Debug for StepGraph<'_, B> {
     }
 }
 
-impl<B: Backend> StepGraph<'_, B> {
+impl<B: Compose> StepGraph<'_, B> {
     /// Launches the whole step on `stream`: after what `stream` holds and
     /// after the previous launch; the first launch also waits for every
     /// replay and consumer the fence knew of.
@@ -638,7 +638,7 @@ impl<B: Backend> StepGraph<'_, B> {
     }
 }
 
-impl<B: Backend> Drop for StepGraph<'_, B> {
+impl<B: Compose> Drop for StepGraph<'_, B> {
     fn drop(&mut self) {
         // The fence already orders everything after the launches (see
         // `launch`); the step graph is freed now, so wait for its last
@@ -682,18 +682,6 @@ struct Trace {
 struct Lane(usize);
 
 struct TraceEvent(usize);
-
-struct NoArena;
-
-impl Arena for NoArena {
-    fn base(&self) -> u64 {
-        0
-    }
-
-    fn bytes(&self) -> u64 {
-        0
-    }
-}
 
 impl Tracer {
     fn new(lanes: usize, nodes: usize) -> Tracer {
@@ -753,26 +741,10 @@ impl Tracer {
     }
 }
 
-fn traced(op: &'static str) -> BackendError {
-    BackendError::Refused {
-        op,
-        reason: "a step schedule is traced, not run".into(),
-    }
-}
-
-impl Backend for Tracer {
-    type Arena = NoArena;
+impl Streams for Tracer {
     type Event = TraceEvent;
+
     type Stream = Lane;
-    type Graph = ();
-
-    fn name(&self) -> &'static str {
-        "step tracer"
-    }
-
-    fn allocate_arena(&self, _: &ArenaDesc) -> Result<NoArena, BackendError> {
-        Err(traced("allocate"))
-    }
 
     fn create_event(&self) -> Result<TraceEvent, BackendError> {
         let mut t = self.state.borrow_mut();
@@ -802,42 +774,12 @@ impl Backend for Tracer {
         Ok(())
     }
 
-    fn record_event_node(&self, _: &Lane, _: &TraceEvent) -> Result<(), BackendError> {
-        Err(traced("record node"))
-    }
-
     fn synchronize_event(&self, _: &TraceEvent) -> Result<(), BackendError> {
         Ok(())
     }
 
-    unsafe fn launch(&self, _: &(), _: &Lane) -> Result<(), BackendError> {
-        Err(traced("launch"))
-    }
-
-    fn begin_capture(&self, _: &Lane) -> Result<(), BackendError> {
-        Err(traced("capture"))
-    }
-
     fn is_capturing(&self, _: &Lane) -> Result<bool, BackendError> {
         Ok(false)
-    }
-
-    unsafe fn end_capture(&self, _: &Lane) -> Result<(), BackendError> {
-        Err(traced("capture"))
-    }
-
-    unsafe fn abort_capture(&self, _: &Lane) {}
-
-    fn validate_graph(&self, _: &()) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn split_graph(&self, _: &(), _: &[&TraceEvent]) -> Result<((), (), usize), BackendError> {
-        Err(traced("split"))
-    }
-
-    fn compose(&self, _: &[StepNode<'_, Tracer>]) -> Result<(), BackendError> {
-        Err(traced("compose"))
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {

@@ -15,7 +15,7 @@ use model::{
     graphed_step, step_graph, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError,
 };
 use replay_arena::cuda;
-use replay_arena::{Backend, BackendError, PlacedPolicy, Policy, RunnerId};
+use replay_arena::{BackendError, Compose, PlacedPolicy, Policy, RunnerId};
 
 const STEPS: usize = 20;
 
@@ -32,7 +32,7 @@ fn cuda() -> cuda::Device {
         .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"))
 }
 
-fn graphed_equals_eager<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
+fn graphed_equals_eager<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     cuda: &cuda::Device,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,

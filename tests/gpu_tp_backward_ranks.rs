@@ -15,7 +15,7 @@ use model::{graphed_step, Comparison, Model, Reduce, Shape, Tolerance};
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaContext;
 use replay_arena::nccl::{self, Communicator, UniqueId};
-use replay_arena::{Backend, PlacedPolicy, Policy};
+use replay_arena::{PlacedPolicy, Policy, Streams};
 
 const STEPS: usize = 12;
 

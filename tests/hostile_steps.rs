@@ -5,8 +5,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim;
 use replay_arena::{
-    Backend, DType, Discovering, Domain, Error, PlanConfig, Policy, ReplayError, Replayable,
-    Request, RunnerId, StepError,
+    DType, Discovering, Domain, Error, PlanConfig, Policy, ReplayError, Replayable, Request,
+    RunnerId, StepError, Streams,
 };
 
 type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -261,7 +261,7 @@ fn a_panicking_step_consumer_leaves_the_plans_views_as_they_were() -> R {
             });
         }));
         assert!(panicked.is_err());
-        assert!(!Backend::is_capturing(&sim, &sb)?);
+        assert!(!Streams::is_capturing(&sim, &sb)?);
     }
     let after = rp.views(RunnerId(0))?[0];
     assert_eq!(before, format!("{after:?}"));

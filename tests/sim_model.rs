@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{
     Backend, BackendError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Replayable,
-    Request, RunnerId,
+    Request, RunnerId, Streams,
 };
 
 const STREAMS: usize = 3;

@@ -51,7 +51,7 @@ use model::{
 use replay_arena::cuda;
 use replay_arena::cuda::probe;
 use replay_arena::{
-    human_bytes, Backend, BackendError, PlacedPolicy, Policy, Replayable, RunnerId,
+    human_bytes, BackendError, Compose, PlacedPolicy, Policy, Replayable, RunnerId, Streams,
 };
 
 type Result<T, E = TpError> = std::result::Result<T, E>;
@@ -396,7 +396,7 @@ fn check_fingerprint(reduce: &Reduce, planned: &replay_arena::Planned) -> Result
     }
 }
 
-fn run_with<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
+fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     cuda: &cuda::Device,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,
@@ -783,7 +783,7 @@ fn strategy_name(s: PlacedPolicy) -> String {
 }
 
 /// Allocates `plan`'s arenas on `backend`, captures every module, seals.
-fn capture<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
+fn capture<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     model: &mut Model,
     plan: replay_arena::Planned,
     backend: B,
@@ -799,7 +799,7 @@ fn capture<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
 /// Shows where each runner's cuBLAS workspace is, and checks that two
 /// runners that can be in flight at once on the pool (consecutive ones)
 /// never share workspace bytes.
-fn workspaces<B: Backend>(name: &str, replayable: &Replayable<B>, lead: bool) -> Result<()> {
+fn workspaces<B: Compose>(name: &str, replayable: &Replayable<B>, lead: bool) -> Result<()> {
     let runners: Vec<RunnerId> = replayable.plan().runners().collect();
     let mut ranges = Vec::with_capacity(runners.len());
     for &r in &runners {

@@ -42,7 +42,7 @@ use half::bf16;
 use replay_arena::cuda;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
-    Backend, BackendError, Buffer, BufferSource, Capturing, DType, Discovering, Domain, GroupId,
+    BackendError, Buffer, BufferSource, Capturing, Compose, DType, Discovering, Domain, GroupId,
     HandoffId, ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StepGraph,
     StreamCaptureError, View,
 };
@@ -1036,7 +1036,7 @@ impl Model {
     /// Captures every module's backward on `stream` into its runner: views
     /// from the plan, typed for cudarc (`as_cuda`), the workspace set inside
     /// the capture.
-    pub fn capture<B: Backend<Stream = cuda::Stream, Graph = cuda::Graph>>(
+    pub fn capture<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
         &mut self,
         capturing: &mut Capturing<B>,
         stream: &cuda::Stream,
@@ -1508,7 +1508,7 @@ impl fmt::Display for Comparison {
 /// (module `m` on `pool[m % pool.len()]`, its shards accumulated into
 /// `main` on `side`), its waits turned into the graph's edges. Each
 /// `launch` of the result runs a whole step.
-pub fn step_graph<'r, B: Backend<Stream = cuda::Stream>>(
+pub fn step_graph<'r, B: Compose<Stream = cuda::Stream>>(
     model: &Model,
     replayable: &'r mut Replayable<B>,
     main: &MainGrads,
@@ -1538,7 +1538,7 @@ pub fn step_graph<'r, B: Backend<Stream = cuda::Stream>>(
 /// Replays one step of every runner with the fence: module `m` on
 /// `pool[m % pool.len()]` after its inputs, its shards accumulated on
 /// `side` through `consume`.
-pub fn graphed_step<B: Backend<Stream = cuda::Stream>>(
+pub fn graphed_step<B: Compose<Stream = cuda::Stream>>(
     model: &Model,
     replayable: &mut Replayable<B>,
     main: &MainGrads,
@@ -1598,7 +1598,7 @@ pub fn wait(s: &cuda::Stream, event: &CudaEvent) -> Result<()> {
 /// memory stays valid), and synchronizes before any fenced replay of the
 /// same `replayable`.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn unfenced_step<B: Backend<Stream = cuda::Stream>>(
+pub unsafe fn unfenced_step<B: Compose<Stream = cuda::Stream>>(
     model: &Model,
     replayable: &mut Replayable<B>,
     mains: &[Vec<u64>],

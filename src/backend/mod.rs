@@ -289,7 +289,7 @@ pub trait Arena {
     fn bytes(&self) -> u64;
 }
 
-/// One node of [`Backend::compose`]: a graph, the earlier nodes it waits
+/// One node of [`Compose::compose`]: a graph, the earlier nodes it waits
 /// for, and the stream of the step it was scheduled on.
 pub struct StepNode<'a, B: Backend + ?Sized> {
     /// The graph the node runs.
@@ -300,34 +300,16 @@ pub struct StepNode<'a, B: Backend + ?Sized> {
     pub lane: usize,
 }
 
-/// What the lifecycle needs from a device runtime.
+/// What the replay fence needs from a device runtime: streams the runtime
+/// gives identities, events to order them, and host waits. (The tracer a
+/// step graph is compiled on implements this alone.)
 ///
-/// Every call takes `&self`: backends are thin handles over a runtime. The
-/// lifecycle guarantees the order: arenas and events are created before any
-/// capture; graphs are dropped before events and arenas; every event the
-/// fence recorded is waited for ([`Backend::synchronize_event`]) before
-/// anything is freed.
-pub trait Backend {
-    /// An allocated arena.
-    type Arena: Arena;
+/// Every call takes `&self`: backends are thin handles over a runtime.
+pub trait Streams {
     /// A completion event.
     type Event;
     /// A stream work is submitted to; clones are handles of one stream.
     type Stream: Clone;
-    /// A captured, launchable graph.
-    type Graph;
-
-    /// Short name for reports ("sim", "cuda").
-    fn name(&self) -> &'static str;
-
-    /// Allocates one arena, outside every graph memory pool, aligned to at
-    /// least `desc.alignment`.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::Allocation`] when the memory cannot be had, or the
-    /// runtime's own error.
-    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Self::Arena, BackendError>;
 
     /// Creates a completion event, already recorded once, so that a first
     /// wait on it is valid.
@@ -357,8 +339,58 @@ pub trait Backend {
     ///
     /// # Errors
     ///
-    /// As [`Backend::wait_event`].
+    /// As [`Streams::wait_event`].
     fn record_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<(), BackendError>;
+
+    /// Blocks the calling thread until the event's latest record completed.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error (a sticky device error, say).
+    fn synchronize_event(&self, event: &Self::Event) -> Result<(), BackendError>;
+
+    /// Whether `stream` is capturing.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error, or [`BackendError::Refused`] for a stream this
+    /// backend does not own.
+    fn is_capturing(&self, stream: &Self::Stream) -> Result<bool, BackendError>;
+
+    /// Waits for all work submitted through this backend (for
+    /// [`Replayable::synchronize`](crate::Replayable::synchronize); teardown
+    /// waits only for the fence's events).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn synchronize(&self) -> Result<(), BackendError>;
+}
+
+/// What the lifecycle needs from a device runtime besides [`Streams`]:
+/// arenas, stream capture, and graph launches.
+///
+/// The lifecycle guarantees the order: arenas and events are created
+/// before any capture; graphs are dropped before events and arenas; every
+/// event the fence recorded is waited for ([`Streams::synchronize_event`])
+/// before anything is freed.
+pub trait Backend: Streams {
+    /// An allocated arena.
+    type Arena: Arena;
+    /// A captured, launchable graph.
+    type Graph;
+
+    /// Short name for reports ("sim", "cuda").
+    fn name(&self) -> &'static str;
+
+    /// Allocates one arena, outside every graph memory pool, aligned to at
+    /// least `desc.alignment`.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Allocation`] when the memory cannot be had, or the
+    /// runtime's own error.
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Self::Arena, BackendError>;
 
     /// Records the event *inside* the capture running on `stream`, as a
     /// node of the graph being captured: every launch of the graph records
@@ -375,13 +407,6 @@ pub trait Backend {
         event: &Self::Event,
     ) -> Result<(), BackendError>;
 
-    /// Blocks the calling thread until the event's latest record completed.
-    ///
-    /// # Errors
-    ///
-    /// The runtime's error (a sticky device error, say).
-    fn synchronize_event(&self, event: &Self::Event) -> Result<(), BackendError>;
-
     /// Launches a graph on `stream`, all or nothing: on error nothing of
     /// the graph was enqueued.
     ///
@@ -395,7 +420,7 @@ pub trait Backend {
     ///
     /// # Errors
     ///
-    /// As [`Backend::wait_event`].
+    /// As [`Streams::wait_event`].
     unsafe fn launch(&self, graph: &Self::Graph, stream: &Self::Stream)
         -> Result<(), BackendError>;
 
@@ -406,14 +431,6 @@ pub trait Backend {
     /// [`BackendError::Refused`] for a stream that cannot be captured, or the
     /// runtime's error (the stream is already capturing, say).
     fn begin_capture(&self, stream: &Self::Stream) -> Result<(), BackendError>;
-
-    /// Whether `stream` is capturing.
-    ///
-    /// # Errors
-    ///
-    /// The runtime's error, or [`BackendError::Refused`] for a stream this
-    /// backend does not own.
-    fn is_capturing(&self, stream: &Self::Stream) -> Result<bool, BackendError>;
 
     /// Ends the capture and returns the graph, ready to launch.
     ///
@@ -448,10 +465,26 @@ pub trait Backend {
     /// Why the graph cannot be owned.
     fn validate_graph(&self, graph: &Self::Graph) -> Result<(), String>;
 
+    /// What the backend holds for graph memory nodes on the device: the
+    /// other half of what replaying costs in memory beside the plan's
+    /// arenas. `None` when the backend cannot tell.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>, BackendError> {
+        Ok(None)
+    }
+}
+
+/// What step graphs ([`Replayable::step`](crate::Replayable::step)) need
+/// besides [`Backend`]: a graph split at a ready point, and a graph of
+/// graphs.
+pub trait Compose: Backend {
     /// Splits a captured graph at the earliest event record node of
     /// `events` (made by [`Backend::record_event_node`]): the nodes that
     /// record depends on, and the rest, as two graphs for
-    /// [`Backend::compose`] (not to be launched on their own), and the index
+    /// [`Compose::compose`] (not to be launched on their own), and the index
     /// in `events` of the event it split at. The second part runs after the
     /// first; the other events' records stay where they were.
     ///
@@ -475,24 +508,4 @@ pub trait Backend {
     ///
     /// The runtime's error (a graph the runtime cannot nest, say).
     fn compose(&self, nodes: &[StepNode<'_, Self>]) -> Result<Self::Graph, BackendError>;
-
-    /// What the backend holds for graph memory nodes on the device: the
-    /// other half of what replaying costs in memory beside the plan's
-    /// arenas. `None` when the backend cannot tell.
-    ///
-    /// # Errors
-    ///
-    /// The runtime's error.
-    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>, BackendError> {
-        Ok(None)
-    }
-
-    /// Waits for all work submitted through this backend (for
-    /// [`Replayable::synchronize`](crate::Replayable::synchronize); teardown
-    /// waits only for the fence's events).
-    ///
-    /// # Errors
-    ///
-    /// The runtime's error.
-    fn synchronize(&self) -> Result<(), BackendError>;
 }

@@ -27,7 +27,9 @@ use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{self, Event, Graph, Stream};
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphMemory, StepNode};
+use crate::backend::{
+    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, StepNode, Streams,
+};
 use crate::scope::check_use;
 use crate::view::{NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
@@ -656,10 +658,43 @@ impl Device {
     }
 }
 
+impl Streams for Device {
+    type Event = Event;
+
+    type Stream = Stream;
+
+    fn create_event(&self) -> Result<Event> {
+        self.cuda.create_event()
+    }
+
+    fn stream_id(&self, stream: &Stream) -> u64 {
+        self.cuda.stream_id(stream)
+    }
+
+    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        self.cuda.wait_event(stream, event)
+    }
+
+    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        self.cuda.record_event(stream, event)
+    }
+
+    fn synchronize_event(&self, event: &Event) -> Result<()> {
+        self.cuda.synchronize_event(event)
+    }
+
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
+        self.cuda.is_capturing(stream)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.cuda.synchronize()
+    }
+}
+
 impl Backend for Device {
     type Arena = Memory;
-    type Event = Event;
-    type Stream = Stream;
+
     type Graph = Graph;
 
     fn name(&self) -> &'static str {
@@ -684,28 +719,8 @@ impl Backend for Device {
         }
     }
 
-    fn create_event(&self) -> Result<Event> {
-        self.cuda.create_event()
-    }
-
-    fn stream_id(&self, stream: &Stream) -> u64 {
-        self.cuda.stream_id(stream)
-    }
-
-    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
-        self.cuda.wait_event(stream, event)
-    }
-
-    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
-        self.cuda.record_event(stream, event)
-    }
-
     fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
         self.cuda.record_event_node(stream, event)
-    }
-
-    fn synchronize_event(&self, event: &Event) -> Result<()> {
-        self.cuda.synchronize_event(event)
     }
 
     unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
@@ -715,10 +730,6 @@ impl Backend for Device {
 
     fn begin_capture(&self, stream: &Stream) -> Result<()> {
         self.cuda.begin_capture(stream)
-    }
-
-    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
-        self.cuda.is_capturing(stream)
     }
 
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
@@ -735,6 +746,12 @@ impl Backend for Device {
         self.cuda.graph_memory_in_use().map(Some)
     }
 
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
+        self.cuda.validate_graph(graph)
+    }
+}
+
+impl Compose for Device {
     fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
         self.cuda.split_graph(graph, events)
     }
@@ -749,13 +766,5 @@ impl Backend for Device {
             })
             .collect();
         self.cuda.compose(&nodes)
-    }
-
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
-        self.cuda.validate_graph(graph)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        self.cuda.synchronize()
     }
 }

@@ -14,8 +14,8 @@ use replay_arena::cuda::cudarc::driver::{
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
 use replay_arena::{
-    Backend, DType, Discovering, Domain, PlanConfig, Planned, Purpose, Replayable, Request,
-    RunnerCapture, RunnerId, View,
+    DType, Discovering, Domain, PlanConfig, Planned, Purpose, Replayable, Request, RunnerCapture,
+    RunnerId, Streams, View,
 };
 
 /// Errors of test kernels: formatted cudarc errors (there is a driver here).

@@ -6,25 +6,15 @@ use super::graph::Graph;
 use super::handles::{capturing, Device, Event, Stream};
 use super::memory::Memory;
 use super::{check, driver_error, sys, Result};
-use crate::backend::{check_memory_nodes, ArenaDesc, Backend, BackendError, GraphMemory, StepNode};
+use crate::backend::{
+    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphMemory, StepNode, Streams,
+};
 use crate::vocab::Domain;
 
-impl Backend for Device {
-    type Arena = Memory;
+impl Streams for Device {
     type Event = Event;
+
     type Stream = Stream;
-    type Graph = Graph;
-
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
-
-    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
-        match plan.key.domain {
-            Domain::Device => self.allocate_device(plan),
-            Domain::Symmetric(group) => self.allocate_symmetric(plan, group),
-        }
-    }
 
     fn create_event(&self) -> Result<Event> {
         let inner = self
@@ -60,6 +50,46 @@ impl Backend for Device {
         })
     }
 
+    fn synchronize_event(&self, event: &Event) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the event is a live object of this context.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(event.cu_event())
+        })
+    }
+
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
+        capturing(stream.raw("cuStreamIsCapturing")?)
+    }
+
+    /// Waits for the whole context (`cuCtxSynchronize`), the program's
+    /// other streams included: the backend does not know every stream work
+    /// was submitted to. Teardown does not call it; it waits for the
+    /// fence's events only.
+    fn synchronize(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .synchronize()
+            .map_err(|e| driver_error("cuCtxSynchronize", e))
+    }
+}
+
+impl Backend for Device {
+    type Arena = Memory;
+
+    type Graph = Graph;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
+        match plan.key.domain {
+            Domain::Device => self.allocate_device(plan),
+            Domain::Symmetric(group) => self.allocate_symmetric(plan, group),
+        }
+    }
+
     fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuEventRecordWithFlags")?;
         self.bind()?;
@@ -83,14 +113,6 @@ impl Backend for Device {
         })
     }
 
-    fn synchronize_event(&self, event: &Event) -> Result<()> {
-        self.bind()?;
-        // SAFETY: the event is a live object of this context.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(event.cu_event())
-        })
-    }
-
     unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
         let raw = stream.raw("cuGraphLaunch")?;
         self.bind()?;
@@ -109,10 +131,6 @@ impl Backend for Device {
         check("cuStreamBeginCapture", unsafe {
             sys::cuStreamBeginCapture_v2(raw, self.capture_mode().raw())
         })
-    }
-
-    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
-        capturing(stream.raw("cuStreamIsCapturing")?)
     }
 
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
@@ -159,29 +177,20 @@ impl Backend for Device {
         Device::graph_memory_in_use(self).map(Some)
     }
 
-    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
-        self.split_at_record(graph, events)
-    }
-
-    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
-        self.compose_children(nodes)
-    }
-
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
         self.bind().map_err(|e| e.to_string())?;
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
         self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
         check_memory_nodes(&allocs, &frees)
     }
+}
 
-    /// Waits for the whole context (`cuCtxSynchronize`), the program's
-    /// other streams included: the backend does not know every stream work
-    /// was submitted to. Teardown does not call it; it waits for the
-    /// fence's events only.
-    fn synchronize(&self) -> Result<()> {
-        self.inner
-            .ctx
-            .synchronize()
-            .map_err(|e| driver_error("cuCtxSynchronize", e))
+impl Compose for Device {
+    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
+        self.split_at_record(graph, events)
+    }
+
+    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
+        self.compose_children(nodes)
     }
 }

@@ -252,7 +252,7 @@ impl Device {
         Ok(())
     }
 
-    /// [`Backend::split_graph`](crate::Backend::split_graph): clones the
+    /// [`Compose::split_graph`](crate::Compose::split_graph): clones the
     /// graph twice: one clone keeps the nodes the chosen record node depends
     /// on, the other every node but those and the record.
     pub(super) fn split_at_record(
@@ -333,7 +333,7 @@ impl Device {
         Ok((first, rest, which))
     }
 
-    /// [`Backend::compose`](crate::Backend::compose): a graph of child graph
+    /// [`Compose::compose`](crate::Compose::compose): a graph of child graph
     /// nodes (`cuGraphAddChildGraphNode` copies each graph in), instantiated
     /// with this backend's flags.
     pub(super) fn compose_children(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {

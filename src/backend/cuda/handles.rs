@@ -376,7 +376,7 @@ pub(super) fn capturing(raw: sys::CUstream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// A [`Backend::stream_id`] for a new [`Stream`] handle: unique in the
+/// A [`Streams::stream_id`] for a new [`Stream`] handle: unique in the
 /// process and never reused, unlike the driver's `CUstream`, which the next
 /// `cuStreamCreate` hands out again as soon as a stream is destroyed.
 fn next_stream_serial() -> u64 {

@@ -9,33 +9,14 @@ use super::memory::Memory;
 use super::ops::Op;
 use super::streams::{Capture, Event, EventState, Stream};
 use super::{hazards::merge, sim_error, Result, FOREIGN_EVENT};
-use crate::backend::{check_memory_nodes, ArenaDesc, Backend, BackendError, StepNode};
+use crate::backend::{
+    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, StepNode, Streams,
+};
 
-impl Backend for Device {
-    type Arena = Memory;
+impl Streams for Device {
     type Event = Event;
+
     type Stream = Stream;
-    type Graph = Graph;
-
-    fn name(&self) -> &'static str {
-        "sim"
-    }
-
-    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Memory> {
-        let base = self
-            .state()
-            .alloc(desc.bytes, desc.alignment, true)
-            .map_err(|reason| BackendError::Allocation {
-                key: desc.key,
-                bytes: desc.bytes,
-                reason,
-            })?;
-        Ok(Memory {
-            state: self.state.clone(),
-            base,
-            bytes: desc.bytes,
-        })
-    }
 
     fn create_event(&self) -> Result<Event> {
         let id = self.state().events.insert(EventState::default());
@@ -72,22 +53,6 @@ impl Backend for Device {
         Ok(())
     }
 
-    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
-        let sid = self.own(stream, "sim record node")?;
-        let eid = self.own_event(event, "sim record node")?;
-        let mut s = self.state();
-        match s.streams[sid].capturing.as_mut() {
-            Some(capture) => {
-                capture.records.push((capture.ops.len(), eid));
-                Ok(())
-            }
-            None => Err(sim_error(
-                "sim record node",
-                "an event record node is made inside a capture; the stream is not capturing",
-            )),
-        }
-    }
-
     fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let sid = self.own(stream, "sim record")?;
         let eid = self.own_event(event, "sim record")?;
@@ -121,6 +86,62 @@ impl Backend for Device {
         Ok(())
     }
 
+    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
+        let id = self.own(stream, "sim capture status")?;
+        Ok(self.state().streams[id].capturing.is_some())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let mut s = self.state();
+        if s.waits_fail {
+            return Err(sim_error("sim synchronize", "waits fail (injected)"));
+        }
+        s.synchronize();
+        Ok(())
+    }
+}
+
+impl Backend for Device {
+    type Arena = Memory;
+
+    type Graph = Graph;
+
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Memory> {
+        let base = self
+            .state()
+            .alloc(desc.bytes, desc.alignment, true)
+            .map_err(|reason| BackendError::Allocation {
+                key: desc.key,
+                bytes: desc.bytes,
+                reason,
+            })?;
+        Ok(Memory {
+            state: self.state.clone(),
+            base,
+            bytes: desc.bytes,
+        })
+    }
+
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let sid = self.own(stream, "sim record node")?;
+        let eid = self.own_event(event, "sim record node")?;
+        let mut s = self.state();
+        match s.streams[sid].capturing.as_mut() {
+            Some(capture) => {
+                capture.records.push((capture.ops.len(), eid));
+                Ok(())
+            }
+            None => Err(sim_error(
+                "sim record node",
+                "an event record node is made inside a capture; the stream is not capturing",
+            )),
+        }
+    }
+
     /// All or nothing, as `cuGraphLaunch`: every op is checked before the
     /// first is submitted.
     unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
@@ -144,11 +165,6 @@ impl Backend for Device {
         }
         st.capturing = Some(Capture::default());
         Ok(())
-    }
-
-    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
-        let id = self.own(stream, "sim capture status")?;
-        Ok(self.state().streams[id].capturing.is_some())
     }
 
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
@@ -193,6 +209,21 @@ impl Backend for Device {
         Ok(Some(crate::backend::GraphMemory::new(bytes, bytes)))
     }
 
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
+        let mut allocs = Vec::new();
+        let mut frees = Vec::new();
+        for (op, _) in &graph.ops {
+            match *op {
+                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
+                Op::FreeNode { addr } => frees.push(addr),
+                _ => {}
+            }
+        }
+        check_memory_nodes(&allocs, &frees)
+    }
+}
+
+impl Compose for Device {
     fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
         let ids = events
             .iter()
@@ -281,27 +312,5 @@ impl Backend for Device {
                 lanes,
             })),
         })
-    }
-
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
-        let mut allocs = Vec::new();
-        let mut frees = Vec::new();
-        for (op, _) in &graph.ops {
-            match *op {
-                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
-                Op::FreeNode { addr } => frees.push(addr),
-                _ => {}
-            }
-        }
-        check_memory_nodes(&allocs, &frees)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        let mut s = self.state();
-        if s.waits_fail {
-            return Err(sim_error("sim synchronize", "waits fail (injected)"));
-        }
-        s.synchronize();
-        Ok(())
     }
 }

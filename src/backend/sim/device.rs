@@ -9,7 +9,7 @@ use super::memory::HostBuffer;
 use super::ops::{AsSpan, Op, Span};
 use super::streams::{Event, Stream, StreamState};
 use super::{lock, sim_error, Result, SimState, FOREIGN_EVENT, FOREIGN_STREAM};
-use crate::backend::Backend;
+use crate::backend::Streams;
 use crate::scope::capture_on;
 use crate::view::ViewTag;
 use crate::vocab::{DType, Domain, Request};

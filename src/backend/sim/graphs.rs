@@ -19,7 +19,7 @@ pub struct Graph {
     /// Held for their drop: frees the allocation nodes' memory with the
     /// graph (a composed graph holds its parts').
     pub(super) memory: Vec<Arc<GraphMemory>>,
-    /// A composed graph ([`Backend::compose`]): its nodes, run on lanes.
+    /// A composed graph ([`Compose::compose`]): its nodes, run on lanes.
     pub(super) step: Option<Arc<SimStep>>,
     /// Where the latest launch ended: launches of one graph run one after
     /// another, as launches of one CUDA executable graph do.
