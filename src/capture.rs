@@ -5,7 +5,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError};
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphRejection};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
@@ -126,7 +126,7 @@ pub enum CaptureError {
         /// The runner.
         runner: RunnerId,
         /// Why.
-        reason: String,
+        reason: GraphRejection,
     },
     /// An earlier failure of this capture (the work closure failed or
     /// panicked, or the stream capture failed) makes it unusable.

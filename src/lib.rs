@@ -149,7 +149,8 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{
-    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, StepNode, Streams,
+    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, StepNode,
+    Streams,
 };
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,

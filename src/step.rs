@@ -290,10 +290,10 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 return Err(ReplayError::ViewOutOfScope { runner, reason }.into())
             }
         };
-        if let Err(reason) = r.backend.validate_graph(&graph) {
-            return Err(failed(BackendError::Refused {
+        if let Err(rejection) = r.backend.validate_graph(&graph) {
+            return Err(failed(BackendError::GraphRejected {
                 op: "capture of a step's consumer",
-                reason,
+                rejection,
             })
             .into());
         }

@@ -10,8 +10,8 @@
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
-    DiscoveryError, Domain, GroupId, PlanConfig, PlanError, Policy, Purpose, ReplayError,
-    Replayable, Request, RunnerId, StreamCaptureError,
+    DiscoveryError, Domain, GraphRejection, GroupId, PlanConfig, PlanError, Policy, Purpose,
+    ReplayError, Replayable, Request, RunnerId, StreamCaptureError,
 };
 
 // ---- helpers ---------------------------------------------------------------
@@ -736,11 +736,28 @@ fn a_graph_whose_allocation_escapes_it_is_graph_rejected() {
     .unwrap();
     let err = cap.finish().unwrap_err();
     assert!(
-        matches!(&err, CaptureError::GraphRejected { runner: RunnerId(1), reason }
-        if reason.contains("1 allocation(s) of 4096 bytes") && reason.contains("never freed")),
+        matches!(
+            &err,
+            CaptureError::GraphRejected {
+                runner: RunnerId(1),
+                reason: GraphRejection::MemoryNodes {
+                    unfreed: 1,
+                    unfreed_bytes: 4096,
+                    foreign_frees: 0,
+                    ..
+                },
+            }
+        ),
         "{err}"
     );
-    assert_mentions(&err, &["graph captured for runner 1 was rejected"]);
+    assert_mentions(
+        &err,
+        &[
+            "graph captured for runner 1 was rejected",
+            "1 allocation(s) of 4096 bytes",
+            "never freed",
+        ],
+    );
 }
 
 #[test]
@@ -756,10 +773,20 @@ fn a_graph_that_frees_memory_it_did_not_allocate_is_graph_rejected() {
     .unwrap();
     let err = cap.finish().unwrap_err();
     assert!(
-        matches!(&err, CaptureError::GraphRejected { runner: RunnerId(1), reason }
-        if reason.contains("1 free(s)") && reason.contains("did not allocate")),
+        matches!(
+            &err,
+            CaptureError::GraphRejected {
+                runner: RunnerId(1),
+                reason: GraphRejection::MemoryNodes {
+                    unfreed: 0,
+                    foreign_frees: 1,
+                    ..
+                },
+            }
+        ),
         "{err}"
     );
+    assert_mentions(&err, &["1 free(s)", "did not allocate"]);
 }
 
 #[test]

@@ -100,7 +100,8 @@ fn an_output_that_escapes_its_graph_is_a_typed_error() {
     let err = cap.finish().unwrap_err();
     assert!(
         matches!(&err, CaptureError::GraphRejected { runner: RunnerId(3), reason }
-            if reason.contains(&format!("of {} bytes", N * 4)) && reason.contains("never freed")),
+            if reason.to_string().contains(&format!("of {} bytes", N * 4))
+                && reason.to_string().contains("never freed")),
         "{err}"
     );
     // The rejected graph was destroyed without a launch, so its allocation

@@ -307,7 +307,7 @@ fn a_layer_whose_op_output_escapes_its_graph_is_a_typed_error() {
     let err = cap.finish().unwrap_err();
     assert!(
         matches!(&err, CaptureError::GraphRejected { runner: RunnerId(0), reason }
-            if reason.contains(&format!("of {} bytes", N * 4))),
+            if reason.to_string().contains(&format!("of {} bytes", N * 4))),
         "{err}"
     );
     // Destroyed without a launch: the allocation never got memory.

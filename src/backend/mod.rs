@@ -98,6 +98,14 @@ impl From<cudarc::cublas::result::CublasError> for BackendError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
+    /// The backend refuses to keep a captured graph.
+    #[error("{op}: {rejection}")]
+    GraphRejected {
+        /// What was refused (`capture of a step's consumer`).
+        op: &'static str,
+        /// Why.
+        rejection: GraphRejection,
+    },
     /// The backend is not usable on this machine (no driver, no device, a
     /// library too old).
     #[error("backend unavailable: {reason}")]
@@ -229,36 +237,73 @@ pub enum BackendError {
 pub(crate) fn check_memory_nodes(
     allocs: &[(u64, u64)],
     frees: &[u64],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GraphRejection> {
     let escaping: Vec<_> = allocs.iter().filter(|(a, _)| !frees.contains(a)).collect();
     let foreign: Vec<_> = frees
         .iter()
         .filter(|f| !allocs.iter().any(|(a, _)| a == *f))
         .collect();
+    if escaping.is_empty() && foreign.is_empty() {
+        return Ok(());
+    }
+    Err(GraphRejection::MemoryNodes {
+        unfreed: escaping.len(),
+        unfreed_bytes: escaping.iter().map(|(_, b)| b).sum(),
+        first_unfreed: escaping.first().map(|(a, _)| *a),
+        foreign_frees: foreign.len(),
+        first_foreign_free: foreign.first().map(|&&f| f),
+    })
+}
+
+/// Why a backend refuses to keep a captured graph
+/// ([`Backend::validate_graph`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphRejection {
+    /// Its memory nodes are not balanced: allocations the graph never
+    /// frees (the next launch fails: memory a graph allocates must be
+    /// freed inside it or come from the plan), or frees of memory it did
+    /// not allocate (every replay would free the program's memory).
+    #[error("{}", describe_memory_nodes(*.unfreed, *.unfreed_bytes, *.first_unfreed, *.foreign_frees, *.first_foreign_free))]
+    MemoryNodes {
+        /// Allocation nodes the graph never frees.
+        unfreed: usize,
+        /// Their bytes in all.
+        unfreed_bytes: u64,
+        /// The address of the first of them.
+        first_unfreed: Option<u64>,
+        /// Free nodes of memory the graph did not allocate.
+        foreign_frees: usize,
+        /// The address the first of them frees.
+        first_foreign_free: Option<u64>,
+    },
+    /// The graph could not be inspected.
+    #[error("could not inspect the graph: {0}")]
+    Uninspectable(Box<BackendError>),
+}
+
+fn describe_memory_nodes(
+    unfreed: usize,
+    bytes: u64,
+    first: Option<u64>,
+    foreign: usize,
+    first_foreign: Option<u64>,
+) -> String {
     let mut reasons = Vec::new();
-    if !escaping.is_empty() {
-        let bytes: u64 = escaping.iter().map(|(_, b)| b).sum();
+    if let Some(first) = first {
         reasons.push(format!(
-            "{} allocation(s) of {bytes} bytes in all (the first at {:#x}) are never freed by the \
-             graph: memory a graph allocates must be freed inside it (drop temporaries before the \
-             capture ends) or come from the plan",
-            escaping.len(),
-            escaping[0].0
+            "{unfreed} allocation(s) of {bytes} bytes in all (the first at {first:#x}) are never \
+             freed by the graph: memory a graph allocates must be freed inside it (drop \
+             temporaries before the capture ends) or come from the plan"
         ));
     }
-    if !foreign.is_empty() {
+    if let Some(first) = first_foreign {
         reasons.push(format!(
-            "{} free(s) (the first at {:#x}) of memory the graph did not allocate: every replay \
-             would free the program's memory",
-            foreign.len(),
-            foreign[0]
+            "{foreign} free(s) (the first at {first:#x}) of memory the graph did not allocate: \
+             every replay would free the program's memory"
         ));
     }
-    if reasons.is_empty() {
-        Ok(())
-    } else {
-        Err(reasons.join("; "))
-    }
+    reasons.join("; ")
 }
 
 /// Device memory the backend holds for graph memory nodes
@@ -463,7 +508,7 @@ pub trait Backend: Streams {
     /// # Errors
     ///
     /// Why the graph cannot be owned.
-    fn validate_graph(&self, graph: &Self::Graph) -> Result<(), String>;
+    fn validate_graph(&self, graph: &Self::Graph) -> Result<(), GraphRejection>;
 
     /// What the backend holds for graph memory nodes on the device: the
     /// other half of what replaying costs in memory beside the plan's

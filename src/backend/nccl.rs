@@ -28,7 +28,8 @@ use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{self, Event, Graph, Stream};
 use crate::backend::{
-    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, StepNode, Streams,
+    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, StepNode,
+    Streams,
 };
 use crate::scope::check_use;
 use crate::view::{NotSend, View};
@@ -746,7 +747,7 @@ impl Backend for Device {
         self.cuda.graph_memory_in_use().map(Some)
     }
 
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
         self.cuda.validate_graph(graph)
     }
 }

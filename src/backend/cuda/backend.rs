@@ -7,7 +7,8 @@ use super::handles::{capturing, Device, Event, Stream};
 use super::memory::Memory;
 use super::{check, driver_error, sys, Result};
 use crate::backend::{
-    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphMemory, StepNode, Streams,
+    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection,
+    StepNode, Streams,
 };
 use crate::vocab::Domain;
 
@@ -177,10 +178,12 @@ impl Backend for Device {
         Device::graph_memory_in_use(self).map(Some)
     }
 
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
-        self.bind().map_err(|e| e.to_string())?;
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
+        let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
+        self.bind().map_err(uninspectable)?;
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
+        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)
+            .map_err(uninspectable)?;
         check_memory_nodes(&allocs, &frees)
     }
 }

@@ -169,11 +169,7 @@ impl Device {
     /// (`cuGraphClone` returns `CUDA_ERROR_NOT_SUPPORTED`).
     fn refuse_memory_nodes(&self, graph: &Graph) -> Result<()> {
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)
-            .map_err(|reason| BackendError::Refused {
-                op: "step graph",
-                reason,
-            })?;
+        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
         if allocs.is_empty() && frees.is_empty() {
             return Ok(());
         }
@@ -197,18 +193,19 @@ impl Device {
         depth: usize,
         allocs: &mut Vec<(u64, u64)>,
         frees: &mut Vec<u64>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), BackendError> {
         if depth > 64 {
-            return Err("child graphs nest more than 64 deep".into());
+            return Err(BackendError::Refused {
+                op: "graph inspection",
+                reason: "child graphs nest more than 64 deep".into(),
+            });
         }
-        let inspect = |op: &str, code: sys::CUresult| match code {
+        let inspect = |op: &'static str, code: sys::CUresult| match code {
             sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code => Err(format!(
-                "could not inspect the graph: {op} returned {code:?}"
-            )),
+            code => Err(BackendError::Driver { op, code }),
         };
         // An empty graph (a runner whose capture enqueued nothing) has none.
-        let nodes = nodes_of(graph).map_err(|e| format!("could not inspect the graph: {e}"))?;
+        let nodes = nodes_of(graph)?;
         let alloc = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32;
         let free = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE as u32;
         let child = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH as u32;

@@ -10,7 +10,8 @@ use super::ops::Op;
 use super::streams::{Capture, Event, EventState, Stream};
 use super::{hazards::merge, sim_error, Result, FOREIGN_EVENT};
 use crate::backend::{
-    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, StepNode, Streams,
+    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphRejection, StepNode,
+    Streams,
 };
 
 impl Streams for Device {
@@ -209,7 +210,7 @@ impl Backend for Device {
         Ok(Some(crate::backend::GraphMemory::new(bytes, bytes)))
     }
 
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), String> {
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
         let mut allocs = Vec::new();
         let mut frees = Vec::new();
         for (op, _) in &graph.ops {
