@@ -39,6 +39,11 @@
 //!   no vector has `g` entries). Where the budget cuts a search, the best
 //!   layout found so far stands (never more than round-robin).
 //!
+//!   A column of at most [`EXACT_ITEMS`] users that the portfolio leaves
+//!   above `L` is then searched exactly ([`exact`]: branch and bound over
+//!   settled layouts, at most [`EXACT_WORK`] of what is left of its budget),
+//!   so small ragged columns get their optimum, not only a good layout.
+//!
 //! Every function works on a [`Column`]: only the runners that use the key,
 //! with their positions. A key used by a few of many runners (one symmetric
 //! group per expert, say) costs in proportion to its users, not to all
@@ -52,6 +57,8 @@
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
+
+mod exact;
 
 /// One key's capacities: the positions (capture order among buffer-using
 /// runners) that use the key, ascending, each with its capacity (never 0),
@@ -240,7 +247,7 @@ pub(crate) fn work_share(users: usize, pairs: usize) -> u64 {
 }
 
 /// What is left of a search's budget.
-struct Work(u64);
+pub(crate) struct Work(pub(crate) u64);
 
 impl Work {
     /// Takes `cost` if that much is left.
@@ -279,26 +286,53 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
 /// round-robin (see [`WORK_BUDGET`]). Round-robin and the lower bound cost
 /// `O(len log len)` whatever `g` is; memory is `O(len)`.
 pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<ColumnLayout> {
-    let n = column.n;
     let bound = u64::try_from(heaviest_window(column, g)).ok()?;
     let mut best = Portfolio::new(bound);
+    let mut work = Work(work);
+    portfolio(column, g, &mut work, &mut best);
+    if !best.done() && column.len() <= EXACT_ITEMS {
+        let ceiling = best.layout.as_ref().map_or(u64::MAX, |l| l.bytes);
+        let items: Vec<(usize, usize, u64)> =
+            column.entries().map(|(k, c)| (k, k + (g - 1), c)).collect();
+        let mut exact_work = Work(work.0.min(EXACT_WORK));
+        if let Some((offsets, bytes)) =
+            exact::search(&items, ceiling, bound, &mut exact_work).layout
+        {
+            best.offer(Some(ColumnLayout { offsets, bytes }));
+        }
+    }
+    best.layout
+}
+
+/// Columns of at most this many users get the exact search ([`exact`])
+/// after the portfolio, where the portfolio stays above the lower bound.
+pub(crate) const EXACT_ITEMS: usize = 24;
+
+/// Work one exact search may spend, at most (and never more than what is
+/// left of its key's share): a few milliseconds.
+pub(crate) const EXACT_WORK: u64 = 2_000_000;
+
+/// The portfolio of layouts described in the module docs, offered to
+/// `best` until it reaches the lower bound or the passes or `work` run out.
+fn portfolio(column: &Column, g: usize, work: &mut Work, best: &mut Portfolio) {
+    let n = column.n;
+    let bound = best.bound;
     let round_robin = Slotted::new(column, g, |k| k % g);
     best.offer(round_robin.layout());
     if best.done() {
-        return best.layout;
+        return;
     }
     if g == 2 {
         best.offer(Some(alternating(column, bound)));
-        return best.layout;
+        return;
     }
-    let mut work = Work(work);
     let len = column.len() as u64;
     // Settling round-robin is the strongest single candidate on irregular
     // capacities; strided seeds win on periodic ones; plain fits come last.
     let order = round_robin.settle_order();
-    best.offer(fit(column, g, &order, Fit::First, &mut work));
+    best.offer(fit(column, g, &order, Fit::First, work));
     if best.done() {
-        return best.layout;
+        return;
     }
     let mut passes = (PASS_BUDGET / n.max(1)).max(MIN_PASSES);
     let mut seeds: Vec<(u64, usize)> = Vec::new();
@@ -315,11 +349,11 @@ pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<Colu
     seeds.sort_by_key(|&(bytes, _)| bytes);
     for &(_, p) in &seeds {
         if best.done() || passes == 0 {
-            return best.layout;
+            return;
         }
         let seed = strided(column, g, p);
         best.offer(seed.layout());
-        best.offer(fit(column, g, &seed.settle_order(), Fit::First, &mut work));
+        best.offer(fit(column, g, &seed.settle_order(), Fit::First, work));
         passes -= 1;
     }
     let in_capture_order: Vec<usize> = (0..column.len()).collect();
@@ -332,12 +366,11 @@ pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<Colu
         (&by_size_desc, Fit::Best),
     ] {
         if best.done() || passes == 0 || work.0 == 0 {
-            return best.layout;
+            return;
         }
-        best.offer(fit(column, g, order, how, &mut work));
+        best.offer(fit(column, g, order, how, work));
         passes -= 1;
     }
-    best.layout
 }
 
 /// The number of (entry, other entry) pairs of the column within `g - 1`
@@ -945,6 +978,94 @@ mod tests {
             false
         }
         place(cap, g, height, &mut Vec::new())
+    }
+
+    /// The least height of any layout of integer offsets, by dynamic
+    /// programming over positions: a state is the offsets of the last
+    /// `g - 1` runners (the only ones a later runner can conflict with), so
+    /// every layout is considered. Integer offsets suffice (see
+    /// [`fits_exhaustively`]).
+    fn optimum_by_every_layout(cap: &[u64], g: usize) -> u64 {
+        use std::collections::HashSet;
+        let feasible = |height: u64| {
+            let mut states: HashSet<Vec<Option<u64>>> = HashSet::from([vec![None; g - 1]]);
+            for (k, &c) in cap.iter().enumerate() {
+                let mut next = HashSet::new();
+                for state in &states {
+                    let shift = |o: Option<u64>| {
+                        let mut s: Vec<Option<u64>> = state[1.min(state.len())..].to_vec();
+                        if g > 1 {
+                            s.push(o);
+                        }
+                        s
+                    };
+                    if c == 0 {
+                        next.insert(shift(None));
+                        continue;
+                    }
+                    for o in 0..=height.saturating_sub(c) {
+                        if c > height {
+                            break;
+                        }
+                        // state[i] is position k - (g - 1) + i.
+                        let clear = state.iter().enumerate().all(|(i, &p)| match p {
+                            None => true,
+                            Some(p) => {
+                                let cp = cap[k + i + 1 - g];
+                                o + c <= p || p + cp <= o
+                            }
+                        });
+                        if clear {
+                            next.insert(shift(Some(o)));
+                        }
+                    }
+                }
+                states = next;
+            }
+            !states.is_empty()
+        };
+        let mut height = lower_bound(cap, g);
+        while !feasible(height) {
+            height += 1;
+        }
+        height
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// Ragged random columns (no repeating pattern, some runners
+        /// without buffers) at G = 3 and 4: packed placement needs exactly
+        /// the least memory of any layout.
+        #[test]
+        fn packed_reaches_the_exact_optimum_on_ragged_random_columns_at_three_and_four_generations(
+            cap in proptest::collection::vec(
+                proptest::prop_oneof![1 => proptest::strategy::Just(0u64), 4 => 1u64..9], 4..17),
+            g in 3usize..5,
+        ) {
+            let p = packed(&cap, g).unwrap();
+            assert_valid(&cap, g, &p);
+            proptest::prop_assert_eq!(p.bytes, optimum_by_every_layout(&cap, g), "{:?} g={}", cap, g);
+        }
+    }
+
+    #[test]
+    fn the_exact_search_finds_the_optimum_of_ragged_columns_the_portfolio_misses() {
+        for (cap, g, optimum) in [
+            (vec![2, 3, 4, 3, 4, 1, 4, 3, 1, 0], 3, 11),
+            (vec![6, 8, 8, 3, 8, 6, 7, 6, 7, 1, 5, 6], 3, 22),
+            (vec![1, 3, 2, 4, 1, 0, 5, 2, 3, 0], 4, 10),
+            (vec![0, 5, 5, 2, 3, 5, 2, 0, 7, 3, 1, 4], 4, 15),
+        ] {
+            let column = Column::from_dense(&cap);
+            let mut alone = Portfolio::new(lower_bound(&cap, g));
+            portfolio(&column, g, &mut Work(WORK_BUDGET), &mut alone);
+            assert!(alone.layout.unwrap().bytes > optimum, "{cap:?}");
+            assert_eq!(optimum_by_every_layout(&cap, g), optimum, "{cap:?}");
+            let p = packed(&cap, g).unwrap();
+            assert_valid(&cap, g, &p);
+            assert_eq!(p.bytes, optimum, "{cap:?} g={g}");
+        }
     }
 
     #[test]
