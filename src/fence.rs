@@ -568,10 +568,13 @@ impl<B: Streams> Fence<B> {
                 Ok(()) => {}
                 Err(NotOwner::NeverReplayed) => return Err(ReplayError::NotReplayed { runner }),
                 Err(NotOwner::OverwrittenBy(other)) => {
-                    return Err(ReplayError::Overwritten {
-                        runner,
-                        by: plan.runners[other].id(),
-                    })
+                    // Handoff slots follow the runners': a handoff that took
+                    // the bytes was claimed by its writer's replay.
+                    let by = match other.checked_sub(plan.runners.len()) {
+                        Some(h) => plan.runners[plan.handoffs[h].record.writer].id(),
+                        None => plan.runners[other].id(),
+                    };
+                    return Err(ReplayError::Overwritten { runner, by });
                 }
             }
         }

@@ -44,6 +44,10 @@
 //!   settled layouts, at most [`EXACT_WORK`] of what is left of its budget),
 //!   so small ragged columns get their optimum, not only a good layout.
 //!
+//! Handoffs share their key's arena with the runner bytes ([`shared`]):
+//! both are intervals of capture order, and the same disjointness rule and
+//! lower bound (the most bytes live at one point) cover both.
+//!
 //! Every function works on a [`Column`]: only the runners that use the key,
 //! with their positions. A key used by a few of many runners (one symmetric
 //! group per expert, say) costs in proportion to its users, not to all
@@ -59,6 +63,9 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 mod exact;
+mod shared;
+
+pub(crate) use shared::{lower_bound_shared, packed_shared, round_robin_shared, Timeline};
 
 /// One key's capacities: the positions (capture order among buffer-using
 /// runners) that use the key, ascending, each with its capacity (never 0),
@@ -176,6 +183,7 @@ pub(crate) fn round_robin_arenas(column: &Column, g: usize) -> Vec<(usize, u64)>
 }
 
 /// The total of [`round_robin_arenas`] (saturating).
+#[cfg(test)]
 pub(crate) fn round_robin_bytes(column: &Column, g: usize) -> u64 {
     round_robin_arenas(column, g)
         .iter()
@@ -191,6 +199,7 @@ pub(crate) fn lower_bound(cap: &[u64], g: usize) -> u64 {
 
 /// The lower bound: the largest sum of capacities over any `g` consecutive
 /// positions (no wrap-around), saturating at `u64::MAX`.
+#[cfg(test)]
 pub(crate) fn lower_bound_column(column: &Column, g: usize) -> u64 {
     u64::try_from(heaviest_window(column, g)).unwrap_or(u64::MAX)
 }
@@ -239,8 +248,14 @@ pub(crate) const WORK_BUDGET: u64 = 16_000_000;
 /// (runner, key) pairs in the whole plan: its share of [`WORK_BUDGET`], and
 /// at least a few visits per user.
 pub(crate) fn work_share(users: usize, pairs: usize) -> u64 {
+    share(WORK_BUDGET, users, pairs)
+}
+
+/// The share of `budget` of a key with `users` users out of `total`, and
+/// at least a few visits per user.
+pub(crate) fn share(budget: u64, users: usize, total: usize) -> u64 {
     let users = users as u64;
-    let share = u128::from(WORK_BUDGET) * u128::from(users) / (pairs.max(1) as u128);
+    let share = u128::from(budget) * u128::from(users) / (total.max(1) as u128);
     u64::try_from(share)
         .unwrap_or(u64::MAX)
         .max(users.saturating_mul(4))
@@ -820,6 +835,7 @@ pub(crate) fn place_intervals(items: &[Interval]) -> Option<(Vec<u64>, u64)> {
 
 /// The most bytes live at once over the intervals: no placement of them
 /// needs less.
+#[cfg(test)]
 pub(crate) fn interval_lower_bound(items: &[Interval]) -> u64 {
     let mut events: Vec<(usize, bool, u64)> = Vec::with_capacity(2 * items.len());
     for it in items {

@@ -7,7 +7,7 @@ use std::fmt;
 
 use crate::discover::{Discovering, HandoffRecord, PlanConfig, RunnerRecord};
 use crate::painter::Claim;
-use crate::placement::{self, Column};
+use crate::placement::{self, Column, Timeline};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
 /// A plan that cannot be made.
@@ -455,20 +455,40 @@ impl Planned {
             .filter(|&i| runners[i].position.is_some())
             .collect();
 
-        let mut arenas = Vec::new();
-        let columns = capacities_by_key(&runners, &using);
-        let pairs = columns.iter().map(|(_, c)| c.len()).sum();
-        for (key, cap) in columns {
+        let timeline = Timeline::new(using.clone(), g);
+        let inputs = key_inputs(&runners, &using, &handoffs, g);
+        let shares = work_shares(&inputs);
+        let mut arenas: Vec<ArenaPlan> = Vec::new();
+        // Per handoff: its place and aligned bytes.
+        let mut places: Vec<Option<(Place, u64)>> = vec![None; handoffs.len()];
+        for (input, &(work, handoff_work)) in inputs.iter().zip(&shares) {
+            let KeyInput {
+                key,
+                column: cap,
+                handoffs: items,
+                members,
+            } = input;
+            let key = *key;
             match placed_policy.placement {
                 Placement::RoundRobin => {
+                    let Some(layout) =
+                        placement::round_robin_shared(cap, items, &timeline, handoff_work)
+                    else {
+                        let error = overflow(input, &runners, &using, &handoffs);
+                        return Err((
+                            error,
+                            runners.into_iter().map(|r| r.record).collect(),
+                            handoffs,
+                        ));
+                    };
                     // Only generations with users get an arena: sparse, so
                     // many keys at a large G cost their users, not keys x G.
                     let first = arenas.len();
-                    for (gen, bytes) in placement::round_robin_arenas(&cap, g) {
+                    for (a, &(gen, bytes)) in layout.arenas.iter().enumerate() {
                         arenas.push(ArenaPlan {
                             key,
-                            generation: Some(gen),
-                            handoffs: false,
+                            generation: gen,
+                            handoffs: layout.handoffs.iter().any(|h| h.0 == a),
                             bytes,
                         });
                     }
@@ -483,11 +503,22 @@ impl Planned {
                             bytes,
                         });
                     }
+                    for ((&h, it), &(a, offset)) in members.iter().zip(items).zip(&layout.handoffs)
+                    {
+                        places[h] = Some((
+                            Place {
+                                arena: first + a,
+                                offset,
+                            },
+                            it.bytes,
+                        ));
+                    }
                 }
                 Placement::Packed => {
-                    let work = placement::work_share(cap.len(), pairs);
-                    let Some(layout) = placement::packed_column(&cap, g, work) else {
-                        let error = overflow(key, &cap, &runners, &using);
+                    let Some(layout) =
+                        placement::packed_shared(cap, items, &timeline, work, handoff_work)
+                    else {
+                        let error = overflow(input, &runners, &using, &handoffs);
                         return Err((
                             error,
                             runners.into_iter().map(|r| r.record).collect(),
@@ -498,10 +529,10 @@ impl Planned {
                     arenas.push(ArenaPlan {
                         key,
                         generation: None,
-                        handoffs: false,
+                        handoffs: !items.is_empty(),
                         bytes: layout.bytes,
                     });
-                    for ((k, bytes), &offset) in cap.entries().zip(&layout.offsets) {
+                    for ((k, bytes), &offset) in cap.entries().zip(&layout.runners) {
                         runners[using[k]].extents.push(Extent {
                             key,
                             arena,
@@ -509,22 +540,37 @@ impl Planned {
                             bytes,
                         });
                     }
+                    for ((&h, it), &offset) in members.iter().zip(items).zip(&layout.handoffs) {
+                        places[h] = Some((Place { arena, offset }, it.bytes));
+                    }
                 }
             }
         }
 
-        let mut fence_regions = assign_claims(&mut runners, &arenas, placed_policy.placement, g);
-        let handoffs = match place_handoffs(handoffs, &runners, &mut arenas, &mut fence_regions, g)
-        {
-            Ok(placed) => placed,
-            Err((error, handoffs)) => {
-                return Err((
-                    error,
-                    runners.into_iter().map(|r| r.record).collect(),
-                    handoffs,
-                ))
-            }
+        let regions = fence_regions(&arenas, placed_policy.placement, g);
+        assign_claims(&mut runners, &regions, placed_policy.placement);
+        let fence_regions = match placed_policy.placement {
+            Placement::RoundRobin => g + regions.iter().flatten().count(),
+            Placement::Packed => arenas.len(),
         };
+        let handoffs: Vec<HandoffPlan> = handoffs
+            .into_iter()
+            .zip(places)
+            .filter_map(|(record, place)| {
+                let (place, bytes) = place?;
+                let region = regions[place.arena]?;
+                Some(HandoffPlan {
+                    record,
+                    place,
+                    bytes,
+                    claim: Claim {
+                        region,
+                        lo: place.offset,
+                        hi: place.offset + bytes,
+                    },
+                })
+            })
+            .collect();
         let mut index: Vec<(RunnerId, usize)> = runners
             .iter()
             .enumerate()
@@ -685,93 +731,109 @@ pub(crate) fn handoff_interval(h: &HandoffRecord, g: usize, window: bool) -> pla
     }
 }
 
-/// Places every handoff in one arena per key (appended to `arenas`, one
-/// fence region each); hands the records back on overflow.
-#[allow(clippy::type_complexity)]
-fn place_handoffs(
-    records: Vec<HandoffRecord>,
+/// [`PlanError::ArenaOverflow`] for `input`'s key: the runners whose bytes
+/// or handoffs use it, and the largest of those buffers.
+fn overflow(
+    input: &KeyInput,
     runners: &[RunnerPlan],
-    arenas: &mut Vec<ArenaPlan>,
-    regions: &mut usize,
-    g: usize,
-) -> std::result::Result<Vec<HandoffPlan>, (PlanError, Vec<HandoffRecord>)> {
-    let mut keys: Vec<Key> = records.iter().map(|h| h.request.key()).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let mut places = vec![None; records.len()];
-    for key in keys {
-        let members: Vec<usize> = (0..records.len())
-            .filter(|&i| records[i].request.key() == key)
-            .collect();
-        let items: Vec<placement::Interval> = members
-            .iter()
-            .map(|&i| handoff_interval(&records[i], g, true))
-            .collect();
-        let Some((offsets, bytes)) = placement::place_intervals(&items) else {
-            let mut largest: Vec<(RunnerId, u64)> = members
-                .iter()
-                .zip(&items)
-                .map(|(&i, it)| (runners[records[i].writer].id(), it.bytes))
-                .collect();
-            largest.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            largest.truncate(4);
-            let error = PlanError::ArenaOverflow {
-                key,
-                users: members.len(),
-                largest,
-            };
-            return Err((error, records));
-        };
-        let arena = arenas.len();
-        arenas.push(ArenaPlan {
-            key,
-            generation: None,
-            handoffs: true,
-            bytes,
-        });
-        let region = *regions as u32;
-        *regions += 1;
-        for ((&i, it), offset) in members.iter().zip(&items).zip(offsets) {
-            places[i] = Some((Place { arena, offset }, it.bytes, region));
-        }
-    }
-    Ok(records
-        .into_iter()
-        .zip(places)
-        .filter_map(|(record, place)| {
-            let (place, bytes, region) = place?;
-            Some(HandoffPlan {
-                record,
-                place,
-                bytes,
-                claim: Claim {
-                    region,
-                    lo: place.offset,
-                    hi: place.offset + bytes,
-                },
-            })
-        })
-        .collect())
-}
-
-/// Per key, in key order, the buffer-using runners that use it (by
-/// position) with their capacity: only the users, so many sparse keys cost
-/// what their users do.
-/// [`PlanError::ArenaOverflow`] for `key`'s column: its users, their exact
-/// total, and the largest of them.
-fn overflow(key: Key, cap: &Column, runners: &[RunnerPlan], using: &[usize]) -> PlanError {
-    let mut all: Vec<(RunnerId, u64)> = cap
+    using: &[usize],
+    handoffs: &[HandoffRecord],
+) -> PlanError {
+    let mut all: Vec<(RunnerId, u64)> = input
+        .column
         .entries()
         .map(|(k, bytes)| (runners[using[k]].id(), bytes))
+        .chain(
+            input
+                .members
+                .iter()
+                .zip(&input.handoffs)
+                .map(|(&h, it)| (runners[handoffs[h].writer].id(), it.bytes)),
+        )
         .collect();
     all.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let users = all.len();
+    let mut ids: Vec<RunnerId> = all.iter().map(|&(r, _)| r).collect();
+    ids.sort_unstable();
+    ids.dedup();
     all.truncate(4);
     PlanError::ArenaOverflow {
-        key,
-        users,
+        key: input.key,
+        users: ids.len(),
         largest: all,
     }
+}
+
+/// What placement works on for one key.
+pub(crate) struct KeyInput {
+    /// The key.
+    pub(crate) key: Key,
+    /// The buffer-using runners that use it (by position), with their
+    /// capacity.
+    pub(crate) column: Column,
+    /// Its handoffs' lifetimes on the plan's [`Timeline`], widened by
+    /// `G - 1` ([`handoff_interval`]).
+    pub(crate) handoffs: Vec<placement::Interval>,
+    /// The id of each of those handoffs.
+    pub(crate) members: Vec<usize>,
+}
+
+/// Per key, in key order, its runners' capacities and its handoffs: only
+/// the users, so many sparse keys cost what their users do. `using` is the
+/// slot of each buffer-using runner, in capture order.
+pub(crate) fn key_inputs<'h>(
+    runners: &[RunnerPlan],
+    using: &[usize],
+    handoffs: impl IntoIterator<Item = &'h HandoffRecord>,
+    g: usize,
+) -> Vec<KeyInput> {
+    let mut inputs: Vec<KeyInput> = capacities_by_key(runners, using)
+        .into_iter()
+        .map(|(key, column)| KeyInput {
+            key,
+            column,
+            handoffs: Vec::new(),
+            members: Vec::new(),
+        })
+        .collect();
+    for (i, h) in handoffs.into_iter().enumerate() {
+        let key = h.request.key();
+        let at = match inputs.binary_search_by_key(&key, |k| k.key) {
+            Ok(at) => at,
+            Err(at) => {
+                inputs.insert(
+                    at,
+                    KeyInput {
+                        key,
+                        column: Column::new(using.len()),
+                        handoffs: Vec::new(),
+                        members: Vec::new(),
+                    },
+                );
+                at
+            }
+        };
+        inputs[at].handoffs.push(handoff_interval(h, g, true));
+        inputs[at].members.push(i);
+    }
+    inputs
+}
+
+/// Each key's packed search budget for its runner bytes (its users' share
+/// of [`placement::WORK_BUDGET`] among every key's) and for its handoffs
+/// (their share of the same budget among every handoff), as planning and
+/// reporting both spend it.
+pub(crate) fn work_shares(inputs: &[KeyInput]) -> Vec<(u64, u64)> {
+    let pairs: usize = inputs.iter().map(|k| k.column.len()).sum();
+    let handoffs: usize = inputs.iter().map(|k| k.handoffs.len()).sum();
+    inputs
+        .iter()
+        .map(|k| {
+            (
+                placement::work_share(k.column.len(), pairs),
+                placement::work_share(k.handoffs.len(), handoffs),
+            )
+        })
+        .collect()
 }
 
 fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> Vec<(Key, Column)> {
@@ -803,42 +865,51 @@ fn capacities_by_key(runners: &[RunnerPlan], using: &[usize]) -> Vec<(Key, Colum
     columns
 }
 
+/// The fence region of each arena's exact byte ranges, if it has one:
+/// under packed placement every arena is its own region; under round-robin
+/// (whose runners claim their whole generation, regions `0..G`) each arena
+/// that holds handoffs gets one after those, so that a runner and a handoff
+/// that share bytes of it claim the same bytes.
+fn fence_regions(arenas: &[ArenaPlan], placement: Placement, g: usize) -> Vec<Option<u32>> {
+    let mut next = g as u32;
+    arenas
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match placement {
+            Placement::Packed => Some(i as u32),
+            Placement::RoundRobin if a.handoffs => {
+                next += 1;
+                Some(next - 1)
+            }
+            Placement::RoundRobin => None,
+        })
+        .collect()
+}
+
 /// Gives every buffer-using runner the byte ranges its replay claims.
 ///
 /// Round-robin: the whole of its generation (one fence region per
-/// generation, so one wait per replay). Packed: its extent of each key's arena
-/// (one region per arena), so it waits only for those that last used the
-/// bytes it overwrites. Returns the number of regions.
-fn assign_claims(
-    runners: &mut [RunnerPlan],
-    arenas: &[ArenaPlan],
-    placement: Placement,
-    g: usize,
-) -> usize {
+/// generation, so one wait per replay), and where an arena of its
+/// generation also holds handoffs, its exact bytes there. Packed: its extent
+/// of each key's arena (one region per arena), so it waits only for those
+/// that last used the bytes it overwrites.
+fn assign_claims(runners: &mut [RunnerPlan], regions: &[Option<u32>], placement: Placement) {
     for r in runners.iter_mut() {
-        r.claims = match placement {
-            Placement::RoundRobin => r
-                .generation
-                .map(|gen| Claim {
-                    region: gen as u32,
-                    lo: 0,
-                    hi: 1,
-                })
-                .into_iter()
-                .collect(),
-            Placement::Packed => r
-                .extents
-                .iter()
-                .map(|s| Claim {
-                    region: s.arena as u32,
-                    lo: s.offset,
-                    hi: s.offset + s.bytes,
-                })
-                .collect(),
+        let generation = match placement {
+            Placement::RoundRobin => r.generation.map(|gen| Claim {
+                region: gen as u32,
+                lo: 0,
+                hi: 1,
+            }),
+            Placement::Packed => None,
         };
-    }
-    match placement {
-        Placement::RoundRobin => g,
-        Placement::Packed => arenas.len(),
+        let exact = r.extents.iter().filter_map(|s| {
+            regions[s.arena].map(|region| Claim {
+                region,
+                lo: s.offset,
+                hi: s.offset + s.bytes,
+            })
+        });
+        r.claims = generation.into_iter().chain(exact).collect();
     }
 }

@@ -5,8 +5,8 @@ use std::fmt;
 
 use crate::backend::GraphMemory;
 use crate::painter::Painter;
-use crate::placement::{self, Column};
-use crate::plan::{handoff_interval, Extent, PlacedPolicy, Placement, Planned};
+use crate::placement::{self, Timeline};
+use crate::plan::{key_inputs, work_shares, Extent, PlacedPolicy, Placement, Planned};
 use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
 impl Planned {
@@ -48,7 +48,11 @@ pub struct KeyReport {
     pub round_robin_bytes: u64,
     /// What packed placement needs for the same `G`.
     pub packed_bytes: u64,
-    /// The lower bound for `G`.
+    /// The lower bound for `G`: the most bytes of the key live at one point
+    /// of capture order (runner bytes for the window of `G` runners in
+    /// flight, handoffs from their writer to their last reader and the
+    /// `G - 1` runners after it); without handoffs, the largest sum of
+    /// capacities of `G` consecutive buffer-using runners.
     pub lower_bound: u64,
     /// What the per-parameter wgrad ring of size 2 needs (wgrad inputs only).
     pub ring_bytes: u64,
@@ -114,7 +118,9 @@ pub struct PlanReport {
     /// Handoffs between runners ([`ArmedRunner::hand_off`](crate::ArmedRunner::hand_off)).
     #[cfg_attr(feature = "serde", serde(default))]
     pub handoffs: usize,
-    /// Bytes of the handoff arenas (included in `plan_bytes`).
+    /// What the handoffs add to the arenas that hold them: their bytes above
+    /// the highest runner byte in them (0 where the handoffs fit in bytes
+    /// the runners leave free; included in `plan_bytes`).
     #[cfg_attr(feature = "serde", serde(default))]
     pub handoff_bytes: u64,
     /// What the driver holds for graph memory nodes (the temporaries that
@@ -191,16 +197,17 @@ pub fn byte_ratio(a: u64, b: u64) -> f64 {
 
 /// What one pass over the plan gathers for one key.
 struct KeyFacts {
-    column: Column,
     arenas: Vec<u64>,
     longest_wait_list: usize,
     /// (parameter, aligned size) -> wgrad writers, for the ring.
     writers: BTreeMap<(ParamId, u64), u64>,
     /// Wgrad bytes of requests with no parameter (each its own ring slot).
     anonymous: u64,
-    /// The key's handoffs: their arena's bytes and lifetimes.
+    /// The bytes of the key's handoffs, each its own buffer.
+    handoff_sum: u64,
+    /// Bytes of its arenas above their highest runner byte, where they hold
+    /// handoffs.
     handoff_bytes: u64,
-    handoffs: Vec<placement::Interval>,
 }
 
 /// Builds the report in a few passes over runners, requests and arenas.
@@ -209,39 +216,43 @@ struct KeyFacts {
 /// scan of all runners, requests or arenas per key, nor per generation), so
 /// the report costs `O((runners + requests + arenas) log keys)`, whatever
 /// `G` is (round-robin arenas are listed only where a generation has users).
-/// The one search, the packed column of a round-robin plan, runs on each
-/// key's sparse column (only the runners that use the key, see
-/// [`placement::Column`]) with the same pass and work budgets as packed
-/// planning ([`placement::work_share`] of the same (runner, key) pairs), so
-/// the column is exactly what [`Policy::packed`](crate::Policy::packed)
-/// would allocate and costs what planning it costs.
+/// The searches, the other placement of each key (packed for a
+/// round-robin plan, round-robin with its handoffs for a packed one), run
+/// on each key's sparse column (only the runners that use the key, see
+/// [`placement::Column`]) and its handoffs with the same pass and work
+/// budgets as planning ([`work_shares`]), so the figure is exactly what
+/// that placement would allocate and costs what planning it costs.
 pub(crate) fn build(plan: &Planned) -> PlanReport {
     let g = plan.generations;
     let waits = steady_state_waits(plan);
-    let using = plan.runners.iter().filter(|r| r.position.is_some()).count();
+    let using: Vec<usize> = (0..plan.runners.len())
+        .filter(|&i| plan.runners[i].position.is_some())
+        .collect();
+    let inputs = key_inputs(
+        &plan.runners,
+        &using,
+        plan.handoffs.iter().map(|h| &h.record),
+        g,
+    );
+    let shares = work_shares(&inputs);
+    let timeline = Timeline::new(using.clone(), g);
     let mut facts: BTreeMap<Key, KeyFacts> = BTreeMap::new();
     let fresh = || KeyFacts {
-        column: Column::new(using),
         arenas: Vec::new(),
         longest_wait_list: 0,
         writers: BTreeMap::new(),
         anonymous: 0,
+        handoff_sum: 0,
         handoff_bytes: 0,
-        handoffs: Vec::new(),
     };
+    // The highest runner byte of each arena.
+    let mut runner_top = vec![0u64; plan.arenas.len()];
     for (r, &wait_list) in plan.runners.iter().zip(&waits) {
-        if let Some(position) = r.position {
-            for (&key, &bytes) in &r.record.capacity {
-                facts
-                    .entry(key)
-                    .or_insert_with(fresh)
-                    .column
-                    .push(position, bytes);
-            }
-        }
         for extent in &r.extents {
             let f = facts.entry(extent.key).or_insert_with(fresh);
             f.longest_wait_list = f.longest_wait_list.max(wait_list);
+            let top = &mut runner_top[extent.arena];
+            *top = (*top).max(extent.offset.saturating_add(extent.bytes));
         }
         for q in &r.record.requests {
             if q.purpose != Purpose::WgradRsInput {
@@ -255,50 +266,58 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
             }
         }
     }
-    // The plan lists each key's arenas together, in generation order
-    // (then each key's handoff arena, after every other arena).
-    for a in &plan.arenas {
-        let f = facts.entry(a.key).or_insert_with(fresh);
-        f.arenas.push(a.bytes);
-        if a.handoffs {
-            f.handoff_bytes = f.handoff_bytes.saturating_add(a.bytes);
+    // The plan lists each key's arenas together, in generation order.
+    for (a, arena) in plan.arenas.iter().enumerate() {
+        let f = facts.entry(arena.key).or_insert_with(fresh);
+        f.arenas.push(arena.bytes);
+        if arena.handoffs {
+            f.handoff_bytes = f
+                .handoff_bytes
+                .saturating_add(arena.bytes.saturating_sub(runner_top[a]));
         }
     }
     for h in &plan.handoffs {
-        facts
-            .entry(h.record.request.key())
-            .or_insert_with(fresh)
-            .handoffs
-            .push(handoff_interval(&h.record, g, false));
+        let f = facts.entry(h.record.request.key()).or_insert_with(fresh);
+        f.handoff_sum = f.handoff_sum.saturating_add(h.bytes);
     }
-    let pairs = facts.values().map(|f| f.column.len()).sum();
     let names: BTreeMap<GroupId, &str> = plan.config.groups().collect();
     let keys: Vec<KeyReport> = facts
         .into_iter()
         .map(|(key, f)| {
             let plan_bytes = f.arenas.iter().copied().fold(0, u64::saturating_add);
-            // Handoffs are placed alike under both placements.
-            let (round_robin_bytes, packed_bytes) = match plan.placed_policy.placement {
-                Placement::RoundRobin => (
-                    plan_bytes,
-                    placement::packed_column(
-                        &f.column,
-                        g,
-                        placement::work_share(f.column.len(), pairs),
-                    )
-                    .map_or(u64::MAX, |l| l.bytes.saturating_add(f.handoff_bytes)),
-                ),
-                Placement::Packed => (
-                    placement::round_robin_bytes(&f.column, g).saturating_add(f.handoff_bytes),
-                    plan_bytes,
-                ),
+            let at = inputs.binary_search_by_key(&key, |k| k.key).ok();
+            let (lower_bound, round_robin_bytes, packed_bytes) = match at {
+                None => (0, plan_bytes, plan_bytes),
+                Some(at) => {
+                    let (input, (work, handoff_work)) = (&inputs[at], shares[at]);
+                    let (column, handoffs) = (&input.column, &input.handoffs);
+                    let lower = placement::lower_bound_shared(column, handoffs, &timeline);
+                    let (rr, packed) = match plan.placed_policy.placement {
+                        Placement::RoundRobin => (
+                            plan_bytes,
+                            placement::packed_shared(
+                                column,
+                                handoffs,
+                                &timeline,
+                                work,
+                                handoff_work,
+                            )
+                            .map_or(u64::MAX, |l| l.bytes),
+                        ),
+                        Placement::Packed => (
+                            placement::round_robin_shared(
+                                column,
+                                handoffs,
+                                &timeline,
+                                handoff_work,
+                            )
+                            .map_or(u64::MAX, |l| l.bytes()),
+                            plan_bytes,
+                        ),
+                    };
+                    (lower, rr, packed)
+                }
             };
-            // The old way: one buffer per handoff, each its own.
-            let handoff_sum = f
-                .handoffs
-                .iter()
-                .map(|h| h.bytes)
-                .fold(0, u64::saturating_add);
             KeyReport {
                 key,
                 name: key_name(&names, key),
@@ -306,18 +325,24 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                 plan_bytes,
                 round_robin_bytes,
                 packed_bytes,
-                lower_bound: placement::lower_bound_column(&f.column, g)
-                    .saturating_add(placement::interval_lower_bound(&f.handoffs)),
+                lower_bound,
                 ring_bytes: f
                     .writers
                     .iter()
                     .map(|(&(_, size), &n)| size.saturating_mul(n.min(2)))
                     .fold(f.anonymous, u64::saturating_add)
-                    .saturating_add(handoff_sum),
+                    .saturating_add(f.handoff_sum),
                 longest_wait_list: f.longest_wait_list,
             }
         })
         .collect();
+    let handoff_bytes = plan
+        .arenas
+        .iter()
+        .zip(&runner_top)
+        .filter(|(a, _)| a.handoffs)
+        .map(|(a, &top)| a.bytes.saturating_sub(top))
+        .fold(0, u64::saturating_add);
     let runners: Vec<RunnerReport> = plan
         .runners
         .iter()
@@ -341,7 +366,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         placed_policy: plan.placed_policy,
         generations: g,
         runners_total: plan.runners.len(),
-        runners_using: using,
+        runners_using: using.len(),
         plan_bytes: sum(|k| k.plan_bytes),
         round_robin_bytes: sum(|k| k.round_robin_bytes),
         packed_bytes: sum(|k| k.packed_bytes),
@@ -349,12 +374,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         ring_bytes: sum(|k| k.ring_bytes),
         longest_wait_list: waits.iter().copied().max().unwrap_or(0),
         handoffs: plan.handoffs.len(),
-        handoff_bytes: plan
-            .arenas
-            .iter()
-            .filter(|a| a.handoffs)
-            .map(|a| a.bytes)
-            .fold(0, u64::saturating_add),
+        handoff_bytes,
         graph_memory: None,
         keys,
         runners,
@@ -766,7 +786,7 @@ impl PlanReport {
         line("plan", "bytes this plan allocates");
         line(
             "lower bound",
-            "per key, the largest sum of capacities of G consecutive buffer-using runners: no placement needs less",
+            "per key, the most bytes live at once: capacities of G consecutive buffer-using runners, with the handoffs live then (writer to last reader, and G - 1 runners more): no placement needs less",
         );
         line(
             "round-robin",
@@ -823,7 +843,7 @@ impl fmt::Display for PlanReport {
         if self.handoffs > 0 {
             writeln!(
                 f,
-                "handoffs: {} between runners, {} (in the totals), each placed for its lifetime",
+                "handoffs: {} between runners, {} above the runners' own bytes (in the totals), each placed for its lifetime in its key's arenas",
                 self.handoffs,
                 human_bytes(self.handoff_bytes)
             )?;

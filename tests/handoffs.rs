@@ -130,13 +130,17 @@ fn a_chain_of_handoffs_is_exact_and_race_free_over_many_steps() {
 }
 
 #[test]
-fn a_chain_of_handoffs_needs_two_buffers_and_the_report_says_so() {
+fn a_chain_of_handoffs_shares_its_keys_arena_with_the_runners_and_the_report_says_so() {
     let (d, _) = chain(10);
     let planned = d.plan(Policy::Generations(1)).unwrap();
-    let handoff_arenas: Vec<_> = planned.arenas().iter().filter(|a| a.handoffs).collect();
-    assert_eq!(handoff_arenas.len(), 1);
-    // G = 1: the lifetimes [r, r + 1] meet only their neighbours'.
-    assert_eq!(handoff_arenas[0].bytes, 2 * 256);
+    // Own buffers and gradients are both f32 in device: one arena.
+    let arenas = planned.arenas();
+    assert_eq!(arenas.len(), 1);
+    assert!(arenas[0].handoffs);
+    // G = 1: runner r's 256 bytes are live at r only, the gradient it
+    // hands off over [r, r + 1]: at every runner its own bytes and two
+    // gradients, 768 bytes, which is the lower bound and the plan.
+    assert_eq!(arenas[0].bytes, 3 * 256);
     let infos: Vec<_> = planned.handoffs().collect();
     assert_eq!(infos.len(), 9);
     assert_ne!(infos[0].offset, infos[1].offset);
@@ -145,18 +149,18 @@ fn a_chain_of_handoffs_needs_two_buffers_and_the_report_says_so() {
     assert_eq!(infos[3].readers, vec![RunnerId(4)]);
     let report = planned.report();
     assert_eq!(report.handoffs, 9);
+    assert_eq!(report.lower_bound, 3 * 256);
+    assert_eq!(report.plan_bytes, report.lower_bound);
+    // What the gradients add above the runners' own bytes.
     assert_eq!(report.handoff_bytes, 512);
-    // Own buffers: one 128-byte slot (aligned to 256) in one generation;
-    // handoffs: two live at once.
-    assert_eq!(report.lower_bound, 256 + 512);
-    assert!(report.lower_bound <= report.plan_bytes);
     assert!(report.to_string().contains("handoffs: 9 between runners"));
     // More generations keep more handoffs apart: readers of one step and
-    // the writer of the next may be in flight together.
+    // the writer of the next may be in flight together; with G = 3, three
+    // runners' bytes and four gradients are live at once.
     let (d, _) = chain(10);
-    let g3 = d.plan(Policy::Generations(3)).unwrap();
-    let bytes = g3.arenas().iter().find(|a| a.handoffs).unwrap().bytes;
-    assert_eq!(bytes, 4 * 256);
+    let g3 = d.plan(Policy::Generations(3).packed()).unwrap();
+    assert_eq!(g3.total_bytes(), (3 + 4) * 256);
+    assert_eq!(g3.report().handoff_bytes, 4 * 256);
 }
 
 #[test]
