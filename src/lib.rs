@@ -163,7 +163,7 @@ pub use plan::{
     ArenaPlan, Extent, HandoffInfo, PlacedPolicy, Placement, PlanError, PlanFailed, Planned, Policy,
 };
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
-pub use report::{byte_ratio, human_bytes, KeyReport, PlanReport, RunnerReport};
+pub use report::{byte_ratio, human_bytes, KeyReport, Optimum, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use step::{StepBuilder, StepError, StepGraph};
 pub use view::{SliceError, View, ViewsExt};

@@ -65,7 +65,9 @@ use std::collections::BTreeMap;
 mod exact;
 mod shared;
 
-pub(crate) use shared::{lower_bound_shared, packed_shared, round_robin_shared, Timeline};
+pub(crate) use shared::{
+    best_bound, lower_bound_shared, packed_shared, round_robin_shared, Timeline,
+};
 
 /// One key's capacities: the positions (capture order among buffer-using
 /// runners) that use the key, ascending, each with its capacity (never 0),

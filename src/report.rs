@@ -54,11 +54,56 @@ pub struct KeyReport {
     /// `G - 1` runners after it); without handoffs, the largest sum of
     /// capacities of `G` consecutive buffer-using runners.
     pub lower_bound: u64,
+    /// The best lower bound the report proved: the lower bound, or more
+    /// where an exhaustive search shows that a few consecutive runners'
+    /// buffers alone need more ([`Optimum`] says which).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub best_bound: u64,
+    /// Where packed placement stands against the best bound.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub optimum: Optimum,
     /// What the per-parameter wgrad ring of size 2 needs (wgrad inputs only).
     pub ring_bytes: u64,
     /// The most fence waits one replay of this key's runners needs in steady
     /// state (every runner replayed in capture order).
     pub longest_wait_list: usize,
+}
+
+/// Where packed placement of one key stands against the least memory any
+/// placement needs ([`KeyReport::best_bound`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Optimum {
+    /// Packed placement needs exactly the lower bound: no placement needs
+    /// less.
+    #[default]
+    #[cfg_attr(feature = "serde", serde(rename = "lb"))]
+    LowerBound,
+    /// The lower bound cannot be reached: an exhaustive search shows that
+    /// the buffers of runners `first` to `last` alone need the best bound,
+    /// and packed placement needs exactly that. Optimal.
+    Proved {
+        /// The first runner of the run searched.
+        first: RunnerId,
+        /// The last runner of the run searched.
+        last: RunnerId,
+    },
+    /// Packed placement needs more than the best bound the report proved
+    /// (within its search budget): it may be above the optimum.
+    Open,
+}
+
+impl Optimum {
+    /// `lb`, `proved` or `open`, as the tables print it and its serialized
+    /// form names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimum::LowerBound => "lb",
+            Optimum::Proved { .. } => "proved",
+            Optimum::Open => "open",
+        }
+    }
 }
 
 /// Per-runner figures of a plan.
@@ -111,6 +156,9 @@ pub struct PlanReport {
     pub packed_bytes: u64,
     /// Total lower bound.
     pub lower_bound: u64,
+    /// Total of the keys' best proved bounds ([`KeyReport::best_bound`]).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub best_bound: u64,
     /// Total per-parameter ring bytes (wgrad inputs only).
     pub ring_bytes: u64,
     /// The most fence waits any one replay needs in steady state.
@@ -210,6 +258,10 @@ struct KeyFacts {
     handoff_bytes: u64,
 }
 
+/// Work the exact searches of one report's best bounds may spend in all,
+/// shared by the keys as [`placement::work_share`] shares planning's.
+pub(crate) const BOUND_WORK: u64 = 4_000_000;
+
 /// Builds the report in a few passes over runners, requests and arenas.
 ///
 /// Every per-key figure is gathered in one pass keyed by [`Key`] (never a
@@ -221,7 +273,9 @@ struct KeyFacts {
 /// on each key's sparse column (only the runners that use the key, see
 /// [`placement::Column`]) and its handoffs with the same pass and work
 /// budgets as planning ([`work_shares`]), so the figure is exactly what
-/// that placement would allocate and costs what planning it costs.
+/// that placement would allocate and costs what planning it costs. Where
+/// packed placement stays above the lower bound, the best bound spends at
+/// most its key's share of [`BOUND_WORK`].
 pub(crate) fn build(plan: &Planned) -> PlanReport {
     let g = plan.generations;
     let waits = steady_state_waits(plan);
@@ -280,14 +334,23 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         let f = facts.entry(h.record.request.key()).or_insert_with(fresh);
         f.handoff_sum = f.handoff_sum.saturating_add(h.bytes);
     }
+    let users: usize = inputs
+        .iter()
+        .map(|k| k.column.len() + k.handoffs.len())
+        .sum();
     let names: BTreeMap<GroupId, &str> = plan.config.groups().collect();
+    let slot_id = |slot: usize| {
+        plan.runners
+            .get(slot)
+            .map_or(RunnerId(u32::MAX), |r| r.id())
+    };
     let keys: Vec<KeyReport> = facts
         .into_iter()
         .map(|(key, f)| {
             let plan_bytes = f.arenas.iter().copied().fold(0, u64::saturating_add);
             let at = inputs.binary_search_by_key(&key, |k| k.key).ok();
-            let (lower_bound, round_robin_bytes, packed_bytes) = match at {
-                None => (0, plan_bytes, plan_bytes),
+            let (lower_bound, round_robin_bytes, packed_bytes, best_bound, optimum) = match at {
+                None => (0, plan_bytes, plan_bytes, 0, Optimum::LowerBound),
                 Some(at) => {
                     let (input, (work, handoff_work)) = (&inputs[at], shares[at]);
                     let (column, handoffs) = (&input.column, &input.handoffs);
@@ -315,7 +378,23 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                             plan_bytes,
                         ),
                     };
-                    (lower, rr, packed)
+                    let (best, optimum) = if packed <= lower {
+                        (lower, Optimum::LowerBound)
+                    } else {
+                        let share =
+                            placement::share(BOUND_WORK, column.len() + handoffs.len(), users);
+                        let proof =
+                            placement::best_bound(column, handoffs, &timeline, packed, share);
+                        let optimum = match proof.span {
+                            Some((first, last)) if proof.bytes >= packed => Optimum::Proved {
+                                first: slot_id(first),
+                                last: slot_id(last),
+                            },
+                            _ => Optimum::Open,
+                        };
+                        (proof.bytes, optimum)
+                    };
+                    (lower, rr, packed, best, optimum)
                 }
             };
             KeyReport {
@@ -326,6 +405,8 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                 round_robin_bytes,
                 packed_bytes,
                 lower_bound,
+                best_bound,
+                optimum,
                 ring_bytes: f
                     .writers
                     .iter()
@@ -371,6 +452,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         round_robin_bytes: sum(|k| k.round_robin_bytes),
         packed_bytes: sum(|k| k.packed_bytes),
         lower_bound: sum(|k| k.lower_bound),
+        best_bound: sum(|k| k.best_bound),
         ring_bytes: sum(|k| k.ring_bytes),
         longest_wait_list: waits.iter().copied().max().unwrap_or(0),
         handoffs: plan.handoffs.len(),
@@ -667,6 +749,7 @@ impl PlanReport {
             ("packed", Right),
             ("ring(2)", Right),
             ("plan/lb", Right),
+            ("optimum", Left),
             ("waits", Right),
             (arena_head, Left),
         ]);
@@ -693,6 +776,7 @@ impl PlanReport {
                 human_bytes(k.packed_bytes),
                 human_bytes(k.ring_bytes),
                 ratio(k.plan_bytes, k.lower_bound),
+                k.optimum.name().into(),
                 k.longest_wait_list.to_string(),
                 arenas,
             ]);
@@ -706,10 +790,43 @@ impl PlanReport {
             human_bytes(self.packed_bytes),
             human_bytes(self.ring_bytes),
             ratio(self.plan_bytes, self.lower_bound),
+            String::new(),
             self.longest_wait_list.to_string(),
             String::new(),
         ]);
         t
+    }
+
+    /// Why packed placement of a key is above its lower bound, one line per
+    /// such key (none when every key is at it).
+    pub fn bound_notes(&self) -> Vec<String> {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| {
+                let packed = format!(
+                    "packed needs {} ({}x the lower bound {})",
+                    human_bytes(k.packed_bytes),
+                    ratio(k.packed_bytes, k.lower_bound),
+                    human_bytes(k.lower_bound)
+                );
+                let why = match k.optimum {
+                    Optimum::LowerBound => return None,
+                    Optimum::Proved { first, last } => format!(
+                        "{packed}, and that is optimal: no layout of the buffers of {first} to {last} alone fits in less (exhaustive search), so the lower bound cannot be reached"
+                    ),
+                    Optimum::Open if k.best_bound > k.lower_bound => format!(
+                        "{packed}; the best bound proved is {} (exhaustive search of a few runners), so packed may be up to {}x the optimum",
+                        human_bytes(k.best_bound),
+                        ratio(k.packed_bytes, k.best_bound)
+                    ),
+                    Optimum::Open => format!(
+                        "{packed}; no better bound was proved within the search budget, so packed may be above the optimum"
+                    ),
+                };
+                Some(format!("k{} {}: {why}", i + 1, k.name))
+            })
+            .collect()
     }
 
     fn runner_table(&self) -> Table {
@@ -802,6 +919,10 @@ impl PlanReport {
         );
         line("plan/lb", "plan over lower bound (1.000 is optimal)");
         line(
+            "optimum",
+            "lb: packed placement needs the lower bound; proved: the bound cannot be reached and packed is optimal (exhaustive search); open: packed may be above the optimum (bounds: below the table)",
+        );
+        line(
             "waits",
             "most fence waits one replay needs in steady state (every runner replayed in capture order, each on its own stream)",
         );
@@ -859,6 +980,14 @@ impl fmt::Display for PlanReport {
         }
         writeln!(f)?;
         self.key_table().render(f, "")?;
+        let notes = self.bound_notes();
+        if !notes.is_empty() {
+            writeln!(f)?;
+            writeln!(f, "bounds:")?;
+            for note in notes {
+                writeln!(f, "  {note}")?;
+            }
+        }
         writeln!(f)?;
         self.runner_table().render(f, "")?;
         writeln!(f)?;

@@ -683,3 +683,32 @@ fn a_workload_with_handoffs_plans_reports_and_draws() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_bound_no_layout_reaches_is_named_proved_in_the_json_and_the_comparison() {
+    // Nine runners alternating 2a and a, G = 3: the lower bound is 5a, and
+    // no layout fits in less than 6a.
+    let runners: Vec<String> = (0..9)
+        .map(|k| {
+            let elements = if k % 2 == 0 { 8192 } else { 4096 };
+            format!(
+                r#"{{"name": "m{k}", "requests": [{{"domain": "device", "dtype": "f32", "elements": {elements}}}]}}"#
+            )
+        })
+        .collect();
+    let w = file(&format!(
+        r#"{{"name": "two-to-one", "runners": [{}]}}"#,
+        runners.join(",\n")
+    ));
+    let v = json_of(&[&w, "-g", "3", "--packed", "--json"]);
+    let key = &v["keys"][0];
+    // The run the exhaustive search proved it on.
+    let proved = &key["optimum"]["proved"];
+    assert!(proved["first"].as_u64() < proved["last"].as_u64(), "{key}");
+    assert_eq!(key["lower_bound"], 5 * 16384);
+    assert_eq!(key["best_bound"], key["plan_bytes"]);
+    assert_eq!(v["best_bound"], 6 * 16384);
+    let md = ok(&["--compare", "--markdown", &w]);
+    let g3 = md.lines().find(|l| l.contains("Generations(3)")).unwrap();
+    assert!(g3.contains("| proved |"), "{md}");
+}

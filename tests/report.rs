@@ -482,3 +482,37 @@ fn round_robin_key_figures_list_only_generations_with_users() {
         .collect();
     assert_eq!(generations, vec![Some(1), Some(3)]);
 }
+
+#[test]
+fn a_lower_bound_no_layout_reaches_is_reported_with_the_runners_whose_search_proves_it() {
+    // MLP (2a) and attention (a) modules, G = 3: windows weigh 5a, but no
+    // layout of nine or more of these runners fits in less than 6a.
+    let d = named_runners(&[2, 1, 2, 1, 2, 1, 2, 1, 2, 1], PlanConfig::new());
+    let (report, text) = table(&d, Policy::Generations(3).packed());
+    let key = &report.keys[0];
+    assert_eq!(key.lower_bound, 5 * MIB);
+    assert_eq!((key.packed_bytes, key.best_bound), (6 * MIB, 6 * MIB));
+    let replay_arena::Optimum::Proved { first, last } = key.optimum else {
+        panic!("{:?}\n{text}", key.optimum);
+    };
+    assert!(first < last, "{first} {last}");
+    assert_eq!(report.best_bound, 6 * MIB);
+    let bounds = block(&text, "bounds:");
+    assert!(
+        bounds[1].contains("and that is optimal") && bounds[1].contains("exhaustive search"),
+        "{text}"
+    );
+    assert!(
+        block(&text, "#").iter().any(|l| l.contains(" proved ")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_plan_at_its_lower_bound_says_so_and_adds_no_bound_notes() {
+    let d = named_runners(&[10, 1, 20, 10, 1, 20], PlanConfig::new());
+    let (report, text) = table(&d, Policy::Generations(2).packed());
+    assert_eq!(report.keys[0].optimum, replay_arena::Optimum::LowerBound);
+    assert_eq!(report.best_bound, report.lower_bound);
+    assert!(block(&text, "bounds:").is_empty(), "{text}");
+}

@@ -650,6 +650,89 @@ impl Fill<'_> {
     }
 }
 
+/// A bound above the lower bound, and what proves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Proof {
+    /// No placement of the key needs fewer bytes.
+    pub(crate) bytes: u64,
+    /// The slots of the first and last buffer the exact search looked at:
+    /// those buffers alone need `bytes`. `None`: the lower bound itself.
+    pub(crate) span: Option<(usize, usize)>,
+}
+
+/// Buffers in one exact search of [`best_bound`].
+pub(crate) const BOUND_ITEMS: usize = 12;
+
+/// The best lower bound of one key found within `work`: the most live
+/// bytes, or more where runs of [`BOUND_ITEMS`] buffers (consecutive in
+/// order of start) need more than that alone (the optimum of a part is a
+/// lower bound of the whole), searched exactly, heaviest runs first, until
+/// one reaches `target` (a layout's size: nothing can prove more). Runs
+/// that fit within `G` buffers are cliques (they prove nothing beyond the
+/// lower bound) and are not searched.
+pub(crate) fn best_bound(
+    column: &Column,
+    handoffs: &[Interval],
+    t: &Timeline,
+    target: u64,
+    work: u64,
+) -> Proof {
+    let lower = lower_bound_shared(column, handoffs, t);
+    let mut proof = Proof {
+        bytes: lower,
+        span: None,
+    };
+    let mut items = intervals(column, handoffs, t);
+    let m = BOUND_ITEMS.min(items.len());
+    if lower >= target || m <= t.g || items.len() > 4_000_000 {
+        return proof;
+    }
+    let mut work = Work(work);
+    if !work.spend(items.len() as u64 * m as u64) {
+        return proof;
+    }
+    items.sort_unstable();
+    // Runs by weight (their most live bytes), heaviest first.
+    let mut runs: Vec<(Reverse<u128>, usize)> = (0..=items.len() - m)
+        .map(|a| (Reverse(most_live(&items[a..a + m])), a))
+        .collect();
+    runs.sort_unstable();
+    let mut seen: HashMap<Vec<(usize, usize, u64)>, ()> = HashMap::new();
+    for (_, a) in runs {
+        let run = &items[a..a + m];
+        // The run's shape, from its first start: equal shapes, equal optima.
+        let first = run[0].0;
+        let last = run[m - 1].0;
+        let shape: Vec<(usize, usize, u64)> = run
+            .iter()
+            .map(|&(s, e, b)| (s - first, e.min(last) - first, b))
+            .collect();
+        if seen.insert(shape.clone(), ()).is_some() {
+            continue;
+        }
+        // Only a run that needs more than the bound so far helps: stop at
+        // the first layout no higher than it.
+        let found = exact::search(&shape, target, proof.bytes, &mut work);
+        if !found.complete {
+            if work.0 == 0 {
+                break;
+            }
+            continue;
+        }
+        let need = found.layout.map_or(target, |(_, h)| h);
+        if need > proof.bytes {
+            proof = Proof {
+                bytes: need,
+                span: Some((first, last)),
+            };
+            if need >= target {
+                break;
+            }
+        }
+    }
+    proof
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,6 +875,8 @@ mod tests {
             let rr_apart = super::super::round_robin_bytes(&column, g)
                 + place_intervals(&handoffs).unwrap().1;
             proptest::prop_assert!(bound <= rr.bytes() && rr.bytes() <= rr_apart);
+            let proof = best_bound(&column, &handoffs, &t, l.bytes, u64::MAX);
+            proptest::prop_assert!(bound <= proof.bytes && proof.bytes <= l.bytes);
         }
     }
 }

@@ -4,7 +4,9 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use replay_arena::{byte_ratio, human_bytes, GroupSpec, PlacedPolicy, PlanReport, Planned, Policy};
+use replay_arena::{
+    byte_ratio, human_bytes, GroupSpec, Optimum, PlacedPolicy, PlanReport, Planned, Policy,
+};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -22,11 +24,12 @@ pub(crate) enum Format {
 pub(crate) const COMPARISON_LEGEND: &str = "\
 legend:
 G            generations: how many buffer-using runners may be in flight at once
-lower bound  per key, the largest sum of capacities of G consecutive buffer-using runners, summed: no placement needs less
+lower bound  per key, the most bytes live at once (G consecutive buffer-using runners, with the handoffs live then), summed: no placement needs less
 packed       bytes packed placement allocates (one arena per key, any G consecutive runners at disjoint offsets)
 round-robin  bytes round-robin placement allocates (runner k in generation k % G; each arena the largest of its runners)
 packed/lb    packed over the lower bound (1.000 is optimal)
 rr/lb        round-robin over the lower bound
+optimum      lb: packed needs the lower bound in every key; proved: where it does not, an exhaustive search proves the bound unreachable and packed optimal; open: packed may be above the optimum in some key
 ring/packed  what Megatron-LM's older per-parameter wgrad ring of 2 slots needs, over packed (above 1: packed saves memory)
 ring/rr      the same ring over round-robin
 ";
@@ -258,6 +261,9 @@ pub(crate) struct Row {
     lower_bound: u64,
     round_robin: u64,
     packed: u64,
+    /// The keys' [`Optimum`]s, summed up: `open` if any key is open, else
+    /// `proved` if any key is proved, else `lb`.
+    optimum: &'static str,
 }
 
 impl Row {
@@ -267,6 +273,19 @@ impl Row {
 
     fn round_robin_over_lower_bound(&self) -> f64 {
         byte_ratio(self.round_robin, self.lower_bound)
+    }
+}
+
+/// `open` if packed may be above the optimum in some key, else `proved`
+/// if some key's bound is exhaustive, else `lb`.
+fn summary(report: &PlanReport) -> &'static str {
+    let all = || report.keys.iter().map(|k| k.optimum);
+    if all().any(|o| o == Optimum::Open) {
+        Optimum::Open.name()
+    } else if all().any(|o| o != Optimum::LowerBound) {
+        "proved"
+    } else {
+        Optimum::LowerBound.name()
     }
 }
 
@@ -304,6 +323,7 @@ impl<'i> Comparison<'i> {
                 lower_bound: report.lower_bound,
                 round_robin: report.round_robin_bytes,
                 packed: report.packed_bytes,
+                optimum: summary(&report),
             });
         }
         Ok(Comparison {
@@ -326,11 +346,12 @@ impl<'i> Comparison<'i> {
         ));
         let _ = writeln!(
             out,
-            "{:<16} {:>2} {:>9} {:>9} {:>11} {:>9} {:>12} {:>12} {:>12}",
+            "{:<16} {:>2} {:>9} {:>9} {:<7} {:>11} {:>9} {:>12} {:>12} {:>12}",
             "policy",
             "G",
             "packed/lb",
             "rr/lb",
+            "optimum",
             "ring/packed",
             "ring/rr",
             "lower bound",
@@ -340,11 +361,12 @@ impl<'i> Comparison<'i> {
         for r in &self.rows {
             let _ = writeln!(
                 out,
-                "{:<16} {:>2} {:>9.3} {:>9.3} {:>11.2} {:>9.2} {:>12} {:>12} {:>12}",
+                "{:<16} {:>2} {:>9.3} {:>9.3} {:<7} {:>11.2} {:>9.2} {:>12} {:>12} {:>12}",
                 r.policy.to_string(),
                 r.generations,
                 r.packed_over_lower_bound(),
                 r.round_robin_over_lower_bound(),
+                r.optimum,
                 byte_ratio(self.ring, r.packed),
                 byte_ratio(self.ring, r.round_robin),
                 human_bytes(r.lower_bound),
@@ -369,6 +391,7 @@ impl<'i> Comparison<'i> {
                     "round_robin_bytes": r.round_robin,
                     "packed_over_lower_bound": r.packed_over_lower_bound(),
                     "round_robin_over_lower_bound": r.round_robin_over_lower_bound(),
+                    "optimum": r.optimum,
                     "ring_over_packed": byte_ratio(self.ring, r.packed),
                     "ring_over_round_robin": byte_ratio(self.ring, r.round_robin),
                 })
@@ -391,19 +414,20 @@ impl<'i> Comparison<'i> {
 /// All comparisons as one Markdown table, ratios first.
 pub(crate) fn markdown(comparisons: &[Comparison<'_>]) -> String {
     let mut out = String::from(
-        "| workload | policy | G | packed/lb | rr/lb | ring/packed | ring/rr | lower bound | packed | round-robin | ring(2) |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| workload | policy | G | packed/lb | rr/lb | optimum | ring/packed | ring/rr | lower bound | packed | round-robin | ring(2) |\n\
+         |---|---|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|\n",
     );
     for c in comparisons {
         for r in &c.rows {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.3} | {:.3} | {} | {:.2} | {:.2} | {} | {} | {} | {} |",
                 c.input.workload.name,
                 r.policy,
                 r.generations,
                 r.packed_over_lower_bound(),
                 r.round_robin_over_lower_bound(),
+                r.optimum,
                 byte_ratio(c.ring, r.packed),
                 byte_ratio(c.ring, r.round_robin),
                 human_bytes(r.lower_bound),
