@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
-    DType, Discovering, Domain, Key, PlacedPolicy, Placement, PlanConfig, Planned, Policy, Request,
-    RunnerId,
+    DType, Discovering, Domain, HandoffId, Key, PlacedPolicy, Placement, PlanConfig, Planned,
+    Policy, ReplayError, Request, RunnerId,
 };
-use support::{aligned, discover, workload, Workload};
+use support::{aligned, discover, request, workload, Workload};
 
 fn strategy() -> impl proptest::strategy::Strategy<Value = PlacedPolicy> {
     (1usize..5, any::<bool>()).prop_map(|(g, packed)| {
@@ -272,4 +272,272 @@ fn policies_resolve_to_generation_counts() {
     assert_eq!(Policy::Generations(4).requested(), Ok(4));
     assert!(Policy::Generations(0).requested().is_err());
     assert!(Policy::OverlapDepth(0).requested().is_err());
+}
+
+/// Handoffs of a workload: (writer, readers, request), readers after the
+/// writer.
+type Handoffs = Vec<(usize, Vec<usize>, Request)>;
+
+/// A random workload with random handoffs (each read by one to three later
+/// runners, up to four ahead; any key, so they share arenas with runner
+/// bytes or have a key of their own).
+fn workload_with_handoffs(
+    max_runners: usize,
+) -> impl proptest::strategy::Strategy<Value = (Workload, Handoffs)> {
+    workload(max_runners).prop_flat_map(|w| {
+        let n = w.len();
+        let handoff = (0..n, prop::collection::vec(1usize..5, 1..4), request());
+        let handoffs = prop::collection::vec(handoff, 0..8).prop_map(move |raw| {
+            raw.into_iter()
+                .filter_map(|(writer, ahead, q)| {
+                    let mut readers: Vec<usize> = ahead
+                        .iter()
+                        .map(|a| writer + a)
+                        .filter(|&r| r < n)
+                        .collect();
+                    readers.sort_unstable();
+                    readers.dedup();
+                    (!readers.is_empty()).then_some((writer, readers, q))
+                })
+                .collect::<Handoffs>()
+        });
+        (Just(w), handoffs)
+    })
+}
+
+/// Discovery of `w` with its handoffs: each runner records its requests,
+/// receives, then hands off. The ids, in `hs` order.
+fn discover_with(w: &Workload, hs: &Handoffs) -> (Discovering, Vec<HandoffId>) {
+    let mut d = Discovering::new(support::config());
+    let mut ids: Vec<Option<HandoffId>> = vec![None; hs.len()];
+    for (r, requests) in w.iter().enumerate() {
+        let mut armed = d.arm(RunnerId(r as u32)).unwrap();
+        for &q in requests {
+            armed.record(q).unwrap();
+        }
+        for (i, (_, readers, _)) in hs.iter().enumerate() {
+            if readers.contains(&r) {
+                armed.receive(ids[i].unwrap()).unwrap();
+            }
+        }
+        for (i, &(writer, _, q)) in hs.iter().enumerate() {
+            if writer == r {
+                ids[i] = Some(armed.hand_off(q).unwrap());
+            }
+        }
+    }
+    (d, ids.into_iter().map(Option::unwrap).collect())
+}
+
+/// Each buffer of a plan: (key, arena, offset, bytes, first slot, last
+/// slot) of the capture-order stretch over which it must not share bytes:
+/// a runner's bytes from its slot to just before the `G`-th buffer-using
+/// runner after it (the last `G` to the end), a handoff from its writer
+/// to its last reader and `G - 1` runners more.
+fn lifetimes(p: &Planned) -> Vec<(Key, usize, u64, u64, usize, usize)> {
+    let g = p.generations();
+    let slots: Vec<RunnerId> = p.runners().collect();
+    let slot_of = |r: RunnerId| slots.iter().position(|&x| x == r).unwrap();
+    let using: Vec<usize> = (0..slots.len())
+        .filter(|&i| !p.extents_of(slots[i]).unwrap().is_empty())
+        .collect();
+    let mut out = Vec::new();
+    for (k, &slot) in using.iter().enumerate() {
+        let end = using.get(k + g).map_or(usize::MAX, |&s| s - 1);
+        for s in p.extents_of(slots[slot]).unwrap() {
+            out.push((s.key, s.arena, s.offset, s.bytes, slot, end));
+        }
+    }
+    for h in p.handoffs() {
+        let last = h.readers.iter().map(|&r| slot_of(r)).max().unwrap();
+        let bytes = h.request.aligned_bytes().unwrap();
+        out.push((
+            h.request.key(),
+            h.arena,
+            h.offset,
+            bytes,
+            slot_of(h.writer),
+            last + g - 1,
+        ));
+    }
+    out
+}
+
+/// What the separate placement of handoffs needed on top of the runners'
+/// plan: per key, first fit over the handoffs' lifetimes in order of
+/// start.
+fn separate_handoff_bytes(p: &Planned) -> u64 {
+    let mut by_key: BTreeMap<Key, Vec<(usize, usize, u64)>> = BTreeMap::new();
+    let all = lifetimes(p);
+    let handoffs = &all[all.len() - p.handoffs().count()..];
+    for &(key, _, _, bytes, start, end) in handoffs {
+        by_key.entry(key).or_default().push((start, end, bytes));
+    }
+    by_key
+        .values_mut()
+        .map(|items| {
+            items.sort_by_key(|&(s, _, _)| s);
+            let mut placed: Vec<(u64, u64, usize)> = Vec::new();
+            let mut top = 0;
+            for &(start, end, bytes) in items.iter() {
+                placed.retain(|&(_, _, e)| e >= start);
+                placed.sort_unstable();
+                let mut at = 0;
+                for &(lo, hi, _) in &placed {
+                    if at + bytes <= lo {
+                        break;
+                    }
+                    at = at.max(hi);
+                }
+                placed.push((at, at + bytes, end));
+                top = top.max(at + bytes);
+            }
+            top
+        })
+        .sum()
+}
+
+/// The same workload with every request and handoff in device f32.
+fn in_one_key(w: Workload, hs: Handoffs) -> (Workload, Handoffs) {
+    let f32 = |q: Request| Request::new(Domain::Device, DType::F32, q.elements);
+    let w = w
+        .into_iter()
+        .map(|rs| rs.into_iter().map(f32).collect())
+        .collect();
+    let hs = hs.into_iter().map(|(w, r, q)| (w, r, f32(q))).collect();
+    (w, hs)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Runner bytes and handoffs share arenas: the plan never needs more
+    /// than the runners' plan with each key's handoffs placed apart on top.
+    #[test]
+    fn handoffs_beside_runner_bytes_never_need_more_than_the_separate_placement(
+        (w, hs) in workload_with_handoffs(14),
+        s in strategy(),
+    ) {
+        let (d, _) = discover_with(&w, &hs);
+        let p = d.plan(s).unwrap();
+        let runners_alone = plan(&w, s).total_bytes();
+        prop_assert!(
+            p.total_bytes() <= runners_alone + separate_handoff_bytes(&p),
+            "{} > {} + {}", p.total_bytes(), runners_alone, separate_handoff_bytes(&p)
+        );
+        let report = p.report();
+        prop_assert!(report.lower_bound <= report.best_bound);
+        prop_assert!(report.best_bound <= report.packed_bytes);
+    }
+
+    /// Any runner's bytes and any handoff whose lifetimes meet (they may
+    /// be in flight together) lie in different arenas or disjoint bytes,
+    /// inside their arena.
+    #[test]
+    fn buffers_in_flight_together_never_share_bytes_handoffs_included(
+        (w, hs) in workload_with_handoffs(14),
+        s in strategy(),
+    ) {
+        let (d, _) = discover_with(&w, &hs);
+        let p = d.plan(s).unwrap();
+        let all = lifetimes(&p);
+        for (i, a) in all.iter().enumerate() {
+            prop_assert!(a.2 + a.3 <= p.arenas()[a.1].bytes, "{:?} ends past its arena", a);
+            prop_assert_eq!(p.arenas()[a.1].key, a.0);
+            for b in &all[..i] {
+                let meet = a.4 <= b.5 && b.4 <= a.5;
+                let apart = a.1 != b.1 || a.2 + a.3 <= b.2 || b.2 + b.3 <= a.2;
+                prop_assert!(!meet || apart, "{:?} and {:?} overlap", a, b);
+            }
+        }
+    }
+
+    #[test]
+    fn packed_with_handoffs_is_never_worse_than_round_robin(
+        (w, hs) in workload_with_handoffs(16),
+        g in 1usize..5,
+    ) {
+        let (d, _) = discover_with(&w, &hs);
+        let rr = d.clone().plan(Policy::Generations(g)).unwrap();
+        let packed = d.plan(Policy::Generations(g).packed()).unwrap();
+        prop_assert!(packed.total_bytes() <= rr.total_bytes());
+        let (a, b) = (rr.report(), packed.report());
+        prop_assert_eq!(a.packed_bytes, b.plan_bytes);
+        prop_assert_eq!(b.round_robin_bytes, a.plan_bytes);
+        prop_assert_eq!(a.lower_bound, b.lower_bound);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// On `sim`, every runner's graph writes all its views and the
+    /// handoffs it writes and reads the handoffs it receives; steps of
+    /// random subsets of runners in capture order on random streams (a
+    /// reader whose writer was skipped is refused with a typed error):
+    /// the fence orders every two users of the same bytes.
+    #[test]
+    fn random_schedules_of_plans_with_handoffs_leave_no_hazard_on_sim(
+        (w, hs) in workload_with_handoffs(14),
+        s in strategy(),
+        steps in prop::collection::vec(prop::collection::vec((0usize..3, any::<bool>()), 14), 1..5),
+        one_key in any::<bool>(),
+    ) {
+        // Half the cases put every buffer in one key, so that handoffs and
+        // runner bytes share arenas as often as they can.
+        let (w, hs) = if one_key { in_one_key(w, hs) } else { (w, hs) };
+        let (d, ids) = discover_with(&w, &hs);
+        let sim = sim::Device::new();
+        let streams = [sim.stream(), sim.stream(), sim.stream()];
+        let mut graphed = vec![false; w.len()];
+        let mut sinks = Vec::new();
+        let mut capturing = d.plan(s).unwrap().allocate(sim.clone()).unwrap();
+        for (r, requests) in w.iter().enumerate() {
+            let reads: Vec<usize> = (0..hs.len()).filter(|&i| hs[i].1.contains(&r)).collect();
+            let writes: Vec<usize> = (0..hs.len()).filter(|&i| hs[i].0 == r).collect();
+            if requests.is_empty() && reads.is_empty() && writes.is_empty() {
+                continue;
+            }
+            graphed[r] = true;
+            let cap = capturing.capture(RunnerId(r as u32)).unwrap();
+            let own: Vec<_> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
+            // A program buffer of its own for each handoff it reads.
+            let first = sinks.len();
+            sinks.extend(reads.iter().map(|&i| sim.alloc_f32((aligned(&hs[i].2) / 4) as usize).unwrap()));
+            let inputs: Vec<_> = reads
+                .iter()
+                .zip(&sinks[first..])
+                .map(|(&i, sink)| (sink, cap.receive(ids[i]).unwrap()))
+                .collect();
+            let outputs: Vec<_> = writes.iter().map(|&i| cap.hand_off(ids[i]).unwrap()).collect();
+            cap.stream_capture(&streams[r % 3], |st| {
+                for (sink, input) in &inputs {
+                    sim.launch(st, sim::Op::copy(input, *sink), 25)?;
+                }
+                for v in own.iter().chain(&outputs) {
+                    sim.launch(st, sim::Op::fill(v, r as f32), 2)?;
+                }
+                Ok::<(), replay_arena::Error>(())
+            }).unwrap();
+            cap.finish().unwrap();
+        }
+        let mut replayable = capturing.seal().unwrap();
+        for step in &steps {
+            for (r, &(stream, replay)) in step.iter().enumerate().take(w.len()) {
+                if !replay || !graphed[r] {
+                    continue;
+                }
+                match replayable.replay(RunnerId(r as u32), &streams[stream]) {
+                    Ok(())
+                    | Err(ReplayError::HandoffNotWritten { .. })
+                    | Err(ReplayError::HandoffAlreadyRead { .. })
+                    | Err(ReplayError::HandoffOverwritten { .. }) => {}
+                    Err(e) => prop_assert!(false, "replay of runner {}: {}", r, e),
+                }
+            }
+        }
+        replayable.synchronize().unwrap();
+        let hazards = sim.hazards();
+        prop_assert!(hazards.is_empty(), "{:?}", hazards);
+    }
 }

@@ -15,7 +15,8 @@
 //! Packed placement ([`packed_shared`]) lays the runner bytes out as it
 //! always has ([`packed_column`](super::packed_column)), puts the handoffs
 //! on top where the separate arena was (what the separate placement cost),
-//! then fills the handoffs in around the runners (in order of that layout's
+//! takes round-robin's layout with its handoffs end to end if that is
+//! smaller (so packed is never larger than round-robin), then fills the handoffs in around the runners (in order of that layout's
 //! offset, which never raises one, then in order of start and by size),
 //! settles runners and handoffs together, and for a few buffers searches
 //! exactly ([`exact`](super::exact)). Round-robin ([`round_robin_shared`])
@@ -230,7 +231,7 @@ fn partition(len: usize, below: impl Fn(usize) -> bool) -> usize {
 
 /// Packed: one arena per key for its runner bytes and its handoffs, never
 /// larger than the runner layout with the separate handoff placement on top
-/// (one of the candidates), spending `work` on the runner layout (as
+/// nor than round-robin with its handoffs (both are candidates), spending `work` on the runner layout (as
 /// [`packed_column`]) and `handoff_work` on the rest. `None` on overflow.
 /// Deterministic.
 pub(crate) fn packed_shared(
@@ -263,15 +264,22 @@ pub(crate) fn packed_shared(
     if best.bytes <= bound {
         return Some(best);
     }
-    let Some(meet) = Meetings::new(column, handoffs, t, &mut work) else {
-        return Some(best);
-    };
     let offer = |best: &mut SharedLayout, c: Option<SharedLayout>| {
         if let Some(c) = c {
             if c.bytes < best.bytes {
                 *best = c;
             }
         }
+    };
+    // Round-robin's layout with its handoffs, its arenas end to end: so
+    // packed is never larger than round-robin, handoffs included.
+    let rr = round_robin_shared(column, handoffs, t, handoff_work);
+    offer(&mut best, rr.and_then(|rr| end_to_end(column, t, &rr)));
+    if best.bytes <= bound {
+        return Some(best);
+    }
+    let Some(meet) = Meetings::new(column, handoffs, t, &mut work) else {
+        return Some(best);
     };
     // Around the runners: in the separate layout's order of offset first
     // (each handoff's old place is still free then, so none moves up).
@@ -314,6 +322,29 @@ pub(crate) fn packed_shared(
         }
     }
     Some(best)
+}
+
+/// A round-robin layout as one arena: its arenas laid end to end.
+fn end_to_end(column: &Column, t: &Timeline, rr: &RoundRobinShared) -> Option<SharedLayout> {
+    let mut base = Vec::with_capacity(rr.arenas.len());
+    let mut top = 0u64;
+    for &(_, bytes) in &rr.arenas {
+        base.push(top);
+        top = top.checked_add(bytes)?;
+    }
+    let gens: Vec<Option<usize>> = rr.arenas.iter().map(|a| a.0).collect();
+    let runners = column
+        .entries()
+        .map(|(k, _)| {
+            let gen = Some(k % t.g);
+            gens.binary_search(&gen).ok().map(|a| base[a])
+        })
+        .collect::<Option<Vec<u64>>>()?;
+    Some(SharedLayout {
+        runners,
+        handoffs: rr.handoffs.iter().map(|&(a, o)| base[a] + o).collect(),
+        bytes: top,
+    })
 }
 
 /// The handoffs placed in `order`, each at the lowest offset free of the
@@ -875,6 +906,7 @@ mod tests {
             let rr_apart = super::super::round_robin_bytes(&column, g)
                 + place_intervals(&handoffs).unwrap().1;
             proptest::prop_assert!(bound <= rr.bytes() && rr.bytes() <= rr_apart);
+            proptest::prop_assert!(l.bytes <= rr.bytes());
             let proof = best_bound(&column, &handoffs, &t, l.bytes, u64::MAX);
             proptest::prop_assert!(bound <= proof.bytes && proof.bytes <= l.bytes);
         }
