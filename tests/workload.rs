@@ -715,7 +715,8 @@ fn bundled_workloads_load_and_name_their_source() {
             "deepseek-v3-mtp",
             "gpt3-175b-per-module",
             "gpt3-175b-whole-layer",
-            "mixtral-8x7b-per-module"
+            "mixtral-8x7b-per-module",
+            "tp-backward-mid"
         ]
     );
     let readme = std::fs::read_to_string(concat!(
@@ -754,17 +755,50 @@ fn bundled_workloads_survive_saving() {
 }
 
 #[test]
-fn bundled_workloads_mix_every_purpose() {
+fn bundled_model_workloads_mix_every_purpose() {
     for b in bundled() {
         let purposes: BTreeSet<Purpose> = all_requests(&b.discovery).map(|q| q.purpose).collect();
-        for p in [
-            Purpose::WgradRsInput,
-            Purpose::RsOutput,
-            Purpose::Fp32RsScratch,
-            Purpose::Fp32AccumScratch,
-        ] {
+        // The example's own requests: workspaces, wgrads and their
+        // reduce-scatter outputs (it accumulates into main grads outside
+        // the plan).
+        let expected: &[Purpose] = if b.stem == "tp-backward-mid" {
+            &[Purpose::Other, Purpose::WgradRsInput, Purpose::RsOutput]
+        } else {
+            &[
+                Purpose::WgradRsInput,
+                Purpose::RsOutput,
+                Purpose::Fp32RsScratch,
+                Purpose::Fp32AccumScratch,
+            ]
+        };
+        for &p in expected {
             assert!(purposes.contains(&p), "{} has no {p}", b.stem);
         }
+    }
+}
+
+#[test]
+fn tp_backward_mid_hands_every_input_gradient_to_the_next_module_and_plans_at_its_bound() {
+    let all = bundled();
+    let b = by_name(&all, "tp-backward-mid");
+    let handoffs: Vec<_> = b.discovery.handoffs().collect();
+    assert_eq!(handoffs.len(), 15);
+    for (i, (_, request, writer, readers)) in handoffs.iter().enumerate() {
+        assert_eq!(request.aligned_bytes(), Some(16 << 20));
+        assert_eq!(*writer, RunnerId(i as u32));
+        assert_eq!(readers, &vec![RunnerId(i as u32 + 1)]);
+    }
+    for strategy in [
+        Policy::OverlapDepth(2).round_robin(),
+        Policy::OverlapDepth(2).packed(),
+    ] {
+        let report = b.discovery.clone().plan(strategy).unwrap().report();
+        // Two runners' bytes (an MLP and an attention module: 512 + 64 MiB
+        // of wgrads and shards, 2 x 32 MiB of workspaces) and three input
+        // gradients live at once: while module m + 1 still reads module
+        // m's gradient, module m + 2 writes its own.
+        assert_eq!(report.lower_bound, (576 + 64 + 3 * 16) << 20);
+        assert_eq!(report.plan_bytes, report.lower_bound, "{strategy:?}");
     }
 }
 
