@@ -692,7 +692,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
 
     /// The view of `handoff`, which this runner writes (declared with
     /// [`ArmedRunner::hand_off`](crate::ArmedRunner::hand_off)): fixed for
-    /// the plan's life, apart from every runner's own bytes. Mark where the
+    /// the plan's life, in bytes nothing live with it uses. Mark where the
     /// graph has finished writing it with [`RunnerCapture::ready`], so
     /// readers start there instead of at the end of this graph.
     ///

@@ -384,7 +384,7 @@ impl ArmedRunner<'_> {
     /// Declares a buffer this runner writes and later runners read (its
     /// input gradient, which the next layer's backward reads): the plan
     /// places it for its whole lifetime, from this runner to its last
-    /// reader, apart from every runner's own bytes. In the capture, the
+    /// reader, in bytes nothing else live with it uses. In the capture, the
     /// writer takes it with
     /// [`RunnerCapture::hand_off`](crate::RunnerCapture::hand_off) and each
     /// reader with [`RunnerCapture::receive`](crate::RunnerCapture::receive);

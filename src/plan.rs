@@ -305,10 +305,11 @@ pub struct ArenaPlan {
     /// Its key.
     pub key: Key,
     /// Its generation under round-robin placement (`None` when packed, and
-    /// for handoffs).
+    /// for the arena of a key that only handoffs use).
     pub generation: Option<usize>,
-    /// It holds the key's handoffs, each placed for its lifetime (writer to
-    /// last reader), apart from every runner's own bytes.
+    /// It holds handoffs of the key, each placed for its lifetime (writer to
+    /// last reader, and `G - 1` runners more) beside the runners' bytes:
+    /// bytes a runner does not use while a handoff is live hold it.
     #[cfg_attr(feature = "serde", serde(default))]
     pub handoffs: bool,
     /// Its size in bytes (a multiple of the domain's alignment).
