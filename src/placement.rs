@@ -813,15 +813,31 @@ pub(crate) fn place_intervals(items: &[Interval]) -> Option<(Vec<u64>, u64)> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| (items[i].start, i));
     let mut offsets = vec![0u64; items.len()];
-    // Live buffers: (offset, end of range, end of interval), by offset.
+    // Live buffers: (offset, end of range, end of interval), by offset;
+    // the earliest end of interval among them, to drop the dead only when
+    // there are some; and the offset below which they cover every byte.
     let mut live: Vec<(u64, u64, usize)> = Vec::new();
+    let mut earliest = usize::MAX;
+    let mut covered = 0u64;
     let mut top = 0u64;
     for i in order {
         let it = items[i];
-        live.retain(|&(_, _, end)| end >= it.start);
-        live.sort_unstable();
-        let mut at = 0u64;
-        for &(lo, hi, _) in &live {
+        if earliest < it.start {
+            live.retain(|&(_, _, end)| end >= it.start);
+            earliest = live.iter().map(|l| l.2).min().unwrap_or(usize::MAX);
+            covered = 0;
+            for &(lo, hi, _) in &live {
+                if lo > covered {
+                    break;
+                }
+                covered = covered.max(hi);
+            }
+        }
+        // No gap below `covered`: start the scan at the first range that
+        // ends above it.
+        let mut at = covered;
+        let from = live.partition_point(|&(_, hi, _)| hi <= covered);
+        for &(lo, hi, _) in &live[from..] {
             if at.checked_add(it.bytes)? <= lo {
                 break;
             }
@@ -830,7 +846,18 @@ pub(crate) fn place_intervals(items: &[Interval]) -> Option<(Vec<u64>, u64)> {
         let hi = at.checked_add(it.bytes)?;
         offsets[i] = at;
         top = top.max(hi);
-        live.push((at, hi, it.end));
+        let pos = live.partition_point(|&(lo, _, _)| lo < at);
+        live.insert(pos, (at, hi, it.end));
+        earliest = earliest.min(it.end);
+        if at == covered {
+            covered = hi;
+            for &(lo, h, _) in &live[pos + 1..] {
+                if lo > covered {
+                    break;
+                }
+                covered = covered.max(h);
+            }
+        }
     }
     Some((offsets, top))
 }
@@ -885,6 +912,42 @@ mod interval_tests {
                 }
             }
             prop_assert!(interval_lower_bound(&items) <= top);
+        }
+    }
+
+    proptest! {
+        /// Each buffer, in order of start, goes to the lowest offset free
+        /// of the buffers placed before it whose intervals meet it: what a
+        /// plain scan of every live buffer from offset 0 finds.
+        #[test]
+        fn each_interval_takes_the_lowest_offset_free_of_those_placed_before(
+            raw in prop::collection::vec((0usize..30, 0usize..8, 1u64..9), 0..40)
+        ) {
+            let items: Vec<Interval> = raw
+                .iter()
+                .map(|&(start, len, bytes)| Interval { start, end: start + len, bytes })
+                .collect();
+            let mut order: Vec<usize> = (0..items.len()).collect();
+            order.sort_by_key(|&i| (items[i].start, i));
+            let mut expected = vec![0u64; items.len()];
+            for (k, &i) in order.iter().enumerate() {
+                let mut busy: Vec<(u64, u64)> = order[..k]
+                    .iter()
+                    .filter(|&&j| items[j].end >= items[i].start)
+                    .map(|&j| (expected[j], expected[j] + items[j].bytes))
+                    .collect();
+                busy.sort_unstable();
+                let mut at = 0;
+                for (lo, hi) in busy {
+                    if at + items[i].bytes <= lo {
+                        break;
+                    }
+                    at = at.max(hi);
+                }
+                expected[i] = at;
+            }
+            let (offsets, _) = place_intervals(&items).unwrap();
+            prop_assert_eq!(offsets, expected);
         }
     }
 

@@ -485,11 +485,15 @@ impl Planned {
                     // Only generations with users get an arena: sparse, so
                     // many keys at a large G cost their users, not keys x G.
                     let first = arenas.len();
-                    for (a, &(gen, bytes)) in layout.arenas.iter().enumerate() {
+                    let mut holds = vec![false; layout.arenas.len()];
+                    for &(a, _) in &layout.handoffs {
+                        holds[a] = true;
+                    }
+                    for (&(gen, bytes), handoffs) in layout.arenas.iter().zip(holds) {
                         arenas.push(ArenaPlan {
                             key,
                             generation: gen,
-                            handoffs: layout.handoffs.iter().any(|h| h.0 == a),
+                            handoffs,
                             bytes,
                         });
                     }

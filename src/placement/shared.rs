@@ -250,9 +250,11 @@ pub(crate) fn packed_shared(
         });
     }
     let bound = lower_bound_shared(column, handoffs, t);
-    let (separate, separate_bytes) = place_intervals(handoffs)?;
+    let separate = place_intervals(handoffs)?;
+    let separate_bytes = separate.1;
     let stacked = SharedLayout {
         handoffs: separate
+            .0
             .iter()
             .map(|&o| runners.bytes.checked_add(o))
             .collect::<Option<Vec<u64>>>()?,
@@ -273,7 +275,7 @@ pub(crate) fn packed_shared(
     };
     // Round-robin's layout with its handoffs, its arenas end to end: so
     // packed is never larger than round-robin, handoffs included.
-    let rr = round_robin_shared(column, handoffs, t, handoff_work);
+    let rr = round_robin_around(column, handoffs, t, handoff_work, separate);
     offer(&mut best, rr.and_then(|rr| end_to_end(column, t, &rr)));
     if best.bytes <= bound {
         return Some(best);
@@ -489,6 +491,24 @@ pub(crate) fn round_robin_shared(
     t: &Timeline,
     handoff_work: u64,
 ) -> Option<RoundRobinShared> {
+    round_robin_around(
+        column,
+        handoffs,
+        t,
+        handoff_work,
+        place_intervals(handoffs)?,
+    )
+}
+
+/// [`round_robin_shared`] given the separate placement of the handoffs
+/// ([`place_intervals`]).
+fn round_robin_around(
+    column: &Column,
+    handoffs: &[Interval],
+    t: &Timeline,
+    handoff_work: u64,
+    (separate, separate_bytes): (Vec<u64>, u64),
+) -> Option<RoundRobinShared> {
     let g = t.g;
     let runner_arenas = round_robin_arenas(column, g);
     let arenas: Vec<(Option<usize>, u64)> = runner_arenas
@@ -501,7 +521,6 @@ pub(crate) fn round_robin_shared(
             handoffs: Vec::new(),
         });
     }
-    let (separate, separate_bytes) = place_intervals(handoffs)?;
     if arenas.is_empty() {
         return Some(RoundRobinShared {
             arenas: vec![(None, separate_bytes)],
@@ -539,15 +558,17 @@ pub(crate) fn round_robin_shared(
         .runners
         .iter()
         .map(|&(lo, hi)| {
-            let mut most: HashMap<usize, u64> = HashMap::new();
-            for i in lo..hi {
-                let gen = column.pos[i] % g;
-                let a = gens.binary_search(&gen).unwrap_or(0);
-                let m = most.entry(a).or_insert(0);
-                *m = (*m).max(column.cap[i]);
-            }
-            let mut v: Vec<(usize, u64)> = most.into_iter().collect();
+            let mut v: Vec<(usize, u64)> = (lo..hi)
+                .map(|i| {
+                    let gen = column.pos[i] % g;
+                    (gens.binary_search(&gen).unwrap_or(0), column.cap[i])
+                })
+                .collect();
+            // The largest of each arena last among its equals: keep it.
             v.sort_unstable();
+            v.reverse();
+            v.dedup_by_key(|&mut (a, _)| a);
+            v.reverse();
             v
         })
         .collect();
