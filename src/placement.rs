@@ -66,7 +66,7 @@ mod exact;
 mod shared;
 
 pub(crate) use shared::{
-    best_bound, lower_bound_shared, packed_shared, round_robin_shared, Timeline,
+    best_bound, lower_bound_shared, packed_shared, round_robin_shared, RoundRobinShared, Timeline,
 };
 
 /// One key's capacities: the positions (capture order among buffer-using

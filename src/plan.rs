@@ -521,7 +521,7 @@ impl Planned {
                 }
                 Placement::Packed => {
                     let Some(layout) =
-                        placement::packed_shared(cap, items, &timeline, work, handoff_work)
+                        placement::packed_shared(cap, items, &timeline, (work, handoff_work), None)
                     else {
                         let error = overflow(input, &runners, &using, &handoffs);
                         return Err((

@@ -246,6 +246,8 @@ pub fn byte_ratio(a: u64, b: u64) -> f64 {
 /// What one pass over the plan gathers for one key.
 struct KeyFacts {
     arenas: Vec<u64>,
+    /// The index of its first arena in the plan (its arenas follow).
+    first_arena: usize,
     longest_wait_list: usize,
     /// (parameter, aligned size) -> wgrad writers, for the ring.
     writers: BTreeMap<(ParamId, u64), u64>,
@@ -293,6 +295,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     let mut facts: BTreeMap<Key, KeyFacts> = BTreeMap::new();
     let fresh = || KeyFacts {
         arenas: Vec::new(),
+        first_arena: 0,
         longest_wait_list: 0,
         writers: BTreeMap::new(),
         anonymous: 0,
@@ -323,6 +326,9 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     // The plan lists each key's arenas together, in generation order.
     for (a, arena) in plan.arenas.iter().enumerate() {
         let f = facts.entry(arena.key).or_insert_with(fresh);
+        if f.arenas.is_empty() {
+            f.first_arena = a;
+        }
         f.arenas.push(arena.bytes);
         if arena.handoffs {
             f.handoff_bytes = f
@@ -356,17 +362,33 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                     let (column, handoffs) = (&input.column, &input.handoffs);
                     let lower = placement::lower_bound_shared(column, handoffs, &timeline);
                     let (rr, packed) = match plan.placed_policy.placement {
-                        Placement::RoundRobin => (
-                            plan_bytes,
-                            placement::packed_shared(
+                        Placement::RoundRobin => {
+                            // The plan's own layout is round-robin's, the
+                            // packed search's candidate.
+                            let first = f.first_arena;
+                            let own = placement::RoundRobinShared {
+                                arenas: plan.arenas[first..first + f.arenas.len()]
+                                    .iter()
+                                    .map(|a| (a.generation, a.bytes))
+                                    .collect(),
+                                handoffs: input
+                                    .members
+                                    .iter()
+                                    .map(|&h| {
+                                        let place = plan.handoffs[h].place;
+                                        (place.arena - first, place.offset)
+                                    })
+                                    .collect(),
+                            };
+                            let packed = placement::packed_shared(
                                 column,
                                 handoffs,
                                 &timeline,
-                                work,
-                                handoff_work,
-                            )
-                            .map_or(u64::MAX, |l| l.bytes),
-                        ),
+                                (work, handoff_work),
+                                Some(own),
+                            );
+                            (plan_bytes, packed.map_or(u64::MAX, |l| l.bytes))
+                        }
                         Placement::Packed => (
                             placement::round_robin_shared(
                                 column,

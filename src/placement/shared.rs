@@ -231,15 +231,17 @@ fn partition(len: usize, below: impl Fn(usize) -> bool) -> usize {
 
 /// Packed: one arena per key for its runner bytes and its handoffs, never
 /// larger than the runner layout with the separate handoff placement on top
-/// nor than round-robin with its handoffs (both are candidates), spending `work` on the runner layout (as
-/// [`packed_column`]) and `handoff_work` on the rest. `None` on overflow.
-/// Deterministic.
+/// nor than round-robin with its handoffs (both are candidates), spending
+/// `work` on the runner layout (as [`packed_column`]) and `handoff_work` on
+/// the rest. `round_robin`: [`round_robin_shared`] of the same input with
+/// `handoff_work`, where the caller has it (a round-robin plan's report),
+/// else computed here. `None` on overflow. Deterministic.
 pub(crate) fn packed_shared(
     column: &Column,
     handoffs: &[Interval],
     t: &Timeline,
-    work: u64,
-    handoff_work: u64,
+    (work, handoff_work): (u64, u64),
+    round_robin: Option<RoundRobinShared>,
 ) -> Option<SharedLayout> {
     let runners = packed_column(column, t.g, work)?;
     if handoffs.is_empty() {
@@ -275,7 +277,10 @@ pub(crate) fn packed_shared(
     };
     // Round-robin's layout with its handoffs, its arenas end to end: so
     // packed is never larger than round-robin, handoffs included.
-    let rr = round_robin_around(column, handoffs, t, handoff_work, separate);
+    let rr = match round_robin {
+        Some(rr) => Some(rr),
+        None => round_robin_around(column, handoffs, t, handoff_work, separate),
+    };
     offer(&mut best, rr.and_then(|rr| end_to_end(column, t, &rr)));
     if best.bytes <= bound {
         return Some(best);
@@ -715,10 +720,14 @@ pub(crate) struct Proof {
 /// Buffers in one exact search of [`best_bound`].
 pub(crate) const BOUND_ITEMS: usize = 12;
 
+/// Runs of distinct shape [`best_bound`] searches, at most.
+pub(crate) const BOUND_RUNS: usize = 64;
+
 /// The best lower bound of one key found within `work`: the most live
 /// bytes, or more where runs of [`BOUND_ITEMS`] buffers (consecutive in
 /// order of start) need more than that alone (the optimum of a part is a
-/// lower bound of the whole), searched exactly, heaviest runs first, until
+/// lower bound of the whole), searched exactly, heaviest runs first (by the
+/// bytes of their buffers; at most [`BOUND_RUNS`] of distinct shape), until
 /// one reaches `target` (a layout's size: nothing can prove more). Runs
 /// that fit within `G` buffers are cliques (they prove nothing beyond the
 /// lower bound) and are not searched.
@@ -744,10 +753,15 @@ pub(crate) fn best_bound(
         return proof;
     }
     items.sort_unstable();
-    // Runs by weight (their most live bytes), heaviest first.
-    let mut runs: Vec<(Reverse<u128>, usize)> = (0..=items.len() - m)
-        .map(|a| (Reverse(most_live(&items[a..a + m])), a))
-        .collect();
+    // Runs by weight (the bytes of their buffers), heaviest first.
+    let mut weight: u128 = items[..m].iter().map(|it| u128::from(it.2)).sum();
+    let mut runs: Vec<(Reverse<u128>, usize)> = Vec::with_capacity(items.len() - m + 1);
+    for a in 0..=items.len() - m {
+        if a > 0 {
+            weight = weight - u128::from(items[a - 1].2) + u128::from(items[a + m - 1].2);
+        }
+        runs.push((Reverse(weight), a));
+    }
     runs.sort_unstable();
     let mut seen: HashMap<Vec<(usize, usize, u64)>, ()> = HashMap::new();
     for (_, a) in runs {
@@ -759,6 +773,9 @@ pub(crate) fn best_bound(
             .iter()
             .map(|&(s, e, b)| (s - first, e.min(last) - first, b))
             .collect();
+        if seen.len() == BOUND_RUNS {
+            break;
+        }
         if seen.insert(shape.clone(), ()).is_some() {
             continue;
         }
@@ -863,7 +880,7 @@ mod tests {
         let (column, t) = key(&[4, 1, 4, 1, 4], 2);
         let handoffs = [interval(1, 3, 3)];
         let separate = packed_column(&column, 2, u64::MAX).unwrap().bytes + 3;
-        let l = packed_shared(&column, &handoffs, &t, u64::MAX, u64::MAX).unwrap();
+        let l = packed_shared(&column, &handoffs, &t, (u64::MAX, u64::MAX), None).unwrap();
         assert_disjoint(&column, &handoffs, &t, &l);
         assert_eq!(lower_bound_shared(&column, &handoffs, &t), 8);
         assert_eq!(l.bytes, 8);
@@ -876,7 +893,7 @@ mod tests {
         // fits above the small runners: the arena stays 8 (apart: 14).
         let (column, t) = key(&[8, 2, 2, 2, 8], 1);
         let handoffs = [interval(1, 3, 6)];
-        let l = packed_shared(&column, &handoffs, &t, u64::MAX, u64::MAX).unwrap();
+        let l = packed_shared(&column, &handoffs, &t, (u64::MAX, u64::MAX), None).unwrap();
         assert_disjoint(&column, &handoffs, &t, &l);
         assert_eq!(l.bytes, 8);
         let rr = round_robin_shared(&column, &handoffs, &t, u64::MAX).unwrap();
@@ -916,7 +933,7 @@ mod tests {
                 .iter()
                 .map(|&(s, l, b)| interval(s, s + l + g - 1, b))
                 .collect();
-            let l = packed_shared(&column, &handoffs, &t, u64::MAX, u64::MAX).unwrap();
+            let l = packed_shared(&column, &handoffs, &t, (u64::MAX, u64::MAX), None).unwrap();
             assert_disjoint(&column, &handoffs, &t, &l);
             let bound = lower_bound_shared(&column, &handoffs, &t);
             let apart = packed_column(&column, g, u64::MAX).unwrap().bytes
