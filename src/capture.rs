@@ -10,7 +10,7 @@ use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
 use crate::scope::{new_scope_id, retire, OpenScope, ScopeKind, StreamBusy};
-use crate::view::{NotSend, View};
+use crate::view::{Misuse, NotSend, View};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
 /// A failed check while capturing.
@@ -115,7 +115,7 @@ pub enum CaptureError {
         /// The runner.
         runner: RunnerId,
         /// Which view, and where it was used.
-        reason: String,
+        reason: Misuse,
     },
     /// A graph was rejected: it allocates memory it does not free (the
     /// allocation escapes the graph, and the next launch would fail), or
@@ -527,7 +527,7 @@ pub(crate) enum Uncaptured<E> {
     Work(E),
     /// The work used a view where the fence cannot order it; the capture
     /// was aborted.
-    Misuse(String),
+    Misuse(Misuse),
     /// The backend could not end the capture.
     End(BackendError),
 }

@@ -45,6 +45,7 @@ use crate::backend::{BackendError, Streams};
 use crate::painter::{Claim, Painter};
 use crate::plan::Planned;
 use crate::scope::StreamClaim;
+use crate::view::Misuse;
 use crate::vocab::{HandoffId, RunnerId};
 
 /// A failed check or backend call while replaying.
@@ -94,7 +95,7 @@ pub enum ReplayError {
         /// The runner.
         runner: RunnerId,
         /// Which view, and where it was used.
-        reason: String,
+        reason: Misuse,
     },
     /// A replay or a consumer was asked for on a stream that is capturing
     /// (inside a `stream_capture` closure of this or another plan, or the

@@ -166,7 +166,7 @@ pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, KeyReport, Optimum, PlanReport, RunnerReport};
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use step::{StepBuilder, StepError, StepGraph};
-pub use view::{SliceError, View, ViewsExt};
+pub use view::{Misuse, SliceError, View, ViewsExt};
 pub use vocab::{
     DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
     SYMMETRIC_ALIGNMENT,

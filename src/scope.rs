@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering as AtomicOrdering;
 
 use self::sync::{Arc, AtomicBool, AtomicU64, Mutex};
-use crate::view::ViewTag;
+use crate::view::{Misuse, ViewTag};
 use crate::vocab::RunnerId;
 
 /// The registry's synchronization: std's, or loom's models of it under
@@ -98,7 +98,7 @@ pub(crate) struct Scope {
     open: AtomicBool,
     /// The first use refused after the view left the closure's checks (a
     /// typed view used on another stream), reported when the closure ends.
-    misuse: Mutex<Option<String>>,
+    misuse: Mutex<Option<Misuse>>,
     /// Handoffs marked ready in this capture: its work may no longer use
     /// them.
     retired: Mutex<Vec<u32>>,
@@ -116,14 +116,14 @@ impl Scope {
 
     /// Keeps the first refused use, for the capture or consumer to report.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn record_misuse(&self, what: String) {
+    pub(crate) fn record_misuse(&self, what: Misuse) {
         if let Ok(mut m) = self.misuse.lock() {
             m.get_or_insert(what);
         }
     }
 
     /// The first refused use, if any.
-    pub(crate) fn take_misuse(&self) -> Option<String> {
+    pub(crate) fn take_misuse(&self) -> Option<Misuse> {
         self.misuse.lock().ok().and_then(|mut m| m.take())
     }
 
@@ -329,36 +329,22 @@ pub(crate) fn capture_on(stream: u64) -> Option<(u64, RunnerId)> {
 }
 
 /// Why a view may not be used on the device here.
-pub(crate) fn out_of_scope(view: &ViewTag) -> String {
+pub(crate) fn out_of_scope(view: &ViewTag) -> Misuse {
+    let (request, runner) = (view.request, view.runner);
     if view.scope == 0 {
-        format!(
-            "{} of {} was not handed out by a capture or consumer (views from `Replayable::views` \
-             are for reading addresses; put device work on them inside `Replayable::consume`)",
-            view.request, view.runner
-        )
+        Misuse::NoScope { request, runner }
     } else {
-        format!(
-            "{} of {} is used outside the work closure of the capture or consumer that handed \
-             it out (a view works only inside its own `stream_capture` or `consume` closure)",
-            view.request, view.runner
-        )
+        Misuse::OutsideClosure { request, runner }
     }
 }
 
 /// Why a consumer's view may not be written.
-pub(crate) fn read_only(view: &ViewTag) -> String {
-    if view.read_only && view.handoff.is_some() {
-        return format!(
-            "{} of {} is a handoff it received, which it reads (the writer's next replay and \
-             other readers rely on that); write handoffs in their writer's graph",
-            view.request, view.runner
-        );
+pub(crate) fn read_only(view: &ViewTag) -> Misuse {
+    Misuse::ReadOnly {
+        request: view.request,
+        runner: view.runner,
+        handoff: view.read_only && view.handoff.is_some(),
     }
-    format!(
-        "{} of {} is a consumer's view, which it reads (consumers on other streams may read \
-         it at the same time); write a runner's views in its graph, or in `consume_mut`",
-        view.request, view.runner
-    )
 }
 
 /// The open scope `view` belongs to, on this thread.
@@ -366,7 +352,7 @@ pub(crate) fn read_only(view: &ViewTag) -> String {
 /// # Errors
 ///
 /// Why not (see [`out_of_scope`]) when its closure is not running here.
-pub(crate) fn scope_of(view: &ViewTag) -> Result<SharedScope, String> {
+pub(crate) fn scope_of(view: &ViewTag) -> Result<SharedScope, Misuse> {
     let id = view.scope;
     let found = OPEN
         .try_with(|open| {
@@ -397,12 +383,11 @@ pub(crate) fn retire(scope: u64, handoff: u32) -> bool {
 }
 
 /// Why a handoff view was refused after its ready point.
-pub(crate) fn retired(view: &ViewTag) -> String {
-    format!(
-        "{} of {} is a handoff its capture marked ready; after that point of the graph, \
-         readers and the next writer may use it, so the writer's graph leaves it alone",
-        view.request, view.runner
-    )
+pub(crate) fn retired(view: &ViewTag) -> Misuse {
+    Misuse::Retired {
+        request: view.request,
+        runner: view.runner,
+    }
 }
 
 /// Checks that `view` may be used on the device on the stream with
@@ -412,8 +397,8 @@ pub(crate) fn retired(view: &ViewTag) -> String {
 ///
 /// # Errors
 ///
-/// Why not, naming the view, its runner and the streams.
-pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<SharedScope, String> {
+/// The [`Misuse`] it would be, naming the view and its runner.
+pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<SharedScope, Misuse> {
     let scope = scope_of(view)?;
     if !scope.in_use(view) {
         return Err(retired(view));
@@ -430,17 +415,11 @@ pub(crate) fn check_use(view: &ViewTag, stream: u64, write: bool) -> Result<Shar
         .ok()
         .flatten();
     if scope.stream != stream || innermost != Some(scope.id) {
-        return Err(format!(
-            "{} of {} is used on another stream than its {} runs on (a view works on the stream \
-             of its own `stream_capture` or `consume` closure)",
-            view.request,
-            view.runner,
-            if scope.kind == ScopeKind::Capture {
-                "capture"
-            } else {
-                "consumer"
-            }
-        ));
+        return Err(Misuse::OtherStream {
+            request: view.request,
+            runner: view.runner,
+            capture: scope.kind == ScopeKind::Capture,
+        });
     }
     if write && (scope.kind == ScopeKind::Read || view.read_only) {
         return Err(read_only(view));

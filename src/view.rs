@@ -3,6 +3,8 @@
 
 use std::marker::PhantomData;
 
+#[cfg(feature = "nccl")]
+use crate::vocab::GroupId;
 use crate::vocab::{DType, Domain, Key, ParamId, Purpose, Request, RunnerId};
 
 /// Makes a type `!Send` and `!Sync` without naming a backend's types (so
@@ -203,6 +205,168 @@ pub struct SliceError {
     /// Elements of the view.
     pub len: usize,
 }
+
+/// Why a view's use on the device was refused: the reason in
+/// [`CaptureError::ViewOutOfScope`](crate::CaptureError::ViewOutOfScope),
+/// [`ReplayError::ViewOutOfScope`](crate::ReplayError::ViewOutOfScope) and
+/// [`BackendError::InvalidView`](crate::BackendError::InvalidView).
+///
+/// A view works on the device only inside the work closure of the capture
+/// or consumer that handed it out, on that closure's stream, and is written
+/// only where its kind allows (`docs/safety.md`). The variants that name a
+/// view carry its [`Request`] and [`RunnerId`] (for a handoff, the runner
+/// whose capture took it).
+///
+/// ```
+/// use replay_arena::{Discovering, Misuse, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+/// use replay_arena::{sim, BackendError};
+/// let q = Request::new(Domain::Device, DType::F32, 64);
+/// let sim = sim::Device::new();
+/// let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q])])?
+///     .plan(Policy::Generations(1))?
+///     .allocate(sim.clone())?;
+/// let cap = capturing.capture(RunnerId(0))?;
+/// let view = cap.take(q)?;
+/// // Outside its `stream_capture` closure, the view is refused.
+/// let err = sim.launch(&sim.stream(), sim::Op::fill(&view, 1.0), 1).unwrap_err();
+/// assert!(matches!(
+///     err,
+///     BackendError::InvalidView { reason: Misuse::OutsideClosure { runner: RunnerId(0), .. } }
+/// ));
+/// # Ok::<(), replay_arena::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Misuse {
+    /// The view was not handed out by a capture or consumer: one from
+    /// [`Replayable::views`](crate::Replayable::views), for reading
+    /// addresses only.
+    #[error("{request} of {runner} was not handed out by a capture or consumer (views from `Replayable::views` are for reading addresses; put device work on them inside `Replayable::consume`)")]
+    NoScope {
+        /// The view's request.
+        request: Request,
+        /// The view's runner.
+        runner: RunnerId,
+    },
+    /// The view was used outside the work closure of the capture or
+    /// consumer that handed it out (after it returned, or on another
+    /// thread).
+    #[error("{request} of {runner} is used outside the work closure of the capture or consumer that handed it out (a view works only inside its own `stream_capture` or `consume` closure)")]
+    OutsideClosure {
+        /// The view's request.
+        request: Request,
+        /// The view's runner.
+        runner: RunnerId,
+    },
+    /// The view was used while its closure runs, but on another stream
+    /// than the closure's, or on that stream while a capture or consumer
+    /// opened inside the closure works there.
+    #[error("{request} of {runner} is used on another stream than its {} runs on (a view works on the stream of its own `stream_capture` or `consume` closure)", if *.capture { "capture" } else { "consumer" })]
+    OtherStream {
+        /// The view's request.
+        request: Request,
+        /// The view's runner.
+        runner: RunnerId,
+        /// Whether the closure is a capture's (else a consumer's).
+        capture: bool,
+    },
+    /// A view its closure may only read was written: a consumer's view, or
+    /// a handoff its reader received.
+    #[error("{request} of {runner} is {}", if *.handoff { READ_ONLY_HANDOFF } else { READ_ONLY_CONSUMER })]
+    ReadOnly {
+        /// The view's request.
+        request: Request,
+        /// The view's runner.
+        runner: RunnerId,
+        /// Whether it is a handoff its reader received (else a consumer's
+        /// view).
+        handoff: bool,
+    },
+    /// A handoff was used by its writer's capture after the capture marked
+    /// it ready: from that point of the graph on, its readers and the next
+    /// writer may use it.
+    #[error("{request} of {runner} is a handoff its capture marked ready; after that point of the graph, readers and the next writer may use it, so the writer's graph leaves it alone")]
+    Retired {
+        /// The view's request.
+        request: Request,
+        /// The view's runner.
+        runner: RunnerId,
+    },
+    /// A typed cudarc view ([`cuda::TypedView`](crate::cuda::TypedView))
+    /// was handed to cudarc for work on another stream than its closure's,
+    /// or after its closure returned; cudarc got address 0.
+    #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+    #[error("a typed view of {} elements at {address:#x} was handed to cudarc {}; it works only on the stream of its own closure, while that closure runs", .request.elements, if *.returned { "after its closure returned" } else { "on another stream" })]
+    TypedViewElsewhere {
+        /// The view's request.
+        request: Request,
+        /// The view's runner.
+        runner: RunnerId,
+        /// The view's device address.
+        address: u64,
+        /// Whether its closure had returned (else the work was for another
+        /// stream while it ran).
+        returned: bool,
+    },
+    /// A reduce-scatter was given a send and a receive view of different
+    /// dtypes.
+    #[cfg(feature = "nccl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
+    #[error("reduce-scatter from {send} into {recv}: dtypes differ")]
+    DTypesDiffer {
+        /// The send view's dtype.
+        send: DType,
+        /// The receive view's dtype.
+        recv: DType,
+    },
+    /// A reduce-scatter's send view is not of its communicator's symmetric
+    /// domain.
+    #[cfg(feature = "nccl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
+    #[error("reduce-scatter on {group} needs a view of symmetric({group}), got one of {domain}")]
+    NotSymmetric {
+        /// The communicator's group.
+        group: GroupId,
+        /// The send view's domain.
+        domain: Domain,
+    },
+    /// A reduce-scatter's send view lies in none of the windows registered
+    /// on its communicator.
+    #[cfg(feature = "nccl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
+    #[error(
+        "the send view at {address:#x} lies in no window registered on {group}'s communicator"
+    )]
+    OutsideWindows {
+        /// The send view's device address.
+        address: u64,
+        /// The communicator's group.
+        group: GroupId,
+    },
+    /// A reduce-scatter's send view does not hold `ranks` times the
+    /// receive length.
+    #[cfg(feature = "nccl")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
+    #[error("reduce-scatter over {ranks} ranks into {recv} elements needs {} send elements, the view has {send}", .recv.saturating_mul(*.ranks))]
+    SendLength {
+        /// The communicator's ranks.
+        ranks: usize,
+        /// Elements received per rank.
+        recv: usize,
+        /// Elements of the send view.
+        send: usize,
+    },
+}
+
+/// [`Misuse::ReadOnly`] of a handoff, after "{request} of {runner} is".
+const READ_ONLY_HANDOFF: &str = "a handoff it received, which it reads (the writer's next replay \
+     and other readers rely on that); write handoffs in their writer's graph";
+
+/// [`Misuse::ReadOnly`] of a consumer's view, after "{request} of {runner}
+/// is".
+const READ_ONLY_CONSUMER: &str = "a consumer's view, which it reads (consumers on other streams \
+     may read it at the same time); write a runner's views in its graph, or in `consume_mut`";
 
 /// Finding views by what they are for, in the slice a consumer (or
 /// [`Replayable::views`](crate::Replayable::views)) hands out, without

@@ -206,6 +206,15 @@ fn sub_views_keep_the_closure_and_the_fence() {
         err.to_string().contains("outside the work closure"),
         "{err}"
     );
+    assert!(
+        matches!(
+            err,
+            replay_arena::BackendError::InvalidView {
+                reason: replay_arena::Misuse::OutsideClosure { request, runner: RunnerId(0) }
+            } if request == b.request()
+        ),
+        "{err:?}"
+    );
     cap.finish().unwrap();
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), &stream).unwrap();

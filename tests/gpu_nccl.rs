@@ -14,8 +14,8 @@ use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::nccl::{self, Communicator, UniqueId};
 use replay_arena::{
-    BackendError, DType, Discovering, Domain, GroupId, PlanConfig, Planned, Policy, Purpose,
-    Request, RunnerId, View,
+    BackendError, DType, Discovering, Domain, GroupId, Misuse, PlanConfig, Planned, Policy,
+    Purpose, Request, RunnerId, View,
 };
 use support::gpu::{gpu, gpu_on, host_wgrad, Gpu, Spec};
 
@@ -299,9 +299,29 @@ fn a_view_of_another_group_or_the_wrong_size_is_refused() {
         err.to_string().contains("outside the work closure"),
         "{err}"
     );
+    assert!(
+        matches!(
+            err,
+            BackendError::InvalidView {
+                reason: Misuse::OutsideClosure {
+                    runner: RunnerId(1),
+                    ..
+                }
+            }
+        ),
+        "{err:?}"
+    );
     let inside = cap.stream_capture(&s, |s| {
         let err = gtp.reduce_scatter(&send, &recv, s).unwrap_err();
-        assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                BackendError::InvalidView {
+                    reason: Misuse::NotSymmetric { .. }
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("symmetric(group 1)"), "{err}");
         Ok::<(), BackendError>(())
     });
@@ -316,6 +336,19 @@ fn a_view_of_another_group_or_the_wrong_size_is_refused() {
             err.to_string()
                 .contains("needs 2999 send elements, the view has 3000"),
             "{err}"
+        );
+        assert!(
+            matches!(
+                err,
+                BackendError::InvalidView {
+                    reason: Misuse::SendLength {
+                        recv: 2999,
+                        send: 3000,
+                        ..
+                    }
+                }
+            ),
+            "{err:?}"
         );
         Ok::<(), BackendError>(())
     })

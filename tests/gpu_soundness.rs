@@ -10,8 +10,8 @@ use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelA
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
-    BackendError, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId, Streams,
+    BackendError, ConsumeError, DType, Discovering, Domain, Misuse, PlanConfig, Policy,
+    ReplayError, Replayable, Request, RunnerId, Streams,
 };
 
 const N: usize = 1 << 18; // 1 MiB of f32
@@ -130,7 +130,18 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
     // A view read from the plan is for addresses: no typed view of it.
     let view = replayable.views(RunnerId(0)).unwrap()[0];
     let err = view.as_cuda::<f32>(&other).unwrap_err();
-    assert!(matches!(err, BackendError::InvalidView { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            BackendError::InvalidView {
+                reason: Misuse::NoScope {
+                    runner: RunnerId(0),
+                    ..
+                }
+            }
+        ),
+        "{err}"
+    );
     let addr = view.device_address();
     // Inside the consumer: another stream is refused at conversion, and a
     // typed view handed to cudarc on another stream gets a null address
@@ -139,7 +150,16 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
     let result = replayable.consume(RunnerId(0), &pool, |s, views| {
         let refused = views[0].as_cuda::<f32>(&other).unwrap_err();
         assert!(
-            matches!(refused, BackendError::InvalidView { .. }),
+            matches!(
+                refused,
+                BackendError::InvalidView {
+                    reason: Misuse::OtherStream {
+                        runner: RunnerId(0),
+                        capture: false,
+                        ..
+                    }
+                }
+            ),
             "{refused}"
         );
         let mut typed = views[0].as_cuda::<f32>(s)?;
@@ -350,7 +370,12 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     let recv_addr = views[1].device_address();
     let outside = comm.reduce_scatter(&views[0], &views[1], &side);
     assert!(
-        matches!(outside, Err(BackendError::InvalidView { .. })),
+        matches!(
+            outside,
+            Err(BackendError::InvalidView {
+                reason: Misuse::NoScope { .. }
+            })
+        ),
         "{outside:?}"
     );
     replayable

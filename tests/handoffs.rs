@@ -5,8 +5,9 @@
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
-    CaptureError, DType, Discovering, DiscoveryError, Domain, HandoffId, PlacedPolicy, PlanConfig,
-    Policy, ReplayError, Replayable, Request, RunnerId,
+    BackendError, CaptureError, DType, Discovering, DiscoveryError, Domain, HandoffId, Misuse,
+    PlacedPolicy, PlanConfig, Policy, ReplayError, Replayable, Request, RunnerId,
+    StreamCaptureError,
 };
 
 const GRAD: Request = Request::new(Domain::Device, DType::F32, 64);
@@ -202,6 +203,18 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
             })
             .unwrap_err();
         assert!(e.to_string().contains("marked ready"), "{e}");
+        assert!(
+            matches!(
+                e,
+                StreamCaptureError::Work(replay_arena::Error::Backend(BackendError::InvalidView {
+                    reason: Misuse::Retired {
+                        runner: RunnerId(0),
+                        ..
+                    }
+                }))
+            ),
+            "{e:?}"
+        );
     }
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let _own = cap.take(OWN).unwrap();
@@ -211,6 +224,19 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
         .stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&input, 1.0), 1))
         .unwrap_err();
     assert!(e.to_string().contains("handoff it received"), "{e}");
+    assert!(
+        matches!(
+            e,
+            StreamCaptureError::Work(BackendError::InvalidView {
+                reason: Misuse::ReadOnly {
+                    runner: RunnerId(1),
+                    handoff: true,
+                    ..
+                }
+            })
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]

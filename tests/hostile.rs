@@ -227,7 +227,19 @@ fn a_second_stream_capture_on_one_capture_is_refused() {
 
 /// The sim's refusal of a view used where the fence cannot order it.
 fn assert_out_of_scope<T: std::fmt::Debug>(result: Result<T, replay_arena::BackendError>) {
+    use replay_arena::Misuse;
     let err = result.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            replay_arena::BackendError::InvalidView {
+                reason: Misuse::OutsideClosure { .. }
+                    | Misuse::OtherStream { .. }
+                    | Misuse::NoScope { .. }
+            }
+        ),
+        "{err:?}"
+    );
     assert!(
         err.to_string().contains("outside the work closure")
             || err.to_string().contains("another stream")
@@ -545,6 +557,19 @@ fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
             assert!(
                 err.to_string().contains("consumer's view, which it reads"),
                 "{err}"
+            );
+            assert!(
+                matches!(
+                    err,
+                    replay_arena::BackendError::InvalidView {
+                        reason: replay_arena::Misuse::ReadOnly {
+                            runner: RunnerId(0),
+                            handoff: false,
+                            ..
+                        }
+                    }
+                ),
+                "{err:?}"
             );
             sim.launch(s, sim::Op::copy(&views[0], &out), 100)
         })

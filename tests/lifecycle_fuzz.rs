@@ -1131,7 +1131,12 @@ fn trespass(
 ) -> Result<(), String> {
     let scratch = sim.alloc_f32(64).map_err(|e| e.to_string())?;
     let refused = |what: &str, r: Result<(), BackendError>| match r {
-        Err(BackendError::Refused { .. }) => Ok(()),
+        Err(BackendError::InvalidView {
+            reason:
+                replay_arena::Misuse::OutsideClosure { .. }
+                | replay_arena::Misuse::OtherStream { .. }
+                | replay_arena::Misuse::NoScope { .. },
+        }) => Ok(()),
         other => Err(format!("{what} was not refused: {other:?}")),
     };
     let theirs = other_plan.views(RunnerId(0)).map_err(|e| e.to_string())?[0];

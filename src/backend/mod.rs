@@ -8,6 +8,7 @@
 //! A backend knows nothing of plans: it allocates what an [`ArenaDesc`]
 //! describes, and creates, waits on and records events.
 
+use crate::view::Misuse;
 use crate::vocab::{GroupId, Key};
 
 pub mod sim;
@@ -210,11 +211,13 @@ pub enum BackendError {
         /// The group.
         group: GroupId,
     },
-    /// A view or buffer was used where it does not belong.
+    /// A view was used where it does not belong: outside its closure, on
+    /// another stream, written where it may only be read, or (for a
+    /// reduce-scatter) of the wrong dtype, domain or length.
     #[error("invalid use of a view: {reason}")]
     InvalidView {
         /// What was wrong.
-        reason: String,
+        reason: Misuse,
     },
     /// Ranks of a group planned different layouts.
     #[error("plan fingerprints differ across {group}: rank(s) {ranks:?} disagree with rank 0 ({fingerprints:016x?})")]

@@ -32,7 +32,7 @@ use crate::backend::{
     Streams,
 };
 use crate::scope::check_use;
-use crate::view::{NotSend, View};
+use crate::view::{Misuse, NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;
@@ -182,7 +182,8 @@ impl Communicator {
     ) -> Result<Communicator> {
         require_nccl()?;
         if size == 0 || rank >= size {
-            return Err(BackendError::InvalidView {
+            return Err(BackendError::Refused {
+                op: "ncclCommInitRank",
                 reason: format!("rank {rank} of a communicator of size {size}"),
             });
         }
@@ -370,11 +371,10 @@ impl Communicator {
     pub fn reduce_scatter(&self, send: &View<'_>, recv: &View<'_>, stream: &Stream) -> Result<()> {
         if recv.dtype() != send.dtype() {
             return Err(BackendError::InvalidView {
-                reason: format!(
-                    "reduce-scatter from {} into {}: dtypes differ",
-                    send.dtype(),
-                    recv.dtype()
-                ),
+                reason: Misuse::DTypesDiffer {
+                    send: send.dtype(),
+                    recv: recv.dtype(),
+                },
             });
         }
         check_use(&recv.tag(), stream.id(), true)
@@ -421,10 +421,10 @@ impl Communicator {
         let group = self.inner.group;
         if send.domain() != Domain::Symmetric(group) {
             return Err(BackendError::InvalidView {
-                reason: format!(
-                    "reduce-scatter on {group} needs a view of symmetric({group}), got one of {}",
-                    send.domain()
-                ),
+                reason: Misuse::NotSymmetric {
+                    group,
+                    domain: send.domain(),
+                },
             });
         }
         let (start, end) = (send.device_address(), send.device_address() + send.bytes());
@@ -436,20 +436,20 @@ impl Communicator {
             .any(|&(base, bytes)| start >= base && end <= base + bytes);
         if !inside {
             return Err(BackendError::InvalidView {
-                reason: format!(
-                    "the send view at {start:#x} lies in no window registered on {group}'s communicator"
-                ),
+                reason: Misuse::OutsideWindows {
+                    address: start,
+                    group,
+                },
             });
         }
         let expected = recv_len.checked_mul(self.inner.size);
         if expected != Some(send.len()) {
             return Err(BackendError::InvalidView {
-                reason: format!(
-                    "reduce-scatter over {} ranks into {recv_len} elements needs {} send elements, the view has {}",
-                    self.inner.size,
-                    recv_len.saturating_mul(self.inner.size),
-                    send.len()
-                ),
+                reason: Misuse::SendLength {
+                    ranks: self.inner.size,
+                    recv: recv_len,
+                    send: send.len(),
+                },
             });
         }
         Ok(())

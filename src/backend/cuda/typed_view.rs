@@ -11,7 +11,7 @@ use super::handles::{capturing, this_thread, Stream};
 use super::{sys, Result};
 use crate::backend::BackendError;
 use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};
-use crate::view::{NotSend, View};
+use crate::view::{Misuse, NotSend, View};
 
 /// A [`View`] as a typed cudarc device pointer: implements cudarc's
 /// [`DevicePtr<T>`] and [`DevicePtrMut<T>`] (so `memcpy_dtod`,
@@ -112,17 +112,12 @@ impl<T> TypedView<'_, T> {
         } else if !in_use {
             retired(&self.tag)
         } else {
-            format!(
-                "a typed view of {} elements at {:#x} was handed to cudarc {}; it works only on \
-                 the stream of its own closure, while that closure runs",
-                self.len,
-                self.ptr,
-                if self.scope.is_open() {
-                    "on another stream"
-                } else {
-                    "after its closure returned"
-                }
-            )
+            Misuse::TypedViewElsewhere {
+                request: self.tag.request,
+                runner: self.tag.runner,
+                address: self.ptr,
+                returned: !self.scope.is_open(),
+            }
         });
         0
     }

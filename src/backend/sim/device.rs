@@ -103,11 +103,14 @@ impl Device {
     ///
     /// # Errors
     ///
-    /// [`BackendError::Refused`](crate::BackendError::Refused) for a stream of another `Device`; for a
+    /// [`BackendError::InvalidView`](crate::BackendError::InvalidView) for a
     /// view used outside the closure of the capture or consumer that handed
-    /// it out, or on another stream than that closure's; for a raw span
-    /// into a plan's arena; and, when not capturing, for a span outside
-    /// every live allocation (or too long to address).
+    /// it out, or on another stream than that closure's, or written where
+    /// it may only be read (its [`Misuse`](crate::Misuse) says which);
+    /// [`BackendError::Refused`](crate::BackendError::Refused) for a stream
+    /// of another `Device`, for a raw span into a plan's arena, and, when
+    /// not capturing, for a span outside every live allocation (or too long
+    /// to address).
     pub fn launch(&self, stream: &Stream, op: Op, duration: u64) -> Result<()> {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();

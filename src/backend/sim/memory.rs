@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::ops::{AsSpan, Op, Span};
 use super::{lock, sim_error, Result, SimState};
-use crate::backend::Arena;
+use crate::backend::{Arena, BackendError};
 use crate::scope::check_use;
 
 /// A simulated arena; dropping it frees its host memory.
@@ -182,7 +182,8 @@ impl SimState {
         for (span, write) in op.accesses() {
             match &span.view {
                 Some(tag) => {
-                    check_use(tag, sid, write).map_err(|reason| sim_error("sim launch", reason))?;
+                    check_use(tag, sid, write)
+                        .map_err(|reason| BackendError::InvalidView { reason })?;
                 }
                 None => self.check_raw(&span)?,
             }
