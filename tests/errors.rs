@@ -4,14 +4,14 @@
 //! Each test is one specification: the misuse it names produces exactly this
 //! variant, and the message names the runner, the key and the sizes involved.
 //! Variants only a GPU can produce (`BackendUnavailable`, `NoCommunicator`,
-//! `InvalidView`, `FingerprintMismatch`) are tested with the `cuda` and `nccl`
-//! backends.
+//! `FingerprintMismatch`, and the `InvalidView` reasons of typed views and
+//! reduce-scatters) are tested with the `cuda` and `nccl` backends.
 
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
-    DiscoveryError, Domain, GraphRejection, GroupId, PlanConfig, PlanError, Policy, Purpose,
-    ReplayError, Replayable, Request, RunnerId, StreamCaptureError,
+    DiscoveryError, Domain, GraphRejection, GroupId, Misuse, PlanConfig, PlanError, Policy,
+    Purpose, ReplayError, Replayable, Request, RunnerId, StreamCaptureError,
 };
 
 // ---- helpers ---------------------------------------------------------------
@@ -973,6 +973,249 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
             "outside every live allocation",
         ],
     );
+}
+
+// ---- views used where they do not work ---------------------------------------
+
+#[test]
+fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
+    let (sim, stream, mut capturing) = allocated(&[(0, &[F32_64])]);
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let view = cap.take(F32_64).unwrap();
+    let outside = sim
+        .launch(&stream, sim::Op::fill(&view, 1.0), 1)
+        .unwrap_err();
+    assert_eq!(
+        outside,
+        BackendError::InvalidView {
+            reason: Misuse::OutsideClosure {
+                request: F32_64,
+                runner: RunnerId(0),
+            }
+        }
+    );
+    assert_mentions(
+        &outside,
+        &[
+            "invalid use of a view: ",
+            "of runner 0",
+            "outside the work closure",
+        ],
+    );
+    let other = sim.stream();
+    cap.stream_capture(&stream, |s| {
+        let elsewhere = sim
+            .launch(&other, sim::Op::fill(&view, 1.0), 1)
+            .unwrap_err();
+        assert_eq!(
+            elsewhere,
+            BackendError::InvalidView {
+                reason: Misuse::OtherStream {
+                    request: F32_64,
+                    runner: RunnerId(0),
+                    capture: true,
+                }
+            }
+        );
+        sim.launch(s, sim::Op::fill(&view, 1.0), 1)
+    })
+    .unwrap();
+    cap.finish().unwrap();
+    let mut replayable = capturing.seal().unwrap();
+    replayable.replay(RunnerId(0), &stream).unwrap();
+    let addresses_only = replayable.views(RunnerId(0)).unwrap()[0];
+    assert_eq!(
+        sim.launch(&stream, sim::Op::fill(&addresses_only, 1.0), 1)
+            .unwrap_err(),
+        BackendError::InvalidView {
+            reason: Misuse::NoScope {
+                request: F32_64,
+                runner: RunnerId(0),
+            }
+        }
+    );
+    let written = replayable.consume(RunnerId(0), &stream, |s, views| {
+        sim.launch(s, sim::Op::fill(&views[0], 1.0), 1)
+    });
+    assert!(
+        matches!(
+            written,
+            Err(ConsumeError::Work(BackendError::InvalidView {
+                reason: Misuse::ReadOnly {
+                    runner: RunnerId(0),
+                    handoff: false,
+                    ..
+                }
+            }))
+        ),
+        "{written:?}"
+    );
+}
+
+#[test]
+fn each_misuse_names_the_view_and_where_it_works() {
+    let (q, r) = (F32_64, RunnerId(2));
+    let (request, runner) = (q, r);
+    #[allow(unused_mut)] // without `cuda`, no case is added below
+    let mut cases = vec![
+        (
+            Misuse::NoScope { request, runner },
+            format!(
+                "{q} of {r} was not handed out by a capture or consumer (views from \
+                 `Replayable::views` are for reading addresses; put device work on them inside \
+                 `Replayable::consume`)"
+            ),
+        ),
+        (
+            Misuse::OutsideClosure { request, runner },
+            format!(
+                "{q} of {r} is used outside the work closure of the capture or consumer that \
+                 handed it out (a view works only inside its own `stream_capture` or `consume` \
+                 closure)"
+            ),
+        ),
+        (
+            Misuse::OtherStream {
+                request,
+                runner,
+                capture: true,
+            },
+            format!(
+                "{q} of {r} is used on another stream than its capture runs on (a view works on \
+                 the stream of its own `stream_capture` or `consume` closure)"
+            ),
+        ),
+        (
+            Misuse::OtherStream {
+                request,
+                runner,
+                capture: false,
+            },
+            format!(
+                "{q} of {r} is used on another stream than its consumer runs on (a view works on \
+                 the stream of its own `stream_capture` or `consume` closure)"
+            ),
+        ),
+        (
+            Misuse::ReadOnly {
+                request,
+                runner,
+                handoff: true,
+            },
+            format!(
+                "{q} of {r} is a handoff it received, which it reads (the writer's next replay \
+                 and other readers rely on that); write handoffs in their writer's graph"
+            ),
+        ),
+        (
+            Misuse::ReadOnly {
+                request,
+                runner,
+                handoff: false,
+            },
+            format!(
+                "{q} of {r} is a consumer's view, which it reads (consumers on other streams may \
+                 read it at the same time); write a runner's views in its graph, or in \
+                 `consume_mut`"
+            ),
+        ),
+        (
+            Misuse::Retired { request, runner },
+            format!(
+                "{q} of {r} is a handoff its capture marked ready; after that point of the graph, \
+                 readers and the next writer may use it, so the writer's graph leaves it alone"
+            ),
+        ),
+    ];
+    #[cfg(feature = "cuda")]
+    cases.extend([
+        (
+            Misuse::TypedViewElsewhere {
+                request,
+                runner,
+                address: 0x7f00,
+                returned: false,
+            },
+            "a typed view of 64 elements at 0x7f00 was handed to cudarc on another stream; it \
+             works only on the stream of its own closure, while that closure runs"
+                .to_string(),
+        ),
+        (
+            Misuse::TypedViewElsewhere {
+                request,
+                runner,
+                address: 0x7f00,
+                returned: true,
+            },
+            "a typed view of 64 elements at 0x7f00 was handed to cudarc after its closure \
+             returned; it works only on the stream of its own closure, while that closure runs"
+                .to_string(),
+        ),
+    ]);
+    #[cfg(feature = "nccl")]
+    cases.extend([
+        (
+            Misuse::DTypesDiffer {
+                send: DType::F32,
+                recv: DType::BF16,
+            },
+            format!(
+                "reduce-scatter from {} into {}: dtypes differ",
+                DType::F32,
+                DType::BF16
+            ),
+        ),
+        (
+            Misuse::NotSymmetric {
+                group: GroupId(1),
+                domain: Domain::Device,
+            },
+            format!(
+                "reduce-scatter on {g} needs a view of symmetric({g}), got one of {}",
+                Domain::Device,
+                g = GroupId(1)
+            ),
+        ),
+        (
+            Misuse::OutsideWindows {
+                address: 0x7f00,
+                group: GroupId(1),
+            },
+            format!(
+                "the send view at 0x7f00 lies in no window registered on {}'s communicator",
+                GroupId(1)
+            ),
+        ),
+        (
+            Misuse::SendLength {
+                ranks: 4,
+                recv: 100,
+                send: 300,
+            },
+            "reduce-scatter over 4 ranks into 100 elements needs 400 send elements, the view has \
+             300"
+            .to_string(),
+        ),
+    ]);
+    for (misuse, message) in cases {
+        assert_eq!(misuse.to_string(), message);
+        let capture = CaptureError::ViewOutOfScope {
+            runner,
+            reason: misuse.clone(),
+        };
+        assert_eq!(
+            capture.to_string(),
+            format!("capture of {r} used a view out of its scope: {message}")
+        );
+        let replay = ReplayError::ViewOutOfScope {
+            runner,
+            reason: misuse,
+        };
+        assert_eq!(
+            replay.to_string(),
+            format!("the consumer of {r} used a view out of its scope: {message}")
+        );
+    }
 }
 
 // ---- each cause prints once ---------------------------------------------------
