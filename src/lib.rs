@@ -160,7 +160,8 @@ pub use error::{Error, Result};
 pub use failed::Failed;
 pub use fence::FenceStats;
 pub use plan::{
-    ArenaPlan, Extent, HandoffInfo, PlacedPolicy, Placement, PlanError, PlanFailed, Planned, Policy,
+    ArenaPlan, Extent, HandoffInfo, HandoffUse, PlacedPolicy, Placement, PlanError, PlanFailed,
+    Planned, Policy,
 };
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{byte_ratio, human_bytes, KeyReport, Optimum, PlanReport, RunnerReport};

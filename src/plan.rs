@@ -20,25 +20,67 @@ pub enum PlanError {
         /// The policy as written.
         policy: Policy,
     },
-    /// A packed arena's size overflowed `u64` while planning.
-    #[error("the packed arena for {key} overflows 64 bits: {users} runner(s) use {key} and need more than 2^64 bytes of it in all (the largest: {}); plan fewer generations or smaller requests", describe_largest(.largest))]
+    /// An arena's size overflowed `u64` while planning.
+    #[error("the arena for {key} overflows 64 bits: {} use {key} and need more than 2^64 bytes of it in all ({}); plan fewer generations or smaller requests", describe_users(*.users, .handoffs.len()), describe_largest(.largest, .handoffs))]
     ArenaOverflow {
         /// The key whose arena overflowed.
         key: Key,
-        /// Buffer-using runners with capacity in this key.
+        /// Buffer-using runners with capacity of their own in this key.
         users: usize,
-        /// The runners with the largest capacities in this key (up to four),
-        /// with their bytes, largest first.
+        /// The runners with the largest capacities of their own in this
+        /// key (up to four), with their bytes, largest first.
         largest: Vec<(RunnerId, u64)>,
+        /// The handoffs of this key (the largest first, up to four): what
+        /// the arena holds beside runner bytes.
+        handoffs: Vec<HandoffUse>,
     },
 }
 
-fn describe_largest(largest: &[(RunnerId, u64)]) -> String {
-    largest
-        .iter()
-        .map(|(r, b)| format!("{r} with {b} bytes"))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// One handoff in an error: which, who writes and reads it, its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HandoffUse {
+    /// The handoff.
+    pub handoff: HandoffId,
+    /// Its writer.
+    pub writer: RunnerId,
+    /// Its readers, in the order they were armed.
+    pub readers: Vec<RunnerId>,
+    /// Its aligned bytes.
+    pub bytes: u64,
+}
+
+fn describe_users(users: usize, handoffs: usize) -> String {
+    match (users, handoffs) {
+        (u, 0) => format!("{u} runner(s)"),
+        (0, h) => format!("{h} handoff(s)"),
+        (u, h) => format!("{u} runner(s) and {h} handoff(s)"),
+    }
+}
+
+fn describe_largest(largest: &[(RunnerId, u64)], handoffs: &[HandoffUse]) -> String {
+    let runners = largest.iter().map(|(r, b)| format!("{r} with {b} bytes"));
+    let handoffs = handoffs.iter().map(|h| {
+        let readers: Vec<String> = h.readers.iter().map(ToString::to_string).collect();
+        let read = match readers.as_slice() {
+            [] => "read by none".to_string(),
+            r => format!("read by {}", r.join(" and ")),
+        };
+        format!(
+            "{} written by {}, {read}, with {} bytes",
+            h.handoff, h.writer, h.bytes
+        )
+    });
+    let (runners, handoffs): (Vec<_>, Vec<_>) = (runners.collect(), handoffs.collect());
+    match (runners.is_empty(), handoffs.is_empty()) {
+        (false, true) => format!("the largest: {}", runners.join(", ")),
+        (true, false) => format!("the largest handoffs: {}", handoffs.join("; ")),
+        _ => format!(
+            "the largest runners: {}; the largest handoffs: {}",
+            runners.join(", "),
+            handoffs.join("; ")
+        ),
+    }
 }
 
 /// A failed [`Discovering::plan`]: why, and the discovery back, so a second
@@ -744,27 +786,36 @@ fn overflow(
     using: &[usize],
     handoffs: &[HandoffRecord],
 ) -> PlanError {
-    let mut all: Vec<(RunnerId, u64)> = input
+    let mut largest: Vec<(RunnerId, u64)> = input
         .column
         .entries()
         .map(|(k, bytes)| (runners[using[k]].id(), bytes))
-        .chain(
-            input
-                .members
-                .iter()
-                .zip(&input.handoffs)
-                .map(|(&h, it)| (runners[handoffs[h].writer].id(), it.bytes)),
-        )
         .collect();
-    all.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut ids: Vec<RunnerId> = all.iter().map(|&(r, _)| r).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    all.truncate(4);
+    largest.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let users = largest.len();
+    largest.truncate(4);
+    let mut uses: Vec<HandoffUse> = input
+        .members
+        .iter()
+        .zip(&input.handoffs)
+        .map(|(&h, it)| HandoffUse {
+            handoff: HandoffId(h as u32),
+            writer: runners[handoffs[h].writer].id(),
+            readers: handoffs[h]
+                .readers
+                .iter()
+                .map(|&r| runners[r].id())
+                .collect(),
+            bytes: it.bytes,
+        })
+        .collect();
+    uses.sort_unstable_by(|a, b| b.bytes.cmp(&a.bytes).then(a.handoff.cmp(&b.handoff)));
+    uses.truncate(4);
     PlanError::ArenaOverflow {
         key: input.key,
-        users: ids.len(),
-        largest: all,
+        users,
+        largest,
+        handoffs: uses,
     }
 }
 

@@ -297,6 +297,7 @@ fn a_packed_arena_past_64_bits_is_arena_overflow() {
             key: half.key(),
             users: 2,
             largest: vec![(RunnerId(0), 1 << 63), (RunnerId(1), 1 << 63)],
+            handoffs: vec![],
         }
     );
     assert_mentions(
@@ -1318,4 +1319,60 @@ fn failed_transitions_print_their_reason_once_in_an_error_chain() {
     assert_each_cause_once(&replay_arena::Error::from(allocate_failed));
     assert_each_cause_once(&seal_failed);
     assert_each_cause_once(&replay_arena::Error::from(seal_failed));
+}
+
+#[test]
+fn an_arena_of_handoffs_past_64_bits_names_the_handoffs() {
+    // Two handoffs of 2^63 bytes each, both live while runner 2 reads them:
+    // 2^64 bytes. Their writers have no bytes of their own in the key.
+    let half = device(DType::U8, 1 << 63);
+    let mut d = Discovering::new(PlanConfig::new());
+    let h0 = d.arm(RunnerId(0)).unwrap().hand_off(half).unwrap();
+    let h1 = d.arm(RunnerId(1)).unwrap().hand_off(half).unwrap();
+    {
+        let mut reader = d.arm(RunnerId(2)).unwrap();
+        reader.receive(h0).unwrap();
+        reader.receive(h1).unwrap();
+    }
+    for policy in [
+        Policy::Generations(1).into(),
+        Policy::Generations(2).packed(),
+    ] {
+        let failed = d.clone().plan(policy).unwrap_err();
+        match failed.error() {
+            PlanError::ArenaOverflow {
+                key,
+                users,
+                largest,
+                handoffs,
+            } => {
+                assert_eq!((*key, *users, largest.len()), (half.key(), 0, 0));
+                let named: Vec<_> = handoffs
+                    .iter()
+                    .map(|h| (h.handoff, h.writer, h.readers.clone(), h.bytes))
+                    .collect();
+                assert_eq!(
+                    named,
+                    vec![
+                        (h0, RunnerId(0), vec![RunnerId(2)], 1 << 63),
+                        (h1, RunnerId(1), vec![RunnerId(2)], 1 << 63),
+                    ]
+                );
+            }
+            other => panic!("expected ArenaOverflow, got {other:?}"),
+        }
+        assert_mentions(
+            failed.error(),
+            &[
+                "2 handoff(s) use u8 in device",
+                "handoff 0 written by runner 0, read by runner 2, with 9223372036854775808 bytes",
+                "handoff 1 written by runner 1",
+            ],
+        );
+        assert!(
+            !failed.error().to_string().contains("runner(s)"),
+            "{}",
+            failed.error()
+        );
+    }
 }
