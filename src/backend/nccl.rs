@@ -377,7 +377,7 @@ impl Communicator {
                 },
             });
         }
-        check_use(&recv.tag(), stream.id(), true)
+        check_use(&recv.tag(), stream.serial, true)
             .map_err(|reason| BackendError::InvalidView { reason })?;
         // SAFETY: `recv` is a live view of `recv.len()` elements, used inside
         // its closure on that closure's (fenced) stream.
@@ -399,7 +399,7 @@ impl Communicator {
         recv_len: usize,
         stream: &Stream,
     ) -> Result<()> {
-        check_use(&send.tag(), stream.id(), false)
+        check_use(&send.tag(), stream.serial, false)
             .map_err(|reason| BackendError::InvalidView { reason })?;
         self.check_send_view(send, recv_len)?;
         // SAFETY: checked above: `send` lies in a registered window and holds

@@ -407,8 +407,10 @@ pub struct Stream {
     pub(super) inner: Arc<cudarc::driver::CudaStream>,
     /// For the per-thread default stream: the thread whose stream it is.
     pub(super) per_thread: Option<u64>,
-    /// The identity the fence compares.
-    pub(super) serial: u64,
+    /// The identity the fence and the view checks compare (issued by this
+    /// crate, unique in the process, never reused): what
+    /// [`Streams::stream_id`](crate::Streams::stream_id) returns.
+    pub(crate) serial: u64,
 }
 
 impl Stream {
@@ -422,12 +424,6 @@ impl Stream {
     /// default stream).
     pub fn cu_stream(&self) -> sys::CUstream {
         self.inner.cu_stream()
-    }
-
-    /// The identity the fence and the view checks compare (issued by this
-    /// crate, unique in the process, never reused).
-    pub fn id(&self) -> u64 {
-        self.serial
     }
 
     /// Whether this is the per-thread default stream of the thread that
