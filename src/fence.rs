@@ -278,6 +278,25 @@ pub struct FenceStats {
     pub step_launches: u64,
 }
 
+impl std::fmt::Display for FenceStats {
+    /// One line a person reads: `1000 replays, 800 consumers, 2001 waits
+    /// on another stream (403 skipped: stream order implied them), 2100
+    /// event records, 200 step graph launches`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} replays, {} consumers, {} waits on another stream ({} skipped: stream order \
+             implied them), {} event records, {} step graph launches",
+            self.replays,
+            self.consumers,
+            self.waits,
+            self.waits_skipped,
+            self.event_records,
+            self.step_launches
+        )
+    }
+}
+
 /// Where a runner's latest replay (or consumer) completes.
 enum Completion<S> {
     /// At the tail of this stream; its event is not recorded there yet.
@@ -1126,6 +1145,23 @@ mod tests {
         f.check_consumable(p, &[i]).unwrap();
         f.consume(sim, p, &[i], On::new(sim, stream), false, || ())
             .unwrap();
+    }
+
+    #[test]
+    fn fence_stats_print_as_one_readable_line() {
+        let stats = FenceStats {
+            replays: 3,
+            consumers: 2,
+            waits: 1,
+            waits_skipped: 4,
+            event_records: 5,
+            step_launches: 6,
+        };
+        assert_eq!(
+            stats.to_string(),
+            "3 replays, 2 consumers, 1 waits on another stream (4 skipped: stream order implied \
+             them), 5 event records, 6 step graph launches"
+        );
     }
 
     #[test]
