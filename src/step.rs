@@ -80,8 +80,8 @@ impl<B: Compose> Replayable<B> {
     /// whose edges are the waits the fence makes for that schedule in
     /// steady state. While the builder or its [`StepGraph`] lives, the
     /// per-runner API of this plan cannot be used (both borrow it
-    /// mutably); dropping the step graph hands the plan back, its fence
-    /// up to date.
+    /// mutably); once the step graph is gone (dropped or forgotten), the
+    /// plan goes on, its fence up to date with every launch.
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
@@ -512,8 +512,9 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
 /// ([`Replayable::step`]). Each [`StepGraph::launch`] runs the whole step:
 /// every replay and consumer of the schedule, ordered by exactly the waits
 /// the fence makes for that schedule in steady state, after the previous
-/// launch. It borrows the plan: dropping it (which waits for its last
-/// launch) hands the plan back with its fence as the step left it.
+/// launch. It borrows the plan; each launch brings the plan's fence to
+/// what the step leaves before it launches, so nothing rests on its drop
+/// (which waits for its last launch and frees it).
 pub struct StepGraph<'r, B: Compose> {
     graph: B::Graph,
     /// Recorded after a launch for [`StepGraph::wait_all`] and drop.
