@@ -62,7 +62,9 @@ pub struct KeyReport {
     /// Where packed placement stands against the best bound.
     #[cfg_attr(feature = "serde", serde(default))]
     pub optimum: Optimum,
-    /// What the per-parameter wgrad ring of size 2 needs (wgrad inputs only).
+    /// What the per-parameter wgrad ring of size 2 needs: two slots per
+    /// parameter for the wgrad reduce-scatter inputs (one per input without
+    /// a parameter), plus each handoff of the key in a buffer of its own.
     pub ring_bytes: u64,
     /// The most fence waits one replay of this key's runners needs in steady
     /// state (every runner replayed in capture order).
@@ -159,7 +161,8 @@ pub struct PlanReport {
     /// Total of the keys' best proved bounds ([`KeyReport::best_bound`]).
     #[cfg_attr(feature = "serde", serde(default))]
     pub best_bound: u64,
-    /// Total per-parameter ring bytes (wgrad inputs only).
+    /// Total per-parameter ring bytes (wgrad inputs, plus handoffs in
+    /// buffers of their own; see [`KeyReport::ring_bytes`]).
     pub ring_bytes: u64,
     /// The most fence waits any one replay needs in steady state.
     pub longest_wait_list: usize,
@@ -921,6 +924,10 @@ impl PlanReport {
         use Align::Left;
         let mut t = Table::new(&[("legend:", Left), ("", Left)]);
         let mut line = |term: &str, meaning: &str| t.row(vec![term.into(), meaning.into()]);
+        line(
+            "G",
+            "generations: sets of arenas; runner k uses generation k % G, so G consecutive runners can be in flight at once",
+        );
         line("#", "key number (kN), as the runner table names keys");
         line("plan", "bytes this plan allocates");
         line(
@@ -937,7 +944,7 @@ impl PlanReport {
         );
         line(
             "ring(2)",
-            "what Megatron-LM's older per-parameter wgrad ring of 2 slots needs (wgrad reduce-scatter inputs only)",
+            "what Megatron-LM's older per-parameter wgrad ring of 2 slots needs for the wgrad reduce-scatter inputs, plus each handoff in a buffer of its own (as without a plan)",
         );
         line("plan/lb", "plan over lower bound (1.000 is optimal)");
         line(

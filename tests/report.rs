@@ -127,6 +127,7 @@ fn the_table_has_a_legend_for_every_abbreviated_column() {
         let (_, text) = table(&d, strategy);
         let legend = block(&text, "legend:");
         for term in [
+            "G",
             "plan",
             "lower bound",
             "round-robin",
