@@ -493,7 +493,14 @@ fn check_picture(workload: &str, args: &[&str]) {
     let svg_path = path.to_string_lossy().into_owned();
     let mut all = vec![workload, "--json", "--svg", svg_path.as_str()];
     all.extend_from_slice(args);
-    let report = json_of(&all);
+    let out = run(&all);
+    assert!(out.status.success(), "{all:?}: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("to {svg_path}")) && stderr(&out).contains("wrote"),
+        "--svg says what it wrote: {}",
+        stderr(&out)
+    );
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let g = report["generations"].as_u64().unwrap() as usize;
     let text = std::fs::read_to_string(&path).unwrap();
     let doc = roxmltree::Document::parse(&text)

@@ -208,6 +208,12 @@ fn run(options: &Options) -> Result<String, String> {
                     let picture = svg::draw(input, &plan)?;
                     std::fs::write(path, picture)
                         .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                    // On stderr: stdout stays the report (`--json` parses).
+                    eprintln!(
+                        "wrote the plan's picture ({} keys) to {}",
+                        plan.report.keys.len(),
+                        path.display()
+                    );
                 }
                 plans.push(plan);
             }
