@@ -517,12 +517,7 @@ impl Planned {
                     let Some(layout) =
                         placement::round_robin_shared(cap, items, &timeline, handoff_work)
                     else {
-                        let error = overflow(input, &runners, &using, &handoffs);
-                        return Err((
-                            error,
-                            runners.into_iter().map(|r| r.record).collect(),
-                            handoffs,
-                        ));
+                        return Err(overflowed(input, runners, &using, handoffs));
                     };
                     // Only generations with users get an arena: sparse, so
                     // many keys at a large G cost their users, not keys x G.
@@ -565,12 +560,7 @@ impl Planned {
                     let Some(layout) =
                         placement::packed_shared(cap, items, &timeline, (work, handoff_work), None)
                     else {
-                        let error = overflow(input, &runners, &using, &handoffs);
-                        return Err((
-                            error,
-                            runners.into_iter().map(|r| r.record).collect(),
-                            handoffs,
-                        ));
+                        return Err(overflowed(input, runners, &using, handoffs));
                     };
                     let arena = arenas.len();
                     arenas.push(ArenaPlan {
@@ -776,6 +766,22 @@ pub(crate) fn handoff_interval(h: &HandoffRecord, g: usize, window: bool) -> pla
         },
         bytes: h.request.aligned_bytes().unwrap_or(u64::MAX),
     }
+}
+
+/// A plan that overflowed at `input`'s key: the error, and the records
+/// handed back (the discovery is as it was).
+fn overflowed(
+    input: &KeyInput,
+    runners: Vec<RunnerPlan>,
+    using: &[usize],
+    handoffs: Vec<HandoffRecord>,
+) -> (PlanError, Vec<RunnerRecord>, Vec<HandoffRecord>) {
+    let error = overflow(input, &runners, using, &handoffs);
+    (
+        error,
+        runners.into_iter().map(|r| r.record).collect(),
+        handoffs,
+    )
 }
 
 /// [`PlanError::ArenaOverflow`] for `input`'s key: the runners whose bytes

@@ -256,7 +256,7 @@ impl<B: Backend> Replayable<B> {
         self.fence.stats()
     }
 
-    fn slot(&self, runner: RunnerId) -> Result<usize> {
+    pub(crate) fn slot(&self, runner: RunnerId) -> Result<usize> {
         self.plan
             .slot(runner)
             .ok_or(ReplayError::UnknownRunner { runner })

@@ -156,10 +156,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     }
 
     fn slot(&self, runner: RunnerId) -> Result<usize, ReplayError> {
-        self.replayable
-            .plan
-            .slot(runner)
-            .ok_or(ReplayError::UnknownRunner { runner })
+        self.replayable.slot(runner)
     }
 
     /// Schedules a replay of `runner` on `stream` (as

@@ -337,22 +337,6 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
 
 // ---- launches on a capturing stream ----------------------------------------------
 
-/// Runs `inside` on a stream while another plan's capture records it.
-fn inside_a_capture(sim: &sim::Device, inside: impl FnOnce(&sim::Stream)) -> R {
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(7), [REQ])])?
-        .plan(Policy::Generations(1))?;
-    let mut other = planned.allocate(sim.clone())?;
-    let cap = other.capture(RunnerId(7))?;
-    let v = cap.take(REQ)?;
-    let stream = sim.stream();
-    cap.stream_capture(&stream, |s| {
-        inside(s);
-        sim.launch(s, sim::Op::fill(&v, 1.0), 1)
-    })?;
-    cap.finish()?;
-    Ok(())
-}
-
 #[test]
 fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     let sim = sim::Device::new();
@@ -360,7 +344,9 @@ fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     let mut got = None;
-    inside_a_capture(&sim, |s| got = Some(rp.replay(RunnerId(0), s)))?;
+    while_captured(&sim, &sim.stream(), |s| {
+        got = Some(rp.replay(RunnerId(0), s))
+    })?;
     assert_eq!(
         got,
         Some(Err(ReplayError::StreamCapturing {
@@ -382,7 +368,7 @@ fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     let mut got = None;
-    inside_a_capture(&sim, |s| {
+    while_captured(&sim, &sim.stream(), |s| {
         // SAFETY: nothing else of the plan runs.
         got = Some(unsafe { rp.replay_unfenced(RunnerId(0), s) });
     })?;
@@ -405,7 +391,7 @@ fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
     step.replay(RunnerId(0), &a)?;
     let mut graph = step.build()?;
     let mut got = None;
-    inside_a_capture(&sim, |s| got = Some(graph.launch(s)))?;
+    while_captured(&sim, &sim.stream(), |s| got = Some(graph.launch(s)))?;
     assert_eq!(got, Some(Err(ReplayError::StepOnCapturingStream)));
     assert_eq!(graph.launches(), 0);
     let e: Error = got.unwrap().unwrap_err().into();
@@ -468,15 +454,16 @@ fn a_teardown_that_cannot_wait_leaks_the_arenas_instead_of_freeing_them() -> R {
     Ok(())
 }
 
-/// Runs `inside` while another plan's capture holds `stream`.
-fn while_captured(sim: &sim::Device, stream: &sim::Stream, inside: impl FnOnce()) -> R {
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
+/// Runs `inside` while another plan's capture holds `stream` (it gets the
+/// capturing stream).
+fn while_captured(sim: &sim::Device, stream: &sim::Stream, inside: impl FnOnce(&sim::Stream)) -> R {
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(7), [REQ])])?
         .plan(Policy::Generations(1))?;
     let mut other = planned.allocate(sim.clone())?;
-    let cap = other.capture(RunnerId(0))?;
+    let cap = other.capture(RunnerId(7))?;
     let v = cap.take(REQ)?;
     cap.stream_capture(stream, |s| {
-        inside();
+        inside(s);
         sim.launch(s, sim::Op::fill(&v, 2.0), 1)
     })?;
     cap.finish()?;
@@ -495,7 +482,7 @@ fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> 
         rp.replay(RunnerId(0), &a)?;
         let live = sim.live_allocations();
         let mut replanned = None;
-        while_captured(&sim, &a, || {
+        while_captured(&sim, &a, |_| {
             sim.fail_waits(fail);
             replanned = Some(rp.replan().map(drop));
             sim.fail_waits(false);
@@ -518,7 +505,7 @@ fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> 
         std::mem::forget(graph);
     }
     let live = sim.live_allocations();
-    while_captured(&sim, &l, || {
+    while_captured(&sim, &l, |_| {
         sim.fail_waits(true);
         drop(rp);
         sim.fail_waits(false);
@@ -538,7 +525,7 @@ fn no_fence_call_works_on_a_stream_another_plan_captures() -> R {
     let mut rp = one_runner(&sim, &a, 1.0, 10)?;
     rp.replay(RunnerId(0), &a)?; // its record is deferred on `a`
     let mut got = Vec::new();
-    while_captured(&sim, &a, || {
+    while_captured(&sim, &a, |_| {
         got.push(format!("{:?}", rp.wait_for(RunnerId(0), &a)));
         got.push(format!("{:?}", rp.wait_all(&a)));
         // On `b`, the wait must record on `a`, which the capture holds.
