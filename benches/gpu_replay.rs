@@ -12,7 +12,8 @@
 //! 3. One launch per step: 16 runners on a pool of two streams, each with a
 //!    consumer on a third, as per-runner fenced `replay` + `consume`, as
 //!    unfenced launches (the unsafe reference), and as one `StepGraph`
-//!    launch: host time and wall time per step.
+//!    launch: host time and wall time per step; then the same with runners whose
+//!    graphs allocate a temporary (their step copies moved into the step graph).
 
 use std::time::Instant;
 
@@ -109,7 +110,9 @@ fn build(
     for r in 0..runners {
         let cap = capturing.capture(RunnerId(r as u32))?;
         let v = cap.take(req)?;
-        cap.stream_capture(capture_on, |s| body(s, v.device_address()))?;
+        // Twice when the body allocates: the runner's graph and its step
+        // copy (once otherwise).
+        cap.stream_capture_repeatable(capture_on, |s| body(s, v.device_address()))?;
         cap.finish()?;
     }
     Ok(capturing.seal()?)
@@ -304,15 +307,31 @@ fn overlap(b: &cuda::Device, k: &Kernels) -> R<()> {
 }
 
 /// Host and wall time per step of 16 runners with consumers: per runner,
-/// unfenced, and as one step graph.
-fn step_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
+/// unfenced, and as one step graph. With `allocating`, each runner's work
+/// allocates a 64 KiB temporary and frees it (a framework op's output):
+/// the step graph moves in the runners' step copies.
+fn step_cost(b: &cuda::Device, k: &Kernels, allocating: bool) -> R<()> {
     const RUNNERS: usize = 16;
     const STEPS: usize = 100;
     const ROUNDS: usize = 20;
     let capture_on = b.new_stream()?;
     let pool = [b.new_stream()?, b.new_stream()?];
     let (side, launch) = (b.new_stream()?, b.new_stream()?);
-    let body = |s: &cuda::Stream, w: u64| spin(k, s, w, 4096, 2_000);
+    let body = |s: &cuda::Stream, w: u64| {
+        if allocating {
+            use replay_arena::cuda::cudarc::driver::DevicePtr;
+            let t = s
+                .cudarc()
+                .alloc_zeros::<f32>(16384)
+                .map_err(|e| format!("{e:?}"))?;
+            let tmp = t.device_ptr(s.cudarc()).0;
+            spin(k, s, tmp, 4096, 1_000)?;
+            drop(t);
+            spin(k, s, w, 4096, 1_000)
+        } else {
+            spin(k, s, w, 4096, 2_000)
+        }
+    };
     let strategy: PlacedPolicy = Policy::OverlapDepth(2).into();
     let mut fenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
     let mut unfenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
@@ -384,8 +403,13 @@ fn step_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let kind = if allocating {
+        ", each allocating and freeing a 64 KiB temporary inside its graph (step copies moved in)"
+    } else {
+        ""
+    };
     println!(
-        "\n## one launch per step: {RUNNERS} runners (~1.5 us of GPU work each) on 2 streams, a consumer of each on a third; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
+        "\n## one launch per step: {RUNNERS} runners (~1.5 us of GPU work each{kind}) on 2 streams, a consumer of each on a third; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
     );
     println!("step graph: {graph:?}");
     println!("| mode | host us/step | wall us/step | host vs step graph |");
@@ -409,6 +433,7 @@ fn main() -> R<()> {
     let k = kernels(&b)?;
     host_cost(&b, &k)?;
     overlap(&b, &k)?;
-    step_cost(&b, &k)?;
+    step_cost(&b, &k, false)?;
+    step_cost(&b, &k, true)?;
     Ok(())
 }

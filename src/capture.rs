@@ -5,7 +5,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphRejection};
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphRejection, Temporaries};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
@@ -170,6 +170,15 @@ pub enum CaptureError {
         /// Why.
         reason: &'static str,
     },
+    /// The second run of a [`RunnerCapture::stream_capture_repeatable`]
+    /// closure (the step copy) did not do what the first did.
+    #[error("{runner}'s work closure ran a second time for its step copy and {reason}; the work must repeat itself exactly")]
+    RepeatDiffers {
+        /// The runner.
+        runner: RunnerId,
+        /// What differed.
+        reason: &'static str,
+    },
     /// `seal` found buffer-using runners whose capture did not finish.
     #[error("cannot seal: {}", describe_unfinished(.runners))]
     Unfinished {
@@ -240,12 +249,22 @@ pub enum StreamCaptureError<E> {
 
 type Result<T> = std::result::Result<T, CaptureError>;
 
+/// A runner's finished capture.
+pub(crate) struct Captured<G> {
+    pub(crate) graph: G,
+    /// Second graphs of the same work, for step graphs to move in (only
+    /// for a graph with temporaries: [`RunnerCapture::stream_capture_repeatable`]).
+    pub(crate) copies: Vec<G>,
+    /// What `graph`'s allocation nodes allocate.
+    pub(crate) temporaries: Temporaries,
+}
+
 /// Where a runner's capture stands.
 pub(crate) enum Slot<G> {
     /// Not captured yet.
     Pending,
     /// Captured and checked; the plan owns the graph.
-    Captured(G),
+    Captured(Captured<G>),
     /// The capture failed for good.
     Failed(CaptureFailure),
 }
@@ -443,6 +462,7 @@ impl<B: Backend> Capturing<B> {
             scope: new_scope_id(),
             next: Cell::new(0),
             graph: RefCell::new(None),
+            copies: RefCell::new(Vec::new()),
             failure: RefCell::new(None),
             in_closure: Cell::new(false),
             stream: Cell::new(None),
@@ -454,12 +474,16 @@ impl<B: Backend> Capturing<B> {
 
     /// Gives up on this plan (after a failed capture, say): frees graphs,
     /// events and arenas (nothing was replayed, so nothing is in flight),
-    /// and returns a fresh discovery with the same config.
+    /// gives the graphs' memory back to the device
+    /// ([`Backend::trim_graph_memory`]), and returns a fresh discovery with
+    /// the same config.
     pub fn replan(self) -> Discovering {
         let Capturing {
             slots, plan, res, ..
         } = self;
         drop(slots);
+        // Best effort: the plan's graphs are gone, nothing is lost if not.
+        let _ = res.backend.trim_graph_memory();
         drop(res);
         Discovering::new(plan.config)
     }
@@ -496,6 +520,8 @@ pub struct RunnerCapture<'c, B: Backend> {
     next: Cell<usize>,
     /// The graph `stream_capture` captured.
     graph: RefCell<Option<B::Graph>>,
+    /// Its step copies (`stream_capture_repeatable`).
+    copies: RefCell<Vec<B::Graph>>,
     failure: RefCell<Option<CaptureFailure>>,
     /// `stream_capture`'s work closure is running.
     in_closure: Cell<bool>,
@@ -823,17 +849,143 @@ impl<B: Backend> RunnerCapture<'_, B> {
         stream: &B::Stream,
         work: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), StreamCaptureError<E>> {
+        self.may_capture()?;
+        let graph = self.capture_graph(stream, work)?;
+        *self.graph.borrow_mut() = Some(graph);
+        Ok(())
+    }
+
+    /// [`RunnerCapture::stream_capture`] for work that can run twice, so
+    /// that a step graph can hold the runner even when its graph allocates
+    /// temporaries (a framework's ops allocating their outputs inside the
+    /// capture: graph memory nodes). The driver copies no such graph into
+    /// another, and a graph moved into a step graph is the step graph's for
+    /// good, so the crate captures `work` a second time, on the same
+    /// stream with the same views, into a *step copy* that the first
+    /// [`StepBuilder::build`](crate::StepBuilder::build) scheduling this
+    /// runner moves in. The runner's own graph stays for per-runner replays
+    /// before and after that step graph. Work whose graph allocates nothing
+    /// runs once: step graphs copy such a graph in.
+    ///
+    /// The second run must do what the first did: the same views (it can
+    /// use no others), the same ready points ([`RunnerCapture::ready`]).
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::sim;
+    ///
+    /// let req = Request::new(Domain::Device, DType::F32, 64);
+    /// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
+    ///     .plan(Policy::Generations(1))?;
+    /// let sim = sim::Device::new();
+    /// let stream = sim.stream();
+    /// let mut capturing = planned.allocate(sim.clone())?;
+    /// let cap = capturing.capture(RunnerId(0))?;
+    /// let out = cap.take(req)?;
+    /// let mut runs = 0;
+    /// cap.stream_capture_repeatable(&stream, |s| {
+    ///     runs += 1;
+    ///     let tmp = sim.alloc_async(s, 64)?; // a temporary: an allocation node
+    ///     sim.launch(s, sim::Op::fill(&tmp, 2.0), 5)?;
+    ///     sim.launch(s, sim::Op::copy(&tmp, &out), 5)?;
+    ///     sim.free_async(s, &tmp)
+    /// })?;
+    /// cap.finish()?;
+    /// assert_eq!(runs, 2); // its graph and its step copy
+    ///
+    /// let mut replayable = capturing.seal()?;
+    /// replayable.replay(RunnerId(0), &stream)?; // the runner's own graph
+    /// let mut step = replayable.step();
+    /// step.replay(RunnerId(0), &stream)?;
+    /// let mut graph = step.build()?; // the step copy moves in
+    /// graph.launch(&stream)?;
+    /// drop(graph);
+    /// replayable.replay(RunnerId(0), &stream)?; // still there
+    /// assert_eq!(sim.read_f32(&replayable.views(RunnerId(0))?[0])?[0], 2.0);
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RunnerCapture::stream_capture`], for either run;
+    /// [`CaptureError::RepeatDiffers`] when the second run marked other
+    /// ready points. Either failure fails the runner.
+    pub fn stream_capture_repeatable<E: fmt::Display>(
+        &self,
+        stream: &B::Stream,
+        mut work: impl FnMut(&B::Stream) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), StreamCaptureError<E>> {
+        let runner = self.runner();
+        self.may_capture()?;
+        let graph = self.capture_graph(stream, &mut work)?;
+        let temporaries = self.backend().graph_temporaries(&graph);
+        let needs_copy = match temporaries {
+            Ok(t) => !t.is_empty(),
+            Err(error) => {
+                let error = CaptureError::Backend { runner, error };
+                *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
+                return Err(error.into());
+            }
+        };
+        *self.graph.borrow_mut() = Some(graph);
+        if !needs_copy {
+            return Ok(());
+        }
+        // The second run marks its ready points again, into the copy.
+        let first: Vec<(HandoffId, bool)> = self.handoffs.borrow().clone();
+        for entry in self.handoffs.borrow_mut().iter_mut() {
+            entry.1 = false;
+        }
+        let copy = match self.capture_graph(stream, &mut work) {
+            Ok(copy) => copy,
+            Err(e) => {
+                // A capture that never began fails the runner too: it has
+                // a graph, and no copy.
+                let unset = self.failure.borrow().is_none();
+                if let (StreamCaptureError::Capture(error), true) = (&e, unset) {
+                    let failure = CaptureFailure::Check(Box::new(error.clone()));
+                    *self.failure.borrow_mut() = Some(failure);
+                }
+                return Err(e);
+            }
+        };
+        if *self.handoffs.borrow() != first {
+            let error = CaptureError::RepeatDiffers {
+                runner,
+                reason: "marked other ready points (or took other handoffs)",
+            };
+            *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
+            return Err(error.into());
+        }
+        self.copies.borrow_mut().push(copy);
+        Ok(())
+    }
+
+    /// Refuses a stream capture from inside the work closure, after a
+    /// failure, or after the graph was captured.
+    fn may_capture(&self) -> Result<()> {
         let runner = self.runner();
         if self.in_closure.get() {
             // Refused without touching the outer capture, which goes on.
-            return Err(CaptureError::NestedCapture { runner }.into());
+            return Err(CaptureError::NestedCapture { runner });
         }
         if let Some(failure) = self.failure.borrow().clone() {
-            return Err(CaptureError::Failed { runner, failure }.into());
+            return Err(CaptureError::Failed { runner, failure });
         }
         if self.graph.borrow().is_some() {
-            return Err(CaptureError::GraphAlreadyCaptured { runner }.into());
+            return Err(CaptureError::GraphAlreadyCaptured { runner });
         }
+        Ok(())
+    }
+
+    /// One stream capture of `work` into a graph; a failure fails the
+    /// runner.
+    fn capture_graph<E: fmt::Display>(
+        &self,
+        stream: &B::Stream,
+        work: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
+    ) -> std::result::Result<B::Graph, StreamCaptureError<E>> {
+        let runner = self.runner();
         let backend = &self.owner.res.backend;
         let fail = |failure: CaptureFailure| {
             *self.failure.borrow_mut() = Some(failure);
@@ -864,10 +1016,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
             },
         );
         match captured {
-            Ok(((), graph)) => {
-                *self.graph.borrow_mut() = Some(graph);
-                Ok(())
-            }
+            Ok(((), graph)) => Ok(graph),
             // Nothing was begun: nothing is lost.
             Err(Uncaptured::Busy(_)) => Err(CaptureError::StreamInUse { runner }.into()),
             Err(Uncaptured::Begin(error)) => Err(CaptureError::Backend { runner, error }.into()),
@@ -984,9 +1133,18 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 });
             }
         }
-        if let Err(reason) = self.owner.res.backend.validate_graph(&graph) {
+        let backend = &self.owner.res.backend;
+        let copies = std::mem::take(&mut *self.copies.borrow_mut());
+        if let Some(reason) = std::iter::once(&graph)
+            .chain(&copies)
+            .find_map(|g| backend.validate_graph(g).err())
+        {
             return self.close_failed(CaptureError::GraphRejected { runner, reason });
         }
+        let temporaries = match backend.graph_temporaries(&graph) {
+            Ok(t) => t,
+            Err(error) => return self.close_failed(CaptureError::Backend { runner, error }),
+        };
         let mut this = self;
         this.closed = true;
         for (handoff, ready) in taken {
@@ -994,7 +1152,11 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 this.owner.ready[handoff.0 as usize] = true;
             }
         }
-        this.owner.slots[this.slot] = Slot::Captured(graph);
+        this.owner.slots[this.slot] = Slot::Captured(Captured {
+            graph,
+            copies,
+            temporaries,
+        });
         Ok(())
     }
 

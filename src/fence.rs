@@ -65,6 +65,20 @@ pub enum ReplayError {
         /// The runner.
         runner: RunnerId,
     },
+    /// A step schedule replays a runner whose graph allocates temporaries
+    /// (graph memory nodes): the driver copies no such graph into a step
+    /// graph, so a step graph moves in a *step copy* of it instead, and
+    /// none is left.
+    #[error("{runner}'s graph allocates temporaries ({allocations} allocation node(s)), which the driver does not copy into a step graph, and {}", no_copy_hint(*.captured))]
+    NoStepCopy {
+        /// The runner.
+        runner: RunnerId,
+        /// Its graph's allocation nodes.
+        allocations: usize,
+        /// Step copies its capture made (0: it was captured with
+        /// `stream_capture`, not `stream_capture_repeatable`).
+        captured: usize,
+    },
     /// A consumer asked for a runner's bytes before the runner was replayed.
     #[error("{runner} was never replayed, so its views hold nothing to consume")]
     NotReplayed {
@@ -1095,6 +1109,17 @@ fn drain<B: Streams>(
     backend.synchronize_event(event)?;
     *completion = None;
     Ok(())
+}
+
+/// The fix [`ReplayError::NoStepCopy`] names.
+fn no_copy_hint(captured: usize) -> &'static str {
+    if captured == 0 {
+        "its capture kept no step copy to move in: capture it with \
+         RunnerCapture::stream_capture_repeatable, which runs its work a second time into one"
+    } else {
+        "its step copy went into an earlier step graph (or an earlier replay of this schedule): \
+         each step copy serves one replay in one step graph; replan to capture new ones"
+    }
 }
 
 #[cfg(test)]

@@ -149,8 +149,8 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{
-    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, StepNode,
-    Streams,
+    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
+    StepNode, Streams, Temporaries,
 };
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
@@ -164,7 +164,9 @@ pub use plan::{
     Planned, Policy,
 };
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
-pub use report::{byte_ratio, human_bytes, KeyReport, Optimum, PlanReport, RunnerReport};
+pub use report::{
+    byte_ratio, human_bytes, GraphTemporaries, KeyReport, Optimum, PlanReport, RunnerReport,
+};
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use step::{StepBuilder, StepError, StepGraph};
 pub use view::{Misuse, SliceError, View, ViewsExt};

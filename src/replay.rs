@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::backend::{Arena, Backend, BackendError};
+use crate::backend::{Arena, Backend, BackendError, Temporaries};
 use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::failed::Failed;
@@ -115,13 +115,26 @@ impl<B: Backend> Capturing<B> {
             plan,
             res,
         } = self;
-        let graphs = slots
-            .into_iter()
-            .map(|s| match s {
-                Slot::Captured(g) => Some(g),
-                Slot::Pending | Slot::Failed(_) => None,
-            })
-            .collect();
+        let mut graphs = Vec::with_capacity(slots.len());
+        let mut step_copies = Vec::with_capacity(slots.len());
+        let mut copies_made = Vec::with_capacity(slots.len());
+        let mut temporaries = Vec::with_capacity(slots.len());
+        for s in slots {
+            match s {
+                Slot::Captured(c) => {
+                    graphs.push(Some(c.graph));
+                    copies_made.push(c.copies.len());
+                    step_copies.push(c.copies);
+                    temporaries.push(c.temporaries);
+                }
+                Slot::Pending | Slot::Failed(_) => {
+                    graphs.push(None);
+                    copies_made.push(0);
+                    step_copies.push(Vec::new());
+                    temporaries.push(Temporaries::default());
+                }
+            }
+        }
         let mut views = Vec::new();
         let view_ranges = (0..plan.runners.len())
             .map(|slot| {
@@ -132,6 +145,9 @@ impl<B: Backend> Capturing<B> {
             .collect();
         Ok(Replayable {
             graphs,
+            step_copies,
+            copies_made,
+            temporaries,
             fence: Fence::new(res.events, &plan, &ready),
             plan,
             views,
@@ -188,6 +204,13 @@ pub struct Replayable<B: Backend> {
     /// Runner slot -> its graph. Field order is drop order: graphs, then
     /// events, then arenas.
     pub(crate) graphs: Vec<Option<B::Graph>>,
+    /// Runner slot -> step copies of a graph with temporaries, for step
+    /// graphs to move in ([`RunnerCapture::stream_capture_repeatable`](crate::RunnerCapture::stream_capture_repeatable)).
+    pub(crate) step_copies: Vec<Vec<B::Graph>>,
+    /// Runner slot -> step copies its capture made.
+    pub(crate) copies_made: Vec<usize>,
+    /// Runner slot -> what its graph's allocation nodes allocate.
+    pub(crate) temporaries: Vec<Temporaries>,
     pub(crate) fence: Fence<B>,
     pub(crate) plan: Planned,
     /// Every runner's views, runner after runner, made once at seal: a
@@ -213,7 +236,14 @@ impl<B: Backend> fmt::Debug for Replayable<B> {
 
 impl<B: Backend> Drop for Replayable<B> {
     fn drop(&mut self) {
-        let _ = self.quiesce();
+        if self.quiesce().is_ok() {
+            // Nothing of the plan can run: its graphs go, and the memory
+            // the driver keeps for their temporaries goes back to the
+            // device (best effort).
+            self.graphs.clear();
+            self.step_copies.clear();
+            let _ = self.backend.trim_graph_memory();
+        }
     }
 }
 
@@ -248,7 +278,56 @@ impl<B: Backend> Replayable<B> {
             .backend
             .graph_memory_in_use()
             .map_err(ReplayError::Wait)?;
+        for (r, t) in report.runners.iter_mut().zip(&self.temporaries) {
+            r.temporaries = Some(*t);
+        }
+        let mut sizes: Vec<u64> = self.temporaries.iter().map(|t| t.bytes).collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let mut step_copies = 0u64;
+        for copy in self.step_copies.iter().flatten() {
+            let t = self
+                .backend
+                .graph_temporaries(copy)
+                .map_err(ReplayError::Wait)?;
+            step_copies = step_copies.saturating_add(t.bytes);
+        }
+        report.temporaries = Some(crate::report::GraphTemporaries {
+            runners: self.temporaries.iter().filter(|t| !t.is_empty()).count(),
+            total: sizes.iter().fold(0, |a, &b| a.saturating_add(b)),
+            largest: sizes.first().copied().unwrap_or(0),
+            in_flight: sizes
+                .iter()
+                .take(self.plan.generations().max(1))
+                .fold(0, |a, &b| a.saturating_add(b)),
+            step_copies,
+        });
         Ok(report)
+    }
+
+    /// What `runner`'s graph allocates as temporaries (its graph memory
+    /// nodes' sizes), and how many step copies of it are left for step
+    /// graphs to move in ([`RunnerCapture::stream_capture_repeatable`](crate::RunnerCapture::stream_capture_repeatable)).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::UnknownRunner`].
+    pub fn temporaries(&self, runner: RunnerId) -> Result<(Temporaries, usize)> {
+        let slot = self.slot(runner)?;
+        Ok((self.temporaries[slot], self.step_copies[slot].len()))
+    }
+
+    /// Gives the memory the backend keeps for graph allocations, and no
+    /// live graph uses, back to the device ([`Backend::trim_graph_memory`]:
+    /// on CUDA `cuDeviceGraphMemTrim`, for the whole device). Teardown and
+    /// [`Replayable::replan`] do it once none of the plan's graphs can run;
+    /// call it after dropping a step graph whose moved graphs had
+    /// temporaries, say.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] with the backend's error.
+    pub fn trim_graph_memory(&self) -> Result<()> {
+        self.backend.trim_graph_memory().map_err(ReplayError::Wait)
     }
 
     /// What the fence has done so far.
@@ -632,6 +711,7 @@ impl<B: Backend> Replayable<B> {
         let waited = self.fence.quiesce(&self.backend);
         if waited.is_err() {
             std::mem::forget(std::mem::take(&mut self.graphs));
+            std::mem::forget(std::mem::take(&mut self.step_copies));
             std::mem::forget(std::mem::take(&mut self._arenas));
         }
         waited

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::backend::GraphMemory;
+use crate::backend::{GraphMemory, Temporaries};
 use crate::painter::Painter;
 use crate::placement::{self, Timeline};
 use crate::plan::{key_inputs, work_shares, Extent, PlacedPolicy, Placement, Planned};
@@ -127,6 +127,34 @@ pub struct RunnerReport {
     pub extents: Vec<Extent>,
     /// Fence waits this runner's replay needs in steady state.
     pub wait_list: usize,
+    /// What its graph's allocation nodes allocate (its temporaries): known
+    /// once captured, so only in [`Replayable::report`](crate::Replayable::report).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub temporaries: Option<Temporaries>,
+}
+
+/// The temporaries of one plan's graphs (their memory allocation nodes),
+/// from the nodes' sizes: the graph memory this plan needs beside its
+/// arenas, whatever else the device's graph memory pool holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct GraphTemporaries {
+    /// Runners whose graph allocates temporaries.
+    pub runners: usize,
+    /// Bytes all the runners' graphs allocate, summed.
+    pub total: u64,
+    /// The largest one runner's graph allocates.
+    pub largest: u64,
+    /// The `G` largest summed: what replays need at once with one runner in
+    /// flight per generation (round-robin; a packed plan may overlap more).
+    pub in_flight: u64,
+    /// Bytes the step copies still held allocate (a step graph moves them
+    /// in: they become its own).
+    pub step_copies: u64,
 }
 
 /// A plan described as data; `Display` renders it as a table.
@@ -183,6 +211,13 @@ pub struct PlanReport {
         serde(default, skip_serializing_if = "Option::is_none")
     )]
     pub graph_memory: Option<GraphMemory>,
+    /// What this plan's graphs allocate as temporaries: known once graphs
+    /// exist, so only in [`Replayable::report`](crate::Replayable::report).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub temporaries: Option<GraphTemporaries>,
     /// [`Planned::fingerprint`].
     #[cfg_attr(feature = "serde", serde(with = "fingerprint_hex"))]
     pub fingerprint: u64,
@@ -465,6 +500,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                 .fold(0, u64::saturating_add),
             extents: r.extents.clone(),
             wait_list,
+            temporaries: None,
         })
         .collect();
     let sum = |f: fn(&KeyReport) -> u64| keys.iter().map(f).fold(0u64, u64::saturating_add);
@@ -483,6 +519,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         handoffs: plan.handoffs.len(),
         handoff_bytes,
         graph_memory: None,
+        temporaries: None,
         keys,
         runners,
         fingerprint: fingerprint(plan),
@@ -998,13 +1035,29 @@ impl fmt::Display for PlanReport {
                 human_bytes(self.handoff_bytes)
             )?;
         }
+        if let Some(t) = self.temporaries {
+            writeln!(
+                f,
+                "graph temporaries (this plan's graphs): {} runner(s) allocate {} in all, the largest {}; {} with G = {} runners in flight{}, beside the plan's {}",
+                t.runners,
+                human_bytes(t.total),
+                human_bytes(t.largest),
+                human_bytes(t.in_flight),
+                self.generations,
+                if t.step_copies > 0 {
+                    format!("; step copies {} more", human_bytes(t.step_copies))
+                } else {
+                    String::new()
+                },
+                human_bytes(self.plan_bytes)
+            )?;
+        }
         if let Some(m) = self.graph_memory {
             writeln!(
                 f,
-                "graph memory: {} in use, {} reserved by the driver for graph temporaries (the device's), beside the plan's {}",
+                "device graph memory (every plan's and program's, for reference): {} in use, {} reserved by the driver",
                 human_bytes(m.used),
                 human_bytes(m.reserved),
-                human_bytes(self.plan_bytes)
             )?;
         }
         writeln!(f)?;

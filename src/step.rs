@@ -21,7 +21,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
 
-use crate::backend::{BackendError, Compose, StepNode, Streams};
+use crate::backend::{BackendError, Compose, NodeGraph, StepNode, Streams};
 use crate::capture::{capture_work, Uncaptured};
 use crate::fence::{Fence, Ledger, On};
 use crate::replay::{capturing_wait, ConsumeError, ReplayError, Replayable};
@@ -162,17 +162,43 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// Schedules a replay of `runner` on `stream` (as
     /// [`Replayable::replay`] would make it, waits included).
     ///
+    /// A runner whose graph allocates temporaries goes into the step graph
+    /// as its step copy ([`RunnerCapture::stream_capture_repeatable`]),
+    /// which [`StepBuilder::build`] moves in: one per replay in one step
+    /// graph. Its readers start after its whole graph (the copy is not
+    /// split at its ready points: the driver cannot copy parts of it).
+    ///
     /// # Errors
     ///
-    /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`].
+    /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`];
+    /// [`ReplayError::NoStepCopy`] for a runner with temporaries and no step
+    /// copy left.
+    ///
+    /// [`RunnerCapture::stream_capture_repeatable`]: crate::RunnerCapture::stream_capture_repeatable
     pub fn replay(
         &mut self,
         runner: RunnerId,
         stream: &B::Stream,
     ) -> Result<&mut Self, ReplayError> {
         let slot = self.slot(runner)?;
-        if self.replayable.graphs[slot].is_none() {
+        let r = &*self.replayable;
+        if r.graphs[slot].is_none() {
             return Err(ReplayError::NoGraph { runner });
+        }
+        let temporaries = r.temporaries[slot];
+        if !temporaries.is_empty() {
+            let scheduled = self
+                .items
+                .iter()
+                .filter(|i| matches!(i, Item::Replay { slot: s, .. } if *s == slot))
+                .count();
+            if r.step_copies[slot].len() <= scheduled {
+                return Err(ReplayError::NoStepCopy {
+                    runner,
+                    allocations: temporaries.allocations,
+                    captured: r.copies_made[slot],
+                });
+            }
         }
         let lane = self.lane(stream);
         self.items.push(Item::Replay { slot, lane });
@@ -321,6 +347,9 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             return Err(StepError::Empty);
         }
         let plan = &r.plan;
+        // A runner whose graph has temporaries goes in as its step copy,
+        // moved in whole.
+        let moves = |slot: usize| !r.temporaries[slot].is_empty();
         // Per runner slot: the fence slots of the handoffs it writes that
         // its graph marks ready.
         let ready = |slot: usize| -> Vec<usize> {
@@ -332,13 +361,15 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 .map(|&h| r.fence.handoff_slot(h))
                 .collect()
         };
-        // Node ids: a replay of a runner with a ready point is two nodes.
+        // A replay of a runner with a ready point is split there in two
+        // nodes, unless it moves in whole.
+        let splits = |slot: usize| !moves(slot) && !ready(slot).is_empty();
         let mut first = Vec::with_capacity(items.len());
         let mut nodes = 0;
         for item in &items {
             first.push(nodes);
             nodes += match item {
-                Item::Replay { slot, .. } if !ready(*slot).is_empty() => 2,
+                Item::Replay { slot, .. } if splits(*slot) => 2,
                 _ => 1,
             };
         }
@@ -351,10 +382,10 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         let mut part_of = vec![None; items.len()];
         for (k, item) in items.iter().enumerate() {
             if let Item::Replay { slot, .. } = item {
-                let marks = ready(*slot);
-                if marks.is_empty() {
+                if !splits(*slot) {
                     continue;
                 }
+                let marks = ready(*slot);
                 let events: Vec<&B::Event> =
                     marks.iter().filter_map(|&h| r.fence.event(h)).collect();
                 let Some(graph) = r.graphs[*slot].as_ref() else {
@@ -384,7 +415,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             for (k, item) in items.iter().enumerate() {
                 match item {
                     Item::Replay { slot, lane } => {
-                        let count = if ready(*slot).is_empty() { 1 } else { 2 };
+                        let count = if splits(*slot) { 2 } else { 1 };
                         let on = On {
                             stream: &Lane(*lane),
                             id: *lane as u64,
@@ -399,11 +430,17 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                         }
                         // The first part records the event it was split at;
                         // the other ready events count from the end.
+                        // A graph moved in whole records them inside its
+                        // one node: readers wait for that node.
                         if let Some(p) = part_of[k] {
                             let split = parts[p].2;
                             for (n, h) in ready(*slot).into_iter().enumerate() {
                                 let node = if n == split { first[k] } else { first[k] + 1 };
                                 tracer.mark(h, node);
+                            }
+                        } else {
+                            for h in ready(*slot) {
+                                tracer.mark(h, first[k]);
                             }
                         }
                     }
@@ -435,18 +472,39 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
 
         let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
         let mut names: Vec<String> = Vec::with_capacity(nodes);
+        let (graphs, copies) = (&r.graphs, &mut r.step_copies);
         for (k, item) in items.iter().enumerate() {
             match item {
                 Item::Replay { slot, lane } => {
                     let name = plan.runners[*slot].id().to_string();
-                    let graphs: Vec<&B::Graph> = match part_of[k] {
-                        Some(p) => vec![&parts[p].0, &parts[p].1],
-                        None => r.graphs[*slot].as_ref().into_iter().collect(),
+                    let node_graphs: Vec<NodeGraph<'_, B>> = if !r.temporaries[*slot].is_empty() {
+                        // `replay` checked that a copy is left for each.
+                        let Some(copy) = copies[*slot].pop() else {
+                            return Err(StepError::Backend {
+                                what: name,
+                                error: BackendError::Refused {
+                                    op: "step graph",
+                                    reason: "no step copy left".into(),
+                                },
+                            });
+                        };
+                        vec![NodeGraph::Move(copy)]
+                    } else {
+                        match part_of[k] {
+                            Some(p) => {
+                                vec![NodeGraph::Copy(&parts[p].0), NodeGraph::Copy(&parts[p].1)]
+                            }
+                            None => graphs[*slot]
+                                .as_ref()
+                                .map(NodeGraph::Copy)
+                                .into_iter()
+                                .collect(),
+                        }
                     };
-                    for g in graphs {
+                    for graph in node_graphs {
                         names.push(name.clone());
                         step_nodes.push(StepNode {
-                            graph: g,
+                            graph,
                             deps: deps[step_nodes.len()].clone(),
                             lane: *lane,
                         });
@@ -457,38 +515,45 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 } => {
                     names.push(format!("the consumer of {}", plan.runners[slots[0]].id()));
                     step_nodes.push(StepNode {
-                        graph,
+                        graph: NodeGraph::Copy(graph),
                         deps: deps[step_nodes.len()].clone(),
                         lane: *lane,
                     });
                 }
             }
         }
-        let graph = match backend.compose(&step_nodes) {
+        // The copied graphs, to name the one the backend refuses alone.
+        let copied: Vec<(&B::Graph, String)> = step_nodes
+            .iter()
+            .zip(&names)
+            .filter_map(|(n, name)| match n.graph {
+                NodeGraph::Copy(g) => Some((g, name.clone())),
+                NodeGraph::Move(_) => None,
+            })
+            .collect();
+        let graph = match backend.compose(step_nodes) {
             Ok(graph) => graph,
             Err(error) => {
-                // Name the node the backend refuses, when one alone is.
-                let what = step_nodes
+                let what = copied
                     .iter()
-                    .zip(&names)
-                    .find(|(n, _)| {
+                    .find(|(g, _)| {
                         let alone = StepNode {
-                            graph: n.graph,
+                            graph: NodeGraph::Copy(*g),
                             deps: Vec::new(),
                             lane: 0,
                         };
-                        backend.compose(std::slice::from_ref(&alone)).is_err()
+                        backend.compose(vec![alone]).is_err()
                     })
                     .map_or_else(|| "the step".to_string(), |(_, name)| name.clone());
                 return Err(StepError::Backend { what, error });
             }
         };
+        drop(copied);
         let done = backend.create_event().map_err(|error| StepError::Backend {
             what: "the step's completion event".into(),
             error,
         })?;
         let edges = deps.iter().map(Vec::len).sum();
-        drop(step_nodes);
         drop(parts);
         drop(items);
         Ok(StepGraph {

@@ -402,10 +402,13 @@ fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
     let report = replayable.report().unwrap();
     let memory = report.graph_memory.unwrap();
     assert_eq!(memory.used, 4096);
+    let text = report.to_string();
     assert!(
-        report.to_string().contains("graph memory: 4.00 KiB in use"),
+        text.contains("graph temporaries (this plan's graphs): 1 runner(s) allocate 4.00 KiB"),
         "{report}"
     );
+    assert!(text.contains("device graph memory"), "{report}");
+    assert!(text.contains("4.00 KiB in use"), "{report}");
     drop(replayable);
     assert_eq!(sim.live_allocations(), 0);
 }

@@ -1,6 +1,7 @@
 //! Step graphs on the `sim` model: one step's schedule compiled into one
 //! graph. For random plans and schedules (placements, generations, streams,
-//! consumers, handoffs and ready points) the step graph never lets two
+//! consumers, handoffs, ready points, and runners whose graphs allocate
+//! temporaries, moved in as step copies) the step graph never lets two
 //! users of the same bytes overlap, leaves every value the per-runner
 //! fenced replay of the same schedule leaves, refuses exactly the
 //! schedules the host fence refuses, and hands the plan back consistent.
@@ -19,8 +20,8 @@ const GRAD: Request = Request::new(Domain::Device, DType::F32, 32);
 #[derive(Debug, Clone)]
 struct Schedule {
     /// Per runner in capture order: (hands off to the next runner, marks it
-    /// ready, its lane, its duration).
-    runners: Vec<(bool, bool, usize, u64)>,
+    /// ready, its lane, its duration, allocates a temporary).
+    runners: Vec<(bool, bool, usize, u64, bool)>,
     /// Consumers: (runner, placed after this many more replays, lane,
     /// duration, writes).
     consumers: Vec<(usize, usize, usize, u64, bool)>,
@@ -30,7 +31,13 @@ struct Schedule {
 
 fn schedule() -> impl proptest::strategy::Strategy<Value = Schedule> {
     (2usize..7, 1usize..4, any::<bool>()).prop_flat_map(|(n, g, packed)| {
-        let runner = (any::<bool>(), any::<bool>(), 0usize..3, 1u64..40);
+        let runner = (
+            any::<bool>(),
+            any::<bool>(),
+            0usize..3,
+            1u64..40,
+            any::<bool>(),
+        );
         let consumer = (
             0..n,
             0usize..3,
@@ -101,7 +108,7 @@ fn setup(w: &Schedule) -> Setup {
     };
     let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
     for r in 0..n {
-        let (_, ready, _, duration) = w.runners[r];
+        let (_, ready, _, duration, temporary) = w.runners[r];
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
         let own = cap.take(OWN).unwrap();
         let input = (r > 0)
@@ -110,7 +117,10 @@ fn setup(w: &Schedule) -> Setup {
             .map(|h| cap.receive(h).unwrap());
         let output = handoffs[r].map(|h| (h, cap.hand_off(h).unwrap()));
         let (count, sink) = (&counts[r], &sinks[r]);
-        cap.stream_capture(&lanes[0], |s| {
+        // A runner with a temporary passes its count through it, as a
+        // framework op allocating its output would; its graph has memory
+        // nodes, so a step graph moves in its step copy.
+        cap.stream_capture_repeatable(&lanes[0], |s| {
             sim.launch(s, sim::Op::add(&one, count), 1)?;
             if let Some(input) = &input {
                 sim.launch(s, sim::Op::add(input, sink), duration)?;
@@ -121,7 +131,14 @@ fn setup(w: &Schedule) -> Setup {
                     cap.ready(*h, s)?;
                 }
             }
-            sim.launch(s, sim::Op::copy(count, &own), duration)?;
+            if temporary {
+                let t = sim.alloc_async(s, 32)?;
+                sim.launch(s, sim::Op::copy(count, &t), 1)?;
+                sim.launch(s, sim::Op::copy(&t, &own), duration)?;
+                sim.free_async(s, &t)?;
+            } else {
+                sim.launch(s, sim::Op::copy(count, &own), duration)?;
+            }
             Ok::<(), replay_arena::Error>(())
         })
         .unwrap();
@@ -271,7 +288,7 @@ proptest! {
 /// third: the chain the per-module backward makes.
 fn four_with_consumers() -> Schedule {
     Schedule {
-        runners: (0..4).map(|r| (true, true, r % 2, 20)).collect(),
+        runners: (0..4).map(|r| (true, true, r % 2, 20, false)).collect(),
         consumers: (0..4).map(|r| (r, 0, 2, 30, false)).collect(),
         generations: 2,
         packed: false,

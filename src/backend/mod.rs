@@ -337,11 +337,60 @@ pub trait Arena {
     fn bytes(&self) -> u64;
 }
 
+/// What a graph's memory allocation nodes hand out: a runner's
+/// temporaries (a framework's op outputs allocated inside the capture,
+/// CUDA's `cuMemAllocAsync` under capture), which the graph also frees.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct Temporaries {
+    /// Allocation nodes.
+    pub allocations: usize,
+    /// Bytes they allocate, summed.
+    pub bytes: u64,
+}
+
+impl Temporaries {
+    /// `allocations` allocation nodes of `bytes` bytes in all.
+    pub const fn new(allocations: usize, bytes: u64) -> Temporaries {
+        Temporaries { allocations, bytes }
+    }
+
+    /// Whether the graph allocates nothing (the driver copies such a graph
+    /// into a step graph; one that allocates must be moved in).
+    pub const fn is_empty(&self) -> bool {
+        self.allocations == 0
+    }
+}
+
+/// How a node's graph goes into [`Compose::compose`].
+pub enum NodeGraph<'a, B: Backend + ?Sized> {
+    /// Copied in (CUDA: a child graph node clones the graph); the graph
+    /// stays the caller's. Refused for a graph with memory nodes: the
+    /// driver does not clone those.
+    Copy(&'a B::Graph),
+    /// Moved in (CUDA 12.9 and later: a child graph node that takes
+    /// ownership, `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`): the graph belongs
+    /// to the composed graph from then on, and is gone with it, even when
+    /// composing fails. A graph with temporaries goes in this way.
+    Move(B::Graph),
+}
+
+impl<B: Backend + ?Sized> NodeGraph<'_, B> {
+    /// The graph, either way.
+    pub fn graph(&self) -> &B::Graph {
+        match self {
+            NodeGraph::Copy(g) => g,
+            NodeGraph::Move(g) => g,
+        }
+    }
+}
+
 /// One node of [`Compose::compose`]: a graph, the earlier nodes it waits
 /// for, and the stream of the step it was scheduled on.
 pub struct StepNode<'a, B: Backend + ?Sized> {
-    /// The graph the node runs.
-    pub graph: &'a B::Graph,
+    /// The graph the node runs, copied or moved in.
+    pub graph: NodeGraph<'a, B>,
     /// Indices of earlier nodes it runs after.
     pub deps: Vec<usize>,
     /// The step's stream (lane) it was scheduled on.
@@ -523,6 +572,30 @@ pub trait Backend: Streams {
     fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>, BackendError> {
         Ok(None)
     }
+
+    /// What `graph`'s memory allocation nodes (and its child graphs')
+    /// allocate: the runner's temporaries, from the nodes' sizes. A backend
+    /// whose graphs cannot allocate reports none.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error while inspecting the graph.
+    fn graph_temporaries(&self, graph: &Self::Graph) -> Result<Temporaries, BackendError> {
+        let _ = graph;
+        Ok(Temporaries::default())
+    }
+
+    /// Gives the memory the backend holds for graph allocations, and no
+    /// live graph uses, back to the device (CUDA: `cuDeviceGraphMemTrim`).
+    /// A plan calls it at teardown and `replan`, once none of its graphs
+    /// can run; a program may call it at any time.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn trim_graph_memory(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// What step graphs ([`Replayable::step`](crate::Replayable::step)) need
@@ -550,10 +623,13 @@ pub trait Compose: Backend {
     /// depends on (earlier nodes, by index) and nothing else orders it.
     /// `lane` says which stream of the step the node was scheduled on: a
     /// model backend runs each lane as a stream; the driver ignores it.
-    /// The graphs are copied in: they may be dropped afterwards.
+    /// A [`NodeGraph::Copy`] is copied in (it may be dropped afterwards); a
+    /// [`NodeGraph::Move`] is the composed graph's from then on.
     ///
     /// # Errors
     ///
-    /// The runtime's error (a graph the runtime cannot nest, say).
-    fn compose(&self, nodes: &[StepNode<'_, Self>]) -> Result<Self::Graph, BackendError>;
+    /// The runtime's error (a graph the runtime cannot nest, a graph with
+    /// temporaries copied, or moved on a driver that cannot move graphs,
+    /// say). The moved graphs are gone then too.
+    fn compose(&self, nodes: Vec<StepNode<'_, Self>>) -> Result<Self::Graph, BackendError>;
 }

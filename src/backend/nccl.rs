@@ -28,8 +28,8 @@ use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{self, Event, Graph, Stream};
 use crate::backend::{
-    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, StepNode,
-    Streams,
+    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
+    StepNode, Streams, Temporaries,
 };
 use crate::scope::check_use;
 use crate::view::{Misuse, NotSend, View};
@@ -747,6 +747,14 @@ impl Backend for Device {
         self.cuda.graph_memory_in_use().map(Some)
     }
 
+    fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
+        self.cuda.graph_temporaries(graph)
+    }
+
+    fn trim_graph_memory(&self) -> Result<()> {
+        Backend::trim_graph_memory(&self.cuda)
+    }
+
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
         self.cuda.validate_graph(graph)
     }
@@ -757,15 +765,18 @@ impl Compose for Device {
         self.cuda.split_graph(graph, events)
     }
 
-    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
+    fn compose(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
         let nodes: Vec<StepNode<'_, cuda::Device>> = nodes
-            .iter()
+            .into_iter()
             .map(|n| StepNode {
-                graph: n.graph,
-                deps: n.deps.clone(),
+                graph: match n.graph {
+                    NodeGraph::Copy(g) => NodeGraph::Copy(g),
+                    NodeGraph::Move(g) => NodeGraph::Move(g),
+                },
+                deps: n.deps,
                 lane: n.lane,
             })
             .collect();
-        self.cuda.compose(&nodes)
+        self.cuda.compose(nodes)
     }
 }

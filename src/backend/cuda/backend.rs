@@ -8,7 +8,7 @@ use super::memory::Memory;
 use super::{check, driver_error, sys, Result};
 use crate::backend::{
     check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection,
-    StepNode, Streams,
+    StepNode, Streams, Temporaries,
 };
 use crate::vocab::Domain;
 
@@ -178,6 +178,20 @@ impl Backend for Device {
         Device::graph_memory_in_use(self).map(Some)
     }
 
+    fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
+        self.bind()?;
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
+        Ok(Temporaries::new(
+            allocs.len(),
+            allocs.iter().map(|&(_, bytes)| bytes).sum(),
+        ))
+    }
+
+    fn trim_graph_memory(&self) -> Result<()> {
+        Device::trim_graph_memory(self)
+    }
+
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
         let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
         self.bind().map_err(uninspectable)?;
@@ -193,7 +207,7 @@ impl Compose for Device {
         self.split_at_record(graph, events)
     }
 
-    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
+    fn compose(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
         self.compose_children(nodes)
     }
 }

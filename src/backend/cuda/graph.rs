@@ -14,7 +14,7 @@ use cudarc::driver::CudaContext;
 use super::handles::{Device, Event};
 use super::probe::open_library;
 use super::{check, sys, Result};
-use crate::backend::{BackendError, GraphMemory, StepNode};
+use crate::backend::{BackendError, GraphMemory, NodeGraph, StepNode};
 
 /// Raw graph handles; moved between threads only inside a [`Graph`].
 pub(super) struct GraphHandles {
@@ -62,12 +62,15 @@ impl Drop for Graph {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: both handles are owned by this graph and destroyed once;
             // the plan synchronized before dropping graphs. A part of a
-            // split graph has no executable graph.
+            // split graph has no executable graph; a graph moved into a
+            // step graph has neither (the step graph owns it).
             unsafe {
                 if !self.handles.exec.is_null() {
                     let _ = sys::cuGraphExecDestroy(self.handles.exec);
                 }
-                let _ = sys::cuGraphDestroy(self.handles.graph);
+                if !self.handles.graph.is_null() {
+                    let _ = sys::cuGraphDestroy(self.handles.graph);
+                }
             }
         }
     }
@@ -161,6 +164,24 @@ impl Device {
         Ok(GraphMemory {
             used: get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
             reserved: get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
+        })
+    }
+
+    /// Gives the device memory the driver reserved for graph allocations,
+    /// and no live graph uses, back to the device
+    /// (`cuDeviceGraphMemTrim`); [`GraphMemory::reserved`] falls by what it
+    /// gave back. A plan does it at teardown and `replan`; call it after
+    /// dropping other graphs with temporaries.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn trim_graph_memory(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: a device of this context; the driver frees only memory no
+        // graph uses.
+        check("cuDeviceGraphMemTrim", unsafe {
+            sys::cuDeviceGraphMemTrim(self.inner.ctx.cu_device())
         })
     }
 
@@ -331,18 +352,38 @@ impl Device {
     }
 
     /// [`Compose::compose`](crate::Compose::compose): a graph of child graph
-    /// nodes (`cuGraphAddChildGraphNode` copies each graph in), instantiated
-    /// with this backend's flags.
-    pub(super) fn compose_children(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
+    /// nodes, instantiated with this backend's flags. A copied node's graph
+    /// is cloned in (`cuGraphAddChildGraphNode`); a moved one's is moved in
+    /// (`cuGraphAddNode_v2` with `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, CUDA
+    /// 12.9 and later: the only way a graph with memory nodes goes into
+    /// another), its own executable graph destroyed first, since a graph
+    /// with memory nodes may have only one at a time.
+    pub(super) fn compose_children(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
         self.bind()?;
-        for node in nodes {
-            self.refuse_memory_nodes(node.graph)?;
+        for node in &nodes {
+            if let NodeGraph::Copy(g) = &node.graph {
+                self.refuse_memory_nodes(g)?;
+            }
         }
+        let add_moved = if nodes.iter().any(|n| matches!(n.graph, NodeGraph::Move(_))) {
+            Some(self.move_fn()?)
+        } else {
+            None
+        };
         let mut parent: sys::CUgraph = ptr::null_mut();
         // SAFETY: a local out pointer.
         check("cuGraphCreate", unsafe {
             sys::cuGraphCreate(&mut parent, 0)
         })?;
+        // Destroys the parent (and the graphs moved into it) on failure.
+        let parent = Graph {
+            handles: GraphHandles {
+                graph: parent,
+                exec: ptr::null_mut(),
+            },
+            ctx: self.inner.ctx.clone(),
+            _not_sync: PhantomData,
+        };
         let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         for node in nodes {
             let deps = node
@@ -351,34 +392,166 @@ impl Device {
                 .map(|&d| added.get(d).copied())
                 .collect::<Option<Vec<_>>>();
             let Some(deps) = deps else {
-                // SAFETY: `parent` is ours and destroyed once.
-                let _ = unsafe { sys::cuGraphDestroy(parent) };
                 return Err(BackendError::Refused {
                     op: "cuGraphAddChildGraphNode",
                     reason: "a node depends on a node that is not before it".into(),
                 });
             };
             let mut child: sys::CUgraphNode = ptr::null_mut();
-            // SAFETY: `parent` and the node's graph are live graphs of this
-            // context; the child graph is cloned into `parent`.
-            let added_ok = check("cuGraphAddChildGraphNode", unsafe {
-                sys::cuGraphAddChildGraphNode(
-                    &mut child,
-                    parent,
-                    deps.as_ptr(),
-                    deps.len(),
-                    node.graph.handles.graph,
-                )
-            });
-            if let Err(e) = added_ok {
-                // SAFETY: as above.
-                let _ = unsafe { sys::cuGraphDestroy(parent) };
-                return Err(e);
+            match node.graph {
+                NodeGraph::Copy(g) => {
+                    // SAFETY: `parent` and the node's graph are live graphs
+                    // of this context; the child graph is cloned in.
+                    check("cuGraphAddChildGraphNode", unsafe {
+                        sys::cuGraphAddChildGraphNode(
+                            &mut child,
+                            parent.handles.graph,
+                            deps.as_ptr(),
+                            deps.len(),
+                            g.handles.graph,
+                        )
+                    })?;
+                }
+                NodeGraph::Move(mut g) => {
+                    let add = add_moved.ok_or_else(|| BackendError::Refused {
+                        op: "cuGraphAddNode_v2",
+                        reason: "no entry point for moved child graphs".into(),
+                    })?;
+                    if !g.handles.exec.is_null() {
+                        // SAFETY: the graph's own executable graph, never
+                        // launched by the plan (a step copy), destroyed once.
+                        let _ = unsafe { sys::cuGraphExecDestroy(g.handles.exec) };
+                        g.handles.exec = ptr::null_mut();
+                    }
+                    let mut params = ChildNodeParams::moved(g.handles.graph);
+                    // SAFETY: `parent` and `g` are live graphs of this
+                    // context; `params` is laid out as `CUgraphNodeParams`
+                    // (checked below); no edge data is passed. On success
+                    // the parent owns `g`'s graph.
+                    check("cuGraphAddNode_v2 (moved child graph)", unsafe {
+                        add(
+                            &mut child,
+                            parent.handles.graph,
+                            deps.as_ptr(),
+                            ptr::null(),
+                            deps.len(),
+                            &mut params,
+                        )
+                    })?;
+                    g.handles.graph = ptr::null_mut();
+                }
             }
             added.push(child);
         }
-        // SAFETY: `parent` is ours; `instantiate` destroys it on failure.
-        unsafe { self.instantiate(parent, None) }
+        let mut parent = parent;
+        let raw = std::mem::replace(&mut parent.handles.graph, ptr::null_mut());
+        drop(parent);
+        // SAFETY: `raw` is ours; `instantiate` destroys it on failure.
+        unsafe { self.instantiate(raw, None) }
+    }
+
+    /// `cuGraphAddNode_v2`, looked up in the driver by name (cudarc binds
+    /// the moved-ownership field only for CUDA 12.9 and later), on a
+    /// driver of CUDA 12.9 or later.
+    fn move_fn(&self) -> Result<AddNodeFn> {
+        let mut version: std::ffi::c_int = 0;
+        // SAFETY: a local out pointer.
+        check("cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut version)
+        })?;
+        if version < 12090 {
+            return Err(BackendError::Refused {
+                op: "step graph",
+                reason: format!(
+                    "a graph with temporaries (memory nodes) goes into a step graph only moved, \
+                     which needs a CUDA 12.9 or later driver; this driver is CUDA {}.{}: replay \
+                     this runner per runner",
+                    version / 1000,
+                    version % 1000 / 10
+                ),
+            });
+        }
+        add_node_fn().ok_or_else(|| BackendError::Refused {
+            op: "step graph",
+            reason: "the driver exports no cuGraphAddNode_v2, which moves a graph with \
+                     temporaries into a step graph"
+                .into(),
+        })
+    }
+}
+
+/// `cuGraphAddNode_v2`'s C signature.
+type AddNodeFn = unsafe extern "C" fn(
+    *mut sys::CUgraphNode,
+    sys::CUgraph,
+    *const sys::CUgraphNode,
+    *const c_void,
+    usize,
+    *mut ChildNodeParams,
+) -> sys::CUresult;
+
+fn add_node_fn() -> Option<AddNodeFn> {
+    static ADD: OnceLock<Option<(libloading::Library, AddNodeFn)>> = OnceLock::new();
+    ADD.get_or_init(|| {
+        let lib = open_library(&["cuda", "nvcuda"])?;
+        // SAFETY: the symbol has the C signature above (CUDA's `cuda.h`,
+        // 12.3 and later); the library stays loaded with the pointer.
+        let f = unsafe {
+            lib.get(b"cuGraphAddNode_v2")
+                .map(|f: libloading::Symbol<'_, AddNodeFn>| *f)
+        }
+        .ok()?;
+        Some((lib, f))
+    })
+    .as_ref()
+    .map(|(_, f)| *f)
+}
+
+/// `CUgraphNodeParams` for a child graph node (`cuda.h`, 12.9 and later:
+/// type, three reserved ints, a 232-byte union whose `graph` member is
+/// `CUDA_CHILD_GRAPH_NODE_PARAMS { CUgraph graph; ownership }`, and a
+/// reserved `long long`), spelled out here so the crate builds with any
+/// CUDA version of cudarc's bindings.
+#[repr(C)]
+struct ChildNodeParams {
+    kind: std::ffi::c_int,
+    reserved0: [std::ffi::c_int; 3],
+    body: ChildNodeBody,
+    reserved2: std::ffi::c_longlong,
+}
+
+#[repr(C)]
+union ChildNodeBody {
+    reserved1: [std::ffi::c_longlong; 29],
+    graph: ChildGraphParams,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ChildGraphParams {
+    graph: sys::CUgraph,
+    ownership: std::ffi::c_int,
+}
+
+static_assertions::assert_eq_size!(ChildNodeParams, [u8; 256]);
+
+impl ChildNodeParams {
+    /// `CU_GRAPH_NODE_TYPE_GRAPH` moving `graph` in
+    /// (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`).
+    fn moved(graph: sys::CUgraph) -> ChildNodeParams {
+        const GRAPH_NODE: std::ffi::c_int = 4;
+        const OWNERSHIP_MOVE: std::ffi::c_int = 1;
+        let mut body = ChildNodeBody { reserved1: [0; 29] };
+        body.graph = ChildGraphParams {
+            graph,
+            ownership: OWNERSHIP_MOVE,
+        };
+        ChildNodeParams {
+            kind: GRAPH_NODE,
+            reserved0: [0; 3],
+            body,
+            reserved2: 0,
+        }
     }
 }
 

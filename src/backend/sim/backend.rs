@@ -10,8 +10,8 @@ use super::ops::Op;
 use super::streams::{Capture, Event, EventState, Stream};
 use super::{hazards::merge, sim_error, Result, FOREIGN_EVENT};
 use crate::backend::{
-    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphRejection, StepNode,
-    Streams,
+    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphRejection, NodeGraph,
+    StepNode, Streams, Temporaries,
 };
 
 impl Streams for Device {
@@ -203,11 +203,37 @@ impl Backend for Device {
         }
     }
 
-    /// The bytes of every live graph's allocation nodes (the sim reserves
-    /// exactly what it uses).
+    /// The bytes of every live graph's allocation nodes, and what the sim's
+    /// pool reserves: the most ever in use since the last trim, as a
+    /// driver's graph memory pool keeps what it mapped until trimmed.
     fn graph_memory_in_use(&self) -> Result<Option<crate::backend::GraphMemory>> {
-        let bytes = self.state().graph_bytes;
-        Ok(Some(crate::backend::GraphMemory::new(bytes, bytes)))
+        let s = self.state();
+        Ok(Some(crate::backend::GraphMemory::new(
+            s.graph_bytes,
+            s.graph_reserved,
+        )))
+    }
+
+    fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
+        let nodes: Vec<&[(Op, u64)]> = match &graph.step {
+            Some(step) => step.nodes.iter().map(|n| n.ops.as_slice()).collect(),
+            None => vec![graph.ops.as_slice()],
+        };
+        let mut t = Temporaries::default();
+        for (op, _) in nodes.into_iter().flatten() {
+            if let Op::AllocNode { bytes, .. } = *op {
+                t.allocations += 1;
+                t.bytes += bytes;
+            }
+        }
+        Ok(t)
+    }
+
+    /// The pool's reservation shrinks to what live graphs use.
+    fn trim_graph_memory(&self) -> Result<()> {
+        let mut s = self.state();
+        s.graph_reserved = s.graph_bytes;
+        Ok(())
     }
 
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
@@ -260,24 +286,28 @@ impl Compose for Device {
         Ok((part(0..at, false), part(at..graph.ops.len(), true), which))
     }
 
-    fn compose(&self, nodes: &[StepNode<'_, Device>]) -> Result<Graph> {
-        if nodes.iter().any(|n| n.graph.step.is_some()) {
+    fn compose(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
+        if nodes.iter().any(|n| n.graph.graph().step.is_some()) {
             return Err(sim_error(
                 "sim compose",
                 "a composed graph cannot be a node",
             ));
         }
         // As CUDA: a graph with memory nodes cannot be cloned into a child
-        // graph node.
+        // graph node; it can be moved in.
         let memory_nodes = |g: &Graph| {
             g.ops
                 .iter()
                 .any(|(op, _)| matches!(op, Op::AllocNode { .. } | Op::FreeNode { .. }))
         };
-        if nodes.iter().any(|n| memory_nodes(n.graph)) {
+        if nodes
+            .iter()
+            .any(|n| matches!(n.graph, NodeGraph::Copy(g) if memory_nodes(g)))
+        {
             return Err(sim_error(
                 "sim compose",
-                "a graph with memory nodes cannot be a child graph (CUDA refuses to clone it)",
+                "a graph with memory nodes cannot be copied into a child graph (CUDA refuses to \
+                 clone it); move it in",
             ));
         }
         if let Some((i, _)) = nodes
@@ -296,16 +326,18 @@ impl Compose for Device {
             ops: Vec::new(),
             records: Vec::new(),
             last: Arc::default(),
+            // A moved graph's memory is the composed graph's from now on
+            // (its value is consumed here); a copied one's is shared.
             memory: nodes
                 .iter()
-                .flat_map(|n| n.graph.memory.iter().cloned())
+                .flat_map(|n| n.graph.graph().memory.iter().cloned())
                 .collect(),
             step: Some(Arc::new(SimStep {
                 nodes: nodes
                     .iter()
                     .map(|n| SimStepNode {
-                        ops: n.graph.ops.clone(),
-                        records: n.graph.records.clone(),
+                        ops: n.graph.graph().ops.clone(),
+                        records: n.graph.graph().records.clone(),
                         deps: n.deps.clone(),
                         lane: n.lane,
                     })

@@ -179,6 +179,7 @@ impl Device {
             .alloc(bytes, 256, true)
             .map_err(|reason| sim_error("sim alloc async", reason))?;
         s.graph_bytes += bytes;
+        s.graph_reserved = s.graph_reserved.max(s.graph_bytes);
         if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.temps.push(base);
             capture.ops.push((Op::AllocNode { addr: base, bytes }, 0));

@@ -78,6 +78,9 @@ struct SimState {
     frees: u64,
     /// Bytes held by live graphs' allocation nodes.
     graph_bytes: u64,
+    /// Bytes reserved for graph allocations: as a driver's pool, it grows
+    /// with use and shrinks only when trimmed (`trim_graph_memory`).
+    graph_reserved: u64,
 }
 
 fn lock(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {

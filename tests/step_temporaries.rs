@@ -1,0 +1,423 @@
+//! Runners whose graphs allocate temporaries (graph memory nodes, as a
+//! framework's ops allocating their outputs inside the capture make them)
+//! in step graphs, on the `sim` model: the step graph moves in a step copy
+//! that `stream_capture_repeatable` captured, per-runner replay stays
+//! intact around the step graph's life, a missing copy is a typed error,
+//! and the plan's report and teardown account for the graph memory.
+
+use replay_arena::sim;
+use replay_arena::{Backend, GraphMemory, Streams};
+use replay_arena::{
+    CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError,
+    Replayable, Request, RunnerId, StreamCaptureError,
+};
+
+const N: usize = 64;
+const OWN: Request = Request::new(Domain::Device, DType::F32, N as u64);
+const GRAD: Request = Request::new(Domain::Device, DType::F32, N as u64);
+
+/// A chain of `layers` runners: runner `l` adds one to its counter, passes
+/// it through a temporary into its own view, and hands its counter to the
+/// next runner, which adds what it receives into its sink. With
+/// `repeatable`, captured with `stream_capture_repeatable`.
+struct Chain {
+    sim: sim::Device,
+    replayable: Replayable<sim::Device>,
+    pool: [sim::Stream; 2],
+    sinks: Vec<sim::HostBuffer>,
+    _keep: Vec<sim::HostBuffer>,
+}
+
+fn chain(layers: usize, repeatable: bool, ready: bool) -> Chain {
+    let mut d = Discovering::new(PlanConfig::new());
+    let mut handoffs: Vec<HandoffId> = Vec::new();
+    for l in 0..layers {
+        let mut armed = d.arm(RunnerId(l as u32)).unwrap();
+        armed.record(OWN).unwrap();
+        if l > 0 {
+            armed.receive(handoffs[l - 1]).unwrap();
+        }
+        if l + 1 < layers {
+            handoffs.push(armed.hand_off(GRAD).unwrap());
+        }
+    }
+    let sim = sim::Device::new();
+    let pool = [sim.stream(), sim.stream()];
+    let one = sim.alloc_f32(N).unwrap();
+    sim.write_f32(&one, &[1.0; N]).unwrap();
+    let counts: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
+    let sinks: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
+    let mut capturing = d
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    for l in 0..layers {
+        let cap = capturing.capture(RunnerId(l as u32)).unwrap();
+        let own = cap.take(OWN).unwrap();
+        let input = (l > 0).then(|| cap.receive(handoffs[l - 1]).unwrap());
+        let output = (l + 1 < layers).then(|| (handoffs[l], cap.hand_off(handoffs[l]).unwrap()));
+        let (count, sink) = (&counts[l], &sinks[l]);
+        let work = |s: &sim::Stream| {
+            sim.launch(s, sim::Op::add(&one, count), 1)?;
+            if let Some(input) = &input {
+                sim.launch(s, sim::Op::add(input, sink), 20)?;
+            }
+            if let Some((h, out)) = &output {
+                sim.launch(s, sim::Op::copy(count, out), 2)?;
+                if ready {
+                    cap.ready(*h, s)?;
+                }
+            }
+            let t = sim.alloc_async(s, N)?;
+            sim.launch(s, sim::Op::copy(count, &t), 5)?;
+            sim.launch(s, sim::Op::copy(&t, &own), 30)?;
+            sim.free_async(s, &t)?;
+            Ok::<(), replay_arena::Error>(())
+        };
+        if repeatable {
+            cap.stream_capture_repeatable(&pool[0], work).unwrap();
+        } else {
+            cap.stream_capture(&pool[0], work).unwrap();
+        }
+        cap.finish().unwrap();
+    }
+    let mut keep = counts;
+    keep.push(one);
+    Chain {
+        replayable: capturing.seal().unwrap(),
+        sim,
+        pool,
+        sinks,
+        _keep: keep,
+    }
+}
+
+impl Chain {
+    fn per_runner(&mut self, steps: usize) {
+        let layers = self.sinks.len();
+        for _ in 0..steps {
+            for l in 0..layers {
+                let s = &self.pool[l % 2];
+                self.replayable.replay(RunnerId(l as u32), s).unwrap();
+            }
+        }
+    }
+
+    /// Every sink and view.
+    fn values(&self) -> Vec<Vec<f32>> {
+        let layers = self.sinks.len();
+        let mut out: Vec<Vec<f32>> = self
+            .sinks
+            .iter()
+            .map(|b| self.sim.read_f32(b).unwrap())
+            .collect();
+        for l in 0..layers {
+            let v = self.replayable.views(RunnerId(l as u32)).unwrap()[0];
+            out.push(self.sim.read_f32(&v).unwrap());
+        }
+        out
+    }
+}
+
+#[test]
+fn a_step_graph_moves_in_step_copies_and_per_runner_replay_goes_on_around_it() {
+    for ready in [false, true] {
+        let (layers, steps) = (4, 20);
+        let mut reference = chain(layers, true, ready);
+        reference.per_runner(2 + steps + 2);
+        let mut c = chain(layers, true, ready);
+        c.per_runner(2);
+        for l in 0..layers {
+            let (t, copies) = c.replayable.temporaries(RunnerId(l as u32)).unwrap();
+            assert_eq!((t.allocations, t.bytes, copies), (1, 4 * N as u64, 1));
+        }
+        {
+            let mut step = c.replayable.step();
+            for l in 0..layers {
+                step.replay(RunnerId(l as u32), &c.pool[l % 2]).unwrap();
+            }
+            let mut graph = step.build().unwrap();
+            for _ in 0..steps {
+                graph.launch(&c.pool[0]).unwrap();
+            }
+        }
+        c.per_runner(2);
+        assert!(c.sim.hazards().is_empty(), "{:?}", c.sim.hazards());
+        assert_eq!(c.values(), reference.values(), "ready points: {ready}");
+        // The copies are the step graph's now: none is left.
+        for l in 0..layers {
+            assert_eq!(c.replayable.temporaries(RunnerId(l as u32)).unwrap().1, 0);
+        }
+        let report = c.replayable.report().unwrap();
+        assert_eq!(report.temporaries.unwrap().step_copies, 0);
+    }
+}
+
+#[test]
+fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
+    // Captured with `stream_capture`: no step copy at all.
+    let mut c = chain(2, false, false);
+    c.per_runner(1);
+    let mut step = c.replayable.step();
+    let err = step.replay(RunnerId(0), &c.pool[0]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReplayError::NoStepCopy {
+                runner: RunnerId(0),
+                allocations: 1,
+                captured: 0
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("stream_capture_repeatable"),
+        "{err}"
+    );
+    drop(step);
+
+    // One copy: one replay in one step graph.
+    let mut c = chain(2, true, false);
+    let mut step = c.replayable.step();
+    step.replay(RunnerId(0), &c.pool[0]).unwrap();
+    let twice = step.replay(RunnerId(0), &c.pool[1]).unwrap_err();
+    assert!(
+        matches!(twice, ReplayError::NoStepCopy { captured: 1, .. }),
+        "{twice}"
+    );
+    step.replay(RunnerId(1), &c.pool[1]).unwrap();
+    let graph = step.build().unwrap();
+    drop(graph);
+    let mut again = c.replayable.step();
+    let used = again.replay(RunnerId(1), &c.pool[0]).unwrap_err();
+    assert!(
+        matches!(used, ReplayError::NoStepCopy { captured: 1, .. }),
+        "{used}"
+    );
+    assert!(used.to_string().contains("earlier step graph"), "{used}");
+    drop(again);
+    // The runners' own graphs replay as before.
+    c.per_runner(3);
+    assert!(c.sim.hazards().is_empty());
+}
+
+#[test]
+fn work_without_temporaries_runs_once_and_is_copied_into_step_graphs() {
+    let req = OWN;
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let sim = sim::Device::new();
+    let s = sim.stream();
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let v = cap.take(req).unwrap();
+    let mut runs = 0;
+    cap.stream_capture_repeatable(&s, |s| {
+        runs += 1;
+        sim.launch(s, sim::Op::fill(&v, 3.0), 1)
+    })
+    .unwrap();
+    cap.finish().unwrap();
+    assert_eq!(runs, 1);
+    let mut r = capturing.seal().unwrap();
+    assert_eq!(r.temporaries(RunnerId(0)).unwrap().1, 0);
+    // Any number of step graphs: the graph is copied in.
+    for _ in 0..3 {
+        let mut step = r.step();
+        step.replay(RunnerId(0), &s).unwrap();
+        step.build().unwrap().launch(&s).unwrap();
+    }
+    assert_eq!(
+        sim.read_f32(&r.views(RunnerId(0)).unwrap()[0]).unwrap()[0],
+        3.0
+    );
+}
+
+/// Runs one repeatable capture of runner 0 with `work`, returns the
+/// capture's result and what `finish` says.
+fn capture_once(
+    work: impl FnMut(
+        &sim::Device,
+        &sim::Stream,
+        &replay_arena::View<'_>,
+        usize,
+    ) -> replay_arena::Result<()>,
+) -> (
+    Result<(), StreamCaptureError<replay_arena::Error>>,
+    Result<(), CaptureError>,
+    sim::Device,
+) {
+    let mut work = work;
+    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [OWN])])
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let sim = sim::Device::new();
+    let s = sim.stream();
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let v = cap.take(OWN).unwrap();
+    let mut run = 0;
+    let captured = cap.stream_capture_repeatable(&s, |s| {
+        run += 1;
+        work(&sim, s, &v, run)
+    });
+    let finished = cap.finish();
+    // The plan stays consistent: sealing refuses the failed runner, and
+    // nothing of its captures is left on the stream.
+    if finished.is_err() {
+        assert!(capturing.seal().is_err());
+    }
+    assert!(!sim.is_capturing(&s).unwrap());
+    (captured, finished, sim)
+}
+
+fn with_temporary(
+    sim: &sim::Device,
+    s: &sim::Stream,
+    v: &replay_arena::View<'_>,
+) -> replay_arena::Result<()> {
+    let t = sim.alloc_async(s, N)?;
+    sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
+    sim.launch(s, sim::Op::copy(&t, v), 1)?;
+    sim.free_async(s, &t)?;
+    Ok(())
+}
+
+#[test]
+fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
+    // Fails on its second run.
+    let (captured, finished, sim) = capture_once(|sim, s, v, run| {
+        with_temporary(sim, s, v)?;
+        if run == 2 {
+            return Err(replay_arena::Error::Backend(
+                replay_arena::BackendError::Refused {
+                    op: "test",
+                    reason: "second run".into(),
+                },
+            ));
+        }
+        Ok(())
+    });
+    assert!(matches!(captured, Err(StreamCaptureError::Work(_))));
+    assert!(
+        matches!(finished, Err(CaptureError::Failed { .. })),
+        "{finished:?}"
+    );
+    assert_eq!(
+        pool(&sim).used,
+        0,
+        "the failed runner's graphs are freed with the plan"
+    );
+
+    // Panics on its second run.
+    let sim_out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        capture_once(|sim, s, v, run| {
+            with_temporary(sim, s, v)?;
+            assert!(run < 2, "second run panics");
+            Ok(())
+        })
+    }));
+    assert!(sim_out.is_err());
+
+    // Every graph memory byte is given back once the plans are gone.
+    let (captured, finished, sim) = capture_once(|sim, s, v, run| {
+        with_temporary(sim, s, v)?;
+        if run == 2 {
+            let _leak = sim.alloc_async(s, N)?; // only the copy allocates more
+        }
+        Ok(())
+    });
+    captured.unwrap();
+    // The copy's allocation escapes it: the graph is rejected at finish.
+    assert!(
+        matches!(finished, Err(CaptureError::GraphRejected { .. })),
+        "{finished:?}"
+    );
+    assert_eq!(pool(&sim).used, 0, "the rejected graphs are freed");
+}
+
+#[test]
+fn a_second_run_with_other_ready_points_is_a_typed_error() {
+    let mut d = Discovering::new(PlanConfig::new());
+    let h = {
+        let mut armed = d.arm(RunnerId(0)).unwrap();
+        armed.record(OWN).unwrap();
+        armed.hand_off(GRAD).unwrap()
+    };
+    d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
+    let sim = sim::Device::new();
+    let s = sim.stream();
+    let mut capturing = d
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let own = cap.take(OWN).unwrap();
+    let out = cap.hand_off(h).unwrap();
+    let mut run = 0;
+    let err = cap
+        .stream_capture_repeatable(&s, |s| {
+            run += 1;
+            with_temporary(&sim, s, &own)?;
+            sim.launch(s, sim::Op::fill(&out, 1.0), 1)?;
+            if run == 1 {
+                cap.ready(h, s)?;
+            }
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StreamCaptureError::Capture(CaptureError::RepeatDiffers {
+                runner: RunnerId(0),
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert!(matches!(cap.finish(), Err(CaptureError::Failed { .. })));
+}
+
+#[test]
+fn the_report_counts_the_plans_temporaries_and_teardown_gives_the_pool_back() {
+    let sim;
+    {
+        let mut c = chain(3, true, false);
+        sim = c.sim.clone();
+        c.per_runner(2);
+        let report = c.replayable.report().unwrap();
+        let t = report.temporaries.unwrap();
+        let each = 4 * N as u64;
+        assert_eq!((t.runners, t.total, t.largest), (3, 3 * each, each));
+        assert_eq!(t.in_flight, 2 * each, "G = 2 runners in flight");
+        assert_eq!(t.step_copies, 3 * each);
+        assert!(report
+            .runners
+            .iter()
+            .all(|r| r.temporaries.unwrap().bytes == each));
+        let text = report.to_string();
+        assert!(
+            text.contains("graph temporaries (this plan's graphs): 3 runner(s)"),
+            "{text}"
+        );
+        assert!(text.contains("device graph memory"), "{text}");
+        // The graphs and copies hold their temporaries; the pool reserves
+        // at least that.
+        let held = pool(&sim).reserved;
+        assert!(held >= 6 * each, "{held}");
+    }
+    // Teardown freed the graphs and trimmed the pool.
+    assert_eq!(pool(&sim).reserved, 0);
+    assert_eq!(pool(&sim).used, 0);
+}
+
+fn pool(sim: &sim::Device) -> GraphMemory {
+    sim.graph_memory_in_use().unwrap().unwrap()
+}
