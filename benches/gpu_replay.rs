@@ -112,6 +112,7 @@ fn build(
         let v = cap.take(req)?;
         // Twice when the body allocates: the runner's graph and its step
         // copy (once otherwise).
+        cap.step_copies(2); // enough for overlapping step graphs
         cap.stream_capture_repeatable(capture_on, |s| body(s, v.device_address()))?;
         cap.finish()?;
     }
@@ -317,6 +318,7 @@ fn step_cost(b: &cuda::Device, k: &Kernels, allocating: bool) -> R<()> {
     let capture_on = b.new_stream()?;
     let pool = [b.new_stream()?, b.new_stream()?];
     let (side, launch) = (b.new_stream()?, b.new_stream()?);
+    let launch2 = b.new_stream()?;
     let body = |s: &cuda::Stream, w: u64| {
         if allocating {
             use replay_arena::cuda::cudarc::driver::DevicePtr;
@@ -336,6 +338,7 @@ fn step_cost(b: &cuda::Device, k: &Kernels, allocating: bool) -> R<()> {
     let mut fenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
     let mut unfenced = build(b, &capture_on, RUNNERS, strategy, &body)?;
     let mut stepped = build(b, &capture_on, RUNNERS, strategy, &body)?;
+    let mut overlapped = build(b, &capture_on, RUNNERS, strategy, &body)?;
     let out = side.cudarc().alloc_zeros::<f32>(RUNNERS)?;
     side.synchronize()?;
     let out_ptr = |r: usize| {
@@ -353,11 +356,21 @@ fn step_cost(b: &cuda::Device, k: &Kernels, allocating: bool) -> R<()> {
         })?;
     }
     let mut graph = step.build()?;
+    let mut step = overlapped.step();
+    for r in 0..RUNNERS {
+        step.replay(RunnerId(r as u32), &pool[r % 2])?;
+        step.consume(RunnerId(r as u32), &side, |s, v| {
+            read(k, s, v[0].device_address(), out_ptr(r))
+        })?;
+    }
+    let mut graphs2 = step.build_overlapping()?;
+    let mut turn = 0usize;
     let done = b.create_event()?;
     let modes = [
         "per runner: replay + consume, fenced",
         "per runner: replay_unfenced + consumer after its graph (unsafe reference)",
         "step graph: one launch",
+        "overlapping step graphs: one launch, two graphs in turn on two streams",
     ];
     let mut host: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
@@ -388,7 +401,11 @@ fn step_cost(b: &cuda::Device, k: &Kernels, allocating: bool) -> R<()> {
                             read(k, &side, w, out_ptr(r))?;
                         }
                     }
-                    _ => graph.launch(&launch)?,
+                    2 => graph.launch(&launch)?,
+                    _ => {
+                        turn += 1;
+                        graphs2.launch(if turn % 2 == 0 { &launch } else { &launch2 })?
+                    }
                 }
             }
             let enqueued = t.elapsed();

@@ -463,6 +463,7 @@ impl<B: Backend> Capturing<B> {
             next: Cell::new(0),
             graph: RefCell::new(None),
             copies: RefCell::new(Vec::new()),
+            copies_wanted: Cell::new(1),
             failure: RefCell::new(None),
             in_closure: Cell::new(false),
             stream: Cell::new(None),
@@ -520,8 +521,9 @@ pub struct RunnerCapture<'c, B: Backend> {
     next: Cell<usize>,
     /// The graph `stream_capture` captured.
     graph: RefCell<Option<B::Graph>>,
-    /// Its step copies (`stream_capture_repeatable`).
+    /// Its step copies (`stream_capture_repeatable`), and how many to make.
     copies: RefCell<Vec<B::Graph>>,
+    copies_wanted: Cell<usize>,
     failure: RefCell<Option<CaptureFailure>>,
     /// `stream_capture`'s work closure is running.
     in_closure: Cell<bool>,
@@ -931,12 +933,35 @@ impl<B: Backend> RunnerCapture<'_, B> {
         if !needs_copy {
             return Ok(());
         }
-        // The second run marks its ready points again, into the copy.
+        for _ in 0..self.copies_wanted.get() {
+            self.capture_copy(stream, &mut work)?;
+        }
+        Ok(())
+    }
+
+    /// How many step copies [`RunnerCapture::stream_capture_repeatable`]
+    /// captures when the runner's graph allocates (1 unless set): one per
+    /// replay of the runner in one step graph, two per replay in an
+    /// overlapping one ([`StepBuilder::build_overlapping`](crate::StepBuilder::build_overlapping)).
+    /// Each copy holds its own temporaries until a step graph moves it in.
+    pub fn step_copies(&self, copies: usize) -> &Self {
+        self.copies_wanted.set(copies);
+        self
+    }
+
+    /// One more run of the work, into a step copy.
+    fn capture_copy<E: fmt::Display>(
+        &self,
+        stream: &B::Stream,
+        work: &mut impl FnMut(&B::Stream) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), StreamCaptureError<E>> {
+        let runner = self.runner();
+        // The run marks its ready points again, into the copy.
         let first: Vec<(HandoffId, bool)> = self.handoffs.borrow().clone();
         for entry in self.handoffs.borrow_mut().iter_mut() {
             entry.1 = false;
         }
-        let copy = match self.capture_graph(stream, &mut work) {
+        let copy = match self.capture_graph(stream, work) {
             Ok(copy) => copy,
             Err(e) => {
                 // A capture that never began fails the runner too: it has

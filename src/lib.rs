@@ -150,7 +150,7 @@ pub use backend::CUDARC_NCCL_CALL;
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{
     Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
-    StepNode, Streams, Temporaries,
+    StepEnd, StepNode, Streams, Temporaries,
 };
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,

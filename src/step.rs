@@ -21,7 +21,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
 
-use crate::backend::{BackendError, Compose, NodeGraph, StepNode, Streams};
+use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode, Streams};
 use crate::capture::{capture_work, Uncaptured};
 use crate::fence::{Fence, Ledger, On};
 use crate::replay::{capturing_wait, ConsumeError, ReplayError, Replayable};
@@ -338,6 +338,34 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// fails a check the fence makes on every step; [`StepError::Backend`]
     /// naming the node the backend could not put in the graph.
     pub fn build(self) -> Result<StepGraph<'r, B>, StepError> {
+        self.compile(false)
+    }
+
+    /// Compiles the schedule into *two* graphs that [`StepGraph::launch`]
+    /// launches in turn, so that a step overlaps its neighbours as
+    /// per-runner replays do: step `k + 1`'s first runners start while step
+    /// `k`'s last consumers and collectives still run. One graph's launches
+    /// run one after another, so a single step graph waits for the whole
+    /// step before; here each node waits, through event wait nodes, for
+    /// exactly the nodes of the step before that the fence makes it wait
+    /// for, and each launch completes only after the launch before it
+    /// (so the fence's view of the plan stays right). Consecutive launches
+    /// overlap when they are made on different streams
+    /// (`graph.launch(&streams[k % 2])`); on one stream they run in turn.
+    ///
+    /// A runner with temporaries needs two step copies per replay
+    /// ([`RunnerCapture::step_copies`](crate::RunnerCapture::step_copies)).
+    ///
+    /// # Errors
+    ///
+    /// As [`StepBuilder::build`]; [`ReplayError::NoStepCopy`] (as
+    /// [`StepError::Schedule`]) for a runner with temporaries and fewer than
+    /// two copies per replay.
+    pub fn build_overlapping(self) -> Result<StepGraph<'r, B>, StepError> {
+        self.compile(true)
+    }
+
+    fn compile(self, overlapping: bool) -> Result<StepGraph<'r, B>, StepError> {
         let StepBuilder {
             replayable: r,
             items,
@@ -402,26 +430,55 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 parts.push(split);
             }
         }
-        // 2. Trace the schedule through the fence, twice, starting where
-        //    the plan's fence stands (a consumer before its runner's replay
-        //    in the step reads what the last replay before the step graph
-        //    left, if it is still there).
-        let tracer = Tracer::new(lanes.len(), nodes);
+        // 2. Trace the schedule through the fence, starting where the
+        //    plan's fence stands (a consumer before its runner's replay in
+        //    the step reads what the last replay before the step graph
+        //    left, if it is still there), until a pass is the steady state.
+        //    One graph: two passes on the same lanes; waits on the step
+        //    before are implied by launch order. Two graphs launched in
+        //    turn: passes alternate between two sets of lanes, so the fence
+        //    sees the step before on other streams and every wait on it is
+        //    a cross edge; waits on the step before that are implied (it is
+        //    the same graph's previous launch).
+        let execs = if overlapping { 2 } else { 1 };
+        if overlapping {
+            for (k, item) in items.iter().enumerate() {
+                if let Item::Replay { slot, .. } = item {
+                    let earlier = items[..k]
+                        .iter()
+                        .filter(|i| matches!(i, Item::Replay { slot: s, .. } if s == slot))
+                        .count();
+                    if moves(*slot) && r.step_copies[*slot].len() < 2 * (earlier + 1) {
+                        return Err(StepError::Schedule(ReplayError::NoStepCopy {
+                            runner: plan.runners[*slot].id(),
+                            allocations: r.temporaries[*slot].allocations,
+                            captured: r.copies_made[*slot],
+                        }));
+                    }
+                }
+            }
+        }
+        let l = lanes.len();
+        let tracer = Tracer::new(execs * l, nodes, overlapping);
         let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
         tracer.reserve_events(r.fence.slots());
         let mut touched = vec![false; r.fence.slots()];
-        for pass in 0..2 {
-            tracer.begin_pass(pass == 1);
+        let passes = if overlapping { 6 } else { 2 };
+        let mut kept: Vec<(Vec<Vec<usize>>, Vec<Vec<usize>>)> = Vec::new();
+        for pass in 0..passes {
+            let offset = (pass % execs) * l;
+            tracer.begin_pass(pass, offset..offset + l);
             for (k, item) in items.iter().enumerate() {
                 match item {
                     Item::Replay { slot, lane } => {
                         let count = if splits(*slot) { 2 } else { 1 };
+                        let id = offset + *lane;
                         let on = On {
-                            stream: &Lane(*lane),
-                            id: *lane as u64,
+                            stream: &Lane(id),
+                            id: id as u64,
                         };
                         fence.replay(&tracer, plan, *slot, on, || {
-                            tracer.run(first[k], count, *lane);
+                            tracer.run(first[k], count, id);
                             Ok(())
                         })?;
                         touched[*slot] = true;
@@ -450,13 +507,14 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                         exclusive,
                         ..
                     } => {
+                        let id = offset + *lane;
                         let on = On {
-                            stream: &Lane(*lane),
-                            id: *lane as u64,
+                            stream: &Lane(id),
+                            id: id as u64,
                         };
                         fence.check_consumable(plan, slots)?;
                         fence.consume(&tracer, plan, slots, on, *exclusive, || {
-                            tracer.run(first[k], 1, *lane)
+                            tracer.run(first[k], 1, id)
                         })?;
                         for &slot in slots {
                             touched[slot] |= fence.is_fenced(slot);
@@ -464,100 +522,169 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                     }
                 }
             }
+            if pass > 0 {
+                kept.push(tracer.deps());
+                // Steady: two passes in a row wait alike.
+                if kept.len() >= 2 && kept[kept.len() - 1] == kept[kept.len() - 2] {
+                    break;
+                }
+            }
         }
-        let deps = tracer.deps();
+        let steady = kept.len() == 1 || kept[kept.len() - 1] == kept[kept.len() - 2];
+        // The second graph's first launch waits node by node for the
+        // first's when the first pass after the first was already steady;
+        // otherwise for the whole first launch.
+        let first_steady = kept.first() == kept.last();
+        let Some((deps, cross)) = kept.pop().filter(|_| steady) else {
+            return Err(StepError::Backend {
+                what: "the step".into(),
+                error: BackendError::Refused {
+                    op: "step graph",
+                    reason: "the fence's waits for the schedule did not settle into a steady state"
+                        .into(),
+                },
+            });
+        };
 
-        // 3. The step graph: the runners' graphs (or their two parts) and
-        //    the consumers' graphs, with the traced edges.
-
-        let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
-        let mut names: Vec<String> = Vec::with_capacity(nodes);
-        let (graphs, copies) = (&r.graphs, &mut r.step_copies);
-        for (k, item) in items.iter().enumerate() {
-            match item {
-                Item::Replay { slot, lane } => {
-                    let name = plan.runners[*slot].id().to_string();
-                    let node_graphs: Vec<NodeGraph<'_, B>> = if !r.temporaries[*slot].is_empty() {
-                        // `replay` checked that a copy is left for each.
-                        let Some(copy) = copies[*slot].pop() else {
-                            return Err(StepError::Backend {
-                                what: name,
-                                error: BackendError::Refused {
-                                    op: "step graph",
-                                    reason: "no step copy left".into(),
-                                },
-                            });
-                        };
-                        vec![NodeGraph::Move(copy)]
-                    } else {
-                        match part_of[k] {
-                            Some(p) => {
-                                vec![NodeGraph::Copy(&parts[p].0), NodeGraph::Copy(&parts[p].1)]
+        // 3. The step graphs: the runners' graphs (or their two parts, or
+        //    their step copies moved in) and the consumers' graphs, with
+        //    the traced edges; when overlapping, per node an event it
+        //    records for the other graph's next launch and the other
+        //    graph's events it waits for, per graph an end.
+        let event = |what: &str| {
+            backend.create_event().map_err(|error| StepError::Backend {
+                what: what.into(),
+                error,
+            })
+        };
+        // Per graph: one event per node the other graph's nodes wait for,
+        // and its end.
+        let sources: Vec<usize> = {
+            let mut v: Vec<usize> = cross.iter().flatten().copied().collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let mut node_events: Vec<Vec<B::Event>> = Vec::with_capacity(execs);
+        let mut ends: Vec<B::Event> = Vec::with_capacity(execs);
+        if overlapping {
+            for _ in 0..execs {
+                node_events.push(
+                    sources
+                        .iter()
+                        .map(|_| event("an event of the overlapping step graphs"))
+                        .collect::<Result<_, _>>()?,
+                );
+                ends.push(event("the end event of an overlapping step graph")?);
+            }
+        }
+        let mut graphs: Vec<B::Graph> = Vec::with_capacity(execs);
+        for x in 0..execs {
+            let other = (x + 1) % execs;
+            let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
+            let mut names: Vec<String> = Vec::with_capacity(nodes);
+            let (graphs_of, copies) = (&r.graphs, &mut r.step_copies);
+            for (k, item) in items.iter().enumerate() {
+                match item {
+                    Item::Replay { slot, lane } => {
+                        let name = plan.runners[*slot].id().to_string();
+                        let node_graphs: Vec<NodeGraph<'_, B>> = if moves(*slot) {
+                            // Checked above and in `replay`: a copy is
+                            // left for each.
+                            let Some(copy) = copies[*slot].pop() else {
+                                return Err(StepError::Backend {
+                                    what: name,
+                                    error: BackendError::Refused {
+                                        op: "step graph",
+                                        reason: "no step copy left".into(),
+                                    },
+                                });
+                            };
+                            vec![NodeGraph::Move(copy)]
+                        } else {
+                            match part_of[k] {
+                                Some(p) => {
+                                    vec![NodeGraph::Copy(&parts[p].0), NodeGraph::Copy(&parts[p].1)]
+                                }
+                                None => graphs_of[*slot]
+                                    .as_ref()
+                                    .map(NodeGraph::Copy)
+                                    .into_iter()
+                                    .collect(),
                             }
-                            None => graphs[*slot]
-                                .as_ref()
-                                .map(NodeGraph::Copy)
-                                .into_iter()
-                                .collect(),
+                        };
+                        for graph in node_graphs {
+                            names.push(name.clone());
+                            let n = step_nodes.len();
+                            step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
                         }
-                    };
-                    for graph in node_graphs {
-                        names.push(name.clone());
-                        step_nodes.push(StepNode {
-                            graph,
-                            deps: deps[step_nodes.len()].clone(),
-                            lane: *lane,
-                        });
+                    }
+                    Item::Consume {
+                        slots, lane, graph, ..
+                    } => {
+                        names.push(format!("the consumer of {}", plan.runners[slots[0]].id()));
+                        let n = step_nodes.len();
+                        step_nodes.push(StepNode::new(
+                            NodeGraph::Copy(graph),
+                            deps[n].clone(),
+                            *lane,
+                        ));
                     }
                 }
-                Item::Consume {
-                    slots, lane, graph, ..
-                } => {
-                    names.push(format!("the consumer of {}", plan.runners[slots[0]].id()));
-                    step_nodes.push(StepNode {
-                        graph: NodeGraph::Copy(graph),
-                        deps: deps[step_nodes.len()].clone(),
-                        lane: *lane,
-                    });
+            }
+            let mut end = None;
+            if overlapping {
+                for (n, node) in step_nodes.iter_mut().enumerate() {
+                    node.waits = cross[n]
+                        .iter()
+                        .filter_map(|y| sources.binary_search(y).ok())
+                        .map(|e| &node_events[other][e])
+                        .collect();
+                    if let Ok(e) = sources.binary_search(&n) {
+                        node.records = vec![&node_events[x][e]];
+                    }
+                }
+                end = Some(StepEnd {
+                    record: &ends[x],
+                    wait: &ends[other],
+                });
+            }
+            // The copied graphs, to name the one the backend refuses alone.
+            let copied: Vec<(&B::Graph, String)> = step_nodes
+                .iter()
+                .zip(&names)
+                .filter_map(|(n, name)| match n.graph {
+                    NodeGraph::Copy(g) => Some((g, name.clone())),
+                    NodeGraph::Move(_) => None,
+                })
+                .collect();
+            match backend.compose(step_nodes, end) {
+                Ok(graph) => graphs.push(graph),
+                Err(error) => {
+                    let what = copied
+                        .iter()
+                        .find(|(g, _)| {
+                            let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
+                            backend.compose(vec![alone], None).is_err()
+                        })
+                        .map_or_else(|| "the step".to_string(), |(_, name)| name.clone());
+                    return Err(StepError::Backend { what, error });
                 }
             }
         }
-        // The copied graphs, to name the one the backend refuses alone.
-        let copied: Vec<(&B::Graph, String)> = step_nodes
-            .iter()
-            .zip(&names)
-            .filter_map(|(n, name)| match n.graph {
-                NodeGraph::Copy(g) => Some((g, name.clone())),
-                NodeGraph::Move(_) => None,
-            })
-            .collect();
-        let graph = match backend.compose(step_nodes) {
-            Ok(graph) => graph,
-            Err(error) => {
-                let what = copied
-                    .iter()
-                    .find(|(g, _)| {
-                        let alone = StepNode {
-                            graph: NodeGraph::Copy(*g),
-                            deps: Vec::new(),
-                            lane: 0,
-                        };
-                        backend.compose(vec![alone]).is_err()
-                    })
-                    .map_or_else(|| "the step".to_string(), |(_, name)| name.clone());
-                return Err(StepError::Backend { what, error });
-            }
+        let done = event("the step's completion event")?;
+        let start = if overlapping && first_steady {
+            Some(event("the step's start event")?)
+        } else {
+            None
         };
-        drop(copied);
-        let done = backend.create_event().map_err(|error| StepError::Backend {
-            what: "the step's completion event".into(),
-            error,
-        })?;
-        let edges = deps.iter().map(Vec::len).sum();
+        let edges = deps.iter().chain(&cross).map(Vec::len).sum();
         drop(parts);
         drop(items);
         Ok(StepGraph {
-            graph,
+            graphs,
+            _events: node_events.into_iter().flatten().chain(ends).collect(),
+            start,
             done,
             ledger: fence.ledger().clone(),
             touched,
@@ -578,7 +705,16 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
 /// what the step leaves before it launches, so nothing rests on its drop
 /// (which waits for its last launch and frees it).
 pub struct StepGraph<'r, B: Compose> {
-    graph: B::Graph,
+    /// One graph, or two launched in turn ([`StepBuilder::build_overlapping`]).
+    /// Dropped before the events their nodes wait for and record.
+    graphs: Vec<B::Graph>,
+    /// The overlapping graphs' events, held for their nodes (dropped after
+    /// the graphs).
+    _events: Vec<B::Event>,
+    /// Overlapping: recorded where the first launch's stream has waited
+    /// for everything the fence knew of, for the second launch to wait for
+    /// (it waits for the first launch node by node).
+    start: Option<B::Event>,
     /// Recorded after a launch for [`StepGraph::wait_all`] and drop.
     done: B::Event,
     /// Who last used which bytes after a step.
@@ -596,6 +732,7 @@ pub struct StepGraph<'r, B: Compose> {
 impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StepGraph")
+            .field("graphs", &self.graphs.len())
             .field("nodes", &self.nodes)
             .field("edges", &self.edges)
             .field("launches", &self.launches)
@@ -629,10 +766,30 @@ impl<B: Compose> StepGraph<'_, B> {
         if capturing {
             return Err(ReplayError::StepOnCapturingStream);
         }
-        if self.launched.is_none() {
-            r.fence
+        // The first launch waits for everything the fence knew of; the
+        // second (of overlapping graphs) for the same, recorded then, or
+        // for that and the whole first launch.
+        let x = (self.launches % self.graphs.len() as u64) as usize;
+        match (self.launches, &self.start) {
+            (0, start) => {
+                r.fence
+                    .wait_all(&r.backend, on)
+                    .map_err(ReplayError::Wait)?;
+                if let Some(start) = start {
+                    r.backend
+                        .record_event(stream, start)
+                        .map_err(ReplayError::Wait)?;
+                }
+            }
+            (1, Some(start)) => r
+                .backend
+                .wait_event(stream, start)
+                .map_err(ReplayError::Wait)?,
+            (1, None) if self.graphs.len() > 1 => r
+                .fence
                 .wait_all(&r.backend, on)
-                .map_err(ReplayError::Wait)?;
+                .map_err(ReplayError::Wait)?,
+            _ => {}
         }
         // The fence's state after this launch, set before it (as
         // `Vec::drain` shortens the vector before it hands out the
@@ -643,10 +800,14 @@ impl<B: Compose> StepGraph<'_, B> {
         // SAFETY: the step graph's edges are the fence's waits for its
         // schedule; its first launch waited for everything the fence knew
         // of, and each later one runs after the one before (launches of one
-        // executable graph are serialized); the fence already orders every
-        // later user of the plan's bytes after this launch; the plan is
-        // borrowed, so no other replay or consumer of it runs meanwhile.
-        if let Err(e) = unsafe { r.backend.launch(&self.graph, stream) } {
+        // executable graph are serialized), or, for two graphs in turn,
+        // waits node by node for what the fence makes it wait for in the
+        // other's launch before it and completes only after that launch
+        // completed (its end), the same graph's launch before that being
+        // serialized; the fence already orders every later user of the
+        // plan's bytes after this launch; the plan is borrowed, so no other
+        // replay or consumer of it runs meanwhile.
+        if let Err(e) = unsafe { r.backend.launch(&self.graphs[x], stream) } {
             if let Some(ledger) = before {
                 r.fence.unabsorb_step(ledger);
             }
@@ -685,9 +846,15 @@ impl<B: Compose> StepGraph<'_, B> {
         self.nodes
     }
 
-    /// Dependency edges between them (the fence's waits, and stream order).
+    /// Dependency edges between them (the fence's waits, and stream order),
+    /// with those on the step before for overlapping step graphs.
     pub fn edges(&self) -> usize {
         self.edges
+    }
+
+    /// Whether two graphs launch in turn ([`StepBuilder::build_overlapping`]).
+    pub fn is_overlapping(&self) -> bool {
+        self.graphs.len() > 1
     }
 
     /// Launches so far.
@@ -722,23 +889,36 @@ impl<B: Compose> Drop for StepGraph<'_, B> {
 }
 
 /// The backend a step schedule is traced on: streams are the schedule's
-/// streams (lanes), a "launch" runs step graph nodes, and every event
-/// remembers the node last run on the stream it was recorded on.
+/// streams (lanes; for overlapping step graphs, two sets of them, one per
+/// graph), a "launch" runs step graph nodes, and every event remembers the
+/// node last run on the stream it was recorded on, and in which pass.
 #[derive(Clone)]
 struct Tracer {
     state: Rc<RefCell<Trace>>,
 }
 
+/// A node of one pass of the schedule: (pass, node).
+type Traced = (usize, usize);
+
 struct Trace {
-    /// Per lane: the latest node, and nodes the next one waits for.
-    tails: Vec<Option<usize>>,
-    waits: Vec<Vec<usize>>,
-    /// Per event: the node its latest record follows (`None`: the step
-    /// before, which launch order covers).
-    recorded: Vec<Option<usize>>,
-    /// Per node: what it runs after (from the second pass).
+    /// Per lane: its latest node (a lane of the pass before keeps its
+    /// tail: the fence may record an event there late), and nodes the next
+    /// one waits for.
+    tails: Vec<Option<Traced>>,
+    waits: Vec<Vec<Traced>>,
+    /// Per event: the node its latest record follows (`None`: before this
+    /// pass's nodes on its lane, which launch order covers).
+    recorded: Vec<Option<Traced>>,
+    /// Per node, from the latest pass: the nodes of the same pass it runs
+    /// after, and those of the pass before (waits on the other graph's
+    /// launch, for overlapping step graphs; launch order covers them for
+    /// one graph).
     deps: Vec<Vec<usize>>,
-    keep: bool,
+    cross: Vec<Vec<usize>>,
+    /// Overlapping step graphs: lanes per graph (lane `l` of one graph is
+    /// lane `l + half` of the other, modulo `2 * half`); 0 for one graph.
+    half: usize,
+    pass: usize,
 }
 
 #[derive(Clone)]
@@ -747,14 +927,16 @@ struct Lane(usize);
 struct TraceEvent(usize);
 
 impl Tracer {
-    fn new(lanes: usize, nodes: usize) -> Tracer {
+    fn new(lanes: usize, nodes: usize, overlapping: bool) -> Tracer {
         Tracer {
             state: Rc::new(RefCell::new(Trace {
                 tails: vec![None; lanes],
                 waits: vec![Vec::new(); lanes],
                 recorded: Vec::new(),
                 deps: vec![Vec::new(); nodes],
-                keep: false,
+                cross: vec![Vec::new(); nodes],
+                half: if overlapping { lanes / 2 } else { 0 },
+                pass: 0,
             })),
         }
     }
@@ -767,40 +949,75 @@ impl Tracer {
         }
     }
 
-    /// A new step: everything before it is ordered by launch order.
-    fn begin_pass(&self, keep: bool) {
+    /// Pass `pass` of the schedule: a new step on lanes `lanes`, whose
+    /// tails start fresh.
+    fn begin_pass(&self, pass: usize, lanes: std::ops::Range<usize>) {
         let mut t = self.state.borrow_mut();
-        t.tails.iter_mut().for_each(|x| *x = None);
-        t.waits.iter_mut().for_each(Vec::clear);
-        t.recorded.iter_mut().for_each(|x| *x = None);
-        t.keep = keep;
+        for lane in lanes {
+            t.tails[lane] = None;
+            t.waits[lane].clear();
+        }
+        t.pass = pass;
     }
 
     /// Runs nodes `first..first + parts` on `lane`, one after another.
     fn run(&self, first: usize, parts: usize, lane: usize) {
         let mut t = self.state.borrow_mut();
+        let pass = t.pass;
         for node in first..first + parts {
-            let mut deps: Vec<usize> = std::mem::take(&mut t.waits[lane]);
-            deps.extend(t.tails[lane]);
+            let waits: Vec<Traced> = std::mem::take(&mut t.waits[lane]);
+            let mut deps: Vec<usize> = waits
+                .iter()
+                .filter(|(p, _)| *p == pass)
+                .map(|&(_, n)| n)
+                .collect();
+            deps.extend(t.tails[lane].filter(|(p, _)| *p == pass).map(|(_, n)| n));
             deps.sort_unstable();
             deps.dedup();
-            if t.keep {
-                t.deps[node] = deps;
+            // Waits on the pass before: the other graph's launch (older
+            // passes are this graph's previous launch, complete first). And
+            // a lane's first node runs after that lane's last node of the
+            // pass before: the schedule's streams keep their order across
+            // steps, as replays on them do (consumers accumulating into one
+            // buffer on one stream, say).
+            let mut cross: Vec<usize> = Vec::new();
+            if t.half > 0 {
+                cross.extend(
+                    waits
+                        .iter()
+                        .filter(|(p, _)| *p + 1 == pass)
+                        .map(|&(_, n)| n),
+                );
+                if t.tails[lane].is_none() {
+                    let twin = (lane + t.half) % (2 * t.half);
+                    if let Some((p, n)) = t.tails[twin] {
+                        if p + 1 == pass {
+                            cross.push(n);
+                        }
+                    }
+                }
             }
-            t.tails[lane] = Some(node);
+            cross.sort_unstable();
+            cross.dedup();
+            t.deps[node] = deps;
+            t.cross[node] = cross;
+            t.tails[lane] = Some((pass, node));
         }
     }
 
-    /// Event `event` was recorded inside node `node`.
+    /// Event `event` was recorded inside node `node` of this pass.
     fn mark(&self, event: usize, node: usize) {
         let mut t = self.state.borrow_mut();
+        let pass = t.pass;
         if let Some(e) = t.recorded.get_mut(event) {
-            *e = Some(node);
+            *e = Some((pass, node));
         }
     }
 
-    fn deps(&self) -> Vec<Vec<usize>> {
-        self.state.borrow().deps.clone()
+    /// The latest pass's edges: (same pass, pass before).
+    fn deps(&self) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+        let t = self.state.borrow();
+        (t.deps.clone(), t.cross.clone())
     }
 }
 

@@ -147,14 +147,25 @@ fn discover() -> (Discovering, Vec<HandoffId>) {
     (d, handoffs)
 }
 
+/// One step graph, or two launched in turn on two streams.
+#[derive(Clone, Copy, Debug)]
+enum Overlap {
+    No,
+    Yes,
+}
+
 /// Per-layer graphs replayed per runner, or (`stepped`) compiled into one
-/// step graph launched once per step.
+/// step graph (or two overlapping) launched once per step.
 fn graphed(
     model: &Model,
     strategy: PlacedPolicy,
     steps: usize,
-    stepped: bool,
+    stepped: Option<Overlap>,
 ) -> Result<Vec<Vec<i32>>, StepError> {
+    let copies = match stepped {
+        Some(Overlap::Yes) => 2,
+        _ => 1,
+    };
     let b = &model.backend;
     let (d, handoffs) = discover();
     let planned = d.plan(strategy).unwrap();
@@ -167,6 +178,7 @@ fn graphed(
         let output = (l + 1 < LAYERS).then(|| (handoffs[l], cap.hand_off(handoffs[l]).unwrap()));
         // Captured twice: the layer's graph, and its step copy for a step
         // graph to move in (its graph allocates).
+        cap.step_copies(copies);
         cap.stream_capture_repeatable(&capture_stream, |s| {
             let mut wgrad = wgrad.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
             let mut out = output
@@ -208,15 +220,15 @@ fn graphed(
             }
         }
     };
-    if stepped {
+    if let Some(overlap) = stepped {
         // Per layer before and after the step graph's life: the layers'
         // own graphs stay the plan's.
         per_layer(&mut replayable, &mut acc, AROUND);
         for l in 0..LAYERS {
-            let (t, copies) = replayable.temporaries(RunnerId(l as u32)).unwrap();
+            let (t, n) = replayable.temporaries(RunnerId(l as u32)).unwrap();
             assert!(
-                t.allocations > 0 && copies == 1,
-                "layer {l}: {t:?}, {copies} copies"
+                t.allocations > 0 && n == copies,
+                "layer {l}: {t:?}, {n} copies"
             );
         }
         let mut step = replayable.step();
@@ -229,16 +241,23 @@ fn graphed(
             })
             .unwrap();
         }
-        let mut graph = step.build()?;
-        for _ in 0..steps {
-            graph.launch(&pool[0]).unwrap();
+        let mut graph = match overlap {
+            Overlap::No => step.build()?,
+            Overlap::Yes => step.build_overlapping()?,
+        };
+        for k in 0..steps {
+            let launch = match overlap {
+                Overlap::No => &pool[0],
+                Overlap::Yes => &pool[k % 2],
+            };
+            graph.launch(launch).unwrap();
         }
         drop(graph);
         // The copies went into that step graph: a second one is refused.
         let mut again = replayable.step();
         let refused = again.replay(RunnerId(0), &pool[0]).unwrap_err();
         assert!(
-            matches!(refused, ReplayError::NoStepCopy { captured: 1, .. }),
+            matches!(refused, ReplayError::NoStepCopy { captured, .. } if captured == copies),
             "{refused}"
         );
         drop(again);
@@ -264,13 +283,11 @@ fn graphed(
     assert_eq!(temporaries.largest, 3 * 4 * N as u64);
     assert_eq!(temporaries.total, LAYERS as u64 * 3 * 4 * N as u64);
     assert_eq!(temporaries.in_flight, 2 * 3 * 4 * N as u64);
-    assert_eq!(
-        temporaries.step_copies,
-        if stepped { 0 } else { temporaries.total }
-    );
+    let left = if stepped.is_some() { 0 } else { copies as u64 };
+    assert_eq!(temporaries.step_copies, left * temporaries.total);
     assert_eq!(report.handoffs, LAYERS - 1);
     let stats = replayable.fence_stats();
-    if !stepped {
+    if stepped.is_none() {
         assert_eq!(stats.replays, (steps * LAYERS) as u64);
     }
     println!("{strategy:?}: {stats:?}\n{report}");
@@ -286,7 +303,7 @@ fn per_layer_graphs_with_handoffs_and_temporaries_equal_eager_over_many_steps() 
         Policy::OverlapDepth(2).round_robin(),
         Policy::OverlapDepth(2).packed(),
     ] {
-        let got = graphed(&model, strategy, STEPS, false).unwrap();
+        let got = graphed(&model, strategy, STEPS, None).unwrap();
         let differ: usize = got
             .iter()
             .zip(&eager)
@@ -304,14 +321,16 @@ fn per_layer_graphs_with_handoffs_and_temporaries_equal_eager_over_many_steps() 
 fn the_framework_backward_as_one_step_graph_is_exact() {
     let model = Model::new();
     let eager = model.eager(STEPS + 2 * AROUND);
-    for strategy in [
-        Policy::OverlapDepth(2).round_robin(),
-        Policy::OverlapDepth(2).packed(),
+    for (strategy, overlap) in [
+        (Policy::OverlapDepth(2).round_robin(), Overlap::No),
+        (Policy::OverlapDepth(2).packed(), Overlap::No),
+        (Policy::OverlapDepth(2).round_robin(), Overlap::Yes),
+        (Policy::OverlapDepth(2).packed(), Overlap::Yes),
     ] {
-        match graphed(&model, strategy, STEPS, true) {
+        match graphed(&model, strategy, STEPS, Some(overlap)) {
             Ok(got) => assert_eq!(
                 got, eager,
-                "{strategy:?}: the step graph differs from eager"
+                "{strategy:?}, {overlap:?}: the step graph differs from eager"
             ),
             // Only a driver older than CUDA 12.9 may refuse to move a graph
             // with temporaries in, and the error says so.

@@ -111,7 +111,7 @@ fn graphed_equals_eager<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     let stepped = model.main_grads().unwrap();
     let launch = cuda.new_stream().unwrap();
     {
-        let mut step = step_graph(&model, &mut replayable, &stepped, &pool, &side).unwrap();
+        let mut step = step_graph(&model, &mut replayable, &stepped, &pool, &side, false).unwrap();
         for _ in 0..STEPS {
             step.launch(&launch).unwrap();
         }
@@ -129,6 +129,27 @@ fn graphed_equals_eager<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
         "the step graph differs from per-runner replays: {s}"
     );
     assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
+
+    // Two step graphs launched in turn on two streams, each step under the
+    // one before: bit for bit the same.
+    let overlapped = model.main_grads().unwrap();
+    let launch2 = cuda.new_stream().unwrap();
+    {
+        let mut step =
+            step_graph(&model, &mut replayable, &overlapped, &pool, &side, true).unwrap();
+        assert!(step.is_overlapping());
+        for k in 0..STEPS {
+            step.launch(if k % 2 == 0 { &launch } else { &launch2 })
+                .unwrap();
+        }
+        println!("overlapping step graphs: {step:?}");
+    }
+    replayable.synchronize().unwrap();
+    let o = model.compare(&graphed, &overlapped, exact).unwrap();
+    assert!(
+        o.bitwise(),
+        "the overlapping step graphs differ from per-runner replays: {o}"
+    );
     replayable.replan().unwrap();
 }
 

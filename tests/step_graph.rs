@@ -66,9 +66,13 @@ struct Setup {
     sim: sim::Device,
     replayable: Replayable<sim::Device>,
     lanes: [sim::Stream; 3],
-    launch: sim::Stream,
+    /// Launch streams; overlapping step graphs alternate between them.
+    launch: [sim::Stream; 2],
     sinks: Vec<sim::HostBuffer>,
     accs: Vec<sim::HostBuffer>,
+    /// Per lane: what every consumer on it also adds into (a program
+    /// buffer that only the lane's stream order keeps race-free).
+    lane_accs: Vec<sim::HostBuffer>,
     _keep: Vec<sim::HostBuffer>,
 }
 
@@ -90,7 +94,7 @@ fn setup(w: &Schedule) -> Setup {
     }
     let sim = sim::Device::new();
     let lanes = [sim.stream(), sim.stream(), sim.stream()];
-    let launch = sim.stream();
+    let launch = [sim.stream(), sim.stream()];
     let one = sim.alloc_f32(32).unwrap();
     sim.write_f32(&one, &[1.0; 32]).unwrap();
     let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
@@ -120,6 +124,8 @@ fn setup(w: &Schedule) -> Setup {
         // A runner with a temporary passes its count through it, as a
         // framework op allocating its output would; its graph has memory
         // nodes, so a step graph moves in its step copy.
+        // Two copies: enough for an overlapping step graph.
+        cap.step_copies(2);
         cap.stream_capture_repeatable(&lanes[0], |s| {
             sim.launch(s, sim::Op::add(&one, count), 1)?;
             if let Some(input) = &input {
@@ -146,6 +152,7 @@ fn setup(w: &Schedule) -> Setup {
     }
     let mut keep = counts;
     keep.push(one);
+    let lane_accs = (0..3).map(|_| sim.alloc_f32(32).unwrap()).collect();
     Setup {
         replayable: capturing.seal().unwrap(),
         sim,
@@ -153,6 +160,7 @@ fn setup(w: &Schedule) -> Setup {
         launch,
         sinks,
         accs,
+        lane_accs,
         _keep: keep,
     }
 }
@@ -182,9 +190,10 @@ fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayErr
                 s.replayable.replay(RunnerId(i as u32), lane)?;
             } else {
                 let (runner, _, lane, duration, writes) = w.consumers[i];
-                let (sim, acc) = (&s.sim, &s.accs[i]);
+                let (sim, acc, shared) = (&s.sim, &s.accs[i], &s.lane_accs[lane]);
                 let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
-                    sim.launch(st, sim::Op::add(&v[0], acc), duration)
+                    sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
+                    sim.launch(st, sim::Op::add(&v[0], shared), 1)
                 };
                 let lane = &s.lanes[lane];
                 let r = RunnerId(runner as u32);
@@ -203,14 +212,16 @@ fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayErr
     Ok(())
 }
 
-/// Builds the step graph of the schedule and launches it `steps` times;
-/// then drops it, or with `forget` leaks it (`mem::forget` is safe: the
-/// plan must be just as safe to use afterwards).
+/// Builds the step graph of the schedule (with `overlapping`, the two
+/// graphs launched in turn, alternating launch streams) and launches it
+/// `steps` times; then drops it, or with `forget` leaks it (`mem::forget`
+/// is safe: the plan must be just as safe to use afterwards).
 fn stepped(
     s: &mut Setup,
     w: &Schedule,
     steps: usize,
     forget: bool,
+    overlapping: bool,
 ) -> Result<(usize, usize), StepError> {
     let mut step = s.replayable.step();
     for &(replay, i) in &items(w) {
@@ -218,9 +229,10 @@ fn stepped(
             step.replay(RunnerId(i as u32), &s.lanes[w.runners[i].2])?;
         } else {
             let (runner, _, lane, duration, writes) = w.consumers[i];
-            let (sim, acc) = (&s.sim, &s.accs[i]);
+            let (sim, acc, shared) = (&s.sim, &s.accs[i], &s.lane_accs[lane]);
             let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
-                sim.launch(st, sim::Op::add(&v[0], acc), duration)
+                sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
+                sim.launch(st, sim::Op::add(&v[0], shared), 1)
             };
             let r = RunnerId(runner as u32);
             let done = if writes {
@@ -234,9 +246,19 @@ fn stepped(
             })?;
         }
     }
-    let mut graph = step.build()?;
-    for _ in 0..steps {
-        graph.launch(&s.launch).unwrap();
+    let mut graph = if overlapping {
+        step.build_overlapping()?
+    } else {
+        step.build()?
+    };
+    assert_eq!(graph.is_overlapping(), overlapping);
+    for k in 0..steps {
+        let launch = if overlapping {
+            &s.launch[k % 2]
+        } else {
+            &s.launch[0]
+        };
+        graph.launch(launch).unwrap();
     }
     let shape = (graph.nodes(), graph.edges());
     if forget {
@@ -249,6 +271,7 @@ fn values(s: &Setup) -> Vec<Vec<f32>> {
     s.sinks
         .iter()
         .chain(&s.accs)
+        .chain(&s.lane_accs)
         .map(|b| s.sim.read_f32(b).unwrap())
         .collect()
 }
@@ -261,12 +284,16 @@ proptest! {
     /// per runner afterwards without overlap either, whether the step
     /// graph was dropped or forgotten.
     #[test]
-    fn a_step_graph_is_the_host_fence_compiled(w in schedule(), forget in any::<bool>()) {
-        let steps = 4;
+    fn a_step_graph_is_the_host_fence_compiled(
+        w in schedule(),
+        forget in any::<bool>(),
+        overlapping in any::<bool>(),
+    ) {
+        let steps = 5;
         let mut fenced = setup(&w);
         let host = per_runner(&mut fenced, &w, steps);
         let mut graphed = setup(&w);
-        let built = stepped(&mut graphed, &w, steps, forget);
+        let built = stepped(&mut graphed, &w, steps, forget, overlapping);
         match (&host, &built) {
             (Ok(()), Ok(_)) => {}
             (Err(_), Err(StepError::Schedule(_))) => return Ok(()),
@@ -302,7 +329,7 @@ fn one_launch_runs_the_step_and_overlaps_what_the_fence_overlaps() {
     per_runner(&mut fenced, &w, 1).unwrap();
     fenced.replayable.synchronize().unwrap();
     let mut graphed = setup(&w);
-    let (nodes, edges) = stepped(&mut graphed, &w, 1, false).unwrap();
+    let (nodes, edges) = stepped(&mut graphed, &w, 1, false, false).unwrap();
     // Four writers split at their ready points (the last has no reader but
     // marks nothing: it hands nothing off), four consumers.
     assert_eq!(nodes, 3 * 2 + 1 + 4);
@@ -316,6 +343,92 @@ fn one_launch_runs_the_step_and_overlaps_what_the_fence_overlaps() {
     // runners start under the last consumers.
     assert_eq!(graphed.sim.makespan(), fenced.sim.makespan());
     assert!(graphed.sim.hazards().is_empty());
+}
+
+#[test]
+fn overlapping_step_graphs_keep_the_overlap_of_the_host_fence_across_steps() {
+    // Long consumers: per runner, the next step's first runners start
+    // under them; one step graph waits for the whole step before; two
+    // graphs launched in turn on two streams overlap as the host fence does.
+    let w = Schedule {
+        runners: (0..4).map(|r| (true, true, r % 2, 20, r == 1)).collect(),
+        consumers: (0..4).map(|r| (r, 0, 2, 60, false)).collect(),
+        generations: 2,
+        packed: false,
+    };
+    let steps = 8;
+    let mut fenced = setup(&w);
+    per_runner(&mut fenced, &w, steps).unwrap();
+    fenced.replayable.synchronize().unwrap();
+    let mut one = setup(&w);
+    stepped(&mut one, &w, steps, false, false).unwrap();
+    one.replayable.synchronize().unwrap();
+    let mut two = setup(&w);
+    stepped(&mut two, &w, steps, false, true).unwrap();
+    two.replayable.synchronize().unwrap();
+    assert_eq!(values(&one), values(&fenced));
+    assert_eq!(values(&two), values(&fenced));
+    assert!(one.sim.hazards().is_empty() && two.sim.hazards().is_empty());
+    let (host, one, two) = (
+        fenced.sim.makespan(),
+        one.sim.makespan(),
+        two.sim.makespan(),
+    );
+    assert!(one > host, "one graph: {one}, host fence: {host}");
+    assert!(two < one, "overlapping: {two}, one graph: {one}");
+    // At most the host fence's time (a composed graph's lanes are its own
+    // streams: the two graphs' nodes may overlap more than three streams
+    // let the host fence).
+    assert!(
+        two <= host,
+        "overlapping graphs: {two}, host fence: {host}, one graph: {one}"
+    );
+}
+
+#[test]
+fn an_overlapping_step_graph_completes_only_after_the_launch_before_it() {
+    // A consumer of runner 0, which the step does not replay: its reads in
+    // two launches in turn are not ordered against each other, so only the
+    // end of each launch (after the one before) keeps runner 0's next
+    // writer after both.
+    let w = Schedule {
+        runners: vec![(false, false, 0, 5, false), (false, false, 1, 5, false)],
+        consumers: Vec::new(),
+        generations: 2,
+        packed: false,
+    };
+    for overlapping in [false, true] {
+        let mut s = setup(&w);
+        per_runner(&mut s, &w, 1).unwrap();
+        let acc = s.sim.alloc_f32(32).unwrap();
+        {
+            let mut step = s.replayable.step();
+            step.replay(RunnerId(1), &s.lanes[1]).unwrap();
+            let sim = &s.sim;
+            step.consume(RunnerId(0), &s.lanes[2], |st, v| {
+                sim.launch(st, sim::Op::add(&v[0], &acc), 200)
+            })
+            .unwrap();
+            let mut graph = if overlapping {
+                step.build_overlapping().unwrap()
+            } else {
+                step.build().unwrap()
+            };
+            for k in 0..4 {
+                graph.launch(&s.launch[k % 2]).unwrap();
+            }
+            // forgotten or dropped, the plan goes on safely
+            std::mem::forget(graph);
+        }
+        s.replayable.replay(RunnerId(0), &s.lanes[0]).unwrap();
+        s.replayable.synchronize().unwrap();
+        assert!(
+            s.sim.hazards().is_empty(),
+            "{overlapping}: {:?}",
+            s.sim.hazards()
+        );
+        assert_eq!(s.sim.read_f32(&acc).unwrap()[0], 4.0);
+    }
 }
 
 #[test]
@@ -334,7 +447,7 @@ fn the_fence_goes_on_from_where_a_forgotten_step_graph_left_it() {
 fn the_fence_goes_on_after_the_step(forget: bool) {
     let w = four_with_consumers();
     let mut s = setup(&w);
-    stepped(&mut s, &w, 3, forget).unwrap();
+    stepped(&mut s, &w, 3, forget, false).unwrap();
     let stats = s.replayable.fence_stats();
     assert_eq!(stats.step_launches, 3);
     // Runner 3 replayed last in the step: its views are consumable; runner
@@ -421,7 +534,7 @@ fn a_consumer_of_a_step_reads_and_may_not_write_its_views() {
     step.consume(RunnerId(0), &s.lanes[2], |_, _| Ok::<(), String>(()))
         .unwrap();
     let mut graph = step.build().unwrap();
-    graph.launch(&s.launch).unwrap();
+    graph.launch(&s.launch[0]).unwrap();
     let optimizer = s.sim.stream();
     graph.wait_all(&optimizer).unwrap();
 }
@@ -442,7 +555,7 @@ fn wait_all_orders_the_programs_work_after_the_latest_launch() {
         .unwrap();
     }
     let mut graph = step.build().unwrap();
-    graph.launch(&s.launch).unwrap();
+    graph.launch(&s.launch[0]).unwrap();
     graph.wait_all(&optimizer).unwrap();
     // The optimizer reads what the step's last consumer wrote.
     s.sim

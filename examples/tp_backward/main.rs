@@ -324,6 +324,8 @@ enum Mode {
     OneStream,
     StepRoundRobin,
     StepPacked,
+    OverlapRoundRobin,
+    OverlapPacked,
     RoundRobinNoRs,
     UnfencedNoRs,
     OneStreamNoRs,
@@ -331,7 +333,7 @@ enum Mode {
 
 impl Mode {
     /// Every mode, in declaration order (`mode as usize` is its index).
-    const ALL: [Mode; 10] = [
+    const ALL: [Mode; 12] = [
         Mode::Eager,
         Mode::RoundRobin,
         Mode::Packed,
@@ -339,6 +341,8 @@ impl Mode {
         Mode::OneStream,
         Mode::StepRoundRobin,
         Mode::StepPacked,
+        Mode::OverlapRoundRobin,
+        Mode::OverlapPacked,
         Mode::RoundRobinNoRs,
         Mode::UnfencedNoRs,
         Mode::OneStreamNoRs,
@@ -353,6 +357,12 @@ impl Mode {
             Mode::OneStream => "graphed, round-robin plan on one stream (RS serialized), fenced",
             Mode::StepRoundRobin => "step graph (one launch per step), round-robin",
             Mode::StepPacked => "step graph (one launch per step), packed",
+            Mode::OverlapRoundRobin => {
+                "overlapping step graphs (two in turn, one launch per step), round-robin"
+            }
+            Mode::OverlapPacked => {
+                "overlapping step graphs (two in turn, one launch per step), packed"
+            }
             Mode::RoundRobinNoRs => "same graphs without the RS: round-robin, fenced",
             Mode::UnfencedNoRs => "same graphs without the RS: no fence",
             Mode::OneStreamNoRs => "same graphs without the RS: one stream, fenced",
@@ -459,6 +469,8 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     let bare_plan = discovery.clone().plan(rr_strategy)?;
     let rr_step_plan = discovery.clone().plan(rr_strategy)?;
     let packed_step_plan = discovery.clone().plan(packed_strategy)?;
+    let rr_overlap_plan = discovery.clone().plan(rr_strategy)?;
+    let packed_overlap_plan = discovery.clone().plan(packed_strategy)?;
     let packed_plan = discovery.plan(packed_strategy)?;
     for p in [&rr_plan, &bare_plan, &packed_plan] {
         check_fingerprint(&model.reduce, p)?;
@@ -485,9 +497,11 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     let mut bare = bare?;
     let mut rr_s = capture(&mut model, rr_step_plan, make()?, &capture_stream)?;
     let mut packed_s = capture(&mut model, packed_step_plan, make()?, &capture_stream)?;
+    let mut rr_o = capture(&mut model, rr_overlap_plan, make()?, &capture_stream)?;
+    let mut packed_o = capture(&mut model, packed_overlap_plan, make()?, &capture_stream)?;
     if lead {
         println!(
-            "captured {} graphs per plan in {:.1} ms (five plans)",
+            "captured {} graphs per plan in {:.1} ms (seven plans)",
             model.modules.len(),
             capture_start.elapsed().as_secs_f64() * 1e3
         );
@@ -519,9 +533,38 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     // is one launch on `pool[0]`.
     let build_start = Instant::now();
     let at = |m: Mode| &mains[slot(m as usize)];
-    let mut rr_step = model::step_graph(&model, &mut rr_s, at(Mode::StepRoundRobin), &pool, &side)?;
-    let mut packed_step =
-        model::step_graph(&model, &mut packed_s, at(Mode::StepPacked), &pool, &side)?;
+    let mut rr_step = model::step_graph(
+        &model,
+        &mut rr_s,
+        at(Mode::StepRoundRobin),
+        &pool,
+        &side,
+        false,
+    )?;
+    let mut packed_step = model::step_graph(
+        &model,
+        &mut packed_s,
+        at(Mode::StepPacked),
+        &pool,
+        &side,
+        false,
+    )?;
+    let mut rr_overlap = model::step_graph(
+        &model,
+        &mut rr_o,
+        at(Mode::OverlapRoundRobin),
+        &pool,
+        &side,
+        true,
+    )?;
+    let mut packed_overlap = model::step_graph(
+        &model,
+        &mut packed_o,
+        at(Mode::OverlapPacked),
+        &pool,
+        &side,
+        true,
+    )?;
     if lead {
         println!(
             "step graphs: {} graphs and {} edges each, built in {:.1} ms (both)",
@@ -551,6 +594,10 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
                     Mode::OneStream => graphed_step(&model, &mut rr, main, one, &side)?,
                     Mode::StepRoundRobin => rr_step.launch(&pool[0])?,
                     Mode::StepPacked => packed_step.launch(&pool[0])?,
+                    // Two graphs in turn, on alternating streams: each
+                    // step starts under the one before.
+                    Mode::OverlapRoundRobin => rr_overlap.launch(&pool[i % 2])?,
+                    Mode::OverlapPacked => packed_overlap.launch(&pool[i % 2])?,
                     Mode::RoundRobinNoRs => graphed_step(&model, &mut bare, main, &pool, &side)?,
                     Mode::OneStreamNoRs => graphed_step(&model, &mut bare, main, one, &side)?,
                     // SAFETY: the unsafe reference: its shards may be

@@ -1514,6 +1514,7 @@ pub fn step_graph<'r, B: Compose<Stream = cuda::Stream>>(
     main: &MainGrads,
     pool: &[cuda::Stream],
     side: &cuda::Stream,
+    overlapping: bool,
 ) -> Result<StepGraph<'r, B>> {
     let mut step = replayable.step();
     for m in 0..model.modules.len() {
@@ -1532,7 +1533,11 @@ pub fn step_graph<'r, B: Compose<Stream = cuda::Stream>>(
             replay_arena::ConsumeError::Work(w) => w,
         })?;
     }
-    Ok(step.build()?)
+    Ok(if overlapping {
+        step.build_overlapping()?
+    } else {
+        step.build()?
+    })
 }
 
 /// Replays one step of every runner with the fence: module `m` on

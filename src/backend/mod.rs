@@ -387,7 +387,10 @@ impl<B: Backend + ?Sized> NodeGraph<'_, B> {
 }
 
 /// One node of [`Compose::compose`]: a graph, the earlier nodes it waits
-/// for, and the stream of the step it was scheduled on.
+/// for, and the stream of the step it was scheduled on; in a step graph
+/// that overlaps its neighbours, also the events it waits for first and
+/// records when done (event wait and record nodes: the other graph's
+/// launch before it).
 pub struct StepNode<'a, B: Backend + ?Sized> {
     /// The graph the node runs, copied or moved in.
     pub graph: NodeGraph<'a, B>,
@@ -395,6 +398,35 @@ pub struct StepNode<'a, B: Backend + ?Sized> {
     pub deps: Vec<usize>,
     /// The step's stream (lane) it was scheduled on.
     pub lane: usize,
+    /// Events whose latest record (at the composed graph's launch) it runs
+    /// after.
+    pub waits: Vec<&'a B::Event>,
+    /// Events it records once done, at each launch.
+    pub records: Vec<&'a B::Event>,
+}
+
+impl<'a, B: Backend + ?Sized> StepNode<'a, B> {
+    /// A node running `graph` on `lane` after the nodes `deps`.
+    pub fn new(graph: NodeGraph<'a, B>, deps: Vec<usize>, lane: usize) -> StepNode<'a, B> {
+        StepNode {
+            graph,
+            deps,
+            lane,
+            waits: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+}
+
+/// How a composed graph ends, for step graphs launched in turn that
+/// overlap: it records `record` once every node is done, and completes
+/// only once `wait`'s latest record (at its launch) has completed too, so
+/// that its completion implies the launch before it completed.
+pub struct StepEnd<'a, B: Backend + ?Sized> {
+    /// Recorded after every node.
+    pub record: &'a B::Event,
+    /// The composed graph completes after its latest record.
+    pub wait: &'a B::Event,
 }
 
 /// What the replay fence needs from a device runtime: streams the runtime
@@ -624,12 +656,19 @@ pub trait Compose: Backend {
     /// `lane` says which stream of the step the node was scheduled on: a
     /// model backend runs each lane as a stream; the driver ignores it.
     /// A [`NodeGraph::Copy`] is copied in (it may be dropped afterwards); a
-    /// [`NodeGraph::Move`] is the composed graph's from then on.
+    /// [`NodeGraph::Move`] is the composed graph's from then on. A node's
+    /// `waits` and `records`, and `end`, become event wait and record nodes
+    /// (they take effect at each launch, in launch order, as a stream's
+    /// event waits and records do).
     ///
     /// # Errors
     ///
     /// The runtime's error (a graph the runtime cannot nest, a graph with
     /// temporaries copied, or moved on a driver that cannot move graphs,
     /// say). The moved graphs are gone then too.
-    fn compose(&self, nodes: Vec<StepNode<'_, Self>>) -> Result<Self::Graph, BackendError>;
+    fn compose(
+        &self,
+        nodes: Vec<StepNode<'_, Self>>,
+        end: Option<StepEnd<'_, Self>>,
+    ) -> Result<Self::Graph, BackendError>;
 }

@@ -29,7 +29,7 @@ use cudarc::nccl::sys as nc;
 use crate::backend::cuda::{self, Event, Graph, Stream};
 use crate::backend::{
     Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
-    StepNode, Streams, Temporaries,
+    StepEnd, StepNode, Streams, Temporaries,
 };
 use crate::scope::check_use;
 use crate::view::{Misuse, NotSend, View};
@@ -765,7 +765,11 @@ impl Compose for Device {
         self.cuda.split_graph(graph, events)
     }
 
-    fn compose(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
+    fn compose(
+        &self,
+        nodes: Vec<StepNode<'_, Device>>,
+        end: Option<StepEnd<'_, Device>>,
+    ) -> Result<Graph> {
         let nodes: Vec<StepNode<'_, cuda::Device>> = nodes
             .into_iter()
             .map(|n| StepNode {
@@ -775,8 +779,14 @@ impl Compose for Device {
                 },
                 deps: n.deps,
                 lane: n.lane,
+                waits: n.waits,
+                records: n.records,
             })
             .collect();
-        self.cuda.compose(nodes)
+        let end = end.map(|e| StepEnd {
+            record: e.record,
+            wait: e.wait,
+        });
+        self.cuda.compose(nodes, end)
     }
 }

@@ -8,7 +8,7 @@ use super::memory::Memory;
 use super::{check, driver_error, sys, Result};
 use crate::backend::{
     check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection,
-    StepNode, Streams, Temporaries,
+    StepEnd, StepNode, Streams, Temporaries,
 };
 use crate::vocab::Domain;
 
@@ -207,7 +207,11 @@ impl Compose for Device {
         self.split_at_record(graph, events)
     }
 
-    fn compose(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
-        self.compose_children(nodes)
+    fn compose(
+        &self,
+        nodes: Vec<StepNode<'_, Device>>,
+        end: Option<StepEnd<'_, Device>>,
+    ) -> Result<Graph> {
+        self.compose_children(nodes, end)
     }
 }

@@ -14,7 +14,7 @@ use cudarc::driver::CudaContext;
 use super::handles::{Device, Event};
 use super::probe::open_library;
 use super::{check, sys, Result};
-use crate::backend::{BackendError, GraphMemory, NodeGraph, StepNode};
+use crate::backend::{BackendError, GraphMemory, NodeGraph, StepEnd, StepNode};
 
 /// Raw graph handles; moved between threads only inside a [`Graph`].
 pub(super) struct GraphHandles {
@@ -358,7 +358,11 @@ impl Device {
     /// 12.9 and later: the only way a graph with memory nodes goes into
     /// another), its own executable graph destroyed first, since a graph
     /// with memory nodes may have only one at a time.
-    pub(super) fn compose_children(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
+    pub(super) fn compose_children(
+        &self,
+        nodes: Vec<StepNode<'_, Device>>,
+        end: Option<StepEnd<'_, Device>>,
+    ) -> Result<Graph> {
         self.bind()?;
         for node in &nodes {
             if let NodeGraph::Copy(g) = &node.graph {
@@ -384,6 +388,38 @@ impl Device {
             ctx: self.inner.ctx.clone(),
             _not_sync: PhantomData,
         };
+        // An event wait or record node of `parent` after `deps`.
+        let event_node = |wait: bool, deps: &[sys::CUgraphNode], event: &Event| {
+            let mut n: sys::CUgraphNode = ptr::null_mut();
+            // SAFETY: `parent` is live, `deps` are its nodes, the event is
+            // live for the borrow and is not destroyed before the graphs
+            // (the step graph owns both, graphs first).
+            let code = unsafe {
+                if wait {
+                    sys::cuGraphAddEventWaitNode(
+                        &mut n,
+                        parent.handles.graph,
+                        deps.as_ptr(),
+                        deps.len(),
+                        event.cu_event(),
+                    )
+                } else {
+                    sys::cuGraphAddEventRecordNode(
+                        &mut n,
+                        parent.handles.graph,
+                        deps.as_ptr(),
+                        deps.len(),
+                        event.cu_event(),
+                    )
+                }
+            };
+            let op = if wait {
+                "cuGraphAddEventWaitNode"
+            } else {
+                "cuGraphAddEventRecordNode"
+            };
+            check(op, code).map(|()| n)
+        };
         let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         for node in nodes {
             let deps = node
@@ -391,12 +427,15 @@ impl Device {
                 .iter()
                 .map(|&d| added.get(d).copied())
                 .collect::<Option<Vec<_>>>();
-            let Some(deps) = deps else {
+            let Some(mut deps) = deps else {
                 return Err(BackendError::Refused {
                     op: "cuGraphAddChildGraphNode",
                     reason: "a node depends on a node that is not before it".into(),
                 });
             };
+            for event in &node.waits {
+                deps.push(event_node(true, &[], event)?);
+            }
             let mut child: sys::CUgraphNode = ptr::null_mut();
             match node.graph {
                 NodeGraph::Copy(g) => {
@@ -441,7 +480,16 @@ impl Device {
                     g.handles.graph = ptr::null_mut();
                 }
             }
+            for event in &node.records {
+                event_node(false, &[child], event)?;
+            }
             added.push(child);
+        }
+        if let Some(end) = end {
+            // After every node (the record), and a root the graph's
+            // completion waits for (the other launch's end).
+            event_node(false, &added, end.record)?;
+            event_node(true, &[], end.wait)?;
         }
         let mut parent = parent;
         let raw = std::mem::replace(&mut parent.handles.graph, ptr::null_mut());

@@ -11,7 +11,7 @@ use super::streams::{Capture, Event, EventState, Stream};
 use super::{hazards::merge, sim_error, Result, FOREIGN_EVENT};
 use crate::backend::{
     check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphRejection, NodeGraph,
-    StepNode, Streams, Temporaries,
+    StepEnd, StepNode, Streams, Temporaries,
 };
 
 impl Streams for Device {
@@ -286,7 +286,24 @@ impl Compose for Device {
         Ok((part(0..at, false), part(at..graph.ops.len(), true), which))
     }
 
-    fn compose(&self, nodes: Vec<StepNode<'_, Device>>) -> Result<Graph> {
+    fn compose(
+        &self,
+        nodes: Vec<StepNode<'_, Device>>,
+        end: Option<StepEnd<'_, Device>>,
+    ) -> Result<Graph> {
+        let ids = |events: &[&Event]| -> Result<Vec<usize>> {
+            events
+                .iter()
+                .map(|e| self.own_event(e, "sim compose"))
+                .collect()
+        };
+        let end = match end {
+            Some(end) => Some((
+                self.own_event(end.record, "sim compose")?,
+                self.own_event(end.wait, "sim compose")?,
+            )),
+            None => None,
+        };
         if nodes.iter().any(|n| n.graph.graph().step.is_some()) {
             return Err(sim_error(
                 "sim compose",
@@ -322,6 +339,10 @@ impl Compose for Device {
         }
         let lanes = nodes.iter().map(|n| n.lane + 1).max().unwrap_or(0);
         let lanes = (0..lanes).map(|_| self.stream().id).collect();
+        let events = nodes
+            .iter()
+            .map(|n| Ok((ids(&n.waits)?, ids(&n.records)?)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Graph {
             ops: Vec::new(),
             records: Vec::new(),
@@ -335,14 +356,18 @@ impl Compose for Device {
             step: Some(Arc::new(SimStep {
                 nodes: nodes
                     .iter()
-                    .map(|n| SimStepNode {
+                    .zip(events)
+                    .map(|(n, (waits, records_after))| SimStepNode {
                         ops: n.graph.graph().ops.clone(),
                         records: n.graph.graph().records.clone(),
                         deps: n.deps.clone(),
                         lane: n.lane,
+                        waits,
+                        records_after,
                     })
                     .collect(),
                 lanes,
+                end,
             })),
         })
     }

@@ -36,6 +36,9 @@ pub(super) struct SimStep {
     pub(super) nodes: Vec<SimStepNode>,
     /// Lane -> the internal stream it runs on.
     pub(super) lanes: Vec<usize>,
+    /// Recorded after every node; the launch completes after the other's
+    /// latest record ([`StepEnd`](crate::StepEnd)): (record, wait) event ids.
+    pub(super) end: Option<(usize, usize)>,
 }
 
 #[derive(Debug)]
@@ -44,6 +47,10 @@ pub(super) struct SimStepNode {
     pub(super) records: Vec<(usize, usize)>,
     pub(super) deps: Vec<usize>,
     pub(super) lane: usize,
+    /// Event ids it waits for first (their latest records at launch).
+    pub(super) waits: Vec<usize>,
+    /// Event ids it records once done.
+    pub(super) records_after: Vec<usize>,
 }
 
 impl PartialEq for Graph {
@@ -143,16 +150,30 @@ impl SimState {
                 let mut ends: Vec<EventState> = Vec::with_capacity(step.nodes.len());
                 for (node, ranges) in step.nodes.iter().zip(ranges) {
                     let lane = step.lanes[node.lane];
+                    for &e in &node.waits {
+                        if let Some(after) = self.events.get(e).cloned() {
+                            self.wait_for(lane, &after);
+                        }
+                    }
                     for &d in &node.deps {
                         let after = ends[d].clone();
                         self.wait_for(lane, &after);
                     }
                     self.run_ops(lane, &node.ops, &node.records, ranges);
+                    for &e in &node.records_after {
+                        self.record(lane, e);
+                    }
                     ends.push(self.tail_of(lane));
                 }
                 for &lane in &step.lanes {
                     let end = self.tail_of(lane);
                     self.wait_for(s, &end);
+                }
+                if let Some((record, wait)) = step.end {
+                    self.record(s, record);
+                    if let Some(after) = self.events.get(wait).cloned() {
+                        self.wait_for(s, &after);
+                    }
                 }
             }
         }

@@ -97,6 +97,10 @@ impl EventSlab {
         }
     }
 
+    pub(super) fn get(&self, id: usize) -> Option<&EventState> {
+        self.slots.get(id).and_then(Option::as_ref)
+    }
+
     pub(super) fn get_mut(&mut self, id: usize) -> Option<&mut EventState> {
         self.slots.get_mut(id).and_then(Option::as_mut)
     }
