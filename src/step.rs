@@ -545,6 +545,9 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 },
             });
         };
+        // Every event node costs a launch host time and the device a
+        // wait: keep only the cross edges nothing else implies.
+        let cross = reduce_cross(&deps, cross);
 
         // 3. The step graphs: the runners' graphs (or their two parts, or
         //    their step copies moved in) and the consumers' graphs, with
@@ -697,6 +700,56 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     }
 }
 
+/// The cross edges (`cross[x]`: nodes of the other graph's launch before
+/// that node `x` waits for) that neither `x`'s other cross edges nor its
+/// ancestors' imply, given both graphs' edges `deps` (the same schedule:
+/// waiting for node `y` implies waiting for `y`'s ancestors).
+fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
+    let n = deps.len();
+    // ancestors[y][z]: y runs after z, in one launch.
+    let mut ancestors = vec![vec![false; n]; n];
+    for y in 0..n {
+        for &d in &deps[y] {
+            if d < y {
+                ancestors[y][d] = true;
+                let (before, rest) = ancestors.split_at_mut(y);
+                for (z, &a) in before[d].iter().enumerate() {
+                    rest[0][z] |= a;
+                }
+            }
+        }
+    }
+    // reached[x][z]: x runs after node z of the launch before.
+    let mut reached = vec![vec![false; n]; n];
+    let mut out = vec![Vec::new(); n];
+    for x in 0..n {
+        let mut implied = vec![false; n];
+        for &d in &deps[x] {
+            if d < x {
+                for (z, &r) in reached[d].iter().enumerate() {
+                    implied[z] |= r;
+                }
+            }
+        }
+        // The latest sources first: an earlier one may be their ancestor.
+        let mut mine: Vec<usize> = cross[x].iter().copied().filter(|&y| y < n).collect();
+        mine.sort_unstable_by(|a, b| b.cmp(a));
+        for y in mine {
+            if implied[y] {
+                continue;
+            }
+            out[x].push(y);
+            implied[y] = true;
+            for (z, &a) in ancestors[y].iter().enumerate() {
+                implied[z] |= a;
+            }
+        }
+        out[x].sort_unstable();
+        reached[x] = implied;
+    }
+    out
+}
+
 /// Phase 5 of 5: one step of a plan, compiled into one graph
 /// ([`Replayable::step`]). Each [`StepGraph::launch`] runs the whole step:
 /// every replay and consumer of the schedule, ordered by exactly the waits
@@ -733,6 +786,7 @@ impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StepGraph")
             .field("graphs", &self.graphs.len())
+            .field("events", &self._events.len())
             .field("nodes", &self.nodes)
             .field("edges", &self.edges)
             .field("launches", &self.launches)
