@@ -70,7 +70,8 @@ enum Item<B: Compose> {
         slots: Vec<usize>,
         lane: usize,
         exclusive: bool,
-        graph: B::Graph,
+        /// Taken when it is moved into the step graph (it allocates).
+        graph: Option<B::Graph>,
     },
 }
 
@@ -325,7 +326,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             slots,
             lane,
             exclusive: kind == ScopeKind::Write,
-            graph,
+            graph: Some(graph),
         });
         Ok(self)
     }
@@ -368,11 +369,46 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     fn compile(self, overlapping: bool) -> Result<StepGraph<'r, B>, StepError> {
         let StepBuilder {
             replayable: r,
-            items,
+            mut items,
             lanes,
         } = self;
         if items.is_empty() {
             return Err(StepError::Empty);
+        }
+        // A consumer whose graph allocates temporaries goes in moved, as a
+        // step copy does: into one step graph only. Checked before any
+        // step copy is touched, so a refusal keeps them all.
+        let mut moved_consumers: Vec<Option<B::Graph>> = Vec::with_capacity(items.len());
+        for item in &mut items {
+            let mut moved = None;
+            if let Item::Consume { slots, graph, .. } = item {
+                let what = || format!("the consumer of {}", r.plan.runners[slots[0]].id());
+                if let Some(g) = graph.as_ref() {
+                    let t = r
+                        .backend
+                        .graph_temporaries(g)
+                        .map_err(|error| StepError::Backend {
+                            what: what(),
+                            error,
+                        })?;
+                    if !t.is_empty() {
+                        if overlapping {
+                            return Err(StepError::Backend {
+                                what: what(),
+                                error: BackendError::Refused {
+                                    op: "overlapping step graphs",
+                                    reason: "this consumer's graph allocates temporaries, which \
+                                             go into one graph only (moved); build one step \
+                                             graph, or give the consumer plan memory"
+                                        .into(),
+                                },
+                            });
+                        }
+                        moved = graph.take();
+                    }
+                }
+            }
+            moved_consumers.push(moved);
         }
         let plan = &r.plan;
         // A runner whose graph has temporaries goes in as its step copy,
@@ -627,11 +663,21 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                     } => {
                         names.push(format!("the consumer of {}", plan.runners[slots[0]].id()));
                         let n = step_nodes.len();
-                        step_nodes.push(StepNode::new(
-                            NodeGraph::Copy(graph),
-                            deps[n].clone(),
-                            *lane,
-                        ));
+                        let graph = match (graph, moved_consumers[k].take()) {
+                            (_, Some(moved)) => NodeGraph::Move(moved),
+                            (Some(g), None) => NodeGraph::Copy(g),
+                            (None, None) => {
+                                return Err(StepError::Backend {
+                                    what: names[n].clone(),
+                                    error: BackendError::Refused {
+                                        op: "step graph",
+                                        reason: "the consumer's graph went into an earlier graph"
+                                            .into(),
+                                    },
+                                })
+                            }
+                        };
+                        step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
                     }
                 }
             }

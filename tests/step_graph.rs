@@ -566,23 +566,48 @@ fn wait_all_orders_the_programs_work_after_the_latest_launch() {
 }
 
 #[test]
-fn a_consumer_the_backend_cannot_put_in_a_step_graph_is_named() {
+fn a_consumer_with_temporaries_is_moved_into_one_step_graph_and_refused_by_overlapping_ones() {
     let w = four_with_consumers();
-    let mut s = setup(&w);
-    let mut step = s.replayable.step();
-    step.replay(RunnerId(0), &s.lanes[0]).unwrap();
-    let sim = s.sim.clone();
-    // A consumer with a graph temporary: a graph with memory nodes cannot
-    // be a child graph (CUDA does not clone it; the sim refuses it alike).
-    step.consume(RunnerId(0), &s.lanes[2], |st, v| {
-        let t = sim.alloc_async(st, 32)?;
-        sim.launch(st, sim::Op::copy(&v[0], &t), 1)?;
-        sim.free_async(st, &t)
-    })
-    .unwrap();
-    match step.build() {
-        Err(StepError::Backend { what, .. }) => assert_eq!(what, "the consumer of runner 0"),
-        other => panic!("{other:?}"),
+    for overlapping in [false, true] {
+        let mut s = setup(&w);
+        per_runner(&mut s, &w, 1).unwrap();
+        let mut step = s.replayable.step();
+        step.replay(RunnerId(0), &s.lanes[0]).unwrap();
+        let sim = s.sim.clone();
+        let acc = &s.accs[0];
+        // A consumer with a graph temporary: no copy of its graph can be
+        // made, so it is moved in, into one graph only.
+        step.consume(RunnerId(0), &s.lanes[2], |st, v| {
+            let t = sim.alloc_async(st, 32)?;
+            sim.launch(st, sim::Op::copy(&v[0], &t), 1)?;
+            sim.launch(st, sim::Op::add(&t, acc), 1)?;
+            sim.free_async(st, &t)
+        })
+        .unwrap();
+        if overlapping {
+            match step.build_overlapping() {
+                Err(StepError::Backend { what, .. }) => {
+                    assert_eq!(what, "the consumer of runner 0")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(s.replayable.fence_stats().step_launches, 0);
+        } else {
+            let before = s.sim.read_f32(acc).unwrap()[0];
+            let mut graph = step.build().unwrap();
+            for _ in 0..3 {
+                graph.launch(&s.launch[0]).unwrap();
+            }
+            drop(graph);
+            let after = s.sim.read_f32(acc).unwrap()[0];
+            // Runner 0's count went up by one per launch, ending at `f`:
+            // the consumer added f - 2, f - 1 and f.
+            let f = s
+                .sim
+                .read_f32(&s.replayable.views(RunnerId(0)).unwrap()[0])
+                .unwrap()[0];
+            assert_eq!(after - before, 3.0 * f - 3.0);
+            assert!(s.sim.hazards().is_empty());
+        }
     }
-    assert_eq!(s.replayable.fence_stats().step_launches, 0);
 }

@@ -421,3 +421,32 @@ fn the_report_counts_the_plans_temporaries_and_teardown_gives_the_pool_back() {
 fn pool(sim: &sim::Device) -> GraphMemory {
     sim.graph_memory_in_use().unwrap().unwrap()
 }
+
+#[test]
+fn a_step_copy_may_not_use_a_temporary_of_the_first_run() {
+    let mut kept: Option<sim::Span> = None;
+    let (captured, finished, sim) = capture_once(|sim, s, v, run| {
+        let t = sim.alloc_async(s, N)?;
+        sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
+        if run == 2 {
+            // The first run's temporary: mapped only while that graph runs.
+            let old = kept.expect("the first run kept its temporary");
+            sim.launch(s, sim::Op::copy(&old, v), 1)?;
+        } else {
+            sim.launch(s, sim::Op::copy(&t, v), 1)?;
+        }
+        sim.free_async(s, &t)?;
+        kept = Some(t);
+        Ok(())
+    });
+    let err = captured.unwrap_err();
+    assert!(
+        err.to_string().contains("a temporary of another graph"),
+        "{err}"
+    );
+    assert!(
+        matches!(finished, Err(CaptureError::Failed { .. })),
+        "{finished:?}"
+    );
+    assert_eq!(pool(&sim).used, 0);
+}

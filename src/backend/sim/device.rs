@@ -115,6 +115,25 @@ impl Device {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         s.check_scope(self.stream_id(stream), &op)?;
+        if let Some(capture) = s.streams[id].capturing.as_ref() {
+            // A temporary lives inside the graph whose capture allocated it
+            // (CUDA maps it only while that graph runs): another capture
+            // of the same closure (a step copy) may not use it.
+            let foreign = op.accesses().into_iter().find_map(|(span, _)| {
+                let base = s.temporary_of(&span)?;
+                (!capture.temps.contains(&base)).then_some(span)
+            });
+            if let Some(span) = foreign {
+                return Err(sim_error(
+                    "sim launch",
+                    format!(
+                        "{} f32 at {:#x} are a temporary of another graph: a temporary works \
+                         only inside the capture that allocated it",
+                        span.len, span.addr
+                    ),
+                ));
+            }
+        }
         if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.ops.push((op, duration));
             return Ok(());
@@ -178,6 +197,7 @@ impl Device {
         let base = s
             .alloc(bytes, 256, true)
             .map_err(|reason| sim_error("sim alloc async", reason))?;
+        s.mark_temporary(base);
         s.graph_bytes += bytes;
         s.graph_reserved = s.graph_reserved.max(s.graph_bytes);
         if let Some(capture) = s.streams[id].capturing.as_mut() {

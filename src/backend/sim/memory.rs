@@ -66,6 +66,8 @@ pub(super) struct Allocation {
     bytes: u64,
     /// A plan's arena (only views may touch it), not a buffer.
     arena: bool,
+    /// A graph allocation node's memory (a temporary of one graph).
+    temporary: bool,
 }
 
 impl SimState {
@@ -98,10 +100,24 @@ impl SimState {
                 pad,
                 bytes,
                 arena,
+                temporary: false,
             },
         );
         self.allocations += 1;
         Ok(base)
+    }
+
+    /// Marks the allocation at `base` as a graph allocation node's.
+    pub(super) fn mark_temporary(&mut self, base: u64) {
+        if let Some(a) = self.allocs.get_mut(&base) {
+            a.temporary = true;
+        }
+    }
+
+    /// The base of the graph temporary `span` lies in, if it does.
+    pub(super) fn temporary_of(&self, span: &Span) -> Option<u64> {
+        self.find(span)
+            .and_then(|(base, a)| a.temporary.then_some(base))
     }
 
     /// Frees a graph allocation node's memory.
