@@ -114,3 +114,189 @@ pub unsafe fn bind_workspace(
         }),
     }
 }
+
+/// Binds `workspace` on the program's shared cuBLAS handle for the
+/// duration of `f`, and puts the handle back as it was when `f` returns,
+/// fails or panics.
+///
+/// For a handle the program shares (candle's `Arc<CudaBlas>`, one handle
+/// for every runner): called inside a runner's `stream_capture` closure
+/// with that closure's stream and the runner's own workspace request, it
+/// points the handle at the capture stream and at the workspace
+/// (`cublasSetStream_v2`, then `cublasSetWorkspace_v2`), runs `f` (the
+/// framework's ops, whose cuBLAS calls the capture records with this
+/// workspace's address), then sets the handle's previous stream again,
+/// which also puts back cuBLAS's default workspace (cuBLAS resets the
+/// workspace whenever the stream is set). Two runners on two streams that
+/// share one handle then each capture their own workspace, so their
+/// replays never race on one; and no eager cuBLAS call after the capture
+/// writes into a plan's bytes.
+///
+/// The restore runs after `f` in this function, not in a guard's `Drop`:
+/// no value is handed out whose loss (`mem::forget`) could leave the
+/// workspace bound. Make every cuBLAS call of the capture inside `f`: after
+/// it, the handle has cuBLAS's default workspace again, which cuBLAS would
+/// allocate lazily, and a capture cannot allocate it.
+///
+/// cuBLAS work through the handle goes to the stream the handle was set to,
+/// whatever cudarc's `CudaBlas` says about its own: cudarc's `gemm` and
+/// friends ask their operands for addresses on the handle's creation
+/// stream. With a shared handle whose creation stream is not the closure's,
+/// hand them views lent with
+/// [`ViewExt::with_cudarc`](crate::cuda::ViewExt::with_cudarc) (typed views
+/// refuse work for another stream than their closure's).
+///
+/// The handle must not be used from another thread while `f` runs (its
+/// stream and workspace are this capture's meanwhile): cuBLAS calls through
+/// a handle are `unsafe` in cudarc, and that is part of what they vouch for.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+/// # use replay_arena::cuda::{self, ViewExt};
+/// use replay_arena::cuda::cudarc::cublas::CudaBlas;
+/// # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// # let backend = cuda::Device::new(0)?;
+/// # let stream = backend.new_stream()?;
+/// let workspace = Request::new(Domain::Device, DType::U8, 32 << 20);
+/// # let mut discovery = Discovering::new(PlanConfig::new());
+/// # discovery.arm(RunnerId(0))?.record(workspace)?;
+/// # let mut capturing = discovery.plan(Policy::Generations(1))?.allocate(backend)?;
+/// // The program's (the framework's) handle, shared.
+/// let handle: Arc<CudaBlas> = Arc::new(CudaBlas::new(stream.cudarc().clone())?);
+/// let cap = capturing.capture(RunnerId(0))?;
+/// let ws = cap.take(workspace)?;
+/// cap.stream_capture(&stream, |s| -> replay_arena::Result<()> {
+///     let mut ws = ws.as_cuda::<u8>(s)?;
+///     replay_arena::cublas::with_workspace(&handle, s, &mut ws, |blas| {
+///         // The framework's ops, calling cuBLAS on `blas`: captured with
+///         // this runner's workspace.
+///         let _ = blas;
+///         Ok::<(), replay_arena::Error>(())
+///     })
+/// })?;
+/// cap.finish()?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// As [`bind_workspace`] for the workspace; [`BackendError::Cublas`] when
+/// cuBLAS refuses a call (when putting the handle back fails, the handle is
+/// left with no workspace at all, `cublasSetWorkspace_v2(NULL, 0)`, never
+/// with this one); otherwise what `f` returns.
+pub fn with_workspace<R, E: From<BackendError>>(
+    blas: &CudaBlas,
+    stream: &Stream,
+    workspace: &mut impl DevicePtrMut<u8>,
+    f: impl FnOnce(&CudaBlas) -> Result<R, E>,
+) -> Result<R, E> {
+    // SAFETY: `blas` is a live handle for as long as the borrow.
+    unsafe { with_workspace_on(*blas.handle(), stream, workspace, || f(blas)) }
+}
+
+/// [`with_workspace`] for a raw `cublasHandle_t` (a handle a framework
+/// keeps to itself and lends as a raw value).
+///
+/// # Safety
+///
+/// `handle` is a live cuBLAS handle of the stream's context for the whole
+/// call, not used from another thread meanwhile, and not destroyed by `f`.
+///
+/// # Errors
+///
+/// As [`with_workspace`].
+pub unsafe fn with_workspace_raw<R, E: From<BackendError>>(
+    handle: blas::cublasHandle_t,
+    stream: &Stream,
+    workspace: &mut impl DevicePtrMut<u8>,
+    f: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E> {
+    // SAFETY: the caller's contract.
+    unsafe { with_workspace_on(handle, stream, workspace, f) }
+}
+
+fn status(op: &'static str, status: blas::cublasStatus_t) -> Result<(), BackendError> {
+    match status {
+        blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
+        status => Err(BackendError::Cublas { op, status }),
+    }
+}
+
+/// # Safety
+///
+/// `handle` is live, of the stream's context, and not used from another
+/// thread during the call.
+unsafe fn with_workspace_on<R, E: From<BackendError>>(
+    handle: blas::cublasHandle_t,
+    stream: &Stream,
+    workspace: &mut impl DevicePtrMut<u8>,
+    f: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E> {
+    use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+    let bytes = workspace.len();
+    let (ptr, record) = workspace.device_ptr_mut(stream.cudarc());
+    if ptr == 0 && bytes > 0 {
+        return Err(BackendError::Refused {
+            op: "cublasSetWorkspace",
+            reason: format!(
+                "the workspace of {bytes} bytes has no address on this stream (a plan's typed \
+                 view works only inside its own `stream_capture` or `consume` closure, on that \
+                 closure's stream): bind the workspace inside the closure"
+            ),
+        }
+        .into());
+    }
+    if ptr % WORKSPACE_ALIGNMENT != 0 {
+        return Err(BackendError::Refused {
+            op: "cublasSetWorkspace",
+            reason: format!(
+                "a cuBLAS workspace must be {WORKSPACE_ALIGNMENT}-byte aligned; this one is at {ptr:#x}"
+            ),
+        }
+        .into());
+    }
+    let mut previous: blas::cudaStream_t = std::ptr::null_mut();
+    // SAFETY: a live handle (the caller's contract); `previous` is a local
+    // out pointer.
+    status("cublasGetStream", unsafe {
+        blas::cublasGetStream_v2(handle, &mut previous)
+    })?;
+    // SAFETY: the stream belongs to the handle's context (caller).
+    status("cublasSetStream", unsafe {
+        blas::cublasSetStream_v2(handle, stream.cudarc().cu_stream() as blas::cudaStream_t)
+    })?;
+    // SAFETY: `ptr` addresses `bytes` bytes, aligned as cuBLAS requires,
+    // valid for the whole call: `workspace` is borrowed for it, and a plan
+    // view's address is handed out only inside its closure.
+    let bound = status("cublasSetWorkspace", unsafe {
+        blas::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, bytes)
+    });
+    let out = match bound {
+        Ok(()) => catch_unwind(AssertUnwindSafe(f)),
+        Err(e) => Ok(Err(e.into())),
+    };
+    // Put the handle back: its previous stream, which resets the workspace
+    // to cuBLAS's default. If cuBLAS refuses, leave it with no workspace
+    // rather than this one.
+    // SAFETY: `previous` is the stream the handle had, still live (the
+    // handle kept it); a NULL workspace of 0 bytes is always valid.
+    let restored = status("cublasSetStream", unsafe {
+        blas::cublasSetStream_v2(handle, previous)
+    })
+    .or_else(|e| {
+        // SAFETY: as above.
+        let _ = unsafe { blas::cublasSetWorkspace_v2(handle, std::ptr::null_mut(), 0) };
+        Err(e)
+    });
+    drop(record);
+    match out {
+        Err(panic) => resume_unwind(panic),
+        Ok(result) => {
+            let value = result?;
+            restored?;
+            Ok(value)
+        }
+    }
+}

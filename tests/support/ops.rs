@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{
-    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg,
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg,
 };
 
 use super::gpu::{cfg, err, load_kernels};
@@ -115,5 +115,40 @@ impl Ops {
         dst: &mut impl DevicePtrMut<i32>,
     ) -> OpResult<()> {
         s.cudarc().memcpy_dtod(src, dst).map_err(err)
+    }
+
+    /// The op in the framework's own types (as a framework's API takes
+    /// cudarc's borrowed views): `mix2` of two views, output allocated.
+    pub fn mix2_v(
+        &self,
+        s: &cuda::Stream,
+        a: &CudaView<'_, i32>,
+        b: &CudaView<'_, i32>,
+        salt: u32,
+    ) -> OpResult<CudaSlice<i32>> {
+        self.mix2(s, a, b, salt)
+    }
+
+    /// `mix2` into a writable view (`out=`, as cuBLAS writes a GEMM's C).
+    pub fn mix2_out(
+        &self,
+        s: &cuda::Stream,
+        out: &mut CudaViewMut<'_, i32>,
+        a: &CudaView<'_, i32>,
+        b: &CudaView<'_, i32>,
+        salt: u32,
+    ) -> OpResult<()> {
+        self.mix2_into(s, out, a, b, salt)
+    }
+
+    /// `fold` of a view into an accumulator the program owns.
+    pub fn fold_v(
+        &self,
+        s: &cuda::Stream,
+        acc: &mut CudaSlice<i32>,
+        w: &CudaView<'_, i32>,
+        spin: i64,
+    ) -> OpResult<()> {
+        self.fold(s, acc, w, spin)
     }
 }

@@ -1,7 +1,8 @@
 //! Arena memory: allocated from the device's default memory pool, outside
 //! every graph memory pool, aligned, zeroed, and freed stream-ordered.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
@@ -38,6 +39,31 @@ impl Arena for Memory {
     }
 }
 
+/// Addresses of views lent as cudarc views
+/// ([`ViewExt::with_cudarc`](super::ViewExt::with_cudarc)) whose arenas
+/// are still allocated. cudarc's view types let work go to any stream, and
+/// the crate cannot follow those: the free of an arena that was lent waits
+/// for the whole context, so no such work can run on freed bytes.
+static LENT: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+
+/// Remembers that the view at `addr` was lent as a cudarc view.
+pub(super) fn note_lent(addr: u64) {
+    LENT.lock().unwrap_or_else(|p| p.into_inner()).insert(addr);
+}
+
+/// Whether a view in `[base, base + bytes)` was lent; forgets them.
+fn take_lent(base: u64, bytes: u64) -> bool {
+    let mut lent = LENT.lock().unwrap_or_else(|p| p.into_inner());
+    let inside: Vec<u64> = lent
+        .range(base..base.saturating_add(bytes.max(1)))
+        .copied()
+        .collect();
+    for addr in &inside {
+        lent.remove(addr);
+    }
+    !inside.is_empty()
+}
+
 impl Drop for Memory {
     fn drop(&mut self) {
         // The plan waited for every fenced use before dropping arenas. A
@@ -46,6 +72,11 @@ impl Drop for Memory {
         if let Err(e) = self.ctx.bind_to_thread() {
             self.ctx.record_err::<()>(Err(e));
             return;
+        }
+        if take_lent(self.base, self.bytes) {
+            // Work a lent cudarc view put on a stream the crate never saw
+            // must be done before the bytes go back to the pool.
+            self.ctx.record_err(self.ctx.synchronize());
         }
         // SAFETY: `raw` came from the matching allocation in this context
         // and is freed once; the stream-ordered free does not wait for the

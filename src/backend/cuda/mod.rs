@@ -40,6 +40,7 @@ mod backend;
 mod element;
 mod graph;
 mod handles;
+mod lend;
 mod memory;
 mod probe;
 mod typed_view;

@@ -207,6 +207,102 @@ pub trait ViewExt<'a> {
     /// [`BackendError::InvalidView`] outside the view's closure or for
     /// another stream.
     fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T>>;
+
+    /// Lends the view to `f` as cudarc's own read-only view type,
+    /// [`CudaView<'_, T>`](cudarc::driver::CudaView), for framework code
+    /// that takes cudarc's types rather than the pointer traits. Called
+    /// inside the closure that handed the view out, with that closure's
+    /// stream, like [`as_cuda`](ViewExt::as_cuda); the lent view borrows a
+    /// value local to this call, so it cannot leave `f`, and it never frees
+    /// the arena's bytes.
+    ///
+    /// The checks a [`TypedView`] makes at each use are made once, here.
+    /// cudarc's view types do not say which stream their work goes on, so
+    /// put work on the lent view on `stream` only (as cudarc's
+    /// `CudaStream` methods on `s.cudarc()` do); see `docs/integration.md`,
+    /// "Views lent as cudarc views", for what else a lend promises.
+    ///
+    /// ```no_run
+    /// # use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::cuda::{self, ViewExt};
+    /// use replay_arena::cuda::cudarc::driver::{CudaSlice, CudaView};
+    ///
+    /// /// A framework op that takes cudarc's view type.
+    /// fn sum_into(s: &cuda::Stream, x: &CudaView<'_, f32>, out: &mut CudaSlice<f32>) -> replay_arena::Result<()> {
+    ///     s.cudarc().memcpy_dtod(x, out)?;
+    ///     Ok(())
+    /// }
+    ///
+    /// # let req = Request::new(Domain::Device, DType::F32, 1024);
+    /// # let mut discovery = Discovering::new(PlanConfig::new());
+    /// # discovery.arm(RunnerId(0))?.record(req)?;
+    /// let backend = cuda::Device::new(0)?;
+    /// let stream = backend.new_stream()?;
+    /// let mut main: CudaSlice<f32> = stream.cudarc().alloc_zeros(1024)?;
+    /// # let capturing = discovery.plan(Policy::Generations(1))?.allocate(backend.clone())?;
+    /// # let mut replayable = capturing.seal()?;
+    /// replayable.consume(RunnerId(0), &stream, |s, views| -> replay_arena::Result<()> {
+    ///     views[0].with_cudarc(s, |x| sum_into(s, &x, &mut main))
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`as_cuda`](ViewExt::as_cuda); also [`BackendError::Refused`] for
+    /// a view of a symmetric domain (use `as_cuda` there), and
+    /// [`BackendError::EventTracking`] when the stream's context has
+    /// cudarc's event tracking on.
+    fn with_cudarc<T: Element, R, E: From<BackendError>>(
+        &self,
+        stream: &Stream,
+        f: impl FnOnce(cudarc::driver::CudaView<'_, T>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E>;
+
+    /// Lends the view to `f` as cudarc's writable view type,
+    /// [`CudaViewMut<'_, T>`](cudarc::driver::CudaViewMut): as
+    /// [`with_cudarc`](ViewExt::with_cudarc), for a view the closure may
+    /// write (a capture's own request or handed-off view, a
+    /// `consume_mut` consumer's views).
+    ///
+    /// A handoff that its capture marks ready while it is lent makes the
+    /// capture fail at `finish` with
+    /// [`ViewOutOfScope`](crate::CaptureError::ViewOutOfScope): the crate
+    /// cannot see whether the lent view was written after the ready point.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_cudarc`](ViewExt::with_cudarc), and
+    /// [`BackendError::InvalidView`] for a view its closure may only read.
+    fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
+        &self,
+        stream: &Stream,
+        f: impl FnOnce(cudarc::driver::CudaViewMut<'_, T>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E>;
+
+    /// Copies the program's device memory `src` (a framework tensor's
+    /// `CudaSlice`, a `CudaView` of it) into the view, on `stream`: the
+    /// copy a framework whose ops allocate their outputs needs to leave a
+    /// result in a plan view. Same checks as [`as_cuda`](ViewExt::as_cuda)
+    /// for a write.
+    ///
+    /// # Errors
+    ///
+    /// As [`as_cuda`](ViewExt::as_cuda) (and
+    /// [`BackendError::InvalidView`] for a view its closure may only read);
+    /// [`BackendError::Refused`] when the lengths differ; the driver's
+    /// error.
+    fn copy_from<T: Element>(&self, stream: &Stream, src: &impl DevicePtr<T>) -> Result<()>;
+
+    /// Copies the view into the program's device memory `dst` (a tensor
+    /// the framework allocated), on `stream`: how framework ops that need
+    /// owned storage read a received handoff or a consumer's view.
+    ///
+    /// # Errors
+    ///
+    /// As [`as_cuda`](ViewExt::as_cuda); [`BackendError::Refused`] when the
+    /// lengths differ; the driver's error.
+    fn copy_into<T: Element>(&self, stream: &Stream, dst: &mut impl DevicePtrMut<T>) -> Result<()>;
 }
 
 impl<'a> ViewExt<'a> for View<'a> {
@@ -230,5 +326,29 @@ impl<'a> ViewExt<'a> for View<'a> {
             _on_its_thread: NotSend::default(),
             _view: PhantomData,
         })
+    }
+
+    fn with_cudarc<T: Element, R, E: From<BackendError>>(
+        &self,
+        stream: &Stream,
+        f: impl FnOnce(cudarc::driver::CudaView<'_, T>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
+        super::lend::with_cudarc(self, stream, f)
+    }
+
+    fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
+        &self,
+        stream: &Stream,
+        f: impl FnOnce(cudarc::driver::CudaViewMut<'_, T>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
+        super::lend::with_cudarc_mut(self, stream, f)
+    }
+
+    fn copy_from<T: Element>(&self, stream: &Stream, src: &impl DevicePtr<T>) -> Result<()> {
+        super::lend::copy_from(self, stream, src)
+    }
+
+    fn copy_into<T: Element>(&self, stream: &Stream, dst: &mut impl DevicePtrMut<T>) -> Result<()> {
+        super::lend::copy_into(self, stream, dst)
     }
 }

@@ -1,0 +1,455 @@
+//! A candle-core 0.11 program adopting replay-arena: the backward of a
+//! 5-layer bf16 linear stack, one runner per layer, each layer's dX handed
+//! to the next layer as a handoff, dW and a cuBLAS workspace as requests,
+//! replayed on a pool of two streams, with an FP32 main-grad consumer per
+//! layer on candle's stream. docs/integration.md ("A candle program") walks
+//! through it.
+//!
+//! Three ways to run a step, timed against each other:
+//! - `eager`: candle's ops, as the program runs without graphs (and
+//!   `eager+copies`: the same plus the copies the graphed step makes);
+//! - `graphed (copies)`: the same candle ops captured; what they allocate
+//!   is copied into the plan's views with `ViewExt::copy_from`, received
+//!   handoffs copied out with `copy_into`. No `unsafe` in the backward;
+//! - `graphed (gemm into views)`: dX and dW computed by cuBLAS straight
+//!   into views lent with `with_cudarc_mut`, reading the received handoff
+//!   through `with_cudarc`: no copy in the graph (one `unsafe` cuBLAS call
+//!   per GEMM, as cudarc's `gemm` is `unsafe`).
+//!
+//! Build and run on a CUDA machine (candle builds its kernels with nvcc):
+//!
+//! ```sh
+//! cargo run --release --manifest-path examples/candle_backward/Cargo.toml
+//! cargo run --release --manifest-path examples/candle_backward/Cargo.toml -- 8192 4096
+//! ```
+
+use std::time::Instant;
+
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType as CDType, Device, Storage, Tensor};
+use half::bf16;
+use replay_arena::cublas::with_workspace;
+use replay_arena::cuda::cudarc::cublas::sys::cublasOperation_t;
+use replay_arena::cuda::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use replay_arena::cuda::cudarc::driver::{CudaSlice, CudaView};
+use replay_arena::cuda::{self, ViewExt};
+use replay_arena::{
+    BackendError, CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Purpose,
+    Replayable, Request, RunnerId, ViewsExt,
+};
+
+const LAYERS: usize = 5;
+
+/// What a closure of this program can fail with: the crate, or candle.
+#[derive(Debug, thiserror::Error)]
+enum Fail {
+    #[error(transparent)]
+    Arena(#[from] replay_arena::Error),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<BackendError> for Fail {
+    fn from(e: BackendError) -> Fail {
+        Fail::Arena(e.into())
+    }
+}
+
+impl From<CaptureError> for Fail {
+    fn from(e: CaptureError) -> Fail {
+        Fail::Arena(e.into())
+    }
+}
+
+impl From<replay_arena::ReplayError> for Fail {
+    fn from(e: replay_arena::ReplayError) -> Fail {
+        Fail::Arena(e.into())
+    }
+}
+
+impl From<replay_arena::cuda::cudarc::driver::DriverError> for Fail {
+    fn from(e: replay_arena::cuda::cudarc::driver::DriverError) -> Fail {
+        Fail::Arena(BackendError::from(e).into())
+    }
+}
+
+type R<T> = std::result::Result<T, Fail>;
+
+/// The bf16 device slice of a contiguous tensor candle allocated (an op's
+/// output), for `f`.
+fn with_slice<T>(t: &Tensor, f: impl FnOnce(CudaView<'_, bf16>) -> R<T>) -> R<T> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else {
+        return Err(Fail::Other("not a CUDA tensor".into()));
+    };
+    let start = layout.start_offset();
+    if !layout.is_contiguous() {
+        return Err(Fail::Other("not contiguous".into()));
+    }
+    let slice = cuda.as_cuda_slice::<bf16>()?;
+    f(slice.slice(start..start + t.elem_count()))
+}
+
+/// A candle tensor that owns `slice` (freed when the tensor is dropped).
+fn tensor_of(slice: CudaSlice<bf16>, shape: (usize, usize), dev: &CudaDevice) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+/// One layer's backward in candle: `dX = dY W`, `dW = dY^T X`.
+fn layer(dy: &Tensor, x: &Tensor, w: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+    let dx = dy.matmul(w)?;
+    let dw = dy.t()?.matmul(x)?;
+    Ok((dx, dw))
+}
+
+struct Model {
+    device: Device,
+    cdev: CudaDevice,
+    backend: cuda::Device,
+    /// candle's stream, adopted.
+    stream: cuda::Stream,
+    blas: std::sync::Arc<CudaBlas>,
+    b: usize,
+    d: usize,
+    xs: Vec<Tensor>,
+    ws: Vec<Tensor>,
+    dy0: Tensor,
+}
+
+fn requests(b: usize, d: usize) -> (Request, Request, Request) {
+    let wgrad =
+        Request::new(Domain::Device, DType::BF16, (d * d) as u64).purpose(Purpose::WgradRsInput);
+    let grad = Request::new(Domain::Device, DType::BF16, (b * d) as u64);
+    let workspace = Request::new(Domain::Device, DType::U8, 32 << 20);
+    (wgrad, grad, workspace)
+}
+
+impl Model {
+    fn new(b: usize, d: usize) -> R<Model> {
+        let device = Device::new_cuda(0)?;
+        let cdev = device.as_cuda_device()?.clone();
+        // SAFETY: candle runs on its one stream; the plan's streams are
+        // ordered by the crate's fence. Called before any tensor exists.
+        unsafe { cdev.disable_event_tracking() };
+        let backend = cuda::Device::from_context(cdev.cuda_stream().context().clone())?;
+        let stream = backend.wrap_stream(cdev.cuda_stream())?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let randn = |shape: (usize, usize), std: f64| -> R<Tensor> {
+            Ok(Tensor::randn(0f32, std as f32, shape, &device)?.to_dtype(CDType::BF16)?)
+        };
+        let xs = (0..LAYERS)
+            .map(|_| randn((b, d), 1.0))
+            .collect::<R<Vec<_>>>()?;
+        let ws = (0..LAYERS)
+            .map(|_| randn((d, d), scale))
+            .collect::<R<Vec<_>>>()?;
+        let dy0 = randn((b, d), 1.0)?;
+        stream.synchronize()?;
+        let blas = cdev.cublas_handle();
+        Ok(Model {
+            device,
+            cdev,
+            backend,
+            stream,
+            blas,
+            b,
+            d,
+            xs,
+            ws,
+            dy0,
+        })
+    }
+
+    fn zeros(&self) -> R<Vec<Tensor>> {
+        (0..LAYERS)
+            .map(|_| Ok(Tensor::zeros((self.d, self.d), CDType::F32, &self.device)?))
+            .collect()
+    }
+
+    /// `steps` eager steps; with `copies`, also the dtod copies the
+    /// graphed step makes (dX and dW into buffers of their own).
+    fn eager(&self, steps: usize, copies: bool, main: &mut [Tensor]) -> R<f64> {
+        let s = &self.stream;
+        let mut ws: CudaSlice<u8> = s.cudarc().alloc_zeros(32 << 20)?;
+        let mut dx_buf: CudaSlice<bf16> = s.cudarc().alloc_zeros(self.b * self.d)?;
+        let mut dw_buf: CudaSlice<bf16> = s.cudarc().alloc_zeros(self.d * self.d)?;
+        s.synchronize()?;
+        let t0 = Instant::now();
+        // The same workspace size as the graphs', so cuBLAS picks the same
+        // algorithms.
+        with_workspace(&self.blas, s, &mut ws, |_| -> R<()> {
+            for _ in 0..steps {
+                let mut dy = self.dy0.clone();
+                for l in 0..LAYERS {
+                    let (dx, dw) = layer(&dy, &self.xs[l], &self.ws[l])?;
+                    if copies {
+                        with_slice(&dx, |v| Ok(s.cudarc().memcpy_dtod(&v, &mut dx_buf)?))?;
+                        with_slice(&dw, |v| Ok(s.cudarc().memcpy_dtod(&v, &mut dw_buf)?))?;
+                    }
+                    main[l] = main[l].add(&dw.to_dtype(CDType::F32)?)?;
+                    dy = dx;
+                }
+            }
+            Ok(())
+        })?;
+        s.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e3 / steps as f64)
+    }
+
+    fn discover(&self) -> R<(Discovering, Vec<HandoffId>)> {
+        let (wgrad, grad, workspace) = requests(self.b, self.d);
+        let mut discovery = Discovering::new(PlanConfig::new());
+        let mut handoffs = Vec::new();
+        for l in 0..LAYERS {
+            let mut armed = discovery
+                .arm_named(RunnerId(l as u32), format!("layer{l}.bwd"))
+                .map_err(replay_arena::Error::from)?;
+            armed.record(wgrad).map_err(replay_arena::Error::from)?;
+            if l > 0 {
+                armed
+                    .receive(handoffs[l - 1])
+                    .map_err(replay_arena::Error::from)?;
+            }
+            if l + 1 < LAYERS {
+                handoffs.push(armed.hand_off(grad).map_err(replay_arena::Error::from)?);
+            }
+            armed.record(workspace).map_err(replay_arena::Error::from)?;
+        }
+        Ok((discovery, handoffs))
+    }
+
+    /// Captures every layer; `gemm`: cuBLAS straight into views, else
+    /// candle's ops and copies.
+    fn capture(&self, gemm: bool) -> R<Replayable<cuda::Device>> {
+        let (wgrad, _, workspace) = requests(self.b, self.d);
+        let (discovery, handoffs) = self.discover()?;
+        let planned = discovery
+            .plan(Policy::OverlapDepth(2))
+            .map_err(replay_arena::Error::from)?;
+        let mut capturing = planned
+            .allocate(self.backend.clone())
+            .map_err(replay_arena::Error::from)?;
+        // candle uploads small layout and scalar operands with
+        // `clone_htod`; inside a capture it must keep them (cached).
+        let _htod_cache = self.cdev.enable_cuda_graph_htod_cache();
+        for l in 0..LAYERS {
+            let cap = capturing.capture(RunnerId(l as u32))?;
+            let wg = cap.take(wgrad)?;
+            let ws = cap.take(workspace)?;
+            let dy_view = if l > 0 {
+                Some(cap.receive(handoffs[l - 1])?)
+            } else {
+                None
+            };
+            let dx_view = if l + 1 < LAYERS {
+                Some((handoffs[l], cap.hand_off(handoffs[l])?))
+            } else {
+                None
+            };
+            let ready = |s: &cuda::Stream| -> R<()> {
+                if let Some((h, _)) = dx_view {
+                    cap.ready(h, s)?;
+                }
+                Ok(())
+            };
+            cap.stream_capture(&self.stream, |s| -> R<()> {
+                let mut ws = ws.as_cuda::<u8>(s)?;
+                with_workspace(&self.blas, s, &mut ws, |blas| -> R<()> {
+                    if gemm {
+                        let (x, w) = (&self.xs[l], &self.ws[l]);
+                        let run = |dy: &CudaView<'_, bf16>| -> R<()> {
+                            if let Some((_, v)) = &dx_view {
+                                v.with_cudarc_mut(s, |mut dx| -> R<()> {
+                                    with_slice(w, |w| {
+                                        // SAFETY: row-major dX[b, d] = dY[b, d] W[d, d].
+                                        unsafe { blas.gemm(self.cfg_dx(), &w, dy, &mut dx) }
+                                            .map_err(BackendError::from)?;
+                                        Ok(())
+                                    })
+                                })?;
+                            }
+                            ready(s)?;
+                            wg.with_cudarc_mut(s, |mut dw| -> R<()> {
+                                with_slice(x, |x| {
+                                    // SAFETY: row-major dW[d, d] = dY^T X.
+                                    unsafe { blas.gemm(self.cfg_dw(), &x, dy, &mut dw) }
+                                        .map_err(BackendError::from)?;
+                                    Ok(())
+                                })
+                            })
+                        };
+                        match &dy_view {
+                            Some(v) => v.with_cudarc(s, |dy| run(&dy)),
+                            None => with_slice(&self.dy0, |dy| run(&dy)),
+                        }
+                    } else {
+                        // The received dY, copied into a tensor candle owns.
+                        let dy = match &dy_view {
+                            None => self.dy0.clone(),
+                            Some(v) => {
+                                let mut buf = s.cudarc().alloc_zeros::<bf16>(self.b * self.d)?;
+                                v.copy_into(s, &mut buf)?;
+                                tensor_of(buf, (self.b, self.d), &self.cdev)
+                            }
+                        };
+                        let (dx, dw) = layer(&dy, &self.xs[l], &self.ws[l])?;
+                        if let Some((_, v)) = &dx_view {
+                            with_slice(&dx, |dx| Ok(v.copy_from(s, &dx)?))?;
+                        }
+                        ready(s)?;
+                        with_slice(&dw, |dw| Ok(wg.copy_from(s, &dw)?))?;
+                        // dy, dx, dw are dropped here: freed inside the graph.
+                        Ok(())
+                    }
+                })
+            })
+            .map_err(|e| Fail::Other(format!("layer {l}: {e}")))?;
+            cap.finish()?;
+        }
+        Ok(capturing.seal().map_err(|e| Fail::Other(e.to_string()))?)
+    }
+
+    fn cfg_dx(&self) -> GemmConfig<bf16> {
+        // Column-major: dX^T[d, b] = W^T[d, d] dY^T[d, b].
+        let (b, d) = (self.b as i32, self.d as i32);
+        GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: d,
+            n: b,
+            k: d,
+            alpha: bf16::ONE,
+            lda: d,
+            ldb: d,
+            beta: bf16::ZERO,
+            ldc: d,
+        }
+    }
+
+    fn cfg_dw(&self) -> GemmConfig<bf16> {
+        // Column-major: dW^T[d, d] = X^T[d, b] dY[b, d].
+        let (b, d) = (self.b as i32, self.d as i32);
+        GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_T,
+            m: d,
+            n: d,
+            k: b,
+            alpha: bf16::ONE,
+            lda: d,
+            ldb: d,
+            beta: bf16::ZERO,
+            ldc: d,
+        }
+    }
+
+    /// `steps` graphed steps: every layer replayed on the pool, its dW
+    /// accumulated into `main` by a consumer on candle's stream.
+    fn graphed(
+        &self,
+        replayable: &mut Replayable<cuda::Device>,
+        steps: usize,
+        main: &mut [Tensor],
+    ) -> R<f64> {
+        let (wgrad, _, _) = requests(self.b, self.d);
+        let pool = [self.backend.new_stream()?, self.backend.new_stream()?];
+        let s = &self.stream;
+        s.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            for (l, main) in main.iter_mut().enumerate() {
+                let runner = RunnerId(l as u32);
+                replayable.replay(runner, &pool[l % 2])?;
+                // candle's ops run on candle's stream: consume there.
+                replayable
+                    .consume(runner, s, |s, views| -> R<()> {
+                        // Views in request order: the wgrad, then the
+                        // workspace; handoffs are not among them.
+                        let v = views
+                            .find(&wgrad)
+                            .ok_or_else(|| Fail::Other("no wgrad".into()))?;
+                        let mut buf = s.cudarc().alloc_zeros::<bf16>(self.d * self.d)?;
+                        v.copy_into(s, &mut buf)?;
+                        let dw = tensor_of(buf, (self.d, self.d), &self.cdev);
+                        *main = main.add(&dw.to_dtype(CDType::F32)?)?;
+                        Ok(())
+                    })
+                    .map_err(|e| Fail::Other(e.to_string()))?;
+            }
+        }
+        replayable.wait_all(s)?;
+        s.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e3 / steps as f64)
+    }
+}
+
+/// Elements that differ, and the largest relative difference.
+fn compare(a: &[Tensor], b: &[Tensor]) -> R<(usize, usize, f32)> {
+    let (mut differ, mut total, mut worst) = (0, 0, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        let x = x.flatten_all()?.to_vec1::<f32>()?;
+        let y = y.flatten_all()?.to_vec1::<f32>()?;
+        total += x.len();
+        for (p, q) in x.iter().zip(&y) {
+            if p.to_bits() != q.to_bits() {
+                differ += 1;
+                worst = worst.max((p - q).abs() / p.abs().max(q.abs()).max(1e-6));
+            }
+        }
+    }
+    Ok((differ, total, worst))
+}
+
+fn main() -> R<()> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (b, d) = match args[..] {
+        [b, d, ..] => (b, d),
+        _ => (256, 512),
+    };
+    if let Err(e) = cuda::probe() {
+        println!("candle_backward: no CUDA GPU here ({e})");
+        return Ok(());
+    }
+    let steps = if b * d >= 1 << 24 { 20 } else { 200 };
+    let model = Model::new(b, d)?;
+    println!("candle_backward: {LAYERS} layers, dY {b}x{d}, W {d}x{d}, bf16, {steps} steps");
+
+    // Warm up candle's kernels and cuBLAS, then time.
+    let mut warm = model.zeros()?;
+    model.eager(2, false, &mut warm)?;
+    let mut eager_main = model.zeros()?;
+    let eager = model.eager(steps, false, &mut eager_main)?;
+    let mut copies_main = model.zeros()?;
+    let eager_copies = model.eager(steps, true, &mut copies_main)?;
+
+    let mut copied = model.capture(false)?;
+    let mut warm = model.zeros()?;
+    model.graphed(&mut copied, 2, &mut warm)?;
+    let mut graphed_main = model.zeros()?;
+    let graphed = model.graphed(&mut copied, steps, &mut graphed_main)?;
+    drop(copied);
+
+    let mut direct = model.capture(true)?;
+    let mut warm = model.zeros()?;
+    model.graphed(&mut direct, 2, &mut warm)?;
+    let mut direct_main = model.zeros()?;
+    let graphed_gemm = model.graphed(&mut direct, steps, &mut direct_main)?;
+    drop(direct);
+
+    let (differ, total, _) = compare(&eager_main, &graphed_main)?;
+    let (differ_gemm, _, worst) = compare(&eager_main, &direct_main)?;
+    println!("eager                      {eager:8.3} ms/step");
+    println!("eager + the graph's copies {eager_copies:8.3} ms/step");
+    println!("graphed (copies)           {graphed:8.3} ms/step   {differ} of {total} main-grad elements differ from eager");
+    println!("graphed (gemm into views)  {graphed_gemm:8.3} ms/step   {differ_gemm} differ (largest relative difference {worst:.2e})");
+    if differ != 0 {
+        return Err(Fail::Other("the graphed step differs from eager".into()));
+    }
+    Ok(())
+}
