@@ -36,6 +36,9 @@ const EXTERNAL: &[&str] = &[
     "half",
     // libloading
     "Library",
+    // candle (docs/integration.md's candle guide; examples/candle_backward)
+    "CudaStorage",
+    "Tensor",
 ];
 
 fn root() -> PathBuf {

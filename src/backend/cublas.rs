@@ -132,6 +132,10 @@ pub unsafe fn bind_workspace(
 /// replays never race on one; and no eager cuBLAS call after the capture
 /// writes into a plan's bytes.
 ///
+/// A workspace the program had set on the handle itself
+/// (`cublasSetWorkspace_v2`) is not put back (cuBLAS cannot say which it
+/// was): set it again after the capture.
+///
 /// The restore runs after `f` in this function, not in a guard's `Drop`:
 /// no value is handed out whose loss (`mem::forget`) could leave the
 /// workspace bound. Make every cuBLAS call of the capture inside `f`: after

@@ -247,6 +247,17 @@ pub trait ViewExt<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
+    /// The lent view cannot leave `f`:
+    ///
+    /// ```compile_fail
+    /// use replay_arena::cuda::cudarc::driver::CudaView;
+    /// use replay_arena::cuda::{Stream, ViewExt};
+    /// use replay_arena::BackendError;
+    /// fn escape<'v>(view: replay_arena::View<'v>, s: &Stream) -> CudaView<'v, f32> {
+    ///     view.with_cudarc::<f32, _, BackendError>(s, |v| Ok(v)).unwrap()
+    /// }
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`as_cuda`](ViewExt::as_cuda); also [`BackendError::Refused`] for
