@@ -230,6 +230,7 @@ fn the_handle_is_put_back_after_a_failing_or_panicking_closure() {
                 panic!("a framework op panics")
             })
         })
+        .map_err(|e| e.to_string())
     }));
     assert!(panicked.is_err());
     assert_eq!(handle_stream(&handle), home);

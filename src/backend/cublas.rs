@@ -289,10 +289,9 @@ unsafe fn with_workspace_on<R, E: From<BackendError>>(
     let restored = status("cublasSetStream", unsafe {
         blas::cublasSetStream_v2(handle, previous)
     })
-    .or_else(|e| {
+    .inspect_err(|_| {
         // SAFETY: as above.
         let _ = unsafe { blas::cublasSetWorkspace_v2(handle, std::ptr::null_mut(), 0) };
-        Err(e)
     });
     drop(record);
     match out {

@@ -129,7 +129,7 @@ fn requests(b: usize, d: usize) -> (Request, Request, Request) {
 
 impl Model {
     fn new(b: usize, d: usize) -> R<Model> {
-        let device = Device::new_cuda(0)?;
+        let device = candle_core::Device::new_cuda(0)?;
         let cdev = device.as_cuda_device()?.clone();
         // SAFETY: candle runs on its one stream; the plan's streams are
         // ordered by the crate's fence. Called before any tensor exists.
