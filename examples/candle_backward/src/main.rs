@@ -183,13 +183,13 @@ impl Model {
         with_workspace(&self.blas, s, &mut ws, |_| -> R<()> {
             for _ in 0..steps {
                 let mut dy = self.dy0.clone();
-                for l in 0..LAYERS {
+                for (l, main) in main.iter_mut().enumerate() {
                     let (dx, dw) = layer(&dy, &self.xs[l], &self.ws[l])?;
                     if copies {
                         with_slice(&dx, |v| Ok(s.cudarc().memcpy_dtod(&v, &mut dx_buf)?))?;
                         with_slice(&dw, |v| Ok(s.cudarc().memcpy_dtod(&v, &mut dw_buf)?))?;
                     }
-                    main[l] = main[l].add(&dw.to_dtype(CDType::F32)?)?;
+                    *main = main.add(&dw.to_dtype(CDType::F32)?)?;
                     dy = dx;
                 }
             }
@@ -309,7 +309,7 @@ impl Model {
             .map_err(|e| Fail::Other(format!("layer {l}: {e}")))?;
             cap.finish()?;
         }
-        Ok(capturing.seal().map_err(|e| Fail::Other(e.to_string()))?)
+        capturing.seal().map_err(|e| Fail::Other(e.to_string()))
     }
 
     fn cfg_dx(&self) -> GemmConfig<bf16> {
