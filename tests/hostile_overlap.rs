@@ -1572,3 +1572,357 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
     let p = sim.graph_memory_in_use().unwrap().unwrap();
     assert_eq!((sim.live_allocations(), sim.live_events(), p.used, p.reserved), (0, 0, 0, 0));
 }
+
+/// Attack: dropping a step graph (which waits for its last launch) while
+/// host waits fail (a sticky device error): it must not free its graphs
+/// (moved copies' temporaries) under launches still in flight. After the
+/// fault clears, the pending work runs: no sim error, no hazard, and the
+/// plan still tears down.
+#[test]
+fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
+    for overlapping in [false, true] {
+        let sh = shape(4, 2, true, true, 2);
+        let mut w = world(&sh, 3, 4);
+        let items = four_chain_items();
+        w.per_runner(&(0..4).map(|r| P(r, r % 3)).collect::<Vec<_>>(), 1).unwrap();
+        let ex = [w.sim.stream(), w.sim.stream()];
+        let sim = w.sim.clone();
+        let used_before = w.pool().used;
+        {
+            let mut step = w.replayable.step();
+            for &it in &items {
+                match it {
+                    P(r, l) => {
+                        step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
+                    }
+                    C(r, l, writes, acc, dur) => {
+                        let work = consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur * 100);
+                        if writes {
+                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        } else {
+                            step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        }
+                    }
+                }
+            }
+            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            for k in 0..3 {
+                g.launch(&ex[k % 2]).unwrap();
+            }
+            let pending = sim.bookkeeping().1;
+            sim.fail_waits(true);
+            drop(g);
+            sim.fail_waits(false);
+            let after = sim.bookkeeping().1;
+            eprintln!("pending ops before drop {pending}, after {after}");
+        }
+        let p = w.pool();
+        eprintln!("overlapping {overlapping}: pool {p:?} (before {used_before})");
+        // Let the pending launches run.
+        for b in w.accs.iter() {
+            sim.read_f32(b).unwrap();
+        }
+        w.replayable.synchronize().unwrap();
+        let hz = sim.hazards();
+        assert!(hz.is_empty(), "overlapping {overlapping}: {hz:?}");
+        w.per_runner(&items, 1).unwrap();
+        w.replayable.synchronize().unwrap();
+        assert!(sim.hazards().is_empty());
+    }
+}
+
+/// Attack: `step_copies(0)` on a runner with temporaries: the step graph
+/// has no copy to move in, a typed error; per-runner replay works.
+#[test]
+fn zero_step_copies_is_a_typed_error_at_the_step() {
+    let mut c = cap1(false);
+    let (sim, s) = (c.sim.clone(), c.s.clone());
+    let mut runs = 0;
+    {
+        let cap = c.capturing.capture(RunnerId(0)).unwrap();
+        let v = cap.take(OWN).unwrap();
+        cap.step_copies(0);
+        cap.stream_capture_repeatable(&s, |st| {
+            runs += 1;
+            with_temporary(&sim, st, &v)
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    assert_eq!(runs, 1, "step_copies(0) captured copies anyway");
+    let mut r = c.capturing.seal().unwrap();
+    r.replay(RunnerId(0), &s).unwrap();
+    let mut step = r.step();
+    let e = step.replay(RunnerId(0), &s).map(|_| ()).unwrap_err();
+    assert!(matches!(e, ReplayError::NoStepCopy { .. }), "{e}");
+    eprintln!("{e}");
+}
+
+/// Attack: steps of consumers only (no replay at all): writers and readers
+/// of runners the step never replays, on one or several lanes, in
+/// overlapping graphs over every launch pattern.
+#[test]
+fn steps_of_consumers_only_match_the_host_fence() {
+    let cases: Vec<(&str, Vec<Item>)> = vec![
+        ("one writer", vec![C(0, 0, true, 0, 30)]),
+        ("writer then reader, two lanes", vec![C(0, 0, true, 0, 30), C(0, 1, false, 1, 50)]),
+        ("reader then writer, two lanes", vec![C(1, 1, false, 0, 50), C(1, 0, true, 1, 5)]),
+        ("two writers of two runners, one lane", vec![C(0, 1, true, 0, 30), C(1, 1, true, 1, 30)]),
+        ("readers of both on lane 0, writer of one on lane 2", vec![C(0, 0, false, 0, 40), C(1, 0, false, 1, 40), C(1, 2, true, 2, 1)]),
+    ];
+    for (name, items) in cases {
+        for temps in [false, true] {
+            let sh = shape(2, 2, false, temps, 2);
+            for (pat, launch) in patterns(3) {
+                for forget in [false, true] {
+                    let what = format!("{name}, temps {temps} / {pat} / forget {forget}");
+                    compare(&sh, 3, 3, &items, 5, true, forget, &*launch, &what);
+                }
+            }
+        }
+    }
+}
+
+/// Attack: every way out of a plan whose graphs hold temporaries and step
+/// copies (an unsealed `Capturing` replanned, a failed seal replanned, a
+/// `Replayable` replanned after an overlapping step graph) gives every
+/// graph memory byte, arena and event back.
+#[test]
+fn every_way_out_gives_graph_memory_back() {
+    let capture_some = |upto: u32| {
+        let planned = Discovering::from_runners(PlanConfig::new(), (0..3).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(2))
+            .unwrap();
+        let sim = sim::Device::new();
+        let s = sim.stream();
+        let mut capturing = planned.allocate(sim.clone()).unwrap();
+        for r in 0..upto {
+            let cap = capturing.capture(RunnerId(r)).unwrap();
+            let v = cap.take(OWN).unwrap();
+            cap.step_copies(3);
+            cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v)).unwrap();
+            cap.finish().unwrap();
+        }
+        (sim, s, capturing)
+    };
+    let clean = |sim: &sim::Device, what: &str| {
+        let p = sim.graph_memory_in_use().unwrap().unwrap();
+        assert_eq!(
+            (sim.live_allocations(), sim.live_events(), p.used, p.reserved),
+            (0, 0, 0, 0),
+            "{what}"
+        );
+    };
+    // Unsealed, replanned.
+    let (sim, _s, capturing) = capture_some(3);
+    assert!(sim.graph_memory_in_use().unwrap().unwrap().used > 0);
+    drop(capturing.replan());
+    clean(&sim, "unsealed capturing replanned");
+    // A failed seal, replanned.
+    let (sim, _s, capturing) = capture_some(2);
+    let capturing = match capturing.seal() {
+        Ok(_) => panic!("sealed without runner 2"),
+        Err(e) => e.into_capturing(),
+    };
+    drop(capturing.replan());
+    clean(&sim, "failed seal replanned");
+    // Replayable replanned after an overlapping step graph and per-runner replays.
+    let (sim, s, capturing) = capture_some(3);
+    let mut r = capturing.seal().unwrap();
+    let t = sim.stream();
+    for k in 0..3u32 {
+        r.replay(RunnerId(k), if k % 2 == 0 { &s } else { &t }).unwrap();
+    }
+    {
+        let mut step = r.step();
+        for k in 0..3u32 {
+            step.replay(RunnerId(k), if k % 2 == 0 { &s } else { &t }).unwrap();
+        }
+        let mut g = step.build_overlapping().unwrap();
+        let x = sim.stream();
+        for k in 0..4 {
+            g.launch(if k % 2 == 0 { &x } else { &t }).unwrap();
+        }
+    }
+    r.replay(RunnerId(0), &t).unwrap();
+    drop(r.replan().unwrap());
+    clean(&sim, "replayable replanned");
+    assert!(sim.hazards().is_empty());
+}
+
+/// Attack: streams of another sim device (whose indices alias this
+/// device's streams) as launch streams, step lanes, and `wait_all`
+/// targets of an overlapping step graph: refused, or at least never a
+/// hazard.
+#[test]
+fn foreign_streams_in_overlapping_step_graphs_are_refused() {
+    let sh = shape(2, 2, false, false, 2);
+    let mut w = world(&sh, 2, 1);
+    w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
+    let other = sim::Device::new();
+    let foreign: Vec<sim::Stream> = (0..4).map(|_| other.stream()).collect();
+    let mut results = Vec::new();
+    {
+        let mut step = w.replayable.step();
+        results.push(("foreign lane", step.replay(RunnerId(0), &foreign[0]).map(|_| ()).is_err()));
+        drop(step);
+        let mut step = w.replayable.step();
+        step.replay(RunnerId(0), &w.lanes[0]).unwrap();
+        step.replay(RunnerId(1), &w.lanes[1]).unwrap();
+        let mut g = step.build_overlapping().unwrap();
+        results.push(("foreign launch stream", g.launch(&foreign[1]).is_err()));
+        g.launch(&w.lanes[0]).unwrap();
+        results.push(("foreign launch stream after one", g.launch(&foreign[0]).is_err()));
+        results.push(("foreign wait_all", g.wait_all(&foreign[2]).is_err()));
+        std::mem::forget(g);
+    }
+    w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
+    w.replayable.synchronize().unwrap();
+    assert!(w.sim.hazards().is_empty(), "{:?}", w.sim.hazards());
+    assert!(other.hazards().is_empty(), "{:?}", other.hazards());
+    let accepted: Vec<_> = results.iter().filter(|(_, refused)| !refused).map(|(w, _)| *w).collect();
+    eprintln!("foreign streams accepted: {accepted:?}");
+    assert!(!accepted.contains(&"foreign launch stream"));
+    assert!(!accepted.contains(&"foreign wait_all"));
+}
+
+/// BUG HUNT: a step lane that is a stream of another sim device, whose
+/// index equals a lane of this device. `StepBuilder::replay` accepts it
+/// (the per-runner `replay` refuses such streams). Runner 1 shares runner
+/// 0's bytes (G = 1): if the fence takes the foreign stream for this
+/// device's stream of the same index, it skips runner 1's wait as "implied
+/// by stream order" while the step graph puts them on two lanes.
+#[test]
+fn a_foreign_step_lane_aliasing_a_lane_never_drops_a_wait() {
+    for overlapping in [false, true] {
+        for consumer in [false, true] {
+            let sh = shape(2, 1, false, false, 2);
+            let mut w = world(&sh, 2, 1);
+            w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
+            let other = sim::Device::new();
+            let foreign = other.stream(); // index 0, as w.lanes[0]
+            assert_eq!(foreign.index(), w.lanes[0].index());
+            let per_runner = w.replayable.replay(RunnerId(0), &foreign).map_err(|e| e.to_string());
+            let x = w.sim.stream();
+            let built = {
+                let mut step = w.replayable.step();
+                step.replay(RunnerId(0), &w.lanes[0]).unwrap();
+                let mut ok = true;
+                if consumer {
+                    let (sim, acc) = (&w.sim, &w.accs[0]);
+                    ok &= step.consume(RunnerId(0), &foreign, |s, v| sim.launch(s, sim::Op::add(&v[0], acc), 50)).is_ok();
+                }
+                ok &= step.replay(RunnerId(1), &foreign).is_ok();
+                if ok {
+                    let g = if overlapping { step.build_overlapping() } else { step.build() };
+                    match g {
+                        Ok(mut g) => {
+                            for k in 0..3 {
+                                g.launch(if k % 2 == 0 { &x } else { &w.lanes[1] }).unwrap();
+                            }
+                            Ok(())
+                        }
+                        Err(e) => Err(e.to_string()),
+                    }
+                } else {
+                    Err("refused at schedule".to_string())
+                }
+            };
+            w.replayable.synchronize().unwrap();
+            let hz = w.sim.hazards();
+            eprintln!("overlapping {overlapping} consumer {consumer}: per-runner {per_runner:?}, step {built:?}");
+            assert!(hz.is_empty(), "overlapping {overlapping} consumer {consumer}: {hz:?}");
+            assert!(other.hazards().is_empty());
+            if built.is_ok() {
+                // Same values as on this device's own lanes.
+                let mut reference = world(&sh, 2, 1);
+                reference.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
+                let items: Vec<Item> = if consumer {
+                    vec![P(0, 0), C(0, 0, false, 0, 50), P(1, 0)]
+                } else {
+                    vec![P(0, 0), P(1, 0)]
+                };
+                let _ = items;
+                reference.per_runner(&[P(0, 0), P(1, 0)], 3).unwrap();
+                if !consumer {
+                    assert_eq!(w.values(), reference.values(), "overlapping {overlapping}");
+                }
+            }
+        }
+    }
+}
+
+/// Attack: `step_copies` changed from inside the work closure (more on
+/// every run, then fewer): however the crate reads it, the copies it
+/// reports are the runs it made less one, each holds its temporaries, and
+/// teardown gives them all back.
+#[test]
+fn step_copies_changed_from_inside_the_closure_stay_consistent() {
+    for grow in [true, false] {
+        let mut c = cap1(false);
+        let (sim, s) = (c.sim.clone(), c.s.clone());
+        let mut runs = 0;
+        {
+            let cap = c.capturing.capture(RunnerId(0)).unwrap();
+            let v = cap.take(OWN).unwrap();
+            cap.step_copies(3);
+            cap.stream_capture_repeatable(&s, |st| {
+                runs += 1;
+                if grow && runs < 6 {
+                    cap.step_copies(runs + 3);
+                } else if !grow {
+                    cap.step_copies(0);
+                }
+                with_temporary(&sim, st, &v)
+            })
+            .unwrap();
+            cap.finish().unwrap();
+        }
+        let r = c.capturing.seal().unwrap();
+        let (t, copies) = r.temporaries(RunnerId(0)).unwrap();
+        let p = sim.graph_memory_in_use().unwrap().unwrap();
+        eprintln!("grow {grow}: runs {runs}, copies {copies}, pool {p:?}");
+        assert_eq!(copies + 1, runs, "grow {grow}");
+        assert_eq!(p.used, runs as u64 * t.bytes, "grow {grow}");
+        drop(r);
+        let p = sim.graph_memory_in_use().unwrap().unwrap();
+        assert_eq!((p.used, p.reserved), (0, 0));
+    }
+}
+
+/// Attack: `build_overlapping` refused (NoStepCopy) for a later runner
+/// after an earlier runner of the schedule had enough copies: the earlier
+/// runner's copies stay.
+#[test]
+fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() {
+    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+        .unwrap()
+        .plan(Policy::Generations(2))
+        .unwrap();
+    let sim = sim::Device::new();
+    let (a, b) = (sim.stream(), sim.stream());
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    for (r, copies) in [(0u32, 2usize), (1, 1)] {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let v = cap.take(OWN).unwrap();
+        cap.step_copies(copies);
+        cap.stream_capture_repeatable(&a, |st| with_temporary(&sim, st, &v)).unwrap();
+        cap.finish().unwrap();
+    }
+    let mut rp = capturing.seal().unwrap();
+    {
+        let mut step = rp.step();
+        step.replay(RunnerId(0), &a).unwrap();
+        step.replay(RunnerId(1), &b).unwrap();
+        let e = step.build_overlapping().map(|_| ()).unwrap_err();
+        assert!(matches!(e, StepError::Schedule(ReplayError::NoStepCopy { runner: RunnerId(1), .. })), "{e:?}");
+    }
+    assert_eq!(rp.temporaries(RunnerId(0)).unwrap().1, 2, "runner 0's copies went with a refused build");
+    assert_eq!(rp.temporaries(RunnerId(1)).unwrap().1, 1);
+    let mut step = rp.step();
+    step.replay(RunnerId(0), &a).unwrap();
+    let mut g = step.build_overlapping().unwrap();
+    g.launch(&b).unwrap();
+    g.launch(&a).unwrap();
+}
