@@ -1986,3 +1986,53 @@ fn consume_mut_on_either_side_of_a_handoff_never_races_the_other_side() {
         }
     }
 }
+
+/// Attack: step builders dropped unbuilt (after consumers were captured
+/// and copies scheduled) and overlapping step graphs built and dropped
+/// unlaunched, many times over: no event, allocation or graph memory
+/// piles up, and the copies stay.
+#[test]
+fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
+    let sh = shape(3, 2, true, true, 2);
+    let mut w = world(&sh, 3, 3);
+    let items = vec![P(0, 0), C(0, 2, false, 0, 10), P(1, 1), C(1, 2, true, 1, 10), P(2, 0), C(2, 1, false, 2, 10)];
+    w.per_runner(&items, 1).unwrap();
+    w.replayable.synchronize().unwrap();
+    w.replayable.trim_graph_memory().unwrap();
+    let base = (w.sim.live_events(), w.sim.live_allocations(), w.pool());
+    for round in 0..20 {
+        let mut step = w.replayable.step();
+        for &it in &items {
+            match it {
+                P(r, l) => {
+                    step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
+                }
+                C(r, l, writes, acc, dur) => {
+                    let work = consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                    if writes {
+                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                    } else {
+                        step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                    }
+                }
+            }
+        }
+        if round % 2 == 0 {
+            drop(step);
+        } else {
+            // Built but never launched: the moved copies are gone with it.
+            drop(step.build_overlapping().unwrap());
+            break;
+        }
+        w.replayable.trim_graph_memory().unwrap();
+        assert_eq!((w.sim.live_events(), w.sim.live_allocations(), w.pool()), base, "round {round}");
+    }
+    // Runner 1 (temporaries) used its two copies in the one build.
+    assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 0);
+    w.replayable.trim_graph_memory().unwrap();
+    let each = 4 * N as u64;
+    assert_eq!(w.pool().used, base.2.used - 2 * each);
+    assert_eq!(w.sim.live_events(), base.0);
+    w.per_runner(&items, 1).unwrap();
+    assert!(w.sim.hazards().is_empty());
+}
