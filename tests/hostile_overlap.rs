@@ -2036,3 +2036,127 @@ fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
     w.per_runner(&items, 1).unwrap();
     assert!(w.sim.hazards().is_empty());
 }
+
+/// Attack: a capture guard forgotten after its repeatable capture: the
+/// next runner captures on the same stream, the forgotten runner cannot
+/// be captured again nor sealed, and the views it handed out are dead
+/// (ops on them refused), whatever the forgotten guard still holds.
+#[test]
+fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
+    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let sim = sim::Device::new();
+    let s = sim.stream();
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    let mut kept: Option<sim::Span> = None;
+    let mut kept_view_addr = 0;
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let v = cap.take(OWN).unwrap();
+        kept_view_addr = v.device_address();
+        cap.step_copies(2);
+        cap.stream_capture_repeatable(&s, |st| {
+            let t = sim.alloc_async(st, N)?;
+            sim.launch(st, sim::Op::fill(&t, 1.0), 1)?;
+            sim.launch(st, sim::Op::copy(&t, &v), 1)?;
+            sim.free_async(st, &t)?;
+            kept = Some(t);
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap();
+        std::mem::forget(cap);
+    }
+    assert_ne!(kept_view_addr, 0);
+    {
+        let cap = capturing.capture(RunnerId(1)).unwrap();
+        let v = cap.take(OWN).unwrap();
+        let t0 = kept.unwrap();
+        // A temporary of the forgotten capture's graph, used in another runner's capture.
+        let stale = cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&t0, 5.0), 1));
+        assert!(stale.is_err(), "another runner's capture wrote the forgotten capture's temporary");
+        drop(cap);
+        let cap = capturing.capture(RunnerId(1));
+        assert!(cap.is_err(), "a failed runner captured again");
+    }
+    // The forgotten runner may be captured again (its guard's drop never
+    // marked it failed): then it must be a clean capture, sound to replay.
+    let again = capturing.capture(RunnerId(0)).map(|cap| {
+        let v = cap.take(OWN).map_err(|e| e.to_string())?;
+        assert_eq!(v.device_address(), kept_view_addr, "same fixed address");
+        cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&v, 3.0), 1)).map_err(|e| e.to_string())?;
+        cap.finish().map_err(|e| e.to_string())
+    });
+    eprintln!("captured again: {:?}", again.as_ref().map_err(|e| e.to_string()));
+    let capturing = match capturing.seal() {
+        Ok(_) => panic!("sealed"),
+        Err(e) => e.into_capturing(),
+    };
+    drop(capturing.replan());
+    assert!(sim.hazards().is_empty());
+}
+
+/// Attack: a runner whose capture guard was forgotten after a repeatable
+/// capture is captured again (the crate allows it) and the plan sealed:
+/// its replays, step graphs and consumers are sound and exact; only what
+/// the forgotten guard held stays behind after teardown.
+#[test]
+fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
+    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let sim = sim::Device::new();
+    let (s, t, c) = (sim.stream(), sim.stream(), sim.stream());
+    let acc = sim.alloc_f32(N).unwrap();
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let v = cap.take(OWN).unwrap();
+        cap.step_copies(2);
+        cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v)).unwrap();
+        std::mem::forget(cap);
+    }
+    let forgotten = sim.graph_memory_in_use().unwrap().unwrap().used;
+    for r in 0..2u32 {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let v = cap.take(OWN).unwrap();
+        cap.step_copies(2);
+        cap.stream_capture_repeatable(&s, |st| {
+            let tmp = sim.alloc_async(st, N)?;
+            sim.launch(st, sim::Op::fill(&tmp, r as f32 + 1.0), 30)?;
+            sim.launch(st, sim::Op::copy(&tmp, &v), 30)?;
+            sim.free_async(st, &tmp)?;
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut rp = capturing.seal().unwrap();
+    for k in 0..3 {
+        for r in 0..2u32 {
+            rp.replay(RunnerId(r), if k % 2 == 0 { &s } else { &t }).unwrap();
+            rp.consume(RunnerId(r), &c, |st, v| sim.launch(st, sim::Op::add(&v[0], &acc), 40)).unwrap();
+        }
+    }
+    {
+        let mut step = rp.step();
+        for r in 0..2u32 {
+            step.replay(RunnerId(r), if r == 0 { &s } else { &t }).unwrap();
+            step.consume(RunnerId(r), &c, |st, v| sim.launch(st, sim::Op::add(&v[0], &acc), 40)).unwrap();
+        }
+        let mut g = step.build_overlapping().unwrap();
+        let x = sim.stream();
+        for k in 0..3 {
+            g.launch(if k % 2 == 0 { &x } else { &c }).unwrap();
+        }
+    }
+    rp.synchronize().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&acc).unwrap()[0], 6.0 * 3.0);
+    drop(rp);
+    let p = sim.graph_memory_in_use().unwrap().unwrap();
+    assert_eq!(p.used, forgotten, "only the forgotten guard's graphs stay");
+    assert_eq!(sim.live_events(), 0);
+}
