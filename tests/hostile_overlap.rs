@@ -7,15 +7,14 @@
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    CaptureError, ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId, StepError, StreamCaptureError,
+    ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError,
+    Replayable, Request, RunnerId, StepError,
 };
 
 const N: usize = 32;
 const OWN: Request = Request::new(Domain::Device, DType::F32, N as u64);
 const GRAD: Request = Request::new(Domain::Device, DType::F32, N as u64);
 
-type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// How the world's runners are made.
 #[derive(Clone, Debug)]
@@ -596,11 +595,17 @@ fn step_copies_are_counted_down_exactly_and_the_report_follows() {
     assert_eq!(w.replayable.report().unwrap().temporaries.unwrap().step_copies, 0);
 }
 
-/// BUG HUNT: a `build` that the backend refuses (a consumer with a graph
-/// temporary, `StepError::Backend`) after the schedule replayed a runner
-/// with a step copy. The failed build must leave the copy (no step graph
-/// exists, nothing was moved anywhere useful) and must not leak its graph
-/// memory.
+/// FAILS (bug 1): a `build` / `build_overlapping` that the backend refuses
+/// (`StepError::Backend`: here a consumer whose graph has a temporary)
+/// after the schedule replayed a runner with step copies uses up the
+/// copies it had moved: with one copy, a later step that replays the
+/// runner is `NoStepCopy` whose message says the copy "went into an
+/// earlier step graph" (none exists), `temporaries()` and the report's
+/// `step_copies` drop to 0; an overlapping build loses 1 of 2. No memory
+/// leaks (the lost copy is freed). Other refusals (NoStepCopy, schedule
+/// errors, a dropped builder) keep the copies, so a failed build is not
+/// side-effect free only on this path. Docs: "One copy serves one replay
+/// in one step graph"; nothing says a failed build consumes one.
 #[test]
 fn a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing() {
     let each = 4 * N as u64;
@@ -697,9 +702,17 @@ fn after_failure(c: Cap1, what: &str) {
     assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
 }
 
-/// Attack: the second run of a repeatable capture reuses the first run's
-/// temporary (freed inside the first graph): the copy would touch memory
-/// of another graph. Must be refused, and leave nothing behind.
+/// FAILS (bug 2): the second run of a repeatable capture uses the first
+/// run's temporary (a `sim::Span` allocated and freed inside the runner's
+/// own graph): accepted, so the step copy touches memory of another graph
+/// (the runner's own graph), outside that allocation's alloc/free window.
+/// Docs: the second run "can use no others" views; `alloc_async`: the span
+/// "works like the runner's views: inside that closure, on its stream (no
+/// other graph, no op outside it)". Another runner's temporary, or a
+/// consumer using one, is refused (tests below): only the runner's own
+/// first run leaks into its copies. No hazard shows on `sim` (the fence
+/// orders a runner's graph and its copies), but the copy's result depends
+/// on another graph's memory.
 #[test]
 fn a_step_copy_that_touches_the_first_runs_temporary_is_refused() {
     for copies in [1, 2] {
@@ -766,6 +779,13 @@ fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
         ("run 2 frees what run 1 allocated", 1, Box::new(|sim, s, _, v, run, keep| {
             sim.launch(s, sim::Op::fill(v, 1.0), 1)?;
             if run == 1 { keep.push(sim.alloc_async(s, N)?); } else { sim.free_async(s, &keep[0])?; }
+            Ok(())
+        })),
+        ("run 2 frees run 1's (balanced) temporary once more", 1, Box::new(|sim, s, _, v, run, keep| {
+            let t = sim.alloc_async(s, N)?;
+            sim.launch(s, sim::Op::copy(&t, v), 1)?;
+            sim.free_async(s, &t)?;
+            if run == 1 { keep.push(t); } else { sim.free_async(s, &keep[0])?; }
             Ok(())
         })),
         ("run 2 allocates, run 1 did not", 1, Box::new(|sim, s, _, v, run, _| {
@@ -919,7 +939,7 @@ fn a_forgotten_capture_after_a_repeatable_capture_is_sound() {
     eprintln!("after a forgotten capture: {p:?}, {} allocations, {} events", sim.live_allocations(), sim.live_events());
 }
 
-/// BUG HUNT: runner 1's step copy (its second run) writes a temporary of
+/// Attack (held): runner 1's step copy (its second run) writes a temporary of
 /// runner 0's graph (a span kept from runner 0's capture). The docs: a
 /// temporary "works like the runner's views: inside that closure, on its
 /// stream (no other graph, no op outside it)", and a second run "can use
@@ -1802,7 +1822,7 @@ fn foreign_streams_in_overlapping_step_graphs_are_refused() {
     assert!(!accepted.contains(&"foreign wait_all"));
 }
 
-/// BUG HUNT: a step lane that is a stream of another sim device, whose
+/// Attack (held, with a note): a step lane that is a stream of another sim device, whose
 /// index equals a lane of this device. `StepBuilder::replay` accepts it
 /// (the per-runner `replay` refuses such streams). Runner 1 shares runner
 /// 0's bytes (G = 1): if the fence takes the foreign stream for this
@@ -2051,7 +2071,7 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut kept: Option<sim::Span> = None;
-    let mut kept_view_addr = 0;
+    let kept_view_addr;
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let v = cap.take(OWN).unwrap();
@@ -2071,7 +2091,7 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
     assert_ne!(kept_view_addr, 0);
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
-        let v = cap.take(OWN).unwrap();
+        let _v = cap.take(OWN).unwrap();
         let t0 = kept.unwrap();
         // A temporary of the forgotten capture's graph, used in another runner's capture.
         let stale = cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&t0, 5.0), 1));
@@ -2159,4 +2179,66 @@ fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
     let p = sim.graph_memory_in_use().unwrap().unwrap();
     assert_eq!(p.used, forgotten, "only the forgotten guard's graphs stay");
     assert_eq!(sim.live_events(), 0);
+}
+
+/// Attack: a runner that requests nothing (no bytes, never fenced) but
+/// whose graph allocates temporaries, replayed twice per step on two lanes
+/// in overlapping step graphs launched on alternating streams, beside a
+/// runner with bytes: no hazard (its copies' temporaries are their own),
+/// the report and `temporaries` count it, teardown gives it all back.
+#[test]
+fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
+    let mut d = Discovering::new(PlanConfig::new());
+    d.arm(RunnerId(0)).unwrap().record(OWN).unwrap();
+    d.arm(RunnerId(1)).unwrap();
+    let sim = sim::Device::new();
+    let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
+    let sink = sim.alloc_f32(N).unwrap();
+    let mut capturing = d.plan(Policy::Generations(1)).unwrap().allocate(sim.clone()).unwrap();
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let v = cap.take(OWN).unwrap();
+        cap.stream_capture(&a, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5)).unwrap();
+        cap.finish().unwrap();
+    }
+    {
+        let cap = capturing.capture(RunnerId(1)).unwrap();
+        cap.step_copies(4);
+        let mut runs = 0;
+        cap.stream_capture_repeatable(&a, |s| {
+            runs += 1;
+            let t = sim.alloc_async(s, N)?;
+            sim.launch(s, sim::Op::fill(&t, 5.0), 50)?;
+            sim.launch(s, sim::Op::scale(&t, 2.0), 50)?;
+            sim.free_async(s, &t)?;
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+        assert_eq!(runs, 5);
+    }
+    let _ = &sink;
+    let mut rp = capturing.seal().unwrap();
+    let (t, copies) = rp.temporaries(RunnerId(1)).unwrap();
+    assert_eq!((t.bytes, copies), (4 * N as u64, 4));
+    let rep = rp.report().unwrap().temporaries.unwrap();
+    assert_eq!((rep.runners, rep.total, rep.step_copies), (1, t.bytes, 4 * t.bytes));
+    rp.replay(RunnerId(1), &a).unwrap();
+    rp.replay(RunnerId(1), &b).unwrap();
+    {
+        let mut step = rp.step();
+        step.replay(RunnerId(1), &a).unwrap();
+        step.replay(RunnerId(0), &b).unwrap();
+        step.replay(RunnerId(1), &b).unwrap();
+        let mut g = step.build_overlapping().unwrap();
+        for k in 0..5 {
+            g.launch(if k % 2 == 0 { &x } else { &y }).unwrap();
+        }
+        std::mem::forget(g);
+    }
+    rp.replay(RunnerId(1), &x).unwrap();
+    rp.replay(RunnerId(0), &y).unwrap();
+    rp.synchronize().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(rp.temporaries(RunnerId(1)).unwrap().1, 0);
 }
