@@ -2242,3 +2242,62 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
     assert_eq!(rp.temporaries(RunnerId(1)).unwrap().1, 0);
 }
+
+/// Attack: `consume_many` over runners of different generations (one
+/// replayed in the step, one not; one with temporaries; a runner listed
+/// twice) in overlapping step graphs over odd launch patterns, against the
+/// same schedule per runner.
+#[test]
+fn consume_many_in_overlapping_step_graphs_matches_the_host_fence() {
+    let runner_sets: Vec<Vec<u32>> = vec![vec![0, 1], vec![1, 2, 0], vec![2, 2]];
+    for set in runner_sets {
+        for (pat, launch) in patterns(3) {
+            let sh = shape(3, 3, false, true, 2);
+            let items = [P(1, 0), P(2, 1)];
+            let run = |graphed: bool| -> (Vec<Vec<f32>>, Vec<sim::Hazard>) {
+                let mut w = world(&sh, 3, 1);
+                w.per_runner(&[P(0, 0), P(1, 1), P(2, 2)], 1).unwrap();
+                let ids: Vec<RunnerId> = set.iter().map(|&r| RunnerId(r)).collect();
+                let steps = 5;
+                if graphed {
+                    let all: Vec<sim::Stream> = w.lanes.iter().cloned().chain((0..3).map(|_| w.sim.stream())).collect();
+                    let mut step = w.replayable.step();
+                    for &it in &items {
+                        if let P(r, l) = it {
+                            step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
+                        }
+                    }
+                    step.consume_many(&ids, &w.lanes[2], many_work(&w.sim, &w.accs[0])).unwrap();
+                    let mut g = step.build_overlapping().unwrap();
+                    for k in 0..steps {
+                        g.launch(&all[launch(k) % all.len()]).unwrap();
+                    }
+                } else {
+                    for _ in 0..steps {
+                        w.per_runner(&items, 1).unwrap();
+                        w.replayable.consume_many(&ids, &w.lanes[2], many_work(&w.sim, &w.accs[0])).unwrap();
+                    }
+                }
+                w.per_runner(&items, 1).unwrap();
+                w.replayable.synchronize().unwrap();
+                (w.values(), w.sim.hazards())
+            };
+            let (host, hz_host) = run(false);
+            let (step, hz_step) = run(true);
+            assert!(hz_host.is_empty() && hz_step.is_empty(), "{set:?} / {pat}: {hz_step:?}");
+            assert_eq!(step, host, "{set:?} / {pat}");
+        }
+    }
+}
+
+fn many_work<'a>(
+    sim: &'a sim::Device,
+    acc: &'a sim::HostBuffer,
+) -> impl FnOnce(&sim::Stream, &[&[replay_arena::View<'_>]]) -> replay_arena::Result<()> + 'a {
+    move |s, vs| {
+        for v in vs {
+            sim.launch(s, sim::Op::add(&v[0], acc), 25)?;
+        }
+        Ok(())
+    }
+}
