@@ -2301,3 +2301,59 @@ fn many_work<'a>(
         Ok(())
     }
 }
+
+/// Attack: step launches that fail (the first launch's wait needs a record
+/// on a stream another plan captures) must leave the fence as if they never
+/// happened: runner 0's data is still there to consume (not
+/// `Overwritten` by the never-run replay of runner 1), the launch counters
+/// stay 0, and a later good launch waits right.
+#[test]
+fn failed_step_launches_leave_the_fence_untouched() {
+    for overlapping in [false, true] {
+        let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(1))
+            .unwrap();
+        let sim = sim::Device::new();
+        let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
+        let acc = sim.alloc_f32(N).unwrap();
+        let mut capturing = planned.allocate(sim.clone()).unwrap();
+        for r in 0..2u32 {
+            let cap = capturing.capture(RunnerId(r)).unwrap();
+            let v = cap.take(OWN).unwrap();
+            cap.stream_capture(&a, |s| sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)).unwrap();
+            cap.finish().unwrap();
+        }
+        let mut rp = capturing.seal().unwrap();
+        rp.replay(RunnerId(0), &a).unwrap();
+        {
+            let mut step = rp.step();
+            step.replay(RunnerId(1), &b).unwrap();
+            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            let mut failed = Vec::new();
+            while_captured(&sim, &a, |_| {
+                failed.push(g.launch(&x).is_err());
+                failed.push(g.launch(&b).is_err());
+            });
+            assert_eq!(failed, vec![true, true]);
+            assert_eq!(g.launches(), 0);
+        }
+        assert_eq!(rp.fence_stats().step_launches, 0, "overlapping {overlapping}");
+        let got = rp.consume(RunnerId(0), &x, |s, v| sim.launch(s, sim::Op::add(&v[0], &acc), 1));
+        assert!(got.is_ok(), "overlapping {overlapping}: {got:?}");
+        rp.synchronize().unwrap();
+        assert_eq!(sim.read_f32(&acc).unwrap()[0], 1.0);
+        {
+            let mut step = rp.step();
+            step.replay(RunnerId(1), &b).unwrap();
+            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            g.launch(&x).unwrap();
+            g.launch(&b).unwrap();
+        }
+        let got = rp.consume(RunnerId(1), &a, |s, v| sim.launch(s, sim::Op::add(&v[0], &acc), 1));
+        assert!(got.is_ok());
+        rp.synchronize().unwrap();
+        assert_eq!(sim.read_f32(&acc).unwrap()[0], 3.0);
+        assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    }
+}
