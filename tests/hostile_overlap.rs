@@ -3,6 +3,15 @@
 //! memory accounting (`report`, `trim_graph_memory`, teardown), written
 //! from the public docs only, on the `sim` backend. Every test here is an
 //! attack: it passes when the crate held.
+//!
+//! Two tests FAIL on purpose (bugs found), each marked `FAILS (bug N)`:
+//! - `a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing`
+//!   (bug 1: a build the backend refuses uses up the step copies it moved);
+//! - `a_step_copy_that_touches_the_first_runs_temporary_is_refused`
+//!   (bug 2: a step copy may use the first run's graph temporary).
+//!
+//! The fuzz (`fuzz_overlapping_step_graphs_against_the_host_fence`) takes
+//! `HOSTILE_SEED` and `HOSTILE_CASES` from the environment.
 
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
@@ -2355,5 +2364,34 @@ fn failed_step_launches_leave_the_fence_untouched() {
         rp.synchronize().unwrap();
         assert_eq!(sim.read_f32(&acc).unwrap()[0], 3.0);
         assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    }
+}
+
+/// Probe (documented behaviour, not a bug): a step's lanes are the step
+/// graph's own, not the streams named in the schedule, so program work
+/// enqueued on a lane between launches is not stream-ordered with the
+/// consumers the schedule put on that lane (per runner it would be). The
+/// docs say work outside the crate is the program's to order (`wait_all`);
+/// with `wait_all` on the lane before the program work and the launch made
+/// on that lane, it is ordered. This checks the documented way holds.
+#[test]
+fn program_work_on_a_lane_between_launches_is_ordered_the_documented_way() {
+    for overlapping in [false, true] {
+        let sh = shape(2, 2, false, false, 2);
+        let mut w = world(&sh, 2, 2);
+        w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
+        let sim = w.sim.clone();
+        let mut step = w.replayable.step();
+        step.replay(RunnerId(0), &w.lanes[0]).unwrap();
+        step.consume(RunnerId(0), &w.lanes[1], consume_work(&w.sim, &w.accs[0], &w.lane_accs[1], &w.one, false, 40)).unwrap();
+        let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+        for _ in 0..4 {
+            // launched on lane 1, program work on lane 1 after wait_all.
+            g.launch(&w.lanes[1]).unwrap();
+            g.wait_all(&w.lanes[1]).unwrap();
+            sim.launch(&w.lanes[1], sim::Op::scale(&w.lane_accs[1], 0.5), 5).unwrap();
+        }
+        drop(g);
+        assert!(sim.hazards().is_empty(), "overlapping {overlapping}: {:?}", sim.hazards());
     }
 }
