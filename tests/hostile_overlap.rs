@@ -2395,3 +2395,42 @@ fn program_work_on_a_lane_between_launches_is_ordered_the_documented_way() {
         assert!(sim.hazards().is_empty(), "overlapping {overlapping}: {:?}", sim.hazards());
     }
 }
+
+/// Attack: ready points that differ between runs (only run 1, only run 2,
+/// only copy 2 of 2), and a later run touching the handoff after its ready
+/// point: each fails the runner (RepeatDiffers or a refused view) and
+/// leaves nothing behind.
+#[test]
+fn ready_points_that_differ_between_runs_fail_cleanly() {
+    let cases: [(&str, usize, fn(usize) -> bool, bool); 4] = [
+        ("ready only in run 1", 1, |run| run == 1, false),
+        ("ready only in run 2", 1, |run| run == 2, false),
+        ("ready missing in copy 2 of 2", 2, |run| run != 3, false),
+        ("run 2 writes the handoff after its ready point", 1, |_| true, true),
+    ];
+    for (what, copies, ready_in, touch_after) in cases {
+        let mut c = cap1(true);
+        let (sim, s, h) = (c.sim.clone(), c.s.clone(), c.h.unwrap());
+        let (res, fin) = {
+            let cap = c.capturing.capture(RunnerId(0)).unwrap();
+            let v = cap.take(OWN).unwrap();
+            let dx = cap.hand_off(h).unwrap();
+            cap.step_copies(copies);
+            let mut run = 0;
+            let res = cap.stream_capture_repeatable(&s, |st| {
+                run += 1;
+                sim.launch(st, sim::Op::fill(&dx, 1.0), 1)?;
+                if ready_in(run) {
+                    cap.ready(h, st)?;
+                }
+                if touch_after && run == 2 {
+                    sim.launch(st, sim::Op::fill(&dx, 2.0), 1)?;
+                }
+                with_temporary(&sim, st, &v)
+            });
+            (res.map_err(|e| e.to_string()), cap.finish().map_err(|e| e.to_string()))
+        };
+        assert!(res.is_err() && fin.is_err(), "{what}: {res:?} {fin:?}");
+        after_failure(c, what);
+    }
+}
