@@ -1115,10 +1115,12 @@ fn drain<B: Streams>(
 fn no_copy_hint(captured: usize) -> &'static str {
     if captured == 0 {
         "its capture kept no step copy to move in: capture it with \
-         RunnerCapture::stream_capture_repeatable, which runs its work a second time into one"
+         RunnerCapture::stream_capture_repeatable (and step_copies of at least 1), which runs its \
+         work again into copies"
     } else {
-        "its step copy went into an earlier step graph (or an earlier replay of this schedule): \
-         each step copy serves one replay in one step graph; replan to capture new ones"
+        "its step copies are used up (each serves one replay in one step graph, two in \
+         overlapping ones; this schedule or an earlier step graph took them): replan to capture \
+         new ones, with more step_copies"
     }
 }
 

@@ -337,7 +337,10 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     ///
     /// [`StepError::Empty`]; [`StepError::Schedule`] when the schedule
     /// fails a check the fence makes on every step; [`StepError::Backend`]
-    /// naming the node the backend could not put in the graph.
+    /// naming the node the backend could not put in the graph. Every
+    /// check is made before a step copy is moved in; a driver error while
+    /// composing loses the copies moved in so far (the driver keeps no
+    /// moved graph).
     pub fn build(self) -> Result<StepGraph<'r, B>, StepError> {
         self.compile(false)
     }

@@ -4,11 +4,11 @@
 //! from the public docs only, on the `sim` backend. Every test here is an
 //! attack: it passes when the crate held.
 //!
-//! Two tests FAIL on purpose (bugs found), each marked `FAILS (bug N)`:
+//! The review found two bugs, both fixed, each kept as a regression test:
 //! - `a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing`
-//!   (bug 1: a build the backend refuses uses up the step copies it moved);
+//!   (a build the backend refused used up the step copies it had moved);
 //! - `a_step_copy_that_touches_the_first_runs_temporary_is_refused`
-//!   (bug 2: a step copy may use the first run's graph temporary).
+//!   (a step copy could use the first run's graph temporary).
 //!
 //! The fuzz (`fuzz_overlapping_step_graphs_against_the_host_fence`) takes
 //! `HOSTILE_SEED` and `HOSTILE_CASES` from the environment.
@@ -23,7 +23,6 @@ use replay_arena::{
 const N: usize = 32;
 const OWN: Request = Request::new(Domain::Device, DType::F32, N as u64);
 const GRAD: Request = Request::new(Domain::Device, DType::F32, N as u64);
-
 
 /// How the world's runners are made.
 #[derive(Clone, Debug)]
@@ -80,9 +79,15 @@ fn world(shape: &Shape, lanes: usize, accs: usize) -> World {
     let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(N).unwrap()).collect();
     let sinks: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(N).unwrap()).collect();
     let accs_v: Vec<sim::HostBuffer> = (0..accs).map(|_| sim.alloc_f32(N).unwrap()).collect();
-    let lane_accs: Vec<sim::HostBuffer> = (0..lanes.len()).map(|_| sim.alloc_f32(N).unwrap()).collect();
+    let lane_accs: Vec<sim::HostBuffer> = (0..lanes.len())
+        .map(|_| sim.alloc_f32(N).unwrap())
+        .collect();
     let policy = Policy::Generations(shape.generations);
-    let strategy = if shape.packed { policy.packed() } else { policy.round_robin() };
+    let strategy = if shape.packed {
+        policy.packed()
+    } else {
+        policy.round_robin()
+    };
     let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
     for r in 0..n {
         let (_, ready, temporary, duration) = shape.runners[r];
@@ -164,9 +169,9 @@ impl World {
         for _ in 0..steps {
             for &it in items {
                 match it {
-                    Item::Replay(r, lane) => {
-                        self.replayable.replay(RunnerId(r as u32), &self.lanes[lane])?
-                    }
+                    Item::Replay(r, lane) => self
+                        .replayable
+                        .replay(RunnerId(r as u32), &self.lanes[lane])?,
                     Item::Consume(r, lane, writes, acc, dur) => {
                         let work = consume_work(
                             &self.sim,
@@ -178,9 +183,13 @@ impl World {
                         );
                         let id = RunnerId(r as u32);
                         let done = if writes {
-                            self.replayable.consume_mut(id, &self.lanes[lane], work).map(|_| ())
+                            self.replayable
+                                .consume_mut(id, &self.lanes[lane], work)
+                                .map(|_| ())
                         } else {
-                            self.replayable.consume(id, &self.lanes[lane], work).map(|_| ())
+                            self.replayable
+                                .consume(id, &self.lanes[lane], work)
+                                .map(|_| ())
                         };
                         done.map_err(map_consume)?;
                     }
@@ -262,7 +271,14 @@ impl World {
 fn shape(n: usize, g: usize, handoffs: bool, temps: bool, copies: usize) -> Shape {
     Shape {
         runners: (0..n)
-            .map(|r| (handoffs, handoffs, temps && r % 2 == 1, 10 + 7 * (r as u64 % 3)))
+            .map(|r| {
+                (
+                    handoffs,
+                    handoffs,
+                    temps && r % 2 == 1,
+                    10 + 7 * (r as u64 % 3),
+                )
+            })
             .collect(),
         generations: g,
         packed: false,
@@ -287,7 +303,18 @@ fn compare(
     what: &str,
 ) {
     let warm: Vec<Item> = (0..sh.runners.len()).map(|r| P(r, r % lanes)).collect();
-    compare_w(sh, lanes, accs, &warm, items, steps, overlapping, forget, launch, what)
+    compare_w(
+        sh,
+        lanes,
+        accs,
+        &warm,
+        items,
+        steps,
+        overlapping,
+        forget,
+        launch,
+        what,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -315,8 +342,14 @@ fn compare_w(
         .chain((0..3).map(|_| graphed.sim.stream()))
         .collect();
     let l = |k: usize| all[launch(k) % all.len()].clone();
-    graphed.stepped(items, steps, overlapping, forget, &l).unwrap();
-    assert!(fenced.sim.hazards().is_empty(), "{what} host: {:?}", fenced.sim.hazards());
+    graphed
+        .stepped(items, steps, overlapping, forget, &l)
+        .unwrap();
+    assert!(
+        fenced.sim.hazards().is_empty(),
+        "{what} host: {:?}",
+        fenced.sim.hazards()
+    );
     let hz = graphed.sim.hazards();
     assert!(hz.is_empty(), "{what}: step graph hazards: {hz:?}");
     assert_eq!(graphed.values(), fenced.values(), "{what}: values");
@@ -333,12 +366,27 @@ use Item::{Consume as C, Replay as P};
 fn patterns(lanes: usize) -> Vec<(&'static str, Box<dyn Fn(usize) -> usize>)> {
     vec![
         ("one extra stream", Box::new(move |_| lanes)),
-        ("two extra streams in turn", Box::new(move |k| lanes + k % 2)),
-        ("three extra streams in turn", Box::new(move |k| lanes + k % 3)),
+        (
+            "two extra streams in turn",
+            Box::new(move |k| lanes + k % 2),
+        ),
+        (
+            "three extra streams in turn",
+            Box::new(move |k| lanes + k % 3),
+        ),
         ("lane 0 of the schedule", Box::new(|_| 0)),
-        ("lanes of the schedule in turn", Box::new(move |k| k % lanes)),
-        ("last lane then extra", Box::new(move |k| if k % 3 == 0 { lanes - 1 } else { lanes + k % 2 })),
-        ("odd: e0 e0 e1 e0 e2 e1 ...", Box::new(move |k| lanes + [0, 0, 1, 0, 2, 1, 1][k % 7])),
+        (
+            "lanes of the schedule in turn",
+            Box::new(move |k| k % lanes),
+        ),
+        (
+            "last lane then extra",
+            Box::new(move |k| if k % 3 == 0 { lanes - 1 } else { lanes + k % 2 }),
+        ),
+        (
+            "odd: e0 e0 e1 e0 e2 e1 ...",
+            Box::new(move |k| lanes + [0, 0, 1, 0, 2, 1, 1][k % 7]),
+        ),
     ]
 }
 
@@ -349,49 +397,112 @@ fn schedules() -> Vec<(&'static str, Shape, usize, usize, Vec<Item>)> {
             shape(4, 2, true, false, 2),
             3,
             4,
-            vec![P(0, 0), C(0, 2, false, 0, 40), P(1, 1), C(1, 2, false, 1, 40), P(2, 0), C(2, 2, false, 2, 40), P(3, 1), C(3, 2, false, 3, 40)],
+            vec![
+                P(0, 0),
+                C(0, 2, false, 0, 40),
+                P(1, 1),
+                C(1, 2, false, 1, 40),
+                P(2, 0),
+                C(2, 2, false, 2, 40),
+                P(3, 1),
+                C(3, 2, false, 3, 40),
+            ],
         ),
         (
             "consumers that write, of a runner not replayed in the step",
             shape(3, 3, false, false, 2),
             3,
             3,
-            vec![P(1, 0), C(0, 1, true, 0, 30), C(0, 2, false, 1, 50), C(0, 1, true, 2, 5), P(2, 1)],
+            vec![
+                P(1, 0),
+                C(0, 1, true, 0, 30),
+                C(0, 2, false, 1, 50),
+                C(0, 1, true, 2, 5),
+                P(2, 1),
+            ],
         ),
         (
             "several consumers on lane 0 (the replays' lane) writing one program buffer",
             shape(4, 2, false, false, 2),
             2,
             4,
-            vec![P(0, 1), C(0, 0, false, 0, 30), P(1, 1), C(1, 0, true, 1, 30), P(2, 1), C(2, 0, false, 2, 30), P(3, 1), C(3, 0, true, 3, 3)],
+            vec![
+                P(0, 1),
+                C(0, 0, false, 0, 30),
+                P(1, 1),
+                C(1, 0, true, 1, 30),
+                P(2, 1),
+                C(2, 0, false, 2, 30),
+                P(3, 1),
+                C(3, 0, true, 3, 3),
+            ],
         ),
         (
             "temporaries moved in, two copies",
             shape(4, 2, true, true, 2),
             3,
             4,
-            vec![P(0, 0), C(0, 2, false, 0, 40), P(1, 1), C(1, 2, true, 1, 40), P(2, 0), C(2, 1, false, 2, 4), P(3, 1), C(3, 2, false, 3, 40)],
+            vec![
+                P(0, 0),
+                C(0, 2, false, 0, 40),
+                P(1, 1),
+                C(1, 2, true, 1, 40),
+                P(2, 0),
+                C(2, 1, false, 2, 4),
+                P(3, 1),
+                C(3, 2, false, 3, 40),
+            ],
         ),
         (
             "a runner replayed twice in the step on two lanes, consumers between",
             shape(3, 2, false, true, 4),
             3,
             4,
-            vec![P(1, 0), C(1, 2, false, 0, 50), P(1, 1), C(1, 2, true, 1, 20), P(0, 2), C(0, 0, false, 2, 5), P(2, 1), C(2, 0, false, 3, 70)],
+            vec![
+                P(1, 0),
+                C(1, 2, false, 0, 50),
+                P(1, 1),
+                C(1, 2, true, 1, 20),
+                P(0, 2),
+                C(0, 0, false, 2, 5),
+                P(2, 1),
+                C(2, 0, false, 3, 70),
+            ],
         ),
         (
             "G = 1 everything on alternating lanes",
             shape(3, 1, true, false, 2),
             2,
             3,
-            vec![P(0, 0), C(0, 1, false, 0, 20), P(1, 1), C(1, 0, true, 1, 20), P(2, 0), C(2, 1, false, 2, 20)],
+            vec![
+                P(0, 0),
+                C(0, 1, false, 0, 20),
+                P(1, 1),
+                C(1, 0, true, 1, 20),
+                P(2, 0),
+                C(2, 1, false, 2, 20),
+            ],
         ),
         (
             "packed G = 2",
-            Shape { packed: true, ..shape(5, 2, true, true, 2) },
+            Shape {
+                packed: true,
+                ..shape(5, 2, true, true, 2)
+            },
             3,
             5,
-            vec![P(0, 0), P(1, 1), C(0, 2, false, 0, 60), P(2, 0), C(1, 2, true, 1, 10), P(3, 1), C(2, 0, false, 2, 5), P(4, 0), C(3, 2, false, 3, 60), C(4, 1, true, 4, 9)],
+            vec![
+                P(0, 0),
+                P(1, 1),
+                C(0, 2, false, 0, 60),
+                P(2, 0),
+                C(1, 2, true, 1, 10),
+                P(3, 1),
+                C(2, 0, false, 2, 5),
+                P(4, 0),
+                C(3, 2, false, 3, 60),
+                C(4, 1, true, 4, 9),
+            ],
         ),
     ]
 }
@@ -408,7 +519,9 @@ fn overlapping_step_graphs_in_odd_launch_patterns_match_the_host_fence() {
             for forget in [false, true] {
                 for steps in [1, 3, 7] {
                     let what = format!("{name} / {pat} / forget {forget} / {steps} steps");
-                    compare(&sh, lanes, accs, &items, steps, true, forget, &*launch, &what);
+                    compare(
+                        &sh, lanes, accs, &items, steps, true, forget, &*launch, &what,
+                    );
                 }
             }
         }
@@ -433,7 +546,16 @@ fn program_buffers(runners: usize, lanes: usize, accs: usize) -> usize {
 }
 
 fn four_chain_items() -> Vec<Item> {
-    vec![P(0, 0), C(0, 2, false, 0, 40), P(1, 1), C(1, 2, true, 1, 40), P(2, 0), C(2, 2, false, 2, 40), P(3, 1), C(3, 2, false, 3, 40)]
+    vec![
+        P(0, 0),
+        C(0, 2, false, 0, 40),
+        P(1, 1),
+        C(1, 2, true, 1, 40),
+        P(2, 0),
+        C(2, 2, false, 2, 40),
+        P(3, 1),
+        C(3, 2, false, 3, 40),
+    ]
 }
 
 /// Attack: forget an overlapping step graph after 1 or 3 launches (its
@@ -448,8 +570,18 @@ fn replan_right_after_a_forgotten_overlapping_step_graph_is_safe() {
             let mut w = world(&sh, 3, 4);
             let ex = [w.sim.stream(), w.sim.stream()];
             let items = four_chain_items();
-            w.stepped(&items, launches, true, true, &|k| ex[k % 2].clone()).unwrap();
-            let World { sim, replayable, accs, lane_accs, one, sinks, _keep, lanes } = w;
+            w.stepped(&items, launches, true, true, &|k| ex[k % 2].clone())
+                .unwrap();
+            let World {
+                sim,
+                replayable,
+                accs,
+                lane_accs,
+                one,
+                sinks,
+                _keep,
+                lanes,
+            } = w;
             let d = replayable.replan().unwrap();
             drop(d);
             // Reading a program buffer the forgotten launches wrote waits for everything.
@@ -468,7 +600,11 @@ fn replan_right_after_a_forgotten_overlapping_step_graph_is_safe() {
                 "{launches} launches, temps {temps}: arenas freed"
             );
             let p = sim.graph_memory_in_use().unwrap().unwrap();
-            assert_eq!(p.used, moved as u64 * 4 * N as u64, "{launches} launches, temps {temps}");
+            assert_eq!(
+                p.used,
+                moved as u64 * 4 * N as u64,
+                "{launches} launches, temps {temps}"
+            );
             drop((accs, lane_accs, one, sinks, _keep, lanes));
         }
     }
@@ -484,8 +620,13 @@ fn dropping_an_overlapping_step_graph_and_its_plan_leaks_nothing() {
         let ex = [w.sim.stream(), w.sim.stream(), w.sim.stream()];
         let items = four_chain_items();
         let events_before = w.sim.live_events();
-        w.stepped(&items, 5, true, false, &|k| ex[k % 3].clone()).unwrap();
-        assert_eq!(w.sim.live_events(), events_before, "temps {temps}: the step graph's events");
+        w.stepped(&items, 5, true, false, &|k| ex[k % 3].clone())
+            .unwrap();
+        assert_eq!(
+            w.sim.live_events(),
+            events_before,
+            "temps {temps}: the step graph's events"
+        );
         w.per_runner(&items, 2).unwrap();
         let sim = w.sim.clone();
         drop(w);
@@ -514,7 +655,10 @@ fn failed_builds_use_up_no_step_copy_and_leak_no_graph_memory() {
         let mut step = w.replayable.step();
         step.replay(RunnerId(1), &w.lanes[1]).unwrap();
         match step.build_overlapping() {
-            Err(StepError::Schedule(ReplayError::NoStepCopy { runner: RunnerId(1), .. })) => {}
+            Err(StepError::Schedule(ReplayError::NoStepCopy {
+                runner: RunnerId(1),
+                ..
+            })) => {}
             other => panic!("{:?}", other.map(|_| ())),
         }
     }
@@ -529,7 +673,15 @@ fn failed_builds_use_up_no_step_copy_and_leak_no_graph_memory() {
         drop(step);
     }
     assert_eq!(copies(&w), 1, "a dropped builder used the copy");
-    assert_eq!(w.replayable.report().unwrap().temporaries.unwrap().step_copies, each);
+    assert_eq!(
+        w.replayable
+            .report()
+            .unwrap()
+            .temporaries
+            .unwrap()
+            .step_copies,
+        each
+    );
     // The copy still works in a single step graph.
     {
         let mut step = w.replayable.step();
@@ -558,7 +710,13 @@ fn a_schedule_error_keeps_the_step_copies() {
         let mut step = w.replayable.step();
         step.replay(RunnerId(1), &w.lanes[1]).unwrap();
         let e = step.build_overlapping().map(|_| ()).unwrap_err();
-        assert!(matches!(e, StepError::Schedule(ReplayError::HandoffNotWritten { .. })), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                StepError::Schedule(ReplayError::HandoffNotWritten { .. })
+            ),
+            "{e:?}"
+        );
     }
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 2);
     compare_after(&mut w);
@@ -567,14 +725,18 @@ fn a_schedule_error_keeps_the_step_copies() {
 fn compare_after(w: &mut World) {
     w.per_runner(&[P(0, 0), P(1, 1)], 2).unwrap();
     let ex = w.sim.stream();
-    w.stepped(&[P(0, 0), P(1, 1)], 3, true, false, &|_| ex.clone()).unwrap();
+    w.stepped(&[P(0, 0), P(1, 1)], 3, true, false, &|_| ex.clone())
+        .unwrap();
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 0);
     w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
     assert!(w.sim.hazards().is_empty(), "{:?}", w.sim.hazards());
     // 2 + 3 + 1 steps: runner 1's view holds its count 6.
     let v = w.replayable.views(RunnerId(1)).unwrap()[0];
     assert_eq!(w.sim.read_f32(&v).unwrap()[0], 6.0);
-    assert_eq!(w.sim.read_f32(&w.sinks[1]).unwrap()[0], 1.0 + 2.0 + 3.0 + 4.0 + 5.0 + 6.0);
+    assert_eq!(
+        w.sim.read_f32(&w.sinks[1]).unwrap()[0],
+        1.0 + 2.0 + 3.0 + 4.0 + 5.0 + 6.0
+    );
 }
 
 /// Attack: three copies; an overlapping graph takes two, the report says
@@ -585,36 +747,58 @@ fn step_copies_are_counted_down_exactly_and_the_report_follows() {
     let sh = shape(2, 2, false, true, 3);
     let mut w = world(&sh, 2, 1);
     let t = w.replayable.report().unwrap().temporaries.unwrap();
-    assert_eq!((t.runners, t.total, t.largest, t.step_copies), (1, each, each, 3 * each));
+    assert_eq!(
+        (t.runners, t.total, t.largest, t.step_copies),
+        (1, each, each, 3 * each)
+    );
     let ex = w.sim.stream();
-    w.stepped(&[P(0, 0), P(1, 1)], 2, true, false, &|_| ex.clone()).unwrap();
+    w.stepped(&[P(0, 0), P(1, 1)], 2, true, false, &|_| ex.clone())
+        .unwrap();
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 1);
-    assert_eq!(w.replayable.report().unwrap().temporaries.unwrap().step_copies, each);
+    assert_eq!(
+        w.replayable
+            .report()
+            .unwrap()
+            .temporaries
+            .unwrap()
+            .step_copies,
+        each
+    );
     w.replayable.trim_graph_memory().unwrap();
     // The runner's own graph and the one copy left: 2 x each in use.
     assert_eq!(w.pool().used, 2 * each, "{:?}", w.pool());
-    assert_eq!(w.pool().reserved, w.pool().used, "trim keeps only what is in use");
-    w.stepped(&[P(1, 1)], 1, false, false, &|_| ex.clone()).unwrap();
+    assert_eq!(
+        w.pool().reserved,
+        w.pool().used,
+        "trim keeps only what is in use"
+    );
+    w.stepped(&[P(1, 1)], 1, false, false, &|_| ex.clone())
+        .unwrap();
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 0);
     let mut step = w.replayable.step();
-    assert!(matches!(step.replay(RunnerId(1), &ex), Err(ReplayError::NoStepCopy { captured: 3, .. })));
+    assert!(matches!(
+        step.replay(RunnerId(1), &ex),
+        Err(ReplayError::NoStepCopy { captured: 3, .. })
+    ));
     drop(step);
     w.replayable.trim_graph_memory().unwrap();
     assert_eq!(w.pool().used, each, "only the runner's own graph");
-    assert_eq!(w.replayable.report().unwrap().temporaries.unwrap().step_copies, 0);
+    assert_eq!(
+        w.replayable
+            .report()
+            .unwrap()
+            .temporaries
+            .unwrap()
+            .step_copies,
+        0
+    );
 }
 
-/// FAILS (bug 1): a `build` / `build_overlapping` that the backend refuses
-/// (`StepError::Backend`: here a consumer whose graph has a temporary)
-/// after the schedule replayed a runner with step copies uses up the
-/// copies it had moved: with one copy, a later step that replays the
-/// runner is `NoStepCopy` whose message says the copy "went into an
-/// earlier step graph" (none exists), `temporaries()` and the report's
-/// `step_copies` drop to 0; an overlapping build loses 1 of 2. No memory
-/// leaks (the lost copy is freed). Other refusals (NoStepCopy, schedule
-/// errors, a dropped builder) keep the copies, so a failed build is not
-/// side-effect free only on this path. Docs: "One copy serves one replay
-/// in one step graph"; nothing says a failed build consumes one.
+/// Found by this review (fixed): a build the backend refused after the
+/// schedule replayed a runner with step copies used up the copies it had
+/// moved. Now a consumer whose graph has a temporary is moved into one step
+/// graph (the build succeeds), and overlapping builds refuse it before any
+/// copy is used: the copies stay, nothing leaks.
 #[test]
 fn a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing() {
     let each = 4 * N as u64;
@@ -634,23 +818,49 @@ fn a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing() {
                 sim.free_async(st, &t)
             })
             .unwrap();
-            let built = if overlapping { step.build_overlapping() } else { step.build() };
-            assert!(matches!(built, Err(StepError::Backend { .. })));
+            // One step graph takes the allocating consumer moved in (and
+            // the runner's copy); overlapping graphs refuse it before any
+            // copy is used.
+            if overlapping {
+                let built = step.build_overlapping();
+                assert!(matches!(built, Err(StepError::Backend { .. })));
+            } else {
+                let mut graph = step.build().unwrap();
+                graph.launch(&w.lanes[0]).unwrap();
+                drop(graph);
+                assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 0);
+                let sim = w.sim.clone();
+                drop(w);
+                let end = sim.graph_memory_in_use().unwrap().unwrap();
+                assert_eq!((end.used, end.reserved, sim.live_allocations()), (0, 0, 0));
+                continue;
+            }
         }
         let copies = w.replayable.temporaries(RunnerId(1)).unwrap().1;
-        let report = w.replayable.report().unwrap().temporaries.unwrap().step_copies;
+        let report = w
+            .replayable
+            .report()
+            .unwrap()
+            .temporaries
+            .unwrap()
+            .step_copies;
         w.replayable.trim_graph_memory().unwrap();
         let trimmed = w.pool();
         // Can a step graph still hold runner 1?
         let again = {
             let mut step = w.replayable.step();
-            step.replay(RunnerId(1), &w.lanes[1]).map(|_| ()).map_err(|e| e.to_string())
+            step.replay(RunnerId(1), &w.lanes[1])
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         };
         let sim = w.sim.clone();
         drop(w);
         let end = sim.graph_memory_in_use().unwrap().unwrap();
         if (end.used, end.reserved) != (0, 0) || sim.live_allocations() != 0 {
-            findings.push(format!("overlapping {overlapping}: graph memory leaked: {end:?}, {} allocations", sim.live_allocations()));
+            findings.push(format!(
+                "overlapping {overlapping}: graph memory leaked: {end:?}, {} allocations",
+                sim.live_allocations()
+            ));
         }
         if copies != want || report != want as u64 * each || again.is_err() {
             findings.push(format!(
@@ -684,20 +894,45 @@ fn cap1(handoff: bool) -> Cap1 {
     }
     let sim = sim::Device::new();
     let (s, other) = (sim.stream(), sim.stream());
-    let capturing = d.plan(Policy::Generations(1)).unwrap().allocate(sim.clone()).unwrap();
-    Cap1 { sim, s, other, h, capturing }
+    let capturing = d
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    Cap1 {
+        sim,
+        s,
+        other,
+        h,
+        capturing,
+    }
 }
 
 fn test_err(why: &str) -> replay_arena::Error {
-    replay_arena::Error::Backend(replay_arena::BackendError::Refused { op: "test", reason: why.into() })
+    replay_arena::Error::Backend(replay_arena::BackendError::Refused {
+        op: "test",
+        reason: why.into(),
+    })
 }
 
 /// After a failed repeatable capture of runner 0: the stream is free, the
 /// runner is failed, seal refuses, replan gives everything back.
 fn after_failure(c: Cap1, what: &str) {
-    let Cap1 { sim, s, other, capturing, .. } = c;
-    assert!(!sim.is_capturing(&s).unwrap(), "{what}: stream left capturing");
-    assert!(!sim.is_capturing(&other).unwrap(), "{what}: other stream left capturing");
+    let Cap1 {
+        sim,
+        s,
+        other,
+        capturing,
+        ..
+    } = c;
+    assert!(
+        !sim.is_capturing(&s).unwrap(),
+        "{what}: stream left capturing"
+    );
+    assert!(
+        !sim.is_capturing(&other).unwrap(),
+        "{what}: other stream left capturing"
+    );
     let sealed = capturing.seal();
     let capturing = match sealed {
         Ok(_) => panic!("{what}: sealed with a failed runner"),
@@ -711,9 +946,10 @@ fn after_failure(c: Cap1, what: &str) {
     assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
 }
 
-/// FAILS (bug 2): the second run of a repeatable capture uses the first
-/// run's temporary (a `sim::Span` allocated and freed inside the runner's
-/// own graph): accepted, so the step copy touches memory of another graph
+/// Found by this review (fixed): the second run of a repeatable capture
+/// used the first run's temporary (a `sim::Span` allocated and freed
+/// inside the runner's own graph): it was accepted, so the step copy
+/// touched memory of another graph
 /// (the runner's own graph), outside that allocation's alloc/free window.
 /// Docs: the second run "can use no others" views; `alloc_async`: the span
 /// "works like the runner's views: inside that closure, on its stream (no
@@ -748,7 +984,10 @@ fn a_step_copy_that_touches_the_first_runs_temporary_is_refused() {
             });
             fin = cap.finish();
         }
-        assert!(res.is_err() || fin.is_err(), "copies {copies}: a step copy used another graph's temporary: {res:?} {fin:?}");
+        assert!(
+            res.is_err() || fin.is_err(),
+            "copies {copies}: a step copy used another graph's temporary: {res:?} {fin:?}"
+        );
         after_failure(c, "temporary of the first run");
     }
 }
@@ -758,50 +997,110 @@ fn a_step_copy_that_touches_the_first_runs_temporary_is_refused() {
 /// freeing: every one fails the runner and leaves nothing behind.
 #[test]
 fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
-    type Work = dyn Fn(&sim::Device, &sim::Stream, &sim::Stream, &replay_arena::View<'_>, usize, &mut Vec<sim::Span>) -> replay_arena::Result<()>;
+    type Work = dyn Fn(
+        &sim::Device,
+        &sim::Stream,
+        &sim::Stream,
+        &replay_arena::View<'_>,
+        usize,
+        &mut Vec<sim::Span>,
+    ) -> replay_arena::Result<()>;
     let cases: Vec<(&str, usize, Box<Work>)> = vec![
-        ("error on run 2", 1, Box::new(|sim, s, _, v, run, _| {
-            with_temporary(sim, s, v)?;
-            if run == 2 { return Err(test_err("run 2")); }
-            Ok(())
-        })),
-        ("error on run 3 of 3", 2, Box::new(|sim, s, _, v, run, _| {
-            with_temporary(sim, s, v)?;
-            if run == 3 { return Err(test_err("run 3")); }
-            Ok(())
-        })),
-        ("error on run 3, after an alloc, unbalanced", 2, Box::new(|sim, s, _, v, run, _| {
-            with_temporary(sim, s, v)?;
-            if run == 3 { let _t = sim.alloc_async(s, N)?; return Err(test_err("run 3")); }
-            Ok(())
-        })),
-        ("work on another stream in run 2", 1, Box::new(|sim, s, other, v, run, _| {
-            with_temporary(sim, s, v)?;
-            if run == 2 { sim.launch(other, sim::Op::fill(v, 9.0), 1)?; }
-            Ok(())
-        })),
-        ("unbalanced alloc only in copy 2 of 2", 2, Box::new(|sim, s, _, v, run, _| {
-            with_temporary(sim, s, v)?;
-            if run == 3 { let _t = sim.alloc_async(s, N)?; }
-            Ok(())
-        })),
-        ("run 2 frees what run 1 allocated", 1, Box::new(|sim, s, _, v, run, keep| {
-            sim.launch(s, sim::Op::fill(v, 1.0), 1)?;
-            if run == 1 { keep.push(sim.alloc_async(s, N)?); } else { sim.free_async(s, &keep[0])?; }
-            Ok(())
-        })),
-        ("run 2 frees run 1's (balanced) temporary once more", 1, Box::new(|sim, s, _, v, run, keep| {
-            let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::copy(&t, v), 1)?;
-            sim.free_async(s, &t)?;
-            if run == 1 { keep.push(t); } else { sim.free_async(s, &keep[0])?; }
-            Ok(())
-        })),
-        ("run 2 allocates, run 1 did not", 1, Box::new(|sim, s, _, v, run, _| {
-            sim.launch(s, sim::Op::fill(v, 1.0), 1)?;
-            if run == 2 { with_temporary(sim, s, v)?; }
-            Ok(())
-        })),
+        (
+            "error on run 2",
+            1,
+            Box::new(|sim, s, _, v, run, _| {
+                with_temporary(sim, s, v)?;
+                if run == 2 {
+                    return Err(test_err("run 2"));
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "error on run 3 of 3",
+            2,
+            Box::new(|sim, s, _, v, run, _| {
+                with_temporary(sim, s, v)?;
+                if run == 3 {
+                    return Err(test_err("run 3"));
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "error on run 3, after an alloc, unbalanced",
+            2,
+            Box::new(|sim, s, _, v, run, _| {
+                with_temporary(sim, s, v)?;
+                if run == 3 {
+                    let _t = sim.alloc_async(s, N)?;
+                    return Err(test_err("run 3"));
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "work on another stream in run 2",
+            1,
+            Box::new(|sim, s, other, v, run, _| {
+                with_temporary(sim, s, v)?;
+                if run == 2 {
+                    sim.launch(other, sim::Op::fill(v, 9.0), 1)?;
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "unbalanced alloc only in copy 2 of 2",
+            2,
+            Box::new(|sim, s, _, v, run, _| {
+                with_temporary(sim, s, v)?;
+                if run == 3 {
+                    let _t = sim.alloc_async(s, N)?;
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "run 2 frees what run 1 allocated",
+            1,
+            Box::new(|sim, s, _, v, run, keep| {
+                sim.launch(s, sim::Op::fill(v, 1.0), 1)?;
+                if run == 1 {
+                    keep.push(sim.alloc_async(s, N)?);
+                } else {
+                    sim.free_async(s, &keep[0])?;
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "run 2 frees run 1's (balanced) temporary once more",
+            1,
+            Box::new(|sim, s, _, v, run, keep| {
+                let t = sim.alloc_async(s, N)?;
+                sim.launch(s, sim::Op::copy(&t, v), 1)?;
+                sim.free_async(s, &t)?;
+                if run == 1 {
+                    keep.push(t);
+                } else {
+                    sim.free_async(s, &keep[0])?;
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "run 2 allocates, run 1 did not",
+            1,
+            Box::new(|sim, s, _, v, run, _| {
+                sim.launch(s, sim::Op::fill(v, 1.0), 1)?;
+                if run == 2 {
+                    with_temporary(sim, s, v)?;
+                }
+                Ok(())
+            }),
+        ),
     ];
     let mut findings = Vec::new();
     for (what, copies, work) in cases {
@@ -817,11 +1116,17 @@ fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
                 run += 1;
                 work(&sim, st, &other, &v, run, &mut keep)
             });
-            (res.map_err(|e| e.to_string()), cap.finish().map_err(|e| e.to_string()))
+            (
+                res.map_err(|e| e.to_string()),
+                cap.finish().map_err(|e| e.to_string()),
+            )
         };
         if res.is_ok() && fin.is_ok() {
             // Then the plan must be usable and sound.
-            let mut r = match c.capturing.seal() { Ok(r) => r, Err(e) => panic!("{what}: {e}") };
+            let mut r = match c.capturing.seal() {
+                Ok(r) => r,
+                Err(e) => panic!("{what}: {e}"),
+            };
             r.replay(RunnerId(0), &c.s).unwrap();
             let copies_left = r.temporaries(RunnerId(0)).unwrap().1;
             {
@@ -851,7 +1156,9 @@ fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
 /// capturing, nothing leaks, the plan can be replanned.
 #[test]
 fn a_panic_on_a_later_run_leaves_a_consistent_capturing() {
-    for (panic_on, copies, alloc_first) in [(2, 1, false), (2, 1, true), (3, 2, true), (3, 2, false)] {
+    for (panic_on, copies, alloc_first) in
+        [(2, 1, false), (2, 1, true), (3, 2, true), (3, 2, false)]
+    {
         let mut c = cap1(true);
         let (sim, s) = (c.sim.clone(), c.s.clone());
         let h = c.h.unwrap();
@@ -878,7 +1185,10 @@ fn a_panic_on_a_later_run_leaves_a_consistent_capturing() {
             });
         }));
         assert!(out.is_err());
-        after_failure(c, &format!("panic on run {panic_on}, alloc_first {alloc_first}"));
+        after_failure(
+            c,
+            &format!("panic on run {panic_on}, alloc_first {alloc_first}"),
+        );
     }
 }
 
@@ -909,13 +1219,20 @@ fn a_nested_capture_in_a_later_run_is_refused() {
             });
             (res.map_err(|e| e.to_string()), cap.finish())
         };
-        assert!(res.is_err() && fin.is_err(), "nested ({repeatable_inner}): {res:?} {fin:?}");
+        assert!(
+            res.is_err() && fin.is_err(),
+            "nested ({repeatable_inner}): {res:?} {fin:?}"
+        );
         eprintln!("{res:?}");
         after_failure(c, "nested");
     }
 }
 
-fn with_temporary(sim: &sim::Device, s: &sim::Stream, v: &replay_arena::View<'_>) -> replay_arena::Result<()> {
+fn with_temporary(
+    sim: &sim::Device,
+    s: &sim::Stream,
+    v: &replay_arena::View<'_>,
+) -> replay_arena::Result<()> {
     let t = sim.alloc_async(s, N)?;
     sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
     sim.launch(s, sim::Op::copy(&t, v), 1)?;
@@ -934,7 +1251,8 @@ fn a_forgotten_capture_after_a_repeatable_capture_is_sound() {
         let cap = c.capturing.capture(RunnerId(0)).unwrap();
         let v = cap.take(OWN).unwrap();
         cap.step_copies(2);
-        cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v)).unwrap();
+        cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v))
+            .unwrap();
         std::mem::forget(cap);
     }
     assert!(!sim.is_capturing(&s).unwrap());
@@ -945,7 +1263,11 @@ fn a_forgotten_capture_after_a_repeatable_capture_is_sound() {
     drop(capturing.replan());
     assert!(sim.hazards().is_empty());
     let p = sim.graph_memory_in_use().unwrap().unwrap();
-    eprintln!("after a forgotten capture: {p:?}, {} allocations, {} events", sim.live_allocations(), sim.live_events());
+    eprintln!(
+        "after a forgotten capture: {p:?}, {} allocations, {} events",
+        sim.live_allocations(),
+        sim.live_events()
+    );
 }
 
 /// Attack (held): runner 1's step copy (its second run) writes a temporary of
@@ -957,10 +1279,11 @@ fn a_forgotten_capture_after_a_repeatable_capture_is_sound() {
 /// generation: no fence wait between them) write the same bytes at once.
 #[test]
 fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
-    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
+    let planned =
+        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(2))
+            .unwrap();
     let sim = sim::Device::new();
     let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -995,7 +1318,10 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
             sim.free_async(s, &t)?;
             Ok::<(), replay_arena::Error>(())
         });
-        (res.map_err(|e| e.to_string()), cap.finish().map_err(|e| e.to_string()))
+        (
+            res.map_err(|e| e.to_string()),
+            cap.finish().map_err(|e| e.to_string()),
+        )
     };
     if res.is_err() || fin.is_err() {
         eprintln!("refused: {res:?} / {fin:?}");
@@ -1015,9 +1341,7 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
     r.replay(RunnerId(0), &a).unwrap(); // another generation: no wait
     r.synchronize().unwrap();
     let hz = sim.hazards();
-    panic!(
-        "runner 1's step copy was allowed to write runner 0's graph temporary; hazards: {hz:?}"
-    );
+    panic!("runner 1's step copy was allowed to write runner 0's graph temporary; hazards: {hz:?}");
 }
 
 /// Attack: a span of runner 0's graph temporary, kept from its capture,
@@ -1026,10 +1350,11 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
 /// works only inside its own capture closure.
 #[test]
 fn a_consumer_cannot_touch_a_runners_graph_temporary() {
-    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
+    let planned =
+        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(2))
+            .unwrap();
     let sim = sim::Device::new();
     let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -1058,14 +1383,26 @@ fn a_consumer_cannot_touch_a_runners_graph_temporary() {
     let mut r = capturing.seal().unwrap();
     r.replay(RunnerId(1), &b).unwrap();
     r.replay(RunnerId(0), &a).unwrap();
-    let per_runner = r.consume(RunnerId(1), &c, |s, _| sim.launch(s, sim::Op::fill(&t0, 3.0), 100));
+    let per_runner = r.consume(RunnerId(1), &c, |s, _| {
+        sim.launch(s, sim::Op::fill(&t0, 3.0), 100)
+    });
     let mut step = r.step();
     step.replay(RunnerId(1), &b).unwrap();
-    let in_step = step.consume(RunnerId(1), &c, |s, _| sim.launch(s, sim::Op::fill(&t0, 3.0), 100)).map(|_| ());
+    let in_step = step
+        .consume(RunnerId(1), &c, |s, _| {
+            sim.launch(s, sim::Op::fill(&t0, 3.0), 100)
+        })
+        .map(|_| ());
     drop(step);
     r.synchronize().unwrap();
-    assert!(per_runner.is_err(), "a consumer wrote another graph's temporary");
-    assert!(in_step.is_err(), "a step consumer wrote another graph's temporary");
+    assert!(
+        per_runner.is_err(),
+        "a consumer wrote another graph's temporary"
+    );
+    assert!(
+        in_step.is_err(),
+        "a step consumer wrote another graph's temporary"
+    );
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
 }
 
@@ -1079,7 +1416,8 @@ fn wait_all_after_overlapping_launches_orders_program_work() {
     for forget in [false, true] {
         let sh = shape(4, 2, true, true, 2);
         let mut w = world(&sh, 3, 4);
-        w.per_runner(&(0..4).map(|r| P(r, r % 3)).collect::<Vec<_>>(), 1).unwrap();
+        w.per_runner(&(0..4).map(|r| P(r, r % 3)).collect::<Vec<_>>(), 1)
+            .unwrap();
         let ex = [w.sim.stream(), w.sim.stream(), w.sim.stream()];
         let opt = w.sim.stream();
         let items = four_chain_items();
@@ -1091,9 +1429,17 @@ fn wait_all_after_overlapping_launches_orders_program_work() {
                         step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                     }
                     C(r, l, writes, acc, dur) => {
-                        let work = consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                        let work = consume_work(
+                            &w.sim,
+                            &w.accs[acc],
+                            &w.lane_accs[l],
+                            &w.one,
+                            writes,
+                            dur,
+                        );
                         if writes {
-                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                                .unwrap();
                         } else {
                             step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
                         }
@@ -1149,9 +1495,11 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
                     step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                 }
                 C(r, l, writes, acc, dur) => {
-                    let work = consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                    let work =
+                        consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
                     if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                            .unwrap();
                     } else {
                         step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
                     }
@@ -1162,14 +1510,23 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
         for k in 0..6 {
             g.launch(&ex[k % 2]).unwrap();
             g.replayable().trim_graph_memory().unwrap(); // launches in flight
-            let p = g.replayable().backend().graph_memory_in_use().unwrap().unwrap();
+            let p = g
+                .replayable()
+                .backend()
+                .graph_memory_in_use()
+                .unwrap()
+                .unwrap();
             assert!(p.reserved >= p.used, "{p:?}");
             // The runners' own graphs (2 allocate) and the moved copies (2 x 2).
             assert_eq!(p.used, 6 * each, "{p:?}");
         }
     }
     w.replayable.trim_graph_memory().unwrap();
-    assert_eq!(w.pool().used, 2 * each, "the step graph's copies went with it");
+    assert_eq!(
+        w.pool().used,
+        2 * each,
+        "the step graph's copies went with it"
+    );
     assert_eq!(w.pool().reserved, 2 * each);
     w.per_runner(&items, 1).unwrap();
     w.replayable.trim_graph_memory().unwrap();
@@ -1177,7 +1534,10 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
     assert_eq!(w.values(), reference.values());
     let report = w.replayable.report().unwrap();
     let t = report.temporaries.unwrap();
-    assert_eq!((t.runners, t.total, t.largest, t.in_flight, t.step_copies), (2, 2 * each, each, 2 * each, 0));
+    assert_eq!(
+        (t.runners, t.total, t.largest, t.in_flight, t.step_copies),
+        (2, 2 * each, each, 2 * each, 0)
+    );
     let gm = report.graph_memory.unwrap();
     assert_eq!(gm.used, 2 * each);
 }
@@ -1186,10 +1546,11 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
 /// temporary sizes: `largest`, `total`, and `in_flight` (the G largest).
 #[test]
 fn the_report_adds_up_uneven_temporaries() {
-    let planned = Discovering::from_runners(PlanConfig::new(), (0..4).map(|r| (RunnerId(r), [OWN])))
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
+    let planned =
+        Discovering::from_runners(PlanConfig::new(), (0..4).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(2))
+            .unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -1206,7 +1567,10 @@ fn the_report_adds_up_uneven_temporaries() {
                 3 => &[48, 32],
                 _ => &[],
             };
-            let ts: Vec<_> = lens.iter().map(|&l| sim.alloc_async(st, l)).collect::<Result<_, _>>()?;
+            let ts: Vec<_> = lens
+                .iter()
+                .map(|&l| sim.alloc_async(st, l))
+                .collect::<Result<_, _>>()?;
             for t in &ts {
                 sim.launch(st, sim::Op::fill(t, 2.0), 1)?;
             }
@@ -1222,11 +1586,18 @@ fn the_report_adds_up_uneven_temporaries() {
     for k in 0..4u32 {
         let (t, copies) = r.temporaries(RunnerId(k)).unwrap();
         assert_eq!(t.bytes, sizes[k as usize], "runner {k}");
-        assert_eq!(copies, if sizes[k as usize] > 0 { k as usize } else { 0 }, "runner {k}");
+        assert_eq!(
+            copies,
+            if sizes[k as usize] > 0 { k as usize } else { 0 },
+            "runner {k}"
+        );
     }
     let t = r.report().unwrap().temporaries.unwrap();
     let (s1, s3) = (sizes[1], sizes[3]);
-    assert_eq!((t.runners, t.total, t.largest, t.in_flight), (2, s1 + s3, s3, s1 + s3));
+    assert_eq!(
+        (t.runners, t.total, t.largest, t.in_flight),
+        (2, s1 + s3, s3, s1 + s3)
+    );
     assert_eq!(t.step_copies, s1 + 3 * s3);
     let p = sim.graph_memory_in_use().unwrap().unwrap();
     assert_eq!(p.used, 2 * s1 + 4 * s3, "own graphs and copies");
@@ -1246,10 +1617,18 @@ fn handoffs_read_across_overlapping_launches_match_the_host_fence() {
         for g in [1, 2, 3] {
             let sh = shape(3, g, true, temps, 2);
             let warm = [P(0, 0), P(1, 1)];
-            let items = [P(2, 0), C(2, 2, false, 0, 30), P(0, 1), C(0, 2, true, 1, 50), P(1, 0), C(1, 1, false, 2, 5)];
+            let items = [
+                P(2, 0),
+                C(2, 2, false, 0, 30),
+                P(0, 1),
+                C(0, 2, true, 1, 50),
+                P(1, 0),
+                C(1, 1, false, 2, 5),
+            ];
             for (pat, launch) in patterns(3) {
                 for forget in [false, true] {
-                    let what = format!("rotated chain, G = {g}, temps {temps} / {pat} / forget {forget}");
+                    let what =
+                        format!("rotated chain, G = {g}, temps {temps} / {pat} / forget {forget}");
                     compare_w(&sh, 3, 3, &warm, &items, 5, true, forget, &*launch, &what);
                 }
             }
@@ -1269,11 +1648,17 @@ fn a_step_reading_a_handoff_it_never_writes_is_refused() {
         w.per_runner(&[P(0, 0)], 1).unwrap();
         let mut step = w.replayable.step();
         step.replay(RunnerId(1), &w.lanes[1]).unwrap();
-        let built = if overlapping { step.build_overlapping() } else { step.build() };
+        let built = if overlapping {
+            step.build_overlapping()
+        } else {
+            step.build()
+        };
         match built {
             Err(StepError::Schedule(ReplayError::HandoffAlreadyRead { .. })) => {}
             Err(e) => panic!("overlapping {overlapping}: another error {e:?}"),
-            Ok(_) => panic!("overlapping {overlapping}: built a step that reads a handoff never rewritten"),
+            Ok(_) => panic!(
+                "overlapping {overlapping}: built a step that reads a handoff never rewritten"
+            ),
         }
     }
 }
@@ -1306,17 +1691,21 @@ fn while_captured(sim: &sim::Device, stream: &sim::Stream, inside: impl FnOnce(&
 fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
     for overlapping in [false, true] {
         for build_inside in [false, true] {
-            let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-                .unwrap()
-                .plan(Policy::Generations(1))
-                .unwrap();
+            let planned =
+                Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+                    .unwrap()
+                    .plan(Policy::Generations(1))
+                    .unwrap();
             let sim = sim::Device::new();
             let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
             let mut capturing = planned.allocate(sim.clone()).unwrap();
             for r in 0..2u32 {
                 let cap = capturing.capture(RunnerId(r)).unwrap();
                 let v = cap.take(OWN).unwrap();
-                cap.stream_capture(&a, |s| sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)).unwrap();
+                cap.stream_capture(&a, |s| {
+                    sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)
+                })
+                .unwrap();
                 cap.finish().unwrap();
             }
             let mut rp = capturing.seal().unwrap();
@@ -1326,7 +1715,12 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
                 while_captured(&sim, &a, |_| {
                     let mut step = rp.step();
                     step.replay(RunnerId(1), &b).unwrap();
-                    let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+                    let mut g = if overlapping {
+                        step.build_overlapping()
+                    } else {
+                        step.build()
+                    }
+                    .unwrap();
                     results.push(g.launch(&x).map_err(|e| e.to_string()));
                     results.push(g.launch(&y).map_err(|e| e.to_string()));
                     results.push(g.wait_all(&y).map_err(|e| e.to_string()));
@@ -1335,7 +1729,12 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
             } else {
                 let mut step = rp.step();
                 step.replay(RunnerId(1), &b).unwrap();
-                let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+                let mut g = if overlapping {
+                    step.build_overlapping()
+                } else {
+                    step.build()
+                }
+                .unwrap();
                 while_captured(&sim, &a, |_| {
                     results.push(g.launch(&x).map_err(|e| e.to_string()));
                     results.push(g.launch(&y).map_err(|e| e.to_string()));
@@ -1344,7 +1743,10 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
             }
             rp.synchronize().unwrap();
             let hz = sim.hazards();
-            assert!(hz.is_empty(), "overlapping {overlapping}, build inside {build_inside}: {results:?} {hz:?}");
+            assert!(
+                hz.is_empty(),
+                "overlapping {overlapping}, build inside {build_inside}: {results:?} {hz:?}"
+            );
             eprintln!("overlapping {overlapping}, build inside {build_inside}: {results:?}");
         }
     }
@@ -1373,9 +1775,11 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
                     step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                 }
                 C(r, l, writes, acc, dur) => {
-                    let work = consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                    let work =
+                        consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
                     if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                            .unwrap();
                     } else {
                         step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
                     }
@@ -1404,7 +1808,16 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
 fn two_overlapping_step_graphs_in_turn_with_per_runner_steps_between() {
     let sh = shape(4, 2, true, false, 2);
     let a_items = four_chain_items();
-    let b_items = vec![P(0, 1), C(0, 0, true, 0, 10), P(1, 2), P(2, 1), C(1, 0, false, 1, 90), C(2, 2, false, 2, 5), P(3, 0), C(3, 1, true, 3, 20)];
+    let b_items = vec![
+        P(0, 1),
+        C(0, 0, true, 0, 10),
+        P(1, 2),
+        P(2, 1),
+        C(1, 0, false, 1, 90),
+        C(2, 2, false, 2, 5),
+        P(3, 0),
+        C(3, 1, true, 3, 20),
+    ];
     let warm: Vec<Item> = (0..4).map(|r| P(r, r % 3)).collect();
     let mut reference = world(&sh, 3, 4);
     reference.per_runner(&warm, 1).unwrap();
@@ -1415,10 +1828,18 @@ fn two_overlapping_step_graphs_in_turn_with_per_runner_steps_between() {
     let mut w = world(&sh, 3, 4);
     w.per_runner(&warm, 1).unwrap();
     let ex: Vec<sim::Stream> = (0..3).map(|_| w.sim.stream()).collect();
-    w.stepped(&a_items, 3, true, true, &|k| ex[k % 2].clone()).unwrap();
+    w.stepped(&a_items, 3, true, true, &|k| ex[k % 2].clone())
+        .unwrap();
     w.per_runner(&b_items, 1).unwrap();
     let lanes = w.lanes.clone();
-    w.stepped(&b_items, 4, true, false, &|k| if k % 2 == 0 { lanes[0].clone() } else { ex[2].clone() }).unwrap();
+    w.stepped(&b_items, 4, true, false, &|k| {
+        if k % 2 == 0 {
+            lanes[0].clone()
+        } else {
+            ex[2].clone()
+        }
+    })
+    .unwrap();
     w.per_runner(&a_items, 1).unwrap();
     assert!(w.sim.hazards().is_empty(), "{:?}", w.sim.hazards());
     assert_eq!(w.values(), reference.values());
@@ -1450,8 +1871,14 @@ impl Rng {
 /// after one more per-runner step.
 #[test]
 fn fuzz_overlapping_step_graphs_against_the_host_fence() {
-    let seed: u64 = std::env::var("HOSTILE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
-    let cases: usize = std::env::var("HOSTILE_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    let seed: u64 = std::env::var("HOSTILE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x9e37_79b9_7f4a_7c15);
+    let cases: usize = std::env::var("HOSTILE_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
     let mut rng = Rng(seed);
     let (mut compared, mut refused) = (0, 0);
     for case in 0..cases {
@@ -1459,7 +1886,14 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
         let lanes = 1 + rng.below(3);
         let sh = Shape {
             runners: (0..n)
-                .map(|_| (rng.chance(50), rng.chance(50), rng.chance(40), 1 + rng.below(40) as u64))
+                .map(|_| {
+                    (
+                        rng.chance(50),
+                        rng.chance(50),
+                        rng.chance(40),
+                        1 + rng.below(40) as u64,
+                    )
+                })
                 .collect(),
             generations: 1 + rng.below(3),
             packed: rng.chance(50),
@@ -1471,7 +1905,13 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
             if rng.chance(55) {
                 items.push(P(rng.below(n), rng.below(lanes)));
             } else {
-                items.push(C(rng.below(n), rng.below(lanes), rng.chance(30), accs, 1 + rng.below(60) as u64));
+                items.push(C(
+                    rng.below(n),
+                    rng.below(lanes),
+                    rng.chance(30),
+                    accs,
+                    1 + rng.below(60) as u64,
+                ));
                 accs += 1;
             }
         }
@@ -1494,7 +1934,13 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
         for r in 0..n {
             warm.push(P(r, r % lanes));
             if slow {
-                warm.push(C(r, rng.below(lanes), rng.chance(30), accs, 100 + rng.below(400) as u64));
+                warm.push(C(
+                    r,
+                    rng.below(lanes),
+                    rng.chance(30),
+                    accs,
+                    100 + rng.below(400) as u64,
+                ));
                 accs += 1;
             }
         }
@@ -1526,7 +1972,12 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
         fenced.per_runner(&items, steps).unwrap();
         let mut graphed = world(&sh, lanes, accs);
         graphed.per_runner(&warm, 1).unwrap();
-        let all: Vec<sim::Stream> = graphed.lanes.iter().cloned().chain((0..3).map(|_| graphed.sim.stream())).collect();
+        let all: Vec<sim::Stream> = graphed
+            .lanes
+            .iter()
+            .cloned()
+            .chain((0..3).map(|_| graphed.sim.stream()))
+            .collect();
         let built = graphed.stepped(&items, steps, overlapping, forget, &|k| all[pat[k]].clone());
         if let Err(e) = built {
             panic!("{what}: host fence ok but step graph {e:?}");
@@ -1544,7 +1995,12 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
             drop(graphed);
             let p = sim.graph_memory_in_use().unwrap().unwrap();
             assert_eq!(
-                (sim.live_allocations(), sim.live_events(), p.used, p.reserved),
+                (
+                    sim.live_allocations(),
+                    sim.live_events(),
+                    p.used,
+                    p.reserved
+                ),
                 (0, 0, 0, 0),
                 "{what}: leaks"
             );
@@ -1565,7 +2021,9 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
     let mut reference = world(&sh, 3, 1);
     let warm = [P(0, 0), P(1, 1)];
     reference.per_runner(&warm, 1).unwrap();
-    reference.per_runner(&[P(0, 0), P(1, 1), C(1, 2, false, 0, 10)], 3).unwrap();
+    reference
+        .per_runner(&[P(0, 0), P(1, 1), C(1, 2, false, 0, 10)], 3)
+        .unwrap();
     let mut w = world(&sh, 3, 1);
     w.per_runner(&warm, 1).unwrap();
     let ex = [w.sim.stream(), w.sim.stream()];
@@ -1596,8 +2054,11 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
         }
     }
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 0);
-    w.per_runner(&[P(0, 0), P(1, 1), C(1, 2, false, 0, 10)], 1).unwrap();
-    reference.per_runner(&[P(0, 0), P(1, 1), C(1, 2, false, 0, 10)], 1).unwrap();
+    w.per_runner(&[P(0, 0), P(1, 1), C(1, 2, false, 0, 10)], 1)
+        .unwrap();
+    reference
+        .per_runner(&[P(0, 0), P(1, 1), C(1, 2, false, 0, 10)], 1)
+        .unwrap();
     assert!(w.sim.hazards().is_empty(), "{:?}", w.sim.hazards());
     assert_eq!(w.values(), reference.values());
     // An escaping consumer temporary: refused at build, nothing leaks.
@@ -1609,12 +2070,23 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
             sim.launch(s, sim::Op::copy(&v[0], &t), 1)
         });
         if r.is_ok() {
-            assert!(step.build().is_err(), "a consumer graph with an escaping allocation was built");
+            assert!(
+                step.build().is_err(),
+                "a consumer graph with an escaping allocation was built"
+            );
         }
     }
     drop(w);
     let p = sim.graph_memory_in_use().unwrap().unwrap();
-    assert_eq!((sim.live_allocations(), sim.live_events(), p.used, p.reserved), (0, 0, 0, 0));
+    assert_eq!(
+        (
+            sim.live_allocations(),
+            sim.live_events(),
+            p.used,
+            p.reserved
+        ),
+        (0, 0, 0, 0)
+    );
 }
 
 /// Attack: dropping a step graph (which waits for its last launch) while
@@ -1628,7 +2100,8 @@ fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
         let sh = shape(4, 2, true, true, 2);
         let mut w = world(&sh, 3, 4);
         let items = four_chain_items();
-        w.per_runner(&(0..4).map(|r| P(r, r % 3)).collect::<Vec<_>>(), 1).unwrap();
+        w.per_runner(&(0..4).map(|r| P(r, r % 3)).collect::<Vec<_>>(), 1)
+            .unwrap();
         let ex = [w.sim.stream(), w.sim.stream()];
         let sim = w.sim.clone();
         let used_before = w.pool().used;
@@ -1640,16 +2113,29 @@ fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
                         step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                     }
                     C(r, l, writes, acc, dur) => {
-                        let work = consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur * 100);
+                        let work = consume_work(
+                            &w.sim,
+                            &w.accs[acc],
+                            &w.lane_accs[l],
+                            &w.one,
+                            writes,
+                            dur * 100,
+                        );
                         if writes {
-                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                                .unwrap();
                         } else {
                             step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
                         }
                     }
                 }
             }
-            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            let mut g = if overlapping {
+                step.build_overlapping()
+            } else {
+                step.build()
+            }
+            .unwrap();
             for k in 0..3 {
                 g.launch(&ex[k % 2]).unwrap();
             }
@@ -1709,10 +2195,26 @@ fn zero_step_copies_is_a_typed_error_at_the_step() {
 fn steps_of_consumers_only_match_the_host_fence() {
     let cases: Vec<(&str, Vec<Item>)> = vec![
         ("one writer", vec![C(0, 0, true, 0, 30)]),
-        ("writer then reader, two lanes", vec![C(0, 0, true, 0, 30), C(0, 1, false, 1, 50)]),
-        ("reader then writer, two lanes", vec![C(1, 1, false, 0, 50), C(1, 0, true, 1, 5)]),
-        ("two writers of two runners, one lane", vec![C(0, 1, true, 0, 30), C(1, 1, true, 1, 30)]),
-        ("readers of both on lane 0, writer of one on lane 2", vec![C(0, 0, false, 0, 40), C(1, 0, false, 1, 40), C(1, 2, true, 2, 1)]),
+        (
+            "writer then reader, two lanes",
+            vec![C(0, 0, true, 0, 30), C(0, 1, false, 1, 50)],
+        ),
+        (
+            "reader then writer, two lanes",
+            vec![C(1, 1, false, 0, 50), C(1, 0, true, 1, 5)],
+        ),
+        (
+            "two writers of two runners, one lane",
+            vec![C(0, 1, true, 0, 30), C(1, 1, true, 1, 30)],
+        ),
+        (
+            "readers of both on lane 0, writer of one on lane 2",
+            vec![
+                C(0, 0, false, 0, 40),
+                C(1, 0, false, 1, 40),
+                C(1, 2, true, 2, 1),
+            ],
+        ),
     ];
     for (name, items) in cases {
         for temps in [false, true] {
@@ -1734,10 +2236,11 @@ fn steps_of_consumers_only_match_the_host_fence() {
 #[test]
 fn every_way_out_gives_graph_memory_back() {
     let capture_some = |upto: u32| {
-        let planned = Discovering::from_runners(PlanConfig::new(), (0..3).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(2))
-            .unwrap();
+        let planned =
+            Discovering::from_runners(PlanConfig::new(), (0..3).map(|r| (RunnerId(r), [OWN])))
+                .unwrap()
+                .plan(Policy::Generations(2))
+                .unwrap();
         let sim = sim::Device::new();
         let s = sim.stream();
         let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -1745,7 +2248,8 @@ fn every_way_out_gives_graph_memory_back() {
             let cap = capturing.capture(RunnerId(r)).unwrap();
             let v = cap.take(OWN).unwrap();
             cap.step_copies(3);
-            cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v)).unwrap();
+            cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v))
+                .unwrap();
             cap.finish().unwrap();
         }
         (sim, s, capturing)
@@ -1753,7 +2257,12 @@ fn every_way_out_gives_graph_memory_back() {
     let clean = |sim: &sim::Device, what: &str| {
         let p = sim.graph_memory_in_use().unwrap().unwrap();
         assert_eq!(
-            (sim.live_allocations(), sim.live_events(), p.used, p.reserved),
+            (
+                sim.live_allocations(),
+                sim.live_events(),
+                p.used,
+                p.reserved
+            ),
             (0, 0, 0, 0),
             "{what}"
         );
@@ -1776,12 +2285,14 @@ fn every_way_out_gives_graph_memory_back() {
     let mut r = capturing.seal().unwrap();
     let t = sim.stream();
     for k in 0..3u32 {
-        r.replay(RunnerId(k), if k % 2 == 0 { &s } else { &t }).unwrap();
+        r.replay(RunnerId(k), if k % 2 == 0 { &s } else { &t })
+            .unwrap();
     }
     {
         let mut step = r.step();
         for k in 0..3u32 {
-            step.replay(RunnerId(k), if k % 2 == 0 { &s } else { &t }).unwrap();
+            step.replay(RunnerId(k), if k % 2 == 0 { &s } else { &t })
+                .unwrap();
         }
         let mut g = step.build_overlapping().unwrap();
         let x = sim.stream();
@@ -1809,7 +2320,10 @@ fn foreign_streams_in_overlapping_step_graphs_are_refused() {
     let mut results = Vec::new();
     {
         let mut step = w.replayable.step();
-        results.push(("foreign lane", step.replay(RunnerId(0), &foreign[0]).map(|_| ()).is_err()));
+        results.push((
+            "foreign lane",
+            step.replay(RunnerId(0), &foreign[0]).map(|_| ()).is_err(),
+        ));
         drop(step);
         let mut step = w.replayable.step();
         step.replay(RunnerId(0), &w.lanes[0]).unwrap();
@@ -1817,7 +2331,10 @@ fn foreign_streams_in_overlapping_step_graphs_are_refused() {
         let mut g = step.build_overlapping().unwrap();
         results.push(("foreign launch stream", g.launch(&foreign[1]).is_err()));
         g.launch(&w.lanes[0]).unwrap();
-        results.push(("foreign launch stream after one", g.launch(&foreign[0]).is_err()));
+        results.push((
+            "foreign launch stream after one",
+            g.launch(&foreign[0]).is_err(),
+        ));
         results.push(("foreign wait_all", g.wait_all(&foreign[2]).is_err()));
         std::mem::forget(g);
     }
@@ -1825,7 +2342,11 @@ fn foreign_streams_in_overlapping_step_graphs_are_refused() {
     w.replayable.synchronize().unwrap();
     assert!(w.sim.hazards().is_empty(), "{:?}", w.sim.hazards());
     assert!(other.hazards().is_empty(), "{:?}", other.hazards());
-    let accepted: Vec<_> = results.iter().filter(|(_, refused)| !refused).map(|(w, _)| *w).collect();
+    let accepted: Vec<_> = results
+        .iter()
+        .filter(|(_, refused)| !refused)
+        .map(|(w, _)| *w)
+        .collect();
     eprintln!("foreign streams accepted: {accepted:?}");
     assert!(!accepted.contains(&"foreign launch stream"));
     assert!(!accepted.contains(&"foreign wait_all"));
@@ -1847,7 +2368,10 @@ fn a_foreign_step_lane_aliasing_a_lane_never_drops_a_wait() {
             let other = sim::Device::new();
             let foreign = other.stream(); // index 0, as w.lanes[0]
             assert_eq!(foreign.index(), w.lanes[0].index());
-            let per_runner = w.replayable.replay(RunnerId(0), &foreign).map_err(|e| e.to_string());
+            let per_runner = w
+                .replayable
+                .replay(RunnerId(0), &foreign)
+                .map_err(|e| e.to_string());
             let x = w.sim.stream();
             let built = {
                 let mut step = w.replayable.step();
@@ -1855,11 +2379,19 @@ fn a_foreign_step_lane_aliasing_a_lane_never_drops_a_wait() {
                 let mut ok = true;
                 if consumer {
                     let (sim, acc) = (&w.sim, &w.accs[0]);
-                    ok &= step.consume(RunnerId(0), &foreign, |s, v| sim.launch(s, sim::Op::add(&v[0], acc), 50)).is_ok();
+                    ok &= step
+                        .consume(RunnerId(0), &foreign, |s, v| {
+                            sim.launch(s, sim::Op::add(&v[0], acc), 50)
+                        })
+                        .is_ok();
                 }
                 ok &= step.replay(RunnerId(1), &foreign).is_ok();
                 if ok {
-                    let g = if overlapping { step.build_overlapping() } else { step.build() };
+                    let g = if overlapping {
+                        step.build_overlapping()
+                    } else {
+                        step.build()
+                    };
                     match g {
                         Ok(mut g) => {
                             for k in 0..3 {
@@ -1876,7 +2408,10 @@ fn a_foreign_step_lane_aliasing_a_lane_never_drops_a_wait() {
             w.replayable.synchronize().unwrap();
             let hz = w.sim.hazards();
             eprintln!("overlapping {overlapping} consumer {consumer}: per-runner {per_runner:?}, step {built:?}");
-            assert!(hz.is_empty(), "overlapping {overlapping} consumer {consumer}: {hz:?}");
+            assert!(
+                hz.is_empty(),
+                "overlapping {overlapping} consumer {consumer}: {hz:?}"
+            );
             assert!(other.hazards().is_empty());
             if built.is_ok() {
                 // Same values as on this device's own lanes.
@@ -1940,10 +2475,11 @@ fn step_copies_changed_from_inside_the_closure_stay_consistent() {
 /// runner's copies stay.
 #[test]
 fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() {
-    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
+    let planned =
+        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(2))
+            .unwrap();
     let sim = sim::Device::new();
     let (a, b) = (sim.stream(), sim.stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -1951,7 +2487,8 @@ fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() 
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(OWN).unwrap();
         cap.step_copies(copies);
-        cap.stream_capture_repeatable(&a, |st| with_temporary(&sim, st, &v)).unwrap();
+        cap.stream_capture_repeatable(&a, |st| with_temporary(&sim, st, &v))
+            .unwrap();
         cap.finish().unwrap();
     }
     let mut rp = capturing.seal().unwrap();
@@ -1960,9 +2497,22 @@ fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() 
         step.replay(RunnerId(0), &a).unwrap();
         step.replay(RunnerId(1), &b).unwrap();
         let e = step.build_overlapping().map(|_| ()).unwrap_err();
-        assert!(matches!(e, StepError::Schedule(ReplayError::NoStepCopy { runner: RunnerId(1), .. })), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                StepError::Schedule(ReplayError::NoStepCopy {
+                    runner: RunnerId(1),
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
     }
-    assert_eq!(rp.temporaries(RunnerId(0)).unwrap().1, 2, "runner 0's copies went with a refused build");
+    assert_eq!(
+        rp.temporaries(RunnerId(0)).unwrap().1,
+        2,
+        "runner 0's copies went with a refused build"
+    );
     assert_eq!(rp.temporaries(RunnerId(1)).unwrap().1, 1);
     let mut step = rp.step();
     step.replay(RunnerId(0), &a).unwrap();
@@ -1978,13 +2528,26 @@ fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() 
 #[test]
 fn consume_mut_on_either_side_of_a_handoff_never_races_the_other_side() {
     for (name, items) in [
-        ("writer's consumer writes while the reader reads", vec![P(0, 0), C(0, 2, true, 0, 80), P(1, 1), C(1, 2, false, 1, 5)]),
-        ("reader's consumer writes while the writer rewrites", vec![P(0, 0), P(1, 1), C(1, 2, true, 0, 80)]),
-        ("reader's consumer writes, writer next on its own lane", vec![P(1, 1), C(1, 0, true, 0, 80), P(0, 2)]),
+        (
+            "writer's consumer writes while the reader reads",
+            vec![P(0, 0), C(0, 2, true, 0, 80), P(1, 1), C(1, 2, false, 1, 5)],
+        ),
+        (
+            "reader's consumer writes while the writer rewrites",
+            vec![P(0, 0), P(1, 1), C(1, 2, true, 0, 80)],
+        ),
+        (
+            "reader's consumer writes, writer next on its own lane",
+            vec![P(1, 1), C(1, 0, true, 0, 80), P(0, 2)],
+        ),
     ] {
         for g in [1, 2] {
             let sh = shape(2, g, true, false, 2);
-            let warm = if matches!(items[0], P(1, _)) { vec![P(0, 0)] } else { vec![] };
+            let warm = if matches!(items[0], P(1, _)) {
+                vec![P(0, 0)]
+            } else {
+                vec![]
+            };
             // how many views does a consumer of each get?
             let mut w = world(&sh, 3, 2);
             w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
@@ -2003,11 +2566,19 @@ fn consume_mut_on_either_side_of_a_handoff_never_races_the_other_side() {
                     .map(|_| ())
             };
             let e1 = wrote_all(&mut w, 1);
-            w.replayable.replay(RunnerId(0), &w.lanes[0].clone()).unwrap();
+            w.replayable
+                .replay(RunnerId(0), &w.lanes[0].clone())
+                .unwrap();
             let e0 = wrote_all(&mut w, 0);
-            w.replayable.replay(RunnerId(1), &w.lanes[1].clone()).unwrap();
+            w.replayable
+                .replay(RunnerId(1), &w.lanes[1].clone())
+                .unwrap();
             w.replayable.synchronize().unwrap();
-            assert!(w.sim.hazards().is_empty(), "{name} G {g}: views {n0}/{n1}, {e0:?} {e1:?}: {:?}", w.sim.hazards());
+            assert!(
+                w.sim.hazards().is_empty(),
+                "{name} G {g}: views {n0}/{n1}, {e0:?} {e1:?}: {:?}",
+                w.sim.hazards()
+            );
             for (pat, launch) in patterns(3) {
                 let what = format!("{name}, G = {g} / {pat}");
                 compare_w(&sh, 3, 2, &warm, &items, 4, true, false, &*launch, &what);
@@ -2024,7 +2595,14 @@ fn consume_mut_on_either_side_of_a_handoff_never_races_the_other_side() {
 fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
     let sh = shape(3, 2, true, true, 2);
     let mut w = world(&sh, 3, 3);
-    let items = vec![P(0, 0), C(0, 2, false, 0, 10), P(1, 1), C(1, 2, true, 1, 10), P(2, 0), C(2, 1, false, 2, 10)];
+    let items = vec![
+        P(0, 0),
+        C(0, 2, false, 0, 10),
+        P(1, 1),
+        C(1, 2, true, 1, 10),
+        P(2, 0),
+        C(2, 1, false, 2, 10),
+    ];
     w.per_runner(&items, 1).unwrap();
     w.replayable.synchronize().unwrap();
     w.replayable.trim_graph_memory().unwrap();
@@ -2037,9 +2615,11 @@ fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
                     step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                 }
                 C(r, l, writes, acc, dur) => {
-                    let work = consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                    let work =
+                        consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
                     if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                            .unwrap();
                     } else {
                         step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
                     }
@@ -2054,7 +2634,11 @@ fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
             break;
         }
         w.replayable.trim_graph_memory().unwrap();
-        assert_eq!((w.sim.live_events(), w.sim.live_allocations(), w.pool()), base, "round {round}");
+        assert_eq!(
+            (w.sim.live_events(), w.sim.live_allocations(), w.pool()),
+            base,
+            "round {round}"
+        );
     }
     // Runner 1 (temporaries) used its two copies in the one build.
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 0);
@@ -2072,10 +2656,11 @@ fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
 /// (ops on them refused), whatever the forgotten guard still holds.
 #[test]
 fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
-    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned =
+        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(1))
+            .unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -2104,7 +2689,10 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
         let t0 = kept.unwrap();
         // A temporary of the forgotten capture's graph, used in another runner's capture.
         let stale = cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&t0, 5.0), 1));
-        assert!(stale.is_err(), "another runner's capture wrote the forgotten capture's temporary");
+        assert!(
+            stale.is_err(),
+            "another runner's capture wrote the forgotten capture's temporary"
+        );
         drop(cap);
         let cap = capturing.capture(RunnerId(1));
         assert!(cap.is_err(), "a failed runner captured again");
@@ -2114,10 +2702,14 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
     let again = capturing.capture(RunnerId(0)).map(|cap| {
         let v = cap.take(OWN).map_err(|e| e.to_string())?;
         assert_eq!(v.device_address(), kept_view_addr, "same fixed address");
-        cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&v, 3.0), 1)).map_err(|e| e.to_string())?;
+        cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&v, 3.0), 1))
+            .map_err(|e| e.to_string())?;
         cap.finish().map_err(|e| e.to_string())
     });
-    eprintln!("captured again: {:?}", again.as_ref().map_err(|e| e.to_string()));
+    eprintln!(
+        "captured again: {:?}",
+        again.as_ref().map_err(|e| e.to_string())
+    );
     let capturing = match capturing.seal() {
         Ok(_) => panic!("sealed"),
         Err(e) => e.into_capturing(),
@@ -2132,10 +2724,11 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
 /// the forgotten guard held stays behind after teardown.
 #[test]
 fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
-    let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned =
+        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+            .unwrap()
+            .plan(Policy::Generations(1))
+            .unwrap();
     let sim = sim::Device::new();
     let (s, t, c) = (sim.stream(), sim.stream(), sim.stream());
     let acc = sim.alloc_f32(N).unwrap();
@@ -2144,7 +2737,8 @@ fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let v = cap.take(OWN).unwrap();
         cap.step_copies(2);
-        cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v)).unwrap();
+        cap.stream_capture_repeatable(&s, |st| with_temporary(&sim, st, &v))
+            .unwrap();
         std::mem::forget(cap);
     }
     let forgotten = sim.graph_memory_in_use().unwrap().unwrap().used;
@@ -2165,15 +2759,23 @@ fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
     let mut rp = capturing.seal().unwrap();
     for k in 0..3 {
         for r in 0..2u32 {
-            rp.replay(RunnerId(r), if k % 2 == 0 { &s } else { &t }).unwrap();
-            rp.consume(RunnerId(r), &c, |st, v| sim.launch(st, sim::Op::add(&v[0], &acc), 40)).unwrap();
+            rp.replay(RunnerId(r), if k % 2 == 0 { &s } else { &t })
+                .unwrap();
+            rp.consume(RunnerId(r), &c, |st, v| {
+                sim.launch(st, sim::Op::add(&v[0], &acc), 40)
+            })
+            .unwrap();
         }
     }
     {
         let mut step = rp.step();
         for r in 0..2u32 {
-            step.replay(RunnerId(r), if r == 0 { &s } else { &t }).unwrap();
-            step.consume(RunnerId(r), &c, |st, v| sim.launch(st, sim::Op::add(&v[0], &acc), 40)).unwrap();
+            step.replay(RunnerId(r), if r == 0 { &s } else { &t })
+                .unwrap();
+            step.consume(RunnerId(r), &c, |st, v| {
+                sim.launch(st, sim::Op::add(&v[0], &acc), 40)
+            })
+            .unwrap();
         }
         let mut g = step.build_overlapping().unwrap();
         let x = sim.stream();
@@ -2203,11 +2805,16 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     let sim = sim::Device::new();
     let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
     let sink = sim.alloc_f32(N).unwrap();
-    let mut capturing = d.plan(Policy::Generations(1)).unwrap().allocate(sim.clone()).unwrap();
+    let mut capturing = d
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let v = cap.take(OWN).unwrap();
-        cap.stream_capture(&a, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5)).unwrap();
+        cap.stream_capture(&a, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5))
+            .unwrap();
         cap.finish().unwrap();
     }
     {
@@ -2231,7 +2838,10 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     let (t, copies) = rp.temporaries(RunnerId(1)).unwrap();
     assert_eq!((t.bytes, copies), (4 * N as u64, 4));
     let rep = rp.report().unwrap().temporaries.unwrap();
-    assert_eq!((rep.runners, rep.total, rep.step_copies), (1, t.bytes, 4 * t.bytes));
+    assert_eq!(
+        (rep.runners, rep.total, rep.step_copies),
+        (1, t.bytes, 4 * t.bytes)
+    );
     rp.replay(RunnerId(1), &a).unwrap();
     rp.replay(RunnerId(1), &b).unwrap();
     {
@@ -2269,14 +2879,20 @@ fn consume_many_in_overlapping_step_graphs_matches_the_host_fence() {
                 let ids: Vec<RunnerId> = set.iter().map(|&r| RunnerId(r)).collect();
                 let steps = 5;
                 if graphed {
-                    let all: Vec<sim::Stream> = w.lanes.iter().cloned().chain((0..3).map(|_| w.sim.stream())).collect();
+                    let all: Vec<sim::Stream> = w
+                        .lanes
+                        .iter()
+                        .cloned()
+                        .chain((0..3).map(|_| w.sim.stream()))
+                        .collect();
                     let mut step = w.replayable.step();
                     for &it in &items {
                         if let P(r, l) = it {
                             step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                         }
                     }
-                    step.consume_many(&ids, &w.lanes[2], many_work(&w.sim, &w.accs[0])).unwrap();
+                    step.consume_many(&ids, &w.lanes[2], many_work(&w.sim, &w.accs[0]))
+                        .unwrap();
                     let mut g = step.build_overlapping().unwrap();
                     for k in 0..steps {
                         g.launch(&all[launch(k) % all.len()]).unwrap();
@@ -2284,7 +2900,9 @@ fn consume_many_in_overlapping_step_graphs_matches_the_host_fence() {
                 } else {
                     for _ in 0..steps {
                         w.per_runner(&items, 1).unwrap();
-                        w.replayable.consume_many(&ids, &w.lanes[2], many_work(&w.sim, &w.accs[0])).unwrap();
+                        w.replayable
+                            .consume_many(&ids, &w.lanes[2], many_work(&w.sim, &w.accs[0]))
+                            .unwrap();
                     }
                 }
                 w.per_runner(&items, 1).unwrap();
@@ -2293,7 +2911,10 @@ fn consume_many_in_overlapping_step_graphs_matches_the_host_fence() {
             };
             let (host, hz_host) = run(false);
             let (step, hz_step) = run(true);
-            assert!(hz_host.is_empty() && hz_step.is_empty(), "{set:?} / {pat}: {hz_step:?}");
+            assert!(
+                hz_host.is_empty() && hz_step.is_empty(),
+                "{set:?} / {pat}: {hz_step:?}"
+            );
             assert_eq!(step, host, "{set:?} / {pat}");
         }
     }
@@ -2319,10 +2940,11 @@ fn many_work<'a>(
 #[test]
 fn failed_step_launches_leave_the_fence_untouched() {
     for overlapping in [false, true] {
-        let planned = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap();
+        let planned =
+            Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
+                .unwrap()
+                .plan(Policy::Generations(1))
+                .unwrap();
         let sim = sim::Device::new();
         let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
         let acc = sim.alloc_f32(N).unwrap();
@@ -2330,7 +2952,10 @@ fn failed_step_launches_leave_the_fence_untouched() {
         for r in 0..2u32 {
             let cap = capturing.capture(RunnerId(r)).unwrap();
             let v = cap.take(OWN).unwrap();
-            cap.stream_capture(&a, |s| sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)).unwrap();
+            cap.stream_capture(&a, |s| {
+                sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)
+            })
+            .unwrap();
             cap.finish().unwrap();
         }
         let mut rp = capturing.seal().unwrap();
@@ -2338,7 +2963,12 @@ fn failed_step_launches_leave_the_fence_untouched() {
         {
             let mut step = rp.step();
             step.replay(RunnerId(1), &b).unwrap();
-            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            let mut g = if overlapping {
+                step.build_overlapping()
+            } else {
+                step.build()
+            }
+            .unwrap();
             let mut failed = Vec::new();
             while_captured(&sim, &a, |_| {
                 failed.push(g.launch(&x).is_err());
@@ -2347,19 +2977,32 @@ fn failed_step_launches_leave_the_fence_untouched() {
             assert_eq!(failed, vec![true, true]);
             assert_eq!(g.launches(), 0);
         }
-        assert_eq!(rp.fence_stats().step_launches, 0, "overlapping {overlapping}");
-        let got = rp.consume(RunnerId(0), &x, |s, v| sim.launch(s, sim::Op::add(&v[0], &acc), 1));
+        assert_eq!(
+            rp.fence_stats().step_launches,
+            0,
+            "overlapping {overlapping}"
+        );
+        let got = rp.consume(RunnerId(0), &x, |s, v| {
+            sim.launch(s, sim::Op::add(&v[0], &acc), 1)
+        });
         assert!(got.is_ok(), "overlapping {overlapping}: {got:?}");
         rp.synchronize().unwrap();
         assert_eq!(sim.read_f32(&acc).unwrap()[0], 1.0);
         {
             let mut step = rp.step();
             step.replay(RunnerId(1), &b).unwrap();
-            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            let mut g = if overlapping {
+                step.build_overlapping()
+            } else {
+                step.build()
+            }
+            .unwrap();
             g.launch(&x).unwrap();
             g.launch(&b).unwrap();
         }
-        let got = rp.consume(RunnerId(1), &a, |s, v| sim.launch(s, sim::Op::add(&v[0], &acc), 1));
+        let got = rp.consume(RunnerId(1), &a, |s, v| {
+            sim.launch(s, sim::Op::add(&v[0], &acc), 1)
+        });
         assert!(got.is_ok());
         rp.synchronize().unwrap();
         assert_eq!(sim.read_f32(&acc).unwrap()[0], 3.0);
@@ -2383,16 +3026,31 @@ fn program_work_on_a_lane_between_launches_is_ordered_the_documented_way() {
         let sim = w.sim.clone();
         let mut step = w.replayable.step();
         step.replay(RunnerId(0), &w.lanes[0]).unwrap();
-        step.consume(RunnerId(0), &w.lanes[1], consume_work(&w.sim, &w.accs[0], &w.lane_accs[1], &w.one, false, 40)).unwrap();
-        let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+        step.consume(
+            RunnerId(0),
+            &w.lanes[1],
+            consume_work(&w.sim, &w.accs[0], &w.lane_accs[1], &w.one, false, 40),
+        )
+        .unwrap();
+        let mut g = if overlapping {
+            step.build_overlapping()
+        } else {
+            step.build()
+        }
+        .unwrap();
         for _ in 0..4 {
             // launched on lane 1, program work on lane 1 after wait_all.
             g.launch(&w.lanes[1]).unwrap();
             g.wait_all(&w.lanes[1]).unwrap();
-            sim.launch(&w.lanes[1], sim::Op::scale(&w.lane_accs[1], 0.5), 5).unwrap();
+            sim.launch(&w.lanes[1], sim::Op::scale(&w.lane_accs[1], 0.5), 5)
+                .unwrap();
         }
         drop(g);
-        assert!(sim.hazards().is_empty(), "overlapping {overlapping}: {:?}", sim.hazards());
+        assert!(
+            sim.hazards().is_empty(),
+            "overlapping {overlapping}: {:?}",
+            sim.hazards()
+        );
     }
 }
 
@@ -2406,7 +3064,12 @@ fn ready_points_that_differ_between_runs_fail_cleanly() {
         ("ready only in run 1", 1, |run| run == 1, false),
         ("ready only in run 2", 1, |run| run == 2, false),
         ("ready missing in copy 2 of 2", 2, |run| run != 3, false),
-        ("run 2 writes the handoff after its ready point", 1, |_| true, true),
+        (
+            "run 2 writes the handoff after its ready point",
+            1,
+            |_| true,
+            true,
+        ),
     ];
     for (what, copies, ready_in, touch_after) in cases {
         let mut c = cap1(true);
@@ -2428,7 +3091,10 @@ fn ready_points_that_differ_between_runs_fail_cleanly() {
                 }
                 with_temporary(&sim, st, &v)
             });
-            (res.map_err(|e| e.to_string()), cap.finish().map_err(|e| e.to_string()))
+            (
+                res.map_err(|e| e.to_string()),
+                cap.finish().map_err(|e| e.to_string()),
+            )
         };
         assert!(res.is_err() && fin.is_err(), "{what}: {res:?} {fin:?}");
         after_failure(c, what);

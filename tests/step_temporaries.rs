@@ -196,7 +196,7 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
         matches!(used, ReplayError::NoStepCopy { captured: 1, .. }),
         "{used}"
     );
-    assert!(used.to_string().contains("earlier step graph"), "{used}");
+    assert!(used.to_string().contains("used up"), "{used}");
     drop(again);
     // The runners' own graphs replay as before.
     c.per_runner(3);

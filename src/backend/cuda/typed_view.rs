@@ -217,10 +217,23 @@ pub trait ViewExt<'a> {
     /// the arena's bytes.
     ///
     /// The checks a [`TypedView`] makes at each use are made once, here.
-    /// cudarc's view types do not say which stream their work goes on, so
-    /// put work on the lent view on `stream` only (as cudarc's
-    /// `CudaStream` methods on `s.cudarc()` do); see `docs/integration.md`,
-    /// "Views lent as cudarc views", for what else a lend promises.
+    /// cudarc's view types carry no such check: cudarc's safe methods take
+    /// work on a `CudaView` on *any* stream, and the crate cannot see it.
+    /// That is why a lend is `unsafe`; the safe ways to hand a view to
+    /// framework code are [`as_cuda`](ViewExt::as_cuda) (a [`TypedView`]
+    /// implements cudarc's `DevicePtr`/`DevicePtrMut`, checked at each use)
+    /// and the copies [`copy_from`](ViewExt::copy_from) /
+    /// [`copy_into`](ViewExt::copy_into). See `docs/integration.md`,
+    /// "Views lent as cudarc views".
+    ///
+    /// # Safety
+    ///
+    /// Every use of the lent view inside `f` puts its work on `stream`
+    /// (cudarc's `CudaStream` methods called on `stream.cudarc()`, kernels
+    /// launched there), or on a stream that joins `stream`'s capture (forked
+    /// from it by an event and joined back into it before `f` returns).
+    /// Work on the lent view on any other stream runs outside the fence:
+    /// it may overlap replays and consumers that use the same bytes.
     ///
     /// ```no_run
     /// # use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
@@ -242,7 +255,8 @@ pub trait ViewExt<'a> {
     /// # let capturing = discovery.plan(Policy::Generations(1))?.allocate(backend.clone())?;
     /// # let mut replayable = capturing.seal()?;
     /// replayable.consume(RunnerId(0), &stream, |s, views| -> replay_arena::Result<()> {
-    ///     views[0].with_cudarc(s, |x| sum_into(s, &x, &mut main))
+    ///     // SAFETY: `sum_into` puts its work on `s`, the consumer's stream.
+    ///     unsafe { views[0].with_cudarc(s, |x| sum_into(s, &x, &mut main)) }
     /// })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -254,7 +268,7 @@ pub trait ViewExt<'a> {
     /// use replay_arena::cuda::{Stream, ViewExt};
     /// use replay_arena::BackendError;
     /// fn escape<'v>(view: replay_arena::View<'v>, s: &Stream) -> CudaView<'v, f32> {
-    ///     view.with_cudarc::<f32, _, BackendError>(s, |v| Ok(v)).unwrap()
+    ///     unsafe { view.with_cudarc::<f32, _, BackendError>(s, |v| Ok(v)) }.unwrap()
     /// }
     /// ```
     ///
@@ -264,7 +278,7 @@ pub trait ViewExt<'a> {
     /// a view of a symmetric domain (use `as_cuda` there), and
     /// [`BackendError::EventTracking`] when the stream's context has
     /// cudarc's event tracking on.
-    fn with_cudarc<T: Element, R, E: From<BackendError>>(
+    unsafe fn with_cudarc<T: Element, R, E: From<BackendError>>(
         &self,
         stream: &Stream,
         f: impl FnOnce(cudarc::driver::CudaView<'_, T>) -> std::result::Result<R, E>,
@@ -281,11 +295,17 @@ pub trait ViewExt<'a> {
     /// [`ViewOutOfScope`](crate::CaptureError::ViewOutOfScope): the crate
     /// cannot see whether the lent view was written after the ready point.
     ///
+    /// # Safety
+    ///
+    /// As [`with_cudarc`](ViewExt::with_cudarc): every use of the lent view
+    /// inside `f` puts its work on `stream` (or on a stream that joins its
+    /// capture).
+    ///
     /// # Errors
     ///
     /// As [`with_cudarc`](ViewExt::with_cudarc), and
     /// [`BackendError::InvalidView`] for a view its closure may only read.
-    fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
+    unsafe fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
         &self,
         stream: &Stream,
         f: impl FnOnce(cudarc::driver::CudaViewMut<'_, T>) -> std::result::Result<R, E>,
@@ -339,7 +359,7 @@ impl<'a> ViewExt<'a> for View<'a> {
         })
     }
 
-    fn with_cudarc<T: Element, R, E: From<BackendError>>(
+    unsafe fn with_cudarc<T: Element, R, E: From<BackendError>>(
         &self,
         stream: &Stream,
         f: impl FnOnce(cudarc::driver::CudaView<'_, T>) -> std::result::Result<R, E>,
@@ -347,7 +367,7 @@ impl<'a> ViewExt<'a> for View<'a> {
         super::lend::with_cudarc(self, stream, f)
     }
 
-    fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
+    unsafe fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
         &self,
         stream: &Stream,
         f: impl FnOnce(cudarc::driver::CudaViewMut<'_, T>) -> std::result::Result<R, E>,
