@@ -117,12 +117,16 @@ fn two_runners_on_two_streams_share_one_handle_with_their_own_workspaces() {
             let gemm = |blas: &CudaBlas| -> replay_arena::Result<()> {
                 // The handle's own stream is `a_stream`: hand cuBLAS a lent
                 // cudarc view, which works whatever stream cudarc names.
-                c.with_cudarc_mut(s, |mut c| -> replay_arena::Result<()> {
-                    // SAFETY: a is M x K, b is K x N, c is M x N,
-                    // column-major; the handle enqueues on `s` meanwhile.
-                    unsafe { blas.gemm(cfg(), a, b, &mut c) }?;
-                    Ok(())
-                })
+                // SAFETY: the lent view's only work is this GEMM, which
+                // the handle enqueues on `s` (bound by `with_workspace`).
+                unsafe {
+                    c.with_cudarc_mut(s, |mut c| -> replay_arena::Result<()> {
+                        // SAFETY: a is M x K, b is K x N, c is M x N,
+                        // column-major; the handle enqueues on `s` meanwhile.
+                        blas.gemm(cfg(), a, b, &mut c)?;
+                        Ok(())
+                    })
+                }
             };
             if r == 0 {
                 with_workspace(&handle, s, &mut ws, |blas| {

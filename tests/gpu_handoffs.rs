@@ -443,3 +443,24 @@ fn a_layer_whose_op_output_escapes_its_graph_is_a_typed_error() {
     // Destroyed without a launch: the allocation never got memory.
     std::mem::forget(kept);
 }
+
+/// The framework-shaped backward of this file is written through the
+/// public API alone: no `unsafe` in it (the op library it calls is the
+/// framework's own code).
+#[test]
+fn this_file_has_no_unsafe_code() {
+    let source = include_str!("gpu_handoffs.rs");
+    // `unsafe` as a keyword: a block, fn, impl or trait (spelled in
+    // pieces so that this test does not find itself).
+    let keyword = ["un", "safe"].concat();
+    let needles: Vec<String> = [" {", " fn", " impl", " trait", " extern"]
+        .iter()
+        .map(|after| format!("{keyword}{after}"))
+        .collect();
+    let hits: Vec<&str> = source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .filter(|l| needles.iter().any(|n| l.contains(n.as_str())))
+        .collect();
+    assert!(hits.is_empty(), "{hits:?}");
+}

@@ -13,7 +13,8 @@
 //!   handoffs copied out with `copy_into`. No `unsafe` in the backward;
 //! - `graphed (gemm into views)`: dX and dW computed by cuBLAS straight
 //!   into views lent with `with_cudarc_mut`, reading the received handoff
-//!   through `with_cudarc`: no copy in the graph (one `unsafe` cuBLAS call
+//!   through `with_cudarc` (lends are `unsafe`: the GEMMs stay on the
+//!   capture stream): no copy in the graph (one `unsafe` cuBLAS call
 //!   per GEMM, as cudarc's `gemm` is `unsafe`).
 //!
 //! Build and run on a CUDA machine (candle builds its kernels with nvcc):
@@ -262,27 +263,35 @@ impl Model {
                         let (x, w) = (&self.xs[l], &self.ws[l]);
                         let run = |dy: &CudaView<'_, bf16>| -> R<()> {
                             if let Some((_, v)) = &dx_view {
-                                v.with_cudarc_mut(s, |mut dx| -> R<()> {
-                                    with_slice(w, |w| {
-                                        // SAFETY: row-major dX[b, d] = dY[b, d] W[d, d].
-                                        unsafe { blas.gemm(self.cfg_dx(), &w, dy, &mut dx) }
+                                // SAFETY: the lent view's only work is this
+                                // GEMM, which the handle enqueues on `s`.
+                                unsafe {
+                                    v.with_cudarc_mut(s, |mut dx| -> R<()> {
+                                        with_slice(w, |w| {
+                                            // SAFETY: row-major dX[b, d] = dY[b, d] W[d, d].
+                                            blas.gemm(self.cfg_dx(), &w, dy, &mut dx)
+                                                .map_err(BackendError::from)?;
+                                            Ok(())
+                                        })
+                                    })
+                                }?;
+                            }
+                            ready(s)?;
+                            // SAFETY: as above, the GEMM on `s` only.
+                            unsafe {
+                                wg.with_cudarc_mut(s, |mut dw| -> R<()> {
+                                    with_slice(x, |x| {
+                                        // SAFETY: row-major dW[d, d] = dY^T X.
+                                        blas.gemm(self.cfg_dw(), &x, dy, &mut dw)
                                             .map_err(BackendError::from)?;
                                         Ok(())
                                     })
-                                })?;
-                            }
-                            ready(s)?;
-                            wg.with_cudarc_mut(s, |mut dw| -> R<()> {
-                                with_slice(x, |x| {
-                                    // SAFETY: row-major dW[d, d] = dY^T X.
-                                    unsafe { blas.gemm(self.cfg_dw(), &x, dy, &mut dw) }
-                                        .map_err(BackendError::from)?;
-                                    Ok(())
                                 })
-                            })
+                            }
                         };
                         match &dy_view {
-                            Some(v) => v.with_cudarc(s, |dy| run(&dy)),
+                            // SAFETY: `run` puts its work on `s` only.
+                            Some(v) => unsafe { v.with_cudarc(s, |dy| run(&dy)) },
                             None => with_slice(&self.dy0, |dy| run(&dy)),
                         }
                     } else {
