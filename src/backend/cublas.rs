@@ -76,26 +76,7 @@ pub unsafe fn bind_workspace(
 ) -> Result<(), BackendError> {
     let bytes = workspace.len();
     let (ptr, _record) = workspace.device_ptr_mut(stream.cudarc());
-    if ptr == 0 && bytes > 0 {
-        // A typed view out of its closure (or on another stream) hands out
-        // address 0: cuBLAS would get a NULL workspace of `bytes` bytes.
-        return Err(BackendError::Refused {
-            op: "cublasSetWorkspace",
-            reason: format!(
-                "the workspace of {bytes} bytes has no address on this stream (a plan's typed \
-                 view works only inside its own `stream_capture` or `consume` closure, on that \
-                 closure's stream): bind the workspace inside the closure"
-            ),
-        });
-    }
-    if ptr % WORKSPACE_ALIGNMENT != 0 {
-        return Err(BackendError::Refused {
-            op: "cublasSetWorkspace",
-            reason: format!(
-                "a cuBLAS workspace must be {WORKSPACE_ALIGNMENT}-byte aligned; this one is at {ptr:#x}"
-            ),
-        });
-    }
+    check_workspace(ptr, bytes)?;
     // SAFETY: the caller upholds `CudaBlas::set_stream`'s contract (above).
     unsafe { blas.set_stream(stream.cudarc().clone()) }.map_err(|e| BackendError::Cublas {
         op: "cublasSetStream",
@@ -228,6 +209,31 @@ fn status(op: &'static str, status: blas::cublasStatus_t) -> Result<(), BackendE
     }
 }
 
+/// Refuses a workspace cuBLAS cannot take: no address on the stream (a
+/// typed view out of its closure, or on another stream, hands out address
+/// 0: cuBLAS would get a NULL workspace of `bytes` bytes), or misaligned.
+fn check_workspace(ptr: u64, bytes: usize) -> Result<(), BackendError> {
+    if ptr == 0 && bytes > 0 {
+        return Err(BackendError::Refused {
+            op: "cublasSetWorkspace",
+            reason: format!(
+                "the workspace of {bytes} bytes has no address on this stream (a plan's typed \
+                 view works only inside its own `stream_capture` or `consume` closure, on that \
+                 closure's stream): bind the workspace inside the closure"
+            ),
+        });
+    }
+    if ptr % WORKSPACE_ALIGNMENT != 0 {
+        return Err(BackendError::Refused {
+            op: "cublasSetWorkspace",
+            reason: format!(
+                "a cuBLAS workspace must be {WORKSPACE_ALIGNMENT}-byte aligned; this one is at {ptr:#x}"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// # Safety
 ///
 /// `handle` is live, of the stream's context, and not used from another
@@ -241,26 +247,7 @@ unsafe fn with_workspace_on<R, E: From<BackendError>>(
     use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
     let bytes = workspace.len();
     let (ptr, record) = workspace.device_ptr_mut(stream.cudarc());
-    if ptr == 0 && bytes > 0 {
-        return Err(BackendError::Refused {
-            op: "cublasSetWorkspace",
-            reason: format!(
-                "the workspace of {bytes} bytes has no address on this stream (a plan's typed \
-                 view works only inside its own `stream_capture` or `consume` closure, on that \
-                 closure's stream): bind the workspace inside the closure"
-            ),
-        }
-        .into());
-    }
-    if ptr % WORKSPACE_ALIGNMENT != 0 {
-        return Err(BackendError::Refused {
-            op: "cublasSetWorkspace",
-            reason: format!(
-                "a cuBLAS workspace must be {WORKSPACE_ALIGNMENT}-byte aligned; this one is at {ptr:#x}"
-            ),
-        }
-        .into());
-    }
+    check_workspace(ptr, bytes)?;
     let mut previous: blas::cudaStream_t = std::ptr::null_mut();
     // SAFETY: a live handle (the caller's contract); `previous` is a local
     // out pointer.
