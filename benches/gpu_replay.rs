@@ -14,6 +14,14 @@
 //!    unfenced launches (the unsafe reference), and as one `StepGraph`
 //!    launch: host time and wall time per step; then the same with runners whose
 //!    graphs allocate a temporary (their step copies moved into the step graph).
+//! 4. The cost of a trace (`Replayable::start_trace_with_capacity`): host
+//!    time per replay and per consumer with and without a trace running (two
+//!    timing events recorded per slice, created before the batch), and per
+//!    slice at `start_trace_with_capacity` (creating them) and at
+//!    `finish_trace` (reading them).
+//!
+//! Arguments after `--` pick sections by name (`host`, `overlap`, `step`,
+//! `trace`): `cargo bench --bench gpu_replay -- trace`.
 
 use std::time::Instant;
 
@@ -440,6 +448,94 @@ fn step_cost(b: &cuda::Device, k: &Kernels, allocating: bool) -> R<()> {
     Ok(())
 }
 
+/// The trace's modes, measured interleaved batch by batch.
+const TRACE_MODES: [&str; 4] = [
+    "replay, one stream, no trace",
+    "replay, one stream, traced",
+    "replay + consume on a second stream, no trace",
+    "replay + consume on a second stream, traced",
+];
+
+fn trace_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
+    let a = b.new_stream()?;
+    let side = b.new_stream()?;
+    let tiny = |s: &cuda::Stream, w: u64| touch(k, s, w);
+    let mut plans = Vec::new();
+    for _ in TRACE_MODES {
+        plans.push(build(b, &a, 1, Policy::Generations(1).into(), &tiny)?);
+    }
+    let out = side.cudarc().alloc_zeros::<f32>(1)?;
+    let out_ptr = {
+        use replay_arena::cuda::cudarc::driver::DevicePtr;
+        out.device_ptr(side.cudarc()).0
+    };
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); TRACE_MODES.len()];
+    let mut finish: Vec<f64> = Vec::new();
+    let mut start: Vec<f64> = Vec::new();
+    for round in 0..=BATCHES {
+        for (m, (sample, r)) in samples.iter_mut().zip(&mut plans).enumerate() {
+            b.synchronize()?;
+            let traced = m % 2 == 1;
+            if traced {
+                let slices = if m >= 2 { 2 * BATCH } else { BATCH };
+                let t = Instant::now();
+                r.start_trace_with_capacity(slices)?;
+                if round > 0 {
+                    start.push(t.elapsed().as_nanos() as f64 / slices as f64);
+                }
+            }
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                r.replay(RunnerId(0), &a)?;
+                if m >= 2 {
+                    r.consume(RunnerId(0), &side, |s, v| {
+                        read(k, s, v[0].device_address(), out_ptr)
+                    })?;
+                }
+            }
+            let elapsed = t.elapsed();
+            if traced {
+                let t = Instant::now();
+                let trace = r.finish_trace()?;
+                let per_slice = t.elapsed().as_nanos() as f64 / trace.slices().len() as f64;
+                if round > 0 {
+                    finish.push(per_slice);
+                }
+            }
+            if round > 0 {
+                sample.push(elapsed.as_nanos() as f64 / BATCH as f64);
+            }
+        }
+    }
+    b.synchronize()?;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let medians: Vec<f64> = samples.iter_mut().map(median).collect();
+    println!(
+        "\n## trace cost: host time per iteration (median of {BATCHES} batches of {BATCH}, modes interleaved)"
+    );
+    println!("| mode | ns/iteration | traced minus untraced |");
+    println!("|---|---:|---:|");
+    for (m, (name, ns)) in TRACE_MODES.iter().zip(&medians).enumerate() {
+        let extra = match m % 2 {
+            1 => format!("{:+.0}", ns - medians[m - 1]),
+            _ => String::new(),
+        };
+        println!("| {name} | {ns:.0} | {extra} |");
+    }
+    println!(
+        "start_trace_with_capacity: {:.0} ns per slice (median; creates two timing events each)",
+        median(&mut start)
+    );
+    println!(
+        "finish_trace: {:.0} ns per slice (median; reads two timing events each, and frees them)",
+        median(&mut finish)
+    );
+    Ok(())
+}
+
 fn main() -> R<()> {
     if let Err(e) = probe() {
         println!("gpu_replay: skipped, no usable GPU: {e}");
@@ -448,9 +544,23 @@ fn main() -> R<()> {
     let b = cuda::Device::new(0)?;
     println!("gpu_replay on {}", b.info());
     let k = kernels(&b)?;
-    host_cost(&b, &k)?;
-    overlap(&b, &k)?;
-    step_cost(&b, &k, false)?;
-    step_cost(&b, &k, true)?;
+    let picked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |name: &str| picked.is_empty() || picked.iter().any(|p| p == name);
+    if run("host") {
+        host_cost(&b, &k)?;
+    }
+    if run("overlap") {
+        overlap(&b, &k)?;
+    }
+    if run("step") {
+        step_cost(&b, &k, false)?;
+        step_cost(&b, &k, true)?;
+    }
+    if run("trace") {
+        trace_cost(&b, &k)?;
+    }
     Ok(())
 }

@@ -9,13 +9,19 @@
 //! generations, so consecutive runners overlap while no arena is overwritten
 //! before its consumer is done.
 //!
+//! The last two per-runner steps and the step graph's launches are traced:
+//! the fence's schedule is written as a Chrome trace file (one lane per
+//! stream, an arrow per wait) whose path the example prints; open it at
+//! <https://ui.perfetto.dev> ("Open trace file") or in Chrome's
+//! `about:tracing` (docs/trace.md).
+//!
 //! Runs on the `sim` backend everywhere, and on the GPU (`cuda` backend) when
 //! one is present.
 
 use replay_arena::sim;
 use replay_arena::{
     Backend, Compose, DType, Discovering, Domain, ParamId, PlanConfig, Policy, Purpose, Replayable,
-    Request, Result, RunnerId, Streams, View,
+    Request, Result, RunnerId, Streams, Timing, View,
 };
 
 /// Parameters: (name, elements of its wgrad shard).
@@ -51,7 +57,7 @@ fn grad_value(r: usize, i: usize) -> f32 {
 
 /// The kernels the pipeline needs, per backend.
 trait Kernels {
-    type Backend: Compose + Clone;
+    type Backend: Compose + Timing + Clone + 'static;
     /// A buffer outside the plan holding one parameter's main grad.
     type Buffer;
     fn backend(&self) -> &Self::Backend;
@@ -244,7 +250,11 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
     }
     let mut replayable: Replayable<K::Backend> = capturing.seal()?;
 
-    for _ in 0..STEPS {
+    for step in 0..STEPS {
+        if step == STEPS - 2 {
+            // Traced from here to the end of the step graph's launches.
+            replayable.start_trace()?;
+        }
         for (r, (_, params)) in RUNNERS.iter().enumerate() {
             let runner = RunnerId(r as u32);
             replayable.replay(runner, &pool[r % pool.len()])?;
@@ -280,6 +290,28 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
             graph.edges()
         );
     } // dropping it hands the plan back
+    let trace = replayable.finish_trace()?;
+    let path = std::env::temp_dir().join(format!(
+        "replay-arena-quickstart.{}.json",
+        backend.backend().name()
+    ));
+    trace
+        .write_chrome_json(&path)
+        .map_err(|e| replay_arena::Error::Work(format!("{}: {e}", path.display()).into()))?;
+    // Waits for work before the trace have no slice to draw an arrow from.
+    let waits = || trace.slices().iter().flat_map(|s| &s.waits);
+    let skipped = waits().filter(|w| w.skipped).count();
+    let drawn = waits().filter(|w| !w.skipped && w.from.is_some()).count();
+    println!(
+        "trace of the last 2 per-runner steps and the {STEPS} step graph launches: {} slices on {} streams, \
+         {} waits drawn as arrows, {} skipped (stream order), written to {}\n\
+         open it at https://ui.perfetto.dev (\"Open trace file\") or in Chrome's about:tracing",
+        trace.slices().len(),
+        trace.streams().len(),
+        drawn,
+        skipped,
+        path.display()
+    );
     replayable.synchronize()?;
 
     for (p, (name, _)) in PARAMS.iter().enumerate() {

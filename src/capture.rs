@@ -846,6 +846,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// [`StreamCaptureError::Capture`] when the backend cannot begin or end
     /// the capture, when a graph was already captured, or after an earlier
     /// failure.
+    #[doc(alias = "cuStreamBeginCapture")]
+    #[doc(alias = "begin_capture")]
     pub fn stream_capture<E: fmt::Display>(
         &self,
         stream: &B::Stream,

@@ -45,6 +45,7 @@ use crate::backend::{BackendError, Streams};
 use crate::painter::{Claim, Painter};
 use crate::plan::Planned;
 use crate::scope::StreamClaim;
+use crate::trace::{Observer, SliceKind, NO_USER};
 use crate::view::Misuse;
 use crate::vocab::{HandoffId, RunnerId};
 
@@ -168,6 +169,14 @@ pub enum ReplayError {
     /// Waiting for fenced work (synchronize, teardown) failed.
     #[error("waiting for the plan's work failed: {0}")]
     Wait(BackendError),
+    /// [`Replayable::finish_trace`](crate::Replayable::finish_trace) was
+    /// called with no trace started.
+    #[error("no trace was started: call start_trace before the work to trace")]
+    NoTrace,
+    /// A timing mark of the trace failed (taking it, or reading its time);
+    /// the fenced work itself was not affected.
+    #[error("a timing mark of the trace failed: {0}")]
+    TraceMark(BackendError),
 }
 
 type Result<T> = std::result::Result<T, ReplayError>;
@@ -344,6 +353,9 @@ struct Runner<B: Streams> {
     /// completes on: each is waited for by the next claimer of the bytes,
     /// none by another consumer. Their events are reused across replays.
     readers: Vec<Reader<B>>,
+    /// The trace's id of the use that `completion` ends with (`NO_USER`
+    /// when no trace saw it).
+    by: u32,
 }
 
 impl<B: Streams> Runner<B> {
@@ -355,6 +367,7 @@ impl<B: Streams> Runner<B> {
             waited_on: false,
             waited_by: None,
             readers: Vec::new(),
+            by: NO_USER,
         }
     }
 }
@@ -364,6 +377,8 @@ struct Reader<B: Streams> {
     event: B::Event,
     /// `None` once a replay of the runner waited for it.
     completion: Option<Completion<B::Stream>>,
+    /// The trace's id of the consumer it ends with.
+    by: u32,
 }
 
 /// Why a consumer may not read a runner's bytes.
@@ -387,6 +402,12 @@ pub(crate) struct Fence<B: Streams> {
     claims: bool,
     scratch: Vec<u32>,
     stats: FenceStats,
+    /// The trace the program started, told of every use of the plan.
+    observer: Option<Box<dyn Observer<B>>>,
+    /// The trace's id of the use in progress (`NO_USER`: none, or no trace).
+    user: u32,
+    /// The trace's id of the latest step graph launch.
+    step_user: u32,
 }
 
 impl<B: Streams> Fence<B> {
@@ -414,6 +435,9 @@ impl<B: Streams> Fence<B> {
             claims: true,
             scratch: Vec::new(),
             stats: FenceStats::default(),
+            observer: None,
+            user: NO_USER,
+            step_user: NO_USER,
         }
     }
 
@@ -445,11 +469,68 @@ impl<B: Streams> Fence<B> {
             claims: false,
             scratch: Vec::new(),
             stats: FenceStats::default(),
+            observer: None,
+            user: NO_USER,
+            step_user: NO_USER,
         }
     }
 
     pub(crate) fn stats(&self) -> FenceStats {
         self.stats
+    }
+
+    /// Replaces the trace told of every use of the plan (`None`: no
+    /// trace) and returns the one before.
+    pub(crate) fn observe(
+        &mut self,
+        observer: Option<Box<dyn Observer<B>>>,
+    ) -> Option<Box<dyn Observer<B>>> {
+        self.user = NO_USER;
+        self.step_user = NO_USER;
+        std::mem::replace(&mut self.observer, observer)
+    }
+
+    /// A use of the plan begins on `on`, before its waits: the trace (if
+    /// one runs) gives it an id, which every completion it leaves carries.
+    pub(crate) fn begin_use(&mut self, kind: impl FnOnce() -> SliceKind, on: On<'_, B::Stream>) {
+        self.user = match &mut self.observer {
+            Some(observer) => observer.begin(kind(), on.id),
+            None => NO_USER,
+        };
+    }
+
+    /// Runs `work` (the use's launch, or what a consumer enqueues) between
+    /// two marks of the trace on `on`.
+    pub(crate) fn timed<T>(
+        &mut self,
+        backend: &B,
+        on: On<'_, B::Stream>,
+        work: impl FnOnce() -> T,
+    ) -> T {
+        if let Some(observer) = &mut self.observer {
+            observer.mark(backend, on.stream);
+        }
+        let out = work();
+        if let Some(observer) = &mut self.observer {
+            observer.mark(backend, on.stream);
+        }
+        out
+    }
+
+    /// The use in progress is enqueued: the trace keeps it. (A use that
+    /// failed before it enqueued anything never ends; the trace drops it.)
+    pub(crate) fn end_use(&mut self) {
+        if let Some(observer) = &mut self.observer {
+            observer.end();
+        }
+    }
+
+    /// The use in progress waited for (or, `skipped`, was ordered by
+    /// stream order after) the use with trace id `from`.
+    fn note_wait(&mut self, from: u32, skipped: bool) {
+        if let Some(observer) = &mut self.observer {
+            observer.wait(from, skipped);
+        }
     }
 
     /// Fence slots: runners, then handoffs.
@@ -535,6 +616,7 @@ impl<B: Streams> Fence<B> {
             }
         }
         let failed = |error| ReplayError::Backend { runner, error };
+        self.begin_use(|| SliceKind::Replay { runner }, on);
         let mut users = std::mem::take(&mut self.scratch);
         users.clear();
         for &claim in &self.layout.admit_claims[slot] {
@@ -552,7 +634,7 @@ impl<B: Streams> Fence<B> {
             // Nothing may fail between the launch and tracking its reads.
             self.reserve_reader(backend, i, on.id).map_err(failed)?;
         }
-        launch().map_err(failed)?;
+        self.timed(backend, on, launch).map_err(failed)?;
         self.stats.replays += 1;
         let mut tracked = if self.is_fenced(slot) {
             self.settle_use(backend, slot, &r.claims, on)
@@ -585,6 +667,7 @@ impl<B: Streams> Fence<B> {
                     .and_then(|()| self.end_read(backend, base + i, on)),
             );
         }
+        self.end_use();
         tracked.map_err(failed)
     }
 
@@ -639,6 +722,14 @@ impl<B: Streams> Fence<B> {
             let runner = plan.runners[slot].id();
             move |error| ReplayError::Backend { runner, error }
         };
+        let runners = || slots.iter().map(|&s| plan.runners[s].id()).collect();
+        self.begin_use(
+            || SliceKind::Consume {
+                runners: runners(),
+                writes: exclusive,
+            },
+            on,
+        );
         for &slot in slots {
             if self.is_fenced(slot) {
                 self.stats.consumers += 1;
@@ -646,7 +737,7 @@ impl<B: Streams> Fence<B> {
                     .map_err(failed(slot))?;
             }
         }
-        let out = work();
+        let out = self.timed(backend, on, work);
         let mut recorded = Ok(());
         for &slot in slots {
             if self.is_fenced(slot) {
@@ -658,6 +749,7 @@ impl<B: Streams> Fence<B> {
                 recorded = recorded.and(ended.map_err(failed(slot)));
             }
         }
+        self.end_use();
         recorded.map(|()| out)
     }
 
@@ -672,11 +764,20 @@ impl<B: Streams> Fence<B> {
         slot: usize,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
+        let runner = plan.runners[slot].id();
+        self.begin_use(
+            || SliceKind::Wait {
+                runner: Some(runner),
+            },
+            on,
+        );
         self.wait_for(backend, slot, on)?;
         for &h in &plan.runners[slot].record.reads {
             let i = self.handoff_slot(h);
             self.wait_for(backend, i, on)?;
         }
+        self.timed(backend, on, || ());
+        self.end_use();
         Ok(())
     }
 
@@ -686,7 +787,11 @@ impl<B: Streams> Fence<B> {
         backend: &B,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
-        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, on))
+        self.begin_use(|| SliceKind::Wait { runner: None }, on);
+        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, on))?;
+        self.timed(backend, on, || ());
+        self.end_use();
+        Ok(())
     }
 
     /// Before a launch of a step graph on `on`: `ledger` is what the fence
@@ -703,6 +808,7 @@ impl<B: Streams> Fence<B> {
         touched: &[bool],
         on: On<'_, B::Stream>,
     ) -> Ledger {
+        let user = self.user;
         for (i, runner) in self.runners.iter_mut().enumerate() {
             if runner.event.is_none() {
                 continue;
@@ -712,6 +818,7 @@ impl<B: Streams> Fence<B> {
                     stream: on.stream.clone(),
                     id: on.id,
                 });
+                runner.by = user;
                 runner.record_at_once = false;
                 runner.waited_on = false;
                 runner.waited_by = None;
@@ -731,9 +838,22 @@ impl<B: Streams> Fence<B> {
         self.ledger = ledger;
     }
 
-    /// Counts one launch of a step graph of the plan.
+    /// Counts one launch of a step graph of the plan (enqueued: the use
+    /// the launch began ends).
     pub(crate) fn count_step_launch(&mut self) {
         self.stats.step_launches += 1;
+        // A launch on the stream of the one before leaves the state that
+        // one left (no `absorb_step`): what ended with it ends with this one.
+        if self.observer.is_some() {
+            let (before, now) = (self.step_user, self.user);
+            for runner in &mut self.runners {
+                if runner.by == before && before != NO_USER {
+                    runner.by = now;
+                }
+            }
+            self.step_user = now;
+        }
+        self.end_use();
     }
 
     /// A handoff's writer recorded its event at the graph's ready point:
@@ -744,6 +864,7 @@ impl<B: Streams> Fence<B> {
         self.readers_waited(slot);
         let runner = &mut self.runners[slot];
         runner.completion = Some(Completion::Recorded { id: on.id });
+        runner.by = self.user;
         runner.record_at_once = false;
         runner.waited_on = false;
         runner.waited_by = None;
@@ -761,6 +882,7 @@ impl<B: Streams> Fence<B> {
         for &claim in claims {
             self.ledger.painter.paint(claim, slot as u32);
         }
+        self.runners[slot].by = self.user;
         // The replay waited for every reader of the runner's bytes (it is
         // their claimer): the new replay has none yet.
         self.readers_waited(slot);
@@ -850,6 +972,7 @@ impl<B: Streams> Fence<B> {
             runner.readers.push(Reader {
                 event: backend.create_event()?,
                 completion: None,
+                by: NO_USER,
             });
         }
         Ok(())
@@ -863,10 +986,13 @@ impl<B: Streams> Fence<B> {
         slot: usize,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
+        let user = self.user;
         let runner = &mut self.runners[slot];
         if let Some(Completion::Pending { id, .. }) = &runner.completion {
             if *id == on.id {
-                // The runner's own pending record will cover the consumer.
+                // The runner's own pending record will cover the consumer
+                // (a later waiter waits for what ends with the consumer).
+                runner.by = user;
                 return Ok(());
             }
         }
@@ -881,10 +1007,14 @@ impl<B: Streams> Fence<B> {
         });
         let free = || runner.readers.iter().position(|r| r.completion.is_none());
         match same.or_else(free) {
-            Some(i) => runner.readers[i].completion = Some(pending),
+            Some(i) => {
+                runner.readers[i].completion = Some(pending);
+                runner.readers[i].by = user;
+            }
             None => runner.readers.push(Reader {
                 event: backend.create_event()?,
                 completion: Some(pending),
+                by: user,
             }),
         }
         Ok(())
@@ -927,6 +1057,7 @@ impl<B: Streams> Fence<B> {
             };
             if completion.stream_id() == on.id {
                 self.stats.waits_skipped += 1;
+                self.note_wait(reader.by, true);
                 return Ok(());
             }
             if record_pending(backend, &reader.event, &mut reader.completion, self.claims)? {
@@ -934,6 +1065,7 @@ impl<B: Streams> Fence<B> {
             }
             backend.wait_event(on.stream, &reader.event)?;
             self.stats.waits += 1;
+            self.note_wait(reader.by, false);
             Ok(())
         });
         self.runners[u].readers = readers;
@@ -949,6 +1081,7 @@ impl<B: Streams> Fence<B> {
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
         let runner = &mut self.runners[u];
+        let by = runner.by;
         let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
             return Ok(());
         };
@@ -956,6 +1089,7 @@ impl<B: Streams> Fence<B> {
             matches!(completion, Completion::Recorded { .. }) && runner.waited_by == Some(on.id);
         if completion.stream_id() == on.id || already {
             self.stats.waits_skipped += 1;
+            self.note_wait(by, true);
             return Ok(());
         }
         if record_pending(backend, event, &mut runner.completion, self.claims)? {
@@ -963,9 +1097,10 @@ impl<B: Streams> Fence<B> {
             runner.record_at_once = true;
         }
         backend.wait_event(on.stream, event)?;
-        self.stats.waits += 1;
         runner.waited_on = true;
         runner.waited_by = Some(on.id);
+        self.stats.waits += 1;
+        self.note_wait(by, false);
         Ok(())
     }
 
@@ -973,6 +1108,7 @@ impl<B: Streams> Fence<B> {
     /// recorded there.
     fn settle(&mut self, i: usize, on: On<'_, B::Stream>) {
         let runner = &mut self.runners[i];
+        runner.by = self.user;
         match &runner.completion {
             Some(Completion::Pending { id, .. }) if *id == on.id => {}
             _ => {

@@ -74,9 +74,16 @@
 //! and the sizes involved: each phase has its own ([`DiscoveryError`],
 //! [`PlanError`], [`CaptureError`], [`ReplayError`], [`BackendError`]), all
 //! joined into [`Error`] so `?` works across phases; work closures keep their
-//! own error type ([`StreamCaptureError`], [`ConsumeError`]). See
-//! `docs/lifecycle.md` for the fence and `docs/architecture.md` for the
-//! layering.
+//! own error type ([`StreamCaptureError`], [`ConsumeError`]).
+//!
+//! # Guides
+//!
+//! The guides of `docs/` are pages of [`guide`], their snippets doc tests:
+//! [`guide::lifecycle`] (the phases, the fence, schedules, errors, and the
+//! compile errors misuse gives), [`guide::trace`] (the fence's schedule as
+//! a timeline: [`Replayable::start_trace`]), [`guide::concepts`],
+//! [`guide::integration`], [`guide::safety`], [`guide::gpu`],
+//! [`guide::architecture`], [`guide::benchmarks`] and the others.
 //!
 //! With the `serde` feature, `Workload` saves what discovery recorded as a
 //! file and loads it back, so a plan can be studied away from the GPUs
@@ -124,6 +131,7 @@ mod placement;
 mod plan;
 mod report;
 mod capture;
+mod trace;
 mod fence;
 mod replay;
 mod step;
@@ -131,6 +139,8 @@ mod error;
 mod source;
 #[cfg(feature = "serde")]
 mod workload;
+
+pub mod guide;
 
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
@@ -150,7 +160,7 @@ pub use backend::CUDARC_NCCL_CALL;
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{
     Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
-    StepEnd, StepNode, Streams, Temporaries,
+    StepEnd, StepNode, Streams, Temporaries, Timing,
 };
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
@@ -169,6 +179,7 @@ pub use report::{
 };
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use step::{StepBuilder, StepError, StepGraph};
+pub use trace::{Slice, SliceKind, Trace, Waited};
 pub use view::{Misuse, SliceError, View, ViewsExt};
 pub use vocab::{
     DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
@@ -179,37 +190,6 @@ pub use vocab::{
 pub use workload::{
     DomainSpec, GroupSpec, ParamRef, RequestSpec, RunnerSpec, Workload, WorkloadError,
 };
-
-/// The README's snippets, compiled (its `cuda` ones `no_run`), and its
-/// example run, as doc tests.
-#[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "cuda"))]
-pub struct ReadmeDoctests;
-
-/// The snippets of `docs/lifecycle.md` (on `sim`), compiled and run.
-#[doc = include_str!("../docs/lifecycle.md")]
-#[cfg(doctest)]
-pub struct LifecycleDoctests;
-
-/// The snippets of `docs/integration.md`, compiled (`no_run`: they need a GPU).
-#[doc = include_str!("../docs/integration.md")]
-#[cfg(all(doctest, feature = "cuda"))]
-pub struct IntegrationDoctests;
-
-/// The snippets of `docs/gpu.md`, compiled (`no_run`: they need a GPU).
-#[doc = include_str!("../docs/gpu.md")]
-#[cfg(all(doctest, feature = "cuda"))]
-pub struct GpuDoctests;
-
-/// The snippets of `docs/nccl.md`, compiled (`no_run`: they need GPUs).
-#[doc = include_str!("../docs/nccl.md")]
-#[cfg(all(doctest, replay_arena_nccl))]
-pub struct NcclDoctests;
-
-/// The snippets of `docs/workload-format.md`, compiled and run.
-#[doc = include_str!("../docs/workload-format.md")]
-#[cfg(all(doctest, feature = "serde"))]
-pub struct WorkloadFormatDoctests;
 
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::backend::{Arena, Backend, BackendError, Temporaries};
+use crate::backend::{Arena, Backend, BackendError, Temporaries, Timing};
 use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::failed::Failed;
@@ -11,6 +11,7 @@ pub use crate::fence::ReplayError;
 use crate::fence::{refuse_capturing, Fence, FenceStats, On};
 use crate::plan::Planned;
 use crate::scope::{new_scope_id, OpenScope, ScopeKind, StreamBusy, StreamClaim};
+use crate::trace::{Recorder, Trace};
 use crate::view::View;
 use crate::vocab::{HandoffId, RunnerId};
 
@@ -93,6 +94,7 @@ impl<B: Backend> Capturing<B> {
     /// [`SealError`] with [`CaptureError::Unfinished`] naming each
     /// buffer-using runner that was never captured or failed, and the
     /// `Capturing` back.
+    #[doc(alias = "finalize")]
     pub fn seal(self) -> std::result::Result<Replayable<B>, SealError<B>> {
         let runners: Vec<_> = self
             .plan
@@ -331,6 +333,7 @@ impl<B: Backend> Replayable<B> {
     }
 
     /// What the fence has done so far.
+    #[doc(alias = "stats")]
     pub fn fence_stats(&self) -> FenceStats {
         self.fence.stats()
     }
@@ -349,6 +352,8 @@ impl<B: Backend> Replayable<B> {
     ///
     /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`], or the
     /// backend's error.
+    #[doc(alias = "cuGraphLaunch")]
+    #[doc(alias = "launch")]
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
         let Some(graph) = &self.graphs[slot] else {
@@ -658,6 +663,7 @@ impl<B: Backend> Replayable<B> {
     /// assert!(sim.hazards().is_empty());
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
+    #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
         let on = On::new(&self.backend, stream);
@@ -674,6 +680,7 @@ impl<B: Backend> Replayable<B> {
     /// # Errors
     ///
     /// [`ReplayError::Wait`] with the backend's error.
+    #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_all(&mut self, stream: &B::Stream) -> Result<()> {
         let on = On::new(&self.backend, stream);
         let _claim = StreamClaim::enter(on.id).map_err(|_| ReplayError::Wait(capturing_wait()))?;
@@ -725,12 +732,104 @@ impl<B: Backend> Replayable<B> {
     ///
     /// [`ReplayError::Wait`] when waiting failed; then the graphs and
     /// arenas are leaked, since work that uses them may still run.
+    #[doc(alias = "reset")]
+    #[doc(alias = "teardown")]
     pub fn replan(mut self) -> Result<Discovering> {
         let waited = self.quiesce();
         let config = self.plan.config.clone();
         drop(self);
         waited.map_err(ReplayError::Wait)?;
         Ok(Discovering::new(config))
+    }
+}
+
+/// Traces: the fence's schedule as a timeline (`docs/trace.md`).
+impl<B: Backend + Timing + 'static> Replayable<B> {
+    /// Starts a trace of everything the fence does from now on: each
+    /// replay, consumer, step graph launch and program wait as a slice on
+    /// its stream, bracketed by two timing marks ([`Timing`]: the sim's
+    /// clock; on CUDA, timing events, which cost host time per launch), and
+    /// each wait the fence makes or skips. A trace already running starts
+    /// over. The marks of 256 slices are created now (see
+    /// [`Replayable::start_trace_with_capacity`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::TraceMark`] when the backend cannot take the origin
+    /// mark.
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// use replay_arena::{sim, SliceKind};
+    ///
+    /// let req = Request::new(Domain::Device, DType::F32, 64);
+    /// let rs = (0..2).map(|r| (RunnerId(r), [req]));
+    /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(1))?;
+    /// let sim = sim::Device::new();
+    /// let (pool, side) = (sim.stream(), sim.stream());
+    /// let mut capturing = planned.allocate(sim.clone())?;
+    /// for r in 0..2 {
+    ///     let cap = capturing.capture(RunnerId(r))?;
+    ///     let v = cap.take(req)?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 10))?;
+    ///     cap.finish()?;
+    /// }
+    /// let mut replayable = capturing.seal()?;
+    /// let main = sim.alloc_f32(64)?;
+    ///
+    /// replayable.start_trace()?;
+    /// replayable.replay(RunnerId(0), &pool)?;
+    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &main), 4))?;
+    /// replayable.replay(RunnerId(1), &pool)?; // waits for the consumer on `side`
+    /// let trace = replayable.finish_trace()?;
+    ///
+    /// let [replay0, consumer, replay1] = trace.slices() else { panic!() };
+    /// assert_eq!(consumer.kind, SliceKind::Consume { runners: vec![RunnerId(0)], writes: false });
+    /// assert_eq!((consumer.start_us, consumer.end_us), (10.0, 14.0)); // sim ticks
+    /// assert_eq!(replay1.waits[1].from, Some(1)); // the arrow from the consumer
+    /// assert!(replay1.waits[0].skipped);           // runner 0: same stream
+    /// # let _ = replay0;
+    /// let json = trace.to_chrome_json();          // for ui.perfetto.dev
+    /// assert!(json.contains(r#""name":"consume runner 0""#));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "profile")]
+    #[doc(alias = "timeline")]
+    pub fn start_trace(&mut self) -> Result<()> {
+        self.start_trace_with_capacity(256)
+    }
+
+    /// [`Replayable::start_trace`] with the marks of `slices` slices
+    /// created now, before the work to trace (on CUDA, two timing events
+    /// per slice; a trace that outgrows them creates more as it goes, at
+    /// the cost of an event creation per mark in the traced work).
+    /// `start_trace` creates them for 256 slices.
+    ///
+    /// # Errors
+    ///
+    /// As [`Replayable::start_trace`].
+    pub fn start_trace_with_capacity(&mut self, slices: usize) -> Result<()> {
+        let name = self.backend.name();
+        let recorder =
+            Recorder::new(&self.backend, name, slices).map_err(ReplayError::TraceMark)?;
+        self.fence.observe(Some(Box::new(recorder)));
+        Ok(())
+    }
+
+    /// Ends the trace and returns it, each mark's time read (this waits for
+    /// the traced work to complete).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::NoTrace`] when none was started;
+    /// [`ReplayError::TraceMark`] when a mark failed (the traced work was
+    /// not affected).
+    #[doc(alias = "export_chrome_trace")]
+    pub fn finish_trace(&mut self) -> Result<Trace> {
+        let observer = self.fence.observe(None).ok_or(ReplayError::NoTrace)?;
+        observer
+            .finish(&self.backend)
+            .map_err(ReplayError::TraceMark)
     }
 }
 

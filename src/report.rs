@@ -11,6 +11,8 @@ use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
 impl Planned {
     /// The plan described as data and, through `Display`, as a table.
+    #[doc(alias = "table")]
+    #[doc(alias = "summary")]
     pub fn report(&self) -> PlanReport {
         build(self)
     }

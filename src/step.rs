@@ -26,6 +26,7 @@ use crate::capture::{capture_work, Uncaptured};
 use crate::fence::{Fence, Ledger, On};
 use crate::replay::{capturing_wait, ConsumeError, ReplayError, Replayable};
 use crate::scope::{new_scope_id, ScopeKind, StreamBusy, StreamClaim};
+use crate::trace::SliceKind;
 use crate::view::View;
 use crate::vocab::RunnerId;
 
@@ -118,6 +119,8 @@ impl<B: Compose> Replayable<B> {
     /// replayable.replay(RunnerId(0), &pool[0])?;
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
+    #[doc(alias = "step_graph")]
+    #[doc(alias = "graph_of_graphs")]
     pub fn step(&mut self) -> StepBuilder<'_, B> {
         StepBuilder {
             replayable: self,
@@ -898,6 +901,9 @@ impl<B: Compose> StepGraph<'_, B> {
         // `Vec::drain` shortens the vector before it hands out the
         // iterator). A later launch on the same stream leaves the same
         // state: nothing to do.
+        let launch = self.launches;
+        r.fence
+            .begin_use(|| SliceKind::StepLaunch { launch, graph: x }, on);
         let moved = self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
         let before = moved.then(|| r.fence.absorb_step(self.ledger.clone(), &self.touched, on));
         // SAFETY: the step graph's edges are the fence's waits for its
@@ -910,7 +916,11 @@ impl<B: Compose> StepGraph<'_, B> {
         // serialized; the fence already orders every later user of the
         // plan's bytes after this launch; the plan is borrowed, so no other
         // replay or consumer of it runs meanwhile.
-        if let Err(e) = unsafe { r.backend.launch(&self.graphs[x], stream) } {
+        let graph = &self.graphs[x];
+        let launched = r.fence.timed(&r.backend, on, || unsafe {
+            r.backend.launch(graph, stream)
+        });
+        if let Err(e) = launched {
             if let Some(ledger) = before {
                 r.fence.unabsorb_step(ledger);
             }

@@ -12,6 +12,9 @@ use crate::view::Misuse;
 use crate::vocab::{GroupId, Key};
 
 pub mod sim;
+mod timing;
+
+pub use timing::Timing;
 
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
@@ -434,6 +437,11 @@ pub struct StepEnd<'a, B: Backend + ?Sized> {
 /// step graph is compiled on implements this alone.)
 ///
 /// Every call takes `&self`: backends are thin handles over a runtime.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a replay-arena backend",
+    label = "the fence needs a backend's streams and events here",
+    note = "backends are cheap handles passed by value (`backend.clone()`, not `&backend`): `sim::Device`, `cuda::Device` (`cuda::Device::from_context` adopts a cudarc context), `nccl::Device`"
+)]
 pub trait Streams {
     /// A completion event.
     type Event;
@@ -503,6 +511,11 @@ pub trait Streams {
 /// before any capture; graphs are dropped before events and arenas; every
 /// event the fence recorded is waited for ([`Streams::synchronize_event`])
 /// before anything is freed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a replay-arena backend",
+    label = "a plan allocates its arenas on a backend",
+    note = "backends are cheap handles passed by value (`backend.clone()`, not `&backend`): `sim::Device`, `cuda::Device` (`cuda::Device::from_context` adopts a cudarc context), `nccl::Device`"
+)]
 pub trait Backend: Streams {
     /// An allocated arena.
     type Arena: Arena;
@@ -633,6 +646,10 @@ pub trait Backend: Streams {
 /// What step graphs ([`Replayable::step`](crate::Replayable::step)) need
 /// besides [`Backend`]: a graph split at a ready point, and a graph of
 /// graphs.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot compose graphs, so its plans have no step graphs",
+    note = "`Replayable::step` needs a backend that implements `Compose`: `sim::Device`, `cuda::Device`"
+)]
 pub trait Compose: Backend {
     /// Splits a captured graph at the earliest event record node of
     /// `events` (made by [`Backend::record_event_node`]): the nodes that

@@ -11,6 +11,10 @@ mod sealed {
 /// A Rust element type with a [`DType`]: what a [`TypedView`](super::TypedView) may be typed
 /// as. Implemented for `f32`, `f64`, `i32`, `i64`, `i8`, `u8`, [`F8E4M3`], [`F8E5M2`], and, with the
 /// `f16` feature (cudarc's `f16`), `half::bf16` and `half::f16`. Sealed.
+#[diagnostic::on_unimplemented(
+    message = "a view cannot be typed as `{Self}`",
+    note = "typed views are `f32`, `f64`, `i32`, `i64`, `i8`, `u8`, `cuda::F8E4M3`, `cuda::F8E5M2`, and with the `f16` feature `half::bf16`, `half::f16`; use the element type of the view's dtype"
+)]
 pub trait Element: DeviceRepr + sealed::Sealed {
     /// The dtype of a view of this type.
     const DTYPE: DType;

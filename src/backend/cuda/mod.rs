@@ -43,6 +43,7 @@ mod handles;
 mod lend;
 mod memory;
 mod probe;
+mod timing;
 mod typed_view;
 
 pub use cudarc;
@@ -55,6 +56,7 @@ pub use memory::Memory;
 #[cfg(replay_arena_nccl)]
 pub(crate) use probe::{missing_symbols, open_library};
 pub use probe::{probe, probe_device, DeviceInfo};
+pub use timing::Mark;
 pub use typed_view::{TypedView, ViewExt};
 
 use crate::backend::BackendError;
@@ -95,6 +97,7 @@ mod tests {
     assert_impl_all!(Stream: Send, Sync, Clone);
     assert_impl_all!(Memory: Send, Sync);
     assert_impl_all!(Event: Send, Sync);
+    assert_impl_all!(Mark: Send);
     assert_impl_all!(Graph: Send);
     assert_not_impl_any!(Graph: Sync, Clone);
     assert_impl_all!(Replayable<Device>: Send);

@@ -41,6 +41,7 @@ mod hazards;
 mod memory;
 mod ops;
 mod streams;
+mod timing;
 
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;

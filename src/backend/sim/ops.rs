@@ -54,6 +54,11 @@ impl Span {
 }
 
 /// Anything that names simulated `f32` memory.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not memory of the `sim` backend",
+    label = "a sim op reads and writes sim memory",
+    note = "sim ops take a plan's `View`, a `sim::HostBuffer` (from `sim::Device::alloc_f32`) or a `sim::Span`"
+)]
 pub trait AsSpan {
     /// The span.
     fn span(&self) -> Span;

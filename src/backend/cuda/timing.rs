@@ -1,0 +1,68 @@
+//! [`Timing`] for [`Device`]: a mark is a CUDA event with timing on,
+//! created ahead and recorded when taken; times come from
+//! `cuEventElapsedTime`.
+
+use super::handles::{Device, Stream};
+use super::{check, driver_error, sys, Result};
+use crate::backend::Timing;
+
+/// A timing mark: an event created with timing on (unlike the fence's own,
+/// `CU_EVENT_DISABLE_TIMING`).
+#[derive(Debug)]
+pub struct Mark {
+    inner: cudarc::driver::CudaEvent,
+}
+
+impl Timing for Device {
+    type Mark = Mark;
+
+    /// `cuEventCreate` with timing on.
+    fn new_mark(&self) -> Result<Mark> {
+        let inner = self
+            .inner
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| driver_error("cuEventCreate", e))?;
+        Ok(Mark { inner })
+    }
+
+    /// `cuEventRecord` on `stream`.
+    fn take_mark(&self, mark: &mut Mark, stream: &Stream) -> Result<()> {
+        let raw = stream.raw("cuEventRecord")?;
+        self.bind()?;
+        // SAFETY: both handles are live objects of this context.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(mark.inner.cu_event(), raw)
+        })
+    }
+
+    /// Recorded now on the backend's internal stream.
+    fn origin(&self) -> Result<Mark> {
+        let mark = self.new_mark()?;
+        mark.inner
+            .record(&self.inner.internal)
+            .map_err(|e| driver_error("cuEventRecord", e))?;
+        Ok(mark)
+    }
+
+    /// `cuEventSynchronize`.
+    fn wait_mark(&self, mark: &Mark) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the event is a live object of this context.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(mark.inner.cu_event())
+        })
+    }
+
+    /// `cuEventElapsedTime` (milliseconds as `f32`, about half a
+    /// microsecond of resolution).
+    fn elapsed_us(&self, origin: &Mark, mark: &Mark) -> Result<f64> {
+        self.bind()?;
+        // SAFETY: both events are live objects of this context.
+        let ms = unsafe {
+            cudarc::driver::result::event::elapsed(origin.inner.cu_event(), mark.inner.cu_event())
+        }
+        .map_err(|e| driver_error("cuEventElapsedTime", e))?;
+        Ok(f64::from(ms) * 1000.0)
+    }
+}

@@ -1,0 +1,58 @@
+//! [`Timing`] for [`Device`]: marks are times on the deterministic clock,
+//! one tick read as one microsecond.
+
+use super::device::Device;
+use super::streams::Stream;
+use super::Result;
+use crate::backend::Timing;
+
+impl Timing for Device {
+    /// A time on the clock, in ticks.
+    type Mark = u64;
+
+    fn new_mark(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// When work enqueued on `stream` now would start: the end of
+    /// everything before it, the events it waited for included.
+    fn take_mark(&self, mark: &mut u64, stream: &Stream) -> Result<()> {
+        let id = self.own(stream, "sim mark")?;
+        *mark = self.state().streams[id].tail;
+        Ok(())
+    }
+
+    /// The clock's zero: a trace's times are the clock's own.
+    fn origin(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// A time on the clock is known when it is taken.
+    fn wait_mark(&self, _: &u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn elapsed_us(&self, origin: &u64, mark: &u64) -> Result<f64> {
+        Ok(*mark as f64 - *origin as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::Op;
+
+    #[test]
+    fn a_mark_is_the_streams_tail_on_the_clock() {
+        let sim = Device::new();
+        let (a, b) = (sim.stream(), sim.stream());
+        let buf = sim.alloc_f32(4).unwrap();
+        sim.launch(&a, Op::fill(&buf, 1.0), 7).unwrap();
+        let origin = sim.origin().unwrap();
+        let (mut at_a, mut at_b) = (sim.new_mark().unwrap(), sim.new_mark().unwrap());
+        sim.take_mark(&mut at_a, &a).unwrap();
+        sim.take_mark(&mut at_b, &b).unwrap();
+        assert_eq!(sim.elapsed_us(&origin, &at_a).unwrap(), 7.0);
+        assert_eq!(sim.elapsed_us(&origin, &at_b).unwrap(), 0.0);
+    }
+}

@@ -1,0 +1,564 @@
+//! The fence's schedule as a timeline: every replay, consumer, step graph
+//! launch and program wait of a plan as a slice on its stream's lane, and
+//! every wait the fence made (or skipped: stream order implied it) as an
+//! edge from the use it waited for. [`Trace`] holds it as data and writes
+//! it as a Chrome trace (Trace Event Format), which Perfetto
+//! (<https://ui.perfetto.dev>) and Chrome's `about:tracing` open
+//! (`docs/trace.md`).
+//!
+//! The fence tells an [`Observer`] what it does: a use begins (before its
+//! waits), each wait made or skipped names the use it waited for (the id
+//! the observer gave it, which every completion that use leaves carries),
+//! two marks bracket its work on its stream, and it ends once enqueued.
+//! [`Recorder`] is the observer
+//! [`Replayable::start_trace`](crate::Replayable::start_trace) installs:
+//! it takes the marks from the backend's [`Timing`] and reads their times
+//! when the trace is finished.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::backend::{BackendError, Streams, Timing};
+use crate::vocab::RunnerId;
+
+/// The trace id of no use: work before the trace, or no trace running.
+pub(crate) const NO_USER: u32 = u32::MAX;
+
+/// What one slice of a [`Trace`] is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SliceKind {
+    /// A runner's graph, launched by
+    /// [`Replayable::replay`](crate::Replayable::replay).
+    Replay {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A consumer ([`Replayable::consume`](crate::Replayable::consume),
+    /// `consume_mut`, `consume_many`): what its closure enqueued.
+    Consume {
+        /// The runners whose views it read, in order.
+        runners: Vec<RunnerId>,
+        /// It could also write them (`consume_mut`).
+        writes: bool,
+    },
+    /// A launch of a step graph ([`StepGraph::launch`](crate::StepGraph::launch)).
+    StepLaunch {
+        /// Launches of that step graph before this one.
+        launch: u64,
+        /// Which of the step graph's executable graphs ran (a step graph
+        /// whose steps overlap alternates two).
+        graph: usize,
+    },
+    /// The program's wait ([`Replayable::wait_for`](crate::Replayable::wait_for),
+    /// [`Replayable::wait_all`](crate::Replayable::wait_all), and the wait
+    /// for everything before a step graph's first launch): no work, only
+    /// waits.
+    Wait {
+        /// The runner waited for; `None` for every runner.
+        runner: Option<RunnerId>,
+    },
+}
+
+impl SliceKind {
+    /// The slice's name in the trace: `replay runner 3`, `consume runners
+    /// 0, 2`, `consume_mut runner 1`, `step graph launch 4`, `wait_for
+    /// runner 3`, `wait_all`.
+    pub fn name(&self) -> String {
+        match self {
+            SliceKind::Replay { runner } => format!("replay {runner}"),
+            SliceKind::Consume { runners, writes } => {
+                let call = if *writes { "consume_mut" } else { "consume" };
+                match runners.as_slice() {
+                    [one] => format!("{call} {one}"),
+                    many => {
+                        let ids: Vec<String> = many.iter().map(|r| r.0.to_string()).collect();
+                        format!("{call} runners {}", ids.join(", "))
+                    }
+                }
+            }
+            SliceKind::StepLaunch { launch, .. } => format!("step graph launch {launch}"),
+            SliceKind::Wait { runner: Some(r) } => format!("wait_for {r}"),
+            SliceKind::Wait { runner: None } => "wait_all".to_string(),
+        }
+    }
+
+    /// The slice's category in the trace: `replay`, `consume`, `step`,
+    /// `wait`.
+    pub fn category(&self) -> &'static str {
+        match self {
+            SliceKind::Replay { .. } => "replay",
+            SliceKind::Consume { .. } => "consume",
+            SliceKind::StepLaunch { .. } => "step",
+            SliceKind::Wait { .. } => "wait",
+        }
+    }
+}
+
+/// One wait the fence made before a slice's work, or skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Waited {
+    /// The slice it waited for (by index in [`Trace::slices`]); `None` for
+    /// work enqueued before the trace started.
+    pub from: Option<usize>,
+    /// Not issued: stream order already ordered the slice after it (same
+    /// stream, or this stream waited for it before).
+    pub skipped: bool,
+}
+
+/// One use of the plan on its stream's lane, with the times its marks
+/// read, in microseconds from the trace's origin (on `sim`, the clock's own
+/// ticks).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Slice {
+    /// What it is.
+    pub kind: SliceKind,
+    /// Its stream's lane (index in [`Trace::streams`]).
+    pub lane: usize,
+    /// When its work started: its stream reached it, after the fence's
+    /// waits (and, for a graph, after the graph's previous launch: launches
+    /// of one graph run one after another).
+    pub start_us: f64,
+    /// When its work ended.
+    pub end_us: f64,
+    /// The waits the fence made (or skipped) for it, each source once.
+    pub waits: Vec<Waited>,
+}
+
+/// What a plan's fence did while a trace ran
+/// ([`Replayable::start_trace`](crate::Replayable::start_trace) to
+/// [`Replayable::finish_trace`](crate::Replayable::finish_trace)): its
+/// slices in the order they were enqueued, one lane per stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    backend: &'static str,
+    streams: Vec<u64>,
+    slices: Vec<Slice>,
+}
+
+impl Trace {
+    /// The slices, in the order the program enqueued them.
+    pub fn slices(&self) -> &[Slice] {
+        &self.slices
+    }
+
+    /// The streams, one lane each, in order of first use: the identities
+    /// the backend gives them ([`Streams::stream_id`]).
+    pub fn streams(&self) -> &[u64] {
+        &self.streams
+    }
+
+    /// The backend's name (`sim`, `cuda`).
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The trace as Chrome's Trace Event Format (JSON), which
+    /// <https://ui.perfetto.dev> ("Open trace file") and Chrome's
+    /// `about:tracing` open: one thread (`tid` = lane + 1) per stream, a
+    /// complete event (`"ph":"X"`, `ts` and `dur` in microseconds) per
+    /// slice with its index and waits in `args`, a flow arrow (`"ph":"s"`
+    /// to `"ph":"f"`, category `fence`) from the slice waited for to the
+    /// waiting slice for every wait the fence made, and an instant event
+    /// (`"ph":"i"`, category `fence.skipped`) on the waiting slice for
+    /// every wait it skipped.
+    #[doc(alias = "perfetto")]
+    #[doc(alias = "chrome_trace")]
+    #[doc(alias = "export_chrome_trace")]
+    pub fn to_chrome_json(&self) -> String {
+        let mut events: Vec<String> = Vec::new();
+        events.push(format!(
+            r#"{{"ph":"M","name":"process_name","pid":1,"tid":0,"args":{{"name":{}}}}}"#,
+            json_str(&format!("replay-arena ({})", self.backend))
+        ));
+        for (lane, id) in self.streams.iter().enumerate() {
+            events.push(format!(
+                r#"{{"ph":"M","name":"thread_name","pid":1,"tid":{},"args":{{"name":{}}}}}"#,
+                lane + 1,
+                json_str(&format!("stream {lane} (id {id:#x})"))
+            ));
+            events.push(format!(
+                r#"{{"ph":"M","name":"thread_sort_index","pid":1,"tid":{},"args":{{"sort_index":{lane}}}}}"#,
+                lane + 1
+            ));
+        }
+        let mut flow = 0u64;
+        for (i, slice) in self.slices.iter().enumerate() {
+            let tid = slice.lane + 1;
+            let list = |skipped: bool| {
+                let ids: Vec<String> = slice
+                    .waits
+                    .iter()
+                    .filter(|w| w.skipped == skipped)
+                    .filter_map(|w| w.from)
+                    .map(|f| f.to_string())
+                    .collect();
+                ids.join(",")
+            };
+            let before = slice.waits.iter().filter(|w| w.from.is_none()).count();
+            events.push(format!(
+                r#"{{"ph":"X","name":{},"cat":"{}","pid":1,"tid":{tid},"ts":{},"dur":{},"args":{{"slice":{i},"waited_for":[{}],"skipped":[{}],"before_trace":{before}}}}}"#,
+                json_str(&slice.kind.name()),
+                slice.kind.category(),
+                num(slice.start_us),
+                num(slice.end_us - slice.start_us),
+                list(false),
+                list(true),
+            ));
+            let at = mid(slice);
+            for wait in &slice.waits {
+                let Some(from) = wait.from.and_then(|f| self.slices.get(f).map(|s| (f, s))) else {
+                    continue;
+                };
+                let (f, source) = from;
+                if wait.skipped {
+                    events.push(format!(
+                        r#"{{"ph":"i","s":"t","name":{},"cat":"fence.skipped","pid":1,"tid":{tid},"ts":{},"args":{{"slice":{i},"from":{f}}}}}"#,
+                        json_str(&format!(
+                            "wait for {} skipped: stream order",
+                            source.kind.name()
+                        )),
+                        num(slice.start_us),
+                    ));
+                    continue;
+                }
+                flow += 1;
+                events.push(format!(
+                    r#"{{"ph":"s","id":{flow},"name":"wait","cat":"fence","pid":1,"tid":{},"ts":{},"args":{{"from":{f},"to":{i}}}}}"#,
+                    source.lane + 1,
+                    num(mid(source)),
+                ));
+                events.push(format!(
+                    r#"{{"ph":"f","bp":"e","id":{flow},"name":"wait","cat":"fence","pid":1,"tid":{tid},"ts":{},"args":{{"from":{f},"to":{i}}}}}"#,
+                    num(at),
+                ));
+            }
+        }
+        let clock = match self.backend {
+            "sim" => "the sim's clock: one tick is shown as one microsecond",
+            _ => "microseconds from the trace's start (timing events)",
+        };
+        let mut out = String::from("{\"displayTimeUnit\":\"ns\",\"otherData\":{\"backend\":");
+        out.push_str(&json_str(self.backend));
+        out.push_str(",\"clock\":");
+        out.push_str(&json_str(clock));
+        out.push_str("},\"traceEvents\":[\n");
+        out.push_str(&events.join(",\n"));
+        out.push_str("\n]}\n");
+        out
+    }
+
+    /// Writes [`Trace::to_chrome_json`] to `path`.
+    ///
+    /// # Errors
+    ///
+    /// The file system's error.
+    pub fn write_chrome_json(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
+        std::fs::write(path, self.to_chrome_json())
+    }
+}
+
+/// Inside the slice (its flows bind to it there), and at its start when it
+/// has no length.
+fn mid(slice: &Slice) -> f64 {
+    slice.start_us + (slice.end_us - slice.start_us) / 2.0
+}
+
+/// A JSON number of microseconds, to the nanosecond (timing events resolve
+/// half a microsecond; the sim's ticks stay whole). A time is always
+/// finite; anything else is written 0.
+fn num(x: f64) -> String {
+    if x.is_finite() {
+        format!("{}", (x * 1000.0).round() / 1000.0)
+    } else {
+        "0".to_string()
+    }
+}
+
+/// `s` as a JSON string, quoted and escaped.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// What the fence tells a trace ([`Fence`](crate::fence) calls it): a use
+/// begins on a stream (before its waits), waits for earlier uses (by the
+/// ids `begin` gave them), is bracketed by two marks, and ends once
+/// enqueued. A use that never ends failed before it enqueued anything.
+pub(crate) trait Observer<B: Streams>: Send {
+    /// A use of the plan begins on the stream with id `stream`; returns its
+    /// id (`NO_USER` when it is not kept).
+    fn begin(&mut self, kind: SliceKind, stream: u64) -> u32;
+    /// The use in progress waited for the use `from` (or `skipped`: stream
+    /// order ordered it).
+    fn wait(&mut self, from: u32, skipped: bool);
+    /// A mark on `stream`: first before the use's work, then after it.
+    fn mark(&mut self, backend: &B, stream: &B::Stream);
+    /// The use in progress is enqueued.
+    fn end(&mut self);
+    /// The trace, with every mark's time read (this waits for the marks).
+    ///
+    /// # Errors
+    ///
+    /// The first failed mark, or the failure to read one's time.
+    fn finish(self: Box<Self>, backend: &B) -> Result<Trace, BackendError>;
+}
+
+/// One use as it was recorded.
+struct Entry<M> {
+    kind: SliceKind,
+    lane: usize,
+    /// (trace id waited for, skipped)
+    waits: Vec<(u32, bool)>,
+    start: Option<M>,
+    end: Option<M>,
+    done: bool,
+    /// A later use began before this one ended.
+    failed: bool,
+}
+
+/// The observer a trace runs with: marks from the backend's [`Timing`].
+pub(crate) struct Recorder<B: Timing> {
+    backend: &'static str,
+    origin: B::Mark,
+    /// Marks created ahead, taken from the end.
+    spare: Vec<B::Mark>,
+    streams: Vec<u64>,
+    entries: Vec<Entry<B::Mark>>,
+    /// The first mark that failed: reported by `finish`.
+    error: Option<BackendError>,
+}
+
+impl<B: Timing> Recorder<B> {
+    /// A recorder whose times are measured from `backend`'s origin now,
+    /// with the marks of `slices` slices created ahead.
+    ///
+    /// # Errors
+    ///
+    /// The backend's error creating a mark or taking the origin.
+    pub(crate) fn new(
+        backend: &B,
+        name: &'static str,
+        slices: usize,
+    ) -> Result<Recorder<B>, BackendError> {
+        let spare = (0..slices.saturating_mul(2))
+            .map(|_| backend.new_mark())
+            .collect::<Result<_, _>>()?;
+        Ok(Recorder {
+            backend: name,
+            origin: backend.origin()?,
+            spare,
+            streams: Vec::new(),
+            entries: Vec::new(),
+            error: None,
+        })
+    }
+
+    /// The use in progress, if any.
+    fn open(&mut self) -> Option<&mut Entry<B::Mark>> {
+        self.entries.last_mut().filter(|e| !e.done && !e.failed)
+    }
+}
+
+impl<B: Timing> Observer<B> for Recorder<B> {
+    fn begin(&mut self, kind: SliceKind, stream: u64) -> u32 {
+        // A use that never ended (it failed before it enqueued anything)
+        // keeps its id, which completions may carry: `finish` drops it.
+        if let Some(entry) = self.open() {
+            entry.failed = true;
+        }
+        let Ok(id) = u32::try_from(self.entries.len()) else {
+            return NO_USER;
+        };
+        if id == NO_USER {
+            return NO_USER;
+        }
+        let lane = match self.streams.iter().position(|&s| s == stream) {
+            Some(lane) => lane,
+            None => {
+                self.streams.push(stream);
+                self.streams.len() - 1
+            }
+        };
+        self.entries.push(Entry {
+            kind,
+            lane,
+            waits: Vec::new(),
+            start: None,
+            end: None,
+            done: false,
+            failed: false,
+        });
+        id
+    }
+
+    fn wait(&mut self, from: u32, skipped: bool) {
+        if let Some(entry) = self.open() {
+            if !entry.waits.contains(&(from, skipped)) {
+                entry.waits.push((from, skipped));
+            }
+        }
+    }
+
+    fn mark(&mut self, backend: &B, stream: &B::Stream) {
+        if self.open().is_none() {
+            return;
+        }
+        let taken = match self.spare.pop() {
+            Some(mark) => Ok(mark),
+            None => backend.new_mark(),
+        }
+        .and_then(|mut mark| backend.take_mark(&mut mark, stream).map(|()| mark));
+        let mark = match taken {
+            Ok(mark) => mark,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                return;
+            }
+        };
+        if let Some(entry) = self.open() {
+            match entry.start {
+                None => entry.start = Some(mark),
+                Some(_) => entry.end = Some(mark),
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        if let Some(entry) = self.open() {
+            entry.done = true;
+        }
+    }
+
+    fn finish(self: Box<Self>, backend: &B) -> Result<Trace, BackendError> {
+        let Recorder {
+            backend: name,
+            origin,
+            streams,
+            entries,
+            error,
+            ..
+        } = *self;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        // Marks of one stream complete in order: wait for each lane's last.
+        backend.wait_mark(&origin)?;
+        for lane in 0..streams.len() {
+            let last = entries
+                .iter()
+                .rev()
+                .filter(|e| e.lane == lane)
+                .find_map(|e| e.end.as_ref().or(e.start.as_ref()));
+            if let Some(mark) = last {
+                backend.wait_mark(mark)?;
+            }
+        }
+        // Entry index -> slice index (a use that never ended has none).
+        let mut index = vec![None; entries.len()];
+        let mut slices: Vec<Slice> = Vec::with_capacity(entries.len());
+        // Launches of one graph run one after another: a runner's replay
+        // starts after its previous one, a step graph's launch after the
+        // previous launch of the same executable graph.
+        let mut runner_end: Vec<(RunnerId, f64)> = Vec::new();
+        let mut step_end: Vec<Option<f64>> = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let (Some(start), true) = (&entry.start, entry.done) else {
+                continue;
+            };
+            let mut start_us = backend.elapsed_us(&origin, start)?;
+            let end_us = match &entry.end {
+                Some(end) => backend.elapsed_us(&origin, end)?,
+                None => start_us,
+            };
+            match &entry.kind {
+                SliceKind::Replay { runner } => {
+                    match runner_end.iter_mut().find(|(r, _)| r == runner) {
+                        Some((_, last)) => {
+                            start_us = start_us.max(*last);
+                            *last = end_us;
+                        }
+                        None => runner_end.push((*runner, end_us)),
+                    }
+                }
+                SliceKind::StepLaunch { launch, graph } => {
+                    if *launch == 0 {
+                        // A new step graph: its graphs were never launched.
+                        step_end.clear();
+                    }
+                    if step_end.len() <= *graph {
+                        step_end.resize(graph + 1, None);
+                    }
+                    if let Some(last) = step_end[*graph] {
+                        start_us = start_us.max(last);
+                    }
+                    step_end[*graph] = Some(end_us);
+                }
+                SliceKind::Consume { .. } | SliceKind::Wait { .. } => {}
+            }
+            let waits = entry
+                .waits
+                .iter()
+                .map(|&(from, skipped)| Waited {
+                    from: index.get(from as usize).copied().flatten(),
+                    skipped,
+                })
+                .collect();
+            index[i] = Some(slices.len());
+            slices.push(Slice {
+                kind: entry.kind.clone(),
+                lane: entry.lane,
+                start_us,
+                end_us: end_us.max(start_us),
+                waits,
+            });
+        }
+        Ok(Trace {
+            backend: name,
+            streams,
+            slices,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_escaped_as_json_wants() {
+        assert_eq!(json_str("a\"b\\c\nd\u{1}é"), r#""a\"b\\c\nd\u0001é""#);
+    }
+
+    #[test]
+    fn slice_names_say_the_call_and_its_runners() {
+        let consume = SliceKind::Consume {
+            runners: vec![RunnerId(0), RunnerId(2)],
+            writes: false,
+        };
+        assert_eq!(consume.name(), "consume runners 0, 2");
+        let one = SliceKind::Consume {
+            runners: vec![RunnerId(1)],
+            writes: true,
+        };
+        assert_eq!(one.name(), "consume_mut runner 1");
+        assert_eq!(SliceKind::Wait { runner: None }.name(), "wait_all");
+    }
+}
