@@ -313,3 +313,51 @@ fn finishing_a_trace_never_started_is_a_typed_error() {
     replayable.finish_trace().unwrap();
     assert_eq!(replayable.finish_trace(), Err(ReplayError::NoTrace));
 }
+
+#[test]
+fn overlapping_step_graphs_show_as_overlapping_slices_of_alternating_graphs() {
+    let (sim, mut replayable) = setup(4, 2);
+    let (pool, side) = ([sim.stream(), sim.stream()], sim.stream());
+    let launch = [sim.stream(), sim.stream()];
+    let main = sim.alloc_f32(64).unwrap();
+    replayable.start_trace().unwrap();
+    let mut step = replayable.step();
+    for r in 0..4 {
+        step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
+        step.consume(RunnerId(r), &side, |s, v| {
+            sim.launch(s, sim::Op::add(&v[0], &main), 30)
+        })
+        .unwrap();
+    }
+    let mut graph = step.build_overlapping().unwrap();
+    for k in 0..4 {
+        graph.launch(&launch[k % 2]).unwrap();
+    }
+    drop(graph);
+    let trace = replayable.finish_trace().unwrap();
+    let steps: Vec<_> = trace
+        .slices()
+        .iter()
+        .filter(|s| matches!(s.kind, SliceKind::StepLaunch { .. }))
+        .collect();
+    let graphs: Vec<_> = steps
+        .iter()
+        .map(|s| match s.kind {
+            SliceKind::StepLaunch { graph, .. } => graph,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(graphs, [0, 1, 0, 1]);
+    for k in 1..4 {
+        assert_ne!(steps[k].lane, steps[k - 1].lane);
+        // Each launch completes after the one before it.
+        assert!(steps[k].end_us >= steps[k - 1].end_us);
+    }
+    for k in 2..4 {
+        // A graph's launches run one after another.
+        assert!(steps[k].start_us >= steps[k - 2].end_us);
+    }
+    // Consecutive launches overlap: the trace shows it.
+    assert!(steps[1].start_us < steps[0].end_us);
+    assert!(sim.hazards().is_empty());
+}
