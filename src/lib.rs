@@ -197,6 +197,7 @@ use static_assertions::{assert_impl_all, assert_not_impl_any};
 assert_impl_all!(Discovering: Send, Sync, Clone);
 assert_impl_all!(Planned: Send, Sync, Clone);
 assert_impl_all!(PlanReport: Send, Sync, Clone);
+assert_impl_all!(Trace: Send, Sync, Clone);
 // Resource-owning phases are never cloned (that would double-free); on `sim`
 // they may move between threads.
 assert_not_impl_any!(Capturing<sim::Device>: Clone);

@@ -21,7 +21,7 @@
 //!   pool, aligned to [`ARENA_ALIGNMENT`] and zeroed; they are freed with
 //!   `cuMemFreeAsync`, which does not wait for the program's other streams.
 //!   Events are created with `CU_EVENT_DISABLE_TIMING` and recorded once at
-//!   creation.
+//!   creation; only a trace's timing marks ([`Mark`]) keep timing on.
 //! - Captures use the [`CaptureMode`] of the backend handle the plan was
 //!   allocated with (thread-local unless chosen with
 //!   [`Device::with_capture_mode`]); a captured graph is instantiated at
