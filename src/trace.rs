@@ -240,7 +240,7 @@ impl Trace {
             "sim" => "the sim's clock: one tick is shown as one microsecond",
             _ => "microseconds from the trace's start (timing events)",
         };
-        let mut out = String::from("{\"displayTimeUnit\":\"ns\",\"otherData\":{\"backend\":");
+        let mut out = String::from("{\"otherData\":{\"backend\":");
         out.push_str(&json_str(self.backend));
         out.push_str(",\"clock\":");
         out.push_str(&json_str(clock));
