@@ -103,6 +103,13 @@ fn the_json_has_one_slice_per_replay_consumer_and_wait_on_the_lane_of_its_stream
         assert_eq!(slice["args"]["slice"], i as u64);
         assert_eq!(slice["name"], kind.kind.name().as_str());
     }
+    // A lane's slices follow one another (a viewer nests overlapping ones).
+    for lane in 0..trace.streams().len() {
+        let on: Vec<_> = trace.slices().iter().filter(|s| s.lane == lane).collect();
+        for pair in on.windows(2) {
+            assert!(pair[1].start_us >= pair[0].end_us, "{pair:?}");
+        }
+    }
     // Replays alternate between the two pool streams, consumers share one.
     let lanes: Vec<_> = trace.slices().iter().map(|s| s.lane).collect();
     assert_eq!(&lanes[..8], &[0, 1, 2, 1, 0, 1, 2, 1][..]);
