@@ -49,6 +49,10 @@ pub enum BufferSource<'s, 'c> {
 /// An open capture seen without its backend type: what
 /// [`BufferSource::Capture`] holds. Implemented by [`RunnerCapture`] only
 /// (sealed).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not hand out a plan's views",
+    note = "`BufferSource::Capture` takes the open capture: `BufferSource::Capture(&cap)` with `cap` from `capturing.capture(runner)?`"
+)]
 pub trait ViewSource: sealed::Sealed {
     /// [`RunnerCapture::take`].
     ///
