@@ -506,7 +506,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         tracer.reserve_events(r.fence.slots());
         let mut touched = vec![false; r.fence.slots()];
         let passes = if overlapping { 6 } else { 2 };
-        let mut kept: Vec<(Vec<Vec<usize>>, Vec<Vec<usize>>)> = Vec::new();
+        let mut kept: Vec<Edges> = Vec::new();
         for pass in 0..passes {
             let offset = (pass % execs) * l;
             tracer.begin_pass(pass, offset..offset + l);
@@ -1013,6 +1013,10 @@ struct Tracer {
 /// A node of one pass of the schedule: (pass, node).
 type Traced = (usize, usize);
 
+/// Per node: the nodes of its own launch it runs after, and those of the
+/// launch before (overlapping step graphs).
+type Edges = (Vec<Vec<usize>>, Vec<Vec<usize>>);
+
 struct Trace {
     /// Per lane: its latest node (a lane of the pass before keeps its
     /// tail: the fence may record an event there late), and nodes the next
@@ -1128,7 +1132,7 @@ impl Tracer {
     }
 
     /// The latest pass's edges: (same pass, pass before).
-    fn deps(&self) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+    fn deps(&self) -> Edges {
         let t = self.state.borrow();
         (t.deps.clone(), t.cross.clone())
     }

@@ -217,7 +217,7 @@ fn a_backward_through_lent_views_and_copies_replays_exactly() {
                 };
             match &input {
                 // A received handoff, read through a lent read-only view.
-                Some(dy) => lend(&dy, s, |g| layer(&g)),
+                Some(dy) => lend(dy, s, |g| layer(&g)),
                 None => layer(&model.loss.as_view()),
             }
         })

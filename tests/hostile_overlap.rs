@@ -13,6 +13,8 @@
 //! The fuzz (`fuzz_overlapping_step_graphs_against_the_host_fence`) takes
 //! `HOSTILE_SEED` and `HOSTILE_CASES` from the environment.
 
+#![allow(clippy::type_complexity)] // attack tables
+
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
