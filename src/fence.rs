@@ -165,6 +165,19 @@ pub enum ReplayError {
     /// `consume_many` was given no runner.
     #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
     NoRunners,
+    /// `consume_many` was given runners of different shape buckets: their
+    /// bytes may be the same bytes, so no replay leaves both to read.
+    #[error("consume_many was given {runner} of {bucket} and {other} of {other_bucket}; one consumer reads the runners of one bucket")]
+    CrossBucket {
+        /// The first runner given.
+        runner: RunnerId,
+        /// Its bucket.
+        bucket: crate::vocab::BucketId,
+        /// The first runner given of another bucket.
+        other: RunnerId,
+        /// That runner's bucket.
+        other_bucket: crate::vocab::BucketId,
+    },
     /// Waiting for fenced work (synchronize, teardown) failed.
     #[error("waiting for the plan's work failed: {0}")]
     Wait(BackendError),

@@ -555,6 +555,16 @@ impl<B: Backend> Replayable<B> {
     pub(crate) fn consumer_of(&self, slots: &[usize], stream: &B::Stream) -> Result<RunnerId> {
         let &head = slots.first().ok_or(ReplayError::NoRunners)?;
         let runner = self.plan.runners[head].id();
+        let bucket = self.plan.runners[head].record.bucket;
+        let stray = slots.iter().map(|&s| &self.plan.runners[s].record);
+        if let Some(other) = stray.into_iter().find(|r| r.bucket != bucket) {
+            return Err(ReplayError::CrossBucket {
+                runner,
+                bucket,
+                other: other.id,
+                other_bucket: other.bucket,
+            });
+        }
         refuse_capturing(&self.backend, stream, runner)?;
         Ok(runner)
     }

@@ -31,6 +31,20 @@ impl fmt::Display for HandoffId {
     }
 }
 
+/// A shape bucket of one discovery (a batch size, a sequence length):
+/// declared by [`Discovering::bucket`](crate::Discovering::bucket), counted
+/// from 0 in declaration order. Every runner belongs to exactly one; a
+/// discovery that declares none has the one bucket `BucketId(0)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BucketId(pub u32);
+
+impl fmt::Display for BucketId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bucket {}", self.0)
+    }
+}
+
 /// A communicator group (for example dense GTP or expert GTP) whose
 /// NCCL-registered memory backs a [`Domain::Symmetric`] domain.
 ///
