@@ -480,6 +480,15 @@ impl<B: Backend> Replayable<B> {
     /// ([`ReplayError::ViewOutOfScope`]), since consumers on other streams
     /// read them at the same time.
     ///
+    /// For a runner with inputs the program stages
+    /// ([`Purpose::Input`](crate::Purpose::Input)), this is how they are
+    /// written, also before the runner's first replay and after another
+    /// runner (of its bucket or another) took its bytes: `stream` then
+    /// first waits for every user of those bytes, and the runner owns them
+    /// from the write on (its next replay waits for the write; a replay of
+    /// it while another runner owns them is
+    /// [`ReplayError::InputNotStaged`]).
+    ///
     /// # Errors
     ///
     /// As [`Replayable::consume`].
@@ -490,6 +499,14 @@ impl<B: Backend> Replayable<B> {
         work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
+        if self.fence.stages_inputs(slot) {
+            // Staged inputs: the write may come before the first replay,
+            // or after another runner took the bytes.
+            refuse_capturing(&self.backend, stream, runner)?;
+            let on = On::new(&self.backend, stream);
+            let _claim = claim(on.id, runner)?;
+            self.fence.stage(&self.backend, &self.plan, slot, on)?;
+        }
         self.consume_slots(&[slot], stream, ScopeKind::Write, |s, views| {
             work(s, views[0])
         })

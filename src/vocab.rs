@@ -221,6 +221,13 @@ pub enum Purpose {
     Fp32RsScratch,
     /// FP32 accumulation scratch.
     Fp32AccumScratch,
+    /// An input the program stages before each replay (token ids,
+    /// positions, lengths of a shape bucket's graph): written by a
+    /// [`Replayable::consume_mut`](crate::Replayable::consume_mut) before
+    /// the runner's first replay and before any later one, fenced like
+    /// every other user of those bytes (the write waits for the replays
+    /// and consumers still using them, the replay waits for the write).
+    Input,
     /// Anything else.
     #[default]
     Other,
@@ -228,11 +235,12 @@ pub enum Purpose {
 
 impl Purpose {
     /// Every purpose, in declaration order.
-    pub const ALL: [Purpose; 5] = [
+    pub const ALL: [Purpose; 6] = [
         Purpose::WgradRsInput,
         Purpose::RsOutput,
         Purpose::Fp32RsScratch,
         Purpose::Fp32AccumScratch,
+        Purpose::Input,
         Purpose::Other,
     ];
 
@@ -243,6 +251,7 @@ impl Purpose {
             Purpose::RsOutput => "rs_output",
             Purpose::Fp32RsScratch => "fp32_rs_scratch",
             Purpose::Fp32AccumScratch => "fp32_accum_scratch",
+            Purpose::Input => "input",
             Purpose::Other => "other",
         }
     }
