@@ -279,8 +279,6 @@ pub struct Discovering {
     /// Declared bucket names, by id; empty while none was declared (then
     /// every runner is in `BucketId(0)`).
     pub(crate) buckets: Vec<String>,
-    /// The bucket [`Discovering::arm`] arms in: the latest declared.
-    current: BucketId,
 }
 
 impl Discovering {
@@ -292,7 +290,6 @@ impl Discovering {
             handoffs: Vec::new(),
             index: HashMap::new(),
             buckets: Vec::new(),
-            current: BucketId(0),
         }
     }
 
@@ -333,7 +330,7 @@ impl Discovering {
     ///
     /// [`DiscoveryError::RunnerArmedTwice`] for a runner armed before.
     pub fn arm(&mut self, runner: RunnerId) -> Result<ArmedRunner<'_>> {
-        self.arm_inner(self.current, runner, None)
+        self.arm_inner(self.current(), runner, None)
     }
 
     /// Declares a shape bucket (a batch size, a sequence length: one eager
@@ -383,8 +380,12 @@ impl Discovering {
             self.buckets.push(DEFAULT_BUCKET.to_string());
         }
         self.buckets.push(name);
-        self.current = BucketId(self.buckets.len() as u32 - 1);
-        Ok(self.current)
+        Ok(self.current())
+    }
+
+    /// The bucket [`Discovering::arm`] arms in: the latest declared.
+    fn current(&self) -> BucketId {
+        BucketId(self.buckets.len().saturating_sub(1) as u32)
     }
 
     /// Arms `runner` in `bucket` (as [`Discovering::arm`] does in the
@@ -432,7 +433,7 @@ impl Discovering {
         runner: RunnerId,
         name: impl Into<String>,
     ) -> Result<ArmedRunner<'_>> {
-        self.arm_inner(self.current, runner, Some(name.into()))
+        self.arm_inner(self.current(), runner, Some(name.into()))
     }
 
     fn arm_inner(
