@@ -15,6 +15,9 @@
 //!   (real waits), and `unsafe replay_unfenced`. The fenced minus unfenced
 //!   time is the fence's bookkeeping; both include the `sim` backend's own
 //!   cost (its stream model and hazard detector).
+//! - `buckets/{round_robin,packed}/decode9x32`: planning nine shape
+//!   buckets (batch 1 to 256, 32 layers each) in shared arenas; prints
+//!   the shared bytes against separate plans (see [`bench_buckets`]).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -443,6 +446,66 @@ fn bench_scale(c: &mut Criterion) {
     group.finish();
 }
 
+/// A decode-shaped bucket list: batch sizes 1, 2, 4, ..., 256, each bucket
+/// `LAYERS` runners (one per layer) with a per-layer workspace, the first
+/// with its static input (token ids, staged), the last with its output.
+fn decode_buckets(layers: u32) -> Discovering {
+    const HIDDEN: u64 = 4096;
+    let mut d = Discovering::new(PlanConfig::new());
+    for (b, batch) in (0..9).map(|i| 1u64 << i).enumerate() {
+        d.bucket(format!("bs={batch}")).expect("distinct names");
+        for layer in 0..layers {
+            let id = RunnerId(b as u32 * layers + layer);
+            let mut armed = d.arm(id).expect("armed once");
+            let ws = Request::new(Domain::Device, DType::BF16, 4 * HIDDEN * batch);
+            armed.record(ws).expect("valid");
+            if layer == 0 {
+                let ids = Request::new(Domain::Device, DType::I32, batch).purpose(Purpose::Input);
+                armed.record(ids).expect("valid");
+            }
+            if layer + 1 == layers {
+                let out = Request::new(Domain::Device, DType::BF16, HIDDEN * batch);
+                armed.record(out).expect("valid");
+            }
+        }
+    }
+    d
+}
+
+/// `buckets/{round_robin,packed}/decode9x32`: planning nine decode buckets
+/// of 32 layers in shared arenas (each bucket placed alone, then laid over
+/// the others). Prints the shared bytes against the sum of separate plans
+/// and the largest bucket's bound once.
+fn bench_buckets(c: &mut Criterion) {
+    let mut group = c.benchmark_group("buckets");
+    let d = decode_buckets(32);
+    for (id, strategy) in [
+        ("round_robin", Policy::Generations(2).round_robin()),
+        ("packed", Policy::Generations(2).packed()),
+    ] {
+        let report = d.clone().plan(strategy).expect("plans").report();
+        println!(
+            "buckets/{id}/decode9x32: shared {} B, separate plans {} B ({:.3}x), largest bound {} B",
+            report.plan_bytes,
+            report.separate_bytes,
+            report.separate_bytes as f64 / report.plan_bytes as f64,
+            report.lower_bound
+        );
+        group.bench_with_input(
+            BenchmarkId::new(id, "decode9x32"),
+            &strategy,
+            |b, &strategy| {
+                b.iter_batched(
+                    || d.clone(),
+                    |d| black_box(d.plan(strategy).expect("plans").total_bytes()),
+                    BatchSize::SmallInput,
+                )
+            },
+        );
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_plan,
@@ -450,6 +513,7 @@ criterion_group!(
     bench_replay,
     bench_consume,
     bench_capture,
-    bench_scale
+    bench_scale,
+    bench_buckets
 );
 criterion_main!(benches);
