@@ -264,6 +264,8 @@ proptest! {
                 .unwrap_or(0);
             prop_assert_eq!(k.lower_bound, bound);
             prop_assert!(k.plan_bytes >= k.lower_bound);
+            // Packed is never above round-robin, shared as alone.
+            prop_assert!(k.lower_bound <= k.packed_bytes && k.packed_bytes <= k.round_robin_bytes, "{:?}", k);
         }
         prop_assert!(report.to_string().contains("buckets: "));
     }
@@ -696,4 +698,57 @@ fn a_staged_runner_replays_only_what_was_staged_for_it() {
         early,
         Err(ConsumeError::Replay(ReplayError::NotReplayed { runner })) if runner == id(0, 0)
     ));
+}
+
+#[test]
+fn a_bucket_that_overflows_hands_the_discovery_back_and_names_its_key() {
+    let q = |n| Request::new(Domain::Device, DType::F32, n);
+    let mut d = Discovering::new(PlanConfig::new());
+    d.bucket("small").unwrap();
+    d.arm(RunnerId(0)).unwrap().record(q(64)).unwrap();
+    d.bucket("huge").unwrap();
+    for r in 1..4 {
+        d.arm(RunnerId(r)).unwrap().record(q(u64::MAX / 8)).unwrap();
+    }
+    let before = d.clone();
+    // Packed: one arena of the key, which the huge bucket's three runners
+    // (all in flight together) overflow.
+    let failed = d.plan(Policy::Generations(3).packed()).unwrap_err();
+    assert!(matches!(
+        failed.error(),
+        replay_arena::PlanError::ArenaOverflow { users: 3, .. }
+    ));
+    assert_eq!(failed.into_discovering(), before);
+}
+
+#[test]
+fn buckets_change_the_fingerprint_and_the_plan_of_one_bucket_is_unchanged() {
+    let q = |n| Request::new(Domain::Device, DType::F32, n);
+    let runners = || (0..4).map(|r| (RunnerId(r), [q(64 * u64::from(r + 1))]));
+    let plain = Discovering::from_runners(PlanConfig::new(), runners()).unwrap();
+    let mut named = Discovering::new(PlanConfig::new());
+    named.bucket("only").unwrap();
+    for (r, [req]) in runners() {
+        named.arm(r).unwrap().record(req).unwrap();
+    }
+    let mut split = Discovering::new(PlanConfig::new());
+    for (r, [req]) in runners() {
+        if r.0 % 2 == 0 {
+            split.bucket(format!("b{}", r.0)).unwrap();
+        }
+        split.arm(r).unwrap().record(req).unwrap();
+    }
+    let policy = Policy::Generations(2);
+    let (plain, named, split) = (
+        plain.plan(policy).unwrap(),
+        named.plan(policy).unwrap(),
+        split.plan(policy).unwrap(),
+    );
+    // One declared bucket plans as no bucket, with its name.
+    assert_eq!(plain.fingerprint(), named.fingerprint());
+    assert_eq!(named.buckets().next().map(|(_, n)| n), Some("only"));
+    // Two buckets of two runners: another layout, another fingerprint.
+    assert_ne!(plain.fingerprint(), split.fingerprint());
+    assert_eq!(split.separate_bytes(), 256 + 512 + 768 + 1024);
+    assert_eq!(split.total_bytes(), 768 + 1024);
 }
