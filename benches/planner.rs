@@ -15,6 +15,11 @@
 //!   (real waits), and `unsafe replay_unfenced`. The fenced minus unfenced
 //!   time is the fence's bookkeeping; both include the `sim` backend's own
 //!   cost (its stream model and hazard detector).
+//! - `buckets/{round_robin,packed}/{decode9x32,train4x16}`: planning nine
+//!   decode buckets (batch 1 to 256, 32 layers each) or four training ones
+//!   (sequence lengths 1k to 8k of the `tp_backward` mid shapes) in shared
+//!   arenas; prints the shared bytes against separate plans (see
+//!   [`bench_buckets`]).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -443,6 +448,111 @@ fn bench_scale(c: &mut Criterion) {
     group.finish();
 }
 
+/// A decode-shaped bucket list: batch sizes 1, 2, 4, ..., 256, each bucket
+/// `LAYERS` runners (one per layer) with a per-layer workspace, the first
+/// with its static input (token ids, staged), the last with its output.
+fn decode_buckets(layers: u32) -> Discovering {
+    const HIDDEN: u64 = 4096;
+    let mut d = Discovering::new(PlanConfig::new());
+    for (b, batch) in (0..9).map(|i| 1u64 << i).enumerate() {
+        d.bucket(format!("bs={batch}")).expect("distinct names");
+        for layer in 0..layers {
+            let id = RunnerId(b as u32 * layers + layer);
+            let mut armed = d.arm(id).expect("armed once");
+            let ws = Request::new(Domain::Device, DType::BF16, 4 * HIDDEN * batch);
+            armed.record(ws).expect("valid");
+            if layer == 0 {
+                let ids = Request::new(Domain::Device, DType::I32, batch).purpose(Purpose::Input);
+                armed.record(ids).expect("valid");
+            }
+            if layer + 1 == layers {
+                let out = Request::new(Domain::Device, DType::BF16, HIDDEN * batch);
+                armed.record(out).expect("valid");
+            }
+        }
+    }
+    d
+}
+
+/// A training-shaped bucket list: sequence lengths 1k, 2k, 4k and 8k
+/// tokens of the `tp_backward` mid layer shapes (hidden 4096, ffn 16384,
+/// 8 layers, per module backward a 32 MiB workspace and per linear its
+/// wgrad reduce-scatter input and output in symmetric memory; each
+/// module's input gradient, tokens x hidden, a handoff to the next).
+fn train_buckets() -> Discovering {
+    const HIDDEN: u64 = 4096;
+    const FFN: u64 = 16384;
+    let mut d = Discovering::new(config());
+    let sym = |n| Request::new(Domain::Symmetric(GTP), DType::BF16, n);
+    let mut id = 0;
+    for tokens in [1024u64, 2048, 4096, 8192] {
+        d.bucket(format!("seq={tokens}")).expect("distinct names");
+        let mut grad = None;
+        for layer in (0..8).rev() {
+            for linears in [&[HIDDEN * FFN, HIDDEN * FFN][..], &[HIDDEN * HIDDEN][..]] {
+                let mut armed = d
+                    .arm_named(
+                        RunnerId(id),
+                        format!("seq{tokens}.layer{layer}.{}", linears.len()),
+                    )
+                    .expect("armed once");
+                id += 1;
+                armed
+                    .record(Request::new(Domain::Device, DType::U8, 32 << 20))
+                    .expect("valid");
+                for &w in linears {
+                    armed
+                        .record(sym(w).purpose(Purpose::WgradRsInput))
+                        .expect("valid");
+                    armed
+                        .record(sym(w).purpose(Purpose::RsOutput))
+                        .expect("valid");
+                }
+                if let Some(h) = grad.take() {
+                    armed.receive(h).expect("declared");
+                }
+                let dx = Request::new(Domain::Device, DType::BF16, tokens * HIDDEN);
+                grad = Some(armed.hand_off(dx).expect("valid"));
+            }
+        }
+    }
+    d
+}
+
+/// `buckets/{round_robin,packed}/decode9x32`: planning nine decode buckets
+/// of 32 layers in shared arenas (each bucket placed alone, then laid over
+/// the others). Prints the shared bytes against the sum of separate plans
+/// and the largest bucket's bound once.
+fn bench_buckets(c: &mut Criterion) {
+    let mut group = c.benchmark_group("buckets");
+    for (list, d) in [
+        ("decode9x32", decode_buckets(32)),
+        ("train4x16", train_buckets()),
+    ] {
+        for (id, strategy) in [
+            ("round_robin", Policy::Generations(2).round_robin()),
+            ("packed", Policy::Generations(2).packed()),
+        ] {
+            let report = d.clone().plan(strategy).expect("plans").report();
+            println!(
+            "buckets/{id}/{list}: shared {} B, separate plans {} B ({:.3}x), largest bound {} B",
+            report.plan_bytes,
+            report.separate_bytes,
+            report.separate_bytes as f64 / report.plan_bytes as f64,
+            report.lower_bound
+        );
+            group.bench_with_input(BenchmarkId::new(id, list), &strategy, |b, &strategy| {
+                b.iter_batched(
+                    || d.clone(),
+                    |d| black_box(d.plan(strategy).expect("plans").total_bytes()),
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_plan,
@@ -450,6 +560,7 @@ criterion_group!(
     bench_replay,
     bench_consume,
     bench_capture,
-    bench_scale
+    bench_scale,
+    bench_buckets
 );
 criterion_main!(benches);

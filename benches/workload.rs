@@ -64,6 +64,7 @@ fn workload() -> Workload {
             RunnerSpec {
                 id: None,
                 name: Some(format!("layer{}.{}.bwd", i / 3, kinds[(i % 3) as usize])),
+                bucket: None,
                 requests,
                 receive: Vec::new(),
                 hand_off: Vec::new(),
@@ -75,6 +76,7 @@ fn workload() -> Workload {
         source: None,
         module_kinds: Some(3),
         groups: None,
+        buckets: None,
         runners,
     }
 }
@@ -141,6 +143,7 @@ fn groups_workload(runners: u64) -> Workload {
         .map(|i| RunnerSpec {
             id: None,
             name: Some(format!("layer{i}.bwd")),
+            bucket: None,
             requests: (i * per..(i + 1) * per)
                 .map(|g| RequestSpec {
                     domain: DomainSpec::Symmetric(format!("g{g}")),
@@ -159,6 +162,7 @@ fn groups_workload(runners: u64) -> Workload {
         source: None,
         module_kinds: None,
         groups: None,
+        buckets: None,
         runners,
     }
 }

@@ -5,7 +5,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use crate::vocab::{DType, Domain, GroupId, HandoffId, Key, Request, RunnerId};
+use crate::vocab::{BucketId, DType, Domain, GroupId, HandoffId, Key, Request, RunnerId};
 
 /// A failed check during discovery (or while building a [`PlanConfig`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,6 +84,51 @@ pub enum DiscoveryError {
         /// The handoff.
         handoff: HandoffId,
     },
+    /// A runner was armed again in another bucket: a runner belongs to
+    /// exactly one shape bucket.
+    #[error("{runner} was armed in {first} and again in {second}; a runner belongs to exactly one bucket (arm one runner per shape)")]
+    RunnerInTwoBuckets {
+        /// The runner.
+        runner: RunnerId,
+        /// The bucket it was armed in first.
+        first: BucketId,
+        /// The bucket it was armed in again.
+        second: BucketId,
+    },
+    /// A runner was armed in a bucket this discovery never declared.
+    #[error("{runner} was armed in {bucket}, which this discovery never declared ({declared} bucket(s) declared); arm in an id `Discovering::bucket` returned")]
+    UnknownBucket {
+        /// The runner.
+        runner: RunnerId,
+        /// The bucket.
+        bucket: BucketId,
+        /// Buckets declared so far.
+        declared: usize,
+    },
+    /// Two buckets were declared under one name.
+    #[error("bucket name {name:?} is declared twice (first as {first}); every bucket needs its own name")]
+    BucketNamedTwice {
+        /// The name.
+        name: String,
+        /// The bucket first declared under it.
+        first: BucketId,
+    },
+    /// A runner received a handoff written by a runner of another bucket:
+    /// buckets never run within one step, so nothing would write it before
+    /// the read.
+    #[error("{runner} of {bucket} receives {handoff}, written by {writer} of {writer_bucket}; handoffs stay within one bucket")]
+    CrossBucketHandoff {
+        /// The receiving runner.
+        runner: RunnerId,
+        /// Its bucket.
+        bucket: BucketId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// The handoff's writer.
+        writer: RunnerId,
+        /// The writer's bucket.
+        writer_bucket: BucketId,
+    },
 }
 
 fn list_groups(groups: &[GroupId]) -> String {
@@ -98,6 +143,19 @@ fn list_groups(groups: &[GroupId]) -> String {
 }
 
 type Result<T> = std::result::Result<T, DiscoveryError>;
+
+/// The name of the bucket of runners armed before any bucket was declared.
+pub(crate) const DEFAULT_BUCKET: &str = "default";
+
+/// Bucket names by id: the declared ones, or the one `default` bucket.
+pub(crate) fn bucket_names(names: &[String]) -> impl Iterator<Item = (BucketId, &str)> {
+    let default = names.is_empty().then_some((BucketId(0), DEFAULT_BUCKET));
+    let declared = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (BucketId(i as u32), n.as_str()));
+    default.into_iter().chain(declared)
+}
 
 /// Settings shared by every phase: the symmetric groups requests may name.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
@@ -166,6 +224,8 @@ pub(crate) struct RunnerRecord {
     pub(crate) writes: Vec<HandoffId>,
     /// Handoffs this runner reads, in the order it received them.
     pub(crate) reads: Vec<HandoffId>,
+    /// The shape bucket it belongs to.
+    pub(crate) bucket: BucketId,
 }
 
 /// What discovery learned about one handoff.
@@ -176,6 +236,10 @@ pub(crate) struct HandoffRecord {
     pub(crate) writer: usize,
     /// The readers' slots, in the order they were armed.
     pub(crate) readers: Vec<usize>,
+    /// Its writer's bucket (every reader's too).
+    pub(crate) bucket: BucketId,
+    /// Its writer's id.
+    pub(crate) writer_id: RunnerId,
 }
 
 /// Phase 1 of 5: an eager backward records each runner's requests.
@@ -212,6 +276,9 @@ pub struct Discovering {
     pub(crate) runners: Vec<RunnerRecord>,
     pub(crate) handoffs: Vec<HandoffRecord>,
     index: HashMap<RunnerId, usize>,
+    /// Declared bucket names, by id; empty while none was declared (then
+    /// every runner is in `BucketId(0)`).
+    pub(crate) buckets: Vec<String>,
 }
 
 impl Discovering {
@@ -222,6 +289,7 @@ impl Discovering {
             runners: Vec::new(),
             handoffs: Vec::new(),
             index: HashMap::new(),
+            buckets: Vec::new(),
         }
     }
 
@@ -262,7 +330,100 @@ impl Discovering {
     ///
     /// [`DiscoveryError::RunnerArmedTwice`] for a runner armed before.
     pub fn arm(&mut self, runner: RunnerId) -> Result<ArmedRunner<'_>> {
-        self.arm_inner(runner, None)
+        self.arm_inner(self.current(), runner, None)
+    }
+
+    /// Declares a shape bucket (a batch size, a sequence length: one eager
+    /// run per shape) under `name`, and makes it the bucket that
+    /// [`Discovering::arm`] and [`Discovering::arm_named`] arm in from now
+    /// on. The first bucket declared before any runner is armed is
+    /// `BucketId(0)`; runners armed before any declaration are in
+    /// `BucketId(0)`, named `default`.
+    ///
+    /// Each bucket's runners are placed as a plan of their own would place
+    /// them, in arenas all buckets share: a key's arena is the largest
+    /// bucket's need, not the sum. Runners of different buckets may share
+    /// bytes; the fence orders them by those bytes as it orders any two
+    /// runners.
+    ///
+    /// # Errors
+    ///
+    /// [`DiscoveryError::BucketNamedTwice`].
+    ///
+    /// ```
+    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
+    /// let req = |n| Request::new(Domain::Device, DType::F32, n);
+    /// let mut discovery = Discovering::new(PlanConfig::new());
+    /// for (b, batch) in [1u64, 8].into_iter().enumerate() {
+    ///     discovery.bucket(format!("bs={batch}"))?;
+    ///     discovery.arm(RunnerId(b as u32))?.record(req(1024 * batch))?;
+    /// }
+    /// let planned = discovery.plan(Policy::Generations(1))?;
+    /// assert_eq!(planned.total_bytes(), 8 * 4096); // the largest, not the sum
+    /// # Ok::<(), replay_arena::Error>(())
+    /// ```
+    pub fn bucket(&mut self, name: impl Into<String>) -> Result<BucketId> {
+        let name = name.into();
+        if let Some(first) = self.buckets.iter().position(|n| *n == name) {
+            return Err(DiscoveryError::BucketNamedTwice {
+                name,
+                first: BucketId(first as u32),
+            });
+        }
+        if self.buckets.is_empty() && !self.runners.is_empty() {
+            if name == DEFAULT_BUCKET {
+                return Err(DiscoveryError::BucketNamedTwice {
+                    name,
+                    first: BucketId(0),
+                });
+            }
+            self.buckets.push(DEFAULT_BUCKET.to_string());
+        }
+        self.buckets.push(name);
+        Ok(self.current())
+    }
+
+    /// The bucket [`Discovering::arm`] arms in: the latest declared.
+    fn current(&self) -> BucketId {
+        BucketId(self.buckets.len().saturating_sub(1) as u32)
+    }
+
+    /// Arms `runner` in `bucket` (as [`Discovering::arm`] does in the
+    /// latest declared bucket).
+    ///
+    /// # Errors
+    ///
+    /// [`DiscoveryError::UnknownBucket`], [`DiscoveryError::RunnerInTwoBuckets`]
+    /// for a runner armed before in another bucket,
+    /// [`DiscoveryError::RunnerArmedTwice`] in the same one.
+    pub fn arm_in(&mut self, bucket: BucketId, runner: RunnerId) -> Result<ArmedRunner<'_>> {
+        self.arm_inner(bucket, runner, None)
+    }
+
+    /// [`Discovering::arm_in`] with a name, as [`Discovering::arm_named`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Discovering::arm_in`].
+    pub fn arm_named_in(
+        &mut self,
+        bucket: BucketId,
+        runner: RunnerId,
+        name: impl Into<String>,
+    ) -> Result<ArmedRunner<'_>> {
+        self.arm_inner(bucket, runner, Some(name.into()))
+    }
+
+    /// The declared buckets, by id, with their names (one bucket,
+    /// `default`, when none was declared).
+    pub fn buckets(&self) -> impl Iterator<Item = (BucketId, &str)> {
+        bucket_names(&self.buckets)
+    }
+
+    /// The bucket `runner` was armed in.
+    pub fn bucket_of(&self, runner: RunnerId) -> Option<BucketId> {
+        let i = *self.index.get(&runner)?;
+        Some(self.runners[i].bucket)
     }
 
     /// Like [`Discovering::arm`], and names the runner (`layer47.mlp.bwd`):
@@ -272,12 +433,33 @@ impl Discovering {
         runner: RunnerId,
         name: impl Into<String>,
     ) -> Result<ArmedRunner<'_>> {
-        self.arm_inner(runner, Some(name.into()))
+        self.arm_inner(self.current(), runner, Some(name.into()))
     }
 
-    fn arm_inner(&mut self, runner: RunnerId, name: Option<String>) -> Result<ArmedRunner<'_>> {
-        if self.index.contains_key(&runner) {
+    fn arm_inner(
+        &mut self,
+        bucket: BucketId,
+        runner: RunnerId,
+        name: Option<String>,
+    ) -> Result<ArmedRunner<'_>> {
+        if let Some(&i) = self.index.get(&runner) {
+            let first = self.runners[i].bucket;
+            if first != bucket {
+                return Err(DiscoveryError::RunnerInTwoBuckets {
+                    runner,
+                    first,
+                    second: bucket,
+                });
+            }
             return Err(DiscoveryError::RunnerArmedTwice { runner });
+        }
+        let declared = self.buckets.len().max(1);
+        if bucket.0 as usize >= declared {
+            return Err(DiscoveryError::UnknownBucket {
+                runner,
+                bucket,
+                declared,
+            });
         }
         self.index.insert(runner, self.runners.len());
         self.runners.push(RunnerRecord {
@@ -288,6 +470,7 @@ impl Discovering {
             offsets: Vec::new(),
             writes: Vec::new(),
             reads: Vec::new(),
+            bucket,
         });
         let slot = self.runners.len() - 1;
         let config = &self.config;
@@ -411,6 +594,8 @@ impl ArmedRunner<'_> {
             request,
             writer: self.slot,
             readers: Vec::new(),
+            bucket: self.record.bucket,
+            writer_id: self.record.id,
         });
         self.record.writes.push(id);
         Ok(id)
@@ -439,6 +624,15 @@ impl ArmedRunner<'_> {
         }
         if h.readers.contains(&self.slot) {
             return Err(DiscoveryError::HandoffReceivedTwice { runner, handoff });
+        }
+        if h.bucket != self.record.bucket {
+            return Err(DiscoveryError::CrossBucketHandoff {
+                runner,
+                bucket: self.record.bucket,
+                handoff,
+                writer: h.writer_id,
+                writer_bucket: h.bucket,
+            });
         }
         h.readers.push(self.slot);
         self.record.reads.push(handoff);

@@ -47,7 +47,7 @@ use crate::plan::Planned;
 use crate::scope::StreamClaim;
 use crate::trace::{Observer, SliceKind, NO_USER};
 use crate::view::Misuse;
-use crate::vocab::{HandoffId, RunnerId};
+use crate::vocab::{HandoffId, Purpose, RunnerId};
 
 /// A failed check or backend call while replaying.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -163,9 +163,33 @@ pub enum ReplayError {
         /// Its writer.
         writer: RunnerId,
     },
+    /// A runner with staged inputs ([`Purpose::Input`](crate::Purpose::Input))
+    /// was replayed while its bytes were not its own: never staged, or
+    /// another runner (or bucket) took them since it was staged or last
+    /// replayed, so its graph would read that runner's bytes as its input.
+    #[error("{runner} reads inputs the program stages, and {}; stage them with consume_mut before this replay", match .by { Some(by) => format!("{by} overwrote its bytes since"), None => "they were never staged".to_string() })]
+    InputNotStaged {
+        /// The runner.
+        runner: RunnerId,
+        /// Who took its bytes (`None`: never staged nor replayed).
+        by: Option<RunnerId>,
+    },
     /// `consume_many` was given no runner.
     #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
     NoRunners,
+    /// `consume_many` was given runners of different shape buckets: their
+    /// bytes may be the same bytes, so no replay leaves both to read.
+    #[error("consume_many was given {runner} of {bucket} and {other} of {other_bucket}; one consumer reads the runners of one bucket")]
+    CrossBucket {
+        /// The first runner given.
+        runner: RunnerId,
+        /// Its bucket.
+        bucket: crate::vocab::BucketId,
+        /// The first runner given of another bucket.
+        other: RunnerId,
+        /// That runner's bucket.
+        other_bucket: crate::vocab::BucketId,
+    },
     /// Waiting for fenced work (synchronize, teardown) failed.
     #[error("waiting for the plan's work failed: {0}")]
     Wait(BackendError),
@@ -228,6 +252,15 @@ struct HandoffState {
     read: Vec<u64>,
 }
 
+/// The runner behind fence slot `slot`: a runner's, or a handoff's writer
+/// (handoff slots follow the runners').
+fn slot_owner(plan: &Planned, slot: usize) -> RunnerId {
+    match slot.checked_sub(plan.runners.len()) {
+        Some(h) => plan.runners[plan.handoffs[h].record.writer].id(),
+        None => plan.runners[slot].id(),
+    }
+}
+
 /// Fixed at seal: where handoff slots start, the bytes each runner's replay
 /// overwrites, and each reader's place among its handoffs' readers.
 #[derive(Clone, Debug)]
@@ -240,6 +273,8 @@ struct Layout {
     /// Runner slot -> for each handoff it reads (in `record.reads` order),
     /// its place among that handoff's readers.
     read_at: Vec<Vec<usize>>,
+    /// Runner slot -> it has requests the program stages (`Purpose::Input`).
+    stages: Vec<bool>,
 }
 
 impl Layout {
@@ -273,10 +308,19 @@ impl Layout {
                     .collect()
             })
             .collect();
+        let stages = plan
+            .runners
+            .iter()
+            .map(|r| {
+                let inputs = r.record.requests.iter();
+                !r.claims.is_empty() && inputs.into_iter().any(|q| q.purpose == Purpose::Input)
+            })
+            .collect();
         Layout {
             handoff_base: plan.runners.len(),
             admit_claims,
             read_at,
+            stages,
         }
     }
 }
@@ -615,6 +659,9 @@ impl<B: Streams> Fence<B> {
                 });
             }
         }
+        if self.layout.stages[slot] {
+            self.staged_check(plan, slot)?;
+        }
         let failed = |error| ReplayError::Backend { runner, error };
         self.begin_use(|| SliceKind::Replay { runner }, on);
         let mut users = std::mem::take(&mut self.scratch);
@@ -669,6 +716,58 @@ impl<B: Streams> Fence<B> {
         }
         self.end_use();
         tracked.map_err(failed)
+    }
+
+    /// Whether runner slot `slot` has inputs the program stages.
+    pub(crate) fn stages_inputs(&self, slot: usize) -> bool {
+        self.layout.stages.get(slot).copied().unwrap_or(false)
+    }
+
+    /// [`ReplayError::InputNotStaged`] unless the staged runner `slot` owns
+    /// its bytes (it was staged, or replayed, and nothing took them since).
+    fn staged_check(&mut self, plan: &Planned, slot: usize) -> Result<()> {
+        let runner = plan.runners[slot].id();
+        match self.owner_check(slot, &plan.runners[slot].claims) {
+            Ok(()) => Ok(()),
+            Err(NotOwner::NeverReplayed) => Err(ReplayError::InputNotStaged { runner, by: None }),
+            Err(NotOwner::OverwrittenBy(other)) => Err(ReplayError::InputNotStaged {
+                runner,
+                by: Some(slot_owner(plan, other)),
+            }),
+        }
+    }
+
+    /// Before a write of the staged runner `slot`'s inputs on `on`: unless
+    /// it owns its bytes already, `on` waits for every user of them (the
+    /// replays and consumers still reading the old contents, of any
+    /// bucket), and the runner becomes their owner, completing at the tail
+    /// of `on` (where the write is enqueued next: every later user waits
+    /// for it, its own replay too). As a replay of an empty graph.
+    pub(crate) fn stage(
+        &mut self,
+        backend: &B,
+        plan: &Planned,
+        slot: usize,
+        on: On<'_, B::Stream>,
+    ) -> Result<()> {
+        let r = &plan.runners[slot];
+        if self.owner_check(slot, &r.claims).is_ok() {
+            return Ok(());
+        }
+        let runner = r.id();
+        let failed = |error| ReplayError::Backend { runner, error };
+        let mut users = std::mem::take(&mut self.scratch);
+        users.clear();
+        for &claim in &r.claims {
+            self.ledger.painter.users(claim, &mut users);
+        }
+        let waited = users
+            .iter()
+            .try_for_each(|&u| self.wait_for(backend, u as usize, on));
+        self.scratch = users;
+        waited.map_err(failed)?;
+        self.settle_use(backend, slot, &r.claims, on)
+            .map_err(failed)
     }
 
     /// Checks that a consumer of the runners in `slots` may read their

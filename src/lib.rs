@@ -175,15 +175,16 @@ pub use plan::{
 };
 pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
 pub use report::{
-    byte_ratio, human_bytes, GraphTemporaries, KeyReport, Optimum, PlanReport, RunnerReport,
+    byte_ratio, human_bytes, BucketReport, GraphTemporaries, KeyReport, Optimum, PlanReport,
+    RunnerReport,
 };
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use step::{StepBuilder, StepError, StepGraph};
 pub use trace::{Slice, SliceKind, Trace, Waited};
 pub use view::{Misuse, SliceError, View, ViewsExt};
 pub use vocab::{
-    DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId, DEVICE_ALIGNMENT,
-    SYMMETRIC_ALIGNMENT,
+    BucketId, DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId,
+    DEVICE_ALIGNMENT, SYMMETRIC_ALIGNMENT,
 };
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]

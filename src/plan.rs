@@ -10,6 +10,9 @@ use crate::painter::Claim;
 use crate::placement::{self, Column, Timeline};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
+mod buckets;
+pub(crate) use buckets::BucketPlan;
+
 /// A plan that cannot be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -121,7 +124,8 @@ impl Discovering {
         let records = std::mem::take(&mut discovering.runners);
         let handoffs = std::mem::take(&mut discovering.handoffs);
         let config = discovering.config.clone();
-        Planned::new(config, records, handoffs, policy.into()).map_err(
+        let names = discovering.buckets.clone();
+        Planned::new(config, records, handoffs, &names, policy.into()).map_err(
             |(error, records, handoffs)| {
                 // The records come back unchanged: the discovery is as it was.
                 discovering.runners = records;
@@ -457,12 +461,39 @@ pub struct Planned {
     pub(crate) index: Vec<(RunnerId, usize)>,
     /// Handoffs, by id.
     pub(crate) handoffs: Vec<HandoffPlan>,
+    /// Shape buckets, by id, each with its separate plan; empty when
+    /// discovery declared at most one ([`Discovering::bucket`]).
+    pub(crate) buckets: Vec<BucketPlan>,
+    /// The one bucket's name when `buckets` is empty.
+    pub(crate) bucket_name: String,
 }
 
 impl Planned {
-    /// Plans `records`; on failure hands them back unchanged.
+    /// Plans `records` in the buckets `names` declares (one bucket plan
+    /// when at most one); on failure hands them back unchanged.
     #[allow(clippy::type_complexity)]
     pub(crate) fn new(
+        config: PlanConfig,
+        records: Vec<RunnerRecord>,
+        handoffs: Vec<HandoffRecord>,
+        names: &[String],
+        placed_policy: PlacedPolicy,
+    ) -> std::result::Result<Planned, (PlanError, Vec<RunnerRecord>, Vec<HandoffRecord>)> {
+        if names.len() > 1 {
+            return buckets::plan(config, records, handoffs, names, placed_policy);
+        }
+        let name = names
+            .first()
+            .map_or(crate::discover::DEFAULT_BUCKET, String::as_str)
+            .to_string();
+        let mut planned = Planned::new_single(config, records, handoffs, placed_policy)?;
+        planned.bucket_name = name;
+        Ok(planned)
+    }
+
+    /// Plans `records` as one bucket.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn new_single(
         config: PlanConfig,
         records: Vec<RunnerRecord>,
         handoffs: Vec<HandoffRecord>,
@@ -584,6 +615,30 @@ impl Planned {
             }
         }
 
+        let handoffs = handoffs.into_iter().zip(places).collect();
+        Ok(Planned::assemble(
+            config,
+            placed_policy,
+            g,
+            runners,
+            arenas,
+            handoffs,
+            Vec::new(),
+        ))
+    }
+
+    /// The plan of runners with their extents and handoffs with their
+    /// places: the fence regions and every claim, derived from the arenas
+    /// and those places (exact bytes, whichever bucket placed them).
+    pub(crate) fn assemble(
+        config: PlanConfig,
+        placed_policy: PlacedPolicy,
+        g: usize,
+        mut runners: Vec<RunnerPlan>,
+        arenas: Vec<ArenaPlan>,
+        handoffs: Vec<(HandoffRecord, Option<(Place, u64)>)>,
+        buckets: Vec<BucketPlan>,
+    ) -> Planned {
         let regions = fence_regions(&arenas, placed_policy.placement, g);
         assign_claims(&mut runners, &regions, placed_policy.placement);
         let fence_regions = match placed_policy.placement {
@@ -592,7 +647,6 @@ impl Planned {
         };
         let handoffs: Vec<HandoffPlan> = handoffs
             .into_iter()
-            .zip(places)
             .filter_map(|(record, place)| {
                 let (place, bytes) = place?;
                 let region = regions[place.arena]?;
@@ -614,7 +668,7 @@ impl Planned {
             .map(|(i, r)| (r.id(), i))
             .collect();
         index.sort_unstable();
-        Ok(Planned {
+        Planned {
             config,
             placed_policy,
             generations: g,
@@ -623,7 +677,9 @@ impl Planned {
             fence_regions,
             index,
             handoffs,
-        })
+            buckets,
+            bucket_name: String::new(),
+        }
     }
 
     /// The config the plan was made under.

@@ -485,6 +485,15 @@ impl<B: Backend> Replayable<B> {
     /// ([`ReplayError::ViewOutOfScope`]), since consumers on other streams
     /// read them at the same time.
     ///
+    /// For a runner with inputs the program stages
+    /// ([`Purpose::Input`](crate::Purpose::Input)), this is how they are
+    /// written, also before the runner's first replay and after another
+    /// runner (of its bucket or another) took its bytes: `stream` then
+    /// first waits for every user of those bytes, and the runner owns them
+    /// from the write on (its next replay waits for the write; a replay of
+    /// it while another runner owns them is
+    /// [`ReplayError::InputNotStaged`]).
+    ///
     /// # Errors
     ///
     /// As [`Replayable::consume`].
@@ -495,6 +504,14 @@ impl<B: Backend> Replayable<B> {
         work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
+        if self.fence.stages_inputs(slot) {
+            // Staged inputs: the write may come before the first replay,
+            // or after another runner took the bytes.
+            refuse_capturing(&self.backend, stream, runner)?;
+            let on = On::new(&self.backend, stream);
+            let _claim = claim(on.id, runner)?;
+            self.fence.stage(&self.backend, &self.plan, slot, on)?;
+        }
         self.consume_slots(&[slot], stream, ScopeKind::Write, |s, views| {
             work(s, views[0])
         })
@@ -560,6 +577,16 @@ impl<B: Backend> Replayable<B> {
     pub(crate) fn consumer_of(&self, slots: &[usize], stream: &B::Stream) -> Result<RunnerId> {
         let &head = slots.first().ok_or(ReplayError::NoRunners)?;
         let runner = self.plan.runners[head].id();
+        let bucket = self.plan.runners[head].record.bucket;
+        let stray = slots.iter().map(|&s| &self.plan.runners[s].record);
+        if let Some(other) = stray.into_iter().find(|r| r.bucket != bucket) {
+            return Err(ReplayError::CrossBucket {
+                runner,
+                bucket,
+                other: other.id,
+                other_bucket: other.bucket,
+            });
+        }
         refuse_capturing(&self.backend, stream, runner)?;
         Ok(runner)
     }

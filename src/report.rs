@@ -9,6 +9,9 @@ use crate::placement::{self, Timeline};
 use crate::plan::{key_inputs, work_shares, Extent, PlacedPolicy, Placement, Planned};
 use crate::vocab::{Domain, GroupId, Key, ParamId, Purpose, RunnerId};
 
+mod buckets;
+pub use buckets::BucketReport;
+
 impl Planned {
     /// The plan described as data and, through `Display`, as a table.
     #[doc(alias = "table")]
@@ -220,6 +223,17 @@ pub struct PlanReport {
         serde(default, skip_serializing_if = "Option::is_none")
     )]
     pub temporaries: Option<GraphTemporaries>,
+    /// The plan's shape buckets ([`Discovering::bucket`](crate::Discovering::bucket)),
+    /// by id; empty for a plan of one bucket.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Vec::is_empty")
+    )]
+    pub buckets: Vec<BucketReport>,
+    /// What separate plans of the buckets would allocate in all (the sum
+    /// of [`BucketReport::alone_bytes`]; `plan_bytes` for one bucket).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub separate_bytes: u64,
     /// [`Planned::fingerprint`].
     #[cfg_attr(feature = "serde", serde(with = "fingerprint_hex"))]
     pub fingerprint: u64,
@@ -332,6 +346,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
     );
     let shares = work_shares(&inputs);
     let timeline = Timeline::new(using.clone(), g);
+    let bucketed = (!plan.buckets.is_empty()).then(|| buckets::Figures::of(plan));
     let mut facts: BTreeMap<Key, KeyFacts> = BTreeMap::new();
     let fresh = || KeyFacts {
         arenas: Vec::new(),
@@ -395,7 +410,9 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         .map(|(key, f)| {
             let plan_bytes = f.arenas.iter().copied().fold(0, u64::saturating_add);
             let at = inputs.binary_search_by_key(&key, |k| k.key).ok();
+            let figures = bucketed.as_ref().map(|b| b.key(key, plan_bytes));
             let (lower_bound, round_robin_bytes, packed_bytes, best_bound, optimum) = match at {
+                _ if figures.is_some() => figures.unwrap_or_default(),
                 None => (0, plan_bytes, plan_bytes, 0, Optimum::LowerBound),
                 Some(at) => {
                     let (input, (work, handoff_work)) = (&inputs[at], shares[at]);
@@ -522,6 +539,8 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         handoff_bytes,
         graph_memory: None,
         temporaries: None,
+        buckets: bucketed.map(|b| b.buckets).unwrap_or_default(),
+        separate_bytes: plan.separate_bytes(),
         keys,
         runners,
         fingerprint: fingerprint(plan),
@@ -610,6 +629,12 @@ pub(crate) fn fingerprint(plan: &Planned) -> u64 {
         }
         h.u64(x.place.arena as u64);
         h.u64(x.place.offset);
+    }
+    if !plan.buckets.is_empty() {
+        h.u64(plan.buckets.len() as u64);
+        for r in &plan.runners {
+            h.u64(u64::from(r.record.bucket.0));
+        }
     }
     h.0
 }
@@ -1036,6 +1061,9 @@ impl fmt::Display for PlanReport {
                 self.handoffs,
                 human_bytes(self.handoff_bytes)
             )?;
+        }
+        if !self.buckets.is_empty() {
+            writeln!(f, "{}", self.bucket_line())?;
         }
         if let Some(t) = self.temporaries {
             writeln!(

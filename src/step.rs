@@ -554,6 +554,11 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                             stream: &Lane(id),
                             id: id as u64,
                         };
+                        if let ([slot], true) = (slots.as_slice(), *exclusive) {
+                            if fence.stages_inputs(*slot) {
+                                fence.stage(&tracer, plan, *slot, on)?;
+                            }
+                        }
                         fence.check_consumable(plan, slots)?;
                         fence.consume(&tracer, plan, slots, on, *exclusive, || {
                             tracer.run(first[k], 1, id)

@@ -31,6 +31,20 @@ impl fmt::Display for HandoffId {
     }
 }
 
+/// A shape bucket of one discovery (a batch size, a sequence length):
+/// declared by [`Discovering::bucket`](crate::Discovering::bucket), counted
+/// from 0 in declaration order. Every runner belongs to exactly one; a
+/// discovery that declares none has the one bucket `BucketId(0)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BucketId(pub u32);
+
+impl fmt::Display for BucketId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bucket {}", self.0)
+    }
+}
+
 /// A communicator group (for example dense GTP or expert GTP) whose
 /// NCCL-registered memory backs a [`Domain::Symmetric`] domain.
 ///
@@ -207,6 +221,13 @@ pub enum Purpose {
     Fp32RsScratch,
     /// FP32 accumulation scratch.
     Fp32AccumScratch,
+    /// An input the program stages before each replay (token ids,
+    /// positions, lengths of a shape bucket's graph): written by a
+    /// [`Replayable::consume_mut`](crate::Replayable::consume_mut) before
+    /// the runner's first replay and before any later one, fenced like
+    /// every other user of those bytes (the write waits for the replays
+    /// and consumers still using them, the replay waits for the write).
+    Input,
     /// Anything else.
     #[default]
     Other,
@@ -214,11 +235,12 @@ pub enum Purpose {
 
 impl Purpose {
     /// Every purpose, in declaration order.
-    pub const ALL: [Purpose; 5] = [
+    pub const ALL: [Purpose; 6] = [
         Purpose::WgradRsInput,
         Purpose::RsOutput,
         Purpose::Fp32RsScratch,
         Purpose::Fp32AccumScratch,
+        Purpose::Input,
         Purpose::Other,
     ];
 
@@ -229,6 +251,7 @@ impl Purpose {
             Purpose::RsOutput => "rs_output",
             Purpose::Fp32RsScratch => "fp32_rs_scratch",
             Purpose::Fp32AccumScratch => "fp32_accum_scratch",
+            Purpose::Input => "input",
             Purpose::Other => "other",
         }
     }

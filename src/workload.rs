@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::discover::{ArmedRunner, Discovering, PlanConfig};
 use crate::error::Error;
 use crate::vocab::names;
-use crate::vocab::{DType, Domain, GroupId, HandoffId, ParamId, Purpose, Request, RunnerId};
+use crate::vocab::{
+    BucketId, DType, Domain, GroupId, HandoffId, ParamId, Purpose, Request, RunnerId,
+};
 
 /// A workload file: the runners one eager backward discovered, in capture
 /// order, with everything a plan needs (feature `serde`).
@@ -75,6 +77,11 @@ pub struct Workload {
         deserialize_with = "object::optional_list"
     )]
     pub groups: Option<Vec<GroupSpec>>,
+    /// The shape buckets ([`Discovering::bucket`]), by name, declared in
+    /// this order (bucket `i` is `BucketId(i)`); each runner then names its
+    /// own. Without it, every runner is in the one bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<Vec<String>>,
     /// The runners in capture order. At least one.
     #[serde(deserialize_with = "object::list")]
     pub runners: Vec<RunnerSpec>,
@@ -103,6 +110,10 @@ pub struct RunnerSpec {
     /// file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The name of its bucket in [`Workload::buckets`]; required where the
+    /// workload lists buckets, refused where it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
     /// What it requested, in order. May be empty: a runner that requests
     /// nothing gets no generation.
     #[serde(deserialize_with = "object::list")]
@@ -352,6 +363,10 @@ impl Workload {
             w.write_all(b",\n  \"groups\": ").map_err(io)?;
             json_to(w, groups)?;
         }
+        if let Some(buckets) = &self.buckets {
+            w.write_all(b",\n  \"buckets\": ").map_err(io)?;
+            json_to(w, buckets)?;
+        }
         w.write_all(b",\n  \"runners\": [").map_err(io)?;
         for (i, runner) in self.runners.iter().enumerate() {
             w.write_all(if i == 0 { b"\n    {" } else { b",\n    {" })
@@ -362,6 +377,11 @@ impl Workload {
             if let Some(name) = &runner.name {
                 w.write_all(b"\"name\": ").map_err(io)?;
                 json_to(w, name)?;
+                w.write_all(b", ").map_err(io)?;
+            }
+            if let Some(bucket) = &runner.bucket {
+                w.write_all(b"\"bucket\": ").map_err(io)?;
+                json_to(w, bucket)?;
                 w.write_all(b", ").map_err(io)?;
             }
             w.write_all(b"\"requests\": [").map_err(io)?;
@@ -434,6 +454,8 @@ impl Workload {
                 receives.entry(reader).or_default().push(id.0);
             }
         }
+        let bucketed = !discovery.buckets.is_empty();
+        let bucket_names: Vec<String> = discovery.buckets().map(|(_, n)| n.to_string()).collect();
         for (i, runner) in discovery.runners().enumerate() {
             let runner_name = discovery.runner_name(runner);
             if let Some(n) = runner_name {
@@ -457,9 +479,11 @@ impl Workload {
                 .iter()
                 .map(|r| RequestSpec::from_request(r, config))
                 .collect();
+            let bucket = discovery.bucket_of(runner).unwrap_or_default();
             runners.push(RunnerSpec {
                 id: (u64::from(runner.0) != i as u64).then_some(runner.0),
                 name: runner_name.map(str::to_string),
+                bucket: bucketed.then(|| bucket_names[bucket.0 as usize].clone()),
                 requests,
                 receive: receives.remove(&runner).unwrap_or_default(),
                 hand_off: hand_offs.remove(&runner).unwrap_or_default(),
@@ -470,6 +494,7 @@ impl Workload {
             source: None,
             module_kinds: None,
             groups: (!groups.is_empty()).then_some(groups),
+            buckets: bucketed.then_some(bucket_names),
             runners,
         };
         // What loading would refuse (no runner, an empty name) is refused
@@ -494,6 +519,14 @@ impl Workload {
                 .map_err(|e| discovery_error(format!("groups[{i}]"), e))?;
         }
         let mut discovery = Discovering::new(config);
+        let mut buckets: HashMap<&str, BucketId> = HashMap::new();
+        for (i, name) in self.buckets.iter().flatten().enumerate() {
+            non_empty(name, || format!("buckets[{i}]"))?;
+            let id = discovery
+                .bucket(name.as_str())
+                .map_err(|e| discovery_error(format!("buckets[{i}]"), e))?;
+            buckets.insert(name, id);
+        }
         let mut names: HashMap<&str, usize> = HashMap::with_capacity(self.runners.len());
         let mut interned: HashMap<&str, ParamId> = HashMap::with_capacity(self.runners.len());
         let mut next_param = 0u64;
@@ -507,6 +540,27 @@ impl Workload {
                     invalid(path(), "more runners than RunnerId can number; give ids")
                 })?),
             };
+            let bucket = match (&runner.bucket, &self.buckets) {
+                (None, None) => BucketId(0),
+                (Some(name), Some(_)) => *buckets.get(name.as_str()).ok_or_else(|| {
+                    invalid(
+                        format!("runners[{i}].bucket"),
+                        format!("names bucket {name:?}, which `buckets` does not list"),
+                    )
+                })?,
+                (None, Some(_)) => {
+                    return Err(invalid(
+                        format!("runners[{i}]"),
+                        "the workload lists buckets: name this runner's `bucket`",
+                    ))
+                }
+                (Some(_), None) => {
+                    return Err(invalid(
+                        format!("runners[{i}].bucket"),
+                        "names a bucket, but the workload lists no `buckets`",
+                    ))
+                }
+            };
             let mut armed = match &runner.name {
                 Some(name) => {
                     non_empty(name, || format!("runners[{i}].name"))?;
@@ -517,9 +571,9 @@ impl Workload {
                             first,
                         });
                     }
-                    discovery.arm_named(id, name.as_str())
+                    discovery.arm_named_in(bucket, id, name.as_str())
                 }
-                None => discovery.arm(id),
+                None => discovery.arm_in(bucket, id),
             }
             .map_err(|e| discovery_error(path(), e))?;
             // Requests, then the handoffs it receives (declared by earlier

@@ -719,3 +719,44 @@ fn a_bound_no_layout_reaches_is_named_proved_in_the_json_and_the_comparison() {
     let g3 = md.lines().find(|l| l.contains("Generations(3)")).unwrap();
     assert!(g3.contains("| proved |"), "{md}");
 }
+
+/// A decode-shaped workload of three shape buckets: per bucket an input
+/// (token ids), a per-layer workspace and an output.
+fn bucketed_workload() -> String {
+    let mut runners = Vec::new();
+    for b in [1u64, 4, 16] {
+        for layer in 0..2 {
+            runners.push(format!(
+                r#"{{"name": "bs{b}.layer{layer}", "bucket": "bs={b}", "requests": [
+                    {{"domain": "device", "dtype": "i32", "elements": {b}, "purpose": "input"}},
+                    {{"domain": "device", "dtype": "bf16", "elements": {}}},
+                    {{"domain": "device", "dtype": "bf16", "elements": {}}}]}}"#,
+                4096 * b,
+                1024 * b
+            ));
+        }
+    }
+    format!(
+        r#"{{"name": "decode-buckets", "module_kinds": 1, "buckets": ["bs=1", "bs=4", "bs=16"], "runners": [{}]}}"#,
+        runners.join(",")
+    )
+}
+
+#[test]
+fn compare_shows_shared_bucket_bytes_against_separate_plans() {
+    let path = file(&bucketed_workload());
+    let text = ok(&[&path, "--compare"]);
+    assert!(text.contains("3 shape buckets share the arenas"), "{text}");
+    assert!(text.contains("separate ("), "{text}");
+    let v = json_of(&[&path, "--compare", "--json"]);
+    assert_eq!(v["buckets"], 3);
+    for r in v["rows"].as_array().unwrap() {
+        let shared = r["packed_bytes"].as_u64().unwrap();
+        let separate = r["separate_packed_bytes"].as_u64().unwrap();
+        // The largest bucket is about 16/21 of the three together.
+        assert!(shared < separate && 2 * shared > separate, "{r}");
+    }
+    // A single plan's report has the bucket line.
+    let one = ok(&[&path, "-g", "2"]);
+    assert!(one.contains("buckets: 3 share the arenas"), "{one}");
+}

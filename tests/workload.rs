@@ -374,6 +374,7 @@ fn a_hundred_thousand_distinct_params_load_in_linear_time() {
         .map(|i| RunnerSpec {
             id: None,
             name: Some(format!("r{i}")),
+            bucket: None,
             requests: vec![RequestSpec {
                 domain: DomainSpec::Device,
                 dtype: DType::BF16,
@@ -390,6 +391,7 @@ fn a_hundred_thousand_distinct_params_load_in_linear_time() {
         source: None,
         module_kinds: None,
         groups: None,
+        buckets: None,
         runners,
     };
     let text = workload.to_json().unwrap();
@@ -603,6 +605,7 @@ fn workload() -> impl Strategy<Value = Workload> {
         .prop_map(|(id, name, requests)| RunnerSpec {
             id,
             name,
+            bucket: None,
             requests,
             receive: Vec::new(),
             hand_off: Vec::new(),
@@ -621,6 +624,7 @@ fn workload() -> impl Strategy<Value = Workload> {
             source,
             module_kinds,
             groups,
+            buckets: None,
             runners,
         })
 }
@@ -1180,4 +1184,63 @@ fn policies_and_placements_serialize_as_they_display() {
         ),
         "{e}"
     );
+}
+
+/// Shape buckets survive the file: the bucket list, each runner's bucket
+/// by name, and the plan made from the loaded discovery.
+#[test]
+fn buckets_round_trip_through_the_file_and_plan_alike() {
+    let q = |n| Request::new(Domain::Device, DType::F32, n);
+    let mut d = Discovering::new(PlanConfig::new());
+    for (b, n) in [(0u32, 64u64), (1, 256), (2, 1024)] {
+        d.bucket(format!("bs={n}")).unwrap();
+        d.arm(RunnerId(2 * b)).unwrap().record(q(n)).unwrap();
+        let mut armed = d.arm(RunnerId(2 * b + 1)).unwrap();
+        armed.record(q(2 * n)).unwrap();
+        armed.record(q(n).purpose(Purpose::Input)).unwrap();
+    }
+    let w = Workload::from_discovering("decode", &d).unwrap();
+    let text = w.to_json().unwrap();
+    assert!(text.contains("\"buckets\""), "{text}");
+    assert!(text.contains("\"bucket\":\"bs=256\"") || text.contains("\"bucket\": \"bs=256\""));
+    assert!(text.contains("\"input\""));
+    let loaded = Workload::from_json_str(&text)
+        .unwrap()
+        .to_discovering()
+        .unwrap();
+    assert_eq!(loaded, d);
+    let (a, b) = (
+        d.clone().plan(Policy::Generations(2)).unwrap(),
+        loaded.plan(Policy::Generations(2)).unwrap(),
+    );
+    assert_eq!(a.fingerprint(), b.fingerprint());
+    assert_eq!(a.report().buckets.len(), 3);
+    // The report's buckets are in its JSON too.
+    let json = serde_json::to_string(&a.report()).unwrap();
+    assert!(json.contains("\"separate_bytes\""));
+    // A workload without buckets writes none.
+    let plain = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q(8)])]).unwrap();
+    let text = Workload::from_discovering("plain", &plain)
+        .unwrap()
+        .to_json()
+        .unwrap();
+    assert!(!text.contains("bucket"), "{text}");
+}
+
+#[test]
+fn a_runner_naming_an_unlisted_bucket_is_an_error_at_its_path() {
+    let run = |buckets: &str, bucket: &str| {
+        let text = format!(
+            r#"{{"name": "w", {buckets} "runners": [{{"requests": []}}, {{{bucket} "requests": []}}]}}"#
+        );
+        Workload::from_json_str(&text).unwrap().to_discovering()
+    };
+    let err = run(r#""buckets": ["a"],"#, r#""bucket": "b","#).unwrap_err();
+    assert!(err.to_string().contains("runners[0]"), "{err}");
+    let err = run(r#""buckets": ["a", "b"],"#, r#""bucket": "c","#).unwrap_err();
+    assert!(err.to_string().contains("runners[0]"), "{err}");
+    let err = run("", r#""bucket": "a","#).unwrap_err();
+    assert!(err.to_string().contains("runners[1].bucket"), "{err}");
+    let err = run(r#""buckets": ["a", "a"],"#, "").unwrap_err();
+    assert!(err.to_string().contains("buckets[1]"), "{err}");
 }

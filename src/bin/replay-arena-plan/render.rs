@@ -264,6 +264,9 @@ pub(crate) struct Row {
     /// The keys' [`Optimum`]s, summed up: `open` if any key is open, else
     /// `proved` if any key is proved, else `lb`.
     optimum: &'static str,
+    /// With shape buckets: what separate plans of the buckets would
+    /// allocate, (round-robin, packed).
+    separate: Option<(u64, u64)>,
 }
 
 impl Row {
@@ -292,6 +295,8 @@ fn summary(report: &PlanReport) -> &'static str {
 /// Every policy of the comparison for one workload.
 pub(crate) struct Comparison<'i> {
     input: &'i Input,
+    /// Shape buckets of the workload (0 without buckets).
+    buckets: usize,
     runners_using: usize,
     module_kinds: usize,
     module_kinds_from: &'static str,
@@ -313,10 +318,18 @@ impl<'i> Comparison<'i> {
         let mut rows = Vec::with_capacity(policies.len());
         let mut ring = 0;
         let mut runners_using = 0;
+        let mut buckets = 0;
         for policy in policies {
             let (_, report) = plan(input, policy.into())?;
             ring = report.ring_bytes;
             runners_using = report.runners_using;
+            buckets = report.buckets.len();
+            let separate = if report.buckets.is_empty() {
+                None
+            } else {
+                let (_, packed) = plan(input, policy.packed())?;
+                Some((report.separate_bytes, packed.separate_bytes))
+            };
             rows.push(Row {
                 policy,
                 generations: report.generations,
@@ -324,10 +337,12 @@ impl<'i> Comparison<'i> {
                 round_robin: report.round_robin_bytes,
                 packed: report.packed_bytes,
                 optimum: summary(&report),
+                separate,
             });
         }
         Ok(Comparison {
             input,
+            buckets,
             runners_using,
             module_kinds,
             module_kinds_from,
@@ -374,6 +389,28 @@ impl<'i> Comparison<'i> {
                 human_bytes(r.round_robin)
             );
         }
+        if self.buckets > 0 {
+            let _ = writeln!(
+                out,
+                "{} shape buckets share the arenas (each key's the largest bucket's); as separate plans:",
+                self.buckets
+            );
+            for r in &self.rows {
+                if let Some((rr, packed)) = r.separate {
+                    let _ = writeln!(
+                        out,
+                        "{:<16} packed {} shared vs {} separate ({:.2}x), round-robin {} shared vs {} separate ({:.2}x)",
+                        r.policy.to_string(),
+                        human_bytes(r.packed),
+                        human_bytes(packed),
+                        byte_ratio(packed, r.packed),
+                        human_bytes(r.round_robin),
+                        human_bytes(rr),
+                        byte_ratio(rr, r.round_robin)
+                    );
+                }
+            }
+        }
         out
     }
 
@@ -394,6 +431,8 @@ impl<'i> Comparison<'i> {
                     "optimum": r.optimum,
                     "ring_over_packed": byte_ratio(self.ring, r.packed),
                     "ring_over_round_robin": byte_ratio(self.ring, r.round_robin),
+                    "separate_round_robin_bytes": r.separate.map(|s| s.0),
+                    "separate_packed_bytes": r.separate.map(|s| s.1),
                 })
             })
             .collect();
@@ -406,6 +445,7 @@ impl<'i> Comparison<'i> {
             "module_kinds": self.module_kinds,
             "module_kinds_from": self.module_kinds_from,
             "ring_bytes": self.ring,
+            "buckets": self.buckets,
             "rows": rows,
         })
     }
