@@ -42,16 +42,13 @@ fn id(b: usize, k: usize) -> RunnerId {
     RunnerId((b * 10 + k) as u32)
 }
 
+/// Per bucket, per runner: the handoffs it receives and hands off.
+type Chains = Vec<Vec<(Option<HandoffId>, Option<HandoffId>)>>;
+
 /// Discovery of `buckets` (only bucket `only`, alone, when given): per
 /// bucket its runners in order, the chain's handoffs between neighbours.
 /// Returns each runner's (input, output) handoffs.
-fn discover(
-    buckets: &[BucketSpec],
-    only: Option<usize>,
-) -> (
-    Discovering,
-    Vec<Vec<(Option<HandoffId>, Option<HandoffId>)>>,
-) {
+fn discover(buckets: &[BucketSpec], only: Option<usize>) -> (Discovering, Chains) {
     let mut d = Discovering::new(PlanConfig::new());
     let mut io = vec![Vec::new(); buckets.len()];
     for (b, spec) in buckets.iter().enumerate() {
