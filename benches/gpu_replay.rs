@@ -536,6 +536,104 @@ fn trace_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     Ok(())
 }
 
+/// Shape buckets: three buckets (64 KiB, 256 KiB, 1 MiB per runner, 4
+/// runners each) in one plan, on a pool of two streams, a consumer of each
+/// runner on a third. A steady bucket (the largest, every step) against a
+/// switch every step (bucket `step % 3`): host and wall time per step.
+fn bucket_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
+    const PER_BUCKET: usize = 4;
+    const SIZES: [u64; 3] = [16384, 65536, 262144];
+    const STEPS: usize = 100;
+    const ROUNDS: usize = 20;
+    let mut d = Discovering::new(PlanConfig::new());
+    for (bucket, &n) in SIZES.iter().enumerate() {
+        d.bucket(format!("n={n}"))?;
+        for r in 0..PER_BUCKET {
+            let id = RunnerId((bucket * PER_BUCKET + r) as u32);
+            d.arm(id)?
+                .record(Request::new(Domain::Device, DType::F32, n))?;
+        }
+    }
+    let planned = d.plan(Policy::OverlapDepth(2))?;
+    let (shared, separate) = (planned.total_bytes(), planned.separate_bytes());
+    let capture_on = b.new_stream()?;
+    let mut capturing = planned.allocate(b.clone())?;
+    for (bucket, &n) in SIZES.iter().enumerate() {
+        for r in 0..PER_BUCKET {
+            let id = RunnerId((bucket * PER_BUCKET + r) as u32);
+            let cap = capturing.capture(id)?;
+            let v = cap.take(Request::new(Domain::Device, DType::F32, n))?;
+            cap.stream_capture(&capture_on, |s| {
+                spin(k, s, v.device_address(), n as u32, 2_000)
+            })?;
+            cap.finish()?;
+        }
+    }
+    let mut replayable = capturing.seal()?;
+    let pool = [b.new_stream()?, b.new_stream()?];
+    let side = b.new_stream()?;
+    let out = side.cudarc().alloc_zeros::<f32>(1)?;
+    side.synchronize()?;
+    let out_ptr = {
+        use replay_arena::cuda::cudarc::driver::DevicePtr;
+        out.device_ptr(side.cudarc()).0
+    };
+    let modes = [
+        "steady: bucket 0 (64 KiB runners) every step",
+        "steady: bucket 1 (256 KiB) every step",
+        "steady: bucket 2 (1 MiB) every step",
+        "switching: bucket step % 3",
+    ];
+    let mut host: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    let mut waits = [0u64; 4];
+    for round in 0..=ROUNDS {
+        for (m, w) in waits.iter_mut().enumerate() {
+            b.synchronize()?;
+            let before = replayable.fence_stats().waits;
+            let t = Instant::now();
+            for step in 0..STEPS {
+                let bucket = if m < 3 { m } else { step % 3 };
+                for r in 0..PER_BUCKET {
+                    let id = RunnerId((bucket * PER_BUCKET + r) as u32);
+                    replayable.replay(id, &pool[r % 2])?;
+                    replayable
+                        .consume(id, &side, |s, v| read(k, s, v[0].device_address(), out_ptr))?;
+                }
+            }
+            let enqueued = t.elapsed();
+            b.synchronize()?;
+            if round > 0 {
+                host[m].push(enqueued.as_nanos() as f64 / STEPS as f64 / 1e3);
+                wall[m].push(t.elapsed().as_nanos() as f64 / STEPS as f64 / 1e3);
+                *w += replayable.fence_stats().waits - before;
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "\n## shape buckets: 3 buckets x {PER_BUCKET} runners (64 KiB, 256 KiB, 1 MiB each) on 2 streams, a consumer of each on a third; plan {shared} B shared against {separate} B as separate plans; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
+    );
+    println!("| mode | host us/step | wall us/step | fence waits/step |");
+    println!("|---|---:|---:|---:|");
+    let mut walls = Vec::new();
+    for (m, name) in modes.iter().enumerate() {
+        let (h, w) = (median(&mut host[m]), median(&mut wall[m]));
+        walls.push(w);
+        let per_step = waits[m] as f64 / (ROUNDS * STEPS) as f64;
+        println!("| {name} | {h:.1} | {w:.1} | {per_step:.2} |");
+    }
+    let steady = (walls[0] + walls[1] + walls[2]) / 3.0;
+    println!(
+        "switching every step against the mean of the steady buckets: {:.3}x wall time",
+        walls[3] / steady
+    );
+    Ok(())
+}
+
 fn main() -> R<()> {
     if let Err(e) = probe() {
         println!("gpu_replay: skipped, no usable GPU: {e}");
@@ -561,6 +659,9 @@ fn main() -> R<()> {
     }
     if run("trace") {
         trace_cost(&b, &k)?;
+    }
+    if run("buckets") {
+        bucket_cost(&b, &k)?;
     }
     Ok(())
 }
