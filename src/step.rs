@@ -501,6 +501,55 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             }
         }
         let l = lanes.len();
+        // The schedule as the fence sees it: each use's slots, lane, nodes
+        // and the ready events it records where.
+        let uses: Vec<Use> = items
+            .iter()
+            .enumerate()
+            .map(|(k, item)| match item {
+                Item::Replay { slot, lane } => {
+                    let marks = match part_of[k] {
+                        // The first part records the event it was split
+                        // at; the other ready events count from the end.
+                        Some(p) => ready(*slot)
+                            .into_iter()
+                            .enumerate()
+                            .map(|(n, h)| {
+                                (
+                                    h,
+                                    if n == parts[p].2 {
+                                        first[k]
+                                    } else {
+                                        first[k] + 1
+                                    },
+                                )
+                            })
+                            .collect(),
+                        // A graph moved in whole records them inside its
+                        // one node: readers wait for that node.
+                        None => ready(*slot).into_iter().map(|h| (h, first[k])).collect(),
+                    };
+                    Use::Replay {
+                        slot: *slot,
+                        lane: *lane,
+                        first: first[k],
+                        count: if splits(*slot) { 2 } else { 1 },
+                        marks,
+                    }
+                }
+                Item::Consume {
+                    slots,
+                    lane,
+                    exclusive,
+                    ..
+                } => Use::Consume {
+                    slots: slots.clone(),
+                    lane: *lane,
+                    first: first[k],
+                    exclusive: *exclusive,
+                },
+            })
+            .collect();
         let tracer = Tracer::new(execs * l, nodes, overlapping);
         let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
         tracer.reserve_events(r.fence.slots());
@@ -510,65 +559,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         for pass in 0..passes {
             let offset = (pass % execs) * l;
             tracer.begin_pass(pass, offset..offset + l);
-            for (k, item) in items.iter().enumerate() {
-                match item {
-                    Item::Replay { slot, lane } => {
-                        let count = if splits(*slot) { 2 } else { 1 };
-                        let id = offset + *lane;
-                        let on = On {
-                            stream: &Lane(id),
-                            id: id as u64,
-                        };
-                        fence.replay(&tracer, plan, *slot, on, || {
-                            tracer.run(first[k], count, id);
-                            Ok(())
-                        })?;
-                        touched[*slot] = true;
-                        for &h in &plan.runners[*slot].record.writes {
-                            touched[fence.handoff_slot(h)] = true;
-                        }
-                        // The first part records the event it was split at;
-                        // the other ready events count from the end.
-                        // A graph moved in whole records them inside its
-                        // one node: readers wait for that node.
-                        if let Some(p) = part_of[k] {
-                            let split = parts[p].2;
-                            for (n, h) in ready(*slot).into_iter().enumerate() {
-                                let node = if n == split { first[k] } else { first[k] + 1 };
-                                tracer.mark(h, node);
-                            }
-                        } else {
-                            for h in ready(*slot) {
-                                tracer.mark(h, first[k]);
-                            }
-                        }
-                    }
-                    Item::Consume {
-                        slots,
-                        lane,
-                        exclusive,
-                        ..
-                    } => {
-                        let id = offset + *lane;
-                        let on = On {
-                            stream: &Lane(id),
-                            id: id as u64,
-                        };
-                        if let ([slot], true) = (slots.as_slice(), *exclusive) {
-                            if fence.stages_inputs(*slot) {
-                                fence.stage(&tracer, plan, *slot, on)?;
-                            }
-                        }
-                        fence.check_consumable(plan, slots)?;
-                        fence.consume(&tracer, plan, slots, on, *exclusive, || {
-                            tracer.run(first[k], 1, id)
-                        })?;
-                        for &slot in slots {
-                            touched[slot] |= fence.is_fenced(slot);
-                        }
-                    }
-                }
-            }
+            trace_pass(&mut fence, &tracer, plan, &uses, offset, &mut touched)?;
             if pass > 0 {
                 kept.push(tracer.deps());
                 // Steady: two passes in a row wait alike.
@@ -755,6 +746,92 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             replayable: r,
         })
     }
+}
+
+/// One use of a compiled schedule, as the fence sees it.
+#[derive(Clone, Debug)]
+enum Use {
+    Replay {
+        slot: usize,
+        lane: usize,
+        /// Its first node, and how many (two when split at a ready point).
+        first: usize,
+        count: usize,
+        /// (ready event, node that records it).
+        marks: Vec<(usize, usize)>,
+    },
+    Consume {
+        slots: Vec<usize>,
+        lane: usize,
+        first: usize,
+        exclusive: bool,
+    },
+}
+
+/// One pass of the schedule through `fence`, on lanes `offset..`: every
+/// wait and record it makes goes to `tracer`, and `touched` learns the
+/// fence slots the step uses.
+fn trace_pass(
+    fence: &mut Fence<Tracer>,
+    tracer: &Tracer,
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+    offset: usize,
+    touched: &mut [bool],
+) -> Result<(), ReplayError> {
+    for u in uses {
+        match u {
+            Use::Replay {
+                slot,
+                lane,
+                first,
+                count,
+                marks,
+            } => {
+                let id = offset + *lane;
+                let on = On {
+                    stream: &Lane(id),
+                    id: id as u64,
+                };
+                fence.replay(tracer, plan, *slot, on, || {
+                    tracer.run(*first, *count, id);
+                    Ok(())
+                })?;
+                touched[*slot] = true;
+                for &h in &plan.runners[*slot].record.writes {
+                    touched[fence.handoff_slot(h)] = true;
+                }
+                for &(h, node) in marks {
+                    tracer.mark(h, node);
+                }
+            }
+            Use::Consume {
+                slots,
+                lane,
+                first,
+                exclusive,
+            } => {
+                let id = offset + *lane;
+                let on = On {
+                    stream: &Lane(id),
+                    id: id as u64,
+                };
+                if let ([slot], true) = (slots.as_slice(), *exclusive) {
+                    if fence.stages_inputs(*slot) {
+                        fence.stage(tracer, plan, *slot, on)?;
+                    }
+                }
+                fence.check_consumable(plan, slots)?;
+                fence.consume(tracer, plan, slots, on, *exclusive, || {
+                    tracer.run(*first, 1, id)
+                })?;
+                for &slot in slots {
+                    touched[slot] |= fence.is_fenced(slot);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The cross edges (`cross[x]`: nodes of the other graph's launch before
