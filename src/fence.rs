@@ -80,6 +80,10 @@ pub enum ReplayError {
         /// `stream_capture`, not `stream_capture_repeatable`).
         captured: usize,
     },
+    /// A kept step graph was launched on (or waited for through) another
+    /// plan than the one it was built for.
+    #[error("this kept step graph belongs to another plan: launch it with the Replayable it was built from")]
+    ForeignStep,
     /// A consumer asked for a runner's bytes before the runner was replayed.
     #[error("{runner} was never replayed, so its views hold nothing to consume")]
     NotReplayed {
@@ -521,6 +525,13 @@ impl<B: Streams> Fence<B> {
 
     pub(crate) fn stats(&self) -> FenceStats {
         self.stats
+    }
+
+    /// Grows with every replay, consumer and step launch: a step graph
+    /// that sees the same epoch as after its own latest launch knows that
+    /// nothing else used the plan since.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.stats.replays + self.stats.consumers + self.stats.step_launches
     }
 
     /// Replaces the trace told of every use of the plan (`None`: no

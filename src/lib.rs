@@ -179,7 +179,7 @@ pub use report::{
     RunnerReport,
 };
 pub use source::{Buffer, BufferSource, ViewSource};
-pub use step::{StepBuilder, StepError, StepGraph};
+pub use step::{KeptStep, StepBuilder, StepError, StepGraph};
 pub use trace::{Slice, SliceKind, Trace, Waited};
 pub use view::{Misuse, SliceError, View, ViewsExt};
 pub use vocab::{

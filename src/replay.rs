@@ -148,6 +148,7 @@ impl<B: Backend> Capturing<B> {
         Ok(Replayable {
             graphs,
             step_copies,
+            id: new_scope_id(),
             copies_made,
             temporaries,
             fence: Fence::new(res.events, &plan, &ready),
@@ -209,6 +210,8 @@ pub struct Replayable<B: Backend> {
     /// Runner slot -> step copies of a graph with temporaries, for step
     /// graphs to move in ([`RunnerCapture::stream_capture_repeatable`](crate::RunnerCapture::stream_capture_repeatable)).
     pub(crate) step_copies: Vec<Vec<B::Graph>>,
+    /// Unique in the process: which plan a kept step graph belongs to.
+    pub(crate) id: u64,
     /// Runner slot -> step copies its capture made.
     pub(crate) copies_made: Vec<usize>,
     /// Runner slot -> what its graph's allocation nodes allocate.

@@ -21,7 +21,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
 
-use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode, Streams};
+use crate::backend::{Backend, BackendError, Compose, NodeGraph, StepEnd, StepNode, Streams};
 use crate::capture::{capture_work, Uncaptured};
 use crate::fence::{Fence, Ledger, On};
 use crate::replay::{capturing_wait, ConsumeError, ReplayError, Replayable};
@@ -732,17 +732,25 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         let edges = deps.iter().chain(&cross).map(Vec::len).sum();
         drop(parts);
         drop(items);
+        let epoch = r.fence.epoch();
         Ok(StepGraph {
-            graphs,
-            _events: node_events.into_iter().flatten().chain(ends).collect(),
-            start,
-            done,
-            ledger: fence.ledger().clone(),
-            touched,
-            launched: None,
-            launches: 0,
-            nodes,
-            edges,
+            core: StepCore {
+                graphs,
+                _events: node_events.into_iter().flatten().chain(ends).collect(),
+                start,
+                done,
+                ledger: fence.ledger().clone(),
+                touched,
+                launched: None,
+                launches: 0,
+                since: 0,
+                turn: 0,
+                epoch,
+                uses,
+                lanes: l,
+                nodes,
+                edges,
+            },
             replayable: r,
         })
     }
@@ -890,8 +898,17 @@ fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<Vec<usize>> 
 /// the fence makes for that schedule in steady state, after the previous
 /// launch. It borrows the plan; each launch brings the plan's fence to
 /// what the step leaves before it launches, so nothing rests on its drop
-/// (which waits for its last launch and frees it).
+/// (which waits for its last launch and frees it). [`StepGraph::keep`]
+/// makes it a [`KeptStep`] that borrows nothing, for a step graph per
+/// shape bucket launched whichever the next batch needs.
 pub struct StepGraph<'r, B: Compose> {
+    core: StepCore<B>,
+    replayable: &'r mut Replayable<B>,
+}
+
+/// A step graph apart from the plan: its graphs, events and what it
+/// leaves the fence.
+struct StepCore<B: Backend> {
     /// One graph, or two launched in turn ([`StepBuilder::build_overlapping`]).
     /// Dropped before the events their nodes wait for and record.
     graphs: Vec<B::Graph>,
@@ -902,7 +919,7 @@ pub struct StepGraph<'r, B: Compose> {
     /// for everything the fence knew of, for the second launch to wait for
     /// (it waits for the first launch node by node).
     start: Option<B::Event>,
-    /// Recorded after a launch for [`StepGraph::wait_all`] and drop.
+    /// Recorded after a launch for `wait_all` and drop.
     done: B::Event,
     /// Who last used which bytes after a step.
     ledger: Ledger,
@@ -911,14 +928,30 @@ pub struct StepGraph<'r, B: Compose> {
     /// The stream of the latest launch.
     launched: Option<(B::Stream, u64)>,
     launches: u64,
+    /// Launches since the fence last changed under the step graph: at 0,
+    /// the next launch waits for everything the fence knows of.
+    since: u64,
+    /// Launches in turn: which of two overlapping graphs is next.
+    turn: u64,
+    /// The plan's fence epoch when the step graph last changed it (or was
+    /// built): anything else the fence did since resets `since`.
+    epoch: u64,
+    /// The schedule, to bring the ledger to the fence's state after a reset.
+    uses: Vec<Use>,
+    lanes: usize,
     nodes: usize,
     edges: usize,
-    replayable: &'r mut Replayable<B>,
 }
 
 impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StepGraph")
+        self.core.debug("StepGraph", f)
+    }
+}
+
+impl<B: Backend> StepCore<B> {
+    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
             .field("graphs", &self.graphs.len())
             .field("events", &self._events.len())
             .field("nodes", &self.nodes)
@@ -926,26 +959,21 @@ impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
             .field("launches", &self.launches)
             .finish_non_exhaustive()
     }
-}
 
-impl<B: Compose> StepGraph<'_, B> {
-    /// Launches the whole step on `stream`: after what `stream` holds and
-    /// after the previous launch; the first launch also waits for every
-    /// replay and consumer the fence knew of.
-    ///
-    /// The plan's fence learns what the launch leaves *before* the launch
-    /// (every byte the step uses completes at the tail of `stream`), so
-    /// every later replay, consumer, `replan` and teardown is ordered after
-    /// it, even if this step graph is never dropped (`mem::forget`).
-    ///
-    /// # Errors
-    ///
-    /// [`ReplayError::StepOnCapturingStream`] when `stream` is capturing (inside
-    /// a `stream_capture` closure, or the program's own capture);
-    /// [`ReplayError::Wait`] with the backend's error (nothing of the step
-    /// was enqueued).
-    pub fn launch(&mut self, stream: &B::Stream) -> Result<(), ReplayError> {
-        let r = &mut *self.replayable;
+    /// The ledger the step leaves when launched from the fence's state
+    /// now: one pass of its schedule from there (every byte the step uses
+    /// goes to its users; the rest stays as the fence has it).
+    fn ledger_from(&self, r: &Replayable<B>) -> Result<Ledger, ReplayError> {
+        let tracer = Tracer::new(self.lanes, self.nodes, false);
+        let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
+        tracer.reserve_events(r.fence.slots());
+        tracer.begin_pass(0, 0..self.lanes);
+        let mut touched = vec![false; r.fence.slots()];
+        trace_pass(&mut fence, &tracer, &r.plan, &self.uses, 0, &mut touched)?;
+        Ok(fence.ledger().clone())
+    }
+
+    fn launch(&mut self, r: &mut Replayable<B>, stream: &B::Stream) -> Result<(), ReplayError> {
         let on = On::new(&r.backend, stream);
         // No capture of any thread may begin on `stream` until the launch
         // is enqueued (it would go into its graph).
@@ -954,11 +982,21 @@ impl<B: Compose> StepGraph<'_, B> {
         if capturing {
             return Err(ReplayError::StepOnCapturingStream);
         }
+        // Anything else the fence did since this step graph's latest launch
+        // (or its build): the next launch is a first one again, from the
+        // fence's state now.
+        let reset = r.fence.epoch() != self.epoch;
+        let ledger = if reset {
+            Some(self.ledger_from(r)?)
+        } else {
+            None
+        };
+        let since = if reset { 0 } else { self.since };
         // The first launch waits for everything the fence knew of; the
         // second (of overlapping graphs) for the same, recorded then, or
         // for that and the whole first launch.
-        let x = (self.launches % self.graphs.len() as u64) as usize;
-        match (self.launches, &self.start) {
+        let x = (self.turn % self.graphs.len() as u64) as usize;
+        match (since, &self.start) {
             (0, start) => {
                 r.fence
                     .wait_all(&r.backend, on)
@@ -981,23 +1019,24 @@ impl<B: Compose> StepGraph<'_, B> {
         }
         // The fence's state after this launch, set before it (as
         // `Vec::drain` shortens the vector before it hands out the
-        // iterator). A later launch on the same stream leaves the same
-        // state: nothing to do.
+        // iterator). A later launch on the same stream with nothing in
+        // between leaves the same state: nothing to do.
         let launch = self.launches;
         r.fence
             .begin_use(|| SliceKind::StepLaunch { launch, graph: x }, on);
-        let moved = self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
-        let before = moved.then(|| r.fence.absorb_step(self.ledger.clone(), &self.touched, on));
+        let moved = reset || self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
+        let after = ledger.unwrap_or_else(|| self.ledger.clone());
+        let before = moved.then(|| r.fence.absorb_step(after.clone(), &self.touched, on));
         // SAFETY: the step graph's edges are the fence's waits for its
-        // schedule; its first launch waited for everything the fence knew
-        // of, and each later one runs after the one before (launches of one
-        // executable graph are serialized), or, for two graphs in turn,
-        // waits node by node for what the fence makes it wait for in the
-        // other's launch before it and completes only after that launch
-        // completed (its end), the same graph's launch before that being
-        // serialized; the fence already orders every later user of the
-        // plan's bytes after this launch; the plan is borrowed, so no other
-        // replay or consumer of it runs meanwhile.
+        // schedule; its first launch (and the first after anything else the
+        // fence did) waited for everything the fence knew of, and each later
+        // one runs after the one before (launches of one executable graph
+        // are serialized), or, for two graphs in turn, waits node by node
+        // for what the fence makes it wait for in the other's launch before
+        // it and completes only after that launch completed (its end), the
+        // same graph's launch before that being serialized; the fence
+        // already orders every later user of the plan's bytes after this
+        // launch; nothing else uses the plan meanwhile (`&mut`).
         let graph = &self.graphs[x];
         let launched = r.fence.timed(&r.backend, on, || unsafe {
             r.backend.launch(graph, stream)
@@ -1009,22 +1048,19 @@ impl<B: Compose> StepGraph<'_, B> {
             return Err(ReplayError::Wait(e));
         }
         r.fence.count_step_launch();
+        self.ledger = after;
         self.launched = Some((stream.clone(), on.id));
         self.launches += 1;
+        self.since = since + 1;
+        self.turn += 1;
+        self.epoch = r.fence.epoch();
         Ok(())
     }
 
-    /// Makes `stream` wait for the latest launch (the optimizer step after
-    /// every replay and consumer of the step), without blocking the host.
-    ///
-    /// # Errors
-    ///
-    /// [`ReplayError::Wait`] with the backend's error.
-    pub fn wait_all(&self, stream: &B::Stream) -> Result<(), ReplayError> {
+    fn wait_all(&self, b: &B, stream: &B::Stream) -> Result<(), ReplayError> {
         let Some((last, _)) = &self.launched else {
             return Ok(());
         };
-        let b = &self.replayable.backend;
         // No capture may take the record or the wait into its graph.
         let claim = |s: &B::Stream| {
             StreamClaim::enter(b.stream_id(s)).map_err(|_| ReplayError::Wait(capturing_wait()))
@@ -1035,31 +1071,96 @@ impl<B: Compose> StepGraph<'_, B> {
             .map_err(ReplayError::Wait)
     }
 
+    /// Waits for the latest launch before the graphs are freed.
+    fn wait_last(&mut self, b: &B) {
+        let Some((stream, _)) = self.launched.take() else {
+            return;
+        };
+        let waited = b
+            .record_event(&stream, &self.done)
+            .and_then(|()| b.synchronize_event(&self.done));
+        if waited.is_err() {
+            let _ = b.synchronize();
+        }
+    }
+}
+
+impl<'r, B: Compose> StepGraph<'r, B> {
+    /// Launches the whole step on `stream`: after what `stream` holds and
+    /// after the previous launch; the first launch also waits for every
+    /// replay and consumer the fence knew of.
+    ///
+    /// The plan's fence learns what the launch leaves *before* the launch
+    /// (every byte the step uses completes at the tail of `stream`), so
+    /// every later replay, consumer, `replan` and teardown is ordered after
+    /// it, even if this step graph is never dropped (`mem::forget`).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::StepOnCapturingStream`] when `stream` is capturing (inside
+    /// a `stream_capture` closure, or the program's own capture);
+    /// [`ReplayError::Wait`] with the backend's error (nothing of the step
+    /// was enqueued).
+    pub fn launch(&mut self, stream: &B::Stream) -> Result<(), ReplayError> {
+        self.core.launch(self.replayable, stream)
+    }
+
+    /// Makes `stream` wait for the latest launch (the optimizer step after
+    /// every replay and consumer of the step), without blocking the host.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] with the backend's error.
+    pub fn wait_all(&self, stream: &B::Stream) -> Result<(), ReplayError> {
+        self.core.wait_all(&self.replayable.backend, stream)
+    }
+
     /// Graphs in the step graph: one per replay (two for a writer split at
     /// its ready point) and one per consumer.
     pub fn nodes(&self) -> usize {
-        self.nodes
+        self.core.nodes
     }
 
     /// Dependency edges between them (the fence's waits, and stream order),
     /// with those on the step before for overlapping step graphs.
     pub fn edges(&self) -> usize {
-        self.edges
+        self.core.edges
     }
 
     /// Whether two graphs launch in turn ([`StepBuilder::build_overlapping`]).
     pub fn is_overlapping(&self) -> bool {
-        self.graphs.len() > 1
+        self.core.graphs.len() > 1
     }
 
     /// Launches so far.
     pub fn launches(&self) -> u64 {
-        self.launches
+        self.core.launches
     }
 
     /// The plan (read-only while the step graph lives).
     pub fn replayable(&self) -> &Replayable<B> {
         self.replayable
+    }
+
+    /// Gives the plan back and keeps the step graph as a [`KeptStep`],
+    /// launched with [`Replayable::launch_kept`]: several of them (one per
+    /// shape bucket, say) live beside per-runner replays and consumers, and
+    /// a program launches whichever the next batch needs. The first launch
+    /// after anything else used the plan waits for everything the fence
+    /// knows of (a bucket switch), later ones only for the launch before.
+    pub fn keep(self) -> KeptStep<B>
+    where
+        B: Clone,
+    {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped; each field is read out once.
+        let (core, replayable) =
+            unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.replayable)) };
+        KeptStep {
+            core,
+            plan: replayable.id,
+            backend: replayable.backend.clone(),
+        }
     }
 }
 
@@ -1069,17 +1170,82 @@ impl<B: Compose> Drop for StepGraph<'_, B> {
         // `launch`); the step graph is freed now, so wait for its last
         // launch first. Skipping this (`mem::forget`) leaks the graph and
         // nothing else.
-        let Some((stream, _)) = self.launched.take() else {
-            return;
-        };
-        let r = &*self.replayable;
-        let waited = r
-            .backend
-            .record_event(&stream, &self.done)
-            .and_then(|()| r.backend.synchronize_event(&self.done));
-        if waited.is_err() {
-            let _ = r.backend.synchronize();
+        self.core.wait_last(&self.replayable.backend);
+    }
+}
+
+/// A step graph its plan no longer lends itself to ([`StepGraph::keep`]):
+/// launched with [`Replayable::launch_kept`], which checks that it is that
+/// plan's, while per-runner replays, consumers and other kept step graphs
+/// of the plan go on. Dropping it waits for its latest launch and frees
+/// its graphs; forgetting it leaks them, nothing else (the plan's fence
+/// orders every later use after its launches).
+pub struct KeptStep<B: Compose + Clone> {
+    core: StepCore<B>,
+    /// The `Replayable` it was built for.
+    plan: u64,
+    backend: B,
+}
+
+impl<B: Compose + Clone> fmt::Debug for KeptStep<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.debug("KeptStep", f)
+    }
+}
+
+impl<B: Compose + Clone> KeptStep<B> {
+    /// Launches so far.
+    pub fn launches(&self) -> u64 {
+        self.core.launches
+    }
+
+    /// Graphs in the step graph ([`StepGraph::nodes`]).
+    pub fn nodes(&self) -> usize {
+        self.core.nodes
+    }
+}
+
+impl<B: Compose + Clone> Drop for KeptStep<B> {
+    fn drop(&mut self) {
+        self.core.wait_last(&self.backend);
+    }
+}
+
+impl<B: Compose + Clone> Replayable<B> {
+    /// Launches a kept step graph of this plan on `stream`, as
+    /// [`StepGraph::launch`] does. When anything else used the plan since
+    /// its latest launch (a per-runner replay, a consumer, another step
+    /// graph), it first waits on `stream` for everything the fence knows of
+    /// and takes the fence's state from there; otherwise it runs after its
+    /// own launch before.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::ForeignStep`] for a step graph of another plan; as
+    /// [`StepGraph::launch`]; a check the fence makes on the schedule from
+    /// its state now (a consumer of a runner another bucket's replay
+    /// overwrote since, say: [`ReplayError::Overwritten`]).
+    pub fn launch_kept(
+        &mut self,
+        step: &mut KeptStep<B>,
+        stream: &B::Stream,
+    ) -> Result<(), ReplayError> {
+        if step.plan != self.id {
+            return Err(ReplayError::ForeignStep);
         }
+        step.core.launch(self, stream)
+    }
+
+    /// Makes `stream` wait for the latest launch of a kept step graph.
+    ///
+    /// # Errors
+    ///
+    /// As [`Replayable::launch_kept`] for a foreign step; [`ReplayError::Wait`].
+    pub fn wait_kept(&self, step: &KeptStep<B>, stream: &B::Stream) -> Result<(), ReplayError> {
+        if step.plan != self.id {
+            return Err(ReplayError::ForeignStep);
+        }
+        step.core.wait_all(&self.backend, stream)
     }
 }
 

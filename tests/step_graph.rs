@@ -611,3 +611,147 @@ fn a_consumer_with_temporaries_is_moved_into_one_step_graph_and_refused_by_overl
         }
     }
 }
+
+/// The runners that receive no handoff, in capture order.
+fn unfed(w: &Schedule) -> Vec<usize> {
+    (0..w.runners.len())
+        .filter(|&r| r == 0 || !w.runners[r - 1].0)
+        .collect()
+}
+
+/// The replays of the runners that receive no handoff: a second schedule
+/// over part of the plan (another bucket's, say).
+fn even_replays(
+    s: &mut Setup,
+    w: &Schedule,
+    kept: bool,
+) -> Option<replay_arena::KeptStep<sim::Device>> {
+    if kept {
+        let mut step = s.replayable.step();
+        for r in unfed(w) {
+            step.replay(RunnerId(r as u32), &s.lanes[w.runners[r].2])
+                .ok()?;
+        }
+        return step.build().ok().map(replay_arena::StepGraph::keep);
+    }
+    for r in unfed(w) {
+        s.replayable
+            .replay(RunnerId(r as u32), &s.lanes[w.runners[r].2])
+            .unwrap();
+    }
+    None
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Two kept step graphs of one plan (the whole schedule, and the even
+    /// runners' replays) launched in any order, on any launch stream, with
+    /// per-runner steps between them: the same values as the host fence
+    /// running the same sequence, and no overlap.
+    #[test]
+    fn kept_step_graphs_interleave_with_each_other_and_per_runner_steps(
+        w in schedule(),
+        ops in prop::collection::vec((0usize..4, 0usize..2), 1..12),
+    ) {
+        let mut fenced = setup(&w);
+        let mut graphed = setup(&w);
+        // The host fence refuses some schedules: so does the step builder.
+        if per_runner(&mut setup(&w), &w, 2).is_err() {
+            return Ok(());
+        }
+        let mut whole = {
+            let mut step = graphed.replayable.step();
+            for &(replay, i) in &items(&w) {
+                if replay {
+                    step.replay(RunnerId(i as u32), &graphed.lanes[w.runners[i].2]).unwrap();
+                } else {
+                    let (runner, _, lane, duration, writes) = w.consumers[i];
+                    let (sim, acc, shared) =
+                        (&graphed.sim, &graphed.accs[i], &graphed.lane_accs[lane]);
+                    let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
+                        sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
+                        sim.launch(st, sim::Op::add(&v[0], shared), 1)
+                    };
+                    let r = RunnerId(runner as u32);
+                    if writes {
+                        step.consume_mut(r, &graphed.lanes[lane], work).map(|_| ()).unwrap();
+                    } else {
+                        step.consume(r, &graphed.lanes[lane], work).map(|_| ()).unwrap();
+                    }
+                }
+            }
+            step.build().unwrap().keep()
+        };
+        let mut even = even_replays(&mut graphed, &w, true).expect("replays build");
+        for &(op, launch) in &ops {
+            let l = graphed.launch[launch].clone();
+            match op {
+                0 => {
+                    let host = per_runner(&mut fenced, &w, 1);
+                    let got = graphed.replayable.launch_kept(&mut whole, &l);
+                    prop_assert_eq!(host.is_ok(), got.is_ok(), "{:?} / {:?}", host, got);
+                }
+                1 => {
+                    even_replays(&mut fenced, &w, false);
+                    graphed.replayable.launch_kept(&mut even, &l).unwrap();
+                }
+                2 => {
+                    let host = per_runner(&mut fenced, &w, 1);
+                    let got = per_runner(&mut graphed, &w, 1);
+                    prop_assert_eq!(host.is_ok(), got.is_ok());
+                }
+                _ => {
+                    // A consumer of the last runner, which the second
+                    // schedule may not replay: consumable exactly when the
+                    // host fence says so.
+                    let last = RunnerId(w.runners.len() as u32 - 1);
+                    let consume = |s: &mut Setup| {
+                        let (sim, acc) = (&s.sim, &s.lane_accs[2]);
+                        s.replayable
+                            .consume(last, &s.lanes[2], |st, v| {
+                                sim.launch(st, sim::Op::add(&v[0], acc), 3)
+                            })
+                            .map_err(|e| e.to_string())
+                    };
+                    let host = consume(&mut fenced);
+                    let got = consume(&mut graphed);
+                    prop_assert_eq!(&host, &got);
+                }
+            }
+        }
+        fenced.replayable.synchronize().unwrap();
+        graphed.replayable.synchronize().unwrap();
+        prop_assert!(fenced.sim.hazards().is_empty(), "host: {:?}", fenced.sim.hazards());
+        let hazards = graphed.sim.hazards();
+        prop_assert!(hazards.is_empty(), "kept step graphs: {:?}", hazards);
+        prop_assert_eq!(values(&graphed), values(&fenced));
+        // Forgotten or dropped, the plan goes on safely.
+        std::mem::forget(even);
+        drop(whole);
+        per_runner(&mut graphed, &w, 1).unwrap();
+        per_runner(&mut fenced, &w, 1).unwrap();
+        prop_assert!(graphed.sim.hazards().is_empty());
+        prop_assert_eq!(values(&graphed), values(&fenced));
+    }
+}
+
+#[test]
+fn a_kept_step_graph_of_another_plan_is_refused() {
+    let w = four_with_consumers();
+    let mut a = setup(&w);
+    let mut b = setup(&w);
+    let mut kept = {
+        let mut step = a.replayable.step();
+        step.replay(RunnerId(0), &a.lanes[0]).unwrap();
+        step.build().unwrap().keep()
+    };
+    let err = b
+        .replayable
+        .launch_kept(&mut kept, &b.launch[0])
+        .unwrap_err();
+    assert!(matches!(err, ReplayError::ForeignStep), "{err}");
+    assert_eq!(kept.launches(), 0);
+    a.replayable.launch_kept(&mut kept, &a.launch[0]).unwrap();
+    assert_eq!(kept.launches(), 1);
+}
