@@ -36,109 +36,123 @@ fn host_input(b: usize, step: usize) -> Vec<i32> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn three_buckets_switching_every_step_equal_eager() {
-    let backend =
-        cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let ops = Ops::new(&backend);
-    let io = backend.new_stream().unwrap();
-    let weights: Vec<CudaSlice<i32>> = SIZES
-        .iter()
-        .enumerate()
-        .map(|(b, &n)| {
-            let host: Vec<i32> = (0..n as i32).map(|i| i ^ (31 * b as i32 + 3)).collect();
-            io.cudarc().clone_htod(&host).unwrap()
-        })
-        .collect();
-    let accumulators = || -> Vec<CudaSlice<i32>> {
+struct Model {
+    backend: cuda::Device,
+    ops: Ops,
+    io: cuda::Stream,
+    weights: Vec<CudaSlice<i32>>,
+}
+
+fn bucket_of(step: usize) -> usize {
+    step % SIZES.len()
+}
+
+impl Model {
+    fn new() -> Model {
+        let backend =
+            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+        let ops = Ops::new(&backend);
+        let io = backend.new_stream().unwrap();
+        let weights = SIZES
+            .iter()
+            .enumerate()
+            .map(|(b, &n)| {
+                let host: Vec<i32> = (0..n as i32).map(|i| i ^ (31 * b as i32 + 3)).collect();
+                io.cudarc().clone_htod(&host).unwrap()
+            })
+            .collect();
+        Model {
+            backend,
+            ops,
+            io,
+            weights,
+        }
+    }
+
+    fn accumulators(&self) -> Vec<CudaSlice<i32>> {
         SIZES
             .iter()
-            .map(|&n| io.cudarc().alloc_zeros(n).unwrap())
+            .map(|&n| self.io.cudarc().alloc_zeros(n).unwrap())
             .collect()
-    };
-    let bucket_of = |step: usize| step % SIZES.len();
-
-    // Eager: the same steps, one stream, the framework's own buffers.
-    let mut eager = accumulators();
-    for step in 0..STEPS {
-        let b = bucket_of(step);
-        let x: CudaSlice<i32> = io.cudarc().clone_htod(&host_input(b, step)).unwrap();
-        let t = ops.mix2(&io, &x, &weights[b], 1).unwrap();
-        let y = ops.mix2(&io, &t, &x, 2).unwrap();
-        ops.fold(&io, &mut eager[b], &y, 0).unwrap();
     }
-    let eager: Vec<Vec<i32>> = eager
-        .iter()
-        .map(|a| io.cudarc().clone_dtoh(a).unwrap())
-        .collect();
 
-    // One plan for the three buckets.
-    let mut d = Discovering::new(PlanConfig::new());
-    for (b, &n) in SIZES.iter().enumerate() {
-        d.bucket(format!("n={n}")).unwrap();
-        let mut armed = d.arm(RunnerId(b as u32)).unwrap();
-        armed.record(input(n)).unwrap();
-        armed.record(output(n)).unwrap();
+    fn read(&self, acc: &[CudaSlice<i32>]) -> Vec<Vec<i32>> {
+        acc.iter()
+            .map(|a| self.io.cudarc().clone_dtoh(a).unwrap())
+            .collect()
     }
-    let planned = d.plan(Policy::Generations(2)).unwrap();
-    let largest = 2 * 4 * SIZES[2] as u64;
-    assert!(
-        planned.total_bytes() < planned.separate_bytes(),
-        "shared {} against separate {}",
-        planned.total_bytes(),
-        planned.separate_bytes()
-    );
-    assert!(planned.total_bytes() >= largest);
-    let mut capturing = planned.allocate(backend.clone()).unwrap();
-    let capture_stream = backend.new_stream().unwrap();
-    for (b, &n) in SIZES.iter().enumerate() {
-        let cap = capturing.capture(RunnerId(b as u32)).unwrap();
-        let (x, y) = (cap.take(input(n)).unwrap(), cap.take(output(n)).unwrap());
-        let w = &weights[b];
-        cap.stream_capture(&capture_stream, |s| {
-            let x = x.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            let mut y = y.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            // A temporary the op allocates, freed inside the graph.
-            let t = ops.mix2(s, &x, w, 1)?;
-            ops.mix2_into(s, &mut y, &t, &x, 2)
+
+    /// The same steps, one stream, the framework's own buffers.
+    fn eager(&self) -> Vec<Vec<i32>> {
+        let (io, ops) = (&self.io, &self.ops);
+        let mut acc = self.accumulators();
+        for step in 0..STEPS {
+            let b = bucket_of(step);
+            let x: CudaSlice<i32> = io.cudarc().clone_htod(&host_input(b, step)).unwrap();
+            let t = ops.mix2(io, &x, &self.weights[b], 1).unwrap();
+            let y = ops.mix2(io, &t, &x, 2).unwrap();
+            ops.fold(io, &mut acc[b], &y, 0).unwrap();
+        }
+        self.read(&acc)
+    }
+
+    /// One plan for the three buckets, captured.
+    fn plan(&self) -> replay_arena::Replayable<cuda::Device> {
+        let mut d = Discovering::new(PlanConfig::new());
+        for (b, &n) in SIZES.iter().enumerate() {
+            d.bucket(format!("n={n}")).unwrap();
+            let mut armed = d.arm(RunnerId(b as u32)).unwrap();
+            armed.record(input(n)).unwrap();
+            armed.record(output(n)).unwrap();
+        }
+        let planned = d.plan(Policy::Generations(2)).unwrap();
+        let largest = 2 * 4 * SIZES[2] as u64;
+        assert!(
+            planned.total_bytes() < planned.separate_bytes(),
+            "shared {} against separate {}",
+            planned.total_bytes(),
+            planned.separate_bytes()
+        );
+        assert!(planned.total_bytes() >= largest);
+        let mut capturing = planned.allocate(self.backend.clone()).unwrap();
+        let capture_stream = self.backend.new_stream().unwrap();
+        for (b, &n) in SIZES.iter().enumerate() {
+            let cap = capturing.capture(RunnerId(b as u32)).unwrap();
+            let (x, y) = (cap.take(input(n)).unwrap(), cap.take(output(n)).unwrap());
+            let (w, ops) = (&self.weights[b], &self.ops);
+            // Repeatable: a step graph of the bucket moves in its copy.
+            cap.stream_capture_repeatable(&capture_stream, |s| {
+                let x = x.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+                let mut y = y.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+                // A temporary the op allocates, freed inside the graph.
+                let t = ops.mix2(s, &x, w, 1)?;
+                ops.mix2_into(s, &mut y, &t, &x, 2)
+            })
+            .unwrap();
+            cap.finish().unwrap();
+        }
+        self.io.synchronize().unwrap();
+        capturing.seal().unwrap()
+    }
+}
+
+/// Stages bucket `b`'s input of `step`: the write waits for every replay
+/// still reading the bytes (this bucket's or another's); the replay waits
+/// for the copy.
+fn stage(replayable: &mut replay_arena::Replayable<cuda::Device>, on: &cuda::Stream, step: usize) {
+    let b = bucket_of(step);
+    let host = host_input(b, step);
+    replayable
+        .consume_mut(RunnerId(b as u32), on, |s, views| {
+            let mut x = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+            s.cudarc()
+                .memcpy_htod(&host, &mut x)
+                .map_err(|e| format!("{e:?}"))
         })
         .unwrap();
-        cap.finish().unwrap();
-    }
-    let mut replayable = capturing.seal().unwrap();
-    let pool = [backend.new_stream().unwrap(), backend.new_stream().unwrap()];
-    let (stage, side) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
-    let mut acc = accumulators();
-    io.synchronize().unwrap();
-    for step in 0..STEPS {
-        let b = bucket_of(step);
-        let runner = RunnerId(b as u32);
-        let host = host_input(b, step);
-        // Stage the input: waits for every replay still reading the bytes
-        // (this bucket's or another's); the replay waits for the copy.
-        replayable
-            .consume_mut(runner, &stage, |s, views| {
-                let mut x = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                s.cudarc()
-                    .memcpy_htod(&host, &mut x)
-                    .map_err(|e| format!("{e:?}"))
-            })
-            .unwrap();
-        replayable.replay(runner, &pool[step % 2]).unwrap();
-        let acc_b = &mut acc[b];
-        replayable
-            .consume(runner, &side, |s, views| {
-                let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                ops.fold(s, acc_b, &y, SPIN)
-            })
-            .unwrap();
-    }
-    replayable.wait_all(&io).unwrap();
-    let got: Vec<Vec<i32>> = acc
-        .iter()
-        .map(|a| io.cudarc().clone_dtoh(a).unwrap())
-        .collect();
+}
+
+fn assert_equal(got: &[Vec<i32>], eager: &[Vec<i32>]) {
     for b in 0..SIZES.len() {
         let differ = got[b].iter().zip(&eager[b]).filter(|(x, y)| x != y).count();
         assert_eq!(
@@ -147,6 +161,33 @@ fn three_buckets_switching_every_step_equal_eager() {
             SIZES[b]
         );
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn three_buckets_switching_every_step_equal_eager() {
+    let model = Model::new();
+    let eager = model.eager();
+    let mut replayable = model.plan();
+    let b = &model.backend;
+    let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
+    let (on_stage, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
+    let mut acc = model.accumulators();
+    for step in 0..STEPS {
+        let bucket = bucket_of(step);
+        let runner = RunnerId(bucket as u32);
+        stage(&mut replayable, &on_stage, step);
+        replayable.replay(runner, &pool[step % 2]).unwrap();
+        let acc_b = &mut acc[bucket];
+        replayable
+            .consume(runner, &side, |s, views| {
+                let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+                model.ops.fold(s, acc_b, &y, SPIN)
+            })
+            .unwrap();
+    }
+    replayable.wait_all(&model.io).unwrap();
+    assert_equal(&model.read(&acc), &eager);
     let stats = replayable.fence_stats();
     println!(
         "3 buckets, {STEPS} switching steps: plan {} B shared against {} B as separate plans; {stats}",
@@ -157,4 +198,49 @@ fn three_buckets_switching_every_step_equal_eager() {
         stats.waits > 0,
         "switching buckets must wait for the other buckets' users"
     );
+}
+
+/// A step graph per bucket, kept beside the plan, launched whichever the
+/// next step's bucket is, with the inputs staged per runner between them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_kept_step_graph_per_bucket_launched_in_turn_equals_eager() {
+    let model = Model::new();
+    let eager = model.eager();
+    let mut replayable = model.plan();
+    let b = &model.backend;
+    let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
+    let (on_stage, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
+    let mut acc = model.accumulators();
+    let mut kept: Vec<replay_arena::KeptStep<cuda::Device>> = Vec::new();
+    for (bucket, acc_b) in acc.iter_mut().enumerate() {
+        let runner = RunnerId(bucket as u32);
+        // The buckets share bytes: staging one's input takes another's, so
+        // each schedule is built right after its bucket's input is staged.
+        stage(&mut replayable, &on_stage, bucket);
+        let mut step = replayable.step();
+        step.replay(runner, &pool[0]).unwrap();
+        step.consume(runner, &side, |s, views| {
+            let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+            model.ops.fold(s, acc_b, &y, SPIN)
+        })
+        .unwrap();
+        kept.push(step.build().unwrap().keep());
+    }
+    for step in 0..STEPS {
+        let bucket = bucket_of(step);
+        // Another bucket's replays may have taken this bucket's bytes
+        // since: its input is staged again before every launch.
+        stage(&mut replayable, &on_stage, step);
+        replayable
+            .launch_kept(&mut kept[bucket], &pool[step % 2])
+            .unwrap();
+    }
+    for k in &kept {
+        replayable.wait_kept(k, &model.io).unwrap();
+    }
+    replayable.wait_all(&model.io).unwrap();
+    assert_equal(&model.read(&acc), &eager);
+    assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
+    drop(kept);
 }
