@@ -527,11 +527,15 @@ impl<B: Streams> Fence<B> {
         self.stats
     }
 
-    /// Grows with every replay, consumer and step launch: a step graph
-    /// that sees the same epoch as after its own latest launch knows that
-    /// nothing else used the plan since.
+    /// Grows with every replay, consumer, step launch and event record
+    /// (a wait that records a pending completion changes what later users
+    /// wait for): a step graph that sees the same epoch as after its own
+    /// latest launch knows that the fence is as that launch left it.
     pub(crate) fn epoch(&self) -> u64 {
-        self.stats.replays + self.stats.consumers + self.stats.step_launches
+        self.stats.replays
+            + self.stats.consumers
+            + self.stats.step_launches
+            + self.stats.event_records
     }
 
     /// Replaces the trace told of every use of the plan (`None`: no

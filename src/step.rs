@@ -1178,8 +1178,8 @@ impl<B: Compose> Drop for StepGraph<'_, B> {
 /// launched with [`Replayable::launch_kept`], which checks that it is that
 /// plan's, while per-runner replays, consumers and other kept step graphs
 /// of the plan go on. Dropping it waits for its latest launch and frees
-/// its graphs; forgetting it leaks them, nothing else (the plan's fence
-/// orders every later use after its launches).
+/// its graphs; forgetting it leaks them and its own events, nothing of the
+/// plan (the plan's fence orders every later use after its launches).
 pub struct KeptStep<B: Compose + Clone> {
     core: StepCore<B>,
     /// The `Replayable` it was built for.
