@@ -50,6 +50,12 @@ extern "C" __global__ void spin(float* w, unsigned int n, long long cycles) {
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// The median of a mode's samples (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 struct Kernels {
     touch: CudaFunction,
     read: CudaFunction,
@@ -198,11 +204,7 @@ fn host_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
         }
     }
     b.synchronize()?;
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let medians: Vec<f64> = samples.iter_mut().map(median).collect();
+    let medians: Vec<f64> = samples.iter_mut().map(|v| median(v)).collect();
     let plain = medians[0];
     println!("## host time per replay (median of {BATCHES} batches of {BATCH}, modes interleaved)");
     println!("| mode | ns/replay | minus plain cuGraphLaunch | ratio |");
@@ -424,10 +426,6 @@ fn step_cost(b: &cuda::Device, k: &Kernels, allocating: bool) -> R<()> {
             }
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let kind = if allocating {
         ", each allocating and freeing a 64 KiB temporary inside its graph (step copies moved in)"
     } else {
@@ -508,11 +506,7 @@ fn trace_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
         }
     }
     b.synchronize()?;
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let medians: Vec<f64> = samples.iter_mut().map(median).collect();
+    let medians: Vec<f64> = samples.iter_mut().map(|v| median(v)).collect();
     println!(
         "\n## trace cost: host time per iteration (median of {BATCHES} batches of {BATCH}, modes interleaved)"
     );
@@ -610,10 +604,6 @@ fn bucket_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
             }
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
         "\n## shape buckets: 3 buckets x {PER_BUCKET} runners (64 KiB, 256 KiB, 1 MiB each) on 2 streams, a consumer of each on a third; plan {shared} B shared against {separate} B as separate plans; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
     );

@@ -986,11 +986,12 @@ impl<B: Backend> StepCore<B> {
         // (or its build): the next launch is a first one again, from the
         // fence's state now.
         let reset = r.fence.epoch() != self.epoch;
-        let ledger = if reset {
-            Some(self.ledger_from(r)?)
-        } else {
-            None
-        };
+        // After a reset the step leaves the ledger one pass of its schedule
+        // from the fence's state now gives (kept even if the launch fails:
+        // the next launch resets again).
+        if reset {
+            self.ledger = self.ledger_from(r)?;
+        }
         let since = if reset { 0 } else { self.since };
         // The first launch waits for everything the fence knew of; the
         // second (of overlapping graphs) for the same, recorded then, or
@@ -1025,8 +1026,7 @@ impl<B: Backend> StepCore<B> {
         r.fence
             .begin_use(|| SliceKind::StepLaunch { launch, graph: x }, on);
         let moved = reset || self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
-        let after = ledger.unwrap_or_else(|| self.ledger.clone());
-        let before = moved.then(|| r.fence.absorb_step(after.clone(), &self.touched, on));
+        let before = moved.then(|| r.fence.absorb_step(self.ledger.clone(), &self.touched, on));
         // SAFETY: the step graph's edges are the fence's waits for its
         // schedule; its first launch (and the first after anything else the
         // fence did) waited for everything the fence knew of, and each later
@@ -1048,7 +1048,6 @@ impl<B: Backend> StepCore<B> {
             return Err(ReplayError::Wait(e));
         }
         r.fence.count_step_launch();
-        self.ledger = after;
         self.launched = Some((stream.clone(), on.id));
         self.launches += 1;
         self.since = since + 1;
