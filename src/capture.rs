@@ -603,7 +603,16 @@ pub(crate) fn capture_work<B: Backend, T, E>(
         return Err(Uncaptured::Misuse(reason));
     }
     // SAFETY: the capture this call began (if the work ended it, this fails).
-    let graph = unsafe { backend.end_capture(stream) }.map_err(Uncaptured::End)?;
+    let graph = match unsafe { backend.end_capture(stream) } {
+        Ok(graph) => graph,
+        Err(e) => {
+            // An end that failed may leave the capture open (CUDA ends an
+            // invalidated one, not every other): end it, so the stream is
+            // usable again.
+            abort();
+            return Err(Uncaptured::End(e));
+        }
+    };
     drop(claim);
     Ok((out, graph))
 }

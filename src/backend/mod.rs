@@ -161,6 +161,15 @@ pub enum BackendError {
         /// Its status code.
         status: cudarc::cublas::sys::cublasStatus_t,
     },
+    /// A call of the `sim` backend failed because fault injection told it
+    /// to ([`sim::Faults`](crate::sim::Faults)); it did nothing.
+    #[error("{op} failed (injected fault at call #{call})")]
+    Injected {
+        /// The call ([`sim::Call::name`](crate::sim::Call::name)).
+        op: &'static str,
+        /// Its position among the calls since the faults were installed.
+        call: u64,
+    },
     /// A call was refused before reaching the runtime (a stream of another
     /// device or backend, a stream that cannot be captured, a simulated
     /// access outside every allocation).

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::device::Device;
+use super::faults::Call;
 use super::graphs::{Graph, GraphMemory, SimStep, SimStepNode};
 use super::memory::Memory;
 use super::ops::Op;
@@ -19,7 +20,9 @@ impl Streams for Device {
 
     type Stream = Stream;
 
+    #[track_caller]
     fn create_event(&self) -> Result<Event> {
+        self.fault(Call::CreateEvent)?;
         let id = self.state().events.insert(EventState::default());
         Ok(Event {
             state: self.state.clone(),
@@ -33,7 +36,9 @@ impl Streams for Device {
         (stream.serial << 32) | stream.id as u64
     }
 
+    #[track_caller]
     fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        self.fault(Call::WaitEvent)?;
         let sid = self.own(stream, "sim wait")?;
         let eid = self.own_event(event, "sim wait")?;
         let mut s = self.state();
@@ -54,7 +59,9 @@ impl Streams for Device {
         Ok(())
     }
 
+    #[track_caller]
     fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
+        self.fault(Call::RecordEvent)?;
         let sid = self.own(stream, "sim record")?;
         let eid = self.own_event(event, "sim record")?;
         let mut s = self.state();
@@ -77,7 +84,9 @@ impl Streams for Device {
 
     /// A full synchronize (deterministic, and never less than the event
     /// needs).
+    #[track_caller]
     fn synchronize_event(&self, event: &Event) -> Result<()> {
+        self.fault(Call::SynchronizeEvent)?;
         self.own_event(event, "sim event synchronize")?;
         let mut s = self.state();
         if s.waits_fail {
@@ -87,12 +96,16 @@ impl Streams for Device {
         Ok(())
     }
 
+    #[track_caller]
     fn is_capturing(&self, stream: &Stream) -> Result<bool> {
+        self.fault(Call::CaptureStatus)?;
         let id = self.own(stream, "sim capture status")?;
         Ok(self.state().streams[id].capturing.is_some())
     }
 
+    #[track_caller]
     fn synchronize(&self) -> Result<()> {
+        self.fault(Call::Synchronize)?;
         let mut s = self.state();
         if s.waits_fail {
             return Err(sim_error("sim synchronize", "waits fail (injected)"));
@@ -111,7 +124,9 @@ impl Backend for Device {
         "sim"
     }
 
+    #[track_caller]
     fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Memory> {
+        self.fault(Call::AllocateArena)?;
         let base = self
             .state()
             .alloc(desc.bytes, desc.alignment, true)
@@ -127,7 +142,9 @@ impl Backend for Device {
         })
     }
 
+    #[track_caller]
     fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        self.fault(Call::RecordNode)?;
         let sid = self.own(stream, "sim record node")?;
         let eid = self.own_event(event, "sim record node")?;
         let mut s = self.state();
@@ -145,7 +162,9 @@ impl Backend for Device {
 
     /// All or nothing, as `cuGraphLaunch`: every op is checked before the
     /// first is submitted.
+    #[track_caller]
     unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
+        self.fault(Call::Launch)?;
         let id = self.own(stream, "sim graph launch")?;
         let mut s = self.state();
         if s.streams[id].capturing.is_some() {
@@ -154,7 +173,9 @@ impl Backend for Device {
         s.launch_graph(id, graph)
     }
 
+    #[track_caller]
     fn begin_capture(&self, stream: &Stream) -> Result<()> {
+        self.fault(Call::BeginCapture)?;
         let id = self.own(stream, "sim begin capture")?;
         let mut s = self.state();
         let st = &mut s.streams[id];
@@ -168,12 +189,25 @@ impl Backend for Device {
         Ok(())
     }
 
+    #[track_caller]
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
         let id = self.own(stream, "sim end capture")?;
         let capture = self.state().streams[id]
             .capturing
             .take()
             .ok_or_else(|| sim_error("sim end capture", "the stream is not capturing"))?;
+        // As CUDA's invalidated capture: a failed end (or instantiation)
+        // ends the capture all the same, and its graph is gone.
+        let failed = self
+            .fault(Call::EndCapture)
+            .and_then(|()| self.fault(Call::Instantiate));
+        if let Err(e) = failed {
+            let mut s = self.state();
+            for base in capture.temps {
+                s.free_graph_memory(base);
+            }
+            return Err(e);
+        }
         let memory = (!capture.temps.is_empty())
             .then(|| {
                 Arc::new(GraphMemory {
@@ -206,7 +240,9 @@ impl Backend for Device {
     /// The bytes of every live graph's allocation nodes, and what the sim's
     /// pool reserves: the most ever in use since the last trim, as a
     /// driver's graph memory pool keeps what it mapped until trimmed.
+    #[track_caller]
     fn graph_memory_in_use(&self) -> Result<Option<crate::backend::GraphMemory>> {
+        self.fault(Call::GraphMemoryQuery)?;
         let s = self.state();
         Ok(Some(crate::backend::GraphMemory::new(
             s.graph_bytes,
@@ -214,7 +250,9 @@ impl Backend for Device {
         )))
     }
 
+    #[track_caller]
     fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
+        self.fault(Call::GraphMemoryQuery)?;
         let nodes: Vec<&[(Op, u64)]> = match &graph.step {
             Some(step) => step.nodes.iter().map(|n| n.ops.as_slice()).collect(),
             None => vec![graph.ops.as_slice()],
@@ -230,7 +268,9 @@ impl Backend for Device {
     }
 
     /// The pool's reservation shrinks to what live graphs use.
+    #[track_caller]
     fn trim_graph_memory(&self) -> Result<()> {
+        self.fault(Call::TrimGraphMemory)?;
         let mut s = self.state();
         s.graph_reserved = s.graph_bytes;
         Ok(())
@@ -251,7 +291,9 @@ impl Backend for Device {
 }
 
 impl Compose for Device {
+    #[track_caller]
     fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
+        self.fault(Call::SplitGraph)?;
         let ids = events
             .iter()
             .map(|e| self.own_event(e, "sim split graph"))
@@ -286,11 +328,13 @@ impl Compose for Device {
         Ok((part(0..at, false), part(at..graph.ops.len(), true), which))
     }
 
+    #[track_caller]
     fn compose(
         &self,
         nodes: Vec<StepNode<'_, Device>>,
         end: Option<StepEnd<'_, Device>>,
     ) -> Result<Graph> {
+        self.fault(Call::Compose)?;
         let ids = |events: &[&Event]| -> Result<Vec<usize>> {
             events
                 .iter()
@@ -337,6 +381,7 @@ impl Compose for Device {
                 format!("node {i} depends on a node that is not before it"),
             ));
         }
+        self.fault(Call::Instantiate)?;
         let lanes = nodes.iter().map(|n| n.lane + 1).max().unwrap_or(0);
         let lanes = (0..lanes).map(|_| self.stream().id).collect();
         let events = nodes

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::faults::{Call, FaultLog, Faults};
 use super::hazards::Hazard;
 use super::memory::HostBuffer;
 use super::ops::{AsSpan, Op, Span};
@@ -49,6 +50,26 @@ impl Device {
         lock(&self.state)
     }
 
+    /// Counts a call of `call` made where the caller was called from, and
+    /// fails it when the installed [`Faults`] say so.
+    #[track_caller]
+    pub(super) fn fault(&self, call: Call) -> Result<()> {
+        let at = std::panic::Location::caller();
+        self.state().faults.check(call, at)
+    }
+
+    /// Installs `faults` (replacing those before) and starts a new
+    /// [`FaultLog`]. Clones of this device share them.
+    pub fn inject(&self, faults: Faults) {
+        self.state().faults.install(faults);
+    }
+
+    /// What fault injection saw since [`Device::inject`] (every call is
+    /// counted, also with no faults installed).
+    pub fn fault_log(&self) -> FaultLog {
+        self.state().faults.log()
+    }
+
     /// The index of `stream` if this backend created it.
     pub(super) fn own(&self, stream: &Stream, op: &'static str) -> Result<usize> {
         if std::ptr::eq(stream.owner.as_ptr(), Arc::as_ptr(&self.state)) {
@@ -85,7 +106,9 @@ impl Device {
     }
 
     /// Allocates a zeroed host buffer of `len` `f32`s outside any plan.
+    #[track_caller]
     pub fn alloc_f32(&self, len: usize) -> Result<HostBuffer> {
+        self.fault(Call::Alloc)?;
         let bytes = (len as u64).saturating_mul(4);
         let base = self
             .state()
@@ -111,7 +134,9 @@ impl Device {
     /// of another `Device`, for a raw span into a plan's arena, and, when
     /// not capturing, for a span outside every live allocation (or too long
     /// to address).
+    #[track_caller]
     pub fn launch(&self, stream: &Stream, op: Op, duration: u64) -> Result<()> {
+        self.fault(Call::Kernel)?;
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         s.check_scope(self.stream_id(stream), &op)?;
@@ -154,7 +179,9 @@ impl Device {
     /// # Errors
     ///
     /// As [`Device::launch`], but for the view checks.
+    #[track_caller]
     pub unsafe fn launch_unscoped(&self, stream: &Stream, op: Op, duration: u64) -> Result<()> {
+        self.fault(Call::Kernel)?;
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         if let Some(capture) = s.streams[id].capturing.as_mut() {
@@ -177,7 +204,9 @@ impl Device {
     /// [`BackendError::Refused`](crate::BackendError::Refused) when `stream` is not capturing (use
     /// [`Device::alloc_f32`]) or belongs to another backend; the
     /// allocation's own failure.
+    #[track_caller]
     pub fn alloc_async(&self, stream: &Stream, len: usize) -> Result<Span> {
+        self.fault(Call::GraphAlloc)?;
         let id = self.own(stream, "sim alloc async")?;
         // A temporary belongs to the runner's capture: it works, as its
         // views do, only inside that capture's closure, on its stream.
@@ -224,7 +253,9 @@ impl Device {
     ///
     /// [`BackendError::Refused`](crate::BackendError::Refused) when `stream` is not capturing or belongs to
     /// another backend.
+    #[track_caller]
     pub fn free_async(&self, stream: &Stream, span: &Span) -> Result<()> {
+        self.fault(Call::GraphFree)?;
         let id = self.own(stream, "sim free async")?;
         let mut s = self.state();
         match s.streams[id].capturing.as_mut() {
@@ -241,7 +272,9 @@ impl Device {
     /// # Errors
     ///
     /// [`BackendError::Refused`](crate::BackendError::Refused) for a span outside every live allocation.
+    #[track_caller]
     pub fn read_f32(&self, span: &impl AsSpan) -> Result<Vec<f32>> {
+        self.fault(Call::Copy)?;
         let span = span.span();
         let mut s = self.state();
         s.synchronize();
@@ -261,7 +294,9 @@ impl Device {
     /// # Errors
     ///
     /// [`BackendError::Refused`](crate::BackendError::Refused) for a span outside every live allocation.
+    #[track_caller]
     pub fn write_f32(&self, span: &impl AsSpan, values: &[f32]) -> Result<()> {
+        self.fault(Call::Copy)?;
         let span = span.span();
         let mut s = self.state();
         s.synchronize();

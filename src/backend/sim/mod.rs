@@ -36,6 +36,7 @@
 
 mod backend;
 mod device;
+mod faults;
 mod graphs;
 mod hazards;
 mod memory;
@@ -48,6 +49,7 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 
 pub use device::Device;
+pub use faults::{Call, FaultLog, Faults};
 pub use graphs::Graph;
 pub use hazards::Hazard;
 pub use memory::{HostBuffer, Memory};
@@ -73,6 +75,8 @@ struct SimState {
     hazards: Vec<Hazard>,
     submitted: u64,
     allocations_left: Option<usize>,
+    /// Fault injection at every call ([`Faults`]).
+    faults: faults::FaultState,
     /// Fault injection: host waits fail (a sticky device error, say).
     waits_fail: bool,
     allocations: u64,
