@@ -168,7 +168,7 @@ pub use capture::{
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
 pub use error::{Error, Result};
 pub use failed::Failed;
-pub use fence::FenceStats;
+pub use fence::{FenceStats, Operation};
 pub use plan::{
     ArenaPlan, Extent, HandoffInfo, HandoffUse, PlacedPolicy, Placement, PlanError, PlanFailed,
     Planned, Policy,

@@ -8,9 +8,9 @@ use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 pub use crate::fence::ReplayError;
-use crate::fence::{refuse_capturing, Fence, FenceStats, On};
+use crate::fence::{enter, enter_scope, Fence, FenceStats, Operation};
 use crate::plan::Planned;
-use crate::scope::{new_scope_id, OpenScope, ScopeKind, StreamBusy, StreamClaim};
+use crate::scope::{new_scope_id, ScopeKind};
 use crate::trace::{Recorder, Trace};
 use crate::view::View;
 use crate::vocab::{HandoffId, RunnerId};
@@ -363,19 +363,19 @@ impl<B: Backend> Replayable<B> {
             return Err(ReplayError::NoGraph { runner });
         };
         let backend = &self.backend;
-        let on = On::new(backend, stream);
         // No capture of any thread may begin on `stream` until the launch
         // and its records are done (they would go into its graph).
-        let _claim = claim(on.id, runner)?;
-        self.fence.replay(backend, &self.plan, slot, on, || {
-            // SAFETY: the fence made `stream` wait for every earlier
-            // user of the bytes this graph claims (the handoffs it
-            // writes included) and for the latest write of every
-            // handoff it reads; after the launch, it makes the runner
-            // the latest user of its bytes and a reader of those
-            // handoffs.
-            unsafe { backend.launch(graph, stream) }
-        })
+        let entered = enter(backend, stream, Operation::Replay(runner))?;
+        self.fence
+            .replay(backend, &self.plan, slot, entered.on, || {
+                // SAFETY: the fence made `stream` wait for every earlier
+                // user of the bytes this graph claims (the handoffs it
+                // writes included) and for the latest write of every
+                // handoff it reads; after the launch, it makes the runner
+                // the latest user of its bytes and a reader of those
+                // handoffs.
+                unsafe { backend.launch(graph, stream) }
+            })
     }
 
     /// Launches `runner`'s graph with no fence for the bytes it
@@ -401,8 +401,7 @@ impl<B: Backend> Replayable<B> {
         let graph = self.graphs[slot]
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
-        let _claim = claim(self.backend.stream_id(stream), runner)?;
-        refuse_capturing(&self.backend, stream, runner)?;
+        let _entered = enter(&self.backend, stream, Operation::Replay(runner))?;
         let failed = |error| ReplayError::Backend { runner, error };
         let record = &self.plan.runners[slot].record;
         // The handoffs' own events, whatever recorded them last: nothing is
@@ -507,14 +506,6 @@ impl<B: Backend> Replayable<B> {
         work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
-        if self.fence.stages_inputs(slot) {
-            // Staged inputs: the write may come before the first replay,
-            // or after another runner took the bytes.
-            refuse_capturing(&self.backend, stream, runner)?;
-            let on = On::new(&self.backend, stream);
-            let _claim = claim(on.id, runner)?;
-            self.fence.stage(&self.backend, &self.plan, slot, on)?;
-        }
         self.consume_slots(&[slot], stream, ScopeKind::Write, |s, views| {
             work(s, views[0])
         })
@@ -575,9 +566,8 @@ impl<B: Backend> Replayable<B> {
         self.consume_slots(&slots, stream, ScopeKind::Read, work)
     }
 
-    /// The first runner of a consumer of `slots`, once `stream` is known
-    /// not to capture (its work would be recorded into another graph).
-    pub(crate) fn consumer_of(&self, slots: &[usize], stream: &B::Stream) -> Result<RunnerId> {
+    /// The first runner of a consumer of `slots`, all of one bucket.
+    pub(crate) fn consumer_of(&self, slots: &[usize]) -> Result<RunnerId> {
         let &head = slots.first().ok_or(ReplayError::NoRunners)?;
         let runner = self.plan.runners[head].id();
         let bucket = self.plan.runners[head].record.bucket;
@@ -590,7 +580,6 @@ impl<B: Backend> Replayable<B> {
                 other_bucket: other.bucket,
             });
         }
-        refuse_capturing(&self.backend, stream, runner)?;
         Ok(runner)
     }
 
@@ -603,13 +592,17 @@ impl<B: Backend> Replayable<B> {
         kind: ScopeKind,
         work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
-        let first = self.consumer_of(slots, stream)?;
+        let first = self.consumer_of(slots)?;
         let plan = &self.plan;
-        self.fence.check_consumable(plan, slots)?;
         // The views work on the device only inside `work`, on `stream`; no
         // capture of any thread may record `stream` meanwhile.
-        let on = On::new(&self.backend, stream);
-        let (scope, open) = open_scope(on.id, kind, first)?;
+        let entered = enter_scope(&self.backend, stream, Operation::Consume(first), kind)?;
+        let Some((scope, open)) = entered.scope() else {
+            return Err(ReplayError::StreamCapturing {
+                op: Operation::Consume(first),
+            }
+            .into());
+        };
         for &slot in slots {
             for v in &mut self.views[self.view_ranges[slot].clone()] {
                 v.scope = scope;
@@ -621,7 +614,7 @@ impl<B: Backend> Replayable<B> {
             &self.backend,
             plan,
             slots,
-            on,
+            entered.on,
             kind == ScopeKind::Write,
             || {
                 let one;
@@ -638,10 +631,12 @@ impl<B: Backend> Replayable<B> {
                 };
                 let out = work(stream, lists);
                 let misuse = open.scope().take_misuse();
-                drop(open);
-                (out, misuse)
+                entered.close_views();
+                let succeeded = out.is_ok() && misuse.is_none();
+                ((out, misuse), succeeded)
             },
         );
+        drop(entered);
         for &slot in slots {
             for v in &mut self.views[self.view_ranges[slot].clone()] {
                 v.scope = 0;
@@ -696,10 +691,9 @@ impl<B: Backend> Replayable<B> {
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
-        let on = On::new(&self.backend, stream);
-        let _claim = claim(on.id, runner)?;
+        let entered = enter(&self.backend, stream, Operation::WaitFor(runner))?;
         self.fence
-            .wait_for_runner(&self.backend, &self.plan, slot, on)
+            .wait_for_runner(&self.backend, &self.plan, slot, entered.on)
             .map_err(|error| ReplayError::Backend { runner, error })
     }
 
@@ -712,10 +706,9 @@ impl<B: Backend> Replayable<B> {
     /// [`ReplayError::Wait`] with the backend's error.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_all(&mut self, stream: &B::Stream) -> Result<()> {
-        let on = On::new(&self.backend, stream);
-        let _claim = StreamClaim::enter(on.id).map_err(|_| ReplayError::Wait(capturing_wait()))?;
+        let entered = enter(&self.backend, stream, Operation::WaitAll)?;
         self.fence
-            .wait_all(&self.backend, on)
+            .wait_all(&self.backend, entered.on)
             .map_err(ReplayError::Wait)
     }
 
@@ -860,36 +853,6 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
         observer
             .finish(&self.backend)
             .map_err(ReplayError::TraceMark)
-    }
-}
-
-/// Claims stream `sid` for a call of `runner`'s that waits, launches or
-/// records on it: [`ReplayError::StreamCapturing`] while a capture of any
-/// thread holds it.
-fn claim(sid: u64, runner: RunnerId) -> Result<StreamClaim> {
-    StreamClaim::enter(sid).map_err(|_| ReplayError::StreamCapturing { runner })
-}
-
-/// Why a wait on a stream a capture holds is refused.
-pub(crate) fn capturing_wait() -> BackendError {
-    BackendError::Refused {
-        op: "wait",
-        reason: "the stream is capturing: the wait would go into that graph; wait on a stream \
-                 that is not capturing"
-            .into(),
-    }
-}
-
-/// Opens a new scope of `kind` for `runner`'s views on stream `sid`: no
-/// capture of any thread may record the stream meanwhile, and a capture
-/// scope needs the stream to itself.
-pub(crate) fn open_scope(sid: u64, kind: ScopeKind, runner: RunnerId) -> Result<(u64, OpenScope)> {
-    let scope = new_scope_id();
-    match OpenScope::enter(scope, sid, kind, runner) {
-        Ok(open) => Ok((scope, open)),
-        Err(StreamBusy::Capturing | StreamBusy::InUse) => {
-            Err(ReplayError::StreamCapturing { runner })
-        }
     }
 }
 

@@ -23,9 +23,9 @@ use std::rc::Rc;
 
 use crate::backend::{Backend, BackendError, Compose, NodeGraph, StepEnd, StepNode, Streams};
 use crate::capture::{capture_work, Uncaptured};
-use crate::fence::{Fence, Ledger, On};
-use crate::replay::{capturing_wait, ConsumeError, ReplayError, Replayable};
-use crate::scope::{new_scope_id, ScopeKind, StreamBusy, StreamClaim};
+use crate::fence::{enter, Fence, Ledger, On, Operation};
+use crate::replay::{ConsumeError, ReplayError, Replayable};
+use crate::scope::{new_scope_id, ScopeKind, StreamBusy};
 use crate::trace::SliceKind;
 use crate::view::View;
 use crate::vocab::RunnerId;
@@ -274,7 +274,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> Result<(), E>,
     ) -> Result<&mut Self, ConsumeError<E>> {
         let r = &mut *self.replayable;
-        let runner = r.consumer_of(&slots, stream)?;
+        let runner = r.consumer_of(&slots)?;
         let failed = |error| ReplayError::Backend { runner, error };
         // Captured like a runner's graph: the views work inside `work`, on
         // `stream`, while it captures; a reader's views are read-only.
@@ -307,7 +307,10 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         ) {
             Ok(((), graph)) => graph,
             Err(Uncaptured::Busy(StreamBusy::Capturing | StreamBusy::InUse)) => {
-                return Err(ReplayError::StreamCapturing { runner }.into())
+                return Err(ReplayError::StreamCapturing {
+                    op: Operation::Consume(runner),
+                }
+                .into())
             }
             Err(Uncaptured::Begin(error) | Uncaptured::End(error)) => {
                 return Err(failed(error).into())
@@ -824,14 +827,8 @@ fn trace_pass(
                     stream: &Lane(id),
                     id: id as u64,
                 };
-                if let ([slot], true) = (slots.as_slice(), *exclusive) {
-                    if fence.stages_inputs(*slot) {
-                        fence.stage(tracer, plan, *slot, on)?;
-                    }
-                }
-                fence.check_consumable(plan, slots)?;
                 fence.consume(tracer, plan, slots, on, *exclusive, || {
-                    tracer.run(*first, 1, id)
+                    (tracer.run(*first, 1, id), true)
                 })?;
                 for &slot in slots {
                     touched[slot] |= fence.is_fenced(slot);
@@ -974,59 +971,42 @@ impl<B: Backend> StepCore<B> {
     }
 
     fn launch(&mut self, r: &mut Replayable<B>, stream: &B::Stream) -> Result<(), ReplayError> {
-        let on = On::new(&r.backend, stream);
         // No capture of any thread may begin on `stream` until the launch
         // is enqueued (it would go into its graph).
-        let _claim = StreamClaim::enter(on.id).map_err(|_| ReplayError::StepOnCapturingStream)?;
-        let capturing = r.backend.is_capturing(stream).map_err(ReplayError::Wait)?;
-        if capturing {
-            return Err(ReplayError::StepOnCapturingStream);
-        }
+        let entered = enter(&r.backend, stream, Operation::StepLaunch)?;
+        let on = entered.on;
         // Anything else the fence did since this step graph's latest launch
         // (or its build): the next launch is a first one again, from the
         // fence's state now.
         let reset = r.fence.epoch() != self.epoch;
         // After a reset the step leaves the ledger one pass of its schedule
         // from the fence's state now gives (kept even if the launch fails:
-        // the next launch resets again).
+        // the fence's epoch does not move then, so the next launch resets
+        // again).
         if reset {
             self.ledger = self.ledger_from(r)?;
         }
         let since = if reset { 0 } else { self.since };
+        let x = (self.turn % self.graphs.len() as u64) as usize;
         // The first launch waits for everything the fence knew of; the
         // second (of overlapping graphs) for the same, recorded then, or
         // for that and the whole first launch.
-        let x = (self.turn % self.graphs.len() as u64) as usize;
-        match (since, &self.start) {
-            (0, start) => {
-                r.fence
-                    .wait_all(&r.backend, on)
-                    .map_err(ReplayError::Wait)?;
-                if let Some(start) = start {
-                    r.backend
-                        .record_event(stream, start)
-                        .map_err(ReplayError::Wait)?;
-                }
-            }
-            (1, Some(start)) => r
-                .backend
-                .wait_event(stream, start)
-                .map_err(ReplayError::Wait)?,
-            (1, None) if self.graphs.len() > 1 => r
-                .fence
-                .wait_all(&r.backend, on)
-                .map_err(ReplayError::Wait)?,
-            _ => {}
-        }
-        // The fence's state after this launch, set before it (as
-        // `Vec::drain` shortens the vector before it hands out the
-        // iterator). A later launch on the same stream with nothing in
-        // between leaves the same state: nothing to do.
-        let launch = self.launches;
-        r.fence
-            .begin_use(|| SliceKind::StepLaunch { launch, graph: x }, on);
+        let everything =
+            since == 0 || (since == 1 && self.start.is_none() && self.graphs.len() > 1);
+        let (start, backend) = (&self.start, &r.backend);
+        let before = || match (since, start) {
+            (0, Some(start)) => backend.record_event(stream, start),
+            (1, Some(start)) => backend.wait_event(stream, start),
+            _ => Ok(()),
+        };
+        let kind = SliceKind::StepLaunch {
+            launch: self.launches,
+            graph: x,
+        };
+        // A later launch on the same stream with nothing in between leaves
+        // the state the one before left: nothing to absorb.
         let moved = reset || self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
-        let before = moved.then(|| r.fence.absorb_step(self.ledger.clone(), &self.touched, on));
+        let graph = &self.graphs[x];
         // SAFETY: the step graph's edges are the fence's waits for its
         // schedule; its first launch (and the first after anything else the
         // fence did) waited for everything the fence knew of, and each later
@@ -1034,20 +1014,22 @@ impl<B: Backend> StepCore<B> {
         // are serialized), or, for two graphs in turn, waits node by node
         // for what the fence makes it wait for in the other's launch before
         // it and completes only after that launch completed (its end), the
-        // same graph's launch before that being serialized; the fence
-        // already orders every later user of the plan's bytes after this
-        // launch; nothing else uses the plan meanwhile (`&mut`).
-        let graph = &self.graphs[x];
-        let launched = r.fence.timed(&r.backend, on, || unsafe {
-            r.backend.launch(graph, stream)
-        });
-        if let Err(e) = launched {
-            if let Some(ledger) = before {
-                r.fence.unabsorb_step(ledger);
-            }
-            return Err(ReplayError::Wait(e));
-        }
-        r.fence.count_step_launch();
+        // same graph's launch before that being serialized; once it went
+        // out, the fence orders every later user of the plan's bytes after
+        // it before this returns; nothing else uses the plan meanwhile
+        // (`&mut`).
+        let launch = || unsafe { backend.launch(graph, stream) };
+        r.fence
+            .launch_step(
+                backend,
+                on,
+                everything,
+                before,
+                launch,
+                moved.then_some((&self.ledger, self.touched.as_slice())),
+                kind,
+            )
+            .map_err(ReplayError::Wait)?;
         self.launched = Some((stream.clone(), on.id));
         self.launches += 1;
         self.since = since + 1;
@@ -1061,10 +1043,8 @@ impl<B: Backend> StepCore<B> {
             return Ok(());
         };
         // No capture may take the record or the wait into its graph.
-        let claim = |s: &B::Stream| {
-            StreamClaim::enter(b.stream_id(s)).map_err(|_| ReplayError::Wait(capturing_wait()))
-        };
-        let _claims = (claim(last)?, claim(stream)?);
+        let _last = enter(b, last, Operation::StepWait)?;
+        let _on = enter(b, stream, Operation::StepWait)?;
         b.record_event(last, &self.done)
             .and_then(|()| b.wait_event(stream, &self.done))
             .map_err(ReplayError::Wait)
@@ -1075,9 +1055,15 @@ impl<B: Backend> StepCore<B> {
         let Some((stream, _)) = self.launched.take() else {
             return;
         };
-        let waited = b
-            .record_event(&stream, &self.done)
-            .and_then(|()| b.synchronize_event(&self.done));
+        // The record goes on the launch's stream, entered as any wait: a
+        // capture there refuses it (the host then waits for everything).
+        let waited = enter(b, &stream, Operation::StepWait)
+            .map_err(|_| ())
+            .and_then(|_entered| {
+                b.record_event(&stream, &self.done)
+                    .and_then(|()| b.synchronize_event(&self.done))
+                    .map_err(|_| ())
+            });
         if waited.is_err() {
             let _ = b.synchronize();
         }

@@ -5,8 +5,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim;
 use replay_arena::{
-    CaptureError, Capturing, ConsumeError, DType, Discovering, Domain, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId,
+    CaptureError, Capturing, ConsumeError, DType, Discovering, Domain, Operation, PlanConfig,
+    Policy, ReplayError, Replayable, Request, RunnerId,
 };
 
 /// One runner recording `requests`, planned in one generation and
@@ -435,7 +435,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
             matches!(
                 inner,
                 Err(ConsumeError::Replay(ReplayError::StreamCapturing {
-                    runner: RunnerId(0)
+                    op: Operation::Consume(RunnerId(0))
                 }))
             ),
             "{inner:?}"

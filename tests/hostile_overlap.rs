@@ -18,8 +18,8 @@
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId, StepError,
+    ConsumeError, DType, Discovering, Domain, HandoffId, Operation, PlanConfig, Policy,
+    ReplayError, Replayable, Request, RunnerId, StepError,
 };
 
 const N: usize = 32;
@@ -1792,7 +1792,12 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
         g.launch(&x).unwrap();
         let mut refused = None;
         while_captured(&sim, &z, |s| refused = Some(g.launch(s)));
-        assert_eq!(refused, Some(Err(ReplayError::StepOnCapturingStream)));
+        assert_eq!(
+            refused,
+            Some(Err(ReplayError::StreamCapturing {
+                op: Operation::StepLaunch
+            }))
+        );
         assert_eq!(g.launches(), 1);
         g.launch(&y).unwrap();
         g.launch(&x).unwrap();

@@ -11,8 +11,8 @@
 
 use replay_arena::sim;
 use replay_arena::{
-    CaptureError, ConsumeError, DType, Discovering, Domain, Error, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId,
+    CaptureError, ConsumeError, DType, Discovering, Domain, Error, Operation, PlanConfig, Policy,
+    ReplayError, Replayable, Request, RunnerId,
 };
 
 type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -350,7 +350,7 @@ fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     assert_eq!(
         got,
         Some(Err(ReplayError::StreamCapturing {
-            runner: RunnerId(0)
+            op: Operation::Replay(RunnerId(0))
         }))
     );
     // Nothing was enqueued or tracked: runner 0 was never replayed.
@@ -375,7 +375,7 @@ fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     assert_eq!(
         got,
         Some(Err(ReplayError::StreamCapturing {
-            runner: RunnerId(0)
+            op: Operation::Replay(RunnerId(0))
         }))
     );
     Ok(())
@@ -392,7 +392,12 @@ fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
     let mut graph = step.build()?;
     let mut got = None;
     while_captured(&sim, &sim.stream(), |s| got = Some(graph.launch(s)))?;
-    assert_eq!(got, Some(Err(ReplayError::StepOnCapturingStream)));
+    assert_eq!(
+        got,
+        Some(Err(ReplayError::StreamCapturing {
+            op: Operation::StepLaunch
+        }))
+    );
     assert_eq!(graph.launches(), 0);
     let e: Error = got.unwrap().unwrap_err().into();
     assert!(e.to_string().contains("capturing"), "{e}");

@@ -41,171 +41,20 @@
 //! on, so a steady schedule waits exactly. A replay whose waits are all
 //! implied by stream order costs one graph launch.
 
+mod entry;
+mod error;
+mod state;
+
+pub(crate) use entry::{enter, enter_scope};
+pub use error::{FenceStats, Operation, ReplayError};
+
 use crate::backend::{BackendError, Streams};
 use crate::painter::{Claim, Painter};
 use crate::plan::Planned;
 use crate::scope::StreamClaim;
 use crate::trace::{Observer, SliceKind, NO_USER};
-use crate::view::Misuse;
 use crate::vocab::{HandoffId, Purpose, RunnerId};
-
-/// A failed check or backend call while replaying.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReplayError {
-    /// The runner was never discovered.
-    #[error("{runner} was not discovered, so the plan has no graph for it")]
-    UnknownRunner {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// The runner has no captured graph (a runner that uses no buffers and
-    /// was not captured).
-    #[error("{runner} has no captured graph to replay")]
-    NoGraph {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// A step schedule replays a runner whose graph allocates temporaries
-    /// (graph memory nodes): the driver copies no such graph into a step
-    /// graph, so a step graph moves in a *step copy* of it instead, and
-    /// none is left.
-    #[error("{runner}'s graph allocates temporaries ({allocations} allocation node(s)), which the driver does not copy into a step graph, and {}", no_copy_hint(*.captured))]
-    NoStepCopy {
-        /// The runner.
-        runner: RunnerId,
-        /// Its graph's allocation nodes.
-        allocations: usize,
-        /// Step copies its capture made (0: it was captured with
-        /// `stream_capture`, not `stream_capture_repeatable`).
-        captured: usize,
-    },
-    /// A kept step graph was launched on (or waited for through) another
-    /// plan than the one it was built for.
-    #[error("this kept step graph belongs to another plan: launch it with the Replayable it was built from")]
-    ForeignStep,
-    /// A consumer asked for a runner's bytes before the runner was replayed.
-    #[error("{runner} was never replayed, so its views hold nothing to consume")]
-    NotReplayed {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// A consumer asked for a runner's bytes after another runner claimed
-    /// some of them.
-    #[error("{runner}'s bytes were overwritten by {by}, replayed since; consume a runner's views before the next runner that shares its arena replays")]
-    Overwritten {
-        /// The runner whose views were asked for.
-        runner: RunnerId,
-        /// The runner that claimed its bytes since.
-        by: RunnerId,
-    },
-    /// The backend failed while replaying or consuming a runner.
-    #[error("{runner}: {error}")]
-    Backend {
-        /// The runner.
-        runner: RunnerId,
-        /// The backend's error.
-        error: BackendError,
-    },
-    /// A consumer used a view where the fence cannot order it (another
-    /// stream than the consumer's, say); the use was refused.
-    #[error("the consumer of {runner} used a view out of its scope: {reason}")]
-    ViewOutOfScope {
-        /// The runner.
-        runner: RunnerId,
-        /// Which view, and where it was used.
-        reason: Misuse,
-    },
-    /// A replay or a consumer was asked for on a stream that is capturing
-    /// (inside a `stream_capture` closure of this or another plan, or the
-    /// program's own capture): its work would be recorded into that graph
-    /// instead of running, outside the fence. Nothing was enqueued.
-    #[error("{runner}: the stream is capturing; replay and consume on a stream that is not")]
-    StreamCapturing {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// A step graph was launched on a stream that is capturing: the launch
-    /// would be recorded into that graph instead of running, outside the
-    /// fence. Nothing was enqueued.
-    #[error("the step graph was launched on a stream that is capturing; launch it on a stream that is not")]
-    StepOnCapturingStream,
-    /// A runner that reads a handoff was replayed before the handoff's
-    /// writer was ever replayed.
-    #[error("{reader} reads {handoff}, which {writer} writes, and {writer} was never replayed; replay runners in the order discovery armed them")]
-    HandoffNotWritten {
-        /// The reading runner.
-        reader: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// Its writer.
-        writer: RunnerId,
-    },
-    /// A runner that reads a handoff was replayed after another handoff
-    /// that shares its bytes (their lifetimes do not meet in capture order,
-    /// so the plan let them share) was written since: the data is gone.
-    #[error("{reader} reads {handoff}, but {by} wrote bytes of another handoff over it since {writer} wrote it; replay runners in the order discovery armed them")]
-    HandoffOverwritten {
-        /// The reading runner.
-        reader: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// Its writer.
-        writer: RunnerId,
-        /// The runner whose handoff took the bytes since.
-        by: RunnerId,
-    },
-    /// A runner that reads a handoff was replayed again before the
-    /// handoff's writer was: it would read the write it already read (its
-    /// writer comes first in the order the plan assumed).
-    #[error("{reader} already read {handoff}'s latest write; replay its writer {writer} first (runners replay in the order discovery armed them)")]
-    HandoffAlreadyRead {
-        /// The reading runner.
-        reader: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// Its writer.
-        writer: RunnerId,
-    },
-    /// A runner with staged inputs ([`Purpose::Input`](crate::Purpose::Input))
-    /// was replayed while its bytes were not its own: never staged, or
-    /// another runner (or bucket) took them since it was staged or last
-    /// replayed, so its graph would read that runner's bytes as its input.
-    #[error("{runner} reads inputs the program stages, and {}; stage them with consume_mut before this replay", match .by { Some(by) => format!("{by} overwrote its bytes since"), None => "they were never staged".to_string() })]
-    InputNotStaged {
-        /// The runner.
-        runner: RunnerId,
-        /// Who took its bytes (`None`: never staged nor replayed).
-        by: Option<RunnerId>,
-    },
-    /// `consume_many` was given no runner.
-    #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
-    NoRunners,
-    /// `consume_many` was given runners of different shape buckets: their
-    /// bytes may be the same bytes, so no replay leaves both to read.
-    #[error("consume_many was given {runner} of {bucket} and {other} of {other_bucket}; one consumer reads the runners of one bucket")]
-    CrossBucket {
-        /// The first runner given.
-        runner: RunnerId,
-        /// Its bucket.
-        bucket: crate::vocab::BucketId,
-        /// The first runner given of another bucket.
-        other: RunnerId,
-        /// That runner's bucket.
-        other_bucket: crate::vocab::BucketId,
-    },
-    /// Waiting for fenced work (synchronize, teardown) failed.
-    #[error("waiting for the plan's work failed: {0}")]
-    Wait(BackendError),
-    /// [`Replayable::finish_trace`](crate::Replayable::finish_trace) was
-    /// called with no trace started.
-    #[error("no trace was started: call start_trace before the work to trace")]
-    NoTrace,
-    /// A timing mark of the trace failed (taking it, or reading its time);
-    /// the fenced work itself was not affected.
-    #[error("a timing mark of the trace failed: {0}")]
-    TraceMark(BackendError),
-}
+use state::{Completion, Journal, Runner};
 
 type Result<T> = std::result::Result<T, ReplayError>;
 
@@ -224,16 +73,6 @@ impl<S> Clone for On<'_, S> {
 
 impl<S> Copy for On<'_, S> {}
 
-impl<'a, S> On<'a, S> {
-    /// `stream` with its identity on `backend`.
-    pub(crate) fn new<B: Streams<Stream = S>>(backend: &B, stream: &'a S) -> On<'a, S> {
-        On {
-            stream,
-            id: backend.stream_id(stream),
-        }
-    }
-}
-
 /// What the fence knows besides events and completions: who last used
 /// which bytes, and each handoff's writes and reads. It does not depend on
 /// the backend, so a step graph's tracer hands its state to the plan's
@@ -242,6 +81,10 @@ impl<'a, S> On<'a, S> {
 pub(crate) struct Ledger {
     painter: Painter,
     handoffs: Vec<HandoffState>,
+    /// Runner slot -> its staged inputs' latest write failed (its closure
+    /// returned an error or unwound): they are not staged, whoever owns
+    /// the bytes, until a write succeeds.
+    unstaged: Vec<bool>,
 }
 
 /// One handoff's writes and reads, to refuse a reader that would read a
@@ -329,106 +172,6 @@ impl Layout {
     }
 }
 
-/// Counters of the fence's work since sealing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct FenceStats {
-    /// Graph launches through [`Replayable::replay`](crate::Replayable::replay).
-    pub replays: u64,
-    /// Consumers run through [`Replayable::consume`](crate::Replayable::consume).
-    pub consumers: u64,
-    /// Event waits issued (a stream waited for another stream).
-    pub waits: u64,
-    /// Waits not issued because stream order already implied them (the
-    /// runner waited for completes on the same stream): free ordering.
-    pub waits_skipped: u64,
-    /// Event records issued (only for waits on another stream).
-    pub event_records: u64,
-    /// Launches of step graphs of the plan ([`StepGraph`](crate::StepGraph)),
-    /// counted at each launch.
-    pub step_launches: u64,
-}
-
-impl std::fmt::Display for FenceStats {
-    /// One line a person reads: `1000 replays, 800 consumers, 2001 waits
-    /// on another stream (403 skipped: stream order implied them), 2100
-    /// event records, 200 step graph launches`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} replays, {} consumers, {} waits on another stream ({} skipped: stream order \
-             implied them), {} event records, {} step graph launches",
-            self.replays,
-            self.consumers,
-            self.waits,
-            self.waits_skipped,
-            self.event_records,
-            self.step_launches
-        )
-    }
-}
-
-/// Where a runner's latest replay (or consumer) completes.
-enum Completion<S> {
-    /// At the tail of this stream; its event is not recorded there yet.
-    Pending { stream: S, id: u64 },
-    /// Its event is recorded on the stream with this id.
-    Recorded { id: u64 },
-}
-
-impl<S> Completion<S> {
-    fn stream_id(&self) -> u64 {
-        match self {
-            Completion::Pending { id, .. } | Completion::Recorded { id } => *id,
-        }
-    }
-}
-
-/// The fence's view of one runner slot.
-struct Runner<B: Streams> {
-    /// `None` for a runner that uses no buffers: it is never fenced.
-    event: Option<B::Event>,
-    completion: Option<Completion<B::Stream>>,
-    /// Record right after each replay: another stream waited for the
-    /// runner's last record.
-    record_at_once: bool,
-    /// A wait used the latest record made at once.
-    waited_on: bool,
-    /// The stream that last waited on the latest record: it need not wait
-    /// again (stream order).
-    waited_by: Option<u64>,
-    /// Consumers of the latest replay on streams other than the one it
-    /// completes on: each is waited for by the next claimer of the bytes,
-    /// none by another consumer. Their events are reused across replays.
-    readers: Vec<Reader<B>>,
-    /// The trace's id of the use that `completion` ends with (`NO_USER`
-    /// when no trace saw it).
-    by: u32,
-}
-
-impl<B: Streams> Runner<B> {
-    fn new(event: Option<B::Event>) -> Runner<B> {
-        Runner {
-            event,
-            completion: None,
-            record_at_once: false,
-            waited_on: false,
-            waited_by: None,
-            readers: Vec::new(),
-            by: NO_USER,
-        }
-    }
-}
-
-/// One consumer stream's latest read of a runner's bytes.
-struct Reader<B: Streams> {
-    event: B::Event,
-    /// `None` once a replay of the runner waited for it.
-    completion: Option<Completion<B::Stream>>,
-    /// The trace's id of the consumer it ends with.
-    by: u32,
-}
-
 /// Why a consumer may not read a runner's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum NotOwner {
@@ -450,6 +193,11 @@ pub(crate) struct Fence<B: Streams> {
     claims: bool,
     scratch: Vec<u32>,
     stats: FenceStats,
+    /// The open transaction (`state.rs`).
+    journal: Journal<B::Stream>,
+    /// Moves on with every committed transaction: whatever changes the
+    /// fence's state commits one first. Never a statistic.
+    epoch: u64,
     /// The trace the program started, told of every use of the plan.
     observer: Option<Box<dyn Observer<B>>>,
     /// The trace's id of the use in progress (`NO_USER`: none, or no trace).
@@ -478,11 +226,14 @@ impl<B: Streams> Fence<B> {
             ledger: Ledger {
                 painter: Painter::new(plan.fence_regions),
                 handoffs,
+                unstaged: vec![false; plan.runners.len()],
             },
             layout: Layout::of(plan),
             claims: true,
             scratch: Vec::new(),
             stats: FenceStats::default(),
+            journal: Journal::default(),
+            epoch: 0,
             observer: None,
             user: NO_USER,
             step_user: NO_USER,
@@ -517,6 +268,8 @@ impl<B: Streams> Fence<B> {
             claims: false,
             scratch: Vec::new(),
             stats: FenceStats::default(),
+            journal: Journal::default(),
+            epoch: 0,
             observer: None,
             user: NO_USER,
             step_user: NO_USER,
@@ -527,15 +280,12 @@ impl<B: Streams> Fence<B> {
         self.stats
     }
 
-    /// Grows with every replay, consumer, step launch and event record
-    /// (a wait that records a pending completion changes what later users
-    /// wait for): a step graph that sees the same epoch as after its own
-    /// latest launch knows that the fence is as that launch left it.
+    /// Moves on with every committed transaction, and with nothing else
+    /// (a failed operation rolls back and leaves it): a step graph that
+    /// sees the same epoch as after its own latest launch knows that the
+    /// fence is as that launch left it.
     pub(crate) fn epoch(&self) -> u64 {
-        self.stats.replays
-            + self.stats.consumers
-            + self.stats.step_launches
-            + self.stats.event_records
+        self.epoch
     }
 
     /// Replaces the trace told of every use of the plan (`None`: no
@@ -622,11 +372,14 @@ impl<B: Streams> Fence<B> {
         self.runners[slot].event.is_some()
     }
 
-    /// Replays runner slot `slot` on `on`: the handoff checks, the waits,
-    /// `launch`, then the bookkeeping. Nothing is enqueued when a check
-    /// fails; once `launch` succeeded, every piece of bookkeeping happens
-    /// (each sets its state before it tries a record, so nothing launched
-    /// goes untracked) and the first error is returned.
+    /// Replays runner slot `slot` on `on` (entered through [`enter`]): the
+    /// handoff checks, then one transaction of the waits and `launch`,
+    /// then the bookkeeping. Nothing is enqueued when a check fails; when
+    /// a wait or the launch fails, the transaction rolls back and the
+    /// fence is as it was. Once `launch` succeeded, every piece of
+    /// bookkeeping happens (each sets its state before it tries a record,
+    /// so nothing launched goes untracked) and the first error is
+    /// returned.
     pub(crate) fn replay(
         &mut self,
         backend: &B,
@@ -637,7 +390,6 @@ impl<B: Streams> Fence<B> {
     ) -> Result<()> {
         let r = &plan.runners[slot];
         let runner = r.id();
-        refuse_capturing(backend, on.stream, runner)?;
         let record = &r.record;
         let base = self.layout.handoff_base;
         for (k, &h) in record.reads.iter().enumerate() {
@@ -679,24 +431,24 @@ impl<B: Streams> Fence<B> {
         }
         let failed = |error| ReplayError::Backend { runner, error };
         self.begin_use(|| SliceKind::Replay { runner }, on);
-        let mut users = std::mem::take(&mut self.scratch);
-        users.clear();
-        for &claim in &self.layout.admit_claims[slot] {
-            self.ledger.painter.users(claim, &mut users);
+        self.begin();
+        let launched = self.admit(backend, slot, on).and_then(|()| {
+            for &h in &record.reads {
+                let i = base + h.0 as usize;
+                // Its latest write (ready point or graph), not its other
+                // readers.
+                self.wait_replay(backend, i, on)?;
+                // Nothing may fail between the launch and tracking its
+                // reads.
+                self.reserve_reader(backend, i, on.id)?;
+            }
+            self.timed(backend, on, launch)
+        });
+        if let Err(error) = launched {
+            self.rollback();
+            return Err(failed(error));
         }
-        let admitted = users
-            .iter()
-            .try_for_each(|&u| self.wait_for(backend, u as usize, on));
-        self.scratch = users;
-        admitted.map_err(failed)?;
-        for &h in &record.reads {
-            let i = base + h.0 as usize;
-            // Its latest write (ready point or graph), not its other readers.
-            self.wait_replay(backend, i, on).map_err(failed)?;
-            // Nothing may fail between the launch and tracking its reads.
-            self.reserve_reader(backend, i, on.id).map_err(failed)?;
-        }
-        self.timed(backend, on, launch).map_err(failed)?;
+        self.commit();
         self.stats.replays += 1;
         let mut tracked = if self.is_fenced(slot) {
             self.settle_use(backend, slot, &r.claims, on)
@@ -733,16 +485,35 @@ impl<B: Streams> Fence<B> {
         tracked.map_err(failed)
     }
 
-    /// Whether runner slot `slot` has inputs the program stages.
-    pub(crate) fn stages_inputs(&self, slot: usize) -> bool {
-        self.layout.stages.get(slot).copied().unwrap_or(false)
+    /// Makes `on` wait for every user of the bytes runner slot `slot`'s
+    /// replay overwrites (its claims and the handoffs it writes).
+    fn admit(
+        &mut self,
+        backend: &B,
+        slot: usize,
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
+        let mut users = std::mem::take(&mut self.scratch);
+        users.clear();
+        for &claim in &self.layout.admit_claims[slot] {
+            self.ledger.painter.users(claim, &mut users);
+        }
+        let admitted = users
+            .iter()
+            .try_for_each(|&u| self.wait_for(backend, u as usize, on));
+        self.scratch = users;
+        admitted
     }
 
     /// [`ReplayError::InputNotStaged`] unless the staged runner `slot` owns
-    /// its bytes (it was staged, or replayed, and nothing took them since).
+    /// its bytes (it was staged, or replayed, and nothing took them since)
+    /// and its latest staging write succeeded.
     fn staged_check(&mut self, plan: &Planned, slot: usize) -> Result<()> {
         let runner = plan.runners[slot].id();
         match self.owner_check(slot, &plan.runners[slot].claims) {
+            Ok(()) if self.ledger.unstaged[slot] => {
+                Err(ReplayError::InputNotStaged { runner, by: None })
+            }
             Ok(()) => Ok(()),
             Err(NotOwner::NeverReplayed) => Err(ReplayError::InputNotStaged { runner, by: None }),
             Err(NotOwner::OverwrittenBy(other)) => Err(ReplayError::InputNotStaged {
@@ -752,43 +523,10 @@ impl<B: Streams> Fence<B> {
         }
     }
 
-    /// Before a write of the staged runner `slot`'s inputs on `on`: unless
-    /// it owns its bytes already, `on` waits for every user of them (the
-    /// replays and consumers still reading the old contents, of any
-    /// bucket), and the runner becomes their owner, completing at the tail
-    /// of `on` (where the write is enqueued next: every later user waits
-    /// for it, its own replay too). As a replay of an empty graph.
-    pub(crate) fn stage(
-        &mut self,
-        backend: &B,
-        plan: &Planned,
-        slot: usize,
-        on: On<'_, B::Stream>,
-    ) -> Result<()> {
-        let r = &plan.runners[slot];
-        if self.owner_check(slot, &r.claims).is_ok() {
-            return Ok(());
-        }
-        let runner = r.id();
-        let failed = |error| ReplayError::Backend { runner, error };
-        let mut users = std::mem::take(&mut self.scratch);
-        users.clear();
-        for &claim in &r.claims {
-            self.ledger.painter.users(claim, &mut users);
-        }
-        let waited = users
-            .iter()
-            .try_for_each(|&u| self.wait_for(backend, u as usize, on));
-        self.scratch = users;
-        waited.map_err(failed)?;
-        self.settle_use(backend, slot, &r.claims, on)
-            .map_err(failed)
-    }
-
     /// Checks that a consumer of the runners in `slots` may read their
     /// bytes: each (fenced) runner still owns what its latest replay wrote.
     /// Nothing is enqueued.
-    pub(crate) fn check_consumable(&mut self, plan: &Planned, slots: &[usize]) -> Result<()> {
+    fn check_consumable(&mut self, plan: &Planned, slots: &[usize]) -> Result<()> {
         for &slot in slots {
             if !self.is_fenced(slot) {
                 // A runner without buffers has nothing to fence.
@@ -799,30 +537,38 @@ impl<B: Streams> Fence<B> {
                 Ok(()) => {}
                 Err(NotOwner::NeverReplayed) => return Err(ReplayError::NotReplayed { runner }),
                 Err(NotOwner::OverwrittenBy(other)) => {
-                    // Handoff slots follow the runners': a handoff that took
-                    // the bytes was claimed by its writer's replay.
-                    let by = match other.checked_sub(plan.runners.len()) {
-                        Some(h) => plan.runners[plan.handoffs[h].record.writer].id(),
-                        None => plan.runners[other].id(),
-                    };
-                    return Err(ReplayError::Overwritten { runner, by });
+                    return Err(ReplayError::Overwritten {
+                        runner,
+                        by: slot_owner(plan, other),
+                    });
                 }
             }
         }
         Ok(())
     }
 
-    /// Runs a consumer of the runners in `slots` on `on` (checked with
-    /// [`Fence::check_consumable`]): waits for each runner's latest replay
-    /// and makes the consumer a reader that every later claimer of the
-    /// bytes waits for, *before* `work` enqueues anything (so whatever it
-    /// enqueues is fenced even if it fails or unwinds: a later waiter
-    /// records the reader's event on the stream); after `work`, records
-    /// the readers' events (even when `work` failed: it may have enqueued).
+    /// Runs a consumer of the runners in `slots` on `on` (entered through
+    /// [`enter_scope`]) after checking that it may read their bytes (each
+    /// fenced runner still owns what its latest replay wrote).
+    ///
+    /// One transaction waits for each runner's latest replay (or rolls
+    /// back when a wait fails: nothing was enqueued); it commits *before*
+    /// `work` enqueues anything, and the consumer becomes a reader that
+    /// every later claimer of the bytes waits for, so whatever `work`
+    /// enqueues is fenced even if it fails or unwinds (a later waiter
+    /// records the reader's event on the stream). After `work`, the
+    /// readers' events are recorded (even when `work` failed: it may have
+    /// enqueued). `work` says whether it succeeded: only then does the
+    /// consumer count, and only then are staged inputs staged.
     ///
     /// An `exclusive` consumer (one that writes the bytes) waits for the
     /// replay and every reader instead, and the runner then completes where
-    /// it does: every later user waits for it.
+    /// it does: every later user waits for it. An exclusive consumer of one
+    /// runner with inputs the program stages writes them: unless the
+    /// runner owns its bytes, `on` first waits for every user of them (the
+    /// replays and consumers still reading the old contents, of any
+    /// bucket), and the runner becomes their owner, completing at the tail
+    /// of `on`; its inputs count as staged once `work` succeeded.
     pub(crate) fn consume<T>(
         &mut self,
         backend: &B,
@@ -830,8 +576,19 @@ impl<B: Streams> Fence<B> {
         slots: &[usize],
         on: On<'_, B::Stream>,
         exclusive: bool,
-        work: impl FnOnce() -> T,
+        work: impl FnOnce() -> (T, bool),
     ) -> Result<T> {
+        let staging = match slots {
+            [slot] if exclusive && self.layout.stages[*slot] => Some(*slot),
+            _ => None,
+        };
+        let takes = match staging {
+            Some(slot) => self.owner_check(slot, &plan.runners[slot].claims).is_err(),
+            None => {
+                self.check_consumable(plan, slots)?;
+                false
+            }
+        };
         let failed = |slot: usize| {
             let runner = plan.runners[slot].id();
             move |error| ReplayError::Backend { runner, error }
@@ -844,23 +601,68 @@ impl<B: Streams> Fence<B> {
             },
             on,
         );
-        for &slot in slots {
-            if self.is_fenced(slot) {
-                self.stats.consumers += 1;
-                self.begin_read(backend, slot, on, exclusive)
-                    .map_err(failed(slot))?;
+        self.begin();
+        let waited = slots.iter().try_for_each(|&slot| {
+            if !self.is_fenced(slot) {
+                // A runner without buffers has nothing to fence.
+                return Ok(());
+            }
+            let waited = match (takes, exclusive) {
+                (true, _) => self.admit(backend, slot, on),
+                (false, true) => self.wait_for(backend, slot, on),
+                (false, false) => self
+                    .wait_replay(backend, slot, on)
+                    .and_then(|()| self.reserve_reader(backend, slot, on.id)),
+            };
+            waited.map_err(failed(slot))
+        });
+        if let Err(e) = waited {
+            self.rollback();
+            return Err(e);
+        }
+        self.commit();
+        // The consumer's work is fenced before it is enqueued.
+        if let (Some(slot), true) = (staging, takes) {
+            for &claim in &plan.runners[slot].claims {
+                self.ledger.painter.paint(claim, slot as u32);
             }
         }
-        let out = self.timed(backend, on, work);
+        if let Some(slot) = staging {
+            self.ledger.unstaged[slot] = true;
+        }
+        let mut fenced = 0;
+        let mut begun = Ok(());
+        for &slot in slots {
+            if !self.is_fenced(slot) {
+                continue;
+            }
+            fenced += 1;
+            if exclusive {
+                self.forget_unused_record(slot);
+                self.settle(slot, on);
+                self.readers_waited(slot);
+            } else {
+                begun = begun.and(self.add_reader(backend, slot, on).map_err(failed(slot)));
+            }
+        }
+        begun?;
+        let (out, succeeded) = self.timed(backend, on, work);
         let mut recorded = Ok(());
         for &slot in slots {
-            if self.is_fenced(slot) {
-                let ended = if exclusive {
-                    self.record_if_expected(backend, slot, on)
-                } else {
-                    self.end_read(backend, slot, on)
-                };
-                recorded = recorded.and(ended.map_err(failed(slot)));
+            if !self.is_fenced(slot) {
+                continue;
+            }
+            let ended = if exclusive {
+                self.record_if_expected(backend, slot, on)
+            } else {
+                self.end_read(backend, slot, on)
+            };
+            recorded = recorded.and(ended.map_err(failed(slot)));
+        }
+        if succeeded {
+            self.stats.consumers += fenced;
+            if let Some(slot) = staging {
+                self.ledger.unstaged[slot] = false;
             }
         }
         self.end_use();
@@ -870,7 +672,8 @@ impl<B: Streams> Fence<B> {
     /// Makes `on` wait for runner slot `slot`'s latest replay and every
     /// consumer of it since, and for the latest reads of every handoff it
     /// reads (every reader's: a reader without bytes of its own has no
-    /// completion of its own).
+    /// completion of its own). One transaction: when a wait fails, the
+    /// fence is as it was.
     pub(crate) fn wait_for_runner(
         &mut self,
         backend: &B,
@@ -885,45 +688,116 @@ impl<B: Streams> Fence<B> {
             },
             on,
         );
-        self.wait_for(backend, slot, on)?;
-        for &h in &plan.runners[slot].record.reads {
-            let i = self.handoff_slot(h);
-            self.wait_for(backend, i, on)?;
-        }
+        self.begin();
+        let waited = self.wait_for(backend, slot, on).and_then(|()| {
+            plan.runners[slot].record.reads.iter().try_for_each(|&h| {
+                let i = self.handoff_slot(h);
+                self.wait_for(backend, i, on)
+            })
+        });
+        self.settle_transaction(waited)?;
         self.timed(backend, on, || ());
         self.end_use();
         Ok(())
     }
 
-    /// Makes `on` wait for every slot's latest completion.
+    /// Makes `on` wait for every slot's latest completion. One
+    /// transaction: when a wait fails, the fence is as it was.
     pub(crate) fn wait_all(
         &mut self,
         backend: &B,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
         self.begin_use(|| SliceKind::Wait { runner: None }, on);
-        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, on))?;
+        self.begin();
+        let waited = self.wait_everything(backend, on);
+        self.settle_transaction(waited)?;
         self.timed(backend, on, || ());
         self.end_use();
         Ok(())
     }
 
-    /// Before a launch of a step graph on `on`: `ledger` is what the fence
-    /// knows once it ran, and every slot that was used, or that the step
-    /// touches, completes at the tail of `on` (the step graph joins all its
-    /// work there, after everything the fence knew of); readers are covered
-    /// by that too. Called *before* the launch, so the fence orders every
-    /// later user after it whatever happens to the step graph (a forgotten
-    /// one included). Returns the ledger it replaced, for a launch that
-    /// fails ([`Fence::unabsorb_step`]).
-    pub(crate) fn absorb_step(
+    /// Commits the open transaction when `result` is `Ok`, rolls it back
+    /// otherwise.
+    fn settle_transaction<T, E>(
         &mut self,
-        ledger: Ledger,
-        touched: &[bool],
+        result: std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        match &result {
+            Ok(_) => self.commit(),
+            Err(_) => self.rollback(),
+        }
+        result
+    }
+
+    /// Inside an open transaction: makes `on` wait for every slot's latest
+    /// completion.
+    fn wait_everything(
+        &mut self,
+        backend: &B,
         on: On<'_, B::Stream>,
-    ) -> Ledger {
+    ) -> std::result::Result<(), BackendError> {
+        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, on))
+    }
+
+    /// Launches a step graph on `on` in one transaction: `before` (the
+    /// step's own waits on `on`; with `everything`, after a wait for every
+    /// slot's latest completion), then `launch`. When a call fails, the
+    /// fence is as it was. Once the launch went out: `ledger` is what the
+    /// fence knows once it ran, and (with `moved`: the step's latest launch
+    /// was on another stream, or the fence changed since) every slot that
+    /// was used, or that the step touches, completes at the tail of `on`
+    /// (the step graph joins all its work there, after everything the
+    /// fence knew of); readers are covered by that too. All of it happens
+    /// before this returns, so nothing rests on what becomes of the step
+    /// graph (a forgotten one included).
+    #[allow(clippy::too_many_arguments)] // one transaction's parts
+    pub(crate) fn launch_step(
+        &mut self,
+        backend: &B,
+        on: On<'_, B::Stream>,
+        everything: bool,
+        before: impl FnOnce() -> std::result::Result<(), BackendError>,
+        launch: impl FnOnce() -> std::result::Result<(), BackendError>,
+        moved: Option<(&Ledger, &[bool])>,
+        kind: SliceKind,
+    ) -> std::result::Result<(), BackendError> {
+        self.begin();
+        let waited = match everything {
+            // A slice of its own in a trace.
+            true => {
+                self.begin_use(|| SliceKind::Wait { runner: None }, on);
+                let waited = self.wait_everything(backend, on);
+                if waited.is_ok() {
+                    self.timed(backend, on, || ());
+                    self.end_use();
+                }
+                waited
+            }
+            false => Ok(()),
+        };
+        self.begin_use(|| kind, on);
+        let launched = waited
+            .and_then(|()| before())
+            .and_then(|()| self.timed(backend, on, launch));
+        self.settle_transaction(launched)?;
+        if let Some((ledger, touched)) = moved {
+            self.absorb_step(ledger.clone(), touched, on);
+        }
+        self.count_step_launch();
+        Ok(())
+    }
+
+    /// After a launch of a step graph on `on`: `ledger` is what the fence
+    /// knows once it ran, and every slot that was used, or that the step
+    /// touches, completes at the tail of `on`.
+    fn absorb_step(&mut self, ledger: Ledger, touched: &[bool], on: On<'_, B::Stream>) {
         let user = self.user;
         for (i, runner) in self.runners.iter_mut().enumerate() {
+            debug_assert!(
+                !self.journal.in_open(),
+                "a step is absorbed after its launch"
+            );
             if runner.event.is_none() {
                 continue;
             }
@@ -941,20 +815,12 @@ impl<B: Streams> Fence<B> {
                 reader.completion = None;
             }
         }
-        std::mem::replace(&mut self.ledger, ledger)
-    }
-
-    /// A launch of a step graph that failed before the step ran: the
-    /// ledger is `ledger` again. The completions stay at the launch
-    /// stream's tail (after everything the fence knew of: at worst a
-    /// conservative wait).
-    pub(crate) fn unabsorb_step(&mut self, ledger: Ledger) {
         self.ledger = ledger;
     }
 
     /// Counts one launch of a step graph of the plan (enqueued: the use
     /// the launch began ends).
-    pub(crate) fn count_step_launch(&mut self) {
+    fn count_step_launch(&mut self) {
         self.stats.step_launches += 1;
         // A launch on the stream of the one before leaves the state that
         // one left (no `absorb_step`): what ended with it ends with this one.
@@ -974,8 +840,9 @@ impl<B: Streams> Fence<B> {
     /// handoff slot `slot` is the latest user of `claim`, its event recorded
     /// on `on` (inside the graph).
     fn written_at_ready_point(&mut self, slot: usize, claim: Claim, on: On<'_, B::Stream>) {
-        self.ledger.painter.paint(claim, slot as u32);
+        self.paint(claim, slot);
         self.readers_waited(slot);
+        self.save(slot);
         let runner = &mut self.runners[slot];
         runner.completion = Some(Completion::Recorded { id: on.id });
         runner.by = self.user;
@@ -994,8 +861,9 @@ impl<B: Streams> Fence<B> {
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
         for &claim in claims {
-            self.ledger.painter.paint(claim, slot as u32);
+            self.paint(claim, slot);
         }
+        self.save(slot);
         self.runners[slot].by = self.user;
         // The replay waited for every reader of the runner's bytes (it is
         // their claimer): the new replay has none yet.
@@ -1017,16 +885,27 @@ impl<B: Streams> Fence<B> {
     /// Every reader of `slot` was waited for: forget them (their events are
     /// kept for the next readers).
     fn readers_waited(&mut self, slot: usize) {
-        for reader in &mut self.runners[slot].readers {
-            reader.completion = None;
+        for at in 0..self.runners[slot].readers.len() {
+            self.save_reader(slot, at);
+            self.runners[slot].readers[at].completion = None;
         }
+    }
+
+    /// `slot` is the latest user of `claim`'s bytes. Only once the use
+    /// went out: the ledger changes outside transactions.
+    fn paint(&mut self, claim: Claim, slot: usize) {
+        debug_assert!(
+            !self.in_transaction(),
+            "the ledger changed in a transaction"
+        );
+        self.ledger.painter.paint(claim, slot as u32);
     }
 
     /// Nobody waited for the last record made at once: defer again.
     fn forget_unused_record(&mut self, i: usize) {
-        let runner = &mut self.runners[i];
-        if runner.record_at_once && !runner.waited_on {
-            runner.record_at_once = false;
+        if self.runners[i].record_at_once && !self.runners[i].waited_on {
+            self.save(i);
+            self.runners[i].record_at_once = false;
         }
     }
 
@@ -1049,25 +928,6 @@ impl<B: Streams> Fence<B> {
         result
     }
 
-    /// A consumer of `slot` starts on `on` (see [`Fence::consume`]).
-    fn begin_read(
-        &mut self,
-        backend: &B,
-        slot: usize,
-        on: On<'_, B::Stream>,
-        exclusive: bool,
-    ) -> std::result::Result<(), BackendError> {
-        if exclusive {
-            self.wait_for(backend, slot, on)?;
-            self.forget_unused_record(slot);
-            self.settle(slot, on);
-            self.readers_waited(slot);
-            return Ok(());
-        }
-        self.wait_replay(backend, slot, on)?;
-        self.add_reader(backend, slot, on)
-    }
-
     /// Makes sure a reader of `slot` on the stream with id `sid` can be
     /// added later without creating an event (called before a launch whose
     /// reads are tracked after it: nothing can fail between the launch and
@@ -1078,16 +938,13 @@ impl<B: Streams> Fence<B> {
         slot: usize,
         sid: u64,
     ) -> std::result::Result<(), BackendError> {
-        let runner = &mut self.runners[slot];
+        let runner = &self.runners[slot];
         let has = runner.readers.iter().any(|r| {
             r.completion.is_none() || r.completion.as_ref().is_some_and(|c| c.stream_id() == sid)
         });
         if !has {
-            runner.readers.push(Reader {
-                event: backend.create_event()?,
-                completion: None,
-                by: NO_USER,
-            });
+            let event = backend.create_event()?;
+            self.push_reader(slot, event);
         }
         Ok(())
     }
@@ -1101,36 +958,38 @@ impl<B: Streams> Fence<B> {
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
         let user = self.user;
-        let runner = &mut self.runners[slot];
-        if let Some(Completion::Pending { id, .. }) = &runner.completion {
+        if let Some(Completion::Pending { id, .. }) = &self.runners[slot].completion {
             if *id == on.id {
                 // The runner's own pending record will cover the consumer
                 // (a later waiter waits for what ends with the consumer).
-                runner.by = user;
+                self.save(slot);
+                self.runners[slot].by = user;
                 return Ok(());
             }
         }
-        let pending = Completion::Pending {
-            stream: on.stream.clone(),
-            id: on.id,
-        };
-        let same = runner.readers.iter().position(|r| {
+        let readers = &self.runners[slot].readers;
+        let same = readers.iter().position(|r| {
             r.completion
                 .as_ref()
                 .is_some_and(|c| c.stream_id() == on.id)
         });
-        let free = || runner.readers.iter().position(|r| r.completion.is_none());
-        match same.or_else(free) {
-            Some(i) => {
-                runner.readers[i].completion = Some(pending);
-                runner.readers[i].by = user;
+        let free = || readers.iter().position(|r| r.completion.is_none());
+        let at = match same.or_else(free) {
+            Some(at) => {
+                self.save_reader(slot, at);
+                at
             }
-            None => runner.readers.push(Reader {
-                event: backend.create_event()?,
-                completion: Some(pending),
-                by: user,
-            }),
-        }
+            None => {
+                let event = backend.create_event()?;
+                self.push_reader(slot, event)
+            }
+        };
+        let reader = &mut self.runners[slot].readers[at];
+        reader.completion = Some(Completion::Pending {
+            stream: on.stream.clone(),
+            id: on.id,
+        });
+        reader.by = user;
         Ok(())
     }
 
@@ -1142,15 +1001,14 @@ impl<B: Streams> Fence<B> {
         slot: usize,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
-        let runner = &mut self.runners[slot];
-        let reader = runner
-            .readers
-            .iter_mut()
-            .find(|r| matches!(r.completion, Some(Completion::Pending { id, .. }) if id == on.id));
-        if let Some(reader) = reader {
-            backend.record_event(on.stream, &reader.event)?;
+        let reader = self.runners[slot].readers.iter().position(
+            |r| matches!(r.completion, Some(Completion::Pending { id, .. }) if id == on.id),
+        );
+        if let Some(at) = reader {
+            backend.record_event(on.stream, &self.runners[slot].readers[at].event)?;
             self.stats.event_records += 1;
-            reader.completion = Some(Completion::Recorded { id: on.id });
+            self.save_reader(slot, at);
+            self.runners[slot].readers[at].completion = Some(Completion::Recorded { id: on.id });
         }
         Ok(())
     }
@@ -1164,26 +1022,27 @@ impl<B: Streams> Fence<B> {
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
         self.wait_replay(backend, u, on)?;
-        let mut readers = std::mem::take(&mut self.runners[u].readers);
-        let waited = readers.iter_mut().try_for_each(|reader| {
+        for at in 0..self.runners[u].readers.len() {
+            let reader = &self.runners[u].readers[at];
+            let by = reader.by;
             let Some(completion) = &reader.completion else {
-                return Ok(());
+                continue;
             };
             if completion.stream_id() == on.id {
                 self.stats.waits_skipped += 1;
-                self.note_wait(reader.by, true);
-                return Ok(());
+                self.note_wait(by, true);
+                continue;
             }
+            self.save_reader(u, at);
+            let reader = &mut self.runners[u].readers[at];
             if record_pending(backend, &reader.event, &mut reader.completion, self.claims)? {
                 self.stats.event_records += 1;
             }
-            backend.wait_event(on.stream, &reader.event)?;
+            backend.wait_event(on.stream, &self.runners[u].readers[at].event)?;
             self.stats.waits += 1;
-            self.note_wait(reader.by, false);
-            Ok(())
-        });
-        self.runners[u].readers = readers;
-        waited
+            self.note_wait(by, false);
+        }
+        Ok(())
     }
 
     /// Makes `on` wait for slot `u`'s latest replay (or, where a consumer
@@ -1194,9 +1053,9 @@ impl<B: Streams> Fence<B> {
         u: usize,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
-        let runner = &mut self.runners[u];
+        let runner = &self.runners[u];
         let by = runner.by;
-        let (Some(event), Some(completion)) = (&runner.event, &runner.completion) else {
+        let (Some(_), Some(completion)) = (&runner.event, &runner.completion) else {
             return Ok(());
         };
         let already =
@@ -1206,6 +1065,11 @@ impl<B: Streams> Fence<B> {
             self.note_wait(by, true);
             return Ok(());
         }
+        self.save(u);
+        let runner = &mut self.runners[u];
+        let Some(event) = &runner.event else {
+            return Ok(());
+        };
         if record_pending(backend, event, &mut runner.completion, self.claims)? {
             self.stats.event_records += 1;
             runner.record_at_once = true;
@@ -1221,6 +1085,7 @@ impl<B: Streams> Fence<B> {
     /// Slot `i` now completes at the tail of `on`, its event not yet
     /// recorded there.
     fn settle(&mut self, i: usize, on: On<'_, B::Stream>) {
+        self.save(i);
         let runner = &mut self.runners[i];
         runner.by = self.user;
         match &runner.completion {
@@ -1250,6 +1115,8 @@ impl<B: Streams> Fence<B> {
         if runner.record_at_once {
             backend.record_event(on.stream, event)?;
             self.stats.event_records += 1;
+            self.save(i);
+            let runner = &mut self.runners[i];
             runner.completion = Some(Completion::Recorded { id: on.id });
             runner.waited_on = false;
             runner.waited_by = None;
@@ -1294,22 +1161,6 @@ impl<B: Streams> Fence<B> {
         }
         Ok(())
     }
-}
-
-/// [`ReplayError::StreamCapturing`] when `stream` is capturing: a launch
-/// there would be recorded into that graph instead of running.
-pub(crate) fn refuse_capturing<B: Streams>(
-    backend: &B,
-    stream: &B::Stream,
-    runner: RunnerId,
-) -> Result<()> {
-    let capturing = backend
-        .is_capturing(stream)
-        .map_err(|error| ReplayError::Backend { runner, error })?;
-    if capturing {
-        return Err(ReplayError::StreamCapturing { runner });
-    }
-    Ok(())
 }
 
 /// Records `event` where `completion` is still pending (on that stream) and
@@ -1361,19 +1212,6 @@ fn drain<B: Streams>(
     Ok(())
 }
 
-/// The fix [`ReplayError::NoStepCopy`] names.
-fn no_copy_hint(captured: usize) -> &'static str {
-    if captured == 0 {
-        "its capture kept no step copy to move in: capture it with \
-         RunnerCapture::stream_capture_repeatable (and step_copies of at least 1), which runs its \
-         work again into copies"
-    } else {
-        "its step copies are used up (each serves one replay in one step graph, two in \
-         overlapping ones; this schedule or an earlier step graph took them): replan to capture \
-         new ones, with more step_copies"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1399,6 +1237,14 @@ mod tests {
         Fence::new(events, plan, &[])
     }
 
+    /// `stream` with its identity, as `enter` gives it.
+    fn on<'s>(sim: &sim::Device, stream: &'s sim::Stream) -> On<'s, sim::Stream> {
+        On {
+            stream,
+            id: sim.stream_id(stream),
+        }
+    }
+
     /// A replay of slot `i` on `stream` (an empty launch).
     fn replay(
         f: &mut Fence<sim::Device>,
@@ -1407,8 +1253,7 @@ mod tests {
         i: usize,
         stream: &sim::Stream,
     ) {
-        f.replay(sim, p, i, On::new(sim, stream), || Ok(()))
-            .unwrap();
+        f.replay(sim, p, i, on(sim, stream), || Ok(())).unwrap();
     }
 
     /// A reading consumer of slot `i` on `stream` that enqueues nothing.
@@ -1419,8 +1264,7 @@ mod tests {
         i: usize,
         stream: &sim::Stream,
     ) {
-        f.check_consumable(p, &[i]).unwrap();
-        f.consume(sim, p, &[i], On::new(sim, stream), false, || ())
+        f.consume(sim, p, &[i], on(sim, stream), false, || ((), true))
             .unwrap();
     }
 

@@ -1,0 +1,261 @@
+//! The fence's state per slot, and the transaction every operation changes
+//! it in.
+//!
+//! An operation opens a transaction ([`Fence::begin`]) before its first
+//! backend call. Until it commits, every change to a slot's state goes
+//! through [`Fence::save`] or [`Fence::save_reader`], which keep the
+//! state as it was before the transaction aside (once per slot and
+//! transaction), and the statistics are kept aside whole. When a backend
+//! call fails, [`Fence::rollback`] puts every slot back exactly as it was:
+//! the waits and records that did go out stay on the device, where they
+//! only order more than the fence knows of. When the calls succeeded,
+//! [`Fence::commit`] drops what was kept and moves the fence's epoch on.
+//! The ledger (who last used which bytes) changes only after a commit,
+//! when the launch it describes went out.
+
+use super::{Fence, FenceStats};
+use crate::backend::Streams;
+use crate::trace::NO_USER;
+
+/// Where a runner's latest replay (or consumer) completes.
+pub(super) enum Completion<S> {
+    /// At the tail of this stream; its event is not recorded there yet.
+    Pending { stream: S, id: u64 },
+    /// Its event is recorded on the stream with this id.
+    Recorded { id: u64 },
+}
+
+impl<S: Clone> Clone for Completion<S> {
+    fn clone(&self) -> Self {
+        match self {
+            Completion::Pending { stream, id } => Completion::Pending {
+                stream: stream.clone(),
+                id: *id,
+            },
+            Completion::Recorded { id } => Completion::Recorded { id: *id },
+        }
+    }
+}
+
+impl<S> Completion<S> {
+    pub(super) fn stream_id(&self) -> u64 {
+        match self {
+            Completion::Pending { id, .. } | Completion::Recorded { id } => *id,
+        }
+    }
+}
+
+/// The fence's view of one runner slot.
+pub(super) struct Runner<B: Streams> {
+    /// `None` for a runner that uses no buffers: it is never fenced.
+    pub(super) event: Option<B::Event>,
+    pub(super) completion: Option<Completion<B::Stream>>,
+    /// Record right after each replay: another stream waited for the
+    /// runner's last record.
+    pub(super) record_at_once: bool,
+    /// A wait used the latest record made at once.
+    pub(super) waited_on: bool,
+    /// The stream that last waited on the latest record: it need not wait
+    /// again (stream order).
+    pub(super) waited_by: Option<u64>,
+    /// Consumers of the latest replay on streams other than the one it
+    /// completes on: each is waited for by the next claimer of the bytes,
+    /// none by another consumer. Their events are reused across replays.
+    pub(super) readers: Vec<Reader<B>>,
+    /// The trace's id of the use that `completion` ends with (`NO_USER`
+    /// when no trace saw it).
+    pub(super) by: u32,
+    /// The transaction that saved this state last.
+    saved: u64,
+}
+
+impl<B: Streams> Runner<B> {
+    pub(super) fn new(event: Option<B::Event>) -> Runner<B> {
+        Runner {
+            event,
+            completion: None,
+            record_at_once: false,
+            waited_on: false,
+            waited_by: None,
+            readers: Vec::new(),
+            by: NO_USER,
+            saved: 0,
+        }
+    }
+}
+
+/// One consumer stream's latest read of a runner's bytes.
+pub(super) struct Reader<B: Streams> {
+    pub(super) event: B::Event,
+    /// `None` once a replay of the runner waited for it.
+    pub(super) completion: Option<Completion<B::Stream>>,
+    /// The trace's id of the consumer it ends with.
+    pub(super) by: u32,
+    /// The transaction that saved this state last.
+    saved: u64,
+}
+
+impl<B: Streams> Reader<B> {
+    /// A reader with `event`, reading nothing yet.
+    pub(super) fn new(event: B::Event) -> Reader<B> {
+        Reader {
+            event,
+            completion: None,
+            by: NO_USER,
+            saved: 0,
+        }
+    }
+}
+
+/// A slot's state as it was before the open transaction changed it.
+enum Undo<S> {
+    Runner {
+        slot: usize,
+        completion: Option<Completion<S>>,
+        record_at_once: bool,
+        waited_on: bool,
+        waited_by: Option<u64>,
+        by: u32,
+    },
+    Reader {
+        slot: usize,
+        at: usize,
+        completion: Option<Completion<S>>,
+        by: u32,
+    },
+}
+
+/// The open transaction: what it changed, as it was before.
+pub(super) struct Journal<S> {
+    /// The open transaction's number (0: none open yet).
+    serial: u64,
+    open: bool,
+    undo: Vec<Undo<S>>,
+    stats: FenceStats,
+}
+
+impl<S> Journal<S> {
+    /// Whether a transaction is open.
+    pub(super) fn in_open(&self) -> bool {
+        self.open
+    }
+}
+
+impl<S> Default for Journal<S> {
+    fn default() -> Self {
+        Journal {
+            serial: 0,
+            open: false,
+            undo: Vec::new(),
+            stats: FenceStats::default(),
+        }
+    }
+}
+
+impl<B: Streams> Fence<B> {
+    /// Opens a transaction: until [`Fence::commit`] or
+    /// [`Fence::rollback`], the state each change replaces is kept aside.
+    pub(super) fn begin(&mut self) {
+        let journal = &mut self.journal;
+        journal.serial += 1;
+        journal.open = true;
+        journal.undo.clear();
+        journal.stats = self.stats;
+    }
+
+    /// The operation's backend calls succeeded: its changes stand, and the
+    /// fence's epoch moves on.
+    pub(super) fn commit(&mut self) {
+        self.journal.open = false;
+        self.journal.undo.clear();
+        self.epoch += 1;
+    }
+
+    /// A backend call of the operation failed: every slot and statistic is
+    /// as it was at [`Fence::begin`].
+    pub(super) fn rollback(&mut self) {
+        let journal = &mut self.journal;
+        journal.open = false;
+        self.stats = journal.stats;
+        for undo in journal.undo.drain(..).rev() {
+            match undo {
+                Undo::Runner {
+                    slot,
+                    completion,
+                    record_at_once,
+                    waited_on,
+                    waited_by,
+                    by,
+                } => {
+                    let r = &mut self.runners[slot];
+                    r.completion = completion;
+                    r.record_at_once = record_at_once;
+                    r.waited_on = waited_on;
+                    r.waited_by = waited_by;
+                    r.by = by;
+                }
+                Undo::Reader {
+                    slot,
+                    at,
+                    completion,
+                    by,
+                } => {
+                    let r = &mut self.runners[slot].readers[at];
+                    r.completion = completion;
+                    r.by = by;
+                }
+            }
+        }
+    }
+
+    /// Whether a transaction is open.
+    pub(super) fn in_transaction(&self) -> bool {
+        self.journal.in_open()
+    }
+
+    /// Before a change to slot `slot`'s completion or record state: keeps
+    /// it aside for the open transaction (once per transaction).
+    pub(super) fn save(&mut self, slot: usize) {
+        let journal = &mut self.journal;
+        let r = &mut self.runners[slot];
+        if !journal.open || r.saved == journal.serial {
+            return;
+        }
+        r.saved = journal.serial;
+        journal.undo.push(Undo::Runner {
+            slot,
+            completion: r.completion.clone(),
+            record_at_once: r.record_at_once,
+            waited_on: r.waited_on,
+            waited_by: r.waited_by,
+            by: r.by,
+        });
+    }
+
+    /// Before a change to reader `at` of slot `slot`: keeps it aside for
+    /// the open transaction (once per transaction).
+    pub(super) fn save_reader(&mut self, slot: usize, at: usize) {
+        let journal = &mut self.journal;
+        let r = &mut self.runners[slot].readers[at];
+        if !journal.open || r.saved == journal.serial {
+            return;
+        }
+        r.saved = journal.serial;
+        journal.undo.push(Undo::Reader {
+            slot,
+            at,
+            completion: r.completion.clone(),
+            by: r.by,
+        });
+    }
+
+    /// Adds a reader to slot `slot` (its event lives as long as the fence,
+    /// whether or not the transaction commits); returns its index.
+    pub(super) fn push_reader(&mut self, slot: usize, event: B::Event) -> usize {
+        let readers = &mut self.runners[slot].readers;
+        readers.push(Reader::new(event));
+        let at = readers.len() - 1;
+        self.save_reader(slot, at);
+        at
+    }
+}
