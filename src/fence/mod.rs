@@ -44,6 +44,8 @@
 mod entry;
 mod error;
 mod state;
+#[cfg(test)]
+mod transactions;
 
 pub(crate) use entry::{enter, enter_scope};
 pub use error::{FenceStats, Operation, ReplayError};

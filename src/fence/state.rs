@@ -259,3 +259,33 @@ impl<B: Streams> Fence<B> {
         at
     }
 }
+
+#[cfg(test)]
+impl<B: Streams> Fence<B> {
+    /// Everything an operation may change, printed (streams by identity):
+    /// two equal digests are the same fence state.
+    pub(crate) fn digest(&self) -> String {
+        use std::fmt::Write;
+        let completion = |c: &Option<Completion<B::Stream>>| match c {
+            None => "-".to_string(),
+            Some(Completion::Pending { id, .. }) => format!("pending@{id:x}"),
+            Some(Completion::Recorded { id }) => format!("recorded@{id:x}"),
+        };
+        let mut out = format!("{:?} {:?} {} ", self.stats, self.ledger, self.epoch);
+        for (i, r) in self.runners.iter().enumerate() {
+            let _ = write!(
+                out,
+                "[{i}: {} {} {} {:?}",
+                completion(&r.completion),
+                r.record_at_once,
+                r.waited_on,
+                r.waited_by
+            );
+            for reader in &r.readers {
+                let _ = write!(out, " r{}", completion(&reader.completion));
+            }
+            out.push(']');
+        }
+        out
+    }
+}

@@ -1,0 +1,205 @@
+//! Failed operations on `sim` with injected faults: a launch that fails
+//! leaves the fence as it was, so nothing later skips a wait it needs.
+
+use replay_arena::sim::{self, Call, Faults};
+use replay_arena::{
+    BackendError, DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable,
+    Request, RunnerId,
+};
+
+const Q: Request = Request::new(Domain::Device, DType::F32, 64);
+
+/// Two runners sharing one generation's bytes (G = 1), each filling its
+/// view for 20 ticks.
+fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
+    let d = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [Q])));
+    let mut capturing = d
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let s = sim.stream();
+    for r in 0..2 {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let view = cap.take(Q).unwrap();
+        cap.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 20))
+            .unwrap();
+        cap.finish().unwrap();
+    }
+    capturing.seal().unwrap()
+}
+
+#[test]
+fn a_kept_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_launch_before() {
+    let sim = sim::Device::new();
+    let (a, b) = (sim.stream(), sim.stream());
+    let mut rp = two_runners(&sim);
+    let mut step = rp.step();
+    step.replay(RunnerId(0), &a).unwrap();
+    let mut kept = step.build().unwrap().keep();
+    rp.launch_kept(&mut kept, &a).unwrap();
+    // The next launch, on `b`, fails in the backend.
+    sim.inject(Faults::nth(Call::Launch, 0));
+    let failed = rp.launch_kept(&mut kept, &b);
+    assert!(matches!(
+        failed,
+        Err(ReplayError::Wait(BackendError::Injected { .. }))
+    ));
+    sim.inject(Faults::none());
+    // A good launch on `a`, then a replay on `b` of a runner sharing the
+    // step's bytes: it must wait for that launch.
+    rp.launch_kept(&mut kept, &a).unwrap();
+    rp.replay(RunnerId(1), &b).unwrap();
+    assert_eq!(sim.hazards(), []);
+    assert_eq!(kept.launches(), 2, "the failed launch does not count");
+    assert_eq!(rp.fence_stats().step_launches, 2);
+}
+
+#[test]
+fn a_borrowed_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_launch_before() {
+    let sim = sim::Device::new();
+    let (a, b) = (sim.stream(), sim.stream());
+    let mut rp = two_runners(&sim);
+    let mut step = rp.step();
+    step.replay(RunnerId(0), &a).unwrap();
+    let mut graph = step.build().unwrap();
+    graph.launch(&a).unwrap();
+    sim.inject(Faults::nth(Call::Launch, 0));
+    assert!(graph.launch(&b).is_err());
+    sim.inject(Faults::none());
+    graph.launch(&a).unwrap();
+    drop(graph);
+    rp.replay(RunnerId(1), &b).unwrap();
+    assert_eq!(sim.hazards(), []);
+}
+
+#[test]
+fn a_failed_replay_leaves_its_runner_unreplayed_and_counts_nothing() {
+    // Runner 1 on `b` must wait for runner 0 on `a`: the record, the wait
+    // or the launch fails in turn.
+    for call in [Call::RecordEvent, Call::WaitEvent, Call::Launch] {
+        let sim = sim::Device::new();
+        let (a, b) = (sim.stream(), sim.stream());
+        let mut rp = two_runners(&sim);
+        rp.replay(RunnerId(0), &a).unwrap();
+        let before = rp.fence_stats();
+        sim.inject(Faults::nth(call, 0));
+        let failed = rp.replay(RunnerId(1), &b);
+        sim.inject(Faults::none());
+        assert!(
+            matches!(
+                failed,
+                Err(ReplayError::Backend {
+                    runner: RunnerId(1),
+                    error: BackendError::Injected { .. }
+                })
+            ),
+            "{call}: {failed:?}"
+        );
+        assert_eq!(rp.fence_stats(), before, "{call}");
+        // Runner 0 still owns the bytes: a consumer of it may read them.
+        let sink = sim.alloc_f32(64).unwrap();
+        rp.consume(RunnerId(0), &b, |s, v| {
+            sim.launch(s, sim::Op::copy(&v[0], &sink), 1)
+        })
+        .unwrap();
+        assert_eq!(sim.read_f32(&sink).unwrap(), [0.0; 64]);
+        rp.replay(RunnerId(1), &b).unwrap();
+        rp.replay(RunnerId(0), &a).unwrap();
+        assert_eq!(sim.hazards(), []);
+    }
+}
+
+#[test]
+fn a_staged_input_whose_write_failed_is_not_staged() {
+    let sim = sim::Device::new();
+    let s = sim.stream();
+    let input = Q.purpose(Purpose::Input);
+    let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [input])]).unwrap();
+    let mut capturing = d
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let cap = capturing.capture(RunnerId(0)).unwrap();
+    let view = cap.take(input).unwrap();
+    cap.stream_capture(&s, |s| sim.launch(s, sim::Op::scale(&view, 2.0), 5))
+        .unwrap();
+    cap.finish().unwrap();
+    let mut rp = capturing.seal().unwrap();
+    let host = sim.alloc_f32(64).unwrap();
+    rp.consume_mut(RunnerId(0), &s, |s, v| {
+        sim.launch(s, sim::Op::copy(&host, &v[0]), 1)
+    })
+    .unwrap();
+    rp.replay(RunnerId(0), &s).unwrap();
+    let consumers = rp.fence_stats().consumers;
+    // The next write fails half-way (its kernel fails): not staged.
+    let failed = rp.consume_mut(RunnerId(0), &s, |s, v| {
+        sim.launch(s, sim::Op::fill(&v[0], 1.0), 1)
+            .map_err(|e| e.to_string())?;
+        Err::<(), _>("the copy from the host failed".to_string())
+    });
+    assert!(failed.is_err());
+    assert_eq!(rp.fence_stats().consumers, consumers, "work that failed");
+    assert!(matches!(
+        rp.replay(RunnerId(0), &s),
+        Err(ReplayError::InputNotStaged { by: None, .. })
+    ));
+    // A panicking write is not staged either.
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rp.consume_mut(RunnerId(0), &s, |_, _| -> Result<(), String> {
+            panic!("the program's writer panicked")
+        })
+    }));
+    assert!(unwound.is_err());
+    assert!(matches!(
+        rp.replay(RunnerId(0), &s),
+        Err(ReplayError::InputNotStaged { .. })
+    ));
+    // A write that succeeds stages them again.
+    rp.consume_mut(RunnerId(0), &s, |s, v| {
+        sim.launch(s, sim::Op::fill(&v[0], 3.0), 1)
+    })
+    .unwrap();
+    rp.replay(RunnerId(0), &s).unwrap();
+    assert_eq!(
+        sim.read_f32(&rp.views(RunnerId(0)).unwrap()[0]).unwrap(),
+        [6.0; 64]
+    );
+    assert_eq!(sim.hazards(), []);
+}
+
+#[test]
+fn a_capture_whose_end_fails_leaves_the_stream_usable() {
+    let sim = sim::Device::new();
+    let s = sim.stream();
+    let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
+    let mut capturing = d
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    for call in [Call::EndCapture, Call::Instantiate, Call::BeginCapture] {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(Q).unwrap();
+        sim.inject(Faults::nth(call, 0));
+        let failed = cap.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 5));
+        sim.inject(Faults::none());
+        assert!(failed.is_err(), "{call}");
+        drop(cap);
+        drop(capturing.replan());
+        // A fresh discovery: the same runner again.
+        let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
+        capturing = d
+            .plan(Policy::Generations(1))
+            .unwrap()
+            .allocate(sim.clone())
+            .unwrap();
+        // The stream is not capturing: a plain op runs on it.
+        let buf = sim.alloc_f32(4).unwrap();
+        sim.launch(&s, sim::Op::fill(&buf, 2.0), 1).unwrap();
+        assert_eq!(sim.read_f32(&buf).unwrap(), [2.0; 4], "{call}");
+    }
+}
