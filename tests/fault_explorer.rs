@@ -32,9 +32,13 @@
 //!
 //! `FAULT_EXPLORER_PROGRAMS` sets how many programs `explore` runs,
 //! `FAULT_EXPLORER_SEED` runs one program (the seed a failure prints),
-//! `FAULT_EXPLORER_FAULT` one fault of it (`none`, `at:K` or
-//! `seeded:S:ONE_IN`), `FAULT_EXPLORER_POSITIONS` how many positions are
+//! `FAULT_EXPLORER_FAULT` one fault of it (`none`, `at:K`,
+//! `seeded:S:ONE_IN` or `teardown:K`), `FAULT_EXPLORER_POSITIONS` how many positions are
 //! tried per program (all when there are fewer). See docs/fuzzing.md.
+
+// As the crate: errors are structured. `ArmedRunner` has no destructor,
+// so forgetting it is dropping it: the explorer forgets it all the same.
+#![allow(clippy::result_large_err, clippy::forget_non_drop)]
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -162,7 +166,7 @@ enum Step {
     /// Runner, stream, probe.
     WaitFor(usize, usize, usize),
     WaitAll(usize, usize),
-    StepGraph {
+    Graph {
         items: Vec<SItem>,
         overlapping: bool,
         launches: Vec<usize>,
@@ -175,6 +179,8 @@ enum Step {
     ForgetKept(usize),
     StartTrace,
     FinishTrace,
+    /// `report`, `temporaries`, `trim_graph_memory`, `synchronize`.
+    Report,
     Checkpoint,
 }
 
@@ -237,7 +243,7 @@ impl Program {
                 matches!(
                     s,
                     Step::ForgetKept(_)
-                        | Step::StepGraph {
+                        | Step::Graph {
                             fate: Fate::Forget,
                             ..
                         }
@@ -261,7 +267,7 @@ impl Program {
         for step in &mut self.steps {
             match step {
                 Step::ConsumeMut(i, _, _, f) if *i >= self.n_a => *f = Fail::No,
-                Step::StepGraph { launches, .. } => {
+                Step::Graph { launches, .. } => {
                     for l in launches.iter_mut() {
                         *l = 0;
                     }
@@ -364,7 +370,7 @@ impl Program {
                     if matches!(fate, Fate::Keep) {
                         kept += 1;
                     }
-                    Step::StepGraph {
+                    Step::Graph {
                         items,
                         overlapping: rng.chance(30),
                         launches: (0..rng.below(4)).map(|_| rng.below(p.streams)).collect(),
@@ -381,7 +387,7 @@ impl Program {
                     _ => Step::LaunchKept(rng.below(kept), s),
                 },
                 17 => Step::Replay(r, s),
-                18 => [Step::StartTrace, Step::FinishTrace][rng.below(2)].clone(),
+                18 => [Step::StartTrace, Step::FinishTrace, Step::Report][rng.below(3)].clone(),
                 _ => Step::Checkpoint,
             };
             p.steps.push(step);
@@ -402,6 +408,9 @@ enum Plan {
     None,
     At(u64),
     Seeded(u64, u64),
+    /// The `k`-th call of the teardown (dropping the kept steps and the
+    /// plan, or `replan`) fails.
+    Teardown(u64),
 }
 
 impl Plan {
@@ -410,6 +419,7 @@ impl Plan {
             Plan::None => Faults::none(),
             Plan::At(k) => Faults::at(k),
             Plan::Seeded(s, one_in) => Faults::seeded(s, one_in),
+            Plan::Teardown(_) => Faults::none(),
         }
     }
     fn spell(&self) -> String {
@@ -417,6 +427,7 @@ impl Plan {
             Plan::None => "none".into(),
             Plan::At(k) => format!("at:{k}"),
             Plan::Seeded(s, o) => format!("seeded:{s}:{o}"),
+            Plan::Teardown(k) => format!("teardown:{k}"),
         }
     }
     fn parse(text: &str) -> Option<Plan> {
@@ -425,6 +436,7 @@ impl Plan {
             ["none"] => Some(Plan::None),
             ["at", k] => Some(Plan::At(k.parse().ok()?)),
             ["seeded", s, o] => Some(Plan::Seeded(s.parse().ok()?, o.parse().ok()?)),
+            ["teardown", k] => Some(Plan::Teardown(k.parse().ok()?)),
             _ => None,
         }
     }
@@ -565,6 +577,8 @@ struct Outcome {
     swallowed: BTreeSet<String>,
     /// The calls made to fail: `kind at file:line`, each once.
     faults: Vec<String>,
+    /// Calls the teardown made.
+    teardown_calls: u64,
 }
 
 impl World<'_> {
@@ -863,6 +877,13 @@ fn run(p: &Program, plan: &Plan) -> Outcome {
         w.check_hazards("forgetting the plan");
     } else {
         recover(&mut w, &mut rep);
+        // Teardown under its own fault (`Plan::Teardown`): it may leak what
+        // it could not wait for, never race.
+        if let Plan::Teardown(k) = plan {
+            sim.inject(Faults::at(*k));
+        } else {
+            sim.inject(Faults::none());
+        }
         // Teardown: kept steps first (or after the plan, every other run).
         let kept: Vec<_> = w.kept.drain(..).flatten().collect();
         let kept_first = p.seed % 2 == 0 || avoid_known();
@@ -873,7 +894,7 @@ fn run(p: &Program, plan: &Plan) -> Outcome {
         }
         match p.end {
             End::Replan => {
-                if let Err(e) = rep.replan() {
+                if let (Err(e), false) = (rep.replan(), matches!(plan, Plan::Teardown(_))) {
                     w.fail("replan fails with no fault", format!("{e:?}"));
                 }
             }
@@ -881,6 +902,15 @@ fn run(p: &Program, plan: &Plan) -> Outcome {
         }
         drop(kept);
         w.check_hazards("teardown");
+        let log = sim.fault_log();
+        out.teardown_calls = log.calls;
+        out.injected += log.injected.len();
+        out.sites.extend(log.sites.iter().cloned());
+        note_faults(&mut out, &log);
+        if !log.injected.is_empty() {
+            forgot = true; // a teardown that could not wait leaks by design
+        }
+        sim.inject(Faults::none());
     }
     teardown_check(&mut w, forgot, base_allocs, base_events);
     if VERBOSE.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1061,13 +1091,16 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
             let got = rep.replay(p.id(i), &w.s[s]);
             w.last = Some(format!("{got:?}"));
             let ran = w.ran_of(&got);
-            if p.is_staged(i) && w.m.poisoned[i] && ran != Ran::No {
+            if p.is_staged(i) && w.m.poisoned[i] && ran == Ran::Yes {
                 if !avoid_known() {
                     w.fail(
                         "replay reads an input whose writer failed",
                         format!("runner {i} replayed ({got:?}) after its staging closure failed"),
                     );
                 }
+                w.m.input[i] = None;
+            }
+            if p.is_staged(i) && w.m.poisoned[i] && ran != Ran::No {
                 w.m.input[i] = None;
             }
             w.m.exec(p, i, ran);
@@ -1189,7 +1222,7 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
                 }
             }
         }
-        Step::StepGraph {
+        Step::Graph {
             items,
             overlapping,
             launches,
@@ -1229,6 +1262,12 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
         Step::FinishTrace => {
             let _ = rep.finish_trace();
         }
+        Step::Report => {
+            let _ = rep.report();
+            let _ = rep.temporaries(p.id(0));
+            let _ = rep.trim_graph_memory();
+            let _ = rep.synchronize();
+        }
         Step::Checkpoint => checkpoint(w),
     }
 }
@@ -1248,7 +1287,7 @@ fn apply_schedule(w: &mut World, items: &[SItem], ran: Ran) {
     for item in items {
         match *item {
             SItem::Replay(i, _) => {
-                if p.is_staged(i) && w.m.poisoned[i] && ran != Ran::No {
+                if p.is_staged(i) && w.m.poisoned[i] && ran == Ran::Yes {
                     if !avoid_known() {
                         w.fail(
                             "replay reads an input whose writer failed",
@@ -1257,6 +1296,9 @@ fn apply_schedule(w: &mut World, items: &[SItem], ran: Ran) {
                             ),
                         );
                     }
+                    w.m.input[i] = None;
+                }
+                if p.is_staged(i) && w.m.poisoned[i] && ran != Ran::No {
                     w.m.input[i] = None;
                 }
                 w.m.exec(p, i, ran);
@@ -1376,10 +1418,15 @@ impl Totals {
             // step launch is another bug than one after a failed wait).
             let class = match plan {
                 // Not the fault's doing: the closure's.
-                _ if class.starts_with("replay reads an input") => class,
+                _ if class.starts_with("replay reads an input") || class.contains("outlived") => {
+                    class
+                }
                 Plan::None => format!("{class} (no fault)"),
                 Plan::At(_) => format!("{class} after a failed {}", o.faults.join(", ")),
                 Plan::Seeded(..) => format!("{class} under seeded faults"),
+                Plan::Teardown(_) => {
+                    format!("{class} after a failed {} in teardown", o.faults.join(", "))
+                }
             };
             if !seen.insert(class.clone()) {
                 continue;
@@ -1430,9 +1477,10 @@ fn explore_program(seed: u64, positions: u64, only: Option<&Plan>, t: &mut Total
         return;
     }
     let clean = run(&p, &Plan::None);
-    let calls = clean.calls;
+    let (calls, teardown) = (clean.calls, clean.teardown_calls);
     t.add(seed, &Plan::None, clean);
-    for plan in plans_of(seed, calls, positions) {
+    let teardown = (0..teardown.min(positions / 2)).map(Plan::Teardown);
+    for plan in plans_of(seed, calls, positions).into_iter().chain(teardown) {
         let o = run(&p, &plan);
         t.add(seed, &plan, o);
     }
@@ -1478,10 +1526,20 @@ fn backend_call_sites() -> BTreeSet<String> {
             }
         }
     }
+    let texts: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
     let mut sites = BTreeSet::new();
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
+    for (f, text) in files.iter().zip(&texts) {
+        // A module compiled for tests only (`#[cfg(test)] mod name;`).
+        let stem = f.file_stem().unwrap().to_string_lossy();
+        let test_only = format!("#[cfg(test)]\nmod {stem};");
+        if texts.iter().any(|t| t.contains(&test_only)) {
+            continue;
+        }
         let rel = f.strip_prefix(root).unwrap().display().to_string();
+        let text = text.as_str();
         for (n, line) in text.lines().enumerate() {
             let code = line.trim_start();
             if code.starts_with("#[cfg(test)]") {

@@ -135,7 +135,10 @@ fn launches_the_driver_refuses_for_graph_memory_leave_the_fence_as_it_was() {
     replayable.wait_all(&launch).unwrap();
     launch.synchronize().unwrap();
     for (r, main) in mains.iter().enumerate() {
-        assert!(g.read(main).iter().all(|&x| x == r as f32 + 1.5), "step, runner {r}");
+        assert!(
+            g.read(main).iter().all(|&x| x == r as f32 + 1.5),
+            "step, runner {r}"
+        );
     }
     // Per-runner replays of the runners' own graphs after it, exactly.
     let mut fresh: Vec<CudaSlice<f32>> = (0..2).map(|_| g.zeros(N)).collect();
@@ -147,7 +150,10 @@ fn launches_the_driver_refuses_for_graph_memory_leave_the_fence_as_it_was() {
     }
     replayable.synchronize().unwrap();
     for (r, main) in fresh.iter().enumerate() {
-        assert!(g.read(main).iter().all(|&x| x == r as f32 + 1.5), "replay, runner {r}");
+        assert!(
+            g.read(main).iter().all(|&x| x == r as f32 + 1.5),
+            "replay, runner {r}"
+        );
     }
     assert_eq!(replayable.fence_stats().step_launches, 10);
     assert_eq!(replayable.fence_stats().replays, 20);
