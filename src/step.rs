@@ -1193,6 +1193,12 @@ impl<B: Compose + Clone> KeptStep<B> {
 impl<B: Compose + Clone> Drop for KeptStep<B> {
     fn drop(&mut self) {
         self.core.wait_last(&self.backend);
+        // It may outlive its plan, whose teardown gave back the graph
+        // memory no graph of the plan held then: the step copies moved in
+        // here held theirs until now. Freed now, so given back now (best
+        // effort, as at teardown).
+        self.core.graphs.clear();
+        let _ = self.backend.trim_graph_memory();
     }
 }
 
