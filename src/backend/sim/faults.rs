@@ -216,16 +216,35 @@ pub struct FaultLog {
 pub(super) struct FaultState {
     faults: Faults,
     log: FaultLog,
+    /// Calls made, per kind (in `Call::ALL`'s order).
+    counts: [u64; Call::ALL.len()],
+    /// Where calls were made from, sorted by the address of their
+    /// location (formatted into the log when asked).
+    sites: Vec<(usize, Call, &'static Location<'static>)>,
 }
 
 impl FaultState {
     pub(super) fn install(&mut self, faults: Faults) {
         self.faults = faults;
         self.log = FaultLog::default();
+        self.counts = [0; Call::ALL.len()];
+        self.sites.clear();
     }
 
     pub(super) fn log(&self) -> FaultLog {
-        self.log.clone()
+        let mut log = self.log.clone();
+        log.per_call = Call::ALL
+            .iter()
+            .zip(self.counts)
+            .filter(|&(_, n)| n > 0)
+            .map(|(&call, n)| (call, n))
+            .collect();
+        log.sites = self
+            .sites
+            .iter()
+            .map(|&(_, call, at)| (call, format!("{}:{}", at.file(), at.line())))
+            .collect();
+        log
     }
 
     /// Counts a call of `call` made at `at`, and fails it when the rule
@@ -236,12 +255,13 @@ impl FaultState {
         at: &'static Location<'static>,
     ) -> Result<(), BackendError> {
         let index = self.log.calls;
-        let nth = self.log.per_call.get(&call).copied().unwrap_or(0);
+        let count = &mut self.counts[call as usize];
+        let nth = *count;
+        *count += 1;
         self.log.calls += 1;
-        *self.log.per_call.entry(call).or_insert(0) += 1;
-        let site = format!("{}:{}", at.file(), at.line());
-        if !self.log.sites.contains(&(call, site.clone())) {
-            self.log.sites.insert((call, site.clone()));
+        let key = (std::ptr::from_ref(at) as usize, call);
+        if let Err(i) = self.sites.binary_search_by(|&(a, c, _)| (a, c).cmp(&key)) {
+            self.sites.insert(i, (key.0, call, at));
         }
         let fail = match &mut self.faults.rule {
             Rule::None => false,
@@ -252,6 +272,7 @@ impl FaultState {
         if !fail {
             return Ok(());
         }
+        let site = format!("{}:{}", at.file(), at.line());
         self.log.injected.push((index, call, site));
         Err(BackendError::Injected {
             op: call.name(),
