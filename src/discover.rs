@@ -279,6 +279,9 @@ pub struct Discovering {
     /// Declared bucket names, by id; empty while none was declared (then
     /// every runner is in `BucketId(0)`).
     pub(crate) buckets: Vec<String>,
+    /// Each declared bucket name's id: declaring many buckets checks each
+    /// name in `O(1)`, not against every earlier one.
+    bucket_index: HashMap<String, BucketId>,
 }
 
 impl Discovering {
@@ -290,6 +293,7 @@ impl Discovering {
             handoffs: Vec::new(),
             index: HashMap::new(),
             buckets: Vec::new(),
+            bucket_index: HashMap::new(),
         }
     }
 
@@ -364,11 +368,8 @@ impl Discovering {
     /// ```
     pub fn bucket(&mut self, name: impl Into<String>) -> Result<BucketId> {
         let name = name.into();
-        if let Some(first) = self.buckets.iter().position(|n| *n == name) {
-            return Err(DiscoveryError::BucketNamedTwice {
-                name,
-                first: BucketId(first as u32),
-            });
+        if let Some(&first) = self.bucket_index.get(&name) {
+            return Err(DiscoveryError::BucketNamedTwice { name, first });
         }
         if self.buckets.is_empty() && !self.runners.is_empty() {
             if name == DEFAULT_BUCKET {
@@ -377,10 +378,14 @@ impl Discovering {
                     first: BucketId(0),
                 });
             }
+            self.bucket_index
+                .insert(DEFAULT_BUCKET.to_string(), BucketId(0));
             self.buckets.push(DEFAULT_BUCKET.to_string());
         }
+        let id = BucketId(self.buckets.len() as u32);
+        self.bucket_index.insert(name.clone(), id);
         self.buckets.push(name);
-        Ok(self.current())
+        Ok(id)
     }
 
     /// The bucket [`Discovering::arm`] arms in: the latest declared.
@@ -622,7 +627,10 @@ impl ArmedRunner<'_> {
         if h.writer == self.slot {
             return Err(DiscoveryError::OwnHandoff { runner, handoff });
         }
-        if h.readers.contains(&self.slot) {
+        // Readers are armed in capture order and this runner is the latest
+        // armed, so a reader it already is can only be the last one: `O(1)`
+        // however many readers the handoff has.
+        if h.readers.last() == Some(&self.slot) {
             return Err(DiscoveryError::HandoffReceivedTwice { runner, handoff });
         }
         if h.bucket != self.record.bucket {
