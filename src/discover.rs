@@ -157,28 +157,76 @@ pub(crate) fn bucket_names(names: &[String]) -> impl Iterator<Item = (BucketId, 
     default.into_iter().chain(declared)
 }
 
-/// Settings shared by every phase: the symmetric groups requests may name.
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
+/// Settings shared by every phase: the symmetric groups requests may name,
+/// and the budget of the planner's exact search.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PlanConfig {
     groups: Vec<(GroupId, String)>,
     /// Each registered group's index in `groups`: registration and lookup
     /// in `O(log groups)`, so registering and discovering many groups stays
     /// near-linear.
     index: BTreeMap<GroupId, usize>,
+    /// Steps the exact search of packed placement may take over the whole
+    /// plan ([`PlanConfig::with_exact_search`]).
+    exact_search: u64,
+}
+
+impl Default for PlanConfig {
+    fn default() -> PlanConfig {
+        PlanConfig {
+            groups: Vec::new(),
+            index: BTreeMap::new(),
+            exact_search: PlanConfig::DEFAULT_EXACT_SEARCH,
+        }
+    }
 }
 
 impl fmt::Debug for PlanConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanConfig")
             .field("groups", &self.groups)
+            .field("exact_search", &self.exact_search)
             .finish()
     }
 }
 
 impl PlanConfig {
+    /// The exact search's budget unless the program sets one: about
+    /// 0.1 s of one core at most, spent only on keys that packed placement
+    /// leaves above their lower bound.
+    pub const DEFAULT_EXACT_SEARCH: u64 = 40_000_000;
+
     /// A config with no symmetric groups: only [`Domain::Device`] requests.
     pub fn new() -> PlanConfig {
         PlanConfig::default()
+    }
+
+    /// Sets the budget of packed placement's exact search (branch and bound
+    /// over each key's live intervals) for the whole plan, in steps (buffer
+    /// pairs it looks at; one step is a few nanoseconds), shared among the
+    /// keys by their number of buffers. The search is anytime: where the
+    /// budget runs out, the best layout found so far stands (never above
+    /// what the search started from), so a larger workload gets a good
+    /// layout, not a cliff; where it finishes, the layout is optimal and
+    /// the report says `proved`. A count of steps, not a clock, so every
+    /// rank computes the same plan. 0 turns the search off.
+    /// Default: [`PlanConfig::DEFAULT_EXACT_SEARCH`].
+    ///
+    /// ```
+    /// use replay_arena::PlanConfig;
+    /// let config = PlanConfig::new().with_exact_search(1_000_000);
+    /// assert_eq!(config.exact_search(), 1_000_000);
+    /// assert_eq!(PlanConfig::new().exact_search(), PlanConfig::DEFAULT_EXACT_SEARCH);
+    /// ```
+    pub fn with_exact_search(mut self, steps: u64) -> PlanConfig {
+        self.exact_search = steps;
+        self
+    }
+
+    /// The exact search's budget for a whole plan, in steps
+    /// ([`PlanConfig::with_exact_search`]).
+    pub fn exact_search(&self) -> u64 {
+        self.exact_search
     }
 
     /// Registers a symmetric group under a human-readable name (used in

@@ -39,10 +39,12 @@
 //!   no vector has `g` entries). Where the budget cuts a search, the best
 //!   layout found so far stands (never more than round-robin).
 //!
-//!   A column of at most [`EXACT_ITEMS`] users that the portfolio leaves
+//!   A column of at most [`exact::MOST`] users that the portfolio leaves
 //!   above `L` is then searched exactly ([`exact`]: branch and bound over
-//!   settled layouts, at most [`EXACT_WORK`] of what is left of its budget),
-//!   so small ragged columns get their optimum, not only a good layout.
+//!   settled layouts, from the portfolio's layout down, within its share of
+//!   the plan's exact search budget, `PlanConfig::with_exact_search`), so
+//!   ragged columns get their optimum, not only a good layout, and where
+//!   the budget ends first the best layout found stands.
 //!
 //! Handoffs share their key's arena with the runner bytes ([`shared`]):
 //! both are intervals of capture order, and the same disjointness rule and
@@ -64,6 +66,7 @@ mod intervals;
 mod portfolio;
 mod shared;
 
+pub(crate) use exact::MOST as EXACT_MOST;
 pub(crate) use intervals::{place_intervals, Interval};
 use portfolio::{choose_gap, neighbours, portfolio, Fit, Portfolio};
 
@@ -279,7 +282,7 @@ impl Work {
 #[cfg(test)]
 pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
     let column = Column::from_dense(cap);
-    let layout = packed_column(&column, g, WORK_BUDGET)?;
+    let layout = packed_column(&column, g, WORK_BUDGET, EXACT_SEARCH)?;
     let mut offsets = vec![0u64; cap.len()];
     for (&k, &o) in column.pos.iter().zip(&layout.offsets) {
         offsets[k] = o;
@@ -291,20 +294,26 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
 }
 
 /// [`packed`] of a column, spending at most `work` entry visits beyond
-/// round-robin (see [`WORK_BUDGET`]). Round-robin and the lower bound cost
-/// `O(len log len)` whatever `g` is; memory is `O(len)`.
-pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<ColumnLayout> {
+/// round-robin (see [`WORK_BUDGET`]) and `exact` steps of the exact search
+/// ([`exact`]), which runs where the portfolio stays above the lower bound
+/// and the column has at most [`exact::MOST`] users. Round-robin and the
+/// lower bound cost `O(len log len)` whatever `g` is; memory is `O(len)`.
+pub(crate) fn packed_column(
+    column: &Column,
+    g: usize,
+    work: u64,
+    exact: u64,
+) -> Option<ColumnLayout> {
     let bound = u64::try_from(heaviest_window(column, g)).ok()?;
     let mut best = Portfolio::new(bound);
     let mut work = Work(work);
     portfolio(column, g, &mut work, &mut best);
-    if !best.done() && column.len() <= EXACT_ITEMS {
+    if !best.done() && column.len() <= exact::MOST && exact > 0 {
         let ceiling = best.layout.as_ref().map_or(u64::MAX, |l| l.bytes);
         let items: Vec<(usize, usize, u64)> =
             column.entries().map(|(k, c)| (k, k + (g - 1), c)).collect();
-        let mut exact_work = Work(work.0.min(EXACT_WORK));
         if let Some((offsets, bytes)) =
-            exact::search(&items, ceiling, bound, &mut exact_work).layout
+            exact::search(&items, ceiling, bound, &mut Work(exact)).layout
         {
             best.offer(Some(ColumnLayout { offsets, bytes }));
         }
@@ -312,13 +321,10 @@ pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<Colu
     best.layout
 }
 
-/// Columns of at most this many users get the exact search ([`exact`])
-/// after the portfolio, where the portfolio stays above the lower bound.
-pub(crate) const EXACT_ITEMS: usize = 24;
-
-/// Work one exact search may spend, at most (and never more than what is
-/// left of its key's share): a few milliseconds.
-pub(crate) const EXACT_WORK: u64 = 2_000_000;
+/// The exact search budget of the dense test entry points: the default a
+/// plan has ([`PlanConfig::DEFAULT_EXACT_SEARCH`](crate::PlanConfig::DEFAULT_EXACT_SEARCH)).
+#[cfg(test)]
+pub(crate) const EXACT_SEARCH: u64 = 40_000_000;
 
 #[cfg(test)]
 mod tests {
