@@ -620,6 +620,9 @@ fn many_readers(n: u32) -> Discovering {
     d
 }
 
+/// Builds one review workload of `n` entries.
+type Build = fn(u32) -> Discovering;
+
 /// The review's three workloads at 10,000, 100,000 and 1,000,000 entries,
 /// each discovered and planned with `Generations(2)` in the timed region
 /// (the plan is dropped outside it): `fragmented_handoffs` (every handoff
@@ -631,7 +634,7 @@ fn bench_review(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(100))
         .measurement_time(Duration::from_secs(2));
-    let workloads: [(&str, fn(u32) -> Discovering); 3] = [
+    let workloads: [(&str, Build); 3] = [
         ("fragmented_handoffs", fragmented_handoffs),
         ("buckets", many_buckets),
         ("readers", many_readers),

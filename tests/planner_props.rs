@@ -542,11 +542,13 @@ proptest! {
     }
 }
 
+/// Units per runner (0: none) and handoffs `(writer, readers, units)`.
+type Tiny = (Vec<u64>, Vec<(usize, Vec<usize>, u64)>);
+
 /// A small one-key workload: up to seven runners, each with a device f32
 /// buffer of 1 to 6 units of 256 bytes or none, and up to three handoffs
 /// of 1 to 4 units, each read by one or two of the next three runners.
-fn tiny_workload(
-) -> impl proptest::strategy::Strategy<Value = (Vec<u64>, Vec<(usize, Vec<usize>, u64)>)> {
+fn tiny_workload() -> impl proptest::strategy::Strategy<Value = Tiny> {
     prop::collection::vec(prop_oneof![1 => Just(0u64), 4 => 1u64..7], 2..8).prop_flat_map(|cap| {
         let n = cap.len();
         let handoff = (0..n, prop::collection::vec(1usize..4, 1..3), 1u64..5);
