@@ -324,7 +324,7 @@ pub(crate) fn packed_column(
 /// The exact search budget of the dense test entry points: the default a
 /// plan has ([`PlanConfig::DEFAULT_EXACT_SEARCH`](crate::PlanConfig::DEFAULT_EXACT_SEARCH)).
 #[cfg(test)]
-pub(crate) const EXACT_SEARCH: u64 = 40_000_000;
+pub(crate) const EXACT_SEARCH: u64 = 2_000_000;
 
 #[cfg(test)]
 mod tests {

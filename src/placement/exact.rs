@@ -159,7 +159,7 @@ impl Search<'_> {
         // (first-fit offset, index) of every buffer that may come next.
         let mut next: Vec<(u64, usize)> = Vec::with_capacity(n - depth);
         // Steps this node takes: one per buffer and per placed buffer each
-        // one meets, one per clique.
+        // one meets, one per clique and per buffer of each open clique.
         let mut steps = (n + self.cliques.len()) as u64;
         for i in (0..n).filter(|&i| placed & (1 << i) == 0) {
             steps += u64::from((self.conflicts[i] & placed).count_ones());
@@ -189,6 +189,7 @@ impl Search<'_> {
             if open == 0 {
                 continue;
             }
+            steps += u64::from(clique.count_ones());
             let mut need = from;
             let mut bits = open;
             while bits != 0 {
