@@ -20,6 +20,10 @@
 //!   (sequence lengths 1k to 8k of the `tp_backward` mid shapes) in shared
 //!   arenas; prints the shared bytes against separate plans (see
 //!   [`bench_buckets`]).
+//! - `review/{fragmented_handoffs,buckets,readers}/{round_robin,packed}/{10000,100000,1000000}`:
+//!   the three workloads the sixth hostile review found growing in square
+//!   time, discovered and planned (see [`bench_review`]). Target: under
+//!   0.5 s at 100,000, and within 2.5x per 10x step up to 1,000,000.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -27,8 +31,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use replay_arena::sim;
 use replay_arena::{
-    Capturing, DType, Discovering, Domain, GroupId, PlacedPolicy, PlanConfig, Policy, Purpose,
-    Replayable, Request, RunnerId,
+    Capturing, DType, Discovering, Domain, GroupId, HandoffId, PlacedPolicy, PlanConfig, Policy,
+    Purpose, Replayable, Request, RunnerId,
 };
 
 const GTP: GroupId = GroupId(0);
@@ -553,6 +557,114 @@ fn bench_buckets(c: &mut Criterion) {
     group.finish();
 }
 
+fn small() -> Request {
+    Request::new(Domain::Device, DType::F32, 64)
+}
+
+/// `n` runners, each with a small buffer of its own and a handoff of 512
+/// bytes that the last runner reads, so every handoff is live at once;
+/// runner 0 also hands off 256 bytes that runner 1 reads, which leaves a
+/// gap at the bottom of the arena that no later handoff fits in.
+fn fragmented_handoffs(n: u32) -> Discovering {
+    let mut d = Discovering::new(PlanConfig::new());
+    let long = Request::new(Domain::Device, DType::BF16, 256);
+    let short = Request::new(Domain::Device, DType::BF16, 128);
+    let mut held: Vec<HandoffId> = Vec::with_capacity(n as usize);
+    let mut brief = None;
+    for r in 0..n {
+        let mut armed = d.arm(RunnerId(r)).expect("fresh runner");
+        armed.record(small()).expect("valid");
+        if r == 0 {
+            brief = Some(armed.hand_off(short).expect("valid"));
+        }
+        if let (1, Some(h)) = (r, brief) {
+            armed.receive(h).expect("declared");
+        }
+        if r + 1 < n {
+            held.push(armed.hand_off(long).expect("valid"));
+        } else {
+            for &h in &held {
+                armed.receive(h).expect("declared");
+            }
+        }
+    }
+    d
+}
+
+/// `n` shape buckets of one runner each, every name distinct.
+fn many_buckets(n: u32) -> Discovering {
+    let mut d = Discovering::new(PlanConfig::new());
+    for r in 0..n {
+        d.bucket(format!("bucket{r}")).expect("distinct names");
+        d.arm(RunnerId(r))
+            .and_then(|mut a| a.record(small()))
+            .expect("fresh runner");
+    }
+    d
+}
+
+/// One handoff that runner 0 writes and the `n` runners after it read.
+fn many_readers(n: u32) -> Discovering {
+    let mut d = Discovering::new(PlanConfig::new());
+    let grad = Request::new(Domain::Device, DType::BF16, 4096);
+    let h = {
+        let mut armed = d.arm(RunnerId(0)).expect("fresh runner");
+        armed.record(small()).expect("valid");
+        armed.hand_off(grad).expect("valid")
+    };
+    for r in 1..=n {
+        let mut armed = d.arm(RunnerId(r)).expect("fresh runner");
+        armed.record(small()).expect("valid");
+        armed.receive(h).expect("declared");
+    }
+    d
+}
+
+/// Builds one review workload of `n` entries.
+type Build = fn(u32) -> Discovering;
+
+/// The review's three workloads at 10,000, 100,000 and 1,000,000 entries,
+/// each discovered and planned with `Generations(2)` in the timed region
+/// (the plan is dropped outside it): `fragmented_handoffs` (every handoff
+/// live at once above a gap low in the arena), `buckets` (one runner per
+/// shape bucket) and `readers` (one handoff read by every runner).
+fn bench_review(c: &mut Criterion) {
+    let mut group = c.benchmark_group("review");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_secs(2));
+    let workloads: [(&str, Build); 3] = [
+        ("fragmented_handoffs", fragmented_handoffs),
+        ("buckets", many_buckets),
+        ("readers", many_readers),
+    ];
+    let policy = Policy::Generations(2);
+    for (name, build) in workloads {
+        for n in [10_000u32, 100_000, 1_000_000] {
+            for (placement, strategy) in [
+                ("round_robin", policy.round_robin()),
+                ("packed", policy.packed()),
+            ] {
+                let id = format!("{name}/{placement}");
+                group.bench_with_input(BenchmarkId::new(id, n), &n, |b, &n| {
+                    b.iter_custom(|iters| {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            let start = Instant::now();
+                            let planned = black_box(build(n).plan(strategy).expect("plannable"));
+                            total += start.elapsed();
+                            drop(planned);
+                        }
+                        total
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_plan,
@@ -561,6 +673,7 @@ criterion_group!(
     bench_consume,
     bench_capture,
     bench_scale,
-    bench_buckets
+    bench_buckets,
+    bench_review
 );
 criterion_main!(benches);

@@ -157,28 +157,77 @@ pub(crate) fn bucket_names(names: &[String]) -> impl Iterator<Item = (BucketId, 
     default.into_iter().chain(declared)
 }
 
-/// Settings shared by every phase: the symmetric groups requests may name.
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
+/// Settings shared by every phase: the symmetric groups requests may name,
+/// and the budget of the planner's exact search.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PlanConfig {
     groups: Vec<(GroupId, String)>,
     /// Each registered group's index in `groups`: registration and lookup
     /// in `O(log groups)`, so registering and discovering many groups stays
     /// near-linear.
     index: BTreeMap<GroupId, usize>,
+    /// Steps the exact search of packed placement may take over the whole
+    /// plan ([`PlanConfig::with_exact_search`]).
+    exact_search: u64,
+}
+
+impl Default for PlanConfig {
+    fn default() -> PlanConfig {
+        PlanConfig {
+            groups: Vec::new(),
+            index: BTreeMap::new(),
+            exact_search: PlanConfig::DEFAULT_EXACT_SEARCH,
+        }
+    }
 }
 
 impl fmt::Debug for PlanConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanConfig")
             .field("groups", &self.groups)
+            .field("exact_search", &self.exact_search)
             .finish()
     }
 }
 
 impl PlanConfig {
+    /// The exact search's budget unless the program sets one: about 0.05 s
+    /// of one core at most for a whole plan (measured on a loaded 2-core
+    /// machine), spent only on keys that packed placement leaves above
+    /// their lower bound.
+    pub const DEFAULT_EXACT_SEARCH: u64 = 2_000_000;
+
     /// A config with no symmetric groups: only [`Domain::Device`] requests.
     pub fn new() -> PlanConfig {
         PlanConfig::default()
+    }
+
+    /// Sets the budget of packed placement's exact search (branch and bound
+    /// over each key's live intervals) for the whole plan, in steps (buffer
+    /// pairs it looks at; tens of nanoseconds each), shared among the
+    /// keys by their number of buffers. The search is anytime: where the
+    /// budget runs out, the best layout found so far stands (never above
+    /// what the search started from), so a larger workload gets a good
+    /// layout, not a cliff; where it finishes, the layout is optimal and
+    /// the report says `proved`. A count of steps, not a clock, so every
+    /// rank computes the same plan. 0 turns the search off.
+    /// Default: [`PlanConfig::DEFAULT_EXACT_SEARCH`].
+    ///
+    /// ```
+    /// use replay_arena::PlanConfig;
+    /// let config = PlanConfig::new().with_exact_search(1_000_000);
+    /// assert_eq!(config.exact_search(), 1_000_000);
+    /// assert_eq!(PlanConfig::new().exact_search(), PlanConfig::DEFAULT_EXACT_SEARCH);
+    /// ```
+    pub fn with_exact_search(mut self, steps: u64) -> PlanConfig {
+        self.exact_search = steps;
+        self
+    }
+
+    /// The exact search's budget for a whole plan, in steps
+    /// ([`PlanConfig::with_exact_search`]).
+    pub fn exact_search(&self) -> u64 {
+        self.exact_search
     }
 
     /// Registers a symmetric group under a human-readable name (used in
@@ -279,6 +328,9 @@ pub struct Discovering {
     /// Declared bucket names, by id; empty while none was declared (then
     /// every runner is in `BucketId(0)`).
     pub(crate) buckets: Vec<String>,
+    /// Each declared bucket name's id: declaring many buckets checks each
+    /// name in `O(1)`, not against every earlier one.
+    bucket_index: HashMap<String, BucketId>,
 }
 
 impl Discovering {
@@ -290,6 +342,7 @@ impl Discovering {
             handoffs: Vec::new(),
             index: HashMap::new(),
             buckets: Vec::new(),
+            bucket_index: HashMap::new(),
         }
     }
 
@@ -364,11 +417,8 @@ impl Discovering {
     /// ```
     pub fn bucket(&mut self, name: impl Into<String>) -> Result<BucketId> {
         let name = name.into();
-        if let Some(first) = self.buckets.iter().position(|n| *n == name) {
-            return Err(DiscoveryError::BucketNamedTwice {
-                name,
-                first: BucketId(first as u32),
-            });
+        if let Some(&first) = self.bucket_index.get(&name) {
+            return Err(DiscoveryError::BucketNamedTwice { name, first });
         }
         if self.buckets.is_empty() && !self.runners.is_empty() {
             if name == DEFAULT_BUCKET {
@@ -377,10 +427,14 @@ impl Discovering {
                     first: BucketId(0),
                 });
             }
+            self.bucket_index
+                .insert(DEFAULT_BUCKET.to_string(), BucketId(0));
             self.buckets.push(DEFAULT_BUCKET.to_string());
         }
+        let id = BucketId(self.buckets.len() as u32);
+        self.bucket_index.insert(name.clone(), id);
         self.buckets.push(name);
-        Ok(self.current())
+        Ok(id)
     }
 
     /// The bucket [`Discovering::arm`] arms in: the latest declared.
@@ -622,7 +676,10 @@ impl ArmedRunner<'_> {
         if h.writer == self.slot {
             return Err(DiscoveryError::OwnHandoff { runner, handoff });
         }
-        if h.readers.contains(&self.slot) {
+        // Readers are armed in capture order and this runner is the latest
+        // armed, so a reader it already is can only be the last one: `O(1)`
+        // however many readers the handoff has.
+        if h.readers.last() == Some(&self.slot) {
             return Err(DiscoveryError::HandoffReceivedTwice { runner, handoff });
         }
         if h.bucket != self.record.bucket {

@@ -39,10 +39,12 @@
 //!   no vector has `g` entries). Where the budget cuts a search, the best
 //!   layout found so far stands (never more than round-robin).
 //!
-//!   A column of at most [`EXACT_ITEMS`] users that the portfolio leaves
+//!   A column of at most [`exact::MOST`] users that the portfolio leaves
 //!   above `L` is then searched exactly ([`exact`]: branch and bound over
-//!   settled layouts, at most [`EXACT_WORK`] of what is left of its budget),
-//!   so small ragged columns get their optimum, not only a good layout.
+//!   settled layouts, from the portfolio's layout down, within its share of
+//!   the plan's exact search budget, `PlanConfig::with_exact_search`), so
+//!   ragged columns get their optimum, not only a good layout, and where
+//!   the budget ends first the best layout found stands.
 //!
 //! Handoffs share their key's arena with the runner bytes ([`shared`]):
 //! both are intervals of capture order, and the same disjointness rule and
@@ -59,11 +61,14 @@
 //! Every offset is a sum of capacities (or `L` minus a capacity, itself a sum
 //! of capacities), so offsets keep the domain alignment every capacity has.
 
-use std::cmp::Reverse;
-use std::collections::BTreeMap;
-
 mod exact;
+mod intervals;
+mod portfolio;
 mod shared;
+
+pub(crate) use exact::MOST as EXACT_MOST;
+pub(crate) use intervals::{place_intervals, Interval};
+use portfolio::{choose_gap, neighbours, portfolio, Fit, Portfolio};
 
 pub(crate) use shared::{
     best_bound, lower_bound_shared, packed_shared, round_robin_shared, RoundRobinShared, Timeline,
@@ -224,17 +229,6 @@ fn heaviest_window(column: &Column, g: usize) -> u128 {
     best
 }
 
-/// Strided layouts are tried for periods `2..=max(MIN_PERIODS, 2 g)`.
-const MIN_PERIODS: usize = 8;
-
-/// Settle and fit passes one call may run beyond the first settle: for `n`
-/// buffer-using runners at most `max(PASS_BUDGET / n, MIN_PASSES)`, the most
-/// promising first. Up to a few thousand runners that is every candidate;
-/// for 10,000 it is four.
-const PASS_BUDGET: usize = 40_000;
-/// Passes allowed however many runners there are.
-const MIN_PASSES: usize = 3;
-
 /// Work (entries visited) the packed search of a whole plan may spend
 /// beyond round-robin: each key gets the share of its users
 /// ([`work_share`]). A settle or fit pass visits each entry and its
@@ -288,7 +282,7 @@ impl Work {
 #[cfg(test)]
 pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
     let column = Column::from_dense(cap);
-    let layout = packed_column(&column, g, WORK_BUDGET)?;
+    let layout = packed_column(&column, g, WORK_BUDGET, EXACT_SEARCH)?;
     let mut offsets = vec![0u64; cap.len()];
     for (&k, &o) in column.pos.iter().zip(&layout.offsets) {
         offsets[k] = o;
@@ -300,20 +294,26 @@ pub(crate) fn packed(cap: &[u64], g: usize) -> Option<KeyLayout> {
 }
 
 /// [`packed`] of a column, spending at most `work` entry visits beyond
-/// round-robin (see [`WORK_BUDGET`]). Round-robin and the lower bound cost
-/// `O(len log len)` whatever `g` is; memory is `O(len)`.
-pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<ColumnLayout> {
+/// round-robin (see [`WORK_BUDGET`]) and `exact` steps of the exact search
+/// ([`exact`]), which runs where the portfolio stays above the lower bound
+/// and the column has at most [`exact::MOST`] users. Round-robin and the
+/// lower bound cost `O(len log len)` whatever `g` is; memory is `O(len)`.
+pub(crate) fn packed_column(
+    column: &Column,
+    g: usize,
+    work: u64,
+    exact: u64,
+) -> Option<ColumnLayout> {
     let bound = u64::try_from(heaviest_window(column, g)).ok()?;
     let mut best = Portfolio::new(bound);
     let mut work = Work(work);
     portfolio(column, g, &mut work, &mut best);
-    if !best.done() && column.len() <= EXACT_ITEMS {
+    if !best.done() && column.len() <= exact::MOST && exact > 0 {
         let ceiling = best.layout.as_ref().map_or(u64::MAX, |l| l.bytes);
         let items: Vec<(usize, usize, u64)> =
             column.entries().map(|(k, c)| (k, k + (g - 1), c)).collect();
-        let mut exact_work = Work(work.0.min(EXACT_WORK));
         if let Some((offsets, bytes)) =
-            exact::search(&items, ceiling, bound, &mut exact_work).layout
+            exact::search(&items, ceiling, bound, &mut Work(exact)).layout
         {
             best.offer(Some(ColumnLayout { offsets, bytes }));
         }
@@ -321,657 +321,16 @@ pub(crate) fn packed_column(column: &Column, g: usize, work: u64) -> Option<Colu
     best.layout
 }
 
-/// Columns of at most this many users get the exact search ([`exact`])
-/// after the portfolio, where the portfolio stays above the lower bound.
-pub(crate) const EXACT_ITEMS: usize = 24;
-
-/// Work one exact search may spend, at most (and never more than what is
-/// left of its key's share): a few milliseconds.
-pub(crate) const EXACT_WORK: u64 = 2_000_000;
-
-/// The portfolio of layouts described in the module docs, offered to
-/// `best` until it reaches the lower bound or the passes or `work` run out.
-fn portfolio(column: &Column, g: usize, work: &mut Work, best: &mut Portfolio) {
-    let n = column.n;
-    let bound = best.bound;
-    let round_robin = Slotted::new(column, g, |k| k % g);
-    best.offer(round_robin.layout());
-    if best.done() {
-        return;
-    }
-    if g == 2 {
-        best.offer(Some(alternating(column, bound)));
-        return;
-    }
-    let len = column.len() as u64;
-    // Settling round-robin is the strongest single candidate on irregular
-    // capacities; strided seeds win on periodic ones; plain fits come last.
-    let order = round_robin.settle_order();
-    best.offer(fit(column, g, &order, Fit::First, work));
-    if best.done() {
-        return;
-    }
-    let mut passes = (PASS_BUDGET / n.max(1)).max(MIN_PASSES);
-    let mut seeds: Vec<(u64, usize)> = Vec::new();
-    for p in (2..=MIN_PERIODS.max(2 * g).min(n)).filter(|&p| p != g) {
-        // p = g gives the same slots as round-robin.
-        if !work.spend(len) {
-            break;
-        }
-        if let Some(bytes) = strided(column, g, p).bytes() {
-            seeds.push((bytes, p));
-        }
-    }
-    // Stable: ties stay in order of period.
-    seeds.sort_by_key(|&(bytes, _)| bytes);
-    for &(_, p) in &seeds {
-        if best.done() || passes == 0 {
-            return;
-        }
-        let seed = strided(column, g, p);
-        best.offer(seed.layout());
-        best.offer(fit(column, g, &seed.settle_order(), Fit::First, work));
-        passes -= 1;
-    }
-    let in_capture_order: Vec<usize> = (0..column.len()).collect();
-    let mut by_size_desc = in_capture_order.clone();
-    by_size_desc.sort_by_key(|&i| (Reverse(column.cap[i]), i));
-    for (order, how) in [
-        (&in_capture_order, Fit::First),
-        (&by_size_desc, Fit::First),
-        (&in_capture_order, Fit::Best),
-        (&by_size_desc, Fit::Best),
-    ] {
-        if best.done() || passes == 0 || work.0 == 0 {
-            return;
-        }
-        best.offer(fit(column, g, order, how, work));
-        passes -= 1;
-    }
-}
-
-/// The number of (entry, other entry) pairs of the column within `g - 1`
-/// positions of each other, counted both ways: what one settle or fit pass
-/// visits.
-fn neighbours(column: &Column, g: usize) -> u64 {
-    let pos = &column.pos;
-    let mut first = 0;
-    let mut pairs = 0u64;
-    for i in 0..pos.len() {
-        while pos[first] + g <= pos[i] {
-            first += 1;
-        }
-        pairs += (i - first) as u64;
-    }
-    pairs.saturating_mul(2)
-}
-
-/// The smallest layout offered so far.
-struct Portfolio {
-    bound: u64,
-    layout: Option<ColumnLayout>,
-}
-
-impl Portfolio {
-    fn new(bound: u64) -> Portfolio {
-        Portfolio {
-            bound,
-            layout: None,
-        }
-    }
-
-    fn offer(&mut self, candidate: Option<ColumnLayout>) {
-        if let Some(c) = candidate {
-            if self.layout.as_ref().is_none_or(|b| c.bytes < b.bytes) {
-                self.layout = Some(c);
-            }
-        }
-    }
-
-    /// Whether the lower bound is reached (nothing can do better).
-    fn done(&self) -> bool {
-        self.layout.as_ref().is_some_and(|l| l.bytes <= self.bound)
-    }
-}
-
-/// A layout in which every runner sits at the start of one of a few slots,
-/// laid end to end, each as large as its largest runner.
-struct Slotted {
-    /// The slot of each entry of the column.
-    slot_of: Vec<usize>,
-    /// Bytes of each slot.
-    sizes: Vec<u64>,
-}
-
-impl Slotted {
-    /// Puts position `k` in slot `slot(k)` (below `slots`).
-    /// Slots that no entry uses are dropped when there are many more slots
-    /// than entries (they hold no bytes, so the layout and the settle order
-    /// stay the same): memory and time are `O(len log len)`, not `O(slots)`.
-    fn new(column: &Column, slots: usize, slot: impl Fn(usize) -> usize) -> Slotted {
-        let mut slot_of: Vec<usize> = column.pos.iter().map(|&k| slot(k)).collect();
-        let mut slots = slots;
-        if slots > 2 * slot_of.len() + 16 {
-            let mut used = slot_of.clone();
-            used.sort_unstable();
-            used.dedup();
-            for z in &mut slot_of {
-                *z = used.binary_search(z).unwrap_or_else(|at| at);
-            }
-            slots = used.len();
-        }
-        let mut sizes = vec![0u64; slots];
-        for (&c, &z) in column.cap.iter().zip(&slot_of) {
-            sizes[z] = sizes[z].max(c);
-        }
-        Slotted { slot_of, sizes }
-    }
-
-    /// Total bytes, `None` on overflow.
-    fn bytes(&self) -> Option<u64> {
-        self.sizes.iter().try_fold(0u64, |t, &z| t.checked_add(z))
-    }
-
-    /// The offsets. `None` on overflow.
-    fn layout(&self) -> Option<ColumnLayout> {
-        let mut starts = Vec::with_capacity(self.sizes.len());
-        let mut total = 0u64;
-        for &z in &self.sizes {
-            starts.push(total);
-            total = total.checked_add(z)?;
-        }
-        Some(ColumnLayout {
-            offsets: self.slot_of.iter().map(|&z| starts[z]).collect(),
-            bytes: total,
-        })
-    }
-
-    /// The entries in order of their offset (slot by slot: slots with
-    /// runners in them start in slot order), ties in capture order: the
-    /// order in which settling re-places them. Settling re-places each at
-    /// the lowest offset free of those placed before it; its old offset is
-    /// still free then (everything placed before it started no higher and
-    /// moved only down), so no runner moves up and the settled layout is
-    /// never larger than this one. A counting sort: `O(len + slots)`.
-    fn settle_order(&self) -> Vec<usize> {
-        let mut first = vec![0usize; self.sizes.len() + 1];
-        for &z in &self.slot_of {
-            first[z + 1] += 1;
-        }
-        for z in 1..first.len() {
-            first[z] += first[z - 1];
-        }
-        let mut order = vec![0usize; self.slot_of.len()];
-        for (i, &z) in self.slot_of.iter().enumerate() {
-            order[first[z]] = i;
-            first[z] += 1;
-        }
-        order
-    }
-}
-
-/// For `g = 2`: even positions at the bottom, odd positions at the top of an
-/// arena of `bound` bytes (the lower bound, so every capacity and every pair
-/// of neighbours fits in it).
-fn alternating(column: &Column, bound: u64) -> ColumnLayout {
-    let offsets: Vec<u64> = column
-        .pos
-        .iter()
-        .zip(&column.cap)
-        .map(|(&k, &c)| if k % 2 == 0 { 0 } else { bound - c })
-        .collect();
-    let bytes = height(column, &offsets);
-    ColumnLayout { offsets, bytes }
-}
-
-/// Runners of residue class `k % p` share `s = (g - 1) / p + 1` slots, used
-/// in turn (`(k / p) % s`). Two runners of one class fewer than `g` positions
-/// apart are `m p` apart with `1 <= m < s`, so they use different slots;
-/// runners of different classes never share one. `p = 1` is round-robin.
-fn strided(column: &Column, g: usize, p: usize) -> Slotted {
-    let s = (g - 1) / p + 1;
-    Slotted::new(column, p * s, |k| (k % p) * s + (k / p) % s)
-}
-
-/// The end of the highest range.
-fn height(column: &Column, offsets: &[u64]) -> u64 {
-    column
-        .cap
-        .iter()
-        .zip(offsets)
-        .map(|(&c, &o)| o + c)
-        .max()
-        .unwrap_or(0)
-}
-
-#[derive(Clone, Copy)]
-enum Fit {
-    /// Lowest gap that fits.
-    First,
-    /// Smallest gap that fits (ties: lowest); the top of the arena counts as
-    /// an unbounded gap, used only when nothing else fits.
-    Best,
-}
-
-/// Places the column's entries in `order`; each avoids the ranges of already
-/// placed entries within `g - 1` positions of it (neighbours in the column,
-/// since it is sorted by position).
-///
-/// Spends from `work`: a scanning pass its known cost up front (`None`
-/// without running when that is more than is left), a pass through the tree
-/// what it really used (`None` when it runs out: a partial layout is no
-/// candidate). Both counts are deterministic, so equal inputs still give
-/// equal layouts.
-fn fit(
-    column: &Column,
-    g: usize,
-    order: &[usize],
-    how: Fit,
-    work: &mut Work,
-) -> Option<ColumnLayout> {
-    let neighbours = neighbours(column, g);
-    let len = column.len() as u64;
-    if matches!(how, Fit::First) && neighbours > TREE_FROM.saturating_mul(len) {
-        first_fit_windowed(column, g, order, work)
-    } else if work.spend(len.saturating_add(neighbours)) {
-        fit_scanning(column, g, order, how)
-    } else {
-        None
-    }
-}
-
-/// [`fit`] by scanning and sorting each entry's placed neighbours.
-fn fit_scanning(column: &Column, g: usize, order: &[usize], how: Fit) -> Option<ColumnLayout> {
-    let (pos, cap) = (&column.pos, &column.cap);
-    let len = column.len();
-    let mut offsets = vec![0u64; len];
-    let mut placed = vec![false; len];
-    let mut bytes = 0u64;
-    let mut busy: Vec<(u64, u64)> = Vec::with_capacity((2 * g).min(len));
-    for &i in order {
-        let c = cap[i];
-        busy.clear();
-        let k = pos[i];
-        let near = |j: &usize| k.abs_diff(pos[*j]) < g;
-        for j in (0..i)
-            .rev()
-            .take_while(near)
-            .chain((i + 1..len).take_while(near))
-        {
-            if placed[j] {
-                busy.push((offsets[j], offsets[j] + cap[j]));
-            }
-        }
-        busy.sort_unstable();
-        let offset = choose_gap(&busy, c, how)?;
-        offsets[i] = offset;
-        placed[i] = true;
-        bytes = bytes.max(offset.checked_add(c)?);
-    }
-    Some(ColumnLayout { offsets, bytes })
-}
-
-/// Neighbours per entry from which first fit asks a [`Windows`] tree
-/// instead of scanning and sorting every neighbour.
-const TREE_FROM: u64 = 128;
-
-/// Work units one tree operation (a map lookup, insert or removal) is
-/// charged: a few neighbour visits' worth.
-const TREE_OP: u64 = 2;
-
-/// [`fit`] with [`Fit::First`], each entry asking a segment tree over the
-/// column for the lowest offset free in its window of neighbours: the same
-/// offsets as scanning them (the lowest offset clear of every placed
-/// neighbour), in `O(log len)` tree nodes per entry instead of `O(g)`
-/// neighbours.
-fn first_fit_windowed(
-    column: &Column,
-    g: usize,
-    order: &[usize],
-    work: &mut Work,
-) -> Option<ColumnLayout> {
-    let (pos, cap) = (&column.pos, &column.cap);
-    let len = column.len();
-    // Each entry's neighbours are the entries lo[i]..=hi[i] (itself
-    // included, never placed when it asks).
-    let mut lo = vec![0usize; len];
-    let mut hi = vec![0usize; len];
-    let mut first = 0;
-    for i in 0..len {
-        while pos[first] + g <= pos[i] {
-            first += 1;
-        }
-        lo[i] = first;
-    }
-    let mut last = len;
-    for i in (0..len).rev() {
-        while last > i + 1 && pos[last - 1] >= pos[i] + g {
-            last -= 1;
-        }
-        hi[i] = last.max(i + 1) - 1;
-    }
-    let mut tree = Windows::new(len, work.0 / TREE_OP);
-    let mut offsets = vec![0u64; len];
-    let mut bytes = 0u64;
-    let mut nodes = Vec::new();
-    let mut placed = || -> Option<()> {
-        for &i in order {
-            let c = cap[i];
-            tree.cover(lo[i], hi[i], &mut nodes);
-            let offset = tree.lowest_free(&nodes, c)?;
-            let end = offset.checked_add(c)?;
-            tree.insert(i, offset, end)?;
-            offsets[i] = offset;
-            bytes = bytes.max(end);
-        }
-        Some(())
-    };
-    let done = placed();
-    work.0 = work.0.saturating_sub(tree.ops.saturating_mul(TREE_OP));
-    done.map(|()| ColumnLayout { offsets, bytes })
-}
-
-/// A segment tree over a column's entries: each node holds the union of
-/// the ranges placed by the entries below it, as disjoint intervals.
-struct Windows {
-    size: usize,
-    /// Map operations so far, and the most allowed.
-    ops: u64,
-    limit: u64,
-    /// Per node, `start -> end` of disjoint, non-touching ranges.
-    nodes: Vec<BTreeMap<u64, u64>>,
-}
-
-impl Windows {
-    fn new(len: usize, limit: u64) -> Windows {
-        let size = len.next_power_of_two().max(1);
-        Windows {
-            size,
-            ops: 0,
-            limit,
-            nodes: vec![BTreeMap::new(); 2 * size],
-        }
-    }
-
-    /// The nodes that together cover entries `lo..=hi`.
-    fn cover(&self, lo: usize, hi: usize, out: &mut Vec<usize>) {
-        out.clear();
-        let (mut l, mut r) = (lo + self.size, hi + self.size + 1);
-        while l < r {
-            if l & 1 == 1 {
-                out.push(l);
-                l += 1;
-            }
-            if r & 1 == 1 {
-                r -= 1;
-                out.push(r);
-            }
-            l >>= 1;
-            r >>= 1;
-        }
-    }
-
-    /// Counts one map operation; `None` past the limit.
-    fn op(&mut self) -> Option<()> {
-        self.ops += 1;
-        (self.ops <= self.limit).then_some(())
-    }
-
-    /// Entry `i` holds `[start, end)`. `None` past the limit.
-    fn insert(&mut self, i: usize, start: u64, end: u64) -> Option<()> {
-        let mut node = i + self.size;
-        while node >= 1 {
-            self.op()?;
-            let map = &mut self.nodes[node];
-            let (mut s, mut e) = (start, end);
-            // Merge every range that overlaps or touches [s, e).
-            while let Some((&ms, &me)) = map.range(..=e).next_back() {
-                if me < s {
-                    break;
-                }
-                map.remove(&ms);
-                s = s.min(ms);
-                e = e.max(me);
-                self.ops += 1;
-            }
-            map.insert(s, e);
-            node >>= 1;
-        }
-        Some(())
-    }
-
-    /// The lowest offset `o` such that `[o, o + size)` meets no range in
-    /// any of `nodes`; `None` on overflow or past the limit.
-    fn lowest_free(&mut self, nodes: &[usize], size: u64) -> Option<u64> {
-        let mut o = 0u64;
-        loop {
-            let mut moved = false;
-            for &n in nodes {
-                self.op()?;
-                let map = &self.nodes[n];
-                // The last range starting before o + size either ends by o
-                // (then so do all before it: [o, o + size) is clear here) or
-                // overlaps: jump past it.
-                while let Some((_, &end)) = map.range(..o.checked_add(size)?).next_back() {
-                    if end <= o {
-                        break;
-                    }
-                    o = end;
-                    moved = true;
-                    self.ops += 1;
-                }
-            }
-            if !moved {
-                return Some(o);
-            }
-        }
-    }
-}
-
-/// Picks an offset for `size` bytes among sorted busy ranges.
-fn choose_gap(busy: &[(u64, u64)], size: u64, how: Fit) -> Option<u64> {
-    let mut cursor = 0u64;
-    let mut best: Option<(u64, u64)> = None; // (gap size, offset)
-    for &(start, end) in busy {
-        if start >= cursor && start - cursor >= size {
-            let gap = start - cursor;
-            match how {
-                Fit::First => return Some(cursor),
-                Fit::Best => {
-                    if best.is_none_or(|(b, _)| gap < b) {
-                        best = Some((gap, cursor));
-                    }
-                }
-            }
-        }
-        cursor = cursor.max(end);
-    }
-    match best {
-        Some((_, offset)) => Some(offset),
-        None => {
-            cursor.checked_add(size)?;
-            Some(cursor)
-        }
-    }
-}
-
-/// One buffer live over an interval of capture order (a handoff from its
-/// writer to its last reader): `[start, end]`, inclusive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Interval {
-    pub(crate) start: usize,
-    pub(crate) end: usize,
-    pub(crate) bytes: u64,
-}
-
-/// First-fit offsets for buffers live over intervals: two whose intervals
-/// meet get disjoint ranges; the arena's size is the highest end. A sweep
-/// in order of start over the buffers live at that point, so `O(n log n +
-/// n * live)`. `None` when the arena overflows `u64`. Offsets are sums of
-/// sizes, so they keep the sizes' alignment.
-pub(crate) fn place_intervals(items: &[Interval]) -> Option<(Vec<u64>, u64)> {
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| (items[i].start, i));
-    let mut offsets = vec![0u64; items.len()];
-    // Live buffers: (offset, end of range, end of interval), by offset;
-    // the earliest end of interval among them, to drop the dead only when
-    // there are some; and the offset below which they cover every byte.
-    let mut live: Vec<(u64, u64, usize)> = Vec::new();
-    let mut earliest = usize::MAX;
-    let mut covered = 0u64;
-    let mut top = 0u64;
-    for i in order {
-        let it = items[i];
-        if earliest < it.start {
-            live.retain(|&(_, _, end)| end >= it.start);
-            earliest = live.iter().map(|l| l.2).min().unwrap_or(usize::MAX);
-            covered = 0;
-            for &(lo, hi, _) in &live {
-                if lo > covered {
-                    break;
-                }
-                covered = covered.max(hi);
-            }
-        }
-        // No gap below `covered`: start the scan at the first range that
-        // ends above it.
-        let mut at = covered;
-        let from = live.partition_point(|&(_, hi, _)| hi <= covered);
-        for &(lo, hi, _) in &live[from..] {
-            if at.checked_add(it.bytes)? <= lo {
-                break;
-            }
-            at = at.max(hi);
-        }
-        let hi = at.checked_add(it.bytes)?;
-        offsets[i] = at;
-        top = top.max(hi);
-        let pos = live.partition_point(|&(lo, _, _)| lo < at);
-        live.insert(pos, (at, hi, it.end));
-        earliest = earliest.min(it.end);
-        if at == covered {
-            covered = hi;
-            for &(lo, h, _) in &live[pos + 1..] {
-                if lo > covered {
-                    break;
-                }
-                covered = covered.max(h);
-            }
-        }
-    }
-    Some((offsets, top))
-}
-
-/// The most bytes live at once over the intervals: no placement of them
-/// needs less.
+/// The exact search budget of the dense test entry points: the default a
+/// plan has ([`PlanConfig::DEFAULT_EXACT_SEARCH`](crate::PlanConfig::DEFAULT_EXACT_SEARCH)).
 #[cfg(test)]
-pub(crate) fn interval_lower_bound(items: &[Interval]) -> u64 {
-    let mut events: Vec<(usize, bool, u64)> = Vec::with_capacity(2 * items.len());
-    for it in items {
-        events.push((it.start, false, it.bytes));
-        events.push((it.end, true, it.bytes));
-    }
-    // At one point, starts count before ends (both endpoints are live).
-    events.sort_unstable();
-    let (mut now, mut most) = (0u128, 0u128);
-    for (_, ends, bytes) in events {
-        if ends {
-            now -= u128::from(bytes);
-        } else {
-            now += u128::from(bytes);
-            most = most.max(now);
-        }
-    }
-    u64::try_from(most).unwrap_or(u64::MAX)
-}
-
-#[cfg(test)]
-mod interval_tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Buffers whose intervals meet never share a byte, and the arena
-        /// is at least the lower bound.
-        #[test]
-        fn overlapping_intervals_get_disjoint_ranges(
-            raw in prop::collection::vec((0usize..20, 0usize..6, 1u64..9), 0..24)
-        ) {
-            let items: Vec<Interval> = raw
-                .iter()
-                .map(|&(start, len, bytes)| Interval { start, end: start + len, bytes: bytes * 256 })
-                .collect();
-            let (offsets, top) = place_intervals(&items).unwrap();
-            for i in 0..items.len() {
-                prop_assert!(offsets[i] + items[i].bytes <= top);
-                for j in 0..i {
-                    let meet = items[i].start <= items[j].end && items[j].start <= items[i].end;
-                    let apart = offsets[i] + items[i].bytes <= offsets[j]
-                        || offsets[j] + items[j].bytes <= offsets[i];
-                    prop_assert!(!meet || apart, "{i} and {j} overlap");
-                }
-            }
-            prop_assert!(interval_lower_bound(&items) <= top);
-        }
-    }
-
-    proptest! {
-        /// Each buffer, in order of start, goes to the lowest offset free
-        /// of the buffers placed before it whose intervals meet it: what a
-        /// plain scan of every live buffer from offset 0 finds.
-        #[test]
-        fn each_interval_takes_the_lowest_offset_free_of_those_placed_before(
-            raw in prop::collection::vec((0usize..30, 0usize..8, 1u64..9), 0..40)
-        ) {
-            let items: Vec<Interval> = raw
-                .iter()
-                .map(|&(start, len, bytes)| Interval { start, end: start + len, bytes })
-                .collect();
-            let mut order: Vec<usize> = (0..items.len()).collect();
-            order.sort_by_key(|&i| (items[i].start, i));
-            let mut expected = vec![0u64; items.len()];
-            for (k, &i) in order.iter().enumerate() {
-                let mut busy: Vec<(u64, u64)> = order[..k]
-                    .iter()
-                    .filter(|&&j| items[j].end >= items[i].start)
-                    .map(|&j| (expected[j], expected[j] + items[j].bytes))
-                    .collect();
-                busy.sort_unstable();
-                let mut at = 0;
-                for (lo, hi) in busy {
-                    if at + items[i].bytes <= lo {
-                        break;
-                    }
-                    at = at.max(hi);
-                }
-                expected[i] = at;
-            }
-            let (offsets, _) = place_intervals(&items).unwrap();
-            prop_assert_eq!(offsets, expected);
-        }
-    }
-
-    #[test]
-    fn a_chain_of_handoffs_needs_two_buffers() {
-        // Runner k hands off to k + 1: neighbours meet, every other does not.
-        let items: Vec<Interval> = (0..10)
-            .map(|k| Interval {
-                start: k,
-                end: k + 1,
-                bytes: 512,
-            })
-            .collect();
-        let (offsets, top) = place_intervals(&items).unwrap();
-        assert_eq!(top, 1024);
-        assert_eq!(interval_lower_bound(&items), 1024);
-        assert_ne!(offsets[0], offsets[1]);
-        assert_eq!(offsets[0], offsets[2]);
-    }
-}
+pub(crate) const EXACT_SEARCH: u64 = 2_000_000;
 
 #[cfg(test)]
 mod tests {
+    use super::portfolio::{first_fit_windowed, fit, fit_scanning, strided};
     use super::*;
+    use std::cmp::Reverse;
 
     #[test]
     fn lower_bound_is_the_heaviest_window() {

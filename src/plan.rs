@@ -531,11 +531,11 @@ impl Planned {
 
         let timeline = Timeline::new(using.clone(), g);
         let inputs = key_inputs(&runners, &using, &handoffs, g);
-        let shares = work_shares(&inputs);
+        let shares = work_shares(&inputs, config.exact_search());
         let mut arenas: Vec<ArenaPlan> = Vec::new();
         // Per handoff: its place and aligned bytes.
         let mut places: Vec<Option<(Place, u64)>> = vec![None; handoffs.len()];
-        for (input, &(work, handoff_work)) in inputs.iter().zip(&shares) {
+        for (input, &(work, handoff_work, exact)) in inputs.iter().zip(&shares) {
             let KeyInput {
                 key,
                 column: cap,
@@ -588,9 +588,13 @@ impl Planned {
                     }
                 }
                 Placement::Packed => {
-                    let Some(layout) =
-                        placement::packed_shared(cap, items, &timeline, (work, handoff_work), None)
-                    else {
+                    let Some(layout) = placement::packed_shared(
+                        cap,
+                        items,
+                        &timeline,
+                        (work, handoff_work, exact),
+                        None,
+                    ) else {
                         return Err(overflowed(input, runners, &using, handoffs));
                     };
                     let arena = arenas.len();
@@ -937,18 +941,32 @@ pub(crate) fn key_inputs<'h>(
 }
 
 /// Each key's packed search budget for its runner bytes (its users' share
-/// of [`placement::WORK_BUDGET`] among every key's) and for its handoffs
-/// (their share of the same budget among every handoff), as planning and
-/// reporting both spend it.
-pub(crate) fn work_shares(inputs: &[KeyInput]) -> Vec<(u64, u64)> {
+/// of [`placement::WORK_BUDGET`] among every key's), for its handoffs
+/// (their share of the same budget among every handoff) and for its exact
+/// search (its buffers' share of `exact`, the config's
+/// [`PlanConfig::exact_search`], among the keys small enough to search), as
+/// planning and reporting both spend it.
+pub(crate) fn work_shares(inputs: &[KeyInput], exact: u64) -> Vec<(u64, u64, u64)> {
     let pairs: usize = inputs.iter().map(|k| k.column.len()).sum();
     let handoffs: usize = inputs.iter().map(|k| k.handoffs.len()).sum();
+    // Only keys small enough to search exactly share the exact budget.
+    let searched = |k: &KeyInput| k.column.len() + k.handoffs.len() <= placement::EXACT_MOST;
+    let items: usize = inputs
+        .iter()
+        .filter(|k| searched(k))
+        .map(|k| k.column.len() + k.handoffs.len())
+        .sum();
     inputs
         .iter()
         .map(|k| {
             (
                 placement::work_share(k.column.len(), pairs),
                 placement::work_share(k.handoffs.len(), handoffs),
+                if searched(k) {
+                    placement::share(exact, k.column.len() + k.handoffs.len(), items)
+                } else {
+                    0
+                },
             )
         })
         .collect()

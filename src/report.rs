@@ -344,7 +344,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         plan.handoffs.iter().map(|h| &h.record),
         g,
     );
-    let shares = work_shares(&inputs);
+    let shares = work_shares(&inputs, plan.config.exact_search());
     let timeline = Timeline::new(using.clone(), g);
     let bucketed = (!plan.buckets.is_empty()).then(|| buckets::Figures::of(plan));
     let mut facts: BTreeMap<Key, KeyFacts> = BTreeMap::new();
@@ -415,7 +415,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                 _ if figures.is_some() => figures.unwrap_or_default(),
                 None => (0, plan_bytes, plan_bytes, 0, Optimum::LowerBound),
                 Some(at) => {
-                    let (input, (work, handoff_work)) = (&inputs[at], shares[at]);
+                    let (input, (work, handoff_work, exact)) = (&inputs[at], shares[at]);
                     let (column, handoffs) = (&input.column, &input.handoffs);
                     let lower = placement::lower_bound_shared(column, handoffs, &timeline);
                     let (rr, packed) = match plan.placed_policy.placement {
@@ -441,7 +441,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                                 column,
                                 handoffs,
                                 &timeline,
-                                (work, handoff_work),
+                                (work, handoff_work, exact),
                                 Some(own),
                             );
                             (plan_bytes, packed.map_or(u64::MAX, |l| l.bytes))
@@ -462,8 +462,13 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
                     } else {
                         let share =
                             placement::share(BOUND_WORK, column.len() + handoffs.len(), users);
-                        let proof =
-                            placement::best_bound(column, handoffs, &timeline, packed, share);
+                        let proof = placement::best_bound(
+                            column,
+                            handoffs,
+                            &timeline,
+                            packed,
+                            (share, exact),
+                        );
                         let optimum = match proof.span {
                             Some((first, last)) if proof.bytes >= packed => Optimum::Proved {
                                 first: slot_id(first),

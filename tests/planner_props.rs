@@ -541,3 +541,132 @@ proptest! {
         prop_assert!(hazards.is_empty(), "{:?}", hazards);
     }
 }
+
+/// Units per runner (0: none) and handoffs `(writer, readers, units)`.
+type Tiny = (Vec<u64>, Vec<(usize, Vec<usize>, u64)>);
+
+/// A small one-key workload: up to seven runners, each with a device f32
+/// buffer of 1 to 6 units of 256 bytes or none, and up to three handoffs
+/// of 1 to 4 units, each read by one or two of the next three runners.
+fn tiny_workload() -> impl proptest::strategy::Strategy<Value = Tiny> {
+    prop::collection::vec(prop_oneof![1 => Just(0u64), 4 => 1u64..7], 2..8).prop_flat_map(|cap| {
+        let n = cap.len();
+        let handoff = (0..n, prop::collection::vec(1usize..4, 1..3), 1u64..5);
+        let handoffs = prop::collection::vec(handoff, 0..4).prop_map(move |raw| {
+            raw.into_iter()
+                .filter_map(|(writer, ahead, units)| {
+                    let mut readers: Vec<usize> = ahead
+                        .iter()
+                        .map(|a| writer + a)
+                        .filter(|&r| r < n)
+                        .collect();
+                    readers.sort_unstable();
+                    readers.dedup();
+                    (!readers.is_empty()).then_some((writer, readers, units))
+                })
+                .collect::<Vec<_>>()
+        });
+        (Just(cap), handoffs)
+    })
+}
+
+/// The least height, in units, of any layout of integer offsets of
+/// `items` (`(units, first slot, last slot)`) in which buffers whose slots
+/// meet are disjoint: every height from the most units live at one slot up
+/// is tried, and for each every offset of every buffer, in input order.
+/// Nothing of the planner's own reasoning (settled layouts, first-fit
+/// orders) is used: an independent reference.
+fn least_height_by_every_offset(items: &[(u64, usize, usize)]) -> u64 {
+    fn fits(items: &[(u64, usize, usize)], height: u64, offsets: &mut Vec<u64>) -> bool {
+        let k = offsets.len();
+        let Some(&(units, first, last)) = items.get(k) else {
+            return true;
+        };
+        if units > height {
+            return false;
+        }
+        for o in 0..=height - units {
+            let clear = items[..k]
+                .iter()
+                .zip(offsets.iter())
+                .all(|(&(u, f, l), &p)| {
+                    let meet = first <= l && f <= last;
+                    !meet || o + units <= p || p + u <= o
+                });
+            if clear {
+                offsets.push(o);
+                if fits(items, height, offsets) {
+                    return true;
+                }
+                offsets.pop();
+            }
+        }
+        false
+    }
+    let slots = items
+        .iter()
+        .map(|it| it.1)
+        .chain(items.iter().map(|it| it.2));
+    let most_live = slots
+        .map(|s| {
+            items
+                .iter()
+                .filter(|it| it.1 <= s && s <= it.2)
+                .map(|it| it.0)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let mut height = most_live;
+    while !fits(items, height, &mut Vec::new()) {
+        height += 1;
+    }
+    height
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// On every workload small enough to search exhaustively, packed
+    /// placement needs exactly the least memory of any layout of its
+    /// buffers (runner bytes and handoffs of one key), never more than
+    /// round-robin, never less than the lower bound; and the report says
+    /// `lb` or `proved` there, never `open`.
+    #[test]
+    fn packed_equals_an_exhaustive_search_on_small_workloads(
+        (cap, hs) in tiny_workload(),
+        g in 1usize..4,
+    ) {
+        const UNIT: u64 = 256;
+        let w: Workload = cap
+            .iter()
+            .map(|&c| {
+                (c > 0)
+                    .then(|| Request::new(Domain::Device, DType::F32, c * UNIT / 4))
+                    .into_iter()
+                    .collect()
+            })
+            .collect();
+        let hs: Handoffs = hs
+            .into_iter()
+            .map(|(writer, readers, units)| {
+                (writer, readers, Request::new(Domain::Device, DType::F32, units * UNIT / 4))
+            })
+            .collect();
+        let (d, _) = discover_with(&w, &hs);
+        let packed = d.clone().plan(Policy::Generations(g).packed()).unwrap();
+        let rr = d.plan(Policy::Generations(g)).unwrap();
+        let items: Vec<(u64, usize, usize)> = lifetimes(&packed)
+            .iter()
+            .map(|&(_, _, _, bytes, first, last)| (bytes / UNIT, first, last))
+            .collect();
+        let optimum = least_height_by_every_offset(&items) * UNIT;
+        let report = packed.report();
+        prop_assert_eq!(packed.total_bytes(), optimum, "{:?} {:?} g={}", cap, items, g);
+        prop_assert!(packed.total_bytes() <= rr.total_bytes());
+        prop_assert!(report.lower_bound <= packed.total_bytes());
+        for k in &report.keys {
+            prop_assert!(k.optimum.name() != "open", "{:?}", k);
+        }
+    }
+}

@@ -20,9 +20,11 @@
 //!   live at one point all lie above the last offset, beside the bytes that
 //!   buffers placed there hold above it.
 //!
-//! The search spends a budget of work (the pairs of buffers it looks at);
-//! when the budget runs out it says so, and only the layouts it found are
-//! known, not that none is better.
+//! The search spends a budget of work (per node, the buffers it looks at
+//! and the placed buffers each meets); when the budget runs out it says so,
+//! and only the layouts it found are known, not that none is better: it is
+//! anytime, the best layout found so far stands. Up to [`MOST`] buffers (a
+//! bit each in a `u64`); larger keys keep the portfolio's layout.
 
 use super::Work;
 
@@ -93,7 +95,6 @@ pub(crate) fn search(
         floor,
         aborted: false,
         work,
-        cost: (n * n) as u64,
     };
     s.dfs(0, 0, None, 0);
     Found {
@@ -113,8 +114,6 @@ struct Search<'w> {
     floor: u64,
     aborted: bool,
     work: &'w mut Work,
-    /// Work one node costs.
-    cost: u64,
 }
 
 impl Search<'_> {
@@ -154,16 +153,16 @@ impl Search<'_> {
             }
             return;
         }
-        if !self.work.spend(self.cost) {
-            self.aborted = true;
-            return;
-        }
         let from = last.map_or(0, |(o, _)| o);
         let mut busy = Vec::with_capacity(n);
         let mut bound = height;
         // (first-fit offset, index) of every buffer that may come next.
         let mut next: Vec<(u64, usize)> = Vec::with_capacity(n - depth);
+        // Steps this node takes: one per buffer and per placed buffer each
+        // one meets, one per clique and per buffer of each open clique.
+        let mut steps = (n + self.cliques.len()) as u64;
         for i in (0..n).filter(|&i| placed & (1 << i) == 0) {
+            steps += u64::from((self.conflicts[i] & placed).count_ones());
             let Some(fit) = self.lowest(i, placed, 0, &mut busy) else {
                 return;
             };
@@ -190,6 +189,7 @@ impl Search<'_> {
             if open == 0 {
                 continue;
             }
+            steps += u64::from(clique.count_ones());
             let mut need = from;
             let mut bits = open;
             while bits != 0 {
@@ -205,6 +205,10 @@ impl Search<'_> {
                 need = need.saturating_add(hi.saturating_sub(lo.max(from)));
             }
             bound = bound.max(need);
+        }
+        if !self.work.spend(steps) {
+            self.aborted = true;
+            return;
         }
         if bound >= self.best {
             return;

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 
 use super::{
     choose_gap, exact, heaviest_window, neighbours, packed_column, place_intervals,
-    round_robin_arenas, Column, Fit, Interval, Work, EXACT_ITEMS, EXACT_WORK,
+    round_robin_arenas, Column, Fit, Interval, Work,
 };
 
 /// The end of the timeline: the last `G` runners' bytes live to it.
@@ -232,18 +232,19 @@ fn partition(len: usize, below: impl Fn(usize) -> bool) -> usize {
 /// Packed: one arena per key for its runner bytes and its handoffs, never
 /// larger than the runner layout with the separate handoff placement on top
 /// nor than round-robin with its handoffs (both are candidates), spending
-/// `work` on the runner layout (as [`packed_column`]) and `handoff_work` on
-/// the rest. `round_robin`: [`round_robin_shared`] of the same input with
+/// `work` on the runner layout (as [`packed_column`]), `handoff_work` on
+/// the rest, and `exact` steps of the exact search on each of the runner
+/// layout and, where it has at most [`exact::MOST`] buffers, the whole key. `round_robin`: [`round_robin_shared`] of the same input with
 /// `handoff_work`, where the caller has it (a round-robin plan's report),
 /// else computed here. `None` on overflow. Deterministic.
 pub(crate) fn packed_shared(
     column: &Column,
     handoffs: &[Interval],
     t: &Timeline,
-    (work, handoff_work): (u64, u64),
+    (work, handoff_work, exact): (u64, u64, u64),
     round_robin: Option<RoundRobinShared>,
 ) -> Option<SharedLayout> {
-    let runners = packed_column(column, t.g, work)?;
+    let runners = packed_column(column, t.g, work, exact)?;
     if handoffs.is_empty() {
         return Some(SharedLayout {
             runners: runners.offsets,
@@ -311,11 +312,10 @@ pub(crate) fn packed_shared(
         let c = settle_all(column, handoffs, t, &meet, &best);
         offer(&mut best, c);
     }
-    if best.bytes > bound && column.len() + handoffs.len() <= EXACT_ITEMS {
+    if best.bytes > bound && column.len() + handoffs.len() <= exact::MOST && exact > 0 {
         let items = intervals(column, handoffs, t);
-        let mut exact_work = Work(work.0.min(EXACT_WORK));
         if let Some((offsets, bytes)) =
-            exact::search(&items, best.bytes, bound, &mut exact_work).layout
+            exact::search(&items, best.bytes, bound, &mut Work(exact)).layout
         {
             let (r, h) = offsets.split_at(column.len());
             offer(
@@ -730,8 +730,35 @@ pub(crate) const BOUND_RUNS: usize = 64;
 /// bytes of their buffers; at most [`BOUND_RUNS`] of distinct shape), until
 /// one reaches `target` (a layout's size: nothing can prove more). Runs
 /// that fit within `G` buffers are cliques (they prove nothing beyond the
-/// lower bound) and are not searched.
+/// lower bound) and are not searched. Where no run proves `target` and the
+/// key has at most [`exact::MOST`] buffers, the whole key is searched
+/// exactly within `exact` steps: a search that ends without a layout below
+/// `target` proves `target` (the span is then every buffer of the key).
 pub(crate) fn best_bound(
+    column: &Column,
+    handoffs: &[Interval],
+    t: &Timeline,
+    target: u64,
+    (work, exact): (u64, u64),
+) -> Proof {
+    let mut proof = runs_bound(column, handoffs, t, target, work);
+    if proof.bytes < target && column.len() + handoffs.len() <= exact::MOST && exact > 0 {
+        let items = intervals(column, handoffs, t);
+        let found = exact::search(&items, target, proof.bytes, &mut Work(exact));
+        if found.complete && found.layout.is_none() {
+            let first = items.iter().map(|it| it.0).min().unwrap_or(0);
+            let last = items.iter().map(|it| it.0).max().unwrap_or(0);
+            proof = Proof {
+                bytes: target,
+                span: Some((first, last)),
+            };
+        }
+    }
+    proof
+}
+
+/// [`best_bound`] from runs of [`BOUND_ITEMS`] buffers only.
+fn runs_bound(
     column: &Column,
     handoffs: &[Interval],
     t: &Timeline,
@@ -804,6 +831,7 @@ pub(crate) fn best_bound(
 
 #[cfg(test)]
 mod tests {
+    use super::super::EXACT_SEARCH;
     use super::*;
 
     /// Runners `caps` (one per slot, all buffer-using) and handoffs
@@ -879,8 +907,18 @@ mod tests {
         // 8 is the bound, and the shared placement reaches it.
         let (column, t) = key(&[4, 1, 4, 1, 4], 2);
         let handoffs = [interval(1, 3, 3)];
-        let separate = packed_column(&column, 2, u64::MAX).unwrap().bytes + 3;
-        let l = packed_shared(&column, &handoffs, &t, (u64::MAX, u64::MAX), None).unwrap();
+        let separate = packed_column(&column, 2, u64::MAX, EXACT_SEARCH)
+            .unwrap()
+            .bytes
+            + 3;
+        let l = packed_shared(
+            &column,
+            &handoffs,
+            &t,
+            (u64::MAX, u64::MAX, EXACT_SEARCH),
+            None,
+        )
+        .unwrap();
         assert_disjoint(&column, &handoffs, &t, &l);
         assert_eq!(lower_bound_shared(&column, &handoffs, &t), 8);
         assert_eq!(l.bytes, 8);
@@ -893,7 +931,14 @@ mod tests {
         // fits above the small runners: the arena stays 8 (apart: 14).
         let (column, t) = key(&[8, 2, 2, 2, 8], 1);
         let handoffs = [interval(1, 3, 6)];
-        let l = packed_shared(&column, &handoffs, &t, (u64::MAX, u64::MAX), None).unwrap();
+        let l = packed_shared(
+            &column,
+            &handoffs,
+            &t,
+            (u64::MAX, u64::MAX, EXACT_SEARCH),
+            None,
+        )
+        .unwrap();
         assert_disjoint(&column, &handoffs, &t, &l);
         assert_eq!(l.bytes, 8);
         let rr = round_robin_shared(&column, &handoffs, &t, u64::MAX).unwrap();
@@ -933,10 +978,10 @@ mod tests {
                 .iter()
                 .map(|&(s, l, b)| interval(s, s + l + g - 1, b))
                 .collect();
-            let l = packed_shared(&column, &handoffs, &t, (u64::MAX, u64::MAX), None).unwrap();
+            let l = packed_shared(&column, &handoffs, &t, (u64::MAX, u64::MAX, EXACT_SEARCH), None).unwrap();
             assert_disjoint(&column, &handoffs, &t, &l);
             let bound = lower_bound_shared(&column, &handoffs, &t);
-            let apart = packed_column(&column, g, u64::MAX).unwrap().bytes
+            let apart = packed_column(&column, g, u64::MAX, EXACT_SEARCH).unwrap().bytes
                 + place_intervals(&handoffs).unwrap().1;
             proptest::prop_assert!(bound <= l.bytes && l.bytes <= apart);
             let rr = round_robin_shared(&column, &handoffs, &t, u64::MAX).unwrap();
@@ -945,7 +990,7 @@ mod tests {
                 + place_intervals(&handoffs).unwrap().1;
             proptest::prop_assert!(bound <= rr.bytes() && rr.bytes() <= rr_apart);
             proptest::prop_assert!(l.bytes <= rr.bytes());
-            let proof = best_bound(&column, &handoffs, &t, l.bytes, u64::MAX);
+            let proof = best_bound(&column, &handoffs, &t, l.bytes, (u64::MAX, EXACT_SEARCH));
             proptest::prop_assert!(bound <= proof.bytes && proof.bytes <= l.bytes);
         }
     }

@@ -34,8 +34,9 @@ type KeyFigures = (u64, u64, u64, u64, Optimum);
 /// What a bucketed plan's report takes from its buckets' separate plans.
 pub(super) struct Figures {
     /// Per key: the largest of the buckets' lower bounds and best bounds
-    /// (every bucket's buffers must fit the key's arenas alone).
-    bounds: BTreeMap<Key, (u64, u64)>,
+    /// (every bucket's buffers must fit the key's arenas alone), and where
+    /// the bucket of the largest best bound stands (its proof's span).
+    bounds: BTreeMap<Key, (u64, u64, Optimum)>,
     /// Per key: the bytes the other placement's shared plan allocates.
     other: BTreeMap<Key, u64>,
     placement: Placement,
@@ -44,14 +45,17 @@ pub(super) struct Figures {
 
 impl Figures {
     pub(super) fn of(plan: &Planned) -> Figures {
-        let mut bounds: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
+        let mut bounds: BTreeMap<Key, (u64, u64, Optimum)> = BTreeMap::new();
         let mut buckets = Vec::with_capacity(plan.buckets.len());
         for (i, b) in plan.buckets.iter().enumerate() {
             let alone = build(&b.alone);
             for k in &alone.keys {
                 let e = bounds.entry(k.key).or_default();
                 e.0 = e.0.max(k.lower_bound);
-                e.1 = e.1.max(k.best_bound);
+                if k.best_bound > e.1 {
+                    e.1 = k.best_bound;
+                    e.2 = k.optimum;
+                }
             }
             buckets.push(BucketReport {
                 bucket: BucketId(i as u32),
@@ -99,17 +103,19 @@ impl Figures {
 
     /// The shared plan's figures for `key`, whose arenas hold `plan_bytes`.
     pub(super) fn key(&self, key: Key, plan_bytes: u64) -> KeyFigures {
-        let (lower, best) = self.bounds.get(&key).copied().unwrap_or((0, 0));
+        let (lower, best, proof) = self.bounds.get(&key).copied().unwrap_or_default();
         let other = self.other.get(&key).copied().unwrap_or(plan_bytes);
         let (rr, packed) = match self.placement {
             Placement::RoundRobin => (plan_bytes, other),
             Placement::Packed => (other, plan_bytes),
         };
         let best = best.max(lower);
-        let optimum = if packed <= lower {
-            Optimum::LowerBound
-        } else {
-            Optimum::Open
+        // Every bucket's buffers must fit the shared arena: a bucket's proved
+        // bound is the shared plan's too.
+        let optimum = match proof {
+            _ if packed <= lower => Optimum::LowerBound,
+            Optimum::Proved { first, last } if packed <= best => Optimum::Proved { first, last },
+            _ => Optimum::Open,
         };
         (lower, rr, packed, best, optimum)
     }
