@@ -23,7 +23,7 @@ macro_rules! guide_links {
         "\
 [architecture.md]: crate::guide::architecture
 [BENCHMARKS.md]: crate::guide::benchmarks
-[BENCHMARKS.md#gpu-a-tensor-parallel-backward-on-cublas-graphed-per-module]: crate::guide::benchmarks#gpu-a-tensor-parallel-backward-on-cublas-graphed-per-module
+[BENCHMARKS.md#gpu-a-tensor-parallel-backward-on-cublas-graphed-per-module-on-one-and-two-h200s]: crate::guide::benchmarks#gpu-a-tensor-parallel-backward-on-cublas-graphed-per-module-on-one-and-two-h200s
 [BENCHMARKS.md#gpu-captured-symmetric-reduce-scatter-two-h200s]: crate::guide::benchmarks#gpu-captured-symmetric-reduce-scatter-two-h200s
 [BENCHMARKS.md#gpu-overlap-kept]: crate::guide::benchmarks#gpu-overlap-kept
 [BENCHMARKS.md#gpu-the-cost-of-a-trace]: crate::guide::benchmarks#gpu-the-cost-of-a-trace

@@ -742,15 +742,16 @@ impl Table {
                 match align {
                     Align::Left if k == last => {
                         let at = width(&line);
-                        let (first, rest) = if WIDTH.saturating_sub(at) >= MIN_WRAP {
-                            (WIDTH - at, WIDTH - at)
+                        let room = WIDTH.saturating_sub(at);
+                        let (first, rest) = if width(cell) <= room || room >= MIN_WRAP {
+                            (room, room)
                         } else {
                             (0, WIDTH - 4)
                         };
                         let mut pieces = wrap_words(cell, first, rest).into_iter();
-                        if first > 0 {
-                            line.push_str(&pieces.next().unwrap_or_default());
-                        }
+                        // An empty first piece: the cell starts on a line
+                        // of its own.
+                        line.push_str(&pieces.next().unwrap_or_default());
                         let hang = if first > 0 { at } else { 4 };
                         for piece in pieces {
                             writeln!(f, "{}", line.trim_end())?;
@@ -864,6 +865,20 @@ impl PlanReport {
     /// The one-line verdict: what packed placement saves over round-robin at
     /// this `G` (or that it saves nothing), and where this plan stands.
     pub fn verdict(&self) -> String {
+        format!("{}; {}", self.comparison(), self.standing())
+    }
+
+    /// "this plan is round-robin, 1.000x the lower bound".
+    fn standing(&self) -> String {
+        format!(
+            "this plan is {}, {}x the lower bound",
+            self.placed_policy.placement,
+            ratio(self.plan_bytes, self.lower_bound)
+        )
+    }
+
+    /// What packed placement saves over round-robin at this `G`.
+    fn comparison(&self) -> String {
         let g = self.generations;
         let (rr, packed) = (self.round_robin_bytes, self.packed_bytes);
         let comparison = if self.runners_using == 0 {
@@ -891,11 +906,7 @@ impl PlanReport {
                 human_bytes(rr)
             )
         };
-        format!(
-            "{comparison}; this plan is {}, {}x the lower bound",
-            self.placed_policy.placement,
-            ratio(self.plan_bytes, self.lower_bound)
-        )
+        comparison
     }
 
     /// Whether any runner has a name (the runner table then shows them).
@@ -1207,12 +1218,13 @@ impl fmt::Display for PlanReport {
         );
         paragraph(f, "", &head, 2)?;
         paragraph(f, "  ", self.placement_note(), 2)?;
+        paragraph(f, "verdict: ", &self.comparison(), 2)?;
         paragraph(
             f,
-            "verdict: ",
+            "",
             &format!(
-                "{} (the lower bound: the fewest bytes any placement needs)",
-                self.verdict()
+                "{} (the fewest bytes any placement needs)",
+                self.standing()
             ),
             2,
         )?;
