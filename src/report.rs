@@ -1222,10 +1222,7 @@ impl fmt::Display for PlanReport {
         paragraph(
             f,
             "",
-            &format!(
-                "{} (the fewest bytes any placement needs)",
-                self.standing()
-            ),
+            &format!("{} (the fewest bytes any placement needs)", self.standing()),
             2,
         )?;
         paragraph(

@@ -602,7 +602,10 @@ fn the_legend_of_a_packed_plan_does_not_describe_generations_it_has_not() {
     let entry = |legend: &str| -> String {
         let at = legend.find("\nG ").unwrap() + 1;
         let end = legend[at..].find("\nkey ").unwrap() + at;
-        legend[at..end].split_whitespace().collect::<Vec<_>>().join(" ")
+        legend[at..end]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
     };
     let packed = entry(&table(&d, Policy::Generations(2).packed()).0.legend());
     assert!(!packed.contains("% G"), "{packed}");
@@ -622,13 +625,19 @@ fn the_header_explains_its_terms_where_they_appear() {
         let verdict = text.find("verdict:").unwrap();
         // Both placements are said before the verdict compares them.
         let before = &text[..verdict];
-        assert!(before.contains("round-robin") && before.contains("packed"), "{text}");
+        assert!(
+            before.contains("round-robin") && before.contains("packed"),
+            "{text}"
+        );
         assert!(before.contains("k % G"), "{text}");
         let fingerprint = text
             .lines()
             .find(|l| l.starts_with("fingerprint: "))
             .unwrap();
         assert!(fingerprint.contains("a hash of the layout"), "{text}");
-        assert!(text.contains("the fewest bytes any placement needs"), "{text}");
+        assert!(
+            text.contains("the fewest bytes any placement needs"),
+            "{text}"
+        );
     }
 }
