@@ -1040,3 +1040,66 @@ fn every_text_of_a_picture_fits_inside_it() {
         }
     }
 }
+
+// ---- error positions ------------------------------------------------------------
+
+#[test]
+fn every_workload_error_names_its_line_and_column() {
+    let cases: [(&str, &str, &str); 7] = [
+        (
+            r#""elements": 100"#,
+            r#""elements": 0"#,
+            "must be at least 1",
+        ),
+        (
+            r#""elements": 100"#,
+            r#""elements": -1"#,
+            "expected a positive",
+        ),
+        (r#""dtype": "f32""#, r#""dtype": "bf17""#, "unknown dtype"),
+        (
+            r#""name": "layer0.mlp.bwd""#,
+            r#""name": "layer1.attn.bwd""#,
+            "duplicate runner name",
+        ),
+        (
+            r#""name": "layer1.attn.bwd""#,
+            r#""name": """#,
+            "must not be empty",
+        ),
+        (
+            r#""source": "hand-written""#,
+            r#""source": 3"#,
+            "invalid type",
+        ),
+        (
+            r#""requests": []"#,
+            r#""requests": [], "receive": [9]"#,
+            "receive",
+        ),
+    ];
+    for (from, to, what) in cases {
+        assert!(TINY.contains(from), "{from}");
+        let text = TINY.replacen(from, to, 1);
+        let e = failure(&[&file(&text)]);
+        assert!(e.contains(what), "{to}: {e}");
+        // "at line L column C", and L:C is at the value (its start, or
+        // just after it where the JSON parser stopped).
+        let (_, at) = e
+            .rsplit_once(" at line ")
+            .unwrap_or_else(|| panic!("{to}: {e}"));
+        let (line, column) = at.trim().split_once(" column ").unwrap();
+        let (line, column): (usize, usize) = (line.parse().unwrap(), column.parse().unwrap());
+        // Where the replacement is (TINY's first `from`).
+        let before = &text[..TINY.find(from).unwrap()];
+        let row = before.matches('\n').count() + 1;
+        let start = before.rsplit('\n').next().unwrap().chars().count() + 1;
+        let value = start + to.find(": ").map_or(0, |c| c + 2);
+        assert_eq!(line, row, "{to}: {e}");
+        assert!(
+            (value..=start + to.len()).contains(&column),
+            "{to}: {e}: the value is at columns {value} to {}",
+            start + to.len()
+        );
+    }
+}

@@ -202,16 +202,22 @@ pub(crate) struct Input {
 
 impl Input {
     fn read(label: &str) -> Result<Input, String> {
-        let workload = if label == "-" {
-            Workload::from_reader(io::stdin().lock())
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        let read = if label == "-" {
+            io::stdin().lock().read_to_end(&mut bytes)
         } else {
-            let file = std::fs::File::open(label).map_err(|e| format!("{label}: {e}"))?;
-            Workload::from_reader(file)
+            let mut file = std::fs::File::open(label).map_err(|e| format!("{label}: {e}"))?;
+            file.read_to_end(&mut bytes)
         };
-        let workload = workload.map_err(|e| format!("{label}: {e}"))?;
-        let discovery = workload
-            .to_discovering()
-            .map_err(|e| format!("{label}: {e}"))?;
+        read.map_err(|e| format!("{label}: {}", replay_arena::WorkloadError::Read(e)))?;
+        let workload = Workload::from_reader(&bytes[..]).map_err(|e| format!("{label}: {e}"))?;
+        // Every error names its line and column, the checks after reading
+        // too.
+        let discovery = workload.to_discovering().map_err(|e| {
+            let located = e.located(&String::from_utf8_lossy(&bytes));
+            format!("{label}: {located}")
+        })?;
         Ok(Input {
             label: label.to_string(),
             workload,
