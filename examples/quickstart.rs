@@ -7,7 +7,10 @@
 //! every gradient into the parameter's main grad, asynchronously, after the
 //! graph that produced it. Runners replay on a pool of two streams with two
 //! generations, so consecutive runners overlap while no arena is overwritten
-//! before its consumer is done.
+//! before its consumer is done. Each runner replays on the stream of its
+//! generation (`plan().generation_of`, as docs/lifecycle.md advises: the
+//! k-th buffer-using runner on stream k mod G), so a replay never waits for
+//! the runner whose bytes it reuses: stream order already orders them.
 //!
 //! The last two per-runner steps and the step graph's launches are traced:
 //! the fence's schedule is written as a Chrome trace file (one lane per
@@ -16,12 +19,13 @@
 //! `about:tracing` (docs/trace.md).
 //!
 //! Runs on the `sim` backend everywhere, and on the GPU (`cuda` backend) when
-//! one is present.
+//! one is present (`cuda::probe()` says whether one is, before anything
+//! touches the driver). An error is printed with `Display`, as a sentence.
 
 use replay_arena::sim;
 use replay_arena::{
-    Backend, Compose, DType, Discovering, Domain, ParamId, PlanConfig, Policy, Purpose, Replayable,
-    Request, Result, RunnerId, Streams, Timing, View,
+    Backend, Compose, DType, Discovering, Domain, FenceStats, ParamId, PlanConfig, Policy, Purpose,
+    Replayable, Request, Result, RunnerId, Streams, Timing, View,
 };
 
 /// Parameters: (name, elements of its wgrad shard).
@@ -56,7 +60,7 @@ fn grad_value(r: usize, i: usize) -> f32 {
 }
 
 /// The kernels the pipeline needs, per backend.
-trait Kernels {
+pub(crate) trait Kernels {
     type Backend: Compose + Timing + Clone + 'static;
     /// A buffer outside the plan holding one parameter's main grad.
     type Buffer;
@@ -70,7 +74,7 @@ trait Kernels {
     fn read(&self, out: &Self::Buffer) -> Result<Vec<f32>>;
 }
 
-type Stream<K> = <<K as Kernels>::Backend as Streams>::Stream;
+pub(crate) type Stream<K> = <<K as Kernels>::Backend as Streams>::Stream;
 
 impl Kernels for sim::Device {
     type Backend = sim::Device;
@@ -85,6 +89,7 @@ impl Kernels for sim::Device {
         Ok(self.alloc_f32(len)?)
     }
     fn write_grad(&self, stream: &sim::Stream, view: &View<'_>, value: f32) -> Result<()> {
+        // The last argument: how long the op runs, in ticks of sim's clock.
         Ok(self.launch(stream, sim::Op::fill(view, value), 20)?)
     }
     fn accumulate(
@@ -222,11 +227,76 @@ fn discover() -> Result<Discovering> {
     Ok(discovery)
 }
 
-fn run<K: Kernels>(backend: &K) -> Result<()> {
-    let planned = discover()?.plan(Policy::OverlapDepth(2))?;
-    println!("{}", planned.report());
+/// The counts a run ends with, and how many of its fenced operations it
+/// ran per backend: what [`explain`] turns into sentences.
+pub(crate) struct Outcome {
+    /// The fence's counters after the per-runner steps (before the step
+    /// graph's launches).
+    pub(crate) stats: FenceStats,
+    /// `G`.
+    pub(crate) generations: u64,
+    /// Runners that request buffers (the others are never fenced).
+    pub(crate) runners_using: u64,
+    /// Per-runner steps (each replays every runner once).
+    pub(crate) steps: u64,
+}
 
-    let pool = [backend.new_stream()?, backend.new_stream()?];
+/// What the counts show, in sentences whose numbers are the counts'. One
+/// wait per consumer (for its runner's replay, on another stream) and one
+/// per replay of a buffer-using runner (for the consumer that last read its
+/// arena; the first `G` replays have none) is what a schedule that follows
+/// the generations costs; anything above that is said, not hidden.
+pub(crate) fn explain(outcome: &Outcome) -> String {
+    let s = &outcome.stats;
+    let fenced = outcome.runners_using * outcome.steps;
+    let unfenced = s.replays - fenced;
+    let replay_waits = fenced.saturating_sub(outcome.generations);
+    let expected = s.consumers + replay_waits;
+    let mut text = format!(
+        "What this shows: every main grad equals the eager sum exactly, so no wgrad view was overwritten\n\
+         while the reduce-scatter stand-in still read it. Of the {} replays, {unfenced} are of the runner\n\
+         that requests nothing (never fenced) and {fenced} of runners with buffers.\n",
+        s.replays
+    );
+    if s.waits == expected {
+        text += &format!(
+            "The {} waits are one per consumer ({}, each for its runner's replay) and one per\n\
+             buffer-using replay after the first {} ({replay_waits}, each for the consumer that last\n\
+             read its arena). The {} skipped waits were for the runner whose bytes a replay reuses:\n\
+             it ran on the same stream (its generation's), so stream order already implied them.",
+            s.waits, s.consumers, outcome.generations, s.waits_skipped
+        );
+    } else {
+        text += &format!(
+            "The {} waits are {} more than one per consumer ({}) and one per buffer-using replay\n\
+             after the first {} ({replay_waits}): some runners ran on a stream other than their\n\
+             generation's, so replays waited for the runner whose bytes they reuse.",
+            s.waits,
+            s.waits as i128 - expected as i128,
+            s.consumers,
+            outcome.generations
+        );
+    }
+    text
+}
+
+/// Runs the pipeline on `backend`, passing each paragraph it prints to
+/// `say`.
+pub(crate) fn run<K: Kernels>(backend: &K, say: &mut dyn FnMut(String)) -> Result<Outcome> {
+    let planned = discover()?.plan(Policy::OverlapDepth(2))?;
+    say(planned.report().to_string());
+    // The k-th buffer-using runner replays on stream k mod G: the stream of
+    // its generation. A runner that requests nothing has no generation and
+    // may go on any stream.
+    let lane: Vec<usize> = (0..RUNNERS.len())
+        .map(|r| planned.generation_of(RunnerId(r as u32)).unwrap_or(0))
+        .collect();
+    let generations = planned.generations();
+    let runners_using = lane.len() - RUNNERS.iter().filter(|(_, p)| p.is_empty()).count();
+
+    let pool: Vec<_> = (0..generations)
+        .map(|_| backend.new_stream())
+        .collect::<Result<_>>()?;
     let rs_stream = backend.new_stream()?;
     let main_grads: Vec<K::Buffer> = PARAMS
         .iter()
@@ -257,7 +327,7 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
         }
         for (r, (_, params)) in RUNNERS.iter().enumerate() {
             let runner = RunnerId(r as u32);
-            replayable.replay(runner, &pool[r % pool.len()])?;
+            replayable.replay(runner, &pool[lane[r]])?;
             replayable.consume(runner, &rs_stream, |s, views| {
                 views
                     .iter()
@@ -266,13 +336,14 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
             })?;
         }
     }
+    let per_runner = replayable.fence_stats();
     // The same schedule, compiled once into one step graph: each further
     // step is one launch, its waits are the graph's edges.
     {
         let mut step = replayable.step();
         for (r, (_, params)) in RUNNERS.iter().enumerate() {
             let runner = RunnerId(r as u32);
-            step.replay(runner, &pool[r % pool.len()])?;
+            step.replay(runner, &pool[lane[r]])?;
             step.consume(runner, &rs_stream, |s, views| {
                 views
                     .iter()
@@ -284,11 +355,13 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
         for _ in 0..STEPS {
             graph.launch(&pool[0])?;
         }
-        println!(
-            "step graph: {} graphs, {} edges; {STEPS} steps, one launch each",
+        say(format!(
+            "step graph: one step (every runner's replay and consumer) compiled into one graph of {}\n\
+             child graphs and {} edges (the fence's waits between them, and stream order);\n\
+             {STEPS} steps, one launch each",
             graph.nodes(),
             graph.edges()
-        );
+        ));
     } // dropping it hands the plan back
     let trace = replayable.finish_trace()?;
     let path = std::env::temp_dir().join(format!(
@@ -302,18 +375,21 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
     let waits = || trace.slices().iter().flat_map(|s| &s.waits);
     let skipped = waits().filter(|w| w.skipped).count();
     let drawn = waits().filter(|w| !w.skipped && w.from.is_some()).count();
-    println!(
-        "trace of the last 2 per-runner steps and the {STEPS} step graph launches: {} slices on {} streams, \
-         {} waits drawn as arrows, {} skipped (stream order), written to {}\n\
+    say(format!(
+        "trace of the last 2 per-runner steps and the {STEPS} step graph launches: {} slices on {} streams,\n\
+         {drawn} waits drawn as arrows, {skipped} skipped (stream order), written to {}\n\
          open it at https://ui.perfetto.dev (\"Open trace file\") or in Chrome's about:tracing",
         trace.slices().len(),
         trace.streams().len(),
-        drawn,
-        skipped,
         path.display()
-    );
+    ));
     replayable.synchronize()?;
 
+    say(format!(
+        "main grads after {} steps ({STEPS} runner by runner, {STEPS} step graph launches); each step\n\
+         adds, per parameter, the sum of the wgrad values its runners write for it:",
+        2 * STEPS
+    ));
     for (p, (name, _)) in PARAMS.iter().enumerate() {
         let per_step: f32 = RUNNERS
             .iter()
@@ -334,50 +410,73 @@ fn run<K: Kernels>(backend: &K) -> Result<()> {
                 format!("{name}[{bad}] = {} but expected {expected}", got[bad]).into(),
             ));
         }
-        println!(
-            "{name:<10} main grad = {expected} everywhere after {} steps ({STEPS} replayed runner by runner, \
-             {STEPS} step graph launches; {per_step} per step): ok",
+        say(format!(
+            "  {name:<10} {expected} everywhere ({per_step} per step x {}): ok",
             2 * STEPS
-        );
+        ));
     }
     let stats = replayable.fence_stats();
-    println!(
-        "{} replays and {} consumers on {}: {} waits on another stream, {} skipped because stream order already implied them; then {} step graph launches",
-        stats.replays,
-        stats.consumers,
+    say(format!(
+        "{} replays and {} consumers on {}: {} waits on another stream, {} skipped\n\
+         because stream order already implied them",
+        per_runner.replays,
+        per_runner.consumers,
         backend.backend().name(),
-        stats.waits,
-        stats.waits_skipped,
-        stats.step_launches
-    );
-    println!(
-        "What this shows: every main grad equals the eager sum exactly, so no wgrad view was overwritten while the\n\
-         reduce-scatter stand-in still read it. Each replay waited only for the consumer that last read its\n\
-         arena, and each consumer only for its runner's replay: one wait each, where they ran on different streams."
-    );
+        per_runner.waits,
+        per_runner.waits_skipped,
+    ));
+    say(format!(
+        "then {} step graph launches, which waited {} times on another stream in all: for work the\n\
+         per-runner steps left on other streams (inside a launch the waits are the graph's edges)",
+        stats.step_launches - per_runner.step_launches,
+        stats.waits - per_runner.waits,
+    ));
+    let outcome = Outcome {
+        stats: per_runner,
+        generations: generations as u64,
+        runners_using: runners_using as u64,
+        steps: STEPS as u64,
+    };
+    say(explain(&outcome));
     drop(replayable.replan()?);
-    Ok(())
+    Ok(outcome)
 }
 
-fn main() -> Result<()> {
+/// Runs the pipeline on `sim`, then on the GPU when one is present.
+fn quickstart() -> Result<()> {
+    let mut say = |paragraph: String| println!("{paragraph}");
     let sim = sim::Device::new();
-    run(&sim)?;
+    run(&sim, &mut say)?;
     if !sim.hazards().is_empty() {
-        eprintln!("hazards: {:?}", sim.hazards());
-        std::process::exit(1);
+        return Err(replay_arena::Error::Work(
+            format!("hazards on sim: {:?}", sim.hazards()).into(),
+        ));
     }
     println!(
         "backend: sim (no hazards, {} allocations left)",
         sim.live_allocations()
     );
+    // The probe first: it returns an error where cudarc would panic (no
+    // libcuda, no device).
     #[cfg(feature = "cuda")]
     match replay_arena::cuda::probe() {
         Ok(info) => {
             let gpu = gpu::Gpu::new(0)?;
-            run(&gpu)?;
+            run(&gpu, &mut say)?;
             println!("backend: cuda on {info}");
         }
         Err(e) => println!("backend: cuda skipped, no usable GPU ({e})"),
     }
     Ok(())
+}
+
+/// Prints an error as the sentence its `Display` writes, not as `Debug`.
+fn main() -> std::process::ExitCode {
+    match quickstart() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -721,6 +721,10 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// Writes the table, each line at most [`WIDTH`] characters where its
+    /// columns but the last fit: a left-aligned last column (names, lists,
+    /// meanings) wraps at spaces onto lines of its own, under its column
+    /// (or indented by four where the other columns leave it too little).
     fn render(&self, f: &mut fmt::Formatter<'_>, indent: &str) -> fmt::Result {
         let width = |cell: &str| cell.chars().count();
         let mut widths: Vec<usize> = self.columns.iter().map(|(h, _)| width(h)).collect();
@@ -729,6 +733,7 @@ impl Table {
                 *w = (*w).max(width(cell));
             }
         }
+        let last = self.columns.len() - 1;
         let header: Vec<String> = self.columns.iter().map(|(h, _)| h.to_string()).collect();
         for row in std::iter::once(&header).chain(&self.rows) {
             let mut line = String::from(indent);
@@ -740,6 +745,24 @@ impl Table {
                 }
                 let pad = " ".repeat(w - width(cell));
                 match align {
+                    Align::Left if k == last => {
+                        let at = width(&line);
+                        let room = WIDTH.saturating_sub(at);
+                        let (first, rest) = if width(cell) <= room || room >= MIN_WRAP {
+                            (room, room)
+                        } else {
+                            (0, WIDTH - 4)
+                        };
+                        let mut pieces = wrap_words(cell, first, rest).into_iter();
+                        // An empty first piece: the cell starts on a line
+                        // of its own.
+                        line.push_str(&pieces.next().unwrap_or_default());
+                        let hang = if first > 0 { at } else { 4 };
+                        for piece in pieces {
+                            writeln!(f, "{}", line.trim_end())?;
+                            line = format!("{}{piece}", " ".repeat(hang));
+                        }
+                    }
                     Align::Left => {
                         line.push_str(cell);
                         line.push_str(&pad);
@@ -754,6 +777,64 @@ impl Table {
         }
         Ok(())
     }
+}
+
+/// The widest line a report's default form prints (tables whose columns
+/// but the last fit, and every line of prose).
+const WIDTH: usize = 100;
+
+/// The least room a wrapped last column keeps beside the other columns;
+/// with less, it goes on lines of its own.
+const MIN_WRAP: usize = 24;
+
+/// `text` in pieces of at most `first` characters, then `rest`, broken at
+/// spaces (a word longer than a piece is broken inside). A `first` of 0
+/// gives an empty first piece.
+fn wrap_words(text: &str, first: usize, rest: usize) -> Vec<String> {
+    let mut pieces = vec![String::new()];
+    let mut room = first;
+    for word in text.split(' ') {
+        let mut word: Vec<char> = word.chars().collect();
+        loop {
+            let piece = pieces.last_mut().expect("one piece at least");
+            let used = piece.chars().count();
+            let needed = word.len() + usize::from(used > 0);
+            if needed <= room.saturating_sub(used) {
+                if used > 0 {
+                    piece.push(' ');
+                }
+                piece.extend(word.iter());
+                break;
+            }
+            if used == 0 && room > 0 && word.len() > room {
+                // A word wider than a whole piece: broken inside.
+                let rest_of_word = word.split_off(room);
+                piece.extend(word.iter());
+                word = rest_of_word;
+            }
+            pieces.push(String::new());
+            room = rest.max(1);
+            if word.is_empty() {
+                break;
+            }
+        }
+    }
+    pieces
+}
+
+/// Prose wrapped at [`WIDTH`]: the first line starts with `head`, the
+/// others are indented by `hang` spaces.
+fn paragraph(f: &mut fmt::Formatter<'_>, head: &str, text: &str, hang: usize) -> fmt::Result {
+    let at = head.chars().count();
+    let pieces = wrap_words(text, WIDTH.saturating_sub(at).max(MIN_WRAP), WIDTH - hang);
+    for (i, piece) in pieces.iter().enumerate() {
+        if i == 0 {
+            writeln!(f, "{head}{piece}")?;
+        } else {
+            writeln!(f, "{}{piece}", " ".repeat(hang))?;
+        }
+    }
+    Ok(())
 }
 
 /// Arenas listed one by one up to this many; beyond, as a count and range.
@@ -789,6 +870,20 @@ impl PlanReport {
     /// The one-line verdict: what packed placement saves over round-robin at
     /// this `G` (or that it saves nothing), and where this plan stands.
     pub fn verdict(&self) -> String {
+        format!("{}; {}", self.comparison(), self.standing())
+    }
+
+    /// "this plan is round-robin, 1.000x the lower bound".
+    fn standing(&self) -> String {
+        format!(
+            "this plan is {}, {}x the lower bound",
+            self.placed_policy.placement,
+            ratio(self.plan_bytes, self.lower_bound)
+        )
+    }
+
+    /// What packed placement saves over round-robin at this `G`.
+    fn comparison(&self) -> String {
         let g = self.generations;
         let (rr, packed) = (self.round_robin_bytes, self.packed_bytes);
         let comparison = if self.runners_using == 0 {
@@ -816,11 +911,7 @@ impl PlanReport {
                 human_bytes(rr)
             )
         };
-        format!(
-            "{comparison}; this plan is {}, {}x the lower bound",
-            self.placed_policy.placement,
-            ratio(self.plan_bytes, self.lower_bound)
-        )
+        comparison
     }
 
     /// Whether any runner has a name (the runner table then shows them).
@@ -828,25 +919,14 @@ impl PlanReport {
         self.runners.iter().any(|r| r.name.is_some())
     }
 
-    fn key_table(&self) -> Table {
-        use Align::{Left, Right};
+    /// Each key's number, name and arenas.
+    fn key_names(&self) -> Table {
+        use Align::Left;
         let arena_head = match self.placed_policy.placement {
-            Placement::RoundRobin => "arenas (per generation)",
-            Placement::Packed => "arena",
+            Placement::RoundRobin => "arenas (one per generation that uses the key)",
+            Placement::Packed => "arena (one per key)",
         };
-        let mut t = Table::new(&[
-            ("#", Left),
-            ("key", Left),
-            ("plan", Right),
-            ("lower bound", Right),
-            ("round-robin", Right),
-            ("packed", Right),
-            ("ring(2)", Right),
-            ("plan/lb", Right),
-            ("optimum", Left),
-            ("waits", Right),
-            (arena_head, Left),
-        ]);
+        let mut t = Table::new(&[("#", Left), ("key", Left), (arena_head, Left)]);
         for (i, k) in self.keys.iter().enumerate() {
             let arenas = if k.arenas.len() <= ARENAS_LISTED {
                 let each: Vec<String> = k.arenas.iter().map(|&b| human_bytes(b)).collect();
@@ -861,9 +941,28 @@ impl PlanReport {
                     human_bytes(max)
                 )
             };
+            t.row(vec![format!("k{}", i + 1), k.name.clone(), arenas]);
+        }
+        t
+    }
+
+    /// Each key's bytes under each placement, and the totals.
+    fn key_table(&self) -> Table {
+        use Align::{Left, Right};
+        let mut t = Table::new(&[
+            ("key", Left),
+            ("plan", Right),
+            ("lower bound", Right),
+            ("round-robin", Right),
+            ("packed", Right),
+            ("ring(2)", Right),
+            ("plan/lb", Right),
+            ("optimum", Left),
+            ("waits", Right),
+        ]);
+        for (i, k) in self.keys.iter().enumerate() {
             t.row(vec![
                 format!("k{}", i + 1),
-                k.name.clone(),
                 human_bytes(k.plan_bytes),
                 human_bytes(k.lower_bound),
                 human_bytes(k.round_robin_bytes),
@@ -872,11 +971,9 @@ impl PlanReport {
                 ratio(k.plan_bytes, k.lower_bound),
                 k.optimum.name().into(),
                 k.longest_wait_list.to_string(),
-                arenas,
             ]);
         }
         t.row(vec![
-            String::new(),
             "total".into(),
             human_bytes(self.plan_bytes),
             human_bytes(self.lower_bound),
@@ -886,7 +983,6 @@ impl PlanReport {
             ratio(self.plan_bytes, self.lower_bound),
             String::new(),
             self.longest_wait_list.to_string(),
-            String::new(),
         ]);
         t
     }
@@ -926,11 +1022,12 @@ impl PlanReport {
     fn runner_table(&self) -> Table {
         use Align::{Left, Right};
         let named = self.any_named();
-        let mut columns = vec![("runner", Left)];
-        if named {
-            columns.push(("name", Left));
-        }
-        columns.extend([("requests", Right), ("bytes", Right), ("waits", Right)]);
+        let mut columns = vec![
+            ("runner", Left),
+            ("requests", Right),
+            ("bytes", Right),
+            ("waits", Right),
+        ];
         match self.placed_policy.placement {
             Placement::RoundRobin => columns.push(("gen", Right)),
             Placement::Packed => columns.extend([
@@ -940,6 +1037,11 @@ impl PlanReport {
                 ("occupancy", Left),
             ]),
         }
+        // Names last: the one column as long as the program makes it, so
+        // it wraps rather than pushing the others out of line.
+        if named {
+            columns.push(("name", Left));
+        }
         let mut t = Table::new(&columns);
         let index: BTreeMap<Key, usize> = self
             .keys
@@ -948,25 +1050,29 @@ impl PlanReport {
             .map(|(i, k)| (k.key, i))
             .collect();
         for r in &self.runners {
-            let mut head = vec![r.runner.to_string()];
-            if named {
-                head.push(r.name.clone().unwrap_or_else(|| "-".into()));
-            }
-            head.extend([
+            let mut head = vec![
+                r.runner.to_string(),
                 r.requests.to_string(),
                 human_bytes(r.bytes),
                 r.wait_list.to_string(),
-            ]);
+            ];
+            let name = || r.name.clone().unwrap_or_else(|| "-".into());
             match self.placed_policy.placement {
                 Placement::RoundRobin => {
                     head.push(
                         r.generation
                             .map_or_else(|| "none".into(), |g| g.to_string()),
                     );
+                    if named {
+                        head.push(name());
+                    }
                     t.row(head);
                 }
                 Placement::Packed if r.extents.is_empty() => {
                     head.extend(["none".into(), String::new(), String::new(), String::new()]);
+                    if named {
+                        head.push(name());
+                    }
                     t.row(head);
                 }
                 Placement::Packed => {
@@ -981,6 +1087,9 @@ impl PlanReport {
                             human_bytes(s.offset.saturating_add(s.bytes)),
                             occupancy(s.offset, s.bytes, arena),
                         ]);
+                        if named {
+                            row.push(if n == 0 { name() } else { String::new() });
+                        }
                         t.row(row);
                     }
                 }
@@ -989,15 +1098,45 @@ impl PlanReport {
         t
     }
 
-    fn legend(&self) -> Table {
+    /// What every column of the tables means, and the terms the header
+    /// lines use, as a table of two columns; what `{:#}` prints after the
+    /// report. True of this report's placement: round-robin's generations or
+    /// packed's offsets.
+    pub fn legend(&self) -> String {
+        struct Shown<'r>(&'r PlanReport);
+        impl fmt::Display for Shown<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.legend_table().render(f, "")
+            }
+        }
+        Shown(self).to_string()
+    }
+
+    fn legend_table(&self) -> Table {
         use Align::Left;
         let mut t = Table::new(&[("legend:", Left), ("", Left)]);
         let mut line = |term: &str, meaning: &str| t.row(vec![term.into(), meaning.into()]);
+        match self.placed_policy.placement {
+            Placement::RoundRobin => line(
+                "G",
+                "generations: sets of arenas; the k-th buffer-using runner (in capture order) uses generation k % G, so G consecutive runners can be in flight at once",
+            ),
+            Placement::Packed => line(
+                "G",
+                "how many consecutive buffer-using runners may be in flight at once: packed placement gives any G of them disjoint offsets in one arena per key",
+            ),
+        }
         line(
-            "G",
-            "generations: sets of arenas; runner k uses generation k % G, so G consecutive runners can be in flight at once",
+            "key",
+            "a domain (device memory, or one group's symmetric memory) and a dtype; kN numbers the keys, as the runner table names them",
         );
-        line("#", "key number (kN), as the runner table names keys");
+        match self.placed_policy.placement {
+            Placement::RoundRobin => line(
+                "arenas",
+                "the bytes of each generation's arena of the key (generations without users of the key have none)",
+            ),
+            Placement::Packed => line("arena", "the bytes of the key's one arena"),
+        }
         line("plan", "bytes this plan allocates");
         line(
             "lower bound",
@@ -1005,7 +1144,7 @@ impl PlanReport {
         );
         line(
             "round-robin",
-            "what round-robin placement needs at this G (runner k in generation k % G; each arena the largest of its runners)",
+            "what round-robin placement needs at this G (the k-th buffer-using runner in generation k % G; each arena the largest of its runners)",
         );
         line(
             "packed",
@@ -1040,75 +1179,145 @@ impl PlanReport {
                 );
             }
         }
+        if self.any_named() {
+            line(
+                "name",
+                "the name the runner was armed with (Discovering::arm_named); - for none",
+            );
+        }
         t
+    }
+
+    /// What the placement of this report does, in a sentence.
+    fn placement_note(&self) -> &'static str {
+        match self.placed_policy.placement {
+            Placement::RoundRobin => {
+                "round-robin: the k-th buffer-using runner (in capture order) uses generation k % G, \
+                 a set of arenas of its own, so G consecutive runners can be in flight at once; \
+                 packed placement would instead give each runner fixed offsets in one arena per \
+                 key, any G consecutive runners at disjoint offsets"
+            }
+            Placement::Packed => {
+                "packed: one arena per key, in which each buffer-using runner has fixed offsets, \
+                 any G consecutive runners (in capture order) at disjoint offsets, so they can be \
+                 in flight at once; round-robin placement would instead give the k-th runner \
+                 generation k % G, a set of arenas of its own"
+            }
+        }
     }
 }
 
 impl fmt::Display for PlanReport {
-    /// A header, the verdict, the key table (with totals), the runner table
-    /// and a legend of every column.
+    /// The header (placement, fingerprint, verdict, each explained where it
+    /// appears), the keys, the bytes per key (with totals), the runners,
+    /// every line at most 100 characters. The alternate form
+    /// (`{:#}`) adds the legend of every column ([`PlanReport::legend`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "plan: {} placement, G = {} (policy {}), {} runners ({} use buffers), fingerprint {:016x}",
+        let head = format!(
+            "plan: {} placement, G = {} (policy {}): {} runners, {} use buffers",
             self.placed_policy.placement,
             self.generations,
             self.placed_policy.policy,
             self.runners_total,
             self.runners_using,
-            self.fingerprint
+        );
+        paragraph(f, "", &head, 2)?;
+        paragraph(f, "  ", self.placement_note(), 2)?;
+        paragraph(f, "verdict: ", &self.comparison(), 2)?;
+        paragraph(
+            f,
+            "",
+            &format!("{} (the fewest bytes any placement needs)", self.standing()),
+            2,
         )?;
-        writeln!(f, "verdict: {}", self.verdict())?;
+        paragraph(
+            f,
+            "fingerprint: ",
+            &format!(
+                "{:016x}, a hash of the layout (Planned::fingerprint): ranks that planned the same \
+                 offsets have the same one, which symmetric collectives need",
+                self.fingerprint
+            ),
+            2,
+        )?;
         if self.handoffs > 0 {
-            writeln!(
+            paragraph(
                 f,
-                "handoffs: {} between runners, {} above the runners' own bytes (in the totals), each placed for its lifetime in its key's arenas",
-                self.handoffs,
-                human_bytes(self.handoff_bytes)
+                "",
+                &format!(
+                    "handoffs: {} between runners, {} above the runners' own bytes (in the totals), \
+                     each placed for its lifetime in its key's arenas (a handoff: a buffer one runner \
+                     writes and later runners read)",
+                    self.handoffs,
+                    human_bytes(self.handoff_bytes)
+                ),
+                2,
             )?;
         }
         if !self.buckets.is_empty() {
-            writeln!(f, "{}", self.bucket_line())?;
+            paragraph(f, "", &self.bucket_line(), 2)?;
         }
         if let Some(t) = self.temporaries {
-            writeln!(
+            paragraph(
                 f,
-                "graph temporaries (this plan's graphs): {} runner(s) allocate {} in all, the largest {}; {} with G = {} runners in flight{}, beside the plan's {}",
-                t.runners,
-                human_bytes(t.total),
-                human_bytes(t.largest),
-                human_bytes(t.in_flight),
-                self.generations,
-                if t.step_copies > 0 {
-                    format!("; step copies {} more", human_bytes(t.step_copies))
-                } else {
-                    String::new()
-                },
-                human_bytes(self.plan_bytes)
+                "",
+                &format!(
+                    "graph temporaries (this plan's graphs): {} runner(s) allocate {} in all, the \
+                     largest {}; {} with G = {} runners in flight{}, beside the plan's {}",
+                    t.runners,
+                    human_bytes(t.total),
+                    human_bytes(t.largest),
+                    human_bytes(t.in_flight),
+                    self.generations,
+                    if t.step_copies > 0 {
+                        format!("; step copies {} more", human_bytes(t.step_copies))
+                    } else {
+                        String::new()
+                    },
+                    human_bytes(self.plan_bytes)
+                ),
+                2,
             )?;
         }
         if let Some(m) = self.graph_memory {
-            writeln!(
+            paragraph(
                 f,
-                "device graph memory (every plan's and program's, for reference): {} in use, {} reserved by the driver",
-                human_bytes(m.used),
-                human_bytes(m.reserved),
+                "",
+                &format!(
+                    "device graph memory (every plan's and program's, for reference): {} in use, \
+                     {} reserved by the driver",
+                    human_bytes(m.used),
+                    human_bytes(m.reserved),
+                ),
+                2,
             )?;
         }
         writeln!(f)?;
+        writeln!(f, "keys (a domain and a dtype each):")?;
+        self.key_names().render(f, "")?;
+        writeln!(f)?;
+        writeln!(f, "bytes per key:")?;
         self.key_table().render(f, "")?;
         let notes = self.bound_notes();
         if !notes.is_empty() {
             writeln!(f)?;
             writeln!(f, "bounds:")?;
             for note in notes {
-                writeln!(f, "  {note}")?;
+                paragraph(f, "  ", &note, 4)?;
             }
         }
         writeln!(f)?;
+        writeln!(f, "runners, in capture order:")?;
         self.runner_table().render(f, "")?;
         writeln!(f)?;
-        self.legend().render(f, "")
+        if f.alternate() {
+            self.legend_table().render(f, "")
+        } else {
+            writeln!(
+                f,
+                "columns: `{{:#}}` or PlanReport::legend prints what each one means"
+            )
+        }
     }
 }
 

@@ -137,8 +137,12 @@ pub struct RequestSpec {
     pub domain: DomainSpec,
     /// Element type, by [`DType::name`].
     pub dtype: DType,
-    /// Number of elements. At least 1.
-    #[serde(with = "count")]
+    /// Number of elements. At least 1 (0 is refused when the file is
+    /// read, with its line and column).
+    #[serde(
+        serialize_with = "count::serialize",
+        deserialize_with = "count::at_least_one"
+    )]
     pub elements: u64,
     /// What the buffer is for, by [`Purpose::name`]; `other` when left out.
     #[serde(default, skip_serializing_if = "is_other")]
@@ -265,12 +269,218 @@ pub enum WorkloadError {
         /// The runner or group, as in "runner 3" or "group 1".
         what: String,
     },
+    /// An error of a file's content ([`Workload::to_discovering`]'s checks)
+    /// with the line and column of the value it names
+    /// ([`WorkloadError::located`]).
+    #[error("{error} at line {line} column {column}")]
+    Located {
+        /// The error.
+        error: Box<WorkloadError>,
+        /// Line of the value, from 1.
+        line: usize,
+        /// Column of the value, from 1.
+        column: usize,
+    },
     /// Reading the input failed.
     #[error("reading the workload failed: {0}")]
     Read(std::io::Error),
     /// Writing the JSON failed.
     #[error("writing the workload failed: {0}")]
     Write(std::io::Error),
+}
+
+impl WorkloadError {
+    /// The JSON path the error names, if it names one.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            WorkloadError::Shape { path, .. }
+            | WorkloadError::Invalid { path, .. }
+            | WorkloadError::DuplicateRunnerName { path, .. }
+            | WorkloadError::DuplicateGroupName { path, .. }
+            | WorkloadError::UnknownGroup { path, .. }
+            | WorkloadError::Discovery { path, .. } => Some(path),
+            WorkloadError::Located { error, .. } => error.path(),
+            _ => None,
+        }
+    }
+
+    /// The error with the line and column, in `text` (the JSON the workload
+    /// was read from), of the value its path names: what a check of
+    /// [`Workload::to_discovering`] finds has a path but no position, since
+    /// the workload no longer holds its text. Errors that carry a position
+    /// already (syntax and shape errors), or name no path found in `text`,
+    /// are returned as they are.
+    ///
+    /// ```
+    /// # #[cfg(feature = "serde")] {
+    /// use replay_arena::Workload;
+    /// let text = r#"{"name": "w", "runners": [
+    ///     {"name": "a", "requests": []},
+    ///     {"name": "a", "requests": []}]}"#;
+    /// let error = Workload::from_json_str(text).unwrap().to_discovering().unwrap_err();
+    /// assert_eq!(
+    ///     error.located(text).to_string(),
+    ///     "runners[1].name: duplicate runner name \"a\" (also runners[0]) at line 3 column 14"
+    /// );
+    /// # }
+    /// ```
+    pub fn located(self, text: &str) -> WorkloadError {
+        if matches!(
+            self,
+            WorkloadError::Syntax { .. }
+                | WorkloadError::Shape { .. }
+                | WorkloadError::Located { .. }
+        ) {
+            return self;
+        }
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        match self.path().and_then(|path| position::of(text, path)) {
+            Some((line, column)) => WorkloadError::Located {
+                error: Box::new(self),
+                line,
+                column,
+            },
+            None => self,
+        }
+    }
+}
+
+/// Where a JSON path's value starts in a JSON text.
+mod position {
+    /// `(line, column)`, both from 1, of the value at `path`
+    /// (`runners[2].requests[0].elements`) in `text`; `None` when the text
+    /// does not hold it. One pass over the text up to the value.
+    pub(super) fn of(text: &str, path: &str) -> Option<(usize, usize)> {
+        let bytes = text.as_bytes();
+        let mut at = skip_space(bytes, 0);
+        for segment in segments(path)? {
+            at = match segment {
+                Segment::Key(key) => member(bytes, at, key)?,
+                Segment::Index(index) => element(bytes, at, index)?,
+            };
+        }
+        let before = &text[..at];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        Some((line, column))
+    }
+
+    enum Segment<'p> {
+        Key(&'p str),
+        Index(usize),
+    }
+
+    fn segments(path: &str) -> Option<Vec<Segment<'_>>> {
+        let mut out = Vec::new();
+        for part in path.split('.').filter(|p| !p.is_empty()) {
+            let (key, mut rest) = part.split_at(part.find('[').unwrap_or(part.len()));
+            if !key.is_empty() {
+                out.push(Segment::Key(key));
+            }
+            while let Some(close) = rest.find(']') {
+                out.push(Segment::Index(rest.get(1..close)?.parse().ok()?));
+                rest = &rest[close + 1..];
+            }
+        }
+        Some(out)
+    }
+
+    fn skip_space(bytes: &[u8], mut at: usize) -> usize {
+        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
+            at += 1;
+        }
+        at
+    }
+
+    /// The end of the string starting at `at` (its opening quote).
+    fn string_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+        at += 1;
+        while at < bytes.len() {
+            match bytes[at] {
+                b'\\' => at += 2,
+                b'"' => return Some(at + 1),
+                _ => at += 1,
+            }
+        }
+        None
+    }
+
+    /// The end of the value starting at `at`.
+    fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
+        match bytes.get(at)? {
+            b'"' => string_end(bytes, at),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                let mut i = at;
+                while i < bytes.len() {
+                    match bytes[i] {
+                        b'"' => {
+                            i = string_end(bytes, i)?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                return Some(i + 1);
+                            }
+                        }
+                        _ => {}
+                    }
+                    i += 1;
+                }
+                None
+            }
+            _ => {
+                let mut i = at;
+                while i < bytes.len() && !b",}] \t\r\n".contains(&bytes[i]) {
+                    i += 1;
+                }
+                Some(i)
+            }
+        }
+    }
+
+    /// The start of member `key`'s value in the object at `at`.
+    fn member(bytes: &[u8], at: usize, key: &str) -> Option<usize> {
+        if bytes.get(at) != Some(&b'{') {
+            return None;
+        }
+        let mut i = skip_space(bytes, at + 1);
+        while bytes.get(i) == Some(&b'"') {
+            let end = string_end(bytes, i)?;
+            let name = &bytes[i + 1..end - 1];
+            i = skip_space(bytes, end);
+            if bytes.get(i) != Some(&b':') {
+                return None;
+            }
+            let value = skip_space(bytes, i + 1);
+            if name == key.as_bytes() {
+                return Some(value);
+            }
+            i = skip_space(bytes, value_end(bytes, value)?);
+            if bytes.get(i) == Some(&b',') {
+                i = skip_space(bytes, i + 1);
+            }
+        }
+        None
+    }
+
+    /// The start of element `index` of the array at `at`.
+    fn element(bytes: &[u8], at: usize, index: usize) -> Option<usize> {
+        if bytes.get(at) != Some(&b'[') {
+            return None;
+        }
+        let mut i = skip_space(bytes, at + 1);
+        for _ in 0..index {
+            i = skip_space(bytes, value_end(bytes, i)?);
+            if bytes.get(i) != Some(&b',') {
+                return None;
+            }
+            i = skip_space(bytes, i + 1);
+        }
+        (bytes.get(i) != Some(&b']')).then_some(i)
+    }
 }
 
 fn path_prefix(path: &str) -> String {
@@ -942,8 +1152,15 @@ mod count {
         serializer.serialize_u64(*v)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-        deserializer.deserialize_any(CountVisitor)
+    /// A count of at least 1: 0 is refused where it is read, so the error
+    /// carries the line and column of the value like every other one.
+    pub(super) fn at_least_one<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<u64, D::Error> {
+        match deserializer.deserialize_any(CountVisitor)? {
+            0 => Err(de::Error::custom("must be at least 1, found 0")),
+            n => Ok(n),
+        }
     }
 
     pub(super) fn optional<'de, D: Deserializer<'de>>(

@@ -154,7 +154,7 @@ fn no_policy_means_compare() {
 fn help_and_version_exit_zero() {
     let o = run(&["--help"]);
     assert!(o.status.success());
-    assert!(stdout(&o).contains("Usage: replay-arena-plan [OPTIONS] <FILE>..."));
+    assert!(stdout(&o).contains("Usage: replay-arena-plan <FILE>... (--generations <N>"));
     assert!(run(&["--version"]).status.success());
 }
 
@@ -355,8 +355,12 @@ fn the_report_names_runners_and_groups() {
     let tiny = file(TINY);
     let out = ok(&[&tiny, "--generations", "1"]);
     assert!(out.contains("bf16 in symmetric(expert-gtp)"), "{out}");
-    assert!(out.contains("runner 2  layer0.mlp.bwd"), "{out}");
-    assert!(out.contains("legend:"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("runner 2 ") && l.ends_with("  layer0.mlp.bwd")),
+        "{out}"
+    );
+    assert_eq!(out.matches("legend:").count(), 1, "{out}");
     let unnamed = file(
         r#"{"name": "u", "runners": [{"id": 9, "requests": [
             {"domain": "device", "dtype": "f32", "elements": 1}]}]}"#,
@@ -542,7 +546,11 @@ fn check_picture(workload: &str, args: &[&str]) {
                 h: attr(n, "height"),
             })
             .collect();
-        assert!(!boxes.is_empty());
+        let handoffs = panel
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("handoff"))
+            .count();
+        assert!(!boxes.is_empty() || handoffs > 0, "an empty panel");
         // Coordinates are printed to 0.001 px.
         let eps = 0.01;
         for (i, a) in boxes.iter().enumerate() {
@@ -759,4 +767,339 @@ fn compare_shows_shared_bucket_bytes_against_separate_plans() {
     // A single plan's report has the bucket line.
     let one = ok(&[&path, "-g", "2"]);
     assert!(one.contains("buckets: 3 share the arenas"), "{one}");
+}
+
+// ---- usage lines -------------------------------------------------------------
+
+/// The usage forms in `text` (after "Usage: ", one a line).
+fn usage_forms(text: &str) -> Vec<String> {
+    let mut forms = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if let Some(first) = line.strip_prefix("Usage: ") {
+            forms.push(first.trim().to_string());
+            for more in lines.by_ref() {
+                let more = more.trim();
+                if !more.starts_with("replay-arena-plan") {
+                    break;
+                }
+                forms.push(more.to_string());
+            }
+        }
+    }
+    forms
+}
+
+/// The parts of a usage form: each a list of choices, each choice a list of
+/// words; an optional part has an empty choice first.
+fn parts(form: &str) -> Vec<Vec<Vec<String>>> {
+    let mut out = Vec::new();
+    let mut rest = form.trim_start_matches("replay-arena-plan").trim();
+    while !rest.is_empty() {
+        let (part, after) = match rest.chars().next() {
+            Some(open @ ('(' | '[')) => {
+                let close = if open == '(' { ')' } else { ']' };
+                let end = rest.find(close).expect("a closed group");
+                let choices: Vec<Vec<String>> = rest[1..end]
+                    .split(" | ")
+                    .map(|c| c.split_whitespace().map(String::from).collect())
+                    .collect();
+                let mut part = Vec::new();
+                if open == '[' {
+                    part.push(Vec::new());
+                }
+                part.extend(choices);
+                (part, &rest[end + 1..])
+            }
+            _ => {
+                let end = rest.find(' ').unwrap_or(rest.len());
+                (vec![vec![rest[..end].to_string()]], &rest[end..])
+            }
+        };
+        out.push(part);
+        rest = after.trim_start();
+    }
+    out
+}
+
+/// Command lines that follow `form`: its first choices, then each other
+/// choice of each part in turn; placeholders filled in.
+fn follow(form: &str, workload: &str, svg: &str) -> Vec<Vec<String>> {
+    let parts = parts(form);
+    let fill = |word: &str| -> Vec<String> {
+        match word {
+            "<FILE>..." => vec![workload.to_string(), workload.to_string()],
+            "<FILE>" => vec![workload.to_string()],
+            "<N>" | "<K>" | "<D>" => vec!["2".to_string()],
+            "<SVG>" => vec![svg.to_string()],
+            w => vec![w.to_string()],
+        }
+    };
+    let line = |choice: &[usize]| -> Vec<String> {
+        parts
+            .iter()
+            .zip(choice)
+            .flat_map(|(part, &c)| part[c].iter().flat_map(|w| fill(w)))
+            .collect()
+    };
+    let mut lines = vec![line(&vec![0; parts.len()])];
+    for (p, part) in parts.iter().enumerate() {
+        for c in 1..part.len() {
+            let mut choice = vec![0; parts.len()];
+            choice[p] = c;
+            lines.push(line(&choice));
+        }
+    }
+    lines
+}
+
+#[test]
+fn every_usage_line_the_explorer_prints_is_accepted_when_followed() {
+    let tiny = file(TINY);
+    let svg = scratch("usage.svg");
+    let svg = svg.to_str().unwrap();
+    let mut texts = vec![stdout(&run(&["--help"]))];
+    for args in [
+        &["--compare", "--svg", "x.svg", "a.json"][..],
+        &["--svg", "x.svg", "a.json"],
+        &["--packed", "a.json"],
+        &["a.json", "--compare", "--generations", "2"],
+        &["a.json", "--generations", "2", "--markdown"],
+        &["--compare"],
+    ] {
+        let e = refused(args);
+        assert!(e.contains("Usage: "), "{args:?}: {e}");
+        texts.push(e);
+    }
+    for text in &texts {
+        let forms = usage_forms(text);
+        assert_eq!(forms.len(), 3, "{text}");
+        for form in forms {
+            for args in follow(&form, &tiny, svg) {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                // `--svg` draws one workload: its form names one FILE.
+                let o = run(&args);
+                assert!(
+                    o.status.success(),
+                    "{form}\nfollowed as {args:?}, refused: {}",
+                    stderr(&o)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_usage_checker_follows_each_choice() {
+    let lines = follow(
+        "replay-arena-plan <FILE> (-a | -b <N>) [--c | --d]",
+        "w",
+        "s",
+    );
+    assert_eq!(
+        lines,
+        [
+            vec!["w", "-a"],
+            vec!["w", "-b", "2"],
+            vec!["w", "-a", "--c"],
+            vec!["w", "-a", "--d"],
+        ]
+    );
+}
+
+#[test]
+fn svg_or_packed_without_a_policy_says_which_policies_there_are() {
+    let e = refused(&["--compare", "--svg", "x.svg", "a.json"]);
+    assert!(
+        e.contains("'--svg <SVG>' cannot be used with --compare")
+            && e.contains("--overlap-depth <D>"),
+        "{e}"
+    );
+    let e = refused(&["--packed", "a.json"]);
+    assert!(e.contains("'--packed' needs a policy"), "{e}");
+}
+
+// ---- handoffs in the picture and the JSON ---------------------------------------
+
+/// The bundled workload whose modules hand their input gradients on.
+fn tp_backward() -> String {
+    format!(
+        "{}/examples/workloads/tp-backward-mid.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn a_picture_draws_each_handoff_in_its_keys_arena_over_its_lifetime() {
+    for placement in [&[][..], &["--packed"]] {
+        let svg = scratch("handoffs.svg");
+        let mut args = vec![tp_backward(), "-g".into(), "2".into(), "--json".into()];
+        args.extend(placement.iter().map(|a| a.to_string()));
+        args.extend(["--svg".to_string(), svg.to_string_lossy().into_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let v: Value = serde_json::from_str(&ok(&args)).unwrap();
+        let places = v["handoff_places"].as_array().unwrap();
+        assert_eq!(places.len() as u64, v["handoffs"].as_u64().unwrap());
+        assert!(!places.is_empty());
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let doc = roxmltree::Document::parse(&text).unwrap();
+        let keys = v["keys"].as_array().unwrap();
+        let panels: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("key"))
+            .collect();
+        for place in places {
+            let key = keys
+                .iter()
+                .position(|k| k["name"] == place["key_name"])
+                .unwrap();
+            let id = place["id"].to_string();
+            let rect = panels[key]
+                .descendants()
+                .find(|n| {
+                    n.attribute("class") == Some("handoff")
+                        && n.attribute("data-handoff") == Some(id.as_str())
+                })
+                .unwrap_or_else(|| panic!("handoff {id} not drawn in {}", place["key_name"]));
+            let lifetime = &place["lifetime"];
+            assert_eq!(
+                rect.attribute("data-from").unwrap(),
+                lifetime["from"].to_string()
+            );
+            assert_eq!(
+                rect.attribute("data-until").unwrap(),
+                lifetime["until"].to_string()
+            );
+            // Live from its writer to its last reader and G - 1 runners more.
+            let (from, until) = (
+                lifetime["from"].as_u64().unwrap(),
+                lifetime["until"].as_u64().unwrap(),
+            );
+            assert!(until > from + 1, "{place}");
+            // Inside one of the key's arenas.
+            let (y, h) = (attr(rect, "y"), attr(rect, "height"));
+            let inside = panels[key]
+                .descendants()
+                .filter(|n| n.attribute("class") == Some("arena"))
+                .any(|a| {
+                    attr(a, "y") - 0.01 <= y && y + h <= attr(a, "y") + attr(a, "height") + 0.01
+                });
+            assert!(inside, "handoff {id} outside its arenas");
+        }
+        // The key that holds only handoffs is drawn with them, not empty.
+        let only = panels
+            .iter()
+            .find(|p| {
+                p.descendants()
+                    .all(|n| n.attribute("class") != Some("extent"))
+            })
+            .expect("tp-backward-mid has a key of handoffs only");
+        assert!(only
+            .descendants()
+            .any(|n| n.attribute("class") == Some("handoff")));
+    }
+}
+
+#[test]
+fn every_text_of_a_picture_fits_inside_it() {
+    for (workload, args) in [
+        (tp_backward(), &["-g", "2", "--packed"][..]),
+        (tp_backward(), &["-g", "3"]),
+        (bundled("mixtral-8x7b-per-module"), &["-g", "2"]),
+        (bundled("deepseek-v3-mtp"), &["-k", "3", "--packed"]),
+    ] {
+        let svg = scratch("fits.svg");
+        let mut all = vec![workload.as_str(), "--svg", svg.to_str().unwrap()];
+        all.extend_from_slice(args);
+        ok(&all);
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let doc = roxmltree::Document::parse(&text).unwrap();
+        let width = attr(doc.root_element(), "width");
+        for t in doc.descendants().filter(|n| n.has_tag_name("text")) {
+            if t.ancestors().any(|a| a.has_tag_name("defs")) {
+                continue; // the runner axis: numbers under the columns
+            }
+            let size = t
+                .attribute("font-size")
+                .map_or(12.0, |s| s.parse().unwrap());
+            let bold = t.attribute("font-weight") == Some("bold");
+            let chars = t.text().unwrap_or("").chars().count() as f64;
+            // Arial's average is about 0.5 em; bold a little wider.
+            let w = chars * size * if bold { 0.58 } else { 0.53 };
+            let x = attr(t, "x");
+            let right = match t.attribute("text-anchor") {
+                Some("middle") => x + w / 2.0,
+                Some("end") => x,
+                _ => x + w,
+            };
+            assert!(
+                right <= width,
+                "{workload} {args:?}: {:?} reaches {right:.0} of {width}",
+                t.text()
+            );
+        }
+    }
+}
+
+// ---- error positions ------------------------------------------------------------
+
+#[test]
+fn every_workload_error_names_its_line_and_column() {
+    let cases: [(&str, &str, &str); 7] = [
+        (
+            r#""elements": 100"#,
+            r#""elements": 0"#,
+            "must be at least 1",
+        ),
+        (
+            r#""elements": 100"#,
+            r#""elements": -1"#,
+            "expected a positive",
+        ),
+        (r#""dtype": "f32""#, r#""dtype": "bf17""#, "unknown dtype"),
+        (
+            r#""name": "layer0.mlp.bwd""#,
+            r#""name": "layer1.attn.bwd""#,
+            "duplicate runner name",
+        ),
+        (
+            r#""name": "layer1.attn.bwd""#,
+            r#""name": """#,
+            "must not be empty",
+        ),
+        (
+            r#""source": "hand-written""#,
+            r#""source": 3"#,
+            "invalid type",
+        ),
+        (
+            r#""requests": []"#,
+            r#""requests": [], "receive": [9]"#,
+            "receive",
+        ),
+    ];
+    for (from, to, what) in cases {
+        assert!(TINY.contains(from), "{from}");
+        let text = TINY.replacen(from, to, 1);
+        let e = failure(&[&file(&text)]);
+        assert!(e.contains(what), "{to}: {e}");
+        // "at line L column C", and L:C is at the value (its start, or
+        // just after it where the JSON parser stopped).
+        let (_, at) = e
+            .rsplit_once(" at line ")
+            .unwrap_or_else(|| panic!("{to}: {e}"));
+        let (line, column) = at.trim().split_once(" column ").unwrap();
+        let (line, column): (usize, usize) = (line.parse().unwrap(), column.parse().unwrap());
+        // Where the replacement is (TINY's first `from`).
+        let before = &text[..TINY.find(from).unwrap()];
+        let row = before.matches('\n').count() + 1;
+        let start = before.rsplit('\n').next().unwrap().chars().count() + 1;
+        let value = start + to.find(": ").map_or(0, |c| c + 2);
+        assert_eq!(line, row, "{to}: {e}");
+        assert!(
+            (value..=start + to.len()).contains(&column),
+            "{to}: {e}: the value is at columns {value} to {}",
+            start + to.len()
+        );
+    }
 }

@@ -35,6 +35,7 @@ use replay_arena::{Discovering, PlacedPolicy, Policy, Workload};
 /// of the plan.
 #[derive(Debug, Parser)]
 #[command(name = "replay-arena-plan", version, verbatim_doc_comment)]
+#[command(override_usage = USAGE)]
 #[command(group(ArgGroup::new("policy").args(["generations", "module_kinds", "overlap_depth"])))]
 struct Cli {
     /// Workload files (JSON); `-` reads standard input.
@@ -53,8 +54,8 @@ struct Cli {
     #[arg(short = 'd', long, value_name = "D", value_parser = positive)]
     overlap_depth: Option<usize>,
 
-    /// Use packed placement instead of round-robin.
-    #[arg(long, requires = "policy")]
+    /// Use packed placement instead of round-robin (with a policy).
+    #[arg(long)]
     packed: bool,
 
     /// Compare G = 1, 2, 3 and the module-kinds rule, round-robin and packed
@@ -70,11 +71,20 @@ struct Cli {
     #[arg(long, conflicts_with_all = ["json", "policy"])]
     markdown: bool,
 
-    /// Also draw the plan as an SVG picture into FILE: per key, addresses
-    /// against buffer-using runners in capture order.
-    #[arg(long, value_name = "FILE", requires = "policy")]
+    /// Also draw the plan of one workload as an SVG picture into SVG (with a
+    /// policy): per key, addresses against buffer-using runners in capture
+    /// order, handoffs included.
+    #[arg(long, value_name = "SVG")]
     svg: Option<PathBuf>,
 }
+
+/// The command lines the parser accepts, one form a line: what every usage
+/// and error message shows, so that following one is never refused
+/// (tests/cli.rs runs each form). `(a | b)`: one of them; `[a]`: optional.
+const USAGE: &str = "\
+replay-arena-plan <FILE>... (--generations <N> | --module-kinds <K> | --overlap-depth <D>) [--packed] [--json]
+       replay-arena-plan <FILE> (--generations <N> | --module-kinds <K> | --overlap-depth <D>) [--packed] [--json] --svg <SVG>
+       replay-arena-plan <FILE>... [--compare] [--json | --markdown]";
 
 /// `N >= 1`, with a message that says so.
 fn positive(text: &str) -> Result<usize, String> {
@@ -109,6 +119,25 @@ impl Cli {
             (_, _, Some(d)) => Some(Policy::OverlapDepth(d)),
             _ => None,
         };
+        // What needs one plan, asked for with a comparison (named or by
+        // default): said as such, with the policies to choose from.
+        let one_plan = |flag: &str| {
+            let asked = if self.compare {
+                "cannot be used with --compare"
+            } else {
+                "needs a policy"
+            };
+            refuse(&format!(
+                "'{flag}' {asked}: it is about one plan; give --generations <N>, \
+                 --module-kinds <K> or --overlap-depth <D>"
+            ))
+        };
+        if policy.is_none() && self.svg.is_some() {
+            return Err(one_plan("--svg <SVG>"));
+        }
+        if policy.is_none() && self.packed {
+            return Err(one_plan("--packed"));
+        }
         let placed_policy = policy.map(|p| {
             if self.packed {
                 p.packed()
@@ -173,16 +202,22 @@ pub(crate) struct Input {
 
 impl Input {
     fn read(label: &str) -> Result<Input, String> {
-        let workload = if label == "-" {
-            Workload::from_reader(io::stdin().lock())
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        let read = if label == "-" {
+            io::stdin().lock().read_to_end(&mut bytes)
         } else {
-            let file = std::fs::File::open(label).map_err(|e| format!("{label}: {e}"))?;
-            Workload::from_reader(file)
+            let mut file = std::fs::File::open(label).map_err(|e| format!("{label}: {e}"))?;
+            file.read_to_end(&mut bytes)
         };
-        let workload = workload.map_err(|e| format!("{label}: {e}"))?;
-        let discovery = workload
-            .to_discovering()
-            .map_err(|e| format!("{label}: {e}"))?;
+        read.map_err(|e| format!("{label}: {}", replay_arena::WorkloadError::Read(e)))?;
+        let workload = Workload::from_reader(&bytes[..]).map_err(|e| format!("{label}: {e}"))?;
+        // Every error names its line and column, the checks after reading
+        // too.
+        let discovery = workload.to_discovering().map_err(|e| {
+            let located = e.located(&String::from_utf8_lossy(&bytes));
+            format!("{label}: {located}")
+        })?;
         Ok(Input {
             label: label.to_string(),
             workload,
@@ -221,7 +256,14 @@ fn run(options: &Options) -> Result<String, String> {
                 render::Format::Json => {
                     render::json_lines(&plans.iter().map(|p| p.json()).collect::<Vec<_>>())?
                 }
-                _ => plans.iter().map(render::Plan::text).collect(),
+                // The reports, then the legend of their columns once.
+                _ => {
+                    let mut text: String = plans.iter().map(render::Plan::text).collect();
+                    if let Some(last) = plans.last() {
+                        text.push_str(&last.report.legend());
+                    }
+                    text
+                }
             })
         }
         None => {

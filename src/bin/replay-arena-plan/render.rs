@@ -24,13 +24,19 @@ pub(crate) enum Format {
 pub(crate) const COMPARISON_LEGEND: &str = "\
 legend:
 G            generations: how many buffer-using runners may be in flight at once
-lower bound  per key, the most bytes live at once (G consecutive buffer-using runners, with the handoffs live then), summed: no placement needs less
-packed       bytes packed placement allocates (one arena per key, any G consecutive runners at disjoint offsets)
-round-robin  bytes round-robin placement allocates (runner k in generation k % G; each arena the largest of its runners)
+lower bound  per key, the most bytes live at once (G consecutive buffer-using runners, with the
+             handoffs live then), summed: no placement needs less
+packed       bytes packed placement allocates (one arena per key, any G consecutive runners at
+             disjoint offsets)
+round-robin  bytes round-robin placement allocates (runner k in generation k % G; each arena the
+             largest of its runners)
 packed/lb    packed over the lower bound (1.000 is optimal)
 rr/lb        round-robin over the lower bound
-optimum      lb: packed needs the lower bound in every key; proved: where it does not, an exhaustive search proves the bound unreachable and packed optimal; open: packed may be above the optimum in some key
-ring/packed  what Megatron-LM's older per-parameter wgrad ring of 2 slots needs, over packed (above 1: packed saves memory)
+optimum      lb: packed needs the lower bound in every key; proved: where it does not, an exhaustive
+             search proves the bound unreachable and packed optimal; open: packed may be above the
+             optimum in some key
+ring/packed  what Megatron-LM's older per-parameter wgrad ring of 2 slots needs, over packed (above
+             1: packed saves memory)
 ring/rr      the same ring over round-robin
 ";
 
@@ -188,7 +194,15 @@ impl<'i> Plan<'i> {
     /// runners with their names, legend).
     pub(crate) fn text(&self) -> String {
         let mut out = self.input.header("");
-        let _ = write!(out, "{}", self.report);
+        let report = self.report.to_string();
+        // The report's last line says how a program prints the legend; here
+        // it follows the last plan.
+        let table = match report.rfind("\ncolumns: ") {
+            Some(at) => &report[..at + 1],
+            None => &report,
+        };
+        out.push_str(table);
+        out.push_str("columns: the legend after the last plan says what each one means\n\n");
         out
     }
 
@@ -221,7 +235,94 @@ impl<'i> Plan<'i> {
                     name: name.to_string(),
                 })
                 .collect(),
+            handoff_places: self.handoff_places(),
         }
+    }
+}
+
+/// Where a handoff lies and how long it lives: in its key's arena, from its
+/// writer to its last reader and the `G - 1` buffer-using runners after it
+/// (the span the planner keeps it for).
+#[derive(Serialize)]
+pub(crate) struct HandoffPlace {
+    /// Its id (the order handoffs were declared in).
+    pub(crate) id: u32,
+    /// The key's index in the report's `keys`.
+    #[serde(skip)]
+    pub(crate) key: usize,
+    /// The key's name.
+    pub(crate) key_name: String,
+    /// Index of its arena in the plan's arenas.
+    pub(crate) arena: usize,
+    /// Its byte offset in that arena.
+    pub(crate) offset: u64,
+    /// Its bytes (aligned).
+    pub(crate) bytes: u64,
+    /// The runner that writes it.
+    pub(crate) writer: u32,
+    /// The runners that read it, in capture order.
+    pub(crate) readers: Vec<u32>,
+    /// Its lifetime, as positions among buffer-using runners in capture
+    /// order: live from `from` until `until` (exclusive).
+    pub(crate) lifetime: Lifetime,
+}
+
+/// Positions among buffer-using runners, `until` exclusive.
+#[derive(Serialize, Clone, Copy)]
+pub(crate) struct Lifetime {
+    pub(crate) from: usize,
+    pub(crate) until: usize,
+}
+
+impl Plan<'_> {
+    /// Every handoff of the plan with its place and lifetime, in id order.
+    pub(crate) fn handoff_places(&self) -> Vec<HandoffPlace> {
+        let report = &self.report;
+        let g = report.generations;
+        // A runner's column: the buffer-using runners before it (its own
+        // position when it uses buffers).
+        let mut column = std::collections::HashMap::new();
+        let mut using = 0;
+        for r in &report.runners {
+            column.insert(r.runner, using);
+            if !r.extents.is_empty() {
+                using += 1;
+            }
+        }
+        self.planned
+            .handoffs()
+            .map(|h| {
+                let from = column.get(&h.writer).copied().unwrap_or(0);
+                let last = h
+                    .readers
+                    .iter()
+                    .filter_map(|r| column.get(r).copied())
+                    .max()
+                    .unwrap_or(from)
+                    .max(from);
+                let key = report
+                    .keys
+                    .binary_search_by_key(&h.request.key(), |k| k.key)
+                    .unwrap_or(0);
+                HandoffPlace {
+                    id: h.id.0,
+                    key,
+                    key_name: report
+                        .keys
+                        .get(key)
+                        .map_or_else(String::new, |k| k.name.clone()),
+                    arena: h.arena,
+                    offset: h.offset,
+                    bytes: h.request.aligned_bytes().unwrap_or(u64::MAX),
+                    writer: h.writer.0,
+                    readers: h.readers.iter().map(|r| r.0).collect(),
+                    lifetime: Lifetime {
+                        from,
+                        until: last + g,
+                    },
+                }
+            })
+            .collect()
     }
 }
 
@@ -235,6 +336,8 @@ pub(crate) struct PlanDocument<'p> {
     report: &'p PlanReport,
     ratios: Ratios,
     groups: Vec<GroupSpec>,
+    /// Each handoff's place and lifetime ([`Plan::handoff_places`]).
+    handoff_places: Vec<HandoffPlace>,
 }
 
 /// The workload a document describes, and the file it came from.

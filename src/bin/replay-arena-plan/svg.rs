@@ -3,9 +3,12 @@
 //! extent is a box that starts at the runner's column and spans the `G`
 //! columns of the runners it may be in flight with, so the boxes crossing any
 //! column are the bytes live together there; those of conflicting runners
-//! never overlap. Dashed lines mark the lower bound and round-robin's size,
-//! and a band marks the peak window (the `G` runners whose bytes set the lower
-//! bound).
+//! never overlap. Each handoff is a hatched box at its place in its key's
+//! arena, spanning the runners it lives across (writer to last reader, and
+//! the `G - 1` after). Dashed lines mark the lower bound and round-robin's
+//! size, and a band marks the peak (the column where the most bytes are
+//! live: what sets the lower bound). Every text's width is measured, and
+//! the picture is as wide as its widest text.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -62,48 +65,84 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         .collect();
 
     let legend_rows = kinds.len().min(8);
-    let top = 50.0 + 18.0 * legend_rows as f64;
+    // Two or three lines of explanation, then the kinds.
+    let top = 82.0 + 18.0 * legend_rows as f64;
     let panel = PANEL_TITLE + PANEL_HEIGHT + PANEL_AXIS;
     let height = top + panel * report.keys.len() as f64 + 10.0;
 
     // About 1.5 kB per panel: reserved up front, so a picture of many keys
-    // is not copied as it grows.
+    // is not copied as it grows. The document's header, which names the
+    // width, is written last: the widest text sets it.
     let mut svg = String::with_capacity(4096 + 1536 * report.keys.len());
-    let _ = writeln!(svg, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="10" y="22" font-size="15" font-weight="bold">{}: {} placement, G = {} (policy {}), {} of {} runners use buffers</text>"#,
-        escape(&input.workload.name),
+    // The rightmost point any text reaches.
+    let mut right = width;
+    let title = format!(
+        "{}: {} placement, G = {} (policy {}), {} of {} runners use buffers",
+        input.workload.name,
         report.placed_policy.placement,
         g,
         report.placed_policy.policy,
         report.runners_using,
         report.runners_total
     );
+    right = right.max(10.0 + text_width(&title, 15.0, true));
     let _ = writeln!(
         svg,
-        r##"<text x="10" y="40" fill="#444">addresses upwards; runners in capture order left to right; a box spans the {g} runner(s) its bytes may be in flight with</text>"##
+        r#"<text x="10" y="22" font-size="15" font-weight="bold">{}</text>"#,
+        escape(&title)
     );
+    let placement = match report.placed_policy.placement {
+        replay_arena::Placement::RoundRobin => format!(
+            "round-robin: the k-th buffer-using runner's bytes are in generation k % {g}'s arena (arenas stacked, generation 0 lowest)"
+        ),
+        replay_arena::Placement::Packed => format!(
+            "packed: one arena per key; any {g} consecutive buffer-using runners' boxes lie at disjoint addresses"
+        ),
+    };
+    let handoffs = plan.handoff_places();
+    let mut lines = vec![
+        format!(
+            "addresses upwards; buffer-using runners in capture order left to right; a box spans the {g} runner(s) its bytes may be in flight with"
+        ),
+        placement,
+    ];
+    if !handoffs.is_empty() {
+        lines.push(
+            "hatched: a handoff (written by one runner, read by later ones), from its writer to its last reader and the G - 1 runners after"
+                .into(),
+        );
+    }
+    for (i, line) in lines.iter().enumerate() {
+        right = right.max(10.0 + text_width(line, 12.0, false));
+        let _ = writeln!(
+            svg,
+            r##"<text x="10" y="{}" fill="#444">{}</text>"##,
+            40 + 16 * i,
+            escape(line)
+        );
+    }
+    let legend_top = 50.0 + 16.0 * (lines.len() - 1) as f64;
     for (k, kind) in kinds.iter().enumerate().take(legend_rows) {
-        let y = 50.0 + 18.0 * k as f64;
+        let y = legend_top + 18.0 * k as f64;
         let more = if k + 1 == legend_rows && kinds.len() > legend_rows {
             format!(" (and {} more kinds)", kinds.len() - legend_rows)
         } else {
             String::new()
         };
+        let label = format!("{kind}{more}");
+        right = right.max(28.0 + text_width(&label, 12.0, false));
         let _ = writeln!(
             svg,
-            r#"<rect x="10" y="{y:.1}" width="12" height="12" fill="{}"/><text x="28" y="{:.1}">{}{more}</text>"#,
+            r#"<rect x="10" y="{y:.1}" width="12" height="12" fill="{}"/><text x="28" y="{:.1}">{}</text>"#,
             PALETTE[k % PALETTE.len()],
             y + 10.0,
-            escape(kind)
+            escape(&label)
         );
     }
+    let _ = writeln!(
+        svg,
+        r##"<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#ddd"/><line x1="0" y1="0" x2="0" y2="6" stroke="#555" stroke-width="2"/></pattern></defs>"##
+    );
 
     // One pass over arenas and extents sorts them by key (report.keys is in
     // key order), so each panel costs what it draws, not every arena and
@@ -168,15 +207,20 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
             svg,
             r#"<g class="key" data-key="{key_index}" data-generations="{g}">"#
         );
-        let _ = writeln!(
-            svg,
-            r#"<text x="10" y="{}" font-weight="bold">{}: plan {}, lower bound {}, round-robin {}, packed {}</text>"#,
-            Fixed(panel_top - 14.0, 1),
-            escape(&key.name),
+        let heading = format!(
+            "{}: plan {}, lower bound {}, round-robin {}, packed {}",
+            key.name,
             human_bytes(key.plan_bytes),
             human_bytes(key.lower_bound),
             human_bytes(key.round_robin_bytes),
             human_bytes(key.packed_bytes)
+        );
+        right = right.max(10.0 + text_width(&heading, 12.0, true));
+        let _ = writeln!(
+            svg,
+            r#"<text x="10" y="{}" font-weight="bold">{}</text>"#,
+            Fixed(panel_top - 14.0, 1),
+            escape(&heading)
         );
         // Address axis.
         let _ = writeln!(
@@ -193,6 +237,7 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         // Arena outlines.
         for (lo, hi, generation) in &outlines {
             let label = ArenaLabel(*generation);
+            right = right.max(x(columns) + 4.0 + text_width(&label.to_string(), 12.0, false));
             let _ = writeln!(
                 svg,
                 r##"<rect class="arena" x="{}" y="{}" width="{}" height="{}" fill="#f4f4f4" stroke="#999" stroke-dasharray="2 2"/><text x="{}" y="{}" fill="#666">{label}</text>"##,
@@ -225,16 +270,48 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
                 extent.arena
             );
         }
-        // Peak window: the G consecutive runners with the most bytes of this
-        // key, all in flight at the window's last column.
-        let caps: Vec<(usize, u64)> = extents.iter().map(|&(k, _, s)| (k, s.bytes)).collect();
-        if let Some((first, bytes)) = heaviest_window(&caps, g) {
-            let col = first + g - 1;
+        // Handoffs: hatched, at their place in the key's arena, over the
+        // columns they live across.
+        let mut spans: Vec<(usize, usize, u64)> = extents
+            .iter()
+            .map(|&(k, _, s)| (k, k + g, s.bytes))
+            .collect();
+        for h in handoffs.iter().filter(|h| h.key == key_index) {
+            let at = base.binary_search_by_key(&h.arena, |&(a, _)| a);
+            let lo = at.map_or(0, |at| base[at].1) + u128::from(h.offset);
+            let hi = lo + u128::from(h.bytes);
+            let (from, until) = (h.lifetime.from, h.lifetime.until.min(columns));
+            spans.push((from, until, h.bytes));
             let _ = writeln!(
                 svg,
-                r##"<rect class="peak" data-first="{first}" data-bytes="{bytes}" x="{}" y="{panel_top}" width="{column}" height="{PANEL_HEIGHT}" fill="#ffd54f" fill-opacity="0.3" stroke="#a67c00" stroke-dasharray="1 2"><title>peak window: runners {first} to {} hold {} together</title></rect><text x="{}" y="{}" text-anchor="middle" fill="#a67c00">peak</text>"##,
+                r##"<rect class="handoff" data-handoff="{}" data-from="{from}" data-until="{until}" x="{}" y="{}" width="{}" height="{}" fill="url(#hatch)" stroke="#333" stroke-width="0.5"><title>handoff {}: {} at offset {} of arena {}, written by runner {}, read by {}; live from buffer-using runner {from} to {}</title></rect>"##,
+                h.id,
+                Fixed(x(from) + 1.0, 2),
+                Fixed(y(hi), 3),
+                Fixed((until - from) as f64 * column - 2.0, 2),
+                Fixed(y(lo) - y(hi), 3),
+                h.id,
+                human_bytes(h.bytes),
+                h.offset,
+                h.arena,
+                h.writer,
+                h.readers
+                    .iter()
+                    .map(|r| format!("runner {r}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                until - 1
+            );
+        }
+        // The peak: the column where the most bytes of this key are live
+        // (boxes crossing it), which is what sets the lower bound.
+        if let Some((col, bytes)) = heaviest_column(&spans, columns) {
+            let first = (col + 1).saturating_sub(g);
+            let _ = writeln!(
+                svg,
+                r##"<rect class="peak" data-first="{first}" data-bytes="{bytes}" x="{}" y="{panel_top}" width="{column}" height="{PANEL_HEIGHT}" fill="#ffd54f" fill-opacity="0.3" stroke="#a67c00" stroke-dasharray="1 2"><title>peak: at buffer-using runner {}, runners {first} to it and the handoffs live then hold {} together</title></rect><text x="{}" y="{}" text-anchor="middle" fill="#a67c00">peak</text>"##,
                 Fixed(x(col), 2),
-                first + g - 1,
+                col,
                 human_bytes(bytes),
                 Fixed(x(col) + column / 2.0, 2),
                 Fixed(panel_top - 2.0, 1),
@@ -249,6 +326,7 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
             ("round-robin", key.round_robin_bytes, "#c62828"),
         ] {
             let at = y(u128::from(bytes));
+            right = right.max(x(columns) + 44.0 + text_width(label, 12.0, false));
             let _ = writeln!(
                 svg,
                 r#"<line class="reference" x1="{}" y1="{at}" x2="{}" y2="{at}" stroke="{colour}" stroke-dasharray="6 3"/><text x="{}" y="{}" fill="{colour}">{label}</text>"#,
@@ -268,31 +346,64 @@ pub(crate) fn draw(input: &Input, plan: &Plan<'_>) -> Result<String, String> {
         let _ = writeln!(svg, "</g>");
     }
     let _ = writeln!(svg, "</svg>");
-    Ok(svg)
+    let width = (right + 10.0).ceil();
+    let mut document = String::with_capacity(svg.len() + 512);
+    let _ = writeln!(document, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
+    let _ = writeln!(
+        document,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        document,
+        r#"<rect width="100%" height="100%" fill="white"/>"#
+    );
+    document.push_str(&svg);
+    Ok(document)
 }
 
-/// The first of the `g` consecutive positions with the most bytes, and those
-/// bytes; `None` when nothing uses the key. `caps` is the key's users as
-/// (position, bytes), in position order (one entry per position). The
-/// earliest heaviest window ends at a used position (a window ending at an
-/// unused one weighs no more than the one before it), so only those are
-/// tried: linear in the key's users.
-fn heaviest_window(caps: &[(usize, u64)], g: usize) -> Option<(usize, u64)> {
-    let mut best: Option<(usize, u128)> = None;
-    let mut window = 0u128;
-    let mut oldest = 0;
-    for &(k, c) in caps {
-        window += u128::from(c);
-        while caps[oldest].0 + g <= k {
-            window -= u128::from(caps[oldest].1);
-            oldest += 1;
-        }
-        let first = k.saturating_sub(g - 1);
-        if window > 0 && best.is_none_or(|(_, b)| window > b) {
-            best = Some((first, window));
+/// How wide `text` draws in a sans-serif font of `size` px, at most: each
+/// character at its width in Helvetica/Arial (per 1000 of the size),
+/// rounded up, bold an eighth wider. Readers' fonts differ a little; this
+/// errs wide.
+pub(crate) fn text_width(text: &str, size: f64, bold: bool) -> f64 {
+    let per_mille: u32 = text
+        .chars()
+        .map(|c| match c {
+            'i' | 'j' | 'l' | '\'' | '|' | '.' | ',' | ':' | ';' | '!' => 320,
+            'f' | 't' | 'r' | ' ' | '(' | ')' | '[' | ']' | '-' | '/' => 400,
+            'm' | 'w' | 'M' | 'W' | '@' | '%' => 950,
+            c if c.is_ascii_uppercase() => 760,
+            c if c.is_ascii() => 640,
+            // Wide scripts and symbols.
+            _ => 1000,
+        })
+        .sum();
+    let scale = if bold { 1.12 } else { 1.0 };
+    f64::from(per_mille) / 1000.0 * size * scale
+}
+
+/// The column (of `columns`) where the most bytes are live, and those
+/// bytes; `None` when nothing is. `spans` are boxes as (first column,
+/// column after the last, bytes): one pass over their ends, then one over
+/// the columns.
+fn heaviest_column(spans: &[(usize, usize, u64)], columns: usize) -> Option<(usize, u64)> {
+    let mut delta = vec![0i128; columns + 1];
+    for &(from, until, bytes) in spans {
+        let (from, until) = (from.min(columns), until.min(columns));
+        if from < until {
+            delta[from] += i128::from(bytes);
+            delta[until] -= i128::from(bytes);
         }
     }
-    best.map(|(first, bytes)| (first, u64::try_from(bytes).unwrap_or(u64::MAX)))
+    let mut live = 0i128;
+    let mut best: Option<(usize, i128)> = None;
+    for (col, d) in delta.iter().enumerate().take(columns) {
+        live += d;
+        if live > 0 && best.is_none_or(|(_, b)| live > b) {
+            best = Some((col, live));
+        }
+    }
+    best.map(|(col, bytes)| (col, u64::try_from(bytes).unwrap_or(u64::MAX)))
 }
 
 /// `value` with `decimals` digits after the point, as `{:.N}` prints it but
