@@ -16,6 +16,7 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use super::element::Element;
 use super::handles::{capturing, Stream};
 use super::memory::note_lent;
+use super::typed_view::typed;
 use super::{sys, Result};
 use crate::backend::BackendError;
 use crate::scope::{check_use, retired, ScopeKind, SharedScope};
@@ -162,7 +163,7 @@ pub(super) fn copy_from<T: Element>(
 ) -> Result<()> {
     check_lend::<T>(view, stream, true)?;
     same_length(view, src.len(), "copy_from")?;
-    let mut dst = super::ViewExt::as_cuda::<T>(view, stream)?;
+    let mut dst = typed::<T>(view, stream)?;
     stream.cudarc().memcpy_dtod(src, &mut dst)?;
     Ok(())
 }
@@ -175,7 +176,7 @@ pub(super) fn copy_into<T: Element>(
 ) -> Result<()> {
     check_lend::<T>(view, stream, false)?;
     same_length(view, dst.len(), "copy_into")?;
-    let src = super::ViewExt::as_cuda::<T>(view, stream)?;
+    let src = typed::<T>(view, stream)?;
     stream.cudarc().memcpy_dtod(&src, dst)?;
     Ok(())
 }

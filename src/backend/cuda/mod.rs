@@ -36,15 +36,16 @@
 //! Driver errors are stored as the raw `CUresult`, formatted by this crate:
 //! formatting a cudarc `DriverError` calls into `libcuda`.
 
-mod backend;
-mod element;
-mod graph;
-mod handles;
-mod lend;
-mod memory;
 mod probe;
-mod timing;
+mod handles;
+mod memory;
+mod graph;
+mod element;
 mod typed_view;
+mod lend;
+mod view_ext;
+mod backend;
+mod timing;
 
 pub use cudarc;
 use cudarc::driver::sys;
@@ -57,7 +58,8 @@ pub use memory::Memory;
 pub(crate) use probe::{missing_symbols, open_library};
 pub use probe::{probe, probe_device, DeviceInfo};
 pub use timing::Mark;
-pub use typed_view::{TypedView, ViewExt};
+pub use typed_view::TypedView;
+pub use view_ext::ViewExt;
 
 use crate::backend::BackendError;
 

@@ -34,13 +34,14 @@
 //!
 //! Kernels are [`Op`]s on `f32` data: fill, copy, add, scale.
 
-mod backend;
-mod device;
-mod graphs;
+mod ops;
+mod clock;
 mod hazards;
 mod memory;
-mod ops;
 mod streams;
+mod graphs;
+mod device;
+mod backend;
 mod timing;
 
 use std::collections::{BTreeMap, BinaryHeap};
