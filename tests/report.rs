@@ -239,7 +239,7 @@ fn the_verdict_says_what_packing_saves_over_round_robin() {
         (report.round_robin_bytes, report.packed_bytes),
         (40 * MIB, 30 * MIB)
     );
-    let verdict = "verdict: packed at G = 2 saves 10.00 MiB (25.0%) over round-robin; this plan is round-robin, 1.333x the lower bound";
+    let verdict = "verdict: packed at G = 2 saves 10.00 MiB (25.0%) over round-robin; this plan is round_robin, 1.333x the lower bound";
     assert_eq!(
         text.lines().filter(|l| l.starts_with("verdict:")).count(),
         1
@@ -256,7 +256,7 @@ fn the_verdict_says_when_packing_saves_nothing() {
     let (_, text) = table(&d, Policy::Generations(2));
     assert!(
         text.lines().any(|l| l
-            == "verdict: packed at G = 2 saves nothing over round-robin (both 8.00 MiB); this plan is round-robin, 1.000x the lower bound"),
+            == "verdict: packed at G = 2 saves nothing over round-robin (both 8.00 MiB); this plan is round_robin, 1.000x the lower bound"),
         "{text}"
     );
 }
