@@ -927,3 +927,37 @@ fn the_file_graph_has_no_circle() {
         }
     }
 }
+
+/// The one file that calls the CUDA driver's entry points.
+const DRIVER_RESULT_LAYER: &str = "src/backend/cuda/result.rs";
+
+#[test]
+fn only_the_result_layer_calls_the_driver() {
+    let mut files = Vec::new();
+    sources(Path::new("src"), &mut files);
+    let mut raw = Vec::new();
+    for file in files {
+        if file == Path::new(DRIVER_RESULT_LAYER) {
+            continue;
+        }
+        // Test modules too: a raw call is a raw call wherever it is.
+        let source = fs::read_to_string(&file).unwrap();
+        for (n, line) in source.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            // `sys::cuGraphLaunch(..)`, however `sys` is imported; an entry
+            // point looked up by name (`lib.get(b"cuGraphAddNode_v2")`);
+            // cudarc's raw library handle (`sys::culib()`).
+            let call = code.match_indices("::cu").any(|(i, _)| {
+                code[i + 4..].starts_with(|c: char| c.is_ascii_uppercase() || c == 'l')
+                    && code[..i].ends_with("sys")
+            });
+            if call || code.contains("get(b\"cu") || code.contains("culib()") {
+                raw.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        raw.is_empty(),
+        "driver entry points called outside {DRIVER_RESULT_LAYER} (add a wrapper there): {raw:#?}"
+    );
+}

@@ -33,9 +33,14 @@
 //!   `memcpy_dtod`, `memset_zeros`, cuBLAS and `launch_builder().arg(..)`
 //!   take it. It never frees arena memory.
 //!
-//! Driver errors are stored as the raw `CUresult`, formatted by this crate:
-//! formatting a cudarc `DriverError` calls into `libcuda`.
+//! Every raw driver call goes through one checked wrapper per entry point
+//! (`result.rs`, as cudarc's `driver/result.rs`; `tests/architecture.rs`
+//! checks that no other file calls `sys::cu*`). Driver errors are stored as
+//! the raw `CUresult`, formatted by this crate: formatting a cudarc
+//! `DriverError` calls into `libcuda`.
 
+mod library;
+mod result;
 mod probe;
 mod handles;
 mod memory;
@@ -53,9 +58,9 @@ use cudarc::driver::sys;
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use graph::Graph;
 pub use handles::{CaptureMode, Device, Event, InstantiateFlags, Stream};
-pub use memory::Memory;
 #[cfg(replay_arena_nccl)]
-pub(crate) use probe::{missing_symbols, open_library};
+pub(crate) use library::{missing_symbols, open_library};
+pub use memory::Memory;
 pub use probe::{probe, probe_device, DeviceInfo};
 pub use timing::Mark;
 pub use typed_view::TypedView;
@@ -68,14 +73,6 @@ type Result<T> = std::result::Result<T, BackendError>;
 /// Every arena's base address is a multiple of this (at least the largest
 /// domain alignment).
 pub const ARENA_ALIGNMENT: u64 = 4096;
-
-/// `Ok(())` on `CUDA_SUCCESS`, else the code's name (no call into the driver).
-fn check(op: &'static str, code: sys::CUresult) -> Result<()> {
-    match code {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        code => Err(BackendError::Driver { op, code }),
-    }
-}
 
 /// A cudarc error as this crate's error, without formatting it through cudarc.
 fn driver_error(op: &'static str, error: cudarc::driver::DriverError) -> BackendError {
