@@ -29,7 +29,9 @@
 //!   does not pay the upload; see [`Device::with_graph_upload`]) and owned by a
 //!   [`Graph`], whose raw `CUgraphExec` stays reachable.
 //! - Views become typed cudarc device pointers through [`ViewExt::as_cuda`]:
-//!   a [`TypedView`] implements cudarc's `DevicePtr` and `DevicePtrMut`, so
+//!   a [`TypedView`] implements cudarc's `DevicePtr`, and `DevicePtrMut`
+//!   when its view is writable (a [`ReadOnly`](crate::ReadOnly) view's
+//!   typed form is only read, as cudarc's `CudaView`), so
 //!   `memcpy_dtod`, `memset_zeros`, cuBLAS and `launch_builder().arg(..)`
 //!   take it. It never frees arena memory.
 //!
@@ -101,6 +103,9 @@ mod tests {
     assert_not_impl_any!(Graph: Sync, Clone);
     assert_impl_all!(Replayable<Device>: Send);
     assert_impl_all!(TypedView<'static, f32>: DevicePtr<f32>, DevicePtrMut<f32>);
+    // A read-only view's typed form is read through cudarc, never written.
+    assert_impl_all!(TypedView<'static, f32, crate::view::ReadOnly>: DevicePtr<f32>);
+    assert_not_impl_any!(TypedView<'static, f32, crate::view::ReadOnly>: DevicePtrMut<f32>);
     // A typed view stays on its closure's thread: another thread could use
     // it after the closure returned, between its checks and the enqueue.
     assert_not_impl_any!(TypedView<'static, f32>: Send, Sync);

@@ -11,13 +11,30 @@ use super::handles::{capturing, this_thread, Stream};
 use super::{sys, Result};
 use crate::backend::BackendError;
 use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};
-use crate::view::{Misuse, NotSend, View};
+use crate::view::{Access, Misuse, NotSend, ReadWrite, View};
 
 /// A [`View`] as a typed cudarc device pointer: implements cudarc's
-/// [`DevicePtr<T>`] and [`DevicePtrMut<T>`] (so `memcpy_dtod`,
-/// `memset_zeros`, cuBLAS `gemm` and friends take it) and can be pushed as a
-/// kernel argument with `launch_builder().arg(&view)` (`&mut view` for a
-/// write).
+/// [`DevicePtr<T>`] and, for a writable view ([`ReadWrite`], the default
+/// access), [`DevicePtrMut<T>`] (so `memcpy_dtod`, `memset_zeros`, cuBLAS
+/// `gemm` and friends take it), and can be pushed as a kernel argument with
+/// `launch_builder().arg(&view)` (`&mut view` for a write), as cudarc's
+/// `CudaView` and `CudaViewMut` are.
+///
+/// The typed form of a [`ReadOnly`](crate::ReadOnly) view (a received
+/// handoff, a `consume` or `consume_many` consumer's views) implements
+/// `DevicePtr` only: writing it through cudarc does not compile.
+///
+/// ```compile_fail
+/// use replay_arena::cuda::{Stream, ViewExt};
+/// use replay_arena::{ReadOnly, View};
+/// fn zero(view: &View<'_, ReadOnly>, s: &Stream) {
+///     let mut typed = view.as_cuda::<f32>(s).unwrap();
+///     let _ = s.cudarc().memset_zeros(&mut typed); // DevicePtrMut: a writable view's only
+/// }
+/// ```
+///
+/// What types cannot see is checked at each use: the stream, the closure
+/// still running (cudarc gets address 0 and the scope a deferred error).
 ///
 /// It is neither `Send` nor `Sync`: it works on the thread of the closure
 /// that made it, while that closure runs.
@@ -51,7 +68,7 @@ use crate::view::{Misuse, NotSend, View};
 /// cap.finish()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct TypedView<'a, T> {
+pub struct TypedView<'a, T, A: Access = ReadWrite> {
     /// The view's address; pushed by address as a kernel argument.
     ptr: sys::CUdeviceptr,
     /// The view's scope and names, for errors.
@@ -69,10 +86,10 @@ pub struct TypedView<'a, T> {
     /// so the closure cannot return (and its capture end, or its reader's
     /// completion be recorded) between them.
     _on_its_thread: NotSend,
-    _view: PhantomData<&'a [T]>,
+    _view: PhantomData<(&'a [T], A)>,
 }
 
-impl<T> fmt::Debug for TypedView<'_, T> {
+impl<T, A: Access> fmt::Debug for TypedView<'_, T, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TypedView")
             .field("ptr", &format_args!("{:#x}", self.ptr))
@@ -82,7 +99,7 @@ impl<T> fmt::Debug for TypedView<'_, T> {
     }
 }
 
-impl<T> TypedView<'_, T> {
+impl<T, A: Access> TypedView<'_, T, A> {
     /// The device address of the first element.
     pub fn device_address(&self) -> sys::CUdeviceptr {
         self.ptr
@@ -123,7 +140,7 @@ impl<T> TypedView<'_, T> {
     }
 }
 
-impl<T> DeviceSlice<T> for TypedView<'_, T> {
+impl<T, A: Access> DeviceSlice<T> for TypedView<'_, T, A> {
     fn len(&self) -> usize {
         self.len
     }
@@ -133,7 +150,7 @@ impl<T> DeviceSlice<T> for TypedView<'_, T> {
     }
 }
 
-impl<T> DevicePtr<T> for TypedView<'_, T> {
+impl<T, A: Access> DevicePtr<T> for TypedView<'_, T, A> {
     fn device_ptr<'b>(
         &'b self,
         stream: &'b cudarc::driver::CudaStream,
@@ -145,7 +162,9 @@ impl<T> DevicePtr<T> for TypedView<'_, T> {
     }
 }
 
-impl<T> DevicePtrMut<T> for TypedView<'_, T> {
+/// Writable views only: a [`ReadOnly`](crate::ReadOnly) view's typed form
+/// has no `DevicePtrMut`.
+impl<T> DevicePtrMut<T> for TypedView<'_, T, ReadWrite> {
     fn device_ptr_mut<'b>(
         &'b mut self,
         stream: &'b cudarc::driver::CudaStream,
@@ -156,24 +175,32 @@ impl<T> DevicePtrMut<T> for TypedView<'_, T> {
 
 // SAFETY: pushes a pointer to the view's device address, which lives in the
 // view for `'b`, longer than the launch arguments ('b: 'a).
-unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b TypedView<'c, T>> for LaunchArgs<'a> {
+unsafe impl<'a, 'b: 'a, 'c: 'b, T, A: Access> PushKernelArg<&'b TypedView<'c, T, A>>
+    for LaunchArgs<'a>
+{
     #[inline(always)]
-    fn arg(&mut self, arg: &'b TypedView<'c, T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b TypedView<'c, T, A>) -> &mut Self {
         self.arg(&arg.ptr)
     }
 }
 
-// SAFETY: as above; `&mut` marks the argument as written by the kernel.
-unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut TypedView<'c, T>> for LaunchArgs<'a> {
+// SAFETY: as above; `&mut` marks the argument as written by the kernel
+// (writable views only).
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut TypedView<'c, T, ReadWrite>>
+    for LaunchArgs<'a>
+{
     #[inline(always)]
-    fn arg(&mut self, arg: &'b mut TypedView<'c, T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b mut TypedView<'c, T, ReadWrite>) -> &mut Self {
         self.arg(&arg.ptr)
     }
 }
 
 /// `view` as a [`TypedView<T>`] for cudarc calls on `stream`
 /// ([`ViewExt::as_cuda`](super::ViewExt::as_cuda)).
-pub(super) fn typed<'a, T: Element>(view: &View<'a>, stream: &Stream) -> Result<TypedView<'a, T>> {
+pub(super) fn typed<'a, T: Element, A: Access>(
+    view: &View<'a, A>,
+    stream: &Stream,
+) -> Result<TypedView<'a, T, A>> {
     if view.dtype() != T::DTYPE {
         return Err(BackendError::DTypeMismatch {
             view: view.dtype(),

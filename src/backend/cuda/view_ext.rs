@@ -10,7 +10,7 @@ use super::lend;
 use super::typed_view::{typed, TypedView};
 use super::Result;
 use crate::backend::BackendError;
-use crate::view::View;
+use crate::view::{Access, View, Writable};
 
 /// Typed cudarc views of a [`View`]: `use replay_arena::cuda::ViewExt`.
 ///
@@ -35,6 +35,10 @@ use crate::view::View;
 /// }
 /// ```
 pub trait ViewExt<'a> {
+    /// The view's access ([`ReadWrite`](crate::ReadWrite) or
+    /// [`ReadOnly`](crate::ReadOnly)), which its typed form keeps.
+    type Access: Access;
+
     /// The view as a [`TypedView<T>`], for cudarc calls on `stream`, which
     /// must be the stream of the closure that handed the view out
     /// ([`RunnerCapture::stream_capture`](crate::RunnerCapture::stream_capture)
@@ -47,7 +51,7 @@ pub trait ViewExt<'a> {
     /// [`BackendError::DTypeMismatch`] when `T`'s dtype is not the view's;
     /// [`BackendError::InvalidView`] outside the view's closure or for
     /// another stream.
-    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T>>;
+    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T, Self::Access>>;
 
     /// Lends the view to `f` as cudarc's own read-only view type,
     /// [`CudaView<'_, T>`](cudarc::driver::CudaView), for framework code
@@ -150,7 +154,9 @@ pub trait ViewExt<'a> {
         &self,
         stream: &Stream,
         f: impl FnOnce(cudarc::driver::CudaViewMut<'_, T>) -> std::result::Result<R, E>,
-    ) -> std::result::Result<R, E>;
+    ) -> std::result::Result<R, E>
+    where
+        Self::Access: Writable;
 
     /// Copies the program's device memory `src` (a framework tensor's
     /// `CudaSlice`, a `CudaView` of it) into the view, on `stream`: the
@@ -164,7 +170,9 @@ pub trait ViewExt<'a> {
     /// [`BackendError::InvalidView`] for a view its closure may only read);
     /// [`BackendError::Refused`] when the lengths differ; the driver's
     /// error.
-    fn copy_from<T: Element>(&self, stream: &Stream, src: &impl DevicePtr<T>) -> Result<()>;
+    fn copy_from<T: Element>(&self, stream: &Stream, src: &impl DevicePtr<T>) -> Result<()>
+    where
+        Self::Access: Writable;
 
     /// Copies the view into the program's device memory `dst` (a tensor
     /// the framework allocated), on `stream`: how framework ops that need
@@ -177,8 +185,10 @@ pub trait ViewExt<'a> {
     fn copy_into<T: Element>(&self, stream: &Stream, dst: &mut impl DevicePtrMut<T>) -> Result<()>;
 }
 
-impl<'a> ViewExt<'a> for View<'a> {
-    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T>> {
+impl<'a, A: Access> ViewExt<'a> for View<'a, A> {
+    type Access = A;
+
+    fn as_cuda<T: Element>(&self, stream: &Stream) -> Result<TypedView<'a, T, A>> {
         typed(self, stream)
     }
 
@@ -194,11 +204,17 @@ impl<'a> ViewExt<'a> for View<'a> {
         &self,
         stream: &Stream,
         f: impl FnOnce(cudarc::driver::CudaViewMut<'_, T>) -> std::result::Result<R, E>,
-    ) -> std::result::Result<R, E> {
+    ) -> std::result::Result<R, E>
+    where
+        A: Writable,
+    {
         lend::with_cudarc_mut(self, stream, f)
     }
 
-    fn copy_from<T: Element>(&self, stream: &Stream, src: &impl DevicePtr<T>) -> Result<()> {
+    fn copy_from<T: Element>(&self, stream: &Stream, src: &impl DevicePtr<T>) -> Result<()>
+    where
+        A: Writable,
+    {
         lend::copy_from(self, stream, src)
     }
 
