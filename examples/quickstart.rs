@@ -25,7 +25,7 @@
 use replay_arena::sim;
 use replay_arena::{
     Backend, Compose, DType, Discovering, Domain, FenceStats, ParamId, PlanConfig, Policy, Purpose,
-    Replayable, Request, Result, RunnerId, Streams, Timing, View,
+    ReadOnly, Replayable, Request, Result, RunnerId, Streams, Timing, View,
 };
 
 /// Parameters: (name, elements of its wgrad shard).
@@ -70,7 +70,12 @@ pub(crate) trait Kernels {
     /// `view[..] = value` (the wgrad GEMM).
     fn write_grad(&self, stream: &Stream<Self>, view: &View<'_>, value: f32) -> Result<()>;
     /// `main_grad[..] += view[..]` (the reduce-scatter, on another stream).
-    fn accumulate(&self, stream: &Stream<Self>, view: &View<'_>, out: &Self::Buffer) -> Result<()>;
+    fn accumulate(
+        &self,
+        stream: &Stream<Self>,
+        view: &View<'_, ReadOnly>,
+        out: &Self::Buffer,
+    ) -> Result<()>;
     fn read(&self, out: &Self::Buffer) -> Result<Vec<f32>>;
 }
 
@@ -95,7 +100,7 @@ impl Kernels for sim::Device {
     fn accumulate(
         &self,
         stream: &sim::Stream,
-        view: &View<'_>,
+        view: &View<'_, ReadOnly>,
         out: &sim::HostBuffer,
     ) -> Result<()> {
         Ok(self.launch(stream, sim::Op::add(view, out), 50)?)
@@ -114,7 +119,7 @@ mod gpu {
         CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
     };
     use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-    use replay_arena::{Error, Result, Streams, View};
+    use replay_arena::{Error, ReadOnly, Result, Streams, View};
 
     const SOURCE: &str = r#"
     extern "C" __global__ void fill(float* w, unsigned int n, float value) {
@@ -192,7 +197,7 @@ mod gpu {
         fn accumulate(
             &self,
             s: &cuda::Stream,
-            view: &View<'_>,
+            view: &View<'_, ReadOnly>,
             out: &CudaSlice<f32>,
         ) -> Result<()> {
             let (src, n) = (view.device_address(), view.len() as u32);

@@ -10,7 +10,7 @@ use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
 use crate::scope::{new_scope_id, retire, OpenScope, ScopeKind, StreamBusy};
-use crate::view::{Misuse, NotSend, View};
+use crate::view::{Access, Misuse, NotSend, ReadOnly, View};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
 /// A failed check while capturing.
@@ -741,7 +741,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
         self.handoff_view(handoff, true)
     }
 
-    /// The read-only view of `handoff`, written by an earlier runner
+    /// The read-only view of `handoff` (a [`ReadOnly`] view: its typed
+    /// cudarc form cannot be written), written by an earlier runner
     /// (declared with [`ArmedRunner::receive`](crate::ArmedRunner::receive)).
     /// Each replay of this runner waits for the writer's latest write (its
     /// ready point, or the end of its graph), and the writer's next replay
@@ -751,11 +752,11 @@ impl<B: Backend> RunnerCapture<'_, B> {
     ///
     /// [`CaptureError::HandoffNotDeclared`] when this runner does not read
     /// `handoff`.
-    pub fn receive(&self, handoff: HandoffId) -> Result<View<'_>> {
+    pub fn receive(&self, handoff: HandoffId) -> Result<View<'_, ReadOnly>> {
         self.handoff_view(handoff, false)
     }
 
-    fn handoff_view(&self, handoff: HandoffId, write: bool) -> Result<View<'_>> {
+    fn handoff_view<A: Access>(&self, handoff: HandoffId, write: bool) -> Result<View<'_, A>> {
         let plan = self.plan();
         let runner = plan.id();
         let list = if write {

@@ -139,6 +139,9 @@ mod error;
 mod source;
 #[cfg(feature = "serde")]
 mod workload;
+// The transaction rule as a property over the fence's internals (on `sim`).
+#[cfg(test)]
+mod transactions;
 
 pub mod guide;
 
@@ -181,7 +184,7 @@ pub use report::{
 pub use source::{Buffer, BufferSource, ViewSource};
 pub use step::{KeptStep, StepBuilder, StepError, StepGraph};
 pub use trace::{Slice, SliceKind, Trace, Waited};
-pub use view::{Misuse, SliceError, View, ViewsExt};
+pub use view::{Access, Misuse, ReadOnly, ReadWrite, SliceError, View, ViewsExt, Writable};
 pub use vocab::{
     BucketId, DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId,
     DEVICE_ALIGNMENT, SYMMETRIC_ALIGNMENT,

@@ -138,8 +138,11 @@ impl Discovering {
 
 /// How many runners' buffers may be live at once.
 ///
-/// With the `serde` feature it is what `Display` writes
-/// (`"Generations(2)"`), as reports and the plan explorer print it.
+/// `Display` writes it in the workload format's snake case, its kind and
+/// its count: `generations(2)`, `module_kinds(3)`, `overlap_depth(4)`;
+/// [`Policy::from_name`] reads that back, and with the `serde` feature it is
+/// that string (`"generations(2)"`), as reports and the plan explorer print
+/// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Policy {
     /// Exactly this many generations (at least 1).
@@ -214,9 +217,9 @@ type PolicyKind = (&'static str, fn(usize) -> Policy);
 impl Policy {
     /// Each kind of policy by its name.
     const KINDS: [PolicyKind; 3] = [
-        ("Generations", Policy::Generations),
-        ("ModuleKinds", Policy::ModuleKinds),
-        ("OverlapDepth", Policy::OverlapDepth),
+        ("generations", Policy::Generations),
+        ("module_kinds", Policy::ModuleKinds),
+        ("overlap_depth", Policy::OverlapDepth),
     ];
 
     /// The policy's kind, by name, and its count.
@@ -228,10 +231,18 @@ impl Policy {
         }
     }
 
-    /// Parses what `Display` writes (`Generations(2)`, `ModuleKinds(3)`,
-    /// `OverlapDepth(4)`).
-    pub fn parse(text: &str) -> Option<Policy> {
-        let (kind, count) = text.strip_suffix(')')?.split_once('(')?;
+    /// Parses what `Display` writes (`generations(2)`, `module_kinds(3)`,
+    /// `overlap_depth(4)`).
+    ///
+    /// ```
+    /// use replay_arena::Policy;
+    ///
+    /// assert_eq!(Policy::from_name("overlap_depth(4)"), Some(Policy::OverlapDepth(4)));
+    /// assert_eq!(Policy::Generations(2).to_string(), "generations(2)");
+    /// assert_eq!(Policy::from_name("Generations(2)"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Policy> {
+        let (kind, count) = name.strip_suffix(')')?.split_once('(')?;
         let count = count.parse().ok()?;
         Policy::KINDS
             .iter()
@@ -249,8 +260,9 @@ impl fmt::Display for Policy {
 
 /// Where each runner's bytes go.
 ///
-/// With the `serde` feature it is its [`Placement::name`]
-/// (`"round-robin"`).
+/// `Display` writes its [`Placement::name`] (`round_robin`, `packed`, the
+/// workload format's snake case), [`Placement::from_name`] reads it back, and
+/// with the `serde` feature it is that string (`"round_robin"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Placement {
     /// Megatron-LM's placement: the k-th buffer-using runner uses generation
@@ -268,10 +280,10 @@ impl Placement {
     /// Both placements, in declaration order.
     pub const ALL: [Placement; 2] = [Placement::RoundRobin, Placement::Packed];
 
-    /// The name reports print: `round-robin` or `packed`.
+    /// The name reports print: `round_robin` or `packed`.
     pub const fn name(self) -> &'static str {
         match self {
-            Placement::RoundRobin => "round-robin",
+            Placement::RoundRobin => "round_robin",
             Placement::Packed => "packed",
         }
     }
@@ -307,7 +319,7 @@ mod names {
         fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Policy, D::Error> {
             deserializer.deserialize_str(ByName {
                 what: "policy",
-                parse: Policy::parse,
+                parse: Policy::from_name,
                 names: || {
                     let kinds = Policy::KINDS.iter();
                     kinds.map(|(kind, _)| format!("{kind}(N)")).collect()

@@ -12,7 +12,7 @@ use crate::fence::{enter, enter_scope, Fence, FenceStats, Operation};
 use crate::plan::Planned;
 use crate::scope::{new_scope_id, ScopeKind};
 use crate::trace::{Recorder, Trace};
-use crate::view::View;
+use crate::view::{Access, ReadOnly, ReadWrite, View};
 use crate::vocab::{HandoffId, RunnerId};
 
 /// What [`Replayable::consume`] returns on failure: the crate's check, or
@@ -471,7 +471,7 @@ impl<B: Backend> Replayable<B> {
         &mut self,
         runner: RunnerId,
         stream: &B::Stream,
-        work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[View<'_, ReadOnly>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
         self.consume_slots(&[slot], stream, ScopeKind::Read, |s, views| {
@@ -503,7 +503,7 @@ impl<B: Backend> Replayable<B> {
         &mut self,
         runner: RunnerId,
         stream: &B::Stream,
-        work: impl FnOnce(&B::Stream, &[View<'_>]) -> std::result::Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[View<'_, ReadWrite>]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slot = self.slot(runner)?;
         self.consume_slots(&[slot], stream, ScopeKind::Write, |s, views| {
@@ -557,7 +557,7 @@ impl<B: Backend> Replayable<B> {
         &mut self,
         runners: &[RunnerId],
         stream: &B::Stream,
-        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> std::result::Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[&[View<'_, ReadOnly>]]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let slots = runners
             .iter()
@@ -585,12 +585,12 @@ impl<B: Backend> Replayable<B> {
 
     /// A consumer of the runners in `slots` (see `consume`); `kind` says
     /// whether it may write their views.
-    fn consume_slots<E>(
+    fn consume_slots<A: Access, E>(
         &mut self,
         slots: &[usize],
         stream: &B::Stream,
         kind: ScopeKind,
-        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> std::result::Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[&[View<'_, A>]]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
         let first = self.consumer_of(slots)?;
         let plan = &self.plan;
@@ -618,14 +618,14 @@ impl<B: Backend> Replayable<B> {
             kind == ScopeKind::Write,
             || {
                 let one;
-                let many: Vec<&[View<'_>]>;
-                let lists: &[&[View<'_>]] = if let [slot] = slots {
-                    one = [&views[ranges[*slot].clone()]];
+                let many: Vec<&[View<'_, A>]>;
+                let lists: &[&[View<'_, A>]] = if let [slot] = slots {
+                    one = [View::slice_with_access(&views[ranges[*slot].clone()])];
                     &one
                 } else {
                     many = slots
                         .iter()
-                        .map(|&slot| &views[ranges[slot].clone()])
+                        .map(|&slot| View::slice_with_access(&views[ranges[slot].clone()]))
                         .collect();
                     &many
                 };

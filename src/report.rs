@@ -165,8 +165,8 @@ pub struct GraphTemporaries {
 /// A plan described as data; `Display` renders it as a table.
 ///
 /// With the `serde` feature its fields keep their names, the vocabulary its
-/// own (`"bf16"`, `"device"`, `{"symmetric": 0}`, `"Generations(2)"`,
-/// `"round-robin"`), and the fingerprint is the table's 16 hex digits.
+/// own (`"bf16"`, `"device"`, `{"symmetric": 0}`, `"generations(2)"`,
+/// `"round_robin"`), and the fingerprint is the table's 16 hex digits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]

@@ -27,7 +27,7 @@ use crate::fence::{enter, Fence, Ledger, On, Operation};
 use crate::replay::{ConsumeError, ReplayError, Replayable};
 use crate::scope::{new_scope_id, ScopeKind, StreamBusy};
 use crate::trace::SliceKind;
-use crate::view::View;
+use crate::view::{Access, ReadOnly, ReadWrite, View};
 use crate::vocab::RunnerId;
 
 /// A step schedule that cannot be compiled.
@@ -224,7 +224,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         &mut self,
         runner: RunnerId,
         stream: &B::Stream,
-        work: impl FnOnce(&B::Stream, &[View<'_>]) -> Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[View<'_, ReadOnly>]) -> Result<(), E>,
     ) -> Result<&mut Self, ConsumeError<E>> {
         let slot = self.slot(runner)?;
         self.consume_slots(vec![slot], stream, ScopeKind::Read, |s, v| work(s, v[0]))
@@ -240,7 +240,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         &mut self,
         runner: RunnerId,
         stream: &B::Stream,
-        work: impl FnOnce(&B::Stream, &[View<'_>]) -> Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[View<'_, ReadWrite>]) -> Result<(), E>,
     ) -> Result<&mut Self, ConsumeError<E>> {
         let slot = self.slot(runner)?;
         self.consume_slots(vec![slot], stream, ScopeKind::Write, |s, v| work(s, v[0]))
@@ -256,7 +256,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         &mut self,
         runners: &[RunnerId],
         stream: &B::Stream,
-        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[&[View<'_, ReadOnly>]]) -> Result<(), E>,
     ) -> Result<&mut Self, ConsumeError<E>> {
         let slots = runners
             .iter()
@@ -266,12 +266,12 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     }
 
     /// Captures a consumer of `slots` on `stream` into a graph of its own.
-    fn consume_slots<E>(
+    fn consume_slots<A: Access, E>(
         &mut self,
         slots: Vec<usize>,
         stream: &B::Stream,
         kind: ScopeKind,
-        work: impl FnOnce(&B::Stream, &[&[View<'_>]]) -> Result<(), E>,
+        work: impl FnOnce(&B::Stream, &[&[View<'_, A>]]) -> Result<(), E>,
     ) -> Result<&mut Self, ConsumeError<E>> {
         let r = &mut *self.replayable;
         let runner = r.consumer_of(&slots)?;
@@ -284,20 +284,23 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         // reader): the plan's own views stay as they are, whatever `work`
         // does (fails, panics).
         let read_only = kind == ScopeKind::Read;
-        let copies: Vec<Vec<View<'_>>> = slots
+        let copies: Vec<Vec<View<'_, A>>> = slots
             .iter()
             .map(|&slot| {
                 r.views[r.view_ranges[slot].clone()]
                     .iter()
-                    .map(|&v| View {
-                        scope,
-                        read_only,
-                        ..v
+                    .map(|&v| {
+                        View {
+                            scope,
+                            read_only,
+                            ..v
+                        }
+                        .with_access()
                     })
                     .collect()
             })
             .collect();
-        let lists: Vec<&[View<'_>]> = copies.iter().map(Vec::as_slice).collect();
+        let lists: Vec<&[View<'_, A>]> = copies.iter().map(Vec::as_slice).collect();
         let graph = match capture_work(
             &r.backend,
             stream,

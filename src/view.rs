@@ -1,6 +1,8 @@
 //! Views into arenas, and the marker that keeps an open capture on its
 //! thread. A leaf module: phases and backends both use it.
 
+use std::fmt;
+use std::hash::Hash;
 use std::marker::PhantomData;
 
 #[cfg(feature = "nccl")]
@@ -12,9 +14,64 @@ use crate::vocab::{DType, Domain, Key, ParamId, Purpose, Request, RunnerId};
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct NotSend(PhantomData<*const ()>);
 
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::ReadWrite {}
+    impl Sealed for super::ReadOnly {}
+}
+
+/// What work may do with a [`View`], in its type: [`ReadWrite`] (the
+/// default: a capture's own requests and the handoffs it writes, a
+/// `consume_mut` consumer's views) or [`ReadOnly`] (a received handoff, a
+/// `consume` or `consume_many` consumer's views). Sealed: these two are all.
+pub trait Access: sealed::Sealed + Copy + fmt::Debug + Eq + Hash + Send + Sync + 'static {
+    /// Whether work may only read a view of this access.
+    const READ_ONLY: bool;
+}
+
+/// The access of a view work may read and write: the default of [`View`].
+/// Its typed cudarc form implements `DevicePtrMut` as well as `DevicePtr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadWrite {}
+
+/// The access of a view work may only read: what scopes that only read
+/// hand out ([`RunnerCapture::receive`](crate::RunnerCapture::receive),
+/// [`Replayable::consume`](crate::Replayable::consume),
+/// [`Replayable::consume_many`](crate::Replayable::consume_many) and their
+/// [`StepBuilder`](crate::StepBuilder) forms). Its typed cudarc form
+/// implements `DevicePtr` only, so writing it through cudarc does not
+/// compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadOnly {}
+
+impl Access for ReadWrite {
+    const READ_ONLY: bool = false;
+}
+
+impl Access for ReadOnly {
+    const READ_ONLY: bool = true;
+}
+
+/// The accesses that allow writes: [`ReadWrite`]. A bound on the calls that
+/// write a view (`cuda::ViewExt::copy_from`, `with_cudarc_mut`).
+#[diagnostic::on_unimplemented(
+    message = "a `{Self}` view may only be read",
+    label = "this call writes the view",
+    note = "received handoffs and the views of `consume` and `consume_many` are read-only: write a runner's views in its graph, or in `consume_mut`"
+)]
+pub trait Writable: Access {}
+
+impl Writable for ReadWrite {}
+
 /// A fixed-address, aligned view into a runner's arena. It borrows the
 /// capture (or the [`Replayable`](crate::Replayable)) that handed it out, so
 /// it cannot outlive the memory it points at.
+///
+/// Its [`Access`] says in the type whether work may write it: `View<'a>`
+/// is `View<'a, ReadWrite>`; scopes that only read hand out
+/// `View<'a, ReadOnly>`, whose typed cudarc form cannot be written
+/// (cudarc's `CudaView` / `CudaViewMut` distinction). A writable view
+/// narrows to a read-only one with [`View::read_only`].
 ///
 /// Device work can be put on a view only inside the work closure of the
 /// capture or consumer that handed it out, on that closure's stream
@@ -23,8 +80,11 @@ pub(crate) struct NotSend(PhantomData<*const ()>);
 /// orders it. Elsewhere (another plan's capture, another stream, after the
 /// closure returned) every backend refuses it with a typed error; see
 /// `docs/safety.md`.
+// `repr(C)`: views of either access have one layout (the access is a
+// zero-sized marker), so a slice of one converts to a slice of the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct View<'a> {
+#[repr(C)]
+pub struct View<'a, A: Access = ReadWrite> {
     pub(crate) addr: u64,
     pub(crate) arena: usize,
     pub(crate) offset: u64,
@@ -37,7 +97,7 @@ pub struct View<'a> {
     pub(crate) read_only: bool,
     /// The handoff it is, if any: unusable once its writer marked it ready.
     pub(crate) handoff: Option<u32>,
-    pub(crate) _owner: PhantomData<&'a ()>,
+    pub(crate) _owner: PhantomData<(&'a (), A)>,
 }
 
 /// What a backend needs to check a view's use: its scope, and what to name
@@ -51,7 +111,40 @@ pub(crate) struct ViewTag {
     pub(crate) handoff: Option<u32>,
 }
 
-impl<'a> View<'a> {
+impl<'a> View<'a, ReadWrite> {
+    /// The same view, read-only (as a reader is handed it).
+    pub fn read_only(&self) -> View<'a, ReadOnly> {
+        self.with_access()
+    }
+}
+
+impl<'a, A: Access> View<'a, A> {
+    /// The same view with another access: crate-internal, where the scope
+    /// it is handed to decides.
+    pub(crate) fn with_access<B: Access>(self) -> View<'a, B> {
+        View {
+            addr: self.addr,
+            arena: self.arena,
+            offset: self.offset,
+            request: self.request,
+            runner: self.runner,
+            scope: self.scope,
+            read_only: self.read_only,
+            handoff: self.handoff,
+            _owner: PhantomData,
+        }
+    }
+
+    /// `views` with another access, without copying them.
+    pub(crate) fn slice_with_access<'s, B: Access>(views: &'s [View<'a, A>]) -> &'s [View<'a, B>] {
+        // SAFETY: `View` is `repr(C)` and its access is a zero-sized
+        // marker in its last field (`PhantomData`, alignment 1): views of
+        // either access have the same size, alignment and field offsets,
+        // and every value of one is a valid value of the other. The slice
+        // keeps its length and lifetime.
+        unsafe { std::slice::from_raw_parts(views.as_ptr().cast::<View<'a, B>>(), views.len()) }
+    }
+
     /// Its scope and names, for backends' checks.
     pub(crate) fn tag(&self) -> ViewTag {
         ViewTag {
@@ -104,11 +197,12 @@ impl<'a> View<'a> {
         self.request
     }
 
-    /// Whether work may only read it: a handoff its reader received
-    /// ([`RunnerCapture::receive`](crate::RunnerCapture::receive)). A
-    /// consumer's views are read-only too, by their consumer's kind.
+    /// Whether work may only read it: a [`ReadOnly`] view (a handoff its
+    /// reader received with
+    /// [`RunnerCapture::receive`](crate::RunnerCapture::receive), a
+    /// consumer's view), or a view narrowed from one.
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        A::READ_ONLY || self.read_only
     }
 
     /// The runner that owns it (for a handoff, the runner whose capture
@@ -162,7 +256,7 @@ impl<'a> View<'a> {
     /// assert!(bucket.slice(900..1001).is_err());
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
-    pub fn slice(&self, range: std::ops::Range<usize>) -> Result<View<'a>, SliceError> {
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Result<View<'a, A>, SliceError> {
         let len = self.len();
         if range.start >= range.end || range.end > len {
             return Err(SliceError {
@@ -188,7 +282,7 @@ impl<'a> View<'a> {
     /// # Errors
     ///
     /// [`SliceError`] unless `0 < mid < len`.
-    pub fn split_at(&self, mid: usize) -> Result<(View<'a>, View<'a>), SliceError> {
+    pub fn split_at(&self, mid: usize) -> Result<(View<'a, A>, View<'a, A>), SliceError> {
         Ok((self.slice(0..mid)?, self.slice(mid..self.len())?))
     }
 }
@@ -371,28 +465,28 @@ const READ_ONLY_CONSUMER: &str = "a consumer's view, which it reads (consumers o
 /// Finding views by what they are for, in the slice a consumer (or
 /// [`Replayable::views`](crate::Replayable::views)) hands out, without
 /// positional indices and without allocating.
-pub trait ViewsExt<'a> {
+pub trait ViewsExt<'a, A: Access = ReadWrite> {
     /// The first view that answers `request` (domain, dtype, elements,
     /// purpose and parameter all equal).
-    fn find(&self, request: &Request) -> Option<View<'a>>;
+    fn find(&self, request: &Request) -> Option<View<'a, A>>;
     /// The views of one purpose, in request order.
-    fn with_purpose(&self, purpose: Purpose) -> impl Iterator<Item = View<'a>> + '_;
+    fn with_purpose(&self, purpose: Purpose) -> impl Iterator<Item = View<'a, A>> + '_;
     /// The views of one parameter, in request order.
-    fn of_param(&self, param: ParamId) -> impl Iterator<Item = View<'a>> + '_;
+    fn of_param(&self, param: ParamId) -> impl Iterator<Item = View<'a, A>> + '_;
 }
 
-impl<'a> ViewsExt<'a> for [View<'a>] {
-    fn find(&self, request: &Request) -> Option<View<'a>> {
+impl<'a, A: Access> ViewsExt<'a, A> for [View<'a, A>] {
+    fn find(&self, request: &Request) -> Option<View<'a, A>> {
         self.iter().find(|v| v.request == *request).copied()
     }
 
-    fn with_purpose(&self, purpose: Purpose) -> impl Iterator<Item = View<'a>> + '_ {
+    fn with_purpose(&self, purpose: Purpose) -> impl Iterator<Item = View<'a, A>> + '_ {
         self.iter()
             .filter(move |v| v.request.purpose == purpose)
             .copied()
     }
 
-    fn of_param(&self, param: ParamId) -> impl Iterator<Item = View<'a>> + '_ {
+    fn of_param(&self, param: ParamId) -> impl Iterator<Item = View<'a, A>> + '_ {
         self.iter()
             .filter(move |v| v.request.param == Some(param))
             .copied()

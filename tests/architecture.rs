@@ -9,6 +9,16 @@
 //! the root re-exports (`crate::Planned`, `crate::cuda`) counts as an import
 //! of the module that `src/lib.rs` re-exports it from, so no dependency
 //! hides behind `lib.rs`.
+//!
+//! The same holds file by file: a file imports only files of earlier layers,
+//! where the files of a directory module are layered in the order of its
+//! root file's `mod` declarations (`backend/sim/mod.rs`: `ops`, `clock`,
+//! `hazards`, ...), and the file graph has no circle. There a path is
+//! followed through every `use` and re-export to the file that defines
+//! the item (`super::ViewExt` in `cuda/lend.rs` is `cuda/view_ext.rs`).
+//! A module's root file and the files of its own subtree are left out of
+//! each other's checks: the root declares its children and holds the state
+//! they share (`sim::SimState`), so Rust makes that pair import each other.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -383,5 +393,571 @@ fn the_phases_are_layered_in_lifecycle_order() {
     assert!(
         at("view") < at("scope") && at("scope") < at("backend"),
         "the scope registry knows views only; backends check views against it"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// File level.
+// ---------------------------------------------------------------------------
+
+/// The module path of a source file: `src/backend/sim/streams.rs` ->
+/// `[backend, sim, streams]`, `src/backend/mod.rs` -> `[backend]`,
+/// `src/lib.rs` -> `[]`.
+fn module_path(file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix("src").unwrap().with_extension("");
+    let mut path: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .collect();
+    if matches!(path.last().map(String::as_str), Some("mod" | "lib")) {
+        path.pop();
+    }
+    path
+}
+
+/// A `use` declaration's names: (the name it binds, the path it names).
+/// `use super::{a::b, c as d};` gives `b -> super::a::b` and
+/// `d -> super::c`; `{self, ..}` binds the group's module; globs bind
+/// nothing.
+fn use_tree(prefix: &[String], tree: &str, out: &mut Vec<(String, Vec<String>)>) {
+    let tree = tree.trim();
+    if let Some(open) = top_level(tree, '{') {
+        let mut prefix = prefix.to_vec();
+        prefix.extend(segments(tree[..open].trim_end_matches("::")));
+        let inner = &tree[open + 1..closing_brace(tree, open) - 1];
+        for item in split_top_level(inner) {
+            use_tree(&prefix, item, out);
+        }
+        return;
+    }
+    let (path, alias) = match tree.split_once(" as ") {
+        Some((path, alias)) => (path, Some(alias.trim().to_string())),
+        None => (tree, None),
+    };
+    let mut full = prefix.to_vec();
+    for s in segments(path) {
+        if s != "self" || full.is_empty() {
+            full.push(s);
+        }
+    }
+    if full.last().is_none_or(|s| s == "*") || path.trim().is_empty() {
+        return;
+    }
+    let name = alias.unwrap_or_else(|| full.last().unwrap().clone());
+    out.push((name, full));
+}
+
+fn segments(path: &str) -> Vec<String> {
+    path.split("::")
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The index of the first `c` outside braces.
+fn top_level(text: &str, c: char) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, ch) in text.char_indices() {
+        match ch {
+            _ if ch == c && depth == 0 => return Some(i),
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn split_top_level(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (i, ch) in text.char_indices() {
+        match ch {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&text[start..]);
+    out.into_iter().filter(|s| !s.trim().is_empty()).collect()
+}
+
+fn is_ident_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// `code`'s `use` declarations (as [`use_tree`] reads them) and the code
+/// with them blanked out.
+fn uses(code: &str) -> (Vec<(String, Vec<String>)>, String) {
+    let mut out = Vec::new();
+    let mut rest_code = String::with_capacity(code.len());
+    let b = code.as_bytes();
+    let mut k = 0;
+    let mut copied = 0;
+    while let Some(i) = code[k..].find("use ") {
+        let at = k + i;
+        k = at + 4;
+        // A declaration starts an item: after `;`, a brace, an attribute or
+        // a visibility (not `use` in a string or a comment's prose).
+        let before = code[..at].trim_end();
+        let before = before
+            .strip_suffix("pub")
+            .or_else(|| {
+                let v = before.strip_suffix(')')?;
+                Some(&v[..v.rfind("pub(")?])
+            })
+            .unwrap_or(before)
+            .trim_end();
+        let item_start = before.is_empty() || before.ends_with([';', '{', '}', ']']);
+        if (at > 0 && is_ident_byte(b[at - 1])) || !item_start {
+            continue;
+        }
+        let Some(end) = code[k..].find(';').map(|e| k + e) else {
+            break;
+        };
+        use_tree(&[], &code[k..end], &mut out);
+        rest_code.push_str(&code[copied..at]);
+        copied = end + 1;
+        k = end + 1;
+    }
+    rest_code.push_str(&code[copied..]);
+    (out, rest_code)
+}
+
+/// Every path in `code` (use declarations left out) that starts with
+/// `crate::`, `$crate::`, `super::` or `self::`, or with one of `children`
+/// (a module file's own child modules), as segments.
+fn code_paths(code: &str, children: &BTreeSet<String>) -> Vec<Vec<String>> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut k = 0;
+    while k < b.len() {
+        let starts_word = k == 0 || !(is_ident_byte(b[k - 1]) || b[k - 1] == b':');
+        if !starts_word || !(is_ident_byte(b[k]) || b[k] == b'$') {
+            k += 1;
+            continue;
+        }
+        let mut segs = Vec::new();
+        let mut j = k;
+        loop {
+            let from = j;
+            if b.get(j) == Some(&b'$') {
+                j += 1;
+            }
+            while j < b.len() && is_ident_byte(b[j]) {
+                j += 1;
+            }
+            segs.push(code[from..j].to_string());
+            if code[j..].starts_with("::") && b.get(j + 2).is_some_and(|c| is_ident_byte(*c)) {
+                j += 2;
+            } else {
+                break;
+            }
+        }
+        let head = segs[0].as_str();
+        if segs.len() > 1
+            && (matches!(head, "crate" | "$crate" | "super" | "self") || children.contains(head))
+        {
+            out.push(segs);
+        }
+        k = j.max(k + 1);
+    }
+    out
+}
+
+/// Every source file of the library (not the binaries, which are crates of
+/// their own), with its code ([`code`]).
+fn library_files() -> BTreeMap<Vec<String>, (PathBuf, String)> {
+    let mut paths = Vec::new();
+    sources(Path::new("src"), &mut paths);
+    paths
+        .into_iter()
+        .filter(|p| !p.starts_with("src/bin"))
+        .map(|p| {
+            let code = code(&fs::read_to_string(&p).unwrap());
+            let code = inline_modules_flattened(&strings_blanked(&code));
+            (module_path(&p), (p, code))
+        })
+        .collect()
+}
+
+/// `code` with the text of its string and character literals blanked (a
+/// path in a message, `"sim::Device"`, is no import).
+fn strings_blanked(code: &str) -> String {
+    let b = code.as_bytes();
+    let mut out = b.to_vec();
+    let mut k = 0;
+    while k < b.len() {
+        let (from, to) = match b[k] {
+            b'r' if raw_string_at(b, k).is_some() => {
+                let hashes = raw_string_at(b, k).unwrap();
+                let close = format!("\"{}", "#".repeat(hashes));
+                let from = k + 2 + hashes;
+                (
+                    from,
+                    code[from..].find(&close).map_or(b.len(), |i| from + i),
+                )
+            }
+            b'"' => {
+                let mut j = k + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                (k + 1, j.min(b.len()))
+            }
+            b'\'' if b.get(k + 2) == Some(&b'\'') => (k + 1, k + 2),
+            _ => {
+                k += 1;
+                continue;
+            }
+        };
+        for c in &mut out[from..to] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+        k = to + 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| code.to_string())
+}
+
+/// `code` with `super::` inside its inline modules (`mod names { .. }`)
+/// written `self::`: the file's own items, as seen from the file.
+fn inline_modules_flattened(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(i) = rest.find("mod ") {
+        let after = &rest[i + 4..];
+        let name_len = ident(after).len();
+        let header = after[name_len..].trim_start();
+        let inline = (i == 0 || !is_ident_byte(rest.as_bytes()[i - 1]))
+            && name_len > 0
+            && header.starts_with('{');
+        if !inline {
+            out.push_str(&rest[..i + 4]);
+            rest = after;
+            continue;
+        }
+        let open = i + 4 + name_len + (after[name_len..].len() - header.len());
+        let close = closing_brace(rest, open);
+        out.push_str(&rest[..open]);
+        out.push_str(&rest[open..close].replace("super::", "self::"));
+        rest = &rest[close..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The files of `src/` and what each names of the others.
+struct Files {
+    files: BTreeMap<Vec<String>, (PathBuf, String)>,
+    uses: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>>,
+    macros: BTreeMap<String, Vec<String>>,
+}
+
+impl Files {
+    fn read() -> Files {
+        let files = library_files();
+        let mut uses_of = BTreeMap::new();
+        let mut macros = BTreeMap::new();
+        for (module, (_, code)) in &files {
+            let (decls, _) = uses(code);
+            uses_of.insert(module.clone(), decls.into_iter().collect());
+            let mut rest = code.as_str();
+            while let Some(i) = rest.find("macro_rules! ") {
+                rest = &rest[i + "macro_rules! ".len()..];
+                macros.insert(ident(rest), module.clone());
+            }
+        }
+        Files {
+            files,
+            uses: uses_of,
+            macros,
+        }
+    }
+
+    fn children(&self, module: &[String]) -> BTreeSet<String> {
+        self.files
+            .keys()
+            .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
+            .map(|m| m.last().unwrap().clone())
+            .collect()
+    }
+
+    /// The file (as its module path) that defines what `path`, written in
+    /// `from`'s file, names; `None` for another crate's item. A name a file
+    /// brings in with `use` (or re-exports) is followed to where it is
+    /// defined.
+    fn resolve(&self, from: &[String], path: &[String], depth: usize) -> Option<Vec<String>> {
+        assert!(depth < 32, "use declarations loop at {from:?}: {path:?}");
+        let mut module = from.to_vec();
+        let mut rest = path;
+        match path.first().map(String::as_str) {
+            Some("crate" | "$crate") => {
+                module.clear();
+                rest = &path[1..];
+            }
+            Some("self") => rest = &path[1..],
+            Some("super") => {
+                while rest.first().is_some_and(|s| s == "super") {
+                    module.pop();
+                    rest = &rest[1..];
+                }
+            }
+            _ => {}
+        }
+        for (i, seg) in rest.iter().enumerate() {
+            let mut child = module.clone();
+            child.push(seg.clone());
+            if self.files.contains_key(&child) {
+                module = child;
+                continue;
+            }
+            let bound = self.uses[&module]
+                .get(seg)
+                .filter(|t| !(t.len() == 2 && t[0] == "self" && t[1] == *seg));
+            if let Some(target) = bound {
+                // `use x::y` at a module's first segment names a crate.
+                let external = !matches!(target[0].as_str(), "crate" | "$crate" | "super" | "self")
+                    && !self
+                        .files
+                        .contains_key(&[module.clone(), vec![target[0].clone()]].concat());
+                if external {
+                    return None;
+                }
+                let mut next = target.clone();
+                next.extend(rest[i + 1..].iter().cloned());
+                return self.resolve(&module, &next, depth + 1);
+            }
+            if module.is_empty() && i == rest.len() - 1 {
+                if let Some(m) = self.macros.get(seg) {
+                    return Some(m.clone());
+                }
+            }
+            return Some(module);
+        }
+        Some(module)
+    }
+
+    /// Every import from one file to another: (importing file, imported
+    /// file), as module paths.
+    fn edges(&self) -> BTreeSet<(Vec<String>, Vec<String>)> {
+        let mut edges = BTreeSet::new();
+        for (module, (_, code)) in &self.files {
+            let (decls, rest) = uses(code);
+            let children = self.children(module);
+            let mut paths: Vec<Vec<String>> = decls.into_iter().map(|(_, p)| p).collect();
+            paths.extend(code_paths(&rest, &children));
+            for path in paths {
+                let head = path[0].as_str();
+                let local = matches!(head, "crate" | "$crate" | "super" | "self")
+                    || children.contains(head);
+                if !local {
+                    continue;
+                }
+                if let Some(target) = self.resolve(module, &path, 0) {
+                    if &target != module {
+                        edges.insert((module.clone(), target));
+                    }
+                }
+            }
+        }
+        edges
+    }
+
+    /// Where a file sits in the layers: at each level of its module path,
+    /// the place of that module among its parent's `mod` declarations
+    /// (`src/lib.rs`'s order at the top).
+    fn layer_key(&self, module: &[String]) -> Vec<usize> {
+        (1..=module.len())
+            .map(|n| {
+                let parent = &module[..n - 1];
+                let order = declared_modules(&self.files[parent].1);
+                order
+                    .iter()
+                    .position(|m| *m == module[n - 1])
+                    .unwrap_or_else(|| panic!("{:?} is not declared in its parent", &module[..n]))
+            })
+            .collect()
+    }
+}
+
+/// The `mod name;` declarations of a file's code, in order.
+fn declared_modules(code: &str) -> Vec<String> {
+    code.lines()
+        .map(str::trim)
+        .filter_map(|l| {
+            l.strip_prefix("pub mod ")
+                .or_else(|| l.strip_prefix("pub(crate) mod "))
+                .or_else(|| l.strip_prefix("mod "))
+        })
+        .filter_map(|l| l.strip_suffix(';'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn file_name(files: &Files, module: &[String]) -> String {
+    files.files[module].0.display().to_string()
+}
+
+/// Whether `a` is the root file of a module that holds `b` (or the other
+/// way round): `backend/sim/mod.rs` and `backend/sim/streams.rs`. A module's
+/// root file declares its children and may hold the state they share, so
+/// the two import each other by Rust's design; those edges are the module
+/// tree, not layers.
+fn related(a: &[String], b: &[String]) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+#[test]
+fn files_resolve_paths_through_their_use_declarations() {
+    let files = Files::read();
+    let at = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        files.resolve(
+            &at(&["backend", "sim", "device"]),
+            &at(&["super", "SimState"]),
+            0
+        ),
+        Some(at(&["backend", "sim"]))
+    );
+    assert_eq!(
+        files.resolve(&at(&["replay"]), &at(&["crate", "plan", "Planned"]), 0),
+        Some(at(&["plan"]))
+    );
+    // Through the root re-exports to the defining file.
+    assert_eq!(
+        files.resolve(&at(&["step"]), &at(&["crate", "sim", "Hazard"]), 0),
+        Some(at(&["backend", "sim", "hazards"]))
+    );
+    let mut out = Vec::new();
+    use_tree(&[], "super::{a::{b, c as d}, self, e}", &mut out);
+    assert_eq!(
+        out,
+        [
+            ("b".to_string(), at(&["super", "a", "b"])),
+            ("d".to_string(), at(&["super", "a", "c"])),
+            ("super".to_string(), at(&["super"])),
+            ("e".to_string(), at(&["super", "e"])),
+        ]
+    );
+    let children = BTreeSet::from(["ops".to_string(), "sim".to_string()]);
+    // A path in a message is no import.
+    let message = strings_blanked(r#"note = "use `sim::Device`"; let c = '"'; sim::x();"#);
+    assert_eq!(code_paths(&message, &children), [at(&["sim", "x"])]);
+    assert_eq!(
+        code_paths(
+            "let x = super::a::B::new(ops::Op::Fill, y::z, $crate::E);",
+            &children
+        ),
+        [
+            at(&["super", "a", "B", "new"]),
+            at(&["ops", "Op", "Fill"]),
+            at(&["$crate", "E"])
+        ]
+    );
+}
+
+#[test]
+fn no_file_imports_a_file_of_a_later_layer() {
+    let files = Files::read();
+    let mut upward = Vec::new();
+    for (from, to) in files.edges() {
+        if related(&from, &to) {
+            continue;
+        }
+        let (a, b) = (files.layer_key(&from), files.layer_key(&to));
+        let split = a.iter().zip(&b).position(|(x, y)| x != y).unwrap();
+        if b[split] > a[split] {
+            upward.push(format!(
+                "{} imports {}",
+                file_name(&files, &from),
+                file_name(&files, &to)
+            ));
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports up the layers (a module's files are layered in its `mod` order): {upward:#?}"
+    );
+}
+
+#[test]
+fn the_file_graph_has_no_circle() {
+    let files = Files::read();
+    let mut graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (from, to) in files.edges() {
+        if !related(&from, &to) {
+            graph.entry(from).or_default().insert(to);
+        }
+    }
+    fn visit(
+        m: &Vec<String>,
+        graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        path: &mut Vec<Vec<String>>,
+        done: &mut BTreeSet<Vec<String>>,
+    ) -> Option<Vec<Vec<String>>> {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            let mut circle = path[at..].to_vec();
+            circle.push(m.clone());
+            return Some(circle);
+        }
+        if !done.insert(m.clone()) {
+            return None;
+        }
+        path.push(m.clone());
+        for next in graph.get(m).into_iter().flatten() {
+            if let Some(circle) = visit(next, graph, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for m in graph.keys() {
+        if let Some(circle) = visit(m, &graph, &mut Vec::new(), &mut done) {
+            let names: Vec<String> = circle.iter().map(|m| file_name(&files, m)).collect();
+            panic!("import circle between files: {}", names.join(" -> "));
+        }
+    }
+}
+
+/// The one file that calls the CUDA driver's entry points.
+const DRIVER_RESULT_LAYER: &str = "src/backend/cuda/result.rs";
+
+#[test]
+fn only_the_result_layer_calls_the_driver() {
+    let mut files = Vec::new();
+    sources(Path::new("src"), &mut files);
+    let mut raw = Vec::new();
+    for file in files {
+        if file == Path::new(DRIVER_RESULT_LAYER) {
+            continue;
+        }
+        // Test modules too: a raw call is a raw call wherever it is.
+        let source = fs::read_to_string(&file).unwrap();
+        for (n, line) in source.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            // `sys::cuGraphLaunch(..)`, however `sys` is imported; an entry
+            // point looked up by name (`lib.get(b"cuGraphAddNode_v2")`);
+            // cudarc's raw library handle (`sys::culib()`).
+            let call = code.match_indices("::cu").any(|(i, _)| {
+                code[i + 4..].starts_with(|c: char| c.is_ascii_uppercase() || c == 'l')
+                    && code[..i].ends_with("sys")
+            });
+            if call || code.contains("get(b\"cu") || code.contains("culib()") {
+                raw.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        raw.is_empty(),
+        "driver entry points called outside {DRIVER_RESULT_LAYER} (add a wrapper there): {raw:#?}"
     );
 }

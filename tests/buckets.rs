@@ -613,7 +613,7 @@ proptest! {
             let stage = |s: &sim::Stream, v: &[replay_arena::View<'_>]| {
                 sim.launch(s, sim::Op::fill(&v[0], value), 3)
             };
-            let read = |s: &sim::Stream, v: &[replay_arena::View<'_>]| {
+            let read = |s: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
                 sim.launch(s, sim::Op::add(&v[1], sink), 4)
             };
             if in_steps && i % 2 == 1 {

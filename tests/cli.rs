@@ -112,7 +112,7 @@ fn a_policy_flag_prints_one_round_robin_report() {
     let tiny = file(TINY);
     let out = ok(&[&tiny, "--generations", "3"]);
     assert!(
-        out.contains("plan: round-robin placement, G = 2 (policy Generations(3))"),
+        out.contains("plan: round_robin placement, G = 2 (policy generations(3))"),
         "{out}"
     );
     assert!(out.starts_with("workload tiny ("), "{out}");
@@ -124,18 +124,18 @@ fn packed_selects_the_packed_placement_and_dash_reads_stdin() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["placed_policy"]["placement"], "packed");
-    assert_eq!(v["placed_policy"]["policy"], "ModuleKinds(2)");
+    assert_eq!(v["placed_policy"]["policy"], "module_kinds(2)");
     assert_eq!(v["workload"]["file"], "-");
     let tiny = file(TINY);
     let v = json_of(&[&tiny, "-d", "4", "--packed", "--json"]);
-    assert_eq!(v["placed_policy"]["policy"], "OverlapDepth(4)");
+    assert_eq!(v["placed_policy"]["policy"], "overlap_depth(4)");
 }
 
 #[test]
 fn conventional_flag_forms_are_accepted() {
     let tiny = file(TINY);
     let v = json_of(&["--generations=2", "--json", "--", &tiny]);
-    assert_eq!(v["placed_policy"]["policy"], "Generations(2)");
+    assert_eq!(v["placed_policy"]["policy"], "generations(2)");
     let v = json_of(&["-g2", "--json", &tiny]);
     assert_eq!(v["generations"], 2);
 }
@@ -277,7 +277,7 @@ fn an_overflowing_figure_is_an_error_in_every_mode() {
     }
     let e = failure(&[&huge, "--generations", "2"]);
     assert!(
-        e.contains("with policy Generations(2), round-robin placement: the"),
+        e.contains("with policy generations(2), round_robin placement: the"),
         "{e}"
     );
 }
@@ -379,7 +379,7 @@ fn report_json_carries_names_sizes_and_ratios() {
     let v = json_of(&[&tiny, "--generations", "2", "--packed", "--json"]);
     assert_eq!(
         v["placed_policy"],
-        json!({"policy": "Generations(2)", "placement": "packed"})
+        json!({"policy": "generations(2)", "placement": "packed"})
     );
     assert_eq!(v["workload"]["file"], tiny.as_str());
     assert_eq!(v["workload"]["source"], "hand-written");
@@ -429,10 +429,10 @@ fn comparison_rows_cover_three_counts_and_the_module_kinds_rule() {
     assert_eq!(
         policies,
         vec![
-            "Generations(1)",
-            "Generations(2)",
-            "Generations(3)",
-            "ModuleKinds(2)"
+            "generations(1)",
+            "generations(2)",
+            "generations(3)",
+            "module_kinds(2)"
         ]
     );
     // Two runners use buffers, so G = 3 is capped at 2.
@@ -447,7 +447,7 @@ fn comparison_rows_cover_three_counts_and_the_module_kinds_rule() {
     assert_eq!(v["module_kinds_from"], "runner names");
     let md = ok(&[&tiny, "--markdown"]);
     assert_eq!(md.lines().count(), 2 + 4, "{md}");
-    assert!(md.contains("| tiny | ModuleKinds(2) | 2 |"), "{md}");
+    assert!(md.contains("| tiny | module_kinds(2) | 2 |"), "{md}");
 }
 
 #[test]
@@ -683,7 +683,7 @@ fn a_workload_with_handoffs_plans_reports_and_draws() {
     ok(&[&w, "-g", "2", "--svg", svg.to_str().unwrap()]);
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg "));
     let cmp = ok(&["--compare", &w]);
-    assert!(cmp.contains("Generations(2)"), "{cmp}");
+    assert!(cmp.contains("generations(2)"), "{cmp}");
     // A receive of a handoff nobody declared is refused with its path.
     let bad = file(
         &std::fs::read_to_string(&w)
@@ -724,7 +724,7 @@ fn a_bound_no_layout_reaches_is_named_proved_in_the_json_and_the_comparison() {
     assert_eq!(key["best_bound"], key["plan_bytes"]);
     assert_eq!(v["best_bound"], 6 * 16384);
     let md = ok(&["--compare", "--markdown", &w]);
-    let g3 = md.lines().find(|l| l.contains("Generations(3)")).unwrap();
+    let g3 = md.lines().find(|l| l.contains("generations(3)")).unwrap();
     assert!(g3.contains("| proved |"), "{md}");
 }
 

@@ -249,7 +249,7 @@ fn zero_generations_is_zero_generations() {
             policy: Policy::Generations(0)
         }
     );
-    assert_mentions(&err, &["Generations(0)", "zero generations"]);
+    assert_mentions(&err, &["generations(0)", "zero generations"]);
 }
 
 #[test]
@@ -264,7 +264,7 @@ fn an_overlap_depth_of_zero_is_zero_generations() {
             policy: Policy::OverlapDepth(0)
         }
     );
-    assert_mentions(&err, &["OverlapDepth(0)"]);
+    assert_mentions(&err, &["overlap_depth(0)"]);
 }
 
 #[test]

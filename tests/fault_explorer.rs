@@ -69,7 +69,7 @@ const fn hand_req() -> Request {
     Request::new(Domain::Device, DType::F32, HAND as u64)
 }
 
-fn out_of<'a, 'v>(views: &'a [View<'v>]) -> &'a View<'v> {
+fn out_of<'a, 'v, A: replay_arena::Access>(views: &'a [View<'v, A>]) -> &'a View<'v, A> {
     views
         .iter()
         .find(|v| v.len() == OUT)

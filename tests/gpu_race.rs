@@ -17,7 +17,7 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{PlacedPolicy, Policy, RunnerId, View};
+use replay_arena::{PlacedPolicy, Policy, ReadOnly, RunnerId, View};
 use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
@@ -65,7 +65,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: PlacedPolicy, fenced: bool) -> Outcome
             }
             done[r].record(stream.cudarc()).unwrap();
             let out = &states[r].outs[0];
-            let consume = |s: &cuda::Stream, views: &[View<'_>]| {
+            let consume = |s: &cuda::Stream, views: &[View<'_, ReadOnly>]| {
                 s.cudarc().wait(&done[r]).map_err(|e| format!("{e:?}"))?;
                 let (_, w) = spec.split(views);
                 g.consume(
@@ -84,7 +84,8 @@ fn run(g: &Gpu, specs: &[Spec], strategy: PlacedPolicy, fenced: bool) -> Outcome
                 // The unfenced reference reads the views with no fence
                 // either (the fence never saw the unfenced replays).
                 let views = replayable.views(runner).unwrap();
-                consume(&consumer, views).unwrap();
+                let views: Vec<_> = views.iter().map(View::read_only).collect();
+                consume(&consumer, &views).unwrap();
             }
         }
     }

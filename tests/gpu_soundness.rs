@@ -145,8 +145,10 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
     let addr = view.device_address();
     // Inside the consumer: another stream is refused at conversion, and a
     // typed view handed to cudarc on another stream gets a null address
-    // (cudarc's copy fails) and the consumer reports it.
-    let zeros = vec![0f32; N];
+    // (cudarc's copy fails) and the consumer reports it. (The consumer's
+    // views are read-only: writing them does not compile, so the copy
+    // reads.)
+    let mut back = vec![0f32; N];
     let result = replayable.consume(RunnerId(0), &pool, |s, views| {
         let refused = views[0].as_cuda::<f32>(&other).unwrap_err();
         assert!(
@@ -162,8 +164,8 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
             ),
             "{refused}"
         );
-        let mut typed = views[0].as_cuda::<f32>(s)?;
-        let copy = other.cudarc().memcpy_htod(&zeros, &mut typed);
+        let typed = views[0].as_cuda::<f32>(s)?;
+        let copy = other.cudarc().memcpy_dtoh(&typed, &mut back);
         assert!(
             copy.is_err(),
             "cudarc was given the arena on another stream"
@@ -406,7 +408,9 @@ fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consume
     let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     let mut stolen = None;
-    let result = replayable.consume(RunnerId(0), &pool, |s, views| {
+    // `consume_mut`: a consumer that may write (a read-only consumer's typed
+    // view has no `DevicePtrMut`, so its memset would not compile).
+    let result = replayable.consume_mut(RunnerId(0), &pool, |s, views| {
         let mut typed = views[0].as_cuda::<f32>(s)?;
         s.cudarc().begin_capture(mode).unwrap();
         // cudarc's own (safe) capture: the typed view hands cudarc address

@@ -12,7 +12,7 @@ mod support;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{PlacedPolicy, Policy, RunnerId, View};
+use replay_arena::{PlacedPolicy, Policy, ReadOnly, RunnerId, View};
 use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
 
 const RUNNERS: u32 = 6;
@@ -35,19 +35,22 @@ fn stepped_equals_eager(strategy: PlacedPolicy) {
     let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
     let torn: CudaSlice<u32> = g.zeros(1);
     let mut replayable = capture_specs(&g, planned, &specs, &states, &pool);
-    let consume =
-        |g: &Gpu, spec: &Spec, out: &CudaSlice<u32>, s: &cuda::Stream, views: &[View<'_>]| {
-            let (_, w) = spec.split(views);
-            g.consume(
-                s,
-                g.ptr(out),
-                w[0],
-                N,
-                SPIN,
-                g.ptr(&torn),
-                Some(CONSUMER_BLOCKS),
-            )
-        };
+    let consume = |g: &Gpu,
+                   spec: &Spec,
+                   out: &CudaSlice<u32>,
+                   s: &cuda::Stream,
+                   views: &[View<'_, ReadOnly>]| {
+        let (_, w) = spec.split(views);
+        g.consume(
+            s,
+            g.ptr(out),
+            w[0],
+            N,
+            SPIN,
+            g.ptr(&torn),
+            Some(CONSUMER_BLOCKS),
+        )
+    };
     {
         let mut step = replayable.step();
         for (r, spec) in specs.iter().enumerate() {

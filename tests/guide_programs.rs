@@ -137,7 +137,7 @@ fn a_pages_first_sim_launch_says_what_its_last_argument_is() {
 
 /// The fields of `FenceStats`, from its definition.
 fn fence_stats_fields() -> Vec<String> {
-    let source = fs::read_to_string(root().join("src/fence.rs")).unwrap();
+    let source = fs::read_to_string(root().join("src/fence/error.rs")).unwrap();
     let start = source.find("pub struct FenceStats {").unwrap();
     let body = &source[start..start + source[start..].find("\n}").unwrap()];
     body.lines()

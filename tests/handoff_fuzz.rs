@@ -277,30 +277,36 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                     let s = rng.below(3);
                     let mode = rng.below(4); // 0 ok, 1 fail after enqueue, 2 panic after enqueue, 3 mut
                     let c = &cout[r][s];
-                    let f = |st: &sim::Stream, v: &[View<'_>]| -> std::result::Result<(), String> {
-                        if let Some(v0) = v.first() {
-                            if mode == 3 {
-                                sim.launch(st, sim::Op::fill(v0, oval(r)), 3)
-                                    .map_err(|e| e.to_string())?;
+                    macro_rules! f {
+                        () => {
+                            |st: &sim::Stream,
+                             v: &[View<'_, _>]|
+                             -> std::result::Result<(), String> {
+                                if let Some(v0) = v.first() {
+                                    if mode == 3 {
+                                        sim.launch(st, sim::Op::fill(v0, oval(r)), 3)
+                                            .map_err(|e| e.to_string())?;
+                                    }
+                                    // first 64 f32s of own view (own >= 64 f32s)
+                                    let part = v0.slice(0..64.min(v0.len())).unwrap();
+                                    sim.launch(st, sim::Op::add(&part, c), 5)
+                                        .map_err(|e| e.to_string())?;
+                                }
+                                if mode == 1 {
+                                    return Err("consumer fails".into());
+                                }
+                                if mode == 2 {
+                                    panic!("consumer panics");
+                                }
+                                Ok(())
                             }
-                            // first 64 f32s of own view (own >= 64 f32s)
-                            let part = v0.slice(0..64.min(v0.len())).unwrap();
-                            sim.launch(st, sim::Op::add(&part, c), 5)
-                                .map_err(|e| e.to_string())?;
-                        }
-                        if mode == 1 {
-                            return Err("consumer fails".into());
-                        }
-                        if mode == 2 {
-                            panic!("consumer panics");
-                        }
-                        Ok(())
-                    };
+                        };
+                    }
                     let res = catch_unwind(AssertUnwindSafe(|| {
                         if mode == 3 {
-                            rp.consume_mut(RunnerId(r as u32), &streams[s], f)
+                            rp.consume_mut(RunnerId(r as u32), &streams[s], f!())
                         } else {
-                            rp.consume(RunnerId(r as u32), &streams[s], f)
+                            rp.consume(RunnerId(r as u32), &streams[s], f!())
                         }
                     }));
                     let enq = match &res {

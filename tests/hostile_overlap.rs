@@ -138,14 +138,14 @@ fn world(shape: &Shape, lanes: usize, accs: usize) -> World {
     }
 }
 
-fn consume_work<'a>(
+fn consume_work<'a, A: replay_arena::Access>(
     sim: &'a sim::Device,
     acc: &'a sim::HostBuffer,
     shared: &'a sim::HostBuffer,
     one: &'a sim::HostBuffer,
     writes: bool,
     duration: u64,
-) -> impl FnOnce(&sim::Stream, &[replay_arena::View<'_>]) -> replay_arena::Result<()> + 'a {
+) -> impl FnOnce(&sim::Stream, &[replay_arena::View<'_, A>]) -> replay_arena::Result<()> + 'a {
     move |st, v| {
         if writes {
             // every view it is handed (a handed-off or received view too)
@@ -175,22 +175,26 @@ impl World {
                         .replayable
                         .replay(RunnerId(r as u32), &self.lanes[lane])?,
                     Item::Consume(r, lane, writes, acc, dur) => {
-                        let work = consume_work(
-                            &self.sim,
-                            &self.accs[acc],
-                            &self.lane_accs[lane],
-                            &self.one,
-                            writes,
-                            dur,
-                        );
+                        macro_rules! work {
+                            () => {
+                                consume_work(
+                                    &self.sim,
+                                    &self.accs[acc],
+                                    &self.lane_accs[lane],
+                                    &self.one,
+                                    writes,
+                                    dur,
+                                )
+                            };
+                        }
                         let id = RunnerId(r as u32);
                         let done = if writes {
                             self.replayable
-                                .consume_mut(id, &self.lanes[lane], work)
+                                .consume_mut(id, &self.lanes[lane], work!())
                                 .map(|_| ())
                         } else {
                             self.replayable
-                                .consume(id, &self.lanes[lane], work)
+                                .consume(id, &self.lanes[lane], work!())
                                 .map(|_| ())
                         };
                         done.map_err(map_consume)?;
@@ -218,19 +222,23 @@ impl World {
                     step.replay(RunnerId(r as u32), &self.lanes[lane])?;
                 }
                 Item::Consume(r, lane, writes, acc, dur) => {
-                    let work = consume_work(
-                        &self.sim,
-                        &self.accs[acc],
-                        &self.lane_accs[lane],
-                        &self.one,
-                        writes,
-                        dur,
-                    );
+                    macro_rules! work {
+                        () => {
+                            consume_work(
+                                &self.sim,
+                                &self.accs[acc],
+                                &self.lane_accs[lane],
+                                &self.one,
+                                writes,
+                                dur,
+                            )
+                        };
+                    }
                     let id = RunnerId(r as u32);
                     let done = if writes {
-                        step.consume_mut(id, &self.lanes[lane], work).map(|_| ())
+                        step.consume_mut(id, &self.lanes[lane], work!()).map(|_| ())
                     } else {
-                        step.consume(id, &self.lanes[lane], work).map(|_| ())
+                        step.consume(id, &self.lanes[lane], work!()).map(|_| ())
                     };
                     done.map_err(|e| StepError::Schedule(map_consume(e)))?;
                 }
@@ -1431,19 +1439,24 @@ fn wait_all_after_overlapping_launches_orders_program_work() {
                         step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                     }
                     C(r, l, writes, acc, dur) => {
-                        let work = consume_work(
-                            &w.sim,
-                            &w.accs[acc],
-                            &w.lane_accs[l],
-                            &w.one,
-                            writes,
-                            dur,
-                        );
+                        macro_rules! work {
+                            () => {
+                                consume_work(
+                                    &w.sim,
+                                    &w.accs[acc],
+                                    &w.lane_accs[l],
+                                    &w.one,
+                                    writes,
+                                    dur,
+                                )
+                            };
+                        }
                         if writes {
-                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
                                 .unwrap();
                         } else {
-                            step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                            step.consume(RunnerId(r as u32), &w.lanes[l], work!())
+                                .unwrap();
                         }
                     }
                 }
@@ -1497,13 +1510,17 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
                     step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                 }
                 C(r, l, writes, acc, dur) => {
-                    let work =
-                        consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                    macro_rules! work {
+                        () => {
+                            consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur)
+                        };
+                    }
                     if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
                             .unwrap();
                     } else {
-                        step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        step.consume(RunnerId(r as u32), &w.lanes[l], work!())
+                            .unwrap();
                     }
                 }
             }
@@ -1777,13 +1794,17 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
                     step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                 }
                 C(r, l, writes, acc, dur) => {
-                    let work =
-                        consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                    macro_rules! work {
+                        () => {
+                            consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur)
+                        };
+                    }
                     if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
                             .unwrap();
                     } else {
-                        step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        step.consume(RunnerId(r as u32), &w.lanes[l], work!())
+                            .unwrap();
                     }
                 }
             }
@@ -2053,8 +2074,12 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
             Err::<(), _>(test_err("consumer fails"))
         });
         assert!(matches!(failed, Err(ConsumeError::Work(_))));
-        let work = consume_work(&w.sim, &w.accs[0], &w.lane_accs[2], &w.one, false, 10);
-        step.consume(RunnerId(1), &w.lanes[2], work).unwrap();
+        macro_rules! work {
+            () => {
+                consume_work(&w.sim, &w.accs[0], &w.lane_accs[2], &w.one, false, 10)
+            };
+        }
+        step.consume(RunnerId(1), &w.lanes[2], work!()).unwrap();
         let mut g = step.build_overlapping().unwrap();
         for k in 0..3 {
             g.launch(&ex[k % 2]).unwrap();
@@ -2120,19 +2145,24 @@ fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
                         step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                     }
                     C(r, l, writes, acc, dur) => {
-                        let work = consume_work(
-                            &w.sim,
-                            &w.accs[acc],
-                            &w.lane_accs[l],
-                            &w.one,
-                            writes,
-                            dur * 100,
-                        );
+                        macro_rules! work {
+                            () => {
+                                consume_work(
+                                    &w.sim,
+                                    &w.accs[acc],
+                                    &w.lane_accs[l],
+                                    &w.one,
+                                    writes,
+                                    dur * 100,
+                                )
+                            };
+                        }
                         if writes {
-                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
                                 .unwrap();
                         } else {
-                            step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                            step.consume(RunnerId(r as u32), &w.lanes[l], work!())
+                                .unwrap();
                         }
                     }
                 }
@@ -2622,13 +2652,17 @@ fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
                     step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
                 }
                 C(r, l, writes, acc, dur) => {
-                    let work =
-                        consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur);
+                    macro_rules! work {
+                        () => {
+                            consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur)
+                        };
+                    }
                     if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work)
+                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
                             .unwrap();
                     } else {
-                        step.consume(RunnerId(r as u32), &w.lanes[l], work).unwrap();
+                        step.consume(RunnerId(r as u32), &w.lanes[l], work!())
+                            .unwrap();
                     }
                 }
             }
@@ -2930,7 +2964,11 @@ fn consume_many_in_overlapping_step_graphs_matches_the_host_fence() {
 fn many_work<'a>(
     sim: &'a sim::Device,
     acc: &'a sim::HostBuffer,
-) -> impl FnOnce(&sim::Stream, &[&[replay_arena::View<'_>]]) -> replay_arena::Result<()> + 'a {
+) -> impl FnOnce(
+    &sim::Stream,
+    &[&[replay_arena::View<'_, replay_arena::ReadOnly>]],
+) -> replay_arena::Result<()>
+       + 'a {
     move |s, vs| {
         for v in vs {
             sim.launch(s, sim::Op::add(&v[0], acc), 25)?;

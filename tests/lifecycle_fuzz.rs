@@ -964,12 +964,12 @@ fn capture(
 /// A runner's graph: add one to its counter, copy the counter into each
 /// of its views. A runner without buffers is never fenced: its graph
 /// touches nothing.
-fn runner_graph(
+fn runner_graph<A: replay_arena::Access>(
     sim: &sim::Device,
     s: &sim::Stream,
     one: &sim::HostBuffer,
     counter: &sim::HostBuffer,
-    views: &[replay_arena::View<'_>],
+    views: &[replay_arena::View<'_, A>],
     duration: u64,
 ) -> Result<(), String> {
     if views.is_empty() {
@@ -1026,7 +1026,7 @@ fn consume(
     let elsewhere = rig.stream((stream + 1) % STREAMS);
     let other_plan = &mut live.other_plan;
     let mut trespassed = Ok(());
-    let mut work = |s: &sim::Stream, views: &[replay_arena::View<'_>]| -> Result<(), String> {
+    let mut work = |s: &sim::Stream, views: &[replay_arena::View<'_, _>]| -> Result<(), String> {
         if matches!(mode, ConsumerMode::Trespasses) {
             trespassed = trespass(&sim, other_plan, s, &elsewhere, views);
         }
@@ -1122,12 +1122,12 @@ fn other_plan(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Device
 /// Inside a consumer on `s` with `views`: the other plan's views, these
 /// views on `elsewhere`, and these views inside the other plan's consumer
 /// must all be refused.
-fn trespass(
+fn trespass<A: replay_arena::Access>(
     sim: &sim::Device,
     other_plan: &mut Replayable<sim::Device>,
     s: &sim::Stream,
     elsewhere: &sim::Stream,
-    views: &[replay_arena::View<'_>],
+    views: &[replay_arena::View<'_, A>],
 ) -> Result<(), String> {
     let scratch = sim.alloc_f32(64).map_err(|e| e.to_string())?;
     let refused = |what: &str, r: Result<(), BackendError>| match r {

@@ -244,7 +244,7 @@ fn the_verdict_says_what_packing_saves_over_round_robin() {
     );
     assert_eq!(
         report.verdict(),
-        "packed at G = 2 saves 10.00 MiB (25.0%) over round-robin; this plan is round-robin, 1.333x the lower bound"
+        "packed at G = 2 saves 10.00 MiB (25.0%) over round-robin; this plan is round_robin, 1.333x the lower bound"
     );
     assert_eq!(
         text.lines().filter(|l| l.starts_with("verdict:")).count(),
@@ -253,7 +253,7 @@ fn the_verdict_says_what_packing_saves_over_round_robin() {
     assert!(
         text.contains(
             "verdict: packed at G = 2 saves 10.00 MiB (25.0%) over round-robin\n\
-             this plan is round-robin, 1.333x the lower bound"
+             this plan is round_robin, 1.333x the lower bound"
         ),
         "{text}"
     );
@@ -271,7 +271,7 @@ fn the_verdict_says_when_packing_saves_nothing() {
     assert!(
         text.contains(
             "verdict: packed at G = 2 saves nothing over round-robin (both 8.00 MiB)\n\
-             this plan is round-robin, 1.000x the lower bound"
+             this plan is round_robin, 1.000x the lower bound"
         ),
         "{text}"
     );

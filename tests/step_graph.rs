@@ -191,16 +191,20 @@ fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayErr
             } else {
                 let (runner, _, lane, duration, writes) = w.consumers[i];
                 let (sim, acc, shared) = (&s.sim, &s.accs[i], &s.lane_accs[lane]);
-                let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
-                    sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
-                    sim.launch(st, sim::Op::add(&v[0], shared), 1)
-                };
+                macro_rules! work {
+                    () => {
+                        |st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
+                            sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
+                            sim.launch(st, sim::Op::add(&v[0], shared), 1)
+                        }
+                    };
+                }
                 let lane = &s.lanes[lane];
                 let r = RunnerId(runner as u32);
                 let done = if writes {
-                    s.replayable.consume_mut(r, lane, work)
+                    s.replayable.consume_mut(r, lane, work!())
                 } else {
-                    s.replayable.consume(r, lane, work)
+                    s.replayable.consume(r, lane, work!())
                 };
                 done.map_err(|e| match e {
                     replay_arena::ConsumeError::Replay(r) => r,
@@ -230,15 +234,19 @@ fn stepped(
         } else {
             let (runner, _, lane, duration, writes) = w.consumers[i];
             let (sim, acc, shared) = (&s.sim, &s.accs[i], &s.lane_accs[lane]);
-            let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
-                sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
-                sim.launch(st, sim::Op::add(&v[0], shared), 1)
-            };
+            macro_rules! work {
+                () => {
+                    |st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
+                        sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
+                        sim.launch(st, sim::Op::add(&v[0], shared), 1)
+                    }
+                };
+            }
             let r = RunnerId(runner as u32);
             let done = if writes {
-                step.consume_mut(r, &s.lanes[lane], work).map(|_| ())
+                step.consume_mut(r, &s.lanes[lane], work!()).map(|_| ())
             } else {
-                step.consume(r, &s.lanes[lane], work).map(|_| ())
+                step.consume(r, &s.lanes[lane], work!()).map(|_| ())
             };
             done.map_err(|e| match e {
                 replay_arena::ConsumeError::Replay(r) => StepError::Schedule(r),
@@ -669,15 +677,19 @@ proptest! {
                     let (runner, _, lane, duration, writes) = w.consumers[i];
                     let (sim, acc, shared) =
                         (&graphed.sim, &graphed.accs[i], &graphed.lane_accs[lane]);
-                    let work = |st: &sim::Stream, v: &[replay_arena::View<'_>]| {
+                    macro_rules! work {
+() => {
+|st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
                         sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
                         sim.launch(st, sim::Op::add(&v[0], shared), 1)
-                    };
+                    }
+};
+}
                     let r = RunnerId(runner as u32);
                     if writes {
-                        step.consume_mut(r, &graphed.lanes[lane], work).map(|_| ()).unwrap();
+                        step.consume_mut(r, &graphed.lanes[lane], work!()).map(|_| ()).unwrap();
                     } else {
-                        step.consume(r, &graphed.lanes[lane], work).map(|_| ()).unwrap();
+                        step.consume(r, &graphed.lanes[lane], work!()).map(|_| ()).unwrap();
                     }
                 }
             }

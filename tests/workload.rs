@@ -1114,7 +1114,7 @@ fn report_json_round_trips_through_the_workload_names() {
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(
         json["placed_policy"],
-        serde_json::json!({"policy": "Generations(2)", "placement": "packed"})
+        serde_json::json!({"policy": "generations(2)", "placement": "packed"})
     );
     assert_eq!(json["fingerprint"], format!("{:016x}", report.fingerprint));
     // A workload file whose requests take their dtype and domain from the
@@ -1169,7 +1169,7 @@ fn policies_and_placements_serialize_as_they_display() {
     ] {
         let json = serde_json::to_value(policy).unwrap();
         assert_eq!(json, policy.to_string());
-        assert_eq!(Policy::parse(&policy.to_string()), Some(policy));
+        assert_eq!(Policy::from_name(&policy.to_string()), Some(policy));
         assert_eq!(serde_json::from_value::<Policy>(json).unwrap(), policy);
     }
     for placement in replay_arena::Placement::ALL {
@@ -1180,11 +1180,11 @@ fn policies_and_placements_serialize_as_they_display() {
             placement
         );
     }
-    let e = serde_json::from_str::<Policy>(r#""Generations(two)""#).unwrap_err();
+    let e = serde_json::from_str::<Policy>(r#""generations(two)""#).unwrap_err();
     assert!(
         e.to_string().starts_with(
-            "unknown policy \"Generations(two)\" (expected one of: Generations(N), \
-             ModuleKinds(N), OverlapDepth(N))"
+            "unknown policy \"generations(two)\" (expected one of: generations(N), \
+             module_kinds(N), overlap_depth(N))"
         ),
         "{e}"
     );

@@ -43,7 +43,7 @@ use replay_arena::cuda;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
     BackendError, Buffer, BufferSource, Capturing, Compose, DType, Discovering, Domain, GroupId,
-    HandoffId, ParamId, PlanConfig, Purpose, Replayable, Request, RunnerId, StepGraph,
+    HandoffId, ParamId, PlanConfig, Purpose, ReadOnly, Replayable, Request, RunnerId, StepGraph,
     StreamCaptureError, View,
 };
 
@@ -853,7 +853,7 @@ impl Model {
         // The module's incoming gradient: the handoff it received when
         // captured, else the loss gradient or the module before's.
         let outer = match (&bufs.input, before.last()) {
-            (Some(input), _) => Grad::Tensor(input),
+            (Some(input), _) => Grad::Received(input),
             (None, None) => Grad::Slice(&self.loss_grad),
             (None, Some(prev)) => Grad::Slice(&prev[0]),
         };
@@ -1078,9 +1078,7 @@ impl Model {
                     .map(|v| v.as_cuda::<bf16>(s).map(Tensor::View))
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut bufs = Bufs::new(workspace, tensors, Some(views.clone()));
-                bufs.input = input
-                    .map(|v| v.as_cuda::<bf16>(s).map(Tensor::View))
-                    .transpose()?;
+                bufs.input = input.map(|v| v.as_cuda::<bf16>(s)).transpose()?;
                 bufs.output = output
                     .map(|(_, v)| v.as_cuda::<bf16>(s).map(Tensor::View))
                     .transpose()?;
@@ -1379,8 +1377,9 @@ struct Bufs<'v> {
     wgrad: Vec<Tensor<'v>>,
     rs_out: Vec<Tensor<'v>>,
     views: Option<Vec<View<'v>>>,
-    /// Captured: the input gradient the module before handed off.
-    input: Option<Tensor<'v>>,
+    /// Captured: the input gradient the module before handed off (read
+    /// only: a received handoff).
+    input: Option<cuda::TypedView<'v, bf16, ReadOnly>>,
     /// Captured: the input gradient this module hands off.
     output: Option<Tensor<'v>>,
 }
@@ -1393,9 +1392,10 @@ type Ready<'a> = dyn Fn(&cuda::Stream) -> Result<()> + 'a;
 enum Grad<'a, 'v> {
     Slice(&'a CudaSlice<bf16>),
     Tensor(&'a Tensor<'v>),
+    Received(&'a cuda::TypedView<'v, bf16, ReadOnly>),
 }
 
-delegate_bf16!(Grad<'_, '_>: Grad::Slice, Grad::Tensor);
+delegate_bf16!(Grad<'_, '_>: Grad::Slice, Grad::Tensor, Grad::Received);
 
 impl<'v> Bufs<'v> {
     /// From tensors in request order after the workspace: (wgrad, rs_out)

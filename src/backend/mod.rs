@@ -11,8 +11,8 @@
 use crate::view::Misuse;
 use crate::vocab::{GroupId, Key};
 
-pub mod sim;
 mod timing;
+pub mod sim;
 
 pub use timing::Timing;
 

@@ -32,7 +32,7 @@ use crate::backend::{
     StepEnd, StepNode, Streams, Temporaries,
 };
 use crate::scope::check_use;
-use crate::view::{Misuse, NotSend, View};
+use crate::view::{Access, Misuse, NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
 
 type Result<T> = std::result::Result<T, BackendError>;
@@ -361,14 +361,21 @@ impl Communicator {
     /// `size * recv.len()` elements of `recv`'s dtype. Both views are used
     /// where views may be: inside the closure of the capture or consumer
     /// that handed them out, on its stream (so the fence orders the
-    /// collective, and teardown waits for it).
+    /// collective, and teardown waits for it). `send` is only read, so it may
+    /// be a [`ReadOnly`](crate::ReadOnly) view (a consumer's); `recv` is
+    /// written, so it must be writable.
     ///
     /// # Errors
     ///
     /// [`BackendError::InvalidView`] for a view out of its closure or on
     /// another stream, a dtype or size mismatch, or a send view outside this
     /// communicator's windows; NCCL's error.
-    pub fn reduce_scatter(&self, send: &View<'_>, recv: &View<'_>, stream: &Stream) -> Result<()> {
+    pub fn reduce_scatter<A: Access>(
+        &self,
+        send: &View<'_, A>,
+        recv: &View<'_>,
+        stream: &Stream,
+    ) -> Result<()> {
         if recv.dtype() != send.dtype() {
             return Err(BackendError::InvalidView {
                 reason: Misuse::DTypesDiffer {
@@ -392,9 +399,9 @@ impl Communicator {
     /// `recv` must point to `recv_len` elements of `send.dtype()` of device
     /// memory that stays valid until the reduce-scatter (and every replay of a
     /// graph that captured it) has completed.
-    pub unsafe fn reduce_scatter_raw(
+    pub unsafe fn reduce_scatter_raw<A: Access>(
         &self,
-        send: &View<'_>,
+        send: &View<'_, A>,
         recv: u64,
         recv_len: usize,
         stream: &Stream,
@@ -417,7 +424,7 @@ impl Communicator {
         })
     }
 
-    fn check_send_view(&self, send: &View<'_>, recv_len: usize) -> Result<()> {
+    fn check_send_view<A: Access>(&self, send: &View<'_, A>, recv_len: usize) -> Result<()> {
         let group = self.inner.group;
         if send.domain() != Domain::Symmetric(group) {
             return Err(BackendError::InvalidView {

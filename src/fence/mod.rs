@@ -41,11 +41,9 @@
 //! on, so a steady schedule waits exactly. A replay whose waits are all
 //! implied by stream order costs one graph launch.
 
-mod entry;
 mod error;
 mod state;
-#[cfg(test)]
-mod transactions;
+mod entry;
 
 pub(crate) use entry::{enter, enter_scope};
 pub use error::{FenceStats, Operation, ReplayError};

@@ -326,7 +326,7 @@ impl Spec {
     }
 
     /// Splits a runner's views (in request order) into (scratch, wgrads).
-    pub fn split(&self, views: &[View<'_>]) -> (Option<u64>, Vec<u64>) {
+    pub fn split<A: replay_arena::Access>(&self, views: &[View<'_, A>]) -> (Option<u64>, Vec<u64>) {
         let skip = usize::from(self.scratch.is_some());
         let x = self.scratch.map(|_| views[0].device_address());
         (x, views[skip..].iter().map(View::device_address).collect())

@@ -1,11 +1,10 @@
 //! [`Backend`] for [`Device`]: arenas, events, stream capture and launch.
 
-use std::ptr;
-
 use super::graph::Graph;
 use super::handles::{capturing, Device, Event, Stream};
 use super::memory::Memory;
-use super::{check, driver_error, sys, Result};
+use super::result;
+use super::{driver_error, sys, Result};
 use crate::backend::{
     check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection,
     StepEnd, StepNode, Streams, Temporaries,
@@ -37,26 +36,20 @@ impl Streams for Device {
         let raw = stream.raw("cuStreamWaitEvent")?;
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(raw, event.cu_event(), 0)
-        })
+        Ok(unsafe { result::stream::wait_event(raw, event.cu_event()) }?)
     }
 
     fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuEventRecord")?;
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event.cu_event(), raw)
-        })
+        Ok(unsafe { result::event::record(event.cu_event(), raw) }?)
     }
 
     fn synchronize_event(&self, event: &Event) -> Result<()> {
         self.bind()?;
         // SAFETY: the event is a live object of this context.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(event.cu_event())
-        })
+        Ok(unsafe { result::event::synchronize(event.cu_event()) }?)
     }
 
     fn is_capturing(&self, stream: &Stream) -> Result<bool> {
@@ -105,22 +98,14 @@ impl Backend for Device {
         // SAFETY: both handles are live objects of this context; an
         // external record on a capturing stream becomes an event record
         // node of the graph.
-        check("cuEventRecordWithFlags", unsafe {
-            sys::cuEventRecordWithFlags(
-                event.cu_event(),
-                raw,
-                sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-            )
-        })
+        Ok(unsafe { result::event::record_external(event.cu_event(), raw) }?)
     }
 
     unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
         let raw = stream.raw("cuGraphLaunch")?;
         self.bind()?;
         // SAFETY: the exec and the stream are live objects of this context.
-        check("cuGraphLaunch", unsafe {
-            sys::cuGraphLaunch(graph.handles.exec, raw)
-        })
+        Ok(unsafe { result::graph::launch(graph.handles.exec, raw) }?)
     }
 
     fn begin_capture(&self, stream: &Stream) -> Result<()> {
@@ -129,23 +114,16 @@ impl Backend for Device {
         let raw = stream.raw("cuStreamBeginCapture")?;
         self.bind()?;
         // SAFETY: the stream is a live, capturable stream of this context.
-        check("cuStreamBeginCapture", unsafe {
-            sys::cuStreamBeginCapture_v2(raw, self.capture_mode().raw())
-        })
+        Ok(unsafe { result::stream::begin_capture(raw, self.capture_mode().raw()) }?)
     }
 
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
         let raw = stream.raw("cuStreamEndCapture")?;
         self.bind()?;
-        let mut graph: sys::CUgraph = ptr::null_mut();
-        // SAFETY: the stream is live; `graph` is a local out pointer.
-        let code = unsafe { sys::cuStreamEndCapture(raw, &mut graph) };
-        if code != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
-            if !graph.is_null() {
-                // SAFETY: the graph was returned to us and is destroyed once.
-                let _ = unsafe { sys::cuGraphDestroy(graph) };
-            }
-            check("cuStreamEndCapture", code)?;
+        // SAFETY: the stream is live (a graph the driver hands back with an
+        // error is destroyed by the wrapper).
+        let graph = unsafe { result::stream::end_capture(raw) }?;
+        if graph.is_null() {
             return Err(BackendError::Refused {
                 op: "cuStreamEndCapture",
                 reason: "the capture produced no graph".into(),
@@ -163,13 +141,14 @@ impl Backend for Device {
         if self.bind().is_err() {
             return;
         }
-        let mut graph: sys::CUgraph = ptr::null_mut();
         // SAFETY: ending a capture (or failing to, when none is open) leaves
-        // the stream usable; a returned graph is destroyed once.
+        // the stream usable; a returned graph is destroyed once (by the
+        // wrapper when the driver returns an error with it).
         unsafe {
-            let _ = sys::cuStreamEndCapture(raw, &mut graph);
-            if !graph.is_null() {
-                let _ = sys::cuGraphDestroy(graph);
+            if let Ok(graph) = result::stream::end_capture(raw) {
+                if !graph.is_null() {
+                    let _ = result::graph::destroy(graph);
+                }
             }
         }
     }

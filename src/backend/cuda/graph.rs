@@ -3,17 +3,16 @@
 //! composing graphs into one.
 
 use std::cell::Cell;
-use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
 use super::handles::{Device, Event};
-use super::probe::open_library;
-use super::{check, sys, Result};
+use super::result::{self, AddNodeV2, NodeGetDependencies};
+use super::{sys, Result};
 use crate::backend::{BackendError, GraphMemory, NodeGraph, StepEnd, StepNode};
 
 /// Raw graph handles; moved between threads only inside a [`Graph`].
@@ -66,10 +65,10 @@ impl Drop for Graph {
             // step graph has neither (the step graph owns it).
             unsafe {
                 if !self.handles.exec.is_null() {
-                    let _ = sys::cuGraphExecDestroy(self.handles.exec);
+                    let _ = result::graph::exec_destroy(self.handles.exec);
                 }
                 if !self.handles.graph.is_null() {
-                    let _ = sys::cuGraphDestroy(self.handles.graph);
+                    let _ = result::graph::destroy(self.handles.graph);
                 }
             }
         }
@@ -90,12 +89,8 @@ impl Device {
     /// capture such work with `stream_capture` instead).
     pub fn adopt_graph(&self, graph: &cudarc::driver::CudaGraph) -> Result<Graph> {
         self.bind()?;
-        let mut clone: sys::CUgraph = ptr::null_mut();
-        // SAFETY: `graph.cu_graph()` is live for the borrow; `clone` is a
-        // local out pointer.
-        check("cuGraphClone", unsafe {
-            sys::cuGraphClone(&mut clone, graph.cu_graph())
-        })?;
+        // SAFETY: `graph.cu_graph()` is live for the borrow.
+        let clone = unsafe { result::graph::clone(graph.cu_graph()) }?;
         // SAFETY: `clone` is ours; `instantiate` destroys it on failure.
         unsafe { self.instantiate(clone, None) }
     }
@@ -113,15 +108,16 @@ impl Device {
         graph: sys::CUgraph,
         upload_on: Option<sys::CUstream>,
     ) -> Result<Graph> {
-        let mut exec: sys::CUgraphExec = ptr::null_mut();
         let flags = self.instantiate_flags().bits();
-        // SAFETY: `graph` is live; `exec` is a local out pointer.
-        let code = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags as _) };
-        if let Err(e) = check("cuGraphInstantiate", code) {
-            // SAFETY: the graph was handed over and is destroyed once.
-            let _ = unsafe { sys::cuGraphDestroy(graph) };
-            return Err(e);
-        }
+        // SAFETY: `graph` is live.
+        let exec = match unsafe { result::graph::instantiate(graph, flags) } {
+            Ok(exec) => exec,
+            Err(e) => {
+                // SAFETY: the graph was handed over and is destroyed once.
+                let _ = unsafe { result::graph::destroy(graph) };
+                return Err(e.into());
+            }
+        };
         // From here on, dropping `owned` destroys both handles.
         let owned = Graph {
             handles: GraphHandles { graph, exec },
@@ -132,7 +128,7 @@ impl Device {
             // SAFETY: the exec and the stream are live objects of this
             // context; the upload is ordered on that stream, and launches
             // of this exec are ordered behind it.
-            check("cuGraphUpload", unsafe { sys::cuGraphUpload(exec, raw) })?;
+            unsafe { result::graph::upload(exec, raw) }?;
         }
         Ok(owned)
     }
@@ -149,18 +145,7 @@ impl Device {
     /// The driver's error.
     pub fn graph_memory_in_use(&self) -> Result<GraphMemory> {
         self.bind()?;
-        let get = |attr| {
-            let mut value: u64 = 0;
-            // SAFETY: the attribute is a 64-bit integer written into a local.
-            check("cuDeviceGetGraphMemAttribute", unsafe {
-                sys::cuDeviceGetGraphMemAttribute(
-                    self.inner.ctx.cu_device(),
-                    attr,
-                    (&mut value as *mut u64).cast(),
-                )
-            })
-            .map(|()| value)
-        };
+        let get = |attr| result::device::graph_mem_attribute(self.inner.ctx.cu_device(), attr);
         Ok(GraphMemory {
             used: get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
             reserved: get(sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
@@ -178,11 +163,7 @@ impl Device {
     /// The driver's error.
     pub fn trim_graph_memory(&self) -> Result<()> {
         self.bind()?;
-        // SAFETY: a device of this context; the driver frees only memory no
-        // graph uses.
-        check("cuDeviceGraphMemTrim", unsafe {
-            sys::cuDeviceGraphMemTrim(self.inner.ctx.cu_device())
-        })
+        Ok(result::device::graph_mem_trim(self.inner.ctx.cu_device())?)
     }
 
     /// Refuses a graph with memory nodes where it would be cloned (a split,
@@ -221,49 +202,24 @@ impl Device {
                 reason: "child graphs nest more than 64 deep".into(),
             });
         }
-        let inspect = |op: &'static str, code: sys::CUresult| match code {
-            sys::CUresult::CUDA_SUCCESS => Ok(()),
-            code => Err(BackendError::Driver { op, code }),
-        };
         // An empty graph (a runner whose capture enqueued nothing) has none.
         let nodes = nodes_of(graph)?;
         let alloc = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32;
         let free = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE as u32;
         let child = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH as u32;
         for node in nodes {
-            // Read as a plain integer: a newer driver may report a node type
-            // cudarc's enum does not list.
-            let mut kind: u32 = u32::MAX;
-            // SAFETY: `node` belongs to `graph`; the node type is a 32-bit
-            // C enum written into a `u32`.
-            inspect("cuGraphNodeGetType", unsafe {
-                sys::cuGraphNodeGetType(node, (&mut kind as *mut u32).cast())
-            })?;
+            // SAFETY: `node` belongs to `graph`.
+            let kind = unsafe { result::graph::node_type(node) }?;
             if kind == alloc {
-                // SAFETY: a plain C struct of integers and pointers, for the
-                // driver to fill.
-                let mut params: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
-                // SAFETY: `node` is an allocation node of `graph`; `params`
-                // is a local out pointer.
-                inspect("cuGraphMemAllocNodeGetParams", unsafe {
-                    sys::cuGraphMemAllocNodeGetParams(node, &mut params)
-                })?;
-                allocs.push((params.dptr, params.bytesize as u64));
+                // SAFETY: `node` is an allocation node of `graph`.
+                allocs.push(unsafe { result::graph::mem_alloc_node_params(node) }?);
             } else if kind == free {
-                let mut dptr: sys::CUdeviceptr = 0;
-                // SAFETY: `node` is a free node of `graph`; `dptr` is a local
-                // out pointer.
-                inspect("cuGraphMemFreeNodeGetParams", unsafe {
-                    sys::cuGraphMemFreeNodeGetParams(node, &mut dptr)
-                })?;
-                frees.push(dptr);
+                // SAFETY: `node` is a free node of `graph`.
+                frees.push(unsafe { result::graph::mem_free_node_params(node) }?);
             } else if kind == child {
-                let mut sub: sys::CUgraph = ptr::null_mut();
                 // SAFETY: `node` is a child graph node; the child graph stays
                 // owned by it.
-                inspect("cuGraphChildGraphNodeGetGraph", unsafe {
-                    sys::cuGraphChildGraphNodeGetGraph(node, &mut sub)
-                })?;
+                let sub = unsafe { result::graph::child_graph(node) }?;
                 self.memory_nodes(sub, depth + 1, allocs, frees)?;
             }
         }
@@ -287,19 +243,12 @@ impl Device {
         type Found = (sys::CUgraphNode, std::collections::HashSet<usize>, usize);
         let mut best: Option<Found> = None;
         for &node in &nodes {
-            let mut kind: u32 = u32::MAX;
-            // SAFETY: a node of `g`; the type is a 32-bit C enum.
-            check("cuGraphNodeGetType", unsafe {
-                sys::cuGraphNodeGetType(node, (&mut kind as *mut u32).cast())
-            })?;
-            if kind != record {
+            // SAFETY: a node of `g`.
+            if unsafe { result::graph::node_type(node) }? != record {
                 continue;
             }
-            let mut event: sys::CUevent = ptr::null_mut();
-            // SAFETY: an event record node of `g`; a local out pointer.
-            check("cuGraphEventRecordNodeGetEvent", unsafe {
-                sys::cuGraphEventRecordNodeGetEvent(node, &mut event)
-            })?;
+            // SAFETY: an event record node of `g`.
+            let event = unsafe { result::graph::record_node_event(node) }?;
             let Some(which) = events.iter().position(|e| e.cu_event() == event) else {
                 continue;
             };
@@ -322,9 +271,8 @@ impl Device {
         };
         // Each part: a clone without the nodes `drop` names.
         let part = |drop: &dyn Fn(sys::CUgraphNode) -> bool| -> Result<Graph> {
-            let mut clone: sys::CUgraph = ptr::null_mut();
-            // SAFETY: `g` is live; `clone` a local out pointer.
-            check("cuGraphClone", unsafe { sys::cuGraphClone(&mut clone, g) })?;
+            // SAFETY: `g` is live.
+            let clone = unsafe { result::graph::clone(g) }?;
             let owned = Graph {
                 handles: GraphHandles {
                     graph: clone,
@@ -334,15 +282,12 @@ impl Device {
                 _not_sync: PhantomData,
             };
             for &node in nodes.iter().filter(|&&n| drop(n)) {
-                let mut twin: sys::CUgraphNode = ptr::null_mut();
                 // SAFETY: `node` is a node of `g`, of which `clone` is a
                 // clone; then its twin is destroyed once.
-                check("cuGraphNodeFindInClone", unsafe {
-                    sys::cuGraphNodeFindInClone(&mut twin, node, clone)
-                })?;
-                check("cuGraphDestroyNode", unsafe {
-                    sys::cuGraphDestroyNode(twin)
-                })?;
+                unsafe {
+                    let twin = result::graph::find_in_clone(node, clone)?;
+                    result::graph::destroy_node(twin)?;
+                }
             }
             Ok(owned)
         };
@@ -374,11 +319,7 @@ impl Device {
         } else {
             None
         };
-        let mut parent: sys::CUgraph = ptr::null_mut();
-        // SAFETY: a local out pointer.
-        check("cuGraphCreate", unsafe {
-            sys::cuGraphCreate(&mut parent, 0)
-        })?;
+        let parent = result::graph::create()?;
         // Destroys the parent (and the graphs moved into it) on failure.
         let parent = Graph {
             handles: GraphHandles {
@@ -390,35 +331,17 @@ impl Device {
         };
         // An event wait or record node of `parent` after `deps`.
         let event_node = |wait: bool, deps: &[sys::CUgraphNode], event: &Event| {
-            let mut n: sys::CUgraphNode = ptr::null_mut();
+            let (graph, event) = (parent.handles.graph, event.cu_event());
             // SAFETY: `parent` is live, `deps` are its nodes, the event is
             // live for the borrow and is not destroyed before the graphs
             // (the step graph owns both, graphs first).
-            let code = unsafe {
+            unsafe {
                 if wait {
-                    sys::cuGraphAddEventWaitNode(
-                        &mut n,
-                        parent.handles.graph,
-                        deps.as_ptr(),
-                        deps.len(),
-                        event.cu_event(),
-                    )
+                    result::graph::add_event_wait_node(graph, deps, event)
                 } else {
-                    sys::cuGraphAddEventRecordNode(
-                        &mut n,
-                        parent.handles.graph,
-                        deps.as_ptr(),
-                        deps.len(),
-                        event.cu_event(),
-                    )
+                    result::graph::add_event_record_node(graph, deps, event)
                 }
-            };
-            let op = if wait {
-                "cuGraphAddEventWaitNode"
-            } else {
-                "cuGraphAddEventRecordNode"
-            };
-            check(op, code).map(|()| n)
+            }
         };
         let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         for node in nodes {
@@ -436,20 +359,17 @@ impl Device {
             for event in &node.waits {
                 deps.push(event_node(true, &[], event)?);
             }
-            let mut child: sys::CUgraphNode = ptr::null_mut();
-            match node.graph {
+            let child = match node.graph {
                 NodeGraph::Copy(g) => {
                     // SAFETY: `parent` and the node's graph are live graphs
                     // of this context; the child graph is cloned in.
-                    check("cuGraphAddChildGraphNode", unsafe {
-                        sys::cuGraphAddChildGraphNode(
-                            &mut child,
+                    unsafe {
+                        result::graph::add_child_graph_node(
                             parent.handles.graph,
-                            deps.as_ptr(),
-                            deps.len(),
+                            &deps,
                             g.handles.graph,
                         )
-                    })?;
+                    }?
                 }
                 NodeGraph::Move(mut g) => {
                     let add = add_moved.ok_or_else(|| BackendError::Refused {
@@ -459,27 +379,20 @@ impl Device {
                     if !g.handles.exec.is_null() {
                         // SAFETY: the graph's own executable graph, never
                         // launched by the plan (a step copy), destroyed once.
-                        let _ = unsafe { sys::cuGraphExecDestroy(g.handles.exec) };
+                        let _ = unsafe { result::graph::exec_destroy(g.handles.exec) };
                         g.handles.exec = ptr::null_mut();
                     }
-                    let mut params = ChildNodeParams::moved(g.handles.graph);
                     // SAFETY: `parent` and `g` are live graphs of this
-                    // context; `params` is laid out as `CUgraphNodeParams`
-                    // (checked below); no edge data is passed. On success
+                    // context, `g` without an executable graph now; the
+                    // driver is CUDA 12.9 or later (`move_fn`). On success
                     // the parent owns `g`'s graph.
-                    check("cuGraphAddNode_v2 (moved child graph)", unsafe {
-                        add(
-                            &mut child,
-                            parent.handles.graph,
-                            deps.as_ptr(),
-                            ptr::null(),
-                            deps.len(),
-                            &mut params,
-                        )
-                    })?;
+                    let child = unsafe {
+                        add.add_moved_child(parent.handles.graph, &deps, g.handles.graph)
+                    }?;
                     g.handles.graph = ptr::null_mut();
+                    child
                 }
-            }
+            };
             for event in &node.records {
                 event_node(false, &[child], event)?;
             }
@@ -501,12 +414,8 @@ impl Device {
     /// `cuGraphAddNode_v2`, looked up in the driver by name (cudarc binds
     /// the moved-ownership field only for CUDA 12.9 and later), on a
     /// driver of CUDA 12.9 or later.
-    fn move_fn(&self) -> Result<AddNodeFn> {
-        let mut version: std::ffi::c_int = 0;
-        // SAFETY: a local out pointer.
-        check("cuDriverGetVersion", unsafe {
-            sys::cuDriverGetVersion(&mut version)
-        })?;
+    fn move_fn(&self) -> Result<AddNodeV2> {
+        let version = result::driver_version()?;
         if version < 12090 {
             return Err(BackendError::Refused {
                 op: "step graph",
@@ -519,7 +428,7 @@ impl Device {
                 ),
             });
         }
-        add_node_fn().ok_or_else(|| BackendError::Refused {
+        AddNodeV2::get().ok_or_else(|| BackendError::Refused {
             op: "step graph",
             reason: "the driver exports no cuGraphAddNode_v2, which moves a graph with \
                      temporaries into a step graph"
@@ -528,158 +437,18 @@ impl Device {
     }
 }
 
-/// `cuGraphAddNode_v2`'s C signature.
-type AddNodeFn = unsafe extern "C" fn(
-    *mut sys::CUgraphNode,
-    sys::CUgraph,
-    *const sys::CUgraphNode,
-    *const c_void,
-    usize,
-    *mut ChildNodeParams,
-) -> sys::CUresult;
-
-fn add_node_fn() -> Option<AddNodeFn> {
-    static ADD: OnceLock<Option<(libloading::Library, AddNodeFn)>> = OnceLock::new();
-    ADD.get_or_init(|| {
-        let lib = open_library(&["cuda", "nvcuda"])?;
-        // SAFETY: the symbol has the C signature above (CUDA's `cuda.h`,
-        // 12.3 and later); the library stays loaded with the pointer.
-        let f = unsafe {
-            lib.get(b"cuGraphAddNode_v2")
-                .map(|f: libloading::Symbol<'_, AddNodeFn>| *f)
-        }
-        .ok()?;
-        Some((lib, f))
-    })
-    .as_ref()
-    .map(|(_, f)| *f)
-}
-
-/// `CUgraphNodeParams` for a child graph node (`cuda.h`, 12.9 and later:
-/// type, three reserved ints, a 232-byte union whose `graph` member is
-/// `CUDA_CHILD_GRAPH_NODE_PARAMS { CUgraph graph; ownership }`, and a
-/// reserved `long long`), spelled out here so the crate builds with any
-/// CUDA version of cudarc's bindings.
-#[repr(C)]
-struct ChildNodeParams {
-    kind: std::ffi::c_int,
-    reserved0: [std::ffi::c_int; 3],
-    body: ChildNodeBody,
-    reserved2: std::ffi::c_longlong,
-}
-
-#[repr(C)]
-union ChildNodeBody {
-    reserved1: [std::ffi::c_longlong; 29],
-    graph: ChildGraphParams,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ChildGraphParams {
-    graph: sys::CUgraph,
-    ownership: std::ffi::c_int,
-}
-
-static_assertions::assert_eq_size!(ChildNodeParams, [u8; 256]);
-
-impl ChildNodeParams {
-    /// `CU_GRAPH_NODE_TYPE_GRAPH` moving `graph` in
-    /// (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`).
-    fn moved(graph: sys::CUgraph) -> ChildNodeParams {
-        const GRAPH_NODE: std::ffi::c_int = 4;
-        const OWNERSHIP_MOVE: std::ffi::c_int = 1;
-        let mut body = ChildNodeBody { reserved1: [0; 29] };
-        body.graph = ChildGraphParams {
-            graph,
-            ownership: OWNERSHIP_MOVE,
-        };
-        ChildNodeParams {
-            kind: GRAPH_NODE,
-            reserved0: [0; 3],
-            body,
-            reserved2: 0,
-        }
-    }
-}
-
-/// `cuGraphNodeGetDependencies`, whose signature changed in CUDA 12.3
-/// (`_v2`, with edge data) and whose old form is gone from CUDA 13: looked
-/// up in the driver by name, so the crate works with whichever version the
-/// program's cudarc binds.
-enum DepsFn {
-    V2(
-        unsafe extern "C" fn(
-            sys::CUgraphNode,
-            *mut sys::CUgraphNode,
-            *mut c_void,
-            *mut usize,
-        ) -> sys::CUresult,
-    ),
-    V1(unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNode, *mut usize) -> sys::CUresult),
-}
-
-fn deps_fn() -> Option<&'static DepsFn> {
-    static DEPS: OnceLock<Option<(libloading::Library, DepsFn)>> = OnceLock::new();
-    DEPS.get_or_init(|| {
-        let lib = open_library(&["cuda", "nvcuda"])?;
-        // SAFETY: the symbols have the C signatures above (CUDA's
-        // `cuda.h`); the library stays loaded with the pointer.
-        let found = unsafe {
-            lib.get(b"cuGraphNodeGetDependencies_v2")
-                .map(|f: libloading::Symbol<'_, _>| DepsFn::V2(*f))
-                .or_else(|_| {
-                    lib.get(b"cuGraphNodeGetDependencies")
-                        .map(|f: libloading::Symbol<'_, _>| DepsFn::V1(*f))
-                })
-        }
-        .ok()?;
-        Some((lib, found))
-    })
-    .as_ref()
-    .map(|(_, f)| f)
-}
-
 /// The nodes of `graph`.
 fn nodes_of(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
-    let mut n = 0usize;
-    // SAFETY: a live graph; with a null array only the count is written.
-    check("cuGraphGetNodes", unsafe {
-        sys::cuGraphGetNodes(graph, ptr::null_mut(), &mut n)
-    })?;
-    let mut nodes = vec![ptr::null_mut(); n];
-    if n > 0 {
-        // SAFETY: `nodes` has room for `n`.
-        check("cuGraphGetNodes", unsafe {
-            sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)
-        })?;
-        nodes.truncate(n);
-    }
-    Ok(nodes)
+    // SAFETY: a live graph (every caller's graph is).
+    Ok(unsafe { result::graph::nodes(graph) }?)
 }
 
 /// The nodes `node` depends on.
 fn deps_of(node: sys::CUgraphNode) -> Result<Vec<sys::CUgraphNode>> {
-    let f = deps_fn().ok_or_else(|| BackendError::Refused {
+    let f = NodeGetDependencies::get().ok_or_else(|| BackendError::Refused {
         op: "cuGraphNodeGetDependencies",
         reason: "the driver exports neither cuGraphNodeGetDependencies_v2 nor cuGraphNodeGetDependencies".into(),
     })?;
-    let call = |out: *mut sys::CUgraphNode, n: &mut usize| match f {
-        // SAFETY: a live node; `out` is null or has room for `*n`; no edge
-        // data is asked for.
-        DepsFn::V2(f) => unsafe { f(node, out, ptr::null_mut(), n) },
-        // SAFETY: as above.
-        DepsFn::V1(f) => unsafe { f(node, out, n) },
-    };
-    let mut n = 0usize;
-    check("cuGraphNodeGetDependencies", call(ptr::null_mut(), &mut n))?;
-    let mut deps = vec![ptr::null_mut(); n];
-    if n > 0 {
-        check(
-            "cuGraphNodeGetDependencies",
-            call(deps.as_mut_ptr(), &mut n),
-        )?;
-        deps.truncate(n);
-    }
-    Ok(deps)
+    // SAFETY: a node of a live graph (every caller's node is).
+    Ok(unsafe { f.dependencies(node) }?)
 }

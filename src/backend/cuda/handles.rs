@@ -9,7 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 use super::probe::{probe_device, DeviceInfo};
-use super::{check, driver_error, sys, unavailable, Result};
+use super::result;
+use super::{driver_error, sys, unavailable, Result};
 use crate::backend::BackendError;
 
 /// How a stream capture treats CUDA calls that are unsafe while capturing
@@ -320,11 +321,7 @@ impl Device {
     /// The driver's error.
     pub fn mem_info(&self) -> Result<(u64, u64)> {
         self.bind()?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: the context is current; out pointers point at locals.
-        check("cuMemGetInfo", unsafe {
-            sys::cuMemGetInfo_v2(&mut free, &mut total)
-        })?;
+        let (free, total) = result::device::memory_info()?;
         Ok((free as u64, total as u64))
     }
 
@@ -367,12 +364,8 @@ const LEGACY_HANDLE: usize = 1;
 const PER_THREAD_HANDLE: usize = 2;
 /// Whether the stream with this handle is capturing (`cuStreamIsCapturing`).
 pub(super) fn capturing(raw: sys::CUstream) -> Result<bool> {
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: a live stream handle (the caller holds the stream); `status` is
-    // a local out pointer.
-    check("cuStreamIsCapturing", unsafe {
-        sys::cuStreamIsCapturing(raw, &mut status)
-    })?;
+    // SAFETY: a live stream handle (the caller holds the stream).
+    let status = unsafe { result::stream::capture_status(raw) }?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 

@@ -16,10 +16,11 @@ use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use super::element::Element;
 use super::handles::{capturing, Stream};
 use super::memory::note_lent;
+use super::typed_view::typed;
 use super::{sys, Result};
 use crate::backend::BackendError;
 use crate::scope::{check_use, retired, ScopeKind, SharedScope};
-use crate::view::{Misuse, View};
+use crate::view::{Access, Misuse, ReadWrite, View};
 use crate::vocab::Domain;
 
 /// The checks a typed view makes at each use, made once for a lend or a
@@ -27,8 +28,8 @@ use crate::vocab::Domain;
 /// `stream` (innermost there), writable when `write`, and `stream` in the
 /// capture state of the closure (capturing for a capture, not for a
 /// consumer).
-pub(super) fn check_lend<T: Element>(
-    view: &View<'_>,
+pub(super) fn check_lend<T: Element, A: Access>(
+    view: &View<'_, A>,
     stream: &Stream,
     write: bool,
 ) -> Result<SharedScope> {
@@ -63,7 +64,7 @@ pub(super) fn check_lend<T: Element>(
 /// was alive may have been used past its ready point, which the crate can
 /// no longer see. The capture (or consumer) then reports it, so the graph
 /// is never kept.
-fn after_lend(view: &View<'_>, scope: &SharedScope) {
+fn after_lend<A: Access>(view: &View<'_, A>, scope: &SharedScope) {
     let tag = view.tag();
     if !scope.in_use(&tag) {
         scope.record_misuse(retired(&tag));
@@ -74,12 +75,12 @@ fn after_lend(view: &View<'_>, scope: &SharedScope) {
 /// event tracking off on the stream's context (a view over arena bytes
 /// must not carry cudarc events: they would wait on work outside the
 /// capture, and cudarc panics when it cannot create them).
-fn lend_address<T: Element>(
-    view: &View<'_>,
+fn lend_address<T: Element, A: Access>(
+    view: &View<'_, A>,
     stream: &Stream,
     write: bool,
 ) -> Result<(sys::CUdeviceptr, SharedScope)> {
-    let scope = check_lend::<T>(view, stream, write)?;
+    let scope = check_lend::<T, A>(view, stream, write)?;
     if view.domain() != Domain::Device {
         return Err(BackendError::Refused {
             op: "lend a cudarc view",
@@ -101,12 +102,12 @@ fn lend_address<T: Element>(
 }
 
 /// Lends `view` read-only as a cudarc [`CudaView`] for `f`.
-pub(super) fn with_cudarc<T: Element, R, E: From<BackendError>>(
-    view: &View<'_>,
+pub(super) fn with_cudarc<T: Element, R, E: From<BackendError>, A: Access>(
+    view: &View<'_, A>,
     stream: &Stream,
     f: impl FnOnce(CudaView<'_, T>) -> std::result::Result<R, E>,
 ) -> std::result::Result<R, E> {
-    let (ptr, scope) = lend_address::<T>(view, stream, false)?;
+    let (ptr, scope) = lend_address::<T, A>(view, stream, false)?;
     // SAFETY: `ptr` addresses `view.len()` elements of `T` in an arena that
     // outlives the view (the view borrows its owner), checked above to be
     // lent inside the view's open closure, on its stream. `T` is an
@@ -122,12 +123,12 @@ pub(super) fn with_cudarc<T: Element, R, E: From<BackendError>>(
 }
 
 /// Lends `view` writable as a cudarc [`CudaViewMut`] for `f`.
-pub(super) fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
-    view: &View<'_>,
+pub(super) fn with_cudarc_mut<T: Element, R, E: From<BackendError>, A: Access>(
+    view: &View<'_, A>,
     stream: &Stream,
     f: impl FnOnce(CudaViewMut<'_, T>) -> std::result::Result<R, E>,
 ) -> std::result::Result<R, E> {
-    let (ptr, scope) = lend_address::<T>(view, stream, true)?;
+    let (ptr, scope) = lend_address::<T, A>(view, stream, true)?;
     // SAFETY: as in `with_cudarc`; the closure may write: checked above
     // that the view is writable here.
     let mut slice =
@@ -138,7 +139,7 @@ pub(super) fn with_cudarc_mut<T: Element, R, E: From<BackendError>>(
     out.unwrap_or_else(|panic| resume_unwind(panic))
 }
 
-fn same_length(view: &View<'_>, other: usize, op: &'static str) -> Result<()> {
+fn same_length<A: Access>(view: &View<'_, A>, other: usize, op: &'static str) -> Result<()> {
     if view.len() == other {
         return Ok(());
     }
@@ -155,27 +156,28 @@ fn same_length(view: &View<'_>, other: usize, op: &'static str) -> Result<()> {
 }
 
 /// `view = src`, on `stream`.
-pub(super) fn copy_from<T: Element>(
-    view: &View<'_>,
+pub(super) fn copy_from<T: Element, A: Access>(
+    view: &View<'_, A>,
     stream: &Stream,
     src: &impl DevicePtr<T>,
 ) -> Result<()> {
-    check_lend::<T>(view, stream, true)?;
+    check_lend::<T, A>(view, stream, true)?;
     same_length(view, src.len(), "copy_from")?;
-    let mut dst = super::ViewExt::as_cuda::<T>(view, stream)?;
+    // Writable: checked above (and by the caller's `Writable` bound).
+    let mut dst = typed::<T, ReadWrite>(&view.with_access(), stream)?;
     stream.cudarc().memcpy_dtod(src, &mut dst)?;
     Ok(())
 }
 
 /// `dst = view`, on `stream`.
-pub(super) fn copy_into<T: Element>(
-    view: &View<'_>,
+pub(super) fn copy_into<T: Element, A: Access>(
+    view: &View<'_, A>,
     stream: &Stream,
     dst: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    check_lend::<T>(view, stream, false)?;
+    check_lend::<T, A>(view, stream, false)?;
     same_length(view, dst.len(), "copy_into")?;
-    let src = super::ViewExt::as_cuda::<T>(view, stream)?;
+    let src = typed::<T, A>(view, stream)?;
     stream.cudarc().memcpy_dtod(&src, dst)?;
     Ok(())
 }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaContext;
 
 use super::handles::Device;
-use super::{check, sys, Result, ARENA_ALIGNMENT};
+use super::result;
+use super::{sys, Result, ARENA_ALIGNMENT};
 use crate::backend::{Arena, ArenaDesc, BackendError};
 use crate::vocab::{align_up, GroupId};
 
@@ -81,14 +82,15 @@ impl Drop for Memory {
         // SAFETY: `raw` came from the matching allocation in this context
         // and is freed once; the stream-ordered free does not wait for the
         // program's other streams (a plain cuMemFree may).
-        let code = unsafe {
+        let freed = unsafe {
             if self.pooled {
-                sys::cuMemFreeAsync(self.raw, self.internal.cu_stream())
+                result::mem::free_async(self.raw, self.internal.cu_stream())
             } else {
-                sys::cuMemFree_v2(self.raw)
+                result::mem::free(self.raw)
             }
         };
-        self.ctx.record_err(code.result());
+        self.ctx
+            .record_err(freed.map_err(result::DriverError::to_cudarc));
     }
 }
 
@@ -107,22 +109,18 @@ impl Device {
         self.bind()?;
         let internal = self.inner.internal.clone();
         let pooled = self.inner.ctx.has_async_alloc();
-        let mut raw: sys::CUdeviceptr = 0;
-        // SAFETY: the context is current; `raw` is a live local; the
-        // internal stream belongs to the context.
-        let (op, code) = unsafe {
+        // SAFETY: the context is current; the internal stream belongs to
+        // the context.
+        let allocated = unsafe {
             if pooled {
-                (
-                    "cuMemAllocAsync",
-                    sys::cuMemAllocAsync(&mut raw, padded, internal.cu_stream()),
-                )
+                result::mem::alloc_async(padded, internal.cu_stream())
             } else {
-                ("cuMemAlloc", sys::cuMemAlloc_v2(&mut raw, padded))
+                result::mem::alloc(padded)
             }
         };
-        if code != sys::CUresult::CUDA_SUCCESS {
-            return Err(failed(format!("{op} of {padded} bytes returned {code:?}")));
-        }
+        let raw = allocated.map_err(|result::DriverError { op, code }| {
+            failed(format!("{op} of {padded} bytes returned {code:?}"))
+        })?;
         let base = align_up(raw, ARENA_ALIGNMENT).unwrap_or(raw);
         // From here on, dropping `arena` frees the allocation.
         let arena = Memory {
@@ -138,11 +136,8 @@ impl Device {
         // < ARENA_ALIGNMENT); the internal stream belongs to the context and
         // orders the zeroing after the allocation.
         unsafe {
-            check(
-                "cuMemsetD8Async",
-                sys::cuMemsetD8Async(base, 0, plan.bytes as usize, stream),
-            )?;
-            check("cuStreamSynchronize", sys::cuStreamSynchronize(stream))?;
+            result::mem::set_d8_async(base, 0, plan.bytes as usize, stream)?;
+            result::stream::synchronize(stream)?;
         }
         Ok(arena)
     }

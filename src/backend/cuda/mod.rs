@@ -29,22 +29,30 @@
 //!   does not pay the upload; see [`Device::with_graph_upload`]) and owned by a
 //!   [`Graph`], whose raw `CUgraphExec` stays reachable.
 //! - Views become typed cudarc device pointers through [`ViewExt::as_cuda`]:
-//!   a [`TypedView`] implements cudarc's `DevicePtr` and `DevicePtrMut`, so
+//!   a [`TypedView`] implements cudarc's `DevicePtr`, and `DevicePtrMut`
+//!   when its view is writable (a [`ReadOnly`](crate::ReadOnly) view's
+//!   typed form is only read, as cudarc's `CudaView`), so
 //!   `memcpy_dtod`, `memset_zeros`, cuBLAS and `launch_builder().arg(..)`
 //!   take it. It never frees arena memory.
 //!
-//! Driver errors are stored as the raw `CUresult`, formatted by this crate:
-//! formatting a cudarc `DriverError` calls into `libcuda`.
+//! Every raw driver call goes through one checked wrapper per entry point
+//! (`result.rs`, as cudarc's `driver/result.rs`; `tests/architecture.rs`
+//! checks that no other file calls `sys::cu*`). Driver errors are stored as
+//! the raw `CUresult`, formatted by this crate: formatting a cudarc
+//! `DriverError` calls into `libcuda`.
 
-mod backend;
-mod element;
-mod graph;
-mod handles;
-mod lend;
-mod memory;
+mod library;
+mod result;
 mod probe;
-mod timing;
+mod handles;
+mod memory;
+mod graph;
+mod element;
 mod typed_view;
+mod lend;
+mod view_ext;
+mod backend;
+mod timing;
 
 pub use cudarc;
 use cudarc::driver::sys;
@@ -52,12 +60,13 @@ use cudarc::driver::sys;
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use graph::Graph;
 pub use handles::{CaptureMode, Device, Event, InstantiateFlags, Stream};
-pub use memory::Memory;
 #[cfg(replay_arena_nccl)]
-pub(crate) use probe::{missing_symbols, open_library};
+pub(crate) use library::{missing_symbols, open_library};
+pub use memory::Memory;
 pub use probe::{probe, probe_device, DeviceInfo};
 pub use timing::Mark;
-pub use typed_view::{TypedView, ViewExt};
+pub use typed_view::TypedView;
+pub use view_ext::ViewExt;
 
 use crate::backend::BackendError;
 
@@ -66,14 +75,6 @@ type Result<T> = std::result::Result<T, BackendError>;
 /// Every arena's base address is a multiple of this (at least the largest
 /// domain alignment).
 pub const ARENA_ALIGNMENT: u64 = 4096;
-
-/// `Ok(())` on `CUDA_SUCCESS`, else the code's name (no call into the driver).
-fn check(op: &'static str, code: sys::CUresult) -> Result<()> {
-    match code {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        code => Err(BackendError::Driver { op, code }),
-    }
-}
 
 /// A cudarc error as this crate's error, without formatting it through cudarc.
 fn driver_error(op: &'static str, error: cudarc::driver::DriverError) -> BackendError {
@@ -102,6 +103,9 @@ mod tests {
     assert_not_impl_any!(Graph: Sync, Clone);
     assert_impl_all!(Replayable<Device>: Send);
     assert_impl_all!(TypedView<'static, f32>: DevicePtr<f32>, DevicePtrMut<f32>);
+    // A read-only view's typed form is read through cudarc, never written.
+    assert_impl_all!(TypedView<'static, f32, crate::view::ReadOnly>: DevicePtr<f32>);
+    assert_not_impl_any!(TypedView<'static, f32, crate::view::ReadOnly>: DevicePtrMut<f32>);
     // A typed view stays on its closure's thread: another thread could use
     // it after the closure returned, between its checks and the enqueue.
     assert_not_impl_any!(TypedView<'static, f32>: Send, Sync);

@@ -2,10 +2,12 @@
 //! of cudarc's linking modes: `libcuda` and every entry point this backend
 //! calls are looked up by the names cudarc's dynamic loading tries first.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::c_int;
 use std::fmt;
 
-use super::{check, sys, unavailable, Result};
+use super::library::{missing_symbols, open_library};
+use super::result;
+use super::{sys, unavailable, Result};
 
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
@@ -94,39 +96,6 @@ impl fmt::Display for DeviceInfo {
     }
 }
 
-/// File names for a library `stem` (`"cuda"`, `"nvcuda"`, `"nccl"`) in the
-/// order cudarc's dynamic loading tries them: the plain name, its numbered
-/// Windows-style names and the sonames `.so.13` to `.so.1`, for each CUDA
-/// major version cudarc has bindings for (cudarc tries its own major's).
-fn library_candidates(stem: &str) -> Vec<String> {
-    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
-    let base = format!("{DLL_PREFIX}{stem}{DLL_SUFFIX}");
-    let mut names = vec![base.clone(), format!("{DLL_PREFIX}{stem}64{DLL_SUFFIX}")];
-    for major in [13, 12, 11] {
-        names.push(format!("{DLL_PREFIX}{stem}64_{major}{DLL_SUFFIX}"));
-        names.push(format!("{DLL_PREFIX}{stem}64_{major}0_0{DLL_SUFFIX}"));
-    }
-    for major in [13, 12, 11, 10, 9, 1] {
-        names.push(format!("{base}.{major}"));
-    }
-    names
-}
-
-/// The first library among the `stems`' [`library_candidates`] that the
-/// dynamic loader opens. Checked before cudarc is asked for anything, in
-/// every cudarc configuration: cudarc's own dynamic loading (its
-/// `dynamic-loading` feature, or `fallback-dynamic-loading` from its default
-/// features) panics when it finds no library, and under a linking mode the
-/// loader bound the library at start-up, so opening it again finds it.
-pub(crate) fn open_library(stems: &[&str]) -> Option<libloading::Library> {
-    stems
-        .iter()
-        .flat_map(|stem| library_candidates(stem))
-        // SAFETY: a CUDA or NCCL library's initializers have no
-        // preconditions; nothing in the library is called.
-        .find_map(|name| unsafe { libloading::Library::new(name) }.ok())
-}
-
 /// Whether `libcuda` loads and has every entry point in
 /// [`REQUIRED_SYMBOLS`] (cudarc panics on a missing library or symbol).
 fn check_library() -> Result<()> {
@@ -146,17 +115,6 @@ fn check_library() -> Result<()> {
     }
 }
 
-/// The names among `required` that `lib` does not export (cudarc panics on
-/// the first call of a missing one; the probes ask first).
-pub(crate) fn missing_symbols<'n>(lib: &libloading::Library, required: &[&'n str]) -> Vec<&'n str> {
-    required
-        .iter()
-        .copied()
-        // SAFETY: looking a symbol up calls nothing.
-        .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
-        .collect()
-}
-
 /// Whether a usable CUDA driver and device 0 exist; never panics.
 ///
 /// `Err(BackendError::Unavailable { .. })` when `libcuda` is missing, lacks an
@@ -172,66 +130,33 @@ pub fn probe() -> Result<DeviceInfo> {
 /// default features load the library at run time and panic without it).
 pub fn probe_device(ordinal: usize) -> Result<DeviceInfo> {
     check_library()?;
-    // SAFETY: every entry point called below was resolved above; all out
-    // pointers point at live locals.
-    unsafe {
-        let code = sys::cuInit(0);
-        if code != sys::CUresult::CUDA_SUCCESS {
-            return Err(unavailable(format!("cuInit returned {code:?}")));
-        }
-        let mut driver_version: c_int = 0;
-        check(
-            "cuDriverGetVersion",
-            sys::cuDriverGetVersion(&mut driver_version),
-        )?;
-        let mut count: c_int = 0;
-        let code = sys::cuDeviceGetCount(&mut count);
-        if code != sys::CUresult::CUDA_SUCCESS {
-            return Err(unavailable(format!("cuDeviceGetCount returned {code:?}")));
-        }
-        let device_count = usize::try_from(count).unwrap_or(0);
-        if ordinal >= device_count {
-            return Err(unavailable(format!(
-                "CUDA device {ordinal} does not exist: the driver sees {device_count} device(s)"
-            )));
-        }
-        let mut device: sys::CUdevice = 0;
-        check(
-            "cuDeviceGet",
-            sys::cuDeviceGet(&mut device, ordinal as c_int),
-        )?;
-        let mut name = [0 as c_char; 256];
-        check(
-            "cuDeviceGetName",
-            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, device),
-        )?;
-        let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
-        let attribute = |attribute| {
-            let mut value: c_int = 0;
-            check(
-                "cuDeviceGetAttribute",
-                sys::cuDeviceGetAttribute(&mut value, attribute, device),
-            )
-            .map(|()| value)
-        };
-        let major =
-            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor =
-            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let mut total: usize = 0;
-        check(
-            "cuDeviceTotalMem",
-            sys::cuDeviceTotalMem_v2(&mut total, device),
-        )?;
-        Ok(DeviceInfo {
-            ordinal,
-            device_count,
-            name,
-            compute_capability: (major, minor),
-            total_memory: total as u64,
-            driver_version,
-        })
+    // Every entry point called below was resolved above.
+    if let Err(e) = result::init() {
+        return Err(unavailable(format!("cuInit returned {:?}", e.code)));
     }
+    let driver_version = result::driver_version()?;
+    let count = result::device::count()
+        .map_err(|e| unavailable(format!("cuDeviceGetCount returned {:?}", e.code)))?;
+    let device_count = usize::try_from(count).unwrap_or(0);
+    if ordinal >= device_count {
+        return Err(unavailable(format!(
+            "CUDA device {ordinal} does not exist: the driver sees {device_count} device(s)"
+        )));
+    }
+    let device = result::device::get(ordinal as c_int)?;
+    let name = result::device::name(device)?;
+    let attribute = |attribute| result::device::attribute(device, attribute);
+    let major = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let total = result::device::total_memory(device)?;
+    Ok(DeviceInfo {
+        ordinal,
+        device_count,
+        name,
+        compute_capability: (major, minor),
+        total_memory: total as u64,
+        driver_version,
+    })
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! `cuEventElapsedTime`.
 
 use super::handles::{Device, Stream};
-use super::{check, driver_error, sys, Result};
+use super::result;
+use super::{driver_error, sys, Result};
 use crate::backend::Timing;
 
 /// A timing mark: an event created with timing on (unlike the fence's own,
@@ -31,9 +32,7 @@ impl Timing for Device {
         let raw = stream.raw("cuEventRecord")?;
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(mark.inner.cu_event(), raw)
-        })
+        Ok(unsafe { result::event::record(mark.inner.cu_event(), raw) }?)
     }
 
     /// Recorded now on the backend's internal stream.
@@ -49,9 +48,7 @@ impl Timing for Device {
     fn wait_mark(&self, mark: &Mark) -> Result<()> {
         self.bind()?;
         // SAFETY: the event is a live object of this context.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(mark.inner.cu_event())
-        })
+        Ok(unsafe { result::event::synchronize(mark.inner.cu_event()) }?)
     }
 
     /// `cuEventElapsedTime` (milliseconds as `f32`, about half a

@@ -9,7 +9,7 @@ use super::graphs::{Graph, GraphMemory, SimStep, SimStepNode};
 use super::memory::Memory;
 use super::ops::Op;
 use super::streams::{Capture, Event, EventState, Stream};
-use super::{hazards::merge, sim_error, Result, FOREIGN_EVENT};
+use super::{clock::merge, sim_error, Result, FOREIGN_EVENT};
 use crate::backend::{
     check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphRejection, NodeGraph,
     StepEnd, StepNode, Streams, Temporaries,

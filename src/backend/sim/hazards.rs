@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::streams::StreamState;
+use super::clock::Access;
 
 /// Two unordered accesses to the same bytes, at least one a write.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,20 +35,6 @@ impl fmt::Display for Hazard {
             self.second_stream,
             self.addr
         )
-    }
-}
-
-/// One access: its stream and that stream's sequence number for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Access {
-    pub(super) stream: usize,
-    pub(super) seq: u64,
-}
-
-impl Access {
-    /// Whether an op with vector clock `clock` is ordered after this access.
-    fn ordered_before(&self, clock: &[u64]) -> bool {
-        clock_at(clock, self.stream) >= self.seq
     }
 }
 
@@ -204,11 +190,12 @@ impl Shadow {
 
     /// Forgets accesses every stream is ordered after (no later op of these
     /// streams can be unordered with them) once the map has grown enough.
-    pub(super) fn maybe_prune(&mut self, streams: &[StreamState]) {
+    /// `clocks` are the streams' vector clocks.
+    pub(super) fn maybe_prune<'c>(&mut self, clocks: impl Iterator<Item = &'c [u64]> + Clone) {
         if self.cells.len() < self.prune_at.max(PRUNE_AT_LEAST) {
             return;
         }
-        let stale = |a: &Access| streams.iter().all(|t| a.ordered_before(&t.clock));
+        let stale = |a: &Access| clocks.clone().all(|clock| a.ordered_before(clock));
         self.cells.retain(|_, cell| {
             if cell.writer.as_ref().is_some_and(stale) {
                 cell.writer = None;
@@ -221,18 +208,5 @@ impl Shadow {
 
     pub(super) fn clear(&mut self) {
         self.cells.clear();
-    }
-}
-
-fn clock_at(clock: &[u64], stream: usize) -> u64 {
-    clock.get(stream).copied().unwrap_or(0)
-}
-
-pub(super) fn merge(into: &mut Vec<u64>, from: &[u64]) {
-    if into.len() < from.len() {
-        into.resize(from.len(), 0);
-    }
-    for (a, b) in into.iter_mut().zip(from) {
-        *a = (*a).max(*b);
     }
 }

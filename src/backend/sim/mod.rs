@@ -34,14 +34,15 @@
 //!
 //! Kernels are [`Op`]s on `f32` data: fill, copy, add, scale.
 
-mod backend;
-mod device;
+mod ops;
+mod clock;
 mod faults;
-mod graphs;
 mod hazards;
 mod memory;
-mod ops;
 mod streams;
+mod graphs;
+mod device;
+mod backend;
 mod timing;
 
 use std::collections::{BTreeMap, BinaryHeap};

@@ -2,7 +2,7 @@
 //! do to it.
 
 use super::SimState;
-use crate::view::{View, ViewTag};
+use crate::view::{Access, View, ViewTag};
 
 /// A range of `f32` elements in simulated memory.
 ///
@@ -76,7 +76,7 @@ impl<T: AsSpan + ?Sized> AsSpan for &T {
     }
 }
 
-impl AsSpan for View<'_> {
+impl<A: Access> AsSpan for View<'_, A> {
     /// The view's bytes read as `f32` elements.
     fn span(&self) -> Span {
         Span {

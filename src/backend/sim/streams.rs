@@ -5,7 +5,8 @@
 use std::cmp::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
-use super::hazards::{merge, Access, Hazard};
+use super::clock::{merge, Access};
+use super::hazards::Hazard;
 use super::ops::Op;
 use super::{lock, Result, SimState};
 
@@ -182,7 +183,8 @@ impl SimState {
                     addr,
                 }));
         }
-        self.shadow.maybe_prune(&self.streams);
+        self.shadow
+            .maybe_prune(self.streams.iter().map(|s| s.clock.as_slice()));
         self.pending.push(Pending {
             end,
             order: self.submitted,

@@ -40,7 +40,7 @@ ring/packed  what Megatron-LM's older per-parameter wgrad ring of 2 slots needs,
 ring/rr      the same ring over round-robin
 ";
 
-/// "policy Generations(2), packed placement".
+/// "policy generations(2), packed placement".
 pub(crate) fn describe(placed_policy: PlacedPolicy) -> String {
     format!(
         "policy {}, {} placement",

@@ -8,10 +8,11 @@
 use proptest::prelude::*;
 
 use crate::backend::sim::{self, Call, Faults};
-use crate::{
-    DType, Discovering, Domain, KeptStep, PlanConfig, Policy, Purpose, Replayable, Request,
-    RunnerId,
-};
+use crate::discover::{Discovering, PlanConfig};
+use crate::plan::Policy;
+use crate::replay::Replayable;
+use crate::step::KeptStep;
+use crate::vocab::{DType, Domain, Purpose, Request, RunnerId};
 
 const RUNNERS: u32 = 4;
 const STREAMS: usize = 3;
