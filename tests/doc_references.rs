@@ -287,13 +287,7 @@ fn the_checks_catch_what_they_are_for() {
 
 /// Inline links the pages still carry that break in the rustdoc build, each
 /// with the reason it is not converted yet. Empty is the goal.
-const PENDING_INLINE: &[(&str, &str)] = &[
-    // docs/safety.md is edited on another branch; its one link converts
-    // with it (a reference link, as on every other page).
-    ("docs/safety.md", "fuzzing.md"),
-    // The planner section of docs/BENCHMARKS.md is edited on another branch.
-    ("docs/BENCHMARKS.md", "workload-format.md"),
-];
+const PENDING_INLINE: &[(&str, &str)] = &[];
 
 /// Ids rustdoc gives its own page parts: a heading with one of these ids
 /// gets another (`-1` added) in the rustdoc build, so a link to it breaks
