@@ -69,10 +69,13 @@ struct Args {
     rounds: usize,
     rs: Rs,
     ranks: usize,
+    /// The consumers' (reduce-scatters') stream at the greatest priority.
+    high_priority: bool,
 }
 
 const USAGE: &str = "usage: tp_backward [--ranks N] [--preset small|mid] [--hidden N] [--ffn N] \
-[--tokens N] [--layers N] [--workspace-mib N] [--steps N] [--rounds N] [--rs copy|nccl|nccl-plain]";
+[--tokens N] [--layers N] [--workspace-mib N] [--steps N] [--rounds N] [--rs copy|nccl|nccl-plain] \
+[--side-priority high|normal]";
 
 impl Args {
     fn parse() -> Result<Args, String> {
@@ -86,6 +89,7 @@ impl Args {
                 Rs::Copy
             },
             ranks: 1,
+            high_priority: true,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -118,6 +122,15 @@ impl Args {
                         "nccl" => Rs::Nccl,
                         "nccl-plain" => Rs::NcclPlain,
                         v => return Err(format!("--rs takes copy, nccl or nccl-plain, not {v:?}")),
+                    }
+                }
+                "--side-priority" => {
+                    a.high_priority = match value()?.as_str() {
+                        "high" => true,
+                        "normal" => false,
+                        v => {
+                            return Err(format!("--side-priority takes high or normal, not {v:?}"))
+                        }
                     }
                 }
                 "-h" | "--help" => return Err(USAGE.into()),
@@ -439,7 +452,19 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     };
     let eager_stream = stream()?;
     let pool = [stream()?, stream()?];
-    let side = stream()?;
+    // Communication first: the reduce-scatters' stream at the greatest
+    // priority, so they get SMs ahead of the next module's GEMMs (in step
+    // graphs too: captured work keeps its stream's priority).
+    let side = if args.high_priority {
+        cuda.new_high_priority_stream()?
+    } else {
+        stream()?
+    };
+    println!(
+        "consumer stream priority: {} (--side-priority {})",
+        side.priority()?,
+        if args.high_priority { "high" } else { "normal" }
+    );
     let capture_stream = stream()?;
     // One set of main grads per checked mode; the modes without the
     // reduce-scatter share one.

@@ -129,6 +129,22 @@ impl Backend for Device {
                 reason: "the capture produced no graph".into(),
             });
         }
+        // The capturing stream's priority stays with the work in step
+        // graphs (which run nodes at their own priority).
+        // SAFETY: a live stream of this context, current on this thread.
+        let stamped = unsafe { result::stream::priority(raw) }
+            .map_err(BackendError::from)
+            .and_then(|priority| match priority {
+                0 => Ok(()),
+                // SAFETY: the capture returned `graph` to us; nothing
+                // instantiates it yet.
+                p => unsafe { self.stamp_priority(graph, p, 0) },
+            });
+        if let Err(e) = stamped {
+            // SAFETY: the capture returned `graph` to us; destroyed once.
+            let _ = unsafe { result::graph::destroy(graph) };
+            return Err(e);
+        }
         // SAFETY: the capture returned `graph` to us.
         unsafe { self.instantiate(graph, Some(raw)) }
     }

@@ -95,6 +95,48 @@ impl Device {
         unsafe { self.instantiate(clone, None) }
     }
 
+    /// Gives every kernel node of `graph` (child graphs included) that has
+    /// no priority of its own `priority`: the priority of the stream it was
+    /// captured on, which a step graph (instantiated with
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`) keeps.
+    ///
+    /// # Safety
+    ///
+    /// `graph` is a live graph of the current context that nothing
+    /// instantiates meanwhile.
+    pub(super) unsafe fn stamp_priority(
+        &self,
+        graph: sys::CUgraph,
+        priority: i32,
+        depth: usize,
+    ) -> Result<()> {
+        if depth > 64 {
+            return Err(BackendError::Refused {
+                op: "graph inspection",
+                reason: "child graphs nest more than 64 deep".into(),
+            });
+        }
+        let kernel = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL as u32;
+        let child = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH as u32;
+        for node in nodes_of(graph)? {
+            // SAFETY: `node` belongs to `graph`.
+            let kind = unsafe { result::graph::node_type(node) }?;
+            if kind == kernel {
+                // SAFETY: a kernel node of `graph`.
+                if unsafe { result::graph::kernel_priority(node) }? == 0 {
+                    // SAFETY: as above; nothing instantiates `graph` now.
+                    unsafe { result::graph::set_kernel_priority(node, priority) }?;
+                }
+            } else if kind == child {
+                // SAFETY: a child graph node; the child stays its own.
+                let sub = unsafe { result::graph::child_graph(node) }?;
+                // SAFETY: a live graph of the current context.
+                unsafe { self.stamp_priority(sub, priority, depth + 1) }?;
+            }
+        }
+        Ok(())
+    }
+
     /// Instantiates `graph` with this backend's flags (uploading it on
     /// `upload_on` when uploads are on) and owns both handles.
     ///
@@ -108,7 +150,22 @@ impl Device {
         graph: sys::CUgraph,
         upload_on: Option<sys::CUstream>,
     ) -> Result<Graph> {
-        let flags = self.instantiate_flags().bits();
+        // SAFETY: the caller's.
+        unsafe { self.instantiate_with(graph, upload_on, self.instantiate_flags()) }
+    }
+
+    /// [`Device::instantiate`] with `flags`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Device::instantiate`].
+    pub(super) unsafe fn instantiate_with(
+        &self,
+        graph: sys::CUgraph,
+        upload_on: Option<sys::CUstream>,
+        flags: super::InstantiateFlags,
+    ) -> Result<Graph> {
+        let flags = flags.bits();
         // SAFETY: `graph` is live.
         let exec = match unsafe { result::graph::instantiate(graph, flags) } {
             Ok(exec) => exec,
@@ -407,8 +464,15 @@ impl Device {
         let mut parent = parent;
         let raw = std::mem::replace(&mut parent.handles.graph, ptr::null_mut());
         drop(parent);
-        // SAFETY: `raw` is ours; `instantiate` destroys it on failure.
-        unsafe { self.instantiate(raw, None) }
+        // Kernel nodes run at the priority they were captured with (a
+        // consumer on a high-priority stream gets SMs first), not the
+        // launch stream's.
+        let flags = super::InstantiateFlags {
+            use_node_priority: true,
+            ..self.instantiate_flags()
+        };
+        // SAFETY: `raw` is ours; `instantiate_with` destroys it on failure.
+        unsafe { self.instantiate_with(raw, None, flags) }
     }
 
     /// `cuGraphAddNode_v2`, looked up in the driver by name (cudarc binds

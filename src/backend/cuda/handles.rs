@@ -283,6 +283,57 @@ impl Device {
         })
     }
 
+    /// The stream priorities this context supports
+    /// (`cuCtxGetStreamPriorityRange`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn stream_priorities(&self) -> Result<StreamPriorities> {
+        self.bind()?;
+        let (least, greatest) = result::stream::priority_range()?;
+        Ok(StreamPriorities { least, greatest })
+    }
+
+    /// A new non-blocking stream at `priority`, as cudarc's
+    /// `CudaContext::new_stream_with_priority` makes it (lower numbers are
+    /// higher priorities; the driver clamps a priority outside
+    /// [`Device::stream_priorities`]). Work captured on it keeps the
+    /// priority inside step graphs: the crate gives the kernel nodes of a
+    /// graph captured on a stream of another priority than the least that
+    /// priority, and instantiates step graphs with
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`. Put consumers
+    /// (reduce-scatters) on such a stream so that they get SMs ahead of the
+    /// next runner's GEMMs, as Megatron's communication streams do.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    #[doc(alias = "cuStreamCreateWithPriority")]
+    pub fn new_stream_with_priority(&self, priority: i32) -> Result<Stream> {
+        let inner = self
+            .inner
+            .ctx
+            .new_stream_with_priority(priority)
+            .map_err(|e| driver_error("cuStreamCreateWithPriority", e))?;
+        Ok(Stream {
+            inner,
+            per_thread: None,
+            serial: next_stream_serial(),
+        })
+    }
+
+    /// [`Device::new_stream_with_priority`] at the greatest priority this
+    /// context supports: the stream for communication.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn new_high_priority_stream(&self) -> Result<Stream> {
+        let greatest = self.stream_priorities()?.greatest;
+        self.new_stream_with_priority(greatest)
+    }
+
     /// Adopts one of the program's cudarc streams of this backend's context
     /// for capture and replay: one from `ctx.new_stream()`, a stream wrapped
     /// with `wrap_borrowed_stream`, or the per-thread default stream
@@ -356,6 +407,16 @@ impl InstantiateFlags {
     }
 }
 
+/// The stream priorities of a context ([`Device::stream_priorities`]):
+/// lower numbers are higher priorities, so `greatest <= least`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamPriorities {
+    /// The lowest priority (the default a stream gets: 0).
+    pub least: i32,
+    /// The highest priority (the lowest number, -5 on recent GPUs).
+    pub greatest: i32,
+}
+
 /// `cu_stream()` of cudarc's `default_stream()`: the legacy NULL stream.
 const LEGACY_NULL: usize = 0;
 /// `CU_STREAM_LEGACY`: the legacy default stream, by its explicit handle.
@@ -411,6 +472,23 @@ impl Stream {
     /// memory with.
     pub fn cudarc(&self) -> &Arc<cudarc::driver::CudaStream> {
         &self.inner
+    }
+
+    /// The stream's priority (`cuStreamGetPriority`: lower numbers are
+    /// higher priorities).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] for another thread's per-thread stream;
+    /// the driver's error.
+    pub fn priority(&self) -> Result<i32> {
+        let raw = self.raw("cuStreamGetPriority")?;
+        self.inner
+            .context()
+            .bind_to_thread()
+            .map_err(|e| driver_error("cuCtxSetCurrent", e))?;
+        // SAFETY: a live stream of its context, current on this thread.
+        Ok(unsafe { result::stream::priority(raw) }?)
     }
 
     /// The raw `CUstream` (do not destroy it; `0x2` for the per-thread

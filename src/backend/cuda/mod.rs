@@ -59,7 +59,7 @@ use cudarc::driver::sys;
 
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use graph::Graph;
-pub use handles::{CaptureMode, Device, Event, InstantiateFlags, Stream};
+pub use handles::{CaptureMode, Device, Event, InstantiateFlags, Stream, StreamPriorities};
 #[cfg(replay_arena_nccl)]
 pub(crate) use library::{missing_symbols, open_library};
 pub use memory::Memory;

@@ -243,6 +243,27 @@ pub(super) mod stream {
         let code = unsafe { sys::cuStreamIsCapturing(stream, &mut status) };
         check("cuStreamIsCapturing", code, status)
     }
+
+    /// `cuStreamGetPriority`: lower numbers are higher priorities.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of the current context.
+    pub(in super::super) unsafe fn priority(stream: sys::CUstream) -> DriverResult<c_int> {
+        let mut priority: c_int = 0;
+        // SAFETY: the caller's; `priority` is a local out pointer.
+        let code = unsafe { sys::cuStreamGetPriority(stream, &mut priority) };
+        check("cuStreamGetPriority", code, priority)
+    }
+
+    /// `cuCtxGetStreamPriorityRange` of the current context: (least,
+    /// greatest); the greatest priority is the lowest number.
+    pub(in super::super) fn priority_range() -> DriverResult<(c_int, c_int)> {
+        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
+        // SAFETY: two local out pointers.
+        let code = unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) };
+        check("cuCtxGetStreamPriorityRange", code, (least, greatest))
+    }
 }
 
 /// Events.
@@ -546,6 +567,45 @@ pub(super) mod graph {
         // SAFETY: the caller's; `dptr` is a local out pointer.
         let code = unsafe { sys::cuGraphMemFreeNodeGetParams(node, &mut dptr) };
         check("cuGraphMemFreeNodeGetParams", code, dptr)
+    }
+
+    /// `cuGraphKernelNodeGetAttribute(CU_LAUNCH_ATTRIBUTE_PRIORITY)`: the
+    /// priority a kernel node runs at under
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`.
+    ///
+    /// # Safety
+    ///
+    /// `node` is a kernel node of a live graph of the current context.
+    pub(in super::super) unsafe fn kernel_priority(node: sys::CUgraphNode) -> DriverResult<c_int> {
+        // SAFETY: a plain C union of integers and structs, for the driver
+        // to fill.
+        let mut value: sys::CUkernelNodeAttrValue = unsafe { std::mem::zeroed() };
+        let attr = sys::CUkernelNodeAttrID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
+        // SAFETY: the caller's; `value` is a local out pointer.
+        let code = unsafe { sys::cuGraphKernelNodeGetAttribute(node, attr, &mut value) };
+        // SAFETY: the priority member is the one this attribute writes.
+        check("cuGraphKernelNodeGetAttribute", code, unsafe {
+            value.priority
+        })
+    }
+
+    /// `cuGraphKernelNodeSetAttribute(CU_LAUNCH_ATTRIBUTE_PRIORITY)`.
+    ///
+    /// # Safety
+    ///
+    /// `node` is a kernel node of a live graph of the current context that
+    /// no executable is being instantiated from meanwhile.
+    pub(in super::super) unsafe fn set_kernel_priority(
+        node: sys::CUgraphNode,
+        priority: c_int,
+    ) -> DriverResult<()> {
+        // SAFETY: as above.
+        let mut value: sys::CUkernelNodeAttrValue = unsafe { std::mem::zeroed() };
+        value.priority = priority;
+        let attr = sys::CUkernelNodeAttrID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
+        // SAFETY: the caller's; `value` is a local.
+        let code = unsafe { sys::cuGraphKernelNodeSetAttribute(node, attr, &value) };
+        check("cuGraphKernelNodeSetAttribute", code, ())
     }
 
     /// `cuGraphChildGraphNodeGetGraph`: the child graph, still owned by
