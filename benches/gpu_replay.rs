@@ -20,13 +20,19 @@
 //!    slice at `start_trace_with_capacity` (creating them) and at
 //!    `finish_trace` (reading them).
 //!
+//! 5. Capture cost: host time to plan, allocate, capture, seal and build
+//!    step graphs for a ladder of buckets x layers, against cudarc capturing
+//!    and instantiating the same kernels by hand.
+//!
 //! Arguments after `--` pick sections by name (`host`, `overlap`, `step`,
-//! `trace`): `cargo bench --bench gpu_replay -- trace`.
+//! `trace`, `buckets`, `capture`): `cargo bench --bench gpu_replay -- trace`.
 
 use std::time::Instant;
 
 use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKernelArg};
+use replay_arena::cuda::cudarc::driver::{
+    sys, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::probe;
 use replay_arena::{
@@ -624,6 +630,126 @@ fn bucket_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     Ok(())
 }
 
+/// Host time to capture, seal and build step graphs, against cudarc
+/// capturing and instantiating the same work by hand: a ladder of
+/// `buckets` x `layers` runners (one kernel each), every bucket's runners
+/// then composed into one step graph (by hand: a parent graph of child
+/// graph nodes in a chain, instantiated).
+fn capture_ladder(b: &cuda::Device, k: &Kernels, buckets: usize, layers: usize) -> R<()> {
+    let req = Request::new(Domain::Device, DType::F32, 16384);
+    let n = buckets * layers;
+    let (capture_on, x, y) = (b.new_stream()?, b.new_stream()?, b.new_stream()?);
+    // The crate: discovery, plan, allocation, capture, seal; then one step
+    // graph per bucket.
+    let t0 = Instant::now();
+    let mut d = Discovering::new(PlanConfig::new());
+    for bucket in 0..buckets {
+        d.bucket(format!("b{bucket}"))?;
+        for l in 0..layers {
+            d.arm(RunnerId((bucket * layers + l) as u32))?.record(req)?;
+        }
+    }
+    let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(b.clone())?;
+    for r in 0..n {
+        let cap = capturing.capture(RunnerId(r as u32))?;
+        let v = cap.take(req)?;
+        cap.stream_capture(&capture_on, |s| touch(k, s, v.device_address()))?;
+        cap.finish()?;
+    }
+    let mut replayable = capturing.seal()?;
+    let captured = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut kept = Vec::new();
+    for bucket in 0..buckets {
+        let mut step = replayable.step();
+        for l in 0..layers {
+            let r = RunnerId((bucket * layers + l) as u32);
+            step.replay(r, if l % 2 == 0 { &x } else { &y })?;
+        }
+        kept.push(step.build()?.keep());
+    }
+    let built = t1.elapsed().as_secs_f64();
+    drop(kept);
+    drop(replayable);
+
+    // By hand: the same kernels captured and instantiated with cudarc, then
+    // a parent graph of child graph nodes per bucket.
+    let bufs: Vec<_> = (0..n)
+        .map(|_| capture_on.cudarc().alloc_zeros::<f32>(16384))
+        .collect::<Result<_, _>>()?;
+    capture_on.synchronize()?;
+    let t2 = Instant::now();
+    let mut graphs = Vec::with_capacity(n);
+    for buf in &bufs {
+        let s = capture_on.cudarc();
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let (addr, _sync) = buf.device_ptr(s);
+        touch(k, &capture_on, addr)?;
+        let graph = s.end_capture(sys::CUgraphInstantiate_flags(0))?;
+        graphs.push(graph.ok_or("no graph")?);
+    }
+    let by_hand = t2.elapsed().as_secs_f64();
+    let t3 = Instant::now();
+    for bucket in 0..buckets {
+        unsafe {
+            let mut parent = std::ptr::null_mut();
+            assert_eq!(
+                sys::cuGraphCreate(&mut parent, 0),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            let mut prev: Option<sys::CUgraphNode> = None;
+            for g in &graphs[bucket * layers..(bucket + 1) * layers] {
+                let mut node = std::ptr::null_mut();
+                let deps: Vec<sys::CUgraphNode> = prev.into_iter().collect();
+                let code = sys::cuGraphAddChildGraphNode(
+                    &mut node,
+                    parent,
+                    deps.as_ptr(),
+                    deps.len(),
+                    g.cu_graph(),
+                );
+                assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
+                prev = Some(node);
+            }
+            let mut exec = std::ptr::null_mut();
+            assert_eq!(
+                sys::cuGraphInstantiateWithFlags(&mut exec, parent, 0),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            sys::cuGraphExecDestroy(exec);
+            sys::cuGraphDestroy(parent);
+        }
+    }
+    let hand_built = t3.elapsed().as_secs_f64();
+    let us = |t: f64| t * 1e6 / n as f64;
+    println!(
+        "| {buckets} x {layers} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.2} | {:.2}x |",
+        us(captured),
+        us(by_hand),
+        captured / by_hand,
+        built * 1e3,
+        hand_built * 1e3,
+        built / hand_built
+    );
+    Ok(())
+}
+
+/// Capture cost as runners grow (`capture_ladder`).
+fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
+    println!("## host time to capture, seal and build step graphs, against cudarc by hand");
+    println!(
+        "| buckets x layers | crate µs/runner (plan, allocate, capture, seal) | by hand µs/runner \
+         (capture, instantiate) | ratio | crate step graphs ms | by hand ms | ratio |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    // The first ladder warms the driver and nvrtc's module up.
+    capture_ladder(b, k, 1, 16)?;
+    for (buckets, layers) in [(1, 16), (1, 64), (4, 32), (16, 32)] {
+        capture_ladder(b, k, buckets, layers)?;
+    }
+    Ok(())
+}
+
 fn main() -> R<()> {
     if let Err(e) = probe() {
         println!("gpu_replay: skipped, no usable GPU: {e}");
@@ -652,6 +778,9 @@ fn main() -> R<()> {
     }
     if run("buckets") {
         bucket_cost(&b, &k)?;
+    }
+    if run("capture") {
+        capture_cost(&b, &k)?;
     }
     Ok(())
 }
