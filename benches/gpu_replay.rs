@@ -635,13 +635,19 @@ fn bucket_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
 /// `buckets` x `layers` runners (one kernel each), every bucket's runners
 /// then composed into one step graph (by hand: a parent graph of child
 /// graph nodes in a chain, instantiated).
-fn capture_ladder(b: &cuda::Device, k: &Kernels, buckets: usize, layers: usize) -> R<()> {
+fn capture_ladder(
+    b: &cuda::Device,
+    k: &Kernels,
+    buckets: usize,
+    layers: usize,
+    print: bool,
+) -> R<()> {
     let req = Request::new(Domain::Device, DType::F32, 16384);
     let n = buckets * layers;
     let (capture_on, x, y) = (b.new_stream()?, b.new_stream()?, b.new_stream()?);
-    // The crate: discovery, plan, allocation, capture, seal; then one step
-    // graph per bucket.
-    let t0 = Instant::now();
+    // The crate: discovery, plan, allocation (timed apart), then capture
+    // and seal; then one step graph per bucket.
+    let t_plan = Instant::now();
     let mut d = Discovering::new(PlanConfig::new());
     for bucket in 0..buckets {
         d.bucket(format!("b{bucket}"))?;
@@ -650,6 +656,8 @@ fn capture_ladder(b: &cuda::Device, k: &Kernels, buckets: usize, layers: usize) 
         }
     }
     let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(b.clone())?;
+    let planned = t_plan.elapsed().as_secs_f64();
+    let t0 = Instant::now();
     for r in 0..n {
         let cap = capturing.capture(RunnerId(r as u32))?;
         let v = cap.take(req)?;
@@ -722,8 +730,13 @@ fn capture_ladder(b: &cuda::Device, k: &Kernels, buckets: usize, layers: usize) 
     }
     let hand_built = t3.elapsed().as_secs_f64();
     let us = |t: f64| t * 1e6 / n as f64;
+    if !print {
+        return Ok(());
+    }
     println!(
-        "| {buckets} x {layers} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.2} | {:.2}x |",
+        "| {buckets} x {layers} | {} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.2} | {:.2}x |",
+        if b.graph_upload() { "on" } else { "off" },
+        us(planned),
         us(captured),
         us(by_hand),
         captured / by_hand,
@@ -738,14 +751,17 @@ fn capture_ladder(b: &cuda::Device, k: &Kernels, buckets: usize, layers: usize) 
 fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     println!("## host time to capture, seal and build step graphs, against cudarc by hand");
     println!(
-        "| buckets x layers | crate µs/runner (plan, allocate, capture, seal) | by hand µs/runner \
-         (capture, instantiate) | ratio | crate step graphs ms | by hand ms | ratio |"
+        "| buckets x layers | upload | crate plan + allocate µs/runner | crate capture + seal \
+         µs/runner | by hand capture + instantiate µs/runner | ratio | crate step graphs ms | \
+         by hand ms | ratio |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    // The first ladder warms the driver and nvrtc's module up.
-    capture_ladder(b, k, 1, 16)?;
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    // The first ladder warms the driver and the module up (not printed).
+    capture_ladder(b, k, 1, 16, false)?;
+    let no_upload = b.clone().with_graph_upload(false);
     for (buckets, layers) in [(1, 16), (1, 64), (4, 32), (16, 32)] {
-        capture_ladder(b, k, buckets, layers)?;
+        capture_ladder(b, k, buckets, layers, true)?;
+        capture_ladder(&no_upload, k, buckets, layers, true)?;
     }
     Ok(())
 }

@@ -104,15 +104,7 @@ fn launches_the_driver_refuses_for_graph_memory_leave_the_fence_as_it_was() {
             .unwrap();
     };
 
-    // Each runner once, per runner: the driver keeps their temporaries'
-    // memory mapped from now on.
-    for r in 0..2 {
-        replayable.replay(RunnerId(r), &pool).unwrap();
-    }
-    replayable.synchronize().unwrap();
-    eprintln!("gpu_failures: replayed once");
-
-    // Then the program takes nearly all device memory (no trim: the
+    // The program takes nearly all device memory (no trim: the
     // driver 580.159.04 crashes in cuGraphLaunch, SIGSEGV, when a graph
     // whose memory was trimmed away cannot map it again).
     let (free, _) = b.mem_info().unwrap();
@@ -123,12 +115,21 @@ fn launches_the_driver_refuses_for_graph_memory_leave_the_fence_as_it_was() {
     let hog = Hog::take(free - left);
     eprintln!("gpu_failures: hog taken");
 
+    // The runners' own graphs still replay: the driver mapped their
+    // temporaries when it uploaded them at capture.
+    for r in 0..2 {
+        replayable.replay(RunnerId(r), &pool).unwrap();
+    }
+    eprintln!("gpu_failures: replayed once");
+
     // A step graph that moved the runners' step copies in: its launch
     // needs memory for their temporaries, and the driver refuses it.
     {
         let mut step = replayable.step();
         for r in 0..2 {
-            step.replay(RunnerId(r), &pool).unwrap();
+            // On two lanes: the step's copies need their memory together.
+            step.replay(RunnerId(r), if r == 0 { &pool } else { &launch })
+                .unwrap();
             let main = &mut mains[r as usize];
             step.consume(RunnerId(r), &side, |s, views| {
                 let v = views[0].as_cuda::<f32>(s)?;
