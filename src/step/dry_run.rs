@@ -1,0 +1,324 @@
+//! The dry run: a step schedule run through the fence on a tracer backend
+//! whose streams are the schedule's lanes and whose events remember the
+//! node last run on the stream they were recorded on, so the fence's waits
+//! become the step graph's edges.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::backend::{BackendError, Streams};
+use crate::fence::{Fence, On};
+use crate::replay::ReplayError;
+
+/// One use of a compiled schedule, as the fence sees it.
+#[derive(Clone, Debug)]
+pub(super) enum Use {
+    Replay {
+        slot: usize,
+        lane: usize,
+        /// Its first node, and how many (two when split at a ready point).
+        first: usize,
+        count: usize,
+        /// (ready event, node that records it).
+        marks: Vec<(usize, usize)>,
+    },
+    Consume {
+        slots: Vec<usize>,
+        lane: usize,
+        first: usize,
+        exclusive: bool,
+    },
+}
+
+/// One pass of the schedule through `fence`, on lanes `offset..`: every
+/// wait and record it makes goes to `tracer`, and `touched` learns the
+/// fence slots the step uses.
+pub(super) fn trace_pass(
+    fence: &mut Fence<Tracer>,
+    tracer: &Tracer,
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+    offset: usize,
+    touched: &mut [bool],
+) -> Result<(), ReplayError> {
+    for u in uses {
+        match u {
+            Use::Replay {
+                slot,
+                lane,
+                first,
+                count,
+                marks,
+            } => {
+                let id = offset + *lane;
+                let on = On {
+                    stream: &Lane(id),
+                    id: id as u64,
+                };
+                fence.replay(tracer, plan, *slot, on, || {
+                    tracer.run(*first, *count, id);
+                    Ok(())
+                })?;
+                touched[*slot] = true;
+                for &h in &plan.runners[*slot].record.writes {
+                    touched[fence.handoff_slot(h)] = true;
+                }
+                for &(h, node) in marks {
+                    tracer.mark(h, node);
+                }
+            }
+            Use::Consume {
+                slots,
+                lane,
+                first,
+                exclusive,
+            } => {
+                let id = offset + *lane;
+                let on = On {
+                    stream: &Lane(id),
+                    id: id as u64,
+                };
+                fence.consume(tracer, plan, slots, on, *exclusive, || {
+                    (tracer.run(*first, 1, id), true)
+                })?;
+                for &slot in slots {
+                    touched[slot] |= fence.is_fenced(slot);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The cross edges (`cross[x]`: nodes of the other graph's launch before
+/// that node `x` waits for) that neither `x`'s other cross edges nor its
+/// ancestors' imply, given both graphs' edges `deps` (the same schedule:
+/// waiting for node `y` implies waiting for `y`'s ancestors).
+pub(super) fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
+    let n = deps.len();
+    // ancestors[y][z]: y runs after z, in one launch.
+    let mut ancestors = vec![vec![false; n]; n];
+    for y in 0..n {
+        for &d in &deps[y] {
+            if d < y {
+                ancestors[y][d] = true;
+                let (before, rest) = ancestors.split_at_mut(y);
+                for (z, &a) in before[d].iter().enumerate() {
+                    rest[0][z] |= a;
+                }
+            }
+        }
+    }
+    // reached[x][z]: x runs after node z of the launch before.
+    let mut reached = vec![vec![false; n]; n];
+    let mut out = vec![Vec::new(); n];
+    for x in 0..n {
+        let mut implied = vec![false; n];
+        for &d in &deps[x] {
+            if d < x {
+                for (z, &r) in reached[d].iter().enumerate() {
+                    implied[z] |= r;
+                }
+            }
+        }
+        // The latest sources first: an earlier one may be their ancestor.
+        let mut mine: Vec<usize> = cross[x].iter().copied().filter(|&y| y < n).collect();
+        mine.sort_unstable_by(|a, b| b.cmp(a));
+        for y in mine {
+            if implied[y] {
+                continue;
+            }
+            out[x].push(y);
+            implied[y] = true;
+            for (z, &a) in ancestors[y].iter().enumerate() {
+                implied[z] |= a;
+            }
+        }
+        out[x].sort_unstable();
+        reached[x] = implied;
+    }
+    out
+}
+
+/// The backend a step schedule is traced on: streams are the schedule's
+/// streams (lanes; for overlapping step graphs, two sets of them, one per
+/// graph), a "launch" runs step graph nodes, and every event remembers the
+/// node last run on the stream it was recorded on, and in which pass.
+#[derive(Clone)]
+pub(super) struct Tracer {
+    state: Rc<RefCell<Trace>>,
+}
+
+/// A node of one pass of the schedule: (pass, node).
+pub(super) type Traced = (usize, usize);
+
+/// Per node: the nodes of its own launch it runs after, and those of the
+/// launch before (overlapping step graphs).
+pub(super) type Edges = (Vec<Vec<usize>>, Vec<Vec<usize>>);
+
+pub(super) struct Trace {
+    /// Per lane: its latest node (a lane of the pass before keeps its
+    /// tail: the fence may record an event there late), and nodes the next
+    /// one waits for.
+    tails: Vec<Option<Traced>>,
+    waits: Vec<Vec<Traced>>,
+    /// Per event: the node its latest record follows (`None`: before this
+    /// pass's nodes on its lane, which launch order covers).
+    recorded: Vec<Option<Traced>>,
+    /// Per node, from the latest pass: the nodes of the same pass it runs
+    /// after, and those of the pass before (waits on the other graph's
+    /// launch, for overlapping step graphs; launch order covers them for
+    /// one graph).
+    deps: Vec<Vec<usize>>,
+    cross: Vec<Vec<usize>>,
+    /// Overlapping step graphs: lanes per graph (lane `l` of one graph is
+    /// lane `l + half` of the other, modulo `2 * half`); 0 for one graph.
+    half: usize,
+    pass: usize,
+}
+
+#[derive(Clone)]
+pub(super) struct Lane(pub(super) usize);
+
+pub(super) struct TraceEvent(pub(super) usize);
+
+impl Tracer {
+    pub(super) fn new(lanes: usize, nodes: usize, overlapping: bool) -> Tracer {
+        Tracer {
+            state: Rc::new(RefCell::new(Trace {
+                tails: vec![None; lanes],
+                waits: vec![Vec::new(); lanes],
+                recorded: Vec::new(),
+                deps: vec![Vec::new(); nodes],
+                cross: vec![Vec::new(); nodes],
+                half: if overlapping { lanes / 2 } else { 0 },
+                pass: 0,
+            })),
+        }
+    }
+
+    /// Events `0..n` are the fence slots' own.
+    pub(super) fn reserve_events(&self, n: usize) {
+        let mut t = self.state.borrow_mut();
+        if t.recorded.len() < n {
+            t.recorded.resize(n, None);
+        }
+    }
+
+    /// Pass `pass` of the schedule: a new step on lanes `lanes`, whose
+    /// tails start fresh.
+    pub(super) fn begin_pass(&self, pass: usize, lanes: std::ops::Range<usize>) {
+        let mut t = self.state.borrow_mut();
+        for lane in lanes {
+            t.tails[lane] = None;
+            t.waits[lane].clear();
+        }
+        t.pass = pass;
+    }
+
+    /// Runs nodes `first..first + parts` on `lane`, one after another.
+    pub(super) fn run(&self, first: usize, parts: usize, lane: usize) {
+        let mut t = self.state.borrow_mut();
+        let pass = t.pass;
+        for node in first..first + parts {
+            let waits: Vec<Traced> = std::mem::take(&mut t.waits[lane]);
+            let mut deps: Vec<usize> = waits
+                .iter()
+                .filter(|(p, _)| *p == pass)
+                .map(|&(_, n)| n)
+                .collect();
+            deps.extend(t.tails[lane].filter(|(p, _)| *p == pass).map(|(_, n)| n));
+            deps.sort_unstable();
+            deps.dedup();
+            // Waits on the pass before: the other graph's launch (older
+            // passes are this graph's previous launch, complete first). And
+            // a lane's first node runs after that lane's last node of the
+            // pass before: the schedule's streams keep their order across
+            // steps, as replays on them do (consumers accumulating into one
+            // buffer on one stream, say).
+            let mut cross: Vec<usize> = Vec::new();
+            if t.half > 0 {
+                cross.extend(
+                    waits
+                        .iter()
+                        .filter(|(p, _)| *p + 1 == pass)
+                        .map(|&(_, n)| n),
+                );
+                if t.tails[lane].is_none() {
+                    let twin = (lane + t.half) % (2 * t.half);
+                    if let Some((p, n)) = t.tails[twin] {
+                        if p + 1 == pass {
+                            cross.push(n);
+                        }
+                    }
+                }
+            }
+            cross.sort_unstable();
+            cross.dedup();
+            t.deps[node] = deps;
+            t.cross[node] = cross;
+            t.tails[lane] = Some((pass, node));
+        }
+    }
+
+    /// Event `event` was recorded inside node `node` of this pass.
+    pub(super) fn mark(&self, event: usize, node: usize) {
+        let mut t = self.state.borrow_mut();
+        let pass = t.pass;
+        if let Some(e) = t.recorded.get_mut(event) {
+            *e = Some((pass, node));
+        }
+    }
+
+    /// The latest pass's edges: (same pass, pass before).
+    pub(super) fn deps(&self) -> Edges {
+        let t = self.state.borrow();
+        (t.deps.clone(), t.cross.clone())
+    }
+}
+
+impl Streams for Tracer {
+    type Event = TraceEvent;
+
+    type Stream = Lane;
+
+    fn create_event(&self) -> Result<TraceEvent, BackendError> {
+        let mut t = self.state.borrow_mut();
+        t.recorded.push(None);
+        Ok(TraceEvent(t.recorded.len() - 1))
+    }
+
+    fn stream_id(&self, stream: &Lane) -> u64 {
+        stream.0 as u64
+    }
+
+    fn wait_event(&self, stream: &Lane, event: &TraceEvent) -> Result<(), BackendError> {
+        let mut t = self.state.borrow_mut();
+        if let Some(&Some(node)) = t.recorded.get(event.0) {
+            t.waits[stream.0].push(node);
+        }
+        Ok(())
+    }
+
+    fn record_event(&self, stream: &Lane, event: &TraceEvent) -> Result<(), BackendError> {
+        let mut t = self.state.borrow_mut();
+        let tail = t.tails[stream.0];
+
+        if let Some(e) = t.recorded.get_mut(event.0) {
+            *e = tail;
+        }
+        Ok(())
+    }
+
+    fn synchronize_event(&self, _: &TraceEvent) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn is_capturing(&self, _: &Lane) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,361 @@
+//! A compiled step: [`StepGraph`] launched through the plan it borrows,
+//! and [`KeptStep`], launched through [`Replayable::launch_kept`].
+
+use std::fmt;
+
+use super::dry_run::{trace_pass, TraceEvent, Tracer, Use};
+use crate::backend::{Backend, Compose};
+use crate::fence::{enter, Fence, Ledger, Operation};
+use crate::replay::{ReplayError, Replayable};
+use crate::trace::SliceKind;
+
+/// Phase 5 of 5: one step of a plan, compiled into one graph
+/// ([`Replayable::step`]). Each [`StepGraph::launch`] runs the whole step:
+/// every replay and consumer of the schedule, ordered by exactly the waits
+/// the fence makes for that schedule in steady state, after the previous
+/// launch. It borrows the plan; each launch brings the plan's fence to
+/// what the step leaves before it launches, so nothing rests on its drop
+/// (which waits for its last launch and frees it). [`StepGraph::keep`]
+/// makes it a [`KeptStep`] that borrows nothing, for a step graph per
+/// shape bucket launched whichever the next batch needs.
+pub struct StepGraph<'r, B: Compose> {
+    pub(super) core: StepCore<B>,
+    pub(super) replayable: &'r mut Replayable<B>,
+}
+
+/// A step graph apart from the plan: its graphs, events and what it
+/// leaves the fence.
+pub(super) struct StepCore<B: Backend> {
+    /// One graph, or two launched in turn ([`StepBuilder::build_overlapping`]).
+    /// Dropped before the events their nodes wait for and record.
+    pub(super) graphs: Vec<B::Graph>,
+    /// The overlapping graphs' events, held for their nodes (dropped after
+    /// the graphs).
+    pub(super) _events: Vec<B::Event>,
+    /// Overlapping: recorded where the first launch's stream has waited
+    /// for everything the fence knew of, for the second launch to wait for
+    /// (it waits for the first launch node by node).
+    pub(super) start: Option<B::Event>,
+    /// Recorded after a launch for `wait_all` and drop.
+    pub(super) done: B::Event,
+    /// Who last used which bytes after a step.
+    pub(super) ledger: Ledger,
+    /// Fence slots the step uses.
+    pub(super) touched: Vec<bool>,
+    /// The stream of the latest launch.
+    pub(super) launched: Option<(B::Stream, u64)>,
+    pub(super) launches: u64,
+    /// Launches since the fence last changed under the step graph: at 0,
+    /// the next launch waits for everything the fence knows of.
+    pub(super) since: u64,
+    /// Launches in turn: which of two overlapping graphs is next.
+    pub(super) turn: u64,
+    /// The plan's fence epoch when the step graph last changed it (or was
+    /// built): anything else the fence did since resets `since`.
+    pub(super) epoch: u64,
+    /// The schedule, to bring the ledger to the fence's state after a reset.
+    pub(super) uses: Vec<Use>,
+    pub(super) lanes: usize,
+    pub(super) nodes: usize,
+    pub(super) edges: usize,
+}
+
+impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.debug("StepGraph", f)
+    }
+}
+
+impl<B: Backend> StepCore<B> {
+    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("graphs", &self.graphs.len())
+            .field("events", &self._events.len())
+            .field("nodes", &self.nodes)
+            .field("edges", &self.edges)
+            .field("launches", &self.launches)
+            .finish_non_exhaustive()
+    }
+
+    /// The ledger the step leaves when launched from the fence's state
+    /// now: one pass of its schedule from there (every byte the step uses
+    /// goes to its users; the rest stays as the fence has it).
+    fn ledger_from(&self, r: &Replayable<B>) -> Result<Ledger, ReplayError> {
+        let tracer = Tracer::new(self.lanes, self.nodes, false);
+        let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
+        tracer.reserve_events(r.fence.slots());
+        tracer.begin_pass(0, 0..self.lanes);
+        let mut touched = vec![false; r.fence.slots()];
+        trace_pass(&mut fence, &tracer, &r.plan, &self.uses, 0, &mut touched)?;
+        Ok(fence.ledger().clone())
+    }
+
+    fn launch(&mut self, r: &mut Replayable<B>, stream: &B::Stream) -> Result<(), ReplayError> {
+        // No capture of any thread may begin on `stream` until the launch
+        // is enqueued (it would go into its graph).
+        let entered = enter(&r.backend, stream, Operation::StepLaunch)?;
+        let on = entered.on;
+        // Anything else the fence did since this step graph's latest launch
+        // (or its build): the next launch is a first one again, from the
+        // fence's state now.
+        let reset = r.fence.epoch() != self.epoch;
+        // After a reset the step leaves the ledger one pass of its schedule
+        // from the fence's state now gives (kept even if the launch fails:
+        // the fence's epoch does not move then, so the next launch resets
+        // again).
+        if reset {
+            self.ledger = self.ledger_from(r)?;
+        }
+        let since = if reset { 0 } else { self.since };
+        let x = (self.turn % self.graphs.len() as u64) as usize;
+        // The first launch waits for everything the fence knew of; the
+        // second (of overlapping graphs) for the same, recorded then, or
+        // for that and the whole first launch.
+        let everything =
+            since == 0 || (since == 1 && self.start.is_none() && self.graphs.len() > 1);
+        let (start, backend) = (&self.start, &r.backend);
+        let before = || match (since, start) {
+            (0, Some(start)) => backend.record_event(stream, start),
+            (1, Some(start)) => backend.wait_event(stream, start),
+            _ => Ok(()),
+        };
+        let kind = SliceKind::StepLaunch {
+            launch: self.launches,
+            graph: x,
+        };
+        // A later launch on the same stream with nothing in between leaves
+        // the state the one before left: nothing to absorb.
+        let moved = reset || self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
+        let graph = &self.graphs[x];
+        // SAFETY: the step graph's edges are the fence's waits for its
+        // schedule; its first launch (and the first after anything else the
+        // fence did) waited for everything the fence knew of, and each later
+        // one runs after the one before (launches of one executable graph
+        // are serialized), or, for two graphs in turn, waits node by node
+        // for what the fence makes it wait for in the other's launch before
+        // it and completes only after that launch completed (its end), the
+        // same graph's launch before that being serialized; once it went
+        // out, the fence orders every later user of the plan's bytes after
+        // it before this returns; nothing else uses the plan meanwhile
+        // (`&mut`).
+        let launch = || unsafe { backend.launch(graph, stream) };
+        r.fence
+            .launch_step(
+                backend,
+                on,
+                everything,
+                before,
+                launch,
+                moved.then_some((&self.ledger, self.touched.as_slice())),
+                kind,
+            )
+            .map_err(ReplayError::Wait)?;
+        self.launched = Some((stream.clone(), on.id));
+        self.launches += 1;
+        self.since = since + 1;
+        self.turn += 1;
+        self.epoch = r.fence.epoch();
+        Ok(())
+    }
+
+    fn wait_all(&self, b: &B, stream: &B::Stream) -> Result<(), ReplayError> {
+        let Some((last, _)) = &self.launched else {
+            return Ok(());
+        };
+        // No capture may take the record or the wait into its graph.
+        let _last = enter(b, last, Operation::StepWait)?;
+        let _on = enter(b, stream, Operation::StepWait)?;
+        b.record_event(last, &self.done)
+            .and_then(|()| b.wait_event(stream, &self.done))
+            .map_err(ReplayError::Wait)
+    }
+
+    /// Waits for the latest launch before the graphs are freed.
+    fn wait_last(&mut self, b: &B) {
+        let Some((stream, _)) = self.launched.take() else {
+            return;
+        };
+        // The record goes on the launch's stream, entered as any wait: a
+        // capture there refuses it (the host then waits for everything).
+        let waited = enter(b, &stream, Operation::StepWait)
+            .map_err(|_| ())
+            .and_then(|_entered| {
+                b.record_event(&stream, &self.done)
+                    .and_then(|()| b.synchronize_event(&self.done))
+                    .map_err(|_| ())
+            });
+        if waited.is_err() {
+            let _ = b.synchronize();
+        }
+    }
+}
+
+impl<'r, B: Compose> StepGraph<'r, B> {
+    /// Launches the whole step on `stream`: after what `stream` holds and
+    /// after the previous launch; the first launch also waits for every
+    /// replay and consumer the fence knew of.
+    ///
+    /// The plan's fence learns what the launch leaves *before* the launch
+    /// (every byte the step uses completes at the tail of `stream`), so
+    /// every later replay, consumer, `replan` and teardown is ordered after
+    /// it, even if this step graph is never dropped (`mem::forget`).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::StepOnCapturingStream`] when `stream` is capturing (inside
+    /// a `stream_capture` closure, or the program's own capture);
+    /// [`ReplayError::Wait`] with the backend's error (nothing of the step
+    /// was enqueued).
+    pub fn launch(&mut self, stream: &B::Stream) -> Result<(), ReplayError> {
+        self.core.launch(self.replayable, stream)
+    }
+
+    /// Makes `stream` wait for the latest launch (the optimizer step after
+    /// every replay and consumer of the step), without blocking the host.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Wait`] with the backend's error.
+    pub fn wait_all(&self, stream: &B::Stream) -> Result<(), ReplayError> {
+        self.core.wait_all(&self.replayable.backend, stream)
+    }
+
+    /// Graphs in the step graph: one per replay (two for a writer split at
+    /// its ready point) and one per consumer.
+    pub fn nodes(&self) -> usize {
+        self.core.nodes
+    }
+
+    /// Dependency edges between them (the fence's waits, and stream order),
+    /// with those on the step before for overlapping step graphs.
+    pub fn edges(&self) -> usize {
+        self.core.edges
+    }
+
+    /// Whether two graphs launch in turn ([`StepBuilder::build_overlapping`]).
+    pub fn is_overlapping(&self) -> bool {
+        self.core.graphs.len() > 1
+    }
+
+    /// Launches so far.
+    pub fn launches(&self) -> u64 {
+        self.core.launches
+    }
+
+    /// The plan (read-only while the step graph lives).
+    pub fn replayable(&self) -> &Replayable<B> {
+        self.replayable
+    }
+
+    /// Gives the plan back and keeps the step graph as a [`KeptStep`],
+    /// launched with [`Replayable::launch_kept`]: several of them (one per
+    /// shape bucket, say) live beside per-runner replays and consumers, and
+    /// a program launches whichever the next batch needs. The first launch
+    /// after anything else used the plan waits for everything the fence
+    /// knows of (a bucket switch), later ones only for the launch before.
+    pub fn keep(self) -> KeptStep<B>
+    where
+        B: Clone,
+    {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped; each field is read out once.
+        let (core, replayable) =
+            unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.replayable)) };
+        KeptStep {
+            core,
+            plan: replayable.id,
+            backend: replayable.backend.clone(),
+        }
+    }
+}
+
+impl<B: Compose> Drop for StepGraph<'_, B> {
+    fn drop(&mut self) {
+        // The fence already orders everything after the launches (see
+        // `launch`); the step graph is freed now, so wait for its last
+        // launch first. Skipping this (`mem::forget`) leaks the graph and
+        // nothing else.
+        self.core.wait_last(&self.replayable.backend);
+    }
+}
+
+/// A step graph its plan no longer lends itself to ([`StepGraph::keep`]):
+/// launched with [`Replayable::launch_kept`], which checks that it is that
+/// plan's, while per-runner replays, consumers and other kept step graphs
+/// of the plan go on. Dropping it waits for its latest launch and frees
+/// its graphs; forgetting it leaks them and its own events, nothing of the
+/// plan (the plan's fence orders every later use after its launches).
+pub struct KeptStep<B: Compose + Clone> {
+    core: StepCore<B>,
+    /// The `Replayable` it was built for.
+    plan: u64,
+    backend: B,
+}
+
+impl<B: Compose + Clone> fmt::Debug for KeptStep<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.debug("KeptStep", f)
+    }
+}
+
+impl<B: Compose + Clone> KeptStep<B> {
+    /// Launches so far.
+    pub fn launches(&self) -> u64 {
+        self.core.launches
+    }
+
+    /// Graphs in the step graph ([`StepGraph::nodes`]).
+    pub fn nodes(&self) -> usize {
+        self.core.nodes
+    }
+}
+
+impl<B: Compose + Clone> Drop for KeptStep<B> {
+    fn drop(&mut self) {
+        self.core.wait_last(&self.backend);
+        // It may outlive its plan, whose teardown gave back the graph
+        // memory no graph of the plan held then: the step copies moved in
+        // here held theirs until now. Freed now, so given back now (best
+        // effort, as at teardown).
+        self.core.graphs.clear();
+        let _ = self.backend.trim_graph_memory();
+    }
+}
+
+impl<B: Compose + Clone> Replayable<B> {
+    /// Launches a kept step graph of this plan on `stream`, as
+    /// [`StepGraph::launch`] does. When anything else used the plan since
+    /// its latest launch (a per-runner replay, a consumer, another step
+    /// graph), it first waits on `stream` for everything the fence knows of
+    /// and takes the fence's state from there; otherwise it runs after its
+    /// own launch before.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::ForeignStep`] for a step graph of another plan; as
+    /// [`StepGraph::launch`]; a check the fence makes on the schedule from
+    /// its state now (a consumer of a runner another bucket's replay
+    /// overwrote since, say: [`ReplayError::Overwritten`]).
+    pub fn launch_kept(
+        &mut self,
+        step: &mut KeptStep<B>,
+        stream: &B::Stream,
+    ) -> Result<(), ReplayError> {
+        if step.plan != self.id {
+            return Err(ReplayError::ForeignStep);
+        }
+        step.core.launch(self, stream)
+    }
+
+    /// Makes `stream` wait for the latest launch of a kept step graph.
+    ///
+    /// # Errors
+    ///
+    /// As [`Replayable::launch_kept`] for a foreign step; [`ReplayError::Wait`].
+    pub fn wait_kept(&self, step: &KeptStep<B>, stream: &B::Stream) -> Result<(), ReplayError> {
+        if step.plan != self.id {
+            return Err(ReplayError::ForeignStep);
+        }
+        step.core.wait_all(&self.backend, stream)
+    }
+}
