@@ -176,13 +176,16 @@ pub use plan::{
     ArenaPlan, Extent, HandoffInfo, HandoffUse, PlacedPolicy, Placement, PlanError, PlanFailed,
     Planned, Policy,
 };
-pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
+pub use replay::{
+    BackendFailure, ConsumeError, ReplayError, Replayable, SealError, StreamCapturing, TraceError,
+    UnknownRunner, WaitError,
+};
 pub use report::{
     byte_ratio, human_bytes, BucketReport, GraphTemporaries, KeyReport, Optimum, PlanReport,
     RunnerReport,
 };
 pub use source::{Buffer, BufferSource, ViewSource};
-pub use step::{KeptStep, StepBuilder, StepError, StepGraph};
+pub use step::{KeptStep, ScheduleError, StepBuilder, StepError, StepGraph, StepLaunchError};
 pub use trace::{Slice, SliceKind, Trace, Waited};
 pub use view::{Access, Misuse, ReadOnly, ReadWrite, SliceError, View, ViewsExt, Writable};
 pub use vocab::{
@@ -218,6 +221,13 @@ assert_impl_all!(DiscoveryError: std::error::Error, Send, Sync);
 assert_impl_all!(PlanError: std::error::Error, Send, Sync);
 assert_impl_all!(CaptureError: std::error::Error, Send, Sync);
 assert_impl_all!(ReplayError: std::error::Error, Send, Sync);
+assert_impl_all!(WaitError: std::error::Error, Send, Sync);
+assert_impl_all!(TraceError: std::error::Error, Send, Sync);
+assert_impl_all!(StepError: std::error::Error, Send, Sync);
+assert_impl_all!(StepLaunchError: std::error::Error, Send, Sync);
+assert_impl_all!(BackendFailure: std::error::Error, Send, Sync);
+assert_impl_all!(UnknownRunner: std::error::Error, Send, Sync);
+assert_impl_all!(ConsumeError: std::error::Error, Send, Sync);
 assert_impl_all!(BackendError: std::error::Error, Send, Sync);
 assert_impl_all!(StreamCaptureError<Error>: std::error::Error, Send, Sync);
 assert_impl_all!(ConsumeError<Error>: std::error::Error, Send, Sync);

@@ -175,10 +175,10 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
     assert!(
         matches!(
             result,
-            Err(ConsumeError::Replay(ReplayError::ViewOutOfScope {
+            Err(replay_arena::ConsumeError::ViewOutOfScope {
                 runner: RunnerId(0),
                 ..
-            }))
+            })
         ),
         "{result:?}"
     );
@@ -424,7 +424,7 @@ fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consume
     assert!(
         matches!(
             result,
-            Err(ConsumeError::Replay(ReplayError::ViewOutOfScope { .. }))
+            Err(replay_arena::ConsumeError::ViewOutOfScope { .. })
         ),
         "{result:?}"
     );
