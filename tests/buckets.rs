@@ -7,8 +7,8 @@
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
-    BucketId, ConsumeError, DType, Discovering, DiscoveryError, Domain, HandoffId, PlacedPolicy,
-    PlanConfig, Planned, Policy, ReplayError, Replayable, Request, RunnerId,
+    BucketId, DType, Discovering, DiscoveryError, Domain, HandoffId, PlacedPolicy, PlanConfig,
+    Planned, Policy, ReplayError, Replayable, Request, RunnerId,
 };
 
 const STREAMS: usize = 3;

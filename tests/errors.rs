@@ -870,7 +870,12 @@ fn an_empty_runner_needs_no_capture_and_has_no_graph() {
 fn replaying_an_undiscovered_runner_is_unknown_runner() {
     let (_sim, stream, mut replayable) = sealed_one();
     let err = replayable.replay(RunnerId(7), &stream).unwrap_err();
-    assert_eq!(err.runner, RunnerId(7));
+    assert_eq!(
+        err,
+        ReplayError::UnknownRunner {
+            runner: RunnerId(7)
+        }
+    );
     assert_mentions(&err, &["runner 7"]);
 }
 
@@ -949,6 +954,7 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
     assert!(matches!(
         err,
         ReplayError::Backend(replay_arena::BackendFailure {
+            op: replay_arena::Operation::Replay(RunnerId(0)),
             runner: Some(RunnerId(0)),
             error: BackendError::Refused {
                 op: "sim launch",

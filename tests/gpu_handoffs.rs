@@ -16,8 +16,8 @@ use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
-    CaptureError, DType, Discovering, Domain, HandoffId, PlacedPolicy, PlanConfig, Policy,
-    ReplayError, Request, RunnerId, StepError,
+    CaptureError, DType, Discovering, Domain, HandoffId, PlacedPolicy, PlanConfig, Policy, Request,
+    RunnerId, StepError,
 };
 use support::ops::{OpResult, Ops};
 

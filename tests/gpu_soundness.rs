@@ -10,8 +10,8 @@ use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelA
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
-    BackendError, ConsumeError, DType, Discovering, Domain, Misuse, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId, Streams,
+    BackendError, DType, Discovering, Domain, Misuse, PlanConfig, Policy, Replayable, Request,
+    RunnerId, Streams,
 };
 
 const N: usize = 1 << 18; // 1 MiB of f32

@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use replay_arena::sim;
 use replay_arena::{
     CaptureError, Capturing, ConsumeError, DType, Discovering, Domain, Operation, PlanConfig,
-    Policy, ReplayError, Replayable, Request, RunnerId,
+    Policy, Replayable, Request, RunnerId,
 };
 
 /// One runner recording `requests`, planned in one generation and

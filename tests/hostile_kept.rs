@@ -409,7 +409,7 @@ fn kept_step_on_replanned_plan_is_foreign() {
     ));
     assert!(matches!(
         other.rep.wait_kept(&k, &lo),
-        Err(replay_arena::StepLaunchError::ForeignStep)
+        Err(replay_arena::WaitError::ForeignStep)
     ));
     let sim = w.sim.clone();
     let d = w.rep.replan().unwrap();

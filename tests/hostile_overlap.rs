@@ -18,8 +18,8 @@
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, HandoffId, Operation, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId, StepError,
+    ConsumeError, DType, Discovering, Domain, HandoffId, Operation, PlanConfig, Policy, Replayable,
+    Request, RunnerId, StepError,
 };
 
 const N: usize = 32;
@@ -167,7 +167,11 @@ fn map_consume(e: ConsumeError<replay_arena::Error>) -> replay_arena::ScheduleEr
 }
 
 impl World {
-    fn per_runner(&mut self, items: &[Item], steps: usize) -> Result<(), ReplayError> {
+    fn per_runner(
+        &mut self,
+        items: &[Item],
+        steps: usize,
+    ) -> Result<(), replay_arena::ScheduleError> {
         for _ in 0..steps {
             for &it in items {
                 match it {
@@ -1819,7 +1823,7 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
         while_captured(&sim, &z, |s| refused = Some(g.launch(s)));
         assert_eq!(
             refused,
-            Some(Err(ReplayError::StreamCapturing(
+            Some(Err(replay_arena::StepLaunchError::StreamCapturing(
                 replay_arena::StreamCapturing {
                     op: Operation::StepLaunch
                 }

@@ -16,8 +16,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Purpose,
-    ReplayError, Replayable, Request, RunnerId,
+    BackendFailure, ConsumeError, DType, Discovering, Domain, HandoffId, Operation, PlanConfig,
+    Policy, Purpose, ReplayError, Replayable, Request, RunnerId, ScheduleError, StepLaunchError,
+    WaitError,
 };
 
 const N: usize = 64;
@@ -58,7 +59,9 @@ fn copy_out(
     s: &sim::Stream,
     sink: &sim::HostBuffer,
 ) -> Result<(), ConsumeError<replay_arena::BackendError>> {
-    rp.consume(runner, s, |s, v| sim.launch(s, sim::Op::copy(&v[0], sink), 30))
+    rp.consume(runner, s, |s, v| {
+        sim.launch(s, sim::Op::copy(&v[0], sink), 30)
+    })
 }
 
 fn read0(sim: &sim::Device, b: &impl sim::AsSpan) -> f32 {
@@ -85,7 +88,10 @@ fn calls_of(sim: &sim::Device, f: impl FnOnce()) -> u64 {
 /// on with exact values, teardown leaks nothing.
 #[test]
 fn a_fault_at_each_call_of_a_three_stream_program_leaves_no_hazard_and_no_leak() {
-    let program = |sim: &sim::Device, rp: &mut Replayable<sim::Device>, s: &[sim::Stream; 3], sink: &sim::HostBuffer| {
+    let program = |sim: &sim::Device,
+                   rp: &mut Replayable<sim::Device>,
+                   s: &[sim::Stream; 3],
+                   sink: &sim::HostBuffer| {
         let _ = rp.replay(r(0), &s[0]);
         let _ = copy_out(rp, sim, r(0), &s[1], sink);
         let _ = rp.replay(r(1), &s[2]);
@@ -158,13 +164,15 @@ fn a_wait_all_failing_half_way_counts_nothing() {
     }
     let before = rp.fence_stats();
     sim.inject(Faults::nth(Call::WaitEvent, 1));
-    assert!(matches!(rp.wait_all(&w), Err(ReplayError::Wait(_))));
+    assert!(matches!(rp.wait_all(&w), Err(WaitError::Backend(_))));
     sim.inject(Faults::none());
     assert_eq!(rp.fence_stats(), before);
     rp.wait_all(&w).unwrap();
     let out = sim.alloc_f32(N).unwrap();
-    rp.consume(r(2), &w, |s, v| sim.launch(s, sim::Op::copy(&v[0], &out), 1))
-        .unwrap();
+    rp.consume(r(2), &w, |s, v| {
+        sim.launch(s, sim::Op::copy(&v[0], &out), 1)
+    })
+    .unwrap();
     rp.synchronize().unwrap();
     assert_eq!(read0(&sim, &out), 3.0);
     assert_eq!(sim.hazards(), []);
@@ -187,7 +195,10 @@ fn a_consume_many_failing_at_its_second_wait_calls_nothing_and_counts_nothing() 
         Ok::<(), String>(())
     });
     sim.inject(Faults::none());
-    assert!(matches!(failed, Err(ConsumeError::Replay(_))), "{failed:?}");
+    assert!(
+        matches!(failed, Err(ConsumeError::Backend(_))),
+        "{failed:?}"
+    );
     assert!(!called);
     assert_eq!(rp.fence_stats(), before);
     let sink = sim.alloc_f32(N).unwrap();
@@ -329,7 +340,9 @@ fn stage(
     s: &sim::Stream,
     value: f32,
 ) -> Result<(), ConsumeError<replay_arena::BackendError>> {
-    rp.consume_mut(runner, s, |st, v| sim.launch(st, sim::Op::fill(&v[0], value), 10))
+    rp.consume_mut(runner, s, |st, v| {
+        sim.launch(st, sim::Op::fill(&v[0], value), 10)
+    })
 }
 
 /// A staging whose wait fails (before the writer runs) leaves the earlier
@@ -345,7 +358,10 @@ fn a_staging_whose_wait_fails_keeps_the_earlier_staging() {
     sim.inject(Faults::nth(Call::WaitEvent, 0));
     let failed = stage(&mut rp, &sim, r(0), &st, 4.0);
     sim.inject(Faults::none());
-    assert!(matches!(failed, Err(ConsumeError::Replay(_))), "{failed:?}");
+    assert!(
+        matches!(failed, Err(ConsumeError::Backend(_))),
+        "{failed:?}"
+    );
     assert_eq!(rp.fence_stats(), before);
     rp.replay(r(0), &pool).unwrap();
     rp.synchronize().unwrap();
@@ -366,8 +382,10 @@ fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
     assert!(stage(&mut rp, &sim, r(1), &st, 9.0).is_err());
     sim.inject(Faults::none());
     let sink = sim.alloc_f32(N).unwrap();
-    rp.consume(r(0), &side, |s, v| sim.launch(s, sim::Op::copy(&v[1], &sink), 1))
-        .unwrap();
+    rp.consume(r(0), &side, |s, v| {
+        sim.launch(s, sim::Op::copy(&v[1], &sink), 1)
+    })
+    .unwrap();
     rp.replay(r(0), &pool).unwrap();
     rp.synchronize().unwrap();
     assert_eq!(read0(&sim, &sink), 10.0);
@@ -390,8 +408,10 @@ fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote()
     rp.replay(r(0), &pool).unwrap();
     let failed = rp.consume_mut(r(1), &st, |s, v| {
         // Writes every byte of runner 1's input and output, then fails.
-        sim.launch(s, sim::Op::fill(&v[0], 9.0), 10).map_err(|e| e.to_string())?;
-        sim.launch(s, sim::Op::fill(&v[1], 9.0), 10).map_err(|e| e.to_string())?;
+        sim.launch(s, sim::Op::fill(&v[0], 9.0), 10)
+            .map_err(|e| e.to_string())?;
+        sim.launch(s, sim::Op::fill(&v[1], 9.0), 10)
+            .map_err(|e| e.to_string())?;
         Err::<(), String>("the host copy failed".into())
     });
     assert!(failed.is_err());
@@ -421,12 +441,17 @@ fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote()
 /// teardown leaks nothing.
 #[test]
 fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
-    let program = |sim: &sim::Device, rp: &mut Replayable<sim::Device>, s: &[sim::Stream; 3], sink: &sim::HostBuffer| {
+    let program = |sim: &sim::Device,
+                   rp: &mut Replayable<sim::Device>,
+                   s: &[sim::Stream; 3],
+                   sink: &sim::HostBuffer| {
         for step in 0..4u32 {
             let b = step % 2;
             let _ = stage(rp, sim, r(b), &s[0], step as f32);
             let _ = rp.replay(r(b), &s[1]);
-            let _ = rp.consume(r(b), &s[2], |st, v| sim.launch(st, sim::Op::copy(&v[1], sink), 30));
+            let _ = rp.consume(r(b), &s[2], |st, v| {
+                sim.launch(st, sim::Op::copy(&v[1], sink), 30)
+            });
         }
     };
     let n = {
@@ -448,8 +473,10 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
         for b in [1u32, 0] {
             stage(&mut rp, &sim, r(b), &s[1], 10.0 + b as f32).unwrap();
             rp.replay(r(b), &s[2]).unwrap();
-            rp.consume(r(b), &s[0], |st, v| sim.launch(st, sim::Op::copy(&v[1], &sink), 30))
-                .unwrap();
+            rp.consume(r(b), &s[0], |st, v| {
+                sim.launch(st, sim::Op::copy(&v[1], &sink), 30)
+            })
+            .unwrap();
         }
         rp.synchronize().unwrap();
         assert_eq!(read0(&sim, &sink), 20.0, "fault at {k}");
@@ -611,7 +638,11 @@ fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
             hf.rp.synchronize().unwrap();
             assert_eq!(sim.hazards(), [], "ready {ready}, fault at {k}");
             let c = read0(&sim, &hf.count);
-            assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), c, "ready {ready}, {k}");
+            assert_eq!(
+                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
+                c,
+                "ready {ready}, {k}"
+            );
             drop(hf.rp);
             assert_eq!(sim.live_events(), 0, "ready {ready}, fault at {k}");
         }
@@ -653,7 +684,12 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
             let sink = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
             let step = two_step(&mut rp, &sim, &a, &b, &sink);
-            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            let mut g = if overlapping {
+                step.build_overlapping()
+            } else {
+                step.build()
+            }
+            .unwrap();
             g.launch(&l[0]).unwrap();
             calls_of(&sim, || g.launch(&l[1]).unwrap())
         };
@@ -665,14 +701,18 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
             let mut rp = fill_plan(&sim, 2, 1);
             let ok = {
                 let step = two_step(&mut rp, &sim, &a, &b, &sink);
-                let mut g = if overlapping { step.build_overlapping() } else { step.build() }
-                    .unwrap();
+                let mut g = if overlapping {
+                    step.build_overlapping()
+                } else {
+                    step.build()
+                }
+                .unwrap();
                 g.launch(&l[0]).unwrap();
                 sim.inject(Faults::at(k));
                 let second = g.launch(&l[1]);
                 sim.inject(Faults::none());
                 if let Err(e) = &second {
-                    assert!(matches!(e, ReplayError::Wait(_)), "{e:?}");
+                    assert!(matches!(e, StepLaunchError::Backend(_)), "{e:?}");
                 }
                 for i in 0..4 {
                     g.launch(&l[i % 2]).unwrap();
@@ -683,12 +723,20 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
             };
             assert_eq!(rp.fence_stats().step_launches, ok, "{overlapping} {k}");
             rp.synchronize().unwrap();
-            assert_eq!(read0(&sim, &sink), 3.0 * ok as f32, "overlapping {overlapping}, fault at {k}");
+            assert_eq!(
+                read0(&sim, &sink),
+                3.0 * ok as f32,
+                "overlapping {overlapping}, fault at {k}"
+            );
             assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault at {k}");
             rp.replay(r(1), &b).unwrap();
             drop(rp);
             assert_eq!(sim.hazards(), []);
-            assert_eq!(sim.live_events(), 0, "overlapping {overlapping}, fault at {k}");
+            assert_eq!(
+                sim.live_events(),
+                0,
+                "overlapping {overlapping}, fault at {k}"
+            );
         }
     }
 }
@@ -698,9 +746,19 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
 #[test]
 fn a_fault_at_each_call_of_a_kept_launch_keeps_later_launches_ordered() {
     for overlapping in [false, true] {
-        let mk = |sim: &sim::Device, rp: &mut Replayable<sim::Device>, a: &sim::Stream, b: &sim::Stream, sink: &sim::HostBuffer| {
+        let mk = |sim: &sim::Device,
+                  rp: &mut Replayable<sim::Device>,
+                  a: &sim::Stream,
+                  b: &sim::Stream,
+                  sink: &sim::HostBuffer| {
             let step = two_step(rp, sim, a, b, sink);
-            if overlapping { step.build_overlapping() } else { step.build() }.unwrap().keep()
+            if overlapping {
+                step.build_overlapping()
+            } else {
+                step.build()
+            }
+            .unwrap()
+            .keep()
         };
         let n = {
             let sim = sim::Device::new();
@@ -731,11 +789,19 @@ fn a_fault_at_each_call_of_a_kept_launch_keeps_later_launches_ordered() {
             assert_eq!(kept.launches(), ok, "{overlapping} {k}");
             assert_eq!(rp.fence_stats().step_launches, ok, "{overlapping} {k}");
             rp.synchronize().unwrap();
-            assert_eq!(read0(&sim, &sink), 3.0 * ok as f32, "overlapping {overlapping}, fault at {k}");
+            assert_eq!(
+                read0(&sim, &sink),
+                3.0 * ok as f32,
+                "overlapping {overlapping}, fault at {k}"
+            );
             assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault at {k}");
             drop(kept);
             drop(rp);
-            assert_eq!(sim.live_events(), 0, "overlapping {overlapping}, fault at {k}");
+            assert_eq!(
+                sim.live_events(),
+                0,
+                "overlapping {overlapping}, fault at {k}"
+            );
         }
     }
 }
@@ -779,7 +845,14 @@ fn a_fault_at_each_call_of_a_build_leaves_the_plan_usable_and_leak_free() {
             let mut rp = fill_plan(&sim, 2, 1);
             calls_of(&sim, || {
                 let step = two_step(&mut rp, &sim, &a, &b, &sink);
-                drop(if overlapping { step.build_overlapping() } else { step.build() }.unwrap());
+                drop(
+                    if overlapping {
+                        step.build_overlapping()
+                    } else {
+                        step.build()
+                    }
+                    .unwrap(),
+                );
             })
         };
         for k in 0..n {
@@ -794,11 +867,17 @@ fn a_fault_at_each_call_of_a_build_leaves_the_plan_usable_and_leak_free() {
                 let mut step = rp.step();
                 for i in 0..2 {
                     step.replay(r(i), &a).map_err(|e| e.to_string())?;
-                    step.consume(r(i), &b, |s, v| sim.launch(s, sim::Op::add(&v[0], &sink), 10))
-                        .map_err(|e| format!("{e:?}"))?;
+                    step.consume(r(i), &b, |s, v| {
+                        sim.launch(s, sim::Op::add(&v[0], &sink), 10)
+                    })
+                    .map_err(|e| format!("{e:?}"))?;
                 }
-                let g = if overlapping { step.build_overlapping() } else { step.build() }
-                    .map_err(|e| e.to_string())?;
+                let g = if overlapping {
+                    step.build_overlapping()
+                } else {
+                    step.build()
+                }
+                .map_err(|e| e.to_string())?;
                 drop(g);
                 Ok(())
             }))
@@ -838,8 +917,10 @@ fn a_panicking_step_consumer_leaves_the_builder_and_its_stream_usable() {
             .map(|_| ())
         }));
         assert!(unwound.is_err());
-        step.consume(r(0), &b, |s, v| sim.launch(s, sim::Op::add(&v[0], &sink), 10))
-            .unwrap();
+        step.consume(r(0), &b, |s, v| {
+            sim.launch(s, sim::Op::add(&v[0], &sink), 10)
+        })
+        .unwrap();
         let mut g = step.build().unwrap();
         g.launch(&a).unwrap();
         g.launch(&b).unwrap();
@@ -885,7 +966,11 @@ fn a_kept_launch_after_a_replay_failing_at_each_call_waits_for_what_went_out() {
             hf.rp.synchronize().unwrap();
             assert_eq!(sim.hazards(), [], "ready {ready}, fault at {k}");
             let c = read0(&sim, &hf.count);
-            assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), c, "ready {ready}, {k}");
+            assert_eq!(
+                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
+                c,
+                "ready {ready}, {k}"
+            );
         }
     }
 }
@@ -973,9 +1058,19 @@ fn a_fault_at_each_call_of_a_repeatable_capture_leaks_no_graph_memory() {
         sim.inject(Faults::none());
         // A failed trim leaves the pool's reservation (nothing uses it);
         // no graph may hold graph memory, and a trim gives it back.
-        assert_eq!(graph_memory(&sim).used, 0, "fault at {k}: {:?} {got:?}", log.injected);
+        assert_eq!(
+            graph_memory(&sim).used,
+            0,
+            "fault at {k}: {:?} {got:?}",
+            log.injected
+        );
         sim.trim_graph_memory().unwrap();
-        assert_eq!(graph_memory(&sim), GraphMemory::new(0, 0), "fault at {k}: {:?} {got:?}", log.injected);
+        assert_eq!(
+            graph_memory(&sim),
+            GraphMemory::new(0, 0),
+            "fault at {k}: {:?} {got:?}",
+            log.injected
+        );
         assert_eq!(sim.live_allocations(), 0, "fault at {k}");
         assert_eq!(sim.live_events(), 0, "fault at {k}");
         assert_eq!(sim.hazards(), [], "fault at {k}");
@@ -1015,7 +1110,11 @@ fn a_fault_at_each_call_of_a_build_with_step_copies_gives_graph_memory_back() {
         rp.replay(r(1), &a).unwrap();
         rp.replay(r(0), &b).unwrap();
         rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &rp.views(r(0)).unwrap()[0]), 1.0, "fault at {k}");
+        assert_eq!(
+            read0(&sim, &rp.views(r(0)).unwrap()[0]),
+            1.0,
+            "fault at {k}"
+        );
         assert_eq!(sim.hazards(), [], "fault at {k}");
         drop(rp);
         assert_eq!(graph_memory(&sim), GraphMemory::new(0, 0), "fault at {k}");
@@ -1055,9 +1154,19 @@ fn a_kept_step_outliving_its_plan_dropped_under_a_fault_gives_everything_back() 
         drop(kept);
         let log = sim.fault_log();
         sim.inject(Faults::none());
-        assert_eq!(graph_memory(&sim).used, 0, "fault at {k}: {:?}", log.injected);
+        assert_eq!(
+            graph_memory(&sim).used,
+            0,
+            "fault at {k}: {:?}",
+            log.injected
+        );
         sim.trim_graph_memory().unwrap();
-        assert_eq!(graph_memory(&sim), GraphMemory::new(0, 0), "fault at {k}: {:?}", log.injected);
+        assert_eq!(
+            graph_memory(&sim),
+            GraphMemory::new(0, 0),
+            "fault at {k}: {:?}",
+            log.injected
+        );
         assert_eq!(sim.live_events(), 0, "fault at {k}");
         assert_eq!(sim.live_allocations(), 0, "fault at {k}");
         assert_eq!(sim.hazards(), [], "fault at {k}");
@@ -1070,7 +1179,11 @@ fn a_kept_step_outliving_its_plan_dropped_under_a_fault_gives_everything_back() 
 
 /// A plan with work in flight on three streams (replays and consumers of
 /// runners sharing bytes).
-fn busy(sim: &sim::Device, s: &[sim::Stream; 3], sink: &[sim::HostBuffer; 2]) -> Replayable<sim::Device> {
+fn busy(
+    sim: &sim::Device,
+    s: &[sim::Stream; 3],
+    sink: &[sim::HostBuffer; 2],
+) -> Replayable<sim::Device> {
     let mut rp = fill_plan(sim, 3, 2);
     rp.replay(r(0), &s[0]).unwrap();
     copy_out(&mut rp, sim, r(0), &s[1], &sink[0]).unwrap();
@@ -1139,7 +1252,13 @@ fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
     let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
     let rp = busy(&sim, &s, &sink);
     sim.fail_waits(true);
-    assert!(matches!(rp.replan(), Err(ReplayError::Wait(_))));
+    assert!(matches!(
+        rp.replan(),
+        Err(BackendFailure {
+            op: Operation::Replan,
+            ..
+        })
+    ));
     sim.fail_waits(false);
     assert!(sim.live_allocations() > 2, "leaked, not freed");
     sim.synchronize().unwrap();
@@ -1155,7 +1274,9 @@ fn a_step_graph_dropped_with_one_fault_at_each_call_leaks_nothing() {
         let (a, b) = (sim.stream(), sim.stream());
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
-        let mut g = two_step(&mut rp, &sim, &a, &b, &sink).build_overlapping().unwrap();
+        let mut g = two_step(&mut rp, &sim, &a, &b, &sink)
+            .build_overlapping()
+            .unwrap();
         g.launch(&a).unwrap();
         g.launch(&b).unwrap();
         calls_of(&sim, || drop(g))
@@ -1166,7 +1287,9 @@ fn a_step_graph_dropped_with_one_fault_at_each_call_leaks_nothing() {
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
         {
-            let mut g = two_step(&mut rp, &sim, &a, &b, &sink).build_overlapping().unwrap();
+            let mut g = two_step(&mut rp, &sim, &a, &b, &sink)
+                .build_overlapping()
+                .unwrap();
             g.launch(&a).unwrap();
             g.launch(&b).unwrap();
             sim.inject(Faults::at(k));
@@ -1288,7 +1411,7 @@ fn a_replay_failing_at_each_call_never_lets_a_consumer_read_its_bytes_as_the_old
                 rp.synchronize().unwrap();
                 assert_eq!(read0(&sim, &sink), 1.0, "fault at {k}: {replayed:?}");
             }
-            Err(ConsumeError::Replay(ReplayError::Overwritten { .. })) => {}
+            Err(ConsumeError::Overwritten { .. }) => {}
             Err(e) => panic!("fault at {k}: {e:?}"),
         }
         assert_eq!(sim.hazards(), [], "fault at {k}");
@@ -1355,7 +1478,9 @@ fn a_kept_step_of_a_bucket_whose_input_another_bucket_took_is_refused_or_restage
     stage(&mut rp, &sim, r(1), &st, 9.0).unwrap();
     rp.replay(r(1), &pool).unwrap();
     match rp.launch_kept(&mut kept, &pool) {
-        Err(ReplayError::InputNotStaged { .. }) => {}
+        Err(StepLaunchError::Schedule(ScheduleError::Replay(ReplayError::InputNotStaged {
+            ..
+        }))) => {}
         Ok(()) => {
             rp.synchronize().unwrap();
             assert_eq!(
@@ -1384,12 +1509,15 @@ fn a_kept_step_of_a_bucket_after_another_bucket_failed_its_staging_does_not_read
     };
     rp.launch_kept(&mut kept, &pool).unwrap();
     let failed = rp.consume_mut(r(1), &st, |s, v| {
-        sim.launch(s, sim::Op::fill(&v[0], 9.0), 10).map_err(|e| e.to_string())?;
+        sim.launch(s, sim::Op::fill(&v[0], 9.0), 10)
+            .map_err(|e| e.to_string())?;
         Err::<(), String>("the host copy failed".into())
     });
     assert!(failed.is_err());
     match rp.launch_kept(&mut kept, &pool) {
-        Err(ReplayError::InputNotStaged { .. }) => {}
+        Err(StepLaunchError::Schedule(ScheduleError::Replay(ReplayError::InputNotStaged {
+            ..
+        }))) => {}
         Ok(()) => {
             rp.synchronize().unwrap();
             assert_eq!(
@@ -1409,21 +1537,28 @@ fn a_kept_step_of_a_bucket_after_another_bucket_failed_its_staging_does_not_read
 #[test]
 fn two_kept_steps_alternating_with_a_fault_at_each_call_stay_ordered() {
     for overlapping in [false, true] {
-        let setup = |sim: &sim::Device, a: &sim::Stream, b: &sim::Stream, sinks: &[sim::HostBuffer; 2]| {
-            let mut rp = fill_plan(sim, 2, 1);
-            let kept: Vec<_> = (0..2u32)
-                .map(|i| {
-                    let mut step = rp.step();
-                    step.replay(r(i), a).unwrap();
-                    step.consume(r(i), b, |s, v| {
-                        sim.launch(s, sim::Op::add(&v[0], &sinks[i as usize]), 40)
+        let setup =
+            |sim: &sim::Device, a: &sim::Stream, b: &sim::Stream, sinks: &[sim::HostBuffer; 2]| {
+                let mut rp = fill_plan(sim, 2, 1);
+                let kept: Vec<_> = (0..2u32)
+                    .map(|i| {
+                        let mut step = rp.step();
+                        step.replay(r(i), a).unwrap();
+                        step.consume(r(i), b, |s, v| {
+                            sim.launch(s, sim::Op::add(&v[0], &sinks[i as usize]), 40)
+                        })
+                        .unwrap();
+                        if overlapping {
+                            step.build_overlapping()
+                        } else {
+                            step.build()
+                        }
+                        .unwrap()
+                        .keep()
                     })
-                    .unwrap();
-                    if overlapping { step.build_overlapping() } else { step.build() }.unwrap().keep()
-                })
-                .collect();
-            (rp, kept)
-        };
+                    .collect();
+                (rp, kept)
+            };
         let n = {
             let sim = sim::Device::new();
             let l = [sim.stream(), sim.stream()];
@@ -1449,11 +1584,23 @@ fn two_kept_steps_alternating_with_a_fault_at_each_call_stay_ordered() {
             rp.synchronize().unwrap();
             assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault at {k}");
             assert_eq!(read0(&sim, &sinks[0]), 3.0, "{overlapping} {k}");
-            assert_eq!(read0(&sim, &sinks[1]), 2.0 * (1.0 + failed.is_ok() as u8 as f32), "{overlapping} {k}");
-            assert_eq!(rp.fence_stats().step_launches, 4 + failed.is_ok() as u64, "{overlapping} {k}");
+            assert_eq!(
+                read0(&sim, &sinks[1]),
+                2.0 * (1.0 + failed.is_ok() as u8 as f32),
+                "{overlapping} {k}"
+            );
+            assert_eq!(
+                rp.fence_stats().step_launches,
+                4 + failed.is_ok() as u64,
+                "{overlapping} {k}"
+            );
             drop(kept);
             drop(rp);
-            assert_eq!(sim.live_events(), 0, "overlapping {overlapping}, fault at {k}");
+            assert_eq!(
+                sim.live_events(),
+                0,
+                "overlapping {overlapping}, fault at {k}"
+            );
         }
     }
 }
@@ -1471,10 +1618,17 @@ fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
             let side = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
             rp.replay(r(1), &s[2]).unwrap();
-            rp.consume(r(1), &s[2], |st, v| sim.launch(st, sim::Op::copy(&v[0], &side), 300))
-                .unwrap();
+            rp.consume(r(1), &s[2], |st, v| {
+                sim.launch(st, sim::Op::copy(&v[0], &side), 300)
+            })
+            .unwrap();
             let step = two_step(&mut rp, &sim, &s[0], &s[1], &sink);
-            let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+            let mut g = if overlapping {
+                step.build_overlapping()
+            } else {
+                step.build()
+            }
+            .unwrap();
             sim.inject(k.map_or(Faults::none(), Faults::at));
             let first = g.launch(&s[0]);
             let calls = sim.fault_log().calls;
@@ -1487,7 +1641,11 @@ fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
             assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault {k:?}");
             assert_eq!(read0(&sim, &side), 2.0);
             assert_eq!(launches, 2 + first.is_ok() as u64);
-            assert_eq!(read0(&sim, &sink), 3.0 * launches as f32, "{overlapping} {k:?}");
+            assert_eq!(
+                read0(&sim, &sink),
+                3.0 * launches as f32,
+                "{overlapping} {k:?}"
+            );
             calls
         };
         let n = run(None);
@@ -1503,12 +1661,20 @@ fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
 /// the consumer's value and no hazard).
 #[test]
 fn a_forgotten_kept_step_with_a_failed_last_launch_is_waited_for_by_teardown() {
-    for call in [None, Some(Call::Launch), Some(Call::RecordEvent), Some(Call::WaitEvent)] {
+    for call in [
+        None,
+        Some(Call::Launch),
+        Some(Call::RecordEvent),
+        Some(Call::WaitEvent),
+    ] {
         let sim = sim::Device::new();
         let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
-        let mut kept = two_step(&mut rp, &sim, &a, &b, &sink).build().unwrap().keep();
+        let mut kept = two_step(&mut rp, &sim, &a, &b, &sink)
+            .build()
+            .unwrap()
+            .keep();
         rp.launch_kept(&mut kept, &a).unwrap();
         if let Some(call) = call {
             sim.inject(Faults::nth(call, 0));
@@ -1519,7 +1685,11 @@ fn a_forgotten_kept_step_with_a_failed_last_launch_is_waited_for_by_teardown() {
         drop(rp);
         assert_eq!(sim.live_allocations(), 1, "{call:?}: the arenas are freed");
         assert_eq!(sim.hazards(), [], "{call:?}");
-        assert_eq!(read0(&sim, &sink), 3.0 * (1 + last.is_ok() as u8) as f32, "{call:?}");
+        assert_eq!(
+            read0(&sim, &sink),
+            3.0 * (1 + last.is_ok() as u8) as f32,
+            "{call:?}"
+        );
     }
 }
 
@@ -1557,7 +1727,11 @@ fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
     }
     let buf = sim.alloc_f32(4).unwrap();
     sim.launch(&s, sim::Op::fill(&buf, 2.0), 1).unwrap();
-    assert_eq!(sim.read_f32(&buf).unwrap(), [2.0; 4], "the stream is not capturing");
+    assert_eq!(
+        sim.read_f32(&buf).unwrap(),
+        [2.0; 4],
+        "the stream is not capturing"
+    );
     drop(buf);
     drop(capturing.replan());
     assert_eq!(graph_memory(&sim).used, 0);
@@ -1603,8 +1777,14 @@ fn a_panicking_consumer_whose_unwind_record_fails_is_still_waited_for() {
                 // The record before the closure failed: a typed error, no call.
                 Ok(res) => assert!(res.is_err() && !called, "record {k}, write {write}"),
                 Err(p) => {
-                    let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).unwrap_or_default();
-                    assert!(called && msg.ends_with("panicked"), "record {k}, write {write}: {msg}");
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default();
+                    assert!(
+                        called && msg.ends_with("panicked"),
+                        "record {k}, write {write}: {msg}"
+                    );
                 }
             }
             rp.replay(r(1), &s[2]).unwrap();
@@ -1624,7 +1804,10 @@ fn a_kept_step_of_a_dropped_plan_is_foreign_to_the_next_plan() {
     let (a, b) = (sim.stream(), sim.stream());
     let sink = sim.alloc_f32(N).unwrap();
     let mut rp = fill_plan(&sim, 2, 1);
-    let mut kept = two_step(&mut rp, &sim, &a, &b, &sink).build().unwrap().keep();
+    let mut kept = two_step(&mut rp, &sim, &a, &b, &sink)
+        .build()
+        .unwrap()
+        .keep();
     sim.inject(Faults::nth(Call::Launch, 0));
     assert!(rp.launch_kept(&mut kept, &a).is_err());
     sim.inject(Faults::none());
@@ -1632,9 +1815,12 @@ fn a_kept_step_of_a_dropped_plan_is_foreign_to_the_next_plan() {
     let mut next = fill_plan(&sim, 2, 1);
     assert!(matches!(
         next.launch_kept(&mut kept, &a),
-        Err(ReplayError::ForeignStep)
+        Err(StepLaunchError::ForeignStep)
     ));
-    assert!(matches!(next.wait_kept(&kept, &b), Err(ReplayError::ForeignStep)));
+    assert!(matches!(
+        next.wait_kept(&kept, &b),
+        Err(WaitError::ForeignStep)
+    ));
     drop(kept);
     drop(next);
     assert_eq!(sim.hazards(), []);
@@ -1647,17 +1833,18 @@ fn a_kept_step_of_a_dropped_plan_is_foreign_to_the_next_plan() {
 /// and no arena.
 #[test]
 fn an_overlapping_step_with_step_copies_under_a_fault_at_each_call_leaks_nothing() {
-    let program = |sim: &sim::Device, rp: &mut Replayable<sim::Device>, a: &sim::Stream, b: &sim::Stream| {
-        let mut step = rp.step();
-        let _ = step.replay(r(0), a);
-        let _ = step.replay(r(1), b);
-        if let Ok(mut g) = step.build_overlapping() {
-            let _ = g.launch(a);
-            let _ = g.launch(b);
-            let _ = g.launch(a);
-        }
-        let _ = sim;
-    };
+    let program =
+        |sim: &sim::Device, rp: &mut Replayable<sim::Device>, a: &sim::Stream, b: &sim::Stream| {
+            let mut step = rp.step();
+            let _ = step.replay(r(0), a);
+            let _ = step.replay(r(1), b);
+            if let Ok(mut g) = step.build_overlapping() {
+                let _ = g.launch(a);
+                let _ = g.launch(b);
+                let _ = g.launch(a);
+            }
+            let _ = sim;
+        };
     let n = {
         let sim = sim::Device::new();
         let (a, b) = (sim.stream(), sim.stream());
@@ -1674,7 +1861,11 @@ fn an_overlapping_step_with_step_copies_under_a_fault_at_each_call_leaks_nothing
         rp.replay(r(1), &b).unwrap();
         rp.replay(r(0), &a).unwrap();
         rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &rp.views(r(0)).unwrap()[0]), 1.0, "fault at {k}");
+        assert_eq!(
+            read0(&sim, &rp.views(r(0)).unwrap()[0]),
+            1.0,
+            "fault at {k}"
+        );
         assert_eq!(sim.hazards(), [], "fault at {k}");
         drop(rp);
         assert_eq!(graph_memory(&sim).used, 0, "fault at {k}");
@@ -1714,7 +1905,10 @@ fn a_writer_whose_stream_is_dropped_after_a_fault_still_orders_its_reader() {
             hf.rp.replay(r(1), &b).unwrap();
             hf.rp.synchronize().unwrap();
             assert_eq!(sim.hazards(), [], "ready {ready}, fault at {k}");
-            assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), read0(&sim, &hf.count));
+            assert_eq!(
+                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
+                read0(&sim, &hf.count)
+            );
         }
     }
 }

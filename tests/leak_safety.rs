@@ -11,8 +11,8 @@
 
 use replay_arena::sim;
 use replay_arena::{
-    CaptureError, ConsumeError, DType, Discovering, Domain, Error, Operation, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId,
+    CaptureError, DType, Discovering, Domain, Error, Operation, PlanConfig, Policy, ReplayError,
+    Replayable, Request, RunnerId,
 };
 
 type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -398,7 +398,7 @@ fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
     while_captured(&sim, &sim.stream(), |s| got = Some(graph.launch(s)))?;
     assert_eq!(
         got,
-        Some(Err(ReplayError::StreamCapturing(
+        Some(Err(replay_arena::StepLaunchError::StreamCapturing(
             replay_arena::StreamCapturing {
                 op: Operation::StepLaunch
             }

@@ -1057,7 +1057,11 @@ fn consume(
             prop_assert!(is_deliberate(payload.as_ref()), "a panic escaped the crate");
             prop_assert!(!refused && matches!(mode, ConsumerMode::PanicsAfterCopying));
         }
-        Ok(Err(e)) if !matches!(e, ConsumeError::Work(_)) => {
+        Ok(Err(ConsumeError::Work(w))) => {
+            prop_assert!(!refused);
+            prop_assert!(matches!(mode, ConsumerMode::Fails), "{}", w);
+        }
+        Ok(Err(e)) => {
             prop_assert!(refused, "{} refused: {:?}", id, e);
             match e {
                 ConsumeError::NotReplayed { runner: r } => {
@@ -1078,10 +1082,6 @@ fn consume(
                 other => prop_assert!(false, "unexpected {:?}", other),
             }
             prop_assert!(copies.is_empty(), "a refused consumer ran");
-        }
-        Ok(Err(ConsumeError::Work(w))) => {
-            prop_assert!(!refused);
-            prop_assert!(matches!(mode, ConsumerMode::Fails), "{}", w);
         }
         Ok(Ok(())) => {
             prop_assert!(!refused, "{} consumed, but the model refuses", id);

@@ -405,6 +405,7 @@ fn a_replay_on_a_stream_of_another_backend_is_a_backend_error() {
         Err(ReplayError::Backend(replay_arena::BackendFailure {
             runner: Some(runner),
             error: BackendError::Refused { reason, .. },
+            ..
         })) => {
             assert_eq!(runner, RunnerId(0));
             assert!(reason.contains("another sim::Device"), "{reason}");

@@ -182,7 +182,11 @@ fn items(w: &Schedule) -> Vec<(bool, usize)> {
 }
 
 /// Runs `steps` steps per runner through the host fence.
-fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayError> {
+fn per_runner(
+    s: &mut Setup,
+    w: &Schedule,
+    steps: usize,
+) -> Result<(), replay_arena::ScheduleError> {
     for _ in 0..steps {
         for &(replay, i) in &items(w) {
             if replay {

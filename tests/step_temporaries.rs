@@ -8,8 +8,8 @@
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId, StreamCaptureError,
+    CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable, Request,
+    RunnerId, StreamCaptureError,
 };
 
 const N: usize = 64;

@@ -6,8 +6,8 @@
 
 use replay_arena::sim;
 use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Replayable, Request, RunnerId,
-    SliceKind, Timing,
+    DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, SliceKind,
+    Timing,
 };
 use serde_json::Value;
 

@@ -97,7 +97,8 @@ fn a_failed_replay_leaves_its_runner_unreplayed_and_counts_nothing() {
                 failed,
                 Err(ReplayError::Backend(replay_arena::BackendFailure {
                     runner: Some(RunnerId(1)),
-                    error: BackendError::Injected { .. }
+                    error: BackendError::Injected { .. },
+                    ..
                 }))
             ),
             "{call}: {failed:?}"

@@ -95,7 +95,6 @@ impl std::fmt::Display for Operation {
 /// ([`BackendError::Driver`](crate::BackendError) and its kin).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{op}{}: {error}", match .runner { Some(r) if op.runner() != Some(*r) => format!(" ({r})"), _ => String::new() })]
-#[non_exhaustive]
 pub struct BackendFailure {
     /// The operation the call was part of.
     pub op: Operation,
@@ -131,7 +130,6 @@ impl BackendFailure {
 /// capturing stream with this one error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: the stream is capturing, so the work would go into that graph instead of running; use a stream that is not capturing")]
-#[non_exhaustive]
 pub struct StreamCapturing {
     /// The operation refused.
     pub op: Operation,
@@ -142,7 +140,6 @@ pub struct StreamCapturing {
 /// [`Replayable::temporaries`](crate::Replayable::temporaries)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{runner} was not discovered, so the plan has nothing for it")]
-#[non_exhaustive]
 pub struct UnknownRunner {
     /// The runner.
     pub runner: RunnerId,
