@@ -1,8 +1,13 @@
-//! The crate error: each phase's own error, joined with `#[from]` so `?`
-//! works across phases. Each phase's operations return that phase's error
-//! ([`DiscoveryError`], [`PlanError`], [`CaptureError`], [`ReplayError`],
-//! [`BackendError`]); closures keep the caller's own error type
-//! ([`StreamCaptureError`], [`ConsumeError`]).
+//! The crate error: every operation's own error, joined with `#[from]` so
+//! `?` works across operations and phases. Discovery returns
+//! [`DiscoveryError`], planning [`PlanError`], allocation [`BackendError`]
+//! (inside [`AllocateFailed`](crate::AllocateFailed)), capture
+//! [`CaptureError`]; on a sealed plan each operation has its own:
+//! [`ReplayError`], [`ConsumeError`], [`WaitError`], [`TraceError`],
+//! [`StepError`] (building a step graph), [`StepLaunchError`], and
+//! [`BackendFailure`] or [`UnknownRunner`] alone where nothing else can
+//! fail. Closures keep the caller's own error type ([`StreamCaptureError`],
+//! [`ConsumeError`]).
 //!
 //! Every one of them is `Send + Sync + 'static` (so `?` takes it into
 //! `anyhow::Error`); [`from_errors!`](crate::from_errors) lets a program's
@@ -13,8 +18,10 @@ use crate::capture::{CaptureError, StreamCaptureError};
 use crate::discover::DiscoveryError;
 use crate::failed::Failed;
 use crate::plan::PlanError;
-use crate::replay::{ConsumeError, ReplayError};
-use crate::step::StepError;
+use crate::replay::{
+    BackendFailure, ConsumeError, ReplayError, TraceError, UnknownRunner, WaitError,
+};
+use crate::step::{StepError, StepLaunchError};
 use crate::view::SliceError;
 
 /// Shorthand for `Result<T, replay_arena::Error>`.
@@ -33,12 +40,32 @@ pub enum Error {
     /// A capture, or sealing, failed.
     #[error(transparent)]
     Capture(#[from] CaptureError),
-    /// A replay or consumer failed.
+    /// A replay failed.
     #[error(transparent)]
     Replay(#[from] ReplayError),
+    /// A consumer's check or backend call failed (its closure's own error
+    /// is [`Error::Work`]).
+    #[error(transparent)]
+    Consume(ConsumeError),
+    /// A wait for the plan's work failed.
+    #[error(transparent)]
+    Wait(#[from] WaitError),
+    /// A trace could not be started or finished.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
     /// A step graph could not be built.
     #[error(transparent)]
     Step(#[from] StepError),
+    /// A step graph could not be launched.
+    #[error(transparent)]
+    StepLaunch(#[from] StepLaunchError),
+    /// A backend call of an operation with no other failure failed
+    /// (`report`, `synchronize`, `replan`, ...).
+    #[error(transparent)]
+    BackendFailure(#[from] BackendFailure),
+    /// A runner the plan does not know was named (`views`, `temporaries`).
+    #[error(transparent)]
+    UnknownRunner(#[from] UnknownRunner),
     /// A backend call failed (allocation, device setup).
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -73,9 +100,9 @@ impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<StreamCaptureError<
 
 impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<ConsumeError<E>> for Error {
     fn from(e: ConsumeError<E>) -> Error {
-        match e {
-            ConsumeError::Replay(r) => Error::Replay(r),
-            ConsumeError::Work(w) => Error::work(w),
+        match e.into_check() {
+            Ok(check) => Error::Consume(check),
+            Err(work) => Error::work(work),
         }
     }
 }
@@ -129,9 +156,13 @@ where
 /// it). `?` applies one `From`, and only the program may implement `From`
 /// for its own type, so this macro writes the rest:
 ///
-/// - each phase's error ([`DiscoveryError`](crate::DiscoveryError),
+/// - each operation's error ([`DiscoveryError`](crate::DiscoveryError),
 ///   [`PlanError`](crate::PlanError), [`CaptureError`](crate::CaptureError),
-///   [`ReplayError`](crate::ReplayError),
+///   [`ReplayError`](crate::ReplayError), [`WaitError`](crate::WaitError),
+///   [`TraceError`](crate::TraceError), [`StepError`](crate::StepError),
+///   [`StepLaunchError`](crate::StepLaunchError),
+///   [`BackendFailure`](crate::BackendFailure),
+///   [`UnknownRunner`](crate::UnknownRunner),
 ///   [`BackendError`](crate::BackendError)), through [`Error`];
 /// - [`StreamCaptureError<E>`](crate::StreamCaptureError) and
 ///   [`ConsumeError<E>`](crate::ConsumeError) for every closure error `E` the
@@ -193,7 +224,12 @@ macro_rules! from_errors {
         $crate::from_errors!(@via $ty: $crate::PlanError);
         $crate::from_errors!(@via $ty: $crate::CaptureError);
         $crate::from_errors!(@via $ty: $crate::ReplayError);
+        $crate::from_errors!(@via $ty: $crate::WaitError);
+        $crate::from_errors!(@via $ty: $crate::TraceError);
         $crate::from_errors!(@via $ty: $crate::StepError);
+        $crate::from_errors!(@via $ty: $crate::StepLaunchError);
+        $crate::from_errors!(@via $ty: $crate::BackendFailure);
+        $crate::from_errors!(@via $ty: $crate::UnknownRunner);
         $crate::from_errors!(@via $ty: $crate::BackendError);
         $crate::from_errors!(@via $ty: $crate::SliceError);
 
@@ -227,11 +263,11 @@ macro_rules! from_errors {
             $ty: ::core::convert::From<E>,
         {
             fn from(e: $crate::ConsumeError<E>) -> Self {
-                match e {
-                    $crate::ConsumeError::Replay(r) => {
-                        <$ty as ::core::convert::From<$crate::Error>>::from(r.into())
+                match e.into_check() {
+                    ::core::result::Result::Ok(check) => {
+                        <$ty as ::core::convert::From<$crate::Error>>::from(check.into())
                     }
-                    $crate::ConsumeError::Work(w) => <$ty as ::core::convert::From<E>>::from(w),
+                    ::core::result::Result::Err(w) => <$ty as ::core::convert::From<E>>::from(w),
                 }
             }
         }

@@ -8,7 +8,11 @@
 //! This crate plans that storage from one eager run, hands out fixed-address
 //! views during capture, and fences replays with events.
 //!
-//! # The lifecycle: five phases, five types
+//! # The lifecycle: four phases, four types, then step graphs
+//!
+//! Each phase is a type whose transition consumes it (a failed transition,
+//! [`PlanFailed`], [`AllocateFailed`] or [`SealError`], hands it back); a
+//! sealed plan then runs per runner or as step graphs.
 //!
 //! 1. [`Discovering`]: during an eager backward, each runner is armed in turn
 //!    ([`Discovering::arm`]) and records its requests through the
@@ -26,10 +30,15 @@
 //!    the bytes it overwrites (unless stream order implies it), then
 //!    launches. [`Replayable::replan`] frees everything and starts discovery
 //!    again.
-//! 5. [`StepGraph`]: [`Replayable::step`] takes one step's fixed schedule of
-//!    replays and consumers and compiles it, the fence's waits included,
-//!    into one graph launched with one call; it borrows the plan, and
-//!    dropping it hands the plan back.
+//!
+//! Step graphs run on a [`Replayable`], not after it:
+//! [`Replayable::step`] takes one step's fixed schedule of replays and
+//! consumers ([`StepBuilder`]) and compiles it, the fence's waits included,
+//! into one graph launched with one call. A [`StepGraph`] borrows the plan,
+//! and dropping it hands the plan back; [`StepGraph::keep`] makes it a
+//! [`KeptStep`], which borrows nothing and is launched with
+//! [`Replayable::launch_kept`] between per-runner replays and other kept
+//! step graphs (one per shape bucket, say).
 //!
 //! Data one runner's graph passes to a later one (a layer's input gradient)
 //! is a *handoff*: [`ArmedRunner::hand_off`] and [`ArmedRunner::receive`] at
@@ -71,10 +80,18 @@
 //! ```
 //!
 //! What the types cannot rule out is a typed error naming the runner, the key
-//! and the sizes involved: each phase has its own ([`DiscoveryError`],
-//! [`PlanError`], [`CaptureError`], [`ReplayError`], [`BackendError`]), all
-//! joined into [`Error`] so `?` works across phases; work closures keep their
-//! own error type ([`StreamCaptureError`], [`ConsumeError`]).
+//! and the sizes involved. Each phase has its own ([`DiscoveryError`],
+//! [`PlanError`], [`CaptureError`], [`BackendError`]); on a sealed plan each
+//! operation has its own, listing only what it can return: [`ReplayError`]
+//! (replay), [`ConsumeError`] (the consumers), [`WaitError`] (the waits),
+//! [`TraceError`] (tracing), [`StepError`] (building a step graph) and
+//! [`StepLaunchError`] (launching one), with [`BackendFailure`] or
+//! [`UnknownRunner`] alone where nothing else can fail. They are built from
+//! shared parts: a backend call that failed is one [`BackendFailure`]
+//! everywhere (its [`Operation`], its runner, and the driver's own code), a
+//! capturing stream one [`StreamCapturing`]. All are joined into [`Error`]
+//! so `?` works across phases and operations; work closures keep their own
+//! error type ([`StreamCaptureError`], [`ConsumeError`]).
 //!
 //! # Guides
 //!
@@ -176,13 +193,16 @@ pub use plan::{
     ArenaPlan, Extent, HandoffInfo, HandoffUse, PlacedPolicy, Placement, PlanError, PlanFailed,
     Planned, Policy,
 };
-pub use replay::{ConsumeError, ReplayError, Replayable, SealError};
+pub use replay::{
+    BackendFailure, ConsumeError, ReplayError, Replayable, SealError, StreamCapturing, TraceError,
+    UnknownRunner, WaitError,
+};
 pub use report::{
     byte_ratio, human_bytes, BucketReport, GraphTemporaries, KeyReport, Optimum, PlanReport,
     RunnerReport,
 };
 pub use source::{Buffer, BufferSource, ViewSource};
-pub use step::{KeptStep, StepBuilder, StepError, StepGraph};
+pub use step::{KeptStep, ScheduleError, StepBuilder, StepError, StepGraph, StepLaunchError};
 pub use trace::{Slice, SliceKind, Trace, Waited};
 pub use view::{Access, Misuse, ReadOnly, ReadWrite, SliceError, View, ViewsExt, Writable};
 pub use vocab::{
@@ -218,6 +238,13 @@ assert_impl_all!(DiscoveryError: std::error::Error, Send, Sync);
 assert_impl_all!(PlanError: std::error::Error, Send, Sync);
 assert_impl_all!(CaptureError: std::error::Error, Send, Sync);
 assert_impl_all!(ReplayError: std::error::Error, Send, Sync);
+assert_impl_all!(WaitError: std::error::Error, Send, Sync);
+assert_impl_all!(TraceError: std::error::Error, Send, Sync);
+assert_impl_all!(StepError: std::error::Error, Send, Sync);
+assert_impl_all!(StepLaunchError: std::error::Error, Send, Sync);
+assert_impl_all!(BackendFailure: std::error::Error, Send, Sync);
+assert_impl_all!(UnknownRunner: std::error::Error, Send, Sync);
+assert_impl_all!(ConsumeError: std::error::Error, Send, Sync);
 assert_impl_all!(BackendError: std::error::Error, Send, Sync);
 assert_impl_all!(StreamCaptureError<Error>: std::error::Error, Send, Sync);
 assert_impl_all!(ConsumeError<Error>: std::error::Error, Send, Sync);

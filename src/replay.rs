@@ -7,26 +7,16 @@ use crate::backend::{Arena, Backend, BackendError, Temporaries, Timing};
 use crate::capture::{CaptureError, Capturing, Slot};
 use crate::discover::Discovering;
 use crate::failed::Failed;
-pub use crate::fence::ReplayError;
 use crate::fence::{enter, enter_scope, Fence, FenceStats, Operation};
+pub use crate::fence::{
+    BackendFailure, ConsumeError, ReplayError, StreamCapturing, TraceError, UnknownRunner,
+    WaitError,
+};
 use crate::plan::Planned;
 use crate::scope::{new_scope_id, ScopeKind};
 use crate::trace::{Recorder, Trace};
 use crate::view::{Access, ReadOnly, ReadWrite, View};
 use crate::vocab::{HandoffId, RunnerId};
-
-/// What [`Replayable::consume`] returns on failure: the crate's check, or
-/// the work closure's own error, unchanged. Either way, whatever the closure
-/// enqueued is fenced.
-#[derive(Debug, thiserror::Error)]
-pub enum ConsumeError<E> {
-    /// A check or backend call of this crate failed.
-    #[error(transparent)]
-    Replay(#[from] ReplayError),
-    /// The work closure failed.
-    #[error("the consumer failed: {0}")]
-    Work(E),
-}
 
 /// A failed [`Capturing::seal`]: the reason, and the `Capturing` itself, so
 /// the caller can still [`Capturing::replan`] (or capture what is missing and
@@ -83,7 +73,7 @@ impl<T> From<Failed<CaptureError, T>> for CaptureError {
     }
 }
 
-type Result<T> = std::result::Result<T, ReplayError>;
+type Result<T, E = ReplayError> = std::result::Result<T, E>;
 
 impl<B: Backend> Capturing<B> {
     /// Ends capture: succeeds only when every buffer-using runner's capture
@@ -276,13 +266,14 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Wait`] when the backend cannot tell.
-    pub fn report(&self) -> Result<crate::report::PlanReport> {
+    /// [`BackendFailure`] ([`Operation::Report`](crate::Operation::Report))
+    /// when the backend cannot tell.
+    pub fn report(&self) -> Result<crate::report::PlanReport, BackendFailure> {
         let mut report = self.plan.report();
         report.graph_memory = self
             .backend
             .graph_memory_in_use()
-            .map_err(ReplayError::Wait)?;
+            .map_err(|e| Operation::Report.failed(e))?;
         for (r, t) in report.runners.iter_mut().zip(&self.temporaries) {
             r.temporaries = Some(*t);
         }
@@ -293,7 +284,7 @@ impl<B: Backend> Replayable<B> {
             let t = self
                 .backend
                 .graph_temporaries(copy)
-                .map_err(ReplayError::Wait)?;
+                .map_err(|e| Operation::Report.failed(e))?;
             step_copies = step_copies.saturating_add(t.bytes);
         }
         report.temporaries = Some(crate::report::GraphTemporaries {
@@ -315,8 +306,8 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::UnknownRunner`].
-    pub fn temporaries(&self, runner: RunnerId) -> Result<(Temporaries, usize)> {
+    /// [`UnknownRunner`].
+    pub fn temporaries(&self, runner: RunnerId) -> Result<(Temporaries, usize), UnknownRunner> {
         let slot = self.slot(runner)?;
         Ok((self.temporaries[slot], self.step_copies[slot].len()))
     }
@@ -330,9 +321,11 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Wait`] with the backend's error.
-    pub fn trim_graph_memory(&self) -> Result<()> {
-        self.backend.trim_graph_memory().map_err(ReplayError::Wait)
+    /// [`BackendFailure`] ([`Operation::TrimGraphMemory`](crate::Operation::TrimGraphMemory)).
+    pub fn trim_graph_memory(&self) -> Result<(), BackendFailure> {
+        self.backend
+            .trim_graph_memory()
+            .map_err(|e| Operation::TrimGraphMemory.failed(e))
     }
 
     /// What the fence has done so far.
@@ -341,10 +334,8 @@ impl<B: Backend> Replayable<B> {
         self.fence.stats()
     }
 
-    pub(crate) fn slot(&self, runner: RunnerId) -> Result<usize> {
-        self.plan
-            .slot(runner)
-            .ok_or(ReplayError::UnknownRunner { runner })
+    pub(crate) fn slot(&self, runner: RunnerId) -> Result<usize, UnknownRunner> {
+        self.plan.slot(runner).ok_or(UnknownRunner { runner })
     }
 
     /// Replays `runner`'s graph on `stream`: waits for the latest users of
@@ -353,8 +344,9 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`], or the
-    /// backend's error.
+    /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`], a handoff
+    /// or staged-input check ([`ReplayError::HandoffNotWritten`], ...),
+    /// [`ReplayError::StreamCapturing`], or [`ReplayError::Backend`].
     #[doc(alias = "cuGraphLaunch")]
     #[doc(alias = "launch")]
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
@@ -402,7 +394,7 @@ impl<B: Backend> Replayable<B> {
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
         let _entered = enter(&self.backend, stream, Operation::Replay(runner))?;
-        let failed = |error| ReplayError::Backend { runner, error };
+        let failed = |error| ReplayError::from(Operation::Replay(runner).failed(error));
         let record = &self.plan.runners[slot].record;
         // The handoffs' own events, whatever recorded them last: nothing is
         // tracked.
@@ -427,14 +419,14 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::NotReplayed`] before the runner's first replay,
-    /// [`ReplayError::Overwritten`] naming the runner that claimed its
+    /// [`ConsumeError::NotReplayed`] before the runner's first replay,
+    /// [`ConsumeError::Overwritten`] naming the runner that claimed its
     /// bytes since its latest replay (`work` is not called then);
     /// [`ConsumeError::Work`] with the closure's own error.
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-    /// use replay_arena::{ConsumeError, ReplayError};
+    /// use replay_arena::ConsumeError;
     /// use replay_arena::sim;
     ///
     /// let req = Request::new(Domain::Device, DType::F32, 64);
@@ -463,7 +455,7 @@ impl<B: Backend> Replayable<B> {
     /// let late = replayable.consume(RunnerId(0), &side, |_, _| Ok::<(), String>(()));
     /// assert!(matches!(
     ///     late,
-    ///     Err(ConsumeError::Replay(ReplayError::Overwritten { by: RunnerId(1), .. }))
+    ///     Err(ConsumeError::Overwritten { by: RunnerId(1), .. })
     /// ));
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
@@ -484,7 +476,7 @@ impl<B: Backend> Replayable<B> {
     /// waits for the runner's replay and for every consumer of it since,
     /// and every later user of the bytes (consumers included) waits for it.
     /// A plain `consume` may only read: writing its views is refused
-    /// ([`ReplayError::ViewOutOfScope`]), since consumers on other streams
+    /// ([`ConsumeError::ViewOutOfScope`]), since consumers on other streams
     /// read them at the same time.
     ///
     /// For a runner with inputs the program stages
@@ -562,18 +554,18 @@ impl<B: Backend> Replayable<B> {
         let slots = runners
             .iter()
             .map(|&r| self.slot(r))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         self.consume_slots(&slots, stream, ScopeKind::Read, work)
     }
 
     /// The first runner of a consumer of `slots`, all of one bucket.
-    pub(crate) fn consumer_of(&self, slots: &[usize]) -> Result<RunnerId> {
-        let &head = slots.first().ok_or(ReplayError::NoRunners)?;
+    pub(crate) fn consumer_of(&self, slots: &[usize]) -> Result<RunnerId, ConsumeError> {
+        let &head = slots.first().ok_or(ConsumeError::NoRunners)?;
         let runner = self.plan.runners[head].id();
         let bucket = self.plan.runners[head].record.bucket;
         let stray = slots.iter().map(|&s| &self.plan.runners[s].record);
         if let Some(other) = stray.into_iter().find(|r| r.bucket != bucket) {
-            return Err(ReplayError::CrossBucket {
+            return Err(ConsumeError::CrossBucket {
                 runner,
                 bucket,
                 other: other.id,
@@ -592,13 +584,13 @@ impl<B: Backend> Replayable<B> {
         kind: ScopeKind,
         work: impl FnOnce(&B::Stream, &[&[View<'_, A>]]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), ConsumeError<E>> {
-        let first = self.consumer_of(slots)?;
+        let first = self.consumer_of(slots).map_err(ConsumeError::with_work)?;
         let plan = &self.plan;
         // The views work on the device only inside `work`, on `stream`; no
         // capture of any thread may record `stream` meanwhile.
         let entered = enter_scope(&self.backend, stream, Operation::Consume(first), kind)?;
         let Some((scope, open)) = entered.scope() else {
-            return Err(ReplayError::StreamCapturing {
+            return Err(StreamCapturing {
                 op: Operation::Consume(first),
             }
             .into());
@@ -642,13 +634,12 @@ impl<B: Backend> Replayable<B> {
                 v.scope = 0;
             }
         }
-        let (out, misuse) = consumed?;
+        let (out, misuse) = consumed.map_err(ConsumeError::with_work)?;
         if let Some(reason) = misuse {
-            return Err(ReplayError::ViewOutOfScope {
+            return Err(ConsumeError::ViewOutOfScope {
                 runner: first,
                 reason,
-            }
-            .into());
+            });
         }
         out.map_err(ConsumeError::Work)
     }
@@ -663,7 +654,8 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::UnknownRunner`], or the backend's error.
+    /// [`WaitError::UnknownRunner`], [`WaitError::StreamCapturing`], or
+    /// [`WaitError::Backend`].
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
@@ -689,12 +681,12 @@ impl<B: Backend> Replayable<B> {
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
     #[doc(alias = "cuStreamWaitEvent")]
-    pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
+    pub fn wait_for(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<(), WaitError> {
         let slot = self.slot(runner)?;
         let entered = enter(&self.backend, stream, Operation::WaitFor(runner))?;
         self.fence
             .wait_for_runner(&self.backend, &self.plan, slot, entered.on)
-            .map_err(|error| ReplayError::Backend { runner, error })
+            .map_err(|error| Operation::WaitFor(runner).failed(error).into())
     }
 
     /// Makes `stream` wait for everything replayed and consumed so far:
@@ -703,13 +695,13 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Wait`] with the backend's error.
+    /// [`WaitError::StreamCapturing`], or [`WaitError::Backend`].
     #[doc(alias = "cuStreamWaitEvent")]
-    pub fn wait_all(&mut self, stream: &B::Stream) -> Result<()> {
+    pub fn wait_all(&mut self, stream: &B::Stream) -> Result<(), WaitError> {
         let entered = enter(&self.backend, stream, Operation::WaitAll)?;
         self.fence
             .wait_all(&self.backend, entered.on)
-            .map_err(ReplayError::Wait)
+            .map_err(|error| Operation::WaitAll.failed(error).into())
     }
 
     /// The views `runner`'s capture handed out, in request order (same
@@ -717,8 +709,8 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::UnknownRunner`].
-    pub fn views(&self, runner: RunnerId) -> Result<&[View<'_>]> {
+    /// [`UnknownRunner`].
+    pub fn views(&self, runner: RunnerId) -> Result<&[View<'_>], UnknownRunner> {
         let slot = self.slot(runner)?;
         Ok(&self.views[self.view_ranges[slot].clone()])
     }
@@ -727,9 +719,11 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Wait`] with the backend's error.
-    pub fn synchronize(&self) -> Result<()> {
-        self.backend.synchronize().map_err(ReplayError::Wait)
+    /// [`BackendFailure`] ([`Operation::Synchronize`](crate::Operation::Synchronize)).
+    pub fn synchronize(&self) -> Result<(), BackendFailure> {
+        self.backend
+            .synchronize()
+            .map_err(|e| Operation::Synchronize.failed(e))
     }
 
     /// Waits for every replay and consumer the fence ordered. When it
@@ -753,15 +747,16 @@ impl<B: Backend> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Wait`] when waiting failed; then the graphs and
+    /// [`BackendFailure`] ([`Operation::Replan`](crate::Operation::Replan))
+    /// when waiting failed; then the graphs and
     /// arenas are leaked, since work that uses them may still run.
     #[doc(alias = "reset")]
     #[doc(alias = "teardown")]
-    pub fn replan(mut self) -> Result<Discovering> {
+    pub fn replan(mut self) -> Result<Discovering, BackendFailure> {
         let waited = self.quiesce();
         let config = self.plan.config.clone();
         drop(self);
-        waited.map_err(ReplayError::Wait)?;
+        waited.map_err(|e| Operation::Replan.failed(e))?;
         Ok(Discovering::new(config))
     }
 }
@@ -778,7 +773,7 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::TraceMark`] when the backend cannot take the origin
+    /// [`TraceError::Backend`] when the backend cannot take the origin
     /// mark.
     ///
     /// ```
@@ -818,7 +813,7 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     /// ```
     #[doc(alias = "profile")]
     #[doc(alias = "timeline")]
-    pub fn start_trace(&mut self) -> Result<()> {
+    pub fn start_trace(&mut self) -> Result<(), TraceError> {
         self.start_trace_with_capacity(256)
     }
 
@@ -831,10 +826,10 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     /// # Errors
     ///
     /// As [`Replayable::start_trace`].
-    pub fn start_trace_with_capacity(&mut self, slices: usize) -> Result<()> {
+    pub fn start_trace_with_capacity(&mut self, slices: usize) -> Result<(), TraceError> {
         let name = self.backend.name();
-        let recorder =
-            Recorder::new(&self.backend, name, slices).map_err(ReplayError::TraceMark)?;
+        let recorder = Recorder::new(&self.backend, name, slices)
+            .map_err(|e| Operation::TraceMark.failed(e))?;
         self.fence.observe(Some(Box::new(recorder)));
         Ok(())
     }
@@ -844,15 +839,15 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::NoTrace`] when none was started;
-    /// [`ReplayError::TraceMark`] when a mark failed (the traced work was
+    /// [`TraceError::NoTrace`] when none was started;
+    /// [`TraceError::Backend`] when a mark failed (the traced work was
     /// not affected).
     #[doc(alias = "export_chrome_trace")]
-    pub fn finish_trace(&mut self) -> Result<Trace> {
-        let observer = self.fence.observe(None).ok_or(ReplayError::NoTrace)?;
+    pub fn finish_trace(&mut self) -> Result<Trace, TraceError> {
+        let observer = self.fence.observe(None).ok_or(TraceError::NoTrace)?;
         observer
             .finish(&self.backend)
-            .map_err(ReplayError::TraceMark)
+            .map_err(|e| Operation::TraceMark.failed(e).into())
     }
 }
 

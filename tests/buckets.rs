@@ -7,8 +7,8 @@
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
-    BucketId, ConsumeError, DType, Discovering, DiscoveryError, Domain, HandoffId, PlacedPolicy,
-    PlanConfig, Planned, Policy, ReplayError, Replayable, Request, RunnerId,
+    BucketId, DType, Discovering, DiscoveryError, Domain, HandoffId, PlacedPolicy, PlanConfig,
+    Planned, Policy, ReplayError, Replayable, Request, RunnerId,
 };
 
 const STREAMS: usize = 3;
@@ -319,7 +319,7 @@ proptest! {
                     }
                     // One generation: the last runner took the bytes of
                     // the one before it.
-                    Err(ConsumeError::Replay(ReplayError::Overwritten { .. })) => {
+                    Err(replay_arena::ConsumeError::Overwritten { .. }) => {
                         prop_assert_eq!(g, 1);
                     }
                     Err(e) => prop_assert!(false, "{e}"),
@@ -375,7 +375,7 @@ fn runners_of_different_buckets_share_bytes_and_the_fence_orders_them() {
         .consume(id(0, 0), &rig.streams[2], |_, _| Ok::<(), String>(()));
     assert!(matches!(
         late,
-        Err(ConsumeError::Replay(ReplayError::Overwritten { by, .. })) if by == id(1, 0)
+        Err(replay_arena::ConsumeError::Overwritten { by, .. }) if by == id(1, 0)
     ));
     rig.replayable.synchronize().unwrap();
     assert!(rig.sim.hazards().is_empty(), "{:?}", rig.sim.hazards());
@@ -396,12 +396,12 @@ fn a_consumer_across_buckets_is_a_typed_error_and_enqueues_nothing() {
         });
     assert!(!ran);
     match got {
-        Err(ConsumeError::Replay(ReplayError::CrossBucket {
+        Err(replay_arena::ConsumeError::CrossBucket {
             runner,
             bucket,
             other,
             other_bucket,
-        })) => {
+        }) => {
             assert_eq!((runner, bucket), (id(0, 0), BucketId(0)));
             assert_eq!((other, other_bucket), (id(1, 0), BucketId(1)));
         }
@@ -414,7 +414,7 @@ fn a_consumer_across_buckets_is_a_typed_error_and_enqueues_nothing() {
     });
     assert!(matches!(
         got.map(|_| ()),
-        Err(ConsumeError::Replay(ReplayError::CrossBucket { .. }))
+        Err(replay_arena::ConsumeError::CrossBucket { .. })
     ));
 }
 
@@ -693,7 +693,7 @@ fn a_staged_runner_replays_only_what_was_staged_for_it() {
         .consume_mut(id(0, 0), &plain.streams[1], |_, _| Ok::<(), String>(()));
     assert!(matches!(
         early,
-        Err(ConsumeError::Replay(ReplayError::NotReplayed { runner })) if runner == id(0, 0)
+        Err(replay_arena::ConsumeError::NotReplayed { runner }) if runner == id(0, 0)
     ));
 }
 

@@ -883,12 +883,7 @@ fn replaying_an_undiscovered_runner_is_unknown_runner() {
 fn views_of_an_undiscovered_runner_is_unknown_runner() {
     let (_sim, _stream, replayable) = sealed_one();
     let err = replayable.views(RunnerId(7)).unwrap_err();
-    assert_eq!(
-        err,
-        ReplayError::UnknownRunner {
-            runner: RunnerId(7)
-        }
-    );
+    assert_eq!(err.runner, RunnerId(7));
 }
 
 #[test]
@@ -899,9 +894,9 @@ fn consuming_an_undiscovered_runner_is_unknown_runner() {
         .unwrap_err();
     assert!(matches!(
         err,
-        ConsumeError::Replay(ReplayError::UnknownRunner {
+        replay_arena::ConsumeError::UnknownRunner {
             runner: RunnerId(7)
-        })
+        }
     ));
 }
 
@@ -958,13 +953,14 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
     let err = replayable.replay(RunnerId(0), &stream).unwrap_err();
     assert!(matches!(
         err,
-        ReplayError::Backend {
-            runner: RunnerId(0),
+        ReplayError::Backend(replay_arena::BackendFailure {
+            op: replay_arena::Operation::Replay(RunnerId(0)),
+            runner: Some(RunnerId(0)),
             error: BackendError::Refused {
                 op: "sim launch",
                 ..
             }
-        }
+        })
     ));
     assert_mentions(
         &err,
@@ -1208,7 +1204,7 @@ fn each_misuse_names_the_view_and_where_it_works() {
             capture.to_string(),
             format!("capture of {r} used a view out of its scope: {message}")
         );
-        let replay = ReplayError::ViewOutOfScope {
+        let replay = ConsumeError::<std::convert::Infallible>::ViewOutOfScope {
             runner,
             reason: misuse,
         };
@@ -1253,15 +1249,17 @@ fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
         op: "sim launch",
         reason: "the cause".into(),
     };
-    let replay = ReplayError::Backend {
-        runner: RunnerId(3),
-        error: cause(),
-    };
-    let step = replay_arena::StepError::Backend {
-        what: "runner 3".into(),
-        error: cause(),
-    };
-    let schedule = replay_arena::StepError::from(replay.clone());
+    let replay = ReplayError::Backend(replay_arena::BackendFailure::new(
+        replay_arena::Operation::Replay(RunnerId(3)),
+        Some(RunnerId(3)),
+        cause(),
+    ));
+    let step = replay_arena::StepError::Backend(replay_arena::BackendFailure::new(
+        replay_arena::Operation::StepBuild,
+        Some(RunnerId(3)),
+        cause(),
+    ));
+    let schedule = replay_arena::StepError::from(replay_arena::ScheduleError::from(replay.clone()));
     let capture = CaptureError::Backend {
         runner: RunnerId(3),
         error: cause(),
@@ -1269,7 +1267,13 @@ fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
     let errors: Vec<Box<dyn std::error::Error + 'static>> = vec![
         Box::new(replay.clone()),
         Box::new(replay_arena::Error::from(replay.clone())),
-        Box::new(ConsumeError::<String>::Replay(replay)),
+        Box::new(ConsumeError::<String>::Backend(
+            replay_arena::BackendFailure::new(
+                replay_arena::Operation::Consume(RunnerId(3)),
+                Some(RunnerId(3)),
+                cause(),
+            ),
+        )),
         Box::new(step.clone()),
         Box::new(replay_arena::Error::from(step)),
         Box::new(schedule.clone()),

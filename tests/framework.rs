@@ -95,7 +95,7 @@ fn waiting_for_an_unknown_runner_is_a_typed_error() {
         let err = rp.wait_for(RunnerId(9), s).unwrap_err();
         assert_eq!(
             err,
-            replay_arena::ReplayError::UnknownRunner {
+            replay_arena::WaitError::UnknownRunner {
                 runner: RunnerId(9)
             }
         );
@@ -351,6 +351,6 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
         .unwrap_err();
     assert!(matches!(
         err,
-        replay_arena::ConsumeError::Replay(replay_arena::ReplayError::UnknownRunner { .. })
+        replay_arena::ConsumeError::UnknownRunner { .. }
     ));
 }

@@ -13,7 +13,7 @@ mod support;
 use replay_arena::cuda::cudarc::driver::{sys, CudaSlice};
 use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{
-    BackendError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Request, RunnerId,
+    BackendError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
 };
 use support::gpu::gpu;
 
@@ -43,7 +43,7 @@ impl Drop for Hog {
     }
 }
 
-fn oom(e: &ReplayError) -> bool {
+fn oom(e: &dyn std::fmt::Display) -> bool {
     let text = e.to_string();
     text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
 }

@@ -10,8 +10,8 @@ use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelA
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
-    BackendError, ConsumeError, DType, Discovering, Domain, Misuse, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId, Streams,
+    BackendError, DType, Discovering, Domain, Misuse, PlanConfig, Policy, Replayable, Request,
+    RunnerId, Streams,
 };
 
 const N: usize = 1 << 18; // 1 MiB of f32
@@ -175,10 +175,10 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
     assert!(
         matches!(
             result,
-            Err(ConsumeError::Replay(ReplayError::ViewOutOfScope {
+            Err(replay_arena::ConsumeError::ViewOutOfScope {
                 runner: RunnerId(0),
                 ..
-            }))
+            })
         ),
         "{result:?}"
     );
@@ -424,7 +424,7 @@ fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consume
     assert!(
         matches!(
             result,
-            Err(ConsumeError::Replay(ReplayError::ViewOutOfScope { .. }))
+            Err(replay_arena::ConsumeError::ViewOutOfScope { .. })
         ),
         "{result:?}"
     );

@@ -312,7 +312,7 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                     let enq = match &res {
                         Ok(Ok(())) => true,
                         Ok(Err(ConsumeError::Work(_))) => true,
-                        Ok(Err(ConsumeError::Replay(_))) => false,
+                        Ok(Err(_)) => false,
                         Err(_) => true,
                     };
                     log.push(format!(

@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use replay_arena::sim;
 use replay_arena::{
     CaptureError, Capturing, ConsumeError, DType, Discovering, Domain, Operation, PlanConfig,
-    Policy, ReplayError, Replayable, Request, RunnerId,
+    Policy, Replayable, Request, RunnerId,
 };
 
 /// One runner recording `requests`, planned in one generation and
@@ -86,10 +86,10 @@ fn consuming_bytes_another_runner_claimed_since_is_overwritten_naming_it() {
     let err = copy_out(&sim, &mut replayable, 0, &x, &out, 1).unwrap_err();
     assert!(matches!(
         err,
-        ConsumeError::Replay(ReplayError::Overwritten {
+        replay_arena::ConsumeError::Overwritten {
             runner: RunnerId(0),
             by: RunnerId(1)
-        })
+        }
     ));
     assert!(err.to_string().contains("overwritten by runner 1"), "{err}");
     // The consumer never ran: the output is untouched.
@@ -108,9 +108,9 @@ fn consuming_a_runner_never_replayed_is_not_replayed_even_after_another_claimed_
         let err = copy_out(&sim, &mut replayable, 1, &sim.stream(), &out, 1).unwrap_err();
         assert!(matches!(
             err,
-            ConsumeError::Replay(ReplayError::NotReplayed {
+            replay_arena::ConsumeError::NotReplayed {
                 runner: RunnerId(1)
-            })
+            }
         ));
     }
 }
@@ -434,9 +434,11 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
         assert!(
             matches!(
                 inner,
-                Err(ConsumeError::Replay(ReplayError::StreamCapturing {
-                    op: Operation::Consume(RunnerId(0))
-                }))
+                Err(replay_arena::ConsumeError::StreamCapturing(
+                    replay_arena::StreamCapturing {
+                        op: Operation::Consume(RunnerId(0))
+                    }
+                ))
             ),
             "{inner:?}"
         );
@@ -657,7 +659,7 @@ fn a_consumer_of_no_runner_is_a_typed_error() {
         .consume_many(&[], &sim.stream(), |_, _| Ok::<(), String>(()))
         .unwrap_err();
     assert!(
-        matches!(err, ConsumeError::Replay(ReplayError::NoRunners)),
+        matches!(err, replay_arena::ConsumeError::NoRunners),
         "{err:?}"
     );
 }

@@ -405,11 +405,11 @@ fn kept_step_on_replanned_plan_is_foreign() {
     let lo = other.lanes[0].clone();
     assert!(matches!(
         other.rep.launch_kept(&mut k, &lo),
-        Err(replay_arena::ReplayError::ForeignStep)
+        Err(replay_arena::StepLaunchError::ForeignStep)
     ));
     assert!(matches!(
         other.rep.wait_kept(&k, &lo),
-        Err(replay_arena::ReplayError::ForeignStep)
+        Err(replay_arena::WaitError::ForeignStep)
     ));
     let sim = w.sim.clone();
     let d = w.rep.replan().unwrap();

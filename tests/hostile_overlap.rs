@@ -18,8 +18,8 @@
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, HandoffId, Operation, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId, StepError,
+    ConsumeError, DType, Discovering, Domain, HandoffId, Operation, PlanConfig, Policy, Replayable,
+    Request, RunnerId, StepError,
 };
 
 const N: usize = 32;
@@ -159,15 +159,19 @@ fn consume_work<'a, A: replay_arena::Access>(
     }
 }
 
-fn map_consume(e: ConsumeError<replay_arena::Error>) -> ReplayError {
-    match e {
-        ConsumeError::Replay(r) => r,
-        ConsumeError::Work(w) => panic!("consumer work failed: {w}"),
+fn map_consume(e: ConsumeError<replay_arena::Error>) -> replay_arena::ScheduleError {
+    match e.into_check() {
+        Ok(check) => check.into(),
+        Err(w) => panic!("consumer work failed: {w}"),
     }
 }
 
 impl World {
-    fn per_runner(&mut self, items: &[Item], steps: usize) -> Result<(), ReplayError> {
+    fn per_runner(
+        &mut self,
+        items: &[Item],
+        steps: usize,
+    ) -> Result<(), replay_arena::ScheduleError> {
         for _ in 0..steps {
             for &it in items {
                 match it {
@@ -665,10 +669,10 @@ fn failed_builds_use_up_no_step_copy_and_leak_no_graph_memory() {
         let mut step = w.replayable.step();
         step.replay(RunnerId(1), &w.lanes[1]).unwrap();
         match step.build_overlapping() {
-            Err(StepError::Schedule(ReplayError::NoStepCopy {
+            Err(replay_arena::StepError::NoStepCopy {
                 runner: RunnerId(1),
                 ..
-            })) => {}
+            }) => {}
             other => panic!("{:?}", other.map(|_| ())),
         }
     }
@@ -723,7 +727,9 @@ fn a_schedule_error_keeps_the_step_copies() {
         assert!(
             matches!(
                 e,
-                StepError::Schedule(ReplayError::HandoffNotWritten { .. })
+                StepError::Schedule(replay_arena::ScheduleError::Replay(
+                    replay_arena::ReplayError::HandoffNotWritten { .. }
+                ))
             ),
             "{e:?}"
         );
@@ -788,7 +794,7 @@ fn step_copies_are_counted_down_exactly_and_the_report_follows() {
     let mut step = w.replayable.step();
     assert!(matches!(
         step.replay(RunnerId(1), &ex),
-        Err(ReplayError::NoStepCopy { captured: 3, .. })
+        Err(replay_arena::StepError::NoStepCopy { captured: 3, .. })
     ));
     drop(step);
     w.replayable.trim_graph_memory().unwrap();
@@ -1673,7 +1679,9 @@ fn a_step_reading_a_handoff_it_never_writes_is_refused() {
             step.build()
         };
         match built {
-            Err(StepError::Schedule(ReplayError::HandoffAlreadyRead { .. })) => {}
+            Err(StepError::Schedule(replay_arena::ScheduleError::Replay(
+                replay_arena::ReplayError::HandoffAlreadyRead { .. },
+            ))) => {}
             Err(e) => panic!("overlapping {overlapping}: another error {e:?}"),
             Ok(_) => panic!(
                 "overlapping {overlapping}: built a step that reads a handoff never rewritten"
@@ -1815,9 +1823,11 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
         while_captured(&sim, &z, |s| refused = Some(g.launch(s)));
         assert_eq!(
             refused,
-            Some(Err(ReplayError::StreamCapturing {
-                op: Operation::StepLaunch
-            }))
+            Some(Err(replay_arena::StepLaunchError::StreamCapturing(
+                replay_arena::StreamCapturing {
+                    op: Operation::StepLaunch
+                }
+            )))
         );
         assert_eq!(g.launches(), 1);
         g.launch(&y).unwrap();
@@ -2221,7 +2231,10 @@ fn zero_step_copies_is_a_typed_error_at_the_step() {
     r.replay(RunnerId(0), &s).unwrap();
     let mut step = r.step();
     let e = step.replay(RunnerId(0), &s).map(|_| ()).unwrap_err();
-    assert!(matches!(e, ReplayError::NoStepCopy { .. }), "{e}");
+    assert!(
+        matches!(e, replay_arena::StepError::NoStepCopy { .. }),
+        "{e}"
+    );
     eprintln!("{e}");
 }
 
@@ -2537,10 +2550,10 @@ fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() 
         assert!(
             matches!(
                 e,
-                StepError::Schedule(ReplayError::NoStepCopy {
+                replay_arena::StepError::NoStepCopy {
                     runner: RunnerId(1),
                     ..
-                })
+                }
             ),
             "{e:?}"
         );

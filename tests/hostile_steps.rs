@@ -92,7 +92,9 @@ fn a_reader_of_a_handoff_whose_bytes_another_handoff_took_is_refused() -> R {
     step.replay(RunnerId(1), &sb)?;
     assert!(matches!(
         step.build(),
-        Err(StepError::Schedule(ReplayError::HandoffOverwritten { .. }))
+        Err(StepError::Schedule(replay_arena::ScheduleError::Replay(
+            replay_arena::ReplayError::HandoffOverwritten { .. }
+        )))
     ));
     rp.synchronize()?;
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
@@ -196,7 +198,7 @@ fn launches_of_one_graph_run_one_after_another_as_on_cuda() -> R {
     assert!(
         matches!(
             err,
-            ReplayError::NoStepCopy {
+            replay_arena::StepError::NoStepCopy {
                 runner: RunnerId(1),
                 captured: 0,
                 ..
@@ -293,9 +295,11 @@ fn a_step_consumer_of_a_runner_never_replayed_is_refused() -> R {
     step.replay(RunnerId(0), &s)?;
     assert!(matches!(
         step.build(),
-        Err(StepError::Schedule(ReplayError::NotReplayed {
-            runner: RunnerId(0)
-        }))
+        Err(StepError::Schedule(replay_arena::ScheduleError::Consume(
+            replay_arena::ConsumeError::NotReplayed {
+                runner: RunnerId(0)
+            }
+        )))
     ));
     // Replayed before the step graph: its first launch reads that replay.
     rp.replay(RunnerId(0), &s)?;
@@ -334,10 +338,12 @@ fn a_step_graph_sees_a_handoff_overwritten_before_the_step() -> R {
     step.replay(RunnerId(0), &sa)?;
     assert!(matches!(
         step.build(),
-        Err(StepError::Schedule(ReplayError::HandoffOverwritten {
-            by: RunnerId(3),
-            ..
-        }))
+        Err(StepError::Schedule(replay_arena::ScheduleError::Replay(
+            replay_arena::ReplayError::HandoffOverwritten {
+                by: RunnerId(3),
+                ..
+            }
+        )))
     ));
     Ok(())
 }

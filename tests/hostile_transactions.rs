@@ -16,8 +16,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Purpose, ReplayError,
-    Replayable, Request, RunnerId,
+    BackendFailure, ConsumeError, DType, Discovering, Domain, HandoffId, Operation, PlanConfig,
+    Policy, Purpose, ReplayError, Replayable, Request, RunnerId, ScheduleError, StepLaunchError,
+    WaitError,
 };
 
 const N: usize = 64;
@@ -163,7 +164,7 @@ fn a_wait_all_failing_half_way_counts_nothing() {
     }
     let before = rp.fence_stats();
     sim.inject(Faults::nth(Call::WaitEvent, 1));
-    assert!(matches!(rp.wait_all(&w), Err(ReplayError::Wait(_))));
+    assert!(matches!(rp.wait_all(&w), Err(WaitError::Backend(_))));
     sim.inject(Faults::none());
     assert_eq!(rp.fence_stats(), before);
     rp.wait_all(&w).unwrap();
@@ -194,7 +195,10 @@ fn a_consume_many_failing_at_its_second_wait_calls_nothing_and_counts_nothing() 
         Ok::<(), String>(())
     });
     sim.inject(Faults::none());
-    assert!(matches!(failed, Err(ConsumeError::Replay(_))), "{failed:?}");
+    assert!(
+        matches!(failed, Err(ConsumeError::Backend(_))),
+        "{failed:?}"
+    );
     assert!(!called);
     assert_eq!(rp.fence_stats(), before);
     let sink = sim.alloc_f32(N).unwrap();
@@ -354,7 +358,10 @@ fn a_staging_whose_wait_fails_keeps_the_earlier_staging() {
     sim.inject(Faults::nth(Call::WaitEvent, 0));
     let failed = stage(&mut rp, &sim, r(0), &st, 4.0);
     sim.inject(Faults::none());
-    assert!(matches!(failed, Err(ConsumeError::Replay(_))), "{failed:?}");
+    assert!(
+        matches!(failed, Err(ConsumeError::Backend(_))),
+        "{failed:?}"
+    );
     assert_eq!(rp.fence_stats(), before);
     rp.replay(r(0), &pool).unwrap();
     rp.synchronize().unwrap();
@@ -705,7 +712,7 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
                 let second = g.launch(&l[1]);
                 sim.inject(Faults::none());
                 if let Err(e) = &second {
-                    assert!(matches!(e, ReplayError::Wait(_)), "{e:?}");
+                    assert!(matches!(e, StepLaunchError::Backend(_)), "{e:?}");
                 }
                 for i in 0..4 {
                     g.launch(&l[i % 2]).unwrap();
@@ -1245,7 +1252,13 @@ fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
     let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
     let rp = busy(&sim, &s, &sink);
     sim.fail_waits(true);
-    assert!(matches!(rp.replan(), Err(ReplayError::Wait(_))));
+    assert!(matches!(
+        rp.replan(),
+        Err(BackendFailure {
+            op: Operation::Replan,
+            ..
+        })
+    ));
     sim.fail_waits(false);
     assert!(sim.live_allocations() > 2, "leaked, not freed");
     sim.synchronize().unwrap();
@@ -1398,7 +1411,7 @@ fn a_replay_failing_at_each_call_never_lets_a_consumer_read_its_bytes_as_the_old
                 rp.synchronize().unwrap();
                 assert_eq!(read0(&sim, &sink), 1.0, "fault at {k}: {replayed:?}");
             }
-            Err(ConsumeError::Replay(ReplayError::Overwritten { .. })) => {}
+            Err(ConsumeError::Overwritten { .. }) => {}
             Err(e) => panic!("fault at {k}: {e:?}"),
         }
         assert_eq!(sim.hazards(), [], "fault at {k}");
@@ -1465,7 +1478,9 @@ fn a_kept_step_of_a_bucket_whose_input_another_bucket_took_is_refused_or_restage
     stage(&mut rp, &sim, r(1), &st, 9.0).unwrap();
     rp.replay(r(1), &pool).unwrap();
     match rp.launch_kept(&mut kept, &pool) {
-        Err(ReplayError::InputNotStaged { .. }) => {}
+        Err(StepLaunchError::Schedule(ScheduleError::Replay(ReplayError::InputNotStaged {
+            ..
+        }))) => {}
         Ok(()) => {
             rp.synchronize().unwrap();
             assert_eq!(
@@ -1500,7 +1515,9 @@ fn a_kept_step_of_a_bucket_after_another_bucket_failed_its_staging_does_not_read
     });
     assert!(failed.is_err());
     match rp.launch_kept(&mut kept, &pool) {
-        Err(ReplayError::InputNotStaged { .. }) => {}
+        Err(StepLaunchError::Schedule(ScheduleError::Replay(ReplayError::InputNotStaged {
+            ..
+        }))) => {}
         Ok(()) => {
             rp.synchronize().unwrap();
             assert_eq!(
@@ -1798,11 +1815,11 @@ fn a_kept_step_of_a_dropped_plan_is_foreign_to_the_next_plan() {
     let mut next = fill_plan(&sim, 2, 1);
     assert!(matches!(
         next.launch_kept(&mut kept, &a),
-        Err(ReplayError::ForeignStep)
+        Err(StepLaunchError::ForeignStep)
     ));
     assert!(matches!(
         next.wait_kept(&kept, &b),
-        Err(ReplayError::ForeignStep)
+        Err(WaitError::ForeignStep)
     ));
     drop(kept);
     drop(next);

@@ -11,8 +11,8 @@
 
 use replay_arena::sim;
 use replay_arena::{
-    CaptureError, ConsumeError, DType, Discovering, Domain, Error, Operation, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId,
+    CaptureError, DType, Discovering, Domain, Error, Operation, PlanConfig, Policy, ReplayError,
+    Replayable, Request, RunnerId,
 };
 
 type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -182,7 +182,7 @@ fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
     assert!(
         matches!(
             consumed,
-            Err(ConsumeError::Replay(ReplayError::NotReplayed { .. }))
+            Err(replay_arena::ConsumeError::NotReplayed { .. })
         ),
         "{consumed:?}"
     );
@@ -349,9 +349,11 @@ fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     })?;
     assert_eq!(
         got,
-        Some(Err(ReplayError::StreamCapturing {
-            op: Operation::Replay(RunnerId(0))
-        }))
+        Some(Err(ReplayError::StreamCapturing(
+            replay_arena::StreamCapturing {
+                op: Operation::Replay(RunnerId(0))
+            }
+        )))
     );
     // Nothing was enqueued or tracked: runner 0 was never replayed.
     assert!(matches!(
@@ -374,9 +376,11 @@ fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     })?;
     assert_eq!(
         got,
-        Some(Err(ReplayError::StreamCapturing {
-            op: Operation::Replay(RunnerId(0))
-        }))
+        Some(Err(ReplayError::StreamCapturing(
+            replay_arena::StreamCapturing {
+                op: Operation::Replay(RunnerId(0))
+            }
+        )))
     );
     Ok(())
 }
@@ -394,9 +398,11 @@ fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
     while_captured(&sim, &sim.stream(), |s| got = Some(graph.launch(s)))?;
     assert_eq!(
         got,
-        Some(Err(ReplayError::StreamCapturing {
-            op: Operation::StepLaunch
-        }))
+        Some(Err(replay_arena::StepLaunchError::StreamCapturing(
+            replay_arena::StreamCapturing {
+                op: Operation::StepLaunch
+            }
+        )))
     );
     assert_eq!(graph.launches(), 0);
     let e: Error = got.unwrap().unwrap_err().into();
@@ -448,7 +454,7 @@ fn a_teardown_that_cannot_wait_leaks_the_arenas_instead_of_freeing_them() -> R {
     let replanned = rp.replan();
     sim.fail_waits(false);
     assert!(
-        matches!(replanned, Err(ReplayError::Wait(_))),
+        matches!(replanned, Err(replay_arena::BackendFailure { .. })),
         "{replanned:?}"
     );
     assert_eq!(

@@ -732,8 +732,7 @@ fn run_round(
                 let id = RunnerId(runner as u32);
                 let result = replayable.replay(id, &rig.foreign);
                 if captured[runner] {
-                    let refused =
-                        matches!(result, Err(ReplayError::Backend { runner: r, .. }) if r == id);
+                    let refused = matches!(result, Err(ReplayError::Backend(replay_arena::BackendFailure { runner: Some(r), .. })) if r == id);
                     prop_assert!(refused, "{:?}", result);
                 } else {
                     prop_assert_eq!(result, Err(ReplayError::NoGraph { runner: id }));
@@ -1058,14 +1057,18 @@ fn consume(
             prop_assert!(is_deliberate(payload.as_ref()), "a panic escaped the crate");
             prop_assert!(!refused && matches!(mode, ConsumerMode::PanicsAfterCopying));
         }
-        Ok(Err(ConsumeError::Replay(e))) => {
+        Ok(Err(ConsumeError::Work(w))) => {
+            prop_assert!(!refused);
+            prop_assert!(matches!(mode, ConsumerMode::Fails), "{}", w);
+        }
+        Ok(Err(e)) => {
             prop_assert!(refused, "{} refused: {:?}", id, e);
             match e {
-                ReplayError::NotReplayed { runner: r } => {
+                ConsumeError::NotReplayed { runner: r } => {
                     prop_assert_eq!(r, id);
                     prop_assert!(never_replayed);
                 }
-                ReplayError::Overwritten { runner: r, by } => {
+                ConsumeError::Overwritten { runner: r, by } => {
                     prop_assert_eq!(r, id);
                     prop_assert!(!never_replayed, "{} was never replayed", id);
                     prop_assert!(
@@ -1079,10 +1082,6 @@ fn consume(
                 other => prop_assert!(false, "unexpected {:?}", other),
             }
             prop_assert!(copies.is_empty(), "a refused consumer ran");
-        }
-        Ok(Err(ConsumeError::Work(w))) => {
-            prop_assert!(!refused);
-            prop_assert!(matches!(mode, ConsumerMode::Fails), "{}", w);
         }
         Ok(Ok(())) => {
             prop_assert!(!refused, "{} consumed, but the model refuses", id);

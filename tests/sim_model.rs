@@ -402,10 +402,11 @@ fn a_replay_on_a_stream_of_another_backend_is_a_backend_error() {
     let mut replayable = four_runners(&sim, &stream);
     let theirs = sim::Device::new().stream();
     match replayable.replay(RunnerId(0), &theirs) {
-        Err(ReplayError::Backend {
-            runner,
+        Err(ReplayError::Backend(replay_arena::BackendFailure {
+            runner: Some(runner),
             error: BackendError::Refused { reason, .. },
-        }) => {
+            ..
+        })) => {
             assert_eq!(runner, RunnerId(0));
             assert!(reason.contains("another sim::Device"), "{reason}");
         }

@@ -182,7 +182,11 @@ fn items(w: &Schedule) -> Vec<(bool, usize)> {
 }
 
 /// Runs `steps` steps per runner through the host fence.
-fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayError> {
+fn per_runner(
+    s: &mut Setup,
+    w: &Schedule,
+    steps: usize,
+) -> Result<(), replay_arena::ScheduleError> {
     for _ in 0..steps {
         for &(replay, i) in &items(w) {
             if replay {
@@ -206,9 +210,9 @@ fn per_runner(s: &mut Setup, w: &Schedule, steps: usize) -> Result<(), ReplayErr
                 } else {
                     s.replayable.consume(r, lane, work!())
                 };
-                done.map_err(|e| match e {
-                    replay_arena::ConsumeError::Replay(r) => r,
-                    replay_arena::ConsumeError::Work(w) => panic!("{w}"),
+                done.map_err(|e| match e.into_check() {
+                    Ok(check) => check,
+                    Err(w) => panic!("{w}"),
                 })?;
             }
         }
@@ -248,9 +252,9 @@ fn stepped(
             } else {
                 step.consume(r, &s.lanes[lane], work!()).map(|_| ())
             };
-            done.map_err(|e| match e {
-                replay_arena::ConsumeError::Replay(r) => StepError::Schedule(r),
-                replay_arena::ConsumeError::Work(w) => panic!("{w}"),
+            done.map_err(|e| match e.into_check() {
+                Ok(check) => StepError::Schedule(check.into()),
+                Err(w) => panic!("{w}"),
             })?;
         }
     }
@@ -469,12 +473,10 @@ fn the_fence_goes_on_after_the_step(forget: bool) {
         .consume(RunnerId(1), &side, |_, _| Ok::<(), String>(()));
     assert!(matches!(
         late,
-        Err(replay_arena::ConsumeError::Replay(
-            ReplayError::Overwritten {
-                by: RunnerId(3),
-                ..
-            }
-        ))
+        Err(replay_arena::ConsumeError::Overwritten {
+            by: RunnerId(3),
+            ..
+        })
     ));
     // Runner 1 reads what runner 0 handed off in the last step: runner 0
     // first, then runner 1.
@@ -502,23 +504,27 @@ fn schedules_the_fence_refuses_are_typed_errors() {
         .unwrap();
     assert!(matches!(
         step.build(),
-        Err(StepError::Schedule(ReplayError::Overwritten {
-            by: RunnerId(2),
-            ..
-        }))
+        Err(StepError::Schedule(replay_arena::ScheduleError::Consume(
+            replay_arena::ConsumeError::Overwritten {
+                by: RunnerId(2),
+                ..
+            }
+        )))
     ));
     // A reader whose writer was never replayed.
     let mut step = s.replayable.step();
     step.replay(RunnerId(1), &s.lanes[0]).unwrap();
     assert!(matches!(
         step.build(),
-        Err(StepError::Schedule(ReplayError::HandoffNotWritten { .. }))
+        Err(StepError::Schedule(replay_arena::ScheduleError::Replay(
+            replay_arena::ReplayError::HandoffNotWritten { .. }
+        )))
     ));
     // An unknown runner.
     let mut step = s.replayable.step();
     assert!(matches!(
         step.replay(RunnerId(9), &s.lanes[0]),
-        Err(ReplayError::UnknownRunner { .. })
+        Err(StepError::UnknownRunner { .. })
     ));
 }
 
@@ -594,8 +600,8 @@ fn a_consumer_with_temporaries_is_moved_into_one_step_graph_and_refused_by_overl
         .unwrap();
         if overlapping {
             match step.build_overlapping() {
-                Err(StepError::Backend { what, .. }) => {
-                    assert_eq!(what, "the consumer of runner 0")
+                Err(StepError::Backend(failure)) => {
+                    assert_eq!(failure.runner, Some(RunnerId(0)))
                 }
                 other => panic!("{other:?}"),
             }
@@ -762,7 +768,10 @@ fn a_kept_step_graph_of_another_plan_is_refused() {
         .replayable
         .launch_kept(&mut kept, &b.launch[0])
         .unwrap_err();
-    assert!(matches!(err, ReplayError::ForeignStep), "{err}");
+    assert!(
+        matches!(err, replay_arena::StepLaunchError::ForeignStep),
+        "{err}"
+    );
     assert_eq!(kept.launches(), 0);
     a.replayable.launch_kept(&mut kept, &a.launch[0]).unwrap();
     assert_eq!(kept.launches(), 1);

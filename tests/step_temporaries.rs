@@ -8,8 +8,8 @@
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
-    CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId, StreamCaptureError,
+    CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable, Request,
+    RunnerId, StreamCaptureError,
 };
 
 const N: usize = 64;
@@ -164,7 +164,7 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     assert!(
         matches!(
             err,
-            ReplayError::NoStepCopy {
+            replay_arena::StepError::NoStepCopy {
                 runner: RunnerId(0),
                 allocations: 1,
                 captured: 0
@@ -184,7 +184,10 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     step.replay(RunnerId(0), &c.pool[0]).unwrap();
     let twice = step.replay(RunnerId(0), &c.pool[1]).unwrap_err();
     assert!(
-        matches!(twice, ReplayError::NoStepCopy { captured: 1, .. }),
+        matches!(
+            twice,
+            replay_arena::StepError::NoStepCopy { captured: 1, .. }
+        ),
         "{twice}"
     );
     step.replay(RunnerId(1), &c.pool[1]).unwrap();
@@ -193,7 +196,10 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     let mut again = c.replayable.step();
     let used = again.replay(RunnerId(1), &c.pool[0]).unwrap_err();
     assert!(
-        matches!(used, ReplayError::NoStepCopy { captured: 1, .. }),
+        matches!(
+            used,
+            replay_arena::StepError::NoStepCopy { captured: 1, .. }
+        ),
         "{used}"
     );
     assert!(used.to_string().contains("used up"), "{used}");

@@ -6,8 +6,8 @@
 
 use replay_arena::sim;
 use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Replayable, Request, RunnerId,
-    SliceKind, Timing,
+    DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, SliceKind,
+    Timing,
 };
 use serde_json::Value;
 
@@ -315,10 +315,16 @@ fn a_use_that_fails_before_it_enqueues_leaves_no_slice() {
 #[test]
 fn finishing_a_trace_never_started_is_a_typed_error() {
     let (_sim, mut replayable) = setup(1, 1);
-    assert_eq!(replayable.finish_trace(), Err(ReplayError::NoTrace));
+    assert_eq!(
+        replayable.finish_trace(),
+        Err(replay_arena::TraceError::NoTrace)
+    );
     replayable.start_trace().unwrap();
     replayable.finish_trace().unwrap();
-    assert_eq!(replayable.finish_trace(), Err(ReplayError::NoTrace));
+    assert_eq!(
+        replayable.finish_trace(),
+        Err(replay_arena::TraceError::NoTrace)
+    );
 }
 
 #[test]

@@ -44,7 +44,12 @@ fn a_kept_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_laun
     let failed = rp.launch_kept(&mut kept, &b);
     assert!(matches!(
         failed,
-        Err(ReplayError::Wait(BackendError::Injected { .. }))
+        Err(replay_arena::StepLaunchError::Backend(
+            replay_arena::BackendFailure {
+                error: BackendError::Injected { .. },
+                ..
+            }
+        ))
     ));
     sim.inject(Faults::none());
     // A good launch on `a`, then a replay on `b` of a runner sharing the
@@ -90,10 +95,11 @@ fn a_failed_replay_leaves_its_runner_unreplayed_and_counts_nothing() {
         assert!(
             matches!(
                 failed,
-                Err(ReplayError::Backend {
-                    runner: RunnerId(1),
-                    error: BackendError::Injected { .. }
-                })
+                Err(ReplayError::Backend(replay_arena::BackendFailure {
+                    runner: Some(RunnerId(1)),
+                    error: BackendError::Injected { .. },
+                    ..
+                }))
             ),
             "{call}: {failed:?}"
         );

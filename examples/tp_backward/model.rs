@@ -126,7 +126,11 @@ arena_error!(
     replay_arena::PlanFailed,
     replay_arena::AllocateFailed,
     replay_arena::DiscoveryError,
-    replay_arena::StepError
+    replay_arena::StepError,
+    replay_arena::StepLaunchError,
+    replay_arena::WaitError,
+    replay_arena::BackendFailure,
+    replay_arena::UnknownRunner
 );
 
 type Result<T, E = TpError> = std::result::Result<T, E>;
@@ -1528,9 +1532,9 @@ pub fn step_graph<'r, B: Compose<Stream = cuda::Stream>>(
             }
             Ok::<(), TpError>(())
         })
-        .map_err(|e| match e {
-            replay_arena::ConsumeError::Replay(r) => r.into(),
-            replay_arena::ConsumeError::Work(w) => w,
+        .map_err(|e| match e.into_check() {
+            Ok(check) => replay_arena::Error::from(check).into(),
+            Err(w) => w,
         })?;
     }
     Ok(if overlapping {
@@ -1566,9 +1570,9 @@ pub fn graphed_step<B: Compose<Stream = cuda::Stream>>(
                 }
                 Ok::<(), TpError>(())
             })
-            .map_err(|e| match e {
-                replay_arena::ConsumeError::Replay(r) => r.into(),
-                replay_arena::ConsumeError::Work(w) => w,
+            .map_err(|e| match e.into_check() {
+                Ok(check) => replay_arena::Error::from(check).into(),
+                Err(w) => w,
             })?;
     }
     Ok(())

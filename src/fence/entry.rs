@@ -6,9 +6,9 @@
 //! refuses the claim), a stream that is capturing by the program's own
 //! means is refused too, and the operation gets the stream with its
 //! identity ([`On`]), which every fence operation takes. Both refusals are
-//! one error, [`ReplayError::StreamCapturing`] naming the operation.
+//! one error, [`StreamCapturing`] naming the operation.
 
-use super::{On, Operation, ReplayError};
+use super::{On, Operation, Refused, StreamCapturing};
 use crate::backend::Streams;
 use crate::scope::{new_scope_id, OpenScope, ScopeKind, StreamBusy, StreamClaim};
 
@@ -53,15 +53,16 @@ impl<S> Entered<'_, S> {
 ///
 /// # Errors
 ///
-/// [`ReplayError::StreamCapturing`]; the capture status query's own
+/// [`StreamCapturing`]; the capture status query's own
 /// failure ([`Operation::failed`]).
 pub(crate) fn enter<'s, B: Streams>(
     backend: &B,
     stream: &'s B::Stream,
     op: Operation,
-) -> Result<Entered<'s, B::Stream>, ReplayError> {
+) -> Result<Entered<'s, B::Stream>, Refused> {
     let on = on(backend, stream);
-    let claim = StreamClaim::enter(on.id).map_err(|_| ReplayError::StreamCapturing { op })?;
+    let claim =
+        StreamClaim::enter(on.id).map_err(|_| Refused::Capturing(StreamCapturing { op }))?;
     refuse_capturing(backend, stream, op)?;
     Ok(Entered {
         on,
@@ -81,14 +82,14 @@ pub(crate) fn enter_scope<'s, B: Streams>(
     stream: &'s B::Stream,
     op: Operation,
     kind: ScopeKind,
-) -> Result<Entered<'s, B::Stream>, ReplayError> {
+) -> Result<Entered<'s, B::Stream>, Refused> {
     let on = on(backend, stream);
     let runner = op.runner().unwrap_or(crate::vocab::RunnerId(u32::MAX));
     let id = new_scope_id();
     let open = match OpenScope::enter(id, on.id, kind, runner) {
         Ok(open) => open,
         Err(StreamBusy::Capturing | StreamBusy::InUse) => {
-            return Err(ReplayError::StreamCapturing { op })
+            return Err(Refused::Capturing(StreamCapturing { op }))
         }
     };
     refuse_capturing(backend, stream, op)?;
@@ -98,18 +99,18 @@ pub(crate) fn enter_scope<'s, B: Streams>(
     })
 }
 
-/// [`ReplayError::StreamCapturing`] when `stream` is capturing by means the
+/// [`StreamCapturing`] when `stream` is capturing by means the
 /// crate's claims cannot see (the program's own capture): a launch there
 /// would be recorded into that graph instead of running.
 fn refuse_capturing<B: Streams>(
     backend: &B,
     stream: &B::Stream,
     op: Operation,
-) -> Result<(), ReplayError> {
+) -> Result<(), Refused> {
     match backend.is_capturing(stream) {
         Ok(false) => Ok(()),
-        Ok(true) => Err(ReplayError::StreamCapturing { op }),
-        Err(error) => Err(op.failed(error)),
+        Ok(true) => Err(Refused::Capturing(StreamCapturing { op })),
+        Err(error) => Err(Refused::Failed(op.failed(error))),
     }
 }
 

@@ -1,12 +1,18 @@
-//! What the fence reports: [`ReplayError`], the operations it refuses on
-//! a capturing stream ([`Operation`]), and its counters ([`FenceStats`]).
+//! What the fence's operations report, one error type per operation
+//! ([`ReplayError`], [`ConsumeError`], [`WaitError`], [`TraceError`]),
+//! each built from shared parts with `#[from]`: a backend call that failed
+//! ([`BackendFailure`]), a capturing stream refused ([`StreamCapturing`]), a
+//! runner the plan does not know ([`UnknownRunner`]); the operations
+//! themselves ([`Operation`]) and the fence's counters ([`FenceStats`]).
+
+use std::convert::Infallible;
 
 use crate::backend::BackendError;
 use crate::view::Misuse;
-use crate::vocab::{HandoffId, RunnerId};
+use crate::vocab::{BucketId, HandoffId, RunnerId};
 
-/// An operation of the fence on a stream: what
-/// [`ReplayError::StreamCapturing`] refused.
+/// An operation of a plan: what a [`StreamCapturing`] refused, or what a
+/// [`BackendFailure`] failed in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Operation {
@@ -26,6 +32,22 @@ pub enum Operation {
     /// ([`StepGraph::wait_all`](crate::StepGraph::wait_all),
     /// [`Replayable::wait_kept`](crate::Replayable::wait_kept)).
     StepWait,
+    /// Building a step graph ([`StepBuilder::build`](crate::StepBuilder::build),
+    /// `build_overlapping`).
+    StepBuild,
+    /// [`Replayable::report`](crate::Replayable::report) asking the backend
+    /// for its graph memory.
+    Report,
+    /// [`Replayable::trim_graph_memory`](crate::Replayable::trim_graph_memory).
+    TrimGraphMemory,
+    /// [`Replayable::synchronize`](crate::Replayable::synchronize).
+    Synchronize,
+    /// [`Replayable::replan`](crate::Replayable::replan) waiting for the
+    /// plan's work.
+    Replan,
+    /// A timing mark of a trace ([`Replayable::start_trace`](crate::Replayable::start_trace),
+    /// [`Replayable::finish_trace`](crate::Replayable::finish_trace)).
+    TraceMark,
 }
 
 impl Operation {
@@ -33,17 +55,17 @@ impl Operation {
     pub fn runner(self) -> Option<RunnerId> {
         match self {
             Operation::Replay(r) | Operation::Consume(r) | Operation::WaitFor(r) => Some(r),
-            Operation::WaitAll | Operation::StepLaunch | Operation::StepWait => None,
+            _ => None,
         }
     }
 
-    /// The error for a backend call of this operation that failed:
-    /// [`ReplayError::Backend`] naming its runner, or
-    /// [`ReplayError::Wait`] for one with none.
-    pub(crate) fn failed(self, error: BackendError) -> ReplayError {
-        match self.runner() {
-            Some(runner) => ReplayError::Backend { runner, error },
-            None => ReplayError::Wait(error),
+    /// The backend failure of this operation, naming its runner if it has
+    /// one.
+    pub(crate) fn failed(self, error: BackendError) -> BackendFailure {
+        BackendFailure {
+            op: self,
+            runner: self.runner(),
+            error,
         }
     }
 }
@@ -58,11 +80,104 @@ impl std::fmt::Display for Operation {
             Operation::WaitAll => f.write_str("wait for everything fenced"),
             Operation::StepLaunch => f.write_str("launch of a step graph"),
             Operation::StepWait => f.write_str("wait for a step graph"),
+            Operation::StepBuild => f.write_str("build of a step graph"),
+            Operation::Report => f.write_str("report of the graphs' memory"),
+            Operation::TrimGraphMemory => f.write_str("trim of graph memory"),
+            Operation::Synchronize => f.write_str("synchronize"),
+            Operation::Replan => f.write_str("wait for the plan's work before replanning"),
+            Operation::TraceMark => f.write_str("timing mark of a trace"),
         }
     }
 }
 
-/// A failed check or backend call while replaying.
+/// A backend call that failed: the one spelling of a backend failure in
+/// every operation's error. The backend's error keeps the driver's own code
+/// ([`BackendError::Driver`](crate::BackendError) and its kin).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op}{}: {error}", match .runner { Some(r) if op.runner() != Some(*r) => format!(" ({r})"), _ => String::new() })]
+pub struct BackendFailure {
+    /// The operation the call was part of.
+    pub op: Operation,
+    /// The runner it was for, if one (for a step graph's build, the runner
+    /// whose node failed).
+    pub runner: Option<RunnerId>,
+    /// The backend's error (printed in this error's message, so not its
+    /// `source()`: a chain would print it twice).
+    pub error: BackendError,
+}
+
+impl BackendFailure {
+    /// The failure of a backend call in `op`, for `runner` if one.
+    pub fn new(op: Operation, runner: Option<RunnerId>, error: BackendError) -> BackendFailure {
+        BackendFailure { op, runner, error }
+    }
+
+    /// The failure of a call for `runner` in `op`.
+    pub(crate) fn of(op: Operation, runner: RunnerId, error: BackendError) -> BackendFailure {
+        BackendFailure {
+            op,
+            runner: Some(runner),
+            error,
+        }
+    }
+}
+
+/// An operation of the fence was asked for on a stream that is capturing
+/// (inside a `stream_capture` closure of this or another plan, or the
+/// program's own capture): its waits, launch and records would be recorded
+/// into that graph instead of running, outside the fence. Nothing was
+/// enqueued. Every operation that uses the plan on a stream refuses a
+/// capturing stream with this one error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{op}: the stream is capturing, so the work would go into that graph instead of running; use a stream that is not capturing")]
+pub struct StreamCapturing {
+    /// The operation refused.
+    pub op: Operation,
+}
+
+/// A runner the plan does not know was named
+/// ([`Replayable::views`](crate::Replayable::views),
+/// [`Replayable::temporaries`](crate::Replayable::temporaries)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{runner} was not discovered, so the plan has nothing for it")]
+pub struct UnknownRunner {
+    /// The runner.
+    pub runner: RunnerId,
+}
+
+/// Why the fence could not be entered on a stream: the one entry's
+/// refusal, taken by every operation's error with `?`.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The stream is capturing.
+    Capturing(StreamCapturing),
+    /// Asking whether it captures failed.
+    Failed(BackendFailure),
+}
+
+/// `From` the shared parts every operation on a stream can fail with.
+macro_rules! from_parts {
+    ($($ty:ident $(<$e:ident>)?),*) => {$(
+        impl$(<$e>)? From<Refused> for $ty$(<$e>)? {
+            fn from(refused: Refused) -> Self {
+                match refused {
+                    Refused::Capturing(c) => c.into(),
+                    Refused::Failed(f) => f.into(),
+                }
+            }
+        }
+
+        impl$(<$e>)? From<UnknownRunner> for $ty$(<$e>)? {
+            fn from(UnknownRunner { runner }: UnknownRunner) -> Self {
+                Self::UnknownRunner { runner }
+            }
+        }
+    )*};
+}
+from_parts!(ReplayError, ConsumeError<E>, WaitError);
+
+/// What [`Replayable::replay`](crate::Replayable::replay) (and
+/// `replay_unfenced`) returns on failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReplayError {
@@ -78,67 +193,6 @@ pub enum ReplayError {
     NoGraph {
         /// The runner.
         runner: RunnerId,
-    },
-    /// A step schedule replays a runner whose graph allocates temporaries
-    /// (graph memory nodes): the driver copies no such graph into a step
-    /// graph, so a step graph moves in a *step copy* of it instead, and
-    /// none is left.
-    #[error("{runner}'s graph allocates temporaries ({allocations} allocation node(s)), which the driver does not copy into a step graph, and {}", no_copy_hint(*.captured))]
-    NoStepCopy {
-        /// The runner.
-        runner: RunnerId,
-        /// Its graph's allocation nodes.
-        allocations: usize,
-        /// Step copies its capture made (0: it was captured with
-        /// `stream_capture`, not `stream_capture_repeatable`).
-        captured: usize,
-    },
-    /// A kept step graph was launched on (or waited for through) another
-    /// plan than the one it was built for.
-    #[error("this kept step graph belongs to another plan: launch it with the Replayable it was built from")]
-    ForeignStep,
-    /// A consumer asked for a runner's bytes before the runner was replayed.
-    #[error("{runner} was never replayed, so its views hold nothing to consume")]
-    NotReplayed {
-        /// The runner.
-        runner: RunnerId,
-    },
-    /// A consumer asked for a runner's bytes after another runner claimed
-    /// some of them.
-    #[error("{runner}'s bytes were overwritten by {by}, replayed since; consume a runner's views before the next runner that shares its arena replays")]
-    Overwritten {
-        /// The runner whose views were asked for.
-        runner: RunnerId,
-        /// The runner that claimed its bytes since.
-        by: RunnerId,
-    },
-    /// The backend failed while replaying or consuming a runner.
-    #[error("{runner}: {error}")]
-    Backend {
-        /// The runner.
-        runner: RunnerId,
-        /// The backend's error.
-        error: BackendError,
-    },
-    /// A consumer used a view where the fence cannot order it (another
-    /// stream than the consumer's, say); the use was refused.
-    #[error("the consumer of {runner} used a view out of its scope: {reason}")]
-    ViewOutOfScope {
-        /// The runner.
-        runner: RunnerId,
-        /// Which view, and where it was used.
-        reason: Misuse,
-    },
-    /// An operation of the fence was asked for on a stream that is
-    /// capturing (inside a `stream_capture` closure of this or another
-    /// plan, or the program's own capture): its waits, launch and records
-    /// would be recorded into that graph instead of running, outside the
-    /// fence. Nothing was enqueued. Every operation that uses the plan on a
-    /// stream refuses a capturing stream with this one variant.
-    #[error("{op}: the stream is capturing, so the work would go into that graph instead of running; use a stream that is not capturing")]
-    StreamCapturing {
-        /// The operation refused.
-        op: Operation,
     },
     /// A runner that reads a handoff was replayed before the handoff's
     /// writer was ever replayed.
@@ -188,6 +242,30 @@ pub enum ReplayError {
         /// Who took its bytes (`None`: never staged nor replayed).
         by: Option<RunnerId>,
     },
+    /// The stream is capturing; nothing was enqueued.
+    #[error(transparent)]
+    StreamCapturing(#[from] StreamCapturing),
+    /// A backend call failed (a wait, the launch, a record).
+    #[error(transparent)]
+    Backend(#[from] BackendFailure),
+}
+
+/// What [`Replayable::consume`](crate::Replayable::consume),
+/// `consume_mut` and `consume_many` (and their
+/// [`StepBuilder`](crate::StepBuilder) forms) return on failure: the
+/// crate's checks, or the work closure's own error (`E`), unchanged. Either
+/// way, whatever the closure enqueued is fenced. `ConsumeError` with no
+/// parameter (`E = Infallible`) is the checks alone, as
+/// [`Error::Consume`](crate::Error::Consume) holds them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError<E = Infallible> {
+    /// The runner was never discovered.
+    #[error("{runner} was not discovered, so the plan has no graph for it")]
+    UnknownRunner {
+        /// The runner.
+        runner: RunnerId,
+    },
     /// `consume_many` was given no runner.
     #[error("consume_many was given no runner: a consumer reads at least one runner's views")]
     NoRunners,
@@ -198,23 +276,145 @@ pub enum ReplayError {
         /// The first runner given.
         runner: RunnerId,
         /// Its bucket.
-        bucket: crate::vocab::BucketId,
+        bucket: BucketId,
         /// The first runner given of another bucket.
         other: RunnerId,
         /// That runner's bucket.
-        other_bucket: crate::vocab::BucketId,
+        other_bucket: BucketId,
     },
-    /// Waiting for fenced work (synchronize, teardown) failed.
-    #[error("waiting for the plan's work failed: {0}")]
-    Wait(BackendError),
+    /// A consumer asked for a runner's bytes before the runner was replayed.
+    #[error("{runner} was never replayed, so its views hold nothing to consume")]
+    NotReplayed {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A consumer asked for a runner's bytes after another runner claimed
+    /// some of them.
+    #[error("{runner}'s bytes were overwritten by {by}, replayed since; consume a runner's views before the next runner that shares its arena replays")]
+    Overwritten {
+        /// The runner whose views were asked for.
+        runner: RunnerId,
+        /// The runner that claimed its bytes since.
+        by: RunnerId,
+    },
+    /// A consumer used a view where the fence cannot order it (another
+    /// stream than the consumer's, say); the use was refused.
+    #[error("the consumer of {runner} used a view out of its scope: {reason}")]
+    ViewOutOfScope {
+        /// The runner.
+        runner: RunnerId,
+        /// Which view, and where it was used.
+        reason: Misuse,
+    },
+    /// The stream is capturing; `work` was not called.
+    #[error(transparent)]
+    StreamCapturing(#[from] StreamCapturing),
+    /// A backend call failed (a wait, a record, or, in a step schedule,
+    /// capturing the consumer's work).
+    #[error(transparent)]
+    Backend(#[from] BackendFailure),
+    /// The work closure failed.
+    #[error("the consumer failed: {0}")]
+    Work(E),
+}
+
+impl<E> ConsumeError<E> {
+    /// The crate's check as `Ok`, or the work closure's own error as `Err`.
+    pub fn into_check(self) -> Result<ConsumeError, E> {
+        Ok(match self {
+            ConsumeError::UnknownRunner { runner } => ConsumeError::UnknownRunner { runner },
+            ConsumeError::NoRunners => ConsumeError::NoRunners,
+            ConsumeError::CrossBucket {
+                runner,
+                bucket,
+                other,
+                other_bucket,
+            } => ConsumeError::CrossBucket {
+                runner,
+                bucket,
+                other,
+                other_bucket,
+            },
+            ConsumeError::NotReplayed { runner } => ConsumeError::NotReplayed { runner },
+            ConsumeError::Overwritten { runner, by } => ConsumeError::Overwritten { runner, by },
+            ConsumeError::ViewOutOfScope { runner, reason } => {
+                ConsumeError::ViewOutOfScope { runner, reason }
+            }
+            ConsumeError::StreamCapturing(c) => ConsumeError::StreamCapturing(c),
+            ConsumeError::Backend(b) => ConsumeError::Backend(b),
+            ConsumeError::Work(e) => return Err(e),
+        })
+    }
+}
+
+impl ConsumeError {
+    /// The check as the error of a consumer whose closure fails with `E`.
+    pub(crate) fn with_work<E>(self) -> ConsumeError<E> {
+        match self {
+            ConsumeError::UnknownRunner { runner } => ConsumeError::UnknownRunner { runner },
+            ConsumeError::NoRunners => ConsumeError::NoRunners,
+            ConsumeError::CrossBucket {
+                runner,
+                bucket,
+                other,
+                other_bucket,
+            } => ConsumeError::CrossBucket {
+                runner,
+                bucket,
+                other,
+                other_bucket,
+            },
+            ConsumeError::NotReplayed { runner } => ConsumeError::NotReplayed { runner },
+            ConsumeError::Overwritten { runner, by } => ConsumeError::Overwritten { runner, by },
+            ConsumeError::ViewOutOfScope { runner, reason } => {
+                ConsumeError::ViewOutOfScope { runner, reason }
+            }
+            ConsumeError::StreamCapturing(c) => ConsumeError::StreamCapturing(c),
+            ConsumeError::Backend(b) => ConsumeError::Backend(b),
+            ConsumeError::Work(never) => match never {},
+        }
+    }
+}
+
+/// What the waits return on failure: [`Replayable::wait_for`](crate::Replayable::wait_for),
+/// [`Replayable::wait_all`](crate::Replayable::wait_all),
+/// [`StepGraph::wait_all`](crate::StepGraph::wait_all) and
+/// [`Replayable::wait_kept`](crate::Replayable::wait_kept).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The runner was never discovered.
+    #[error("{runner} was not discovered, so the plan has no graph for it")]
+    UnknownRunner {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A kept step graph was launched on (or waited for through) another
+    /// plan than the one it was built for.
+    #[error("this kept step graph belongs to another plan: launch it with the Replayable it was built from")]
+    ForeignStep,
+    /// The stream is capturing; nothing was enqueued.
+    #[error(transparent)]
+    StreamCapturing(#[from] StreamCapturing),
+    /// A backend call failed (a record, a wait).
+    #[error(transparent)]
+    Backend(#[from] BackendFailure),
+}
+
+/// What [`Replayable::start_trace`](crate::Replayable::start_trace) and
+/// [`Replayable::finish_trace`](crate::Replayable::finish_trace) return on
+/// failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
     /// [`Replayable::finish_trace`](crate::Replayable::finish_trace) was
     /// called with no trace started.
     #[error("no trace was started: call start_trace before the work to trace")]
     NoTrace,
-    /// A timing mark of the trace failed (taking it, or reading its time);
-    /// the fenced work itself was not affected.
-    #[error("a timing mark of the trace failed: {0}")]
-    TraceMark(BackendError),
+    /// A timing mark of the trace failed (taking it, or reading its
+    /// time); the fenced work itself was not affected.
+    #[error(transparent)]
+    Backend(#[from] BackendFailure),
 }
 
 /// Counters of the fence's work since sealing.
@@ -253,18 +453,5 @@ impl std::fmt::Display for FenceStats {
             self.event_records,
             self.step_launches
         )
-    }
-}
-
-/// The fix [`ReplayError::NoStepCopy`] names.
-fn no_copy_hint(captured: usize) -> &'static str {
-    if captured == 0 {
-        "its capture kept no step copy to move in: capture it with \
-         RunnerCapture::stream_capture_repeatable (and step_copies of at least 1), which runs its \
-         work again into copies"
-    } else {
-        "its step copies are used up (each serves one replay in one step graph, two in \
-         overlapping ones; this schedule or an earlier step graph took them): replan to capture \
-         new ones, with more step_copies"
     }
 }

@@ -46,7 +46,11 @@ mod state;
 mod entry;
 
 pub(crate) use entry::{enter, enter_scope};
-pub use error::{FenceStats, Operation, ReplayError};
+pub(crate) use error::Refused;
+pub use error::{
+    BackendFailure, ConsumeError, FenceStats, Operation, ReplayError, StreamCapturing, TraceError,
+    UnknownRunner, WaitError,
+};
 
 use crate::backend::{BackendError, Streams};
 use crate::painter::{Claim, Painter};
@@ -429,7 +433,7 @@ impl<B: Streams> Fence<B> {
         if self.layout.stages[slot] {
             self.staged_check(plan, slot)?;
         }
-        let failed = |error| ReplayError::Backend { runner, error };
+        let failed = |error| ReplayError::from(Operation::Replay(runner).failed(error));
         self.begin_use(|| SliceKind::Replay { runner }, on);
         self.begin();
         let launched = self.admit(backend, slot, on).and_then(|()| {
@@ -526,7 +530,11 @@ impl<B: Streams> Fence<B> {
     /// Checks that a consumer of the runners in `slots` may read their
     /// bytes: each (fenced) runner still owns what its latest replay wrote.
     /// Nothing is enqueued.
-    fn check_consumable(&mut self, plan: &Planned, slots: &[usize]) -> Result<()> {
+    fn check_consumable(
+        &mut self,
+        plan: &Planned,
+        slots: &[usize],
+    ) -> std::result::Result<(), ConsumeError> {
         for &slot in slots {
             if !self.is_fenced(slot) {
                 // A runner without buffers has nothing to fence.
@@ -535,9 +543,9 @@ impl<B: Streams> Fence<B> {
             let runner = plan.runners[slot].id();
             match self.owner_check(slot, &plan.runners[slot].claims) {
                 Ok(()) => {}
-                Err(NotOwner::NeverReplayed) => return Err(ReplayError::NotReplayed { runner }),
+                Err(NotOwner::NeverReplayed) => return Err(ConsumeError::NotReplayed { runner }),
                 Err(NotOwner::OverwrittenBy(other)) => {
-                    return Err(ReplayError::Overwritten {
+                    return Err(ConsumeError::Overwritten {
                         runner,
                         by: slot_owner(plan, other),
                     });
@@ -577,7 +585,7 @@ impl<B: Streams> Fence<B> {
         on: On<'_, B::Stream>,
         exclusive: bool,
         work: impl FnOnce() -> (T, bool),
-    ) -> Result<T> {
+    ) -> std::result::Result<T, ConsumeError> {
         let staging = match slots {
             [slot] if exclusive && self.layout.stages[*slot] => Some(*slot),
             _ => None,
@@ -591,7 +599,13 @@ impl<B: Streams> Fence<B> {
         };
         let failed = |slot: usize| {
             let runner = plan.runners[slot].id();
-            move |error| ReplayError::Backend { runner, error }
+            move |error| {
+                ConsumeError::from(BackendFailure::of(
+                    Operation::Consume(runner),
+                    runner,
+                    error,
+                ))
+            }
         };
         let runners = || slots.iter().map(|&s| plan.runners[s].id()).collect();
         self.begin_use(

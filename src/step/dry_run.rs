@@ -6,9 +6,9 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use super::ScheduleError;
 use crate::backend::{BackendError, Streams};
 use crate::fence::{Fence, On};
-use crate::replay::ReplayError;
 
 /// One use of a compiled schedule, as the fence sees it.
 #[derive(Clone, Debug)]
@@ -40,7 +40,7 @@ pub(super) fn trace_pass(
     uses: &[Use],
     offset: usize,
     touched: &mut [bool],
-) -> Result<(), ReplayError> {
+) -> Result<(), ScheduleError> {
     for u in uses {
         match u {
             Use::Replay {

@@ -4,9 +4,11 @@
 use std::fmt;
 
 use super::dry_run::{trace_pass, TraceEvent, Tracer, Use};
+use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
+use crate::fence::WaitError;
 use crate::fence::{enter, Fence, Ledger, Operation};
-use crate::replay::{ReplayError, Replayable};
+use crate::replay::Replayable;
 use crate::trace::SliceKind;
 
 /// Phase 5 of 5: one step of a plan, compiled into one graph
@@ -80,7 +82,7 @@ impl<B: Backend> StepCore<B> {
     /// The ledger the step leaves when launched from the fence's state
     /// now: one pass of its schedule from there (every byte the step uses
     /// goes to its users; the rest stays as the fence has it).
-    fn ledger_from(&self, r: &Replayable<B>) -> Result<Ledger, ReplayError> {
+    fn ledger_from(&self, r: &Replayable<B>) -> Result<Ledger, ScheduleError> {
         let tracer = Tracer::new(self.lanes, self.nodes, false);
         let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
         tracer.reserve_events(r.fence.slots());
@@ -90,7 +92,7 @@ impl<B: Backend> StepCore<B> {
         Ok(fence.ledger().clone())
     }
 
-    fn launch(&mut self, r: &mut Replayable<B>, stream: &B::Stream) -> Result<(), ReplayError> {
+    fn launch(&mut self, r: &mut Replayable<B>, stream: &B::Stream) -> Result<(), StepLaunchError> {
         // No capture of any thread may begin on `stream` until the launch
         // is enqueued (it would go into its graph).
         let entered = enter(&r.backend, stream, Operation::StepLaunch)?;
@@ -149,7 +151,7 @@ impl<B: Backend> StepCore<B> {
                 moved.then_some((&self.ledger, self.touched.as_slice())),
                 kind,
             )
-            .map_err(ReplayError::Wait)?;
+            .map_err(|error| Operation::StepLaunch.failed(error))?;
         self.launched = Some((stream.clone(), on.id));
         self.launches += 1;
         self.since = since + 1;
@@ -158,7 +160,7 @@ impl<B: Backend> StepCore<B> {
         Ok(())
     }
 
-    fn wait_all(&self, b: &B, stream: &B::Stream) -> Result<(), ReplayError> {
+    fn wait_all(&self, b: &B, stream: &B::Stream) -> Result<(), WaitError> {
         let Some((last, _)) = &self.launched else {
             return Ok(());
         };
@@ -167,7 +169,7 @@ impl<B: Backend> StepCore<B> {
         let _on = enter(b, stream, Operation::StepWait)?;
         b.record_event(last, &self.done)
             .and_then(|()| b.wait_event(stream, &self.done))
-            .map_err(ReplayError::Wait)
+            .map_err(|error| Operation::StepWait.failed(error).into())
     }
 
     /// Waits for the latest launch before the graphs are freed.
@@ -202,11 +204,11 @@ impl<'r, B: Compose> StepGraph<'r, B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::StepOnCapturingStream`] when `stream` is capturing (inside
-    /// a `stream_capture` closure, or the program's own capture);
-    /// [`ReplayError::Wait`] with the backend's error (nothing of the step
-    /// was enqueued).
-    pub fn launch(&mut self, stream: &B::Stream) -> Result<(), ReplayError> {
+    /// [`StepLaunchError::StreamCapturing`] when `stream` is capturing
+    /// (inside a `stream_capture` closure, or the program's own capture);
+    /// [`StepLaunchError::Backend`] with the backend's error (nothing of
+    /// the step was enqueued).
+    pub fn launch(&mut self, stream: &B::Stream) -> Result<(), StepLaunchError> {
         self.core.launch(self.replayable, stream)
     }
 
@@ -215,8 +217,9 @@ impl<'r, B: Compose> StepGraph<'r, B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Wait`] with the backend's error.
-    pub fn wait_all(&self, stream: &B::Stream) -> Result<(), ReplayError> {
+    /// [`WaitError::StreamCapturing`], or [`WaitError::Backend`] with the
+    /// backend's error.
+    pub fn wait_all(&self, stream: &B::Stream) -> Result<(), WaitError> {
         self.core.wait_all(&self.replayable.backend, stream)
     }
 
@@ -332,17 +335,18 @@ impl<B: Compose + Clone> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::ForeignStep`] for a step graph of another plan; as
-    /// [`StepGraph::launch`]; a check the fence makes on the schedule from
-    /// its state now (a consumer of a runner another bucket's replay
-    /// overwrote since, say: [`ReplayError::Overwritten`]).
+    /// [`StepLaunchError::ForeignStep`] for a step graph of another plan;
+    /// as [`StepGraph::launch`]; [`StepLaunchError::Schedule`] for a check
+    /// the fence makes on the schedule from its state now (a consumer of a
+    /// runner another bucket's replay overwrote since, say:
+    /// [`ConsumeError::Overwritten`](crate::ConsumeError::Overwritten)).
     pub fn launch_kept(
         &mut self,
         step: &mut KeptStep<B>,
         stream: &B::Stream,
-    ) -> Result<(), ReplayError> {
+    ) -> Result<(), StepLaunchError> {
         if step.plan != self.id {
-            return Err(ReplayError::ForeignStep);
+            return Err(StepLaunchError::ForeignStep);
         }
         step.core.launch(self, stream)
     }
@@ -351,10 +355,11 @@ impl<B: Compose + Clone> Replayable<B> {
     ///
     /// # Errors
     ///
-    /// As [`Replayable::launch_kept`] for a foreign step; [`ReplayError::Wait`].
-    pub fn wait_kept(&self, step: &KeptStep<B>, stream: &B::Stream) -> Result<(), ReplayError> {
+    /// [`WaitError::ForeignStep`] for a step graph of another plan; as
+    /// [`StepGraph::wait_all`].
+    pub fn wait_kept(&self, step: &KeptStep<B>, stream: &B::Stream) -> Result<(), WaitError> {
         if step.plan != self.id {
-            return Err(ReplayError::ForeignStep);
+            return Err(WaitError::ForeignStep);
         }
         step.core.wait_all(&self.backend, stream)
     }

@@ -21,8 +21,11 @@ use std::fmt;
 
 use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode};
 use crate::capture::{capture_work, Uncaptured};
-use crate::fence::{Fence, Operation};
-use crate::replay::{ConsumeError, ReplayError, Replayable};
+use crate::fence::{
+    BackendFailure, ConsumeError, Fence, Operation, Refused, ReplayError, StreamCapturing,
+    UnknownRunner,
+};
+use crate::replay::Replayable;
 use crate::scope::{new_scope_id, ScopeKind, StreamBusy};
 use crate::view::{Access, ReadOnly, ReadWrite, View};
 use crate::vocab::RunnerId;
@@ -34,34 +37,133 @@ use dry_run::{reduce_cross, trace_pass, Edges, TraceEvent, Tracer, Use};
 use graph::StepCore;
 pub use graph::{KeptStep, StepGraph};
 
-/// A step schedule that cannot be compiled.
+/// What building a step schedule returns on failure:
+/// [`StepBuilder::replay`], [`StepBuilder::build`] and
+/// [`StepBuilder::build_overlapping`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StepError {
     /// The schedule has no replay and no consumer.
     #[error("the step schedules nothing: replay a runner or run a consumer first")]
     Empty,
+    /// The runner was never discovered.
+    #[error("{runner} was not discovered, so the plan has no graph for it")]
+    UnknownRunner {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// The runner has no captured graph (a runner that uses no buffers and
+    /// was not captured).
+    #[error("{runner} has no captured graph to schedule")]
+    NoGraph {
+        /// The runner.
+        runner: RunnerId,
+    },
+    /// A step schedule replays a runner whose graph allocates temporaries
+    /// (graph memory nodes): the driver copies no such graph into a step
+    /// graph, so a step graph moves in a *step copy* of it instead, and
+    /// none is left.
+    #[error("{runner}'s graph allocates temporaries ({allocations} allocation node(s)), which the driver does not copy into a step graph, and {}", no_copy_hint(*.captured))]
+    NoStepCopy {
+        /// The runner.
+        runner: RunnerId,
+        /// Its graph's allocation nodes.
+        allocations: usize,
+        /// Step copies its capture made (0: it was captured with
+        /// `stream_capture`, not `stream_capture_repeatable`).
+        captured: usize,
+    },
     /// The schedule fails a check the fence makes on every step (a
     /// consumer of a runner whose bytes another runner of the step claimed
     /// since, a reader before its handoff's writer, ...).
     #[error("the step's schedule fails the fence's checks: {0}")]
-    Schedule(ReplayError),
-    /// The backend could not build the step graph.
-    #[error("the step graph could not be built at {what}: {error}")]
-    Backend {
-        /// The node the backend refused (`runner 3`, `the consumer of
-        /// runner 3`), or the step as a whole.
-        what: String,
-        /// The backend's error.
-        error: BackendError,
-    },
+    Schedule(ScheduleError),
+    /// The backend could not build the step graph
+    /// ([`Operation::StepBuild`](crate::Operation::StepBuild)); `runner`
+    /// names the runner whose node (its replay, or its consumer) it refused,
+    /// `None` the step as a whole.
+    #[error(transparent)]
+    Backend(#[from] BackendFailure),
 }
 
 // Not `#[from]`: that would also make the schedule's error the `source()`
 // of a message that already shows it (printed twice in an error chain).
-impl From<ReplayError> for StepError {
-    fn from(e: ReplayError) -> StepError {
+impl From<ScheduleError> for StepError {
+    fn from(e: ScheduleError) -> StepError {
         StepError::Schedule(e)
+    }
+}
+
+impl From<UnknownRunner> for StepError {
+    fn from(UnknownRunner { runner }: UnknownRunner) -> StepError {
+        StepError::UnknownRunner { runner }
+    }
+}
+
+/// A check the fence makes on a step's schedule that failed: the error a
+/// scheduled replay or consumer would get from
+/// [`Replayable::replay`] or [`Replayable::consume`] at that point of the
+/// schedule ([`StepError::Schedule`], [`StepLaunchError::Schedule`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// A scheduled replay fails a check (a reader before its handoff's
+    /// writer, a runner whose staged inputs another runner took, ...).
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+    /// A scheduled consumer fails a check (a runner whose bytes another
+    /// runner of the step claimed since, ...).
+    #[error(transparent)]
+    Consume(#[from] ConsumeError),
+}
+
+/// What launching a step graph returns on failure:
+/// [`StepGraph::launch`] and [`Replayable::launch_kept`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepLaunchError {
+    /// A kept step graph was launched on (or waited for through) another
+    /// plan than the one it was built for.
+    #[error("this kept step graph belongs to another plan: launch it with the Replayable it was built from")]
+    ForeignStep,
+    /// The schedule fails a check the fence makes from its state now (a
+    /// kept step graph launched after a per-runner replay that overwrote a
+    /// runner its consumer reads, say).
+    #[error("the step's schedule fails the fence's checks: {0}")]
+    Schedule(ScheduleError),
+    /// The stream is capturing; nothing of the step was enqueued.
+    #[error(transparent)]
+    StreamCapturing(#[from] StreamCapturing),
+    /// A backend call failed (nothing of the step was enqueued).
+    #[error(transparent)]
+    Backend(#[from] BackendFailure),
+}
+
+impl From<ScheduleError> for StepLaunchError {
+    fn from(e: ScheduleError) -> StepLaunchError {
+        StepLaunchError::Schedule(e)
+    }
+}
+
+impl From<Refused> for StepLaunchError {
+    fn from(refused: Refused) -> StepLaunchError {
+        match refused {
+            Refused::Capturing(c) => c.into(),
+            Refused::Failed(f) => f.into(),
+        }
+    }
+}
+
+/// The fix [`StepError::NoStepCopy`] names.
+fn no_copy_hint(captured: usize) -> &'static str {
+    if captured == 0 {
+        "its capture kept no step copy to move in: capture it with \
+         RunnerCapture::stream_capture_repeatable (and step_copies of at least 1), which runs its \
+         work again into copies"
+    } else {
+        "its step copies are used up (each serves one replay in one step graph, two in \
+         overlapping ones; this schedule or an earlier step graph took them): replan to capture \
+         new ones, with more step_copies"
     }
 }
 
@@ -163,7 +265,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         }
     }
 
-    fn slot(&self, runner: RunnerId) -> Result<usize, ReplayError> {
+    fn slot(&self, runner: RunnerId) -> Result<usize, UnknownRunner> {
         self.replayable.slot(runner)
     }
 
@@ -178,20 +280,16 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     ///
     /// # Errors
     ///
-    /// [`ReplayError::UnknownRunner`], [`ReplayError::NoGraph`];
-    /// [`ReplayError::NoStepCopy`] for a runner with temporaries and no step
+    /// [`StepError::UnknownRunner`], [`StepError::NoGraph`];
+    /// [`StepError::NoStepCopy`] for a runner with temporaries and no step
     /// copy left.
     ///
     /// [`RunnerCapture::stream_capture_repeatable`]: crate::RunnerCapture::stream_capture_repeatable
-    pub fn replay(
-        &mut self,
-        runner: RunnerId,
-        stream: &B::Stream,
-    ) -> Result<&mut Self, ReplayError> {
+    pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<&mut Self, StepError> {
         let slot = self.slot(runner)?;
         let r = &*self.replayable;
         if r.graphs[slot].is_none() {
-            return Err(ReplayError::NoGraph { runner });
+            return Err(StepError::NoGraph { runner });
         }
         let temporaries = r.temporaries[slot];
         if !temporaries.is_empty() {
@@ -201,7 +299,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 .filter(|i| matches!(i, Item::Replay { slot: s, .. } if *s == slot))
                 .count();
             if r.step_copies[slot].len() <= scheduled {
-                return Err(ReplayError::NoStepCopy {
+                return Err(StepError::NoStepCopy {
                     runner,
                     allocations: temporaries.allocations,
                     captured: r.copies_made[slot],
@@ -222,7 +320,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// # Errors
     ///
     /// As [`Replayable::consume`]; a consumer whose work cannot be captured
-    /// is [`ReplayError::Backend`] naming the runner, or
+    /// is [`ConsumeError::Backend`] naming the runner, or
     /// [`ConsumeError::Work`] with the closure's error.
     pub fn consume<E>(
         &mut self,
@@ -255,7 +353,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     ///
     /// # Errors
     ///
-    /// As [`StepBuilder::consume`]; [`ReplayError::NoRunners`] for none.
+    /// As [`StepBuilder::consume`]; [`ConsumeError::NoRunners`] for none.
     pub fn consume_many<E>(
         &mut self,
         runners: &[RunnerId],
@@ -278,8 +376,8 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         work: impl FnOnce(&B::Stream, &[&[View<'_, A>]]) -> Result<(), E>,
     ) -> Result<&mut Self, ConsumeError<E>> {
         let r = &mut *self.replayable;
-        let runner = r.consumer_of(&slots)?;
-        let failed = |error| ReplayError::Backend { runner, error };
+        let runner = r.consumer_of(&slots).map_err(ConsumeError::with_work)?;
+        let failed = |error| Operation::Consume(runner).failed(error);
         // Captured like a runner's graph: the views work inside `work`, on
         // `stream`, while it captures; a reader's views are read-only.
         let sid = r.backend.stream_id(stream);
@@ -314,7 +412,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         ) {
             Ok(((), graph)) => graph,
             Err(Uncaptured::Busy(StreamBusy::Capturing | StreamBusy::InUse)) => {
-                return Err(ReplayError::StreamCapturing {
+                return Err(StreamCapturing {
                     op: Operation::Consume(runner),
                 }
                 .into())
@@ -324,7 +422,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             }
             Err(Uncaptured::Work(e)) => return Err(ConsumeError::Work(e)),
             Err(Uncaptured::Misuse(reason)) => {
-                return Err(ReplayError::ViewOutOfScope { runner, reason }.into())
+                return Err(ConsumeError::ViewOutOfScope { runner, reason })
             }
         };
         if let Err(rejection) = r.backend.validate_graph(&graph) {
@@ -375,9 +473,8 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     ///
     /// # Errors
     ///
-    /// As [`StepBuilder::build`]; [`ReplayError::NoStepCopy`] (as
-    /// [`StepError::Schedule`]) for a runner with temporaries and fewer than
-    /// two copies per replay.
+    /// As [`StepBuilder::build`]; [`StepError::NoStepCopy`] for a runner
+    /// with temporaries and fewer than two copies per replay.
     pub fn build_overlapping(self) -> Result<StepGraph<'r, B>, StepError> {
         self.compile(true)
     }
@@ -398,27 +495,20 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         for item in &mut items {
             let mut moved = None;
             if let Item::Consume { slots, graph, .. } = item {
-                let what = || format!("the consumer of {}", r.plan.runners[slots[0]].id());
+                let runner = r.plan.runners[slots[0]].id();
+                let failed = |error| BackendFailure::of(Operation::StepBuild, runner, error);
                 if let Some(g) = graph.as_ref() {
-                    let t = r
-                        .backend
-                        .graph_temporaries(g)
-                        .map_err(|error| StepError::Backend {
-                            what: what(),
-                            error,
-                        })?;
+                    let t = r.backend.graph_temporaries(g).map_err(failed)?;
                     if !t.is_empty() {
                         if overlapping {
-                            return Err(StepError::Backend {
-                                what: what(),
-                                error: BackendError::Refused {
-                                    op: "overlapping step graphs",
-                                    reason: "this consumer's graph allocates temporaries, which \
-                                             go into one graph only (moved); build one step \
-                                             graph, or give the consumer plan memory"
-                                        .into(),
-                                },
-                            });
+                            return Err(failed(BackendError::Refused {
+                                op: "overlapping step graphs",
+                                reason: "this consumer's graph allocates temporaries, which go \
+                                         into one graph only (moved); build one step graph, or \
+                                         give the consumer plan memory"
+                                    .into(),
+                            })
+                            .into());
                         }
                         moved = graph.take();
                     }
@@ -471,13 +561,9 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 let Some(graph) = r.graphs[*slot].as_ref() else {
                     continue;
                 };
-                let split =
-                    backend
-                        .split_graph(graph, &events)
-                        .map_err(|error| StepError::Backend {
-                            what: plan.runners[*slot].id().to_string(),
-                            error,
-                        })?;
+                let split = backend.split_graph(graph, &events).map_err(|error| {
+                    BackendFailure::of(Operation::StepBuild, plan.runners[*slot].id(), error)
+                })?;
                 part_of[k] = Some(parts.len());
                 parts.push(split);
             }
@@ -501,11 +587,11 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                         .filter(|i| matches!(i, Item::Replay { slot: s, .. } if s == slot))
                         .count();
                     if moves(*slot) && r.step_copies[*slot].len() < 2 * (earlier + 1) {
-                        return Err(StepError::Schedule(ReplayError::NoStepCopy {
+                        return Err(StepError::NoStepCopy {
                             runner: plan.runners[*slot].id(),
                             allocations: r.temporaries[*slot].allocations,
                             captured: r.copies_made[*slot],
-                        }));
+                        });
                     }
                 }
             }
@@ -584,14 +670,13 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         // otherwise for the whole first launch.
         let first_steady = kept.first() == kept.last();
         let Some((deps, cross)) = kept.pop().filter(|_| steady) else {
-            return Err(StepError::Backend {
-                what: "the step".into(),
-                error: BackendError::Refused {
+            return Err(Operation::StepBuild
+                .failed(BackendError::Refused {
                     op: "step graph",
                     reason: "the fence's waits for the schedule did not settle into a steady state"
                         .into(),
-                },
-            });
+                })
+                .into());
         };
         // Every event node costs a launch host time and the device a
         // wait: keep only the cross edges nothing else implies.
@@ -602,11 +687,10 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         //    the traced edges; when overlapping, per node an event it
         //    records for the other graph's next launch and the other
         //    graph's events it waits for, per graph an end.
-        let event = |what: &str| {
-            backend.create_event().map_err(|error| StepError::Backend {
-                what: what.into(),
-                error,
-            })
+        let event = || {
+            backend
+                .create_event()
+                .map_err(|error| Operation::StepBuild.failed(error))
         };
         // Per graph: one event per node the other graph's nodes wait for,
         // and its end.
@@ -620,36 +704,33 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         let mut ends: Vec<B::Event> = Vec::with_capacity(execs);
         if overlapping {
             for _ in 0..execs {
-                node_events.push(
-                    sources
-                        .iter()
-                        .map(|_| event("an event of the overlapping step graphs"))
-                        .collect::<Result<_, _>>()?,
-                );
-                ends.push(event("the end event of an overlapping step graph")?);
+                node_events.push(sources.iter().map(|_| event()).collect::<Result<_, _>>()?);
+                ends.push(event()?);
             }
         }
         let mut graphs: Vec<B::Graph> = Vec::with_capacity(execs);
         for x in 0..execs {
             let other = (x + 1) % execs;
             let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
-            let mut names: Vec<String> = Vec::with_capacity(nodes);
+            let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
             let (graphs_of, copies) = (&r.graphs, &mut r.step_copies);
             for (k, item) in items.iter().enumerate() {
                 match item {
                     Item::Replay { slot, lane } => {
-                        let name = plan.runners[*slot].id().to_string();
+                        let name = plan.runners[*slot].id();
                         let node_graphs: Vec<NodeGraph<'_, B>> = if moves(*slot) {
                             // Checked above and in `replay`: a copy is
                             // left for each.
                             let Some(copy) = copies[*slot].pop() else {
-                                return Err(StepError::Backend {
-                                    what: name,
-                                    error: BackendError::Refused {
+                                return Err(BackendFailure::of(
+                                    Operation::StepBuild,
+                                    name,
+                                    BackendError::Refused {
                                         op: "step graph",
                                         reason: "no step copy left".into(),
                                     },
-                                });
+                                )
+                                .into());
                             };
                             vec![NodeGraph::Move(copy)]
                         } else {
@@ -665,7 +746,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                             }
                         };
                         for graph in node_graphs {
-                            names.push(name.clone());
+                            names.push(name);
                             let n = step_nodes.len();
                             step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
                         }
@@ -673,20 +754,22 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                     Item::Consume {
                         slots, lane, graph, ..
                     } => {
-                        names.push(format!("the consumer of {}", plan.runners[slots[0]].id()));
+                        names.push(plan.runners[slots[0]].id());
                         let n = step_nodes.len();
                         let graph = match (graph, moved_consumers[k].take()) {
                             (_, Some(moved)) => NodeGraph::Move(moved),
                             (Some(g), None) => NodeGraph::Copy(g),
                             (None, None) => {
-                                return Err(StepError::Backend {
-                                    what: names[n].clone(),
-                                    error: BackendError::Refused {
+                                return Err(BackendFailure::of(
+                                    Operation::StepBuild,
+                                    names[n],
+                                    BackendError::Refused {
                                         op: "step graph",
                                         reason: "the consumer's graph went into an earlier graph"
                                             .into(),
                                     },
-                                })
+                                )
+                                .into())
                             }
                         };
                         step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
@@ -711,31 +794,35 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 });
             }
             // The copied graphs, to name the one the backend refuses alone.
-            let copied: Vec<(&B::Graph, String)> = step_nodes
+            let copied: Vec<(&B::Graph, RunnerId)> = step_nodes
                 .iter()
                 .zip(&names)
                 .filter_map(|(n, name)| match n.graph {
-                    NodeGraph::Copy(g) => Some((g, name.clone())),
+                    NodeGraph::Copy(g) => Some((g, *name)),
                     NodeGraph::Move(_) => None,
                 })
                 .collect();
             match backend.compose(step_nodes, end) {
                 Ok(graph) => graphs.push(graph),
                 Err(error) => {
-                    let what = copied
+                    let runner = copied
                         .iter()
                         .find(|(g, _)| {
                             let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
                             backend.compose(vec![alone], None).is_err()
                         })
-                        .map_or_else(|| "the step".to_string(), |(_, name)| name.clone());
-                    return Err(StepError::Backend { what, error });
+                        .map(|(_, runner)| *runner);
+                    return Err(StepError::Backend(BackendFailure {
+                        op: Operation::StepBuild,
+                        runner,
+                        error,
+                    }));
                 }
             }
         }
-        let done = event("the step's completion event")?;
+        let done = event()?;
         let start = if overlapping && first_steady {
-            Some(event("the step's start event")?)
+            Some(event()?)
         } else {
             None
         };
