@@ -321,6 +321,12 @@ pub enum ConsumeError<E = Infallible> {
 impl<E> ConsumeError<E> {
     /// The crate's check as `Ok`, or the work closure's own error as `Err`.
     pub fn into_check(self) -> Result<ConsumeError, E> {
+        self.split()
+    }
+
+    /// The crate's check as a consumer error of any work type, or the work
+    /// closure's own error.
+    fn split<F>(self) -> Result<ConsumeError<F>, E> {
         Ok(match self {
             ConsumeError::UnknownRunner { runner } => ConsumeError::UnknownRunner { runner },
             ConsumeError::NoRunners => ConsumeError::NoRunners,
@@ -350,28 +356,9 @@ impl<E> ConsumeError<E> {
 impl ConsumeError {
     /// The check as the error of a consumer whose closure fails with `E`.
     pub(crate) fn with_work<E>(self) -> ConsumeError<E> {
-        match self {
-            ConsumeError::UnknownRunner { runner } => ConsumeError::UnknownRunner { runner },
-            ConsumeError::NoRunners => ConsumeError::NoRunners,
-            ConsumeError::CrossBucket {
-                runner,
-                bucket,
-                other,
-                other_bucket,
-            } => ConsumeError::CrossBucket {
-                runner,
-                bucket,
-                other,
-                other_bucket,
-            },
-            ConsumeError::NotReplayed { runner } => ConsumeError::NotReplayed { runner },
-            ConsumeError::Overwritten { runner, by } => ConsumeError::Overwritten { runner, by },
-            ConsumeError::ViewOutOfScope { runner, reason } => {
-                ConsumeError::ViewOutOfScope { runner, reason }
-            }
-            ConsumeError::StreamCapturing(c) => ConsumeError::StreamCapturing(c),
-            ConsumeError::Backend(b) => ConsumeError::Backend(b),
-            ConsumeError::Work(never) => match never {},
+        match self.split() {
+            Ok(check) => check,
+            Err(never) => match never {},
         }
     }
 }

@@ -225,15 +225,23 @@ impl<B: Streams> Fence<B> {
                 read: vec![0; h.record.readers.len()],
             })
             .collect();
+        let ledger = Ledger {
+            painter: Painter::new(plan.fence_regions),
+            handoffs,
+            unstaged: vec![false; plan.runners.len()],
+        };
+        let runners = events.into_iter().map(Runner::new).collect();
+        Fence::assemble(runners, ledger, Layout::of(plan), true)
+    }
+
+    /// A fence of `runners` (slots) over `ledger` and `layout`, nothing
+    /// done yet; `claims`: a real backend's (see `record_pending`).
+    fn assemble(runners: Vec<Runner<B>>, ledger: Ledger, layout: Layout, claims: bool) -> Fence<B> {
         Fence {
-            runners: events.into_iter().map(Runner::new).collect(),
-            ledger: Ledger {
-                painter: Painter::new(plan.fence_regions),
-                handoffs,
-                unstaged: vec![false; plan.runners.len()],
-            },
-            layout: Layout::of(plan),
-            claims: true,
+            runners,
+            ledger,
+            layout,
+            claims,
             scratch: Vec::new(),
             stats: FenceStats::default(),
             journal: Journal::default(),
@@ -265,19 +273,7 @@ impl<B: Streams> Fence<B> {
                 runner
             })
             .collect();
-        Fence {
-            runners,
-            ledger: other.ledger.clone(),
-            layout: other.layout.clone(),
-            claims: false,
-            scratch: Vec::new(),
-            stats: FenceStats::default(),
-            journal: Journal::default(),
-            epoch: 0,
-            observer: None,
-            user: NO_USER,
-            step_user: NO_USER,
-        }
+        Fence::assemble(runners, other.ledger.clone(), other.layout.clone(), false)
     }
 
     pub(crate) fn stats(&self) -> FenceStats {
