@@ -302,7 +302,7 @@ pub struct SliceError {
 
 /// Why a view's use on the device was refused: the reason in
 /// [`CaptureError::ViewOutOfScope`](crate::CaptureError::ViewOutOfScope),
-/// [`ReplayError::ViewOutOfScope`](crate::ReplayError::ViewOutOfScope) and
+/// [`ConsumeError::ViewOutOfScope`](crate::ConsumeError::ViewOutOfScope) and
 /// [`BackendError::InvalidView`](crate::BackendError::InvalidView).
 ///
 /// A view works on the device only inside the work closure of the capture

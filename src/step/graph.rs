@@ -28,7 +28,7 @@ pub struct StepGraph<'r, B: Compose> {
 /// A step graph apart from the plan: its graphs, events and what it
 /// leaves the fence.
 pub(super) struct StepCore<B: Backend> {
-    /// One graph, or two launched in turn ([`StepBuilder::build_overlapping`]).
+    /// One graph, or two launched in turn ([`StepBuilder::build_overlapping`](super::StepBuilder::build_overlapping)).
     /// Dropped before the events their nodes wait for and record.
     pub(super) graphs: Vec<B::Graph>,
     /// The overlapping graphs' events, held for their nodes (dropped after
@@ -235,7 +235,7 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         self.core.edges
     }
 
-    /// Whether two graphs launch in turn ([`StepBuilder::build_overlapping`]).
+    /// Whether two graphs launch in turn ([`StepBuilder::build_overlapping`](super::StepBuilder::build_overlapping)).
     pub fn is_overlapping(&self) -> bool {
         self.core.graphs.len() > 1
     }
