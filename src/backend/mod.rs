@@ -442,7 +442,7 @@ pub struct StepEnd<'a, B: Backend + ?Sized> {
 }
 
 /// What the replay fence needs from a device runtime: streams the runtime
-/// gives identities, events to order them, and host waits. (The tracer a
+/// gives identities, events to order them, and host waits. (The dry run a
 /// step graph is compiled on implements this alone.)
 ///
 /// Every call takes `&self`: backends are thin handles over a runtime.

@@ -2,7 +2,7 @@
 //! latest replay or consumer completes, each handoff's writes and reads,
 //! and the events that make other streams wait. [`Fence`] owns all of it
 //! and does every replay and consumer of a plan ([`Fence::replay`],
-//! [`Fence::consume`]), for `Replayable` and for the tracer a step graph
+//! [`Fence::consume`]), for `Replayable` and for the dry run a step graph
 //! is compiled on alike; `replay.rs` and `step.rs` are the public API over
 //! it.
 //!
@@ -79,7 +79,7 @@ impl<S> Copy for On<'_, S> {}
 
 /// What the fence knows besides events and completions: who last used
 /// which bytes, and each handoff's writes and reads. It does not depend on
-/// the backend, so a step graph's tracer hands its state to the plan's
+/// the backend, so a step graph's dry run hands its state to the plan's
 /// fence whole.
 #[derive(Clone, Debug)]
 pub(crate) struct Ledger {
@@ -193,7 +193,7 @@ pub(crate) struct Fence<B: Streams> {
     ledger: Ledger,
     layout: Layout,
     /// Streams are claimed for the fence's own event records (see
-    /// `record_pending`): a real backend's fence, not a tracer's.
+    /// `record_pending`): a real backend's fence, not a dry run's.
     claims: bool,
     scratch: Vec<u32>,
     stats: FenceStats,

@@ -1,4 +1,4 @@
-//! The dry run: a step schedule run through the fence on a tracer backend
+//! The dry run: a step schedule run through the fence on a dry backend
 //! whose streams are the schedule's lanes and whose events remember the
 //! node last run on the stream they were recorded on, so the fence's waits
 //! become the step graph's edges.
@@ -31,11 +31,11 @@ pub(super) enum Use {
 }
 
 /// One pass of the schedule through `fence`, on lanes `offset..`: every
-/// wait and record it makes goes to `tracer`, and `touched` learns the
+/// wait and record it makes goes to `dry`, and `touched` learns the
 /// fence slots the step uses.
-pub(super) fn trace_pass(
-    fence: &mut Fence<Tracer>,
-    tracer: &Tracer,
+pub(super) fn dry_pass(
+    fence: &mut Fence<DryRun>,
+    dry: &DryRun,
     plan: &crate::plan::Planned,
     uses: &[Use],
     offset: usize,
@@ -55,8 +55,8 @@ pub(super) fn trace_pass(
                     stream: &Lane(id),
                     id: id as u64,
                 };
-                fence.replay(tracer, plan, *slot, on, || {
-                    tracer.run(*first, *count, id);
+                fence.replay(dry, plan, *slot, on, || {
+                    dry.run(*first, *count, id);
                     Ok(())
                 })?;
                 touched[*slot] = true;
@@ -64,7 +64,7 @@ pub(super) fn trace_pass(
                     touched[fence.handoff_slot(h)] = true;
                 }
                 for &(h, node) in marks {
-                    tracer.mark(h, node);
+                    dry.mark(h, node);
                 }
             }
             Use::Consume {
@@ -78,8 +78,8 @@ pub(super) fn trace_pass(
                     stream: &Lane(id),
                     id: id as u64,
                 };
-                fence.consume(tracer, plan, slots, on, *exclusive, || {
-                    (tracer.run(*first, 1, id), true)
+                fence.consume(dry, plan, slots, on, *exclusive, || {
+                    (dry.run(*first, 1, id), true)
                 })?;
                 for &slot in slots {
                     touched[slot] |= fence.is_fenced(slot);
@@ -140,31 +140,31 @@ pub(super) fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<V
     out
 }
 
-/// The backend a step schedule is traced on: streams are the schedule's
+/// The backend a step schedule is dry-run on: streams are the schedule's
 /// streams (lanes; for overlapping step graphs, two sets of them, one per
 /// graph), a "launch" runs step graph nodes, and every event remembers the
 /// node last run on the stream it was recorded on, and in which pass.
 #[derive(Clone)]
-pub(super) struct Tracer {
-    state: Rc<RefCell<Trace>>,
+pub(super) struct DryRun {
+    state: Rc<RefCell<Passes>>,
 }
 
 /// A node of one pass of the schedule: (pass, node).
-pub(super) type Traced = (usize, usize);
+pub(super) type Ran = (usize, usize);
 
 /// Per node: the nodes of its own launch it runs after, and those of the
 /// launch before (overlapping step graphs).
 pub(super) type Edges = (Vec<Vec<usize>>, Vec<Vec<usize>>);
 
-pub(super) struct Trace {
+pub(super) struct Passes {
     /// Per lane: its latest node (a lane of the pass before keeps its
     /// tail: the fence may record an event there late), and nodes the next
     /// one waits for.
-    tails: Vec<Option<Traced>>,
-    waits: Vec<Vec<Traced>>,
+    tails: Vec<Option<Ran>>,
+    waits: Vec<Vec<Ran>>,
     /// Per event: the node its latest record follows (`None`: before this
     /// pass's nodes on its lane, which launch order covers).
-    recorded: Vec<Option<Traced>>,
+    recorded: Vec<Option<Ran>>,
     /// Per node, from the latest pass: the nodes of the same pass it runs
     /// after, and those of the pass before (waits on the other graph's
     /// launch, for overlapping step graphs; launch order covers them for
@@ -180,12 +180,12 @@ pub(super) struct Trace {
 #[derive(Clone)]
 pub(super) struct Lane(pub(super) usize);
 
-pub(super) struct TraceEvent(pub(super) usize);
+pub(super) struct DryEvent(pub(super) usize);
 
-impl Tracer {
-    pub(super) fn new(lanes: usize, nodes: usize, overlapping: bool) -> Tracer {
-        Tracer {
-            state: Rc::new(RefCell::new(Trace {
+impl DryRun {
+    pub(super) fn new(lanes: usize, nodes: usize, overlapping: bool) -> DryRun {
+        DryRun {
+            state: Rc::new(RefCell::new(Passes {
                 tails: vec![None; lanes],
                 waits: vec![Vec::new(); lanes],
                 recorded: Vec::new(),
@@ -221,7 +221,7 @@ impl Tracer {
         let mut t = self.state.borrow_mut();
         let pass = t.pass;
         for node in first..first + parts {
-            let waits: Vec<Traced> = std::mem::take(&mut t.waits[lane]);
+            let waits: Vec<Ran> = std::mem::take(&mut t.waits[lane]);
             let mut deps: Vec<usize> = waits
                 .iter()
                 .filter(|(p, _)| *p == pass)
@@ -277,22 +277,22 @@ impl Tracer {
     }
 }
 
-impl Streams for Tracer {
-    type Event = TraceEvent;
+impl Streams for DryRun {
+    type Event = DryEvent;
 
     type Stream = Lane;
 
-    fn create_event(&self) -> Result<TraceEvent, BackendError> {
+    fn create_event(&self) -> Result<DryEvent, BackendError> {
         let mut t = self.state.borrow_mut();
         t.recorded.push(None);
-        Ok(TraceEvent(t.recorded.len() - 1))
+        Ok(DryEvent(t.recorded.len() - 1))
     }
 
     fn stream_id(&self, stream: &Lane) -> u64 {
         stream.0 as u64
     }
 
-    fn wait_event(&self, stream: &Lane, event: &TraceEvent) -> Result<(), BackendError> {
+    fn wait_event(&self, stream: &Lane, event: &DryEvent) -> Result<(), BackendError> {
         let mut t = self.state.borrow_mut();
         if let Some(&Some(node)) = t.recorded.get(event.0) {
             t.waits[stream.0].push(node);
@@ -300,7 +300,7 @@ impl Streams for Tracer {
         Ok(())
     }
 
-    fn record_event(&self, stream: &Lane, event: &TraceEvent) -> Result<(), BackendError> {
+    fn record_event(&self, stream: &Lane, event: &DryEvent) -> Result<(), BackendError> {
         let mut t = self.state.borrow_mut();
         let tail = t.tails[stream.0];
 
@@ -310,7 +310,7 @@ impl Streams for Tracer {
         Ok(())
     }
 
-    fn synchronize_event(&self, _: &TraceEvent) -> Result<(), BackendError> {
+    fn synchronize_event(&self, _: &DryEvent) -> Result<(), BackendError> {
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::dry_run::{trace_pass, TraceEvent, Tracer, Use};
+use super::dry_run::{dry_pass, DryEvent, DryRun, Use};
 use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
 use crate::fence::WaitError;
@@ -83,12 +83,12 @@ impl<B: Backend> StepCore<B> {
     /// now: one pass of its schedule from there (every byte the step uses
     /// goes to its users; the rest stays as the fence has it).
     fn ledger_from(&self, r: &Replayable<B>) -> Result<Ledger, ScheduleError> {
-        let tracer = Tracer::new(self.lanes, self.nodes, false);
-        let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
-        tracer.reserve_events(r.fence.slots());
-        tracer.begin_pass(0, 0..self.lanes);
+        let dry = DryRun::new(self.lanes, self.nodes, false);
+        let mut fence: Fence<DryRun> = Fence::start_from(&r.fence, DryEvent);
+        dry.reserve_events(r.fence.slots());
+        dry.begin_pass(0, 0..self.lanes);
         let mut touched = vec![false; r.fence.slots()];
-        trace_pass(&mut fence, &tracer, &r.plan, &self.uses, 0, &mut touched)?;
+        dry_pass(&mut fence, &dry, &r.plan, &self.uses, 0, &mut touched)?;
         Ok(fence.ledger().clone())
     }
 

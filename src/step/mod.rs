@@ -3,7 +3,7 @@
 //! one graph and launched with one call.
 //!
 //! The schedule is run through the same fence code a per-runner replay
-//! uses, twice, on a *tracer* backend whose streams are the schedule's
+//! uses, twice, on a *dry* backend whose streams are the schedule's
 //! streams and whose graphs are the step graph's nodes: every event the
 //! fence records marks the node last enqueued on that stream, and every
 //! wait it issues becomes a dependency of the next node on the waiting
@@ -33,7 +33,7 @@ use crate::vocab::RunnerId;
 mod dry_run;
 mod graph;
 
-use dry_run::{reduce_cross, trace_pass, Edges, TraceEvent, Tracer, Use};
+use dry_run::{dry_pass, reduce_cross, DryEvent, DryRun, Edges, Use};
 use graph::StepCore;
 pub use graph::{KeptStep, StepGraph};
 
@@ -568,7 +568,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 parts.push(split);
             }
         }
-        // 2. Trace the schedule through the fence, starting where the
+        // 2. Run the schedule through the fence dry, starting where the
         //    plan's fence stands (a consumer before its runner's replay in
         //    the step reads what the last replay before the step graph
         //    left, if it is still there), until a pass is the steady state.
@@ -646,18 +646,18 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 },
             })
             .collect();
-        let tracer = Tracer::new(execs * l, nodes, overlapping);
-        let mut fence: Fence<Tracer> = Fence::start_from(&r.fence, TraceEvent);
-        tracer.reserve_events(r.fence.slots());
+        let dry = DryRun::new(execs * l, nodes, overlapping);
+        let mut fence: Fence<DryRun> = Fence::start_from(&r.fence, DryEvent);
+        dry.reserve_events(r.fence.slots());
         let mut touched = vec![false; r.fence.slots()];
         let passes = if overlapping { 6 } else { 2 };
         let mut kept: Vec<Edges> = Vec::new();
         for pass in 0..passes {
             let offset = (pass % execs) * l;
-            tracer.begin_pass(pass, offset..offset + l);
-            trace_pass(&mut fence, &tracer, plan, &uses, offset, &mut touched)?;
+            dry.begin_pass(pass, offset..offset + l);
+            dry_pass(&mut fence, &dry, plan, &uses, offset, &mut touched)?;
             if pass > 0 {
-                kept.push(tracer.deps());
+                kept.push(dry.deps());
                 // Steady: two passes in a row wait alike.
                 if kept.len() >= 2 && kept[kept.len() - 1] == kept[kept.len() - 2] {
                     break;
@@ -684,7 +684,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
 
         // 3. The step graphs: the runners' graphs (or their two parts, or
         //    their step copies moved in) and the consumers' graphs, with
-        //    the traced edges; when overlapping, per node an event it
+        //    the dry run's edges; when overlapping, per node an event it
         //    records for the other graph's next launch and the other
         //    graph's events it waits for, per graph an end.
         let event = || {
