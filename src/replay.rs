@@ -107,47 +107,64 @@ impl<B: Backend> Capturing<B> {
             plan,
             res,
         } = self;
-        let mut graphs = Vec::with_capacity(slots.len());
-        let mut step_copies = Vec::with_capacity(slots.len());
-        let mut copies_made = Vec::with_capacity(slots.len());
-        let mut temporaries = Vec::with_capacity(slots.len());
-        for s in slots {
-            match s {
-                Slot::Captured(c) => {
-                    graphs.push(Some(c.graph));
-                    copies_made.push(c.copies.len());
-                    step_copies.push(c.copies);
-                    temporaries.push(c.temporaries);
-                }
-                Slot::Pending | Slot::Failed(_) => {
-                    graphs.push(None);
-                    copies_made.push(0);
-                    step_copies.push(Vec::new());
-                    temporaries.push(Temporaries::default());
-                }
-            }
-        }
         let mut views = Vec::new();
-        let view_ranges = (0..plan.runners.len())
-            .map(|slot| {
+        let runners = slots
+            .into_iter()
+            .enumerate()
+            .map(|(slot, s)| {
                 let start = views.len();
                 views.extend(views_of(&plan, &res.arenas, slot));
-                start..views.len()
+                let views = start..views.len();
+                match s {
+                    Slot::Captured(c) => RunnerGraph {
+                        graph: Some(c.graph),
+                        copies_made: c.copies.len(),
+                        step_copies: c.copies,
+                        temporaries: c.temporaries,
+                        views,
+                    },
+                    Slot::Pending | Slot::Failed(_) => RunnerGraph {
+                        graph: None,
+                        copies_made: 0,
+                        step_copies: Vec::new(),
+                        temporaries: Temporaries::default(),
+                        views,
+                    },
+                }
             })
             .collect();
         Ok(Replayable {
-            graphs,
-            step_copies,
+            runners,
             id: new_scope_id(),
-            copies_made,
-            temporaries,
             fence: Fence::new(res.events, &plan, &ready),
             plan,
             views,
-            view_ranges,
             _arenas: res.arenas,
             backend: res.backend,
         })
+    }
+}
+
+/// What the plan holds for one runner, and what a step graph asks of it.
+pub(crate) struct RunnerGraph<G> {
+    /// Its graph (`None`: a runner without buffers that was not captured).
+    pub(crate) graph: Option<G>,
+    /// Step copies of a graph with temporaries not moved into a step graph
+    /// yet ([`RunnerCapture::stream_capture_repeatable`](crate::RunnerCapture::stream_capture_repeatable)).
+    pub(crate) step_copies: Vec<G>,
+    /// Step copies its capture made.
+    pub(crate) copies_made: usize,
+    /// What its graph's allocation nodes allocate.
+    pub(crate) temporaries: Temporaries,
+    /// Its views in [`Replayable`]'s list of every runner's views.
+    pub(crate) views: std::ops::Range<usize>,
+}
+
+impl<G> RunnerGraph<G> {
+    /// Whether its graph allocates temporaries: a step graph moves in one
+    /// of its step copies, whole, instead of copying its graph.
+    pub(crate) fn moves(&self) -> bool {
+        !self.temporaries.is_empty()
     }
 }
 
@@ -194,26 +211,17 @@ impl<B: Backend> Capturing<B> {
 /// capturing.replay(RunnerId(0), &stream); // no method `replay` on `Capturing`
 /// ```
 pub struct Replayable<B: Backend> {
-    /// Runner slot -> its graph. Field order is drop order: graphs, then
-    /// events, then arenas.
-    pub(crate) graphs: Vec<Option<B::Graph>>,
-    /// Runner slot -> step copies of a graph with temporaries, for step
-    /// graphs to move in ([`RunnerCapture::stream_capture_repeatable`](crate::RunnerCapture::stream_capture_repeatable)).
-    pub(crate) step_copies: Vec<Vec<B::Graph>>,
+    /// Runner slot -> its graph, its step copies, its temporaries and its
+    /// views. Field order is drop order: graphs, then events, then arenas.
+    pub(crate) runners: Vec<RunnerGraph<B::Graph>>,
     /// Unique in the process: which plan a kept step graph belongs to.
     pub(crate) id: u64,
-    /// Runner slot -> step copies its capture made.
-    pub(crate) copies_made: Vec<usize>,
-    /// Runner slot -> what its graph's allocation nodes allocate.
-    pub(crate) temporaries: Vec<Temporaries>,
     pub(crate) fence: Fence<B>,
     pub(crate) plan: Planned,
     /// Every runner's views, runner after runner, made once at seal: a
     /// consumer or `views` hands out a slice, no allocation. Their scope is
     /// set while a consumer of theirs runs, 0 otherwise.
     pub(crate) views: Vec<View<'static>>,
-    /// Runner slot -> its views in `views`.
-    pub(crate) view_ranges: Vec<std::ops::Range<usize>>,
     /// Held for their drop (after graphs and events): views point into them.
     _arenas: Vec<B::Arena>,
     pub(crate) backend: B,
@@ -235,8 +243,10 @@ impl<B: Backend> Drop for Replayable<B> {
             // Nothing of the plan can run: its graphs go, and the memory
             // the driver keeps for their temporaries goes back to the
             // device (best effort).
-            self.graphs.clear();
-            self.step_copies.clear();
+            for runner in &mut self.runners {
+                runner.graph = None;
+                runner.step_copies.clear();
+            }
             let _ = self.backend.trim_graph_memory();
         }
     }
@@ -256,7 +266,7 @@ impl<B: Backend> Replayable<B> {
     /// The graph captured for `runner`, owned by the plan (`None` for an
     /// empty runner that was not captured, or an unknown runner).
     pub fn graph(&self, runner: RunnerId) -> Option<&B::Graph> {
-        self.graphs[self.plan.slot(runner)?].as_ref()
+        self.runners[self.plan.slot(runner)?].graph.as_ref()
     }
 
     /// The plan's report, with what the backend holds for the graphs'
@@ -274,13 +284,13 @@ impl<B: Backend> Replayable<B> {
             .backend
             .graph_memory_in_use()
             .map_err(|e| Operation::Report.failed(e))?;
-        for (r, t) in report.runners.iter_mut().zip(&self.temporaries) {
-            r.temporaries = Some(*t);
+        for (r, g) in report.runners.iter_mut().zip(&self.runners) {
+            r.temporaries = Some(g.temporaries);
         }
-        let mut sizes: Vec<u64> = self.temporaries.iter().map(|t| t.bytes).collect();
+        let mut sizes: Vec<u64> = self.runners.iter().map(|g| g.temporaries.bytes).collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
         let mut step_copies = 0u64;
-        for copy in self.step_copies.iter().flatten() {
+        for copy in self.runners.iter().flat_map(|g| &g.step_copies) {
             let t = self
                 .backend
                 .graph_temporaries(copy)
@@ -288,7 +298,7 @@ impl<B: Backend> Replayable<B> {
             step_copies = step_copies.saturating_add(t.bytes);
         }
         report.temporaries = Some(crate::report::GraphTemporaries {
-            runners: self.temporaries.iter().filter(|t| !t.is_empty()).count(),
+            runners: self.runners.iter().filter(|g| g.moves()).count(),
             total: sizes.iter().fold(0, |a, &b| a.saturating_add(b)),
             largest: sizes.first().copied().unwrap_or(0),
             in_flight: sizes
@@ -309,7 +319,8 @@ impl<B: Backend> Replayable<B> {
     /// [`UnknownRunner`].
     pub fn temporaries(&self, runner: RunnerId) -> Result<(Temporaries, usize), UnknownRunner> {
         let slot = self.slot(runner)?;
-        Ok((self.temporaries[slot], self.step_copies[slot].len()))
+        let g = &self.runners[slot];
+        Ok((g.temporaries, g.step_copies.len()))
     }
 
     /// Gives the memory the backend keeps for graph allocations, and no
@@ -351,7 +362,7 @@ impl<B: Backend> Replayable<B> {
     #[doc(alias = "launch")]
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
-        let Some(graph) = &self.graphs[slot] else {
+        let Some(graph) = &self.runners[slot].graph else {
             return Err(ReplayError::NoGraph { runner });
         };
         let backend = &self.backend;
@@ -390,7 +401,8 @@ impl<B: Backend> Replayable<B> {
     /// As [`Replayable::replay`].
     pub unsafe fn replay_unfenced(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
-        let graph = self.graphs[slot]
+        let graph = self.runners[slot]
+            .graph
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
         let _entered = enter(&self.backend, stream, Operation::Replay(runner))?;
@@ -596,12 +608,12 @@ impl<B: Backend> Replayable<B> {
             .into());
         };
         for &slot in slots {
-            for v in &mut self.views[self.view_ranges[slot].clone()] {
+            for v in &mut self.views[self.runners[slot].views.clone()] {
                 v.scope = scope;
                 v.read_only = false;
             }
         }
-        let (views, ranges) = (&self.views, &self.view_ranges);
+        let (views, runners) = (&self.views, &self.runners);
         let consumed = self.fence.consume(
             &self.backend,
             plan,
@@ -612,12 +624,14 @@ impl<B: Backend> Replayable<B> {
                 let one;
                 let many: Vec<&[View<'_, A>]>;
                 let lists: &[&[View<'_, A>]] = if let [slot] = slots {
-                    one = [View::slice_with_access(&views[ranges[*slot].clone()])];
+                    one = [View::slice_with_access(
+                        &views[runners[*slot].views.clone()],
+                    )];
                     &one
                 } else {
                     many = slots
                         .iter()
-                        .map(|&slot| View::slice_with_access(&views[ranges[slot].clone()]))
+                        .map(|&slot| View::slice_with_access(&views[runners[slot].views.clone()]))
                         .collect();
                     &many
                 };
@@ -630,7 +644,7 @@ impl<B: Backend> Replayable<B> {
         );
         drop(entered);
         for &slot in slots {
-            for v in &mut self.views[self.view_ranges[slot].clone()] {
+            for v in &mut self.views[self.runners[slot].views.clone()] {
                 v.scope = 0;
             }
         }
@@ -712,7 +726,7 @@ impl<B: Backend> Replayable<B> {
     /// [`UnknownRunner`].
     pub fn views(&self, runner: RunnerId) -> Result<&[View<'_>], UnknownRunner> {
         let slot = self.slot(runner)?;
-        Ok(&self.views[self.view_ranges[slot].clone()])
+        Ok(&self.views[self.runners[slot].views.clone()])
     }
 
     /// Waits for all submitted work on the backend (not only the plan's).
@@ -734,8 +748,7 @@ impl<B: Backend> Replayable<B> {
     fn quiesce(&mut self) -> std::result::Result<(), BackendError> {
         let waited = self.fence.quiesce(&self.backend);
         if waited.is_err() {
-            std::mem::forget(std::mem::take(&mut self.graphs));
-            std::mem::forget(std::mem::take(&mut self.step_copies));
+            std::mem::forget(std::mem::take(&mut self.runners));
             std::mem::forget(std::mem::take(&mut self._arenas));
         }
         waited

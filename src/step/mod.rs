@@ -287,22 +287,21 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// [`RunnerCapture::stream_capture_repeatable`]: crate::RunnerCapture::stream_capture_repeatable
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<&mut Self, StepError> {
         let slot = self.slot(runner)?;
-        let r = &*self.replayable;
-        if r.graphs[slot].is_none() {
+        let g = &self.replayable.runners[slot];
+        if g.graph.is_none() {
             return Err(StepError::NoGraph { runner });
         }
-        let temporaries = r.temporaries[slot];
-        if !temporaries.is_empty() {
+        if g.moves() {
             let scheduled = self
                 .items
                 .iter()
                 .filter(|i| matches!(i, Item::Replay { slot: s, .. } if *s == slot))
                 .count();
-            if r.step_copies[slot].len() <= scheduled {
+            if g.step_copies.len() <= scheduled {
                 return Err(StepError::NoStepCopy {
                     runner,
-                    allocations: temporaries.allocations,
-                    captured: r.copies_made[slot],
+                    allocations: g.temporaries.allocations,
+                    captured: g.copies_made,
                 });
             }
         }
@@ -389,7 +388,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         let copies: Vec<Vec<View<'_, A>>> = slots
             .iter()
             .map(|&slot| {
-                r.views[r.view_ranges[slot].clone()]
+                r.views[r.runners[slot].views.clone()]
                     .iter()
                     .map(|&v| {
                         View {
@@ -519,7 +518,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         let plan = &r.plan;
         // A runner whose graph has temporaries goes in as its step copy,
         // moved in whole.
-        let moves = |slot: usize| !r.temporaries[slot].is_empty();
+        let moves = |slot: usize| r.runners[slot].moves();
         // Per runner slot: the fence slots of the handoffs it writes that
         // its graph marks ready.
         let ready = |slot: usize| -> Vec<usize> {
@@ -558,7 +557,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 let marks = ready(*slot);
                 let events: Vec<&B::Event> =
                     marks.iter().filter_map(|&h| r.fence.event(h)).collect();
-                let Some(graph) = r.graphs[*slot].as_ref() else {
+                let Some(graph) = r.runners[*slot].graph.as_ref() else {
                     continue;
                 };
                 let split = backend.split_graph(graph, &events).map_err(|error| {
@@ -586,11 +585,12 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                         .iter()
                         .filter(|i| matches!(i, Item::Replay { slot: s, .. } if s == slot))
                         .count();
-                    if moves(*slot) && r.step_copies[*slot].len() < 2 * (earlier + 1) {
+                    let g = &r.runners[*slot];
+                    if g.moves() && g.step_copies.len() < 2 * (earlier + 1) {
                         return Err(StepError::NoStepCopy {
                             runner: plan.runners[*slot].id(),
-                            allocations: r.temporaries[*slot].allocations,
-                            captured: r.copies_made[*slot],
+                            allocations: g.temporaries.allocations,
+                            captured: g.copies_made,
                         });
                     }
                 }
@@ -708,20 +708,34 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                 ends.push(event()?);
             }
         }
+        let moving: Vec<bool> = items
+            .iter()
+            .map(|i| matches!(i, Item::Replay { slot, .. } if moves(*slot)))
+            .collect();
         let mut graphs: Vec<B::Graph> = Vec::with_capacity(execs);
         for x in 0..execs {
             let other = (x + 1) % execs;
             let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
             let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
-            let (graphs_of, copies) = (&r.graphs, &mut r.step_copies);
+            // The step copies this graph moves in, one per replay of a
+            // runner whose graph allocates.
+            let mut taken: Vec<Option<B::Graph>> = items
+                .iter()
+                .zip(&moving)
+                .map(|(item, &moves)| match item {
+                    Item::Replay { slot, .. } if moves => r.runners[*slot].step_copies.pop(),
+                    _ => None,
+                })
+                .collect();
+            let runners = &r.runners;
             for (k, item) in items.iter().enumerate() {
                 match item {
                     Item::Replay { slot, lane } => {
                         let name = plan.runners[*slot].id();
-                        let node_graphs: Vec<NodeGraph<'_, B>> = if moves(*slot) {
+                        let node_graphs: Vec<NodeGraph<'_, B>> = if moving[k] {
                             // Checked above and in `replay`: a copy is
                             // left for each.
-                            let Some(copy) = copies[*slot].pop() else {
+                            let Some(copy) = taken[k].take() else {
                                 return Err(BackendFailure::of(
                                     Operation::StepBuild,
                                     name,
@@ -738,7 +752,8 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
                                 Some(p) => {
                                     vec![NodeGraph::Copy(&parts[p].0), NodeGraph::Copy(&parts[p].1)]
                                 }
-                                None => graphs_of[*slot]
+                                None => runners[*slot]
+                                    .graph
                                     .as_ref()
                                     .map(NodeGraph::Copy)
                                     .into_iter()
