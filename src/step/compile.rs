@@ -1,0 +1,518 @@
+//! Compiling a step's schedule into one graph (or two launched in turn):
+//! writers split at their ready points, a dry run of the schedule through
+//! the fence whose waits become the edges, then the composition.
+
+use super::dry_run::{dry_pass, reduce_cross, DryEvent, DryRun, Edges, Use};
+use super::graph::StepCore;
+use super::{Item, StepError, StepGraph};
+use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode};
+use crate::fence::{BackendFailure, Fence, Operation};
+use crate::replay::Replayable;
+use crate::vocab::RunnerId;
+
+/// Writers split at a ready point: per split, its two parts and which of
+/// its ready events it was split at; per item, its split.
+struct Splits<G> {
+    parts: Vec<(G, G, usize)>,
+    part_of: Vec<Option<usize>>,
+}
+
+/// What the dry run of the schedule found: the edges of a launch (and, for
+/// two graphs in turn, those on the launch before), the fence slots the
+/// step uses, whether the first pass after the first was already steady,
+/// and the fence it leaves.
+struct Dry {
+    deps: Vec<Vec<usize>>,
+    cross: Vec<Vec<usize>>,
+    touched: Vec<bool>,
+    first_steady: bool,
+    fence: Fence<DryRun>,
+}
+
+/// The events of two graphs launched in turn: per graph, one per node the
+/// other graph's nodes wait for (`sources`), and its end.
+struct Events<E> {
+    sources: Vec<usize>,
+    nodes: Vec<Vec<E>>,
+    ends: Vec<E>,
+}
+
+/// Compiles the schedule `items` on `lanes` lanes into a step graph of `r`
+/// (two graphs launched in turn when `overlapping`).
+pub(super) fn compile<B: Compose>(
+    r: &mut Replayable<B>,
+    mut items: Vec<Item<B>>,
+    lanes: usize,
+    overlapping: bool,
+) -> Result<StepGraph<'_, B>, StepError> {
+    if items.is_empty() {
+        return Err(StepError::Empty);
+    }
+    let mut moved_consumers = moved_consumers(r, &mut items, overlapping)?;
+    // Per item its first node: a replay split at a ready point is two.
+    let mut first = Vec::with_capacity(items.len());
+    let mut nodes = 0;
+    for item in &items {
+        first.push(nodes);
+        nodes += match item {
+            Item::Replay { slot, .. } if splits(r, *slot) => 2,
+            _ => 1,
+        };
+    }
+    let split = split_writers(r, &items)?;
+    let execs = if overlapping { 2 } else { 1 };
+    if overlapping {
+        copies_for_two(r, &items)?;
+    }
+    let uses = uses_of(r, &items, &first, &split);
+    let dry = run_dry(r, &uses, lanes, nodes, overlapping)?;
+    let event = || {
+        r.backend
+            .create_event()
+            .map_err(|error| Operation::StepBuild.failed(error))
+    };
+    let mut events = Events {
+        sources: {
+            let mut v: Vec<usize> = dry.cross.iter().flatten().copied().collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        },
+        nodes: Vec::with_capacity(execs),
+        ends: Vec::with_capacity(execs),
+    };
+    if overlapping {
+        for _ in 0..execs {
+            let node_events: Result<Vec<B::Event>, _> =
+                events.sources.iter().map(|_| event()).collect();
+            events.nodes.push(node_events?);
+            events.ends.push(event()?);
+        }
+    }
+    let done = event()?;
+    let start = if overlapping && dry.first_steady {
+        Some(event()?)
+    } else {
+        None
+    };
+    let mut graphs: Vec<B::Graph> = Vec::with_capacity(execs);
+    for x in 0..execs {
+        let graph = compose(
+            r,
+            &items,
+            &mut moved_consumers,
+            &split,
+            &dry,
+            &events,
+            x,
+            nodes,
+        )?;
+        graphs.push(graph);
+    }
+    let edges = dry.deps.iter().chain(&dry.cross).map(Vec::len).sum();
+    drop(split);
+    drop(items);
+    let epoch = r.fence.epoch();
+    Ok(StepGraph {
+        core: StepCore {
+            graphs,
+            _events: events
+                .nodes
+                .into_iter()
+                .flatten()
+                .chain(events.ends)
+                .collect(),
+            start,
+            done,
+            ledger: dry.fence.ledger().clone(),
+            touched: dry.touched,
+            launched: None,
+            launches: 0,
+            since: 0,
+            turn: 0,
+            epoch,
+            uses,
+            lanes,
+            nodes,
+            edges,
+        },
+        replayable: r,
+    })
+}
+
+/// A consumer whose graph allocates temporaries goes in moved, as a step
+/// copy does: into one step graph only. Checked before any step copy is
+/// touched, so a refusal keeps them all. Per item, the consumer's graph
+/// taken to be moved in.
+fn moved_consumers<B: Compose>(
+    r: &Replayable<B>,
+    items: &mut [Item<B>],
+    overlapping: bool,
+) -> Result<Vec<Option<B::Graph>>, StepError> {
+    let mut moved_consumers: Vec<Option<B::Graph>> = Vec::with_capacity(items.len());
+    for item in items.iter_mut() {
+        let mut moved = None;
+        if let Item::Consume { slots, graph, .. } = item {
+            let runner = r.plan.runners[slots[0]].id();
+            let failed = |error| BackendFailure::of(Operation::StepBuild, runner, error);
+            if let Some(g) = graph.as_ref() {
+                let t = r.backend.graph_temporaries(g).map_err(failed)?;
+                if !t.is_empty() {
+                    if overlapping {
+                        return Err(failed(BackendError::Refused {
+                            op: "overlapping step graphs",
+                            reason: "this consumer's graph allocates temporaries, which go \
+                                     into one graph only (moved); build one step graph, or \
+                                     give the consumer plan memory"
+                                .into(),
+                        })
+                        .into());
+                    }
+                    moved = graph.take();
+                }
+            }
+        }
+        moved_consumers.push(moved);
+    }
+    Ok(moved_consumers)
+}
+
+/// The fence slots of the handoffs runner slot `slot` writes that its
+/// graph marks ready.
+fn ready<B: Compose>(r: &Replayable<B>, slot: usize) -> Vec<usize> {
+    r.plan.runners[slot]
+        .record
+        .writes
+        .iter()
+        .filter(|&&h| r.fence.is_ready(h))
+        .map(|&h| r.fence.handoff_slot(h))
+        .collect()
+}
+
+/// Whether a replay of runner slot `slot` is split at a ready point in two
+/// nodes (unless it moves in whole: its graph allocates).
+fn splits<B: Compose>(r: &Replayable<B>, slot: usize) -> bool {
+    !r.runners[slot].moves() && !ready(r, slot).is_empty()
+}
+
+/// 1. Writers with ready points split at the earliest one: readers of that
+///    handoff start there, readers of the others after the whole graph.
+fn split_writers<B: Compose>(
+    r: &Replayable<B>,
+    items: &[Item<B>],
+) -> Result<Splits<B::Graph>, StepError> {
+    let mut split = Splits {
+        parts: Vec::new(),
+        part_of: vec![None; items.len()],
+    };
+    for (k, item) in items.iter().enumerate() {
+        let Item::Replay { slot, .. } = item else {
+            continue;
+        };
+        if !splits(r, *slot) {
+            continue;
+        }
+        let marks = ready(r, *slot);
+        let events: Vec<&B::Event> = marks.iter().filter_map(|&h| r.fence.event(h)).collect();
+        let Some(graph) = r.runners[*slot].graph.as_ref() else {
+            continue;
+        };
+        let parts = r.backend.split_graph(graph, &events).map_err(|error| {
+            BackendFailure::of(Operation::StepBuild, r.plan.runners[*slot].id(), error)
+        })?;
+        split.part_of[k] = Some(split.parts.len());
+        split.parts.push(parts);
+    }
+    Ok(split)
+}
+
+/// Two graphs launched in turn move in two step copies per replay of a
+/// runner whose graph allocates.
+fn copies_for_two<B: Compose>(r: &Replayable<B>, items: &[Item<B>]) -> Result<(), StepError> {
+    for (k, item) in items.iter().enumerate() {
+        if let Item::Replay { slot, .. } = item {
+            let earlier = items[..k]
+                .iter()
+                .filter(|i| matches!(i, Item::Replay { slot: s, .. } if s == slot))
+                .count();
+            let g = &r.runners[*slot];
+            if g.moves() && g.step_copies.len() < 2 * (earlier + 1) {
+                return Err(StepError::NoStepCopy {
+                    runner: r.plan.runners[*slot].id(),
+                    allocations: g.temporaries.allocations,
+                    captured: g.copies_made,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The schedule as the fence sees it: each use's slots, lane, nodes and
+/// the ready events it records where.
+fn uses_of<B: Compose>(
+    r: &Replayable<B>,
+    items: &[Item<B>],
+    first: &[usize],
+    split: &Splits<B::Graph>,
+) -> Vec<Use> {
+    let (parts, part_of) = (&split.parts, &split.part_of);
+    let ready = |slot: usize| ready(r, slot);
+    let splits = |slot: usize| splits(r, slot);
+    let uses: Vec<Use> = items
+        .iter()
+        .enumerate()
+        .map(|(k, item)| match item {
+            Item::Replay { slot, lane } => {
+                let marks = match part_of[k] {
+                    // The first part records the event it was split
+                    // at; the other ready events count from the end.
+                    Some(p) => ready(*slot)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(n, h)| {
+                            (
+                                h,
+                                if n == parts[p].2 {
+                                    first[k]
+                                } else {
+                                    first[k] + 1
+                                },
+                            )
+                        })
+                        .collect(),
+                    // A graph moved in whole records them inside its
+                    // one node: readers wait for that node.
+                    None => ready(*slot).into_iter().map(|h| (h, first[k])).collect(),
+                };
+                Use::Replay {
+                    slot: *slot,
+                    lane: *lane,
+                    first: first[k],
+                    count: if splits(*slot) { 2 } else { 1 },
+                    marks,
+                }
+            }
+            Item::Consume {
+                slots,
+                lane,
+                exclusive,
+                ..
+            } => Use::Consume {
+                slots: slots.clone(),
+                lane: *lane,
+                first: first[k],
+                exclusive: *exclusive,
+            },
+        })
+        .collect();
+    uses
+}
+
+/// 2. Runs the schedule through the fence dry, starting where the plan's
+///    fence stands (a consumer before its runner's replay in the step reads
+///    what the last replay before the step graph left, if it is still
+///    there), until a pass is the steady state. One graph: two passes on
+///    the same lanes; waits on the step before are implied by launch order.
+///    Two graphs launched in turn: passes alternate between two sets of
+///    lanes, so the fence sees the step before on other streams and every
+///    wait on it is a cross edge; waits on the step before that are implied
+///    (it is the same graph's previous launch).
+fn run_dry<B: Compose>(
+    r: &Replayable<B>,
+    uses: &[Use],
+    lanes: usize,
+    nodes: usize,
+    overlapping: bool,
+) -> Result<Dry, StepError> {
+    let execs = if overlapping { 2 } else { 1 };
+    let dry = DryRun::new(execs * lanes, nodes, overlapping);
+    let mut fence: Fence<DryRun> = Fence::start_from(&r.fence, DryEvent);
+    dry.reserve_events(r.fence.slots());
+    let mut touched = vec![false; r.fence.slots()];
+    let passes = if overlapping { 6 } else { 2 };
+    let mut kept: Vec<Edges> = Vec::new();
+    for pass in 0..passes {
+        let offset = (pass % execs) * lanes;
+        dry.begin_pass(pass, offset..offset + lanes);
+        dry_pass(&mut fence, &dry, &r.plan, uses, offset, &mut touched)?;
+        if pass > 0 {
+            kept.push(dry.deps());
+            // Steady: two passes in a row wait alike.
+            if kept.len() >= 2 && kept[kept.len() - 1] == kept[kept.len() - 2] {
+                break;
+            }
+        }
+    }
+    let steady = kept.len() == 1 || kept[kept.len() - 1] == kept[kept.len() - 2];
+    // The second graph's first launch waits node by node for the first's
+    // when the first pass after the first was already steady; otherwise for
+    // the whole first launch.
+    let first_steady = kept.first() == kept.last();
+    let Some((deps, cross)) = kept.pop().filter(|_| steady) else {
+        return Err(Operation::StepBuild
+            .failed(BackendError::Refused {
+                op: "step graph",
+                reason: "the fence's waits for the schedule did not settle into a steady state"
+                    .into(),
+            })
+            .into());
+    };
+    // Every event node costs a launch host time and the device a wait:
+    // keep only the cross edges nothing else implies.
+    let cross = reduce_cross(&deps, cross);
+    Ok(Dry {
+        deps,
+        cross,
+        touched,
+        first_steady,
+        fence,
+    })
+}
+
+/// 3. Graph `x` of the step (of two when overlapping): the runners' graphs
+///    (or their two parts, or their step copies moved in) and the
+///    consumers' graphs, with the dry run's edges; when overlapping, per
+///    node an event it records for the other graph's next launch and the
+///    other graph's events it waits for, and an end.
+#[allow(clippy::too_many_arguments)] // one graph's parts
+fn compose<B: Compose>(
+    r: &mut Replayable<B>,
+    items: &[Item<B>],
+    moved_consumers: &mut [Option<B::Graph>],
+    split: &Splits<B::Graph>,
+    dry: &Dry,
+    events: &Events<B::Event>,
+    x: usize,
+    nodes: usize,
+) -> Result<B::Graph, StepError> {
+    let execs = if events.ends.is_empty() { 1 } else { 2 };
+    let overlapping = execs == 2;
+    let (parts, part_of) = (&split.parts, &split.part_of);
+    let (deps, cross) = (&dry.deps, &dry.cross);
+    let (sources, node_events, ends) = (&events.sources, &events.nodes, &events.ends);
+    let moving: Vec<bool> = items
+        .iter()
+        .map(|i| matches!(i, Item::Replay { slot, .. } if r.runners[*slot].moves()))
+        .collect();
+    let other = (x + 1) % execs;
+    let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
+    let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
+    // The step copies this graph moves in, one per replay of a
+    // runner whose graph allocates.
+    let mut taken: Vec<Option<B::Graph>> = items
+        .iter()
+        .zip(&moving)
+        .map(|(item, &moves)| match item {
+            Item::Replay { slot, .. } if moves => r.runners[*slot].step_copies.pop(),
+            _ => None,
+        })
+        .collect();
+    let (runners, plan) = (&r.runners, &r.plan);
+    for (k, item) in items.iter().enumerate() {
+        match item {
+            Item::Replay { slot, lane } => {
+                let name = plan.runners[*slot].id();
+                let node_graphs: Vec<NodeGraph<'_, B>> = if moving[k] {
+                    // Checked above and in `replay`: a copy is
+                    // left for each.
+                    let Some(copy) = taken[k].take() else {
+                        return Err(BackendFailure::of(
+                            Operation::StepBuild,
+                            name,
+                            BackendError::Refused {
+                                op: "step graph",
+                                reason: "no step copy left".into(),
+                            },
+                        )
+                        .into());
+                    };
+                    vec![NodeGraph::Move(copy)]
+                } else {
+                    match part_of[k] {
+                        Some(p) => {
+                            vec![NodeGraph::Copy(&parts[p].0), NodeGraph::Copy(&parts[p].1)]
+                        }
+                        None => runners[*slot]
+                            .graph
+                            .as_ref()
+                            .map(NodeGraph::Copy)
+                            .into_iter()
+                            .collect(),
+                    }
+                };
+                for graph in node_graphs {
+                    names.push(name);
+                    let n = step_nodes.len();
+                    step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
+                }
+            }
+            Item::Consume {
+                slots, lane, graph, ..
+            } => {
+                names.push(plan.runners[slots[0]].id());
+                let n = step_nodes.len();
+                let graph = match (graph, moved_consumers[k].take()) {
+                    (_, Some(moved)) => NodeGraph::Move(moved),
+                    (Some(g), None) => NodeGraph::Copy(g),
+                    (None, None) => {
+                        return Err(BackendFailure::of(
+                            Operation::StepBuild,
+                            names[n],
+                            BackendError::Refused {
+                                op: "step graph",
+                                reason: "the consumer's graph went into an earlier graph".into(),
+                            },
+                        )
+                        .into())
+                    }
+                };
+                step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
+            }
+        }
+    }
+    let mut end = None;
+    if overlapping {
+        for (n, node) in step_nodes.iter_mut().enumerate() {
+            node.waits = cross[n]
+                .iter()
+                .filter_map(|y| sources.binary_search(y).ok())
+                .map(|e| &node_events[other][e])
+                .collect();
+            if let Ok(e) = sources.binary_search(&n) {
+                node.records = vec![&node_events[x][e]];
+            }
+        }
+        end = Some(StepEnd {
+            record: &ends[x],
+            wait: &ends[other],
+        });
+    }
+    // The copied graphs, to name the one the backend refuses alone.
+    let copied: Vec<(&B::Graph, RunnerId)> = step_nodes
+        .iter()
+        .zip(&names)
+        .filter_map(|(n, name)| match n.graph {
+            NodeGraph::Copy(g) => Some((g, *name)),
+            NodeGraph::Move(_) => None,
+        })
+        .collect();
+    let backend = &r.backend;
+    match backend.compose(step_nodes, end) {
+        Ok(graph) => Ok(graph),
+        Err(error) => {
+            let runner = copied
+                .iter()
+                .find(|(g, _)| {
+                    let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
+                    backend.compose(vec![alone], None).is_err()
+                })
+                .map(|(_, runner)| *runner);
+            Err(StepError::Backend(BackendFailure {
+                op: Operation::StepBuild,
+                runner,
+                error,
+            }))
+        }
+    }
+}
