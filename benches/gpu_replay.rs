@@ -24,8 +24,13 @@
 //!    step graphs for a ladder of buckets x layers, against cudarc capturing
 //!    and instantiating the same kernels by hand.
 //!
+//! 6. Ready points of allocating runners: a chain whose runners allocate
+//!    temporaries and mark a handoff ready early, per runner against step
+//!    graphs whose step copies are cut at the ready point, and against
+//!    readers that wait for whole graphs.
+//!
 //! Arguments after `--` pick sections by name (`host`, `overlap`, `step`,
-//! `trace`, `buckets`, `capture`): `cargo bench --bench gpu_replay -- trace`.
+//! `trace`, `buckets`, `capture`, `ready`): `cargo bench --bench gpu_replay -- trace`.
 
 use std::time::Instant;
 
@@ -766,6 +771,142 @@ fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     Ok(())
 }
 
+/// A chain of runners whose graphs allocate (a framework's ops), each
+/// writing a handoff early, marking it ready, then running a long tail on a
+/// temporary it allocated before the ready point; the next runner, on the
+/// other stream of the pool, reads the handoff first. With `ready`, each
+/// writer marks its ready point (its step copies are cut there); without,
+/// readers wait for the writer's whole graph.
+fn ready_chain(
+    b: &cuda::Device,
+    capture_on: &cuda::Stream,
+    k: &Kernels,
+    ready: bool,
+) -> R<Replayable<cuda::Device>> {
+    use replay_arena::HandoffId;
+    const LAYERS: usize = 8;
+    let req = Request::new(Domain::Device, DType::F32, 16384);
+    let mut d = Discovering::new(PlanConfig::new());
+    let mut hs: Vec<HandoffId> = Vec::new();
+    for l in 0..LAYERS {
+        let mut armed = d.arm(RunnerId(l as u32))?;
+        armed.record(req)?;
+        if l > 0 {
+            armed.receive(hs[l - 1])?;
+        }
+        if l + 1 < LAYERS {
+            hs.push(armed.hand_off(req)?);
+        }
+    }
+    let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(b.clone())?;
+    for l in 0..LAYERS {
+        let cap = capturing.capture(RunnerId(l as u32))?;
+        let own = cap.take(req)?.device_address();
+        let input = if l > 0 {
+            Some(cap.receive(hs[l - 1])?.device_address())
+        } else {
+            None
+        };
+        let output = if l + 1 < LAYERS {
+            Some((hs[l], cap.hand_off(hs[l])?.device_address()))
+        } else {
+            None
+        };
+        cap.stream_capture_repeatable(capture_on, |s| {
+            let t = s
+                .cudarc()
+                .alloc_zeros::<f32>(16384)
+                .map_err(|e| format!("{e:?}"))?;
+            let tmp = t.device_ptr(s.cudarc()).0;
+            if let Some(input) = input {
+                read(k, s, input, tmp)?;
+            }
+            spin(k, s, tmp, 4096, READY_HEAD)?; // the input gradient
+            if let Some((h, out)) = output {
+                read(k, s, tmp, out)?;
+                if ready {
+                    cap.ready(h, s).map_err(|e| e.to_string())?;
+                }
+            }
+            spin(k, s, tmp, 4096, READY_TAIL)?; // the weight gradient
+            read(k, s, tmp, own)?;
+            drop(t); // freed after the ready point
+            Ok::<(), String>(())
+        })?;
+        cap.finish()?;
+    }
+    Ok(capturing.seal()?)
+}
+
+const READY_HEAD: i64 = 20_000;
+const READY_TAIL: i64 = 60_000;
+
+fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
+    const STEPS: usize = 50;
+    const ROUNDS: usize = 15;
+    let capture_on = b.new_stream()?;
+    let pool = [b.new_stream()?, b.new_stream()?];
+    let launch = b.new_stream()?;
+    let mut per_runner = ready_chain(b, &capture_on, k, true)?;
+    let mut cut = ready_chain(b, &capture_on, k, true)?;
+    let mut whole = ready_chain(b, &capture_on, k, false)?;
+    let layers = per_runner.plan().runners().count();
+    let schedule = |r: &mut Replayable<cuda::Device>| -> R<_> {
+        let mut step = r.step();
+        for l in 0..layers {
+            step.replay(RunnerId(l as u32), &pool[l % 2])?;
+        }
+        Ok(step.build()?.keep())
+    };
+    let mut cut_step = schedule(&mut cut)?;
+    let mut whole_step = schedule(&mut whole)?;
+    let modes = [
+        "per runner: fenced replays, ready points kept",
+        "step graph: step copies cut at their ready point",
+        "step graph: no ready point (readers wait for whole graphs)",
+    ];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    for round in 0..=ROUNDS {
+        for (m, times) in wall.iter_mut().enumerate() {
+            b.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..STEPS {
+                match m {
+                    0 => {
+                        for l in 0..layers {
+                            per_runner.replay(RunnerId(l as u32), &pool[l % 2])?;
+                        }
+                    }
+                    1 => cut.launch_kept(&mut cut_step, &launch)?,
+                    _ => whole.launch_kept(&mut whole_step, &launch)?,
+                }
+            }
+            b.synchronize()?;
+            if round > 0 {
+                times.push(t.elapsed().as_nanos() as f64 / STEPS as f64 / 1e3);
+            }
+        }
+    }
+    println!(
+        "\n## ready points of allocating runners in a step graph: {layers} runners on 2 streams, each allocating a temporary, writing a handoff, marking it ready, then a tail ~3x the head on the temporary, freed after the ready point; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
+    );
+    println!(
+        "cut step graph: {} nodes; whole: {} nodes",
+        cut_step.nodes(),
+        whole_step.nodes()
+    );
+    println!("| mode | wall us/step | vs per runner |");
+    println!("|---|---:|---:|");
+    let base = median(&mut wall[0].clone());
+    for (m, name) in modes.iter().enumerate() {
+        let w = median(&mut wall[m]);
+        println!("| {name} | {w:.1} | {:.2}x |", w / base);
+    }
+    drop(cut_step);
+    drop(whole_step);
+    Ok(())
+}
+
 fn main() -> R<()> {
     if let Err(e) = probe() {
         println!("gpu_replay: skipped, no usable GPU: {e}");
@@ -797,6 +938,9 @@ fn main() -> R<()> {
     }
     if run("capture") {
         capture_cost(&b, &k)?;
+    }
+    if run("ready") {
+        ready_cost(&b, &k)?;
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphRejection, Te
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
-use crate::scope::{new_scope_id, retire, OpenScope, ScopeKind, StreamBusy};
+use crate::scope::{close_scope, new_scope_id, retire, OpenScope, ScopeKind, StreamBusy};
 use crate::view::{Access, Misuse, NotSend, ReadOnly, View};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
@@ -254,9 +254,22 @@ pub(crate) struct Captured<G> {
     pub(crate) graph: G,
     /// Second graphs of the same work, for step graphs to move in (only
     /// for a graph with temporaries: [`RunnerCapture::stream_capture_repeatable`]).
-    pub(crate) copies: Vec<G>,
+    pub(crate) copies: Vec<StepCopy<G>>,
     /// What `graph`'s allocation nodes allocate.
     pub(crate) temporaries: Temporaries,
+}
+
+/// A step copy: a second capture of an allocating runner's work, for one
+/// step graph to move in. Captured in two parts when the work allows it
+/// (nothing of it runs beside its first ready point, [`Backend::cuts_at`]):
+/// the part up to that ready point and the rest, so that in a step graph
+/// the readers of that handoff start at the ready point, as they do when
+/// the runner is replayed on its own.
+pub(crate) struct StepCopy<G> {
+    /// The copy, or its part up to the ready point.
+    pub(crate) head: G,
+    /// The part after the ready point, and the handoff it was cut at.
+    pub(crate) tail: Option<(G, HandoffId)>,
 }
 
 /// Where a runner's capture stands.
@@ -464,6 +477,9 @@ impl<B: Backend> Capturing<B> {
             graph: RefCell::new(None),
             copies: RefCell::new(Vec::new()),
             copies_wanted: Cell::new(1),
+            first_ready: Cell::new(None),
+            cut_at: Cell::new(None),
+            head: RefCell::new(None),
             failure: RefCell::new(None),
             in_closure: Cell::new(false),
             stream: Cell::new(None),
@@ -522,8 +538,14 @@ pub struct RunnerCapture<'c, B: Backend> {
     /// The graph `stream_capture` captured.
     graph: RefCell<Option<B::Graph>>,
     /// Its step copies (`stream_capture_repeatable`), and how many to make.
-    copies: RefCell<Vec<B::Graph>>,
+    copies: RefCell<Vec<StepCopy<B::Graph>>>,
     copies_wanted: Cell<usize>,
+    /// The first handoff the running work marked ready.
+    first_ready: Cell<Option<HandoffId>>,
+    /// While a step copy is captured: the handoff whose ready point cuts
+    /// it in two, and the part cut off.
+    cut_at: Cell<Option<HandoffId>>,
+    head: RefCell<Option<B::Graph>>,
     failure: RefCell<Option<CaptureFailure>>,
     /// `stream_capture`'s work closure is running.
     in_closure: Cell<bool>,
@@ -842,6 +864,24 @@ impl<B: Backend> RunnerCapture<'_, B> {
             return Err(misplaced("the capture's scope is not open on this thread"));
         }
         entry.1 = true;
+        drop(taken);
+        if self.first_ready.get().is_none() {
+            self.first_ready.set(Some(handoff));
+        }
+        if self.cut_at.get() == Some(handoff) && self.head.borrow().is_none() {
+            // SAFETY: the capture this runner's `capture_graph` began on
+            // `stream` (checked above: the closure runs, on that stream),
+            // whose work `cuts_at` found nothing beside this ready point in.
+            match unsafe { backend.cut_capture(stream) } {
+                Ok(head) => *self.head.borrow_mut() = Some(head),
+                Err(error) => {
+                    // The stream may have left capture: its views stop
+                    // working now, and the copy fails (it has no head).
+                    close_scope(self.scope);
+                    return Err(CaptureError::Backend { runner, error });
+                }
+            }
+        }
         Ok(())
     }
 
@@ -883,6 +923,17 @@ impl<B: Backend> RunnerCapture<'_, B> {
     ///
     /// The second run must do what the first did: the same views (it can
     /// use no others), the same ready points ([`RunnerCapture::ready`]).
+    ///
+    /// When the work marks a handoff ready, the step copy is captured in
+    /// two parts, cut at the first ready point (the capture on `stream` is
+    /// ended there and a new one begun, inside [`RunnerCapture::ready`]),
+    /// so that in a step graph the readers of that handoff start at the
+    /// ready point, as between per-runner replays. A temporary allocated
+    /// before the cut may be used and freed after it. The crate cuts only
+    /// when the first run's graph shows nothing of the work beside that
+    /// ready point ([`Backend::cuts_at`](crate::Backend::cuts_at): no other
+    /// stream of the capture has work across it); otherwise the copy is one
+    /// graph, and its readers start after it.
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
@@ -931,10 +982,29 @@ impl<B: Backend> RunnerCapture<'_, B> {
     ) -> std::result::Result<(), StreamCaptureError<E>> {
         let runner = self.runner();
         self.may_capture()?;
+        self.first_ready.set(None);
         let graph = self.capture_graph(stream, &mut work)?;
-        let temporaries = self.backend().graph_temporaries(&graph);
-        let needs_copy = match temporaries {
-            Ok(t) => !t.is_empty(),
+        let checked = self.backend().graph_temporaries(&graph).and_then(|t| {
+            if t.is_empty() {
+                return Ok(None);
+            }
+            // Cut the copies at the first ready point when nothing of the
+            // work runs beside it.
+            let Some(h) = self.first_ready.get() else {
+                return Ok(Some(None));
+            };
+            let event = self.handoff_event(h);
+            match event {
+                Some(e) if self.backend().cuts_at(&graph, e)? => Ok(Some(Some(h))),
+                _ => Ok(Some(None)),
+            }
+        });
+        let cut = match checked {
+            Ok(Some(cut)) => cut,
+            Ok(None) => {
+                *self.graph.borrow_mut() = Some(graph);
+                return Ok(());
+            }
             Err(error) => {
                 let error = CaptureError::Backend { runner, error };
                 *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
@@ -942,13 +1012,22 @@ impl<B: Backend> RunnerCapture<'_, B> {
             }
         };
         *self.graph.borrow_mut() = Some(graph);
-        if !needs_copy {
-            return Ok(());
-        }
         for _ in 0..self.copies_wanted.get() {
-            self.capture_copy(stream, &mut work)?;
+            self.cut_at.set(cut);
+            let copy = self.capture_copy(stream, &mut work);
+            self.cut_at.set(None);
+            copy?;
         }
         Ok(())
+    }
+
+    /// The event of handoff `h`'s ready point.
+    fn handoff_event(&self, h: HandoffId) -> Option<&B::Event> {
+        self.owner
+            .res
+            .events
+            .get(self.owner.plan.runners.len() + h.0 as usize)
+            .and_then(Option::as_ref)
     }
 
     /// How many step copies [`RunnerCapture::stream_capture_repeatable`]
@@ -973,6 +1052,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         for entry in self.handoffs.borrow_mut().iter_mut() {
             entry.1 = false;
         }
+        self.head.borrow_mut().take();
         let copy = match self.capture_graph(stream, work) {
             Ok(copy) => copy,
             Err(e) => {
@@ -994,6 +1074,25 @@ impl<B: Backend> RunnerCapture<'_, B> {
             *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
             return Err(error.into());
         }
+        let head = self.head.borrow_mut().take();
+        let copy = match (self.cut_at.get(), head) {
+            (None, _) => StepCopy {
+                head: copy,
+                tail: None,
+            },
+            (Some(h), Some(head)) => StepCopy {
+                head,
+                tail: Some((copy, h)),
+            },
+            (Some(_), None) => {
+                let error = CaptureError::RepeatDiffers {
+                    runner,
+                    reason: "did not mark the ready point the first run marked first",
+                };
+                *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
+                return Err(error.into());
+            }
+        };
         self.copies.borrow_mut().push(copy);
         Ok(())
     }
@@ -1172,10 +1271,14 @@ impl<B: Backend> RunnerCapture<'_, B> {
         }
         let backend = &self.owner.res.backend;
         let copies = std::mem::take(&mut *self.copies.borrow_mut());
-        if let Some(reason) = std::iter::once(&graph)
-            .chain(&copies)
-            .find_map(|g| backend.validate_graph(g).err())
-        {
+        if let Some(reason) = backend.validate_graph(&graph).err().or_else(|| {
+            copies.iter().find_map(|c| {
+                let parts: Vec<&B::Graph> = std::iter::once(&c.head)
+                    .chain(c.tail.as_ref().map(|t| &t.0))
+                    .collect();
+                backend.validate_parts(&parts).err()
+            })
+        }) {
             return self.close_failed(CaptureError::GraphRejected { runner, reason });
         }
         let temporaries = match backend.graph_temporaries(&graph) {

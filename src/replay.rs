@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::backend::{Arena, Backend, BackendError, Temporaries, Timing};
-use crate::capture::{CaptureError, Capturing, Slot};
+use crate::capture::{CaptureError, Capturing, Slot, StepCopy};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::fence::{enter, enter_scope, Fence, FenceStats, Operation};
@@ -151,7 +151,7 @@ pub(crate) struct RunnerGraph<G> {
     pub(crate) graph: Option<G>,
     /// Step copies of a graph with temporaries not moved into a step graph
     /// yet ([`RunnerCapture::stream_capture_repeatable`](crate::RunnerCapture::stream_capture_repeatable)).
-    pub(crate) step_copies: Vec<G>,
+    pub(crate) step_copies: Vec<StepCopy<G>>,
     /// Step copies its capture made.
     pub(crate) copies_made: usize,
     /// What its graph's allocation nodes allocate.
@@ -165,6 +165,12 @@ impl<G> RunnerGraph<G> {
     /// of its step copies, whole, instead of copying its graph.
     pub(crate) fn moves(&self) -> bool {
         !self.temporaries.is_empty()
+    }
+
+    /// The handoff at whose ready point its step copies were cut in two
+    /// (all alike), if they were.
+    pub(crate) fn cut(&self) -> Option<HandoffId> {
+        self.step_copies.last()?.tail.as_ref().map(|t| t.1)
     }
 }
 
@@ -290,10 +296,15 @@ impl<B: Backend> Replayable<B> {
         let mut sizes: Vec<u64> = self.runners.iter().map(|g| g.temporaries.bytes).collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
         let mut step_copies = 0u64;
-        for copy in self.runners.iter().flat_map(|g| &g.step_copies) {
+        let parts = self
+            .runners
+            .iter()
+            .flat_map(|g| &g.step_copies)
+            .flat_map(|c| std::iter::once(&c.head).chain(c.tail.as_ref().map(|t| &t.0)));
+        for part in parts {
             let t = self
                 .backend
-                .graph_temporaries(copy)
+                .graph_temporaries(part)
                 .map_err(|e| Operation::Report.failed(e))?;
             step_copies = step_copies.saturating_add(t.bytes);
         }

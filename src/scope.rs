@@ -382,6 +382,19 @@ pub(crate) fn retire(scope: u64, handoff: u32) -> bool {
     .is_some()
 }
 
+/// Closes the open scope `scope` on this thread for its views (they no
+/// longer work on the device), as its closure's end will: after a failure
+/// that may have taken its stream out of capture.
+pub(crate) fn close_scope(scope: u64) {
+    let _ = OPEN.try_with(|open| {
+        if let Ok(open) = open.try_borrow() {
+            for s in open.iter().filter(|s| s.id == scope) {
+                s.open.store(false, AtomicOrdering::Release);
+            }
+        }
+    });
+}
+
 /// Why a handoff view was refused after its ready point.
 pub(crate) fn retired(view: &ViewTag) -> Misuse {
     Misuse::Retired {

@@ -84,8 +84,10 @@ impl Model {
         if let Some(out) = dx_out {
             self.ops.copy_into(s, &dx, out)?;
         }
-        drop(dx);
         ready(s)?;
+        // Freed after the ready point: in a step copy cut there, the
+        // allocation is in the first part and the free in the second.
+        drop(dx);
         let t3 = self.ops.mix2(s, g_in, x, 3)?;
         self.ops.mix2_into(s, wgrad, &t3, x, 4)?;
         drop(t3);
@@ -245,6 +247,8 @@ fn graphed(
             Overlap::No => step.build()?,
             Overlap::Yes => step.build_overlapping()?,
         };
+        // Each writer's step copy was cut at its ready point: two nodes.
+        assert_eq!(graph.nodes(), LAYERS + (LAYERS - 1) + LAYERS);
         for k in 0..steps {
             let launch = match overlap {
                 Overlap::No => &pool[0],

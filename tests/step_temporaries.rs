@@ -456,3 +456,99 @@ fn a_step_copy_may_not_use_a_temporary_of_the_first_run() {
     );
     assert_eq!(pool(&sim).used, 0);
 }
+
+/// Makespan on the sim of `steps` launches of one step graph of a chain
+/// whose runners allocate: runner `l` on `pool[l % 2]`.
+fn step_makespan(c: &mut Chain, steps: usize) -> (u64, usize) {
+    let layers = c.sinks.len();
+    let start = c.sim.makespan();
+    let nodes;
+    {
+        let mut step = c.replayable.step();
+        for l in 0..layers {
+            step.replay(RunnerId(l as u32), &c.pool[l % 2]).unwrap();
+        }
+        let mut graph = step.build().unwrap();
+        nodes = graph.nodes();
+        for _ in 0..steps {
+            graph.launch(&c.pool[0]).unwrap();
+        }
+    }
+    c.replayable.synchronize().unwrap();
+    (c.sim.makespan() - start, nodes)
+}
+
+#[test]
+fn step_copies_are_cut_at_their_ready_point_so_readers_start_there() {
+    let (layers, steps) = (4, 10);
+    let mut at_end = chain(layers, true, false);
+    let mut at_ready = chain(layers, true, true);
+    let (end_span, end_nodes) = step_makespan(&mut at_end, steps);
+    let (ready_span, ready_nodes) = step_makespan(&mut at_ready, steps);
+    // Each writer's copy comes in two parts, cut at its ready point: one
+    // node more per writer (the last runner hands nothing off).
+    assert_eq!(end_nodes, layers);
+    assert_eq!(ready_nodes, layers + (layers - 1));
+    // The reader of each handoff starts at the ready point, not after the
+    // writer's slow tail (its temporary's 35 ticks).
+    assert!(
+        ready_span + (steps as u64) * 30 <= end_span,
+        "{ready_span} vs {end_span}"
+    );
+    for c in [&at_end, &at_ready] {
+        assert!(c.sim.hazards().is_empty(), "{:?}", c.sim.hazards());
+    }
+    // The same values as replays per runner.
+    let mut reference = chain(layers, true, true);
+    reference.per_runner(steps);
+    assert_eq!(at_ready.values(), reference.values());
+}
+
+#[test]
+fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
+    // The copy run's cut ends the capture (the second end) and begins the
+    // next part (the third begin): either may fail.
+    for (call, n) in [(sim::Call::EndCapture, 1), (sim::Call::BeginCapture, 2)] {
+        let mut d = Discovering::new(PlanConfig::new());
+        let h = {
+            let mut a = d.arm(RunnerId(0)).unwrap();
+            a.record(OWN).unwrap();
+            a.hand_off(GRAD).unwrap()
+        };
+        d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
+        let sim = sim::Device::new();
+        let s = sim.stream();
+        let mut capturing = d
+            .plan(Policy::Generations(2))
+            .unwrap()
+            .allocate(sim.clone())
+            .unwrap();
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let (own, out) = (cap.take(OWN).unwrap(), cap.hand_off(h).unwrap());
+        sim.inject(sim::Faults::nth(call, n));
+        let mut runs = 0;
+        let err = cap
+            .stream_capture_repeatable(&s, |s| {
+                runs += 1;
+                let t = sim.alloc_async(s, N)?;
+                sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
+                sim.launch(s, sim::Op::copy(&t, &out), 1)?;
+                cap.ready(h, s)?;
+                sim.launch(s, sim::Op::copy(&t, &own), 1)?;
+                sim.free_async(s, &t)?;
+                Ok::<(), replay_arena::Error>(())
+            })
+            .unwrap_err();
+        sim.inject(sim::Faults::none());
+        assert_eq!(runs, 2, "{call:?}");
+        assert!(err.to_string().contains("injected"), "{call:?}: {err}");
+        assert!(
+            matches!(cap.finish(), Err(CaptureError::Failed { .. })),
+            "{call:?}"
+        );
+        // The stream left capture; nothing of either run is held.
+        assert!(!sim.is_capturing(&s).unwrap(), "{call:?}");
+        drop(capturing);
+        assert_eq!(pool(&sim).used, 0, "{call:?}");
+    }
+}

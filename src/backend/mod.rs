@@ -605,6 +605,65 @@ pub trait Backend: Streams {
     /// As [`Backend::end_capture`].
     unsafe fn abort_capture(&self, stream: &Self::Stream);
 
+    /// Whether the capture of work like `graph`'s could be cut in two at
+    /// the record node of `event` ([`Backend::record_event_node`]): every
+    /// other node of `graph` runs before that record or after it, none
+    /// beside it (no other stream of the capture has work across it). A
+    /// step copy of an allocating runner is cut at its first ready point
+    /// only then ([`Backend::cut_capture`]). `false` when the backend cannot
+    /// cut captures.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error while inspecting the graph.
+    fn cuts_at(&self, graph: &Self::Graph, event: &Self::Event) -> Result<bool, BackendError> {
+        let _ = (graph, event);
+        Ok(false)
+    }
+
+    /// Ends the capture on `stream` and begins another on it at once, so
+    /// that the work goes on into a second graph: the first part, returned,
+    /// is not instantiated (it is only ever moved into a step graph, before
+    /// the part after it). Temporaries the first part allocates may be used
+    /// and freed in the second. On error the stream may have left capture.
+    ///
+    /// # Safety
+    ///
+    /// As [`Backend::end_capture`]; and no other stream has work in the
+    /// capture that the stream's tail does not follow
+    /// ([`Backend::cuts_at`] said so of the same work's graph).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] when the backend cannot cut captures; the
+    /// runtime's error.
+    unsafe fn cut_capture(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError> {
+        let _ = stream;
+        Err(BackendError::Refused {
+            op: "cut capture",
+            reason: "this backend cannot cut a capture in two".into(),
+        })
+    }
+
+    /// [`Backend::validate_graph`] for a graph captured in parts
+    /// ([`Backend::cut_capture`]): their memory nodes are balanced taken
+    /// together.
+    ///
+    /// # Errors
+    ///
+    /// Why the parts cannot be owned.
+    fn validate_parts(&self, parts: &[&Self::Graph]) -> Result<(), GraphRejection> {
+        match parts {
+            [one] => self.validate_graph(one),
+            _ => Err(GraphRejection::Uninspectable(Box::new(
+                BackendError::Refused {
+                    op: "validate graph parts",
+                    reason: "this backend cannot cut a capture in two".into(),
+                },
+            ))),
+        }
+    }
+
     /// Checks that a captured graph may be owned by a plan: its memory
     /// nodes are balanced (temporaries
     /// allocated and freed inside the graph are fine; an allocation that

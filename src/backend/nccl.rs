@@ -750,6 +750,19 @@ impl Backend for Device {
         unsafe { self.cuda.abort_capture(stream) }
     }
 
+    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
+        self.cuda.cuts_at(graph, event)
+    }
+
+    unsafe fn cut_capture(&self, stream: &Stream) -> Result<Graph> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.cuda.cut_capture(stream) }
+    }
+
+    fn validate_parts(&self, parts: &[&Graph]) -> std::result::Result<(), GraphRejection> {
+        self.cuda.validate_parts(parts)
+    }
+
     fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
         self.cuda.graph_memory_in_use().map(Some)
     }

@@ -6,15 +6,19 @@ use super::dry_run::{dry_pass, reduce_cross, DryEvent, DryRun, Edges, Use};
 use super::graph::StepCore;
 use super::{Item, StepError, StepGraph};
 use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode};
+use crate::capture::StepCopy;
 use crate::fence::{BackendFailure, Fence, Operation};
 use crate::replay::Replayable;
 use crate::vocab::RunnerId;
 
 /// Writers split at a ready point: per split, its two parts and which of
-/// its ready events it was split at; per item, its split.
+/// its ready events it was split at; per item, its split, and which of its
+/// ready events it is split at (a step copy moved in comes in two parts
+/// cut at capture).
 struct Splits<G> {
     parts: Vec<(G, G, usize)>,
     part_of: Vec<Option<usize>>,
+    at: Vec<Option<usize>>,
 }
 
 /// What the dry run of the schedule found: the edges of a launch (and, for
@@ -190,9 +194,11 @@ fn ready<B: Compose>(r: &Replayable<B>, slot: usize) -> Vec<usize> {
 }
 
 /// Whether a replay of runner slot `slot` is split at a ready point in two
-/// nodes (unless it moves in whole: its graph allocates).
+/// nodes: its graph split, or its step copy moved in as the two parts its
+/// capture cut it in (a copy that was not cut moves in whole).
 fn splits<B: Compose>(r: &Replayable<B>, slot: usize) -> bool {
-    !r.runners[slot].moves() && !ready(r, slot).is_empty()
+    let g = &r.runners[slot];
+    (!g.moves() || g.cut().is_some()) && !ready(r, slot).is_empty()
 }
 
 /// 1. Writers with ready points split at the earliest one: readers of that
@@ -204,12 +210,27 @@ fn split_writers<B: Compose>(
     let mut split = Splits {
         parts: Vec::new(),
         part_of: vec![None; items.len()],
+        at: vec![None; items.len()],
     };
     for (k, item) in items.iter().enumerate() {
         let Item::Replay { slot, .. } = item else {
             continue;
         };
         if !splits(r, *slot) {
+            continue;
+        }
+        if let Some(h) = r.runners[*slot].cut() {
+            // Cut at capture: readers of `h` start after the first part.
+            let at = r.fence.handoff_slot(h);
+            let Some(n) = ready(r, *slot).iter().position(|&s| s == at) else {
+                let error = BackendError::Refused {
+                    op: "step graph",
+                    reason: "its step copies were cut at a handoff it does not mark ready".into(),
+                };
+                let runner = r.plan.runners[*slot].id();
+                return Err(BackendFailure::of(Operation::StepBuild, runner, error).into());
+            };
+            split.at[k] = Some(n);
             continue;
         }
         let marks = ready(r, *slot);
@@ -221,6 +242,7 @@ fn split_writers<B: Compose>(
             BackendFailure::of(Operation::StepBuild, r.plan.runners[*slot].id(), error)
         })?;
         split.part_of[k] = Some(split.parts.len());
+        split.at[k] = Some(parts.2);
         split.parts.push(parts);
     }
     Ok(split)
@@ -256,7 +278,6 @@ fn uses_of<B: Compose>(
     first: &[usize],
     split: &Splits<B::Graph>,
 ) -> Vec<Use> {
-    let (parts, part_of) = (&split.parts, &split.part_of);
     let ready = |slot: usize| ready(r, slot);
     let splits = |slot: usize| splits(r, slot);
     let uses: Vec<Use> = items
@@ -264,22 +285,13 @@ fn uses_of<B: Compose>(
         .enumerate()
         .map(|(k, item)| match item {
             Item::Replay { slot, lane } => {
-                let marks = match part_of[k] {
+                let marks = match split.at[k] {
                     // The first part records the event it was split
                     // at; the other ready events count from the end.
-                    Some(p) => ready(*slot)
+                    Some(at) => ready(*slot)
                         .into_iter()
                         .enumerate()
-                        .map(|(n, h)| {
-                            (
-                                h,
-                                if n == parts[p].2 {
-                                    first[k]
-                                } else {
-                                    first[k] + 1
-                                },
-                            )
-                        })
+                        .map(|(n, h)| (h, if n == at { first[k] } else { first[k] + 1 }))
                         .collect(),
                     // A graph moved in whole records them inside its
                     // one node: readers wait for that node.
@@ -400,7 +412,7 @@ fn compose<B: Compose>(
     let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
     // The step copies this graph moves in, one per replay of a
     // runner whose graph allocates.
-    let mut taken: Vec<Option<B::Graph>> = items
+    let mut taken: Vec<Option<StepCopy<B::Graph>>> = items
         .iter()
         .zip(&moving)
         .map(|(item, &moves)| match item {
@@ -416,18 +428,24 @@ fn compose<B: Compose>(
                 let node_graphs: Vec<NodeGraph<'_, B>> = if moving[k] {
                     // Checked above and in `replay`: a copy is
                     // left for each.
-                    let Some(copy) = taken[k].take() else {
+                    // In as many parts as the schedule counted nodes.
+                    let copy = taken[k]
+                        .take()
+                        .filter(|c| c.tail.is_some() == split.at[k].is_some());
+                    let Some(copy) = copy else {
                         return Err(BackendFailure::of(
                             Operation::StepBuild,
                             name,
                             BackendError::Refused {
                                 op: "step graph",
-                                reason: "no step copy left".into(),
+                                reason: "no step copy left (in as many parts as scheduled)".into(),
                             },
                         )
                         .into());
                     };
-                    vec![NodeGraph::Move(copy)]
+                    std::iter::once(NodeGraph::Move(copy.head))
+                        .chain(copy.tail.map(|(tail, _)| NodeGraph::Move(tail)))
+                        .collect()
                 } else {
                     match part_of[k] {
                         Some(p) => {

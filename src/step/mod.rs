@@ -13,7 +13,8 @@
 //!
 //! A writer that marks a handoff ready ([`RunnerCapture::ready`]) is split
 //! at that point into two nodes, so a reader starts there, as it does when
-//! replayed per runner.
+//! replayed per runner: its graph is split, or, for a runner whose graph
+//! allocates, its step copy comes in the two parts its capture was cut in.
 //!
 //! [`RunnerCapture::ready`]: crate::RunnerCapture::ready
 
@@ -273,8 +274,10 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// A runner whose graph allocates temporaries goes into the step graph
     /// as its step copy ([`RunnerCapture::stream_capture_repeatable`]),
     /// which [`StepBuilder::build`] moves in: one per replay in one step
-    /// graph. Its readers start after its whole graph (the copy is not
-    /// split at its ready points: the driver cannot copy parts of it).
+    /// graph. Readers of the handoff it marks ready first start at that
+    /// ready point when its copies were captured in two parts there (see
+    /// [`RunnerCapture::stream_capture_repeatable`]), after the whole copy
+    /// otherwise.
     ///
     /// # Errors
     ///

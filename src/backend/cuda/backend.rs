@@ -129,24 +129,47 @@ impl Backend for Device {
                 reason: "the capture produced no graph".into(),
             });
         }
-        // The capturing stream's priority stays with the work in step
-        // graphs (which run nodes at their own priority).
-        // SAFETY: a live stream of this context, current on this thread.
-        let stamped = unsafe { result::stream::priority(raw) }
-            .map_err(BackendError::from)
-            .and_then(|priority| match priority {
-                0 => Ok(()),
-                // SAFETY: the capture returned `graph` to us; nothing
-                // instantiates it yet.
-                p => unsafe { self.stamp_priority(graph, p, 0) },
-            });
-        if let Err(e) = stamped {
-            // SAFETY: the capture returned `graph` to us; destroyed once.
-            let _ = unsafe { result::graph::destroy(graph) };
-            return Err(e);
-        }
+        // SAFETY: the capture returned `graph` to us.
+        unsafe { self.stamp_captured(graph, raw) }?;
         // SAFETY: the capture returned `graph` to us.
         unsafe { self.instantiate(graph, Some(raw)) }
+    }
+
+    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
+        self.cuts_at_record(graph, event)
+    }
+
+    unsafe fn cut_capture(&self, stream: &Stream) -> Result<Graph> {
+        let raw = stream.raw("cuStreamEndCapture")?;
+        self.bind()?;
+        // SAFETY: the stream is live (a graph the driver hands back with an
+        // error is destroyed by the wrapper).
+        let graph = unsafe { result::stream::end_capture(raw) }?;
+        if graph.is_null() {
+            return Err(BackendError::Refused {
+                op: "cuStreamEndCapture",
+                reason: "the capture produced no graph".into(),
+            });
+        }
+        // SAFETY: the capture returned `graph` to us.
+        unsafe { self.stamp_captured(graph, raw) }?;
+        // SAFETY: the capture returned `graph` to us; never instantiated.
+        let first = unsafe { self.own_uninstantiated(graph) };
+        // SAFETY: the stream is a live, capturable stream of this context
+        // (it captured until now).
+        unsafe { result::stream::begin_capture(raw, self.capture_mode().raw()) }?;
+        Ok(first)
+    }
+
+    fn validate_parts(&self, parts: &[&Graph]) -> std::result::Result<(), GraphRejection> {
+        let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
+        self.bind().map_err(uninspectable)?;
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        for part in parts {
+            self.memory_nodes(part.handles.graph, 0, &mut allocs, &mut frees)
+                .map_err(uninspectable)?;
+        }
+        check_memory_nodes(&allocs, &frees)
     }
 
     unsafe fn abort_capture(&self, stream: &Stream) {

@@ -76,6 +76,119 @@ impl Drop for Graph {
 }
 
 impl Device {
+    /// Owns `graph` without instantiating it (a part of a step copy, only
+    /// ever moved into a step graph).
+    ///
+    /// # Safety
+    ///
+    /// `graph` is a live graph of this context that the caller hands over.
+    pub(super) unsafe fn own_uninstantiated(&self, graph: sys::CUgraph) -> Graph {
+        Graph {
+            handles: GraphHandles {
+                graph,
+                exec: ptr::null_mut(),
+            },
+            ctx: self.inner.ctx.clone(),
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// Stamps a captured graph's kernel nodes with the priority of the
+    /// stream `raw` that captured it, so that it stays with the work in
+    /// step graphs (which run nodes at their own priority); destroys the
+    /// graph on failure.
+    ///
+    /// # Safety
+    ///
+    /// `graph` is a live graph the capture on `raw` returned to the caller,
+    /// not instantiated yet.
+    pub(super) unsafe fn stamp_captured(
+        &self,
+        graph: sys::CUgraph,
+        raw: sys::CUstream,
+    ) -> Result<()> {
+        // SAFETY: a live stream of this context, current on this thread.
+        let stamped = unsafe { result::stream::priority(raw) }
+            .map_err(BackendError::from)
+            .and_then(|priority| match priority {
+                0 => Ok(()),
+                // SAFETY: the caller's graph; nothing instantiates it yet.
+                p => unsafe { self.stamp_priority(graph, p, 0) },
+            });
+        if stamped.is_err() {
+            // SAFETY: the caller handed `graph` over; destroyed once.
+            let _ = unsafe { result::graph::destroy(graph) };
+        }
+        stamped
+    }
+
+    /// [`Backend::cuts_at`](crate::Backend::cuts_at): the record node of
+    /// `event` in `graph`, and whether every other node is its ancestor or
+    /// its descendant.
+    pub(super) fn cuts_at_record(&self, graph: &Graph, event: &Event) -> Result<bool> {
+        self.bind()?;
+        let nodes = nodes_of(graph.handles.graph)?;
+        let record = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EVENT_RECORD as u32;
+        let mut at = None;
+        for &node in &nodes {
+            // SAFETY: a node of the live graph.
+            if unsafe { result::graph::node_type(node) }? == record
+                // SAFETY: an event record node of the graph.
+                && unsafe { result::graph::record_node_event(node) }? == event.cu_event()
+            {
+                at = Some(node);
+                break;
+            }
+        }
+        let Some(at) = at else {
+            return Ok(false);
+        };
+        let index: std::collections::HashMap<usize, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n as usize, i))
+            .collect();
+        let deps: Vec<Vec<usize>> = nodes
+            .iter()
+            .map(|&n| {
+                Ok(deps_of(n)?
+                    .iter()
+                    .filter_map(|d| index.get(&(*d as usize)).copied())
+                    .collect())
+            })
+            .collect::<Result<_>>()?;
+        let at = index[&(at as usize)];
+        // Ancestors: walk the dependencies up from the record.
+        let mut before = vec![false; nodes.len()];
+        let mut todo = deps[at].clone();
+        while let Some(n) = todo.pop() {
+            if !before[n] {
+                before[n] = true;
+                todo.extend(&deps[n]);
+            }
+        }
+        // Descendants: in an order where dependencies come first (Kahn).
+        let mut dependents = vec![Vec::new(); nodes.len()];
+        let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
+        for (n, ds) in deps.iter().enumerate() {
+            for &d in ds {
+                dependents[d].push(n);
+            }
+        }
+        let mut after = vec![false; nodes.len()];
+        let mut ready: Vec<usize> = (0..nodes.len()).filter(|&n| waiting[n] == 0).collect();
+        while let Some(n) = ready.pop() {
+            after[n] = after[n] || deps[n].iter().any(|&d| d == at || after[d]);
+            for &m in &dependents[n] {
+                waiting[m] -= 1;
+                if waiting[m] == 0 {
+                    ready.push(m);
+                }
+            }
+        }
+        Ok((0..nodes.len()).all(|n| n == at || before[n] || after[n]))
+    }
+
     /// A graph the program captured with cudarc (its own
     /// `begin_capture`/`end_capture`), for
     /// [`RunnerCapture::finish_with_graph`](crate::RunnerCapture::finish_with_graph):

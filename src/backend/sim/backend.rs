@@ -226,6 +226,67 @@ impl Backend for Device {
         })
     }
 
+    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
+        // A sim capture is one stream's op list: nothing runs beside a
+        // record node.
+        let id = self.own_event(event, "sim cuts at")?;
+        Ok(graph.step.is_none() && graph.records.iter().any(|&(_, e)| e == id))
+    }
+
+    #[track_caller]
+    unsafe fn cut_capture(&self, stream: &Stream) -> Result<Graph> {
+        let id = self.own(stream, "sim cut capture")?;
+        if self.state().streams[id].capturing.is_none() {
+            return Err(sim_error("sim cut capture", "the stream is not capturing"));
+        }
+        // All or nothing: both calls may fail before anything changes.
+        self.fault(Call::EndCapture)?;
+        self.fault(Call::BeginCapture)?;
+        let mut s = self.state();
+        let Some(capture) = s.streams[id].capturing.as_mut() else {
+            return Err(sim_error("sim cut capture", "the stream is not capturing"));
+        };
+        let mut inherited = std::mem::take(&mut capture.inherited);
+        inherited.extend_from_slice(&capture.temps);
+        let first = std::mem::replace(
+            capture,
+            Capture {
+                inherited,
+                ..Capture::default()
+            },
+        );
+        drop(s);
+        let memory = (!first.temps.is_empty())
+            .then(|| {
+                Arc::new(GraphMemory {
+                    state: self.state.clone(),
+                    bases: first.temps,
+                })
+            })
+            .into_iter()
+            .collect();
+        Ok(Graph {
+            ops: first.ops,
+            records: first.records,
+            memory,
+            step: None,
+            last: Arc::default(),
+        })
+    }
+
+    fn validate_parts(&self, parts: &[&Graph]) -> std::result::Result<(), GraphRejection> {
+        let mut allocs = Vec::new();
+        let mut frees = Vec::new();
+        for (op, _) in parts.iter().flat_map(|g| &g.ops) {
+            match *op {
+                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
+                Op::FreeNode { addr } => frees.push(addr),
+                _ => {}
+            }
+        }
+        check_memory_nodes(&allocs, &frees)
+    }
+
     unsafe fn abort_capture(&self, stream: &Stream) {
         if let Ok(id) = self.own(stream, "sim abort capture") {
             let mut s = self.state();

@@ -146,7 +146,8 @@ impl Device {
             // of the same closure (a step copy) may not use it.
             let foreign = op.accesses().into_iter().find_map(|(span, _)| {
                 let base = s.temporary_of(&span)?;
-                (!capture.temps.contains(&base)).then_some(span)
+                (!capture.temps.contains(&base) && !capture.inherited.contains(&base))
+                    .then_some(span)
             });
             if let Some(span) = foreign {
                 return Err(sim_error(

@@ -55,6 +55,9 @@ pub(super) struct Capture {
     pub(super) records: Vec<(usize, usize)>,
     /// Allocations its allocation nodes made.
     pub(super) temps: Vec<u64>,
+    /// Allocations of the parts cut off before it ([`Backend::cut_capture`](crate::Backend::cut_capture)):
+    /// its work may use and free them.
+    pub(super) inherited: Vec<u64>,
 }
 
 pub(super) struct StreamState {
