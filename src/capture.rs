@@ -589,10 +589,11 @@ pub(crate) enum Uncaptured<E> {
 /// with the scope open (its views work on the device only there), closes
 /// the scope for the views, and ends the capture, or aborts it when `work`
 /// failed or misused a view. If `work` unwinds, the capture is aborted and
-/// `unwound` runs, before the stream is given up.
+/// `unwound` runs, before the stream is given up. A `part` is a graph only
+/// ever composed into a step graph ([`Backend::end_capture_part`]).
 pub(crate) fn capture_work<B: Backend, T, E>(
     backend: &B,
-    stream: &B::Stream,
+    (stream, part): (&B::Stream, bool),
     (sid, scope, runner): (u64, u64, RunnerId),
     unwound: impl FnOnce(),
     work: impl FnOnce() -> std::result::Result<T, E>,
@@ -625,7 +626,14 @@ pub(crate) fn capture_work<B: Backend, T, E>(
         return Err(Uncaptured::Misuse(reason));
     }
     // SAFETY: the capture this call began (if the work ended it, this fails).
-    let graph = match unsafe { backend.end_capture(stream) } {
+    let ended = unsafe {
+        if part {
+            backend.end_capture_part(stream)
+        } else {
+            backend.end_capture(stream)
+        }
+    };
+    let graph = match ended {
         Ok(graph) => graph,
         Err(e) => {
             // An end that failed may leave the capture open (CUDA ends an
@@ -904,7 +912,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         work: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), StreamCaptureError<E>> {
         self.may_capture()?;
-        let graph = self.capture_graph(stream, work)?;
+        let graph = self.capture_graph((stream, false), work)?;
         *self.graph.borrow_mut() = Some(graph);
         Ok(())
     }
@@ -983,7 +991,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         let runner = self.runner();
         self.may_capture()?;
         self.first_ready.set(None);
-        let graph = self.capture_graph(stream, &mut work)?;
+        let graph = self.capture_graph((stream, false), &mut work)?;
         let checked = self.backend().graph_temporaries(&graph).and_then(|t| {
             if t.is_empty() {
                 return Ok(None);
@@ -1053,7 +1061,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
             entry.1 = false;
         }
         self.head.borrow_mut().take();
-        let copy = match self.capture_graph(stream, work) {
+        // A step copy is only ever moved into a step graph.
+        let copy = match self.capture_graph((stream, true), work) {
             Ok(copy) => copy,
             Err(e) => {
                 // A capture that never began fails the runner too: it has
@@ -1114,11 +1123,11 @@ impl<B: Backend> RunnerCapture<'_, B> {
         Ok(())
     }
 
-    /// One stream capture of `work` into a graph; a failure fails the
-    /// runner.
+    /// One stream capture of `work` into a graph (a `part` only ever
+    /// composed into a step graph); a failure fails the runner.
     fn capture_graph<E: fmt::Display>(
         &self,
-        stream: &B::Stream,
+        (stream, part): (&B::Stream, bool),
         work: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
     ) -> std::result::Result<B::Graph, StreamCaptureError<E>> {
         let runner = self.runner();
@@ -1133,7 +1142,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         // would be recorded into this graph).
         let captured = capture_work(
             backend,
-            stream,
+            (stream, part),
             (sid, self.scope, runner),
             || {
                 self.in_closure.set(false);

@@ -597,6 +597,23 @@ pub trait Backend: Streams {
     /// The runtime's error (the capture was invalidated, say).
     unsafe fn end_capture(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError>;
 
+    /// [`Backend::end_capture`] for a graph only ever composed into a step
+    /// graph, never launched on its own (a step copy, a step's consumer):
+    /// a backend may leave it uninstantiated. The default instantiates it
+    /// all the same.
+    ///
+    /// # Safety
+    ///
+    /// As [`Backend::end_capture`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::end_capture`].
+    unsafe fn end_capture_part(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.end_capture(stream) }
+    }
+
     /// Ends a capture and discards what was captured (best effort, after a
     /// failure or during unwinding).
     ///

@@ -750,6 +750,11 @@ impl Backend for Device {
         unsafe { self.cuda.abort_capture(stream) }
     }
 
+    unsafe fn end_capture_part(&self, stream: &Stream) -> Result<Graph> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.cuda.end_capture_part(stream) }
+    }
+
     fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
         self.cuda.cuts_at(graph, event)
     }

@@ -403,9 +403,10 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             })
             .collect();
         let lists: Vec<&[View<'_, A>]> = copies.iter().map(Vec::as_slice).collect();
+        // Only ever composed into the step graph.
         let graph = match capture_work(
             &r.backend,
-            stream,
+            (stream, true),
             (sid, scope, runner),
             || {},
             || work(stream, &lists),

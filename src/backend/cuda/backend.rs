@@ -135,11 +135,7 @@ impl Backend for Device {
         unsafe { self.instantiate(graph, Some(raw)) }
     }
 
-    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
-        self.cuts_at_record(graph, event)
-    }
-
-    unsafe fn cut_capture(&self, stream: &Stream) -> Result<Graph> {
+    unsafe fn end_capture_part(&self, stream: &Stream) -> Result<Graph> {
         let raw = stream.raw("cuStreamEndCapture")?;
         self.bind()?;
         // SAFETY: the stream is live (a graph the driver hands back with an
@@ -153,8 +149,19 @@ impl Backend for Device {
         }
         // SAFETY: the capture returned `graph` to us.
         unsafe { self.stamp_captured(graph, raw) }?;
-        // SAFETY: the capture returned `graph` to us; never instantiated.
-        let first = unsafe { self.own_uninstantiated(graph) };
+        // SAFETY: the capture returned `graph` to us; only ever composed
+        // into a step graph (which instantiates the whole), never launched.
+        Ok(unsafe { self.own_uninstantiated(graph) })
+    }
+
+    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
+        self.cuts_at_record(graph, event)
+    }
+
+    unsafe fn cut_capture(&self, stream: &Stream) -> Result<Graph> {
+        // SAFETY: the caller's contract is the same.
+        let first = unsafe { self.end_capture_part(stream) }?;
+        let raw = stream.raw("cuStreamBeginCapture")?;
         // SAFETY: the stream is a live, capturable stream of this context
         // (it captured until now).
         unsafe { result::stream::begin_capture(raw, self.capture_mode().raw()) }?;
