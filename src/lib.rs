@@ -179,8 +179,8 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{
-    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
-    StepEnd, StepNode, Streams, Temporaries, Timing,
+    Allocate, Arena, ArenaDesc, Backend, BackendError, Capture, Compose, GraphMemory,
+    GraphRejection, Launch, NodeGraph, StepEnd, StepNode, Streams, Temporaries, Timing,
 };
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
