@@ -775,3 +775,27 @@ pub trait Compose: Backend {
         end: Option<StepEnd<'_, Self::Event>>,
     ) -> Result<Self::Graph, BackendError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use static_assertions::assert_impl_all;
+
+    // The model plays every role.
+    assert_impl_all!(sim::Device: Streams, Allocate, Capture, Launch, Backend, Compose, Timing);
+
+    #[cfg(feature = "cuda")]
+    assert_impl_all!(cuda::Device: Streams, Allocate, Capture, Launch, Backend, Compose, Timing);
+
+    // The `nccl` backend allocates on its own and takes every other role
+    // from `cuda` (Timing included), with `cuda`'s graphs and events.
+    #[cfg(replay_arena_nccl)]
+    assert_impl_all!(nccl::Device: Streams, Allocate, Capture, Launch, Backend, Compose, Timing);
+
+    #[cfg(replay_arena_nccl)]
+    #[test]
+    fn nccl_and_cuda_compose_the_same_step_nodes() {
+        fn same_nodes<B: Compose, C: Compose<Graph = B::Graph, Event = B::Event>>() {}
+        same_nodes::<cuda::Device, nccl::Device>();
+    }
+}

@@ -231,11 +231,11 @@ impl Backend for Device {
     }
 
     fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
-        self.as_device().graph_memory_in_use().map(Some)
+        Device::graph_memory_in_use(self).map(Some)
     }
 
     fn trim_graph_memory(&self) -> Result<()> {
-        self.as_device().trim_graph_memory()
+        Device::trim_graph_memory(self)
     }
 }
 
