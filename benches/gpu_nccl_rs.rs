@@ -14,7 +14,8 @@ use replay_arena::cuda::cudarc::nccl::sys as nc;
 use replay_arena::cuda::probe;
 use replay_arena::nccl::{self, Communicator, UniqueId};
 use replay_arena::{
-    Backend, DType, Discovering, Domain, GroupId, PlanConfig, Policy, Request, RunnerId, Streams,
+    Capture, DType, Discovering, Domain, GroupId, Launch, PlanConfig, Policy, Request, RunnerId,
+    Streams,
 };
 
 type R<T> = Result<T, String>;

@@ -261,7 +261,7 @@ pub(crate) struct Captured<G> {
 
 /// A step copy: a second capture of an allocating runner's work, for one
 /// step graph to move in. Captured in two parts when the work allows it
-/// (nothing of it runs beside its first ready point, [`Backend::cuts_at`]):
+/// (nothing of it runs beside its first ready point, [`Capture::cuts_at`]):
 /// the part up to that ready point and the rest, so that in a step graph
 /// the readers of that handoff start at the ready point, as they do when
 /// the runner is replayed on its own.
@@ -590,7 +590,7 @@ pub(crate) enum Uncaptured<E> {
 /// the scope for the views, and ends the capture, or aborts it when `work`
 /// failed or misused a view. If `work` unwinds, the capture is aborted and
 /// `unwound` runs, before the stream is given up. A `part` is a graph only
-/// ever composed into a step graph ([`Backend::end_capture_part`]).
+/// ever composed into a step graph ([`Capture::end_capture_part`]).
 pub(crate) fn capture_work<B: Backend, T, E>(
     backend: &B,
     (stream, part): (&B::Stream, bool),
@@ -939,7 +939,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// ready point, as between per-runner replays. A temporary allocated
     /// before the cut may be used and freed after it. The crate cuts only
     /// when the first run's graph shows nothing of the work beside that
-    /// ready point ([`Backend::cuts_at`](crate::Backend::cuts_at): no other
+    /// ready point ([`Capture::cuts_at`](crate::Capture::cuts_at): no other
     /// stream of the capture has work across it); otherwise the copy is one
     /// graph, and its readers start after it.
     ///

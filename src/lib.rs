@@ -118,7 +118,15 @@
 //!   neither cudarc's linking mode nor its CUDA version; the default features
 //!   add dynamic loading and CUDA 13.0, so the crate builds and its CPU tests
 //!   run without CUDA.
-//! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows.
+//! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows:
+//!   the `cuda` backend with an allocator of its own.
+//!
+//! What a backend does is split into roles, each asked for by whoever
+//! uses it: [`Streams`] (the fence), [`Allocate`] (arenas), [`Capture`]
+//! (stream capture), [`Launch`] (graph launches), [`Compose`] (step
+//! graphs) and [`Timing`] (traces). [`Backend`] is their umbrella, the
+//! bound every phase takes; a program calling a role's method on a
+//! concrete backend imports that role (`use replay_arena::Capture;`).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -179,8 +187,8 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{
-    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
-    StepEnd, StepNode, Streams, Temporaries, Timing,
+    Allocate, Arena, ArenaDesc, Backend, BackendError, Capture, Compose, GraphMemory,
+    GraphRejection, Launch, NodeGraph, StepEnd, StepNode, Streams, Temporaries, Timing,
 };
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,

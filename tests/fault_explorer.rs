@@ -1488,7 +1488,8 @@ fn explore_program(seed: u64, positions: u64, only: Option<&Plan>, t: &mut Total
 
 /// The call sites of backend calls in src/ (outside the backends' own
 /// modules), found by a textual search: each line that calls a method of
-/// the `Streams`, `Backend` or `Compose` traits (`.launch(`,
+/// a backend role (`Streams`, `Allocate`, `Capture`, `Launch`, `Backend`,
+/// `Compose`: `.launch(`,
 /// `.record_event(`, ...), outside comments and the `#[cfg(test)]`
 /// modules at the end of files.
 fn backend_call_sites() -> BTreeSet<String> {

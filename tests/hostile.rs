@@ -381,7 +381,7 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
 
 #[test]
 fn a_failed_sim_graph_launch_enqueues_nothing() {
-    use replay_arena::Backend;
+    use replay_arena::{Capture, Launch};
     let sim = sim::Device::new();
     let (capture, other) = (sim.stream(), sim.stream());
     let kept = sim.alloc_f32(64).unwrap();
@@ -394,7 +394,7 @@ fn a_failed_sim_graph_launch_enqueues_nothing() {
     let graph = unsafe { sim.end_capture(&capture) }.unwrap();
     drop(dropped);
     // SAFETY: the graph touches the program's own buffers only.
-    let err = unsafe { Backend::launch(&sim, &graph, &other) }.unwrap_err();
+    let err = unsafe { Launch::launch(&sim, &graph, &other) }.unwrap_err();
     assert!(
         err.to_string().contains("outside every live allocation"),
         "{err}"

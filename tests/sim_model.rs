@@ -6,8 +6,8 @@
 use proptest::prelude::*;
 use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{
-    Backend, BackendError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Replayable,
-    Request, RunnerId, Streams,
+    BackendError, Capture, DType, Discovering, Domain, Launch, PlanConfig, Policy, ReplayError,
+    Replayable, Request, RunnerId, Streams,
 };
 
 const STREAMS: usize = 3;
@@ -373,7 +373,7 @@ fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
     let foreign = "stream belongs to another sim::Device";
     assert_refused(sim.launch(&theirs, sim::Op::fill(&buffer, 2.0), 1), foreign);
     // SAFETY: the graph writes a buffer of the program's, used by nothing else.
-    assert_refused(unsafe { Backend::launch(&sim, &graph, &theirs) }, foreign);
+    assert_refused(unsafe { Launch::launch(&sim, &graph, &theirs) }, foreign);
     assert_refused(sim.wait_event(&theirs, &event), foreign);
     assert_refused(sim.record_event(&theirs, &event), foreign);
     assert_refused(sim.begin_capture(&theirs), foreign);

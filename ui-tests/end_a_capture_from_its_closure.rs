@@ -1,7 +1,7 @@
 //! Proves: safe code cannot end the stream capture `stream_capture` opened
 //! (its work on the runner's views would then run at once, unfenced).
 use replay_arena::sim;
-use replay_arena::{Backend, RunnerCapture};
+use replay_arena::{Capture, RunnerCapture};
 
 fn steal(cap: &RunnerCapture<'_, sim::Device>, sim: &sim::Device) {
     let stream = sim.stream();

@@ -1,12 +1,12 @@
 //! Proves: safe code cannot launch a plan's graph around the fence. The
-//! plan's graph and backend are reachable, but `Backend::launch` is an
+//! plan's graph and backend are reachable, but `Launch::launch` is an
 //! `unsafe fn`: `Replayable::replay` is the safe way in.
 use replay_arena::sim;
-use replay_arena::{Backend, Replayable, RunnerId};
+use replay_arena::{Launch, Replayable, RunnerId};
 
 fn unfenced(replayable: &Replayable<sim::Device>, stream: &sim::Stream) {
     let graph = replayable.graph(RunnerId(0)).unwrap();
-    let _ = Backend::launch(replayable.backend(), graph, stream);
+    let _ = Launch::launch(replayable.backend(), graph, stream);
 }
 
 fn main() {}

@@ -7,6 +7,44 @@
 //!
 //! A backend knows nothing of plans: it allocates what an [`ArenaDesc`]
 //! describes, and creates, waits on and records events.
+//!
+//! # Roles
+//!
+//! What a device does is split into the roles its users need, as
+//! wgpu-hal splits a device into `Instance`, `Adapter`, `Device`, `Queue`:
+//! each user asks for the roles it uses, and a stand-in implements only
+//! the roles it plays.
+//!
+//! | role | methods | who needs it |
+//! |---|---|---|
+//! | [`Streams`] | events, stream identities, waits, records, host waits | the replay fence (and the step compiler's dry run, which implements it alone) |
+//! | [`Allocate`] | [`allocate_arena`](Allocate::allocate_arena) | [`Planned::allocate`](crate::Planned::allocate) |
+//! | [`Capture`]: [`Streams`] | begin, end and abort a stream capture; event record nodes; a captured graph's memory nodes checked and temporaries counted | [`RunnerCapture`](crate::RunnerCapture), step consumers |
+//! | [`Launch`]: [`Capture`] | [`launch`](Launch::launch) (`unsafe`: the fence is the safe way in) | [`Replayable::replay`](crate::Replayable::replay), step graphs |
+//! | [`Backend`]: [`Allocate`] + [`Capture`] + [`Launch`] | [`name`](Backend::name); the device's graph memory, [`graph_memory_in_use`](Backend::graph_memory_in_use) and [`trim_graph_memory`](Backend::trim_graph_memory) | every phase ([`Capturing`](crate::Capturing), [`Replayable`](crate::Replayable), ...) |
+//! | [`Compose`]: [`Backend`] | [`split_graph`](Compose::split_graph), [`compose`](Compose::compose) | step graphs ([`Replayable::step`](crate::Replayable::step)) |
+//! | [`Timing`]: [`Streams`] | timing marks on streams | traces ([`Replayable::start_trace`](crate::Replayable::start_trace)) |
+//!
+//! [`Backend`] is their umbrella: a device a plan runs on, with every role
+//! the lifecycle needs ([`Allocate`] + [`Capture`] + [`Launch`]), a name
+//! for reports, and what belongs to the whole device rather than to one
+//! role (the memory it holds for graph allocations, reported and
+//! trimmed); it is the bound the public API takes. A method of a role is
+//! called through its role's trait (`use replay_arena::Capture;` for
+//! `begin_capture` on a concrete backend; a generic `B: Backend` reaches
+//! them all).
+//!
+//! Step nodes ([`StepNode`], [`NodeGraph`], [`StepEnd`]) are generic over
+//! the graph and event types, not the backend, so backends with the same
+//! graphs and events share them.
+//!
+//! Who plays which role: `sim::Device` plays them all. `cuda::Device`
+//! plays them all; its [`Streams`], [`Capture`], [`Launch`], [`Compose`]
+//! and [`Timing`] are implemented once for every handle of a CUDA device
+//! (`cuda::AsDevice`), so the `nccl` backend, a `cuda::Device` with
+//! symmetric windows as its allocator, implements [`Allocate`] and the
+//! umbrella [`Backend`] (its name, the device's graph memory) and takes
+//! every other role from `cuda`.
 
 use crate::view::Misuse;
 use crate::vocab::{GroupId, Key};
@@ -271,7 +309,7 @@ pub(crate) fn check_memory_nodes(
 }
 
 /// Why a backend refuses to keep a captured graph
-/// ([`Backend::validate_graph`]).
+/// ([`Capture::validate_graph`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum GraphRejection {
@@ -375,22 +413,23 @@ impl Temporaries {
     }
 }
 
-/// How a node's graph goes into [`Compose::compose`].
-pub enum NodeGraph<'a, B: Backend + ?Sized> {
+/// How a node's graph goes into [`Compose::compose`]; `G` is the backend's
+/// graph type ([`Capture::Graph`]).
+pub enum NodeGraph<'a, G> {
     /// Copied in (CUDA: a child graph node clones the graph); the graph
     /// stays the caller's. Refused for a graph with memory nodes: the
     /// driver does not clone those.
-    Copy(&'a B::Graph),
+    Copy(&'a G),
     /// Moved in (CUDA 12.9 and later: a child graph node that takes
     /// ownership, `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`): the graph belongs
     /// to the composed graph from then on, and is gone with it, even when
     /// composing fails. A graph with temporaries goes in this way.
-    Move(B::Graph),
+    Move(G),
 }
 
-impl<B: Backend + ?Sized> NodeGraph<'_, B> {
+impl<G> NodeGraph<'_, G> {
     /// The graph, either way.
-    pub fn graph(&self) -> &B::Graph {
+    pub fn graph(&self) -> &G {
         match self {
             NodeGraph::Copy(g) => g,
             NodeGraph::Move(g) => g,
@@ -402,24 +441,26 @@ impl<B: Backend + ?Sized> NodeGraph<'_, B> {
 /// for, and the stream of the step it was scheduled on; in a step graph
 /// that overlaps its neighbours, also the events it waits for first and
 /// records when done (event wait and record nodes: the other graph's
-/// launch before it).
-pub struct StepNode<'a, B: Backend + ?Sized> {
+/// launch before it). `G` and `E` are the backend's graph and event types
+/// ([`Capture::Graph`], [`Streams::Event`]): backends that share them share
+/// their nodes.
+pub struct StepNode<'a, G, E> {
     /// The graph the node runs, copied or moved in.
-    pub graph: NodeGraph<'a, B>,
+    pub graph: NodeGraph<'a, G>,
     /// Indices of earlier nodes it runs after.
     pub deps: Vec<usize>,
     /// The step's stream (lane) it was scheduled on.
     pub lane: usize,
     /// Events whose latest record (at the composed graph's launch) it runs
     /// after.
-    pub waits: Vec<&'a B::Event>,
+    pub waits: Vec<&'a E>,
     /// Events it records once done, at each launch.
-    pub records: Vec<&'a B::Event>,
+    pub records: Vec<&'a E>,
 }
 
-impl<'a, B: Backend + ?Sized> StepNode<'a, B> {
+impl<'a, G, E> StepNode<'a, G, E> {
     /// A node running `graph` on `lane` after the nodes `deps`.
-    pub fn new(graph: NodeGraph<'a, B>, deps: Vec<usize>, lane: usize) -> StepNode<'a, B> {
+    pub fn new(graph: NodeGraph<'a, G>, deps: Vec<usize>, lane: usize) -> StepNode<'a, G, E> {
         StepNode {
             graph,
             deps,
@@ -433,17 +474,18 @@ impl<'a, B: Backend + ?Sized> StepNode<'a, B> {
 /// How a composed graph ends, for step graphs launched in turn that
 /// overlap: it records `record` once every node is done, and completes
 /// only once `wait`'s latest record (at its launch) has completed too, so
-/// that its completion implies the launch before it completed.
-pub struct StepEnd<'a, B: Backend + ?Sized> {
+/// that its completion implies the launch before it completed. `E` is the
+/// backend's event type ([`Streams::Event`]).
+pub struct StepEnd<'a, E> {
     /// Recorded after every node.
-    pub record: &'a B::Event,
+    pub record: &'a E,
     /// The composed graph completes after its latest record.
-    pub wait: &'a B::Event,
+    pub wait: &'a E,
 }
 
-/// What the replay fence needs from a device runtime: streams the runtime
-/// gives identities, events to order them, and host waits. (The dry run a
-/// step graph is compiled on implements this alone.)
+/// The streams role: streams the runtime gives identities, events to order
+/// them, and host waits. It is all the replay fence needs (the dry run a
+/// step graph is compiled on implements this alone).
 ///
 /// Every call takes `&self`: backends are thin handles over a runtime.
 #[diagnostic::on_unimplemented(
@@ -513,26 +555,22 @@ pub trait Streams {
     fn synchronize(&self) -> Result<(), BackendError>;
 }
 
-/// What the lifecycle needs from a device runtime besides [`Streams`]:
-/// arenas, stream capture, and graph launches.
+/// The allocation role: where a plan's arenas come from. A plan allocates
+/// every arena once, before any capture
+/// ([`Planned::allocate`](crate::Planned::allocate)), and drops them only
+/// after every event the fence recorded was waited for.
 ///
-/// The lifecycle guarantees the order: arenas and events are created
-/// before any capture; graphs are dropped before events and arenas; every
-/// event the fence recorded is waited for ([`Streams::synchronize_event`])
-/// before anything is freed.
+/// A backend that differs from another only in where some domain's memory
+/// comes from implements this role alone on top of the other's: the `nccl`
+/// backend is the `cuda` backend with symmetric windows as its allocator.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a replay-arena backend",
-    label = "a plan allocates its arenas on a backend",
-    note = "backends are cheap handles passed by value (`backend.clone()`, not `&backend`): `sim::Device`, `cuda::Device` (`cuda::Device::from_context` adopts a cudarc context), `nccl::Device`"
+    message = "`{Self}` allocates no arenas",
+    label = "a plan allocates its arenas here",
+    note = "backends are cheap handles passed by value (`backend.clone()`, not `&backend`): `sim::Device`, `cuda::Device`, `nccl::Device`"
 )]
-pub trait Backend: Streams {
+pub trait Allocate {
     /// An allocated arena.
     type Arena: Arena;
-    /// A captured, launchable graph.
-    type Graph;
-
-    /// Short name for reports ("sim", "cuda").
-    fn name(&self) -> &'static str;
 
     /// Allocates one arena, outside every graph memory pool, aligned to at
     /// least `desc.alignment`.
@@ -542,38 +580,18 @@ pub trait Backend: Streams {
     /// [`BackendError::Allocation`] when the memory cannot be had, or the
     /// runtime's own error.
     fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Self::Arena, BackendError>;
+}
 
-    /// Records the event *inside* the capture running on `stream`, as a
-    /// node of the graph being captured: every launch of the graph records
-    /// the event at that point of the graph (CUDA: an external event record
-    /// node, `cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)`).
-    ///
-    /// # Errors
-    ///
-    /// The runtime's error; [`BackendError::Refused`] when `stream` is not
-    /// capturing.
-    fn record_event_node(
-        &self,
-        stream: &Self::Stream,
-        event: &Self::Event,
-    ) -> Result<(), BackendError>;
-
-    /// Launches a graph on `stream`, all or nothing: on error nothing of
-    /// the graph was enqueued.
-    ///
-    /// # Safety
-    ///
-    /// A plan's graph writes arena bytes that other replays and consumers
-    /// use: the caller guarantees that every earlier user of the bytes the
-    /// graph touches is complete or ordered before `stream`'s tail, and that
-    /// later users will be ordered after this launch. [`Replayable::replay`](crate::Replayable::replay)
-    /// is the safe way to launch a plan's graph.
-    ///
-    /// # Errors
-    ///
-    /// As [`Streams::wait_event`].
-    unsafe fn launch(&self, graph: &Self::Graph, stream: &Self::Stream)
-        -> Result<(), BackendError>;
+/// The capture role: stream capture into graphs, event record nodes inside
+/// them, and what a plan asks of a captured graph (its memory nodes
+/// checked, its temporaries counted).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` captures no graphs",
+    note = "backends are cheap handles passed by value (`backend.clone()`, not `&backend`): `sim::Device`, `cuda::Device`, `nccl::Device`"
+)]
+pub trait Capture: Streams {
+    /// A captured, launchable graph.
+    type Graph;
 
     /// Starts capturing the work submitted to `stream`.
     ///
@@ -597,18 +615,18 @@ pub trait Backend: Streams {
     /// The runtime's error (the capture was invalidated, say).
     unsafe fn end_capture(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError>;
 
-    /// [`Backend::end_capture`] for a graph only ever composed into a step
+    /// [`Capture::end_capture`] for a graph only ever composed into a step
     /// graph, never launched on its own (a step copy, a step's consumer):
     /// a backend may leave it uninstantiated. The default instantiates it
     /// all the same.
     ///
     /// # Safety
     ///
-    /// As [`Backend::end_capture`].
+    /// As [`Capture::end_capture`].
     ///
     /// # Errors
     ///
-    /// As [`Backend::end_capture`].
+    /// As [`Capture::end_capture`].
     unsafe fn end_capture_part(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError> {
         // SAFETY: the caller's contract is the same.
         unsafe { self.end_capture(stream) }
@@ -619,15 +637,30 @@ pub trait Backend: Streams {
     ///
     /// # Safety
     ///
-    /// As [`Backend::end_capture`].
+    /// As [`Capture::end_capture`].
     unsafe fn abort_capture(&self, stream: &Self::Stream);
 
+    /// Records the event *inside* the capture running on `stream`, as a
+    /// node of the graph being captured: every launch of the graph records
+    /// the event at that point of the graph (CUDA: an external event record
+    /// node, `cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)`).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error; [`BackendError::Refused`] when `stream` is not
+    /// capturing.
+    fn record_event_node(
+        &self,
+        stream: &Self::Stream,
+        event: &Self::Event,
+    ) -> Result<(), BackendError>;
+
     /// Whether the capture of work like `graph`'s could be cut in two at
-    /// the record node of `event` ([`Backend::record_event_node`]): every
+    /// the record node of `event` ([`Capture::record_event_node`]): every
     /// other node of `graph` runs before that record or after it, none
     /// beside it (no other stream of the capture has work across it). A
     /// step copy of an allocating runner is cut at its first ready point
-    /// only then ([`Backend::cut_capture`]). `false` when the backend cannot
+    /// only then ([`Capture::cut_capture`]). `false` when the backend cannot
     /// cut captures.
     ///
     /// # Errors
@@ -646,9 +679,9 @@ pub trait Backend: Streams {
     ///
     /// # Safety
     ///
-    /// As [`Backend::end_capture`]; and no other stream has work in the
+    /// As [`Capture::end_capture`]; and no other stream has work in the
     /// capture that the stream's tail does not follow
-    /// ([`Backend::cuts_at`] said so of the same work's graph).
+    /// ([`Capture::cuts_at`] said so of the same work's graph).
     ///
     /// # Errors
     ///
@@ -662,8 +695,8 @@ pub trait Backend: Streams {
         })
     }
 
-    /// [`Backend::validate_graph`] for a graph captured in parts
-    /// ([`Backend::cut_capture`]): their memory nodes are balanced taken
+    /// [`Capture::validate_graph`] for a graph captured in parts
+    /// ([`Capture::cut_capture`]): their memory nodes are balanced taken
     /// together.
     ///
     /// # Errors
@@ -692,17 +725,6 @@ pub trait Backend: Streams {
     /// Why the graph cannot be owned.
     fn validate_graph(&self, graph: &Self::Graph) -> Result<(), GraphRejection>;
 
-    /// What the backend holds for graph memory nodes on the device: the
-    /// other half of what replaying costs in memory beside the plan's
-    /// arenas. `None` when the backend cannot tell.
-    ///
-    /// # Errors
-    ///
-    /// The runtime's error.
-    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>, BackendError> {
-        Ok(None)
-    }
-
     /// What `graph`'s memory allocation nodes (and its child graphs')
     /// allocate: the runner's temporaries, from the nodes' sizes. A backend
     /// whose graphs cannot allocate reports none.
@@ -713,6 +735,61 @@ pub trait Backend: Streams {
     fn graph_temporaries(&self, graph: &Self::Graph) -> Result<Temporaries, BackendError> {
         let _ = graph;
         Ok(Temporaries::default())
+    }
+}
+
+/// The launch role: a captured graph put on a stream, all or nothing.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` launches no graphs",
+    note = "backends are cheap handles passed by value (`backend.clone()`, not `&backend`): `sim::Device`, `cuda::Device`, `nccl::Device`"
+)]
+pub trait Launch: Capture {
+    /// Launches a graph on `stream`, all or nothing: on error nothing of
+    /// the graph was enqueued.
+    ///
+    /// # Safety
+    ///
+    /// A plan's graph writes arena bytes that other replays and consumers
+    /// use: the caller guarantees that every earlier user of the bytes the
+    /// graph touches is complete or ordered before `stream`'s tail, and that
+    /// later users will be ordered after this launch. [`Replayable::replay`](crate::Replayable::replay)
+    /// is the safe way to launch a plan's graph.
+    ///
+    /// # Errors
+    ///
+    /// As [`Streams::wait_event`].
+    unsafe fn launch(&self, graph: &Self::Graph, stream: &Self::Stream)
+        -> Result<(), BackendError>;
+}
+
+/// A device runtime a plan runs on: every role the lifecycle needs
+/// ([`Allocate`], [`Capture`], [`Launch`], and with them [`Streams`]),
+/// under one name for reports, and what belongs to the whole device rather
+/// than to one role: the memory it holds for graph allocations, reported
+/// and trimmed.
+///
+/// The lifecycle guarantees the order: arenas and events are created
+/// before any capture; graphs are dropped before events and arenas; every
+/// event the fence recorded is waited for ([`Streams::synchronize_event`])
+/// before anything is freed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a replay-arena backend",
+    label = "a plan allocates its arenas on a backend",
+    note = "backends are cheap handles passed by value (`backend.clone()`, not `&backend`): `sim::Device`, `cuda::Device` (`cuda::Device::from_context` adopts a cudarc context), `nccl::Device`"
+)]
+pub trait Backend: Allocate + Capture + Launch {
+    /// Short name for reports ("sim", "cuda").
+    fn name(&self) -> &'static str;
+
+    /// What the backend holds for graph memory nodes on the device: the
+    /// other half of what replaying costs in memory beside the plan's
+    /// arenas. `None` when the backend cannot tell.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>, BackendError> {
+        Ok(None)
     }
 
     /// Gives the memory the backend holds for graph allocations, and no
@@ -728,16 +805,16 @@ pub trait Backend: Streams {
     }
 }
 
-/// What step graphs ([`Replayable::step`](crate::Replayable::step)) need
-/// besides [`Backend`]: a graph split at a ready point, and a graph of
-/// graphs.
+/// The compose role, what step graphs
+/// ([`Replayable::step`](crate::Replayable::step)) need besides
+/// [`Backend`]: a graph split at a ready point, and a graph of graphs.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot compose graphs, so its plans have no step graphs",
-    note = "`Replayable::step` needs a backend that implements `Compose`: `sim::Device`, `cuda::Device`"
+    note = "`Replayable::step` needs a backend that implements `Compose`: `sim::Device`, `cuda::Device`, `nccl::Device`"
 )]
 pub trait Compose: Backend {
     /// Splits a captured graph at the earliest event record node of
-    /// `events` (made by [`Backend::record_event_node`]): the nodes that
+    /// `events` (made by [`Capture::record_event_node`]): the nodes that
     /// record depends on, and the rest, as two graphs for
     /// [`Compose::compose`] (not to be launched on their own), and the index
     /// in `events` of the event it split at. The second part runs after the
@@ -770,7 +847,31 @@ pub trait Compose: Backend {
     /// say). The moved graphs are gone then too.
     fn compose(
         &self,
-        nodes: Vec<StepNode<'_, Self>>,
-        end: Option<StepEnd<'_, Self>>,
+        nodes: Vec<StepNode<'_, Self::Graph, Self::Event>>,
+        end: Option<StepEnd<'_, Self::Event>>,
     ) -> Result<Self::Graph, BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use static_assertions::assert_impl_all;
+
+    // The model plays every role.
+    assert_impl_all!(sim::Device: Streams, Allocate, Capture, Launch, Backend, Compose, Timing);
+
+    #[cfg(feature = "cuda")]
+    assert_impl_all!(cuda::Device: Streams, Allocate, Capture, Launch, Backend, Compose, Timing);
+
+    // The `nccl` backend allocates on its own and takes every other role
+    // from `cuda` (Timing included), with `cuda`'s graphs and events.
+    #[cfg(replay_arena_nccl)]
+    assert_impl_all!(nccl::Device: Streams, Allocate, Capture, Launch, Backend, Compose, Timing);
+
+    #[cfg(replay_arena_nccl)]
+    #[test]
+    fn nccl_and_cuda_compose_the_same_step_nodes() {
+        fn same_nodes<B: Compose, C: Compose<Graph = B::Graph, Event = B::Event>>() {}
+        same_nodes::<cuda::Device, nccl::Device>();
+    }
 }

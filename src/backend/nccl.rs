@@ -3,8 +3,13 @@
 //! A [`Communicator`] is a crate-owned NCCL communicator for one
 //! [`GroupId`]: the caller exchanges the [`UniqueId`] bytes between ranks
 //! however it likes (a file, a TCP store, `MPI_Bcast`). A [`Device`] is
-//! the `cuda` backend plus one communicator per group; it backs every arena of
-//! `Domain::Symmetric(group)`: one `ncclMemAlloc`
+//! the `cuda` backend with an allocator of its own: one communicator per
+//! group, which backs every arena of `Domain::Symmetric(group)`. It
+//! implements the allocation role ([`Allocate`]) and the umbrella
+//! [`Backend`] (its name; the device's graph memory is `cuda`'s); streams,
+//! capture, launch, composition and timing are the `cuda` backend's,
+//! implemented once for every handle of a CUDA device ([`cuda::AsDevice`]).
+//! One `ncclMemAlloc`
 //! allocation per arena of that domain (one per (generation, dtype) under
 //! round-robin placement, one per dtype under packed), registered with
 //! `ncclCommWindowRegister(.., NCCL_WIN_COLL_SYMMETRIC)` on exactly that
@@ -26,11 +31,8 @@ use std::rc::Rc;
 use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
-use crate::backend::cuda::{self, Event, Graph, Stream};
-use crate::backend::{
-    Arena, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection, NodeGraph,
-    StepEnd, StepNode, Streams, Temporaries,
-};
+use crate::backend::cuda::{self, Stream};
+use crate::backend::{Allocate, Arena, ArenaDesc, Backend, BackendError, GraphMemory};
 use crate::scope::check_use;
 use crate::view::{Access, Misuse, NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
@@ -613,10 +615,19 @@ impl Arena for Memory {
     }
 }
 
-/// The `cuda` backend plus one [`Communicator`] per symmetric group.
-/// `Domain::Device` arenas come from the driver as in the `cuda` backend;
-/// `Domain::Symmetric(g)` arenas are windows registered on `g`'s
-/// communicator. Not `Send`: communicators stay on their thread.
+/// The `cuda` backend with symmetric windows as its allocator: one
+/// [`Communicator`] per symmetric group. `Domain::Device` arenas come from
+/// the driver as in the `cuda` backend; `Domain::Symmetric(g)` arenas are
+/// windows registered on `g`'s communicator. The roles [`Streams`],
+/// [`Capture`], [`Launch`], [`Compose`] and [`Timing`] are the `cuda`
+/// backend's, on [`Device::cuda`] ([`cuda::AsDevice`]). Not `Send`:
+/// communicators stay on their thread.
+///
+/// [`Streams`]: crate::Streams
+/// [`Capture`]: crate::Capture
+/// [`Launch`]: crate::Launch
+/// [`Compose`]: crate::Compose
+/// [`Timing`]: crate::Timing
 ///
 /// ```no_run
 /// use replay_arena::cuda;
@@ -666,48 +677,19 @@ impl Device {
     }
 }
 
-impl Streams for Device {
-    type Event = Event;
+impl cuda::Sealed for Device {}
 
-    type Stream = Stream;
-
-    fn create_event(&self) -> Result<Event> {
-        self.cuda.create_event()
-    }
-
-    fn stream_id(&self, stream: &Stream) -> u64 {
-        self.cuda.stream_id(stream)
-    }
-
-    fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
-        self.cuda.wait_event(stream, event)
-    }
-
-    fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
-        self.cuda.record_event(stream, event)
-    }
-
-    fn synchronize_event(&self, event: &Event) -> Result<()> {
-        self.cuda.synchronize_event(event)
-    }
-
-    fn is_capturing(&self, stream: &Stream) -> Result<bool> {
-        self.cuda.is_capturing(stream)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        self.cuda.synchronize()
+/// Every role but allocation is the `cuda` backend's, on this device.
+impl cuda::AsDevice for Device {
+    fn as_device(&self) -> &cuda::Device {
+        &self.cuda
     }
 }
 
-impl Backend for Device {
+/// `Domain::Device` arenas from the `cuda` backend; `Domain::Symmetric(g)`
+/// arenas are windows registered on `g`'s communicator.
+impl Allocate for Device {
     type Arena = Memory;
-
-    type Graph = Graph;
-
-    fn name(&self) -> &'static str {
-        "cuda+nccl"
-    }
 
     fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
         match plan.key.domain {
@@ -726,92 +708,19 @@ impl Backend for Device {
             }
         }
     }
+}
 
-    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
-        self.cuda.record_event_node(stream, event)
-    }
-
-    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
-        // SAFETY: the caller's contract is the same.
-        unsafe { self.cuda.launch(graph, stream) }
-    }
-
-    fn begin_capture(&self, stream: &Stream) -> Result<()> {
-        self.cuda.begin_capture(stream)
-    }
-
-    unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
-        // SAFETY: the caller's contract is the same.
-        unsafe { self.cuda.end_capture(stream) }
-    }
-
-    unsafe fn abort_capture(&self, stream: &Stream) {
-        // SAFETY: the caller's contract is the same.
-        unsafe { self.cuda.abort_capture(stream) }
-    }
-
-    unsafe fn end_capture_part(&self, stream: &Stream) -> Result<Graph> {
-        // SAFETY: the caller's contract is the same.
-        unsafe { self.cuda.end_capture_part(stream) }
-    }
-
-    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
-        self.cuda.cuts_at(graph, event)
-    }
-
-    unsafe fn cut_capture(&self, stream: &Stream) -> Result<Graph> {
-        // SAFETY: the caller's contract is the same.
-        unsafe { self.cuda.cut_capture(stream) }
-    }
-
-    fn validate_parts(&self, parts: &[&Graph]) -> std::result::Result<(), GraphRejection> {
-        self.cuda.validate_parts(parts)
+/// The device's graph memory is the `cuda` backend's.
+impl Backend for Device {
+    fn name(&self) -> &'static str {
+        "cuda+nccl"
     }
 
     fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
         self.cuda.graph_memory_in_use().map(Some)
     }
 
-    fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
-        self.cuda.graph_temporaries(graph)
-    }
-
     fn trim_graph_memory(&self) -> Result<()> {
-        Backend::trim_graph_memory(&self.cuda)
-    }
-
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
-        self.cuda.validate_graph(graph)
-    }
-}
-
-impl Compose for Device {
-    fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
-        self.cuda.split_graph(graph, events)
-    }
-
-    fn compose(
-        &self,
-        nodes: Vec<StepNode<'_, Device>>,
-        end: Option<StepEnd<'_, Device>>,
-    ) -> Result<Graph> {
-        let nodes: Vec<StepNode<'_, cuda::Device>> = nodes
-            .into_iter()
-            .map(|n| StepNode {
-                graph: match n.graph {
-                    NodeGraph::Copy(g) => NodeGraph::Copy(g),
-                    NodeGraph::Move(g) => NodeGraph::Move(g),
-                },
-                deps: n.deps,
-                lane: n.lane,
-                waits: n.waits,
-                records: n.records,
-            })
-            .collect();
-        let end = end.map(|e| StepEnd {
-            record: e.record,
-            wait: e.wait,
-        });
-        self.cuda.compose(nodes, end)
+        self.cuda.trim_graph_memory()
     }
 }

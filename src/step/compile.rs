@@ -408,7 +408,7 @@ fn compose<B: Compose>(
         .map(|i| matches!(i, Item::Replay { slot, .. } if r.runners[*slot].moves()))
         .collect();
     let other = (x + 1) % execs;
-    let mut step_nodes: Vec<StepNode<'_, B>> = Vec::with_capacity(nodes);
+    let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
     let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
     // The step copies this graph moves in, one per replay of a
     // runner whose graph allocates.
@@ -425,7 +425,7 @@ fn compose<B: Compose>(
         match item {
             Item::Replay { slot, lane } => {
                 let name = plan.runners[*slot].id();
-                let node_graphs: Vec<NodeGraph<'_, B>> = if moving[k] {
+                let node_graphs: Vec<NodeGraph<'_, B::Graph>> = if moving[k] {
                     // Checked above and in `replay`: a copy is
                     // left for each.
                     // In as many parts as the schedule counted nodes.

@@ -1,4 +1,7 @@
-//! [`Backend`] for [`Device`]: arenas, events, stream capture and launch.
+//! The roles of [`Device`]: [`Allocate`] and [`Backend`] for it alone;
+//! [`Streams`], [`Capture`], [`Launch`] and [`Compose`] once for every
+//! handle of a CUDA device ([`AsDevice`]: `cuda::Device`, and the `nccl`
+//! backend, which only allocates differently).
 
 use super::graph::Graph;
 use super::handles::{capturing, Device, Event, Stream};
@@ -6,24 +9,51 @@ use super::memory::Memory;
 use super::result;
 use super::{driver_error, sys, Result};
 use crate::backend::{
-    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphMemory, GraphRejection,
-    StepEnd, StepNode, Streams, Temporaries,
+    check_memory_nodes, Allocate, ArenaDesc, Backend, BackendError, Capture, Compose, GraphMemory,
+    GraphRejection, Launch, StepEnd, StepNode, Streams, Temporaries,
 };
 use crate::vocab::Domain;
 
-impl Streams for Device {
+pub(crate) mod sealed {
+    /// Only this crate's handles of a CUDA device are [`AsDevice`](super::AsDevice).
+    pub trait Sealed {}
+}
+
+/// A handle of one CUDA device: [`Device`] itself, or a backend that is a
+/// `Device` with an allocator of its own (`nccl::Device`, whose symmetric
+/// windows are its arenas). The `cuda` backend's roles [`Streams`],
+/// [`Capture`], [`Launch`], [`Compose`] and [`Timing`](crate::Timing) are
+/// implemented once for every such handle, on the device it names, so a
+/// backend built on `Device` implements [`Allocate`] and the umbrella
+/// [`Backend`] (its name, the device's graph memory) and nothing else.
+/// Sealed: the roles trust that every call names the same device.
+pub trait AsDevice: sealed::Sealed {
+    /// The device every role but allocation runs on.
+    fn as_device(&self) -> &Device;
+}
+
+impl sealed::Sealed for Device {}
+
+impl AsDevice for Device {
+    fn as_device(&self) -> &Device {
+        self
+    }
+}
+
+impl<D: AsDevice> Streams for D {
     type Event = Event;
 
     type Stream = Stream;
 
     fn create_event(&self) -> Result<Event> {
-        let inner = self
+        let device = self.as_device();
+        let inner = device
             .inner
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(|e| driver_error("cuEventCreate", e))?;
         inner
-            .record(&self.inner.internal)
+            .record(&device.inner.internal)
             .map_err(|e| driver_error("cuEventRecord", e))?;
         Ok(Event { inner })
     }
@@ -34,20 +64,20 @@ impl Streams for Device {
 
     fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuStreamWaitEvent")?;
-        self.bind()?;
+        self.as_device().bind()?;
         // SAFETY: both handles are live objects of this context.
         Ok(unsafe { result::stream::wait_event(raw, event.cu_event()) }?)
     }
 
     fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuEventRecord")?;
-        self.bind()?;
+        self.as_device().bind()?;
         // SAFETY: both handles are live objects of this context.
         Ok(unsafe { result::event::record(event.cu_event(), raw) }?)
     }
 
     fn synchronize_event(&self, event: &Event) -> Result<()> {
-        self.bind()?;
+        self.as_device().bind()?;
         // SAFETY: the event is a live object of this context.
         Ok(unsafe { result::event::synchronize(event.cu_event()) }?)
     }
@@ -61,21 +91,16 @@ impl Streams for Device {
     /// was submitted to. Teardown does not call it; it waits for the
     /// fence's events only.
     fn synchronize(&self) -> Result<()> {
-        self.inner
+        self.as_device()
+            .inner
             .ctx
             .synchronize()
             .map_err(|e| driver_error("cuCtxSynchronize", e))
     }
 }
 
-impl Backend for Device {
+impl Allocate for Device {
     type Arena = Memory;
-
-    type Graph = Graph;
-
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
 
     fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
         match plan.key.domain {
@@ -83,43 +108,25 @@ impl Backend for Device {
             Domain::Symmetric(group) => self.allocate_symmetric(plan, group),
         }
     }
+}
 
-    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
-        let raw = stream.raw("cuEventRecordWithFlags")?;
-        self.bind()?;
-        if !capturing(raw)? {
-            return Err(BackendError::Refused {
-                op: "cuEventRecordWithFlags",
-                reason:
-                    "an event record node is made inside a capture; the stream is not capturing"
-                        .into(),
-            });
-        }
-        // SAFETY: both handles are live objects of this context; an
-        // external record on a capturing stream becomes an event record
-        // node of the graph.
-        Ok(unsafe { result::event::record_external(event.cu_event(), raw) }?)
-    }
-
-    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
-        let raw = stream.raw("cuGraphLaunch")?;
-        self.bind()?;
-        // SAFETY: the exec and the stream are live objects of this context.
-        Ok(unsafe { result::graph::launch(graph.handles.exec, raw) }?)
-    }
+impl<D: AsDevice> Capture for D {
+    type Graph = Graph;
 
     fn begin_capture(&self, stream: &Stream) -> Result<()> {
         // `wrap_stream` refused the legacy stream; the per-thread stream is
         // captured like any other (on its own thread).
         let raw = stream.raw("cuStreamBeginCapture")?;
-        self.bind()?;
+        let device = self.as_device();
+        device.bind()?;
         // SAFETY: the stream is a live, capturable stream of this context.
-        Ok(unsafe { result::stream::begin_capture(raw, self.capture_mode().raw()) }?)
+        Ok(unsafe { result::stream::begin_capture(raw, device.capture_mode().raw()) }?)
     }
 
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
         let raw = stream.raw("cuStreamEndCapture")?;
-        self.bind()?;
+        let device = self.as_device();
+        device.bind()?;
         // SAFETY: the stream is live (a graph the driver hands back with an
         // error is destroyed by the wrapper).
         let graph = unsafe { result::stream::end_capture(raw) }?;
@@ -130,14 +137,15 @@ impl Backend for Device {
             });
         }
         // SAFETY: the capture returned `graph` to us.
-        unsafe { self.stamp_captured(graph, raw) }?;
+        unsafe { device.stamp_captured(graph, raw) }?;
         // SAFETY: the capture returned `graph` to us.
-        unsafe { self.instantiate(graph, Some(raw)) }
+        unsafe { device.instantiate(graph, Some(raw)) }
     }
 
     unsafe fn end_capture_part(&self, stream: &Stream) -> Result<Graph> {
         let raw = stream.raw("cuStreamEndCapture")?;
-        self.bind()?;
+        let device = self.as_device();
+        device.bind()?;
         // SAFETY: the stream is live (a graph the driver hands back with an
         // error is destroyed by the wrapper).
         let graph = unsafe { result::stream::end_capture(raw) }?;
@@ -148,14 +156,14 @@ impl Backend for Device {
             });
         }
         // SAFETY: the capture returned `graph` to us.
-        unsafe { self.stamp_captured(graph, raw) }?;
+        unsafe { device.stamp_captured(graph, raw) }?;
         // SAFETY: the capture returned `graph` to us; only ever composed
         // into a step graph (which instantiates the whole), never launched.
-        Ok(unsafe { self.own_uninstantiated(graph) })
+        Ok(unsafe { device.own_uninstantiated(graph) })
     }
 
     fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
-        self.cuts_at_record(graph, event)
+        self.as_device().cuts_at_record(graph, event)
     }
 
     unsafe fn cut_capture(&self, stream: &Stream) -> Result<Graph> {
@@ -164,16 +172,18 @@ impl Backend for Device {
         let raw = stream.raw("cuStreamBeginCapture")?;
         // SAFETY: the stream is a live, capturable stream of this context
         // (it captured until now).
-        unsafe { result::stream::begin_capture(raw, self.capture_mode().raw()) }?;
+        unsafe { result::stream::begin_capture(raw, self.as_device().capture_mode().raw()) }?;
         Ok(first)
     }
 
     fn validate_parts(&self, parts: &[&Graph]) -> std::result::Result<(), GraphRejection> {
         let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
-        self.bind().map_err(uninspectable)?;
+        let device = self.as_device();
+        device.bind().map_err(uninspectable)?;
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
         for part in parts {
-            self.memory_nodes(part.handles.graph, 0, &mut allocs, &mut frees)
+            device
+                .memory_nodes(part.handles.graph, 0, &mut allocs, &mut frees)
                 .map_err(uninspectable)?;
         }
         check_memory_nodes(&allocs, &frees)
@@ -184,7 +194,7 @@ impl Backend for Device {
         let Ok(raw) = stream.raw("cuStreamEndCapture") else {
             return;
         };
-        if self.bind().is_err() {
+        if self.as_device().bind().is_err() {
             return;
         }
         // SAFETY: ending a capture (or failing to, when none is open) leaves
@@ -199,44 +209,84 @@ impl Backend for Device {
         }
     }
 
-    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
-        Device::graph_memory_in_use(self).map(Some)
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        let raw = stream.raw("cuEventRecordWithFlags")?;
+        self.as_device().bind()?;
+        if !capturing(raw)? {
+            return Err(BackendError::Refused {
+                op: "cuEventRecordWithFlags",
+                reason:
+                    "an event record node is made inside a capture; the stream is not capturing"
+                        .into(),
+            });
+        }
+        // SAFETY: both handles are live objects of this context; an
+        // external record on a capturing stream becomes an event record
+        // node of the graph.
+        Ok(unsafe { result::event::record_external(event.cu_event(), raw) }?)
+    }
+
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
+        let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
+        let device = self.as_device();
+        device.bind().map_err(uninspectable)?;
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        device
+            .memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)
+            .map_err(uninspectable)?;
+        check_memory_nodes(&allocs, &frees)
     }
 
     fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
-        self.bind()?;
+        let device = self.as_device();
+        device.bind()?;
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
+        device.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
         Ok(Temporaries::new(
             allocs.len(),
             allocs.iter().map(|&(_, bytes)| bytes).sum(),
         ))
     }
+}
+
+impl<D: AsDevice> Launch for D {
+    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
+        let raw = stream.raw("cuGraphLaunch")?;
+        self.as_device().bind()?;
+        // SAFETY: the exec and the stream are live objects of this context.
+        Ok(unsafe { result::graph::launch(graph.handles.exec, raw) }?)
+    }
+}
+
+impl Backend for Device {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn graph_memory_in_use(&self) -> Result<Option<GraphMemory>> {
+        Device::graph_memory_in_use(self).map(Some)
+    }
 
     fn trim_graph_memory(&self) -> Result<()> {
         Device::trim_graph_memory(self)
     }
-
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
-        let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
-        self.bind().map_err(uninspectable)?;
-        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)
-            .map_err(uninspectable)?;
-        check_memory_nodes(&allocs, &frees)
-    }
 }
 
-impl Compose for Device {
+// The graph and event types are named (they are the `cuda` backend's
+// anyway) so that the compiler reads them from the bound.
+impl<D> Compose for D
+where
+    D: AsDevice + Backend<Graph = Graph, Event = Event>,
+{
     fn split_graph(&self, graph: &Graph, events: &[&Event]) -> Result<(Graph, Graph, usize)> {
-        self.split_at_record(graph, events)
+        self.as_device().split_at_record(graph, events)
     }
 
     fn compose(
         &self,
-        nodes: Vec<StepNode<'_, Device>>,
-        end: Option<StepEnd<'_, Device>>,
+        nodes: Vec<StepNode<'_, Graph, Event>>,
+        end: Option<StepEnd<'_, Event>>,
     ) -> Result<Graph> {
-        self.compose_children(nodes, end)
+        self.as_device().compose_children(nodes, end)
     }
 }

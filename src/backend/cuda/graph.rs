@@ -475,8 +475,8 @@ impl Device {
     /// with memory nodes may have only one at a time.
     pub(super) fn compose_children(
         &self,
-        nodes: Vec<StepNode<'_, Device>>,
-        end: Option<StepEnd<'_, Device>>,
+        nodes: Vec<StepNode<'_, Graph, Event>>,
+        end: Option<StepEnd<'_, Event>>,
     ) -> Result<Graph> {
         self.bind()?;
         for node in &nodes {

@@ -57,6 +57,9 @@ mod timing;
 pub use cudarc;
 use cudarc::driver::sys;
 
+#[cfg(replay_arena_nccl)]
+pub(crate) use backend::sealed::Sealed;
+pub use backend::AsDevice;
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use graph::Graph;
 pub use handles::{CaptureMode, Device, Event, InstantiateFlags, Stream, StreamPriorities};

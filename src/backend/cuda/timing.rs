@@ -1,8 +1,9 @@
-//! [`Timing`] for [`Device`]: a mark is a CUDA event with timing on,
-//! created ahead and recorded when taken; times come from
-//! `cuEventElapsedTime`.
+//! [`Timing`] for every handle of a CUDA device ([`AsDevice`]): a mark is
+//! a CUDA event with timing on, created ahead and recorded when taken;
+//! times come from `cuEventElapsedTime`.
 
-use super::handles::{Device, Stream};
+use super::backend::AsDevice;
+use super::handles::Stream;
 use super::result;
 use super::{driver_error, sys, Result};
 use crate::backend::Timing;
@@ -14,12 +15,13 @@ pub struct Mark {
     inner: cudarc::driver::CudaEvent,
 }
 
-impl Timing for Device {
+impl<D: AsDevice> Timing for D {
     type Mark = Mark;
 
     /// `cuEventCreate` with timing on.
     fn new_mark(&self) -> Result<Mark> {
         let inner = self
+            .as_device()
             .inner
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -30,7 +32,7 @@ impl Timing for Device {
     /// `cuEventRecord` on `stream`.
     fn take_mark(&self, mark: &mut Mark, stream: &Stream) -> Result<()> {
         let raw = stream.raw("cuEventRecord")?;
-        self.bind()?;
+        self.as_device().bind()?;
         // SAFETY: both handles are live objects of this context.
         Ok(unsafe { result::event::record(mark.inner.cu_event(), raw) }?)
     }
@@ -39,14 +41,14 @@ impl Timing for Device {
     fn origin(&self) -> Result<Mark> {
         let mark = self.new_mark()?;
         mark.inner
-            .record(&self.inner.internal)
+            .record(&self.as_device().inner.internal)
             .map_err(|e| driver_error("cuEventRecord", e))?;
         Ok(mark)
     }
 
     /// `cuEventSynchronize`.
     fn wait_mark(&self, mark: &Mark) -> Result<()> {
-        self.bind()?;
+        self.as_device().bind()?;
         // SAFETY: the event is a live object of this context.
         Ok(unsafe { result::event::synchronize(mark.inner.cu_event()) }?)
     }
@@ -54,7 +56,7 @@ impl Timing for Device {
     /// `cuEventElapsedTime` (milliseconds as `f32`, about half a
     /// microsecond of resolution).
     fn elapsed_us(&self, origin: &Mark, mark: &Mark) -> Result<f64> {
-        self.bind()?;
+        self.as_device().bind()?;
         // SAFETY: both events are live objects of this context.
         let ms = unsafe {
             cudarc::driver::result::event::elapsed(origin.inner.cu_event(), mark.inner.cu_event())

@@ -1,5 +1,6 @@
-//! [`Backend`] for [`Device`]: arenas, events, capture, launch, split and
-//! compose on the model.
+//! Every role for [`Device`] (the model plays them all): [`Streams`],
+//! [`Allocate`], [`Capture`], [`Launch`], [`Backend`] and [`Compose`] on
+//! the model (its [`Timing`](crate::backend::Timing) is in `timing.rs`).
 
 use std::sync::Arc;
 
@@ -8,11 +9,11 @@ use super::faults::Call;
 use super::graphs::{Graph, GraphMemory, SimStep, SimStepNode};
 use super::memory::Memory;
 use super::ops::Op;
-use super::streams::{Capture, Event, EventState, Stream};
+use super::streams::{Capture as OpenCapture, Event, EventState, Stream};
 use super::{clock::merge, sim_error, Result, FOREIGN_EVENT};
 use crate::backend::{
-    check_memory_nodes, ArenaDesc, Backend, BackendError, Compose, GraphRejection, NodeGraph,
-    StepEnd, StepNode, Streams, Temporaries,
+    check_memory_nodes, Allocate, ArenaDesc, Backend, BackendError, Capture, Compose,
+    GraphRejection, Launch, NodeGraph, StepEnd, StepNode, Streams, Temporaries,
 };
 
 impl Streams for Device {
@@ -115,14 +116,8 @@ impl Streams for Device {
     }
 }
 
-impl Backend for Device {
+impl Allocate for Device {
     type Arena = Memory;
-
-    type Graph = Graph;
-
-    fn name(&self) -> &'static str {
-        "sim"
-    }
 
     #[track_caller]
     fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Memory> {
@@ -141,37 +136,10 @@ impl Backend for Device {
             bytes: desc.bytes,
         })
     }
+}
 
-    #[track_caller]
-    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
-        self.fault(Call::RecordNode)?;
-        let sid = self.own(stream, "sim record node")?;
-        let eid = self.own_event(event, "sim record node")?;
-        let mut s = self.state();
-        match s.streams[sid].capturing.as_mut() {
-            Some(capture) => {
-                capture.records.push((capture.ops.len(), eid));
-                Ok(())
-            }
-            None => Err(sim_error(
-                "sim record node",
-                "an event record node is made inside a capture; the stream is not capturing",
-            )),
-        }
-    }
-
-    /// All or nothing, as `cuGraphLaunch`: every op is checked before the
-    /// first is submitted.
-    #[track_caller]
-    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
-        self.fault(Call::Launch)?;
-        let id = self.own(stream, "sim graph launch")?;
-        let mut s = self.state();
-        if s.streams[id].capturing.is_some() {
-            return Err(sim_error("sim graph launch", "the stream is capturing"));
-        }
-        s.launch_graph(id, graph)
-    }
+impl Capture for Device {
+    type Graph = Graph;
 
     #[track_caller]
     fn begin_capture(&self, stream: &Stream) -> Result<()> {
@@ -185,7 +153,7 @@ impl Backend for Device {
                 "the stream is already capturing",
             ));
         }
-        st.capturing = Some(Capture::default());
+        st.capturing = Some(OpenCapture::default());
         Ok(())
     }
 
@@ -250,9 +218,9 @@ impl Backend for Device {
         inherited.extend_from_slice(&capture.temps);
         let first = std::mem::replace(
             capture,
-            Capture {
+            OpenCapture {
                 inherited,
-                ..Capture::default()
+                ..OpenCapture::default()
             },
         );
         drop(s);
@@ -298,17 +266,35 @@ impl Backend for Device {
         }
     }
 
-    /// The bytes of every live graph's allocation nodes, and what the sim's
-    /// pool reserves: the most ever in use since the last trim, as a
-    /// driver's graph memory pool keeps what it mapped until trimmed.
     #[track_caller]
-    fn graph_memory_in_use(&self) -> Result<Option<crate::backend::GraphMemory>> {
-        self.fault(Call::GraphMemoryQuery)?;
-        let s = self.state();
-        Ok(Some(crate::backend::GraphMemory::new(
-            s.graph_bytes,
-            s.graph_reserved,
-        )))
+    fn record_event_node(&self, stream: &Stream, event: &Event) -> Result<()> {
+        self.fault(Call::RecordNode)?;
+        let sid = self.own(stream, "sim record node")?;
+        let eid = self.own_event(event, "sim record node")?;
+        let mut s = self.state();
+        match s.streams[sid].capturing.as_mut() {
+            Some(capture) => {
+                capture.records.push((capture.ops.len(), eid));
+                Ok(())
+            }
+            None => Err(sim_error(
+                "sim record node",
+                "an event record node is made inside a capture; the stream is not capturing",
+            )),
+        }
+    }
+
+    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
+        let mut allocs = Vec::new();
+        let mut frees = Vec::new();
+        for (op, _) in &graph.ops {
+            match *op {
+                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
+                Op::FreeNode { addr } => frees.push(addr),
+                _ => {}
+            }
+        }
+        check_memory_nodes(&allocs, &frees)
     }
 
     #[track_caller]
@@ -327,6 +313,40 @@ impl Backend for Device {
         }
         Ok(t)
     }
+}
+
+impl Launch for Device {
+    /// All or nothing, as `cuGraphLaunch`: every op is checked before the
+    /// first is submitted.
+    #[track_caller]
+    unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
+        self.fault(Call::Launch)?;
+        let id = self.own(stream, "sim graph launch")?;
+        let mut s = self.state();
+        if s.streams[id].capturing.is_some() {
+            return Err(sim_error("sim graph launch", "the stream is capturing"));
+        }
+        s.launch_graph(id, graph)
+    }
+}
+
+impl Backend for Device {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    /// The bytes of every live graph's allocation nodes, and what the sim's
+    /// pool reserves: the most ever in use since the last trim, as a
+    /// driver's graph memory pool keeps what it mapped until trimmed.
+    #[track_caller]
+    fn graph_memory_in_use(&self) -> Result<Option<crate::backend::GraphMemory>> {
+        self.fault(Call::GraphMemoryQuery)?;
+        let s = self.state();
+        Ok(Some(crate::backend::GraphMemory::new(
+            s.graph_bytes,
+            s.graph_reserved,
+        )))
+    }
 
     /// The pool's reservation shrinks to what live graphs use.
     #[track_caller]
@@ -335,19 +355,6 @@ impl Backend for Device {
         let mut s = self.state();
         s.graph_reserved = s.graph_bytes;
         Ok(())
-    }
-
-    fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
-        let mut allocs = Vec::new();
-        let mut frees = Vec::new();
-        for (op, _) in &graph.ops {
-            match *op {
-                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
-                Op::FreeNode { addr } => frees.push(addr),
-                _ => {}
-            }
-        }
-        check_memory_nodes(&allocs, &frees)
     }
 }
 
@@ -392,8 +399,8 @@ impl Compose for Device {
     #[track_caller]
     fn compose(
         &self,
-        nodes: Vec<StepNode<'_, Device>>,
-        end: Option<StepEnd<'_, Device>>,
+        nodes: Vec<StepNode<'_, Graph, Event>>,
+        end: Option<StepEnd<'_, Event>>,
     ) -> Result<Graph> {
         self.fault(Call::Compose)?;
         let ids = |events: &[&Event]| -> Result<Vec<usize>> {

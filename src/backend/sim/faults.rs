@@ -29,18 +29,18 @@ pub enum Call {
     /// [`Streams::is_capturing`](crate::Streams::is_capturing) (the capture
     /// status query).
     CaptureStatus,
-    /// [`Backend::allocate_arena`](crate::Backend::allocate_arena).
+    /// [`Allocate::allocate_arena`](crate::Allocate::allocate_arena).
     AllocateArena,
-    /// [`Backend::record_event_node`](crate::Backend::record_event_node).
+    /// [`Capture::record_event_node`](crate::Capture::record_event_node).
     RecordNode,
-    /// [`Backend::launch`](crate::Backend::launch): a graph launch.
+    /// [`Launch::launch`](crate::Launch::launch): a graph launch.
     Launch,
-    /// [`Backend::begin_capture`](crate::Backend::begin_capture).
+    /// [`Capture::begin_capture`](crate::Capture::begin_capture).
     BeginCapture,
-    /// [`Backend::end_capture`](crate::Backend::end_capture): ending the
+    /// [`Capture::end_capture`](crate::Capture::end_capture): ending the
     /// capture.
     EndCapture,
-    /// The instantiation [`Backend::end_capture`](crate::Backend::end_capture)
+    /// The instantiation [`Capture::end_capture`](crate::Capture::end_capture)
     /// and [`Compose::compose`](crate::Compose::compose) end with.
     Instantiate,
     /// [`Compose::split_graph`](crate::Compose::split_graph).
@@ -51,7 +51,7 @@ pub enum Call {
     /// [`Backend::trim_graph_memory`](crate::Backend::trim_graph_memory).
     TrimGraphMemory,
     /// [`Backend::graph_memory_in_use`](crate::Backend::graph_memory_in_use)
-    /// and [`Backend::graph_temporaries`](crate::Backend::graph_temporaries).
+    /// and [`Capture::graph_temporaries`](crate::Capture::graph_temporaries).
     GraphMemoryQuery,
     /// [`Device::launch`](super::Device::launch) and
     /// [`Device::launch_unscoped`](super::Device::launch_unscoped): a kernel
