@@ -177,14 +177,14 @@ impl<D: AsDevice> Capture for D {
     }
 
     fn validate_parts(&self, parts: &[&Graph]) -> std::result::Result<(), GraphRejection> {
-        let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
-        let device = self.as_device();
-        device.bind().map_err(uninspectable)?;
         let (mut allocs, mut frees) = (Vec::new(), Vec::new());
         for part in parts {
-            device
-                .memory_nodes(part.handles.graph, 0, &mut allocs, &mut frees)
-                .map_err(uninspectable)?;
+            let m = self
+                .as_device()
+                .memory_of(part)
+                .map_err(|e| GraphRejection::Uninspectable(Box::new(e)))?;
+            allocs.extend_from_slice(&m.allocs);
+            frees.extend_from_slice(&m.frees);
         }
         check_memory_nodes(&allocs, &frees)
     }
@@ -227,24 +227,18 @@ impl<D: AsDevice> Capture for D {
     }
 
     fn validate_graph(&self, graph: &Graph) -> std::result::Result<(), GraphRejection> {
-        let uninspectable = |e| GraphRejection::Uninspectable(Box::new(e));
-        let device = self.as_device();
-        device.bind().map_err(uninspectable)?;
-        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-        device
-            .memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)
-            .map_err(uninspectable)?;
-        check_memory_nodes(&allocs, &frees)
+        let m = self
+            .as_device()
+            .memory_of(graph)
+            .map_err(|e| GraphRejection::Uninspectable(Box::new(e)))?;
+        check_memory_nodes(&m.allocs, &m.frees)
     }
 
     fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
-        let device = self.as_device();
-        device.bind()?;
-        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-        device.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
+        let m = self.as_device().memory_of(graph)?;
         Ok(Temporaries::new(
-            allocs.len(),
-            allocs.iter().map(|&(_, bytes)| bytes).sum(),
+            m.allocs.len(),
+            m.allocs.iter().map(|&(_, bytes)| bytes).sum(),
         ))
     }
 }

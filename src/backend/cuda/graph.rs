@@ -2,7 +2,7 @@
 //! the memory nodes a plan checks, splitting a graph at an event record and
 //! composing graphs into one.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr;
@@ -32,7 +32,18 @@ unsafe impl Send for GraphHandles {}
 pub struct Graph {
     pub(super) handles: GraphHandles,
     ctx: Arc<CudaContext>,
+    /// Its memory nodes, read once (a captured graph's nodes never change):
+    /// before its upload, so that no later inspection waits for it.
+    memory: OnceCell<MemoryNodes>,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+/// A graph's memory allocation nodes (address, bytes) and free nodes
+/// (address), its child graphs' included.
+#[derive(Debug, Default)]
+pub(super) struct MemoryNodes {
+    pub(super) allocs: Vec<(u64, u64)>,
+    pub(super) frees: Vec<u64>,
 }
 
 impl fmt::Debug for Graph {
@@ -89,6 +100,7 @@ impl Device {
                 exec: ptr::null_mut(),
             },
             ctx: self.inner.ctx.clone(),
+            memory: OnceCell::new(),
             _not_sync: PhantomData,
         }
     }
@@ -292,8 +304,14 @@ impl Device {
         let owned = Graph {
             handles: GraphHandles { graph, exec },
             ctx: self.inner.ctx.clone(),
+            memory: OnceCell::new(),
             _not_sync: PhantomData,
         };
+        if upload_on.is_some() {
+            // A captured graph: its memory nodes are read now, before the
+            // upload, which a later inspection would wait for.
+            self.keep_memory_nodes(&owned)?;
+        }
         if let Some(raw) = upload_on.filter(|_| self.graph_upload()) {
             // SAFETY: the exec and the stream are live objects of this
             // context; the upload is ordered on that stream, and launches
@@ -355,6 +373,23 @@ impl Device {
                 frees.len()
             ),
         })
+    }
+
+    /// `graph`'s memory nodes, read from the driver the first time only.
+    pub(super) fn memory_of<'g>(&self, graph: &'g Graph) -> Result<&'g MemoryNodes> {
+        if let Some(m) = graph.memory.get() {
+            return Ok(m);
+        }
+        self.bind()?;
+        let mut m = MemoryNodes::default();
+        self.memory_nodes(graph.handles.graph, 0, &mut m.allocs, &mut m.frees)?;
+        Ok(graph.memory.get_or_init(|| m))
+    }
+
+    /// Reads a captured graph's memory nodes into `graph` now (before its
+    /// upload: see [`Graph`]'s `memory`).
+    pub(super) fn keep_memory_nodes(&self, graph: &Graph) -> Result<()> {
+        self.memory_of(graph).map(drop)
     }
 
     /// Collects the memory allocation nodes (address, bytes) and free nodes
@@ -449,6 +484,7 @@ impl Device {
                     exec: ptr::null_mut(),
                 },
                 ctx: self.inner.ctx.clone(),
+                memory: OnceCell::new(),
                 _not_sync: PhantomData,
             };
             for &node in nodes.iter().filter(|&&n| drop(n)) {
@@ -497,6 +533,7 @@ impl Device {
                 exec: ptr::null_mut(),
             },
             ctx: self.inner.ctx.clone(),
+            memory: OnceCell::new(),
             _not_sync: PhantomData,
         };
         // An event wait or record node of `parent` after `deps`.
