@@ -378,6 +378,9 @@ pub(crate) struct NodeMark<E> {
     pub(crate) stream: u64,
     /// The earlier nodes of the launch it runs after.
     pub(crate) deps: Vec<usize>,
+    /// The nodes of the launch before it runs after (step graphs launched
+    /// in turn).
+    pub(crate) before: Vec<usize>,
     /// Recorded by the launch when the node is done.
     pub(crate) mark: E,
 }
@@ -581,6 +584,8 @@ impl<B: Timing> Observer<B> for Recorder<B> {
         let mut index = vec![None; entries.len()];
         let mut slices: Vec<Slice> = Vec::with_capacity(entries.len());
         let mut step_nodes: Vec<Slice> = Vec::new();
+        // The ends of the latest step graph launch's nodes.
+        let mut ends_before: Vec<f64> = Vec::new();
         // Launches of one graph run one after another: a runner's replay
         // starts after its previous one, a step graph's launch after the
         // previous launch of the same executable graph.
@@ -637,13 +642,17 @@ impl<B: Timing> Observer<B> for Recorder<B> {
                 waits,
                 parent: None,
             };
-            step_nodes.extend(node_slices(
-                backend,
-                &origin,
-                &entry.nodes,
-                &parent,
-                slices.len(),
-            ));
+            if matches!(entry.kind, SliceKind::StepLaunch { .. }) {
+                let nodes = node_slices(
+                    backend,
+                    &origin,
+                    &entry.nodes,
+                    (&parent, slices.len()),
+                    &ends_before,
+                );
+                ends_before = nodes.iter().map(|n| n.end_us).collect();
+                step_nodes.extend(nodes);
+            }
             slices.push(parent);
         }
         Ok(Trace {
@@ -655,16 +664,21 @@ impl<B: Timing> Observer<B> for Recorder<B> {
     }
 }
 
-/// The slices of a step graph launch's `nodes` inside `launch` (slice
-/// `index`): each ends at its mark and starts when the nodes it depends on
-/// ended, or when the launch started. A mark that cannot be read leaves the
-/// launch without nodes (the launch's own slice stays).
+/// The slices of a step graph launch's `nodes` inside `launch` (a slice
+/// and its index): each ends at its mark and starts when the nodes it
+/// depends on ended (those of this launch, and those of the launch before,
+/// which ended at `ends_before`), or when the launch started. A mark that
+/// cannot be read leaves the launch without nodes (its own slice stays).
+///
+/// A launch before that was of another step graph, or untraced, ended
+/// before this one started (a launch after anything else waits for
+/// everything the fence knows of): its nodes bound nothing.
 fn node_slices<B: Timing>(
     backend: &B,
     origin: &B::Mark,
     nodes: &[(NodeMark<B::Event>, usize)],
-    launch: &Slice,
-    index: usize,
+    (launch, index): (&Slice, usize),
+    ends_before: &[f64],
 ) -> Vec<Slice> {
     let ends: Result<Vec<f64>, _> = nodes
         .iter()
@@ -677,11 +691,13 @@ fn node_slices<B: Timing>(
         .iter()
         .zip(&ends)
         .map(|((node, lane), &end)| {
+            let before = node.before.iter().filter_map(|&d| ends_before.get(d));
             let start_us = node
                 .deps
                 .iter()
-                .filter_map(|&d| ends.get(d).copied())
-                .fold(launch.start_us, f64::max);
+                .filter_map(|&d| ends.get(d))
+                .chain(before)
+                .fold(launch.start_us, |a, &b| a.max(b));
             Slice {
                 kind: node.kind.clone(),
                 lane: *lane,

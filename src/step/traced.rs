@@ -241,10 +241,12 @@ impl<B: Compose> Tracing<B> {
                     .nodes
                     .iter()
                     .zip(marks)
-                    .map(|(node, mark)| NodeMark {
+                    .enumerate()
+                    .map(|(n, (node, mark))| NodeMark {
                         kind: node.kind.clone(),
                         stream: self.lanes.get(node.lane).copied().unwrap_or_default(),
                         deps: node.deps.clone(),
+                        before: self.cross.get(n).cloned().unwrap_or_default(),
                         mark,
                     })
                     .collect();
