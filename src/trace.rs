@@ -586,45 +586,17 @@ impl<B: Timing> Observer<B> for Recorder<B> {
         let mut step_nodes: Vec<Slice> = Vec::new();
         // The ends of the latest step graph launch's nodes.
         let mut ends_before: Vec<f64> = Vec::new();
-        // Launches of one graph run one after another: a runner's replay
-        // starts after its previous one, a step graph's launch after the
-        // previous launch of the same executable graph.
-        let mut runner_end: Vec<(RunnerId, f64)> = Vec::new();
-        let mut step_end: Vec<Option<f64>> = Vec::new();
+        let mut serial = Serial::default();
         for (i, entry) in entries.iter().enumerate() {
             let (Some(start), true) = (&entry.start, entry.done) else {
                 continue;
             };
-            let mut start_us = backend.elapsed_us(&origin, start)?;
+            let start_us = backend.elapsed_us(&origin, start)?;
             let end_us = match &entry.end {
                 Some(end) => backend.elapsed_us(&origin, end)?,
                 None => start_us,
             };
-            match &entry.kind {
-                SliceKind::Replay { runner } => {
-                    match runner_end.iter_mut().find(|(r, _)| r == runner) {
-                        Some((_, last)) => {
-                            start_us = start_us.max(*last);
-                            *last = end_us;
-                        }
-                        None => runner_end.push((*runner, end_us)),
-                    }
-                }
-                SliceKind::StepLaunch { launch, graph } => {
-                    if *launch == 0 {
-                        // A new step graph: its graphs were never launched.
-                        step_end.clear();
-                    }
-                    if step_end.len() <= *graph {
-                        step_end.resize(graph + 1, None);
-                    }
-                    if let Some(last) = step_end[*graph] {
-                        start_us = start_us.max(last);
-                    }
-                    step_end[*graph] = Some(end_us);
-                }
-                SliceKind::Consume { .. } | SliceKind::Wait { .. } => {}
-            }
+            let start_us = serial.start(&entry.kind, start_us, end_us);
             let waits = entry
                 .waits
                 .iter()
@@ -661,6 +633,50 @@ impl<B: Timing> Observer<B> for Recorder<B> {
             slices,
             step_nodes,
         })
+    }
+}
+
+/// Launches of one graph run one after another: a runner's replay starts
+/// after its previous one, a step graph's launch after the previous launch
+/// of the same executable graph.
+#[derive(Default)]
+struct Serial {
+    runner_end: Vec<(RunnerId, f64)>,
+    step_end: Vec<Option<f64>>,
+}
+
+impl Serial {
+    /// When a slice of `kind` whose marks read `start_us` and `end_us`
+    /// started, given the launches of its graph before it.
+    fn start(&mut self, kind: &SliceKind, start_us: f64, end_us: f64) -> f64 {
+        match kind {
+            SliceKind::Replay { runner } => {
+                match self.runner_end.iter_mut().find(|(r, _)| r == runner) {
+                    Some((_, last)) => {
+                        let start = start_us.max(*last);
+                        *last = end_us;
+                        start
+                    }
+                    None => {
+                        self.runner_end.push((*runner, end_us));
+                        start_us
+                    }
+                }
+            }
+            SliceKind::StepLaunch { launch, graph } => {
+                if *launch == 0 {
+                    // A new step graph: its graphs were never launched.
+                    self.step_end.clear();
+                }
+                if self.step_end.len() <= *graph {
+                    self.step_end.resize(graph + 1, None);
+                }
+                let start = self.step_end[*graph].map_or(start_us, |last| start_us.max(last));
+                self.step_end[*graph] = Some(end_us);
+                start
+            }
+            SliceKind::Consume { .. } | SliceKind::Wait { .. } => start_us,
+        }
     }
 }
 

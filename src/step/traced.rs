@@ -97,6 +97,12 @@ impl<B: Backend> Events<B> {
     }
 }
 
+/// A traced copy of a step graph, and its nodes with their marks.
+pub(super) type TracedCopy<B> = (
+    <B as Backend>::Graph,
+    Vec<NodeMark<<B as crate::backend::Streams>::Event>>,
+);
+
 /// What the launch before this one ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Last {
@@ -227,7 +233,7 @@ impl<B: Compose> Tracing<B> {
         r: &mut Replayable<B>,
         events: &Events<B>,
         x: usize,
-    ) -> Option<(B::Graph, Vec<NodeMark<B::Event>>)> {
+    ) -> Option<TracedCopy<B>> {
         if !self.traceable() {
             return None;
         }
