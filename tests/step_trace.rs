@@ -418,3 +418,75 @@ fn a_fault_at_any_call_of_a_traced_step_leaves_the_plan_and_the_results_consiste
         scenario(Faults::seeded(seed, 4));
     }
 }
+
+#[test]
+fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_first() {
+    let mut d = Discovering::new(PlanConfig::new());
+    let handoff = {
+        let mut armed = d.arm(RunnerId(0)).unwrap();
+        armed.record(REQ).unwrap();
+        armed.hand_off(REQ).unwrap()
+    };
+    {
+        let mut armed = d.arm(RunnerId(1)).unwrap();
+        armed.record(REQ).unwrap();
+        armed.receive(handoff).unwrap();
+    }
+    let sim = sim::Device::new();
+    let l = lanes(&sim);
+    let mut capturing = d
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let own = cap.take(REQ).unwrap();
+        let out = cap.hand_off(handoff).unwrap();
+        cap.stream_capture(&l.pool[0], |s| {
+            sim.launch(s, sim::Op::fill(&out, 1.0), 4)?;
+            cap.ready(handoff, s)?;
+            sim.launch(s, sim::Op::fill(&own, 2.0), 30)?;
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    {
+        let cap = capturing.capture(RunnerId(1)).unwrap();
+        let own = cap.take(REQ).unwrap();
+        let input = cap.receive(handoff).unwrap();
+        cap.stream_capture(&l.pool[1], |s| {
+            sim.launch(s, sim::Op::copy(&input, &own), 6)
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut replayable = capturing.seal().unwrap();
+    replayable.start_trace().unwrap();
+    let mut step = replayable.step();
+    step.replay(RunnerId(0), &l.pool[0]).unwrap();
+    step.replay(RunnerId(1), &l.pool[1]).unwrap();
+    let mut graph = step.build().unwrap();
+    assert_eq!(graph.nodes(), 3);
+    graph.launch(&l.launch).unwrap();
+    graph.launch(&l.launch).unwrap();
+    drop(graph);
+    let trace = replayable.finish_trace().unwrap();
+    for k in launches(&trace) {
+        let nodes = nodes_of(&trace, k);
+        let kinds: Vec<_> = nodes.iter().map(|n| n.kind.clone()).collect();
+        let replay = |r| SliceKind::Replay {
+            runner: RunnerId(r),
+        };
+        assert_eq!(kinds, [replay(0), replay(0), replay(1)]);
+        let (first, second, reader) = (nodes[0], nodes[1], nodes[2]);
+        assert_eq!(first.end_us - first.start_us, 4.0);
+        assert_eq!(second.end_us - second.start_us, 30.0);
+        assert_eq!(reader.start_us, first.end_us);
+        assert!(reader.end_us < second.end_us);
+    }
+    assert!(sim.hazards().is_empty());
+    let own1 = replayable.views(RunnerId(1)).unwrap()[0];
+    assert_eq!(sim.read_f32(&own1).unwrap()[0], 1.0);
+}
