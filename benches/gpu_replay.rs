@@ -18,7 +18,12 @@
 //!    time per replay and per consumer with and without a trace running (two
 //!    timing events recorded per slice, created before the batch), and per
 //!    slice at `start_trace_with_capacity` (creating them) and at
-//!    `finish_trace` (reading them).
+//!    `finish_trace` (reading them); then a step graph's launch (16 runners
+//!    and their consumers) with and without a trace running: a traced
+//!    launch composes and instantiates a copy of the step graph with a
+//!    timing node after each node, so that the trace shows every runner
+//!    and consumer inside the launch; an untraced one launches the step
+//!    graph as it was built.
 //!
 //! 5. Capture cost: host time to plan, allocate, capture, seal and build
 //!    step graphs for a ladder of buckets x layers, against cudarc capturing
@@ -541,6 +546,84 @@ fn trace_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     Ok(())
 }
 
+/// A step graph's launch with and without a trace running: host time per
+/// launch (enqueueing it), wall time per launch (to the end of the batch's
+/// GPU work), and the traced batch's `finish_trace` per launch.
+fn step_trace_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
+    const RUNNERS: usize = 16;
+    const LAUNCHES: usize = 50;
+    const ROUNDS: usize = 10;
+    const MODES: [&str; 2] = ["step graph launch, no trace", "step graph launch, traced"];
+    let capture_on = b.new_stream()?;
+    let pool = [b.new_stream()?, b.new_stream()?];
+    let (side, on) = (b.new_stream()?, b.new_stream()?);
+    let body = |s: &cuda::Stream, w: u64| spin(k, s, w, 16384, 2_000);
+    let mut r = build(
+        b,
+        &capture_on,
+        RUNNERS,
+        Policy::Generations(2).into(),
+        &body,
+    )?;
+    let out = side.cudarc().alloc_zeros::<f32>(1)?;
+    let out_ptr = out.device_ptr(side.cudarc()).0;
+    let mut step = r.step();
+    for n in 0..RUNNERS {
+        step.replay(RunnerId(n as u32), &pool[n % 2])?;
+        step.consume(RunnerId(n as u32), &side, |s, v| {
+            read(k, s, v[0].device_address(), out_ptr)
+        })?;
+    }
+    let graph = step.build()?;
+    let nodes = graph.nodes();
+    let mut kept = graph.keep();
+    let mut host: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    let mut finish: Vec<f64> = Vec::new();
+    for round in 0..=ROUNDS {
+        for m in 0..MODES.len() {
+            b.synchronize()?;
+            if m == 1 {
+                r.start_trace_with_capacity(2 * LAUNCHES)?;
+            }
+            let t = Instant::now();
+            for _ in 0..LAUNCHES {
+                r.launch_kept(&mut kept, &on)?;
+            }
+            let enqueued = t.elapsed();
+            b.synchronize()?;
+            let done = t.elapsed();
+            if m == 1 {
+                let t = Instant::now();
+                let trace = r.finish_trace()?;
+                if round > 0 {
+                    finish.push(t.elapsed().as_nanos() as f64 / 1e3 / LAUNCHES as f64);
+                }
+                assert_eq!(trace.step_nodes().len(), LAUNCHES * nodes);
+            }
+            if round > 0 {
+                host[m].push(enqueued.as_nanos() as f64 / 1e3 / LAUNCHES as f64);
+                wall[m].push(done.as_nanos() as f64 / 1e3 / LAUNCHES as f64);
+            }
+        }
+    }
+    drop(kept);
+    println!(
+        "\n## step graph trace cost: {RUNNERS} runners and their consumers ({nodes} nodes), median of {ROUNDS} rounds of {LAUNCHES} launches, modes interleaved"
+    );
+    println!("| mode | host us/launch | wall us/launch |");
+    println!("|---|---:|---:|");
+    for (m, name) in MODES.iter().enumerate() {
+        let (h, w) = (median(&mut host[m]), median(&mut wall[m]));
+        println!("| {name} | {h:.1} | {w:.1} |");
+    }
+    println!(
+        "finish_trace: {:.1} us per traced launch (median; reads one timing event per node and two per launch)",
+        median(&mut finish)
+    );
+    Ok(())
+}
+
 /// Shape buckets: three buckets (64 KiB, 256 KiB, 1 MiB per runner, 4
 /// runners each) in one plan, on a pool of two streams, a consumer of each
 /// runner on a third. A steady bucket (the largest, every step) against a
@@ -982,6 +1065,7 @@ fn main() -> R<()> {
     }
     if run("trace") {
         trace_cost(&b, &k)?;
+        step_trace_cost(&b, &k)?;
     }
     if run("buckets") {
         bucket_cost(&b, &k)?;

@@ -791,7 +791,10 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     /// replay, consumer, step graph launch and program wait as a slice on
     /// its stream, bracketed by two timing marks ([`Timing`]: the sim's
     /// clock; on CUDA, timing events, which cost host time per launch), and
-    /// each wait the fence makes or skips. A trace already running starts
+    /// each wait the fence makes or skips. A step graph launched while the
+    /// trace runs also shows each of its replays and consumers inside the
+    /// launch ([`Trace::step_nodes`]; each such launch composes a traced
+    /// copy of the step graph: `docs/trace.md`, "Inside a step graph"). A trace already running starts
     /// over. The marks of 256 slices are created now (see
     /// [`Replayable::start_trace_with_capacity`]).
     ///

@@ -10,6 +10,10 @@
 //! waits), each wait made or skipped names the use it waited for (the id
 //! the observer gave it, which every completion that use leaves carries),
 //! two marks bracket its work on its stream, and it ends once enqueued.
+//! A step graph launched while a trace runs also hands it a *node mark*
+//! per node (an event its traced composition records after the node), so
+//! that each replay and consumer inside the launch becomes a slice of its
+//! own, on its lane, with the launch as its parent ([`Trace::step_nodes`]).
 //! [`Recorder`] is the observer
 //! [`Replayable::start_trace`](crate::Replayable::start_trace) installs:
 //! it takes the marks from the backend's [`Timing`] and reads their times
@@ -123,8 +127,13 @@ pub struct Slice {
     pub start_us: f64,
     /// When its work ended.
     pub end_us: f64,
-    /// The waits the fence made (or skipped) for it, each source once.
+    /// The waits the fence made (or skipped) for it, each source once
+    /// (none for a node of a step graph: its graph's edges order it).
     pub waits: Vec<Waited>,
+    /// For a replay or consumer inside a step graph launch
+    /// ([`Trace::step_nodes`]): the launch's slice (index in
+    /// [`Trace::slices`]). `None` for the fence's own slices.
+    pub parent: Option<usize>,
 }
 
 /// What a plan's fence did while a trace ran
@@ -136,12 +145,26 @@ pub struct Trace {
     backend: &'static str,
     streams: Vec<u64>,
     slices: Vec<Slice>,
+    step_nodes: Vec<Slice>,
 }
 
 impl Trace {
     /// The slices, in the order the program enqueued them.
     pub fn slices(&self) -> &[Slice] {
         &self.slices
+    }
+
+    /// The replays and consumers inside traced step graph launches, each
+    /// with its launch as [`Slice::parent`], on the lane of the stream the
+    /// step schedule put it on ([`StepBuilder::replay`](crate::StepBuilder::replay),
+    /// [`StepBuilder::consume`](crate::StepBuilder::consume)), in the
+    /// order of their launches and, within one, of the schedule (a writer
+    /// split at its ready point is two). A node starts when the nodes it
+    /// depends on have ended (or its launch started) and ends when its
+    /// work did, within its launch's slice. Empty for step graphs whose
+    /// nodes cannot be timed (see `docs/trace.md`).
+    pub fn step_nodes(&self) -> &[Slice] {
+        &self.step_nodes
     }
 
     /// The streams, one lane each, in order of first use: the identities
@@ -163,7 +186,9 @@ impl Trace {
     /// to `"ph":"f"`, category `fence`) from the slice waited for to the
     /// waiting slice for every wait the fence made, and an instant event
     /// (`"ph":"i"`, category `fence.skipped`) on the waiting slice for
-    /// every wait it skipped.
+    /// every wait it skipped; each node of a traced step graph launch is a
+    /// complete event of category `step.node` on its lane, its launch's
+    /// index in `args.parent`.
     #[doc(alias = "perfetto")]
     #[doc(alias = "chrome_trace")]
     #[doc(alias = "export_chrome_trace")]
@@ -235,6 +260,20 @@ impl Trace {
                     num(at),
                 ));
             }
+        }
+        for (k, node) in self.step_nodes.iter().enumerate() {
+            let parent = node.parent.and_then(|p| self.slices.get(p).map(|s| (p, s)));
+            let Some((p, launch)) = parent else {
+                continue;
+            };
+            events.push(format!(
+                r#"{{"ph":"X","name":{},"cat":"step.node","pid":1,"tid":{},"ts":{},"dur":{},"args":{{"node":{k},"parent":{p},"parent_name":{}}}}}"#,
+                json_str(&node.kind.name()),
+                node.lane + 1,
+                num(node.start_us),
+                num(node.end_us - node.start_us),
+                json_str(&launch.kind.name()),
+            ));
         }
         let clock = match self.backend {
             "sim" => "the sim's clock: one tick is shown as one microsecond",
@@ -313,6 +352,16 @@ pub(crate) trait Observer<B: Streams>: Send {
     fn mark(&mut self, backend: &B, stream: &B::Stream);
     /// The use in progress is enqueued.
     fn end(&mut self);
+    /// Node marks for the `n` nodes of a step graph launch about to
+    /// begin ([`Timing::new_node_mark`]); `None` when the backend times no
+    /// graph nodes, or creating them failed (kept for `finish`).
+    fn node_marks(&mut self, backend: &B, n: usize) -> Option<Vec<B::Event>>;
+    /// The step graph launch that just ended ran `nodes`, each recording
+    /// its mark when done.
+    fn step_nodes(&mut self, nodes: Vec<NodeMark<B::Event>>);
+    /// Preparing a traced step graph launch failed (the launch went out
+    /// untraced): `finish` reports it.
+    fn fail(&mut self, error: BackendError);
     /// The trace, with every mark's time read (this waits for the marks).
     ///
     /// # Errors
@@ -321,8 +370,23 @@ pub(crate) trait Observer<B: Streams>: Send {
     fn finish(self: Box<Self>, backend: &B) -> Result<Trace, BackendError>;
 }
 
+/// One node of a traced step graph launch ([`Observer::step_nodes`]).
+pub(crate) struct NodeMark<E> {
+    /// A replay or a consumer.
+    pub(crate) kind: SliceKind,
+    /// The stream the step schedule put it on.
+    pub(crate) stream: u64,
+    /// The earlier nodes of the launch it runs after.
+    pub(crate) deps: Vec<usize>,
+    /// The nodes of the launch before it runs after (step graphs launched
+    /// in turn).
+    pub(crate) before: Vec<usize>,
+    /// Recorded by the launch when the node is done.
+    pub(crate) mark: E,
+}
+
 /// One use as it was recorded.
-struct Entry<M> {
+struct Entry<M, E> {
     kind: SliceKind,
     lane: usize,
     /// (trace id waited for, skipped)
@@ -332,6 +396,8 @@ struct Entry<M> {
     done: bool,
     /// A later use began before this one ended.
     failed: bool,
+    /// A traced step graph launch's nodes, each with its lane.
+    nodes: Vec<(NodeMark<E>, usize)>,
 }
 
 /// The observer a trace runs with: marks from the backend's [`Timing`].
@@ -341,7 +407,7 @@ pub(crate) struct Recorder<B: Timing> {
     /// Marks created ahead, taken from the end.
     spare: Vec<B::Mark>,
     streams: Vec<u64>,
-    entries: Vec<Entry<B::Mark>>,
+    entries: Vec<Entry<B::Mark, B::Event>>,
     /// The first mark that failed: reported by `finish`.
     error: Option<BackendError>,
 }
@@ -372,8 +438,19 @@ impl<B: Timing> Recorder<B> {
     }
 
     /// The use in progress, if any.
-    fn open(&mut self) -> Option<&mut Entry<B::Mark>> {
+    fn open(&mut self) -> Option<&mut Entry<B::Mark, B::Event>> {
         self.entries.last_mut().filter(|e| !e.done && !e.failed)
+    }
+
+    /// The lane of the stream with id `stream`, a new one at its first use.
+    fn lane(&mut self, stream: u64) -> usize {
+        match self.streams.iter().position(|&s| s == stream) {
+            Some(lane) => lane,
+            None => {
+                self.streams.push(stream);
+                self.streams.len() - 1
+            }
+        }
     }
 }
 
@@ -390,13 +467,7 @@ impl<B: Timing> Observer<B> for Recorder<B> {
         if id == NO_USER {
             return NO_USER;
         }
-        let lane = match self.streams.iter().position(|&s| s == stream) {
-            Some(lane) => lane,
-            None => {
-                self.streams.push(stream);
-                self.streams.len() - 1
-            }
-        };
+        let lane = self.lane(stream);
         self.entries.push(Entry {
             kind,
             lane,
@@ -405,6 +476,7 @@ impl<B: Timing> Observer<B> for Recorder<B> {
             end: None,
             done: false,
             failed: false,
+            nodes: Vec::new(),
         });
         id
     }
@@ -447,6 +519,43 @@ impl<B: Timing> Observer<B> for Recorder<B> {
         }
     }
 
+    fn node_marks(&mut self, backend: &B, n: usize) -> Option<Vec<B::Event>> {
+        if !backend.times_graph_nodes() || self.error.is_some() {
+            return None;
+        }
+        match (0..n).map(|_| backend.new_node_mark()).collect() {
+            Ok(marks) => Some(marks),
+            Err(e) => {
+                self.error = Some(e);
+                None
+            }
+        }
+    }
+
+    fn step_nodes(&mut self, nodes: Vec<NodeMark<B::Event>>) {
+        let launched = self
+            .entries
+            .last()
+            .is_some_and(|e| e.done && matches!(e.kind, SliceKind::StepLaunch { .. }));
+        if !launched {
+            return;
+        }
+        let nodes: Vec<_> = nodes
+            .into_iter()
+            .map(|node| {
+                let lane = self.lane(node.stream);
+                (node, lane)
+            })
+            .collect();
+        if let Some(entry) = self.entries.last_mut() {
+            entry.nodes = nodes;
+        }
+    }
+
+    fn fail(&mut self, error: BackendError) {
+        self.error.get_or_insert(error);
+    }
+
     fn finish(self: Box<Self>, backend: &B) -> Result<Trace, BackendError> {
         let Recorder {
             backend: name,
@@ -474,45 +583,20 @@ impl<B: Timing> Observer<B> for Recorder<B> {
         // Entry index -> slice index (a use that never ended has none).
         let mut index = vec![None; entries.len()];
         let mut slices: Vec<Slice> = Vec::with_capacity(entries.len());
-        // Launches of one graph run one after another: a runner's replay
-        // starts after its previous one, a step graph's launch after the
-        // previous launch of the same executable graph.
-        let mut runner_end: Vec<(RunnerId, f64)> = Vec::new();
-        let mut step_end: Vec<Option<f64>> = Vec::new();
+        let mut step_nodes: Vec<Slice> = Vec::new();
+        // The ends of the latest step graph launch's nodes.
+        let mut ends_before: Vec<f64> = Vec::new();
+        let mut serial = Serial::default();
         for (i, entry) in entries.iter().enumerate() {
             let (Some(start), true) = (&entry.start, entry.done) else {
                 continue;
             };
-            let mut start_us = backend.elapsed_us(&origin, start)?;
+            let start_us = backend.elapsed_us(&origin, start)?;
             let end_us = match &entry.end {
                 Some(end) => backend.elapsed_us(&origin, end)?,
                 None => start_us,
             };
-            match &entry.kind {
-                SliceKind::Replay { runner } => {
-                    match runner_end.iter_mut().find(|(r, _)| r == runner) {
-                        Some((_, last)) => {
-                            start_us = start_us.max(*last);
-                            *last = end_us;
-                        }
-                        None => runner_end.push((*runner, end_us)),
-                    }
-                }
-                SliceKind::StepLaunch { launch, graph } => {
-                    if *launch == 0 {
-                        // A new step graph: its graphs were never launched.
-                        step_end.clear();
-                    }
-                    if step_end.len() <= *graph {
-                        step_end.resize(graph + 1, None);
-                    }
-                    if let Some(last) = step_end[*graph] {
-                        start_us = start_us.max(last);
-                    }
-                    step_end[*graph] = Some(end_us);
-                }
-                SliceKind::Consume { .. } | SliceKind::Wait { .. } => {}
-            }
+            let start_us = serial.start(&entry.kind, start_us, end_us);
             let waits = entry
                 .waits
                 .iter()
@@ -522,20 +606,124 @@ impl<B: Timing> Observer<B> for Recorder<B> {
                 })
                 .collect();
             index[i] = Some(slices.len());
-            slices.push(Slice {
+            let parent = Slice {
                 kind: entry.kind.clone(),
                 lane: entry.lane,
                 start_us,
                 end_us: end_us.max(start_us),
                 waits,
-            });
+                parent: None,
+            };
+            if matches!(entry.kind, SliceKind::StepLaunch { .. }) {
+                let nodes = node_slices(
+                    backend,
+                    &origin,
+                    &entry.nodes,
+                    (&parent, slices.len()),
+                    &ends_before,
+                );
+                ends_before = nodes.iter().map(|n| n.end_us).collect();
+                step_nodes.extend(nodes);
+            }
+            slices.push(parent);
         }
         Ok(Trace {
             backend: name,
             streams,
             slices,
+            step_nodes,
         })
     }
+}
+
+/// Launches of one graph run one after another: a runner's replay starts
+/// after its previous one, a step graph's launch after the previous launch
+/// of the same executable graph.
+#[derive(Default)]
+struct Serial {
+    runner_end: Vec<(RunnerId, f64)>,
+    step_end: Vec<Option<f64>>,
+}
+
+impl Serial {
+    /// When a slice of `kind` whose marks read `start_us` and `end_us`
+    /// started, given the launches of its graph before it.
+    fn start(&mut self, kind: &SliceKind, start_us: f64, end_us: f64) -> f64 {
+        match kind {
+            SliceKind::Replay { runner } => {
+                match self.runner_end.iter_mut().find(|(r, _)| r == runner) {
+                    Some((_, last)) => {
+                        let start = start_us.max(*last);
+                        *last = end_us;
+                        start
+                    }
+                    None => {
+                        self.runner_end.push((*runner, end_us));
+                        start_us
+                    }
+                }
+            }
+            SliceKind::StepLaunch { launch, graph } => {
+                if *launch == 0 {
+                    // A new step graph: its graphs were never launched.
+                    self.step_end.clear();
+                }
+                if self.step_end.len() <= *graph {
+                    self.step_end.resize(graph + 1, None);
+                }
+                let start = self.step_end[*graph].map_or(start_us, |last| start_us.max(last));
+                self.step_end[*graph] = Some(end_us);
+                start
+            }
+            SliceKind::Consume { .. } | SliceKind::Wait { .. } => start_us,
+        }
+    }
+}
+
+/// The slices of a step graph launch's `nodes` inside `launch` (a slice
+/// and its index): each ends at its mark and starts when the nodes it
+/// depends on ended (those of this launch, and those of the launch before,
+/// which ended at `ends_before`), or when the launch started. A mark that
+/// cannot be read leaves the launch without nodes (its own slice stays).
+///
+/// A launch before that was of another step graph, or untraced, ended
+/// before this one started (a launch after anything else waits for
+/// everything the fence knows of): its nodes bound nothing.
+fn node_slices<B: Timing>(
+    backend: &B,
+    origin: &B::Mark,
+    nodes: &[(NodeMark<B::Event>, usize)],
+    (launch, index): (&Slice, usize),
+    ends_before: &[f64],
+) -> Vec<Slice> {
+    let ends: Result<Vec<f64>, _> = nodes
+        .iter()
+        .map(|(node, _)| backend.node_mark_us(origin, &node.mark))
+        .collect();
+    let Ok(ends) = ends else {
+        return Vec::new();
+    };
+    nodes
+        .iter()
+        .zip(&ends)
+        .map(|((node, lane), &end)| {
+            let before = node.before.iter().filter_map(|&d| ends_before.get(d));
+            let start_us = node
+                .deps
+                .iter()
+                .filter_map(|&d| ends.get(d))
+                .chain(before)
+                .fold(launch.start_us, |a, &b| a.max(b));
+            Slice {
+                kind: node.kind.clone(),
+                lane: *lane,
+                start_us,
+                end_us: end.max(start_us),
+                waits: Vec::new(),
+                parent: Some(index),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -299,6 +299,11 @@ impl<B: Streams> Fence<B> {
         std::mem::replace(&mut self.observer, observer)
     }
 
+    /// The trace the program started, if one runs.
+    pub(crate) fn observer(&mut self) -> Option<&mut (dyn Observer<B> + 'static)> {
+        self.observer.as_deref_mut()
+    }
+
     /// A use of the plan begins on `on`, before its waits: the trace (if
     /// one runs) gives it an id, which every completion it leaves carries.
     pub(crate) fn begin_use(&mut self, kind: impl FnOnce() -> SliceKind, on: On<'_, B::Stream>) {

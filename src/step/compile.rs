@@ -4,11 +4,13 @@
 
 use super::dry_run::{dry_pass, reduce_cross, DryEvent, DryRun, Edges, Use};
 use super::graph::StepCore;
+use super::traced::{Events, Source, TracedNode, Tracing};
 use super::{Item, StepError, StepGraph};
-use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode};
+use crate::backend::{BackendError, Compose, NodeGraph, StepNode};
 use crate::capture::StepCopy;
 use crate::fence::{BackendFailure, Fence, Operation};
 use crate::replay::Replayable;
+use crate::trace::SliceKind;
 use crate::vocab::RunnerId;
 
 /// Writers split at a ready point: per split, its two parts and which of
@@ -33,22 +35,16 @@ struct Dry {
     fence: Fence<DryRun>,
 }
 
-/// The events of two graphs launched in turn: per graph, one per node the
-/// other graph's nodes wait for (`sources`), and its end.
-struct Events<E> {
-    sources: Vec<usize>,
-    nodes: Vec<Vec<E>>,
-    ends: Vec<E>,
-}
-
-/// Compiles the schedule `items` on `lanes` lanes into a step graph of `r`
-/// (two graphs launched in turn when `overlapping`).
+/// Compiles the schedule `items` on the lanes of the streams `lane_ids`
+/// into a step graph of `r` (two graphs launched in turn when
+/// `overlapping`).
 pub(super) fn compile<B: Compose>(
     r: &mut Replayable<B>,
     mut items: Vec<Item<B>>,
-    lanes: usize,
+    lane_ids: Vec<u64>,
     overlapping: bool,
 ) -> Result<StepGraph<'_, B>, StepError> {
+    let lanes = lane_ids.len();
     if items.is_empty() {
         return Err(StepError::Empty);
     }
@@ -114,18 +110,12 @@ pub(super) fn compile<B: Compose>(
         graphs.push(graph);
     }
     let edges = dry.deps.iter().chain(&dry.cross).map(Vec::len).sum();
-    drop(split);
-    drop(items);
+    let tracing = tracing_of(r, items, split, &dry, lane_ids);
     let epoch = r.fence.epoch();
     Ok(StepGraph {
         core: StepCore {
             graphs,
-            _events: events
-                .nodes
-                .into_iter()
-                .flatten()
-                .chain(events.ends)
-                .collect(),
+            events,
             start,
             done,
             ledger: dry.fence.ledger().clone(),
@@ -139,9 +129,78 @@ pub(super) fn compile<B: Compose>(
             lanes,
             nodes,
             edges,
+            tracing,
         },
         replayable: r,
     })
+}
+
+/// What the step graph keeps to compose a traced copy of itself: per node
+/// where its graph comes from (the split writers' parts and the
+/// consumers' graphs kept), its kind in a trace, its lane and its edges.
+fn tracing_of<B: Compose>(
+    r: &Replayable<B>,
+    items: Vec<Item<B>>,
+    split: Splits<B::Graph>,
+    dry: &Dry,
+    lanes: Vec<u64>,
+) -> Tracing<B> {
+    let deps = &dry.deps;
+    let mut parts: Vec<Option<(B::Graph, B::Graph)>> = split
+        .parts
+        .into_iter()
+        .map(|(a, b, _)| Some((a, b)))
+        .collect();
+    let mut held: Vec<B::Graph> = Vec::new();
+    let mut nodes: Vec<TracedNode> = Vec::with_capacity(deps.len());
+    let mut node = |source, kind: &SliceKind, lane| {
+        let deps = deps.get(nodes.len()).cloned().unwrap_or_default();
+        nodes.push(TracedNode {
+            source,
+            kind: kind.clone(),
+            lane,
+            deps,
+        });
+    };
+    for (k, item) in items.into_iter().enumerate() {
+        match item {
+            Item::Replay { slot, lane } => {
+                let kind = SliceKind::Replay {
+                    runner: r.plan.runners[slot].id(),
+                };
+                if r.runners[slot].moves() {
+                    node(Source::Moved, &kind, lane);
+                } else if let Some((first, second)) =
+                    split.part_of[k].and_then(|p| parts.get_mut(p)?.take())
+                {
+                    held.extend([first, second]);
+                    node(Source::Held(held.len() - 2), &kind, lane);
+                    node(Source::Held(held.len() - 1), &kind, lane);
+                } else {
+                    node(Source::Runner(slot), &kind, lane);
+                }
+            }
+            Item::Consume {
+                slots,
+                lane,
+                exclusive,
+                graph,
+            } => {
+                let kind = SliceKind::Consume {
+                    runners: slots.iter().map(|&s| r.plan.runners[s].id()).collect(),
+                    writes: exclusive,
+                };
+                match graph {
+                    Some(graph) => {
+                        held.push(graph);
+                        node(Source::Held(held.len() - 1), &kind, lane);
+                    }
+                    None => node(Source::Moved, &kind, lane),
+                }
+            }
+        }
+    }
+    Tracing::new(nodes, held, lanes, dry.cross.clone())
 }
 
 /// A consumer whose graph allocates temporaries goes in moved, as a step
@@ -394,20 +453,16 @@ fn compose<B: Compose>(
     moved_consumers: &mut [Option<B::Graph>],
     split: &Splits<B::Graph>,
     dry: &Dry,
-    events: &Events<B::Event>,
+    events: &Events<B>,
     x: usize,
     nodes: usize,
 ) -> Result<B::Graph, StepError> {
-    let execs = if events.ends.is_empty() { 1 } else { 2 };
-    let overlapping = execs == 2;
     let (parts, part_of) = (&split.parts, &split.part_of);
-    let (deps, cross) = (&dry.deps, &dry.cross);
-    let (sources, node_events, ends) = (&events.sources, &events.nodes, &events.ends);
+    let deps = &dry.deps;
     let moving: Vec<bool> = items
         .iter()
         .map(|i| matches!(i, Item::Replay { slot, .. } if r.runners[*slot].moves()))
         .collect();
-    let other = (x + 1) % execs;
     let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
     let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
     // The step copies this graph moves in, one per replay of a
@@ -489,23 +544,7 @@ fn compose<B: Compose>(
             }
         }
     }
-    let mut end = None;
-    if overlapping {
-        for (n, node) in step_nodes.iter_mut().enumerate() {
-            node.waits = cross[n]
-                .iter()
-                .filter_map(|y| sources.binary_search(y).ok())
-                .map(|e| &node_events[other][e])
-                .collect();
-            if let Ok(e) = sources.binary_search(&n) {
-                node.records = vec![&node_events[x][e]];
-            }
-        }
-        end = Some(StepEnd {
-            record: &ends[x],
-            wait: &ends[other],
-        });
-    }
+    let end = events.wire(&mut step_nodes, &dry.cross, x);
     // The copied graphs, to name the one the backend refuses alone.
     let copied: Vec<(&B::Graph, RunnerId)> = step_nodes
         .iter()

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::dry_run::{dry_pass, DryEvent, DryRun, Use};
+use super::traced::{Events, Order, Tracing};
 use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
 use crate::fence::WaitError;
@@ -31,9 +32,13 @@ pub(super) struct StepCore<B: Backend> {
     /// One graph, or two launched in turn ([`StepBuilder::build_overlapping`](super::StepBuilder::build_overlapping)).
     /// Dropped before the events their nodes wait for and record.
     pub(super) graphs: Vec<B::Graph>,
+    /// What a launch made while a trace runs composes its traced copy
+    /// from, the copies launched (dropped before the events), and the
+    /// order between compositions.
+    pub(super) tracing: Tracing<B>,
     /// The overlapping graphs' events, held for their nodes (dropped after
     /// the graphs).
-    pub(super) _events: Vec<B::Event>,
+    pub(super) events: Events<B>,
     /// Overlapping: recorded where the first launch's stream has waited
     /// for everything the fence knew of, for the second launch to wait for
     /// (it waits for the first launch node by node).
@@ -72,7 +77,7 @@ impl<B: Backend> StepCore<B> {
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(name)
             .field("graphs", &self.graphs.len())
-            .field("events", &self._events.len())
+            .field("events", &self.events.len())
             .field("nodes", &self.nodes)
             .field("edges", &self.edges)
             .field("launches", &self.launches)
@@ -91,7 +96,9 @@ impl<B: Backend> StepCore<B> {
         dry_pass(&mut fence, &dry, &r.plan, &self.uses, 0, &mut touched)?;
         Ok(fence.ledger().clone())
     }
+}
 
+impl<B: Compose> StepCore<B> {
     fn launch(&mut self, r: &mut Replayable<B>, stream: &B::Stream) -> Result<(), StepLaunchError> {
         // No capture of any thread may begin on `stream` until the launch
         // is enqueued (it would go into its graph).
@@ -108,18 +115,31 @@ impl<B: Backend> StepCore<B> {
         if reset {
             self.ledger = self.ledger_from(r)?;
         }
-        let since = if reset { 0 } else { self.since };
+        // While a trace runs: a traced copy of the step graph, launched in
+        // place of its own composition, and ordered after the launch before
+        // as another executable graph must be (`traced.rs`).
         let x = (self.turn % self.graphs.len() as u64) as usize;
+        let traced = self.tracing.prepare(r, &self.events, x);
+        let order = self.tracing.order(x, traced.is_some());
+        let since = if reset || order == Order::Everything {
+            0
+        } else {
+            self.since
+        };
         // The first launch waits for everything the fence knew of; the
         // second (of overlapping graphs) for the same, recorded then, or
         // for that and the whole first launch.
         let everything =
             since == 0 || (since == 1 && self.start.is_none() && self.graphs.len() > 1);
         let (start, backend) = (&self.start, &r.backend);
-        let before = || match (since, start) {
-            (0, Some(start)) => backend.record_event(stream, start),
-            (1, Some(start)) => backend.wait_event(stream, start),
-            _ => Ok(()),
+        let after = self.tracing.after(x, order);
+        let before = || {
+            match (since, start) {
+                (0, Some(start)) => backend.record_event(stream, start),
+                (1, Some(start)) => backend.wait_event(stream, start),
+                _ => Ok(()),
+            }?;
+            after.map_or(Ok(()), |after| backend.wait_event(stream, after))
         };
         let kind = SliceKind::StepLaunch {
             launch: self.launches,
@@ -128,7 +148,10 @@ impl<B: Backend> StepCore<B> {
         // A later launch on the same stream with nothing in between leaves
         // the state the one before left: nothing to absorb.
         let moved = reset || self.launched.as_ref().map(|(_, id)| *id) != Some(on.id);
-        let graph = &self.graphs[x];
+        let graph = match &traced {
+            Some((copy, _)) => copy,
+            None => &self.graphs[x],
+        };
         // SAFETY: the step graph's edges are the fence's waits for its
         // schedule; its first launch (and the first after anything else the
         // fence did) waited for everything the fence knew of, and each later
@@ -139,7 +162,9 @@ impl<B: Backend> StepCore<B> {
         // same graph's launch before that being serialized; once it went
         // out, the fence orders every later user of the plan's bytes after
         // it before this returns; nothing else uses the plan meanwhile
-        // (`&mut`).
+        // (`&mut`). A launch that follows a launch of another composition
+        // (a traced copy, or the step graph's own after one) waited for it
+        // whole in `before`, or for everything the fence knew of.
         let launch = || unsafe { backend.launch(graph, stream) };
         r.fence
             .launch_step(
@@ -152,6 +177,15 @@ impl<B: Backend> StepCore<B> {
                 kind,
             )
             .map_err(|error| Operation::StepLaunch.failed(error))?;
+        match traced {
+            Some((copy, nodes)) => {
+                if let Some(observer) = r.fence.observer() {
+                    observer.step_nodes(nodes);
+                }
+                self.tracing.launched_traced(&r.backend, x, copy, stream);
+            }
+            None => self.tracing.launched_own(x),
+        }
         self.launched = Some((stream.clone(), on.id));
         self.launches += 1;
         self.since = since + 1;
@@ -321,6 +355,7 @@ impl<B: Compose + Clone> Drop for KeptStep<B> {
         // here held theirs until now. Freed now, so given back now (best
         // effort, as at teardown).
         self.core.graphs.clear();
+        self.core.tracing.free();
         let _ = self.backend.trim_graph_memory();
     }
 }

@@ -31,6 +31,7 @@ use crate::view::{Access, ReadOnly, ReadWrite, View};
 use crate::vocab::RunnerId;
 
 mod dry_run;
+mod traced;
 mod graph;
 mod compile;
 
@@ -486,6 +487,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             items,
             lanes,
         } = self;
-        compile::compile(replayable, items, lanes.len(), overlapping)
+        let lanes = lanes.iter().map(|(id, _)| *id).collect();
+        compile::compile(replayable, items, lanes, overlapping)
     }
 }

@@ -1,9 +1,11 @@
 //! [`Timing`] for every handle of a CUDA device ([`AsDevice`]): a mark is
 //! a CUDA event with timing on, created ahead and recorded when taken;
-//! times come from `cuEventElapsedTime`.
+//! times come from `cuEventElapsedTime`. A node mark is an [`Event`] with
+//! timing on, which a composed graph records after a node (an event record
+//! node).
 
 use super::backend::AsDevice;
-use super::handles::Stream;
+use super::handles::{Event, Stream};
 use super::result;
 use super::{driver_error, sys, Result};
 use crate::backend::Timing;
@@ -60,6 +62,29 @@ impl<D: AsDevice> Timing for D {
         // SAFETY: both events are live objects of this context.
         let ms = unsafe {
             cudarc::driver::result::event::elapsed(origin.inner.cu_event(), mark.inner.cu_event())
+        }
+        .map_err(|e| driver_error("cuEventElapsedTime", e))?;
+        Ok(f64::from(ms) * 1000.0)
+    }
+
+    fn times_graph_nodes(&self) -> bool {
+        true
+    }
+
+    /// `cuEventCreate` with timing on (not recorded: a composed graph's
+    /// event record node records it at each launch).
+    fn new_node_mark(&self) -> Result<Event> {
+        Ok(Event {
+            inner: self.new_mark()?.inner,
+        })
+    }
+
+    /// `cuEventElapsedTime` from the origin to the event's latest record.
+    fn node_mark_us(&self, origin: &Mark, event: &Event) -> Result<f64> {
+        self.as_device().bind()?;
+        // SAFETY: both events are live objects of this context.
+        let ms = unsafe {
+            cudarc::driver::result::event::elapsed(origin.inner.cu_event(), event.cu_event())
         }
         .map_err(|e| driver_error("cuEventElapsedTime", e))?;
         Ok(f64::from(ms) * 1000.0)

@@ -451,7 +451,15 @@ impl Compose for Device {
         }
         self.fault(Call::Instantiate)?;
         let lanes = nodes.iter().map(|n| n.lane + 1).max().unwrap_or(0);
-        let lanes = (0..lanes).map(|_| self.stream().id).collect();
+        // Internal streams that run only inside a launch, each from the
+        // launch's start (not from when the graph was composed).
+        let lanes = (0..lanes)
+            .map(|_| {
+                let id = self.stream().id;
+                self.state().streams[id].tail = 0;
+                id
+            })
+            .collect();
         let events = nodes
             .iter()
             .map(|n| Ok((ids(&n.waits)?, ids(&n.records)?)))

@@ -1,10 +1,11 @@
 //! [`Timing`] for [`Device`]: marks are times on the deterministic clock,
-//! one tick read as one microsecond.
+//! one tick read as one microsecond; a node mark is an event, whose record
+//! inside a composed graph keeps the time its node ended.
 
 use super::device::Device;
-use super::streams::Stream;
-use super::Result;
-use crate::backend::Timing;
+use super::streams::{Event, Stream};
+use super::{sim_error, Result, FOREIGN_EVENT};
+use crate::backend::{Streams, Timing};
 
 impl Timing for Device {
     /// A time on the clock, in ticks.
@@ -35,6 +36,29 @@ impl Timing for Device {
     fn elapsed_us(&self, origin: &u64, mark: &u64) -> Result<f64> {
         Ok(*mark as f64 - *origin as f64)
     }
+
+    fn times_graph_nodes(&self) -> bool {
+        true
+    }
+
+    /// An event ([`Streams::create_event`], which fault injection counts
+    /// as [`Call::CreateEvent`](super::Call::CreateEvent)).
+    #[track_caller]
+    fn new_node_mark(&self) -> Result<Event> {
+        self.create_event()
+    }
+
+    /// The clock's time at the event's latest record.
+    fn node_mark_us(&self, origin: &u64, event: &Event) -> Result<f64> {
+        let id = self.own_event(event, "sim node mark")?;
+        let time = self
+            .state()
+            .events
+            .get(id)
+            .map(|e| e.time)
+            .ok_or_else(|| sim_error("sim node mark", FOREIGN_EVENT))?;
+        Ok(time as f64 - *origin as f64)
+    }
 }
 
 #[cfg(test)]
@@ -54,5 +78,20 @@ mod tests {
         sim.take_mark(&mut at_b, &b).unwrap();
         assert_eq!(sim.elapsed_us(&origin, &at_a).unwrap(), 7.0);
         assert_eq!(sim.elapsed_us(&origin, &at_b).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn a_node_mark_reads_the_time_of_its_latest_record() {
+        let sim = Device::new();
+        let a = sim.stream();
+        let buf = sim.alloc_f32(4).unwrap();
+        let origin = sim.origin().unwrap();
+        let mark = sim.new_node_mark().unwrap();
+        sim.launch(&a, Op::fill(&buf, 1.0), 5).unwrap();
+        sim.record_event(&a, &mark).unwrap();
+        assert_eq!(sim.node_mark_us(&origin, &mark).unwrap(), 5.0);
+        assert!(sim
+            .node_mark_us(&origin, &Device::new().new_node_mark().unwrap())
+            .is_err());
     }
 }
