@@ -9,7 +9,7 @@ use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphRejection, Te
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
-use crate::scope::{close_scope, new_scope_id, retire, OpenScope, ScopeKind, StreamBusy};
+use crate::scope::{close_scope, new_scope_id, retire};
 use crate::view::{Access, Misuse, NotSend, ReadOnly, View};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
@@ -247,6 +247,12 @@ pub enum StreamCaptureError<E> {
     Work(E),
 }
 
+mod copies;
+mod work;
+
+pub(crate) use copies::StepCopy;
+pub(crate) use work::{capture_work, Uncaptured};
+
 type Result<T> = std::result::Result<T, CaptureError>;
 
 /// A runner's finished capture.
@@ -257,19 +263,6 @@ pub(crate) struct Captured<G> {
     pub(crate) copies: Vec<StepCopy<G>>,
     /// What `graph`'s allocation nodes allocate.
     pub(crate) temporaries: Temporaries,
-}
-
-/// A step copy: a second capture of an allocating runner's work, for one
-/// step graph to move in. Captured in two parts when the work allows it
-/// (nothing of it runs beside its first ready point, [`Capture::cuts_at`]):
-/// the part up to that ready point and the rest, so that in a step graph
-/// the readers of that handoff start at the ready point, as they do when
-/// the runner is replayed on its own.
-pub(crate) struct StepCopy<G> {
-    /// The copy, or its part up to the ready point.
-    pub(crate) head: G,
-    /// The part after the ready point, and the handoff it was cut at.
-    pub(crate) tail: Option<(G, HandoffId)>,
 }
 
 /// Where a runner's capture stands.
@@ -567,105 +560,6 @@ impl<B: Backend> fmt::Debug for RunnerCapture<'_, B> {
     }
 }
 
-/// Why [`capture_work`] captured no graph.
-pub(crate) enum Uncaptured<E> {
-    /// Another scope of any thread works on the stream (nothing begun).
-    Busy(StreamBusy),
-    /// The backend could not begin the capture (nothing begun).
-    Begin(BackendError),
-    /// The work closure failed; the capture was aborted.
-    Work(E),
-    /// The work used a view where the fence cannot order it; the capture
-    /// was aborted.
-    Misuse(Misuse),
-    /// The backend could not end the capture.
-    End(BackendError),
-}
-
-/// The one stream capture of a closure's work, for a runner's graph and a
-/// step graph's consumer alike. It claims the stream (id `sid`) for scope
-/// `scope` first: no other capture or consumer of any thread works on it
-/// until the capture has ended. Then it begins the capture, runs `work`
-/// with the scope open (its views work on the device only there), closes
-/// the scope for the views, and ends the capture, or aborts it when `work`
-/// failed or misused a view. If `work` unwinds, the capture is aborted and
-/// `unwound` runs, before the stream is given up. A `part` is a graph only
-/// ever composed into a step graph ([`Capture::end_capture_part`]).
-pub(crate) fn capture_work<B: Backend, T, E>(
-    backend: &B,
-    (stream, part): (&B::Stream, bool),
-    (sid, scope, runner): (u64, u64, RunnerId),
-    unwound: impl FnOnce(),
-    work: impl FnOnce() -> std::result::Result<T, E>,
-) -> std::result::Result<(T, B::Graph), Uncaptured<E>> {
-    let claim =
-        OpenScope::enter(scope, sid, ScopeKind::Capture, runner).map_err(Uncaptured::Busy)?;
-    backend.begin_capture(stream).map_err(Uncaptured::Begin)?;
-    let mut guard = AbortOnUnwind {
-        backend,
-        stream,
-        unwound: Some(unwound),
-    };
-    let out = work();
-    let misuse = claim.scope().take_misuse();
-    claim.close_views();
-    guard.unwound = None;
-    let abort = || {
-        // SAFETY: the capture this call began on `stream`.
-        unsafe { backend.abort_capture(stream) }
-    };
-    let out = match out {
-        Ok(out) => out,
-        Err(e) => {
-            abort();
-            return Err(Uncaptured::Work(e));
-        }
-    };
-    if let Some(reason) = misuse {
-        abort();
-        return Err(Uncaptured::Misuse(reason));
-    }
-    // SAFETY: the capture this call began (if the work ended it, this fails).
-    let ended = unsafe {
-        if part {
-            backend.end_capture_part(stream)
-        } else {
-            backend.end_capture(stream)
-        }
-    };
-    let graph = match ended {
-        Ok(graph) => graph,
-        Err(e) => {
-            // An end that failed may leave the capture open (CUDA ends an
-            // invalidated one, not every other): end it, so the stream is
-            // usable again.
-            abort();
-            return Err(Uncaptured::End(e));
-        }
-    };
-    drop(claim);
-    Ok((out, graph))
-}
-
-/// Aborts the stream capture [`capture_work`] began when its work unwinds
-/// (then runs `unwound`); disarmed once the work returned. Declared after
-/// the stream's claim, so it runs before the claim is given up.
-struct AbortOnUnwind<'a, B: Backend, F: FnOnce()> {
-    backend: &'a B,
-    stream: &'a B::Stream,
-    unwound: Option<F>,
-}
-
-impl<B: Backend, F: FnOnce()> Drop for AbortOnUnwind<'_, B, F> {
-    fn drop(&mut self) {
-        if let Some(unwound) = self.unwound.take() {
-            // SAFETY: the capture `capture_work` began on this stream.
-            unsafe { self.backend.abort_capture(self.stream) };
-            unwound();
-        }
-    }
-}
-
 impl<B: Backend> RunnerCapture<'_, B> {
     fn plan(&self) -> &RunnerPlan {
         &self.owner.plan.runners[self.slot]
@@ -914,195 +808,6 @@ impl<B: Backend> RunnerCapture<'_, B> {
         self.may_capture()?;
         let graph = self.capture_graph((stream, false), work)?;
         *self.graph.borrow_mut() = Some(graph);
-        Ok(())
-    }
-
-    /// [`RunnerCapture::stream_capture`] for work that can run twice, so
-    /// that a step graph can hold the runner even when its graph allocates
-    /// temporaries (a framework's ops allocating their outputs inside the
-    /// capture: graph memory nodes). The driver copies no such graph into
-    /// another, and a graph moved into a step graph is the step graph's for
-    /// good, so the crate captures `work` a second time, on the same
-    /// stream with the same views, into a *step copy* that the first
-    /// [`StepBuilder::build`](crate::StepBuilder::build) scheduling this
-    /// runner moves in. The runner's own graph stays for per-runner replays
-    /// before and after that step graph. Work whose graph allocates nothing
-    /// runs once: step graphs copy such a graph in.
-    ///
-    /// The second run must do what the first did: the same views (it can
-    /// use no others), the same ready points ([`RunnerCapture::ready`]).
-    ///
-    /// When the work marks a handoff ready, the step copy is captured in
-    /// two parts, cut at the first ready point (the capture on `stream` is
-    /// ended there and a new one begun, inside [`RunnerCapture::ready`]),
-    /// so that in a step graph the readers of that handoff start at the
-    /// ready point, as between per-runner replays. A temporary allocated
-    /// before the cut may be used and freed after it. The crate cuts only
-    /// when the first run's graph shows nothing of the work beside that
-    /// ready point ([`Capture::cuts_at`](crate::Capture::cuts_at): no other
-    /// stream of the capture has work across it); otherwise the copy is one
-    /// graph, and its readers start after it.
-    ///
-    /// ```
-    /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-    /// use replay_arena::sim;
-    ///
-    /// let req = Request::new(Domain::Device, DType::F32, 64);
-    /// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
-    ///     .plan(Policy::Generations(1))?;
-    /// let sim = sim::Device::new();
-    /// let stream = sim.stream();
-    /// let mut capturing = planned.allocate(sim.clone())?;
-    /// let cap = capturing.capture(RunnerId(0))?;
-    /// let out = cap.take(req)?;
-    /// let mut runs = 0;
-    /// cap.stream_capture_repeatable(&stream, |s| {
-    ///     runs += 1;
-    ///     let tmp = sim.alloc_async(s, 64)?; // a temporary: an allocation node
-    ///     sim.launch(s, sim::Op::fill(&tmp, 2.0), 5)?;
-    ///     sim.launch(s, sim::Op::copy(&tmp, &out), 5)?;
-    ///     sim.free_async(s, &tmp)
-    /// })?;
-    /// cap.finish()?;
-    /// assert_eq!(runs, 2); // its graph and its step copy
-    ///
-    /// let mut replayable = capturing.seal()?;
-    /// replayable.replay(RunnerId(0), &stream)?; // the runner's own graph
-    /// let mut step = replayable.step();
-    /// step.replay(RunnerId(0), &stream)?;
-    /// let mut graph = step.build()?; // the step copy moves in
-    /// graph.launch(&stream)?;
-    /// drop(graph);
-    /// replayable.replay(RunnerId(0), &stream)?; // still there
-    /// assert_eq!(sim.read_f32(&replayable.views(RunnerId(0))?[0])?[0], 2.0);
-    /// # Ok::<(), replay_arena::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`RunnerCapture::stream_capture`], for either run;
-    /// [`CaptureError::RepeatDiffers`] when the second run marked other
-    /// ready points. Either failure fails the runner.
-    pub fn stream_capture_repeatable<E: fmt::Display>(
-        &self,
-        stream: &B::Stream,
-        mut work: impl FnMut(&B::Stream) -> std::result::Result<(), E>,
-    ) -> std::result::Result<(), StreamCaptureError<E>> {
-        let runner = self.runner();
-        self.may_capture()?;
-        self.first_ready.set(None);
-        let graph = self.capture_graph((stream, false), &mut work)?;
-        let checked = self.backend().graph_temporaries(&graph).and_then(|t| {
-            if t.is_empty() {
-                return Ok(None);
-            }
-            // Cut the copies at the first ready point when nothing of the
-            // work runs beside it.
-            let Some(h) = self.first_ready.get() else {
-                return Ok(Some(None));
-            };
-            let event = self.handoff_event(h);
-            match event {
-                Some(e) if self.backend().cuts_at(&graph, e)? => Ok(Some(Some(h))),
-                _ => Ok(Some(None)),
-            }
-        });
-        let cut = match checked {
-            Ok(Some(cut)) => cut,
-            Ok(None) => {
-                *self.graph.borrow_mut() = Some(graph);
-                return Ok(());
-            }
-            Err(error) => {
-                let error = CaptureError::Backend { runner, error };
-                *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
-                return Err(error.into());
-            }
-        };
-        *self.graph.borrow_mut() = Some(graph);
-        for _ in 0..self.copies_wanted.get() {
-            self.cut_at.set(cut);
-            let copy = self.capture_copy(stream, &mut work);
-            self.cut_at.set(None);
-            copy?;
-        }
-        Ok(())
-    }
-
-    /// The event of handoff `h`'s ready point.
-    fn handoff_event(&self, h: HandoffId) -> Option<&B::Event> {
-        self.owner
-            .res
-            .events
-            .get(self.owner.plan.runners.len() + h.0 as usize)
-            .and_then(Option::as_ref)
-    }
-
-    /// How many step copies [`RunnerCapture::stream_capture_repeatable`]
-    /// captures when the runner's graph allocates (1 unless set): one per
-    /// replay of the runner in one step graph, two per replay in an
-    /// overlapping one ([`StepBuilder::build_overlapping`](crate::StepBuilder::build_overlapping)).
-    /// Each copy holds its own temporaries until a step graph moves it in.
-    pub fn step_copies(&self, copies: usize) -> &Self {
-        self.copies_wanted.set(copies);
-        self
-    }
-
-    /// One more run of the work, into a step copy.
-    fn capture_copy<E: fmt::Display>(
-        &self,
-        stream: &B::Stream,
-        work: &mut impl FnMut(&B::Stream) -> std::result::Result<(), E>,
-    ) -> std::result::Result<(), StreamCaptureError<E>> {
-        let runner = self.runner();
-        // The run marks its ready points again, into the copy.
-        let first: Vec<(HandoffId, bool)> = self.handoffs.borrow().clone();
-        for entry in self.handoffs.borrow_mut().iter_mut() {
-            entry.1 = false;
-        }
-        self.head.borrow_mut().take();
-        // A step copy is only ever moved into a step graph.
-        let copy = match self.capture_graph((stream, true), work) {
-            Ok(copy) => copy,
-            Err(e) => {
-                // A capture that never began fails the runner too: it has
-                // a graph, and no copy.
-                let unset = self.failure.borrow().is_none();
-                if let (StreamCaptureError::Capture(error), true) = (&e, unset) {
-                    let failure = CaptureFailure::Check(Box::new(error.clone()));
-                    *self.failure.borrow_mut() = Some(failure);
-                }
-                return Err(e);
-            }
-        };
-        if *self.handoffs.borrow() != first {
-            let error = CaptureError::RepeatDiffers {
-                runner,
-                reason: "marked other ready points (or took other handoffs)",
-            };
-            *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
-            return Err(error.into());
-        }
-        let head = self.head.borrow_mut().take();
-        let copy = match (self.cut_at.get(), head) {
-            (None, _) => StepCopy {
-                head: copy,
-                tail: None,
-            },
-            (Some(h), Some(head)) => StepCopy {
-                head,
-                tail: Some((copy, h)),
-            },
-            (Some(_), None) => {
-                let error = CaptureError::RepeatDiffers {
-                    runner,
-                    reason: "did not mark the ready point the first run marked first",
-                };
-                *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
-                return Err(error.into());
-            }
-        };
-        self.copies.borrow_mut().push(copy);
         Ok(())
     }
 
