@@ -261,8 +261,15 @@ fn a_step_graph_launched_with_no_trace_running_composes_nothing_and_records_no_m
     let traced = sim.fault_log().per_call;
     assert_eq!(traced.get(&Call::Compose), Some(&1));
     assert!(traced.get(&Call::CreateEvent).copied().unwrap_or(0) >= kept.nodes() as u64);
+    // The next traced launch reuses that copy with new marks: no
+    // composition, no instantiation.
+    sim.inject(Faults::none());
+    replayable.launch_kept(&mut kept, &l.launch).unwrap();
+    let again = sim.fault_log().per_call;
+    assert_eq!(again.get(&Call::Instantiate), None);
+    assert_eq!(again.get(&Call::Compose), Some(&1)); // the retarget
     let trace = replayable.finish_trace().unwrap();
-    assert_eq!(trace.step_nodes().len(), 8);
+    assert_eq!(trace.step_nodes().len(), 2 * 8);
     // After the trace: the step graph's own composition again, and after
     // the one launch that waits for the traced copy, the same calls as
     // before the trace.
@@ -272,7 +279,7 @@ fn a_step_graph_launched_with_no_trace_running_composes_nothing_and_records_no_m
     assert_eq!(sim.fault_log().per_call, untraced);
     drop(kept);
     assert!(sim.hazards().is_empty());
-    assert_eq!(sim.read_f32(&sink).unwrap()[0], 5.0 * 6.0);
+    assert_eq!(sim.read_f32(&sink).unwrap()[0], 6.0 * 6.0);
 }
 
 #[test]

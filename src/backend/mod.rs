@@ -850,6 +850,30 @@ pub trait Compose: Backend {
         nodes: Vec<StepNode<'_, Self::Graph, Self::Event>>,
         end: Option<StepEnd<'_, Self::Event>>,
     ) -> Result<Self::Graph, BackendError>;
+
+    /// Points, in a graph [`Compose::compose`] made whose every node records
+    /// at least one event, each node's last record at `events[i]` instead,
+    /// for the graph's next launches (launches already made record what
+    /// they recorded): a traced step graph's node marks, new for each
+    /// launch without composing again (CUDA:
+    /// `cuGraphExecEventRecordNodeSetEvent`). On error the graph may record
+    /// some new events and some old: compose it again.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Refused`] when the backend cannot, or for another
+    /// graph; the runtime's error.
+    fn retarget_records(
+        &self,
+        graph: &mut Self::Graph,
+        events: &[&Self::Event],
+    ) -> Result<(), BackendError> {
+        let _ = (graph, events);
+        Err(BackendError::Refused {
+            op: "retarget records",
+            reason: "this backend composes again instead".into(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -166,17 +166,22 @@ impl<B: Compose> StepCore<B> {
         // (a traced copy, or the step graph's own after one) waited for it
         // whole in `before`, or for everything the fence knew of.
         let launch = || unsafe { backend.launch(graph, stream) };
-        r.fence
-            .launch_step(
-                backend,
-                on,
-                everything,
-                before,
-                launch,
-                moved.then_some((&self.ledger, self.touched.as_slice())),
-                kind,
-            )
-            .map_err(|error| Operation::StepLaunch.failed(error))?;
+        let launched = r.fence.launch_step(
+            backend,
+            on,
+            everything,
+            before,
+            launch,
+            moved.then_some((&self.ledger, self.touched.as_slice())),
+            kind,
+        );
+        if let Err(error) = launched {
+            // A reused traced copy may still run its launch before.
+            if let Some((copy, _)) = traced {
+                self.tracing.hold(copy);
+            }
+            return Err(Operation::StepLaunch.failed(error).into());
+        }
         match traced {
             Some((copy, nodes)) => {
                 if let Some(observer) = r.fence.observer() {

@@ -132,6 +132,10 @@ pub(super) struct Tracing<B: Backend> {
     /// (after its last launch, which runs after them), before the events
     /// their nodes wait for and record.
     launched: Vec<B::Graph>,
+    /// Per graph: its traced copy launched last, reused for the next traced
+    /// launch with new marks ([`Compose::retarget_records`]) instead of
+    /// composed again.
+    cached: Vec<Option<B::Graph>>,
     nodes: Vec<TracedNode>,
     /// The split writers' parts and the consumers' graphs ([`Source::Held`]).
     held: Vec<B::Graph>,
@@ -154,6 +158,7 @@ impl<B: Backend> Tracing<B> {
     ) -> Self {
         Tracing {
             launched: Vec::new(),
+            cached: Vec::new(),
             nodes,
             held,
             lanes,
@@ -202,7 +207,12 @@ impl<B: Backend> Tracing<B> {
     /// held, and the event after it recorded there (when that fails, the
     /// next launch of graph `x` waits for everything instead).
     pub(super) fn launched_traced(&mut self, b: &B, x: usize, copy: B::Graph, stream: &B::Stream) {
-        self.launched.push(copy);
+        if self.cached.len() <= x {
+            self.cached.resize_with(x + 1, || None);
+        }
+        if let Some(old) = self.cached[x].replace(copy) {
+            self.launched.push(old);
+        }
         if self.after.len() <= x {
             self.after.resize_with(x + 1, || None);
         }
@@ -216,9 +226,16 @@ impl<B: Backend> Tracing<B> {
         self.set_last(x, Last::Traced { after });
     }
 
+    /// Holds a traced copy that may have been launched before (its
+    /// launch now failed) until the step graph is freed.
+    pub(super) fn hold(&mut self, copy: B::Graph) {
+        self.launched.push(copy);
+    }
+
     /// Frees the traced copies (after the step graph's last launch).
     pub(super) fn free(&mut self) {
         self.launched.clear();
+        self.cached.clear();
     }
 }
 
@@ -229,7 +246,7 @@ impl<B: Compose> Tracing<B> {
     /// moved in; else `None` (a failure to make one is the trace's error,
     /// and the launch goes out untraced).
     pub(super) fn prepare(
-        &self,
+        &mut self,
         r: &mut Replayable<B>,
         events: &Events<B>,
         x: usize,
@@ -241,7 +258,27 @@ impl<B: Compose> Tracing<B> {
             .fence
             .observer()?
             .node_marks(&r.backend, self.nodes.len())?;
-        match self.compose(r, &marks, events, x) {
+        // The copy launched last, its nodes pointed at the new marks; when
+        // that fails, it is held (it may still run) and a copy composed.
+        let reused = self
+            .cached
+            .get_mut(x)
+            .and_then(Option::take)
+            .and_then(|mut copy| {
+                let refs: Vec<&B::Event> = marks.iter().collect();
+                match r.backend.retarget_records(&mut copy, &refs) {
+                    Ok(()) => Some(copy),
+                    Err(_) => {
+                        self.launched.push(copy);
+                        None
+                    }
+                }
+            });
+        let composed = match reused {
+            Some(copy) => Ok(copy),
+            None => self.compose(r, &marks, events, x),
+        };
+        match composed {
             Ok(graph) => {
                 let nodes = self
                     .nodes

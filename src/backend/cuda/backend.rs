@@ -283,4 +283,8 @@ where
     ) -> Result<Graph> {
         self.as_device().compose_children(nodes, end)
     }
+
+    fn retarget_records(&self, graph: &mut Graph, events: &[&Event]) -> Result<()> {
+        self.as_device().retarget_last_records(graph, events)
+    }
 }

@@ -35,6 +35,9 @@ pub struct Graph {
     /// Its memory nodes, read once (a captured graph's nodes never change):
     /// before its upload, so that no later inspection waits for it.
     memory: OnceCell<MemoryNodes>,
+    /// A composed graph's event record nodes, per step node, in the order
+    /// of its `records` ([`Compose::retarget_records`](crate::Compose::retarget_records)).
+    records: Vec<Vec<usize>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -101,6 +104,7 @@ impl Device {
             },
             ctx: self.inner.ctx.clone(),
             memory: OnceCell::new(),
+            records: Vec::new(),
             _not_sync: PhantomData,
         }
     }
@@ -305,6 +309,7 @@ impl Device {
             handles: GraphHandles { graph, exec },
             ctx: self.inner.ctx.clone(),
             memory: OnceCell::new(),
+            records: Vec::new(),
             _not_sync: PhantomData,
         };
         if upload_on.is_some() {
@@ -485,6 +490,7 @@ impl Device {
                 },
                 ctx: self.inner.ctx.clone(),
                 memory: OnceCell::new(),
+                records: Vec::new(),
                 _not_sync: PhantomData,
             };
             for &node in nodes.iter().filter(|&&n| drop(n)) {
@@ -534,6 +540,7 @@ impl Device {
             },
             ctx: self.inner.ctx.clone(),
             memory: OnceCell::new(),
+            records: Vec::new(),
             _not_sync: PhantomData,
         };
         // An event wait or record node of `parent` after `deps`.
@@ -551,6 +558,8 @@ impl Device {
             }
         };
         let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
+        // Node handles as addresses: a `Graph` is `Send`.
+        let mut records: Vec<Vec<usize>> = Vec::with_capacity(nodes.len());
         for node in nodes {
             let deps = node
                 .deps
@@ -600,9 +609,12 @@ impl Device {
                     child
                 }
             };
-            for event in &node.records {
-                event_node(false, &[child], event)?;
-            }
+            let recorded = node
+                .records
+                .iter()
+                .map(|event| event_node(false, &[child], event).map(|n| n as usize))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            records.push(recorded);
             added.push(child);
         }
         if let Some(end) = end {
@@ -622,7 +634,35 @@ impl Device {
             ..self.instantiate_flags()
         };
         // SAFETY: `raw` is ours; `instantiate_with` destroys it on failure.
-        unsafe { self.instantiate_with(raw, None, flags) }
+        let mut composed = unsafe { self.instantiate_with(raw, None, flags) }?;
+        composed.records = records;
+        Ok(composed)
+    }
+
+    /// [`Compose::retarget_records`](crate::Compose::retarget_records): each
+    /// step node's last record node records `events[i]` at the executable
+    /// graph's next launches (`cuGraphExecEventRecordNodeSetEvent`).
+    pub(super) fn retarget_last_records(&self, graph: &Graph, events: &[&Event]) -> Result<()> {
+        if graph.handles.exec.is_null()
+            || events.len() != graph.records.len()
+            || graph.records.iter().any(Vec::is_empty)
+        {
+            return Err(BackendError::Refused {
+                op: "retarget records",
+                reason: "not a composed graph that records an event after each of these nodes"
+                    .into(),
+            });
+        }
+        self.bind()?;
+        for (nodes, event) in graph.records.iter().zip(events) {
+            let node = nodes[nodes.len() - 1] as sys::CUgraphNode;
+            // SAFETY: the exec, its graph's record node and the event are
+            // live objects of this context.
+            unsafe {
+                result::graph::exec_set_record_event(graph.handles.exec, node, event.cu_event())
+            }?;
+        }
+        Ok(())
     }
 
     /// `cuGraphAddNode_v2`, looked up in the driver by name (cudarc binds

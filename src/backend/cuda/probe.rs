@@ -12,7 +12,7 @@ use super::{sys, unavailable, Result};
 /// Driver entry points this backend (and the parts of cudarc it uses) calls.
 /// [`probe_device`] checks they all resolve before anything is called, so a
 /// too-old driver is an error rather than a panic inside cudarc.
-const REQUIRED_SYMBOLS: [&str; 46] = [
+const REQUIRED_SYMBOLS: [&str; 47] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -55,6 +55,7 @@ const REQUIRED_SYMBOLS: [&str; 46] = [
     "cuGraphNodeFindInClone",
     "cuGraphDestroyNode",
     "cuGraphEventRecordNodeGetEvent",
+    "cuGraphExecEventRecordNodeSetEvent",
     "cuDeviceGetGraphMemAttribute",
     "cuGraphMemFreeNodeGetParams",
     "cuGraphExecDestroy",

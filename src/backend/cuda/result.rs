@@ -708,6 +708,24 @@ pub(super) mod graph {
         check("cuGraphAddEventRecordNode", code, node)
     }
 
+    /// `cuGraphExecEventRecordNodeSetEvent`: the record node `node` (of the
+    /// graph `exec` was instantiated from) records `event` at `exec`'s next
+    /// launches; launches already made are not affected.
+    ///
+    /// # Safety
+    ///
+    /// `exec`, `node` and `event` are live objects of the current context;
+    /// `node` is an event record node of `exec`'s graph.
+    pub(in super::super) unsafe fn exec_set_record_event(
+        exec: sys::CUgraphExec,
+        node: sys::CUgraphNode,
+        event: sys::CUevent,
+    ) -> DriverResult<()> {
+        // SAFETY: the caller's.
+        let code = unsafe { sys::cuGraphExecEventRecordNodeSetEvent(exec, node, event) };
+        check("cuGraphExecEventRecordNodeSetEvent", code, ())
+    }
+
     /// `cuGraphAddChildGraphNode`: a node of `graph` after `deps` that runs
     /// a clone of `child`.
     ///

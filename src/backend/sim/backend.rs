@@ -492,4 +492,32 @@ impl Compose for Device {
             })),
         })
     }
+
+    #[track_caller]
+    fn retarget_records(&self, graph: &mut Graph, events: &[&Event]) -> Result<()> {
+        self.fault(Call::Compose)?;
+        let ids = events
+            .iter()
+            .map(|e| self.own_event(e, "sim retarget records"))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(step) = graph.step.as_ref() else {
+            return Err(sim_error("sim retarget records", "not a composed graph"));
+        };
+        if ids.len() != step.nodes.len() || step.nodes.iter().any(|n| n.records_after.is_empty()) {
+            return Err(sim_error(
+                "sim retarget records",
+                "not a graph that records an event after each of these nodes",
+            ));
+        }
+        // Launches already made keep theirs: the model's launches read the
+        // step when they run, so the step is replaced, not changed.
+        let mut next = SimStep::clone(step);
+        for (node, id) in next.nodes.iter_mut().zip(ids) {
+            if let Some(last) = node.records_after.last_mut() {
+                *last = id;
+            }
+        }
+        graph.step = Some(Arc::new(next));
+        Ok(())
+    }
 }

@@ -31,7 +31,7 @@ pub(super) type OpRanges = Vec<((u64, u64), bool)>;
 
 /// A graph of graphs: each node runs on its lane (an internal stream)
 /// after the nodes it depends on.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct SimStep {
     pub(super) nodes: Vec<SimStepNode>,
     /// Lane -> the internal stream it runs on.
@@ -41,7 +41,7 @@ pub(super) struct SimStep {
     pub(super) end: Option<(usize, usize)>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct SimStepNode {
     pub(super) ops: Vec<(Op, u64)>,
     pub(super) records: Vec<(usize, usize)>,
