@@ -861,8 +861,17 @@ fn capture_ladder(
     if !print {
         return Ok(());
     }
+    // By hand, no parent graph for allocating runners: no reference.
+    let (hand, ratio) = if allocating {
+        ("—".to_string(), "—".to_string())
+    } else {
+        (
+            format!("{:.2}", hand_built * 1e3),
+            format!("{:.2}x", built / hand_built),
+        )
+    };
     println!(
-        "| {buckets} x {layers}{} | {} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.2} | {:.2}x |",
+        "| {buckets} x {layers}{} | {} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2} | {hand} | {ratio} |",
         if allocating { ", allocating" } else { "" },
         if b.graph_upload() { "on" } else { "off" },
         us(planned),
@@ -870,12 +879,6 @@ fn capture_ladder(
         us(by_hand),
         captured / by_hand,
         built * 1e3,
-        hand_built * 1e3,
-        if allocating {
-            f64::NAN
-        } else {
-            built / hand_built
-        }
     );
     Ok(())
 }
