@@ -7,45 +7,20 @@
 //! fault at any backend call of a traced launch leaves the plan's fence
 //! and the step's results as they would be.
 
+mod support;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, Slice,
     SliceKind, Streams, Trace,
 };
 use serde_json::Value;
+use support::{fill_ticks as duration, filled_plan as setup};
 
 const N: usize = 64;
 const REQ: Request = Request::new(Domain::Device, DType::F32, N as u64);
 
-/// Runner `r` fills its view with `r` for `10 + r` ticks.
-fn duration(r: u32) -> u64 {
-    10 + u64::from(r)
-}
-
 /// Consumers add a view into the sink for this many ticks.
 const CONSUME: u64 = 5;
-
-/// `n` runners of one request each at `g` generations, captured on `sim`.
-fn setup(n: u32, g: usize) -> (sim::Device, Replayable<sim::Device>) {
-    let runners = (0..n).map(|r| (RunnerId(r), [REQ]));
-    let planned = Discovering::from_runners(PlanConfig::new(), runners)
-        .unwrap()
-        .plan(Policy::Generations(g))
-        .unwrap();
-    let sim = sim::Device::new();
-    let capture = sim.stream();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
-    for r in 0..n {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let view = cap.take(REQ).unwrap();
-        cap.stream_capture(&capture, |s| {
-            sim.launch(s, sim::Op::fill(&view, r as f32), duration(r))
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    (sim.clone(), capturing.seal().unwrap())
-}
 
 /// The streams of a step: two pool streams (runner `r` on `pool[r % 2]`),
 /// a side stream for the consumers, and the launch stream.

@@ -4,41 +4,11 @@
 //! waiting slice started, skipped waits as instants, and times that are
 //! the sim's clock.
 
+mod support;
 use replay_arena::sim;
-use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, SliceKind,
-    Timing,
-};
+use replay_arena::{Replayable, RunnerId, SliceKind, Timing};
 use serde_json::Value;
-
-const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
-
-/// Runner `r` fills its view for `10 + r` ticks.
-fn duration(r: u32) -> u64 {
-    10 + u64::from(r)
-}
-
-/// `n` runners of one request each at `g` generations, captured on `sim`.
-fn setup(n: u32, g: usize) -> (sim::Device, Replayable<sim::Device>) {
-    let runners = (0..n).map(|r| (RunnerId(r), [REQ]));
-    let planned = Discovering::from_runners(PlanConfig::new(), runners)
-        .unwrap()
-        .plan(Policy::Generations(g))
-        .unwrap();
-    let sim = sim::Device::new();
-    let capture = sim.stream();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
-    for r in 0..n {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let view = cap.take(REQ).unwrap();
-        cap.stream_capture(&capture, |s| {
-            sim.launch(s, sim::Op::fill(&view, r as f32), duration(r))
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    (sim.clone(), capturing.seal().unwrap())
-}
+use support::filled_plan as setup;
 
 /// Two steps of 4 runners at G = 2 on two pool streams, each replay
 /// consumed on a side stream (5 ticks), then the program waits for all.

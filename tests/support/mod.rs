@@ -54,3 +54,40 @@ pub fn discover(workload: &Workload) -> Discovering {
 pub fn aligned(q: &Request) -> u64 {
     q.aligned_bytes().unwrap()
 }
+
+/// Runner `r` of [`filled_plan`] fills its view for `10 + r` ticks.
+pub fn fill_ticks(r: u32) -> u64 {
+    10 + u64::from(r)
+}
+
+/// `n` runners of one 64-element `f32` request each at `g` generations,
+/// captured on `sim`: runner `r` fills its view with `r` for
+/// [`fill_ticks`]`(r)` ticks.
+pub fn filled_plan(
+    n: u32,
+    g: usize,
+) -> (
+    replay_arena::sim::Device,
+    replay_arena::Replayable<replay_arena::sim::Device>,
+) {
+    use replay_arena::{sim, Policy};
+    let req = Request::new(Domain::Device, DType::F32, 64);
+    let runners = (0..n).map(|r| (RunnerId(r), [req]));
+    let planned = Discovering::from_runners(PlanConfig::new(), runners)
+        .unwrap()
+        .plan(Policy::Generations(g))
+        .unwrap();
+    let sim = sim::Device::new();
+    let capture = sim.stream();
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    for r in 0..n {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let view = cap.take(req).unwrap();
+        cap.stream_capture(&capture, |s| {
+            sim.launch(s, sim::Op::fill(&view, r as f32), fill_ticks(r))
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    (sim.clone(), capturing.seal().unwrap())
+}

@@ -124,42 +124,18 @@ impl<D: AsDevice> Capture for D {
     }
 
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
-        let raw = stream.raw("cuStreamEndCapture")?;
-        let device = self.as_device();
-        device.bind()?;
-        // SAFETY: the stream is live (a graph the driver hands back with an
-        // error is destroyed by the wrapper).
-        let graph = unsafe { result::stream::end_capture(raw) }?;
-        if graph.is_null() {
-            return Err(BackendError::Refused {
-                op: "cuStreamEndCapture",
-                reason: "the capture produced no graph".into(),
-            });
-        }
+        // SAFETY: the caller's contract is the same.
+        let (graph, raw) = unsafe { self.as_device().end_stamped(stream) }?;
         // SAFETY: the capture returned `graph` to us.
-        unsafe { device.stamp_captured(graph, raw) }?;
-        // SAFETY: the capture returned `graph` to us.
-        unsafe { device.instantiate(graph, Some(raw)) }
+        unsafe { self.as_device().instantiate(graph, Some(raw)) }
     }
 
     unsafe fn end_capture_part(&self, stream: &Stream) -> Result<Graph> {
-        let raw = stream.raw("cuStreamEndCapture")?;
-        let device = self.as_device();
-        device.bind()?;
-        // SAFETY: the stream is live (a graph the driver hands back with an
-        // error is destroyed by the wrapper).
-        let graph = unsafe { result::stream::end_capture(raw) }?;
-        if graph.is_null() {
-            return Err(BackendError::Refused {
-                op: "cuStreamEndCapture",
-                reason: "the capture produced no graph".into(),
-            });
-        }
-        // SAFETY: the capture returned `graph` to us.
-        unsafe { device.stamp_captured(graph, raw) }?;
+        // SAFETY: the caller's contract is the same.
+        let (graph, _) = unsafe { self.as_device().end_stamped(stream) }?;
         // SAFETY: the capture returned `graph` to us; only ever composed
         // into a step graph (which instantiates the whole), never launched.
-        Ok(unsafe { device.own_uninstantiated(graph) })
+        Ok(unsafe { self.as_device().own_uninstantiated(graph) })
     }
 
     fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {

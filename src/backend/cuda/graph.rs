@@ -109,6 +109,33 @@ impl Device {
         }
     }
 
+    /// Ends the capture on `stream` and stamps the graph's kernel nodes
+    /// with the stream's priority ([`Device::stamp_captured`]): the graph,
+    /// the caller's now, and the raw stream.
+    ///
+    /// # Safety
+    ///
+    /// As [`Capture::end_capture`](crate::Capture::end_capture).
+    pub(super) unsafe fn end_stamped(
+        &self,
+        stream: &super::handles::Stream,
+    ) -> Result<(sys::CUgraph, sys::CUstream)> {
+        let raw = stream.raw("cuStreamEndCapture")?;
+        self.bind()?;
+        // SAFETY: the stream is live (a graph the driver hands back with an
+        // error is destroyed by the wrapper).
+        let graph = unsafe { result::stream::end_capture(raw) }?;
+        if graph.is_null() {
+            return Err(BackendError::Refused {
+                op: "cuStreamEndCapture",
+                reason: "the capture produced no graph".into(),
+            });
+        }
+        // SAFETY: the capture returned `graph` to us.
+        unsafe { self.stamp_captured(graph, raw) }?;
+        Ok((graph, raw))
+    }
+
     /// Stamps a captured graph's kernel nodes with the priority of the
     /// stream `raw` that captured it, so that it stays with the work in
     /// step graphs (which run nodes at their own priority); destroys the
