@@ -856,3 +856,445 @@ fn a_fault_at_any_call_of_an_untraced_program_over_cut_copies() {
 fn a_fault_at_any_call_of_a_traced_program_over_cut_copies() {
     fault_sweep(true, 1);
 }
+
+// ---------------------------------------------------------------------
+// 2. Traced step graphs
+// ---------------------------------------------------------------------
+
+/// Work that allocates nothing: its graph is copied into step graphs,
+/// so traced launches compose a traced copy.
+fn plain(c: &Ctx, s: &sim::Stream) -> R {
+    let sim = c.sim;
+    sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+    if let Some(input) = c.input {
+        sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+    }
+    if let Some((h, out)) = c.out {
+        sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+        c.cap.ready(h, s)?;
+    }
+    sim.launch(s, sim::Op::copy(c.count, c.own), 30)?;
+    Ok(())
+}
+
+fn kept_of(c: &mut Chain, overlapping: bool) -> replay_arena::KeptStep<sim::Device> {
+    let layers = c.sinks.len();
+    let pool = c.pool.clone();
+    let r = c.r();
+    let mut step = r.step();
+    for l in 0..layers {
+        step.replay(RunnerId(l as u32), &pool[l % 2]).unwrap();
+    }
+    let g = if overlapping {
+        step.build_overlapping()
+    } else {
+        step.build()
+    };
+    g.unwrap().keep()
+}
+
+#[test]
+fn kept_steps_launched_traced_and_untraced_alternately_on_two_streams() {
+    for work in [plain as fn(&Ctx, &sim::Stream) -> R, standard] {
+        for overlapping in [false, true] {
+            let copies = 2;
+            let mut reference = chain_with(4, 2, copies, &mut |c, s| work(c, s));
+            reference.per_runner(12);
+            let mut c = chain_with(4, 2, copies, &mut |c, s| work(c, s));
+            let mut kept = kept_of(&mut c, overlapping);
+            let pool = c.pool.clone();
+            let third = c.sim.stream();
+            let r = c.r();
+            let mut traces = Vec::new();
+            for k in 0..12 {
+                match k % 4 {
+                    0 => r.start_trace().unwrap(),
+                    2 => traces.push(r.finish_trace().unwrap()),
+                    _ => {}
+                }
+                let s = [&pool[0], &pool[1], &third][k % 3];
+                r.launch_kept(&mut kept, s).unwrap();
+            }
+            // A trace left running when the plan goes.
+            r.start_trace().unwrap();
+            r.launch_kept(&mut kept, &pool[1]).unwrap();
+            drop(kept);
+            c.hazard_free();
+            for t in &traces {
+                for node in t.step_nodes() {
+                    let p = &t.slices()[node.parent.unwrap()];
+                    assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
+                }
+            }
+            reference.per_runner(1);
+            assert_eq!(c.values(), reference.values(), "overlapping {overlapping}");
+            c.r().replay(RunnerId(0), &pool[0]).unwrap();
+            c.teardown();
+        }
+    }
+}
+
+#[test]
+fn traced_kept_step_values_equal_untraced() {
+    for overlapping in [false, true] {
+        let mut vals = Vec::new();
+        for trace in [false, true] {
+            let mut c = chain_with(4, 2, 2, &mut plain);
+            let mut kept = kept_of(&mut c, overlapping);
+            let pool = c.pool.clone();
+            let r = c.r();
+            if trace {
+                r.start_trace().unwrap();
+            }
+            for k in 0..6 {
+                r.launch_kept(&mut kept, &pool[k % 2]).unwrap();
+                if k == 3 && trace {
+                    // restart while launches are in flight
+                    r.start_trace().unwrap();
+                }
+            }
+            if trace {
+                let t = r.finish_trace().unwrap();
+                assert!(!t.step_nodes().is_empty());
+            }
+            drop(kept);
+            c.hazard_free();
+            vals.push(c.values());
+            c.teardown();
+        }
+        assert_eq!(vals[0], vals[1], "overlapping {overlapping}");
+    }
+}
+
+#[test]
+fn a_fault_at_any_call_of_traced_kept_launches_of_copied_graphs() {
+    // Count the calls of the launches alone, then fail each.
+    let run = |faults: Option<Faults>| -> (Chain, u64) {
+        let mut c = chain_with(4, 2, 2, &mut plain);
+        let mut kept = kept_of(&mut c, true);
+        let pool = c.pool.clone();
+        let sim = c.sim.clone();
+        let r = c.r();
+        r.start_trace().unwrap();
+        if let Some(f) = faults {
+            sim.inject(f);
+        } else {
+            sim.inject(Faults::none());
+        }
+        for k in 0..4 {
+            let _ = r.launch_kept(&mut kept, &pool[k % 2]);
+            if k == 1 {
+                let _ = r.finish_trace();
+                let _ = r.start_trace();
+            }
+        }
+        let _ = r.replay(RunnerId(0), &pool[1]);
+        let _ = r.finish_trace();
+        let calls = sim.fault_log().calls;
+        sim.inject(Faults::none());
+        drop(kept);
+        (c, calls)
+    };
+    let (c, calls) = run(None);
+    c.hazard_free();
+    c.teardown();
+    for n in 0..calls {
+        let (c, _) = run(Some(Faults::at(n)));
+        assert!(c.sim.hazards().is_empty(), "fault at {n}: {:?}", c.sim.hazards());
+        c.teardown();
+    }
+}
+
+// ---------------------------------------------------------------------
+// 3. Backend roles from safe code
+// ---------------------------------------------------------------------
+
+#[test]
+fn a_capture_begun_by_the_program_blocks_every_fenced_launch_on_that_stream() {
+    let mut c = chain_with(3, 2, 2, &mut standard);
+    let mut kept = kept_of(&mut c, false);
+    let pool = c.pool.clone();
+    let sim = c.sim.clone();
+    let s = sim.stream();
+    sim.begin_capture(&s).unwrap(); // safe
+    let r = c.r();
+    assert!(r.replay(RunnerId(0), &s).is_err());
+    assert!(r.launch_kept(&mut kept, &s).is_err());
+    assert!(r.wait_for(RunnerId(0), &s).is_err());
+    assert!(r.wait_all(&s).is_err());
+    let consumed = r.consume(RunnerId(0), &s, |s, v| sim.launch(s, sim::Op::scale(&v[0], 2.0), 1));
+    assert!(consumed.is_err());
+    // The plan goes on elsewhere.
+    r.launch_kept(&mut kept, &pool[0]).unwrap();
+    r.replay(RunnerId(0), &pool[1]).unwrap();
+    drop(kept);
+    c.hazard_free();
+    c.teardown();
+}
+
+#[test]
+fn a_capture_begun_inside_a_consumer_closure_is_refused_or_harmless() {
+    let mut c = chain_with(2, 1, 1, &mut plain);
+    let pool = c.pool.clone();
+    let sim = c.sim.clone();
+    let side = sim.stream();
+    let sink = sim.alloc_f32(N).unwrap();
+    let r = c.r();
+    r.replay(RunnerId(0), &pool[0]).unwrap();
+    let res = r.consume(RunnerId(0), &side, |s, v| -> R {
+        sim.begin_capture(s)?; // the consumer's stream now captures
+        sim.launch(s, sim::Op::add(&v[0], &sink), 50)?;
+        Ok(())
+    });
+    eprintln!("consume: {res:?}; side capturing: {:?}", sim.is_capturing(&side));
+    // Whatever happened, the next writer must not overlap the consumer,
+    // and the plan must still work on other streams.
+    let _ = r.replay(RunnerId(0), &pool[1]);
+    let _ = r.replay(RunnerId(1), &pool[0]);
+    let _ = r.replay(RunnerId(0), &pool[0]);
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    let p = catch_unwind(AssertUnwindSafe(|| c.teardown()));
+    assert!(p.is_ok());
+}
+
+#[test]
+fn a_capture_begun_inside_a_step_consumer_closure_is_refused_or_harmless() {
+    let mut c = chain_with(2, 1, 1, &mut plain);
+    let pool = c.pool.clone();
+    let sim = c.sim.clone();
+    let side = sim.stream();
+    let sink = sim.alloc_f32(N).unwrap();
+    let r = c.r();
+    let mut step = r.step();
+    step.replay(RunnerId(0), &pool[0]).unwrap();
+    let res = step.consume(RunnerId(0), &side, |s, v| -> R {
+        let _ = sim.begin_capture(s); // already capturing: refused
+        sim.launch(s, sim::Op::add(&v[0], &sink), 50)?;
+        Ok(())
+    });
+    let _ = res;
+    step.replay(RunnerId(1), &pool[1]).unwrap();
+    if let Ok(mut g) = step.build() {
+        for k in 0..3 {
+            let _ = g.launch(&pool[k % 2]);
+        }
+    }
+    assert!(!sim.is_capturing(&side).unwrap());
+    r.replay(RunnerId(0), &pool[1]).unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    c.teardown();
+}
+
+#[test]
+fn a_capture_begun_on_another_stream_and_ready_there_in_the_copy_run() {
+    let c = chain_with(2, 1, 1, &mut |c, s| {
+        if c.run == 2 {
+            if let Some((h, out)) = c.out {
+                c.sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                let o = c.sim.stream();
+                c.sim.begin_capture(&o)?;
+                let r = c.cap.ready(h, &o);
+                assert!(r.is_err(), "ready accepted on a foreign capture");
+                r?;
+            }
+        }
+        standard(c, s)
+    });
+    assert!(!c.capture_errors.is_empty());
+    c.teardown();
+}
+
+#[test]
+fn a_program_event_record_node_before_the_ready_point() {
+    // The program's own event record node beside the plan's: the cut and
+    // split must still happen at the plan's ready point.
+    let ev = std::cell::RefCell::new(Vec::new());
+    let mut work = |c: &Ctx, s: &sim::Stream| -> R {
+        let e = c.sim.create_event()?;
+        c.sim.record_event_node(s, &e)?;
+        ev.borrow_mut().push(e);
+        standard(c, s)
+    };
+    let mut reference = chain_with(3, 2, 1, &mut standard);
+    reference.per_runner(5);
+    let mut c = chain_with(3, 2, 1, &mut work);
+    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+    step_launches(&mut c, 5, false).unwrap();
+    c.hazard_free();
+    assert_eq!(c.values(), reference.values());
+    c.teardown();
+}
+
+#[test]
+fn trimming_graph_memory_while_step_copies_are_held_keeps_them_valid() {
+    let mut reference = chain_with(3, 2, 2, &mut standard);
+    reference.per_runner(1 + 3 + 3 + 1);
+    let mut c = chain_with(3, 2, 2, &mut standard);
+    c.sim.trim_graph_memory().unwrap(); // safe, any time
+    c.per_runner(1);
+    c.sim.trim_graph_memory().unwrap();
+    step_launches(&mut c, 3, false).unwrap();
+    c.sim.trim_graph_memory().unwrap();
+    step_launches(&mut c, 3, false).unwrap();
+    c.per_runner(1);
+    c.hazard_free();
+    assert_eq!(c.values(), reference.values());
+    c.teardown();
+}
+
+#[test]
+fn composing_a_plans_graph_with_temporaries_from_safe_code_is_refused() {
+    use replay_arena::{Compose, NodeGraph, StepNode};
+    let c = chain_with(2, 1, 1, &mut standard);
+    let r = c.replayable.as_ref().unwrap();
+    let g = r.graph(RunnerId(0)).unwrap();
+    let composed = c
+        .sim
+        .compose(vec![StepNode::new(NodeGraph::Copy(g), vec![], 0)], None);
+    assert!(composed.is_err(), "a graph with temporaries was copied");
+    // The plan still replays.
+    let mut c = c;
+    c.per_runner(2);
+    c.hazard_free();
+    c.teardown();
+}
+
+/// Runner 0 writes two handoffs, read by runners 1 and 2; `order(run)`
+/// gives the order runner 0 writes and marks them in each run.
+fn two_handoffs(
+    order: impl Fn(usize) -> [usize; 2],
+    copies: usize,
+) -> (sim::Device, Result<Replayable<sim::Device>, String>, [sim::Stream; 3], [sim::HostBuffer; 2]) {
+    let mut d = Discovering::new(PlanConfig::new());
+    let hs = {
+        let mut a = d.arm(RunnerId(0)).unwrap();
+        a.record(OWN).unwrap();
+        [a.hand_off(GRAD).unwrap(), a.hand_off(GRAD).unwrap()]
+    };
+    for i in 0..2 {
+        let mut a = d.arm(RunnerId(1 + i as u32)).unwrap();
+        a.record(OWN).unwrap();
+        a.receive(hs[i]).unwrap();
+    }
+    let sim = sim::Device::new();
+    let streams = [sim.stream(), sim.stream(), sim.stream()];
+    let one = sim.alloc_f32(N).unwrap();
+    sim.write_f32(&one, &[1.0; N]).unwrap();
+    let count = sim.alloc_f32(N).unwrap();
+    let mut capturing = d
+        .plan(Policy::Generations(1))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    let mut errs = Vec::new();
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        cap.step_copies(copies);
+        let own = cap.take(OWN).unwrap();
+        let outs = [cap.hand_off(hs[0]).unwrap(), cap.hand_off(hs[1]).unwrap()];
+        let mut run = 0;
+        let res = cap.stream_capture_repeatable(&streams[0], |s| -> R {
+            run += 1;
+            sim.launch(s, sim::Op::add(&one, &count), 1)?;
+            let t = sim.alloc_async(s, N)?;
+            sim.launch(s, sim::Op::copy(&count, &t), 1)?;
+            for (k, &i) in order(run).iter().enumerate() {
+                // the second handoff written is slow
+                sim.launch(s, sim::Op::copy(&t, &outs[i]), if k == 0 { 2 } else { 60 })?;
+                cap.ready(hs[i], s)?;
+            }
+            sim.launch(s, sim::Op::copy(&t, &own), 5)?;
+            Ok(sim.free_async(s, &t)?)
+        });
+        if let Err(e) = res {
+            errs.push(e.to_string());
+        }
+        if let Err(e) = cap.finish() {
+            errs.push(e.to_string());
+        }
+    }
+    for i in 0..2usize {
+        let cap = capturing.capture(RunnerId(1 + i as u32)).unwrap();
+        let own = cap.take(OWN).unwrap();
+        let input = cap.receive(hs[i]).unwrap();
+        cap.stream_capture(&streams[0], |s| sim.launch(s, sim::Op::copy(&input, &own), 3))
+            .unwrap();
+        cap.finish().unwrap();
+    }
+    let r = if errs.is_empty() {
+        capturing.seal().map_err(|e| e.to_string())
+    } else {
+        drop(capturing.replan());
+        Err(errs.join("; "))
+    };
+    (sim, r, streams, [count, one])
+}
+
+#[test]
+fn a_copy_run_marking_two_handoffs_in_another_order_is_refused_or_fenced() {
+    for overlapping in [false, true] {
+        let copies = if overlapping { 2 } else { 1 };
+        let (sim, r, streams, _count) = two_handoffs(|run| if run == 1 { [0, 1] } else { [1, 0] }, copies);
+        match r {
+            Err(e) => {
+                eprintln!("refused: {e}");
+                assert!(e.contains("ready") || e.contains("differ"), "{e}");
+            }
+            Ok(mut r) => {
+                {
+                    let mut step = r.step();
+                    for i in 0..3u32 {
+                        step.replay(RunnerId(i), &streams[i as usize]).unwrap();
+                    }
+                    let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+                    for k in 0..4 {
+                        g.launch(&streams[k % 3]).unwrap();
+                    }
+                }
+                r.synchronize().unwrap();
+                assert!(sim.hazards().is_empty(), "overlapping {overlapping}: {:?}", sim.hazards());
+                // Runners 1 and 2 copied runner 0's count (4 launches).
+                for i in 1..3u32 {
+                    let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
+                    assert_eq!(v[0], 4.0, "reader {i} overlapping {overlapping}");
+                }
+                drop(r);
+            }
+        }
+        let p = pool(&sim);
+        assert_eq!((p.used, p.reserved), (0, 0));
+    }
+}
+
+#[test]
+fn two_handoffs_in_the_same_order_give_right_values_in_step_graphs() {
+    for order in [[0, 1], [1, 0]] {
+        for overlapping in [false, true] {
+            let copies = if overlapping { 2 } else { 1 };
+            let (sim, r, streams, _count) = two_handoffs(move |_| order, copies);
+            let mut r = r.unwrap();
+            {
+                let mut step = r.step();
+                for i in 0..3u32 {
+                    step.replay(RunnerId(i), &streams[i as usize]).unwrap();
+                }
+                let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+                for k in 0..4 {
+                    g.launch(&streams[k % 3]).unwrap();
+                }
+            }
+            for i in 0..3u32 {
+                r.replay(RunnerId(i), &streams[(i as usize + 1) % 3]).unwrap();
+            }
+            r.synchronize().unwrap();
+            assert!(sim.hazards().is_empty(), "{order:?} {overlapping}: {:?}", sim.hazards());
+            for i in 1..3u32 {
+                let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
+                assert_eq!(v[0], 5.0, "reader {i} {order:?} overlapping {overlapping}");
+            }
+            drop(r);
+            let p = pool(&sim);
+            assert_eq!((p.used, p.reserved), (0, 0));
+        }
+    }
+}
