@@ -1298,3 +1298,202 @@ fn two_handoffs_in_the_same_order_give_right_values_in_step_graphs() {
         }
     }
 }
+
+#[test]
+fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
+    // Runner 0's own view is written after its ready point (part 2 of
+    // its copy, 30 ticks); a consumer of runner 0 after the launch, and
+    // one inside the step, must wait for part 2.
+    for inside in [false, true] {
+        for write in [false, true] {
+            let mut c = chain_with(2, 2, 2, &mut standard);
+            let pool = c.pool.clone();
+            let sim = c.sim.clone();
+            let side = sim.stream();
+            let sink = sim.alloc_f32(N).unwrap();
+            {
+                let r = c.r();
+                let mut step = r.step();
+                step.replay(RunnerId(0), &pool[0]).unwrap();
+                if inside {
+                    if write {
+                        step.consume_mut(RunnerId(0), &side, |s, v| -> R {
+                            for x in v {
+                                sim.launch(s, sim::Op::scale(x, 1.0), 1)?;
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                    } else {
+                        step.consume(RunnerId(0), &side, |s, v| -> R {
+                            for x in v {
+                                sim.launch(s, sim::Op::add(x, &sink), 1)?;
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                }
+                step.replay(RunnerId(1), &pool[1]).unwrap();
+                let mut g = step.build().unwrap();
+                for k in 0..3 {
+                    g.launch(&pool[k % 2]).unwrap();
+                }
+            }
+            let r = c.r();
+            if write {
+                r.consume_mut(RunnerId(0), &side, |s, v| -> R {
+                    for x in v {
+                        sim.launch(s, sim::Op::scale(x, 1.0), 1)?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            } else {
+                r.consume(RunnerId(0), &side, |s, v| -> R {
+                    for x in v {
+                        sim.launch(s, sim::Op::add(x, &sink), 1)?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            }
+            r.replay(RunnerId(0), &pool[1]).unwrap();
+            r.replay(RunnerId(1), &pool[0]).unwrap();
+            assert!(
+                sim.hazards().is_empty(),
+                "inside {inside} write {write}: {:?}",
+                sim.hazards()
+            );
+            drop(sink);
+            c.teardown();
+        }
+    }
+}
+
+#[test]
+fn reading_the_handoff_after_ready_in_the_copy_is_refused_or_fenced() {
+    let mut c = chain_with(2, 1, 1, &mut |c, s| {
+        standard(c, s)?;
+        if c.run == 2 {
+            if let Some((_, out)) = c.out {
+                c.sim.launch(s, sim::Op::copy(out, c.own), 50)?;
+            }
+        }
+        Ok(())
+    });
+    if c.capture_errors.is_empty() {
+        let _ = step_launches(&mut c, 3, false);
+        c.per_runner(1);
+        c.hazard_free();
+    }
+    c.teardown();
+}
+
+#[test]
+fn kept_cut_steps_outliving_a_replan_with_a_trace_running() {
+    let mut c = chain_with(3, 2, 3, &mut standard);
+    let mut kept = kept_of(&mut c, true);
+    let mut plain_kept = kept_of(&mut c, false);
+    let lanes = c.pool.clone();
+    let sim = c.sim.clone();
+    let r = c.replayable.take().unwrap();
+    let mut r = r;
+    r.start_trace().unwrap();
+    r.launch_kept(&mut kept, &lanes[0]).unwrap();
+    r.launch_kept(&mut plain_kept, &lanes[1]).unwrap();
+    r.launch_kept(&mut kept, &lanes[1]).unwrap();
+    let d = r.replan().unwrap();
+    drop(d);
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    // A second plan on the same device: the old kept step is refused.
+    let mut c2 = chain_on(sim.clone(), 3, 2, 1, &mut standard);
+    let r2 = c2.r();
+    assert!(r2.launch_kept(&mut kept, &lanes[0]).is_err());
+    drop(kept);
+    drop(plain_kept);
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    c2.teardown();
+    drop(c);
+    let p = pool(&sim);
+    assert_eq!((p.used, p.reserved), (0, 0), "{p:?}");
+}
+
+#[test]
+fn dropping_a_builder_or_a_failed_build_keeps_the_step_copies() {
+    let mut c = chain_with(3, 2, 1, &mut standard);
+    let pool = c.pool.clone();
+    let sim = c.sim.clone();
+    let r = c.r();
+    {
+        let mut step = r.step();
+        for l in 0..3u32 {
+            step.replay(RunnerId(l), &pool[l as usize % 2]).unwrap();
+        }
+        // dropped unbuilt
+    }
+    for l in 0..3u32 {
+        assert_eq!(r.temporaries(RunnerId(l)).unwrap().1, 1);
+    }
+    // A build failing on a backend fault while composing.
+    {
+        let mut step = r.step();
+        for l in 0..3u32 {
+            step.replay(RunnerId(l), &pool[l as usize % 2]).unwrap();
+        }
+        sim.inject(Faults::nth(Call::Compose, 0));
+        let e = step.build();
+        sim.inject(Faults::none());
+        assert!(matches!(e, Err(StepError::Backend(_))), "{:?}", e.err());
+    }
+    // Copies lost or kept, the count is consistent with what builds do.
+    let left: Vec<usize> = (0..3u32)
+        .map(|l| r.temporaries(RunnerId(l)).unwrap().1)
+        .collect();
+    let mut step = r.step();
+    let mut ok = true;
+    for l in 0..3u32 {
+        let res = step.replay(RunnerId(l), &pool[l as usize % 2]);
+        if left[l as usize] == 0 {
+            assert!(
+                matches!(res, Err(StepError::NoStepCopy { .. })),
+                "{l}: {:?}",
+                res.err()
+            );
+            ok = false;
+        } else {
+            res.unwrap();
+        }
+    }
+    if ok {
+        let mut g = step.build().unwrap();
+        g.launch(&pool[0]).unwrap();
+    } else {
+        drop(step);
+    }
+    c.per_runner(2);
+    c.hazard_free();
+    c.teardown();
+}
+
+#[test]
+fn capture_errors_are_typed() {
+    // The copy run failing is reported as the closure's error; a
+    // RepeatDiffers as a capture error.
+    let c = chain_with(2, 1, 1, &mut |c, s| {
+        if c.run == 2 && c.layer == 0 {
+            return Err(injected());
+        }
+        standard(c, s)
+    });
+    assert!(c.capture_errors.iter().any(|e| e.contains("closure fails")));
+    c.teardown();
+    let _ = (
+        CaptureError::NestedCapture {
+            runner: RunnerId(0),
+        },
+        StreamCaptureError::<replay_arena::Error>::Capture(CaptureError::NestedCapture {
+            runner: RunnerId(0),
+        }),
+    );
+}
