@@ -1576,3 +1576,206 @@ fn a_trace_capacity_beyond_memory_is_a_typed_error_not_a_panic() {
         }
     }
 }
+
+#[test]
+fn a_cut_runner_replayed_twice_in_one_step_graph() {
+    for overlapping in [false, true] {
+        let copies = if overlapping { 4 } else { 2 };
+        let mut reference = chain_with(2, 2, copies, &mut standard);
+        reference.per_runner(6);
+        let mut c = chain_with(2, 2, copies, &mut standard);
+        let pool = c.pool.clone();
+        {
+            let r = c.r();
+            let mut step = r.step();
+            for _ in 0..2 {
+                step.replay(RunnerId(0), &pool[0]).unwrap();
+                step.replay(RunnerId(1), &pool[1]).unwrap();
+            }
+            let mut g = if overlapping {
+                step.build_overlapping()
+            } else {
+                step.build()
+            }
+            .unwrap();
+            for k in 0..3 {
+                g.launch(&pool[k % 2]).unwrap();
+            }
+        }
+        c.hazard_free();
+        assert_eq!(c.values(), reference.values(), "overlapping {overlapping}");
+        c.teardown();
+    }
+}
+
+#[test]
+fn a_step_graph_mixing_cut_copies_and_copied_graphs_traced() {
+    // Runner 0 allocates (a cut copy moves in), runner 1 does not (its
+    // graph is copied): traced and untraced launches agree.
+    let mut vals = Vec::new();
+    for trace in [false, true] {
+        let mut c = chain_with(3, 2, 1, &mut |c, s| {
+            if c.layer == 1 {
+                plain(c, s)
+            } else {
+                standard(c, s)
+            }
+        });
+        let pool = c.pool.clone();
+        let sim = c.sim.clone();
+        let side = sim.stream();
+        let sink = sim.alloc_f32(N).unwrap();
+        let r = c.r();
+        if trace {
+            r.start_trace().unwrap();
+        }
+        {
+            let mut step = r.step();
+            for l in 0..3u32 {
+                step.replay(RunnerId(l), &pool[l as usize % 2]).unwrap();
+                step.consume(RunnerId(l), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &sink), 4))
+                    .unwrap();
+            }
+            let mut g = step.build().unwrap();
+            for k in 0..4 {
+                g.launch(&pool[k % 2]).unwrap();
+            }
+        }
+        if trace {
+            let t = r.finish_trace().unwrap();
+            for node in t.step_nodes() {
+                let p = &t.slices()[node.parent.unwrap()];
+                assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
+            }
+        }
+        c.hazard_free();
+        let mut v = c.values();
+        v.push(sim.read_f32(&sink).unwrap());
+        vals.push(v);
+        drop(sink);
+        c.teardown();
+    }
+    assert_eq!(vals[0], vals[1]);
+}
+
+/// The work of run `bad` differs from the others in the way `how` says.
+fn differing_run(bad: usize, how: u8) -> impl FnMut(&Ctx, &sim::Stream) -> R {
+    move |c: &Ctx, s: &sim::Stream| -> R {
+        if c.run != bad || c.out.is_none() {
+            return standard(c, s);
+        }
+        let sim = c.sim;
+        let (h, out) = c.out.unwrap();
+        sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+        if let Some(input) = c.input {
+            sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+        }
+        let t = sim.alloc_async(s, N)?;
+        match how {
+            // no ready point at all
+            0 => sim.launch(s, sim::Op::copy(c.count, out), 2)?,
+            // ready before the write
+            1 => {
+                c.cap.ready(h, s)?;
+                sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+            }
+            // ready twice
+            2 => {
+                sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                c.cap.ready(h, s)?;
+                c.cap.ready(h, s)?;
+            }
+            // the write moved after the temporary's slow use
+            _ => {
+                sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
+                sim.launch(s, sim::Op::copy(&t, out), 40)?;
+                c.cap.ready(h, s)?;
+            }
+        }
+        sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
+        sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+        Ok(sim.free_async(s, &t)?)
+    }
+}
+
+#[test]
+fn a_later_step_copy_run_that_differs_is_refused_or_fenced() {
+    for bad in [2usize, 3, 4] {
+        for how in 0..4u8 {
+            let mut reference = chain_with(3, 2, 3, &mut standard);
+            reference.per_runner(3);
+            let mut w = differing_run(bad, how);
+            let mut c = chain_with(3, 2, 3, &mut w);
+            if !c.capture_errors.is_empty() {
+                assert!(c.replayable.is_none());
+                c.teardown();
+                continue;
+            }
+            for _ in 0..3 {
+                step_launches(&mut c, 1, false).unwrap();
+            }
+            c.hazard_free();
+            if how == 3 {
+                // same values: the write only moved
+                assert_eq!(c.values(), reference.values(), "run {bad} how {how}");
+            }
+            c.teardown();
+        }
+    }
+}
+
+#[test]
+fn a_later_copy_using_an_earlier_copys_temporary_is_refused() {
+    // Run 3 (the second step copy) uses the temporary of run 2 (the
+    // first step copy), before or after the cut.
+    for after_cut in [false, true] {
+        for from_run in [1usize, 2] {
+            let kept: std::cell::RefCell<Vec<sim::Span>> = std::cell::RefCell::new(Vec::new());
+            let mut c = chain_with(2, 1, 2, &mut |c, s| -> R {
+                let sim = c.sim;
+                let t = sim.alloc_async(s, N)?;
+                sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+                if let Some(input) = c.input {
+                    sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+                }
+                let use_old = |s: &sim::Stream| -> R {
+                    if c.run == 3 {
+                        let old = kept.borrow()[from_run - 1].clone();
+                        sim.launch(s, sim::Op::copy(c.count, &old), 1)?;
+                    }
+                    Ok(())
+                };
+                if !after_cut {
+                    use_old(s)?;
+                }
+                if let Some((h, out)) = c.out {
+                    sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                    c.cap.ready(h, s)?;
+                }
+                if after_cut {
+                    use_old(s)?;
+                }
+                sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
+                sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+                sim.free_async(s, &t)?;
+                if c.layer == 0 {
+                    kept.borrow_mut().push(t);
+                }
+                Ok(())
+            });
+            if c.capture_errors.iter().any(|e| e.contains("runner 0")) {
+                c.teardown();
+                continue;
+            }
+            // Accepted: use the copies one step graph at a time, the first
+            // dropped (its temporaries freed) before the second runs.
+            step_launches(&mut c, 2, false).unwrap();
+            c.r().trim_graph_memory().unwrap();
+            let second = step_launches(&mut c, 2, false);
+            c.hazard_free();
+            panic!(
+                "a copy using another graph's temporary was accepted (after_cut {after_cut}, from run {from_run}); second step graph: {second:?}"
+            );
+        }
+    }
+}
