@@ -1046,7 +1046,8 @@ fn a_capture_begun_inside_a_consumer_closure_is_refused_or_harmless() {
         sim.launch(s, sim::Op::add(&v[0], &sink), 50)?;
         Ok(())
     });
-    eprintln!("consume: {res:?}; side capturing: {:?}", sim.is_capturing(&side));
+    // Refused: the fence cannot record its event into the program's capture.
+    assert!(res.is_err(), "a consumer whose stream was captured away was counted");
     // Whatever happened, the next writer must not overlap the consumer,
     // and the plan must still work on other streams.
     let _ = r.replay(RunnerId(0), &pool[1]);
@@ -1237,7 +1238,6 @@ fn a_copy_run_marking_two_handoffs_in_another_order_is_refused_or_fenced() {
         let (sim, r, streams, _count) = two_handoffs(|run| if run == 1 { [0, 1] } else { [1, 0] }, copies);
         match r {
             Err(e) => {
-                eprintln!("refused: {e}");
                 assert!(e.contains("ready") || e.contains("differ"), "{e}");
             }
             Ok(mut r) => {
@@ -1534,7 +1534,6 @@ fn splitting_a_plans_graph_with_temporaries_from_safe_code_leaves_it_intact() {
             let g = r.graph(RunnerId(l)).unwrap();
             for e in evs.iter() {
                 let split = c.sim.split_graph(g, &[e]);
-                eprintln!("split {l}: {:?}", split.as_ref().map(|(a, b, i)| (a.ops().len(), b.ops().len(), *i)));
                 if let Ok((a, b, _)) = split {
                     drop(a);
                     drop(b);
@@ -1778,4 +1777,102 @@ fn a_later_copy_using_an_earlier_copys_temporary_is_refused() {
             );
         }
     }
+}
+
+#[test]
+fn traced_launches_with_no_marks_made_ahead_and_failing_event_creation() {
+    for k in 0..24u64 {
+        for overlapping in [false, true] {
+            let mut c = chain_with(3, 2, 2, &mut plain);
+            let mut kept = kept_of(&mut c, overlapping);
+            let pool = c.pool.clone();
+            let sim = c.sim.clone();
+            let r = c.r();
+            r.start_trace_with_capacity(0).unwrap();
+            sim.inject(Faults::nth(Call::CreateEvent, k));
+            for i in 0..4 {
+                let _ = r.launch_kept(&mut kept, &pool[i % 2]);
+                let _ = r.replay(RunnerId(0), &pool[(i + 1) % 2]);
+                let _ = r.replay(RunnerId(1), &pool[i % 2]);
+                let _ = r.replay(RunnerId(2), &pool[(i + 1) % 2]);
+            }
+            let _ = r.finish_trace();
+            sim.inject(Faults::none());
+            r.launch_kept(&mut kept, &pool[0]).unwrap();
+            drop(kept);
+            assert!(sim.hazards().is_empty(), "k {k}: {:?}", sim.hazards());
+            c.teardown();
+            assert_eq!(sim.live_events(), 0, "k {k}");
+        }
+    }
+}
+
+#[test]
+fn a_panicking_step_consumer_keeps_the_cut_copies_and_leaves_no_capture() {
+    let mut c = chain_with(2, 2, 1, &mut standard);
+    let pool = c.pool.clone();
+    let sim = c.sim.clone();
+    let side = sim.stream();
+    let c_sink = sim.alloc_f32(N).unwrap();
+    {
+        let r = c.r();
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            let mut step = r.step();
+            step.replay(RunnerId(0), &pool[0]).unwrap();
+            let _ = step.consume(RunnerId(0), &side, |s, v| -> R {
+                sim.launch(s, sim::Op::scale(&v[0], 1.0), 1).ok();
+                panic!("consumer panics");
+            });
+        }));
+        assert!(res.is_err());
+        assert!(!sim.is_capturing(&side).unwrap());
+        assert_eq!(r.temporaries(RunnerId(0)).unwrap().1, 1, "copy lost by a panic");
+        let mut step = r.step();
+        step.replay(RunnerId(0), &pool[0]).unwrap();
+        step.replay(RunnerId(1), &pool[1]).unwrap();
+        let sink = &c_sink;
+        step.consume(RunnerId(1), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], sink), 1))
+            .unwrap();
+        let mut g = step.build().unwrap();
+        g.launch(&pool[1]).unwrap();
+        g.launch(&side).unwrap();
+    }
+    c.per_runner(1);
+    c.hazard_free();
+    drop(c_sink);
+    c.teardown();
+}
+
+fn seal_with_question_mark(sim: &sim::Device) -> replay_arena::Result<()> {
+    let planned = Discovering::from_runners(
+        PlanConfig::new(),
+        [(RunnerId(0), [OWN]), (RunnerId(1), [OWN])],
+    )?
+    .plan(Policy::Generations(1))?;
+    let s = sim.stream();
+    let mut capturing = planned.allocate(sim.clone())?;
+    let cap = capturing.capture(RunnerId(0))?;
+    let v = cap.take(OWN)?;
+    cap.stream_capture_repeatable(&s, |s| -> R {
+        let t = sim.alloc_async(s, N)?;
+        sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
+        sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+        Ok(sim.free_async(s, &t)?)
+    })
+    .map_err(|e| e.to_string())
+    .unwrap();
+    cap.finish()?;
+    // Runner 1 is never captured: the seal fails and `?` drops the
+    // Capturing, as the SealError docs describe.
+    let _r = capturing.seal()?;
+    Ok(())
+}
+
+#[test]
+#[ignore = "HOLE: a failed seal propagated with `?` drops the Capturing without trimming: graph memory stays reserved"]
+fn a_failed_seal_propagated_with_question_mark_gives_graph_memory_back() {
+    let sim = sim::Device::new();
+    assert!(seal_with_question_mark(&sim).is_err());
+    let p = pool(&sim);
+    assert_eq!((p.used, p.reserved), (0, 0), "{p:?}");
 }
