@@ -3,6 +3,8 @@
 //! expects a typed refusal or checks that the device stays hazard-free,
 //! the values right, and graph memory returns to zero.
 
+#![allow(clippy::needless_range_loop, clippy::unnecessary_unwrap)]
+
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
     Backend, Capture, GraphMemory, HandoffId, ReadOnly, RunnerCapture, Streams, View,
@@ -673,7 +675,8 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
         }
     };
     for l in 0..layers {
-        e(r.replay(RunnerId(l as u32), &pool[l % 2]).map_err(|x| x.to_string()));
+        e(r.replay(RunnerId(l as u32), &pool[l % 2])
+            .map_err(|x| x.to_string()));
     }
     if trace {
         e(r.start_trace().map_err(|x| x.to_string()));
@@ -717,7 +720,8 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
     let _ = built;
     // Per-runner replays between.
     for l in 0..layers {
-        e(r.replay(RunnerId(l as u32), &pool[(l + 1) % 2]).map_err(|x| x.to_string()));
+        e(r.replay(RunnerId(l as u32), &pool[(l + 1) % 2])
+            .map_err(|x| x.to_string()));
     }
     // A kept overlapping step graph.
     let mut kept = {
@@ -746,11 +750,10 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
             e(r.launch_kept(k, &pool[i % 2]).map_err(|x| x.to_string()));
         }
     }
-    e(r
-        .consume(RunnerId(layers as u32 - 1), &side, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], sink), 7)
-        })
-        .map_err(|x| x.to_string()));
+    e(r.consume(RunnerId(layers as u32 - 1), &side, |s, v| {
+        sim.launch(s, sim::Op::add(&v[0], sink), 7)
+    })
+    .map_err(|x| x.to_string()));
     e(r.wait_for(RunnerId(1), &side).map_err(|x| x.to_string()));
     if trace {
         match r.finish_trace() {
@@ -768,7 +771,8 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
         e(r.launch_kept(k, &pool[1]).map_err(|x| x.to_string()));
     }
     for l in 0..layers {
-        e(r.replay(RunnerId(l as u32), &pool[l % 2]).map_err(|x| x.to_string()));
+        e(r.replay(RunnerId(l as u32), &pool[l % 2])
+            .map_err(|x| x.to_string()));
     }
     if forget {
         std::mem::forget(kept);
@@ -842,7 +846,11 @@ fn fault_sweep(trace: bool, every: u64) {
         let ok = catch_unwind(AssertUnwindSafe(|| c.teardown()));
         assert!(ok.is_ok(), "teardown after fault at {n}: {inj:?}");
         assert_eq!(sim.live_events(), 0, "events leaked, fault at {n}: {inj:?}");
-        assert_eq!(sim.live_allocations(), 0, "allocations leaked, fault at {n}: {inj:?}");
+        assert_eq!(
+            sim.live_allocations(),
+            0,
+            "allocations leaked, fault at {n}: {inj:?}"
+        );
         n += every;
     }
 }
@@ -1000,7 +1008,11 @@ fn a_fault_at_any_call_of_traced_kept_launches_of_copied_graphs() {
     c.teardown();
     for n in 0..calls {
         let (c, _) = run(Some(Faults::at(n)));
-        assert!(c.sim.hazards().is_empty(), "fault at {n}: {:?}", c.sim.hazards());
+        assert!(
+            c.sim.hazards().is_empty(),
+            "fault at {n}: {:?}",
+            c.sim.hazards()
+        );
         c.teardown();
     }
 }
@@ -1022,7 +1034,9 @@ fn a_capture_begun_by_the_program_blocks_every_fenced_launch_on_that_stream() {
     assert!(r.launch_kept(&mut kept, &s).is_err());
     assert!(r.wait_for(RunnerId(0), &s).is_err());
     assert!(r.wait_all(&s).is_err());
-    let consumed = r.consume(RunnerId(0), &s, |s, v| sim.launch(s, sim::Op::scale(&v[0], 2.0), 1));
+    let consumed = r.consume(RunnerId(0), &s, |s, v| {
+        sim.launch(s, sim::Op::scale(&v[0], 2.0), 1)
+    });
     assert!(consumed.is_err());
     // The plan goes on elsewhere.
     r.launch_kept(&mut kept, &pool[0]).unwrap();
@@ -1047,7 +1061,10 @@ fn a_capture_begun_inside_a_consumer_closure_is_refused_or_harmless() {
         Ok(())
     });
     // Refused: the fence cannot record its event into the program's capture.
-    assert!(res.is_err(), "a consumer whose stream was captured away was counted");
+    assert!(
+        res.is_err(),
+        "a consumer whose stream was captured away was counted"
+    );
     // Whatever happened, the next writer must not overlap the consumer,
     // and the plan must still work on other streams.
     let _ = r.replay(RunnerId(0), &pool[1]);
@@ -1165,7 +1182,12 @@ fn composing_a_plans_graph_with_temporaries_from_safe_code_is_refused() {
 fn two_handoffs(
     order: impl Fn(usize) -> [usize; 2],
     copies: usize,
-) -> (sim::Device, Result<Replayable<sim::Device>, String>, [sim::Stream; 3], [sim::HostBuffer; 2]) {
+) -> (
+    sim::Device,
+    Result<Replayable<sim::Device>, String>,
+    [sim::Stream; 3],
+    [sim::HostBuffer; 2],
+) {
     let mut d = Discovering::new(PlanConfig::new());
     let hs = {
         let mut a = d.arm(RunnerId(0)).unwrap();
@@ -1218,8 +1240,10 @@ fn two_handoffs(
         let cap = capturing.capture(RunnerId(1 + i as u32)).unwrap();
         let own = cap.take(OWN).unwrap();
         let input = cap.receive(hs[i]).unwrap();
-        cap.stream_capture(&streams[0], |s| sim.launch(s, sim::Op::copy(&input, &own), 3))
-            .unwrap();
+        cap.stream_capture(&streams[0], |s| {
+            sim.launch(s, sim::Op::copy(&input, &own), 3)
+        })
+        .unwrap();
         cap.finish().unwrap();
     }
     let r = if errs.is_empty() {
@@ -1235,7 +1259,8 @@ fn two_handoffs(
 fn a_copy_run_marking_two_handoffs_in_another_order_is_refused_or_fenced() {
     for overlapping in [false, true] {
         let copies = if overlapping { 2 } else { 1 };
-        let (sim, r, streams, _count) = two_handoffs(|run| if run == 1 { [0, 1] } else { [1, 0] }, copies);
+        let (sim, r, streams, _count) =
+            two_handoffs(|run| if run == 1 { [0, 1] } else { [1, 0] }, copies);
         match r {
             Err(e) => {
                 assert!(e.contains("ready") || e.contains("differ"), "{e}");
@@ -1246,13 +1271,22 @@ fn a_copy_run_marking_two_handoffs_in_another_order_is_refused_or_fenced() {
                     for i in 0..3u32 {
                         step.replay(RunnerId(i), &streams[i as usize]).unwrap();
                     }
-                    let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+                    let mut g = if overlapping {
+                        step.build_overlapping()
+                    } else {
+                        step.build()
+                    }
+                    .unwrap();
                     for k in 0..4 {
                         g.launch(&streams[k % 3]).unwrap();
                     }
                 }
                 r.synchronize().unwrap();
-                assert!(sim.hazards().is_empty(), "overlapping {overlapping}: {:?}", sim.hazards());
+                assert!(
+                    sim.hazards().is_empty(),
+                    "overlapping {overlapping}: {:?}",
+                    sim.hazards()
+                );
                 // Runners 1 and 2 copied runner 0's count (4 launches).
                 for i in 1..3u32 {
                     let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
@@ -1278,16 +1312,26 @@ fn two_handoffs_in_the_same_order_give_right_values_in_step_graphs() {
                 for i in 0..3u32 {
                     step.replay(RunnerId(i), &streams[i as usize]).unwrap();
                 }
-                let mut g = if overlapping { step.build_overlapping() } else { step.build() }.unwrap();
+                let mut g = if overlapping {
+                    step.build_overlapping()
+                } else {
+                    step.build()
+                }
+                .unwrap();
                 for k in 0..4 {
                     g.launch(&streams[k % 3]).unwrap();
                 }
             }
             for i in 0..3u32 {
-                r.replay(RunnerId(i), &streams[(i as usize + 1) % 3]).unwrap();
+                r.replay(RunnerId(i), &streams[(i as usize + 1) % 3])
+                    .unwrap();
             }
             r.synchronize().unwrap();
-            assert!(sim.hazards().is_empty(), "{order:?} {overlapping}: {:?}", sim.hazards());
+            assert!(
+                sim.hazards().is_empty(),
+                "{order:?} {overlapping}: {:?}",
+                sim.hazards()
+            );
             for i in 1..3u32 {
                 let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
                 assert_eq!(v[0], 5.0, "reader {i} {order:?} overlapping {overlapping}");
@@ -1632,8 +1676,10 @@ fn a_step_graph_mixing_cut_copies_and_copied_graphs_traced() {
             let mut step = r.step();
             for l in 0..3u32 {
                 step.replay(RunnerId(l), &pool[l as usize % 2]).unwrap();
-                step.consume(RunnerId(l), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &sink), 4))
-                    .unwrap();
+                step.consume(RunnerId(l), &side, |s, v| {
+                    sim.launch(s, sim::Op::add(&v[0], &sink), 4)
+                })
+                .unwrap();
             }
             let mut g = step.build().unwrap();
             for k in 0..4 {
@@ -1739,7 +1785,7 @@ fn a_later_copy_using_an_earlier_copys_temporary_is_refused() {
                 }
                 let use_old = |s: &sim::Stream| -> R {
                     if c.run == 3 {
-                        let old = kept.borrow()[from_run - 1].clone();
+                        let old = kept.borrow()[from_run - 1];
                         sim.launch(s, sim::Op::copy(c.count, &old), 1)?;
                     }
                     Ok(())
@@ -1826,13 +1872,19 @@ fn a_panicking_step_consumer_keeps_the_cut_copies_and_leaves_no_capture() {
         }));
         assert!(res.is_err());
         assert!(!sim.is_capturing(&side).unwrap());
-        assert_eq!(r.temporaries(RunnerId(0)).unwrap().1, 1, "copy lost by a panic");
+        assert_eq!(
+            r.temporaries(RunnerId(0)).unwrap().1,
+            1,
+            "copy lost by a panic"
+        );
         let mut step = r.step();
         step.replay(RunnerId(0), &pool[0]).unwrap();
         step.replay(RunnerId(1), &pool[1]).unwrap();
         let sink = &c_sink;
-        step.consume(RunnerId(1), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], sink), 1))
-            .unwrap();
+        step.consume(RunnerId(1), &side, |s, v| {
+            sim.launch(s, sim::Op::add(&v[0], sink), 1)
+        })
+        .unwrap();
         let mut g = step.build().unwrap();
         g.launch(&pool[1]).unwrap();
         g.launch(&side).unwrap();
