@@ -282,7 +282,53 @@ pub(crate) struct Resources<B: Backend> {
     /// handoff.
     pub(crate) events: Vec<Option<B::Event>>,
     pub(crate) arenas: Vec<B::Arena>,
-    pub(crate) backend: B,
+    pub(crate) backend: Trimmed<B>,
+}
+
+/// The backend of a `Capturing`: when dropped (after the plan's graphs, a
+/// `Capturing` dropped unsealed: a panicking closure, a failed seal passed
+/// on with `?`), it gives the graphs' memory back to the device
+/// ([`Backend::trim_graph_memory`], best effort: nothing rests on it but
+/// memory). A sealed plan takes the backend out ([`Trimmed::into_inner`]);
+/// its teardown trims by itself.
+pub(crate) struct Trimmed<B: Backend> {
+    backend: std::mem::ManuallyDrop<B>,
+    trim: bool,
+}
+
+impl<B: Backend> Trimmed<B> {
+    fn new(backend: B) -> Self {
+        Trimmed {
+            backend: std::mem::ManuallyDrop::new(backend),
+            trim: false,
+        }
+    }
+
+    /// The backend, not trimmed.
+    pub(crate) fn into_inner(self) -> B {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped, so its backend is taken once
+        // and dropped by its new owner only.
+        unsafe { std::mem::ManuallyDrop::take(&mut this.backend) }
+    }
+}
+
+impl<B: Backend> std::ops::Deref for Trimmed<B> {
+    type Target = B;
+
+    fn deref(&self) -> &B {
+        &self.backend
+    }
+}
+
+impl<B: Backend> Drop for Trimmed<B> {
+    fn drop(&mut self) {
+        if self.trim {
+            let _ = self.backend.trim_graph_memory();
+        }
+        // SAFETY: dropped once, here; `into_inner` skips this drop.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.backend) }
+    }
 }
 
 /// A failed [`Planned::allocate`]: the backend's error, and the plan back
@@ -332,7 +378,8 @@ fn allocate_resources<B: Backend>(
     let mut res = Resources {
         events: Vec::with_capacity(plan.runners.len()),
         arenas: Vec::with_capacity(plan.arenas.len()),
-        backend,
+        // Nothing captured yet: no graph memory to give back on failure.
+        backend: Trimmed::new(backend),
     };
     // On any error below, `res` drops and frees what was allocated.
     for a in &plan.arenas {
@@ -352,6 +399,7 @@ fn allocate_resources<B: Backend>(
     for _ in &plan.handoffs {
         res.events.push(Some(res.backend.create_event()?));
     }
+    res.backend.trim = true;
     Ok(res)
 }
 
@@ -734,7 +782,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
             handoff,
             reason,
         };
-        let backend = &self.owner.res.backend;
+        let backend: &B = &self.owner.res.backend;
         if !self.in_closure.get() || self.stream.get() != Some(backend.stream_id(stream)) {
             return Err(misplaced(
                 "call it inside the work closure of this runner's stream_capture, on its stream",
@@ -836,7 +884,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         work: impl FnOnce(&B::Stream) -> std::result::Result<(), E>,
     ) -> std::result::Result<B::Graph, StreamCaptureError<E>> {
         let runner = self.runner();
-        let backend = &self.owner.res.backend;
+        let backend: &B = &self.owner.res.backend;
         let fail = |failure: CaptureFailure| {
             *self.failure.borrow_mut() = Some(failure);
         };
@@ -983,7 +1031,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 });
             }
         }
-        let backend = &self.owner.res.backend;
+        let backend: &B = &self.owner.res.backend;
         let copies = std::mem::take(&mut *self.copies.borrow_mut());
         if let Some(reason) = backend.validate_graph(&graph).err().or_else(|| {
             copies.iter().find_map(|c| {

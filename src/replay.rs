@@ -140,7 +140,8 @@ impl<B: Backend> Capturing<B> {
             plan,
             views,
             _arenas: res.arenas,
-            backend: res.backend,
+            // Sealed, the plan's teardown trims after its graphs are gone.
+            backend: res.backend.into_inner(),
         })
     }
 }
@@ -787,14 +788,18 @@ impl<B: Backend> Replayable<B> {
 
 /// Traces: the fence's schedule as a timeline (`docs/trace.md`).
 impl<B: Backend + Timing + 'static> Replayable<B> {
+    /// The most slices [`Replayable::start_trace_with_capacity`] creates
+    /// marks for up front (a trace creates more as it goes).
+    pub const MAX_TRACE_CAPACITY: usize = 1 << 20;
+
     /// Starts a trace of everything the fence does from now on: each
     /// replay, consumer, step graph launch and program wait as a slice on
     /// its stream, bracketed by two timing marks ([`Timing`]: the sim's
     /// clock; on CUDA, timing events, which cost host time per launch), and
     /// each wait the fence makes or skips. A step graph launched while the
     /// trace runs also shows each of its replays and consumers inside the
-    /// launch ([`Trace::step_nodes`]; each such launch composes a traced
-    /// copy of the step graph: `docs/trace.md`, "Inside a step graph"). A trace already running starts
+    /// launch ([`Trace::step_nodes`]; such a launch runs a traced copy of
+    /// the step graph: `docs/trace.md`, "Inside a step graph"). A trace already running starts
     /// over. The marks of 256 slices are created now (see
     /// [`Replayable::start_trace_with_capacity`]).
     ///
@@ -848,12 +853,20 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     /// created now, before the work to trace (on CUDA, two timing events
     /// per slice; a trace that outgrows them creates more as it goes, at
     /// the cost of an event creation per mark in the traced work).
-    /// `start_trace` creates them for 256 slices.
+    /// `start_trace` creates them for 256 slices; at most
+    /// [`Replayable::MAX_TRACE_CAPACITY`] are created up front.
     ///
     /// # Errors
     ///
-    /// As [`Replayable::start_trace`].
+    /// [`TraceError::CapacityTooLarge`] above that; otherwise as
+    /// [`Replayable::start_trace`].
     pub fn start_trace_with_capacity(&mut self, slices: usize) -> Result<(), TraceError> {
+        if slices > Self::MAX_TRACE_CAPACITY {
+            return Err(TraceError::CapacityTooLarge {
+                slices,
+                max: Self::MAX_TRACE_CAPACITY,
+            });
+        }
         let name = self.backend.name();
         let recorder = Recorder::new(&self.backend, name, slices)
             .map_err(|e| Operation::TraceMark.failed(e))?;

@@ -378,7 +378,6 @@ fn error_after_the_cut_in_the_second_run_fails_the_runner_and_leaks_nothing() {
 }
 
 #[test]
-#[ignore = "HOLE: a closure panicking in the step-copy run leaves the graph memory pool reserved (Capturing dropped while unwinding never trims)"]
 fn panic_after_the_cut_with_a_live_temporary_leaks_nothing() {
     let sim = sim::Device::new();
     let s2 = sim.clone();
@@ -625,7 +624,6 @@ fn step_copies_zero_one_two_three_plain_and_overlapping() {
 }
 
 #[test]
-#[ignore = "HOLE: dropping a Capturing (no seal/replan, e.g. unwinding from a panicking closure) leaves graph memory reserved"]
 fn dropping_a_capturing_with_temporaries_gives_graph_memory_back() {
     let sim = sim::Device::new();
     let s = sim.stream();
@@ -1595,7 +1593,6 @@ fn splitting_a_plans_graph_with_temporaries_from_safe_code_leaves_it_intact() {
 }
 
 #[test]
-#[ignore = "HOLE: start_trace_with_capacity(usize::MAX) neither returns nor errors: it allocates marks without bound until the process runs out of memory"]
 fn a_trace_capacity_beyond_memory_is_a_typed_error_not_a_panic() {
     let mut c = chain_with(2, 1, 1, &mut plain);
     let mut r = c.replayable.take().unwrap();
@@ -1921,7 +1918,6 @@ fn seal_with_question_mark(sim: &sim::Device) -> replay_arena::Result<()> {
 }
 
 #[test]
-#[ignore = "HOLE: a failed seal propagated with `?` drops the Capturing without trimming: graph memory stays reserved"]
 fn a_failed_seal_propagated_with_question_mark_gives_graph_memory_back() {
     let sim = sim::Device::new();
     assert!(seal_with_question_mark(&sim).is_err());

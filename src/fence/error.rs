@@ -398,6 +398,17 @@ pub enum TraceError {
     /// called with no trace started.
     #[error("no trace was started: call start_trace before the work to trace")]
     NoTrace,
+    /// [`Replayable::start_trace_with_capacity`](crate::Replayable::start_trace_with_capacity)
+    /// was asked to create the marks of more slices up front than it
+    /// creates at once; a trace that outgrows its capacity creates more
+    /// marks as it goes, so ask for fewer.
+    #[error("a trace creates the marks of at most {max} slices up front, not {slices}: ask for fewer (a trace creates more marks as it goes)")]
+    CapacityTooLarge {
+        /// The slices asked for.
+        slices: usize,
+        /// The most it creates up front.
+        max: usize,
+    },
     /// A timing mark of the trace failed (taking it, or reading its
     /// time); the fenced work itself was not affected.
     #[error(transparent)]
