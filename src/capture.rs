@@ -518,9 +518,9 @@ impl<B: Backend> Capturing<B> {
             graph: RefCell::new(None),
             copies: RefCell::new(Vec::new()),
             copies_wanted: Cell::new(1),
-            first_ready: Cell::new(None),
-            cut_at: Cell::new(None),
-            head: RefCell::new(None),
+            ready_order: RefCell::new(Vec::new()),
+            cuts: RefCell::new(Vec::new()),
+            parts: RefCell::new(Vec::new()),
             failure: RefCell::new(None),
             in_closure: Cell::new(false),
             stream: Cell::new(None),
@@ -581,12 +581,12 @@ pub struct RunnerCapture<'c, B: Backend> {
     /// Its step copies (`stream_capture_repeatable`), and how many to make.
     copies: RefCell<Vec<StepCopy<B::Graph>>>,
     copies_wanted: Cell<usize>,
-    /// The first handoff the running work marked ready.
-    first_ready: Cell<Option<HandoffId>>,
-    /// While a step copy is captured: the handoff whose ready point cuts
-    /// it in two, and the part cut off.
-    cut_at: Cell<Option<HandoffId>>,
-    head: RefCell<Option<B::Graph>>,
+    /// The handoffs the running work marked ready, in order.
+    ready_order: RefCell<Vec<HandoffId>>,
+    /// While a step copy is captured: the handoffs whose ready points cut
+    /// it (in the first run's order), and the parts cut off so far.
+    cuts: RefCell<Vec<HandoffId>>,
+    parts: RefCell<Vec<B::Graph>>,
     failure: RefCell<Option<CaptureFailure>>,
     /// `stream_capture`'s work closure is running.
     in_closure: Cell<bool>,
@@ -815,18 +815,18 @@ impl<B: Backend> RunnerCapture<'_, B> {
         }
         entry.1 = true;
         drop(taken);
-        if self.first_ready.get().is_none() {
-            self.first_ready.set(Some(handoff));
-        }
-        if self.cut_at.get() == Some(handoff) && self.head.borrow().is_none() {
+        self.ready_order.borrow_mut().push(handoff);
+        // The next cut planned is at this ready point.
+        let cut_here = self.cuts.borrow().get(self.parts.borrow().len()) == Some(&handoff);
+        if cut_here {
             // SAFETY: the capture this runner's `capture_graph` began on
             // `stream` (checked above: the closure runs, on that stream),
             // whose work `cuts_at` found nothing beside this ready point in.
             match unsafe { backend.cut_capture(stream) } {
-                Ok(head) => *self.head.borrow_mut() = Some(head),
+                Ok(part) => self.parts.borrow_mut().push(part),
                 Err(error) => {
                     // The stream may have left capture: its views stop
-                    // working now, and the copy fails (it has no head).
+                    // working now, and the copy fails (a part is missing).
                     close_scope(self.scope);
                     return Err(CaptureError::Backend { runner, error });
                 }
@@ -1035,9 +1035,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
         let copies = std::mem::take(&mut *self.copies.borrow_mut());
         if let Some(reason) = backend.validate_graph(&graph).err().or_else(|| {
             copies.iter().find_map(|c| {
-                let parts: Vec<&B::Graph> = std::iter::once(&c.head)
-                    .chain(c.tail.as_ref().map(|t| &t.0))
-                    .collect();
+                let parts: Vec<&B::Graph> = c.parts.iter().collect();
                 backend.validate_parts(&parts).err()
             })
         }) {

@@ -168,10 +168,10 @@ impl<G> RunnerGraph<G> {
         !self.temporaries.is_empty()
     }
 
-    /// The handoff at whose ready point its step copies were cut in two
-    /// (all alike), if they were.
-    pub(crate) fn cut(&self) -> Option<HandoffId> {
-        self.step_copies.last()?.tail.as_ref().map(|t| t.1)
+    /// The handoffs at whose ready points its step copies were cut (all
+    /// alike), in order.
+    pub(crate) fn cuts(&self) -> &[HandoffId] {
+        self.step_copies.last().map_or(&[], |c| c.cuts.as_slice())
     }
 }
 
@@ -301,7 +301,7 @@ impl<B: Backend> Replayable<B> {
             .runners
             .iter()
             .flat_map(|g| &g.step_copies)
-            .flat_map(|c| std::iter::once(&c.head).chain(c.tail.as_ref().map(|t| &t.0)));
+            .flat_map(|c| &c.parts);
         for part in parts {
             let t = self
                 .backend

@@ -552,3 +552,97 @@ fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
         assert_eq!(pool(&sim).used, 0, "{call:?}");
     }
 }
+
+/// A writer of two handoffs, each marked ready (the second long after the
+/// first, then a long tail), and a reader of each on streams of their own;
+/// with `temporaries` the writer allocates a temporary across both ready
+/// points (its step copy is moved in, cut at both).
+fn two_ready_points(temporaries: bool) -> (sim::Device, Replayable<sim::Device>, [sim::Stream; 3]) {
+    let mut d = Discovering::new(PlanConfig::new());
+    let (h0, h1) = {
+        let mut a = d.arm(RunnerId(0)).unwrap();
+        a.record(OWN).unwrap();
+        (a.hand_off(GRAD).unwrap(), a.hand_off(GRAD).unwrap())
+    };
+    for (r, h) in [(1, h0), (2, h1)] {
+        let mut a = d.arm(RunnerId(r)).unwrap();
+        a.record(OWN).unwrap();
+        a.receive(h).unwrap();
+    }
+    let sim = sim::Device::new();
+    let s = [sim.stream(), sim.stream(), sim.stream()];
+    let mut capturing = d
+        .plan(Policy::Generations(3))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let own = cap.take(OWN).unwrap();
+        let (x0, x1) = (cap.hand_off(h0).unwrap(), cap.hand_off(h1).unwrap());
+        let work = |st: &sim::Stream| {
+            let t = if temporaries {
+                Some(sim.alloc_async(st, N)?)
+            } else {
+                None
+            };
+            sim.launch(st, sim::Op::fill(&x0, 1.0), 5)?;
+            cap.ready(h0, st)?;
+            sim.launch(st, sim::Op::fill(&x1, 2.0), 50)?;
+            cap.ready(h1, st)?;
+            match &t {
+                Some(t) => {
+                    sim.launch(st, sim::Op::fill(t, 3.0), 200)?;
+                    sim.launch(st, sim::Op::copy(t, &own), 1)?;
+                    sim.free_async(st, t)?;
+                }
+                None => sim.launch(st, sim::Op::fill(&own, 3.0), 200)?,
+            }
+            Ok::<(), replay_arena::Error>(())
+        };
+        cap.stream_capture_repeatable(&s[0], work).unwrap();
+        cap.finish().unwrap();
+    }
+    for (r, h) in [(1u32, h0), (2, h1)] {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let own = cap.take(OWN).unwrap();
+        let input = cap.receive(h).unwrap();
+        cap.stream_capture(&s[r as usize], |st| {
+            sim.launch(st, sim::Op::copy(&input, &own), 5)
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    (sim, capturing.seal().unwrap(), s)
+}
+
+#[test]
+fn every_ready_point_is_kept_in_a_step_graph_cut_copies_and_split_graphs_alike() {
+    for temporaries in [false, true] {
+        let (sim, mut rp, s) = two_ready_points(temporaries);
+        let start = sim.makespan();
+        {
+            let mut step = rp.step();
+            for r in 0..3u32 {
+                step.replay(RunnerId(r), &s[r as usize]).unwrap();
+            }
+            let mut graph = step.build().unwrap();
+            // The writer in three parts (one per ready point, and the
+            // rest), and the two readers.
+            assert_eq!(graph.nodes(), 5, "temporaries: {temporaries}");
+            graph.launch(&s[0]).unwrap();
+        }
+        rp.synchronize().unwrap();
+        assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+        let value = |r: u32| sim.read_f32(&rp.views(RunnerId(r)).unwrap()[0]).unwrap()[0];
+        assert_eq!((value(0), value(1), value(2)), (3.0, 1.0, 2.0));
+        // Both readers ran before the writer's tail ended: the launch took
+        // the writer's time alone (5 + 50 + 200 ticks and the temporary's
+        // copy), not a reader's 5 more after it.
+        let span = sim.makespan() - start;
+        assert!(
+            span <= 5 + 50 + 200 + 1,
+            "temporaries: {temporaries}: {span}"
+        );
+    }
+}

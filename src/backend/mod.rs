@@ -659,9 +659,9 @@ pub trait Capture: Streams {
     /// the record node of `event` ([`Capture::record_event_node`]): every
     /// other node of `graph` runs before that record or after it, none
     /// beside it (no other stream of the capture has work across it). A
-    /// step copy of an allocating runner is cut at its first ready point
-    /// only then ([`Capture::cut_capture`]). `false` when the backend cannot
-    /// cut captures.
+    /// step copy of an allocating runner is cut at a ready point only then
+    /// ([`Capture::cut_capture`]). `false` when the backend cannot cut
+    /// captures.
     ///
     /// # Errors
     ///

@@ -1,6 +1,6 @@
 //! Step copies: a runner whose graph allocates is captured a second time
 //! for a step graph to move in ([`RunnerCapture::stream_capture_repeatable`]),
-//! in two parts cut at its first ready point when the work allows it.
+//! in parts cut at its ready points where the work allows it.
 
 use std::fmt;
 
@@ -9,16 +9,16 @@ use crate::backend::Backend;
 use crate::vocab::HandoffId;
 
 /// A step copy: a second capture of an allocating runner's work, for one
-/// step graph to move in. Captured in two parts when the work allows it
-/// (nothing of it runs beside its first ready point, [`Capture::cuts_at`]):
-/// the part up to that ready point and the rest, so that in a step graph
-/// the readers of that handoff start at the ready point, as they do when
-/// the runner is replayed on its own.
+/// step graph to move in. Captured in parts, cut at each ready point where
+/// the work allows it (nothing of it runs beside that ready point,
+/// [`Capture::cuts_at`]), so that in a step graph the readers of each such
+/// handoff start at its ready point, as they do when the runner is
+/// replayed on its own.
 pub(crate) struct StepCopy<G> {
-    /// The copy, or its part up to the ready point.
-    pub(crate) head: G,
-    /// The part after the ready point, and the handoff it was cut at.
-    pub(crate) tail: Option<(G, HandoffId)>,
+    /// The parts, in order: one more than `cuts`.
+    pub(crate) parts: Vec<G>,
+    /// The handoffs whose ready points end the parts but the last.
+    pub(crate) cuts: Vec<HandoffId>,
 }
 
 impl<B: Backend> RunnerCapture<'_, B> {
@@ -37,16 +37,17 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// The second run must do what the first did: the same views (it can
     /// use no others), the same ready points ([`RunnerCapture::ready`]).
     ///
-    /// When the work marks a handoff ready, the step copy is captured in
-    /// two parts, cut at the first ready point (the capture on `stream` is
-    /// ended there and a new one begun, inside [`RunnerCapture::ready`]),
-    /// so that in a step graph the readers of that handoff start at the
-    /// ready point, as between per-runner replays. A temporary allocated
-    /// before the cut may be used and freed after it. The crate cuts only
-    /// when the first run's graph shows nothing of the work beside that
-    /// ready point ([`Capture::cuts_at`](crate::Capture::cuts_at): no other
-    /// stream of the capture has work across it); otherwise the copy is one
-    /// graph, and its readers start after it.
+    /// When the work marks handoffs ready, the step copy is captured in
+    /// parts, cut at each ready point (the capture on `stream` is ended
+    /// there and a new one begun, inside [`RunnerCapture::ready`]), so that
+    /// in a step graph the readers of each handoff start at its ready
+    /// point, as between per-runner replays. A temporary allocated before a
+    /// cut may be used and freed after it. The crate cuts at a ready point
+    /// only when the first run's graph shows nothing of the work beside it
+    /// ([`Capture::cuts_at`](crate::Capture::cuts_at): no other stream of
+    /// the capture has work across it); readers of a handoff not cut at
+    /// start after the whole copy. The second run must mark its ready
+    /// points in the first run's order.
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
@@ -95,22 +96,24 @@ impl<B: Backend> RunnerCapture<'_, B> {
     ) -> std::result::Result<(), StreamCaptureError<E>> {
         let runner = self.runner();
         self.may_capture()?;
-        self.first_ready.set(None);
+        self.ready_order.borrow_mut().clear();
         let graph = self.capture_graph((stream, false), &mut work)?;
+        let order = std::mem::take(&mut *self.ready_order.borrow_mut());
         let checked = self.backend().graph_temporaries(&graph).and_then(|t| {
             if t.is_empty() {
                 return Ok(None);
             }
-            // Cut the copies at the first ready point when nothing of the
-            // work runs beside it.
-            let Some(h) = self.first_ready.get() else {
-                return Ok(Some(None));
-            };
-            let event = self.handoff_event(h);
-            match event {
-                Some(e) if self.backend().cuts_at(&graph, e)? => Ok(Some(Some(h))),
-                _ => Ok(Some(None)),
+            // Cut the copies at each ready point nothing of the work runs
+            // beside.
+            let mut cuts = Vec::new();
+            for h in order {
+                if let Some(e) = self.handoff_event(h) {
+                    if self.backend().cuts_at(&graph, e)? {
+                        cuts.push(h);
+                    }
+                }
             }
+            Ok(Some(cuts))
         });
         let cut = match checked {
             Ok(Some(cut)) => cut,
@@ -126,9 +129,10 @@ impl<B: Backend> RunnerCapture<'_, B> {
         };
         *self.graph.borrow_mut() = Some(graph);
         for _ in 0..self.copies_wanted.get() {
-            self.cut_at.set(cut);
+            *self.cuts.borrow_mut() = cut.clone();
             let copy = self.capture_copy(stream, &mut work);
-            self.cut_at.set(None);
+            self.cuts.borrow_mut().clear();
+            self.parts.borrow_mut().clear();
             copy?;
         }
         Ok(())
@@ -165,7 +169,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
         for entry in self.handoffs.borrow_mut().iter_mut() {
             entry.1 = false;
         }
-        self.head.borrow_mut().take();
+        self.parts.borrow_mut().clear();
+        self.ready_order.borrow_mut().clear();
         // A step copy is only ever moved into a step graph.
         let copy = match self.capture_graph((stream, true), work) {
             Ok(copy) => copy,
@@ -188,26 +193,18 @@ impl<B: Backend> RunnerCapture<'_, B> {
             *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
             return Err(error.into());
         }
-        let head = self.head.borrow_mut().take();
-        let copy = match (self.cut_at.get(), head) {
-            (None, _) => StepCopy {
-                head: copy,
-                tail: None,
-            },
-            (Some(h), Some(head)) => StepCopy {
-                head,
-                tail: Some((copy, h)),
-            },
-            (Some(_), None) => {
-                let error = CaptureError::RepeatDiffers {
-                    runner,
-                    reason: "did not mark the ready point the first run marked first",
-                };
-                *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
-                return Err(error.into());
-            }
-        };
-        self.copies.borrow_mut().push(copy);
+        let mut parts = std::mem::take(&mut *self.parts.borrow_mut());
+        let cuts = self.cuts.borrow().clone();
+        if parts.len() != cuts.len() {
+            let error = CaptureError::RepeatDiffers {
+                runner,
+                reason: "did not mark its ready points in the order the first run did",
+            };
+            *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
+            return Err(error.into());
+        }
+        parts.push(copy);
+        self.copies.borrow_mut().push(StepCopy { parts, cuts });
         Ok(())
     }
 }

@@ -13,14 +13,20 @@ use crate::replay::Replayable;
 use crate::trace::SliceKind;
 use crate::vocab::RunnerId;
 
-/// Writers split at a ready point: per split, its two parts and which of
-/// its ready events it was split at; per item, its split, and which of its
-/// ready events it is split at (a step copy moved in comes in two parts
-/// cut at capture).
+/// Writers split at their ready points, per item: the parts of a split
+/// writer's graph (empty for one whose step copy is moved in, already in
+/// parts, and for every other item), and the fence slots of the ready
+/// events at which its parts end, but the last (empty: one node).
 struct Splits<G> {
-    parts: Vec<(G, G, usize)>,
-    part_of: Vec<Option<usize>>,
-    at: Vec<Option<usize>>,
+    parts: Vec<Vec<G>>,
+    ends: Vec<Vec<usize>>,
+}
+
+impl<G> Splits<G> {
+    /// The nodes of item `k`.
+    fn nodes(&self, k: usize) -> usize {
+        self.ends[k].len() + 1
+    }
 }
 
 /// What the dry run of the schedule found: the edges of a launch (and, for
@@ -49,17 +55,15 @@ pub(super) fn compile<B: Compose>(
         return Err(StepError::Empty);
     }
     let mut moved_consumers = moved_consumers(r, &mut items, overlapping)?;
-    // Per item its first node: a replay split at a ready point is two.
+    let split = split_writers(r, &items)?;
+    // Per item its first node: a replay split at its ready points is one
+    // node per part.
     let mut first = Vec::with_capacity(items.len());
     let mut nodes = 0;
-    for item in &items {
+    for k in 0..items.len() {
         first.push(nodes);
-        nodes += match item {
-            Item::Replay { slot, .. } if splits(r, *slot) => 2,
-            _ => 1,
-        };
+        nodes += split.nodes(k);
     }
-    let split = split_writers(r, &items)?;
     let execs = if overlapping { 2 } else { 1 };
     if overlapping {
         copies_for_two(r, &items)?;
@@ -146,11 +150,7 @@ fn tracing_of<B: Compose>(
     lanes: Vec<u64>,
 ) -> Tracing<B> {
     let deps = &dry.deps;
-    let mut parts: Vec<Option<(B::Graph, B::Graph)>> = split
-        .parts
-        .into_iter()
-        .map(|(a, b, _)| Some((a, b)))
-        .collect();
+    let mut parts = split.parts;
     let mut held: Vec<B::Graph> = Vec::new();
     let mut nodes: Vec<TracedNode> = Vec::with_capacity(deps.len());
     let mut node = |source, kind: &SliceKind, lane| {
@@ -168,14 +168,16 @@ fn tracing_of<B: Compose>(
                 let kind = SliceKind::Replay {
                     runner: r.plan.runners[slot].id(),
                 };
+                let split_parts = std::mem::take(&mut parts[k]);
                 if r.runners[slot].moves() {
-                    node(Source::Moved, &kind, lane);
-                } else if let Some((first, second)) =
-                    split.part_of[k].and_then(|p| parts.get_mut(p)?.take())
-                {
-                    held.extend([first, second]);
-                    node(Source::Held(held.len() - 2), &kind, lane);
-                    node(Source::Held(held.len() - 1), &kind, lane);
+                    for _ in 0..split.ends[k].len() + 1 {
+                        node(Source::Moved, &kind, lane);
+                    }
+                } else if !split_parts.is_empty() {
+                    for part in split_parts {
+                        held.push(part);
+                        node(Source::Held(held.len() - 1), &kind, lane);
+                    }
                 } else {
                     node(Source::Runner(slot), &kind, lane);
                 }
@@ -252,57 +254,60 @@ fn ready<B: Compose>(r: &Replayable<B>, slot: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Whether a replay of runner slot `slot` is split at a ready point in two
-/// nodes: its graph split, or its step copy moved in as the two parts its
-/// capture cut it in (a copy that was not cut moves in whole).
-fn splits<B: Compose>(r: &Replayable<B>, slot: usize) -> bool {
-    let g = &r.runners[slot];
-    (!g.moves() || g.cut().is_some()) && !ready(r, slot).is_empty()
-}
-
-/// 1. Writers with ready points split at the earliest one: readers of that
-///    handoff start there, readers of the others after the whole graph.
+/// 1. Writers with ready points split at each: readers of a handoff start
+///    where its ready point ends a part. A graph is split at its earliest
+///    ready point, the rest at the earliest of the others, and so on; a
+///    step copy moved in comes in the parts its capture cut it in (readers
+///    of a handoff it was not cut at start after the whole copy).
 fn split_writers<B: Compose>(
     r: &Replayable<B>,
     items: &[Item<B>],
 ) -> Result<Splits<B::Graph>, StepError> {
     let mut split = Splits {
-        parts: Vec::new(),
-        part_of: vec![None; items.len()],
-        at: vec![None; items.len()],
+        parts: items.iter().map(|_| Vec::new()).collect(),
+        ends: items.iter().map(|_| Vec::new()).collect(),
     };
     for (k, item) in items.iter().enumerate() {
         let Item::Replay { slot, .. } = item else {
             continue;
         };
-        if !splits(r, *slot) {
-            continue;
-        }
-        if let Some(h) = r.runners[*slot].cut() {
-            // Cut at capture: readers of `h` start after the first part.
-            let at = r.fence.handoff_slot(h);
-            let Some(n) = ready(r, *slot).iter().position(|&s| s == at) else {
-                let error = BackendError::Refused {
-                    op: "step graph",
-                    reason: "its step copies were cut at a handoff it does not mark ready".into(),
-                };
-                let runner = r.plan.runners[*slot].id();
-                return Err(BackendFailure::of(Operation::StepBuild, runner, error).into());
-            };
-            split.at[k] = Some(n);
-            continue;
-        }
         let marks = ready(r, *slot);
-        let events: Vec<&B::Event> = marks.iter().filter_map(|&h| r.fence.event(h)).collect();
-        let Some(graph) = r.runners[*slot].graph.as_ref() else {
+        let runner = r.plan.runners[*slot].id();
+        let failed = |error| BackendFailure::of(Operation::StepBuild, runner, error);
+        let g = &r.runners[*slot];
+        if g.moves() {
+            // Cut at capture.
+            for &h in g.cuts() {
+                let at = r.fence.handoff_slot(h);
+                if !marks.contains(&at) {
+                    return Err(failed(BackendError::Refused {
+                        op: "step graph",
+                        reason: "its step copies were cut at a handoff it does not mark ready"
+                            .into(),
+                    })
+                    .into());
+                }
+                split.ends[k].push(at);
+            }
+            continue;
+        }
+        let Some(graph) = g.graph.as_ref() else {
             continue;
         };
-        let parts = r.backend.split_graph(graph, &events).map_err(|error| {
-            BackendFailure::of(Operation::StepBuild, r.plan.runners[*slot].id(), error)
-        })?;
-        split.part_of[k] = Some(split.parts.len());
-        split.at[k] = Some(parts.2);
-        split.parts.push(parts);
+        let mut left: Vec<(usize, &B::Event)> = marks
+            .iter()
+            .filter_map(|&h| Some((h, r.fence.event(h)?)))
+            .collect();
+        let mut rest: Option<B::Graph> = None;
+        while !left.is_empty() {
+            let events: Vec<&B::Event> = left.iter().map(|&(_, e)| e).collect();
+            let whole = rest.as_ref().unwrap_or(graph);
+            let (part, after, which) = r.backend.split_graph(whole, &events).map_err(failed)?;
+            split.parts[k].push(part);
+            split.ends[k].push(left.remove(which).0);
+            rest = Some(after);
+        }
+        split.parts[k].extend(rest);
     }
     Ok(split)
 }
@@ -337,30 +342,26 @@ fn uses_of<B: Compose>(
     first: &[usize],
     split: &Splits<B::Graph>,
 ) -> Vec<Use> {
-    let ready = |slot: usize| ready(r, slot);
-    let splits = |slot: usize| splits(r, slot);
     let uses: Vec<Use> = items
         .iter()
         .enumerate()
         .map(|(k, item)| match item {
             Item::Replay { slot, lane } => {
-                let marks = match split.at[k] {
-                    // The first part records the event it was split
-                    // at; the other ready events count from the end.
-                    Some(at) => ready(*slot)
-                        .into_iter()
-                        .enumerate()
-                        .map(|(n, h)| (h, if n == at { first[k] } else { first[k] + 1 }))
-                        .collect(),
-                    // A graph moved in whole records them inside its
-                    // one node: readers wait for that node.
-                    None => ready(*slot).into_iter().map(|h| (h, first[k])).collect(),
-                };
+                // A ready event is recorded where it ends a part; the
+                // others at the end of the last.
+                let ends = &split.ends[k];
+                let marks = ready(r, *slot)
+                    .into_iter()
+                    .map(|h| {
+                        let part = ends.iter().position(|&e| e == h).unwrap_or(ends.len());
+                        (h, first[k] + part)
+                    })
+                    .collect();
                 Use::Replay {
                     slot: *slot,
                     lane: *lane,
                     first: first[k],
-                    count: if splits(*slot) { 2 } else { 1 },
+                    count: split.nodes(k),
                     marks,
                 }
             }
@@ -442,7 +443,7 @@ fn run_dry<B: Compose>(
 }
 
 /// 3. Graph `x` of the step (of two when overlapping): the runners' graphs
-///    (or their two parts, or their step copies moved in) and the
+///    (or their parts, or their step copies moved in, in parts) and the
 ///    consumers' graphs, with the dry run's edges; when overlapping, per
 ///    node an event it records for the other graph's next launch and the
 ///    other graph's events it waits for, and an end.
@@ -457,7 +458,6 @@ fn compose<B: Compose>(
     x: usize,
     nodes: usize,
 ) -> Result<B::Graph, StepError> {
-    let (parts, part_of) = (&split.parts, &split.part_of);
     let deps = &dry.deps;
     let moving: Vec<bool> = items
         .iter()
@@ -484,9 +484,7 @@ fn compose<B: Compose>(
                     // Checked above and in `replay`: a copy is
                     // left for each.
                     // In as many parts as the schedule counted nodes.
-                    let copy = taken[k]
-                        .take()
-                        .filter(|c| c.tail.is_some() == split.at[k].is_some());
+                    let copy = taken[k].take().filter(|c| c.parts.len() == split.nodes(k));
                     let Some(copy) = copy else {
                         return Err(BackendFailure::of(
                             Operation::StepBuild,
@@ -498,21 +496,16 @@ fn compose<B: Compose>(
                         )
                         .into());
                     };
-                    std::iter::once(NodeGraph::Move(copy.head))
-                        .chain(copy.tail.map(|(tail, _)| NodeGraph::Move(tail)))
-                        .collect()
+                    copy.parts.into_iter().map(NodeGraph::Move).collect()
+                } else if !split.parts[k].is_empty() {
+                    split.parts[k].iter().map(NodeGraph::Copy).collect()
                 } else {
-                    match part_of[k] {
-                        Some(p) => {
-                            vec![NodeGraph::Copy(&parts[p].0), NodeGraph::Copy(&parts[p].1)]
-                        }
-                        None => runners[*slot]
-                            .graph
-                            .as_ref()
-                            .map(NodeGraph::Copy)
-                            .into_iter()
-                            .collect(),
-                    }
+                    runners[*slot]
+                        .graph
+                        .as_ref()
+                        .map(NodeGraph::Copy)
+                        .into_iter()
+                        .collect()
                 };
                 for graph in node_graphs {
                     names.push(name);

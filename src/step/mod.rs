@@ -11,10 +11,11 @@
 //! order, are the step graph's edges. Waits on the step before are implied:
 //! launches of one executable graph run one after another.
 //!
-//! A writer that marks a handoff ready ([`RunnerCapture::ready`]) is split
-//! at that point into two nodes, so a reader starts there, as it does when
-//! replayed per runner: its graph is split, or, for a runner whose graph
-//! allocates, its step copy comes in the two parts its capture was cut in.
+//! A writer that marks handoffs ready ([`RunnerCapture::ready`]) is split
+//! at each of those points into one node per part, so a reader starts at
+//! its handoff's ready point, as it does when replayed per runner: its
+//! graph is split, or, for a runner whose graph allocates, its step copy
+//! comes in the parts its capture was cut in.
 //!
 //! [`RunnerCapture::ready`]: crate::RunnerCapture::ready
 
@@ -275,8 +276,8 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// A runner whose graph allocates temporaries goes into the step graph
     /// as its step copy ([`RunnerCapture::stream_capture_repeatable`]),
     /// which [`StepBuilder::build`] moves in: one per replay in one step
-    /// graph. Readers of the handoff it marks ready first start at that
-    /// ready point when its copies were captured in two parts there (see
+    /// graph. Readers of a handoff it marks ready start at that ready point
+    /// when its copies were cut there (see
     /// [`RunnerCapture::stream_capture_repeatable`]), after the whole copy
     /// otherwise.
     ///
