@@ -333,6 +333,18 @@ impl Fan {
         items: &[Item],
         overlapping: bool,
     ) -> Result<replay_arena::KeptStep<sim::Device>, StepError> {
+        self.try_build(items, overlapping).map_err(|e| match e {
+            BuildError::Step(e) => e,
+            BuildError::Consume(e) => panic!("step consume: {e}"),
+        })
+    }
+
+    /// `build`, with a failing consumer as an error of its own.
+    fn try_build(
+        &mut self,
+        items: &[Item],
+        overlapping: bool,
+    ) -> Result<replay_arena::KeptStep<sim::Device>, BuildError> {
         let streams = self.streams.clone();
         let side = self.side.clone();
         let sim = self.sim.clone();
@@ -348,7 +360,7 @@ impl Fan {
                     if let Err(e) = step.consume(RunnerId(run), &side, |s, v| {
                         sim.launch(s, sim::Op::add(&v[0], cs), 3)
                     }) {
-                        panic!("step consume: {e}");
+                        return Err(BuildError::Consume(e.to_string()));
                     }
                 }
             }
@@ -393,6 +405,17 @@ impl Fan {
         assert_eq!((p.used, p.reserved), (0, 0), "graph memory left: {p:?}");
         assert_eq!(sim.live_events(), 0, "events leaked");
         assert_eq!(sim.live_allocations(), 0, "allocations leaked");
+    }
+}
+
+enum BuildError {
+    Step(StepError),
+    Consume(String),
+}
+
+impl From<StepError> for BuildError {
+    fn from(e: StepError) -> Self {
+        BuildError::Step(e)
     }
 }
 
@@ -1796,3 +1819,57 @@ fn a_raw_span_forged_at_another_graphs_temporary_is_refused() {
         assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
     }
 }
+
+#[test]
+fn seeded_faults_over_whole_programs_of_split_writers() {
+    let mut spec = Spec::new(3);
+    spec.copies = 3;
+    spec.chain = true;
+    spec.reader_temps = true;
+    spec.g = 3;
+    let mut items = all(&spec);
+    items.push(Item::Consume(0));
+    for seed in 0..80u64 {
+        let sim = sim::Device::new();
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            let mut f = fan_with(
+                sim.clone(),
+                &spec,
+                &identity(3),
+                Some(Faults::seeded(seed, 40)),
+                None,
+            );
+            sim.inject(Faults::seeded(seed.wrapping_mul(31), 25));
+            if f.r.is_some() {
+                SEALED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let s = f.streams.clone();
+                for overlapping in [false, true, false] {
+                    if let Ok(mut k) = f.try_build(&items, overlapping) {
+                        for i in 0..3 {
+                            let _ = f.r().launch_kept(&mut k, &s[i]);
+                        }
+                        if overlapping {
+                            std::mem::forget(k);
+                        }
+                    }
+                    for it in &items {
+                        if let Item::Replay(r, st) = *it {
+                            let _ = f.r().replay(RunnerId(r), &s[st]);
+                        }
+                    }
+                }
+                let _ = f.r().synchronize();
+            }
+            sim.inject(Faults::none());
+            f
+        }));
+        let f = res.unwrap_or_else(|_| panic!("panic in library, seed {seed}"));
+        assert!(sim.hazards().is_empty(), "seed {seed}: {:?}", sim.hazards());
+        drop(f);
+        assert!(sim.hazards().is_empty(), "seed {seed}: {:?}", sim.hazards());
+    }
+    let sealed = SEALED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(sealed > 5, "only {sealed} programs ran");
+}
+
+static SEALED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
