@@ -1264,21 +1264,7 @@ fn a_copy_run_marking_two_handoffs_in_another_order_is_refused_or_fenced() {
                 assert!(e.contains("ready") || e.contains("differ"), "{e}");
             }
             Ok(mut r) => {
-                {
-                    let mut step = r.step();
-                    for i in 0..3u32 {
-                        step.replay(RunnerId(i), &streams[i as usize]).unwrap();
-                    }
-                    let mut g = if overlapping {
-                        step.build_overlapping()
-                    } else {
-                        step.build()
-                    }
-                    .unwrap();
-                    for k in 0..4 {
-                        g.launch(&streams[k % 3]).unwrap();
-                    }
-                }
+                launch_three(&mut r, &streams, overlapping);
                 r.synchronize().unwrap();
                 assert!(
                     sim.hazards().is_empty(),
@@ -1298,6 +1284,24 @@ fn a_copy_run_marking_two_handoffs_in_another_order_is_refused_or_fenced() {
     }
 }
 
+/// Runners 0, 1 and 2 replayed on their own streams in one step graph (or
+/// two overlapping), launched 4 times on the streams in turn.
+fn launch_three(r: &mut Replayable<sim::Device>, streams: &[sim::Stream], overlapping: bool) {
+    let mut step = r.step();
+    for i in 0..3u32 {
+        step.replay(RunnerId(i), &streams[i as usize]).unwrap();
+    }
+    let mut g = if overlapping {
+        step.build_overlapping()
+    } else {
+        step.build()
+    }
+    .unwrap();
+    for k in 0..4 {
+        g.launch(&streams[k % 3]).unwrap();
+    }
+}
+
 #[test]
 fn two_handoffs_in_the_same_order_give_right_values_in_step_graphs() {
     for order in [[0, 1], [1, 0]] {
@@ -1305,21 +1309,7 @@ fn two_handoffs_in_the_same_order_give_right_values_in_step_graphs() {
             let copies = if overlapping { 2 } else { 1 };
             let (sim, r, streams, _count) = two_handoffs(move |_| order, copies);
             let mut r = r.unwrap();
-            {
-                let mut step = r.step();
-                for i in 0..3u32 {
-                    step.replay(RunnerId(i), &streams[i as usize]).unwrap();
-                }
-                let mut g = if overlapping {
-                    step.build_overlapping()
-                } else {
-                    step.build()
-                }
-                .unwrap();
-                for k in 0..4 {
-                    g.launch(&streams[k % 3]).unwrap();
-                }
-            }
+            launch_three(&mut r, &streams, overlapping);
             for i in 0..3u32 {
                 r.replay(RunnerId(i), &streams[(i as usize + 1) % 3])
                     .unwrap();
