@@ -646,3 +646,47 @@ fn every_ready_point_is_kept_in_a_step_graph_cut_copies_and_split_graphs_alike()
         );
     }
 }
+
+#[test]
+fn a_temporary_used_after_its_free_in_the_same_graph_is_refused() {
+    // CUDA may give a freed temporary's memory to a later allocation of
+    // the same graph: the sim refuses the use, across a cut too.
+    for cut in [false, true] {
+        let mut d = Discovering::new(PlanConfig::new());
+        let h = {
+            let mut a = d.arm(RunnerId(0)).unwrap();
+            a.record(OWN).unwrap();
+            a.hand_off(GRAD).unwrap()
+        };
+        d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
+        let sim = sim::Device::new();
+        let s = sim.stream();
+        let mut capturing = d
+            .plan(Policy::Generations(2))
+            .unwrap()
+            .allocate(sim.clone())
+            .unwrap();
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let (own, out) = (cap.take(OWN).unwrap(), cap.hand_off(h).unwrap());
+        let err = cap
+            .stream_capture_repeatable(&s, |st| {
+                let t = sim.alloc_async(st, N)?;
+                sim.launch(st, sim::Op::fill(&t, 1.0), 1)?;
+                sim.launch(st, sim::Op::copy(&t, &out), 1)?;
+                sim.free_async(st, &t)?;
+                if cut {
+                    cap.ready(h, st)?;
+                }
+                sim.launch(st, sim::Op::copy(&t, &own), 1)?;
+                if !cut {
+                    cap.ready(h, st)?;
+                }
+                Ok::<(), replay_arena::Error>(())
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("freed"), "cut {cut}: {err}");
+        assert!(matches!(cap.finish(), Err(CaptureError::Failed { .. })));
+        drop(capturing);
+        assert_eq!(pool(&sim).used, 0);
+    }
+}

@@ -216,10 +216,12 @@ impl Capture for Device {
         };
         let mut inherited = std::mem::take(&mut capture.inherited);
         inherited.extend_from_slice(&capture.temps);
+        let freed = capture.freed.clone();
         let first = std::mem::replace(
             capture,
             OpenCapture {
                 inherited,
+                freed,
                 ..OpenCapture::default()
             },
         );

@@ -144,6 +144,20 @@ impl Device {
             // A temporary lives inside the graph whose capture allocated it
             // (CUDA maps it only while that graph runs): another capture
             // of the same closure (a step copy) may not use it.
+            let freed = op.accesses().into_iter().find_map(|(span, _)| {
+                let base = s.temporary_of(&span)?;
+                capture.freed.contains(&base).then_some(span)
+            });
+            if let Some(span) = freed {
+                return Err(sim_error(
+                    "sim launch",
+                    format!(
+                        "{} f32 at {:#x} are a temporary this graph freed (free_async) before: \
+                         CUDA may give its memory to a later allocation of the graph",
+                        span.len, span.addr
+                    ),
+                ));
+            }
             let foreign = op.accesses().into_iter().find_map(|(span, _)| {
                 let base = s.temporary_of(&span)?;
                 (!capture.temps.contains(&base) && !capture.inherited.contains(&base))
@@ -259,9 +273,11 @@ impl Device {
         self.fault(Call::GraphFree)?;
         let id = self.own(stream, "sim free async")?;
         let mut s = self.state();
+        let base = s.temporary_of(span).unwrap_or(span.addr);
         match s.streams[id].capturing.as_mut() {
             Some(capture) => {
                 capture.ops.push((Op::FreeNode { addr: span.addr }, 0));
+                capture.freed.push(base);
                 Ok(())
             }
             None => Err(sim_error("sim free async", "the stream is not capturing")),

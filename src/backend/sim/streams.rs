@@ -55,9 +55,13 @@ pub(super) struct Capture {
     pub(super) records: Vec<(usize, usize)>,
     /// Allocations its allocation nodes made.
     pub(super) temps: Vec<u64>,
-    /// Allocations of the parts cut off before it ([`Backend::cut_capture`](crate::Backend::cut_capture)):
+    /// Allocations of the parts cut off before it ([`Capture::cut_capture`](crate::Capture::cut_capture)):
     /// its work may use and free them.
     pub(super) inherited: Vec<u64>,
+    /// Temporaries its free nodes (or those of the parts before it) freed:
+    /// CUDA may hand their memory to a later allocation of the same graph,
+    /// so no later op of the capture may use them.
+    pub(super) freed: Vec<u64>,
 }
 
 pub(super) struct StreamState {
