@@ -1,28 +1,31 @@
 //! A step graph's nodes in a trace: what a step graph keeps to compose a
 //! *traced* copy of itself (the same nodes and edges, and after each node
-//! an event record node of a node mark, [`Timing::new_node_mark`]), one
-//! per launch made while a trace runs, and the order between launches of
+//! an event record node of a node mark, [`Timing::new_node_mark`]) for the
+//! launches made while a trace runs, and the order between launches of
 //! different compositions.
 //!
 //! Untraced launches run the step graph's own composition, with no timing
 //! node: a step graph launched with no trace running costs nothing more.
-//! A launch made while a trace runs composes a fresh traced copy of the
-//! graph it would launch (each launch needs marks of its own: a graph's
-//! record node records the same event at every launch), with the same
-//! event wait and record nodes across launches when two graphs launch in
-//! turn, and launches that instead. Launches of one executable graph run
-//! one after another, which the step graph's edges count on; launches of
-//! two do not, so a launch that follows a launch of another composition of
-//! the same graph waits for that launch whole: for the event recorded
-//! after a traced launch, or, when there is none (the launch before ran
-//! the step graph's own composition, or the record failed), for everything
-//! the fence knows of, as a first launch does.
+//! Each launch made while a trace runs needs marks of its own (a graph's
+//! record node records the same event at every launch). The first traced
+//! launch of a graph composes its traced copy, with the same event wait and
+//! record nodes across launches when two graphs launch in turn; each later
+//! one reuses the copy launched last, its node marks' record nodes pointed
+//! at new marks ([`Compose::retarget_records`]), or composes a new copy
+//! when that fails. Launches of one executable graph run one after another,
+//! which the step graph's edges count on; launches of two do not, so a
+//! launch that follows a launch of another composition of the same graph
+//! waits for that launch whole: for the event recorded after a traced
+//! launch, or, when there is none (the launch before ran the step graph's
+//! own composition, or the record failed), for everything the fence knows
+//! of, as a first launch does.
 //!
 //! A node moved into the step graph (a step copy, a consumer with
 //! temporaries) is the step graph's own composition's alone: a step graph
 //! holding one is never composed again, and traces as one slice per launch.
 //!
 //! [`Timing::new_node_mark`]: crate::Timing::new_node_mark
+//! [`Compose::retarget_records`]: crate::Compose::retarget_records
 
 use crate::backend::{Backend, BackendError, Capture, Compose, NodeGraph, StepEnd, StepNode};
 use crate::replay::Replayable;
@@ -137,6 +140,9 @@ pub(super) struct Tracing<B: Backend> {
     /// composed again.
     cached: Vec<Option<B::Graph>>,
     nodes: Vec<TracedNode>,
+    /// Whether a traced copy can be composed: nothing was moved in (known
+    /// at build, asked at every launch).
+    traceable: bool,
     /// The split writers' parts and the consumers' graphs ([`Source::Held`]).
     held: Vec<B::Graph>,
     /// The schedule's streams (ids), by lane.
@@ -159,6 +165,7 @@ impl<B: Backend> Tracing<B> {
         Tracing {
             launched: Vec::new(),
             cached: Vec::new(),
+            traceable: !nodes.iter().any(|n| matches!(n.source, Source::Moved)),
             nodes,
             held,
             lanes,
@@ -166,11 +173,6 @@ impl<B: Backend> Tracing<B> {
             after: Vec::new(),
             last: Vec::new(),
         }
-    }
-
-    /// Whether a traced copy can be composed: nothing was moved in.
-    pub(super) fn traceable(&self) -> bool {
-        !self.nodes.iter().any(|n| matches!(n.source, Source::Moved))
     }
 
     /// How a launch of graph `x` (`traced`: of a traced copy of it) is
@@ -251,7 +253,7 @@ impl<B: Compose> Tracing<B> {
         events: &Events<B>,
         x: usize,
     ) -> Option<TracedCopy<B>> {
-        if !self.traceable() {
+        if !self.traceable {
             return None;
         }
         let marks = r

@@ -143,34 +143,25 @@ impl Device {
         if let Some(capture) = s.streams[id].capturing.as_ref() {
             // A temporary lives inside the graph whose capture allocated it
             // (CUDA maps it only while that graph runs): another capture
-            // of the same closure (a step copy) may not use it.
-            let freed = op.accesses().into_iter().find_map(|(span, _)| {
-                let base = s.temporary_of(&span)?;
-                capture.freed.contains(&base).then_some(span)
-            });
-            if let Some(span) = freed {
+            // of the same closure (a step copy) may not use it; nor may the
+            // graph once it freed it (CUDA may give its memory to a later
+            // allocation of the graph).
+            for (span, _) in op.accesses() {
+                let Some(base) = s.temporary_of(&span) else {
+                    continue;
+                };
+                let why = if capture.freed.contains(&base) {
+                    "a temporary this graph freed (free_async) before: CUDA may give its \
+                     memory to a later allocation of the graph"
+                } else if !capture.temps.contains(&base) && !capture.inherited.contains(&base) {
+                    "a temporary of another graph: a temporary works only inside the capture \
+                     that allocated it"
+                } else {
+                    continue;
+                };
                 return Err(sim_error(
                     "sim launch",
-                    format!(
-                        "{} f32 at {:#x} are a temporary this graph freed (free_async) before: \
-                         CUDA may give its memory to a later allocation of the graph",
-                        span.len, span.addr
-                    ),
-                ));
-            }
-            let foreign = op.accesses().into_iter().find_map(|(span, _)| {
-                let base = s.temporary_of(&span)?;
-                (!capture.temps.contains(&base) && !capture.inherited.contains(&base))
-                    .then_some(span)
-            });
-            if let Some(span) = foreign {
-                return Err(sim_error(
-                    "sim launch",
-                    format!(
-                        "{} f32 at {:#x} are a temporary of another graph: a temporary works \
-                         only inside the capture that allocated it",
-                        span.len, span.addr
-                    ),
+                    format!("{} f32 at {:#x} are {why}", span.len, span.addr),
                 ));
             }
         }
