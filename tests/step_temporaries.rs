@@ -504,25 +504,37 @@ fn step_copies_are_cut_at_their_ready_point_so_readers_start_there() {
     assert_eq!(at_ready.values(), reference.values());
 }
 
+/// Runner 0 owns a view and hands a handoff to runner 1, planned and
+/// allocated on a new sim: the sim, a stream, the capture and the handoff.
+fn writer_and_reader() -> (
+    sim::Device,
+    sim::Stream,
+    replay_arena::Capturing<sim::Device>,
+    HandoffId,
+) {
+    let mut d = Discovering::new(PlanConfig::new());
+    let h = {
+        let mut a = d.arm(RunnerId(0)).unwrap();
+        a.record(OWN).unwrap();
+        a.hand_off(GRAD).unwrap()
+    };
+    d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
+    let sim = sim::Device::new();
+    let s = sim.stream();
+    let capturing = d
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    (sim, s, capturing, h)
+}
+
 #[test]
 fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
     // The copy run's cut ends the capture (the second end) and begins the
     // next part (the third begin): either may fail.
     for (call, n) in [(sim::Call::EndCapture, 1), (sim::Call::BeginCapture, 2)] {
-        let mut d = Discovering::new(PlanConfig::new());
-        let h = {
-            let mut a = d.arm(RunnerId(0)).unwrap();
-            a.record(OWN).unwrap();
-            a.hand_off(GRAD).unwrap()
-        };
-        d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
-        let sim = sim::Device::new();
-        let s = sim.stream();
-        let mut capturing = d
-            .plan(Policy::Generations(2))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let (sim, s, mut capturing, h) = writer_and_reader();
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let (own, out) = (cap.take(OWN).unwrap(), cap.hand_off(h).unwrap());
         sim.inject(sim::Faults::nth(call, n));
@@ -652,20 +664,7 @@ fn a_temporary_used_after_its_free_in_the_same_graph_is_refused() {
     // CUDA may give a freed temporary's memory to a later allocation of
     // the same graph: the sim refuses the use, across a cut too.
     for cut in [false, true] {
-        let mut d = Discovering::new(PlanConfig::new());
-        let h = {
-            let mut a = d.arm(RunnerId(0)).unwrap();
-            a.record(OWN).unwrap();
-            a.hand_off(GRAD).unwrap()
-        };
-        d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
-        let sim = sim::Device::new();
-        let s = sim.stream();
-        let mut capturing = d
-            .plan(Policy::Generations(2))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let (sim, s, mut capturing, h) = writer_and_reader();
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let (own, out) = (cap.take(OWN).unwrap(), cap.hand_off(h).unwrap());
         let err = cap
