@@ -9,7 +9,7 @@
 //! ends with the GitHub targets of its links; here each page's text is
 //! preceded by definitions of the same labels (`guide_links!` below),
 //! which come first and so win: the page's module, or the file in the
-//! package's source on docs.rs. `tests/doc_references.rs` checks that every
+//! package's source on docs.rs. `tests/suite/docs/references.rs` checks that every
 //! link of a page has both definitions and that they name the same page
 //! and heading; a module path that does not resolve fails the doc build.
 

@@ -144,7 +144,7 @@ compile_error!(
 );
 
 // Layers, lowest first: each module imports only modules listed before it
-// (tests/architecture.rs checks it; docs/architecture.md draws it).
+// (tests/suite/architecture/layering.rs checks it; docs/architecture.md draws it).
 mod vocab;
 mod failed;
 mod view;

@@ -36,7 +36,7 @@
 //!   take it. It never frees arena memory.
 //!
 //! Every raw driver call goes through one checked wrapper per entry point
-//! (`result.rs`, as cudarc's `driver/result.rs`; `tests/architecture.rs`
+//! (`result.rs`, as cudarc's `driver/result.rs`; `tests/suite/architecture/layering.rs`
 //! checks that no other file calls `sys::cu*`). Driver errors are stored as
 //! the raw `CUresult`, formatted by this crate: formatting a cudarc
 //! `DriverError` calls into `libcuda`.

@@ -80,7 +80,7 @@ struct Cli {
 
 /// The command lines the parser accepts, one form a line: what every usage
 /// and error message shows, so that following one is never refused
-/// (tests/cli.rs runs each form). `(a | b)`: one of them; `[a]`: optional.
+/// (tests/suite/cli/explorer.rs runs each form). `(a | b)`: one of them; `[a]`: optional.
 const USAGE: &str = "\
 replay-arena-plan <FILE>... (--generations <N> | --module-kinds <K> | --overlap-depth <D>) [--packed] [--json]
        replay-arena-plan <FILE> (--generations <N> | --module-kinds <K> | --overlap-depth <D>) [--packed] [--json] --svg <SVG>
