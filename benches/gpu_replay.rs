@@ -909,15 +909,19 @@ fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
 
 /// A chain of runners whose graphs allocate (a framework's ops), each
 /// writing a handoff early, marking it ready, then running a long tail on a
-/// temporary it allocated before the ready point; the next runner, on the
-/// other stream of the pool, reads the handoff first. With `ready`, each
-/// writer marks its ready point (its step copies are cut there); without,
-/// readers wait for the writer's whole graph.
+/// temporary; the next runner, on the other stream of the pool, reads the
+/// handoff first. With `ready`, each writer marks its ready point; without,
+/// readers wait for the writer's whole graph. With `across`, the tail runs
+/// on the temporary the head allocated, freed after the ready point (the
+/// step copies stay whole there: a cut would pass the temporary from part
+/// to part); without, the head frees its temporary before the ready point
+/// and the tail allocates its own (the copies are cut there).
 fn ready_chain(
     b: &cuda::Device,
     capture_on: &cuda::Stream,
     k: &Kernels,
     ready: bool,
+    across: bool,
 ) -> R<Replayable<cuda::Device>> {
     use replay_arena::HandoffId;
     const LAYERS: usize = 8;
@@ -958,15 +962,27 @@ fn ready_chain(
                 read(k, s, input, tmp)?;
             }
             spin(k, s, tmp, 4096, READY_HEAD)?; // the input gradient
-            if let Some((h, out)) = output {
+            if let Some((_, out)) = output {
                 read(k, s, tmp, out)?;
-                if ready {
-                    cap.ready(h, s).map_err(|e| e.to_string())?;
-                }
+            }
+            let (t, tmp) = if across {
+                (t, tmp)
+            } else {
+                drop(t); // freed before the ready point
+                let t = s
+                    .cudarc()
+                    .alloc_zeros::<f32>(16384)
+                    .map_err(|e| format!("{e:?}"))?;
+                let tmp = t.device_ptr(s.cudarc()).0;
+                read(k, s, own, tmp)?;
+                (t, tmp)
+            };
+            if let (Some((h, _)), true) = (output, ready) {
+                cap.ready(h, s).map_err(|e| e.to_string())?;
             }
             spin(k, s, tmp, 4096, READY_TAIL)?; // the weight gradient
             read(k, s, tmp, own)?;
-            drop(t); // freed after the ready point
+            drop(t);
             Ok::<(), String>(())
         })?;
         cap.finish()?;
@@ -983,9 +999,10 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     let capture_on = b.new_stream()?;
     let pool = [b.new_stream()?, b.new_stream()?];
     let launch = b.new_stream()?;
-    let mut per_runner = ready_chain(b, &capture_on, k, true)?;
-    let mut cut = ready_chain(b, &capture_on, k, true)?;
-    let mut whole = ready_chain(b, &capture_on, k, false)?;
+    let mut per_runner = ready_chain(b, &capture_on, k, true, false)?;
+    let mut cut = ready_chain(b, &capture_on, k, true, false)?;
+    let mut across = ready_chain(b, &capture_on, k, true, true)?;
+    let mut whole = ready_chain(b, &capture_on, k, false, false)?;
     let layers = per_runner.plan().runners().count();
     let schedule = |r: &mut Replayable<cuda::Device>| -> R<_> {
         let mut step = r.step();
@@ -994,11 +1011,31 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
         }
         Ok(step.build()?.keep())
     };
+    // What the driver reserves as each step graph is built and launched
+    // once (the graphs share the pool: each figure is the total so far).
+    let mut reserved = Vec::new();
+    let mut first =
+        |r: &mut Replayable<cuda::Device>, s: &mut replay_arena::KeptStep<cuda::Device>| -> R<()> {
+            r.launch_kept(s, &launch)?;
+            b.synchronize()?;
+            reserved.push(b.graph_memory_in_use()?.reserved);
+            Ok(())
+        };
+    for l in 0..layers {
+        per_runner.replay(RunnerId(l as u32), &pool[l % 2])?;
+    }
+    b.synchronize()?;
+    let per_runner_reserved = b.graph_memory_in_use()?.reserved;
     let mut cut_step = schedule(&mut cut)?;
+    first(&mut cut, &mut cut_step)?;
+    let mut across_step = schedule(&mut across)?;
+    first(&mut across, &mut across_step)?;
     let mut whole_step = schedule(&mut whole)?;
+    first(&mut whole, &mut whole_step)?;
     let modes = [
         "per runner: fenced replays, ready points kept",
-        "step graph: step copies cut at their ready point",
+        "step graph: copies cut at their ready point (no temporary across it)",
+        "step graph: a temporary across the ready point (copies kept whole there)",
         "step graph: no ready point (readers wait for whole graphs)",
     ];
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
@@ -1014,6 +1051,7 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
                         }
                     }
                     1 => cut.launch_kept(&mut cut_step, &launch)?,
+                    2 => across.launch_kept(&mut across_step, &launch)?,
                     _ => whole.launch_kept(&mut whole_step, &launch)?,
                 }
             }
@@ -1024,12 +1062,18 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
         }
     }
     println!(
-        "\n## ready points of allocating runners in a step graph: {layers} runners on 2 streams, each allocating a temporary, writing a handoff, marking it ready, then a tail ~3x the head on the temporary, freed after the ready point; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
+        "\n## ready points of allocating runners in a step graph: {layers} runners on 2 streams, each allocating a temporary, writing a handoff, marking it ready, then a tail ~3x the head on a temporary; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
     );
     println!(
-        "cut step graph: {} nodes; whole: {} nodes",
+        "cut step graph: {} nodes; temporary across: {} nodes; whole: {} nodes",
         cut_step.nodes(),
+        across_step.nodes(),
         whole_step.nodes()
+    );
+    println!(
+        "graph memory reserved: per-runner graphs {} KiB; after each step graph's first launch {:?} KiB",
+        per_runner_reserved >> 10,
+        reserved.iter().map(|r| r >> 10).collect::<Vec<_>>()
     );
     println!("| mode | wall us/step | vs per runner |");
     println!("|---|---:|---:|");

@@ -5,7 +5,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
-use crate::backend::{Arena, ArenaDesc, Backend, BackendError, GraphRejection, Temporaries};
+use crate::backend::{Arena, ArenaDesc, Backend, BackendError, Cut, GraphRejection, Temporaries};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::plan::{Planned, RunnerPlan};
@@ -263,6 +263,8 @@ pub(crate) struct Captured<G> {
     pub(crate) copies: Vec<StepCopy<G>>,
     /// What `graph`'s allocation nodes allocate.
     pub(crate) temporaries: Temporaries,
+    /// The ready points of its step copies, and whether they are cut there.
+    pub(crate) ready_points: Vec<(HandoffId, Cut)>,
 }
 
 /// Where a runner's capture stands.
@@ -520,6 +522,7 @@ impl<B: Backend> Capturing<B> {
             copies_wanted: Cell::new(1),
             ready_order: RefCell::new(Vec::new()),
             cuts: RefCell::new(Vec::new()),
+            ready_points: RefCell::new(Vec::new()),
             parts: RefCell::new(Vec::new()),
             failure: RefCell::new(None),
             in_closure: Cell::new(false),
@@ -586,6 +589,8 @@ pub struct RunnerCapture<'c, B: Backend> {
     /// While a step copy is captured: the handoffs whose ready points cut
     /// it (in the first run's order), and the parts cut off so far.
     cuts: RefCell<Vec<HandoffId>>,
+    /// Each ready point of the step copies, and whether they are cut there.
+    ready_points: RefCell<Vec<(HandoffId, Cut)>>,
     parts: RefCell<Vec<B::Graph>>,
     failure: RefCell<Option<CaptureFailure>>,
     /// `stream_capture`'s work closure is running.
@@ -1052,10 +1057,12 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 this.owner.ready[handoff.0 as usize] = true;
             }
         }
+        let ready_points = this.ready_points.take();
         this.owner.slots[this.slot] = Slot::Captured(Captured {
             graph,
             copies,
             temporaries,
+            ready_points,
         });
         Ok(())
     }

@@ -187,7 +187,7 @@ pub use backend::CUDARC_NCCL_CALL;
 #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use backend::{cublas, CUDARC_CUBLAS_CALL};
 pub use backend::{
-    Allocate, Arena, ArenaDesc, Backend, BackendError, Capture, Compose, GraphMemory,
+    Allocate, Arena, ArenaDesc, Backend, BackendError, Capture, Compose, Cut, GraphMemory,
     GraphRejection, Launch, NodeGraph, StepEnd, StepNode, Streams, Temporaries, Timing,
 };
 pub use capture::{

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::backend::{Arena, Backend, BackendError, Temporaries, Timing};
+use crate::backend::{Arena, Backend, BackendError, Cut, Temporaries, Timing};
 use crate::capture::{CaptureError, Capturing, Slot, StepCopy};
 use crate::discover::Discovering;
 use crate::failed::Failed;
@@ -121,6 +121,7 @@ impl<B: Backend> Capturing<B> {
                         copies_made: c.copies.len(),
                         step_copies: c.copies,
                         temporaries: c.temporaries,
+                        ready_points: c.ready_points,
                         views,
                     },
                     Slot::Pending | Slot::Failed(_) => RunnerGraph {
@@ -128,6 +129,7 @@ impl<B: Backend> Capturing<B> {
                         copies_made: 0,
                         step_copies: Vec::new(),
                         temporaries: Temporaries::default(),
+                        ready_points: Vec::new(),
                         views,
                     },
                 }
@@ -157,6 +159,8 @@ pub(crate) struct RunnerGraph<G> {
     pub(crate) copies_made: usize,
     /// What its graph's allocation nodes allocate.
     pub(crate) temporaries: Temporaries,
+    /// The ready points of its step copies, and whether they are cut there.
+    pub(crate) ready_points: Vec<(HandoffId, Cut)>,
     /// Its views in [`Replayable`]'s list of every runner's views.
     pub(crate) views: std::ops::Range<usize>,
 }
@@ -333,6 +337,26 @@ impl<B: Backend> Replayable<B> {
         let slot = self.slot(runner)?;
         let g = &self.runners[slot];
         Ok((g.temporaries, g.step_copies.len()))
+    }
+
+    /// The ready points of runner `runner`'s step copies
+    /// ([`RunnerCapture::stream_capture_repeatable`](crate::RunnerCapture::stream_capture_repeatable)),
+    /// in the order its work marks them, and whether the copies are cut
+    /// there ([`Cut::Clean`]: a step graph's readers of that handoff start
+    /// at its ready point) or kept whole, and why (readers start after the
+    /// whole copy). Empty for a runner without step copies: a graph with no
+    /// temporaries is split at its ready points when a step graph is built.
+    ///
+    /// A copy is kept whole where a temporary lives across the ready point
+    /// ([`Cut::TemporariesAcross`]): cut there, the driver reserved 5 to 7
+    /// times the graph memory of whole copies on an H200.
+    ///
+    /// # Errors
+    ///
+    /// [`UnknownRunner`].
+    pub fn ready_points(&self, runner: RunnerId) -> Result<&[(HandoffId, Cut)], UnknownRunner> {
+        let slot = self.slot(runner)?;
+        Ok(&self.runners[slot].ready_points)
     }
 
     /// Gives the memory the backend keeps for graph allocations, and no

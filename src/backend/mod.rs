@@ -483,6 +483,61 @@ pub struct StepEnd<'a, E> {
     pub wait: &'a E,
 }
 
+/// Whether a step copy is cut at a ready point ([`Capture::cuts_at`]), and
+/// why not.
+///
+/// A cut lets the readers of a handoff start at its ready point inside a
+/// step graph. A temporary that lives across the cut costs more than that:
+/// on an H200 (driver 580.159.04) a step graph whose cut parts pass a
+/// temporary from one part to the next reserved 5 to 7 times the graph
+/// memory of the same step with whole copies (320 MiB against 64 for five
+/// layers of 16 MiB temporaries; `tests/gpu/step/graph_memory.rs`), so the
+/// crate keeps such a copy whole at that ready point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Cut {
+    /// Cut: everything runs before the ready point or after it, and no
+    /// temporary lives across it.
+    Clean,
+    /// Not cut: other work of the capture runs beside the ready point (on
+    /// another stream of the capture).
+    WorkBeside,
+    /// Not cut: temporaries allocated before the ready point are freed after
+    /// it, `bytes` in all. Free them before the ready point (or allocate
+    /// them after it) to let the readers start there.
+    TemporariesAcross {
+        /// The bytes of the temporaries that live across the ready point.
+        bytes: u64,
+    },
+    /// Not cut: the backend cannot cut captures.
+    Unsupported,
+}
+
+impl Cut {
+    /// Whether the copy is cut there.
+    pub fn is_clean(self) -> bool {
+        self == Cut::Clean
+    }
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cut::Clean => f.write_str("cut at its ready point"),
+            Cut::WorkBeside => {
+                f.write_str("kept whole: other work of its capture runs beside the ready point")
+            }
+            Cut::TemporariesAcross { bytes } => write!(
+                f,
+                "kept whole: {bytes} bytes of temporaries allocated before the ready point are \
+                 freed after it (free them before it to let readers start there)"
+            ),
+            Cut::Unsupported => f.write_str("kept whole: the backend cannot cut captures"),
+        }
+    }
+}
+
 /// The streams role: streams the runtime gives identities, events to order
 /// them, and host waits. It is all the replay fence needs (the dry run a
 /// step graph is compiled on implements this alone).
@@ -655,20 +710,21 @@ pub trait Capture: Streams {
         event: &Self::Event,
     ) -> Result<(), BackendError>;
 
-    /// Whether the capture of work like `graph`'s could be cut in two at
-    /// the record node of `event` ([`Capture::record_event_node`]): every
-    /// other node of `graph` runs before that record or after it, none
-    /// beside it (no other stream of the capture has work across it). A
-    /// step copy of an allocating runner is cut at a ready point only then
-    /// ([`Capture::cut_capture`]). `false` when the backend cannot cut
-    /// captures.
+    /// Whether the capture of work like `graph`'s can be cut in two at the
+    /// record node of `event` ([`Capture::record_event_node`]) without
+    /// costing more than it gains: [`Cut::Clean`] when every other node of
+    /// `graph` runs before that record or after it, none beside it (no
+    /// other stream of the capture has work across it), and no temporary
+    /// allocated before it is freed after it. A step copy of an allocating
+    /// runner is cut at a ready point only then ([`Capture::cut_capture`]).
+    /// [`Cut::Unsupported`] when the backend cannot cut captures.
     ///
     /// # Errors
     ///
     /// The runtime's error while inspecting the graph.
-    fn cuts_at(&self, graph: &Self::Graph, event: &Self::Event) -> Result<bool, BackendError> {
+    fn cuts_at(&self, graph: &Self::Graph, event: &Self::Event) -> Result<Cut, BackendError> {
         let _ = (graph, event);
-        Ok(false)
+        Ok(Cut::Unsupported)
     }
 
     /// Ends the capture on `stream` and begins another on it at once, so

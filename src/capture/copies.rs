@@ -10,8 +10,8 @@ use crate::vocab::HandoffId;
 
 /// A step copy: a second capture of an allocating runner's work, for one
 /// step graph to move in. Captured in parts, cut at each ready point where
-/// the work allows it (nothing of it runs beside that ready point,
-/// [`Capture::cuts_at`]), so that in a step graph the readers of each such
+/// the work allows it (nothing of it runs beside that ready point and no
+/// temporary lives across it, [`Capture::cuts_at`]), so that in a step graph the readers of each such
 /// handoff start at its ready point, as they do when the runner is
 /// replayed on its own.
 pub(crate) struct StepCopy<G> {
@@ -41,13 +41,18 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// parts, cut at each ready point (the capture on `stream` is ended
     /// there and a new one begun, inside [`RunnerCapture::ready`]), so that
     /// in a step graph the readers of each handoff start at its ready
-    /// point, as between per-runner replays. A temporary allocated before a
-    /// cut may be used and freed after it. The crate cuts at a ready point
+    /// point, as between per-runner replays. The crate cuts at a ready point
     /// only when the first run's graph shows nothing of the work beside it
-    /// ([`Capture::cuts_at`](crate::Capture::cuts_at): no other stream of
-    /// the capture has work across it); readers of a handoff not cut at
-    /// start after the whole copy. The second run must mark its ready
-    /// points in the first run's order.
+    /// (no other stream of the capture has work across it) and no
+    /// temporary living across it (allocated before, freed after:
+    /// [`Capture::cuts_at`](crate::Capture::cuts_at)). A temporary passed
+    /// from one part to the next made the driver reserve 5 to 7 times the
+    /// graph memory of whole copies on an H200, so such a copy stays whole
+    /// there: free the temporary before the ready point to let readers
+    /// start at it. [`Replayable::ready_points`](crate::Replayable::ready_points)
+    /// says what was decided at each ready point, and why. Readers of a
+    /// handoff not cut at start after the whole copy. The second run must
+    /// mark its ready points in the first run's order.
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
@@ -104,19 +109,25 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 return Ok(None);
             }
             // Cut the copies at each ready point nothing of the work runs
-            // beside.
-            let mut cuts = Vec::new();
+            // beside and no temporary lives across.
+            let mut decided = Vec::new();
             for h in order {
                 if let Some(e) = self.handoff_event(h) {
-                    if self.backend().cuts_at(&graph, e)? {
-                        cuts.push(h);
-                    }
+                    decided.push((h, self.backend().cuts_at(&graph, e)?));
                 }
             }
-            Ok(Some(cuts))
+            Ok(Some(decided))
         });
-        let cut = match checked {
-            Ok(Some(cut)) => cut,
+        let cut: Vec<HandoffId> = match checked {
+            Ok(Some(decided)) => {
+                let cuts = decided
+                    .iter()
+                    .filter(|(_, c)| c.is_clean())
+                    .map(|&(h, _)| h);
+                let cuts = cuts.collect();
+                *self.ready_points.borrow_mut() = decided;
+                cuts
+            }
             Ok(None) => {
                 *self.graph.borrow_mut() = Some(graph);
                 return Ok(());

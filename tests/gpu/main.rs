@@ -37,6 +37,7 @@ mod fence {
 mod step {
     mod buckets;
     mod graph;
+    mod graph_memory;
     mod handoffs;
 }
 mod trace {

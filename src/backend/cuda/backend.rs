@@ -9,8 +9,8 @@ use super::memory::Memory;
 use super::result;
 use super::{driver_error, sys, Result};
 use crate::backend::{
-    check_memory_nodes, Allocate, ArenaDesc, Backend, BackendError, Capture, Compose, GraphMemory,
-    GraphRejection, Launch, StepEnd, StepNode, Streams, Temporaries,
+    check_memory_nodes, Allocate, ArenaDesc, Backend, BackendError, Capture, Compose, Cut,
+    GraphMemory, GraphRejection, Launch, StepEnd, StepNode, Streams, Temporaries,
 };
 use crate::vocab::Domain;
 
@@ -138,7 +138,7 @@ impl<D: AsDevice> Capture for D {
         Ok(unsafe { self.as_device().own_uninstantiated(graph) })
     }
 
-    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
+    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<Cut> {
         self.as_device().cuts_at_record(graph, event)
     }
 

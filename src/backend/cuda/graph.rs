@@ -13,7 +13,7 @@ use cudarc::driver::CudaContext;
 use super::handles::{Device, Event};
 use super::result::{self, AddNodeV2, NodeGetDependencies};
 use super::{sys, Result};
-use crate::backend::{BackendError, GraphMemory, NodeGraph, StepEnd, StepNode};
+use crate::backend::{BackendError, Cut, GraphMemory, NodeGraph, StepEnd, StepNode};
 
 /// Raw graph handles; moved between threads only inside a [`Graph`].
 pub(super) struct GraphHandles {
@@ -165,10 +165,11 @@ impl Device {
         stamped
     }
 
-    /// [`Backend::cuts_at`](crate::Backend::cuts_at): the record node of
-    /// `event` in `graph`, and whether every other node is its ancestor or
-    /// its descendant.
-    pub(super) fn cuts_at_record(&self, graph: &Graph, event: &Event) -> Result<bool> {
+    /// [`Capture::cuts_at`](crate::Capture::cuts_at): the record node of
+    /// `event` in `graph`, whether every other node is its ancestor or its
+    /// descendant, and the bytes of the allocation nodes among its
+    /// ancestors whose free nodes are among its descendants.
+    pub(super) fn cuts_at_record(&self, graph: &Graph, event: &Event) -> Result<Cut> {
         self.bind()?;
         let nodes = nodes_of(graph.handles.graph)?;
         let record = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EVENT_RECORD as u32;
@@ -184,7 +185,7 @@ impl Device {
             }
         }
         let Some(at) = at else {
-            return Ok(false);
+            return Ok(Cut::WorkBeside);
         };
         let index: std::collections::HashMap<usize, usize> = nodes
             .iter()
@@ -229,7 +230,35 @@ impl Device {
                 }
             }
         }
-        Ok((0..nodes.len()).all(|n| n == at || before[n] || after[n]))
+        if !(0..nodes.len()).all(|n| n == at || before[n] || after[n]) {
+            return Ok(Cut::WorkBeside);
+        }
+        // Temporaries across the record: allocated before it, freed after.
+        let alloc = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32;
+        let free = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE as u32;
+        let mut allocated = std::collections::HashMap::new();
+        let mut freed_after = Vec::new();
+        for (n, &node) in nodes.iter().enumerate() {
+            // SAFETY: a node of the live graph.
+            let kind = unsafe { result::graph::node_type(node) }?;
+            if kind == alloc && before[n] {
+                // SAFETY: an allocation node of the graph.
+                let (addr, bytes) = unsafe { result::graph::mem_alloc_node_params(node) }?;
+                allocated.insert(addr, bytes);
+            } else if kind == free && after[n] {
+                // SAFETY: a free node of the graph.
+                freed_after.push(unsafe { result::graph::mem_free_node_params(node) }?);
+            }
+        }
+        let across = freed_after
+            .iter()
+            .filter_map(|addr| allocated.get(addr))
+            .fold(0u64, |sum, &bytes| sum.saturating_add(bytes));
+        Ok(if across == 0 {
+            Cut::Clean
+        } else {
+            Cut::TemporariesAcross { bytes: across }
+        })
     }
 
     /// A graph the program captured with cudarc (its own

@@ -12,7 +12,7 @@ use super::ops::Op;
 use super::streams::{Capture as OpenCapture, Event, EventState, Stream};
 use super::{clock::merge, sim_error, Result, FOREIGN_EVENT};
 use crate::backend::{
-    check_memory_nodes, Allocate, ArenaDesc, Backend, BackendError, Capture, Compose,
+    check_memory_nodes, Allocate, ArenaDesc, Backend, BackendError, Capture, Compose, Cut,
     GraphRejection, Launch, NodeGraph, StepEnd, StepNode, Streams, Temporaries,
 };
 
@@ -194,11 +194,39 @@ impl Capture for Device {
         })
     }
 
-    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<bool> {
+    fn cuts_at(&self, graph: &Graph, event: &Event) -> Result<Cut> {
         // A sim capture is one stream's op list: nothing runs beside a
-        // record node.
+        // record node. A temporary lives across it when its allocation
+        // comes before the record and its free after.
         let id = self.own_event(event, "sim cuts at")?;
-        Ok(graph.step.is_none() && graph.records.iter().any(|&(_, e)| e == id))
+        let at = graph
+            .records
+            .iter()
+            .find(|&&(_, e)| e == id)
+            .map(|&(at, _)| at);
+        let (Some(at), None) = (at, &graph.step) else {
+            return Ok(Cut::WorkBeside);
+        };
+        let mut before = std::collections::HashMap::new();
+        let mut across = 0u64;
+        for (k, (op, _)) in graph.ops.iter().enumerate() {
+            match *op {
+                Op::AllocNode { addr, bytes } if k < at => {
+                    before.insert(addr, bytes);
+                }
+                Op::FreeNode { addr } if k >= at => {
+                    if let Some(bytes) = before.remove(&addr) {
+                        across = across.saturating_add(bytes);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(if across == 0 {
+            Cut::Clean
+        } else {
+            Cut::TemporariesAcross { bytes: across }
+        })
     }
 
     #[track_caller]

@@ -6,7 +6,7 @@
 //! and the plan's report and teardown account for the graph memory.
 
 use replay_arena::sim;
-use replay_arena::{Backend, GraphMemory, Streams};
+use replay_arena::{Backend, Cut, GraphMemory, Streams};
 use replay_arena::{
     CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable, Request,
     RunnerId, StreamCaptureError,
@@ -542,10 +542,15 @@ fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
         let err = cap
             .stream_capture_repeatable(&s, |s| {
                 runs += 1;
+                // A temporary on each side of the ready point, none across
+                // it: the copy is cut there.
                 let t = sim.alloc_async(s, N)?;
                 sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
                 sim.launch(s, sim::Op::copy(&t, &out), 1)?;
+                sim.free_async(s, &t)?;
                 cap.ready(h, s)?;
+                let t = sim.alloc_async(s, N)?;
+                sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
                 sim.launch(s, sim::Op::copy(&t, &own), 1)?;
                 sim.free_async(s, &t)?;
                 Ok::<(), replay_arena::Error>(())
@@ -565,11 +570,33 @@ fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
     }
 }
 
+/// Where the writer of [`two_ready_points`] allocates its temporary.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Temporary {
+    /// None: its graph is split at both ready points.
+    None,
+    /// In its tail, after both ready points: its step copy is cut at both.
+    AfterBoth,
+    /// Before the first ready point, freed after the second: the copy is
+    /// kept whole.
+    AcrossBoth,
+    /// Between the two ready points, freed after the second: the copy is
+    /// cut at the first only.
+    AcrossSecond,
+}
+
 /// A writer of two handoffs, each marked ready (the second long after the
 /// first, then a long tail), and a reader of each on streams of their own;
-/// with `temporaries` the writer allocates a temporary across both ready
-/// points (its step copy is moved in, cut at both).
-fn two_ready_points(temporaries: bool) -> (sim::Device, Replayable<sim::Device>, [sim::Stream; 3]) {
+/// the writer allocates a temporary where `temporary` says (its step copy
+/// is moved in, cut at each ready point no temporary lives across).
+fn two_ready_points(
+    temporary: Temporary,
+) -> (
+    sim::Device,
+    Replayable<sim::Device>,
+    [sim::Stream; 3],
+    [HandoffId; 2],
+) {
     let mut d = Discovering::new(PlanConfig::new());
     let (h0, h1) = {
         let mut a = d.arm(RunnerId(0)).unwrap();
@@ -593,15 +620,21 @@ fn two_ready_points(temporaries: bool) -> (sim::Device, Replayable<sim::Device>,
         let own = cap.take(OWN).unwrap();
         let (x0, x1) = (cap.hand_off(h0).unwrap(), cap.hand_off(h1).unwrap());
         let work = |st: &sim::Stream| {
-            let t = if temporaries {
-                Some(sim.alloc_async(st, N)?)
-            } else {
-                None
+            let alloc = |at: Temporary| match temporary == at {
+                true => sim.alloc_async(st, N).map(Some),
+                false => Ok(None),
             };
+            let mut t = alloc(Temporary::AcrossBoth)?;
             sim.launch(st, sim::Op::fill(&x0, 1.0), 5)?;
             cap.ready(h0, st)?;
+            if t.is_none() {
+                t = alloc(Temporary::AcrossSecond)?;
+            }
             sim.launch(st, sim::Op::fill(&x1, 2.0), 50)?;
             cap.ready(h1, st)?;
+            if t.is_none() {
+                t = alloc(Temporary::AfterBoth)?;
+            }
             match &t {
                 Some(t) => {
                     sim.launch(st, sim::Op::fill(t, 3.0), 200)?;
@@ -625,13 +658,13 @@ fn two_ready_points(temporaries: bool) -> (sim::Device, Replayable<sim::Device>,
         .unwrap();
         cap.finish().unwrap();
     }
-    (sim, capturing.seal().unwrap(), s)
+    (sim, capturing.seal().unwrap(), s, [h0, h1])
 }
 
 #[test]
 fn every_ready_point_is_kept_in_a_step_graph_cut_copies_and_split_graphs_alike() {
-    for temporaries in [false, true] {
-        let (sim, mut rp, s) = two_ready_points(temporaries);
+    for temporaries in [Temporary::None, Temporary::AfterBoth] {
+        let (sim, mut rp, s, _) = two_ready_points(temporaries);
         let start = sim.makespan();
         {
             let mut step = rp.step();
@@ -641,7 +674,7 @@ fn every_ready_point_is_kept_in_a_step_graph_cut_copies_and_split_graphs_alike()
             let mut graph = step.build().unwrap();
             // The writer in three parts (one per ready point, and the
             // rest), and the two readers.
-            assert_eq!(graph.nodes(), 5, "temporaries: {temporaries}");
+            assert_eq!(graph.nodes(), 5, "temporaries: {temporaries:?}");
             graph.launch(&s[0]).unwrap();
         }
         rp.synchronize().unwrap();
@@ -654,7 +687,68 @@ fn every_ready_point_is_kept_in_a_step_graph_cut_copies_and_split_graphs_alike()
         let span = sim.makespan() - start;
         assert!(
             span <= 5 + 50 + 200 + 1,
-            "temporaries: {temporaries}: {span}"
+            "temporaries: {temporaries:?}: {span}"
+        );
+    }
+}
+
+#[test]
+fn a_step_copy_is_kept_whole_at_a_ready_point_a_temporary_lives_across() {
+    // Cut there, the driver keeps the temporary (and the parts' others)
+    // apart from every other runner's for the whole step: several times the
+    // graph memory of whole copies on an H200. Whole, the reader of that
+    // handoff starts after the writer's copy.
+    let bytes = N as u64 * 4;
+    for (temporary, nodes, cut) in [
+        (Temporary::AcrossBoth, 3, [false, false]),
+        (Temporary::AcrossSecond, 4, [true, false]),
+        (Temporary::AfterBoth, 5, [true, true]),
+    ] {
+        let (sim, mut rp, s, [h0, h1]) = two_ready_points(temporary);
+        let decided = rp.ready_points(RunnerId(0)).unwrap().to_vec();
+        let expect = |h, clean| {
+            (
+                h,
+                if clean {
+                    Cut::Clean
+                } else {
+                    Cut::TemporariesAcross { bytes }
+                },
+            )
+        };
+        assert_eq!(
+            decided,
+            [expect(h0, cut[0]), expect(h1, cut[1])],
+            "{temporary:?}"
+        );
+        assert!(rp.ready_points(RunnerId(1)).unwrap().is_empty());
+        let start = sim.makespan();
+        {
+            let mut step = rp.step();
+            for r in 0..3u32 {
+                step.replay(RunnerId(r), &s[r as usize]).unwrap();
+            }
+            let mut graph = step.build().unwrap();
+            assert_eq!(graph.nodes(), nodes, "{temporary:?}");
+            graph.launch(&s[0]).unwrap();
+        }
+        rp.synchronize().unwrap();
+        assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+        let value = |r: u32| sim.read_f32(&rp.views(RunnerId(r)).unwrap()[0]).unwrap()[0];
+        assert_eq!((value(0), value(1), value(2)), (3.0, 1.0, 2.0));
+        // A reader of a ready point kept whole starts after the writer's
+        // 5 + 50 + 200 ticks (and the copy), 5 ticks of its own after that.
+        let span = sim.makespan() - start;
+        if cut == [true, true] {
+            assert!(span <= 5 + 50 + 200 + 1, "{temporary:?}: {span}");
+        } else {
+            assert!(span >= 5 + 50 + 200 + 1 + 5, "{temporary:?}: {span}");
+        }
+        assert!(
+            Cut::TemporariesAcross { bytes }
+                .to_string()
+                .contains("free them before it"),
+            "the reason names the fix"
         );
     }
 }
