@@ -965,21 +965,28 @@ fn ready_chain(
             if let Some((_, out)) = output {
                 read(k, s, tmp, out)?;
             }
-            let (t, tmp) = if across {
-                (t, tmp)
+            let t = if across {
+                Some(t)
             } else {
                 drop(t); // freed before the ready point
-                let t = s
-                    .cudarc()
-                    .alloc_zeros::<f32>(16384)
-                    .map_err(|e| format!("{e:?}"))?;
-                let tmp = t.device_ptr(s.cudarc()).0;
-                read(k, s, own, tmp)?;
-                (t, tmp)
+                None
             };
             if let (Some((h, _)), true) = (output, ready) {
                 cap.ready(h, s).map_err(|e| e.to_string())?;
             }
+            let (t, tmp) = match t {
+                Some(t) => (t, tmp),
+                None => {
+                    // The tail's own temporary, allocated after the ready point.
+                    let t = s
+                        .cudarc()
+                        .alloc_zeros::<f32>(16384)
+                        .map_err(|e| format!("{e:?}"))?;
+                    let tmp = t.device_ptr(s.cudarc()).0;
+                    read(k, s, own, tmp)?;
+                    (t, tmp)
+                }
+            };
             spin(k, s, tmp, 4096, READY_TAIL)?; // the weight gradient
             read(k, s, tmp, own)?;
             drop(t);

@@ -233,27 +233,31 @@ impl Device {
         if !(0..nodes.len()).all(|n| n == at || before[n] || after[n]) {
             return Ok(Cut::WorkBeside);
         }
-        // Temporaries across the record: allocated before it, freed after.
+        // Temporaries across the record: allocated before it and not freed
+        // before it (the graph's memory nodes balance, so freed after). The
+        // driver may give a later allocation a freed one's address, so an
+        // address counts as live by its allocations less its frees.
         let alloc = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32;
         let free = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE as u32;
-        let mut allocated = std::collections::HashMap::new();
-        let mut freed_after = Vec::new();
-        for (n, &node) in nodes.iter().enumerate() {
+        let mut live: std::collections::HashMap<u64, (i64, u64)> = std::collections::HashMap::new();
+        for (&node, _) in nodes.iter().zip(&before).filter(|&(_, &b)| b) {
             // SAFETY: a node of the live graph.
             let kind = unsafe { result::graph::node_type(node) }?;
-            if kind == alloc && before[n] {
+            if kind == alloc {
                 // SAFETY: an allocation node of the graph.
                 let (addr, bytes) = unsafe { result::graph::mem_alloc_node_params(node) }?;
-                allocated.insert(addr, bytes);
-            } else if kind == free && after[n] {
+                let entry = live.entry(addr).or_default();
+                *entry = (entry.0 + 1, entry.1.max(bytes));
+            } else if kind == free {
                 // SAFETY: a free node of the graph.
-                freed_after.push(unsafe { result::graph::mem_free_node_params(node) }?);
+                let addr = unsafe { result::graph::mem_free_node_params(node) }?;
+                live.entry(addr).or_default().0 -= 1;
             }
         }
-        let across = freed_after
-            .iter()
-            .filter_map(|addr| allocated.get(addr))
-            .fold(0u64, |sum, &bytes| sum.saturating_add(bytes));
+        let across = live
+            .values()
+            .filter(|&&(n, _)| n > 0)
+            .fold(0u64, |sum, &(_, bytes)| sum.saturating_add(bytes));
         Ok(if across == 0 {
             Cut::Clean
         } else {

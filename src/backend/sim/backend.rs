@@ -207,21 +207,21 @@ impl Capture for Device {
         let (Some(at), None) = (at, &graph.step) else {
             return Ok(Cut::WorkBeside);
         };
-        let mut before = std::collections::HashMap::new();
-        let mut across = 0u64;
-        for (k, (op, _)) in graph.ops.iter().enumerate() {
+        // Live at the record: allocated before it and not freed before it
+        // (a graph's memory nodes balance, so freed after).
+        let mut live = std::collections::HashMap::new();
+        for (op, _) in &graph.ops[..at.min(graph.ops.len())] {
             match *op {
-                Op::AllocNode { addr, bytes } if k < at => {
-                    before.insert(addr, bytes);
+                Op::AllocNode { addr, bytes } => {
+                    live.insert(addr, bytes);
                 }
-                Op::FreeNode { addr } if k >= at => {
-                    if let Some(bytes) = before.remove(&addr) {
-                        across = across.saturating_add(bytes);
-                    }
+                Op::FreeNode { addr } => {
+                    live.remove(&addr);
                 }
                 _ => {}
             }
         }
+        let across = live.values().fold(0u64, |sum, &b| sum.saturating_add(b));
         Ok(if across == 0 {
             Cut::Clean
         } else {
