@@ -8,6 +8,8 @@
 //! like every `Device` view) taken inside the runner's capture and bound with
 //! [`bind_workspace`], which sets the stream first and the workspace second.
 
+mod result;
+
 use cudarc::cublas::sys as blas;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::DevicePtrMut;
@@ -85,15 +87,7 @@ pub unsafe fn bind_workspace(
     // SAFETY: `ptr` addresses `bytes` bytes of device memory, aligned as
     // cuBLAS requires (checked above), which the caller keeps alive while
     // the handle may use them.
-    let status =
-        unsafe { blas::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut std::ffi::c_void, bytes) };
-    match status {
-        blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-        status => Err(BackendError::Cublas {
-            op: "cublasSetWorkspace",
-            status,
-        }),
-    }
+    unsafe { result::set_workspace(*blas.handle(), ptr as *mut std::ffi::c_void, bytes) }
 }
 
 /// Binds `workspace` on the program's shared cuBLAS handle for the
@@ -202,13 +196,6 @@ pub unsafe fn with_workspace_raw<R, E: From<BackendError>>(
     unsafe { with_workspace_on(handle, stream, workspace, f) }
 }
 
-fn status(op: &'static str, status: blas::cublasStatus_t) -> Result<(), BackendError> {
-    match status {
-        blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-        status => Err(BackendError::Cublas { op, status }),
-    }
-}
-
 /// Refuses a workspace cuBLAS cannot take: no address on the stream (a
 /// typed view out of its closure, or on another stream, hands out address
 /// 0: cuBLAS would get a NULL workspace of `bytes` bytes), or misaligned.
@@ -248,22 +235,14 @@ unsafe fn with_workspace_on<R, E: From<BackendError>>(
     let bytes = workspace.len();
     let (ptr, record) = workspace.device_ptr_mut(stream.cudarc());
     check_workspace(ptr, bytes)?;
-    let mut previous: blas::cudaStream_t = std::ptr::null_mut();
-    // SAFETY: a live handle (the caller's contract); `previous` is a local
-    // out pointer.
-    status("cublasGetStream", unsafe {
-        blas::cublasGetStream_v2(handle, &mut previous)
-    })?;
+    // SAFETY: a live handle (the caller's contract).
+    let previous = unsafe { result::get_stream(handle) }?;
     // SAFETY: the stream belongs to the handle's context (caller).
-    status("cublasSetStream", unsafe {
-        blas::cublasSetStream_v2(handle, stream.cudarc().cu_stream() as blas::cudaStream_t)
-    })?;
+    unsafe { result::set_stream(handle, stream.cudarc().cu_stream() as blas::cudaStream_t) }?;
     // SAFETY: `ptr` addresses `bytes` bytes, aligned as cuBLAS requires,
     // valid for the whole call: `workspace` is borrowed for it, and a plan
     // view's address is handed out only inside its closure.
-    let bound = status("cublasSetWorkspace", unsafe {
-        blas::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, bytes)
-    });
+    let bound = unsafe { result::set_workspace(handle, ptr as *mut std::ffi::c_void, bytes) };
     let out = match bound {
         Ok(()) => catch_unwind(AssertUnwindSafe(f)),
         Err(e) => Ok(Err(e.into())),
@@ -273,12 +252,9 @@ unsafe fn with_workspace_on<R, E: From<BackendError>>(
     // rather than this one.
     // SAFETY: `previous` is the stream the handle had, still live (the
     // handle kept it); a NULL workspace of 0 bytes is always valid.
-    let restored = status("cublasSetStream", unsafe {
-        blas::cublasSetStream_v2(handle, previous)
-    })
-    .inspect_err(|_| {
+    let restored = unsafe { result::set_stream(handle, previous) }.inspect_err(|_| {
         // SAFETY: as above.
-        let _ = unsafe { blas::cublasSetWorkspace_v2(handle, std::ptr::null_mut(), 0) };
+        let _ = unsafe { result::set_workspace(handle, std::ptr::null_mut(), 0) };
     });
     drop(record);
     match out {

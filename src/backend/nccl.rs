@@ -23,12 +23,13 @@
 //! [`Planned::fingerprint`](crate::Planned::fingerprint) and
 //! names the ranks that differ.
 
+mod result;
+
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::fmt;
 use std::rc::Rc;
 
-use cudarc::driver::result as cu;
 use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{self, Stream};
@@ -41,13 +42,6 @@ type Result<T> = std::result::Result<T, BackendError>;
 
 /// `NCCL_WIN_COLL_SYMMETRIC` from `nccl.h`.
 const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
-
-fn check(op: &'static str, result: nc::ncclResult_t) -> Result<()> {
-    match result {
-        nc::ncclResult_t::ncclSuccess => Ok(()),
-        code => Err(BackendError::Nccl { op, code }),
-    }
-}
 
 /// Whether the NCCL library can be loaded (without panicking when it cannot),
 /// by the names cudarc's dynamic loading tries; under cudarc's linking modes
@@ -102,10 +96,7 @@ impl UniqueId {
     /// A fresh id (`ncclGetUniqueId`).
     pub fn new() -> Result<UniqueId> {
         require_nccl()?;
-        let mut id = nc::ncclUniqueId { internal: [0; 128] };
-        // SAFETY: `id` is a valid out-pointer.
-        check("ncclGetUniqueId", unsafe { nc::ncclGetUniqueId(&mut id) })?;
-        Ok(UniqueId(id.internal.map(|c| c as u8)))
+        result::comm::unique_id().map(UniqueId)
     }
 
     /// The bytes to send to the other ranks.
@@ -144,9 +135,7 @@ impl Drop for CommInner {
         let _ = bind(&self.cuda);
         if self.owned {
             // SAFETY: `comm` came from ncclCommInitRank and is destroyed once.
-            unsafe {
-                nc::ncclCommDestroy(self.comm);
-            }
+            let _ = unsafe { result::comm::destroy(self.comm) };
         }
     }
 }
@@ -190,14 +179,7 @@ impl Communicator {
             });
         }
         bind(backend)?;
-        let mut comm: nc::ncclComm_t = std::ptr::null_mut();
-        let unique = nc::ncclUniqueId {
-            internal: id.0.map(|b| b as _),
-        };
-        // SAFETY: `comm` is a valid out-pointer; the context is bound.
-        check("ncclCommInitRank", unsafe {
-            nc::ncclCommInitRank(&mut comm, size as i32, unique, rank as i32)
-        })?;
+        let comm = result::comm::init_rank(size as i32, &id.0, rank as i32)?;
         Communicator::wrap(backend, group, comm, rank, size, true)
     }
 
@@ -224,15 +206,10 @@ impl Communicator {
     ) -> Result<Communicator> {
         require_nccl()?;
         bind(backend)?;
-        let (mut rank, mut size) = (0i32, 0i32);
-        // SAFETY: the caller vouches for `comm`; out pointers are locals.
-        check("ncclCommUserRank", unsafe {
-            nc::ncclCommUserRank(comm, &mut rank)
-        })?;
+        // SAFETY: the caller vouches for `comm`.
+        let rank = unsafe { result::comm::user_rank(comm) }?;
         // SAFETY: as above.
-        check("ncclCommCount", unsafe {
-            nc::ncclCommCount(comm, &mut size)
-        })?;
+        let size = unsafe { result::comm::count(comm) }?;
         Communicator::wrap(backend, group, comm, rank as usize, size as usize, false)
     }
 
@@ -324,19 +301,16 @@ impl Communicator {
     fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
         bind(&self.inner.cuda)?;
         let size = self.inner.size;
-        let driver = |op: &'static str| {
-            move |e: cudarc::driver::DriverError| BackendError::Driver { op, code: e.0 }
-        };
-        // SAFETY: a plain device allocation of `size` u64s, freed below.
-        let buf = unsafe { cu::malloc_sync(8 * size) }.map_err(driver("cuMemAlloc"))?;
-        let result = (|| -> Result<Vec<u64>> {
+        // A plain device allocation of `size` u64s, freed below.
+        let buf = result::scratch::alloc_u64(size)?;
+        let gathered = (|| -> Result<Vec<u64>> {
             let mine = buf + 8 * self.inner.rank as u64;
             // SAFETY: `mine` is inside `buf`.
-            unsafe { cu::memcpy_htod_sync(mine, &[value]) }.map_err(driver("cuMemcpyHtoD"))?;
+            unsafe { result::scratch::write_u64(mine, &[value]) }?;
             // SAFETY: in-place all-gather (send = recv + rank * count) on the
             // legacy stream, waited for by the synchronous copy below.
-            check("ncclAllGather", unsafe {
-                nc::ncclAllGather(
+            unsafe {
+                result::coll::all_gather(
                     mine as *const c_void,
                     buf as *mut c_void,
                     1,
@@ -344,15 +318,15 @@ impl Communicator {
                     self.inner.comm,
                     std::ptr::null_mut(),
                 )
-            })?;
+            }?;
             let mut all = vec![0u64; size];
             // SAFETY: `buf` holds `size` u64s.
-            unsafe { cu::memcpy_dtoh_sync(&mut all, buf) }.map_err(driver("cuMemcpyDtoH"))?;
+            unsafe { result::scratch::read_u64(&mut all, buf) }?;
             Ok(all)
         })();
         // SAFETY: allocated above; the synchronous copy finished all use.
-        let freed = unsafe { cu::free_sync(buf) }.map_err(driver("cuMemFree"));
-        let all = result?;
+        let freed = unsafe { result::scratch::free(buf) };
+        let all = gathered?;
         freed?;
         Ok(all)
     }
@@ -413,17 +387,17 @@ impl Communicator {
         self.check_send_view(send, recv_len)?;
         // SAFETY: checked above: `send` lies in a registered window and holds
         // size * recv_len elements; the caller vouches for `recv`.
-        check("ncclReduceScatter", unsafe {
-            nc::ncclReduceScatter(
+        unsafe {
+            result::coll::reduce_scatter(
                 send.device_address() as *const c_void,
                 recv as *mut c_void,
                 recv_len,
                 nccl_dtype(send.dtype()),
                 nc::ncclRedOp_t::ncclSum,
                 self.inner.comm,
-                stream.cu_stream() as nc::cudaStream_t,
+                stream.cu_stream(),
             )
-        })
+        }
     }
 
     fn check_send_view<A: Access>(&self, send: &View<'_, A>, recv_len: usize) -> Result<()> {
@@ -521,32 +495,32 @@ impl Window {
             op: "ncclMemAlloc",
             reason: format!("{bytes} bytes exceed the address space"),
         })?;
-        let mut ptr: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `ptr` is a valid out-pointer.
-        check("ncclMemAlloc", unsafe { nc::ncclMemAlloc(&mut ptr, len) })?;
-        let mut window: nc::ncclWindow_t = std::ptr::null_mut();
-        // SAFETY: `ptr` holds `len` bytes from ncclMemAlloc.
-        let registered = check("ncclCommWindowRegister", unsafe {
-            nc::ncclCommWindowRegister(inner.comm, ptr, len, &mut window, NCCL_WIN_COLL_SYMMETRIC)
-        })
-        .and_then(|()| {
-            if window.is_null() {
-                Err(BackendError::Refused {
-                    op: "ncclCommWindowRegister",
-                    reason: format!(
-                        "returned success but a null window for {bytes} bytes on {}",
-                        inner.group
-                    ),
-                })
-            } else {
-                Ok(())
+        let ptr = result::mem::alloc(len)?;
+        // SAFETY: `ptr` holds `len` bytes from ncclMemAlloc, freed only after
+        // the window is deregistered (or below, when it was never registered).
+        let registered =
+            unsafe { result::window::register(inner.comm, ptr, len, NCCL_WIN_COLL_SYMMETRIC) }
+                .and_then(|window| {
+                    if window.is_null() {
+                        Err(BackendError::Refused {
+                            op: "ncclCommWindowRegister",
+                            reason: format!(
+                                "returned success but a null window for {bytes} bytes on {}",
+                                inner.group
+                            ),
+                        })
+                    } else {
+                        Ok(window)
+                    }
+                });
+        let window = match registered {
+            Ok(window) => window,
+            Err(e) => {
+                // SAFETY: allocated above, never registered.
+                let _ = unsafe { result::mem::free(ptr) };
+                return Err(e);
             }
-        });
-        if let Err(e) = registered {
-            // SAFETY: allocated above, never registered.
-            unsafe { nc::ncclMemFree(ptr) };
-            return Err(e);
-        }
+        };
         let base = ptr as u64;
         inner.windows.borrow_mut().push((base, bytes));
         Ok(Window {
@@ -584,8 +558,8 @@ impl Drop for Window {
         // once; the memory came from ncclMemFree's allocator and is no longer
         // used (the lifecycle synchronized before dropping arenas).
         unsafe {
-            nc::ncclCommWindowDeregister(self.comm.comm, self.window);
-            nc::ncclMemFree(self.base as *mut c_void);
+            let _ = result::window::deregister(self.comm.comm, self.window);
+            let _ = result::mem::free(self.base as *mut c_void);
         }
     }
 }

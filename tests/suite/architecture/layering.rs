@@ -928,36 +928,165 @@ fn the_file_graph_has_no_circle() {
     }
 }
 
-/// The one file that calls the CUDA driver's entry points.
-const DRIVER_RESULT_LAYER: &str = "src/backend/cuda/result.rs";
+/// The foreign libraries and the one file (the result layer) that calls
+/// each one's entry points: (the prefix of its entry points' names, the
+/// library, its result layer). Longer prefixes first (`cublas` before
+/// `cu`).
+const RESULT_LAYERS: [(&str, &str, &str); 3] = [
+    ("cublas", "cuBLAS", "src/backend/cublas/result.rs"),
+    ("nccl", "NCCL", "src/backend/nccl/result.rs"),
+    ("cu", "the CUDA driver", "src/backend/cuda/result.rs"),
+];
+
+/// The prefix (of [`RESULT_LAYERS`]) of the library `name` is an entry
+/// point of: its prefix and then a capital (`cuGraphLaunch`,
+/// `ncclAllGather`, `cublasSetStream_v2`). Types (`CUgraph`,
+/// `ncclComm_t`, `cublasHandle_t`, `cudaStream_t`) and the crate's own
+/// snake_case names are none.
+fn entry_point_of(name: &str) -> Option<&'static str> {
+    if name.ends_with("_t") {
+        return None;
+    }
+    RESULT_LAYERS
+        .iter()
+        .map(|(prefix, _, _)| *prefix)
+        .find(|prefix| {
+            name.strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()))
+        })
+}
+
+/// The foreign entry points `source` calls, names or looks up: (line,
+/// the library's prefix, or `culib` for cudarc's raw library handle, and
+/// what was written). Found:
+///
+/// - an entry point through a bindings module, `sys::cuGraphLaunch` or
+///   `nc::ncclCommDestroy` (the file's aliases of cudarc's `sys` modules:
+///   `use cudarc::nccl::sys as nc;`), called or not;
+/// - an entry point called by its bare name (imported by name or by glob:
+///   `ncclCommDestroy(comm)`);
+/// - an entry point looked up by name (`lib.get(b"cuGraphAddNode_v2")`);
+/// - cudarc's raw library handle (`sys::culib()`), which calls anything.
+///
+/// Comments and the text of string literals are not code (an error's
+/// `op: "ncclCommInitRank"` names a call, it does not make one); looking
+/// up a name held in a variable (`missing_symbols` checking that a library
+/// exports it) calls nothing.
+fn foreign_calls(source: &str) -> Vec<(usize, &'static str, String)> {
+    let blanked = strings_blanked(source);
+    let lines: Vec<&str> = blanked
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect();
+    let mut aliases = BTreeSet::from(["sys".to_string()]);
+    for line in &lines {
+        for (i, _) in line.match_indices("sys as ") {
+            aliases.insert(ident(&line[i + "sys as ".len()..]));
+        }
+    }
+    let mut out = Vec::new();
+    for (n, (code, raw)) in lines.iter().zip(source.lines()).enumerate() {
+        let b = code.as_bytes();
+        let mut k = 0;
+        while k < b.len() {
+            if !is_ident_byte(b[k]) || (k > 0 && is_ident_byte(b[k - 1])) {
+                k += 1;
+                continue;
+            }
+            let name = ident(&code[k..]);
+            let before = &code[..k];
+            let after = code[k + name.len()..].trim_start();
+            let through_bindings = before.strip_suffix("::").is_some_and(|path| {
+                let tail =
+                    path.len() - path.bytes().rev().take_while(|c| is_ident_byte(*c)).count();
+                aliases.contains(&path[tail..])
+            });
+            let called = after.starts_with('(') && !before.trim_end().ends_with("fn");
+            if let Some(prefix) = entry_point_of(&name) {
+                if through_bindings || called {
+                    out.push((n + 1, prefix, name.clone()));
+                }
+            } else if name == "culib" && called {
+                out.push((n + 1, "culib", name.clone()));
+            }
+            k += name.len();
+        }
+        let raw = raw.split("//").next().unwrap_or("");
+        for (i, _) in raw.match_indices("b\"") {
+            let name = ident(&raw[i + 2..]);
+            if let Some(prefix) = entry_point_of(&name) {
+                out.push((n + 1, prefix, format!("b\"{name}\"")));
+            }
+        }
+    }
+    out
+}
 
 #[test]
-fn only_the_result_layer_calls_the_driver() {
+fn foreign_calls_are_found_however_the_library_is_named() {
+    let found = |source: &str| -> Vec<(usize, &str, String)> { foreign_calls(source) };
+    let at = |n, prefix, what: &str| (n, prefix, what.to_string());
+    let sample = "use cudarc::nccl::sys as nc;\n\
+                  use cudarc::cublas::sys as blas;\n\
+                  unsafe { nc::ncclCommDestroy(comm) };\n\
+                  let s = unsafe { blas::cublasSetStream_v2(h, s) };\n\
+                  cudarc::driver::sys::cuGraphLaunch(\n\
+                  let f = sys::cuInit; // a pointer to it is as raw\n\
+                  ncclMemFree(ptr); // imported by name\n\
+                  let f = lib.get(b\"cuGraphAddNode_v2\");\n\
+                  let lib = sys::culib();";
+    assert_eq!(
+        found(sample),
+        [
+            at(3, "nccl", "ncclCommDestroy"),
+            at(4, "cublas", "cublasSetStream_v2"),
+            at(5, "cu", "cuGraphLaunch"),
+            at(6, "cu", "cuInit"),
+            at(7, "nccl", "ncclMemFree"),
+            at(8, "cu", "b\"cuGraphAddNode_v2\""),
+            at(9, "culib", "culib"),
+        ]
+    );
+    // Types, enum values, the wrappers, messages and comments call nothing.
+    let clean = "use cudarc::nccl::sys as nc;\n\
+                 fn raw(&self) -> nc::ncclComm_t { self.comm }\n\
+                 let ok = code == nc::ncclResult_t::ncclSuccess;\n\
+                 let s: blas::cudaStream_t = sys::CUstream_st::default();\n\
+                 let comm = result::comm::init_rank(size, &id, rank)?;\n\
+                 Err(Refused { op: \"ncclCommInitRank\", reason })\n\
+                 // sys::cuGraphLaunch(exec, stream)\n\
+                 const REQUIRED: [&str; 1] = [\"ncclGetUniqueId\"];\n\
+                 lib.get::<unsafe extern \"C\" fn()>(name.as_bytes())";
+    assert_eq!(found(clean), []);
+}
+
+#[test]
+fn only_the_result_layers_call_foreign_libraries() {
     let mut files = Vec::new();
     sources(Path::new("src"), &mut files);
+    files.sort();
+    for (_, _, layer) in RESULT_LAYERS {
+        assert!(files.contains(&PathBuf::from(layer)), "{layer} is gone");
+    }
     let mut raw = Vec::new();
     for file in files {
-        if file == Path::new(DRIVER_RESULT_LAYER) {
-            continue;
-        }
         // Test modules too: a raw call is a raw call wherever it is.
         let source = fs::read_to_string(&file).unwrap();
-        for (n, line) in source.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            // `sys::cuGraphLaunch(..)`, however `sys` is imported; an entry
-            // point looked up by name (`lib.get(b"cuGraphAddNode_v2")`);
-            // cudarc's raw library handle (`sys::culib()`).
-            let call = code.match_indices("::cu").any(|(i, _)| {
-                code[i + 4..].starts_with(|c: char| c.is_ascii_uppercase() || c == 'l')
-                    && code[..i].ends_with("sys")
-            });
-            if call || code.contains("get(b\"cu") || code.contains("culib()") {
-                raw.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+        for (n, prefix, what) in foreign_calls(&source) {
+            let home = RESULT_LAYERS.iter().find(|(p, _, _)| *p == prefix);
+            if home.is_some_and(|(_, _, layer)| file == Path::new(layer)) {
+                continue;
             }
+            let wanted = match home {
+                Some((_, library, layer)) => format!("raw {library}: wrap it in {layer}"),
+                None => "cudarc's raw library handle: look entry points up in a result layer"
+                    .to_string(),
+            };
+            raw.push(format!("{}:{n}: {what} ({wanted})", file.display()));
         }
     }
     assert!(
         raw.is_empty(),
-        "driver entry points called outside {DRIVER_RESULT_LAYER} (add a wrapper there): {raw:#?}"
+        "foreign entry points called outside their result layer: {raw:#?}"
     );
 }
