@@ -517,26 +517,7 @@ impl Planned {
         };
         let using = records.iter().filter(|r| !r.capacity.is_empty()).count();
         let g = requested.min(using).max(1);
-
-        let mut runners: Vec<RunnerPlan> = Vec::with_capacity(records.len());
-        let mut position = 0;
-        for record in records {
-            let pos = (!record.capacity.is_empty()).then(|| {
-                position += 1;
-                position - 1
-            });
-            let keys = record.capacity.len();
-            runners.push(RunnerPlan {
-                record,
-                position: pos,
-                generation: match placed_policy.placement {
-                    Placement::RoundRobin => pos.map(|p| p % g),
-                    Placement::Packed => None,
-                },
-                extents: Vec::with_capacity(keys),
-                claims: Vec::new(),
-            });
-        }
+        let mut runners = positioned(records, placed_policy.placement, g);
         let using: Vec<usize> = (0..runners.len())
             .filter(|&i| runners[i].position.is_some())
             .collect();
@@ -548,86 +529,31 @@ impl Planned {
         // Per handoff: its place and aligned bytes.
         let mut places: Vec<Option<(Place, u64)>> = vec![None; handoffs.len()];
         for (input, &(work, handoff_work, exact)) in inputs.iter().zip(&shares) {
-            let KeyInput {
-                key,
-                column: cap,
-                handoffs: items,
-                members,
-            } = input;
-            let key = *key;
-            match placed_policy.placement {
+            let (cap, items) = (&input.column, &input.handoffs);
+            let mut placing = Placing {
+                runners: &mut runners,
+                using: &using,
+                arenas: &mut arenas,
+                places: &mut places,
+            };
+            let placed = match placed_policy.placement {
                 Placement::RoundRobin => {
-                    let Some(layout) =
-                        placement::round_robin_shared(cap, items, &timeline, handoff_work)
-                    else {
-                        return Err(overflowed(input, runners, &using, handoffs));
-                    };
-                    // Only generations with users get an arena: sparse, so
-                    // many keys at a large G cost their users, not keys x G.
-                    let first = arenas.len();
-                    let mut holds = vec![false; layout.arenas.len()];
-                    for &(a, _) in &layout.handoffs {
-                        holds[a] = true;
-                    }
-                    for (&(gen, bytes), handoffs) in layout.arenas.iter().zip(holds) {
-                        arenas.push(ArenaPlan {
-                            key,
-                            generation: gen,
-                            handoffs,
-                            bytes,
-                        });
-                    }
-                    let mine = &arenas[first..];
-                    for (k, bytes) in cap.entries() {
-                        let gen = k % g;
-                        let at = mine.partition_point(|a| a.generation < Some(gen));
-                        runners[using[k]].extents.push(Extent {
-                            key,
-                            arena: first + at,
-                            offset: 0,
-                            bytes,
-                        });
-                    }
-                    for ((&h, it), &(a, offset)) in members.iter().zip(items).zip(&layout.handoffs)
-                    {
-                        places[h] = Some((
-                            Place {
-                                arena: first + a,
-                                offset,
-                            },
-                            it.bytes,
-                        ));
-                    }
+                    placement::round_robin_shared(cap, items, &timeline, handoff_work)
+                        .map(|layout| placing.round_robin(input, layout, g))
                 }
-                Placement::Packed => {
-                    let Some(layout) = placement::packed_shared(
-                        cap,
-                        items,
-                        &timeline,
-                        (work, handoff_work, exact),
-                        None,
-                    ) else {
-                        return Err(overflowed(input, runners, &using, handoffs));
-                    };
-                    let arena = arenas.len();
-                    arenas.push(ArenaPlan {
-                        key,
-                        generation: None,
-                        handoffs: !items.is_empty(),
-                        bytes: layout.bytes,
-                    });
-                    for ((k, bytes), &offset) in cap.entries().zip(&layout.runners) {
-                        runners[using[k]].extents.push(Extent {
-                            key,
-                            arena,
-                            offset,
-                            bytes,
-                        });
-                    }
-                    for ((&h, it), &offset) in members.iter().zip(items).zip(&layout.handoffs) {
-                        places[h] = Some((Place { arena, offset }, it.bytes));
-                    }
-                }
+                Placement::Packed => placement::packed_shared(
+                    cap,
+                    items,
+                    &timeline,
+                    (work, handoff_work, exact),
+                    None,
+                )
+                .map(|layout| {
+                    placing.packed(input, &layout.runners, &layout.handoffs, layout.bytes)
+                }),
+            };
+            if placed.is_none() {
+                return Err(overflowed(input, runners, &using, handoffs));
             }
         }
 
@@ -837,6 +763,106 @@ pub(crate) fn handoff_interval(h: &HandoffRecord, g: usize, window: bool) -> pla
             last
         },
         bytes: h.request.aligned_bytes().unwrap_or(u64::MAX),
+    }
+}
+
+/// The runners of `records` in capture order, each buffer-using one with
+/// its position among them and, under round-robin, its generation
+/// (position mod `g`); no extents or claims yet.
+fn positioned(records: Vec<RunnerRecord>, placement: Placement, g: usize) -> Vec<RunnerPlan> {
+    let mut runners: Vec<RunnerPlan> = Vec::with_capacity(records.len());
+    let mut position = 0;
+    for record in records {
+        let pos = (!record.capacity.is_empty()).then(|| {
+            position += 1;
+            position - 1
+        });
+        let keys = record.capacity.len();
+        runners.push(RunnerPlan {
+            record,
+            position: pos,
+            generation: match placement {
+                Placement::RoundRobin => pos.map(|p| p % g),
+                Placement::Packed => None,
+            },
+            extents: Vec::with_capacity(keys),
+            claims: Vec::new(),
+        });
+    }
+    runners
+}
+
+/// Where one plan's keys are placed, key by key: the runners' extents, the
+/// arenas and the handoffs' places (and aligned bytes).
+struct Placing<'p> {
+    runners: &'p mut [RunnerPlan],
+    /// The slots of the buffer-using runners, by position.
+    using: &'p [usize],
+    arenas: &'p mut Vec<ArenaPlan>,
+    places: &'p mut [Option<(Place, u64)>],
+}
+
+impl Placing<'_> {
+    /// Key `input` placed round-robin by `layout`: an arena per generation
+    /// that has users (sparse, so many keys at a large G cost their users,
+    /// not keys x G), each runner at the start of its generation's.
+    fn round_robin(&mut self, input: &KeyInput, layout: placement::RoundRobinShared, g: usize) {
+        let (key, cap, items) = (input.key, &input.column, &input.handoffs);
+        let first = self.arenas.len();
+        let mut holds = vec![false; layout.arenas.len()];
+        for &(a, _) in &layout.handoffs {
+            holds[a] = true;
+        }
+        for (&(gen, bytes), handoffs) in layout.arenas.iter().zip(holds) {
+            self.arenas.push(ArenaPlan {
+                key,
+                generation: gen,
+                handoffs,
+                bytes,
+            });
+        }
+        let mine = &self.arenas[first..];
+        for (k, bytes) in cap.entries() {
+            let gen = k % g;
+            let at = mine.partition_point(|a| a.generation < Some(gen));
+            self.runners[self.using[k]].extents.push(Extent {
+                key,
+                arena: first + at,
+                offset: 0,
+                bytes,
+            });
+        }
+        for ((&h, it), &(a, offset)) in input.members.iter().zip(items).zip(&layout.handoffs) {
+            let place = Place {
+                arena: first + a,
+                offset,
+            };
+            self.places[h] = Some((place, it.bytes));
+        }
+    }
+
+    /// Key `input` packed in one arena of `bytes`: its column's runners at
+    /// `runners` (in column order), its handoffs at `handoffs`.
+    fn packed(&mut self, input: &KeyInput, runners: &[u64], handoffs: &[u64], bytes: u64) {
+        let (key, cap, items) = (input.key, &input.column, &input.handoffs);
+        let arena = self.arenas.len();
+        self.arenas.push(ArenaPlan {
+            key,
+            generation: None,
+            handoffs: !items.is_empty(),
+            bytes,
+        });
+        for ((k, bytes), &offset) in cap.entries().zip(runners) {
+            self.runners[self.using[k]].extents.push(Extent {
+                key,
+                arena,
+                offset,
+                bytes,
+            });
+        }
+        for ((&h, it), &offset) in input.members.iter().zip(items).zip(handoffs) {
+            self.places[h] = Some((Place { arena, offset }, it.bytes));
+        }
     }
 }
 

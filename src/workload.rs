@@ -69,8 +69,8 @@ pub struct Workload {
     )]
     pub module_kinds: Option<usize>,
     /// The symmetric groups, registered in this order. Without it, every group
-    /// a request names is registered on first appearance as `GroupId(0)`,
-    /// `GroupId(1)`, ...
+    /// a request or a handoff names is registered on first appearance as
+    /// `GroupId(0)`, `GroupId(1)`, ...
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -165,7 +165,8 @@ pub enum DomainSpec {
 /// A parameter, by name (`"l47.mlp.fc1"`) or by [`ParamId`] number (`17`).
 ///
 /// Names get ids in order of first appearance, skipping every number the
-/// file uses, so named and numbered parameters never collide.
+/// file uses (in requests and handoffs alike), so named and numbered
+/// parameters never collide.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ParamRef {
     /// A parameter name. Not empty.
@@ -721,133 +722,59 @@ impl Workload {
     pub fn to_discovering(&self) -> Result<Discovering, WorkloadError> {
         self.check_top_level()?;
         let groups = self.group_table()?;
-        let params = self.numbered_params();
-        let mut config = PlanConfig::new();
-        for (i, (name, id)) in groups.order.iter().enumerate() {
-            config = config
-                .with_group(*id, *name)
-                .map_err(|e| discovery_error(format!("groups[{i}]"), e))?;
+        let mut discovery = Discovering::new(groups.config()?);
+        let buckets = self.declare_buckets(&mut discovery)?;
+        let mut params = ParamTable::new(self);
+        let mut names: HashMap<&str, usize> = HashMap::with_capacity(self.runners.len());
+        for (i, runner) in self.runners.iter().enumerate() {
+            let bucket = self.bucket_of(runner, i, &buckets)?;
+            let mut armed = arm(&mut discovery, runner, i, bucket, &mut names)?;
+            record_all(&mut armed, runner, i, &groups, &mut params)?;
         }
-        let mut discovery = Discovering::new(config);
-        let mut buckets: HashMap<&str, BucketId> = HashMap::new();
+        Ok(discovery)
+    }
+
+    /// Declares the workload's buckets in order, checked, with a name lookup.
+    fn declare_buckets(
+        &self,
+        discovery: &mut Discovering,
+    ) -> Result<HashMap<&str, BucketId>, WorkloadError> {
+        let mut buckets = HashMap::new();
         for (i, name) in self.buckets.iter().flatten().enumerate() {
             non_empty(name, || format!("buckets[{i}]"))?;
             let id = discovery
                 .bucket(name.as_str())
                 .map_err(|e| discovery_error(format!("buckets[{i}]"), e))?;
-            buckets.insert(name, id);
+            buckets.insert(name.as_str(), id);
         }
-        let mut names: HashMap<&str, usize> = HashMap::with_capacity(self.runners.len());
-        let mut interned: HashMap<&str, ParamId> = HashMap::with_capacity(self.runners.len());
-        let mut next_param = 0u64;
-        for (i, runner) in self.runners.iter().enumerate() {
-            // Paths are built only for errors: loading stays linear and lean.
-            let path = || format!("runners[{i}]");
-            let request_path = |j: usize| format!("runners[{i}].requests[{j}]");
-            let id = match runner.id {
-                Some(id) => RunnerId(id),
-                None => RunnerId(u32::try_from(i).map_err(|_| {
-                    invalid(path(), "more runners than RunnerId can number; give ids")
-                })?),
-            };
-            let bucket = match (&runner.bucket, &self.buckets) {
-                (None, None) => BucketId(0),
-                (Some(name), Some(_)) => *buckets.get(name.as_str()).ok_or_else(|| {
-                    invalid(
-                        format!("runners[{i}].bucket"),
-                        format!("names bucket {name:?}, which `buckets` does not list"),
-                    )
-                })?,
-                (None, Some(_)) => {
-                    return Err(invalid(
-                        format!("runners[{i}]"),
-                        "the workload lists buckets: name this runner's `bucket`",
-                    ))
-                }
-                (Some(_), None) => {
-                    return Err(invalid(
-                        format!("runners[{i}].bucket"),
-                        "names a bucket, but the workload lists no `buckets`",
-                    ))
-                }
-            };
-            let mut armed = match &runner.name {
-                Some(name) => {
-                    non_empty(name, || format!("runners[{i}].name"))?;
-                    if let Some(first) = names.insert(name, i) {
-                        return Err(WorkloadError::DuplicateRunnerName {
-                            path: format!("runners[{i}].name"),
-                            name: name.clone(),
-                            first,
-                        });
-                    }
-                    discovery.arm_named_in(bucket, id, name.as_str())
-                }
-                None => discovery.arm_in(bucket, id),
-            }
-            .map_err(|e| discovery_error(path(), e))?;
-            // Requests, then the handoffs it receives (declared by earlier
-            // runners), then those it hands off.
-            let receives = runner.requests.len();
-            let specs = runner
-                .requests
-                .iter()
-                .enumerate()
-                .map(|(j, q)| (q, request_path(j), false))
-                .chain(
-                    runner
-                        .hand_off
-                        .iter()
-                        .enumerate()
-                        .map(|(j, q)| (q, format!("runners[{i}].hand_off[{j}]"), true)),
-                );
-            for (k, (spec, path, handoff)) in specs.enumerate() {
-                if k == receives {
-                    receive_all(&mut armed, runner, i)?;
-                }
-                if spec.elements == 0 {
-                    return Err(invalid(format!("{path}.elements"), "must be at least 1"));
-                }
-                let domain = match &spec.domain {
-                    DomainSpec::Device => Domain::Device,
-                    DomainSpec::Symmetric(name) => {
-                        Domain::Symmetric(groups.id(name, || format!("{path}.domain.symmetric"))?)
-                    }
-                };
-                let mut request =
-                    Request::new(domain, spec.dtype, spec.elements).purpose(spec.purpose);
-                match &spec.param {
-                    None => {}
-                    Some(ParamRef::Id(n)) => request = request.param(ParamId(*n)),
-                    Some(ParamRef::Name(name)) => {
-                        non_empty(name, || format!("{path}.param"))?;
-                        let id = match interned.get(name.as_str()) {
-                            Some(&id) => id,
-                            None => {
-                                while params.contains(&next_param) {
-                                    next_param += 1;
-                                }
-                                let id = ParamId(next_param);
-                                next_param += 1;
-                                interned.insert(name, id);
-                                id
-                            }
-                        };
-                        request = request.param(id);
-                    }
-                }
-                let recorded = if handoff {
-                    armed.hand_off(request).map(|_| ())
-                } else {
-                    armed.record(request).map(|_| ())
-                };
-                recorded.map_err(|e| discovery_error(path, e))?;
-            }
-            if runner.requests.len() + runner.hand_off.len() == receives {
-                receive_all(&mut armed, runner, i)?;
-            }
+        Ok(buckets)
+    }
+
+    /// The bucket runner `i` names: required where the workload lists
+    /// buckets, refused where it does not.
+    fn bucket_of(
+        &self,
+        runner: &RunnerSpec,
+        i: usize,
+        buckets: &HashMap<&str, BucketId>,
+    ) -> Result<BucketId, WorkloadError> {
+        match (&runner.bucket, &self.buckets) {
+            (None, None) => Ok(BucketId(0)),
+            (Some(name), Some(_)) => buckets.get(name.as_str()).copied().ok_or_else(|| {
+                invalid(
+                    format!("runners[{i}].bucket"),
+                    format!("names bucket {name:?}, which `buckets` does not list"),
+                )
+            }),
+            (None, Some(_)) => Err(invalid(
+                format!("runners[{i}]"),
+                "the workload lists buckets: name this runner's `bucket`",
+            )),
+            (Some(_), None) => Err(invalid(
+                format!("runners[{i}].bucket"),
+                "names a bucket, but the workload lists no `buckets`",
+            )),
         }
-        Ok(discovery)
     }
 
     /// The groups to register, checked, with a name lookup.
@@ -858,66 +785,170 @@ impl Workload {
             by_name: HashMap::new(),
         };
         match &self.groups {
-            Some(groups) => {
-                for (i, group) in groups.iter().enumerate() {
-                    let path = format!("groups[{i}].name");
-                    non_empty(&group.name, || path.clone())?;
-                    let id =
-                        match group.id {
-                            Some(id) => GroupId(id),
-                            None => GroupId(u32::try_from(i).map_err(|_| {
-                                invalid(&path, "more groups than GroupId can number")
-                            })?),
-                        };
-                    if let Some((first, _)) = table.by_name.insert(&group.name, (i, id)) {
-                        return Err(WorkloadError::DuplicateGroupName {
-                            path,
-                            name: group.name.clone(),
-                            first,
-                        });
-                    }
-                    table.order.push((&group.name, id));
-                }
-            }
+            Some(groups) => table.list(groups)?,
             None => {
-                let named = self.runners.iter().enumerate().flat_map(|(i, r)| {
-                    r.requests
-                        .iter()
-                        .enumerate()
-                        .filter_map(move |(j, q)| match &q.domain {
-                            DomainSpec::Symmetric(name) => Some((i, j, name)),
-                            DomainSpec::Device => None,
-                        })
-                });
-                for (i, j, name) in named {
-                    if table.by_name.contains_key(name.as_str()) {
-                        continue;
+                // Every group a request or a handoff names, in the order
+                // discovery records them.
+                let named = self
+                    .request_specs()
+                    .filter_map(|(i, list, j, q)| match &q.domain {
+                        DomainSpec::Symmetric(name) => Some((i, list, j, name)),
+                        DomainSpec::Device => None,
+                    });
+                for (i, list, j, name) in named {
+                    if !table.by_name.contains_key(name.as_str()) {
+                        table.register(name, || format!("{}.domain.symmetric", list.path(i, j)))?;
                     }
-                    let path = format!("runners[{i}].requests[{j}].domain.symmetric");
-                    non_empty(name, || path.clone())?;
-                    let n = table.order.len();
-                    let id = GroupId(
-                        u32::try_from(n)
-                            .map_err(|_| invalid(&path, "more groups than GroupId can number"))?,
-                    );
-                    table.by_name.insert(name, (n, id));
-                    table.order.push((name, id));
                 }
             }
         }
         Ok(table)
     }
 
-    /// Every parameter the workload gives as a number.
-    fn numbered_params(&self) -> HashSet<u64> {
+    /// Every request and handoff of the workload, as (runner, list,
+    /// position in the list, spec), in the order discovery records them.
+    fn request_specs(&self) -> impl Iterator<Item = (usize, List, usize, &RequestSpec)> {
         self.runners
             .iter()
-            .flat_map(|r| &r.requests)
-            .filter_map(|q| match q.param {
+            .enumerate()
+            .flat_map(|(i, r)| r.specs().map(move |(list, j, q)| (i, list, j, q)))
+    }
+}
+
+/// Which list of a runner a request spec is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum List {
+    /// `requests`: recorded.
+    Requests,
+    /// `hand_off`: handed off.
+    HandOff,
+}
+
+impl List {
+    /// The JSON path of spec `j` of this list of runner `i`.
+    fn path(self, i: usize, j: usize) -> String {
+        match self {
+            List::Requests => format!("runners[{i}].requests[{j}]"),
+            List::HandOff => format!("runners[{i}].hand_off[{j}]"),
+        }
+    }
+}
+
+impl RunnerSpec {
+    /// Its requests, then its handoffs, as (list, position in it, spec).
+    fn specs(&self) -> impl Iterator<Item = (List, usize, &RequestSpec)> {
+        let requests = self.requests.iter().enumerate();
+        let hand_offs = self.hand_off.iter().enumerate();
+        requests
+            .map(|(j, q)| (List::Requests, j, q))
+            .chain(hand_offs.map(|(j, q)| (List::HandOff, j, q)))
+    }
+}
+
+/// Arms runner `i` in `bucket`, with its id and its name (checked: not
+/// empty, not taken by an earlier runner of `names`).
+fn arm<'d, 'w>(
+    discovery: &'d mut Discovering,
+    runner: &'w RunnerSpec,
+    i: usize,
+    bucket: BucketId,
+    names: &mut HashMap<&'w str, usize>,
+) -> Result<ArmedRunner<'d>, WorkloadError> {
+    // Paths are built only for errors: loading stays linear and lean.
+    let path = || format!("runners[{i}]");
+    let id = match runner.id {
+        Some(id) => RunnerId(id),
+        None => RunnerId(
+            u32::try_from(i)
+                .map_err(|_| invalid(path(), "more runners than RunnerId can number; give ids"))?,
+        ),
+    };
+    match &runner.name {
+        Some(name) => {
+            non_empty(name, || format!("runners[{i}].name"))?;
+            if let Some(first) = names.insert(name, i) {
+                return Err(WorkloadError::DuplicateRunnerName {
+                    path: format!("runners[{i}].name"),
+                    name: name.clone(),
+                    first,
+                });
+            }
+            discovery.arm_named_in(bucket, id, name.as_str())
+        }
+        None => discovery.arm_in(bucket, id),
+    }
+    .map_err(|e| discovery_error(path(), e))
+}
+
+/// Runner `i`'s requests, then the handoffs it receives (declared by
+/// earlier runners), then those it hands off.
+fn record_all<'w>(
+    armed: &mut ArmedRunner<'_>,
+    runner: &'w RunnerSpec,
+    i: usize,
+    groups: &GroupTable<'_>,
+    params: &mut ParamTable<'w>,
+) -> Result<(), WorkloadError> {
+    let mut received = false;
+    for (list, j, spec) in runner.specs() {
+        if list == List::HandOff && !received {
+            receive_all(armed, runner, i)?;
+            received = true;
+        }
+        let path = || list.path(i, j);
+        let request = spec.to_request(&path, groups, params)?;
+        let recorded = match list {
+            List::HandOff => armed.hand_off(request).map(|_| ()),
+            List::Requests => armed.record(request).map(|_| ()),
+        };
+        recorded.map_err(|e| discovery_error(path(), e))?;
+    }
+    if !received {
+        receive_all(armed, runner, i)?;
+    }
+    Ok(())
+}
+
+/// Parameter names to ids: in order of first appearance, skipping every
+/// number the workload uses (in requests and handoffs alike), so named and
+/// numbered parameters never collide.
+struct ParamTable<'w> {
+    /// Every parameter the workload gives as a number.
+    numbered: HashSet<u64>,
+    /// The names seen so far, with their ids.
+    interned: HashMap<&'w str, ParamId>,
+    /// The least number a new name may get.
+    next: u64,
+}
+
+impl<'w> ParamTable<'w> {
+    fn new(workload: &'w Workload) -> ParamTable<'w> {
+        let numbered = workload
+            .request_specs()
+            .filter_map(|(_, _, _, q)| match q.param {
                 Some(ParamRef::Id(n)) => Some(n),
                 _ => None,
             })
-            .collect()
+            .collect();
+        ParamTable {
+            numbered,
+            interned: HashMap::with_capacity(workload.runners.len()),
+            next: 0,
+        }
+    }
+
+    /// The id of parameter `name`.
+    fn id(&mut self, name: &'w str) -> ParamId {
+        if let Some(&id) = self.interned.get(name) {
+            return id;
+        }
+        while self.numbered.contains(&self.next) {
+            self.next += 1;
+        }
+        let id = ParamId(self.next);
+        self.next += 1;
+        self.interned.insert(name, id);
+        id
     }
 }
 
@@ -929,6 +960,57 @@ struct GroupTable<'w> {
     order: Vec<(&'w str, GroupId)>,
     /// Name to (position, id).
     by_name: HashMap<&'w str, (usize, GroupId)>,
+}
+
+impl<'w> GroupTable<'w> {
+    /// Registers the workload's `groups` list in order: names not empty and
+    /// unique, ids as given or by position.
+    fn list(&mut self, groups: &'w [GroupSpec]) -> Result<(), WorkloadError> {
+        for (i, group) in groups.iter().enumerate() {
+            let path = format!("groups[{i}].name");
+            non_empty(&group.name, || path.clone())?;
+            let id = match group.id {
+                Some(id) => GroupId(id),
+                None => GroupId(
+                    u32::try_from(i)
+                        .map_err(|_| invalid(&path, "more groups than GroupId can number"))?,
+                ),
+            };
+            if let Some((first, _)) = self.by_name.insert(&group.name, (i, id)) {
+                return Err(WorkloadError::DuplicateGroupName {
+                    path,
+                    name: group.name.clone(),
+                    first,
+                });
+            }
+            self.order.push((&group.name, id));
+        }
+        Ok(())
+    }
+
+    /// Registers group `name` (not registered yet) as the next id; `path`
+    /// gives the JSON path of the name.
+    fn register(&mut self, name: &'w str, path: impl Fn() -> String) -> Result<(), WorkloadError> {
+        non_empty(name, &path)?;
+        let n = self.order.len();
+        let id = GroupId(
+            u32::try_from(n).map_err(|_| invalid(path(), "more groups than GroupId can number"))?,
+        );
+        self.by_name.insert(name, (n, id));
+        self.order.push((name, id));
+        Ok(())
+    }
+
+    /// A configuration with every group registered, in order.
+    fn config(&self) -> Result<PlanConfig, WorkloadError> {
+        let mut config = PlanConfig::new();
+        for (i, (name, id)) in self.order.iter().enumerate() {
+            config = config
+                .with_group(*id, *name)
+                .map_err(|e| discovery_error(format!("groups[{i}]"), e))?;
+        }
+        Ok(config)
+    }
 }
 
 impl GroupTable<'_> {
@@ -952,6 +1034,36 @@ impl GroupTable<'_> {
 }
 
 impl RequestSpec {
+    /// The request this spec asks for; `path` gives its JSON path.
+    fn to_request<'w>(
+        &'w self,
+        path: &impl Fn() -> String,
+        groups: &GroupTable<'_>,
+        params: &mut ParamTable<'w>,
+    ) -> Result<Request, WorkloadError> {
+        if self.elements == 0 {
+            return Err(invalid(
+                format!("{}.elements", path()),
+                "must be at least 1",
+            ));
+        }
+        let domain = match &self.domain {
+            DomainSpec::Device => Domain::Device,
+            DomainSpec::Symmetric(name) => {
+                Domain::Symmetric(groups.id(name, || format!("{}.domain.symmetric", path()))?)
+            }
+        };
+        let request = Request::new(domain, self.dtype, self.elements).purpose(self.purpose);
+        Ok(match &self.param {
+            None => request,
+            Some(ParamRef::Id(n)) => request.param(ParamId(*n)),
+            Some(ParamRef::Name(name)) => {
+                non_empty(name, || format!("{}.param", path()))?;
+                request.param(params.id(name))
+            }
+        })
+    }
+
     /// The spec of a recorded request, naming its group as `config` does.
     fn from_request(request: &Request, config: &PlanConfig) -> RequestSpec {
         RequestSpec {

@@ -44,84 +44,154 @@ pub(super) fn plan(
     names: &[String],
     placed_policy: PlacedPolicy,
 ) -> Result<Planned, Handback> {
-    let n = names.len();
-    // Each runner's and handoff's bucket and its index there.
-    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut local = vec![0usize; records.len()];
-    for (i, r) in records.iter().enumerate() {
-        let b = (r.bucket.0 as usize).min(n - 1);
-        local[i] = slots[b].len();
-        slots[b].push(i);
-    }
-    let mut members: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut hlocal = vec![0usize; handoffs.len()];
-    for (i, h) in handoffs.iter().enumerate() {
-        let b = (h.bucket.0 as usize).min(n - 1);
-        hlocal[i] = members[b].len();
-        members[b].push(i);
-    }
-    let to_local = |ids: &[HandoffId]| -> Vec<HandoffId> {
-        ids.iter()
-            .map(|h| HandoffId(hlocal[h.0 as usize] as u32))
-            .collect()
-    };
-    let mut parts: Vec<Planned> = Vec::with_capacity(n);
-    for b in 0..n {
-        let recs: Vec<RunnerRecord> = slots[b]
-            .iter()
-            .map(|&i| {
-                let mut r = records[i].clone();
-                r.writes = to_local(&r.writes);
-                r.reads = to_local(&r.reads);
-                r
-            })
-            .collect();
-        let hs: Vec<HandoffRecord> = members[b]
-            .iter()
-            .map(|&i| {
-                let mut h = handoffs[i].clone();
-                h.writer = local[h.writer];
-                h.readers = h.readers.iter().map(|&s| local[s]).collect();
-                h
-            })
-            .collect();
-        match Planned::new_single(config.clone(), recs, hs, placed_policy) {
+    let split = Split::of(&records, &handoffs, names.len());
+    let mut parts: Vec<Planned> = Vec::with_capacity(names.len());
+    for (b, name) in names.iter().enumerate() {
+        match split.plan_alone(b, &config, &records, &handoffs, placed_policy) {
             Ok(mut alone) => {
-                alone.bucket_name = names[b].clone();
+                alone.bucket_name = name.clone();
                 parts.push(alone);
             }
-            Err((error, _, _)) => {
-                // Name the handoffs by their ids in the whole discovery.
-                let error = match error {
-                    PlanError::ArenaOverflow {
-                        key,
-                        users,
-                        largest,
-                        handoffs: uses,
-                    } => PlanError::ArenaOverflow {
-                        key,
-                        users,
-                        largest,
-                        handoffs: uses
-                            .into_iter()
-                            .map(|u| HandoffUse {
-                                handoff: HandoffId(
-                                    members[b].get(u.handoff.0 as usize).copied().unwrap_or(0)
-                                        as u32,
-                                ),
-                                ..u
-                            })
-                            .collect(),
-                    },
-                    other => other,
-                };
-                return Err((error, records, handoffs));
-            }
+            Err(error) => return Err((error, records, handoffs)),
+        }
+    }
+    let (arenas, maps) = shared_arenas(&parts);
+    let g = parts.iter().map(|p| p.generations).max().unwrap_or(1);
+    let runners = shared_runners(&parts, &split.slots, &maps, records);
+    let places = shared_places(&parts, &split.members, &maps, handoffs.len());
+    let buckets = parts
+        .into_iter()
+        .zip(split.slots)
+        .map(|(alone, slots)| BucketPlan {
+            name: alone.bucket_name.clone(),
+            slots,
+            alone,
+        })
+        .collect();
+    Ok(Planned::assemble(
+        config,
+        placed_policy,
+        g,
+        runners,
+        arenas,
+        handoffs.into_iter().zip(places).collect(),
+        buckets,
+    ))
+}
+
+/// Which bucket each runner and handoff is in, and its index there.
+struct Split {
+    /// Per bucket, the slots of its runners in capture order.
+    slots: Vec<Vec<usize>>,
+    /// Per runner, its index in its bucket.
+    local: Vec<usize>,
+    /// Per bucket, the ids of its handoffs in order.
+    members: Vec<Vec<usize>>,
+    /// Per handoff, its index in its bucket.
+    hlocal: Vec<usize>,
+}
+
+impl Split {
+    /// The split of `records` and `handoffs` into `n` buckets (a bucket id
+    /// past the last counts as the last).
+    fn of(records: &[RunnerRecord], handoffs: &[HandoffRecord], n: usize) -> Split {
+        let mut slots: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut local = vec![0usize; records.len()];
+        for (i, r) in records.iter().enumerate() {
+            let b = (r.bucket.0 as usize).min(n - 1);
+            local[i] = slots[b].len();
+            slots[b].push(i);
+        }
+        let mut members: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut hlocal = vec![0usize; handoffs.len()];
+        for (i, h) in handoffs.iter().enumerate() {
+            let b = (h.bucket.0 as usize).min(n - 1);
+            hlocal[i] = members[b].len();
+            members[b].push(i);
+        }
+        Split {
+            slots,
+            local,
+            members,
+            hlocal,
         }
     }
 
-    // The shared arenas: every (key, generation) any bucket has, in the
-    // order a plan lists them (key, then generation), each the largest.
+    /// Handoff ids of the whole discovery as ids within their bucket.
+    fn to_local(&self, ids: &[HandoffId]) -> Vec<HandoffId> {
+        ids.iter()
+            .map(|h| HandoffId(self.hlocal[h.0 as usize] as u32))
+            .collect()
+    }
+
+    /// Bucket `b` planned alone: its runners and handoffs, renumbered
+    /// within the bucket. An error names handoffs by their ids in the
+    /// whole discovery.
+    fn plan_alone(
+        &self,
+        b: usize,
+        config: &PlanConfig,
+        records: &[RunnerRecord],
+        handoffs: &[HandoffRecord],
+        placed_policy: PlacedPolicy,
+    ) -> Result<Planned, PlanError> {
+        let recs: Vec<RunnerRecord> = self.slots[b]
+            .iter()
+            .map(|&i| {
+                let mut r = records[i].clone();
+                r.writes = self.to_local(&r.writes);
+                r.reads = self.to_local(&r.reads);
+                r
+            })
+            .collect();
+        let hs: Vec<HandoffRecord> = self.members[b]
+            .iter()
+            .map(|&i| {
+                let mut h = handoffs[i].clone();
+                h.writer = self.local[h.writer];
+                h.readers = h.readers.iter().map(|&s| self.local[s]).collect();
+                h
+            })
+            .collect();
+        Planned::new_single(config.clone(), recs, hs, placed_policy)
+            .map_err(|(error, _, _)| self.global_handoffs(b, error))
+    }
+
+    /// `error` of bucket `b`'s own plan, its handoffs named by their ids in
+    /// the whole discovery.
+    fn global_handoffs(&self, b: usize, error: PlanError) -> PlanError {
+        match error {
+            PlanError::ArenaOverflow {
+                key,
+                users,
+                largest,
+                handoffs: uses,
+            } => PlanError::ArenaOverflow {
+                key,
+                users,
+                largest,
+                handoffs: uses
+                    .into_iter()
+                    .map(|u| HandoffUse {
+                        handoff: HandoffId(
+                            self.members[b]
+                                .get(u.handoff.0 as usize)
+                                .copied()
+                                .unwrap_or(0) as u32,
+                        ),
+                        ..u
+                    })
+                    .collect(),
+            },
+            other => other,
+        }
+    }
+}
+
+/// The shared arenas: every (key, generation) any bucket has, in the order
+/// a plan lists them (key, then generation), each the largest; and per
+/// bucket, the shared arena of each of its own.
+fn shared_arenas(parts: &[Planned]) -> (Vec<ArenaPlan>, Vec<Vec<usize>>) {
     let mut keys: Vec<(Key, Option<usize>)> = parts
         .iter()
         .flat_map(|p| p.arenas.iter().map(|a| (a.key, a.generation)))
@@ -152,8 +222,17 @@ pub(super) fn plan(
                 .collect()
         })
         .collect();
+    (arenas, maps)
+}
 
-    let g = parts.iter().map(|p| p.generations).max().unwrap_or(1);
+/// Every runner of the buckets' plans in its slot of the shared plan, its
+/// extents in the shared arenas (claims are derived later).
+fn shared_runners(
+    parts: &[Planned],
+    slots: &[Vec<usize>],
+    maps: &[Vec<usize>],
+    records: Vec<RunnerRecord>,
+) -> Vec<RunnerPlan> {
     let mut runners: Vec<Option<RunnerPlan>> = vec![None; records.len()];
     let mut records: Vec<Option<RunnerRecord>> = records.into_iter().map(Some).collect();
     for (b, p) in parts.iter().enumerate() {
@@ -175,7 +254,17 @@ pub(super) fn plan(
             });
         }
     }
-    let mut places: Vec<Option<(Place, u64)>> = vec![None; handoffs.len()];
+    runners.into_iter().flatten().collect()
+}
+
+/// Each of the `count` handoffs' place in the shared arenas, and its bytes.
+fn shared_places(
+    parts: &[Planned],
+    members: &[Vec<usize>],
+    maps: &[Vec<usize>],
+    count: usize,
+) -> Vec<Option<(Place, u64)>> {
+    let mut places: Vec<Option<(Place, u64)>> = vec![None; count];
     for (b, p) in parts.iter().enumerate() {
         for (j, h) in p.handoffs.iter().enumerate() {
             if let Some(&global) = members[b].get(j) {
@@ -187,24 +276,7 @@ pub(super) fn plan(
             }
         }
     }
-    let buckets = parts
-        .into_iter()
-        .zip(slots)
-        .map(|(alone, slots)| BucketPlan {
-            name: alone.bucket_name.clone(),
-            slots,
-            alone,
-        })
-        .collect();
-    Ok(Planned::assemble(
-        config,
-        placed_policy,
-        g,
-        runners.into_iter().flatten().collect(),
-        arenas,
-        handoffs.into_iter().zip(places).collect(),
-        buckets,
-    ))
+    places
 }
 
 impl Planned {

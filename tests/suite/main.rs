@@ -57,7 +57,11 @@ mod regression {
     mod faults_at_every_call;
     mod fence_holes;
     mod handoff_and_step_holes;
+    #[cfg(feature = "serde")]
+    mod handoff_groups_register_without_a_list;
     mod kept_steps;
+    #[cfg(feature = "serde")]
+    mod named_params_avoid_handoff_numbers;
     mod overlapping_steps_and_copies;
     mod writers_split_at_ready_points;
 }

@@ -58,9 +58,10 @@ struct Cli {
     #[arg(long)]
     packed: bool,
 
-    /// Compare G = 1, 2, 3 and the module-kinds rule, round-robin and packed
-    /// (the default when no policy is given).
-    #[arg(long, conflicts_with = "policy")]
+    /// Compare every policy and both placements (the default with no policy)
+    ///
+    /// G = 1, 2, 3 and the module-kinds rule, each round-robin and packed.
+    #[arg(long, conflicts_with = "policy", verbatim_doc_comment)]
     compare: bool,
 
     /// Print data (JSON) instead of a table.
@@ -71,19 +72,22 @@ struct Cli {
     #[arg(long, conflicts_with_all = ["json", "policy"])]
     markdown: bool,
 
-    /// Also draw the plan of one workload as an SVG picture into SVG (with a
-    /// policy): per key, addresses against buffer-using runners in capture
-    /// order, handoffs included.
-    #[arg(long, value_name = "SVG")]
+    /// Also draw the plan as an SVG picture (one workload, with a policy)
+    ///
+    /// Written to SVG: per key, addresses against the buffer-using runners
+    /// in capture order, handoffs included.
+    #[arg(long, value_name = "SVG", verbatim_doc_comment)]
     svg: Option<PathBuf>,
 }
 
 /// The command lines the parser accepts, one form a line: what every usage
 /// and error message shows, so that following one is never refused
 /// (tests/suite/cli/explorer.rs runs each form). `(a | b)`: one of them; `[a]`: optional.
+/// The policies by their short flags, so that each form fits in 100
+/// characters; the options list their long names.
 const USAGE: &str = "\
-replay-arena-plan <FILE>... (--generations <N> | --module-kinds <K> | --overlap-depth <D>) [--packed] [--json]
-       replay-arena-plan <FILE> (--generations <N> | --module-kinds <K> | --overlap-depth <D>) [--packed] [--json] --svg <SVG>
+replay-arena-plan <FILE>... (-g <N> | -k <K> | -d <D>) [--packed] [--json]
+       replay-arena-plan <FILE> (-g <N> | -k <K> | -d <D>) [--packed] [--json] --svg <SVG>
        replay-arena-plan <FILE>... [--compare] [--json | --markdown]";
 
 /// `N >= 1`, with a message that says so.
@@ -128,8 +132,8 @@ impl Cli {
                 "needs a policy"
             };
             refuse(&format!(
-                "'{flag}' {asked}: it is about one plan; give --generations <N>, \
-                 --module-kinds <K> or --overlap-depth <D>"
+                "'{flag}' {asked}: it is about one plan;\n  \
+                 give --generations <N>, --module-kinds <K> or --overlap-depth <D>"
             ))
         };
         if policy.is_none() && self.svg.is_some() {

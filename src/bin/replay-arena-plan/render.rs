@@ -40,6 +40,47 @@ ring/packed  what Megatron-LM's older per-parameter wgrad ring of 2 slots needs,
 ring/rr      the same ring over round-robin
 ";
 
+/// The most characters a line of text output has (the report's tables
+/// keep to it too).
+pub(crate) const WIDTH: usize = 100;
+
+/// `text` wrapped at spaces into lines of at most [`WIDTH`] characters,
+/// each but the first indented by `hang` spaces, each ending in a newline.
+/// A line breaks after its last comma where that keeps at least half of
+/// it, so clauses stay whole; a word longer than a line (a long path) gets
+/// a line of its own.
+pub(crate) fn wrap(text: &str, hang: usize) -> String {
+    let mut lines: Vec<Vec<&str>> = vec![Vec::new()];
+    let width = |words: &[&str], indent: usize| {
+        indent
+            + words.iter().map(|w| w.chars().count()).sum::<usize>()
+            + words.len().saturating_sub(1)
+    };
+    for word in text.split(' ') {
+        let indent = if lines.len() == 1 { 0 } else { hang };
+        let line = lines.last_mut().expect("a line");
+        line.push(word);
+        if line.len() == 1 || width(line, indent) <= WIDTH {
+            continue;
+        }
+        let at = (1..line.len())
+            .rev()
+            .find(|&i| line[i - 1].ends_with(',') && 2 * width(&line[..i], indent) >= WIDTH)
+            .unwrap_or(line.len() - 1);
+        let rest = line.split_off(at);
+        lines.push(rest);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for (i, line) in lines.iter().enumerate() {
+        if i > 0 {
+            out.extend(std::iter::repeat_n(' ', hang));
+        }
+        out.push_str(&line.join(" "));
+        out.push('\n');
+    }
+    out
+}
+
 /// "policy generations(2), packed placement".
 pub(crate) fn describe(placed_policy: PlacedPolicy) -> String {
     format!(
@@ -60,16 +101,18 @@ pub(crate) fn json_lines<T: Serialize>(values: &[T]) -> Result<String, String> {
 
 impl Input {
     /// "workload NAME (FILE): N runners{details}", then the source line.
+    /// Wrapped at [`WIDTH`], as the report's own lines are.
     fn header(&self, details: &str) -> String {
         let w = &self.workload;
-        let mut out = format!(
-            "workload {} ({}): {} runners{details}\n",
+        let head = format!(
+            "workload {} ({}): {} runners{details}",
             w.name,
             self.label,
             w.runners.len()
         );
+        let mut out = wrap(&head, 2);
         if let Some(source) = &w.source {
-            let _ = writeln!(out, "source: {source}");
+            out.push_str(&wrap(&format!("source: {source}"), 2));
         }
         out
     }
@@ -464,7 +507,7 @@ impl<'i> Comparison<'i> {
         ));
         let _ = writeln!(
             out,
-            "{:<16} {:>2} {:>9} {:>9} {:<7} {:>11} {:>9} {:>12} {:>12} {:>12}",
+            "{:<16} {:>2} {:>9} {:>5} {:<7} {:>11} {:>7} {:>11} {:>10} {:>11}",
             "policy",
             "G",
             "packed/lb",
@@ -479,7 +522,7 @@ impl<'i> Comparison<'i> {
         for r in &self.rows {
             let _ = writeln!(
                 out,
-                "{:<16} {:>2} {:>9.3} {:>9.3} {:<7} {:>11.2} {:>9.2} {:>12} {:>12} {:>12}",
+                "{:<16} {:>2} {:>9.3} {:>5.3} {:<7} {:>11.2} {:>7.2} {:>11} {:>10} {:>11}",
                 r.policy.to_string(),
                 r.generations,
                 r.packed_over_lower_bound(),
@@ -502,11 +545,12 @@ impl<'i> Comparison<'i> {
                 if let Some((rr, packed)) = r.separate {
                     let _ = writeln!(
                         out,
-                        "{:<16} packed {} shared vs {} separate ({:.2}x), round-robin {} shared vs {} separate ({:.2}x)",
+                        "{:<16} packed {} shared vs {} separate ({:.2}x),\n{:<16} round-robin {} shared vs {} separate ({:.2}x)",
                         r.policy.to_string(),
                         human_bytes(r.packed),
                         human_bytes(packed),
                         byte_ratio(packed, r.packed),
+                        "",
                         human_bytes(r.round_robin),
                         human_bytes(rr),
                         byte_ratio(rr, r.round_robin)

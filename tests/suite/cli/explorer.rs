@@ -154,7 +154,9 @@ fn no_policy_means_compare() {
 fn help_and_version_exit_zero() {
     let o = run(&["--help"]);
     assert!(o.status.success());
-    assert!(stdout(&o).contains("Usage: replay-arena-plan <FILE>... (--generations <N>"));
+    assert!(stdout(&o).contains("Usage: replay-arena-plan <FILE>... (-g <N> | -k <K> | -d <D>)"));
+    // The options name the long forms.
+    assert!(stdout(&o).contains("-g, --generations <N>"));
     assert!(run(&["--version"]).status.success());
 }
 
@@ -479,9 +481,17 @@ fn bundled_comparisons_keep_lower_bound_le_packed_le_round_robin() {
 struct ExtentBox {
     runner: usize,
     x: f64,
-    y: f64,
     w: f64,
-    h: f64,
+    /// Its exact stacked addresses, `lo..hi`.
+    lo: u128,
+    hi: u128,
+}
+
+/// The least height the explorer draws a box (src/bin/replay-arena-plan/svg.rs).
+const MIN_BOX: f64 = 2.0;
+
+fn exact(node: roxmltree::Node<'_, '_>, name: &str) -> u128 {
+    node.attribute(name).unwrap().parse().unwrap()
 }
 
 fn attr(node: roxmltree::Node<'_, '_>, name: &str) -> f64 {
@@ -538,12 +548,17 @@ fn check_picture(workload: &str, args: &[&str]) {
         let boxes: Vec<ExtentBox> = panel
             .descendants()
             .filter(|n| n.attribute("class") == Some("extent"))
-            .map(|n| ExtentBox {
-                runner: n.attribute("data-runner").unwrap().parse().unwrap(),
-                x: attr(n, "x"),
-                y: attr(n, "y"),
-                w: attr(n, "width"),
-                h: attr(n, "height"),
+            .map(|n| {
+                // Coordinates are printed to 0.001 px; a box is at least
+                // MIN_BOX high, however few bytes it holds.
+                assert!(attr(n, "height") >= MIN_BOX - 0.001, "{workload} {args:?}");
+                ExtentBox {
+                    runner: n.attribute("data-runner").unwrap().parse().unwrap(),
+                    x: attr(n, "x"),
+                    w: attr(n, "width"),
+                    lo: exact(n, "data-lo"),
+                    hi: exact(n, "data-hi"),
+                }
             })
             .collect();
         let handoffs = panel
@@ -551,16 +566,15 @@ fn check_picture(workload: &str, args: &[&str]) {
             .filter(|n| n.attribute("class") == Some("handoff"))
             .count();
         assert!(!boxes.is_empty() || handoffs > 0, "an empty panel");
-        // Coordinates are printed to 0.001 px.
-        let eps = 0.01;
         for (i, a) in boxes.iter().enumerate() {
+            assert!(a.lo < a.hi, "{workload} {args:?}: {a:?}");
             for b in &boxes[i + 1..] {
                 if a.runner.abs_diff(b.runner) >= g {
                     continue;
                 }
                 let share_columns = a.x < b.x + b.w && b.x < a.x + a.w;
                 assert!(share_columns, "{workload} {args:?}: {a:?} {b:?}");
-                let overlap = a.y + a.h - b.y > eps && b.y + b.h - a.y > eps;
+                let overlap = a.lo < b.hi && b.lo < a.hi;
                 assert!(
                     !overlap,
                     "{workload} {args:?} {}: {a:?} overlaps {b:?}",
@@ -1102,4 +1116,210 @@ fn every_workload_error_names_its_line_and_column() {
             start + to.len()
         );
     }
+}
+
+// ---- picture details ------------------------------------------------------------
+
+/// Draws `workload` with `args` and returns the SVG text, parsed once to
+/// check that it is well-formed XML.
+fn picture(workload: &str, args: &[&str]) -> String {
+    let svg = scratch("picture.svg");
+    let mut all = vec![workload, "--svg", svg.to_str().unwrap()];
+    all.extend_from_slice(args);
+    ok(&all);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    if let Err(e) = roxmltree::Document::parse(&text) {
+        panic!("{workload} {args:?}: not well-formed XML: {e}");
+    }
+    text
+}
+
+#[test]
+fn names_with_characters_xml_forbids_still_draw_well_formed_xml() {
+    // U+FFFE and U+FFFF are valid JSON and pass every name check, but XML
+    // 1.0 allows neither, not even as a character reference; nor most C0
+    // controls.
+    let names = ["a\\ufffe", "b\\uffff", "c\\u0001\\u001f", "d\\u007f\\u0085"];
+    let runners: Vec<String> = names
+        .iter()
+        .map(|name| {
+            format!(
+                r#"{{"name": "{name}", "requests": [
+                    {{"domain": {{"symmetric": "g\ufffe"}}, "dtype": "bf16", "elements": 64}}]}}"#
+            )
+        })
+        .collect();
+    let workload = file(&format!(
+        r#"{{"name": "w\uffff", "runners": [{}]}}"#,
+        runners.join(",")
+    ));
+    for args in [&["-g", "2"][..], &["-g", "1", "--packed"]] {
+        let text = picture(&workload, args);
+        assert!(!text.contains(['\u{fffe}', '\u{ffff}', '\u{1}']), "{text}");
+        // Replaced, not dropped: the names stay apart.
+        assert!(
+            text.contains("a\u{fffd}") && text.contains("b\u{fffd}"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn the_legend_names_the_peak_band() {
+    let text = picture(&tp_backward(), &["-g", "2", "--packed"]);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let swatch = doc
+        .descendants()
+        .find(|n| n.attribute("class") == Some("legend-peak"))
+        .expect("a peak swatch in the legend");
+    // The swatch is drawn as the band is, and its text says what it means.
+    let band = doc
+        .descendants()
+        .find(|n| n.attribute("class") == Some("peak"))
+        .unwrap();
+    assert_eq!(swatch.attribute("fill"), band.attribute("fill"));
+    let label = swatch.next_sibling_element().unwrap();
+    assert!(
+        label
+            .text()
+            .unwrap()
+            .starts_with("peak: the column where the most bytes are live"),
+        "{:?}",
+        label.text()
+    );
+    // Above the first panel.
+    let first_panel = doc
+        .descendants()
+        .find(|n| n.attribute("class") == Some("arena"))
+        .unwrap();
+    assert!(attr(label, "y") < attr(first_panel, "y"));
+}
+
+#[test]
+fn boxes_too_small_for_the_scale_stay_visible() {
+    // Mixtral's router buffers are a few KiB beside gigabytes of experts.
+    let text = picture(&bundled("mixtral-8x7b-per-module"), &["-g", "2"]);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let mut tiny = 0;
+    for n in doc
+        .descendants()
+        .filter(|n| matches!(n.attribute("class"), Some("extent" | "handoff")))
+    {
+        let (lo, hi) = (exact(n, "data-lo"), exact(n, "data-hi"));
+        let h = attr(n, "height");
+        assert!(h >= MIN_BOX - 0.001, "{lo}..{hi} drawn {h} high");
+        // The box covers at least its own addresses: its bottom is at lo.
+        if h <= MIN_BOX + 0.001 {
+            tiny += 1;
+        }
+    }
+    assert!(tiny > 0, "mixtral has boxes thinner than MIN_BOX at scale");
+}
+
+#[test]
+fn bucket_boundaries_are_drawn_where_a_bucket_starts() {
+    let path = file(&bucketed_workload());
+    let text = picture(&path, &["-g", "2"]);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let panels: Vec<_> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("key"))
+        .collect();
+    assert!(!panels.is_empty());
+    for panel in panels {
+        // Three buckets of two runners each: boundaries before columns 2
+        // and 4, and the three names.
+        let lines: Vec<&str> = panel
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("bucket"))
+            .map(|n| n.attribute("data-column").unwrap())
+            .collect();
+        assert_eq!(lines, ["2", "4"]);
+        let names: Vec<&str> = panel
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("bucket-name"))
+            .map(|n| n.text().unwrap())
+            .collect();
+        assert_eq!(names, ["bs=1", "bs=4", "bs=16"]);
+    }
+    assert!(doc
+        .descendants()
+        .any(|n| n.attribute("class") == Some("legend-bucket")));
+    // Without buckets, none.
+    let plain = picture(&tp_backward(), &["-g", "2"]);
+    assert!(!plain.contains(r#"class="bucket""#) && !plain.contains("legend-bucket"));
+}
+
+// ---- line width ---------------------------------------------------------------
+
+#[test]
+fn no_line_of_text_output_is_wider_than_100_characters() {
+    let all: Vec<String> = [
+        "deepseek-v3-mtp",
+        "gpt3-175b-per-module",
+        "gpt3-175b-whole-layer",
+        "mixtral-8x7b-per-module",
+        "tp-backward-mid",
+    ]
+    .iter()
+    .map(|s| bundled(s))
+    .collect();
+    let bucketed = file(&bucketed_workload());
+    let mut runs: Vec<Vec<String>> = vec![
+        vec!["--help".into()],
+        vec!["-h".into()],
+        vec!["--version".into()],
+        vec![bucketed.clone()],
+        vec![bucketed.clone(), "-g".into(), "2".into()],
+    ];
+    let mut compare = vec!["--compare".to_string()];
+    compare.extend(all.iter().cloned());
+    runs.push(compare);
+    for w in &all {
+        for policy in [
+            &["-g", "2"][..],
+            &["-g", "3", "--packed"],
+            &["-k", "3"],
+            &["-d", "2"],
+        ] {
+            let mut args = vec![w.clone()];
+            args.extend(policy.iter().map(|a| a.to_string()));
+            runs.push(args);
+        }
+    }
+    for args in &runs {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ok(&args);
+        assert!(!out.is_empty(), "{args:?}");
+        for line in out.lines() {
+            assert!(
+                line.chars().count() <= 100,
+                "{args:?}: a line of {} characters: {line}",
+                line.chars().count()
+            );
+        }
+    }
+    // A usage error shows the usage forms, each within 100 characters too.
+    let e = refused(&["--packed", "a.json"]);
+    for line in e.lines() {
+        assert!(line.chars().count() <= 100, "{line}");
+    }
+}
+
+#[test]
+fn the_picture_in_the_docs_is_what_the_explorer_draws() {
+    // docs/workload-format.md: the bundled `tp-backward-mid` workload packed
+    // at G = 2.
+    let drawn = picture(&tp_backward(), &["-g", "2", "--packed"]);
+    let docs = std::fs::read_to_string(format!(
+        "{}/docs/plan-tp-backward-mid.svg",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    assert!(
+        drawn == docs,
+        "docs/plan-tp-backward-mid.svg is stale: regenerate it with \
+         `replay-arena-plan examples/workloads/tp-backward-mid.json -g 2 --packed \
+         --svg docs/plan-tp-backward-mid.svg`"
+    );
 }
