@@ -53,12 +53,14 @@ mod plan {
     mod scale;
 }
 mod regression {
+    mod consumer_views_close_when_their_closure_returns;
     mod cut_copies_and_traced_steps;
     mod faults_at_every_call;
     mod fence_holes;
     mod handoff_and_step_holes;
     mod kept_steps;
     mod overlapping_steps_and_copies;
+    mod sim_memory_nodes_only_from_alloc_and_free;
     mod writers_split_at_ready_points;
 }
 mod report {
