@@ -287,25 +287,130 @@ pub enum BackendError {
 /// relaunch), and every free is of memory the same graph allocated (else
 /// each replay frees the program's memory). Balanced temporaries keep
 /// their addresses at every launch.
+///
+/// One pass over each list with a set of the other's addresses (linear in
+/// the graph's memory nodes); the unfreed bytes are summed with checked
+/// arithmetic, and allocation nodes whose sizes overflow `u64` make the
+/// graph [`GraphRejection::Uninspectable`].
 pub(crate) fn check_memory_nodes(
     allocs: &[(u64, u64)],
     frees: &[u64],
 ) -> std::result::Result<(), GraphRejection> {
-    let escaping: Vec<_> = allocs.iter().filter(|(a, _)| !frees.contains(a)).collect();
-    let foreign: Vec<_> = frees
-        .iter()
-        .filter(|f| !allocs.iter().any(|(a, _)| a == *f))
-        .collect();
-    if escaping.is_empty() && foreign.is_empty() {
+    use std::collections::HashSet;
+    let freed: HashSet<u64> = frees.iter().copied().collect();
+    let allocated: HashSet<u64> = allocs.iter().map(|&(a, _)| a).collect();
+    let mut unfreed = 0usize;
+    let mut unfreed_bytes = Some(0u64);
+    let mut first_unfreed = None;
+    for &(addr, bytes) in allocs.iter().filter(|(a, _)| !freed.contains(a)) {
+        unfreed += 1;
+        unfreed_bytes = unfreed_bytes.and_then(|sum| sum.checked_add(bytes));
+        first_unfreed.get_or_insert(addr);
+    }
+    let mut foreign = frees.iter().filter(|f| !allocated.contains(f));
+    let first_foreign_free = foreign.next().copied();
+    let foreign_frees = first_foreign_free.map_or(0, |_| 1 + foreign.count());
+    if unfreed == 0 && foreign_frees == 0 {
         return Ok(());
     }
+    let Some(unfreed_bytes) = unfreed_bytes else {
+        return Err(GraphRejection::Uninspectable(Box::new(
+            BackendError::Refused {
+                op: "check graph memory nodes",
+                reason: format!(
+                    "the {unfreed} allocation node(s) the graph never frees hold more than \
+                     u64::MAX bytes in all: the backend reported impossible sizes"
+                ),
+            },
+        )));
+    };
     Err(GraphRejection::MemoryNodes {
-        unfreed: escaping.len(),
-        unfreed_bytes: escaping.iter().map(|(_, b)| b).sum(),
-        first_unfreed: escaping.first().map(|(a, _)| *a),
-        foreign_frees: foreign.len(),
-        first_foreign_free: foreign.first().map(|&&f| f),
+        unfreed,
+        unfreed_bytes,
+        first_unfreed,
+        foreign_frees,
+        first_foreign_free,
     })
+}
+
+#[cfg(test)]
+mod memory_node_checks {
+    use super::{check_memory_nodes, BackendError, GraphRejection};
+
+    #[test]
+    fn balanced_nodes_pass_and_unbalanced_ones_are_named_in_order() {
+        assert_eq!(check_memory_nodes(&[], &[]), Ok(()));
+        assert_eq!(
+            check_memory_nodes(&[(0x100, 8), (0x200, 16)], &[0x200, 0x100]),
+            Ok(())
+        );
+        assert_eq!(
+            check_memory_nodes(
+                &[(0x100, 8), (0x200, 16), (0x300, 32)],
+                &[0x200, 0x900, 0x800]
+            ),
+            Err(GraphRejection::MemoryNodes {
+                unfreed: 2,
+                unfreed_bytes: 40,
+                first_unfreed: Some(0x100),
+                foreign_frees: 2,
+                first_foreign_free: Some(0x900),
+            })
+        );
+    }
+
+    #[test]
+    fn unfreed_bytes_that_overflow_u64_are_a_typed_error_not_a_panic_or_a_wrap() {
+        let allocs = [(0x100, u64::MAX), (0x200, 2), (0x300, 1)];
+        let got = check_memory_nodes(&allocs, &[0x300]);
+        let Err(GraphRejection::Uninspectable(e)) = got else {
+            panic!("expected an uninspectable graph, got {got:?}");
+        };
+        let BackendError::Refused { op, reason } = *e else {
+            panic!("expected a refusal, got {e:?}");
+        };
+        assert_eq!(op, "check graph memory nodes");
+        assert!(reason.contains("2 allocation node(s)"), "{reason}");
+        // Right up to the limit the sum is exact.
+        assert_eq!(
+            check_memory_nodes(&[(0x100, u64::MAX - 2), (0x200, 2)], &[]),
+            Err(GraphRejection::MemoryNodes {
+                unfreed: 2,
+                unfreed_bytes: u64::MAX,
+                first_unfreed: Some(0x100),
+                foreign_frees: 0,
+                first_foreign_free: None,
+            })
+        );
+    }
+
+    /// Linear: 200 000 nodes each way take milliseconds (a pairwise
+    /// comparison would make 4e10 of them).
+    #[test]
+    fn many_memory_nodes_are_checked_in_one_pass() {
+        let n = 200_000u64;
+        let allocs: Vec<(u64, u64)> = (0..n).map(|i| (0x1000 + i * 256, 256)).collect();
+        // Freed in reverse order, one left over and one foreign free.
+        let mut frees: Vec<u64> = allocs[1..].iter().rev().map(|&(a, _)| a).collect();
+        frees.push(0x10);
+        let started = std::time::Instant::now();
+        let got = check_memory_nodes(&allocs, &frees);
+        assert_eq!(
+            got,
+            Err(GraphRejection::MemoryNodes {
+                unfreed: 1,
+                unfreed_bytes: 256,
+                first_unfreed: Some(0x1000),
+                foreign_frees: 1,
+                first_foreign_free: Some(0x10),
+            })
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }
 
 /// Why a backend refuses to keep a captured graph

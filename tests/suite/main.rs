@@ -53,6 +53,7 @@ mod plan {
     mod scale;
 }
 mod regression {
+    mod consumer_views_close_when_their_closure_returns;
     mod cut_copies_and_traced_steps;
     mod faults_at_every_call;
     mod fence_holes;
@@ -63,6 +64,7 @@ mod regression {
     #[cfg(feature = "serde")]
     mod named_params_avoid_handoff_numbers;
     mod overlapping_steps_and_copies;
+    mod sim_memory_nodes_only_from_alloc_and_free;
     mod writers_split_at_ready_points;
 }
 mod report {

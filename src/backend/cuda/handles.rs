@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::CudaContext;
 
@@ -276,10 +276,11 @@ impl Device {
             .ctx
             .new_stream()
             .map_err(|e| driver_error("cuStreamCreate", e))?;
+        let serial = stream_identity(&inner, None);
         Ok(Stream {
             inner,
             per_thread: None,
-            serial: next_stream_serial(),
+            serial,
         })
     }
 
@@ -316,10 +317,11 @@ impl Device {
             .ctx
             .new_stream_with_priority(priority)
             .map_err(|e| driver_error("cuStreamCreateWithPriority", e))?;
+        let serial = stream_identity(&inner, None);
         Ok(Stream {
             inner,
             per_thread: None,
-            serial: next_stream_serial(),
+            serial,
         })
     }
 
@@ -341,6 +343,12 @@ impl Device {
     /// different stream on every thread: the handle wrapped here stands for
     /// the calling thread's, and using it from another thread is refused.
     ///
+    /// One stream has one identity for the fence and the view checks while
+    /// any handle of it lives: wrapping it again (or wrapping the cudarc
+    /// stream of a [`Device::new_stream`]) gives a handle with the same
+    /// [`stream_id`](crate::Streams::stream_id), so a capture on one handle
+    /// excludes the fence's work and consumers on the other.
+    ///
     /// # Errors
     ///
     /// [`BackendError::LegacyStream`] for the legacy default (NULL) stream
@@ -358,10 +366,11 @@ impl Device {
             return Err(BackendError::LegacyStream { op: "wrap stream" });
         }
         let per_thread = (raw == PER_THREAD_HANDLE).then(this_thread);
+        let serial = stream_identity(&stream, per_thread);
         Ok(Stream {
             inner: stream,
             per_thread,
-            serial: next_stream_serial(),
+            serial,
         })
     }
 
@@ -430,12 +439,61 @@ pub(super) fn capturing(raw: sys::CUstream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// A [`Streams::stream_id`] for a new [`Stream`] handle: unique in the
-/// process and never reused, unlike the driver's `CUstream`, which the next
-/// `cuStreamCreate` hands out again as soon as a stream is destroyed.
+/// A fresh [`Streams::stream_id`](crate::Streams::stream_id): unique in
+/// the process and never reused, unlike the driver's `CUstream`, which the
+/// next `cuStreamCreate` hands out again as soon as a stream is destroyed.
 fn next_stream_serial() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One stream some live [`Stream`] handle names: its context, raw handle
+/// and (the per-thread default stream) thread, the identity its handles
+/// share, and the cudarc streams they hold.
+struct KnownStream {
+    ctx: usize,
+    raw: usize,
+    thread: Option<u64>,
+    serial: u64,
+    handles: Vec<Weak<cudarc::driver::CudaStream>>,
+}
+
+/// The streams live [`Stream`] handles name.
+static KNOWN_STREAMS: Mutex<Vec<KnownStream>> = Mutex::new(Vec::new());
+
+/// The identity of a new [`Stream`] handle of `stream`: the one the live
+/// handles of the same stream (context, `CUstream`, and thread for the
+/// per-thread default stream) have, else a fresh one. A stream is known
+/// while a cudarc handle of it lives: every [`Stream`] holds one, and
+/// cudarc destroys the stream only with its last, so a `CUstream` the
+/// driver hands out again after a destroy is another stream with a fresh
+/// identity (and an identity the fence still remembers is never reused).
+fn stream_identity(stream: &Arc<cudarc::driver::CudaStream>, thread: Option<u64>) -> u64 {
+    let ctx = stream.context().cu_ctx() as usize;
+    let raw = stream.cu_stream() as usize;
+    let mut known = KNOWN_STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+    known.retain_mut(|k| {
+        k.handles.retain(|w| w.strong_count() > 0);
+        !k.handles.is_empty()
+    });
+    if let Some(k) = known
+        .iter_mut()
+        .find(|k| (k.ctx, k.raw, k.thread) == (ctx, raw, thread))
+    {
+        if !k.handles.iter().any(|w| w.as_ptr() == Arc::as_ptr(stream)) {
+            k.handles.push(Arc::downgrade(stream));
+        }
+        return k.serial;
+    }
+    let serial = next_stream_serial();
+    known.push(KnownStream {
+        ctx,
+        raw,
+        thread,
+        serial,
+        handles: vec![Arc::downgrade(stream)],
+    });
+    serial
 }
 
 /// A number for the calling thread, unique in the process.
@@ -453,9 +511,10 @@ pub(super) fn this_thread() -> u64 {
 /// The fence knows it by an identity this crate issued when the handle was
 /// made ([`Device::new_stream`], [`Device::wrap_stream`]), never by
 /// its raw `CUstream`: a destroyed stream's handle value comes back from the
-/// next `cuStreamCreate` while its work may still run. Wrapping one cudarc
-/// stream twice gives two identities (the fence then waits where stream
-/// order would have sufficed, which is safe).
+/// next `cuStreamCreate` while its work may still run. Every handle of one
+/// stream has the same identity while any of them lives (wrapping a stream
+/// twice included): the claims that keep the fence's work and consumers off
+/// a capturing stream compare identities.
 #[derive(Clone, Debug)]
 pub struct Stream {
     pub(super) inner: Arc<cudarc::driver::CudaStream>,

@@ -8,7 +8,7 @@ use super::device::Device;
 use super::faults::Call;
 use super::graphs::{Graph, GraphMemory, SimStep, SimStepNode};
 use super::memory::Memory;
-use super::ops::Op;
+use super::ops::Node;
 use super::streams::{Capture as OpenCapture, Event, EventState, Stream};
 use super::{clock::merge, sim_error, Result, FOREIGN_EVENT};
 use crate::backend::{
@@ -277,8 +277,8 @@ impl Capture for Device {
         let mut frees = Vec::new();
         for (op, _) in parts.iter().flat_map(|g| &g.ops) {
             match *op {
-                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
-                Op::FreeNode { addr } => frees.push(addr),
+                Node::Alloc { addr, bytes } => allocs.push((addr, bytes)),
+                Node::Free { addr } => frees.push(addr),
                 _ => {}
             }
         }
@@ -319,8 +319,8 @@ impl Capture for Device {
         let mut frees = Vec::new();
         for (op, _) in &graph.ops {
             match *op {
-                Op::AllocNode { addr, bytes } => allocs.push((addr, bytes)),
-                Op::FreeNode { addr } => frees.push(addr),
+                Node::Alloc { addr, bytes } => allocs.push((addr, bytes)),
+                Node::Free { addr } => frees.push(addr),
                 _ => {}
             }
         }
@@ -330,13 +330,13 @@ impl Capture for Device {
     #[track_caller]
     fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
         self.fault(Call::GraphMemoryQuery)?;
-        let nodes: Vec<&[(Op, u64)]> = match &graph.step {
+        let nodes: Vec<&[(Node, u64)]> = match &graph.step {
             Some(step) => step.nodes.iter().map(|n| n.ops.as_slice()).collect(),
             None => vec![graph.ops.as_slice()],
         };
         let mut t = Temporaries::default();
         for (op, _) in nodes.into_iter().flatten() {
-            if let Op::AllocNode { bytes, .. } = *op {
+            if let Node::Alloc { bytes, .. } = *op {
                 t.allocations += 1;
                 t.bytes += bytes;
             }
@@ -454,11 +454,7 @@ impl Compose for Device {
         }
         // As CUDA: a graph with memory nodes cannot be cloned into a child
         // graph node; it can be moved in.
-        let memory_nodes = |g: &Graph| {
-            g.ops
-                .iter()
-                .any(|(op, _)| matches!(op, Op::AllocNode { .. } | Op::FreeNode { .. }))
-        };
+        let memory_nodes = |g: &Graph| g.ops.iter().any(|(node, _)| node.is_memory());
         if nodes
             .iter()
             .any(|n| matches!(n.graph, NodeGraph::Copy(g) if memory_nodes(g)))

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::faults::{Call, FaultLog, Faults};
 use super::hazards::Hazard;
 use super::memory::HostBuffer;
-use super::ops::{AsSpan, Op, Span};
+use super::ops::{AsSpan, Node, Op, Span};
 use super::streams::{Event, Stream, StreamState};
 use super::{lock, sim_error, Result, SimState, FOREIGN_EVENT, FOREIGN_STREAM};
 use crate::backend::Streams;
@@ -166,7 +166,7 @@ impl Device {
             }
         }
         if let Some(capture) = s.streams[id].capturing.as_mut() {
-            capture.ops.push((op, duration));
+            capture.ops.push((Node::Kernel(op), duration));
             return Ok(());
         }
         s.submit(id, op, duration)
@@ -191,7 +191,7 @@ impl Device {
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
         if let Some(capture) = s.streams[id].capturing.as_mut() {
-            capture.ops.push((op, duration));
+            capture.ops.push((Node::Kernel(op), duration));
             return Ok(());
         }
         s.submit(id, op, duration)
@@ -237,7 +237,7 @@ impl Device {
         s.graph_reserved = s.graph_reserved.max(s.graph_bytes);
         if let Some(capture) = s.streams[id].capturing.as_mut() {
             capture.temps.push(base);
-            capture.ops.push((Op::AllocNode { addr: base, bytes }, 0));
+            capture.ops.push((Node::Alloc { addr: base, bytes }, 0));
         }
         Ok(Span {
             addr: base,
@@ -267,7 +267,7 @@ impl Device {
         let base = s.temporary_of(span).unwrap_or(span.addr);
         match s.streams[id].capturing.as_mut() {
             Some(capture) => {
-                capture.ops.push((Op::FreeNode { addr: span.addr }, 0));
+                capture.ops.push((Node::Free { addr: span.addr }, 0));
                 capture.freed.push(base);
                 Ok(())
             }

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::ops::Op;
+use super::ops::Node;
 use super::streams::EventState;
 use super::{lock, Result, SimState};
 
@@ -13,7 +13,7 @@ use super::{lock, Result, SimState};
 /// addresses).
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
-    pub(super) ops: Vec<(Op, u64)>,
+    pub(super) ops: Vec<(Node, u64)>,
     /// Event record nodes: (index of the op they precede, event id).
     pub(super) records: Vec<(usize, usize)>,
     /// Held for their drop: frees the allocation nodes' memory with the
@@ -43,7 +43,7 @@ pub(super) struct SimStep {
 
 #[derive(Clone, Debug)]
 pub(super) struct SimStepNode {
-    pub(super) ops: Vec<(Op, u64)>,
+    pub(super) ops: Vec<(Node, u64)>,
     pub(super) records: Vec<(usize, usize)>,
     pub(super) deps: Vec<usize>,
     pub(super) lane: usize,
@@ -77,8 +77,8 @@ impl Drop for GraphMemory {
 }
 
 impl Graph {
-    /// The captured ops with their durations.
-    pub fn ops(&self) -> &[(Op, u64)] {
+    /// The captured nodes (kernels and memory nodes) with their durations.
+    pub fn ops(&self) -> &[(Node, u64)] {
         &self.ops
     }
 }
@@ -87,7 +87,7 @@ impl SimState {
     /// Checks a graph's ops before any is submitted (all or nothing): a raw
     /// span captured into a program buffer that was freed since may now
     /// name a plan's arena.
-    fn graph_ranges(&self, ops: &[(Op, u64)]) -> Result<Vec<OpRanges>> {
+    fn graph_ranges(&self, ops: &[(Node, u64)]) -> Result<Vec<OpRanges>> {
         ops.iter()
             .map(|(op, _)| {
                 op.accesses()
@@ -103,7 +103,7 @@ impl SimState {
     fn run_ops(
         &mut self,
         s: usize,
-        ops: &[(Op, u64)],
+        ops: &[(Node, u64)],
         records: &[(usize, usize)],
         ranges: Vec<OpRanges>,
     ) {
@@ -125,7 +125,7 @@ impl SimState {
     /// stream) after its dependencies, every lane starting after what `s`
     /// holds, and `s` goes on after every node. All or nothing.
     pub(super) fn launch_graph(&mut self, s: usize, graph: &Graph) -> Result<()> {
-        let nodes: Vec<&[(Op, u64)]> = match &graph.step {
+        let nodes: Vec<&[(Node, u64)]> = match &graph.step {
             Some(step) => step.nodes.iter().map(|n| n.ops.as_slice()).collect(),
             None => vec![graph.ops.as_slice()],
         };

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::ops::{AsSpan, Op, Span};
+use super::ops::{AsSpan, Node, Op, Span};
 use super::{lock, sim_error, Result, SimState};
 use crate::backend::{Arena, BackendError};
 use crate::scope::check_use;
@@ -169,9 +169,9 @@ impl SimState {
         Some(())
     }
 
-    /// The byte ranges (start, end, written?) an op touches, each inside a
+    /// The byte ranges (start, end, written?) a node touches, each inside a
     /// live allocation.
-    pub(super) fn ranges(&self, op: &Op) -> Result<Vec<((u64, u64), bool)>> {
+    pub(super) fn ranges(&self, op: &Node) -> Result<Vec<((u64, u64), bool)>> {
         let accesses = op.accesses();
         let mut ranges = Vec::with_capacity(accesses.len());
         for (span, write) in &accesses {

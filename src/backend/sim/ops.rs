@@ -87,7 +87,11 @@ impl<A: Access> AsSpan for View<'_, A> {
     }
 }
 
-/// One simulated kernel.
+/// One simulated kernel: what [`Device::launch`](super::Device::launch)
+/// runs or captures. Memory nodes are no `Op`: only
+/// [`Device::alloc_async`](super::Device::alloc_async) and
+/// [`Device::free_async`](super::Device::free_async) put them in a graph,
+/// so the model knows every temporary a capture allocates and frees.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
     /// `dst[i] = value`.
@@ -117,22 +121,6 @@ pub enum Op {
         dst: Span,
         /// The factor.
         factor: f32,
-    },
-    /// A graph memory allocation node, as stream-ordered allocation during
-    /// capture creates in CUDA ([`Device::alloc_async`](super::Device::alloc_async)). Its address
-    /// is fixed for the graph's life; a plan accepts the graph only when
-    /// the graph also frees it.
-    AllocNode {
-        /// The address it hands out.
-        addr: u64,
-        /// Bytes it allocates.
-        bytes: u64,
-    },
-    /// A graph memory free node ([`Device::free_async`](super::Device::free_async)); a plan accepts
-    /// it only for memory the same graph allocated.
-    FreeNode {
-        /// The address it frees.
-        addr: u64,
     },
 }
 
@@ -175,19 +163,62 @@ impl Op {
             Op::Fill { dst, .. } | Op::Scale { dst, .. } => vec![(dst, true)],
             Op::Copy { src, dst } => vec![(src, false), (dst, true)],
             Op::Add { src, dst } => vec![(src, false), (dst, true)],
-            Op::AllocNode { .. } | Op::FreeNode { .. } => Vec::new(),
         }
     }
 }
 
+/// One node of a captured graph ([`Graph::ops`](super::Graph::ops)): a
+/// kernel, or a memory node that a capture's
+/// [`Device::alloc_async`](super::Device::alloc_async) or
+/// [`Device::free_async`](super::Device::free_async) made. No call takes a
+/// `Node`: a program launches [`Op`]s, so a memory node it builds itself
+/// never reaches a graph (the model's use-after-free check knows every
+/// free).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Node {
+    /// A kernel.
+    Kernel(Op),
+    /// A graph memory allocation node, as stream-ordered allocation during
+    /// capture creates in CUDA ([`Device::alloc_async`](super::Device::alloc_async)). Its address
+    /// is fixed for the graph's life; a plan accepts the graph only when
+    /// the graph also frees it.
+    Alloc {
+        /// The address it hands out.
+        addr: u64,
+        /// Bytes it allocates.
+        bytes: u64,
+    },
+    /// A graph memory free node ([`Device::free_async`](super::Device::free_async)); a plan accepts
+    /// it only for memory the same graph allocated.
+    Free {
+        /// The address it frees.
+        addr: u64,
+    },
+}
+
+impl Node {
+    /// (span, written?) for every span the node touches.
+    pub(super) fn accesses(&self) -> Vec<(Span, bool)> {
+        match self {
+            Node::Kernel(op) => op.accesses(),
+            Node::Alloc { .. } | Node::Free { .. } => Vec::new(),
+        }
+    }
+
+    /// Whether it is an allocation or free node.
+    pub(super) fn is_memory(&self) -> bool {
+        matches!(self, Node::Alloc { .. } | Node::Free { .. })
+    }
+}
+
 impl SimState {
-    pub(super) fn apply(&mut self, op: Op) {
-        match op {
-            Op::Fill { dst, value } => self.binary(dst, dst, |_, _| value),
-            Op::Copy { src, dst } => self.binary(src, dst, |_, s| s),
-            Op::Add { src, dst } => self.binary(src, dst, |d, s| d + s),
-            Op::Scale { dst, factor } => self.binary(dst, dst, |d, _| d * factor),
-            Op::AllocNode { .. } | Op::FreeNode { .. } => {}
+    pub(super) fn apply(&mut self, node: Node) {
+        match node {
+            Node::Kernel(Op::Fill { dst, value }) => self.binary(dst, dst, |_, _| value),
+            Node::Kernel(Op::Copy { src, dst }) => self.binary(src, dst, |_, s| s),
+            Node::Kernel(Op::Add { src, dst }) => self.binary(src, dst, |d, s| d + s),
+            Node::Kernel(Op::Scale { dst, factor }) => self.binary(dst, dst, |d, _| d * factor),
+            Node::Alloc { .. } | Node::Free { .. } => {}
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::clock::{merge, Access};
 use super::hazards::Hazard;
-use super::ops::Op;
+use super::ops::{Node, Op};
 use super::{lock, Result, SimState};
 
 /// A simulated stream. Cheap to clone; clones are the same stream. It knows
@@ -51,7 +51,7 @@ impl Drop for Event {
 /// What a capturing stream has recorded so far.
 #[derive(Default)]
 pub(super) struct Capture {
-    pub(super) ops: Vec<(Op, u64)>,
+    pub(super) ops: Vec<(Node, u64)>,
     pub(super) records: Vec<(usize, usize)>,
     /// Allocations its allocation nodes made.
     pub(super) temps: Vec<u64>,
@@ -126,7 +126,7 @@ const APPLY_AT: usize = 256;
 pub(super) struct Pending {
     end: u64,
     order: u64,
-    op: Op,
+    op: Node,
 }
 
 impl PartialEq for Pending {
@@ -152,6 +152,7 @@ impl Ord for Pending {
 impl SimState {
     /// Submits one op to a stream that is not capturing.
     pub(super) fn submit(&mut self, s: usize, op: Op, duration: u64) -> Result<()> {
+        let op = Node::Kernel(op);
         let ranges = self.ranges(&op)?;
         self.submit_checked(s, op, ranges, duration);
         Ok(())
@@ -161,7 +162,7 @@ impl SimState {
     pub(super) fn submit_checked(
         &mut self,
         s: usize,
-        op: Op,
+        op: Node,
         ranges: Vec<((u64, u64), bool)>,
         duration: u64,
     ) {

@@ -334,6 +334,76 @@ fn a_recycled_stream_handle_does_not_skip_the_wait() {
     assert_eq!(d.ends(addr), (9.0, 9.0), "runner 0 overwrote runner 1");
 }
 
+/// One stream has one identity, however many handles the program makes of
+/// it: the claims that keep a capture off a stream a consumer (or the
+/// fence) works on compare identities, so with two identities a capture
+/// could begin on the real stream under an open consumer, and record the
+/// consumer's work and the fence's event record into its graph.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_stream_wrapped_again_has_the_same_identity_and_the_same_claims() {
+    let d = dev();
+    let stream = d.backend.new_stream().unwrap();
+    let again = d.backend.wrap_stream(stream.cudarc().clone()).unwrap();
+    let twice = d.backend.wrap_stream(again.cudarc().clone()).unwrap();
+    let id = d.backend.stream_id(&stream);
+    assert_eq!(d.backend.stream_id(&again), id, "a wrap of a new stream");
+    assert_eq!(d.backend.stream_id(&twice), id, "a wrap of a wrap");
+    let other = d.backend.new_stream().unwrap();
+    assert_ne!(d.backend.stream_id(&other), id, "another stream");
+    // The per-thread default stream: one identity per thread.
+    let ctx = d.backend.context().clone();
+    let mine = d.backend.wrap_stream(ctx.per_thread_stream()).unwrap();
+    let mine_again = d.backend.wrap_stream(ctx.per_thread_stream()).unwrap();
+    assert_eq!(d.backend.stream_id(&mine), d.backend.stream_id(&mine_again));
+    let theirs = std::thread::scope(|t| {
+        t.spawn(|| {
+            let s = d.backend.wrap_stream(ctx.per_thread_stream()).unwrap();
+            d.backend.stream_id(&s)
+        })
+        .join()
+        .unwrap()
+    });
+    assert_ne!(
+        theirs,
+        d.backend.stream_id(&mine),
+        "another thread's stream"
+    );
+
+    // A consumer on one handle: a capture on the other handle of the same
+    // stream is refused, as on the consumer's own handle.
+    let mut consumed = d.sealed(1, 1, &other, |_| 1.0, |_| 0);
+    consumed.replay(RunnerId(0), &other).unwrap();
+    let rs = [(RunnerId(0), [REQ])];
+    let planned = Discovering::from_runners(PlanConfig::new(), rs)
+        .unwrap()
+        .plan(Policy::Generations(1))
+        .unwrap();
+    let mut capturing = planned.allocate(d.backend.clone()).unwrap();
+    consumed
+        .consume(RunnerId(0), &again, |_, _| -> Result<(), String> {
+            let cap = capturing.capture(RunnerId(0)).map_err(|e| e.to_string())?;
+            let view = cap.take(REQ).map_err(|e| e.to_string())?;
+            let refused = cap.stream_capture(&stream, |s| {
+                d.spin_fill(s, view.device_address(), N as u32, 2.0, 0)
+            });
+            assert!(
+                matches!(
+                    refused,
+                    Err(replay_arena::StreamCaptureError::Capture(
+                        replay_arena::CaptureError::StreamInUse {
+                            runner: RunnerId(0)
+                        }
+                    ))
+                ),
+                "{refused:?}"
+            );
+            Ok(())
+        })
+        .unwrap();
+    assert!(!d.backend.is_capturing(&stream).unwrap());
+}
+
 #[cfg(feature = "nccl")]
 #[test]
 #[ignore = "needs a CUDA GPU"]
