@@ -212,10 +212,10 @@ impl Capture for Device {
         let mut live = std::collections::HashMap::new();
         for (op, _) in &graph.ops[..at.min(graph.ops.len())] {
             match *op {
-                Op::AllocNode { addr, bytes } => {
+                Node::Alloc { addr, bytes } => {
                     live.insert(addr, bytes);
                 }
-                Op::FreeNode { addr } => {
+                Node::Free { addr } => {
                     live.remove(&addr);
                 }
                 _ => {}
