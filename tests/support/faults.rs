@@ -138,6 +138,14 @@ pub fn assert_clean(sim: &sim::Device, allocations: usize, what: impl fmt::Displ
     assert_eq!(sim.live_allocations(), allocations, "{what}: allocations");
 }
 
+/// Runs `f` with `faults` injected into `sim`, and takes them out after.
+pub fn under<T>(sim: &sim::Device, faults: Faults, f: impl FnOnce() -> T) -> T {
+    sim.inject(faults);
+    let out = f();
+    sim.inject(Faults::none());
+    out
+}
+
 /// One run of an [`at_each_call`] sweep: no fault (the run that counts
 /// the calls), or a fault at one call of the operation under attack.
 pub struct Attack {
@@ -159,12 +167,30 @@ impl Attack {
     /// injected into `sim` (none on the counting run), and the faults
     /// taken out again after it.
     pub fn on<T>(&self, sim: &sim::Device, f: impl FnOnce() -> T) -> T {
-        sim.inject(self.fault.map_or_else(Faults::none, Faults::at));
-        let out = f();
-        let log = sim.fault_log();
-        self.calls.set(Some(log.calls));
-        self.log.set(Some(log));
-        sim.inject(Faults::none());
+        under(
+            sim,
+            self.fault.map_or_else(Faults::none, Faults::at),
+            || {
+                let out = f();
+                let log = sim.fault_log();
+                self.calls.set(Some(log.calls));
+                self.log.set(Some(log));
+                out
+            },
+        )
+    }
+
+    /// [`Attack::on`] for an operation that must succeed when no fault is
+    /// injected (the counting run).
+    pub fn on_ok<T, E: fmt::Debug>(
+        &self,
+        sim: &sim::Device,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let out = self.on(sim, f);
+        if let (None, Err(e)) = (self.fault, &out) {
+            panic!("failed with no fault injected: {e:?}");
+        }
         out
     }
 

@@ -1,4 +1,10 @@
-//! TODO
+//! Finding: `sim` accepted a temporary used after its `free_async` in the
+//! same graph (or in a part cut before the use), where CUDA may give its
+//! memory to a later allocation of the graph. The model now refuses it.
+//! Guards that every shape of use after free (one graph, repeatable, across
+//! a cut, only in a copy run, another copy's temporary, a raw span forged
+//! at another graph's temporary) is refused or stays hazard-free, and that
+//! a freed temporary's bytes are never handed out again within the graph.
 
 use replay_arena::sim;
 use replay_arena::{Discovering, GraphMemory, HandoffId, PlanConfig, Policy, RunnerId};

@@ -1,4 +1,9 @@
-//! TODO
+//! Finding: `Replayable::start_trace_with_capacity(usize::MAX)` allocated
+//! marks until memory ran out. It now refuses more than
+//! `Replayable::MAX_TRACE_CAPACITY` slices with
+//! `TraceError::CapacityTooLarge { slices, max }`. Guards the refusal (and
+//! that it leaves a running trace running) and that a trace at the maximum
+//! is accepted, restarted and cleaned up.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -1,4 +1,9 @@
-//! TODO
+//! Finding: a `Capturing` dropped unsealed (a closure that panicked, a
+//! failed `seal` passed on with `?`, or simply dropped) left the pool's
+//! reservation behind: the memory in use went back to 0, the reserved
+//! memory did not. It now trims graph memory after its graphs are gone,
+//! as `replan` and a sealed plan's teardown do. Guards that no graph
+//! memory is used or reserved after each such drop.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

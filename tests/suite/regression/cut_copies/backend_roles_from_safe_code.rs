@@ -1,4 +1,8 @@
-//! TODO
+//! The backend roles called from safe code against a plan: the program
+//! begins a capture on a fenced stream (or inside a consumer closure),
+//! composes or splits a plan's graph that holds temporaries. Guards that
+//! each is refused or harmless and the plan's graphs keep their
+//! temporaries. An attack that found no hole.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -1,4 +1,9 @@
-//! TODO
+//! Copy runs of a repeatable capture (the step copies, cut at their ready
+//! points) whose work differs from the first run's: a ready point added,
+//! doubled, moved or marked on another stream, a handoff written or read
+//! after its ready point, an error after the cut, a nested capture.
+//! Guards that each is a typed refusal or stays fenced (hazard-free). An
+//! attack that found no hole.
 
 use replay_arena::sim;
 use replay_arena::{Capture, CaptureError, RunnerId, StreamCaptureError};

@@ -1,4 +1,9 @@
-//! TODO
+//! Traced step graphs: kept steps launched traced and untraced in turn,
+//! mixed cut copies and copied graphs, traces restarted while launches are
+//! in flight, event creation failing with no marks made ahead, and kept
+//! steps outliving a `replan` with a trace running. Guards that traced and
+//! untraced launches agree, every node sits inside its launch, and no
+//! event leaks. An attack that found no hole.
 
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::RunnerId;

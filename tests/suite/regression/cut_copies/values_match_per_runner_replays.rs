@@ -1,4 +1,8 @@
-//! TODO
+//! Step graphs of cut step copies give the values of per-runner replays:
+//! temporaries across the cut, readers after their own ready point, zero
+//! to three copies, a runner twice in one step, two handoffs of one
+//! writer, consumers waiting for the part after the cut, trims between
+//! launches. An attack that found no hole.
 
 use replay_arena::sim;
 use replay_arena::{Backend, Capture, RunnerId, Streams};

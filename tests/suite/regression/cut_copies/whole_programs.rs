@@ -1,4 +1,9 @@
-//! TODO
+//! Whole programs over cut step copies (per-runner replays, a step graph,
+//! a kept overlapping step, a consumer, a program wait; traced or not,
+//! graphs forgotten or not), and a fault at every backend call of them.
+//! Guards that the device stays hazard-free, traced and untraced values
+//! agree, and teardown leaks no event, allocation or graph memory. An
+//! attack that found no hole.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

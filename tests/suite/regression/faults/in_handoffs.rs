@@ -1,9 +1,14 @@
-//! TODO
+//! Faults in handoffs: a handoff writer or reader whose launch fails, a
+//! fault at each call of the writer (with and without a ready point), its
+//! stream dropped after the fault, and a kept step launched after it.
+//! Guards that a failed write does not count as a write, a failed read
+//! does not mark the handoff read, and the reader stays ordered after the
+//! writer. An attack that found no hole.
 
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{Discovering, HandoffId, PlanConfig, Policy, ReplayError, Replayable};
 
-use crate::support::faults::{calls_of, r, read0, N, Q};
+use crate::support::faults::{at_each_call, r, read0, under, N, Q};
 
 struct Handoff {
     sim: sim::Device,
@@ -79,9 +84,9 @@ fn a_handoff_writer_whose_launch_fails_does_not_count_as_a_write() {
         hf.rp.replay(r(0), &a).unwrap();
         hf.rp.replay(r(1), &b).unwrap();
         let before = hf.rp.fence_stats();
-        sim.inject(Faults::nth(Call::Launch, 0));
-        assert!(hf.rp.replay(r(0), &a).is_err());
-        sim.inject(Faults::none());
+        under(&sim, Faults::nth(Call::Launch, 0), || {
+            assert!(hf.rp.replay(r(0), &a).is_err())
+        });
         assert_eq!(hf.rp.fence_stats(), before, "ready {ready}");
         assert!(
             matches!(
@@ -108,9 +113,9 @@ fn a_handoff_reader_whose_launch_fails_is_not_marked_read() {
         let sim = hf.sim.clone();
         let (a, b) = (sim.stream(), sim.stream());
         hf.rp.replay(r(0), &a).unwrap();
-        sim.inject(Faults::nth(Call::Launch, 0));
-        assert!(hf.rp.replay(r(1), &b).is_err());
-        sim.inject(Faults::none());
+        under(&sim, Faults::nth(Call::Launch, 0), || {
+            assert!(hf.rp.replay(r(1), &b).is_err())
+        });
         hf.rp.replay(r(1), &b).unwrap();
         hf.rp.synchronize().unwrap();
         assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), 1.0);
@@ -124,25 +129,13 @@ fn a_handoff_reader_whose_launch_fails_is_not_marked_read() {
 #[test]
 fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
     for ready in [false, true] {
-        let n = {
-            let mut hf = handoff(ready);
-            let sim = hf.sim.clone();
-            let (a, b) = (sim.stream(), sim.stream());
-            hf.rp.replay(r(0), &a).unwrap();
-            hf.rp.replay(r(1), &b).unwrap();
-            calls_of(&sim, || {
-                hf.rp.replay(r(0), &a).unwrap();
-            })
-        };
-        for k in 0..n {
+        at_each_call(|attack| {
             let mut hf = handoff(ready);
             let sim = hf.sim.clone();
             let s = [sim.stream(), sim.stream(), sim.stream()];
             hf.rp.replay(r(0), &s[0]).unwrap();
             hf.rp.replay(r(1), &s[1]).unwrap();
-            sim.inject(Faults::at(k));
-            let first = hf.rp.replay(r(0), &s[0]);
-            sim.inject(Faults::none());
+            let first = attack.on_ok(&sim, || hf.rp.replay(r(0), &s[0]));
             let second = hf.rp.replay(r(1), &s[1]);
             if first.is_ok() {
                 second.unwrap();
@@ -150,16 +143,16 @@ fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
             hf.rp.replay(r(0), &s[2]).unwrap();
             hf.rp.replay(r(1), &s[1]).unwrap();
             hf.rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "ready {ready}, fault at {k}");
+            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
             let c = read0(&sim, &hf.count);
             assert_eq!(
                 read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
                 c,
-                "ready {ready}, {k}"
+                "ready {ready}, {attack}"
             );
             drop(hf.rp);
-            assert_eq!(sim.live_events(), 0, "ready {ready}, fault at {k}");
-        }
+            assert_eq!(sim.live_events(), 0, "ready {ready}, {attack}");
+        });
     }
 }
 
@@ -169,36 +162,28 @@ fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
 #[test]
 fn a_writer_whose_stream_is_dropped_after_a_fault_still_orders_its_reader() {
     for ready in [false, true] {
-        let n = {
+        at_each_call(|attack| {
             let mut hf = handoff(ready);
             let sim = hf.sim.clone();
             let a = sim.stream();
-            calls_of(&sim, || hf.rp.replay(r(0), &a).unwrap())
-        };
-        for k in 0..n {
-            let mut hf = handoff(ready);
-            let sim = hf.sim.clone();
-            let a = sim.stream();
-            sim.inject(Faults::at(k));
-            let wrote = hf.rp.replay(r(0), &a);
-            sim.inject(Faults::none());
+            let wrote = attack.on_ok(&sim, || hf.rp.replay(r(0), &a));
             drop(a);
             let b = sim.stream();
             match hf.rp.replay(r(1), &b) {
                 Ok(()) => {}
-                Err(ReplayError::HandoffNotWritten { .. }) => assert!(wrote.is_err(), "{k}"),
-                Err(e) => panic!("ready {ready}, fault at {k}: {e:?}"),
+                Err(ReplayError::HandoffNotWritten { .. }) => assert!(wrote.is_err(), "{attack}"),
+                Err(e) => panic!("ready {ready}, {attack}: {e:?}"),
             }
             let c = sim.stream();
             hf.rp.replay(r(0), &c).unwrap();
             hf.rp.replay(r(1), &b).unwrap();
             hf.rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "ready {ready}, fault at {k}");
+            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
             assert_eq!(
                 read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
                 read0(&sim, &hf.count)
             );
-        }
+        });
     }
 }
 
@@ -208,7 +193,7 @@ fn a_writer_whose_stream_is_dropped_after_a_fault_still_orders_its_reader() {
 #[test]
 fn a_kept_launch_after_a_replay_failing_at_each_call_waits_for_what_went_out() {
     for ready in [false, true] {
-        let n = {
+        at_each_call(|attack| {
             let mut hf = handoff(ready);
             let sim = hf.sim.clone();
             let (a, b) = (sim.stream(), sim.stream());
@@ -217,29 +202,16 @@ fn a_kept_launch_after_a_replay_failing_at_each_call_waits_for_what_went_out() {
             step.replay(r(1), &a).unwrap();
             let mut kept = step.build().unwrap().keep();
             hf.rp.launch_kept(&mut kept, &a).unwrap();
-            calls_of(&sim, || hf.rp.replay(r(0), &b).unwrap())
-        };
-        for k in 0..n {
-            let mut hf = handoff(ready);
-            let sim = hf.sim.clone();
-            let (a, b) = (sim.stream(), sim.stream());
-            let mut step = hf.rp.step();
-            step.replay(r(0), &a).unwrap();
-            step.replay(r(1), &a).unwrap();
-            let mut kept = step.build().unwrap().keep();
-            hf.rp.launch_kept(&mut kept, &a).unwrap();
-            sim.inject(Faults::at(k));
-            let _ = hf.rp.replay(r(0), &b);
-            sim.inject(Faults::none());
+            let _ = attack.on_ok(&sim, || hf.rp.replay(r(0), &b));
             hf.rp.launch_kept(&mut kept, &a).unwrap();
             hf.rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "ready {ready}, fault at {k}");
+            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
             let c = read0(&sim, &hf.count);
             assert_eq!(
                 read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
                 c,
-                "ready {ready}, {k}"
+                "ready {ready}, {attack}"
             );
-        }
+        });
     }
 }

@@ -1,12 +1,17 @@
-//! TODO
+//! Faults in staged inputs and buckets: stagings (`consume_mut` of a
+//! `Purpose::Input` runner) whose wait fails or whose writer fails after
+//! writing, bucket switches with a fault at each call, and kept step
+//! graphs of a bucket whose bytes another bucket took. Guards that a
+//! runner never replays on, and is never consumed after, bytes a failed or
+//! foreign writer left. An attack that found no hole.
 
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable,
-    Request, RunnerId, ScheduleError, StepLaunchError,
+    ConsumeError, DType, Discovering, Domain, KeptStep, PlanConfig, Policy, Purpose, ReplayError,
+    Replayable, Request, RunnerId, ScheduleError, StepLaunchError,
 };
 
-use crate::support::faults::{calls_of, r, read0, N};
+use crate::support::faults::{assert_clean, at_each_call, r, read0, under, N};
 
 const fn ids(n: u64) -> Request {
     Request::new(Domain::Device, DType::F32, n).purpose(Purpose::Input)
@@ -69,9 +74,9 @@ fn a_staging_whose_wait_fails_keeps_the_earlier_staging() {
     stage(&mut rp, &sim, r(0), &st, 3.0).unwrap();
     rp.replay(r(0), &pool).unwrap();
     let before = rp.fence_stats();
-    sim.inject(Faults::nth(Call::WaitEvent, 0));
-    let failed = stage(&mut rp, &sim, r(0), &st, 4.0);
-    sim.inject(Faults::none());
+    let failed = under(&sim, Faults::nth(Call::WaitEvent, 0), || {
+        stage(&mut rp, &sim, r(0), &st, 4.0)
+    });
     assert!(
         matches!(failed, Err(ConsumeError::Backend(_))),
         "{failed:?}"
@@ -92,9 +97,9 @@ fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
     let mut rp = buckets(&sim);
     stage(&mut rp, &sim, r(0), &st, 5.0).unwrap();
     rp.replay(r(0), &pool).unwrap();
-    sim.inject(Faults::nth(Call::WaitEvent, 0));
-    assert!(stage(&mut rp, &sim, r(1), &st, 9.0).is_err());
-    sim.inject(Faults::none());
+    under(&sim, Faults::nth(Call::WaitEvent, 0), || {
+        assert!(stage(&mut rp, &sim, r(1), &st, 9.0).is_err())
+    });
     let sink = sim.alloc_f32(N).unwrap();
     rp.consume(r(0), &side, |s, v| {
         sim.launch(s, sim::Op::copy(&v[1], &sink), 1)
@@ -155,35 +160,22 @@ fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote()
 /// teardown leaks nothing.
 #[test]
 fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
-    let program = |sim: &sim::Device,
-                   rp: &mut Replayable<sim::Device>,
-                   s: &[sim::Stream; 3],
-                   sink: &sim::HostBuffer| {
-        for step in 0..4u32 {
-            let b = step % 2;
-            let _ = stage(rp, sim, r(b), &s[0], step as f32);
-            let _ = rp.replay(r(b), &s[1]);
-            let _ = rp.consume(r(b), &s[2], |st, v| {
-                sim.launch(st, sim::Op::copy(&v[1], sink), 30)
-            });
-        }
-    };
-    let n = {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let s = [sim.stream(), sim.stream(), sim.stream()];
         let mut rp = buckets(&sim);
         let sink = sim.alloc_f32(N).unwrap();
-        calls_of(&sim, || program(&sim, &mut rp, &s, &sink))
-    };
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
-        let mut rp = buckets(&sim);
-        let sink = sim.alloc_f32(N).unwrap();
-        sim.inject(Faults::at(k));
-        program(&sim, &mut rp, &s, &sink);
-        sim.inject(Faults::none());
-        assert_eq!(sim.hazards(), [], "fault at {k}");
+        attack.on(&sim, || {
+            for step in 0..4u32 {
+                let b = step % 2;
+                let _ = stage(&mut rp, &sim, r(b), &s[0], step as f32);
+                let _ = rp.replay(r(b), &s[1]);
+                let _ = rp.consume(r(b), &s[2], |st, v| {
+                    sim.launch(st, sim::Op::copy(&v[1], &sink), 30)
+                });
+            }
+        });
+        assert_eq!(sim.hazards(), [], "{attack}");
         for b in [1u32, 0] {
             stage(&mut rp, &sim, r(b), &s[1], 10.0 + b as f32).unwrap();
             rp.replay(r(b), &s[2]).unwrap();
@@ -193,12 +185,10 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
             .unwrap();
         }
         rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &sink), 20.0, "fault at {k}");
-        assert_eq!(sim.hazards(), [], "fault at {k}");
+        assert_eq!(read0(&sim, &sink), 20.0, "{attack}");
         drop(rp);
-        assert_eq!(sim.live_allocations(), 1, "fault at {k}");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-    }
+        assert_clean(&sim, 1, attack);
+    });
 }
 
 /// A staging (`consume_mut` of a `Purpose::Input` runner) with a fault
@@ -206,38 +196,72 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
 /// refused (`InputNotStaged`) or waits for the write and reads it.
 #[test]
 fn a_staging_failing_at_each_call_is_either_staged_and_waited_for_or_refused() {
-    let n = {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let (st, pool) = (sim.stream(), sim.stream());
         let mut rp = buckets(&sim);
         stage(&mut rp, &sim, r(0), &st, 1.0).unwrap();
         rp.replay(r(0), &pool).unwrap();
-        calls_of(&sim, || stage(&mut rp, &sim, r(0), &st, 2.0).unwrap())
-    };
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let (st, pool) = (sim.stream(), sim.stream());
-        let mut rp = buckets(&sim);
-        stage(&mut rp, &sim, r(0), &st, 1.0).unwrap();
-        rp.replay(r(0), &pool).unwrap();
-        sim.inject(Faults::at(k));
-        let staged = stage(&mut rp, &sim, r(0), &st, 2.0);
-        sim.inject(Faults::none());
+        let staged = attack.on_ok(&sim, || stage(&mut rp, &sim, r(0), &st, 2.0));
         match rp.replay(r(0), &pool) {
             Ok(()) => {
                 rp.synchronize().unwrap();
                 let v = read0(&sim, &rp.views(r(0)).unwrap()[1]);
                 if staged.is_ok() {
-                    assert_eq!(v, 4.0, "fault at {k}");
+                    assert_eq!(v, 4.0, "{attack}");
                 } else {
-                    assert!(v == 2.0 || v == 4.0, "fault at {k}: {v}");
+                    assert!(v == 2.0 || v == 4.0, "{attack}: {v}");
                 }
             }
-            Err(ReplayError::InputNotStaged { .. }) => assert!(staged.is_err(), "fault at {k}"),
-            Err(e) => panic!("fault at {k}: {e:?}"),
+            Err(ReplayError::InputNotStaged { .. }) => assert!(staged.is_err(), "{attack}"),
+            Err(e) => panic!("{attack}: {e:?}"),
         }
-        assert_eq!(sim.hazards(), [], "fault at {k}");
+        assert_eq!(sim.hazards(), [], "{attack}");
+    });
+}
+
+/// Bucket 0 staged with 5 and its replay kept as a step graph, launched
+/// once on `pool`.
+fn kept_bucket_0(
+    rp: &mut Replayable<sim::Device>,
+    sim: &sim::Device,
+    st: &sim::Stream,
+    pool: &sim::Stream,
+) -> KeptStep<sim::Device> {
+    stage(rp, sim, r(0), st, 5.0).unwrap();
+    let mut kept = {
+        let mut step = rp.step();
+        step.replay(r(0), pool).unwrap();
+        step.build().unwrap().keep()
+    };
+    rp.launch_kept(&mut kept, pool).unwrap();
+    kept
+}
+
+/// Launches bucket 0's kept step again after bucket 1 took its bytes: it
+/// is refused (`InputNotStaged`) or reads bucket 0's own input (10).
+fn assert_kept_bucket_0_refused_or_intact(
+    rp: &mut Replayable<sim::Device>,
+    sim: &sim::Device,
+    kept: &mut KeptStep<sim::Device>,
+    pool: &sim::Stream,
+    what: &str,
+) {
+    match rp.launch_kept(kept, pool) {
+        Err(StepLaunchError::Schedule(ScheduleError::Replay(ReplayError::InputNotStaged {
+            ..
+        }))) => {}
+        Ok(()) => {
+            rp.synchronize().unwrap();
+            assert_eq!(
+                read0(sim, &rp.views(r(0)).unwrap()[1]),
+                10.0,
+                "the kept step replayed runner 0 on {what}"
+            );
+        }
+        Err(e) => panic!("{e:?}"),
     }
+    assert_eq!(sim.hazards(), []);
 }
 
 /// Per bucket, its staging and replay as a kept step graph: staging
@@ -249,32 +273,12 @@ fn a_kept_step_of_a_bucket_whose_input_another_bucket_took_is_refused_or_restage
     let sim = sim::Device::new();
     let (st, pool) = (sim.stream(), sim.stream());
     let mut rp = buckets(&sim);
-    stage(&mut rp, &sim, r(0), &st, 5.0).unwrap();
-    let mut kept = {
-        let mut step = rp.step();
-        step.replay(r(0), &pool).unwrap();
-        step.build().unwrap().keep()
-    };
-    rp.launch_kept(&mut kept, &pool).unwrap();
+    let mut kept = kept_bucket_0(&mut rp, &sim, &st, &pool);
     rp.synchronize().unwrap();
     assert_eq!(read0(&sim, &rp.views(r(0)).unwrap()[1]), 10.0);
     stage(&mut rp, &sim, r(1), &st, 9.0).unwrap();
     rp.replay(r(1), &pool).unwrap();
-    match rp.launch_kept(&mut kept, &pool) {
-        Err(StepLaunchError::Schedule(ScheduleError::Replay(ReplayError::InputNotStaged {
-            ..
-        }))) => {}
-        Ok(()) => {
-            rp.synchronize().unwrap();
-            assert_eq!(
-                read0(&sim, &rp.views(r(0)).unwrap()[1]),
-                10.0,
-                "the kept step replayed runner 0 on runner 1's input"
-            );
-        }
-        Err(e) => panic!("{e:?}"),
-    }
-    assert_eq!(sim.hazards(), []);
+    assert_kept_bucket_0_refused_or_intact(&mut rp, &sim, &mut kept, &pool, "runner 1's input");
 }
 
 /// The same through a failed staging of the other bucket (its writer
@@ -284,32 +288,18 @@ fn a_kept_step_of_a_bucket_after_another_bucket_failed_its_staging_does_not_read
     let sim = sim::Device::new();
     let (st, pool) = (sim.stream(), sim.stream());
     let mut rp = buckets(&sim);
-    stage(&mut rp, &sim, r(0), &st, 5.0).unwrap();
-    let mut kept = {
-        let mut step = rp.step();
-        step.replay(r(0), &pool).unwrap();
-        step.build().unwrap().keep()
-    };
-    rp.launch_kept(&mut kept, &pool).unwrap();
+    let mut kept = kept_bucket_0(&mut rp, &sim, &st, &pool);
     let failed = rp.consume_mut(r(1), &st, |s, v| {
         sim.launch(s, sim::Op::fill(&v[0], 9.0), 10)
             .map_err(|e| e.to_string())?;
         Err::<(), String>("the host copy failed".into())
     });
     assert!(failed.is_err());
-    match rp.launch_kept(&mut kept, &pool) {
-        Err(StepLaunchError::Schedule(ScheduleError::Replay(ReplayError::InputNotStaged {
-            ..
-        }))) => {}
-        Ok(()) => {
-            rp.synchronize().unwrap();
-            assert_eq!(
-                read0(&sim, &rp.views(r(0)).unwrap()[1]),
-                10.0,
-                "the kept step replayed runner 0 on a failed writer's bytes"
-            );
-        }
-        Err(e) => panic!("{e:?}"),
-    }
-    assert_eq!(sim.hazards(), []);
+    assert_kept_bucket_0_refused_or_intact(
+        &mut rp,
+        &sim,
+        &mut kept,
+        &pool,
+        "a failed writer's bytes",
+    );
 }

@@ -1,11 +1,18 @@
-//! TODO
+//! Faults in step graphs: a fault at each call of a build, of a launch
+//! (borrowed, overlapping and kept), of alternating kept steps, and step
+//! graphs forgotten after a failed launch. Guards that the launches after
+//! a fault run in turn with exact sums, that a failed build or launch
+//! counts nothing, and that a kept step stays its plan's only. An attack
+//! that found no hole.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{Replayable, StepLaunchError, WaitError};
 
-use crate::support::faults::{build, calls_of, copy_out, fill_plan, r, read0, two_step, N};
+use crate::support::faults::{
+    at_each_call, build, copy_out, fill_plan, r, read0, two_step, under, N,
+};
 
 /// A fault at every call of a step graph's second launch (on another
 /// stream than the first), borrowed and overlapping: the launches after
@@ -13,18 +20,7 @@ use crate::support::faults::{build, calls_of, copy_out, fill_plan, r, read0, two
 #[test]
 fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
     for overlapping in [false, true] {
-        let n = {
-            let sim = sim::Device::new();
-            let l = [sim.stream(), sim.stream()];
-            let (a, b) = (sim.stream(), sim.stream());
-            let sink = sim.alloc_f32(N).unwrap();
-            let mut rp = fill_plan(&sim, 2, 1);
-            let step = two_step(&mut rp, &sim, &a, &b, &sink);
-            let mut g = build(step, overlapping).unwrap();
-            g.launch(&l[0]).unwrap();
-            calls_of(&sim, || g.launch(&l[1]).unwrap())
-        };
-        for k in 0..n {
+        at_each_call(|attack| {
             let sim = sim::Device::new();
             let l = [sim.stream(), sim.stream()];
             let (a, b) = (sim.stream(), sim.stream());
@@ -34,9 +30,7 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
                 let step = two_step(&mut rp, &sim, &a, &b, &sink);
                 let mut g = build(step, overlapping).unwrap();
                 g.launch(&l[0]).unwrap();
-                sim.inject(Faults::at(k));
-                let second = g.launch(&l[1]);
-                sim.inject(Faults::none());
+                let second = attack.on_ok(&sim, || g.launch(&l[1]));
                 if let Err(e) = &second {
                     assert!(matches!(e, StepLaunchError::Backend(_)), "{e:?}");
                 }
@@ -44,26 +38,26 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
                     g.launch(&l[i % 2]).unwrap();
                 }
                 let launches = g.launches();
-                assert_eq!(launches, 5 + second.is_ok() as u64, "{overlapping} {k}");
+                assert_eq!(
+                    launches,
+                    5 + second.is_ok() as u64,
+                    "{overlapping} {attack}"
+                );
                 launches
             };
-            assert_eq!(rp.fence_stats().step_launches, ok, "{overlapping} {k}");
+            assert_eq!(rp.fence_stats().step_launches, ok, "{overlapping} {attack}");
             rp.synchronize().unwrap();
             assert_eq!(
                 read0(&sim, &sink),
                 3.0 * ok as f32,
-                "overlapping {overlapping}, fault at {k}"
+                "overlapping {overlapping}, {attack}"
             );
-            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault at {k}");
+            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, {attack}");
             rp.replay(r(1), &b).unwrap();
             drop(rp);
             assert_eq!(sim.hazards(), []);
-            assert_eq!(
-                sim.live_events(),
-                0,
-                "overlapping {overlapping}, fault at {k}"
-            );
-        }
+            assert_eq!(sim.live_events(), 0, "overlapping {overlapping}, {attack}");
+        });
     }
 }
 
@@ -80,7 +74,7 @@ fn a_fault_at_each_call_of_a_kept_launch_keeps_later_launches_ordered() {
             let step = two_step(rp, sim, a, b, sink);
             build(step, overlapping).unwrap().keep()
         };
-        let n = {
+        at_each_call(|attack| {
             let sim = sim::Device::new();
             let l = [sim.stream(), sim.stream()];
             let (a, b) = (sim.stream(), sim.stream());
@@ -88,41 +82,25 @@ fn a_fault_at_each_call_of_a_kept_launch_keeps_later_launches_ordered() {
             let mut rp = fill_plan(&sim, 2, 1);
             let mut kept = mk(&sim, &mut rp, &a, &b, &sink);
             rp.launch_kept(&mut kept, &l[0]).unwrap();
-            calls_of(&sim, || rp.launch_kept(&mut kept, &l[1]).unwrap())
-        };
-        for k in 0..n {
-            let sim = sim::Device::new();
-            let l = [sim.stream(), sim.stream()];
-            let (a, b) = (sim.stream(), sim.stream());
-            let sink = sim.alloc_f32(N).unwrap();
-            let mut rp = fill_plan(&sim, 2, 1);
-            let mut kept = mk(&sim, &mut rp, &a, &b, &sink);
-            rp.launch_kept(&mut kept, &l[0]).unwrap();
-            sim.inject(Faults::at(k));
-            let second = rp.launch_kept(&mut kept, &l[1]);
-            sim.inject(Faults::none());
+            let second = attack.on_ok(&sim, || rp.launch_kept(&mut kept, &l[1]));
             rp.launch_kept(&mut kept, &l[0]).unwrap();
             rp.replay(r(0), &l[1]).unwrap();
             rp.launch_kept(&mut kept, &l[0]).unwrap();
             rp.launch_kept(&mut kept, &l[1]).unwrap();
             let ok = 4 + second.is_ok() as u64;
-            assert_eq!(kept.launches(), ok, "{overlapping} {k}");
-            assert_eq!(rp.fence_stats().step_launches, ok, "{overlapping} {k}");
+            assert_eq!(kept.launches(), ok, "{overlapping} {attack}");
+            assert_eq!(rp.fence_stats().step_launches, ok, "{overlapping} {attack}");
             rp.synchronize().unwrap();
             assert_eq!(
                 read0(&sim, &sink),
                 3.0 * ok as f32,
-                "overlapping {overlapping}, fault at {k}"
+                "overlapping {overlapping}, {attack}"
             );
-            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault at {k}");
+            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, {attack}");
             drop(kept);
             drop(rp);
-            assert_eq!(
-                sim.live_events(),
-                0,
-                "overlapping {overlapping}, fault at {k}"
-            );
-        }
+            assert_eq!(sim.live_events(), 0, "overlapping {overlapping}, {attack}");
+        });
     }
 }
 
@@ -148,49 +126,34 @@ fn two_kept_steps_alternating_with_a_fault_at_each_call_stay_ordered() {
                     .collect();
                 (rp, kept)
             };
-        let n = {
+        at_each_call(|attack| {
             let sim = sim::Device::new();
             let l = [sim.stream(), sim.stream()];
             let (a, b) = (sim.stream(), sim.stream());
             let sinks = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
             let (mut rp, mut kept) = setup(&sim, &a, &b, &sinks);
             rp.launch_kept(&mut kept[0], &l[0]).unwrap();
-            calls_of(&sim, || rp.launch_kept(&mut kept[1], &l[1]).unwrap())
-        };
-        for k in 0..n {
-            let sim = sim::Device::new();
-            let l = [sim.stream(), sim.stream()];
-            let (a, b) = (sim.stream(), sim.stream());
-            let sinks = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
-            let (mut rp, mut kept) = setup(&sim, &a, &b, &sinks);
-            rp.launch_kept(&mut kept[0], &l[0]).unwrap();
-            sim.inject(Faults::at(k));
-            let failed = rp.launch_kept(&mut kept[1], &l[1]);
-            sim.inject(Faults::none());
+            let failed = attack.on_ok(&sim, || rp.launch_kept(&mut kept[1], &l[1]));
             rp.launch_kept(&mut kept[0], &l[0]).unwrap();
             rp.launch_kept(&mut kept[1], &l[1]).unwrap();
             rp.launch_kept(&mut kept[0], &l[1]).unwrap();
             rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault at {k}");
-            assert_eq!(read0(&sim, &sinks[0]), 3.0, "{overlapping} {k}");
+            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, {attack}");
+            assert_eq!(read0(&sim, &sinks[0]), 3.0, "{overlapping} {attack}");
             assert_eq!(
                 read0(&sim, &sinks[1]),
                 2.0 * (1.0 + failed.is_ok() as u8 as f32),
-                "{overlapping} {k}"
+                "{overlapping} {attack}"
             );
             assert_eq!(
                 rp.fence_stats().step_launches,
                 4 + failed.is_ok() as u64,
-                "{overlapping} {k}"
+                "{overlapping} {attack}"
             );
             drop(kept);
             drop(rp);
-            assert_eq!(
-                sim.live_events(),
-                0,
-                "overlapping {overlapping}, fault at {k}"
-            );
-        }
+            assert_eq!(sim.live_events(), 0, "overlapping {overlapping}, {attack}");
+        });
     }
 }
 
@@ -200,7 +163,7 @@ fn two_kept_steps_alternating_with_a_fault_at_each_call_stay_ordered() {
 #[test]
 fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
     for overlapping in [false, true] {
-        let run = |k: Option<u64>| -> u64 {
+        at_each_call(|attack| {
             let sim = sim::Device::new();
             let s = [sim.stream(), sim.stream(), sim.stream()];
             let sink = sim.alloc_f32(N).unwrap();
@@ -213,29 +176,21 @@ fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
             .unwrap();
             let step = two_step(&mut rp, &sim, &s[0], &s[1], &sink);
             let mut g = build(step, overlapping).unwrap();
-            sim.inject(k.map_or(Faults::none(), Faults::at));
-            let first = g.launch(&s[0]);
-            let calls = sim.fault_log().calls;
-            sim.inject(Faults::none());
+            let first = attack.on(&sim, || g.launch(&s[0]));
             g.launch(&s[1]).unwrap();
             g.launch(&s[0]).unwrap();
             let launches = g.launches();
             drop(g);
             rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, fault {k:?}");
+            assert_eq!(sim.hazards(), [], "overlapping {overlapping}, {attack}");
             assert_eq!(read0(&sim, &side), 2.0);
             assert_eq!(launches, 2 + first.is_ok() as u64);
             assert_eq!(
                 read0(&sim, &sink),
                 3.0 * launches as f32,
-                "{overlapping} {k:?}"
+                "{overlapping} {attack}"
             );
-            calls
-        };
-        let n = run(None);
-        for k in 0..n {
-            run(Some(k));
-        }
+        });
     }
 }
 
@@ -252,9 +207,7 @@ fn a_forgotten_step_graph_after_a_failed_launch_orders_later_replays() {
         {
             let mut g = two_step(&mut rp, &sim, &a, &c, &sink).build().unwrap();
             g.launch(&a).unwrap();
-            sim.inject(Faults::nth(call, 0));
-            let _ = g.launch(&b);
-            sim.inject(Faults::none());
+            let _ = under(&sim, Faults::nth(call, 0), || g.launch(&b));
             std::mem::forget(g);
         }
         rp.replay(r(0), &b).unwrap();
@@ -309,51 +262,41 @@ fn a_forgotten_kept_step_with_a_failed_last_launch_is_waited_for_by_teardown() {
 #[test]
 fn a_fault_at_each_call_of_a_build_leaves_the_plan_usable_and_leak_free() {
     for overlapping in [false, true] {
-        let n = {
-            let sim = sim::Device::new();
-            let (a, b) = (sim.stream(), sim.stream());
-            let sink = sim.alloc_f32(N).unwrap();
-            let mut rp = fill_plan(&sim, 2, 1);
-            calls_of(&sim, || {
-                let step = two_step(&mut rp, &sim, &a, &b, &sink);
-                drop(build(step, overlapping).unwrap());
-            })
-        };
-        for k in 0..n {
+        at_each_call(|attack| {
             let sim = sim::Device::new();
             let (a, b) = (sim.stream(), sim.stream());
             let sink = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
             rp.replay(r(0), &b).unwrap();
             let before = rp.fence_stats();
-            sim.inject(Faults::at(k));
-            let built = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
-                let mut step = rp.step();
-                for i in 0..2 {
-                    step.replay(r(i), &a).map_err(|e| e.to_string())?;
-                    step.consume(r(i), &b, |s, v| {
-                        sim.launch(s, sim::Op::add(&v[0], &sink), 10)
-                    })
-                    .map_err(|e| format!("{e:?}"))?;
-                }
-                let g = build(step, overlapping).map_err(|e| e.to_string())?;
-                drop(g);
-                Ok(())
-            }))
-            .expect("no panic from library code");
-            sim.inject(Faults::none());
+            let built = attack.on_ok(&sim, || {
+                catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
+                    let mut step = rp.step();
+                    for i in 0..2 {
+                        step.replay(r(i), &a).map_err(|e| e.to_string())?;
+                        step.consume(r(i), &b, |s, v| {
+                            sim.launch(s, sim::Op::add(&v[0], &sink), 10)
+                        })
+                        .map_err(|e| format!("{e:?}"))?;
+                    }
+                    let g = build(step, overlapping).map_err(|e| e.to_string())?;
+                    drop(g);
+                    Ok(())
+                }))
+                .expect("no panic from library code")
+            });
             if built.is_err() {
-                assert_eq!(rp.fence_stats(), before, "{overlapping}: fault at {k}");
+                assert_eq!(rp.fence_stats(), before, "{overlapping}: {attack}");
             }
             rp.replay(r(1), &a).unwrap();
             copy_out(&mut rp, &sim, r(1), &b, &sink).unwrap();
             rp.synchronize().unwrap();
-            assert_eq!(read0(&sim, &sink), 2.0, "{overlapping}: fault at {k}");
-            assert_eq!(sim.hazards(), [], "{overlapping}: fault at {k}");
+            assert_eq!(read0(&sim, &sink), 2.0, "{overlapping}: {attack}");
+            assert_eq!(sim.hazards(), [], "{overlapping}: {attack}");
             drop(rp);
-            assert_eq!(sim.live_events(), 0, "{overlapping}: fault at {k}");
-            assert_eq!(sim.live_allocations(), 1, "{overlapping}: fault at {k}");
-        }
+            assert_eq!(sim.live_events(), 0, "{overlapping}: {attack}");
+            assert_eq!(sim.live_allocations(), 1, "{overlapping}: {attack}");
+        });
     }
 }
 
@@ -405,9 +348,9 @@ fn a_kept_step_of_a_dropped_plan_is_foreign_to_the_next_plan() {
         .build()
         .unwrap()
         .keep();
-    sim.inject(Faults::nth(Call::Launch, 0));
-    assert!(rp.launch_kept(&mut kept, &a).is_err());
-    sim.inject(Faults::none());
+    under(&sim, Faults::nth(Call::Launch, 0), || {
+        assert!(rp.launch_kept(&mut kept, &a).is_err())
+    });
     drop(rp);
     let mut next = fill_plan(&sim, 2, 1);
     assert!(matches!(

@@ -1,11 +1,16 @@
-//! TODO
+//! Faults in teardown, `replan`, `allocate` and traces: one fault at each
+//! call of a plan's drop, `replan`, a step graph's drop, `allocate` and
+//! `start_trace`. Guards `docs/safety.md`'s promise that a teardown whose
+//! whole-device wait succeeds leaks nothing (and one that cannot wait
+//! leaks rather than frees), and that a trace shows no work that never
+//! ran. An attack that found no hole.
 
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
     BackendFailure, Discovering, Operation, PlanConfig, Policy, Replayable, Streams,
 };
 
-use crate::support::faults::{calls_of, copy_out, fill_plan, r, read0, two_step, N, Q};
+use crate::support::faults::{at_each_call, copy_out, fill_plan, r, read0, two_step, under, N, Q};
 
 /// A plan with work in flight on three streams (replays and consumers of
 /// runners sharing bytes).
@@ -29,26 +34,17 @@ fn busy(
 /// leaks nothing.
 #[test]
 fn a_teardown_with_one_fault_at_each_call_leaks_nothing() {
-    let n = {
+    let n = at_each_call(|attack| {
         let sim = sim::Device::new();
         let s = [sim.stream(), sim.stream(), sim.stream()];
         let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
         let rp = busy(&sim, &s, &sink);
-        calls_of(&sim, || drop(rp))
-    };
+        attack.on(&sim, || drop(rp));
+        assert_eq!(sim.hazards(), [], "{attack}");
+        assert_eq!(sim.live_allocations(), 2, "{attack}: only the sinks");
+        assert_eq!(sim.live_events(), 0, "{attack}");
+    });
     assert!(n > 0);
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
-        let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
-        let rp = busy(&sim, &s, &sink);
-        sim.inject(Faults::at(k));
-        drop(rp);
-        sim.inject(Faults::none());
-        assert_eq!(sim.hazards(), [], "fault at {k}");
-        assert_eq!(sim.live_allocations(), 2, "fault at {k}: only the sinks");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-    }
 }
 
 /// `replan` with a single fault at each of its calls: it returns the
@@ -57,26 +53,17 @@ fn a_teardown_with_one_fault_at_each_call_leaks_nothing() {
 /// leaks rather than frees.
 #[test]
 fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
-    let n = {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let s = [sim.stream(), sim.stream(), sim.stream()];
         let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
         let rp = busy(&sim, &s, &sink);
-        calls_of(&sim, || drop(rp.replan().unwrap()))
-    };
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
-        let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
-        let rp = busy(&sim, &s, &sink);
-        sim.inject(Faults::at(k));
-        let d = rp.replan();
-        sim.inject(Faults::none());
-        assert!(d.is_ok(), "fault at {k}: {:?}", d.err());
-        assert_eq!(sim.hazards(), [], "fault at {k}");
-        assert_eq!(sim.live_allocations(), 2, "fault at {k}");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-    }
+        let d = attack.on_ok(&sim, || rp.replan());
+        assert!(d.is_ok(), "{attack}: {:?}", d.err());
+        assert_eq!(sim.hazards(), [], "{attack}");
+        assert_eq!(sim.live_allocations(), 2, "{attack}");
+        assert_eq!(sim.live_events(), 0, "{attack}");
+    });
     let sim = sim::Device::new();
     let s = [sim.stream(), sim.stream(), sim.stream()];
     let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
@@ -99,19 +86,7 @@ fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
 /// its drop: the plan is then dropped and nothing is left.
 #[test]
 fn a_step_graph_dropped_with_one_fault_at_each_call_leaks_nothing() {
-    let n = {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
-        let sink = sim.alloc_f32(N).unwrap();
-        let mut rp = fill_plan(&sim, 2, 1);
-        let mut g = two_step(&mut rp, &sim, &a, &b, &sink)
-            .build_overlapping()
-            .unwrap();
-        g.launch(&a).unwrap();
-        g.launch(&b).unwrap();
-        calls_of(&sim, || drop(g))
-    };
-    for k in 0..n {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let (a, b) = (sim.stream(), sim.stream());
         let sink = sim.alloc_f32(N).unwrap();
@@ -122,18 +97,16 @@ fn a_step_graph_dropped_with_one_fault_at_each_call_leaks_nothing() {
                 .unwrap();
             g.launch(&a).unwrap();
             g.launch(&b).unwrap();
-            sim.inject(Faults::at(k));
-            drop(g);
-            sim.inject(Faults::none());
+            attack.on(&sim, || drop(g));
         }
         rp.replay(r(0), &b).unwrap();
         rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &sink), 6.0, "fault at {k}");
+        assert_eq!(read0(&sim, &sink), 6.0, "{attack}");
         drop(rp);
-        assert_eq!(sim.hazards(), [], "fault at {k}");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-        assert_eq!(sim.live_allocations(), 1, "fault at {k}");
-    }
+        assert_eq!(sim.hazards(), [], "{attack}");
+        assert_eq!(sim.live_events(), 0, "{attack}");
+        assert_eq!(sim.live_allocations(), 1, "{attack}");
+    });
 }
 
 /// Allocation failing at each arena, and `Faults` at each call of
@@ -147,26 +120,20 @@ fn an_allocation_failing_at_each_call_frees_what_it_had() {
             .plan(Policy::Generations(3))
             .unwrap()
     };
-    let n = {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
-        calls_of(&sim, || drop(planned().allocate(sim.clone()).unwrap()))
-    };
-    for k in 0..n {
-        let sim = sim::Device::new();
-        sim.inject(Faults::at(k));
-        let got = planned().allocate(sim.clone());
-        sim.inject(Faults::none());
+        let got = attack.on_ok(&sim, || planned().allocate(sim.clone()));
         match got {
             Ok(c) => drop(c),
             Err(failed) => {
-                assert_eq!(sim.live_allocations(), 0, "fault at {k}");
-                assert_eq!(sim.live_events(), 0, "fault at {k}");
+                assert_eq!(sim.live_allocations(), 0, "{attack}");
+                assert_eq!(sim.live_events(), 0, "{attack}");
                 drop(failed.into_planned().allocate(sim.clone()).unwrap());
             }
         }
-        assert_eq!(sim.live_allocations(), 0, "fault at {k}");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-    }
+        assert_eq!(sim.live_allocations(), 0, "{attack}");
+        assert_eq!(sim.live_events(), 0, "{attack}");
+    });
     for after in 0..3 {
         let sim = sim::Device::new();
         sim.fail_allocations_after(Some(after));
@@ -181,31 +148,24 @@ fn an_allocation_failing_at_each_call_frees_what_it_had() {
 /// shows no slice in the trace (it never ran).
 #[test]
 fn traces_under_faults_leak_nothing_and_show_no_work_that_never_ran() {
-    let n = {
-        let sim = sim::Device::new();
-        let mut rp = fill_plan(&sim, 1, 1);
-        calls_of(&sim, || rp.start_trace().unwrap())
-    };
-    for k in 0..n {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let a = sim.stream();
         let mut rp = fill_plan(&sim, 1, 1);
-        sim.inject(Faults::at(k));
-        let _ = rp.start_trace();
-        sim.inject(Faults::none());
+        let _ = attack.on_ok(&sim, || rp.start_trace());
         rp.replay(r(0), &a).unwrap();
         let _ = rp.finish_trace();
         drop(rp);
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-    }
+        assert_eq!(sim.live_events(), 0, "{attack}");
+    });
     let sim = sim::Device::new();
     let (a, b) = (sim.stream(), sim.stream());
     let mut rp = fill_plan(&sim, 2, 1);
     rp.start_trace().unwrap();
     rp.replay(r(0), &a).unwrap();
-    sim.inject(Faults::nth(Call::Launch, 0));
-    assert!(rp.replay(r(1), &b).is_err());
-    sim.inject(Faults::none());
+    under(&sim, Faults::nth(Call::Launch, 0), || {
+        assert!(rp.replay(r(1), &b).is_err())
+    });
     let trace = rp.finish_trace().unwrap();
     assert_eq!(trace.slices().len(), 1, "{:?}", trace.slices());
 }
@@ -221,9 +181,9 @@ fn a_trace_shows_no_slice_for_a_failed_consumer_or_step_launch() {
     let mut rp = fill_plan(&sim, 2, 1);
     rp.start_trace().unwrap();
     rp.replay(r(0), &a).unwrap();
-    sim.inject(Faults::nth(Call::WaitEvent, 0));
-    assert!(copy_out(&mut rp, &sim, r(0), &b, &sink).is_err());
-    sim.inject(Faults::none());
+    under(&sim, Faults::nth(Call::WaitEvent, 0), || {
+        assert!(copy_out(&mut rp, &sim, r(0), &b, &sink).is_err())
+    });
     let trace = rp.finish_trace().unwrap();
     assert_eq!(trace.slices().len(), 1, "{:?}", trace.slices());
     let mut g = two_step(&mut rp, &sim, &a, &b, &sink).build().unwrap();
@@ -231,9 +191,9 @@ fn a_trace_shows_no_slice_for_a_failed_consumer_or_step_launch() {
     drop(g);
     rp.start_trace().unwrap();
     let mut g = two_step(&mut rp, &sim, &a, &b, &sink).build().unwrap();
-    sim.inject(Faults::nth(Call::Launch, 0));
-    assert!(g.launch(&c).is_err());
-    sim.inject(Faults::none());
+    under(&sim, Faults::nth(Call::Launch, 0), || {
+        assert!(g.launch(&c).is_err())
+    });
     drop(g);
     let trace = rp.finish_trace().unwrap();
     // The waits that went out before the failed launch stay on the device

@@ -1,11 +1,15 @@
-//! TODO
+//! Faults in captures with temporaries and step copies: a fault at each
+//! call of a repeatable capture, of a build that moves step copies in, of
+//! the drop of a kept step that outlived its plan, and a copy run that
+//! panics. Guards that no graph memory, event or arena is left once the
+//! plan is given up. An attack that found no hole.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use replay_arena::sim::{self, Faults};
+use replay_arena::sim;
 use replay_arena::{Backend, Discovering, GraphMemory, PlanConfig, Policy, Replayable};
 
-use crate::support::faults::{calls_of, graph_memory, r, read0, N, Q};
+use crate::support::faults::{assert_clean, at_each_call, graph_memory, r, read0, Attack, N, Q};
 
 /// Two runners sharing bytes whose graphs pass their value through a
 /// temporary (`alloc_async` / `free_async`), captured repeatably with
@@ -34,6 +38,22 @@ fn temporaries(sim: &sim::Device, copies: usize) -> Replayable<sim::Device> {
         cap.finish().unwrap();
     }
     capturing.seal().unwrap()
+}
+
+/// After an attack on `sim` (which returned `got`): no graph holds graph
+/// memory (a failed trim leaves only the pool's reservation, nothing
+/// using it) and a trim gives it back; no arena, event or hazard is
+/// left.
+fn assert_given_back(sim: &sim::Device, attack: &Attack, got: impl std::fmt::Debug) {
+    let injected = attack.log().injected;
+    assert_eq!(graph_memory(sim).used, 0, "{attack}: {injected:?} {got:?}");
+    sim.trim_graph_memory().unwrap();
+    assert_eq!(
+        graph_memory(sim),
+        GraphMemory::new(0, 0),
+        "{attack}: {injected:?} {got:?}"
+    );
+    assert_clean(sim, 0, attack);
 }
 
 /// A fault at every call of a repeatable capture (its step copy
@@ -74,35 +94,11 @@ fn a_fault_at_each_call_of_a_repeatable_capture_leaks_no_graph_memory() {
         }
         res
     };
-    let n = {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
-        calls_of(&sim, || capture(&sim).unwrap())
-    };
-    for k in 0..n {
-        let sim = sim::Device::new();
-        sim.inject(Faults::at(k));
-        let got = capture(&sim);
-        let log = sim.fault_log();
-        sim.inject(Faults::none());
-        // A failed trim leaves the pool's reservation (nothing uses it);
-        // no graph may hold graph memory, and a trim gives it back.
-        assert_eq!(
-            graph_memory(&sim).used,
-            0,
-            "fault at {k}: {:?} {got:?}",
-            log.injected
-        );
-        sim.trim_graph_memory().unwrap();
-        assert_eq!(
-            graph_memory(&sim),
-            GraphMemory::new(0, 0),
-            "fault at {k}: {:?} {got:?}",
-            log.injected
-        );
-        assert_eq!(sim.live_allocations(), 0, "fault at {k}");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-        assert_eq!(sim.hazards(), [], "fault at {k}");
-    }
+        let got = attack.on_ok(&sim, || capture(&sim));
+        assert_given_back(&sim, attack, got);
+    });
 }
 
 /// A repeatable capture whose second run (the step copy) panics: typed
@@ -157,45 +153,28 @@ fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
 /// back.
 #[test]
 fn a_fault_at_each_call_of_a_build_with_step_copies_gives_graph_memory_back() {
-    let n = {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let (a, b) = (sim.stream(), sim.stream());
         let mut rp = temporaries(&sim, 1);
-        calls_of(&sim, || {
-            let mut step = rp.step();
-            step.replay(r(0), &a).unwrap();
-            step.replay(r(1), &b).unwrap();
-            drop(step.build().unwrap());
-        })
-    };
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
-        let mut rp = temporaries(&sim, 1);
-        sim.inject(Faults::at(k));
-        {
+        attack.on(&sim, || {
             let mut step = rp.step();
             let _ = step.replay(r(0), &a);
             let _ = step.replay(r(1), &b);
             if let Ok(mut g) = step.build() {
                 let _ = g.launch(&a);
             }
-        }
-        sim.inject(Faults::none());
+        });
         rp.replay(r(1), &a).unwrap();
         rp.replay(r(0), &b).unwrap();
         rp.synchronize().unwrap();
-        assert_eq!(
-            read0(&sim, &rp.views(r(0)).unwrap()[0]),
-            1.0,
-            "fault at {k}"
-        );
-        assert_eq!(sim.hazards(), [], "fault at {k}");
+        assert_eq!(read0(&sim, &rp.views(r(0)).unwrap()[0]), 1.0, "{attack}");
+        assert_eq!(sim.hazards(), [], "{attack}");
         drop(rp);
-        assert_eq!(graph_memory(&sim), GraphMemory::new(0, 0), "fault at {k}");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-        assert_eq!(sim.live_allocations(), 0, "fault at {k}");
-    }
+        assert_eq!(graph_memory(&sim), GraphMemory::new(0, 0), "{attack}");
+        assert_eq!(sim.live_events(), 0, "{attack}");
+        assert_eq!(sim.live_allocations(), 0, "{attack}");
+    });
 }
 
 /// An overlapping step graph of runners with temporaries (two step
@@ -216,33 +195,21 @@ fn an_overlapping_step_with_step_copies_under_a_fault_at_each_call_leaks_nothing
             }
             let _ = sim;
         };
-    let n = {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let (a, b) = (sim.stream(), sim.stream());
         let mut rp = temporaries(&sim, 2);
-        calls_of(&sim, || program(&sim, &mut rp, &a, &b))
-    };
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
-        let mut rp = temporaries(&sim, 2);
-        sim.inject(Faults::at(k));
-        program(&sim, &mut rp, &a, &b);
-        sim.inject(Faults::none());
+        attack.on(&sim, || program(&sim, &mut rp, &a, &b));
         rp.replay(r(1), &b).unwrap();
         rp.replay(r(0), &a).unwrap();
         rp.synchronize().unwrap();
-        assert_eq!(
-            read0(&sim, &rp.views(r(0)).unwrap()[0]),
-            1.0,
-            "fault at {k}"
-        );
-        assert_eq!(sim.hazards(), [], "fault at {k}");
+        assert_eq!(read0(&sim, &rp.views(r(0)).unwrap()[0]), 1.0, "{attack}");
+        assert_eq!(sim.hazards(), [], "{attack}");
         drop(rp);
-        assert_eq!(graph_memory(&sim).used, 0, "fault at {k}");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-        assert_eq!(sim.live_allocations(), 0, "fault at {k}");
-    }
+        assert_eq!(graph_memory(&sim).used, 0, "{attack}");
+        assert_eq!(sim.live_events(), 0, "{attack}");
+        assert_eq!(sim.live_allocations(), 0, "{attack}");
+    });
 }
 
 /// A kept step graph with moved step copies outlives its plan; its drop
@@ -261,36 +228,12 @@ fn a_kept_step_outliving_its_plan_dropped_under_a_fault_gives_everything_back() 
         drop(rp);
         kept
     };
-    let n = {
+    let n = at_each_call(|attack| {
         let sim = sim::Device::new();
         let (a, b) = (sim.stream(), sim.stream());
         let kept = setup(&sim, &a, &b);
-        calls_of(&sim, || drop(kept))
-    };
+        attack.on(&sim, || drop(kept));
+        assert_given_back(&sim, attack, ());
+    });
     assert!(n > 0);
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
-        let kept = setup(&sim, &a, &b);
-        sim.inject(Faults::at(k));
-        drop(kept);
-        let log = sim.fault_log();
-        sim.inject(Faults::none());
-        assert_eq!(
-            graph_memory(&sim).used,
-            0,
-            "fault at {k}: {:?}",
-            log.injected
-        );
-        sim.trim_graph_memory().unwrap();
-        assert_eq!(
-            graph_memory(&sim),
-            GraphMemory::new(0, 0),
-            "fault at {k}: {:?}",
-            log.injected
-        );
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-        assert_eq!(sim.live_allocations(), 0, "fault at {k}");
-        assert_eq!(sim.hazards(), [], "fault at {k}");
-    }
 }

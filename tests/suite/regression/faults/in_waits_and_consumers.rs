@@ -1,58 +1,49 @@
-//! TODO
+//! Faults in waits and consumers (`docs/safety.md`, "Every operation is a
+//! transaction"): a fault at each backend call of `replay`, `consume`,
+//! `consume_many`, `wait_for` and `wait_all` on one to three streams, and
+//! consumers that fail or panic after enqueuing. Guards that a failed
+//! operation counts nothing, that later users of the bytes still wait for
+//! whatever went out, and that teardown leaks nothing. An attack that
+//! found no hole.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim::{self, Call, Faults};
-use replay_arena::{ConsumeError, Replayable, WaitError};
+use replay_arena::{ConsumeError, WaitError};
 
-use crate::support::faults::{calls_of, copy_out, fill_plan, r, read0, N};
+use crate::support::faults::{assert_clean, at_each_call, copy_out, fill_plan, r, read0, under, N};
 
 /// A fault at every call of a three-stream program of replays, consumers
 /// and `wait_all` (runners sharing bytes): no hazard, the program carries
 /// on with exact values, teardown leaks nothing.
 #[test]
 fn a_fault_at_each_call_of_a_three_stream_program_leaves_no_hazard_and_no_leak() {
-    let program = |sim: &sim::Device,
-                   rp: &mut Replayable<sim::Device>,
-                   s: &[sim::Stream; 3],
-                   sink: &sim::HostBuffer| {
-        let _ = rp.replay(r(0), &s[0]);
-        let _ = copy_out(rp, sim, r(0), &s[1], sink);
-        let _ = rp.replay(r(1), &s[2]);
-        let _ = copy_out(rp, sim, r(1), &s[0], sink);
-        let _ = rp.wait_all(&s[2]);
-        let _ = rp.replay(r(0), &s[1]);
-        let _ = rp.wait_for(r(0), &s[2]);
-    };
-    let n = {
+    let n = at_each_call(|attack| {
         let sim = sim::Device::new();
         let s = [sim.stream(), sim.stream(), sim.stream()];
         let mut rp = fill_plan(&sim, 2, 1);
         let sink = sim.alloc_f32(N).unwrap();
-        calls_of(&sim, || program(&sim, &mut rp, &s, &sink))
-    };
-    assert!(n > 5);
-    for k in 0..n {
-        let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
-        let mut rp = fill_plan(&sim, 2, 1);
-        let sink = sim.alloc_f32(N).unwrap();
-        sim.inject(Faults::at(k));
-        program(&sim, &mut rp, &s, &sink);
-        sim.inject(Faults::none());
-        assert_eq!(sim.hazards(), [], "fault at {k}");
+        attack.on(&sim, || {
+            let _ = rp.replay(r(0), &s[0]);
+            let _ = copy_out(&mut rp, &sim, r(0), &s[1], &sink);
+            let _ = rp.replay(r(1), &s[2]);
+            let _ = copy_out(&mut rp, &sim, r(1), &s[0], &sink);
+            let _ = rp.wait_all(&s[2]);
+            let _ = rp.replay(r(0), &s[1]);
+            let _ = rp.wait_for(r(0), &s[2]);
+        });
+        assert_eq!(sim.hazards(), [], "{attack}");
         // Carry on.
         rp.replay(r(1), &s[1]).unwrap();
         copy_out(&mut rp, &sim, r(1), &s[2], &sink).unwrap();
         rp.replay(r(0), &s[0]).unwrap();
         copy_out(&mut rp, &sim, r(0), &s[1], &sink).unwrap();
         rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &sink), 1.0, "fault at {k}");
-        assert_eq!(sim.hazards(), [], "fault at {k}");
+        assert_eq!(read0(&sim, &sink), 1.0, "{attack}");
         drop(rp);
-        assert_eq!(sim.live_allocations(), 1, "fault at {k}: only the sink");
-        assert_eq!(sim.live_events(), 0, "fault at {k}");
-    }
+        assert_clean(&sim, 1, format_args!("{attack}: only the sink"));
+    });
+    assert!(n > 5);
 }
 
 /// `wait_for` whose wait (or the record it needs) fails counts no wait
@@ -65,9 +56,7 @@ fn a_failed_wait_for_counts_nothing() {
         let mut rp = fill_plan(&sim, 1, 1);
         rp.replay(r(0), &a).unwrap();
         let before = rp.fence_stats();
-        sim.inject(Faults::nth(call, 0));
-        let failed = rp.wait_for(r(0), &b);
-        sim.inject(Faults::none());
+        let failed = under(&sim, Faults::nth(call, 0), || rp.wait_for(r(0), &b));
         assert!(failed.is_err(), "{call}");
         assert_eq!(rp.fence_stats(), before, "{call}");
         rp.wait_for(r(0), &b).unwrap();
@@ -87,9 +76,9 @@ fn a_wait_all_failing_half_way_counts_nothing() {
         rp.replay(r(i), &s[i as usize]).unwrap();
     }
     let before = rp.fence_stats();
-    sim.inject(Faults::nth(Call::WaitEvent, 1));
-    assert!(matches!(rp.wait_all(&w), Err(WaitError::Backend(_))));
-    sim.inject(Faults::none());
+    under(&sim, Faults::nth(Call::WaitEvent, 1), || {
+        assert!(matches!(rp.wait_all(&w), Err(WaitError::Backend(_))))
+    });
     assert_eq!(rp.fence_stats(), before);
     rp.wait_all(&w).unwrap();
     let out = sim.alloc_f32(N).unwrap();
@@ -276,30 +265,21 @@ fn a_panicking_consumer_whose_unwind_record_fails_is_still_waited_for() {
 /// second's.
 #[test]
 fn a_replay_failing_at_each_call_never_lets_a_consumer_read_its_bytes_as_the_old_runner() {
-    let n = {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
-        let mut rp = fill_plan(&sim, 2, 1);
-        rp.replay(r(0), &a).unwrap();
-        calls_of(&sim, || rp.replay(r(1), &b).unwrap())
-    };
-    for k in 0..n {
+    at_each_call(|attack| {
         let sim = sim::Device::new();
         let s = [sim.stream(), sim.stream(), sim.stream()];
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
         rp.replay(r(0), &s[0]).unwrap();
-        sim.inject(Faults::at(k));
-        let replayed = rp.replay(r(1), &s[1]);
-        sim.inject(Faults::none());
+        let replayed = attack.on_ok(&sim, || rp.replay(r(1), &s[1]));
         match copy_out(&mut rp, &sim, r(0), &s[2], &sink) {
             Ok(()) => {
                 rp.synchronize().unwrap();
-                assert_eq!(read0(&sim, &sink), 1.0, "fault at {k}: {replayed:?}");
+                assert_eq!(read0(&sim, &sink), 1.0, "{attack}: {replayed:?}");
             }
             Err(ConsumeError::Overwritten { .. }) => {}
-            Err(e) => panic!("fault at {k}: {e:?}"),
+            Err(e) => panic!("{attack}: {e:?}"),
         }
-        assert_eq!(sim.hazards(), [], "fault at {k}");
-    }
+        assert_eq!(sim.hazards(), [], "{attack}");
+    });
 }

@@ -1,4 +1,8 @@
-//! TODO
+//! Copy runs of a split writer whose ready points or work differ from the
+//! first run's: another order, one skipped or added, readied twice, a
+//! handoff written after its ready point, a fork across a cut, a ready
+//! point on another stream, a free moved across a cut. Guards that each
+//! is a typed refusal or hazard-free. An attack that found no hole.
 
 use replay_arena::sim;
 use replay_arena::{RunnerId, Streams};

@@ -1,4 +1,10 @@
-//! TODO
+//! Faults while capturing, building and launching split writers: a fault
+//! at each `BeginCapture`, `EndCapture` and every call of the writer's
+//! capture, a fault at each call of building and launching its step
+//! graphs, and seeded faults over whole programs. Guards that the writer
+//! fails typed (no stream left capturing, nothing leaked) or works as the
+//! reference, and that no library code panics. An attack that found no
+//! hole.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -1,4 +1,8 @@
-//! TODO
+//! Writers split at every ready point (two to four handoffs, with or
+//! without temporaries, readers that hand on, readers scheduled first,
+//! the writer twice in one step, subsets and reorders of ready points):
+//! step graphs give the values of per-runner replays, with one node per
+//! part. An attack that found no hole.
 
 use replay_arena::sim;
 
