@@ -14,8 +14,8 @@ use std::fmt;
 use replay_arena::sim::{self, FaultLog, Faults};
 use replay_arena::Backend;
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, GraphMemory, PlanConfig, Policy, Replayable, Request,
-    RunnerId, StepBuilder, StepError, StepGraph,
+    Capturing, ConsumeError, DType, Discovering, Domain, GraphMemory, HandoffId, PlanConfig,
+    Policy, Replayable, Request, RunnerId, StepBuilder, StepError, StepGraph,
 };
 
 /// What a captured closure returns.
@@ -24,6 +24,47 @@ pub type R = replay_arena::Result<()>;
 pub const N: usize = 64;
 
 pub const Q: Request = Request::new(Domain::Device, DType::F32, N as u64);
+
+/// `discovering` planned under `Policy::Generations(g)` and allocated on
+/// `sim`.
+pub fn allocate(discovering: Discovering, g: usize, sim: &sim::Device) -> Capturing<sim::Device> {
+    discovering
+        .plan(Policy::Generations(g))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap()
+}
+
+/// `runners` runners with one `request` each.
+pub fn one_each(runners: u32, request: Request) -> Discovering {
+    Discovering::from_runners(PlanConfig::new(), (0..runners).map(|i| (r(i), [request]))).unwrap()
+}
+
+/// Runner 0 records `own` and hands off `k` requests `grad`: the writer of
+/// a fan.
+pub fn writer_of(d: &mut Discovering, k: usize, own: Request, grad: Request) -> Vec<HandoffId> {
+    let mut a = d.arm(r(0)).unwrap();
+    a.record(own).unwrap();
+    (0..k).map(|_| a.hand_off(grad).unwrap()).collect()
+}
+
+/// `layers` runners, each recording `own`, runner `l` handing `grad` off
+/// to runner `l + 1`: a chain.
+pub fn chain_of(layers: usize, own: Request, grad: Request) -> (Discovering, Vec<HandoffId>) {
+    let mut d = Discovering::new(PlanConfig::new());
+    let mut handoffs: Vec<HandoffId> = Vec::new();
+    for l in 0..layers {
+        let mut armed = d.arm(r(l as u32)).unwrap();
+        armed.record(own).unwrap();
+        if l > 0 {
+            armed.receive(handoffs[l - 1]).unwrap();
+        }
+        if l + 1 < layers {
+            handoffs.push(armed.hand_off(grad).unwrap());
+        }
+    }
+    (d, handoffs)
+}
 
 pub fn r(i: u32) -> RunnerId {
     RunnerId(i)

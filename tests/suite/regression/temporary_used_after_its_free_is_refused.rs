@@ -7,11 +7,11 @@
 //! a freed temporary's bytes are never handed out again within the graph.
 
 use replay_arena::sim;
-use replay_arena::{Discovering, GraphMemory, HandoffId, PlanConfig, Policy, RunnerId};
+use replay_arena::{Discovering, GraphMemory, HandoffId, PlanConfig, RunnerId};
 
 use crate::support::faults::chain::{chain_with, step_launches};
 use crate::support::faults::fan::{self, refused_or_hazard_free, Spec};
-use crate::support::faults::{graph_memory, N, R};
+use crate::support::faults::{allocate, graph_memory, N, R};
 
 #[test]
 fn temporary_freed_before_the_cut_and_used_after_is_refused_or_harmless() {
@@ -140,11 +140,7 @@ fn uaf_probe(
     };
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let s = [sim.stream(), sim.stream()];
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, 2, &sim);
     let mut errs = Vec::new();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -331,11 +327,7 @@ fn a_raw_span_forged_at_another_graphs_temporary_is_refused() {
             a.receive(h).unwrap();
         }
         let s = [sim.stream(), sim.stream()];
-        let mut capturing = d
-            .plan(Policy::Generations(2))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let mut capturing = allocate(d, 2, &sim);
         let addrs = std::cell::RefCell::new(Vec::new());
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();

@@ -9,12 +9,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim;
 use replay_arena::{
-    CaptureError, Discovering, HandoffId, PlanConfig, Policy, RunnerId, StreamCaptureError, Streams,
+    CaptureError, Discovering, PlanConfig, Policy, RunnerId, StreamCaptureError, Streams,
 };
 
 use crate::support::faults::chain::{chain_on, OWN};
 use crate::support::faults::fan::{self, Spec};
-use crate::support::faults::{assert_no_graph_memory, graph_memory, refused, N, R};
+use crate::support::faults::{
+    allocate, assert_no_graph_memory, graph_memory, refused, writer_of, N, R,
+};
 
 #[test]
 fn dropping_a_capturing_with_temporaries_gives_graph_memory_back() {
@@ -103,11 +105,7 @@ fn capturing_dropped_unsealed_with_cut_copies_trims_graph_memory() {
     for copies in [1, 3] {
         let sim = sim::Device::new();
         let mut d = Discovering::new(PlanConfig::new());
-        let hs: Vec<HandoffId> = {
-            let mut a = d.arm(RunnerId(0)).unwrap();
-            a.record(fan::OWN).unwrap();
-            (0..3).map(|_| a.hand_off(fan::GRAD).unwrap()).collect()
-        };
+        let hs = writer_of(&mut d, 3, fan::OWN, fan::GRAD);
         for i in 0..3 {
             d.arm(RunnerId(i + 1))
                 .unwrap()
@@ -115,11 +113,7 @@ fn capturing_dropped_unsealed_with_cut_copies_trims_graph_memory() {
                 .unwrap();
         }
         let s = sim.stream();
-        let mut capturing = d
-            .plan(Policy::Generations(2))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let mut capturing = allocate(d, 2, &sim);
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();
             cap.step_copies(copies);
@@ -156,11 +150,7 @@ fn capturing_dropped_unsealed_with_a_runner_open_is_refused_or_trims() {
         d.arm(RunnerId(0)).unwrap().record(fan::OWN).unwrap();
         d.arm(RunnerId(1)).unwrap().record(fan::OWN).unwrap();
         let s = sim.stream();
-        let mut capturing = d
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let mut capturing = allocate(d, 1, &sim);
         for r in 0..2 {
             let cap = capturing.capture(RunnerId(r)).unwrap();
             cap.step_copies(2);
@@ -196,18 +186,10 @@ fn a_failing_or_panicking_copy_run_between_cuts_leaks_nothing() {
         let sim = sim::Device::new();
         let spec = Spec::new(3);
         let mut d = Discovering::new(PlanConfig::new());
-        let hs: Vec<HandoffId> = {
-            let mut a = d.arm(RunnerId(0)).unwrap();
-            a.record(fan::OWN).unwrap();
-            (0..3).map(|_| a.hand_off(fan::GRAD).unwrap()).collect()
-        };
+        let hs = writer_of(&mut d, 3, fan::OWN, fan::GRAD);
         let _ = spec;
         let s = sim.stream();
-        let mut capturing = d
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let mut capturing = allocate(d, 1, &sim);
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();
             let own = cap.take(fan::OWN).unwrap();

@@ -11,7 +11,7 @@ use replay_arena::{
 };
 
 pub use super::N;
-use super::{assert_no_graph_memory, build, Q, R};
+use super::{allocate, assert_no_graph_memory, build, chain_of, Q, R};
 
 /// Each runner's own view.
 pub const OWN: Request = Q;
@@ -109,18 +109,7 @@ pub fn chain_faulty(
     work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
     faults: Option<Faults>,
 ) -> Chain {
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs: Vec<HandoffId> = Vec::new();
-    for l in 0..layers {
-        let mut armed = d.arm(RunnerId(l as u32)).unwrap();
-        armed.record(OWN).unwrap();
-        if l > 0 {
-            armed.receive(handoffs[l - 1]).unwrap();
-        }
-        if l + 1 < layers {
-            handoffs.push(armed.hand_off(GRAD).unwrap());
-        }
-    }
+    let (d, handoffs) = chain_of(layers, OWN, GRAD);
     let pool = [sim.stream(), sim.stream()];
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
@@ -313,11 +302,7 @@ pub fn two_handoffs(
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let count = sim.alloc_f32(N).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, 1, &sim);
     let mut errs = Vec::new();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();

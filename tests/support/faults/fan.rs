@@ -11,11 +11,11 @@
 
 use replay_arena::sim::{self, Faults};
 use replay_arena::{
-    DType, Discovering, Domain, HandoffId, KeptStep, PlanConfig, Policy, Replayable, Request,
+    DType, Discovering, Domain, HandoffId, KeptStep, PlanConfig, Replayable, Request,
     RunnerCapture, RunnerId, StepError, Streams, View,
 };
 
-use super::{assert_clean, assert_no_graph_memory, build, R};
+use super::{allocate, assert_clean, assert_no_graph_memory, build, writer_of, R};
 
 /// Elements of every buffer of a fan.
 pub const N: usize = 16;
@@ -115,11 +115,7 @@ pub fn fan_with(
 ) -> Fan {
     let k = spec.k;
     let mut d = Discovering::new(PlanConfig::new());
-    let hs: Vec<HandoffId> = {
-        let mut a = d.arm(RunnerId(0)).unwrap();
-        a.record(OWN).unwrap();
-        (0..k).map(|_| a.hand_off(GRAD).unwrap()).collect()
-    };
+    let hs = writer_of(&mut d, k, OWN, GRAD);
     let mut g_handoff = None;
     for i in 0..k {
         let mut a = d.arm(RunnerId(i as u32 + 1)).unwrap();
@@ -142,11 +138,7 @@ pub fn fan_with(
     let count = sim.alloc_f32(N).unwrap();
     let sinks: Vec<sim::HostBuffer> = (0..runners).map(|_| sim.alloc_f32(N).unwrap()).collect();
     let consumer_sink = sim.alloc_f32(N).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(spec.g))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, spec.g, &sim);
     let mut errors = Vec::new();
     // The writer.
     {
