@@ -15,7 +15,7 @@ use replay_arena::sim::{self, FaultLog, Faults};
 use replay_arena::Backend;
 use replay_arena::{
     Capturing, ConsumeError, DType, Discovering, Domain, GraphMemory, HandoffId, PlanConfig,
-    Policy, Replayable, Request, RunnerId, StepBuilder, StepError, StepGraph,
+    Policy, Replayable, Request, RunnerId, StepBuilder, StepError, StepGraph, Trace,
 };
 
 /// What a captured closure returns.
@@ -148,6 +148,14 @@ pub fn build<'r>(
         step.build_overlapping()
     } else {
         step.build()
+    }
+}
+
+/// Every node of a traced step graph sits inside its launch.
+pub fn assert_nodes_inside_launches(t: &Trace) {
+    for node in t.step_nodes() {
+        let p = &t.slices()[node.parent.expect("node without parent")];
+        assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
     }
 }
 

@@ -10,6 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use replay_arena::sim;
 use replay_arena::{Replayable, TraceError};
 
+use crate::support::faults::assert_nodes_inside_launches;
 use crate::support::faults::chain::{chain_with, plain};
 use crate::support::faults::fan::{all, fan, identity, Spec};
 
@@ -81,10 +82,7 @@ fn a_trace_at_the_maximum_capacity_is_accepted_and_cleaned_up() {
     f.r().start_trace_with_capacity(max).unwrap();
     f.r().launch_kept(&mut kept, &s[1]).unwrap();
     let t = f.r().finish_trace().unwrap();
-    for node in t.step_nodes() {
-        let p = &t.slices()[node.parent.unwrap()];
-        assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
-    }
+    assert_nodes_inside_launches(&t);
     drop(kept);
     // A trace left running at teardown.
     f.r().start_trace_with_capacity(max).unwrap();

@@ -34,9 +34,9 @@ pub struct Ctx<'a, 'c> {
     pub sink: &'a sim::HostBuffer,
 }
 
-/// The standard work: count += 1; sink += input; out = count; ready;
-/// own = count through a temporary.
-pub fn standard(c: &Ctx, s: &sim::Stream) -> R {
+/// What every work of a chain does up to its ready point: count += 1;
+/// sink += input; out = count; ready.
+pub fn up_to_ready(c: &Ctx, s: &sim::Stream) -> R {
     let sim = c.sim;
     sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
     if let Some(input) = c.input {
@@ -46,6 +46,14 @@ pub fn standard(c: &Ctx, s: &sim::Stream) -> R {
         sim.launch(s, sim::Op::copy(c.count, out), 2)?;
         c.cap.ready(h, s)?;
     }
+    Ok(())
+}
+
+/// The standard work: [`up_to_ready`], then own = count through a
+/// temporary.
+pub fn standard(c: &Ctx, s: &sim::Stream) -> R {
+    let sim = c.sim;
+    up_to_ready(c, s)?;
     let t = sim.alloc_async(s, N)?;
     sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
     sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
@@ -53,19 +61,12 @@ pub fn standard(c: &Ctx, s: &sim::Stream) -> R {
     Ok(())
 }
 
-/// Work that allocates nothing: its graph is copied into step graphs,
-/// so traced launches compose a traced copy.
+/// Work that allocates nothing ([`up_to_ready`], then own = count): its
+/// graph is copied into step graphs, so traced launches compose a traced
+/// copy.
 pub fn plain(c: &Ctx, s: &sim::Stream) -> R {
-    let sim = c.sim;
-    sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
-    if let Some(input) = c.input {
-        sim.launch(s, sim::Op::add(input, c.sink), 20)?;
-    }
-    if let Some((h, out)) = c.out {
-        sim.launch(s, sim::Op::copy(c.count, out), 2)?;
-        c.cap.ready(h, s)?;
-    }
-    sim.launch(s, sim::Op::copy(c.count, c.own), 30)?;
+    up_to_ready(c, s)?;
+    c.sim.launch(s, sim::Op::copy(c.count, c.own), 30)?;
     Ok(())
 }
 

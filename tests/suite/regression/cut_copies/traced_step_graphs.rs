@@ -9,7 +9,7 @@ use replay_arena::sim::{self, Call, Faults};
 use replay_arena::RunnerId;
 
 use crate::support::faults::chain::{chain_on, chain_with, kept_of, plain, standard, Chain, Ctx};
-use crate::support::faults::{assert_no_graph_memory, N, R};
+use crate::support::faults::{assert_no_graph_memory, assert_nodes_inside_launches, N, R};
 
 #[test]
 fn kept_steps_launched_traced_and_untraced_alternately_on_two_streams() {
@@ -39,10 +39,7 @@ fn kept_steps_launched_traced_and_untraced_alternately_on_two_streams() {
             drop(kept);
             c.hazard_free();
             for t in &traces {
-                for node in t.step_nodes() {
-                    let p = &t.slices()[node.parent.unwrap()];
-                    assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
-                }
+                assert_nodes_inside_launches(t);
             }
             reference.per_runner(1);
             assert_eq!(c.values(), reference.values(), "overlapping {overlapping}");
@@ -164,10 +161,7 @@ fn a_step_graph_mixing_cut_copies_and_copied_graphs_traced() {
         }
         if trace {
             let t = r.finish_trace().unwrap();
-            for node in t.step_nodes() {
-                let p = &t.slices()[node.parent.unwrap()];
-                assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
-            }
+            assert_nodes_inside_launches(&t);
         }
         c.hazard_free();
         let mut v = c.values();

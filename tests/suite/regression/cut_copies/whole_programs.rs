@@ -10,6 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use replay_arena::sim::{self, Faults};
 use replay_arena::RunnerId;
 
+use crate::support::faults::assert_nodes_inside_launches;
 use crate::support::faults::chain::{chain_faulty, chain_with, standard, Chain};
 
 /// A program mixing every use of a plan of cut copies (3 copies each):
@@ -115,10 +116,7 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
         match r.finish_trace() {
             Ok(t) => {
                 // Every node sits inside its launch.
-                for node in t.step_nodes() {
-                    let p = &t.slices()[node.parent.expect("node without parent")];
-                    assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
-                }
+                assert_nodes_inside_launches(&t);
             }
             Err(x) => e(Err(x.to_string())),
         }

@@ -7,7 +7,7 @@
 use replay_arena::sim;
 
 use crate::support::faults::fan::{all, fan, fan_custom, identity, Item, Spec, N, W};
-use crate::support::faults::R;
+use crate::support::faults::{assert_nodes_inside_launches, R};
 
 /// Runs `items` as a step graph `steps` times, with per-runner replays
 /// of `items` before and after, and compares against a fan replayed per
@@ -245,10 +245,7 @@ fn kept_steps_and_per_runner_replays_interleaved_around_split_writers() {
     f.per_runner(&items);
     n += 2;
     let t = f.r().finish_trace().unwrap();
-    for node in t.step_nodes() {
-        let p = &t.slices()[node.parent.unwrap()];
-        assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
-    }
+    assert_nodes_inside_launches(&t);
     drop(a);
     std::mem::forget(c);
     for _ in 0..n {
