@@ -54,8 +54,21 @@ mod plan {
 }
 mod regression {
     mod consumer_views_close_when_their_closure_returns;
-    mod cut_copies_and_traced_steps;
-    mod faults_at_every_call;
+    mod cut_copies {
+        mod backend_roles_from_safe_code;
+        mod copy_runs_that_differ;
+        mod traced_step_graphs;
+        mod values_match_per_runner_replays;
+        mod whole_programs;
+    }
+    mod faults {
+        mod in_handoffs;
+        mod in_staging_and_buckets;
+        mod in_step_graphs;
+        mod in_teardown_allocation_and_traces;
+        mod in_temporaries_and_step_copies;
+        mod in_waits_and_consumers;
+    }
     mod fence_holes;
     mod handoff_and_step_holes;
     #[cfg(feature = "serde")]
@@ -65,7 +78,15 @@ mod regression {
     mod named_params_avoid_handoff_numbers;
     mod overlapping_steps_and_copies;
     mod sim_memory_nodes_only_from_alloc_and_free;
-    mod writers_split_at_ready_points;
+    mod split_writers {
+        mod copy_runs_that_differ;
+        mod faults_at_cuts_and_builds;
+        mod values_match_per_runner_replays;
+    }
+    mod step_copies_outlive_failed_builds;
+    mod temporary_used_after_its_free_is_refused;
+    mod trace_capacity_is_bounded;
+    mod unsealed_capturing_drop_trims_graph_memory;
 }
 mod report {
     mod table;

@@ -6,6 +6,7 @@
 pub mod gpu;
 #[cfg(feature = "cuda")]
 pub mod ops;
+pub mod faults;
 pub mod old_packed;
 
 use proptest::prelude::*;

@@ -2,6 +2,8 @@
 //! leaves the fence as it was, so nothing later skips a wait it needs.
 
 use replay_arena::sim::{self, Call, Faults};
+
+use crate::support::faults::allocate;
 use replay_arena::{
     BackendError, DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable,
     Request, RunnerId,
@@ -123,11 +125,7 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
     let s = sim.stream();
     let input = Q.purpose(Purpose::Input);
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [input])]).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, 1, &sim);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(input).unwrap();
     cap.stream_capture(&s, |s| sim.launch(s, sim::Op::scale(&view, 2.0), 5))
@@ -182,11 +180,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
     let sim = sim::Device::new();
     let s = sim.stream();
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, 1, &sim);
     for call in [Call::EndCapture, Call::Instantiate, Call::BeginCapture] {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(Q).unwrap();
@@ -198,11 +192,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
         drop(capturing.replan());
         // A fresh discovery: the same runner again.
         let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
-        capturing = d
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        capturing = allocate(d, 1, &sim);
         // The stream is not capturing: a plain op runs on it.
         let buf = sim.alloc_f32(4).unwrap();
         sim.launch(&s, sim::Op::fill(&buf, 2.0), 1).unwrap();

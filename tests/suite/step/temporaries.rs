@@ -6,7 +6,9 @@
 //! and the plan's report and teardown account for the graph memory.
 
 use replay_arena::sim;
-use replay_arena::{Backend, Cut, GraphMemory, Streams};
+use replay_arena::{Cut, Streams};
+
+use crate::support::faults::{allocate, chain_of, graph_memory};
 use replay_arena::{
     CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable, Request,
     RunnerId, StreamCaptureError,
@@ -29,29 +31,14 @@ struct Chain {
 }
 
 fn chain(layers: usize, repeatable: bool, ready: bool) -> Chain {
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs: Vec<HandoffId> = Vec::new();
-    for l in 0..layers {
-        let mut armed = d.arm(RunnerId(l as u32)).unwrap();
-        armed.record(OWN).unwrap();
-        if l > 0 {
-            armed.receive(handoffs[l - 1]).unwrap();
-        }
-        if l + 1 < layers {
-            handoffs.push(armed.hand_off(GRAD).unwrap());
-        }
-    }
+    let (d, handoffs) = chain_of(layers, OWN, GRAD);
     let sim = sim::Device::new();
     let pool = [sim.stream(), sim.stream()];
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let counts: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
     let sinks: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, 2, &sim);
     for l in 0..layers {
         let cap = capturing.capture(RunnerId(l as u32)).unwrap();
         let own = cap.take(OWN).unwrap();
@@ -315,7 +302,7 @@ fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
         "{finished:?}"
     );
     assert_eq!(
-        pool(&sim).used,
+        graph_memory(&sim).used,
         0,
         "the failed runner's graphs are freed with the plan"
     );
@@ -344,7 +331,7 @@ fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
         matches!(finished, Err(CaptureError::GraphRejected { .. })),
         "{finished:?}"
     );
-    assert_eq!(pool(&sim).used, 0, "the rejected graphs are freed");
+    assert_eq!(graph_memory(&sim).used, 0, "the rejected graphs are freed");
 }
 
 #[test]
@@ -358,11 +345,7 @@ fn a_second_run_with_other_ready_points_is_a_typed_error() {
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, 1, &sim);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let own = cap.take(OWN).unwrap();
     let out = cap.hand_off(h).unwrap();
@@ -416,16 +399,12 @@ fn the_report_counts_the_plans_temporaries_and_teardown_gives_the_pool_back() {
         assert!(text.contains("device graph memory"), "{text}");
         // The graphs and copies hold their temporaries; the pool reserves
         // at least that.
-        let held = pool(&sim).reserved;
+        let held = graph_memory(&sim).reserved;
         assert!(held >= 6 * each, "{held}");
     }
     // Teardown freed the graphs and trimmed the pool.
-    assert_eq!(pool(&sim).reserved, 0);
-    assert_eq!(pool(&sim).used, 0);
-}
-
-fn pool(sim: &sim::Device) -> GraphMemory {
-    sim.graph_memory_in_use().unwrap().unwrap()
+    assert_eq!(graph_memory(&sim).reserved, 0);
+    assert_eq!(graph_memory(&sim).used, 0);
 }
 
 #[test]
@@ -454,7 +433,7 @@ fn a_step_copy_may_not_use_a_temporary_of_the_first_run() {
         matches!(finished, Err(CaptureError::Failed { .. })),
         "{finished:?}"
     );
-    assert_eq!(pool(&sim).used, 0);
+    assert_eq!(graph_memory(&sim).used, 0);
 }
 
 /// Makespan on the sim of `steps` launches of one step graph of a chain
@@ -521,11 +500,7 @@ fn writer_and_reader() -> (
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
-    let capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let capturing = allocate(d, 2, &sim);
     (sim, s, capturing, h)
 }
 
@@ -566,7 +541,7 @@ fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
         // The stream left capture; nothing of either run is held.
         assert!(!sim.is_capturing(&s).unwrap(), "{call:?}");
         drop(capturing);
-        assert_eq!(pool(&sim).used, 0, "{call:?}");
+        assert_eq!(graph_memory(&sim).used, 0, "{call:?}");
     }
 }
 
@@ -610,11 +585,7 @@ fn two_ready_points(
     }
     let sim = sim::Device::new();
     let s = [sim.stream(), sim.stream(), sim.stream()];
-    let mut capturing = d
-        .plan(Policy::Generations(3))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate(d, 3, &sim);
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let own = cap.take(OWN).unwrap();
@@ -780,6 +751,6 @@ fn a_temporary_used_after_its_free_in_the_same_graph_is_refused() {
         assert!(err.to_string().contains("freed"), "cut {cut}: {err}");
         assert!(matches!(cap.finish(), Err(CaptureError::Failed { .. })));
         drop(capturing);
-        assert_eq!(pool(&sim).used, 0);
+        assert_eq!(graph_memory(&sim).used, 0);
     }
 }

@@ -1,0 +1,294 @@
+//! Step graphs of cut step copies give the values of per-runner replays:
+//! temporaries across the cut, readers after their own ready point, zero
+//! to three copies, a runner twice in one step, two handoffs of one
+//! writer, consumers waiting for the part after the cut, trims between
+//! launches. An attack that found no hole.
+
+use replay_arena::sim;
+use replay_arena::{Backend, Capture, RunnerId, Streams};
+
+use crate::support::faults::chain::{
+    chain_with, launch_three, standard, step_launches, two_handoffs, Ctx,
+};
+use crate::support::faults::{assert_no_graph_memory, build, N, R};
+
+#[test]
+fn baseline_cut_copies_match_per_runner_replays() {
+    let mut reference = chain_with(4, 2, 1, &mut standard);
+    reference.per_runner(8);
+    let mut c = chain_with(4, 2, 1, &mut standard);
+    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+    c.per_runner(1);
+    step_launches(&mut c, 6, false).unwrap();
+    c.per_runner(1);
+    c.hazard_free();
+    assert_eq!(c.values(), reference.values());
+    c.teardown();
+}
+
+#[test]
+fn temporary_used_and_freed_across_the_cut_gives_right_values() {
+    let mut work = |c: &Ctx, s: &sim::Stream| -> R {
+        let sim = c.sim;
+        let t = sim.alloc_async(s, N)?;
+        sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+        sim.launch(s, sim::Op::copy(c.count, &t), 3)?;
+        if let Some(input) = c.input {
+            sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+        }
+        if let Some((h, out)) = c.out {
+            sim.launch(s, sim::Op::copy(&t, out), 2)?;
+            c.cap.ready(h, s)?;
+        }
+        sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+        Ok(sim.free_async(s, &t)?)
+    };
+    let mut reference = chain_with(3, 1, 1, &mut work);
+    reference.per_runner(5);
+    let mut c = chain_with(3, 1, 1, &mut work);
+    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+    step_launches(&mut c, 5, false).unwrap();
+    c.hazard_free();
+    assert_eq!(c.values(), reference.values());
+    c.teardown();
+}
+
+#[test]
+fn a_middle_runner_reading_its_input_after_its_own_ready_is_fenced_in_steps() {
+    // Runner l reads its input in part 2 (after marking its own output
+    // ready). The next step's writer of that input must wait for part 2.
+    let mut work = |c: &Ctx, s: &sim::Stream| -> R {
+        let sim = c.sim;
+        sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+        if let Some((h, out)) = c.out {
+            sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+            c.cap.ready(h, s)?;
+        }
+        let t = sim.alloc_async(s, N)?;
+        if let Some(input) = c.input {
+            sim.launch(s, sim::Op::copy(input, &t), 40)?; // long read after ready
+            sim.launch(s, sim::Op::add(&t, c.sink), 1)?;
+        }
+        sim.launch(s, sim::Op::copy(c.count, &t), 1)?;
+        sim.launch(s, sim::Op::copy(&t, c.own), 1)?;
+        Ok(sim.free_async(s, &t)?)
+    };
+    for overlapping in [false, true] {
+        for g in [1, 2] {
+            let copies = if overlapping { 2 } else { 1 };
+            let mut reference = chain_with(3, g, copies, &mut work);
+            reference.per_runner(6);
+            let mut c = chain_with(3, g, copies, &mut work);
+            assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+            step_launches(&mut c, 6, overlapping).unwrap();
+            c.hazard_free();
+            assert_eq!(
+                c.values(),
+                reference.values(),
+                "overlapping {overlapping} g {g}"
+            );
+            c.teardown();
+        }
+    }
+}
+
+#[test]
+fn step_copies_zero_one_two_three_plain_and_overlapping() {
+    for copies in [0usize, 1, 2, 3] {
+        for overlapping in [false, true] {
+            let mut reference = chain_with(3, 2, copies, &mut standard);
+            reference.per_runner(2 + 4 + 2);
+            let mut c = chain_with(3, 2, copies, &mut standard);
+            assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+            c.per_runner(2);
+            let res = step_launches(&mut c, 4, overlapping);
+            let needed = if overlapping { 2 } else { 1 };
+            if copies < needed {
+                let e = res.unwrap_err();
+                assert!(e.contains("copy") || e.contains("copies"), "{e}");
+                c.per_runner(4);
+            } else {
+                res.unwrap();
+                // A second step graph from the copies left, if any.
+                let more = step_launches(&mut c, 0, overlapping);
+                assert_eq!(
+                    more.is_ok(),
+                    copies >= 2 * needed,
+                    "copies {copies}: {more:?}"
+                );
+            }
+            c.per_runner(2);
+            c.hazard_free();
+            assert_eq!(
+                c.values(),
+                reference.values(),
+                "copies {copies} overlapping {overlapping}"
+            );
+            c.teardown();
+        }
+    }
+}
+
+#[test]
+fn a_program_event_record_node_before_the_ready_point() {
+    // The program's own event record node beside the plan's: the cut and
+    // split must still happen at the plan's ready point.
+    let ev = std::cell::RefCell::new(Vec::new());
+    let mut work = |c: &Ctx, s: &sim::Stream| -> R {
+        let e = c.sim.create_event()?;
+        c.sim.record_event_node(s, &e)?;
+        ev.borrow_mut().push(e);
+        standard(c, s)
+    };
+    let mut reference = chain_with(3, 2, 1, &mut standard);
+    reference.per_runner(5);
+    let mut c = chain_with(3, 2, 1, &mut work);
+    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+    step_launches(&mut c, 5, false).unwrap();
+    c.hazard_free();
+    assert_eq!(c.values(), reference.values());
+    c.teardown();
+}
+
+#[test]
+fn trimming_graph_memory_while_step_copies_are_held_keeps_them_valid() {
+    let mut reference = chain_with(3, 2, 2, &mut standard);
+    reference.per_runner(1 + 3 + 3 + 1);
+    let mut c = chain_with(3, 2, 2, &mut standard);
+    c.sim.trim_graph_memory().unwrap(); // safe, any time
+    c.per_runner(1);
+    c.sim.trim_graph_memory().unwrap();
+    step_launches(&mut c, 3, false).unwrap();
+    c.sim.trim_graph_memory().unwrap();
+    step_launches(&mut c, 3, false).unwrap();
+    c.per_runner(1);
+    c.hazard_free();
+    assert_eq!(c.values(), reference.values());
+    c.teardown();
+}
+
+#[test]
+fn a_cut_runner_replayed_twice_in_one_step_graph() {
+    for overlapping in [false, true] {
+        let copies = if overlapping { 4 } else { 2 };
+        let mut reference = chain_with(2, 2, copies, &mut standard);
+        reference.per_runner(6);
+        let mut c = chain_with(2, 2, copies, &mut standard);
+        let pool = c.pool.clone();
+        {
+            let r = c.r();
+            let mut step = r.step();
+            for _ in 0..2 {
+                step.replay(RunnerId(0), &pool[0]).unwrap();
+                step.replay(RunnerId(1), &pool[1]).unwrap();
+            }
+            let mut g = build(step, overlapping).unwrap();
+            for k in 0..3 {
+                g.launch(&pool[k % 2]).unwrap();
+            }
+        }
+        c.hazard_free();
+        assert_eq!(c.values(), reference.values(), "overlapping {overlapping}");
+        c.teardown();
+    }
+}
+
+#[test]
+fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
+    // Runner 0's own view is written after its ready point (part 2 of
+    // its copy, 30 ticks); a consumer of runner 0 after the launch, and
+    // one inside the step, must wait for part 2.
+    for inside in [false, true] {
+        for write in [false, true] {
+            let mut c = chain_with(2, 2, 2, &mut standard);
+            let pool = c.pool.clone();
+            let sim = c.sim.clone();
+            let side = sim.stream();
+            let sink = sim.alloc_f32(N).unwrap();
+            {
+                let r = c.r();
+                let mut step = r.step();
+                step.replay(RunnerId(0), &pool[0]).unwrap();
+                if inside {
+                    if write {
+                        step.consume_mut(RunnerId(0), &side, |s, v| -> R {
+                            for x in v {
+                                sim.launch(s, sim::Op::scale(x, 1.0), 1)?;
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                    } else {
+                        step.consume(RunnerId(0), &side, |s, v| -> R {
+                            for x in v {
+                                sim.launch(s, sim::Op::add(x, &sink), 1)?;
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                }
+                step.replay(RunnerId(1), &pool[1]).unwrap();
+                let mut g = step.build().unwrap();
+                for k in 0..3 {
+                    g.launch(&pool[k % 2]).unwrap();
+                }
+            }
+            let r = c.r();
+            if write {
+                r.consume_mut(RunnerId(0), &side, |s, v| -> R {
+                    for x in v {
+                        sim.launch(s, sim::Op::scale(x, 1.0), 1)?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            } else {
+                r.consume(RunnerId(0), &side, |s, v| -> R {
+                    for x in v {
+                        sim.launch(s, sim::Op::add(x, &sink), 1)?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            }
+            r.replay(RunnerId(0), &pool[1]).unwrap();
+            r.replay(RunnerId(1), &pool[0]).unwrap();
+            assert!(
+                sim.hazards().is_empty(),
+                "inside {inside} write {write}: {:?}",
+                sim.hazards()
+            );
+            drop(sink);
+            c.teardown();
+        }
+    }
+}
+
+#[test]
+fn two_handoffs_in_the_same_order_give_right_values_in_step_graphs() {
+    for order in [[0, 1], [1, 0]] {
+        for overlapping in [false, true] {
+            let copies = if overlapping { 2 } else { 1 };
+            let (sim, r, streams, _count) = two_handoffs(move |_| order, copies);
+            let mut r = r.unwrap();
+            launch_three(&mut r, &streams, overlapping);
+            for i in 0..3u32 {
+                r.replay(RunnerId(i), &streams[(i as usize + 1) % 3])
+                    .unwrap();
+            }
+            r.synchronize().unwrap();
+            assert!(
+                sim.hazards().is_empty(),
+                "{order:?} {overlapping}: {:?}",
+                sim.hazards()
+            );
+            for i in 1..3u32 {
+                let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
+                assert_eq!(v[0], 5.0, "reader {i} {order:?} overlapping {overlapping}");
+            }
+            drop(r);
+            assert_no_graph_memory(&sim, "after the drop");
+        }
+    }
+}

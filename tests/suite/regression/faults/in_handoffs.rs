@@ -1,0 +1,213 @@
+//! Faults in handoffs: a handoff writer or reader whose launch fails, a
+//! fault at each call of the writer (with and without a ready point), its
+//! stream dropped after the fault, and a kept step launched after it.
+//! Guards that a failed write does not count as a write, a failed read
+//! does not mark the handoff read, and the reader stays ordered after the
+//! writer. An attack that found no hole.
+
+use replay_arena::sim::{self, Call, Faults};
+use replay_arena::{Discovering, HandoffId, PlanConfig, ReplayError, Replayable};
+
+use crate::support::faults::{allocate, at_each_call, r, read0, under, N, Q};
+
+struct Handoff {
+    sim: sim::Device,
+    rp: Replayable<sim::Device>,
+    count: sim::HostBuffer,
+    _one: sim::HostBuffer,
+}
+
+/// Runner 0 counts its replays into a program buffer and hands the count
+/// to runner 1 (marking the handoff ready when `ready`, then a long
+/// write of its own view); runner 1 copies what it receives into its own
+/// view.
+fn handoff(ready: bool) -> Handoff {
+    let sim = sim::Device::new();
+    let mut d = Discovering::new(PlanConfig::new());
+    let h: HandoffId = {
+        let mut a = d.arm(r(0)).unwrap();
+        a.record(Q).unwrap();
+        a.hand_off(Q).unwrap()
+    };
+    {
+        let mut a = d.arm(r(1)).unwrap();
+        a.record(Q).unwrap();
+        a.receive(h).unwrap();
+    }
+    let one = sim.alloc_f32(N).unwrap();
+    sim.write_f32(&one, &[1.0; N]).unwrap();
+    let count = sim.alloc_f32(N).unwrap();
+    let mut capturing = allocate(d, 1, &sim);
+    let s = sim.stream();
+    {
+        let cap = capturing.capture(r(0)).unwrap();
+        let (w, dx) = (cap.take(Q).unwrap(), cap.hand_off(h).unwrap());
+        cap.stream_capture(&s, |s| {
+            sim.launch(s, sim::Op::add(&one, &count), 1)?;
+            sim.launch(s, sim::Op::copy(&count, &dx), 5)?;
+            if ready {
+                cap.ready(h, s)?;
+            }
+            sim.launch(s, sim::Op::fill(&w, 1.0), 50)?;
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    {
+        let cap = capturing.capture(r(1)).unwrap();
+        let (w, dy) = (cap.take(Q).unwrap(), cap.receive(h).unwrap());
+        cap.stream_capture(&s, |s| sim.launch(s, sim::Op::copy(&dy, &w), 5))
+            .unwrap();
+        cap.finish().unwrap();
+    }
+    Handoff {
+        rp: capturing.seal().unwrap(),
+        sim,
+        count,
+        _one: one,
+    }
+}
+
+/// A writer replay whose launch fails wrote nothing: its reader, which
+/// already read the last write, may not read it again.
+#[test]
+fn a_handoff_writer_whose_launch_fails_does_not_count_as_a_write() {
+    for ready in [false, true] {
+        let mut hf = handoff(ready);
+        let sim = hf.sim.clone();
+        let (a, b) = (sim.stream(), sim.stream());
+        hf.rp.replay(r(0), &a).unwrap();
+        hf.rp.replay(r(1), &b).unwrap();
+        let before = hf.rp.fence_stats();
+        under(&sim, Faults::nth(Call::Launch, 0), || {
+            assert!(hf.rp.replay(r(0), &a).is_err())
+        });
+        assert_eq!(hf.rp.fence_stats(), before, "ready {ready}");
+        assert!(
+            matches!(
+                hf.rp.replay(r(1), &b),
+                Err(ReplayError::HandoffAlreadyRead { .. })
+            ),
+            "ready {ready}"
+        );
+        hf.rp.replay(r(0), &a).unwrap();
+        hf.rp.replay(r(1), &b).unwrap();
+        hf.rp.synchronize().unwrap();
+        assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), 2.0);
+        assert_eq!(read0(&sim, &hf.count), 2.0);
+        assert_eq!(sim.hazards(), []);
+    }
+}
+
+/// A reader replay whose launch fails read nothing: it reads the same
+/// write next time.
+#[test]
+fn a_handoff_reader_whose_launch_fails_is_not_marked_read() {
+    for ready in [false, true] {
+        let mut hf = handoff(ready);
+        let sim = hf.sim.clone();
+        let (a, b) = (sim.stream(), sim.stream());
+        hf.rp.replay(r(0), &a).unwrap();
+        under(&sim, Faults::nth(Call::Launch, 0), || {
+            assert!(hf.rp.replay(r(1), &b).is_err())
+        });
+        hf.rp.replay(r(1), &b).unwrap();
+        hf.rp.synchronize().unwrap();
+        assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), 1.0);
+        assert_eq!(sim.hazards(), []);
+    }
+}
+
+/// A fault at every call of a writer's replay (launch included, and the
+/// records after it), then its reader on another stream and the writer
+/// again on a third: no hazard, values in range, the program carries on.
+#[test]
+fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
+    for ready in [false, true] {
+        at_each_call(|attack| {
+            let mut hf = handoff(ready);
+            let sim = hf.sim.clone();
+            let s = [sim.stream(), sim.stream(), sim.stream()];
+            hf.rp.replay(r(0), &s[0]).unwrap();
+            hf.rp.replay(r(1), &s[1]).unwrap();
+            let first = attack.on_ok(&sim, || hf.rp.replay(r(0), &s[0]));
+            let second = hf.rp.replay(r(1), &s[1]);
+            if first.is_ok() {
+                second.unwrap();
+            }
+            hf.rp.replay(r(0), &s[2]).unwrap();
+            hf.rp.replay(r(1), &s[1]).unwrap();
+            hf.rp.synchronize().unwrap();
+            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
+            let c = read0(&sim, &hf.count);
+            assert_eq!(
+                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
+                c,
+                "ready {ready}, {attack}"
+            );
+            drop(hf.rp);
+            assert_eq!(sim.live_events(), 0, "ready {ready}, {attack}");
+        });
+    }
+}
+
+/// A handoff writer (no ready point: its completion is recorded after
+/// the launch) meets a fault at each call, and its stream is dropped
+/// right after: the reader on a fresh stream still waits for the write.
+#[test]
+fn a_writer_whose_stream_is_dropped_after_a_fault_still_orders_its_reader() {
+    for ready in [false, true] {
+        at_each_call(|attack| {
+            let mut hf = handoff(ready);
+            let sim = hf.sim.clone();
+            let a = sim.stream();
+            let wrote = attack.on_ok(&sim, || hf.rp.replay(r(0), &a));
+            drop(a);
+            let b = sim.stream();
+            match hf.rp.replay(r(1), &b) {
+                Ok(()) => {}
+                Err(ReplayError::HandoffNotWritten { .. }) => assert!(wrote.is_err(), "{attack}"),
+                Err(e) => panic!("ready {ready}, {attack}: {e:?}"),
+            }
+            let c = sim.stream();
+            hf.rp.replay(r(0), &c).unwrap();
+            hf.rp.replay(r(1), &b).unwrap();
+            hf.rp.synchronize().unwrap();
+            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
+            assert_eq!(
+                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
+                read0(&sim, &hf.count)
+            );
+        });
+    }
+}
+
+/// A kept step graph launched on `a`, then a per-runner replay on `b`
+/// with a fault at each of its calls: the kept step's next launch waits
+/// for whatever of that replay went out.
+#[test]
+fn a_kept_launch_after_a_replay_failing_at_each_call_waits_for_what_went_out() {
+    for ready in [false, true] {
+        at_each_call(|attack| {
+            let mut hf = handoff(ready);
+            let sim = hf.sim.clone();
+            let (a, b) = (sim.stream(), sim.stream());
+            let mut step = hf.rp.step();
+            step.replay(r(0), &a).unwrap();
+            step.replay(r(1), &a).unwrap();
+            let mut kept = step.build().unwrap().keep();
+            hf.rp.launch_kept(&mut kept, &a).unwrap();
+            let _ = attack.on_ok(&sim, || hf.rp.replay(r(0), &b));
+            hf.rp.launch_kept(&mut kept, &a).unwrap();
+            hf.rp.synchronize().unwrap();
+            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
+            let c = read0(&sim, &hf.count);
+            assert_eq!(
+                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
+                c,
+                "ready {ready}, {attack}"
+            );
+        });
+    }
+}

@@ -1,0 +1,316 @@
+//! Writers split at every ready point (two to four handoffs, with or
+//! without temporaries, readers that hand on, readers scheduled first,
+//! the writer twice in one step, subsets and reorders of ready points):
+//! step graphs give the values of per-runner replays, with one node per
+//! part. An attack that found no hole.
+
+use replay_arena::sim;
+
+use crate::support::faults::fan::{all, fan, fan_custom, identity, Item, Spec, N, W};
+use crate::support::faults::{assert_nodes_inside_launches, R};
+
+/// Runs `items` as a step graph `steps` times, with per-runner replays
+/// of `items` before and after, and compares against a fan replayed per
+/// runner alone.
+fn check_step(spec: &Spec, items: &[Item], overlapping: bool, steps: usize) {
+    check_step_primed(spec, &[], items, overlapping, steps)
+}
+
+/// `check_step` after `prime` replayed per runner.
+fn check_step_primed(spec: &Spec, prime: &[Item], items: &[Item], overlapping: bool, steps: usize) {
+    let mut reference = fan(spec, &identity(spec.k));
+    assert!(reference.errors.is_empty(), "{:?}", reference.errors);
+    reference.per_runner(prime);
+    for _ in 0..steps + 2 {
+        reference.per_runner(items);
+    }
+    let mut f = fan(spec, &identity(spec.k));
+    assert!(f.errors.is_empty(), "{:?}", f.errors);
+    f.per_runner(prime);
+    f.per_runner(items);
+    let mut kept = f.build(items, overlapping).unwrap();
+    let streams = f.streams.clone();
+    for i in 0..steps {
+        f.r()
+            .launch_kept(&mut kept, &streams[i % streams.len()])
+            .unwrap();
+    }
+    f.per_runner(items);
+    drop(kept);
+    f.hazard_free();
+    assert_eq!(
+        f.values(),
+        reference.values(),
+        "spec k={} items {items:?} overlapping {overlapping}",
+        spec.k
+    );
+    reference.teardown();
+    f.teardown();
+}
+
+#[test]
+fn writers_of_two_to_four_handoffs_match_per_runner_replays() {
+    for k in 2..=4 {
+        for temps in [false, true] {
+            let mut spec = Spec::new(k);
+            spec.writer_temps = temps;
+            check_step(&spec, &all(&spec), false, 5);
+        }
+    }
+}
+
+#[test]
+fn the_step_graph_has_one_node_per_part() {
+    for k in 2..=4 {
+        for temps in [false, true] {
+            let mut spec = Spec::new(k);
+            spec.writer_temps = temps;
+            let mut f = fan(&spec, &identity(k));
+            let items = all(&spec);
+            let kept = f.build(&items, false).unwrap();
+            // The writer in k + 1 parts and k readers.
+            assert_eq!(kept.nodes(), (k + 1) + k, "k={k} temps={temps}");
+            drop(kept);
+            f.teardown();
+        }
+    }
+}
+
+#[test]
+fn readers_that_write_other_handoffs_and_readers_with_temporaries() {
+    for k in 2..=4 {
+        for reader_temps in [false, true] {
+            let mut spec = Spec::new(k);
+            spec.chain = true;
+            spec.reader_temps = reader_temps;
+            check_step(&spec, &all(&spec), false, 4);
+        }
+    }
+}
+
+#[test]
+fn readers_scheduled_before_the_writer_and_on_shared_streams() {
+    let mut spec = Spec::new(3);
+    spec.chain = true;
+    // Readers of later ready points scheduled first, sharing the
+    // writer's stream and one another's.
+    let items = [
+        Item::Replay(0, 0),
+        Item::Replay(3, 0),
+        Item::Replay(2, 1),
+        Item::Replay(1, 1),
+        Item::Replay(4, 0),
+    ];
+    check_step_primed(&spec, &all(&spec), &items, false, 4);
+    let items = [
+        Item::Replay(0, 2),
+        Item::Replay(3, 2),
+        Item::Replay(1, 2),
+        Item::Replay(4, 2),
+        Item::Replay(2, 2),
+    ];
+    check_step(&spec, &items, false, 4);
+}
+
+#[test]
+fn the_writer_replayed_twice_in_a_step() {
+    for temps in [false, true] {
+        let mut spec = Spec::new(3);
+        spec.copies = 2;
+        spec.chain = true;
+        spec.writer_temps = temps;
+        let items = [
+            Item::Replay(0, 0),
+            Item::Replay(1, 1),
+            Item::Replay(2, 2),
+            Item::Replay(0, 3),
+            Item::Replay(3, 3),
+            Item::Replay(4, 4),
+            Item::Replay(2, 0),
+        ];
+        check_step(&spec, &items, false, 3);
+    }
+}
+
+#[test]
+fn overlapping_step_graphs_of_split_writers() {
+    for temps in [false, true] {
+        for k in [2, 4] {
+            let mut spec = Spec::new(k);
+            spec.copies = 2;
+            spec.chain = true;
+            spec.writer_temps = temps;
+            check_step(&spec, &all(&spec), true, 6);
+        }
+    }
+}
+
+#[test]
+fn consumers_of_the_split_writer() {
+    for temps in [false, true] {
+        for overlapping in [false, true] {
+            let mut spec = Spec::new(3);
+            spec.copies = 2;
+            spec.g = 4;
+            spec.writer_temps = temps;
+            let mut items = all(&spec);
+            items.insert(1, Item::Consume(0));
+            items.push(Item::Consume(0));
+            items.push(Item::Consume(2));
+            check_step(&spec, &items, overlapping, 4);
+        }
+    }
+}
+
+#[test]
+fn subsets_of_ready_points_match_per_runner_replays() {
+    // The first run and copy mark the same subset of ready points: the
+    // others' readers wait for the whole writer.
+    for order in [vec![1], vec![2], vec![0, 2], vec![1, 2], vec![]] {
+        let spec = Spec::new(3);
+        let o = order.clone();
+        let mut reference = fan(&spec, &move |_| o.clone());
+        assert!(reference.errors.is_empty(), "{:?}", reference.errors);
+        let items = all(&spec);
+        for _ in 0..4 {
+            reference.per_runner(&items);
+        }
+        let o = order.clone();
+        let mut f = fan(&spec, &move |_| o.clone());
+        f.per_runner(&items);
+        let mut kept = f.build(&items, false).unwrap();
+        let streams = f.streams.clone();
+        for i in 0..2 {
+            f.r().launch_kept(&mut kept, &streams[i]).unwrap();
+        }
+        drop(kept);
+        f.per_runner(&items);
+        f.hazard_free();
+        assert_eq!(f.values(), reference.values(), "{order:?}");
+        reference.teardown();
+        f.teardown();
+    }
+}
+
+#[test]
+fn a_reordered_but_consistent_ready_order_matches_per_runner_replays() {
+    // Ready points in another order than the handoffs were declared.
+    let spec = Spec::new(4);
+    let order = |_| vec![3, 1, 0, 2];
+    let items = all(&spec);
+    let mut reference = fan(&spec, &order);
+    for _ in 0..5 {
+        reference.per_runner(&items);
+    }
+    let mut f = fan(&spec, &order);
+    f.per_runner(&items);
+    let mut kept = f.build(&items, false).unwrap();
+    let streams = f.streams.clone();
+    for i in 0..3 {
+        f.r().launch_kept(&mut kept, &streams[4 - i]).unwrap();
+    }
+    drop(kept);
+    f.per_runner(&items);
+    f.hazard_free();
+    assert_eq!(f.values(), reference.values());
+    reference.teardown();
+    f.teardown();
+}
+
+#[test]
+fn kept_steps_and_per_runner_replays_interleaved_around_split_writers() {
+    let mut spec = Spec::new(3);
+    spec.copies = 4;
+    spec.chain = true;
+    let items = all(&spec);
+    let mut reference = fan(&spec, &identity(3));
+    let mut f = fan(&spec, &identity(3));
+    let mut a = f.build(&items, false).unwrap();
+    let mut b = f.build(&items, true).unwrap();
+    let mut c = f.build(&items, false).unwrap();
+    let s = f.streams.clone();
+    let mut n = 0;
+    for round in 0..4 {
+        f.r().launch_kept(&mut a, &s[round % 3]).unwrap();
+        f.per_runner(&items);
+        f.r().launch_kept(&mut b, &s[(round + 1) % 5]).unwrap();
+        f.r().launch_kept(&mut c, &s[4]).unwrap();
+        f.r().launch_kept(&mut b, &s[0]).unwrap();
+        n += 5;
+    }
+    drop(b);
+    // A trace around the rest.
+    f.r().start_trace().unwrap();
+    f.r().launch_kept(&mut a, &s[2]).unwrap();
+    f.per_runner(&items);
+    n += 2;
+    let t = f.r().finish_trace().unwrap();
+    assert_nodes_inside_launches(&t);
+    drop(a);
+    std::mem::forget(c);
+    for _ in 0..n {
+        reference.per_runner(&items);
+    }
+    f.hazard_free();
+    assert_eq!(f.values(), reference.values());
+    reference.teardown();
+    let sim = f.sim.clone();
+    f.r.take();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+}
+
+/// A writer whose temporaries live in different parts: `a` over every
+/// cut, `b` between the first and second cut, `c` after the last.
+fn temps_across_parts(w: &W, s: &sim::Stream) -> R {
+    let sim = w.sim;
+    let a = sim.alloc_async(s, N)?;
+    sim.launch(s, sim::Op::fill(&a, 1.0), 1)?;
+    sim.launch(s, sim::Op::copy(&a, &w.xs[0]), 5)?;
+    w.cap.ready(w.hs[0], s)?;
+    let b = sim.alloc_async(s, N)?;
+    sim.launch(s, sim::Op::copy(&a, &b), 5)?;
+    sim.launch(s, sim::Op::scale(&b, 2.0), 5)?;
+    sim.launch(s, sim::Op::copy(&b, &w.xs[1]), 5)?;
+    sim.free_async(s, &b)?;
+    w.cap.ready(w.hs[1], s)?;
+    sim.launch(s, sim::Op::copy(&a, &w.xs[2]), 5)?;
+    sim.launch(s, sim::Op::scale(&w.xs[2], 3.0), 5)?;
+    w.cap.ready(w.hs[2], s)?;
+    let c = sim.alloc_async(s, N)?;
+    sim.launch(s, sim::Op::copy(&a, &c), 50)?;
+    sim.free_async(s, &a)?;
+    sim.launch(s, sim::Op::add(&c, w.own), 50)?;
+    sim.free_async(s, &c)?;
+    Ok(())
+}
+
+#[test]
+fn temporaries_living_in_different_parts_of_a_cut_copy() {
+    let mut spec = Spec::new(3);
+    spec.copies = 3;
+    spec.chain = true;
+    let items = all(&spec);
+    let mut reference = fan_custom(&spec, &mut temps_across_parts);
+    assert!(reference.errors.is_empty(), "{:?}", reference.errors);
+    let mut f = fan_custom(&spec, &mut temps_across_parts);
+    assert!(f.errors.is_empty(), "{:?}", f.errors);
+    let mut plain = f.build(&items, false).unwrap();
+    assert_eq!(plain.nodes(), 4 + (2 + 1 + 1) + 1); // reader 0 is cut at its own ready point
+    let mut over = f.build(&items, true).unwrap();
+    let s = f.streams.clone();
+    for i in 0..3 {
+        f.r().launch_kept(&mut plain, &s[i]).unwrap();
+        f.per_runner(&items);
+        f.r().launch_kept(&mut over, &s[4 - i]).unwrap();
+        f.r().launch_kept(&mut over, &s[i]).unwrap();
+    }
+    drop(plain);
+    drop(over);
+    for _ in 0..12 {
+        reference.per_runner(&items);
+    }
+    f.hazard_free();
+    assert_eq!(f.values(), reference.values());
+    reference.teardown();
+    f.teardown();
+}
