@@ -7,6 +7,7 @@ pub mod gpu;
 #[cfg(feature = "cuda")]
 pub mod ops;
 pub mod old_packed;
+pub mod steps;
 
 use proptest::prelude::*;
 use replay_arena::{
