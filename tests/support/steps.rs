@@ -7,12 +7,77 @@
 //! - [`kept`]: plans of one request per runner for kept step graphs.
 //! - [`plans`]: small plans the handoff and step holes share.
 //! - [`fence`]: one-request plans the fence holes share.
+//! - [`plan_runners`], [`allocate_runners`], [`allocate_discovered`]: a
+//!   plan (and its allocation) in one call.
 //! - [`assert_torn_down`]: what a plan's teardown must leave on a sim.
+
+use replay_arena::{
+    Backend, Capturing, Discovering, PlacedPolicy, PlanConfig, Planned, Request, RunnerId,
+};
+
+/// `runners` (each with its requests, in recording order) discovered with
+/// the default config and planned under `policy`.
+pub fn plan_runners<R: IntoIterator<Item = Request>>(
+    runners: impl IntoIterator<Item = (RunnerId, R)>,
+    policy: impl Into<PlacedPolicy>,
+) -> Planned {
+    Discovering::from_runners(PlanConfig::new(), runners)
+        .unwrap()
+        .plan(policy)
+        .unwrap()
+}
+
+/// [`plan_runners`], allocated on `backend`.
+pub fn allocate_runners<B: Backend + Clone, R: IntoIterator<Item = Request>>(
+    backend: &B,
+    runners: impl IntoIterator<Item = (RunnerId, R)>,
+    policy: impl Into<PlacedPolicy>,
+) -> Capturing<B> {
+    plan_runners(runners, policy)
+        .allocate(backend.clone())
+        .unwrap()
+}
+
+/// `discovering` planned under `policy` and allocated on `backend`.
+pub fn allocate_discovered<B: Backend + Clone>(
+    backend: &B,
+    discovering: Discovering,
+    policy: impl Into<PlacedPolicy>,
+) -> Capturing<B> {
+    discovering
+        .plan(policy)
+        .unwrap()
+        .allocate(backend.clone())
+        .unwrap()
+}
+
+/// What is left on `sim`: live allocations, live events, graph memory used
+/// and reserved.
+pub fn leftovers(sim: &replay_arena::sim::Device) -> (usize, usize, u64, u64) {
+    let p = sim.graph_memory_in_use().unwrap().unwrap();
+    (
+        sim.live_allocations(),
+        sim.live_events(),
+        p.used,
+        p.reserved,
+    )
+}
+
+/// What a plan's teardown must leave on `sim`: no allocation, no event, no
+/// graph memory used or reserved, no hazard.
+pub fn assert_torn_down(sim: &replay_arena::sim::Device, what: &str) {
+    assert_eq!(sim.live_allocations(), 0, "{what}: allocations left");
+    assert_eq!(sim.live_events(), 0, "{what}: events left");
+    let p = sim.graph_memory_in_use().unwrap().unwrap();
+    assert_eq!((p.used, p.reserved), (0, 0), "{what}: graph memory left");
+    assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
+}
 
 /// Overlapping step graphs, step copies and graph memory: the world the
 /// attacks run in.
 pub mod overlap {
     #![allow(clippy::type_complexity)] // attack tables
+    use super::{allocate_discovered, plan_runners};
 
     use replay_arena::sim;
     use replay_arena::{Backend, GraphMemory, Streams};
@@ -45,6 +110,56 @@ pub mod overlap {
         /// consume(runner, lane, writes, accumulator index, duration)
         Consume(usize, usize, bool, usize, u64),
     }
+
+    /// A step builder of `$w` (a [`World`]) with `$items` scheduled on its
+    /// lanes, each consumer taking `$slow` times its duration: a
+    /// `Result<StepBuilder, StepError>`. A macro, so that the builder borrows
+    /// only the world's plan and the rest of the world stays usable.
+    macro_rules! step_of {
+        ($w:expr, $items:expr, $slow:expr) => {
+            'step_of: {
+                use $crate::support::steps::overlap::{consume_work, map_consume, Item};
+                let mut step = $w.replayable.step();
+                for &it in $items {
+                    match it {
+                        Item::Replay(r, lane) => {
+                            let id = replay_arena::RunnerId(r as u32);
+                            if let Err(e) = step.replay(id, &$w.lanes[lane]) {
+                                break 'step_of Err(e);
+                            }
+                        }
+                        Item::Consume(r, lane, writes, acc, dur) => {
+                            macro_rules! work {
+                                () => {
+                                    consume_work(
+                                        &$w.sim,
+                                        &$w.accs[acc],
+                                        &$w.lane_accs[lane],
+                                        &$w.one,
+                                        writes,
+                                        dur * $slow,
+                                    )
+                                };
+                            }
+                            let id = replay_arena::RunnerId(r as u32);
+                            let done = if writes {
+                                step.consume_mut(id, &$w.lanes[lane], work!()).map(|_| ())
+                            } else {
+                                step.consume(id, &$w.lanes[lane], work!()).map(|_| ())
+                            };
+                            if let Err(e) = done {
+                                break 'step_of Err(replay_arena::StepError::Schedule(
+                                    map_consume(e),
+                                ));
+                            }
+                        }
+                    }
+                }
+                Ok::<_, replay_arena::StepError>(step)
+            }
+        };
+    }
+    pub(crate) use step_of;
 
     pub struct World {
         pub sim: sim::Device,
@@ -91,7 +206,7 @@ pub mod overlap {
         } else {
             policy.round_robin()
         };
-        let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
+        let mut capturing = allocate_discovered(&sim, d, strategy);
         for r in 0..n {
             let (_, ready, temporary, duration) = shape.runners[r];
             let cap = capturing.capture(RunnerId(r as u32)).unwrap();
@@ -221,35 +336,7 @@ pub mod overlap {
             forget: bool,
             launch: &dyn Fn(usize) -> sim::Stream,
         ) -> Result<(), StepError> {
-            let mut step = self.replayable.step();
-            for &it in items {
-                match it {
-                    Item::Replay(r, lane) => {
-                        step.replay(RunnerId(r as u32), &self.lanes[lane])?;
-                    }
-                    Item::Consume(r, lane, writes, acc, dur) => {
-                        macro_rules! work {
-                            () => {
-                                consume_work(
-                                    &self.sim,
-                                    &self.accs[acc],
-                                    &self.lane_accs[lane],
-                                    &self.one,
-                                    writes,
-                                    dur,
-                                )
-                            };
-                        }
-                        let id = RunnerId(r as u32);
-                        let done = if writes {
-                            step.consume_mut(id, &self.lanes[lane], work!()).map(|_| ())
-                        } else {
-                            step.consume(id, &self.lanes[lane], work!()).map(|_| ())
-                        };
-                        done.map_err(|e| StepError::Schedule(map_consume(e)))?;
-                    }
-                }
-            }
+            let step = step_of!(self, items, 1)?;
             let mut graph = if overlapping {
                 step.build_overlapping()?
             } else {
@@ -564,11 +651,7 @@ pub mod overlap {
         }
         let sim = sim::Device::new();
         let (s, other) = (sim.stream(), sim.stream());
-        let capturing = d
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         Cap1 {
             sim,
             s,
@@ -609,11 +692,7 @@ pub mod overlap {
             Err(e) => e.into_capturing(),
         };
         drop(capturing.replan());
-        assert_eq!(sim.live_allocations(), 0, "{what}: allocations left");
-        assert_eq!(sim.live_events(), 0, "{what}: events left");
-        let p = sim.graph_memory_in_use().unwrap().unwrap();
-        assert_eq!((p.used, p.reserved), (0, 0), "{what}: graph memory left");
-        assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
+        super::assert_torn_down(&sim, what);
     }
 
     pub fn with_temporary(
@@ -635,10 +714,7 @@ pub mod overlap {
         stream: &sim::Stream,
         inside: impl FnOnce(&sim::Stream),
     ) {
-        let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(7), [OWN])])
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap();
+        let planned = plan_runners([(RunnerId(7), [OWN])], Policy::Generations(1));
         let mut other = planned.allocate(sim.clone()).unwrap();
         let cap = other.capture(RunnerId(7)).unwrap();
         let v = cap.take(OWN).unwrap();
@@ -653,12 +729,12 @@ pub mod overlap {
 
 /// Kept step graphs: runners of one 64-element request each.
 pub mod kept {
+    use super::plan_runners;
+    use replay_arena::Streams;
 
     use replay_arena::sim;
 
-    use replay_arena::{
-        DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
-    };
+    use replay_arena::{DType, Domain, Policy, Replayable, Request, RunnerId};
 
     pub const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
 
@@ -672,10 +748,7 @@ pub mod kept {
     /// share bytes); runner r fills its view with r+1 for `dur` ticks.
     pub fn setup(n: u32, generations: usize, dur: u64) -> Setup {
         let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
-        let planned = Discovering::from_runners(PlanConfig::new(), rs)
-            .unwrap()
-            .plan(Policy::Generations(generations))
-            .unwrap();
+        let planned = plan_runners(rs, Policy::Generations(generations));
         let sim = sim::Device::new();
         let s: Vec<sim::Stream> = (0..6).map(|_| sim.stream()).collect();
         let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -721,10 +794,7 @@ pub mod kept {
 
     pub fn world(n: u32, g: usize, durs: &[u64]) -> World {
         let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
-        let planned = Discovering::from_runners(PlanConfig::new(), rs)
-            .unwrap()
-            .plan(Policy::Generations(g))
-            .unwrap();
+        let planned = plan_runners(rs, Policy::Generations(g));
         let sim = sim::Device::new();
         let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.stream()).collect();
         let one = sim.alloc_f32(64).unwrap();
@@ -798,6 +868,44 @@ pub mod kept {
         };
         g.ok().map(|g| g.keep())
     }
+
+    /// A linear congruential generator for the kept-step fuzzers.
+    pub struct Lcg(pub u64);
+
+    impl Lcg {
+        /// The next number below `m`.
+        pub fn below(&mut self, m: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % m
+        }
+    }
+
+    /// `a` (kept steps) and `b` (the same per runner) after both
+    /// synchronized: no hazard on either, the same counts and accumulators.
+    pub fn assert_same_worlds(a: &World, b: &World, seed: u64, log: &[String]) {
+        a.sim.synchronize().unwrap();
+        b.sim.synchronize().unwrap();
+        let ha = a.sim.hazards();
+        assert!(ha.is_empty(), "seed {seed}: hazards {ha:?}; {log:?}");
+        assert!(b.sim.hazards().is_empty());
+        for (x, y) in a.counts.iter().zip(&b.counts) {
+            assert_eq!(
+                a.sim.read_f32(x).unwrap(),
+                b.sim.read_f32(y).unwrap(),
+                "seed {seed} counts; {log:?}"
+            );
+        }
+        for (i, (x, y)) in a.accs.iter().zip(&b.accs).enumerate() {
+            assert_eq!(
+                a.sim.read_f32(x).unwrap(),
+                b.sim.read_f32(y).unwrap(),
+                "seed {seed} acc {i}; {log:?}"
+            );
+        }
+    }
 }
 
 /// Plans the handoff and step holes share.
@@ -839,21 +947,19 @@ pub mod plans {
 
 /// One-request plans the fence holes share.
 pub mod fence {
+    use super::allocate_runners;
 
     use replay_arena::sim;
-    use replay_arena::{
-        Capturing, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
-    };
+    use replay_arena::{Capturing, DType, Domain, Policy, Replayable, Request, RunnerId};
 
     /// One runner recording `requests`, planned in one generation and
     /// allocated on `sim`.
     pub fn on_sim(sim: &sim::Device, requests: &[Request]) -> Capturing<sim::Device> {
-        Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), requests.iter().copied())])
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap()
+        allocate_runners(
+            sim,
+            [(RunnerId(0), requests.iter().copied())],
+            Policy::Generations(1),
+        )
     }
 
     /// 64 f32s: one device alignment unit.
@@ -871,12 +977,7 @@ pub mod fence {
             .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
         let sim = sim::Device::new();
         let stream = sim.stream();
-        let capturing = Discovering::from_runners(PlanConfig::new(), runners)
-            .unwrap()
-            .plan(policy)
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let capturing = allocate_runners(&sim, runners, policy);
         (sim, stream, capturing)
     }
 

@@ -1,6 +1,7 @@
 //! Failed operations on `sim` with injected faults: a launch that fails
 //! leaves the fence as it was, so nothing later skips a wait it needs.
 
+use crate::support::steps::allocate_discovered;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
     BackendError, DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable,
@@ -123,11 +124,7 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
     let s = sim.stream();
     let input = Q.purpose(Purpose::Input);
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [input])]).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(input).unwrap();
     cap.stream_capture(&s, |s| sim.launch(s, sim::Op::scale(&view, 2.0), 5))
@@ -182,11 +179,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
     let sim = sim::Device::new();
     let s = sim.stream();
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     for call in [Call::EndCapture, Call::Instantiate, Call::BeginCapture] {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(Q).unwrap();
@@ -198,11 +191,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
         drop(capturing.replan());
         // A fresh discovery: the same runner again.
         let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
-        capturing = d
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         // The stream is not capturing: a plain op runs on it.
         let buf = sim.alloc_f32(4).unwrap();
         sim.launch(&s, sim::Op::fill(&buf, 2.0), 1).unwrap();

@@ -5,6 +5,7 @@
 //! intact around the step graph's life, a missing copy is a typed error,
 //! and the plan's report and teardown account for the graph memory.
 
+use crate::support::steps::{allocate_discovered, plan_runners};
 use replay_arena::sim;
 use replay_arena::{Backend, GraphMemory, Streams};
 use replay_arena::{
@@ -47,11 +48,7 @@ fn chain(layers: usize, repeatable: bool, ready: bool) -> Chain {
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let counts: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
     let sinks: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     for l in 0..layers {
         let cap = capturing.capture(RunnerId(l as u32)).unwrap();
         let own = cap.take(OWN).unwrap();
@@ -212,10 +209,7 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
 #[test]
 fn work_without_temporaries_runs_once_and_is_copied_into_step_graphs() {
     let req = OWN;
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned = plan_runners([(RunnerId(0), [req])], Policy::Generations(1));
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -258,10 +252,7 @@ fn capture_once(
     sim::Device,
 ) {
     let mut work = work;
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [OWN])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned = plan_runners([(RunnerId(0), [OWN])], Policy::Generations(1));
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -358,11 +349,7 @@ fn a_second_run_with_other_ready_points_is_a_typed_error() {
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let own = cap.take(OWN).unwrap();
     let out = cap.hand_off(h).unwrap();
@@ -521,11 +508,7 @@ fn writer_and_reader() -> (
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
-    let capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     (sim, s, capturing, h)
 }
 
@@ -583,11 +566,7 @@ fn two_ready_points(temporaries: bool) -> (sim::Device, Replayable<sim::Device>,
     }
     let sim = sim::Device::new();
     let s = [sim.stream(), sim.stream(), sim.stream()];
-    let mut capturing = d
-        .plan(Policy::Generations(3))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(3));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let own = cap.take(OWN).unwrap();

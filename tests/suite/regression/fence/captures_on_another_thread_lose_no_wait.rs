@@ -8,6 +8,7 @@
 //! left the replay's handoff reads untracked (the fence now sets a
 //! replay's completion before any record and goes on after a failed one).
 
+use crate::support::steps::allocate_runners;
 use crate::support::steps::plans::*;
 use replay_arena::sim;
 use replay_arena::{Discovering, Error, PlanConfig, Policy, RunnerId};
@@ -36,12 +37,7 @@ fn a_capture_starting_on_another_thread_never_lets_a_replay_skip_its_wait() -> R
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let rs = [(RunnerId(0), [req(16)])];
-                let mut cap = Discovering::from_runners(PlanConfig::new(), rs)
-                    .unwrap()
-                    .plan(Policy::Generations(1))
-                    .unwrap()
-                    .allocate(sim.clone())
-                    .unwrap();
+                let mut cap = allocate_runners(&sim, rs, Policy::Generations(1));
                 let c = cap.capture(RunnerId(0)).unwrap();
                 let _ = c.stream_capture(&s, |_| Ok::<(), Error>(()));
             }

@@ -3,9 +3,10 @@
 //! consumer cannot use a view of another plan or on another stream, and a
 //! view or its span is refused once its closure returned.
 
+use crate::support::steps::allocate_runners;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
+use replay_arena::{Policy, RunnerId};
 
 /// The sim's refusal of a view used where the fence cannot order it.
 fn assert_out_of_scope<T: std::fmt::Debug>(result: Result<T, replay_arena::BackendError>) {
@@ -69,12 +70,7 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
     let (_, mut b) = {
         let runners = [(RunnerId(0), [F32_64])];
         let s = sim.stream();
-        let mut c = Discovering::from_runners(PlanConfig::new(), runners)
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(sim.clone())
-            .unwrap();
+        let mut c = allocate_runners(&sim, runners, Policy::Generations(1));
         let cap = c.capture(RunnerId(0)).unwrap();
         let v = cap.take(F32_64).unwrap();
         cap.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&v, 3.0), 1))

@@ -2,6 +2,7 @@
 //! input inside the schedule, or not), interleaved with per-runner
 //! staging, replays and consumers, against the same sequence per runner.
 
+use crate::support::steps::kept::Lcg;
 use replay_arena::sim;
 use replay_arena::sim::AsSpan;
 use replay_arena::{
@@ -142,13 +143,8 @@ fn bbuild(w: &mut Bw, items: &[Bi]) -> Option<replay_arena::KeptStep<sim::Device
 }
 
 fn bfuzz(seed: u64) {
-    let mut rng = seed ^ 0x9E3779B97F4A7C15;
-    let mut next = |m: u64| {
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (rng >> 33) % m
-    };
+    let mut rng = Lcg(seed ^ 0x9E3779B97F4A7C15);
+    let mut next = |m: u64| rng.below(m);
     let g = 1 + next(2) as usize;
     let dur = 1 + next(40);
     let mut a = bworld(g, dur);

@@ -2,9 +2,10 @@
 //! without ready points), interleaved with per-runner replays, against the
 //! same sequence per runner.
 
+use crate::support::steps::allocate_discovered;
 use crate::support::steps::kept::*;
 use replay_arena::sim;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, Streams};
+use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
 
 fn hworld(g: usize, ready: bool, dur: u64) -> World {
     let mut d = Discovering::new(PlanConfig::new());
@@ -26,11 +27,7 @@ fn hworld(g: usize, ready: bool, dur: u64) -> World {
     sim.write_f32(&one, &[1.0; 64]).unwrap();
     let counts: Vec<_> = (0..3).map(|_| sim.alloc_f32(64).unwrap()).collect();
     let accs: Vec<_> = (0..20).map(|_| sim.alloc_f32(64).unwrap()).collect();
-    let mut capturing = d
-        .plan(Policy::Generations(g))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(g));
     for r in 0..3u32 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
@@ -65,13 +62,8 @@ fn hworld(g: usize, ready: bool, dur: u64) -> World {
 }
 
 fn hfuzz(seed: u64) {
-    let mut rng = seed ^ 0xD1B54A32D192ED03;
-    let mut next = |m: u64| {
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (rng >> 33) % m
-    };
+    let mut rng = Lcg(seed ^ 0xD1B54A32D192ED03);
+    let mut next = |m: u64| rng.below(m);
     let (g, ready, dur) = (1 + next(3) as usize, next(2) == 0, 1 + next(30));
     let mut a = hworld(g, ready, dur);
     let mut b = hworld(g, ready, dur);
@@ -129,28 +121,7 @@ fn hfuzz(seed: u64) {
             );
         }
     }
-    a.sim.synchronize().unwrap();
-    b.sim.synchronize().unwrap();
-    assert!(
-        a.sim.hazards().is_empty(),
-        "seed {seed}: {:?}; {log:?}",
-        a.sim.hazards()
-    );
-    assert!(b.sim.hazards().is_empty());
-    for (x, y) in a.counts.iter().zip(&b.counts) {
-        assert_eq!(
-            a.sim.read_f32(x).unwrap(),
-            b.sim.read_f32(y).unwrap(),
-            "seed {seed} counts; {log:?}"
-        );
-    }
-    for (i, (x, y)) in a.accs.iter().zip(&b.accs).enumerate() {
-        assert_eq!(
-            a.sim.read_f32(x).unwrap(),
-            b.sim.read_f32(y).unwrap(),
-            "seed {seed} acc {i}; {log:?}"
-        );
-    }
+    assert_same_worlds(&a, &b, seed, &log);
 }
 
 static HOK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -6,19 +6,15 @@
 //! borrowed between kept launches; traces around kept launches.
 
 use crate::support::steps::kept::*;
+use crate::support::steps::plan_runners;
 use replay_arena::sim;
-use replay_arena::{Discovering, PlanConfig, Policy, Replayable, RunnerId, Streams};
+use replay_arena::{Policy, Replayable, RunnerId, Streams};
 
 fn fuzz_one(seed: u64) {
-    let mut rng = seed
+    let mut rng = Lcg(seed
         .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = |m: u64| {
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (rng >> 33) % m
-    };
+        .wrapping_add(1442695040888963407));
+    let mut next = |m: u64| rng.below(m);
     let n = 4;
     let g = 1 + next(3) as usize;
     let durs: Vec<u64> = (0..4).map(|_| 1 + next(50)).collect();
@@ -85,25 +81,7 @@ fn fuzz_one(seed: u64) {
             }
         }
     }
-    a.sim.synchronize().unwrap();
-    b.sim.synchronize().unwrap();
-    let ha = a.sim.hazards();
-    assert!(ha.is_empty(), "seed {seed}: hazards {ha:?}; {log:?}");
-    assert!(b.sim.hazards().is_empty());
-    for (x, y) in a.counts.iter().zip(&b.counts) {
-        assert_eq!(
-            a.sim.read_f32(x).unwrap(),
-            b.sim.read_f32(y).unwrap(),
-            "seed {seed} counts; {log:?}"
-        );
-    }
-    for (i, (x, y)) in a.accs.iter().zip(&b.accs).enumerate() {
-        assert_eq!(
-            a.sim.read_f32(x).unwrap(),
-            b.sim.read_f32(y).unwrap(),
-            "seed {seed} acc {i}; {log:?}"
-        );
-    }
+    assert_same_worlds(&a, &b, seed, &log);
     // Teardown: forget one kept step, drop the plan first, then the rest.
     let forgotten = kept.pop().unwrap();
     std::mem::forget(forgotten);
@@ -204,10 +182,7 @@ fn kept_step_on_replanned_plan_is_foreign() {
 #[test]
 fn forget_and_borrowed_between_kept() {
     let rs = (0..3).map(|r| (RunnerId(r), [REQ]));
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned = plan_runners(rs, Policy::Generations(1));
     let sim = sim::Device::new();
     let l: Vec<sim::Stream> = (0..5).map(|_| sim.stream()).collect();
     let counts: Vec<_> = (0..3).map(|_| sim.alloc_f32(64).unwrap()).collect();

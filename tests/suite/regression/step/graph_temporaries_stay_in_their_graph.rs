@@ -9,8 +9,9 @@
 
 use crate::support::steps::fence::*;
 use crate::support::steps::overlap::*;
+use crate::support::steps::plan_runners;
 use replay_arena::sim;
-use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
+use replay_arena::{Policy, RunnerId};
 
 /// Found by this review (fixed): the second run of a repeatable capture
 /// used the first run's temporary (a `sim::Span` allocated and freed
@@ -67,11 +68,7 @@ fn a_step_copy_that_touches_the_first_runs_temporary_is_refused() {
 /// generation: no fence wait between them) write the same bytes at once.
 #[test]
 fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
-    let planned =
-        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(2))
-            .unwrap();
+    let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
     let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -138,11 +135,7 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
 /// works only inside its own capture closure.
 #[test]
 fn a_consumer_cannot_touch_a_runners_graph_temporary() {
-    let planned =
-        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(2))
-            .unwrap();
+    let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
     let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();

@@ -3,9 +3,10 @@
 //! the host fence. It takes `HOSTILE_SEED` and `HOSTILE_CASES` from the
 //! environment.
 
+use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
 use replay_arena::sim;
-use replay_arena::{Backend, StepError};
+use replay_arena::StepError;
 
 struct Rng(u64);
 
@@ -156,17 +157,7 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
         if !forget {
             let sim = graphed.sim.clone();
             drop(graphed);
-            let p = sim.graph_memory_in_use().unwrap().unwrap();
-            assert_eq!(
-                (
-                    sim.live_allocations(),
-                    sim.live_events(),
-                    p.used,
-                    p.reserved
-                ),
-                (0, 0, 0, 0),
-                "{what}: leaks"
-            );
+            assert_eq!(leftovers(&sim), (0, 0, 0, 0), "{what}: leaks");
         }
         compared += 1;
     }

@@ -5,6 +5,7 @@
 //! not replay, handoffs read across steps, a runner twice per step, a
 //! runner without bytes, `consume_many`: the same values and no hazard.
 
+use crate::support::steps::allocate_discovered;
 use crate::support::steps::overlap::*;
 use replay_arena::sim;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
@@ -235,11 +236,7 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     let sim = sim::Device::new();
     let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
     let sink = sim.alloc_f32(N).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let v = cap.take(OWN).unwrap();

@@ -6,9 +6,11 @@
 //! The finding (fixed): a build the backend refused used up the step copies
 //! it had moved (`a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing`).
 
+use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
+use crate::support::steps::plan_runners;
 use replay_arena::sim;
-use replay_arena::{Backend, ConsumeError, Discovering, PlanConfig, Policy, RunnerId, StepError};
+use replay_arena::{Backend, ConsumeError, Policy, RunnerId, StepError};
 
 /// Attack: `build_overlapping` with one step copy (it needs two): a typed
 /// NoStepCopy, and the copy is still there for a single step graph; a
@@ -315,16 +317,7 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
         }
     }
     drop(w);
-    let p = sim.graph_memory_in_use().unwrap().unwrap();
-    assert_eq!(
-        (
-            sim.live_allocations(),
-            sim.live_events(),
-            p.used,
-            p.reserved
-        ),
-        (0, 0, 0, 0)
-    );
+    assert_eq!(leftovers(&sim), (0, 0, 0, 0));
 }
 
 /// Attack: `step_copies(0)` on a runner with temporaries: the step graph
@@ -362,11 +355,7 @@ fn zero_step_copies_is_a_typed_error_at_the_step() {
 /// runner's copies stay.
 #[test]
 fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() {
-    let planned =
-        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(2))
-            .unwrap();
+    let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
     let (a, b) = (sim.stream(), sim.stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();

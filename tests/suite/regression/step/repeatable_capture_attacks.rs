@@ -7,8 +7,9 @@
 #![allow(clippy::type_complexity)] // attack tables
 
 use crate::support::steps::overlap::*;
+use crate::support::steps::plan_runners;
 use replay_arena::sim;
-use replay_arena::{Backend, Discovering, PlanConfig, Policy, RunnerId, Streams};
+use replay_arena::{Backend, Policy, RunnerId, Streams};
 
 /// Attack: the second (or third) run fails, panics, nests a capture, works
 /// on another stream, frees what the first allocated, allocates without
@@ -320,11 +321,7 @@ fn step_copies_changed_from_inside_the_closure_stay_consistent() {
 /// (ops on them refused), whatever the forgotten guard still holds.
 #[test]
 fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
-    let planned =
-        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap();
+    let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -388,11 +385,7 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
 /// the forgotten guard held stays behind after teardown.
 #[test]
 fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
-    let planned =
-        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap();
+    let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
     let sim = sim::Device::new();
     let (s, t, c) = (sim.stream(), sim.stream(), sim.stream());
     let acc = sim.alloc_f32(N).unwrap();

@@ -4,9 +4,11 @@
 //! figures, and every way out of a plan: no arena is freed under queued
 //! work and every graph-memory byte, allocation and event comes back.
 
+use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
+use crate::support::steps::plan_runners;
 use replay_arena::sim;
-use replay_arena::{Backend, Discovering, PlanConfig, Policy, RunnerId};
+use replay_arena::{Backend, Policy, RunnerId};
 
 /// Attack: forget an overlapping step graph after 1 or 3 launches (its
 /// work still pending on the sim clock), then replan at once: the arenas
@@ -104,28 +106,7 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
     w.replayable.trim_graph_memory().unwrap(); // replays in flight
     {
         let ex = [w.sim.stream(), w.sim.stream()];
-        let mut step = w.replayable.step();
-        for &it in &items {
-            match it {
-                P(r, l) => {
-                    step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
-                }
-                C(r, l, writes, acc, dur) => {
-                    macro_rules! work {
-                        () => {
-                            consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur)
-                        };
-                    }
-                    if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
-                            .unwrap();
-                    } else {
-                        step.consume(RunnerId(r as u32), &w.lanes[l], work!())
-                            .unwrap();
-                    }
-                }
-            }
-        }
+        let step = step_of!(w, &items, 1).unwrap();
         let mut g = step.build_overlapping().unwrap();
         for k in 0..6 {
             g.launch(&ex[k % 2]).unwrap();
@@ -166,11 +147,7 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
 /// temporary sizes: `largest`, `total`, and `in_flight` (the G largest).
 #[test]
 fn the_report_adds_up_uneven_temporaries() {
-    let planned =
-        Discovering::from_runners(PlanConfig::new(), (0..4).map(|r| (RunnerId(r), [OWN])))
-            .unwrap()
-            .plan(Policy::Generations(2))
-            .unwrap();
+    let planned = plan_runners((0..4).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -243,35 +220,7 @@ fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
         let sim = w.sim.clone();
         let used_before = w.pool().used;
         {
-            let mut step = w.replayable.step();
-            for &it in &items {
-                match it {
-                    P(r, l) => {
-                        step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
-                    }
-                    C(r, l, writes, acc, dur) => {
-                        macro_rules! work {
-                            () => {
-                                consume_work(
-                                    &w.sim,
-                                    &w.accs[acc],
-                                    &w.lane_accs[l],
-                                    &w.one,
-                                    writes,
-                                    dur * 100,
-                                )
-                            };
-                        }
-                        if writes {
-                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
-                                .unwrap();
-                        } else {
-                            step.consume(RunnerId(r as u32), &w.lanes[l], work!())
-                                .unwrap();
-                        }
-                    }
-                }
-            }
+            let step = step_of!(w, &items, 100).unwrap();
             let mut g = if overlapping {
                 step.build_overlapping()
             } else {
@@ -310,11 +259,7 @@ fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
 #[test]
 fn every_way_out_gives_graph_memory_back() {
     let capture_some = |upto: u32| {
-        let planned =
-            Discovering::from_runners(PlanConfig::new(), (0..3).map(|r| (RunnerId(r), [OWN])))
-                .unwrap()
-                .plan(Policy::Generations(2))
-                .unwrap();
+        let planned = plan_runners((0..3).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
         let sim = sim::Device::new();
         let s = sim.stream();
         let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -329,17 +274,7 @@ fn every_way_out_gives_graph_memory_back() {
         (sim, s, capturing)
     };
     let clean = |sim: &sim::Device, what: &str| {
-        let p = sim.graph_memory_in_use().unwrap().unwrap();
-        assert_eq!(
-            (
-                sim.live_allocations(),
-                sim.live_events(),
-                p.used,
-                p.reserved
-            ),
-            (0, 0, 0, 0),
-            "{what}"
-        );
+        assert_eq!(leftovers(sim), (0, 0, 0, 0), "{what}");
     };
     // Unsealed, replanned.
     let (sim, _s, capturing) = capture_some(3);
@@ -401,28 +336,7 @@ fn builders_and_unlaunched_step_graphs_leave_nothing_behind() {
     w.replayable.trim_graph_memory().unwrap();
     let base = (w.sim.live_events(), w.sim.live_allocations(), w.pool());
     for round in 0..20 {
-        let mut step = w.replayable.step();
-        for &it in &items {
-            match it {
-                P(r, l) => {
-                    step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
-                }
-                C(r, l, writes, acc, dur) => {
-                    macro_rules! work {
-                        () => {
-                            consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur)
-                        };
-                    }
-                    if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
-                            .unwrap();
-                    } else {
-                        step.consume(RunnerId(r as u32), &w.lanes[l], work!())
-                            .unwrap();
-                    }
-                }
-            }
-        }
+        let step = step_of!(w, &items, 1).unwrap();
         if round % 2 == 0 {
             drop(step);
         } else {

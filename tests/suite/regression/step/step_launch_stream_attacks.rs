@@ -5,8 +5,9 @@
 //! work on a lane between launches (ordered the documented way).
 
 use crate::support::steps::overlap::*;
+use crate::support::steps::plan_runners;
 use replay_arena::sim;
-use replay_arena::{Discovering, Operation, PlanConfig, Policy, RunnerId, StepError};
+use replay_arena::{Operation, Policy, RunnerId, StepError};
 
 /// Attack: `wait_all` after overlapping launches alternating over three
 /// streams, then program work on a fourth stream writes every program
@@ -24,35 +25,7 @@ fn wait_all_after_overlapping_launches_orders_program_work() {
         let opt = w.sim.stream();
         let items = four_chain_items();
         {
-            let mut step = w.replayable.step();
-            for &it in &items {
-                match it {
-                    P(r, l) => {
-                        step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
-                    }
-                    C(r, l, writes, acc, dur) => {
-                        macro_rules! work {
-                            () => {
-                                consume_work(
-                                    &w.sim,
-                                    &w.accs[acc],
-                                    &w.lane_accs[l],
-                                    &w.one,
-                                    writes,
-                                    dur,
-                                )
-                            };
-                        }
-                        if writes {
-                            step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
-                                .unwrap();
-                        } else {
-                            step.consume(RunnerId(r as u32), &w.lanes[l], work!())
-                                .unwrap();
-                        }
-                    }
-                }
-            }
+            let step = step_of!(w, &items, 1).unwrap();
             let mut g = step.build_overlapping().unwrap();
             for k in 0..5 {
                 g.launch(&ex[k % 3]).unwrap();
@@ -119,10 +92,7 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
     for overlapping in [false, true] {
         for build_inside in [false, true] {
             let planned =
-                Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-                    .unwrap()
-                    .plan(Policy::Generations(1))
-                    .unwrap();
+                plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
             let sim = sim::Device::new();
             let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
             let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -195,28 +165,7 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
     let (x, y, z) = (w.sim.stream(), w.sim.stream(), w.sim.stream());
     let sim = w.sim.clone();
     {
-        let mut step = w.replayable.step();
-        for &it in &items {
-            match it {
-                P(r, l) => {
-                    step.replay(RunnerId(r as u32), &w.lanes[l]).unwrap();
-                }
-                C(r, l, writes, acc, dur) => {
-                    macro_rules! work {
-                        () => {
-                            consume_work(&w.sim, &w.accs[acc], &w.lane_accs[l], &w.one, writes, dur)
-                        };
-                    }
-                    if writes {
-                        step.consume_mut(RunnerId(r as u32), &w.lanes[l], work!())
-                            .unwrap();
-                    } else {
-                        step.consume(RunnerId(r as u32), &w.lanes[l], work!())
-                            .unwrap();
-                    }
-                }
-            }
-        }
+        let step = step_of!(w, &items, 1).unwrap();
         let mut g = step.build_overlapping().unwrap();
         g.launch(&x).unwrap();
         let mut refused = None;
@@ -248,11 +197,7 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
 #[test]
 fn failed_step_launches_leave_the_fence_untouched() {
     for overlapping in [false, true] {
-        let planned =
-            Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [OWN])))
-                .unwrap()
-                .plan(Policy::Generations(1))
-                .unwrap();
+        let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
         let sim = sim::Device::new();
         let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
         let acc = sim.alloc_f32(N).unwrap();
