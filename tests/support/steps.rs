@@ -159,6 +159,7 @@ pub mod overlap {
             }
         };
     }
+    #[allow(unused_imports)] // binaries without the regressions
     pub(crate) use step_of;
 
     pub struct World {
@@ -351,6 +352,12 @@ pub mod overlap {
             Ok(())
         }
 
+        /// The streams a launch pattern indexes: the lanes, then three more.
+        pub fn launch_streams(&self) -> Vec<sim::Stream> {
+            let extra = (0..3).map(|_| self.sim.stream());
+            self.lanes.iter().cloned().chain(extra).collect()
+        }
+
         pub fn values(&self) -> Vec<Vec<f32>> {
             let mut out: Vec<Vec<f32>> = self
                 .sinks
@@ -438,12 +445,7 @@ pub mod overlap {
         fenced.per_runner(items, steps).unwrap();
         let mut graphed = world(sh, lanes, accs);
         graphed.per_runner(warm, 1).unwrap();
-        let all: Vec<sim::Stream> = graphed
-            .lanes
-            .iter()
-            .cloned()
-            .chain((0..3).map(|_| graphed.sim.stream()))
-            .collect();
+        let all = graphed.launch_streams();
         let l = |k: usize| all[launch(k) % all.len()].clone();
         graphed
             .stepped(items, steps, overlapping, forget, &l)

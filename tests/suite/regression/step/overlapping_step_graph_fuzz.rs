@@ -5,7 +5,6 @@
 
 use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
-use replay_arena::sim;
 use replay_arena::StepError;
 
 struct Rng(u64);
@@ -136,12 +135,7 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
         fenced.per_runner(&items, steps).unwrap();
         let mut graphed = world(&sh, lanes, accs);
         graphed.per_runner(&warm, 1).unwrap();
-        let all: Vec<sim::Stream> = graphed
-            .lanes
-            .iter()
-            .cloned()
-            .chain((0..3).map(|_| graphed.sim.stream()))
-            .collect();
+        let all = graphed.launch_streams();
         let built = graphed.stepped(&items, steps, overlapping, forget, &|k| all[pat[k]].clone());
         if let Err(e) = built {
             panic!("{what}: host fence ok but step graph {e:?}");

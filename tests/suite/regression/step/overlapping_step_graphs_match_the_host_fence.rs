@@ -306,12 +306,7 @@ fn consume_many_in_overlapping_step_graphs_matches_the_host_fence() {
                 let ids: Vec<RunnerId> = set.iter().map(|&r| RunnerId(r)).collect();
                 let steps = 5;
                 if graphed {
-                    let all: Vec<sim::Stream> = w
-                        .lanes
-                        .iter()
-                        .cloned()
-                        .chain((0..3).map(|_| w.sim.stream()))
-                        .collect();
+                    let all = w.launch_streams();
                     let mut step = w.replayable.step();
                     for &it in &items {
                         if let P(r, l) = it {
