@@ -69,14 +69,10 @@ mod regression {
         mod in_temporaries_and_step_copies;
         mod in_waits_and_consumers;
     }
-    mod fence_holes;
-    mod handoff_and_step_holes;
     #[cfg(feature = "serde")]
     mod handoff_groups_register_without_a_list;
-    mod kept_steps;
     #[cfg(feature = "serde")]
     mod named_params_avoid_handoff_numbers;
-    mod overlapping_steps_and_copies;
     mod sim_memory_nodes_only_from_alloc_and_free;
     mod split_writers {
         mod copy_runs_that_differ;
@@ -87,6 +83,43 @@ mod regression {
     mod temporary_used_after_its_free_is_refused;
     mod trace_capacity_is_bounded;
     mod unsealed_capturing_drop_trims_graph_memory;
+    mod fence {
+        mod captures_on_another_thread_lose_no_wait;
+        mod consumer_access_is_read_only_or_alone;
+        mod consumer_of_no_runner_is_a_typed_error;
+        mod consuming_claimed_bytes_is_refused;
+        mod dropping_a_buffer_waits_for_its_pending_ops;
+        mod failed_sim_graph_launch_enqueues_nothing;
+        mod one_stream_capture_per_capture;
+        mod panics_in_closures_stay_fenced;
+        mod raw_span_into_an_arena_is_refused_at_replay;
+        mod streams_in_use_elsewhere_are_refused;
+        mod views_stay_in_their_plan_and_closure;
+    }
+    mod handoff {
+        mod overwritten_handoff_is_refused;
+        mod step_readers_wait_for_their_own_ready_point;
+        mod waiting_for_a_reader_waits_for_its_reads;
+    }
+    mod kept_step {
+        mod kept_bucket_step_attacks;
+        mod kept_handoff_step_attacks;
+        mod kept_step_interleaving_attacks;
+        mod relaunch_after_wait_updates_fence;
+    }
+    mod step {
+        mod foreign_streams_are_refused;
+        mod graph_temporaries_stay_in_their_graph;
+        mod launches_of_one_graph_run_in_turn;
+        mod overlapping_step_graph_fuzz;
+        mod overlapping_step_graphs_match_the_host_fence;
+        mod panicking_step_consumer_keeps_the_views;
+        mod refused_step_build_keeps_step_copies;
+        mod repeatable_capture_attacks;
+        mod step_consumer_of_an_unreplayed_runner_is_refused;
+        mod step_graph_memory_attacks;
+        mod step_launch_stream_attacks;
+    }
 }
 mod report {
     mod table;

@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod ops;
 pub mod faults;
 pub mod old_packed;
+pub mod steps;
 
 use proptest::prelude::*;
 use replay_arena::{

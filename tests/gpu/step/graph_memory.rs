@@ -190,7 +190,10 @@ fn granule(model: &Model) -> u64 {
     let out = cap.take(req).unwrap();
     cap.stream_capture(&s, |s| {
         let mut out = out.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-        let t = s.cudarc().alloc_zeros::<i32>(256).map_err(|e| format!("{e:?}"))?;
+        let t = s
+            .cudarc()
+            .alloc_zeros::<i32>(256)
+            .map_err(|e| format!("{e:?}"))?;
         model.ops.copy_into(s, &t, &mut out)
     })
     .unwrap();

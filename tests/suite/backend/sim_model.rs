@@ -3,6 +3,7 @@
 //! ops take effect in the order they end; its bookkeeping stays bounded
 //! however long it runs; and it refuses what is not its own.
 
+use crate::support::steps::allocate_discovered;
 use proptest::prelude::*;
 use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{
@@ -247,11 +248,7 @@ fn four_runners(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Devi
     for r in 0..4 {
         discovery.arm(RunnerId(r)).unwrap().record(req).unwrap();
     }
-    let mut capturing = discovery
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(sim, discovery, Policy::Generations(2));
     for r in 0..4 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(req).unwrap();

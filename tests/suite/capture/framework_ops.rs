@@ -2,20 +2,18 @@
 //! completion the program can wait on, and temporaries inside a runner's
 //! graph (balanced allocation and free nodes).
 
+use crate::support::steps::allocate_runners;
 use replay_arena::sim;
-use replay_arena::{
-    CaptureError, DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId,
-};
+use replay_arena::{CaptureError, DType, Domain, Policy, Replayable, Request, RunnerId};
 
 /// One runner recording `requests`, planned in one generation and
 /// allocated on `sim`.
 fn on_sim(sim: &sim::Device, requests: &[Request]) -> replay_arena::Capturing<sim::Device> {
-    Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), requests.iter().copied())])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap()
+    allocate_runners(
+        sim,
+        [(RunnerId(0), requests.iter().copied())],
+        Policy::Generations(1),
+    )
 }
 
 const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
@@ -27,12 +25,7 @@ const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
 fn step(wait: impl Fn(&mut Replayable<sim::Device>, &sim::Stream)) -> (sim::Device, Vec<f32>) {
     let sim = sim::Device::new();
     let rs = (0..2).map(|r| (RunnerId(r), [REQ]));
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_runners(&sim, rs, Policy::Generations(2));
     let pool = [sim.stream(), sim.stream()];
     let side = [sim.stream(), sim.stream()];
     let optimizer = sim.stream();
@@ -302,12 +295,7 @@ fn consumers_of_one_runner_on_two_streams_run_at_once_and_both_are_waited_for() 
 fn one_consumer_over_several_runners_is_fenced_against_each() {
     let sim = sim::Device::new();
     let rs = (0..3).map(|r| (RunnerId(r), [REQ]));
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(3))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_runners(&sim, rs, Policy::Generations(3));
     let pools = [sim.stream(), sim.stream(), sim.stream()];
     for r in 0..3u32 {
         let cap = capturing.capture(RunnerId(r)).unwrap();

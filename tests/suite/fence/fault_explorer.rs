@@ -40,6 +40,7 @@
 // so forgetting it is dropping it: the explorer forgets it all the same.
 #![allow(clippy::result_large_err, clippy::forget_non_drop)]
 
+use crate::support::steps::plan_runners;
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -1662,10 +1663,7 @@ struct Two {
 /// view with r + 1 for `dur` ticks.
 fn two(n: u32, dur: u64) -> Two {
     let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned = plan_runners(rs, Policy::Generations(1));
     let sim = sim::Device::new();
     let s: Vec<sim::Stream> = (0..4).map(|_| sim.stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -1902,10 +1900,7 @@ fn fence_stats_do_not_count_a_consumer_whose_closure_enqueued_nothing() {
 /// still held its copy; nothing trims after).
 #[test]
 fn kept_step_outliving_its_plan_gives_graph_memory_back() {
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned = plan_runners([(RunnerId(0), [REQ])], Policy::Generations(1));
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();

@@ -2,6 +2,7 @@
 //! graph writes and later runners' graphs read (a layer's input gradient),
 //! declared at discovery, placed for its lifetime, fenced both ways.
 
+use crate::support::steps::{allocate_discovered, allocate_runners};
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
@@ -54,7 +55,7 @@ fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, t
     sim.write_f32(&one, &[1.0; 64]).unwrap();
     let sinks: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
     let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
-    let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
+    let mut capturing = allocate_discovered(&sim, d, strategy);
     for r in 0..n {
         let sink = &sinks[r as usize];
         let count = &counts[r as usize];
@@ -183,11 +184,7 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
     let (d, hs) = chain(2);
     let sim = sim::Device::new();
     let s = sim.stream();
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let _own = cap.take(OWN).unwrap();
@@ -275,11 +272,7 @@ fn misused_handoffs_are_typed_errors_at_capture() {
     let (d, hs) = chain(3);
     let sim = sim::Device::new();
     let s = sim.stream();
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         // Runner 1 reads handoff 0 and writes handoff 1, not the other way.
@@ -348,11 +341,7 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
     let sim = sim::Device::new();
     let (a, b) = (sim.stream(), sim.stream());
     let sink = sim.alloc_f32(64).unwrap();
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let out = cap.hand_off(h).unwrap();
@@ -380,12 +369,7 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
 fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
     let sim = sim::Device::new();
     let s = sim.stream();
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [OWN])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_runners(&sim, [(RunnerId(0), [OWN])], Policy::Generations(1));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let own = cap.take(OWN).unwrap();
@@ -492,7 +476,7 @@ proptest! {
         let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
         let policy = Policy::Generations(w.generations);
         let strategy = if w.packed { policy.packed() } else { policy.round_robin() };
-        let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
+        let mut capturing = allocate_discovered(&sim, d, strategy);
         for r in 0..n {
             let (_, read, tail, ready) = w.runners[r as usize];
             let cap = capturing.capture(RunnerId(r)).unwrap();

@@ -22,6 +22,7 @@
 //! `cargo test` runs a quick count of cases; `LIFECYCLE_FUZZ_CASES` (or
 //! `PROPTEST_CASES`) raises it, see `docs/fuzzing.md`.
 
+use crate::support::steps::allocate_runners;
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
@@ -1102,12 +1103,7 @@ fn consume(
 /// replayed once.
 fn other_plan(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Device> {
     let q = Request::new(Domain::Device, DType::F32, 64);
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [q])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_runners(sim, [(RunnerId(0), [q])], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(q).unwrap();
     cap.stream_capture(stream, |s| sim.launch(s, sim::Op::fill(&view, 7.0), 3))

@@ -2,6 +2,7 @@
 
 use crate::support;
 use crate::support::old_packed;
+use crate::support::steps::allocate_discovered;
 
 use std::collections::BTreeMap;
 
@@ -490,7 +491,7 @@ proptest! {
         let streams = [sim.stream(), sim.stream(), sim.stream()];
         let mut graphed = vec![false; w.len()];
         let mut sinks = Vec::new();
-        let mut capturing = d.plan(s).unwrap().allocate(sim.clone()).unwrap();
+        let mut capturing = allocate_discovered(&sim, d, s);
         for (r, requests) in w.iter().enumerate() {
             let reads: Vec<usize> = (0..hs.len()).filter(|&i| hs[i].1.contains(&r)).collect();
             let writes: Vec<usize> = (0..hs.len()).filter(|&i| hs[i].0 == r).collect();

@@ -6,6 +6,7 @@
 //! fenced replay of the same schedule leaves, refuses exactly the
 //! schedules the host fence refuses, and hands the plan back consistent.
 
+use crate::support::steps::allocate_discovered;
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
@@ -110,7 +111,7 @@ fn setup(w: &Schedule) -> Setup {
     } else {
         policy.round_robin()
     };
-    let mut capturing = d.plan(strategy).unwrap().allocate(sim.clone()).unwrap();
+    let mut capturing = allocate_discovered(&sim, d, strategy);
     for r in 0..n {
         let (_, ready, _, duration, temporary) = w.runners[r];
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();

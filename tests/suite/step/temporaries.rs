@@ -5,6 +5,7 @@
 //! intact around the step graph's life, a missing copy is a typed error,
 //! and the plan's report and teardown account for the graph memory.
 
+use crate::support::steps::plan_runners;
 use replay_arena::sim;
 use replay_arena::{Cut, Streams};
 
@@ -199,10 +200,7 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
 #[test]
 fn work_without_temporaries_runs_once_and_is_copied_into_step_graphs() {
     let req = OWN;
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned = plan_runners([(RunnerId(0), [req])], Policy::Generations(1));
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -245,10 +243,7 @@ fn capture_once(
     sim::Device,
 ) {
     let mut work = work;
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [OWN])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
+    let planned = plan_runners([(RunnerId(0), [OWN])], Policy::Generations(1));
     let sim = sim::Device::new();
     let s = sim.stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();

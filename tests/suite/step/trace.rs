@@ -8,6 +8,7 @@
 //! and the step's results as they would be.
 
 use crate::support;
+use crate::support::steps::{allocate_discovered, plan_runners};
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, Slice,
@@ -259,11 +260,7 @@ fn a_step_graph_launched_with_no_trace_running_composes_nothing_and_records_no_m
 
 #[test]
 fn a_step_graph_holding_a_moved_step_copy_is_one_slice_per_launch() {
-    let planned =
-        Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [REQ])))
-            .unwrap()
-            .plan(Policy::Generations(2))
-            .unwrap();
+    let planned = plan_runners((0..2).map(|r| (RunnerId(r), [REQ])), Policy::Generations(2));
     let sim = sim::Device::new();
     let l = lanes(&sim);
     let mut capturing = planned.allocate(sim.clone()).unwrap();
@@ -416,11 +413,7 @@ fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_f
     }
     let sim = sim::Device::new();
     let l = lanes(&sim);
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let own = cap.take(REQ).unwrap();

@@ -1,0 +1,50 @@
+//! A consumer may only read its views, and a writing consumer
+//! (`consume_mut`) is alone on its runner's bytes.
+
+use crate::support::steps::fence::*;
+use replay_arena::sim;
+use replay_arena::{Policy, RunnerId};
+
+#[test]
+fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
+    let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
+    let (pool, x, y) = (sim.stream(), sim.stream(), sim.stream());
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    let out = sim.alloc_f32(64).unwrap();
+    replayable
+        .consume(RunnerId(0), &x, |s, views| {
+            let err = sim
+                .launch(s, sim::Op::fill(&views[0], 7.0), 50)
+                .unwrap_err();
+            assert!(
+                err.to_string().contains("consumer's view, which it reads"),
+                "{err}"
+            );
+            assert!(
+                matches!(
+                    err,
+                    replay_arena::BackendError::InvalidView {
+                        reason: replay_arena::Misuse::ReadOnly {
+                            runner: RunnerId(0),
+                            handoff: false,
+                            ..
+                        }
+                    }
+                ),
+                "{err:?}"
+            );
+            sim.launch(s, sim::Op::copy(&views[0], &out), 100)
+        })
+        .unwrap();
+    // A writing consumer on another stream waits for the reader above.
+    replayable
+        .consume_mut(RunnerId(0), &y, |s, views| {
+            sim.launch(s, sim::Op::scale(&views[0], 2.0), 10)
+        })
+        .unwrap();
+    replayable.synchronize().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    assert_eq!(sim.read_f32(&out).unwrap(), vec![5.0; 64]);
+    let v = replayable.views(RunnerId(0)).unwrap()[0];
+    assert_eq!(sim.read_f32(&v).unwrap(), vec![10.0; 64]);
+}

@@ -1,0 +1,110 @@
+//! A stream another capture records (on this thread or another) is
+//! refused to a consumer, and a capture cannot open on a stream a consumer
+//! works on: no plan's work is recorded into another plan's graph.
+//!
+//! The finding (fixed): a consumer on another thread could open on a
+//! stream between a capture closure's return and the end of the capture,
+//! and its work was recorded into the other plan's graph; a capture now
+//! keeps its stream claimed until its stream capture has ended.
+
+use crate::support::steps::fence::*;
+use replay_arena::sim;
+use replay_arena::{CaptureError, Operation, Policy, RunnerId};
+
+#[test]
+fn a_consumer_on_a_stream_another_capture_records_is_refused() {
+    let sim = sim::Device::new();
+    let (a, s_cap) = (sim.stream(), sim.stream());
+    let mut pa = one_runner(&sim, &a, 1.0);
+    // Replayed on the stream plan B captures on: the consumer's wait would
+    // be implied by stream order, and its work recorded into B's graph.
+    pa.replay(RunnerId(0), &s_cap).unwrap();
+    let mut b = on_sim(&sim, &[F32_64]);
+    let cap = b.capture(RunnerId(0)).unwrap();
+    let view = cap.take(F32_64).unwrap();
+    cap.stream_capture(&s_cap, |s| {
+        let inner = pa.consume(RunnerId(0), s, |s2, v| {
+            sim.launch(s2, sim::Op::fill(&v[0], 99.0), 10)
+        });
+        assert!(
+            matches!(
+                inner,
+                Err(replay_arena::ConsumeError::StreamCapturing(
+                    replay_arena::StreamCapturing {
+                        op: Operation::Consume(RunnerId(0))
+                    }
+                ))
+            ),
+            "{inner:?}"
+        );
+        sim.launch(s, sim::Op::fill(&view, 5.0), 10)
+    })
+    .unwrap();
+    cap.finish().unwrap();
+    let b = b.seal().unwrap();
+    assert_eq!(
+        b.graph(RunnerId(0)).unwrap().ops().len(),
+        1,
+        "only B's own op"
+    );
+}
+
+#[test]
+fn a_capture_opened_on_a_consumers_stream_is_refused() {
+    let sim = sim::Device::new();
+    let (a, c) = (sim.stream(), sim.stream());
+    let mut pa = one_runner(&sim, &a, 1.0);
+    pa.replay(RunnerId(0), &a).unwrap();
+    let mut capturing = on_sim(&sim, &[F32_64]);
+    pa.consume(RunnerId(0), &c, |s, v| -> Result<(), String> {
+        let cap = capturing.capture(RunnerId(0)).map_err(|e| e.to_string())?;
+        let view = cap.take(F32_64).map_err(|e| e.to_string())?;
+        let refused = cap.stream_capture(s, |s2| {
+            sim.launch(s2, sim::Op::fill(&view, 5.0), 10)?;
+            sim.launch(s2, sim::Op::fill(&v[0], 66.0), 10)
+        });
+        assert!(
+            matches!(
+                refused,
+                Err(replay_arena::StreamCaptureError::Capture(
+                    CaptureError::StreamInUse {
+                        runner: RunnerId(0)
+                    }
+                ))
+            ),
+            "{refused:?}"
+        );
+        Ok(())
+    })
+    .unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+}
+
+#[test]
+fn a_capture_on_a_stream_another_threads_consumer_works_on_is_refused() {
+    use std::sync::mpsc::channel;
+    let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
+    let (pool, a) = (sim.stream(), sim.stream());
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    let (inside_tx, inside_rx) = channel::<()>();
+    let (done_tx, done_rx) = channel();
+    std::thread::scope(|scope| {
+        let (sim, a) = (&sim, &a);
+        scope.spawn(move || {
+            let mut capturing = on_sim(sim, &[F32_64]);
+            let cap = capturing.capture(RunnerId(0)).unwrap();
+            let v = cap.take(F32_64).unwrap();
+            inside_rx.recv().unwrap(); // the other thread's consumer is open on `a`
+            let refused = cap.stream_capture(a, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 1));
+            done_tx.send(format!("{refused:?}")).unwrap();
+        });
+        replayable
+            .consume(RunnerId(0), a, |_, _| {
+                inside_tx.send(()).unwrap();
+                let refused = done_rx.recv().unwrap();
+                assert!(refused.contains("StreamInUse"), "{refused}");
+                Ok::<(), String>(())
+            })
+            .unwrap();
+    });
+}

@@ -1,0 +1,151 @@
+//! A kept step launched again on one stream after a `wait_for` or
+//! `wait_all` brings the fence up to date: later users wait for the second
+//! launch, not the first.
+//!
+//! The finding (fixed): a `wait_for` or `wait_all` between two launches of
+//! one kept step on one stream recorded the runner's completion after the
+//! first launch, and the second launch (nothing else having replayed or
+//! consumed) did not bring the fence up to date, so later users waited
+//! only for the first. The fence's epoch now counts its event records too.
+
+use crate::support::steps::kept::*;
+use replay_arena::sim;
+use replay_arena::{RunnerId, Streams};
+
+/// launch_kept on S; wait_for (records the Pending completion as an event
+/// right after launch 1, no epoch bump); launch_kept on S again (same
+/// stream, nothing "used" the plan: no absorb); then a replay on another
+/// stream waits on the stale event: races with launch 2.
+#[test]
+fn wait_for_between_kept_launches_on_one_stream() {
+    let mut x = setup(2, 2, 100);
+    let mut kept = kept_all(&mut x, 1);
+    let (a, b, c) = (x.s[2].clone(), x.s[3].clone(), x.s[4].clone());
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.wait_for(RunnerId(0), &b).unwrap();
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.replay(RunnerId(0), &c).unwrap();
+    x.sim.synchronize().unwrap();
+    let h = x.sim.hazards();
+    assert!(h.is_empty(), "hazards: {h:?}");
+}
+
+/// The same with `wait_all`.
+#[test]
+fn wait_all_between_kept_launches_on_one_stream() {
+    let mut x = setup(2, 1, 100);
+    let mut kept = kept_all(&mut x, 1);
+    let (a, b, c) = (x.s[2].clone(), x.s[3].clone(), x.s[4].clone());
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.wait_all(&b).unwrap();
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.replay(RunnerId(1), &c).unwrap();
+    x.sim.synchronize().unwrap();
+    let h = x.sim.hazards();
+    assert!(h.is_empty(), "hazards: {h:?}");
+}
+
+/// A consumer on the stream that waited after launch 1 skips its wait
+/// (`waited_by` is that stream) and races with launch 2.
+#[test]
+fn wait_for_after_second_kept_launch_is_skipped() {
+    let mut x = setup(2, 2, 100);
+    let mut kept = kept_all(&mut x, 1);
+    let (a, b) = (x.s[2].clone(), x.s[3].clone());
+    let out = x.sim.alloc_f32(64).unwrap();
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.wait_for(RunnerId(0), &b).unwrap();
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    let sim = x.sim.clone();
+    x.replayable
+        .consume(RunnerId(0), &b, |st, v| {
+            sim.launch(st, sim::Op::copy(&v[0], &out), 1)
+        })
+        .unwrap();
+    x.sim.synchronize().unwrap();
+    let h = x.sim.hazards();
+    assert!(h.is_empty(), "hazards: {h:?}");
+}
+
+/// Sanity: the fuzz above with `wait_all` on a spare stream between
+/// operations (the bug of the first tests).
+#[test]
+fn fuzz_with_wait_all_finds_the_stale_event() {
+    let mut w = world(4, 2, &[30]);
+    for r in 0..4 {
+        run_item(&mut w, It::R(r, 0)).unwrap();
+    }
+    let mut k = build_kept(&mut w, &[It::R(0, 0), It::R(1, 1), It::C(1, 2, 0)], false).unwrap();
+    let (l3, l4) = (w.lanes[3].clone(), w.lanes[4].clone());
+    w.rep.launch_kept(&mut k, &l3).unwrap();
+    w.rep.wait_all(&l4).unwrap();
+    w.rep.launch_kept(&mut k, &l3).unwrap();
+    run_item(&mut w, It::C(1, 0, 10)).unwrap();
+    w.sim.synchronize().unwrap();
+    assert!(w.sim.hazards().is_empty(), "{:?}", w.sim.hazards());
+}
+
+/// The stale-event bug with an overlapping kept step (two graphs) on one
+/// launch stream.
+#[test]
+fn wait_all_between_overlapping_kept_launches_on_one_stream() {
+    let mut x = setup(2, 2, 100);
+    let n = 2;
+    let mut step = x.replayable.step();
+    for r in 0..n {
+        step.replay(RunnerId(r), &x.s[1]).unwrap();
+    }
+    let mut kept = step.build_overlapping().unwrap().keep();
+    let (a, b, c) = (x.s[2].clone(), x.s[3].clone(), x.s[4].clone());
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.wait_all(&b).unwrap();
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.replay(RunnerId(0), &c).unwrap();
+    x.sim.synchronize().unwrap();
+    let h = x.sim.hazards();
+    assert!(h.is_empty(), "hazards: {h:?}");
+}
+
+/// Control: the same sequence with a borrowed StepGraph cannot be written
+/// (wait_all needs `&mut Replayable`); with the kept step launched on a
+/// *different* stream the second time, the launch absorbs and all is well.
+#[test]
+fn control_wait_all_then_kept_on_other_stream_is_fine() {
+    let mut x = setup(2, 2, 100);
+    let mut kept = kept_all(&mut x, 1);
+    let (a, b, c, d) = (
+        x.s[2].clone(),
+        x.s[3].clone(),
+        x.s[4].clone(),
+        x.s[5].clone(),
+    );
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.wait_all(&b).unwrap();
+    x.replayable.launch_kept(&mut kept, &d).unwrap();
+    x.replayable.replay(RunnerId(0), &c).unwrap();
+    x.sim.synchronize().unwrap();
+    assert!(x.sim.hazards().is_empty());
+}
+
+/// The stale event gives a wrong value: a consumer after the second kept
+/// launch reads what the first one wrote.
+#[test]
+fn stale_event_wrong_value() {
+    let mut w = world(1, 1, &[100]);
+    run_item(&mut w, It::R(0, 0)).unwrap(); // view = 1
+    let mut k = build_kept(&mut w, &[It::R(0, 0)], false).unwrap();
+    let (l1, l2) = (w.lanes[1].clone(), w.lanes[3].clone());
+    w.rep.launch_kept(&mut k, &l2).unwrap(); // view = 2
+    w.rep.wait_all(&l1).unwrap();
+    w.rep.launch_kept(&mut k, &l2).unwrap(); // view = 3
+    let out = w.sim.alloc_f32(64).unwrap();
+    let sim = w.sim.clone();
+    w.rep
+        .consume(RunnerId(0), &l1, |s, v| {
+            sim.launch(s, sim::Op::copy(&v[0], &out), 1)
+        })
+        .unwrap();
+    w.rep.synchronize().unwrap();
+    assert_eq!(w.sim.read_f32(&out).unwrap()[0], 3.0);
+}
