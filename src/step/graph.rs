@@ -7,8 +7,9 @@ use super::dry_run::{dry_pass, DryEvent, DryRun, Use};
 use super::traced::{Events, Order, Tracing};
 use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
-use crate::fence::WaitError;
 use crate::fence::{enter, Fence, Ledger, Operation};
+use crate::fence::{ReplayError, WaitError};
+use crate::vocab::RunnerId;
 use crate::replay::Replayable;
 use crate::trace::SliceKind;
 
@@ -65,6 +66,11 @@ pub(super) struct StepCore<B: Backend> {
     pub(super) lanes: usize,
     pub(super) nodes: usize,
     pub(super) edges: usize,
+    /// Staged runners whose bytes the step's own replays take, with the
+    /// runner that takes them: the program stages them (`consume_mut`)
+    /// between launches, so a launch right after the step's own is refused
+    /// (`ReplayError::InputNotStaged`).
+    pub(super) restaged: Vec<(RunnerId, RunnerId)>,
 }
 
 impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
@@ -114,6 +120,16 @@ impl<B: Compose> StepCore<B> {
         // again).
         if reset {
             self.ledger = self.ledger_from(r)?;
+        } else if self.launches > 0 {
+            // The fence is as this step's own latest launch left it: the
+            // staged runners whose bytes it took were not staged since.
+            if let Some(&(runner, by)) = self.restaged.first() {
+                let error = ReplayError::InputNotStaged {
+                    runner,
+                    by: Some(by),
+                };
+                return Err(ScheduleError::Replay(error).into());
+            }
         }
         // While a trace runs: a traced copy of the step graph, launched in
         // place of its own composition, and ordered after the launch before

@@ -69,6 +69,7 @@ mod source {
 }
 mod step {
     mod graph;
+    mod staged_inputs;
     mod temporaries;
     mod trace;
 }
