@@ -120,6 +120,7 @@ pub(super) fn compile<B: Compose>(
     let edges = dry.deps.iter().chain(&dry.cross).map(Vec::len).sum();
     let tracing = tracing_of(r, items, split, &dry, lane_ids);
     let epoch = r.fence.epoch();
+    let number = r.fence.number_step();
     Ok(StepGraph {
         core: StepCore {
             graphs,
@@ -139,6 +140,7 @@ pub(super) fn compile<B: Compose>(
             edges,
             tracing,
             restaged: dry.restaged,
+            number,
         },
         replayable: r,
     })

@@ -71,6 +71,9 @@ pub(super) struct StepCore<B: Backend> {
     /// between launches, so a launch right after the step's own is refused
     /// (`ReplayError::InputNotStaged`).
     pub(super) restaged: Vec<(RunnerId, RunnerId)>,
+    /// Step graphs built from the plan before this one: its name in a
+    /// trace (`step graph 1 launch 4`).
+    pub(super) number: u64,
 }
 
 impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
@@ -158,6 +161,7 @@ impl<B: Compose> StepCore<B> {
             after.map_or(Ok(()), |after| backend.wait_event(stream, after))
         };
         let kind = SliceKind::StepLaunch {
+            step: self.number,
             launch: self.launches,
             graph: x,
         };
@@ -300,6 +304,13 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         self.core.launches
     }
 
+    /// Step graphs built from the plan before this one (the first is 0):
+    /// its launches' name in a trace, `step graph {number} launch {k}`
+    /// ([`SliceKind::StepLaunch`]), kept when it is kept.
+    pub fn number(&self) -> u64 {
+        self.core.number
+    }
+
     /// The plan (read-only while the step graph lives).
     pub fn replayable(&self) -> &Replayable<B> {
         self.replayable
@@ -360,6 +371,13 @@ impl<B: Compose + Clone> KeptStep<B> {
     /// Launches so far.
     pub fn launches(&self) -> u64 {
         self.core.launches
+    }
+
+    /// Its number among the plan's step graphs ([`StepGraph::number`]):
+    /// kept step graphs of different buckets have names of their own in a
+    /// trace (`step graph 0 launch 3`, `step graph 1 launch 3`).
+    pub fn number(&self) -> u64 {
+        self.core.number
     }
 
     /// Graphs in the step graph ([`StepGraph::nodes`]).
