@@ -655,13 +655,11 @@ impl<B: Streams> Fence<B> {
         if let Some(slot) = staging {
             self.ledger.unstaged[slot] = true;
         }
-        let mut fenced = 0;
         let mut begun = Ok(());
         for &slot in slots {
             if !self.is_fenced(slot) {
                 continue;
             }
-            fenced += 1;
             if exclusive {
                 self.forget_unused_record(slot);
                 self.settle(slot, on);
@@ -685,7 +683,9 @@ impl<B: Streams> Fence<B> {
             recorded = recorded.and(ended.map_err(failed(slot)));
         }
         if succeeded {
-            self.stats.consumers += fenced;
+            // One per consumer whose work ran, whatever its runners (with
+            // buffers or not, one or many), as replays count every launch.
+            self.stats.consumers += 1;
             if let Some(slot) = staging {
                 self.ledger.unstaged[slot] = false;
             }

@@ -53,6 +53,7 @@ mod plan {
     mod scale;
 }
 mod regression {
+    mod consumer_counts;
     mod cut_copies_and_traced_steps;
     mod faults_at_every_call;
     mod fence_holes;
