@@ -95,7 +95,11 @@ pub(super) fn dry_pass(
 /// (`Purpose::Input`) in bytes of its own (as the fence's layout has it).
 pub(super) fn stages(plan: &crate::plan::Planned, slot: usize) -> bool {
     let r = &plan.runners[slot];
-    !r.claims.is_empty() && r.record.requests.iter().any(|q| q.purpose == Purpose::Input)
+    !r.claims.is_empty()
+        && r.record
+            .requests
+            .iter()
+            .any(|q| q.purpose == Purpose::Input)
 }
 
 /// The staging the program does between two launches of a step graph

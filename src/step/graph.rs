@@ -9,9 +9,9 @@ use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
 use crate::fence::{enter, Fence, Ledger, Operation};
 use crate::fence::{ReplayError, WaitError};
-use crate::vocab::RunnerId;
 use crate::replay::Replayable;
 use crate::trace::SliceKind;
+use crate::vocab::RunnerId;
 
 /// Phase 5 of 5: one step of a plan, compiled into one graph
 /// ([`Replayable::step`]). Each [`StepGraph::launch`] runs the whole step:

@@ -83,7 +83,10 @@ fn the_quickstarts_explanation_states_its_own_counts() {
     );
     assert_eq!(s.replays - fenced, s.consumers - fenced, "{explanation}");
     assert_eq!(s.waits, fenced + replay_waits, "{explanation}");
-    assert!(explanation.contains("one per consumer of a runner with buffers"), "{explanation}");
+    assert!(
+        explanation.contains("one per consumer of a runner with buffers"),
+        "{explanation}"
+    );
     assert!(explanation.contains("not among those"), "{explanation}");
 }
 
@@ -103,7 +106,11 @@ fn the_quickstarts_step_graph_and_trace_counts_add_up() {
     // nodes, replays, consumers, edges, steps
     assert_eq!(n.len(), 5, "{step}");
     assert_eq!(n[0], n[1] + n[2], "{step}");
-    assert_eq!([n[1], n[2], n[4]], [runners, runners, outcome.steps], "{step}");
+    assert_eq!(
+        [n[1], n[2], n[4]],
+        [runners, runners, outcome.steps],
+        "{step}"
+    );
     let trace = printed
         .iter()
         .find(|p| p.starts_with("trace of"))
@@ -136,7 +143,10 @@ fn an_explanation_of_a_schedule_that_ignores_the_generations_says_so() {
     });
     // 800 consumers + 798 replays after the first two: 403 more.
     assert!(text.contains("2001 waits are 403 more"), "{text}");
-    assert!(!text.contains("one per consumer of a runner with buffers (800, each"), "{text}");
+    assert!(
+        !text.contains("one per consumer of a runner with buffers (800, each"),
+        "{text}"
+    );
 }
 
 /// What `cargo run --example quickstart` (README's first command) prints,
@@ -148,11 +158,18 @@ fn the_quickstarts_lines_fit_100_columns() {
     quickstart::quickstart(&mut |p| printed.push(p)).unwrap();
     let path = std::env::temp_dir();
     let path = path.display().to_string();
-    assert!(printed.iter().any(|p| p.starts_with("backend: sim")), "{printed:?}");
+    assert!(
+        printed.iter().any(|p| p.starts_with("backend: sim")),
+        "{printed:?}"
+    );
     for line in printed.iter().flat_map(|p| p.lines()) {
         if line.starts_with("  ") && line.trim_start().starts_with(path.as_str()) {
             continue;
         }
-        assert!(line.chars().count() <= 100, "{} wide: {line}", line.chars().count());
+        assert!(
+            line.chars().count() <= 100,
+            "{} wide: {line}",
+            line.chars().count()
+        );
     }
 }

@@ -26,8 +26,7 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
         cap.finish().unwrap();
     }
     let cap = capturing.capture(RunnerId(2)).unwrap();
-    cap.stream_capture(&s, |_| Ok::<(), String>(()))
-        .unwrap();
+    cap.stream_capture(&s, |_| Ok::<(), String>(())).unwrap();
     cap.finish().unwrap();
     let mut rp = capturing.seal().unwrap();
     rp.start_trace().unwrap();
@@ -37,16 +36,26 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
     let out = sim.alloc_f32(16).unwrap();
     rp.consume(RunnerId(2), &side, |_, _| Ok::<(), String>(()))
         .unwrap();
-    assert_eq!(rp.fence_stats().consumers, 1, "a consume of a runner that requests nothing");
-    rp.consume_mut(RunnerId(0), &side, |st, v| sim.launch(st, sim::Op::scale(&v[0], 2.0), 1))
-        .unwrap();
+    assert_eq!(
+        rp.fence_stats().consumers,
+        1,
+        "a consume of a runner that requests nothing"
+    );
+    rp.consume_mut(RunnerId(0), &side, |st, v| {
+        sim.launch(st, sim::Op::scale(&v[0], 2.0), 1)
+    })
+    .unwrap();
     assert_eq!(rp.fence_stats().consumers, 2, "a consume_mut");
     rp.consume_many(&[RunnerId(0), RunnerId(1)], &side, |st, v| {
         sim.launch(st, sim::Op::add(&v[0][0], &out), 1)?;
         sim.launch(st, sim::Op::add(&v[1][0], &out), 1)
     })
     .unwrap();
-    assert_eq!(rp.fence_stats().consumers, 3, "one consume_many of two runners");
+    assert_eq!(
+        rp.fence_stats().consumers,
+        3,
+        "one consume_many of two runners"
+    );
     let trace = rp.finish_trace().unwrap();
     let slices = trace.slices().iter();
     let consume_slices = slices.filter(|s| s.kind.category() == "consume").count();

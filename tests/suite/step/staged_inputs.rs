@@ -38,7 +38,10 @@ fn plan(sim: &sim::Device, pool: &sim::Stream) -> Replayable<sim::Device> {
         discovery.arm(RunnerId(r)).unwrap().record(buf()).unwrap();
     }
     let planned = discovery.plan(Policy::Generations(2)).unwrap();
-    assert_eq!(planned.generation_of(RunnerId(2)), planned.generation_of(RunnerId(0)));
+    assert_eq!(
+        planned.generation_of(RunnerId(2)),
+        planned.generation_of(RunnerId(0))
+    );
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -109,7 +112,9 @@ fn a_kept_step_whose_runners_reuse_its_staged_runners_bytes_builds_and_launches_
             } else {
                 step.build()
             };
-            built.unwrap_or_else(|e| panic!("overlapping {overlapping}: {e}")).keep()
+            built
+                .unwrap_or_else(|e| panic!("overlapping {overlapping}: {e}"))
+                .keep()
         };
         for k in 0..5 {
             if k > 0 {
@@ -126,7 +131,10 @@ fn a_kept_step_whose_runners_reuse_its_staged_runners_bytes_builds_and_launches_
         // Launched again with no staging: it would read runner 2's bytes.
         let again = rp.launch_kept(&mut kept, &launch).unwrap_err();
         assert!(not_staged(&again), "{again:?}");
-        assert!(again.to_string().contains("stage them with consume_mut"), "{again}");
+        assert!(
+            again.to_string().contains("stage them with consume_mut"),
+            "{again}"
+        );
         // Nothing went out: the next staging and launch go on.
         stage(&mut rp, &sim, &st, 9.0);
         rp.launch_kept(&mut kept, &launch).unwrap();
@@ -162,8 +170,10 @@ fn a_borrowed_step_graph_launches_once_per_staging_and_one_that_stages_inside_la
             .unwrap();
         }
         step.replay(RunnerId(0), &pool[0]).unwrap();
-        step.consume(RunnerId(0), &side, |s, v| sim.launch(s, sim::Op::copy(&v[1], &out), 20))
-            .unwrap();
+        step.consume(RunnerId(0), &side, |s, v| {
+            sim.launch(s, sim::Op::copy(&v[1], &out), 20)
+        })
+        .unwrap();
         for r in 1..3u32 {
             step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
         }
@@ -182,7 +192,11 @@ fn a_borrowed_step_graph_launches_once_per_staging_and_one_that_stages_inside_la
         drop(graph);
         rp.synchronize().unwrap();
         let want = if inside { 6.0 } else { 2.0 };
-        assert_eq!(sim.read_f32(&out).unwrap(), vec![want; N], "inside {inside}");
+        assert_eq!(
+            sim.read_f32(&out).unwrap(),
+            vec![want; N],
+            "inside {inside}"
+        );
     }
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
 }

@@ -484,7 +484,12 @@ fn kept_step_graphs_of_different_schedules_have_names_of_their_own_in_a_trace() 
     let sink = sim.alloc_f32(N).unwrap();
     let mut kept: Vec<_> = [2u32, 4]
         .into_iter()
-        .map(|n| build_step(&mut replayable, &sim, &l, n, &sink).build().unwrap().keep())
+        .map(|n| {
+            build_step(&mut replayable, &sim, &l, n, &sink)
+                .build()
+                .unwrap()
+                .keep()
+        })
         .collect();
     assert_eq!((kept[0].number(), kept[1].number()), (0, 1));
     replayable.start_trace().unwrap();
