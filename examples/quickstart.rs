@@ -247,38 +247,44 @@ pub(crate) struct Outcome {
 }
 
 /// What the counts show, in sentences whose numbers are the counts'. One
-/// wait per consumer (for its runner's replay, on another stream) and one
-/// per replay of a buffer-using runner (for the consumer that last read its
-/// arena; the first `G` replays have none) is what a schedule that follows
-/// the generations costs; anything above that is said, not hidden.
+/// wait per consumer of a buffer-using runner (for its runner's replay, on
+/// another stream) and one per replay of a buffer-using runner (for the
+/// consumer that last read its arena; the first `G` replays have none) is
+/// what a schedule that follows the generations costs; anything above that
+/// is said, not hidden.
 pub(crate) fn explain(outcome: &Outcome) -> String {
     let s = &outcome.stats;
+    // Each step replays and consumes every runner once.
     let fenced = outcome.runners_using * outcome.steps;
-    let unfenced = s.replays - fenced;
+    let unfenced = s.replays.saturating_sub(fenced);
     let replay_waits = fenced.saturating_sub(outcome.generations);
-    let expected = s.consumers + replay_waits;
+    let expected = fenced + replay_waits;
     let mut text = format!(
-        "What this shows: every main grad equals the eager sum exactly, so no wgrad view was overwritten\n\
-         while the reduce-scatter stand-in still read it. Of the {} replays, {unfenced} are of the runner\n\
-         that requests nothing (never fenced) and {fenced} of runners with buffers.\n",
-        s.replays
+        "What this shows: every main grad equals the eager sum exactly, so no wgrad view was\n\
+         overwritten while the reduce-scatter stand-in still read it. Of the {} replays, {unfenced}\n\
+         are of the runner that requests nothing (never fenced) and {fenced} of runners with buffers;\n\
+         so are the {} consumers ({} of the runner that requests nothing, with nothing to wait for).\n",
+        s.replays,
+        s.consumers,
+        s.consumers.saturating_sub(fenced)
     );
     if s.waits == expected {
         text += &format!(
-            "The {} waits are one per consumer ({}, each for its runner's replay) and one per\n\
-             buffer-using replay after the first {} ({replay_waits}, each for the consumer that last\n\
-             read its arena). The {} skipped waits were for the runner whose bytes a replay reuses:\n\
-             it ran on the same stream (its generation's), so stream order already implied them.",
-            s.waits, s.consumers, outcome.generations, s.waits_skipped
+            "The {} waits are one per consumer of a runner with buffers ({fenced}, each for its\n\
+             runner's replay) and one per buffer-using replay after the first {} ({replay_waits}, each\n\
+             for the consumer that last read its arena). The {} skipped waits, not among those, were\n\
+             for the runner whose bytes a replay reuses: it ran on the same stream (its generation's),\n\
+             so stream order already implied them.",
+            s.waits, outcome.generations, s.waits_skipped
         );
     } else {
         text += &format!(
-            "The {} waits are {} more than one per consumer ({}) and one per buffer-using replay\n\
-             after the first {} ({replay_waits}): some runners ran on a stream other than their\n\
-             generation's, so replays waited for the runner whose bytes they reuse.",
+            "The {} waits are {} more than one per consumer of a runner with buffers ({fenced}) and\n\
+             one per buffer-using replay after the first {} ({replay_waits}): some runners ran on a\n\
+             stream other than their generation's, so replays waited for the runner whose bytes they\n\
+             reuse.",
             s.waits,
             s.waits as i128 - expected as i128,
-            s.consumers,
             outcome.generations
         );
     }
@@ -361,10 +367,12 @@ pub(crate) fn run<K: Kernels>(backend: &K, say: &mut dyn FnMut(String)) -> Resul
             graph.launch(&pool[0])?;
         }
         say(format!(
-            "step graph: one step (every runner's replay and consumer) compiled into one graph of {}\n\
-             child graphs and {} edges (the fence's waits between them, and stream order);\n\
-             {STEPS} steps, one launch each",
+            "step graph: one step compiled into one graph of {} child graphs, one per replay ({}) and\n\
+             per consumer ({}) of the schedule, and {} edges (the fence's waits between them, and\n\
+             stream order); {STEPS} steps, one launch each",
             graph.nodes(),
+            RUNNERS.len(),
+            RUNNERS.len(),
             graph.edges()
         ));
     } // dropping it hands the plan back
@@ -380,12 +388,22 @@ pub(crate) fn run<K: Kernels>(backend: &K, say: &mut dyn FnMut(String)) -> Resul
     let waits = || trace.slices().iter().flat_map(|s| &s.waits);
     let skipped = waits().filter(|w| w.skipped).count();
     let drawn = waits().filter(|w| !w.skipped && w.from.is_some()).count();
+    let of = |category: &str| {
+        let slices = trace.slices().iter();
+        slices.filter(|s| s.kind.category() == category).count()
+    };
     say(format!(
-        "trace of the last 2 per-runner steps and the {STEPS} step graph launches: {} slices on {} streams,\n\
-         {drawn} waits drawn as arrows, {skipped} skipped (stream order), written to {}\n\
-         open it at https://ui.perfetto.dev (\"Open trace file\") or in Chrome's about:tracing",
+        "trace of the last 2 per-runner steps and the {STEPS} step graph launches: {} slices on {}\n\
+         streams ({} replays and {} consumers, 2 steps' worth; {} wait for everything, which a step\n\
+         graph's first launch begins with; {} launches), {drawn} waits drawn as arrows, {skipped}\n\
+         skipped (stream order); open it at https://ui.perfetto.dev (\"Open trace file\") or in\n\
+         Chrome's about:tracing; written to\n  {}",
         trace.slices().len(),
         trace.streams().len(),
+        of("replay"),
+        of("consume"),
+        of("wait"),
+        of("step"),
         path.display()
     ));
     replayable.synchronize()?;
@@ -422,7 +440,7 @@ pub(crate) fn run<K: Kernels>(backend: &K, say: &mut dyn FnMut(String)) -> Resul
     }
     let stats = replayable.fence_stats();
     say(format!(
-        "{} replays and {} consumers on {}: {} waits on another stream, {} skipped\n\
+        "{} replays and {} consumers on {}: {} waits on another stream, and {} more skipped\n\
          because stream order already implied them",
         per_runner.replays,
         per_runner.consumers,
@@ -447,37 +465,37 @@ pub(crate) fn run<K: Kernels>(backend: &K, say: &mut dyn FnMut(String)) -> Resul
     Ok(outcome)
 }
 
-/// Runs the pipeline on `sim`, then on the GPU when one is present.
-fn quickstart() -> Result<()> {
-    let mut say = |paragraph: String| println!("{paragraph}");
+/// Runs the pipeline on `sim`, then on the GPU when one is present,
+/// passing each paragraph it prints to `say`.
+pub(crate) fn quickstart(say: &mut dyn FnMut(String)) -> Result<()> {
     let sim = sim::Device::new();
-    run(&sim, &mut say)?;
+    run(&sim, say)?;
     if !sim.hazards().is_empty() {
         return Err(replay_arena::Error::Work(
             format!("hazards on sim: {:?}", sim.hazards()).into(),
         ));
     }
-    println!(
+    say(format!(
         "backend: sim (no hazards, {} allocations left)",
         sim.live_allocations()
-    );
+    ));
     // The probe first: it returns an error where cudarc would panic (no
     // libcuda, no device).
     #[cfg(feature = "cuda")]
     match replay_arena::cuda::probe() {
         Ok(info) => {
             let gpu = gpu::Gpu::new(0)?;
-            run(&gpu, &mut say)?;
-            println!("backend: cuda on {info}");
+            run(&gpu, say)?;
+            say(format!("backend: cuda on {info}"));
         }
-        Err(e) => println!("backend: cuda skipped, no usable GPU ({e})"),
+        Err(e) => say(format!("backend: cuda skipped, no usable GPU:\n  {e}")),
     }
     Ok(())
 }
 
 /// Prints an error as the sentence its `Display` writes, not as `Debug`.
 fn main() -> std::process::ExitCode {
-    match quickstart() {
+    match quickstart(&mut |paragraph| println!("{paragraph}")) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -8,7 +8,10 @@
 //! This crate plans that storage from one eager run, hands out fixed-address
 //! views during capture, and fences replays with events.
 //!
-//! # The lifecycle: four phases, four types, then step graphs
+//! # The lifecycle: five phases, five types
+//!
+//! [`Discovering`], [`Planned`], [`Capturing`], [`Replayable`] and
+//! [`StepGraph`], the fifth running on a [`Replayable`] (below).
 //!
 //! Each phase is a type whose transition consumes it (a failed transition,
 //! [`PlanFailed`], [`AllocateFailed`] or [`SealError`], hands it back); a
@@ -31,7 +34,7 @@
 //!    launches. [`Replayable::replan`] frees everything and starts discovery
 //!    again.
 //!
-//! Step graphs run on a [`Replayable`], not after it:
+//! 5. [`StepGraph`]: step graphs run on a [`Replayable`], not after it:
 //! [`Replayable::step`] takes one step's fixed schedule of replays and
 //! consumers ([`StepBuilder`]) and compiles it, the fence's waits included,
 //! into one graph launched with one call. A [`StepGraph`] borrows the plan,

@@ -46,8 +46,13 @@ pub enum SliceKind {
         /// It could also write them (`consume_mut`).
         writes: bool,
     },
-    /// A launch of a step graph ([`StepGraph::launch`](crate::StepGraph::launch)).
+    /// A launch of a step graph ([`StepGraph::launch`](crate::StepGraph::launch),
+    /// [`Replayable::launch_kept`](crate::Replayable::launch_kept)).
     StepLaunch {
+        /// Which step graph of the plan: step graphs built from the plan
+        /// before it (the first is 0), so kept step graphs of different
+        /// buckets have names of their own.
+        step: u64,
         /// Launches of that step graph before this one.
         launch: u64,
         /// Which of the step graph's executable graphs ran (a step graph
@@ -66,8 +71,9 @@ pub enum SliceKind {
 
 impl SliceKind {
     /// The slice's name in the trace: `replay runner 3`, `consume runners
-    /// 0, 2`, `consume_mut runner 1`, `step graph launch 4`, `wait_for
-    /// runner 3`, `wait_all`.
+    /// 0, 2`, `consume_mut runner 1`, `step graph 1 launch 4` (the plan's
+    /// second step graph, its fifth launch), `wait_for runner 3`,
+    /// `wait_all`.
     pub fn name(&self) -> String {
         match self {
             SliceKind::Replay { runner } => format!("replay {runner}"),
@@ -81,7 +87,9 @@ impl SliceKind {
                     }
                 }
             }
-            SliceKind::StepLaunch { launch, .. } => format!("step graph launch {launch}"),
+            SliceKind::StepLaunch { step, launch, .. } => {
+                format!("step graph {step} launch {launch}")
+            }
             SliceKind::Wait { runner: Some(r) } => format!("wait_for {r}"),
             SliceKind::Wait { runner: None } => "wait_all".to_string(),
         }
@@ -642,7 +650,8 @@ impl<B: Timing> Observer<B> for Recorder<B> {
 #[derive(Default)]
 struct Serial {
     runner_end: Vec<(RunnerId, f64)>,
-    step_end: Vec<Option<f64>>,
+    /// Per step graph and executable graph of it: its latest launch's end.
+    step_end: Vec<((u64, usize), f64)>,
 }
 
 impl Serial {
@@ -663,17 +672,21 @@ impl Serial {
                     }
                 }
             }
-            SliceKind::StepLaunch { launch, graph } => {
-                if *launch == 0 {
-                    // A new step graph: its graphs were never launched.
-                    self.step_end.clear();
+            SliceKind::StepLaunch { step, graph, .. } => {
+                // Step graphs (kept ones of several buckets, say) are
+                // other executable graphs: each runs after its own only.
+                let key = (*step, *graph);
+                match self.step_end.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, last)) => {
+                        let start = start_us.max(*last);
+                        *last = end_us;
+                        start
+                    }
+                    None => {
+                        self.step_end.push((key, end_us));
+                        start_us
+                    }
                 }
-                if self.step_end.len() <= *graph {
-                    self.step_end.resize(graph + 1, None);
-                }
-                let start = self.step_end[*graph].map_or(start_us, |last| start_us.max(last));
-                self.step_end[*graph] = Some(end_us);
-                start
             }
             SliceKind::Consume { .. } | SliceKind::Wait { .. } => start_us,
         }

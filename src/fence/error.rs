@@ -421,7 +421,11 @@ pub enum TraceError {
 pub struct FenceStats {
     /// Graph launches through [`Replayable::replay`](crate::Replayable::replay).
     pub replays: u64,
-    /// Consumers run through [`Replayable::consume`](crate::Replayable::consume).
+    /// Consumers run through [`Replayable::consume`](crate::Replayable::consume),
+    /// [`consume_mut`](crate::Replayable::consume_mut) and
+    /// [`consume_many`](crate::Replayable::consume_many): one per call whose
+    /// work succeeded, whatever its runners (a runner that requests nothing
+    /// included, as [`replays`](Self::replays) counts its launches).
     pub consumers: u64,
     /// Event waits issued (a stream waited for another stream).
     pub waits: u64,
@@ -437,12 +441,13 @@ pub struct FenceStats {
 
 impl std::fmt::Display for FenceStats {
     /// One line a person reads: `1000 replays, 800 consumers, 2001 waits
-    /// on another stream (403 skipped: stream order implied them), 2100
-    /// event records, 200 step graph launches`.
+    /// on another stream and 403 skipped (stream order implied them), 2100
+    /// event records, 200 step graph launches` (the skipped waits are not
+    /// among the waits issued).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} replays, {} consumers, {} waits on another stream ({} skipped: stream order \
+            "{} replays, {} consumers, {} waits on another stream and {} skipped (stream order \
              implied them), {} event records, {} step graph launches",
             self.replays,
             self.consumers,

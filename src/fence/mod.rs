@@ -208,6 +208,8 @@ pub(crate) struct Fence<B: Streams> {
     user: u32,
     /// The trace's id of the latest step graph launch.
     step_user: u32,
+    /// Step graphs built on this fence so far: the next one's number.
+    steps_built: u64,
 }
 
 impl<B: Streams> Fence<B> {
@@ -249,6 +251,7 @@ impl<B: Streams> Fence<B> {
             observer: None,
             user: NO_USER,
             step_user: NO_USER,
+            steps_built: 0,
         }
     }
 
@@ -278,6 +281,13 @@ impl<B: Streams> Fence<B> {
 
     pub(crate) fn stats(&self) -> FenceStats {
         self.stats
+    }
+
+    /// Numbers a step graph built on this fence: 0 for the first, then 1,
+    /// ... (its name in a trace).
+    pub(crate) fn number_step(&mut self) -> u64 {
+        self.steps_built += 1;
+        self.steps_built - 1
     }
 
     /// Moves on with every committed transaction, and with nothing else
@@ -645,13 +655,11 @@ impl<B: Streams> Fence<B> {
         if let Some(slot) = staging {
             self.ledger.unstaged[slot] = true;
         }
-        let mut fenced = 0;
         let mut begun = Ok(());
         for &slot in slots {
             if !self.is_fenced(slot) {
                 continue;
             }
-            fenced += 1;
             if exclusive {
                 self.forget_unused_record(slot);
                 self.settle(slot, on);
@@ -675,7 +683,9 @@ impl<B: Streams> Fence<B> {
             recorded = recorded.and(ended.map_err(failed(slot)));
         }
         if succeeded {
-            self.stats.consumers += fenced;
+            // One per consumer whose work ran, whatever its runners (with
+            // buffers or not, one or many), as replays count every launch.
+            self.stats.consumers += 1;
             if let Some(slot) = staging {
                 self.ledger.unstaged[slot] = false;
             }

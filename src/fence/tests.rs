@@ -66,7 +66,7 @@ fn fence_stats_print_as_one_readable_line() {
     };
     assert_eq!(
         stats.to_string(),
-        "3 replays, 2 consumers, 1 waits on another stream (4 skipped: stream order implied \
+        "3 replays, 2 consumers, 1 waits on another stream and 4 skipped (stream order implied \
          them), 5 event records, 6 step graph launches"
     );
 }

@@ -2,13 +2,13 @@
 //! writers split at their ready points, a dry run of the schedule through
 //! the fence whose waits become the edges, then the composition.
 
-use super::dry_run::{dry_pass, reduce_cross, DryEvent, DryRun, Edges, Use};
+use super::dry_run::{dry_pass, reduce_cross, restage, stages, DryEvent, DryRun, Edges, Lane, Use};
 use super::graph::StepCore;
 use super::traced::{Events, Source, TracedNode, Tracing};
 use super::{Item, StepError, StepGraph};
 use crate::backend::{BackendError, Compose, NodeGraph, StepNode};
 use crate::capture::StepCopy;
-use crate::fence::{BackendFailure, Fence, Operation};
+use crate::fence::{BackendFailure, ConsumeError, Fence, On, Operation};
 use crate::replay::Replayable;
 use crate::trace::SliceKind;
 use crate::vocab::RunnerId;
@@ -39,6 +39,10 @@ struct Dry {
     touched: Vec<bool>,
     first_steady: bool,
     fence: Fence<DryRun>,
+    /// Staged runners whose bytes the step's own replays take, each with
+    /// the runner that takes them: the program stages them before each
+    /// launch.
+    restaged: Vec<(RunnerId, RunnerId)>,
 }
 
 /// Compiles the schedule `items` on the lanes of the streams `lane_ids`
@@ -116,6 +120,7 @@ pub(super) fn compile<B: Compose>(
     let edges = dry.deps.iter().chain(&dry.cross).map(Vec::len).sum();
     let tracing = tracing_of(r, items, split, &dry, lane_ids);
     let epoch = r.fence.epoch();
+    let number = r.fence.number_step();
     Ok(StepGraph {
         core: StepCore {
             graphs,
@@ -134,6 +139,8 @@ pub(super) fn compile<B: Compose>(
             nodes,
             edges,
             tracing,
+            restaged: dry.restaged,
+            number,
         },
         replayable: r,
     })
@@ -404,9 +411,16 @@ fn run_dry<B: Compose>(
     let mut touched = vec![false; r.fence.slots()];
     let passes = if overlapping { 6 } else { 2 };
     let mut kept: Vec<Edges> = Vec::new();
+    let mut restaged = Vec::new();
     for pass in 0..passes {
         let offset = (pass % execs) * lanes;
         dry.begin_pass(pass, offset..offset + lanes);
+        if pass == 1 {
+            restaged = taken_inputs(&r.plan, uses, &fence);
+        }
+        // The program stages those before each launch after the first.
+        let slots: Vec<usize> = restaged.iter().map(|&(slot, _)| slot).collect();
+        restage(&mut fence, &dry, &r.plan, &slots)?;
         dry_pass(&mut fence, &dry, &r.plan, uses, offset, &mut touched)?;
         if pass > 0 {
             kept.push(dry.deps());
@@ -433,13 +447,68 @@ fn run_dry<B: Compose>(
     // Every event node costs a launch host time and the device a wait:
     // keep only the cross edges nothing else implies.
     let cross = reduce_cross(&deps, cross);
+    let restaged = restaged
+        .into_iter()
+        .map(|(slot, by)| (r.plan.runners[slot].id(), by))
+        .collect();
     Ok(Dry {
         deps,
         cross,
         touched,
         first_steady,
         fence,
+        restaged,
     })
+}
+
+/// The staged runners (`Purpose::Input`) the schedule replays, with no
+/// `consume_mut` of their own before their first replay in it, whose
+/// bytes the step has taken by its end (`fence`: after one pass), each
+/// with the runner that took them. Launched again, the step would replay
+/// them on that runner's bytes: the program stages them between launches
+/// (as before the first), and a launch right after the step's own launch
+/// is refused.
+fn taken_inputs(
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+    fence: &Fence<DryRun>,
+) -> Vec<(usize, RunnerId)> {
+    let mut out: Vec<(usize, RunnerId)> = Vec::new();
+    let mut seen: Vec<usize> = Vec::new();
+    for u in uses {
+        let slot = match u {
+            Use::Replay { slot, .. } => *slot,
+            Use::Consume {
+                slots,
+                exclusive: true,
+                ..
+            } if slots.len() == 1 => {
+                // Staged inside the step: it stages itself.
+                seen.push(slots[0]);
+                continue;
+            }
+            Use::Consume { .. } => continue,
+        };
+        if seen.contains(&slot) || !stages(plan, slot) {
+            continue;
+        }
+        seen.push(slot);
+        // A reader's check on a fence that starts where this one stands:
+        // refused when another runner took the staged runner's bytes.
+        let probe_lanes = DryRun::new(1, 0, false);
+        probe_lanes.reserve_events(fence.slots());
+        let mut probe: Fence<DryRun> = Fence::start_from(fence, DryEvent);
+        let on = On {
+            stream: &Lane(0),
+            id: 0,
+        };
+        if let Err(ConsumeError::Overwritten { by, .. }) =
+            probe.consume(&probe_lanes, plan, &[slot], on, false, || ((), true))
+        {
+            out.push((slot, by));
+        }
+    }
+    out
 }
 
 /// 3. Graph `x` of the step (of two when overlapping): the runners' graphs

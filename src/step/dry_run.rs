@@ -9,6 +9,7 @@ use std::rc::Rc;
 use super::ScheduleError;
 use crate::backend::{BackendError, Streams};
 use crate::fence::{Fence, On};
+use crate::vocab::Purpose;
 
 /// One use of a compiled schedule, as the fence sees it.
 #[derive(Clone, Debug)]
@@ -86,6 +87,40 @@ pub(super) fn dry_pass(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Whether runner slot `slot` reads inputs the program stages
+/// (`Purpose::Input`) in bytes of its own (as the fence's layout has it).
+pub(super) fn stages(plan: &crate::plan::Planned, slot: usize) -> bool {
+    let r = &plan.runners[slot];
+    !r.claims.is_empty()
+        && r.record
+            .requests
+            .iter()
+            .any(|q| q.purpose == Purpose::Input)
+}
+
+/// The staging the program does between two launches of a step graph
+/// whose own replays take the bytes of a staged runner (`slots`): a
+/// `consume_mut` of each, on the dry run's staging lane, which runs no
+/// node, so the staged runners' replays in the next pass wait for nothing
+/// of the pass (the launch after a staging waits for everything the fence
+/// knows of first).
+pub(super) fn restage(
+    fence: &mut Fence<DryRun>,
+    dry: &DryRun,
+    plan: &crate::plan::Planned,
+    slots: &[usize],
+) -> Result<(), ScheduleError> {
+    let lane = dry.stage_lane();
+    for &slot in slots {
+        let on = On {
+            stream: &Lane(lane),
+            id: lane as u64,
+        };
+        fence.consume(dry, plan, &[slot], on, true, || ((), true))?;
     }
     Ok(())
 }
@@ -174,6 +209,9 @@ pub(super) struct Passes {
     /// Overlapping step graphs: lanes per graph (lane `l` of one graph is
     /// lane `l + half` of the other, modulo `2 * half`); 0 for one graph.
     half: usize,
+    /// The lane after the schedule's, where stagings between launches go
+    /// ([`restage`]): it runs no node.
+    stage: usize,
     pass: usize,
 }
 
@@ -186,12 +224,13 @@ impl DryRun {
     pub(super) fn new(lanes: usize, nodes: usize, overlapping: bool) -> DryRun {
         DryRun {
             state: Rc::new(RefCell::new(Passes {
-                tails: vec![None; lanes],
-                waits: vec![Vec::new(); lanes],
+                tails: vec![None; lanes + 1],
+                waits: vec![Vec::new(); lanes + 1],
                 recorded: Vec::new(),
                 deps: vec![Vec::new(); nodes],
                 cross: vec![Vec::new(); nodes],
                 half: if overlapping { lanes / 2 } else { 0 },
+                stage: lanes,
                 pass: 0,
             })),
         }
@@ -213,7 +252,14 @@ impl DryRun {
             t.tails[lane] = None;
             t.waits[lane].clear();
         }
+        let stage = t.stage;
+        t.waits[stage].clear();
         t.pass = pass;
+    }
+
+    /// The staging lane ([`restage`]).
+    pub(super) fn stage_lane(&self) -> usize {
+        self.state.borrow().stage
     }
 
     /// Runs nodes `first..first + parts` on `lane`, one after another.

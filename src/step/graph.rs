@@ -7,10 +7,11 @@ use super::dry_run::{dry_pass, DryEvent, DryRun, Use};
 use super::traced::{Events, Order, Tracing};
 use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
-use crate::fence::WaitError;
 use crate::fence::{enter, Fence, Ledger, Operation};
+use crate::fence::{ReplayError, WaitError};
 use crate::replay::Replayable;
 use crate::trace::SliceKind;
+use crate::vocab::RunnerId;
 
 /// Phase 5 of 5: one step of a plan, compiled into one graph
 /// ([`Replayable::step`]). Each [`StepGraph::launch`] runs the whole step:
@@ -65,6 +66,14 @@ pub(super) struct StepCore<B: Backend> {
     pub(super) lanes: usize,
     pub(super) nodes: usize,
     pub(super) edges: usize,
+    /// Staged runners whose bytes the step's own replays take, with the
+    /// runner that takes them: the program stages them (`consume_mut`)
+    /// between launches, so a launch right after the step's own is refused
+    /// (`ReplayError::InputNotStaged`).
+    pub(super) restaged: Vec<(RunnerId, RunnerId)>,
+    /// Step graphs built from the plan before this one: its name in a
+    /// trace (`step graph 1 launch 4`).
+    pub(super) number: u64,
 }
 
 impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
@@ -114,6 +123,16 @@ impl<B: Compose> StepCore<B> {
         // again).
         if reset {
             self.ledger = self.ledger_from(r)?;
+        } else if self.launches > 0 {
+            // The fence is as this step's own latest launch left it: the
+            // staged runners whose bytes it took were not staged since.
+            if let Some(&(runner, by)) = self.restaged.first() {
+                let error = ReplayError::InputNotStaged {
+                    runner,
+                    by: Some(by),
+                };
+                return Err(ScheduleError::Replay(error).into());
+            }
         }
         // While a trace runs: a traced copy of the step graph, launched in
         // place of its own composition, and ordered after the launch before
@@ -142,6 +161,7 @@ impl<B: Compose> StepCore<B> {
             after.map_or(Ok(()), |after| backend.wait_event(stream, after))
         };
         let kind = SliceKind::StepLaunch {
+            step: self.number,
             launch: self.launches,
             graph: x,
         };
@@ -284,6 +304,13 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         self.core.launches
     }
 
+    /// Step graphs built from the plan before this one (the first is 0):
+    /// its launches' name in a trace, `step graph {number} launch {k}`
+    /// ([`SliceKind::StepLaunch`]), kept when it is kept.
+    pub fn number(&self) -> u64 {
+        self.core.number
+    }
+
     /// The plan (read-only while the step graph lives).
     pub fn replayable(&self) -> &Replayable<B> {
         self.replayable
@@ -344,6 +371,13 @@ impl<B: Compose + Clone> KeptStep<B> {
     /// Launches so far.
     pub fn launches(&self) -> u64 {
         self.core.launches
+    }
+
+    /// Its number among the plan's step graphs ([`StepGraph::number`]):
+    /// kept step graphs of different buckets have names of their own in a
+    /// trace (`step graph 0 launch 3`, `step graph 1 launch 3`).
+    pub fn number(&self) -> u64 {
+        self.core.number
     }
 
     /// Graphs in the step graph ([`StepGraph::nodes`]).

@@ -53,6 +53,7 @@ mod plan {
     mod scale;
 }
 mod regression {
+    mod consumer_counts;
     mod consumer_views_close_when_their_closure_returns;
     mod cut_copies {
         mod backend_roles_from_safe_code;
@@ -129,6 +130,7 @@ mod source {
 }
 mod step {
     mod graph;
+    mod staged_inputs;
     mod temporaries;
     mod trace;
 }

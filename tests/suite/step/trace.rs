@@ -198,7 +198,7 @@ fn the_chrome_trace_has_each_node_inside_its_launch_on_its_lane() {
     let mut tids = std::collections::BTreeSet::new();
     for node in &nodes {
         assert_eq!(node["args"]["parent"].as_u64(), Some(parent));
-        assert_eq!(node["args"]["parent_name"], "step graph launch 0");
+        assert_eq!(node["args"]["parent_name"], "step graph 0 launch 0");
         assert!(f(&node["ts"]) >= f(&launch["ts"]));
         assert!(f(&node["ts"]) + f(&node["dur"]) <= f(&launch["ts"]) + f(&launch["dur"]));
         tids.insert(node["tid"].as_u64().unwrap());
@@ -464,4 +464,56 @@ fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_f
     assert!(sim.hazards().is_empty());
     let own1 = replayable.views(RunnerId(1)).unwrap()[0];
     assert_eq!(sim.read_f32(&own1).unwrap()[0], 1.0);
+}
+
+/// Two kept step graphs (one per bucket, say) launched in turn while a
+/// trace runs: each has a number of its own, so their launches' slices
+/// (and their nodes' parent names) tell them apart, and each launch is
+/// timed after its own graph's launch before, not the other's.
+#[test]
+fn kept_step_graphs_of_different_schedules_have_names_of_their_own_in_a_trace() {
+    let (sim, mut replayable) = setup(4, 2);
+    let l = lanes(&sim);
+    let sink = sim.alloc_f32(N).unwrap();
+    let mut kept: Vec<_> = [2u32, 4]
+        .into_iter()
+        .map(|n| {
+            build_step(&mut replayable, &sim, &l, n, &sink)
+                .build()
+                .unwrap()
+                .keep()
+        })
+        .collect();
+    assert_eq!((kept[0].number(), kept[1].number()), (0, 1));
+    replayable.start_trace().unwrap();
+    for _ in 0..2 {
+        for k in &mut kept {
+            replayable.launch_kept(k, &l.launch).unwrap();
+        }
+    }
+    let trace = replayable.finish_trace().unwrap();
+    let names: Vec<String> = launches(&trace)
+        .into_iter()
+        .map(|i| trace.slices()[i].kind.name())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "step graph 0 launch 0",
+            "step graph 1 launch 0",
+            "step graph 0 launch 1",
+            "step graph 1 launch 1"
+        ]
+    );
+    let json: Value = serde_json::from_str(&trace.to_chrome_json()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let parents: std::collections::BTreeSet<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "step.node")
+        .map(|e| e["args"]["parent_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(parents, names.iter().map(String::as_str).collect());
+    drop(kept);
+    replayable.synchronize().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
 }

@@ -237,14 +237,17 @@ fn a_step_graph_launch_is_one_slice_after_the_wait_for_everything_before_it() {
         [
             SliceKind::Wait { runner: None },
             SliceKind::StepLaunch {
+                step: 0,
                 launch: 0,
                 graph: 0
             },
             SliceKind::StepLaunch {
+                step: 0,
                 launch: 1,
                 graph: 0
             },
             SliceKind::StepLaunch {
+                step: 0,
                 launch: 2,
                 graph: 0
             },
