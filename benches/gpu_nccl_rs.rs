@@ -8,15 +8,13 @@ use std::ffi::c_void;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use replay_arena::backend::{Capture, Launch, Streams};
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{result as cu, sys};
 use replay_arena::cuda::cudarc::nccl::sys as nc;
 use replay_arena::cuda::probe;
 use replay_arena::nccl::{self, Communicator, UniqueId};
-use replay_arena::{
-    Capture, DType, Discovering, Domain, GroupId, Launch, PlanConfig, Policy, Request, RunnerId,
-    Streams,
-};
+use replay_arena::{DType, Discovering, Domain, GroupId, PlanConfig, Policy, Request, RunnerId};
 
 type R<T> = Result<T, String>;
 const GTP: GroupId = GroupId(0);

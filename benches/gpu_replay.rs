@@ -39,6 +39,7 @@
 
 use std::time::Instant;
 
+use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{
     sys, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg,
@@ -47,7 +48,6 @@ use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::probe;
 use replay_arena::{
     DType, Discovering, Domain, PlacedPolicy, PlanConfig, Policy, Replayable, Request, RunnerId,
-    Streams,
 };
 
 const SOURCE: &str = r#"

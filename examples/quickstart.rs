@@ -22,10 +22,11 @@
 //! one is present (`cuda::probe()` says whether one is, before anything
 //! touches the driver). An error is printed with `Display`, as a sentence.
 
+use replay_arena::backend::{Backend, Compose, Streams, Timing};
 use replay_arena::sim;
 use replay_arena::{
-    Backend, Compose, DType, Discovering, Domain, FenceStats, ParamId, PlanConfig, Policy, Purpose,
-    ReadOnly, Replayable, Request, Result, RunnerId, Streams, Timing, View,
+    DType, Discovering, Domain, FenceStats, ParamId, PlanConfig, Policy, Purpose, ReadOnly,
+    Replayable, Request, Result, RunnerId, View,
 };
 
 /// Parameters: (name, elements of its wgrad shard).
@@ -114,12 +115,13 @@ impl Kernels for sim::Device {
 mod gpu {
     //! The same kernels on the GPU, compiled with nvrtc at start.
     use super::Kernels;
+    use replay_arena::backend::Streams;
     use replay_arena::cuda;
     use replay_arena::cuda::cudarc::driver::{
         CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg,
     };
     use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
-    use replay_arena::{Error, ReadOnly, Result, Streams, View};
+    use replay_arena::{Error, ReadOnly, Result, View};
 
     const SOURCE: &str = r#"
     extern "C" __global__ void fill(float* w, unsigned int n, float value) {

@@ -124,12 +124,23 @@
 //! - `nccl` (feature `nccl`): symmetric domains on NCCL-registered windows:
 //!   the `cuda` backend with an allocator of its own.
 //!
-//! What a backend does is split into roles, each asked for by whoever
-//! uses it: [`Streams`] (the fence), [`Allocate`] (arenas), [`Capture`]
-//! (stream capture), [`Launch`] (graph launches), [`Compose`] (step
-//! graphs) and [`Timing`] (traces). [`Backend`] is their umbrella, the
-//! bound every phase takes; a program calling a role's method on a
-//! concrete backend imports that role (`use replay_arena::Capture;`).
+//! # Two doors: using the crate, implementing a backend
+//!
+//! The root holds what a program writes: the phases, the vocabulary, the
+//! errors, step graphs, traces and the backends it picks (`sim`, `cuda`,
+//! `nccl`, `cublas`). What a backend implements lives in [`backend`]: the
+//! roles a device plays, each asked for by whoever uses it
+//! ([`Streams`](backend::Streams) for the fence,
+//! [`Allocate`](backend::Allocate) for arenas,
+//! [`Capture`](backend::Capture) for stream capture,
+//! [`Launch`](backend::Launch) for graph launches,
+//! [`Compose`](backend::Compose) for step graphs,
+//! [`Timing`](backend::Timing) for traces, with
+//! [`Backend`](backend::Backend) their umbrella, the bound every phase
+//! takes), the step nodes a composition receives, and the descriptions of
+//! arenas and graph memory. A program generic over backends names
+//! `B: backend::Backend`; one calling a role's method on a concrete backend
+//! imports that role (`use replay_arena::backend::Capture;`).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -152,7 +163,7 @@ mod vocab;
 mod failed;
 mod view;
 mod scope;
-mod backend;
+pub mod backend;
 mod discover;
 mod painter;
 mod placement;
@@ -173,6 +184,9 @@ mod transactions;
 
 pub mod guide;
 
+#[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
+pub use backend::cublas;
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use backend::cuda;
@@ -180,19 +194,7 @@ pub use backend::cuda;
 #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub use backend::nccl;
 pub use backend::sim;
-#[cfg(feature = "cuda")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-pub use backend::CUDARC_DRIVER_CALL;
-#[cfg(replay_arena_nccl)]
-#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
-pub use backend::CUDARC_NCCL_CALL;
-#[cfg(feature = "cublas")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
-pub use backend::{cublas, CUDARC_CUBLAS_CALL};
-pub use backend::{
-    Allocate, Arena, ArenaDesc, Backend, BackendError, Capture, Compose, Cut, GraphMemory,
-    GraphRejection, Launch, NodeGraph, StepEnd, StepNode, Streams, Temporaries, Timing,
-};
+pub use backend::{BackendError, Cut};
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
 };

@@ -89,7 +89,7 @@ pub(crate) enum ScopeKind {
 pub(crate) struct Scope {
     /// Unique in the process; 0 is never issued.
     pub(crate) id: u64,
-    /// The backend's [`stream_id`](crate::Streams::stream_id) of the stream
+    /// The backend's [`stream_id`](crate::backend::Streams::stream_id) of the stream
     /// the closure runs on.
     pub(crate) stream: u64,
     pub(crate) kind: ScopeKind,

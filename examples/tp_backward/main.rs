@@ -48,11 +48,10 @@ use cudarc::driver::{sys, CudaContext};
 use model::{
     graphed_step, unfenced_step, Comparison, MainGrads, Model, Reduce, Shape, Tolerance, TpError,
 };
+use replay_arena::backend::{Compose, Streams};
 use replay_arena::cuda;
 use replay_arena::cuda::probe;
-use replay_arena::{
-    human_bytes, BackendError, Compose, PlacedPolicy, Policy, Replayable, RunnerId, Streams,
-};
+use replay_arena::{human_bytes, BackendError, PlacedPolicy, Policy, Replayable, RunnerId};
 
 type Result<T, E = TpError> = std::result::Result<T, E>;
 

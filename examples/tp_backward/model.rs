@@ -39,11 +39,12 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::compile_ptx;
 use half::bf16;
+use replay_arena::backend::Compose;
 use replay_arena::cuda;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
-    BackendError, Buffer, BufferSource, Capturing, Compose, DType, Discovering, Domain, GroupId,
-    HandoffId, ParamId, PlanConfig, Purpose, ReadOnly, Replayable, Request, RunnerId, StepGraph,
+    BackendError, Buffer, BufferSource, Capturing, DType, Discovering, Domain, GroupId, HandoffId,
+    ParamId, PlanConfig, Purpose, ReadOnly, Replayable, Request, RunnerId, StepGraph,
     StreamCaptureError, View,
 };
 

@@ -1,4 +1,9 @@
-//! Backends: what the lifecycle needs from a device runtime.
+//! Implementing a backend: what the lifecycle needs from a device runtime.
+//!
+//! A program picks a backend (`replay_arena::sim`, `cuda`, `nccl`) and
+//! rarely names anything here but [`Backend`] (a generic bound) and a role
+//! trait whose method it calls. A backend's author implements the roles
+//! below; the crate root holds the rest.
 //!
 //! - [`sim`]: always built; host arenas, simulated streams and events on a
 //!   deterministic clock, with a hazard detector. The reference model.
@@ -30,7 +35,7 @@
 //! for reports, and what belongs to the whole device rather than to one
 //! role (the memory it holds for graph allocations, reported and
 //! trimmed); it is the bound the public API takes. A method of a role is
-//! called through its role's trait (`use replay_arena::Capture;` for
+//! called through its role's trait (`use replay_arena::backend::Capture;` for
 //! `begin_capture` on a concrete backend; a generic `B: Backend` reaches
 //! them all).
 //!
@@ -200,7 +205,7 @@ pub enum BackendError {
         status: cudarc::cublas::sys::cublasStatus_t,
     },
     /// A call of the `sim` backend failed because fault injection told it
-    /// to ([`sim::Faults`](crate::sim::Faults)); it did nothing.
+    /// to ([`sim::Faults`]); it did nothing.
     #[error("{op} failed (injected fault at call #{call})")]
     Injected {
         /// The call ([`sim::Call::name`](crate::sim::Call::name)).

@@ -597,11 +597,11 @@ impl Arena for Memory {
 /// backend's, on [`Device::cuda`] ([`cuda::AsDevice`]). Not `Send`:
 /// communicators stay on their thread.
 ///
-/// [`Streams`]: crate::Streams
-/// [`Capture`]: crate::Capture
-/// [`Launch`]: crate::Launch
-/// [`Compose`]: crate::Compose
-/// [`Timing`]: crate::Timing
+/// [`Streams`]: crate::backend::Streams
+/// [`Capture`]: crate::backend::Capture
+/// [`Launch`]: crate::backend::Launch
+/// [`Compose`]: crate::backend::Compose
+/// [`Timing`]: crate::backend::Timing
 ///
 /// ```no_run
 /// use replay_arena::cuda;

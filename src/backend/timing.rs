@@ -11,7 +11,7 @@ use super::{BackendError, Streams};
 ///
 /// A traced step graph's nodes are timed by *node marks*: completion
 /// events ([`Streams::Event`]) that its composed graph records after each
-/// node, as event record nodes ([`StepNode::records`](crate::StepNode)),
+/// node, as event record nodes ([`StepNode::records`](crate::backend::StepNode)),
 /// read with [`Timing::node_mark_us`]. A backend that cannot read a time
 /// from an event leaves [`Timing::times_graph_nodes`] false: its step
 /// graphs trace as one slice per launch. A trace keeps its node marks until

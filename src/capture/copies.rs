@@ -45,7 +45,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// only when the first run's graph shows nothing of the work beside it
     /// (no other stream of the capture has work across it) and no
     /// temporary living across it (allocated before, freed after:
-    /// [`Capture::cuts_at`](crate::Capture::cuts_at)). A temporary passed
+    /// [`Capture::cuts_at`](crate::backend::Capture::cuts_at)). A temporary passed
     /// from one part to the next made the driver reserve 5 to 7 times the
     /// graph memory of whole copies on an H200, so such a copy stays whole
     /// there: free the temporary before the ready point to let readers

@@ -24,8 +24,8 @@
 //! temporaries) is the step graph's own composition's alone: a step graph
 //! holding one is never composed again, and traces as one slice per launch.
 //!
-//! [`Timing::new_node_mark`]: crate::Timing::new_node_mark
-//! [`Compose::retarget_records`]: crate::Compose::retarget_records
+//! [`Timing::new_node_mark`]: crate::backend::Timing::new_node_mark
+//! [`Compose::retarget_records`]: crate::backend::Compose::retarget_records
 
 use crate::backend::{Backend, BackendError, Capture, Compose, NodeGraph, StepEnd, StepNode};
 use crate::replay::Replayable;

@@ -11,11 +11,12 @@ pub mod fan;
 use std::cell::Cell;
 use std::fmt;
 
+use replay_arena::backend::Backend;
+use replay_arena::backend::GraphMemory;
 use replay_arena::sim::{self, FaultLog, Faults};
-use replay_arena::Backend;
 use replay_arena::{
-    Capturing, ConsumeError, DType, Discovering, Domain, GraphMemory, HandoffId, PlanConfig,
-    Policy, Replayable, Request, RunnerId, StepBuilder, StepError, StepGraph, Trace,
+    Capturing, ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable,
+    Request, RunnerId, StepBuilder, StepError, StepGraph, Trace,
 };
 
 /// What a captured closure returns.

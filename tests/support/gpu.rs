@@ -7,6 +7,7 @@
 
 use std::sync::OnceLock;
 
+use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{
     sys, CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -15,7 +16,7 @@ use replay_arena::cuda::cudarc::driver::{
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Planned, Purpose, Replayable, Request, RunnerCapture,
-    RunnerId, Streams, View,
+    RunnerId, View,
 };
 
 /// Errors of test kernels: formatted cudarc errors (there is a driver here).

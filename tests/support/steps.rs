@@ -11,9 +11,8 @@
 //!   plan (and its allocation) in one call.
 //! - [`assert_torn_down`]: what a plan's teardown must leave on a sim.
 
-use replay_arena::{
-    Backend, Capturing, Discovering, PlacedPolicy, PlanConfig, Planned, Request, RunnerId,
-};
+use replay_arena::backend::Backend;
+use replay_arena::{Capturing, Discovering, PlacedPolicy, PlanConfig, Planned, Request, RunnerId};
 
 /// `runners` (each with its requests, in recording order) discovered with
 /// the default config and planned under `policy`.
@@ -79,8 +78,8 @@ pub mod overlap {
     #![allow(clippy::type_complexity)] // attack tables
     use super::{allocate_discovered, plan_runners};
 
+    use replay_arena::backend::{Backend, GraphMemory, Streams};
     use replay_arena::sim;
-    use replay_arena::{Backend, GraphMemory, Streams};
     use replay_arena::{
         ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable,
         Request, RunnerId, StepError,
@@ -732,7 +731,7 @@ pub mod overlap {
 /// Kept step graphs: runners of one 64-element request each.
 pub mod kept {
     use super::plan_runners;
-    use replay_arena::Streams;
+    use replay_arena::backend::Streams;
 
     use replay_arena::sim;
 

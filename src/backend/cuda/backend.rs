@@ -22,7 +22,7 @@ pub(crate) mod sealed {
 /// A handle of one CUDA device: [`Device`] itself, or a backend that is a
 /// `Device` with an allocator of its own (`nccl::Device`, whose symmetric
 /// windows are its arenas). The `cuda` backend's roles [`Streams`],
-/// [`Capture`], [`Launch`], [`Compose`] and [`Timing`](crate::Timing) are
+/// [`Capture`], [`Launch`], [`Compose`] and [`Timing`](crate::backend::Timing) are
 /// implemented once for every such handle, on the device it names, so a
 /// backend built on `Device` implements [`Allocate`] and the umbrella
 /// [`Backend`] (its name, the device's graph memory) and nothing else.

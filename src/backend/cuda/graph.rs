@@ -36,7 +36,7 @@ pub struct Graph {
     /// before its upload, so that no later inspection waits for it.
     memory: OnceCell<MemoryNodes>,
     /// A composed graph's event record nodes, per step node, in the order
-    /// of its `records` ([`Compose::retarget_records`](crate::Compose::retarget_records)).
+    /// of its `records` ([`Compose::retarget_records`](crate::backend::Compose::retarget_records)).
     records: Vec<Vec<usize>>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -115,7 +115,7 @@ impl Device {
     ///
     /// # Safety
     ///
-    /// As [`Capture::end_capture`](crate::Capture::end_capture).
+    /// As [`Capture::end_capture`](crate::backend::Capture::end_capture).
     pub(super) unsafe fn end_stamped(
         &self,
         stream: &super::handles::Stream,
@@ -165,7 +165,7 @@ impl Device {
         stamped
     }
 
-    /// [`Capture::cuts_at`](crate::Capture::cuts_at): the record node of
+    /// [`Capture::cuts_at`](crate::backend::Capture::cuts_at): the record node of
     /// `event` in `graph`, whether every other node is its ancestor or its
     /// descendant, and the bytes of the allocation nodes among its
     /// ancestors whose free nodes are among its descendants.
@@ -390,7 +390,7 @@ impl Device {
     /// temporaries of every graph on this device: `cuDeviceGetGraphMemAttribute`),
     /// in use now and reserved now. Beside the plan's arenas, the other half
     /// of what replaying costs in memory.
-    /// [`Backend::graph_memory_in_use`](crate::Backend::graph_memory_in_use)
+    /// [`Backend::graph_memory_in_use`](crate::backend::Backend::graph_memory_in_use)
     /// gives the same, always `Some`.
     ///
     /// # Errors
@@ -496,7 +496,7 @@ impl Device {
         Ok(())
     }
 
-    /// [`Compose::split_graph`](crate::Compose::split_graph): clones the
+    /// [`Compose::split_graph`](crate::backend::Compose::split_graph): clones the
     /// graph twice: one clone keeps the nodes the chosen record node depends
     /// on, the other every node but those and the record.
     pub(super) fn split_at_record(
@@ -568,7 +568,7 @@ impl Device {
         Ok((first, rest, which))
     }
 
-    /// [`Compose::compose`](crate::Compose::compose): a graph of child graph
+    /// [`Compose::compose`](crate::backend::Compose::compose): a graph of child graph
     /// nodes, instantiated with this backend's flags. A copied node's graph
     /// is cloned in (`cuGraphAddChildGraphNode`); a moved one's is moved in
     /// (`cuGraphAddNode_v2` with `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, CUDA
@@ -699,7 +699,7 @@ impl Device {
         Ok(composed)
     }
 
-    /// [`Compose::retarget_records`](crate::Compose::retarget_records): each
+    /// [`Compose::retarget_records`](crate::backend::Compose::retarget_records): each
     /// step node's last record node records `events[i]` at the executable
     /// graph's next launches (`cuGraphExecEventRecordNodeSetEvent`).
     pub(super) fn retarget_last_records(&self, graph: &Graph, events: &[&Event]) -> Result<()> {

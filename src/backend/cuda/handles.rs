@@ -346,7 +346,7 @@ impl Device {
     /// One stream has one identity for the fence and the view checks while
     /// any handle of it lives: wrapping it again (or wrapping the cudarc
     /// stream of a [`Device::new_stream`]) gives a handle with the same
-    /// [`stream_id`](crate::Streams::stream_id), so a capture on one handle
+    /// [`stream_id`](crate::backend::Streams::stream_id), so a capture on one handle
     /// excludes the fence's work and consumers on the other.
     ///
     /// # Errors
@@ -439,7 +439,7 @@ pub(super) fn capturing(raw: sys::CUstream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// A fresh [`Streams::stream_id`](crate::Streams::stream_id): unique in
+/// A fresh [`Streams::stream_id`](crate::backend::Streams::stream_id): unique in
 /// the process and never reused, unlike the driver's `CUstream`, which the
 /// next `cuStreamCreate` hands out again as soon as a stream is destroyed.
 fn next_stream_serial() -> u64 {
@@ -522,7 +522,7 @@ pub struct Stream {
     pub(super) per_thread: Option<u64>,
     /// The identity the fence and the view checks compare (issued by this
     /// crate, unique in the process, never reused): what
-    /// [`Streams::stream_id`](crate::Streams::stream_id) returns.
+    /// [`Streams::stream_id`](crate::backend::Streams::stream_id) returns.
     pub(crate) serial: u64,
 }
 

@@ -16,42 +16,42 @@ use crate::backend::BackendError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Call {
-    /// [`Streams::create_event`](crate::Streams::create_event).
+    /// [`Streams::create_event`](crate::backend::Streams::create_event).
     CreateEvent,
-    /// [`Streams::record_event`](crate::Streams::record_event).
+    /// [`Streams::record_event`](crate::backend::Streams::record_event).
     RecordEvent,
-    /// [`Streams::wait_event`](crate::Streams::wait_event).
+    /// [`Streams::wait_event`](crate::backend::Streams::wait_event).
     WaitEvent,
-    /// [`Streams::synchronize_event`](crate::Streams::synchronize_event).
+    /// [`Streams::synchronize_event`](crate::backend::Streams::synchronize_event).
     SynchronizeEvent,
-    /// [`Streams::synchronize`](crate::Streams::synchronize).
+    /// [`Streams::synchronize`](crate::backend::Streams::synchronize).
     Synchronize,
-    /// [`Streams::is_capturing`](crate::Streams::is_capturing) (the capture
+    /// [`Streams::is_capturing`](crate::backend::Streams::is_capturing) (the capture
     /// status query).
     CaptureStatus,
-    /// [`Allocate::allocate_arena`](crate::Allocate::allocate_arena).
+    /// [`Allocate::allocate_arena`](crate::backend::Allocate::allocate_arena).
     AllocateArena,
-    /// [`Capture::record_event_node`](crate::Capture::record_event_node).
+    /// [`Capture::record_event_node`](crate::backend::Capture::record_event_node).
     RecordNode,
-    /// [`Launch::launch`](crate::Launch::launch): a graph launch.
+    /// [`Launch::launch`](crate::backend::Launch::launch): a graph launch.
     Launch,
-    /// [`Capture::begin_capture`](crate::Capture::begin_capture).
+    /// [`Capture::begin_capture`](crate::backend::Capture::begin_capture).
     BeginCapture,
-    /// [`Capture::end_capture`](crate::Capture::end_capture): ending the
+    /// [`Capture::end_capture`](crate::backend::Capture::end_capture): ending the
     /// capture.
     EndCapture,
-    /// The instantiation [`Capture::end_capture`](crate::Capture::end_capture)
-    /// and [`Compose::compose`](crate::Compose::compose) end with.
+    /// The instantiation [`Capture::end_capture`](crate::backend::Capture::end_capture)
+    /// and [`Compose::compose`](crate::backend::Compose::compose) end with.
     Instantiate,
-    /// [`Compose::split_graph`](crate::Compose::split_graph).
+    /// [`Compose::split_graph`](crate::backend::Compose::split_graph).
     SplitGraph,
-    /// [`Compose::compose`](crate::Compose::compose): building a step graph
+    /// [`Compose::compose`](crate::backend::Compose::compose): building a step graph
     /// from child graphs (moved or copied).
     Compose,
-    /// [`Backend::trim_graph_memory`](crate::Backend::trim_graph_memory).
+    /// [`Backend::trim_graph_memory`](crate::backend::Backend::trim_graph_memory).
     TrimGraphMemory,
-    /// [`Backend::graph_memory_in_use`](crate::Backend::graph_memory_in_use)
-    /// and [`Capture::graph_temporaries`](crate::Capture::graph_temporaries).
+    /// [`Backend::graph_memory_in_use`](crate::backend::Backend::graph_memory_in_use)
+    /// and [`Capture::graph_temporaries`](crate::backend::Capture::graph_temporaries).
     GraphMemoryQuery,
     /// [`Device::launch`](super::Device::launch) and
     /// [`Device::launch_unscoped`](super::Device::launch_unscoped): a kernel
@@ -136,7 +136,8 @@ impl fmt::Display for Call {
 ///
 /// ```
 /// use replay_arena::sim::{self, Call, Faults};
-/// use replay_arena::{BackendError, Streams};
+/// use replay_arena::{BackendError};
+/// use replay_arena::backend::Streams;
 ///
 /// let sim = sim::Device::new();
 /// let stream = sim.stream();

@@ -37,7 +37,7 @@ pub(super) struct SimStep {
     /// Lane -> the internal stream it runs on.
     pub(super) lanes: Vec<usize>,
     /// Recorded after every node; the launch completes after the other's
-    /// latest record ([`StepEnd`](crate::StepEnd)): (record, wait) event ids.
+    /// latest record ([`StepEnd`](crate::backend::StepEnd)): (record, wait) event ids.
     pub(super) end: Option<(usize, usize)>,
 }
 

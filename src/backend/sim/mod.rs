@@ -10,7 +10,7 @@
 //!   data, as they would on a GPU;
 //! - a vector-clock detector records a [`Hazard`] whenever an op touches bytes
 //!   that an op not ordered before it (by stream order, event waits or
-//!   [`Device::synchronize`](crate::Streams::synchronize)) wrote, or writes
+//!   [`Device::synchronize`](crate::backend::Streams::synchronize)) wrote, or writes
 //!   bytes such an op read, whatever the timing;
 //! - streams, events and memory belong to one `Device` (clones share
 //!   it): another refuses them with [`BackendError::Refused`], as it refuses
@@ -19,7 +19,7 @@
 //! Once a few hundred ops are pending, each op is applied as soon as no later
 //! submission can end before it (every stream's tail is past its end), so
 //! few ops stay pending on streams that keep moving;
-//! [`Streams::synchronize_event`](crate::Streams::synchronize_event) is a
+//! [`Streams::synchronize_event`](crate::backend::Streams::synchronize_event) is a
 //! full synchronize, which keeps the model deterministic. Events are freed
 //! when dropped.
 //!

@@ -55,7 +55,7 @@ pub(super) struct Capture {
     pub(super) records: Vec<(usize, usize)>,
     /// Allocations its allocation nodes made.
     pub(super) temps: Vec<u64>,
-    /// Allocations of the parts cut off before it ([`Capture::cut_capture`](crate::Capture::cut_capture)):
+    /// Allocations of the parts cut off before it ([`Capture::cut_capture`](crate::backend::Capture::cut_capture)):
     /// its work may use and free them.
     pub(super) inherited: Vec<u64>,
     /// Temporaries its free nodes (or those of the parts before it) freed:

@@ -225,7 +225,7 @@ fn a_graph_allocation_that_escapes_is_rejected_and_a_balanced_temporary_accepted
             assert!(
                 matches!(
                     reason,
-                    replay_arena::GraphRejection::MemoryNodes {
+                    replay_arena::backend::GraphRejection::MemoryNodes {
                         unfreed: 1,
                         unfreed_bytes: 1_048_576,
                         ..

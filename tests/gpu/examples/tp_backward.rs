@@ -14,8 +14,9 @@ mod model;
 use model::{
     graphed_step, step_graph, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError,
 };
+use replay_arena::backend::Compose;
 use replay_arena::cuda;
-use replay_arena::{BackendError, Compose, PlacedPolicy, Policy, RunnerId};
+use replay_arena::{BackendError, PlacedPolicy, Policy, RunnerId};
 
 const STEPS: usize = 20;
 

@@ -5,13 +5,14 @@
 //! Each test uses safe code only, except the test kernels' launches.
 #![cfg(feature = "cuda")]
 
+use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
     BackendError, DType, Discovering, Domain, Misuse, PlanConfig, Policy, Replayable, Request,
-    RunnerId, Streams,
+    RunnerId,
 };
 
 const N: usize = 1 << 18; // 1 MiB of f32

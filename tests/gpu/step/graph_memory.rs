@@ -31,12 +31,11 @@
 
 use crate::support;
 
+use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use replay_arena::cuda::ViewExt;
-use replay_arena::{
-    DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Request, RunnerId, Streams,
-};
+use replay_arena::{DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Request, RunnerId};
 use support::ops::{OpResult, Ops};
 
 const LAYERS: usize = 5;

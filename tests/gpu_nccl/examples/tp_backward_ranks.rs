@@ -12,10 +12,11 @@ mod model;
 use std::sync::Barrier;
 
 use model::{graphed_step, Comparison, Model, Reduce, Shape, Tolerance};
+use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaContext;
 use replay_arena::nccl::{self, Communicator, UniqueId};
-use replay_arena::{PlacedPolicy, Policy, Streams};
+use replay_arena::{PlacedPolicy, Policy};
 
 const STEPS: usize = 12;
 

@@ -24,12 +24,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The modules in `src/lib.rs`'s declaration order.
+/// The modules in `src/lib.rs`'s declaration order, public (`backend`) or
+/// not; `guide`, the user pages, is no layer.
 fn layers() -> Vec<String> {
     let lib = fs::read_to_string("src/lib.rs").unwrap();
     lib.lines()
-        .filter_map(|l| l.strip_prefix("mod "))
+        .filter_map(|l| l.strip_prefix("mod ").or_else(|| l.strip_prefix("pub mod ")))
         .map(|m| m.trim_end_matches(';').to_string())
+        .filter(|m| m != "guide")
         .collect()
 }
 

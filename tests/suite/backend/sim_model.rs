@@ -5,10 +5,11 @@
 
 use crate::support::steps::allocate_discovered;
 use proptest::prelude::*;
+use replay_arena::backend::{Capture, Launch, Streams};
 use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{
-    BackendError, Capture, DType, Discovering, Domain, Launch, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId, Streams,
+    BackendError, DType, Discovering, Domain, PlanConfig, Policy, ReplayError, Replayable, Request,
+    RunnerId,
 };
 
 const STREAMS: usize = 3;

@@ -151,9 +151,10 @@ fn a_program_enum_takes_every_crate_error_with_one_from_and_the_macro() {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
+    use replay_arena::backend::CUDARC_DRIVER_CALL;
     use replay_arena::cuda;
     use replay_arena::cuda::cudarc::driver::{sys::CUresult, DriverError};
-    use replay_arena::{BackendError, CUDARC_DRIVER_CALL};
+    use replay_arena::BackendError;
 
     #[test]
     fn a_cudarc_driver_error_goes_into_the_crate_error_with_its_code() {

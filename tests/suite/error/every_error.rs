@@ -7,11 +7,12 @@
 //! `FingerprintMismatch`, and the `InvalidView` reasons of typed views and
 //! reduce-scatters) are tested with the `cuda` and `nccl` backends.
 
+use replay_arena::backend::GraphRejection;
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, ConsumeError, DType, Discovering,
-    DiscoveryError, Domain, GraphRejection, GroupId, Misuse, PlanConfig, PlanError, Policy,
-    Purpose, ReplayError, Replayable, Request, RunnerId, StreamCaptureError,
+    DiscoveryError, Domain, GroupId, Misuse, PlanConfig, PlanError, Policy, Purpose, ReplayError,
+    Replayable, Request, RunnerId, StreamCaptureError,
 };
 
 // ---- helpers ---------------------------------------------------------------

@@ -45,10 +45,11 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use replay_arena::backend::{Backend, Streams};
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
-    Backend, ConsumeError, DType, Discovering, Domain, KeptStep, PlanConfig, Policy, Purpose,
-    ReplayError, Replayable, Request, RunnerId, Streams, View,
+    ConsumeError, DType, Discovering, Domain, KeptStep, PlanConfig, Policy, Purpose, ReplayError,
+    Replayable, Request, RunnerId, View,
 };
 
 // ---------------------------------------------------------------------

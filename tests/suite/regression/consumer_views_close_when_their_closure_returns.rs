@@ -8,10 +8,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use replay_arena::backend::{
+    Allocate, ArenaDesc, Backend, Capture, GraphRejection, Launch, Streams, Temporaries,
+};
 use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{
-    Allocate, ArenaDesc, Backend, BackendError, Capture, DType, Discovering, Domain,
-    GraphRejection, Launch, Misuse, PlanConfig, Policy, Request, RunnerId, Streams, Temporaries,
+    BackendError, DType, Discovering, Domain, Misuse, PlanConfig, Policy, Request, RunnerId,
 };
 
 const N: usize = 64;

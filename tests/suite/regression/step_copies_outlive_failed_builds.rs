@@ -6,8 +6,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Call, Faults};
-use replay_arena::{RunnerId, StepError, Streams};
+use replay_arena::{RunnerId, StepError};
 
 use crate::support::faults::chain::{chain_with, standard};
 use crate::support::faults::fan::{self, all, fan, identity, Item, Spec};

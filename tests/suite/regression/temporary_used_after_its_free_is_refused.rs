@@ -6,8 +6,9 @@
 //! at another graph's temporary) is refused or stays hazard-free, and that
 //! a freed temporary's bytes are never handed out again within the graph.
 
+use replay_arena::backend::GraphMemory;
 use replay_arena::sim;
-use replay_arena::{Discovering, GraphMemory, HandoffId, PlanConfig, RunnerId};
+use replay_arena::{Discovering, HandoffId, PlanConfig, RunnerId};
 
 use crate::support::faults::chain::{chain_with, step_launches};
 use crate::support::faults::fan::{self, refused_or_hazard_free, Spec};

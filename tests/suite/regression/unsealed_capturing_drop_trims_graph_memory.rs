@@ -7,10 +7,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use replay_arena::backend::Streams;
 use replay_arena::sim;
-use replay_arena::{
-    CaptureError, Discovering, PlanConfig, Policy, RunnerId, StreamCaptureError, Streams,
-};
+use replay_arena::{CaptureError, Discovering, PlanConfig, Policy, RunnerId, StreamCaptureError};
 
 use crate::support::faults::chain::{chain_on, OWN};
 use crate::support::faults::fan::{self, Spec};

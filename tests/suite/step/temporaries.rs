@@ -6,8 +6,9 @@
 //! and the plan's report and teardown account for the graph memory.
 
 use crate::support::steps::plan_runners;
+use replay_arena::backend::Streams;
 use replay_arena::sim;
-use replay_arena::{Cut, Streams};
+use replay_arena::Cut;
 
 use crate::support::faults::{allocate, chain_of, graph_memory};
 use replay_arena::{

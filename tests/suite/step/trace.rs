@@ -9,10 +9,11 @@
 
 use crate::support;
 use crate::support::steps::{allocate_discovered, plan_runners};
+use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, Slice,
-    SliceKind, Streams, Trace,
+    SliceKind, Trace,
 };
 use serde_json::Value;
 use support::{fill_ticks as duration, filled_plan as setup};

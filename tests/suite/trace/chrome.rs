@@ -5,8 +5,9 @@
 //! the sim's clock.
 
 use crate::support;
+use replay_arena::backend::Timing;
 use replay_arena::sim;
-use replay_arena::{Replayable, RunnerId, SliceKind, Timing};
+use replay_arena::{Replayable, RunnerId, SliceKind};
 use serde_json::Value;
 use support::filled_plan as setup;
 

@@ -4,10 +4,11 @@
 
 #![allow(clippy::needless_range_loop, clippy::unnecessary_unwrap)]
 
+use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Faults};
 use replay_arena::{
     Discovering, HandoffId, KeptStep, PlanConfig, Policy, ReadOnly, Replayable, Request,
-    RunnerCapture, RunnerId, Streams, View,
+    RunnerCapture, RunnerId, View,
 };
 
 pub use super::N;

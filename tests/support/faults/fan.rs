@@ -9,10 +9,11 @@
     clippy::result_large_err
 )]
 
+use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Faults};
 use replay_arena::{
     DType, Discovering, Domain, HandoffId, KeptStep, PlanConfig, Replayable, Request,
-    RunnerCapture, RunnerId, StepError, Streams, View,
+    RunnerCapture, RunnerId, StepError, View,
 };
 
 use super::{allocate, assert_clean, assert_no_graph_memory, build, writer_of, R};

@@ -6,8 +6,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use replay_arena::backend::{Capture, Streams};
 use replay_arena::sim;
-use replay_arena::{Capture, RunnerId, Streams};
+use replay_arena::RunnerId;
 
 use crate::support::faults::chain::{chain_with, kept_of, plain, standard, step_launches};
 use crate::support::faults::{graph_memory, N, R};
@@ -96,7 +97,7 @@ fn a_capture_begun_inside_a_step_consumer_closure_is_refused_or_harmless() {
 
 #[test]
 fn composing_a_plans_graph_with_temporaries_from_safe_code_is_refused() {
-    use replay_arena::{Compose, NodeGraph, StepNode};
+    use replay_arena::backend::{Compose, NodeGraph, StepNode};
     let c = chain_with(2, 1, 1, &mut standard);
     let r = c.replayable.as_ref().unwrap();
     let g = r.graph(RunnerId(0)).unwrap();
@@ -113,7 +114,7 @@ fn composing_a_plans_graph_with_temporaries_from_safe_code_is_refused() {
 
 #[test]
 fn splitting_a_plans_graph_with_temporaries_from_safe_code_leaves_it_intact() {
-    use replay_arena::Compose;
+    use replay_arena::backend::Compose;
     // The program records its own event node inside a runner's graph that
     // allocates, then splits the plan's graph there (safe) and drops the
     // parts: the plan's graph must keep its temporaries.

@@ -5,8 +5,9 @@
 //! Guards that each is a typed refusal or stays fenced (hazard-free). An
 //! attack that found no hole.
 
+use replay_arena::backend::Capture;
 use replay_arena::sim;
-use replay_arena::{Capture, CaptureError, RunnerId, StreamCaptureError};
+use replay_arena::{CaptureError, RunnerId, StreamCaptureError};
 
 use crate::support::faults::chain::{
     chain_with, injected, launch_three, standard, step_launches, two_handoffs, Ctx,

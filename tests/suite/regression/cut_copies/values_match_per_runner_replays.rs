@@ -4,8 +4,9 @@
 //! writer, consumers waiting for the part after the cut, trims between
 //! launches. An attack that found no hole.
 
+use replay_arena::backend::{Backend, Capture, Streams};
 use replay_arena::sim;
-use replay_arena::{Backend, Capture, RunnerId, Streams};
+use replay_arena::RunnerId;
 
 use crate::support::faults::chain::{
     chain_with, launch_three, standard, step_launches, two_handoffs, Ctx,

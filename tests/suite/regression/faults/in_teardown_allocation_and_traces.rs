@@ -5,10 +5,9 @@
 //! leaks rather than frees), and that a trace shows no work that never
 //! ran. An attack that found no hole.
 
+use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Call, Faults};
-use replay_arena::{
-    BackendFailure, Discovering, Operation, PlanConfig, Policy, Replayable, Streams,
-};
+use replay_arena::{BackendFailure, Discovering, Operation, PlanConfig, Policy, Replayable};
 
 use crate::support::faults::{at_each_call, copy_out, fill_plan, r, read0, two_step, under, N, Q};
 

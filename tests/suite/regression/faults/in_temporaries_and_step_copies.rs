@@ -6,8 +6,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use replay_arena::backend::{Backend, GraphMemory};
 use replay_arena::sim;
-use replay_arena::{Backend, Discovering, GraphMemory, PlanConfig, Policy, Replayable};
+use replay_arena::{Discovering, PlanConfig, Policy, Replayable};
 
 use crate::support::faults::{
     allocate, assert_clean, at_each_call, graph_memory, r, read0, Attack, N, Q,

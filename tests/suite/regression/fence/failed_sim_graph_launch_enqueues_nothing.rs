@@ -4,7 +4,7 @@ use replay_arena::sim;
 
 #[test]
 fn a_failed_sim_graph_launch_enqueues_nothing() {
-    use replay_arena::{Capture, Launch};
+    use replay_arena::backend::{Capture, Launch};
     let sim = sim::Device::new();
     let (capture, other) = (sim.stream(), sim.stream());
     let kept = sim.alloc_f32(64).unwrap();

@@ -3,11 +3,10 @@
 //! staging, replays and consumers, against the same sequence per runner.
 
 use crate::support::steps::kept::Lcg;
+use replay_arena::backend::Streams;
 use replay_arena::sim;
 use replay_arena::sim::AsSpan;
-use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, Streams,
-};
+use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId};
 
 #[derive(Clone, Copy, Debug)]
 enum Bi {

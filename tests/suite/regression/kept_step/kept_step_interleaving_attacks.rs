@@ -7,8 +7,9 @@
 
 use crate::support::steps::kept::*;
 use crate::support::steps::plan_runners;
+use replay_arena::backend::Streams;
 use replay_arena::sim;
-use replay_arena::{Policy, Replayable, RunnerId, Streams};
+use replay_arena::{Policy, Replayable, RunnerId};
 
 fn fuzz_one(seed: u64) {
     let mut rng = Lcg(seed

@@ -9,8 +9,9 @@
 //! only for the first. The fence's epoch now counts its event records too.
 
 use crate::support::steps::kept::*;
+use replay_arena::backend::Streams;
 use replay_arena::sim;
-use replay_arena::{RunnerId, Streams};
+use replay_arena::RunnerId;
 
 /// launch_kept on S; wait_for (records the Pending completion as an event
 /// right after launch 1, no epoch bump); launch_kept on S again (same

@@ -4,8 +4,9 @@
 //! point on another stream, a free moved across a cut. Guards that each
 //! is a typed refusal or hazard-free. An attack that found no hole.
 
+use replay_arena::backend::Streams;
 use replay_arena::sim;
-use replay_arena::{RunnerId, Streams};
+use replay_arena::RunnerId;
 
 use crate::support::faults::fan::{
     fan, fan_custom, refused_or_hazard_free, step_and_replays, write_all, Spec, N, W,

@@ -5,8 +5,9 @@
 //! they were before the step.
 
 use crate::support::steps::plans::*;
+use replay_arena::backend::Streams;
 use replay_arena::sim;
-use replay_arena::{RunnerId, Streams};
+use replay_arena::RunnerId;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 #[test]

@@ -9,8 +9,9 @@
 use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
+use replay_arena::backend::Backend;
 use replay_arena::sim;
-use replay_arena::{Backend, ConsumeError, Policy, RunnerId, StepError};
+use replay_arena::{ConsumeError, Policy, RunnerId, StepError};
 
 /// Attack: `build_overlapping` with one step copy (it needs two): a typed
 /// NoStepCopy, and the copy is still there for a single step graph; a

@@ -8,8 +8,9 @@
 
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
+use replay_arena::backend::{Backend, Streams};
 use replay_arena::sim;
-use replay_arena::{Backend, Policy, RunnerId, Streams};
+use replay_arena::{Policy, RunnerId};
 
 /// Attack: the second (or third) run fails, panics, nests a capture, works
 /// on another stream, frees what the first allocated, allocates without

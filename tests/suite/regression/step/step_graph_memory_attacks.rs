@@ -7,8 +7,9 @@
 use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
+use replay_arena::backend::Backend;
 use replay_arena::sim;
-use replay_arena::{Backend, Policy, RunnerId};
+use replay_arena::{Policy, RunnerId};
 
 /// Attack: forget an overlapping step graph after 1 or 3 launches (its
 /// work still pending on the sim clock), then replan at once: the arenas
