@@ -33,15 +33,14 @@
 //!    the bytes it overwrites (unless stream order implies it), then
 //!    launches. [`Replayable::replan`] frees everything and starts discovery
 //!    again.
-//!
 //! 5. [`StepGraph`]: step graphs run on a [`Replayable`], not after it:
-//! [`Replayable::step`] takes one step's fixed schedule of replays and
-//! consumers ([`StepBuilder`]) and compiles it, the fence's waits included,
-//! into one graph launched with one call. A [`StepGraph`] borrows the plan,
-//! and dropping it hands the plan back; [`StepGraph::keep`] makes it a
-//! [`KeptStep`], which borrows nothing and is launched with
-//! [`Replayable::launch_kept`] between per-runner replays and other kept
-//! step graphs (one per shape bucket, say).
+//!    [`Replayable::step`] takes one step's fixed schedule of replays and
+//!    consumers ([`StepBuilder`]) and compiles it, the fence's waits
+//!    included, into one graph launched with one call. A [`StepGraph`]
+//!    borrows the plan, and dropping it hands the plan back;
+//!    [`StepGraph::keep`] makes it a [`KeptStep`], which borrows nothing and
+//!    is launched with [`Replayable::launch_kept`] between per-runner
+//!    replays and other kept step graphs (one per shape bucket, say).
 //!
 //! Data one runner's graph passes to a later one (a layer's input gradient)
 //! is a *handoff*: [`ArmedRunner::hand_off`] and [`ArmedRunner::receive`] at

@@ -90,6 +90,7 @@ impl Model {
 
     /// One layer: three op outputs allocated in the capture (`t1`, `dx`,
     /// `t3`), `dx` copied into the handoff, the ready point, the wgrad.
+    #[allow(clippy::too_many_arguments)]
     fn layer<O: DevicePtrMut<i32>>(
         &self,
         s: &cuda::Stream,

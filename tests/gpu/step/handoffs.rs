@@ -235,11 +235,11 @@ fn graphed(
         }
         // The handed-off op output is freed after the ready point: the
         // copies stay whole there (see below).
-        for l in 0..LAYERS - 1 {
+        for (l, &handoff) in handoffs.iter().enumerate() {
             let points = replayable.ready_points(RunnerId(l as u32)).unwrap();
             assert!(
                 matches!(points, [(h, replay_arena::Cut::TemporariesAcross { bytes })]
-                    if *h == handoffs[l] && *bytes == 4 * N as u64),
+                    if *h == handoff && *bytes == 4 * N as u64),
                 "layer {l}: {points:?}"
             );
         }

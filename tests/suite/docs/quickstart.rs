@@ -5,16 +5,16 @@
 
 #[allow(dead_code)]
 #[path = "../../../examples/quickstart.rs"]
-mod quickstart;
+mod example;
 
 use replay_arena::{sim, FenceStats};
 
 /// The quickstart on `sim`: what it printed, paragraph by paragraph, and its
 /// outcome.
-fn run_on_sim() -> (Vec<String>, quickstart::Outcome) {
+fn run_on_sim() -> (Vec<String>, example::Outcome) {
     let mut printed = Vec::new();
     let sim = sim::Device::new();
-    let outcome = quickstart::run(&sim, &mut |p| printed.push(p)).unwrap();
+    let outcome = example::run(&sim, &mut |p| printed.push(p)).unwrap();
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
     (printed, outcome)
 }
@@ -135,7 +135,7 @@ fn an_explanation_of_a_schedule_that_ignores_the_generations_says_so() {
     stats.consumers = 1000;
     stats.waits = 2001;
     stats.waits_skipped = 403;
-    let text = quickstart::explain(&quickstart::Outcome {
+    let text = example::explain(&example::Outcome {
         stats,
         generations: 2,
         runners_using: 4,
@@ -155,7 +155,7 @@ fn an_explanation_of_a_schedule_that_ignores_the_generations_says_so() {
 #[test]
 fn the_quickstarts_lines_fit_100_columns() {
     let mut printed = Vec::new();
-    quickstart::quickstart(&mut |p| printed.push(p)).unwrap();
+    example::quickstart(&mut |p| printed.push(p)).unwrap();
     let path = std::env::temp_dir();
     let path = path.display().to_string();
     assert!(

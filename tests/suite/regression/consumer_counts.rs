@@ -13,7 +13,7 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
     let mut discovery = Discovering::new(PlanConfig::new());
     discovery.arm(RunnerId(0)).unwrap().record(req).unwrap();
     discovery.arm(RunnerId(1)).unwrap().record(req).unwrap();
-    drop(discovery.arm(RunnerId(2)).unwrap()); // requests nothing
+    discovery.arm(RunnerId(2)).unwrap(); // requests nothing
     let planned = discovery.plan(Policy::Generations(3)).unwrap();
     let sim = sim::Device::new();
     let (s, side) = (sim.stream(), sim.stream());

@@ -10,6 +10,7 @@
 )]
 
 use replay_arena::backend::Streams;
+use replay_arena::sim::AsSpan;
 use replay_arena::sim::{self, Faults};
 use replay_arena::{
     DType, Discovering, Domain, HandoffId, KeptStep, PlanConfig, Replayable, Request,
@@ -168,41 +169,45 @@ pub fn fan_with(
                 return w(&ctx, s);
             }
             sim.launch(s, sim::Op::add(&one, &count), 1)?;
-            let t = if spec.writer_temps {
-                let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::copy(&count, &t), 1)?;
-                Some(t)
-            } else {
-                None
+            // With `writer_temps`, each part between ready points works on
+            // a temporary of its own (allocated after the ready point before
+            // it, freed before the one after it): none lives across a ready
+            // point, so the step copies are cut at every one.
+            let temp = |t: &mut Option<sim::Span>| -> replay_arena::Result<()> {
+                if spec.writer_temps && t.is_none() {
+                    let new = sim.alloc_async(s, N)?;
+                    sim.launch(s, sim::Op::copy(&count, &new), 1)?;
+                    *t = Some(new);
+                }
+                Ok(())
             };
-            macro_rules! body {
-                ($src:expr) => {{
-                    let src = $src;
-                    let mut written = vec![false; k];
-                    for i in order(run) {
-                        if !written[i] {
-                            sim.launch(s, sim::Op::copy(src, &xs[i]), 5)?;
-                            sim.launch(s, sim::Op::scale(&xs[i], (i + 1) as f32), 5)?;
-                            written[i] = true;
-                        }
-                        cap.ready(hs[i], s)?;
-                    }
-                    for i in 0..k {
-                        if !written[i] {
-                            sim.launch(s, sim::Op::copy(src, &xs[i]), 5)?;
-                            sim.launch(s, sim::Op::scale(&xs[i], (i + 1) as f32), 5)?;
-                        }
-                    }
-                    sim.launch(s, sim::Op::copy(src, &own), 100)?;
-                }};
+            let release = |t: &mut Option<sim::Span>| match t.take() {
+                Some(t) => sim.free_async(s, &t),
+                None => Ok(()),
+            };
+            let mut t = None;
+            let mut written = vec![false; k];
+            for i in order(run) {
+                if !written[i] {
+                    temp(&mut t)?;
+                    let src = t.unwrap_or_else(|| count.span());
+                    sim.launch(s, sim::Op::copy(&src, &xs[i]), 5)?;
+                    sim.launch(s, sim::Op::scale(&xs[i], (i + 1) as f32), 5)?;
+                    written[i] = true;
+                }
+                release(&mut t)?;
+                cap.ready(hs[i], s)?;
             }
-            match &t {
-                Some(t) => body!(t),
-                None => body!(&count),
+            temp(&mut t)?;
+            let src = t.unwrap_or_else(|| count.span());
+            for i in 0..k {
+                if !written[i] {
+                    sim.launch(s, sim::Op::copy(&src, &xs[i]), 5)?;
+                    sim.launch(s, sim::Op::scale(&xs[i], (i + 1) as f32), 5)?;
+                }
             }
-            if let Some(t) = &t {
-                sim.free_async(s, t)?;
-            }
+            sim.launch(s, sim::Op::copy(&src, &own), 100)?;
+            release(&mut t)?;
             Ok(())
         });
         if faulty {

@@ -259,8 +259,8 @@ fn kept_steps_and_per_runner_replays_interleaved_around_split_writers() {
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
 }
 
-/// A writer whose temporaries live in different parts: `a` over every
-/// cut, `b` between the first and second cut, `c` after the last.
+/// A writer whose temporaries live in different parts: `a` across every
+/// ready point, `b` between the first and the second, `c` after the last.
 fn temps_across_parts(w: &W, s: &sim::Stream) -> R {
     let sim = w.sim;
     let a = sim.alloc_async(s, N)?;
@@ -284,18 +284,58 @@ fn temps_across_parts(w: &W, s: &sim::Stream) -> R {
     Ok(())
 }
 
+/// [`temps_across_parts`] without `a`: the first part's temporary is freed
+/// before the first ready point, so none lives across one.
+fn temps_within_parts(w: &W, s: &sim::Stream) -> R {
+    let sim = w.sim;
+    let a = sim.alloc_async(s, N)?;
+    sim.launch(s, sim::Op::fill(&a, 1.0), 1)?;
+    sim.launch(s, sim::Op::copy(&a, &w.xs[0]), 5)?;
+    sim.free_async(s, &a)?;
+    w.cap.ready(w.hs[0], s)?;
+    let b = sim.alloc_async(s, N)?;
+    sim.launch(s, sim::Op::fill(&b, 2.0), 5)?;
+    sim.launch(s, sim::Op::scale(&b, 2.0), 5)?;
+    sim.launch(s, sim::Op::copy(&b, &w.xs[1]), 5)?;
+    sim.free_async(s, &b)?;
+    w.cap.ready(w.hs[1], s)?;
+    sim.launch(s, sim::Op::fill(&w.xs[2], 1.0), 5)?;
+    sim.launch(s, sim::Op::scale(&w.xs[2], 3.0), 5)?;
+    w.cap.ready(w.hs[2], s)?;
+    let c = sim.alloc_async(s, N)?;
+    sim.launch(s, sim::Op::fill(&c, 4.0), 50)?;
+    sim.launch(s, sim::Op::add(&c, w.own), 50)?;
+    sim.free_async(s, &c)?;
+    Ok(())
+}
+
 #[test]
 fn temporaries_living_in_different_parts_of_a_cut_copy() {
+    // `a` lives across every ready point: the writer's copies stay whole
+    // there (a cut would pass it from part to part, several times the
+    // graph memory on CUDA); with it freed before the first, they are cut
+    // at all three. Both match per-runner replays.
+    for (writer, writer_nodes) in [
+        (temps_across_parts as fn(&W, &sim::Stream) -> R, 1),
+        (temps_within_parts, 4),
+    ] {
+        temporaries_in_parts(writer, writer_nodes);
+    }
+}
+
+fn temporaries_in_parts(mut writer: fn(&W, &sim::Stream) -> R, writer_nodes: usize) {
     let mut spec = Spec::new(3);
     spec.copies = 3;
     spec.chain = true;
     let items = all(&spec);
-    let mut reference = fan_custom(&spec, &mut temps_across_parts);
+    let mut reference = fan_custom(&spec, &mut writer);
     assert!(reference.errors.is_empty(), "{:?}", reference.errors);
-    let mut f = fan_custom(&spec, &mut temps_across_parts);
+    let mut f = fan_custom(&spec, &mut writer);
     assert!(f.errors.is_empty(), "{:?}", f.errors);
     let mut plain = f.build(&items, false).unwrap();
-    assert_eq!(plain.nodes(), 4 + (2 + 1 + 1) + 1); // reader 0 is cut at its own ready point
+    // The writer (whole, or in four parts), the readers, reader 0 cut at
+    // its own ready point, and the collector.
+    assert_eq!(plain.nodes(), writer_nodes + (2 + 1 + 1) + 1);
     let mut over = f.build(&items, true).unwrap();
     let s = f.streams.clone();
     for i in 0..3 {
