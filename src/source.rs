@@ -209,7 +209,9 @@ impl HandoffTicket {
 impl std::fmt::Display for HandoffTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.id, self.writer) {
-            (Some(id), Some(writer)) => write!(f, "the ticket of {id} from {writer} ({})", self.request),
+            (Some(id), Some(writer)) => {
+                write!(f, "the ticket of {id} from {writer} ({})", self.request)
+            }
             _ => write!(f, "a plain run's ticket ({})", self.request),
         }
     }
