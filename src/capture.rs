@@ -628,6 +628,24 @@ impl<B: Backend> RunnerCapture<'_, B> {
         &self.owner.res.backend
     }
 
+    /// The first handoff this runner writes (in declaration order) that
+    /// this capture has not taken yet, with its position and request, and
+    /// how many it writes:
+    /// [`BufferSource::hand_off`](crate::BufferSource::hand_off)'s order.
+    pub(crate) fn next_write(&self) -> (Option<(usize, HandoffId, Request)>, usize) {
+        let writes = &self.plan().record.writes;
+        let taken = self.handoffs.borrow();
+        let next = writes
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !taken.iter().any(|(t, _)| t == *w))
+            .and_then(|(i, &w)| {
+                let h = self.owner.plan.handoffs.get(w.0 as usize)?;
+                Some((i, w, h.record.request))
+            });
+        (next, writes.len())
+    }
+
     /// Bytes of `key` taken by the first `count` requests.
     fn taken(&self, key: Key, count: usize) -> u64 {
         self.plan().record.requests[..count]

@@ -72,6 +72,9 @@ pub enum Error {
     /// A sub-view outside its view.
     #[error(transparent)]
     Slice(#[from] SliceError),
+    /// A [`BufferSource`](crate::BufferSource) handoff call was misused.
+    #[error(transparent)]
+    Source(#[from] crate::source::SourceError),
     /// The caller's own work closure failed.
     #[error("{0}")]
     Work(Box<dyn std::error::Error + Send + Sync>),

@@ -213,7 +213,7 @@ pub use report::{
     byte_ratio, human_bytes, BucketReport, GraphTemporaries, KeyReport, Optimum, PlanReport,
     RunnerReport,
 };
-pub use source::{Buffer, BufferSource, ViewSource};
+pub use source::{Buffer, BufferSource, HandoffTicket, Received, SourceError, ViewSource};
 pub use step::{KeptStep, ScheduleError, StepBuilder, StepError, StepGraph, StepLaunchError};
 pub use trace::{Slice, SliceKind, Trace, Waited};
 pub use view::{Access, Misuse, ReadOnly, ReadWrite, SliceError, View, ViewsExt, Writable};

@@ -620,3 +620,108 @@ fn first_replay_latency_with_and_without_graph_upload() {
         );
     }
 }
+
+/// cudarc's event tracking off only where the program's cudarc calls go
+/// into a graph (integration.md, "cudarc's event tracking"): eager work on
+/// tracked slices of two streams is ordered by cudarc; the context is
+/// adopted and each capture made with the flag off; per-runner replays,
+/// consumers and a step graph run with it on; and the same capture with it
+/// on fails (cudarc waits, inside the capture, on events recorded outside).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tracking_stays_on_outside_captures() {
+    let _serial = serial();
+    let ctx = program_context();
+    assert!(ctx.is_event_tracking());
+    const N: usize = 1 << 20;
+    let a = ctx.new_stream().unwrap();
+    let b = ctx.new_stream().unwrap();
+    let host: Vec<f32> = (0..N).map(|i| (i % 97) as f32).collect();
+    // Tracked (made with tracking on): b's copy waits for a's upload by itself.
+    let x = a.clone_htod(&host).unwrap();
+    let mut y = b.alloc_zeros::<f32>(N).unwrap();
+    b.memcpy_dtod(&x, &mut y).unwrap();
+    assert_eq!(b.clone_dtoh(&y).unwrap(), host);
+
+    // SAFETY: no other thread uses the context meanwhile.
+    unsafe { ctx.disable_event_tracking() };
+    let adopted = cuda::Device::from_context(ctx.clone());
+    // SAFETY: as above; nothing was allocated while it was off.
+    unsafe { ctx.enable_event_tracking() };
+    let backend = adopted.unwrap();
+    let stream = backend.wrap_stream(ctx.new_stream().unwrap()).unwrap();
+    let side = backend.wrap_stream(b.clone()).unwrap();
+    let req = Request::new(Domain::Device, DType::F32, N as u64);
+    let plan = || {
+        let mut discovery = Discovering::new(PlanConfig::new());
+        discovery.arm(RunnerId(0)).unwrap().record(req).unwrap();
+        discovery
+            .plan(Policy::Generations(1))
+            .unwrap()
+            .allocate(backend.clone())
+            .unwrap()
+    };
+    let capture_reading_x = |capturing: &mut Capturing<cuda::Device>| {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let view = cap.take(req).unwrap();
+        let captured = cap.stream_capture(&stream, |s| -> replay_arena::Result<()> {
+            s.cudarc().memcpy_dtod(&x, &mut view.as_cuda::<f32>(s)?)?;
+            Ok(())
+        });
+        captured
+            .map_err(replay_arena::Error::from)
+            .and_then(|()| Ok(cap.finish()?))
+    };
+
+    // Control: tracking on during the capture. cudarc stores a failed wait
+    // with `record_err` and returns it from the next call on the context,
+    // so the failure shows in the capture or right after it.
+    let mut tracked = plan();
+    let with_tracking = capture_reading_x(&mut tracked);
+    let stored = ctx.check_err();
+    assert!(
+        with_tracking.is_err() || stored.is_err(),
+        "a capture with tracking on touched x's events and still succeeded"
+    );
+    drop(tracked);
+    let _ = ctx.check_err();
+
+    // Tracking off around the capture only.
+    let mut capturing = plan();
+    // SAFETY: this thread is the only one using the context; the capture
+    // keeps no slice it allocates.
+    unsafe { ctx.disable_event_tracking() };
+    let captured = capture_reading_x(&mut capturing);
+    unsafe { ctx.enable_event_tracking() };
+    captured.unwrap();
+    assert!(ctx.is_event_tracking());
+    let mut replayable = capturing.seal().unwrap();
+
+    // Replays and consumers with tracking on; the program's tracked `y` is
+    // written by the consumer on `b` and read back through cudarc.
+    for round in 0..3 {
+        a.memset_zeros(&mut y).unwrap(); // tracked: the consumer's write waits for it
+        replayable.replay(RunnerId(0), &stream).unwrap();
+        replayable
+            .consume(RunnerId(0), &side, |s, views| -> replay_arena::Result<()> {
+                views[0].copy_into(s, &mut y)?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(b.clone_dtoh(&y).unwrap(), host, "round {round}");
+    }
+    let mut step = replayable.step();
+    step.replay(RunnerId(0), &stream).unwrap();
+    step.consume(RunnerId(0), &side, |_, _| Ok::<(), replay_arena::Error>(()))
+        .unwrap();
+    // SAFETY: as for the capture: the step graph's build captures.
+    unsafe { ctx.disable_event_tracking() };
+    let built = step.build();
+    unsafe { ctx.enable_event_tracking() };
+    let mut graph = built.unwrap();
+    graph.launch(&stream).unwrap();
+    drop(graph);
+    replayable.wait_all(&side).unwrap();
+    side.cudarc().synchronize().unwrap();
+    ctx.check_err().unwrap();
+}
