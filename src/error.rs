@@ -23,6 +23,7 @@ use crate::replay::{
 };
 use crate::step::{StepError, StepLaunchError};
 use crate::view::SliceError;
+use crate::vocab::{HandoffId, HandoffTicket, Request, RunnerId};
 
 /// Shorthand for `Result<T, replay_arena::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -74,7 +75,7 @@ pub enum Error {
     Slice(#[from] SliceError),
     /// A [`BufferSource`](crate::BufferSource) handoff call was misused.
     #[error(transparent)]
-    Source(#[from] crate::source::SourceError),
+    Source(#[from] SourceError),
     /// The caller's own work closure failed.
     #[error("{0}")]
     Work(Box<dyn std::error::Error + Send + Sync>),
@@ -276,4 +277,75 @@ macro_rules! from_errors {
         }
 
     };
+}
+
+/// Misuse of [`BufferSource`](crate::BufferSource)'s handoff calls.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// A ticket of another kind of run: a plain run's ticket in discovery
+    /// or capture, or a plan's ticket in a plain run.
+    #[error("{phase} was given {ticket}: a layer receives the tickets its writer got from the same kind of run (plain, or discovery and capture of one plan)")]
+    PhaseMismatch {
+        /// "a plain run", "discovery" or "a capture".
+        phase: &'static str,
+        /// The ticket.
+        ticket: HandoffTicket,
+    },
+    /// A capture handed off something discovery did not declare at this
+    /// position (or past the runner's last handoff).
+    #[error("{runner} hands off {request} as its handoff #{index}, but discovery declared {}", describe(.expected, *.declared))]
+    HandoffMismatch {
+        /// The runner.
+        runner: RunnerId,
+        /// Position among the runner's handoffs.
+        index: usize,
+        /// What the capture handed off.
+        request: Request,
+        /// What discovery declared there, `None` past the last.
+        expected: Option<Request>,
+        /// How many handoffs discovery declared for the runner.
+        declared: usize,
+    },
+    /// A ticket's request is not what the plan holds under its id: a
+    /// ticket of another discovery or plan.
+    #[error("{runner} receives {handoff} as {request}, but this plan's {handoff} holds {planned}: the ticket is not of this plan")]
+    ForeignTicket {
+        /// The receiving runner.
+        runner: RunnerId,
+        /// The ticket's handoff.
+        handoff: HandoffId,
+        /// The ticket's request.
+        request: Request,
+        /// What the plan (or discovery) holds under that id.
+        planned: Request,
+    },
+    /// A runner that does not write a handoff marked it ready.
+    #[error("{runner} marks {handoff} ready, but {writer} writes it: only a handoff's writer marks it ready")]
+    NotTheWriter {
+        /// The runner that marked it.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// Its writer.
+        writer: RunnerId,
+    },
+    /// [`BufferSource::ready`](crate::BufferSource::ready) in a capture got a stream of another type
+    /// than the capture's backend's.
+    #[error("{runner} marks {handoff} ready on a stream that is not a `{expected}`: pass the capture's stream")]
+    StreamType {
+        /// The runner.
+        runner: RunnerId,
+        /// The handoff.
+        handoff: HandoffId,
+        /// The backend's stream type.
+        expected: &'static str,
+    },
+}
+
+fn describe(expected: &Option<Request>, declared: usize) -> String {
+    match expected {
+        Some(request) => format!("{request} there"),
+        None => format!("only {declared} handoff(s) for it"),
+    }
 }

@@ -198,7 +198,7 @@ pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
 };
 pub use discover::{ArmedRunner, Discovering, DiscoveryError, PlanConfig};
-pub use error::{Error, Result};
+pub use error::{Error, Result, SourceError};
 pub use failed::Failed;
 pub use fence::{FenceStats, Operation};
 pub use plan::{
@@ -213,13 +213,13 @@ pub use report::{
     byte_ratio, human_bytes, BucketReport, GraphTemporaries, KeyReport, Optimum, PlanReport,
     RunnerReport,
 };
-pub use source::{Buffer, BufferSource, HandoffTicket, Received, SourceError, ViewSource};
+pub use source::{Buffer, BufferSource, Received, ViewSource};
 pub use step::{KeptStep, ScheduleError, StepBuilder, StepError, StepGraph, StepLaunchError};
 pub use trace::{Slice, SliceKind, Trace, Waited};
 pub use view::{Access, Misuse, ReadOnly, ReadWrite, SliceError, View, ViewsExt, Writable};
 pub use vocab::{
-    BucketId, DType, Domain, GroupId, HandoffId, Key, ParamId, Purpose, Request, RunnerId,
-    DEVICE_ALIGNMENT, SYMMETRIC_ALIGNMENT,
+    BucketId, DType, Domain, GroupId, HandoffId, HandoffTicket, Key, ParamId, Purpose, Request,
+    RunnerId, DEVICE_ALIGNMENT, SYMMETRIC_ALIGNMENT,
 };
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]

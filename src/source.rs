@@ -6,9 +6,9 @@ use std::any::Any;
 use crate::backend::Backend;
 use crate::capture::{CaptureError, RunnerCapture};
 use crate::discover::ArmedRunner;
-use crate::error::Result;
+use crate::error::{Result, SourceError};
 use crate::view::{ReadOnly, View};
-use crate::vocab::{HandoffId, Request, RunnerId};
+use crate::vocab::{HandoffId, HandoffTicket, Request, RunnerId};
 
 /// Where a layer's code gets its persistent buffers from, passed down
 /// explicitly (no global state): the same call records in discovery, hands
@@ -173,50 +173,6 @@ impl<'s> BufferSource<'s, '_> {
     }
 }
 
-/// What one layer hands to the next: returned by
-/// [`BufferSource::hand_off`], given to [`BufferSource::receive`] in the
-/// readers and to [`BufferSource::ready`] in the writer. It is `Copy` and
-/// borrows nothing, so it outlives the capture that handed it out and
-/// passes from one runner's capture to the next one's.
-///
-/// A plain run's ticket names no handoff; discovery's and capture's name
-/// the plan's ([`HandoffTicket::id`]): the same id in both, since capture
-/// hands out the runner's handoffs in the order discovery declared them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HandoffTicket {
-    id: Option<HandoffId>,
-    writer: Option<RunnerId>,
-    request: Request,
-}
-
-impl HandoffTicket {
-    /// The plan's handoff, or `None` for a plain run's ticket.
-    pub fn id(&self) -> Option<HandoffId> {
-        self.id
-    }
-
-    /// The runner that hands it off, or `None` for a plain run's ticket.
-    pub fn writer(&self) -> Option<RunnerId> {
-        self.writer
-    }
-
-    /// What it holds.
-    pub fn request(&self) -> Request {
-        self.request
-    }
-}
-
-impl std::fmt::Display for HandoffTicket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.id, self.writer) {
-            (Some(id), Some(writer)) => {
-                write!(f, "the ticket of {id} from {writer} ({})", self.request)
-            }
-            _ => write!(f, "a plain run's ticket ({})", self.request),
-        }
-    }
-}
-
 /// What [`BufferSource::receive`] gives back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Received<'v> {
@@ -225,77 +181,6 @@ pub enum Received<'v> {
     /// Not captured: read what the writer's code produced in this run (the
     /// framework's own tensor).
     Eager,
-}
-
-/// Misuse of [`BufferSource`]'s handoff calls.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SourceError {
-    /// A ticket of another kind of run: a plain run's ticket in discovery
-    /// or capture, or a plan's ticket in a plain run.
-    #[error("{phase} was given {ticket}: a layer receives the tickets its writer got from the same kind of run (plain, or discovery and capture of one plan)")]
-    PhaseMismatch {
-        /// "a plain run", "discovery" or "a capture".
-        phase: &'static str,
-        /// The ticket.
-        ticket: HandoffTicket,
-    },
-    /// A capture handed off something discovery did not declare at this
-    /// position (or past the runner's last handoff).
-    #[error("{runner} hands off {request} as its handoff #{index}, but discovery declared {}", describe(.expected, *.declared))]
-    HandoffMismatch {
-        /// The runner.
-        runner: RunnerId,
-        /// Position among the runner's handoffs.
-        index: usize,
-        /// What the capture handed off.
-        request: Request,
-        /// What discovery declared there, `None` past the last.
-        expected: Option<Request>,
-        /// How many handoffs discovery declared for the runner.
-        declared: usize,
-    },
-    /// A ticket's request is not what the plan holds under its id: a
-    /// ticket of another discovery or plan.
-    #[error("{runner} receives {handoff} as {request}, but this plan's {handoff} holds {planned}: the ticket is not of this plan")]
-    ForeignTicket {
-        /// The receiving runner.
-        runner: RunnerId,
-        /// The ticket's handoff.
-        handoff: HandoffId,
-        /// The ticket's request.
-        request: Request,
-        /// What the plan (or discovery) holds under that id.
-        planned: Request,
-    },
-    /// A runner that does not write a handoff marked it ready.
-    #[error("{runner} marks {handoff} ready, but {writer} writes it: only a handoff's writer marks it ready")]
-    NotTheWriter {
-        /// The runner that marked it.
-        runner: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// Its writer.
-        writer: RunnerId,
-    },
-    /// [`BufferSource::ready`] in a capture got a stream of another type
-    /// than the capture's backend's.
-    #[error("{runner} marks {handoff} ready on a stream that is not a `{expected}`: pass the capture's stream")]
-    StreamType {
-        /// The runner.
-        runner: RunnerId,
-        /// The handoff.
-        handoff: HandoffId,
-        /// The backend's stream type.
-        expected: &'static str,
-    },
-}
-
-fn describe(expected: &Option<Request>, declared: usize) -> String {
-    match expected {
-        Some(request) => format!("{request} there"),
-        None => format!("only {declared} handoff(s) for it"),
-    }
 }
 
 impl BufferSource<'_, '_> {

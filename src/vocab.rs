@@ -541,3 +541,47 @@ pub(crate) mod names {
         }
     }
 }
+
+/// What one layer hands to the next: returned by
+/// [`BufferSource::hand_off`](crate::BufferSource::hand_off), given to [`BufferSource::receive`](crate::BufferSource::receive) in the
+/// readers and to [`BufferSource::ready`](crate::BufferSource::ready) in the writer. It is `Copy` and
+/// borrows nothing, so it outlives the capture that handed it out and
+/// passes from one runner's capture to the next one's.
+///
+/// A plain run's ticket names no handoff; discovery's and capture's name
+/// the plan's ([`HandoffTicket::id`]): the same id in both, since capture
+/// hands out the runner's handoffs in the order discovery declared them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandoffTicket {
+    pub(crate) id: Option<HandoffId>,
+    pub(crate) writer: Option<RunnerId>,
+    pub(crate) request: Request,
+}
+
+impl HandoffTicket {
+    /// The plan's handoff, or `None` for a plain run's ticket.
+    pub fn id(&self) -> Option<HandoffId> {
+        self.id
+    }
+
+    /// The runner that hands it off, or `None` for a plain run's ticket.
+    pub fn writer(&self) -> Option<RunnerId> {
+        self.writer
+    }
+
+    /// What it holds.
+    pub fn request(&self) -> Request {
+        self.request
+    }
+}
+
+impl std::fmt::Display for HandoffTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.id, self.writer) {
+            (Some(id), Some(writer)) => {
+                write!(f, "the ticket of {id} from {writer} ({})", self.request)
+            }
+            _ => write!(f, "a plain run's ticket ({})", self.request),
+        }
+    }
+}

@@ -300,9 +300,9 @@ fn one_layer_function_hands_gradients_down_eagerly_in_discovery_and_in_capture()
                 .unwrap();
         }
         replayable.wait_all(&stream).unwrap();
-        for r in 0..LAYERS {
+        for (r, out) in outs.iter().enumerate() {
             assert_eq!(
-                sim.read_f32(&outs[r]).unwrap(),
+                sim.read_f32(out).unwrap(),
                 expected_wgrad(layer_of(r)),
                 "step {step}, layer {}",
                 layer_of(r)
@@ -355,7 +355,7 @@ fn tickets_of_another_kind_of_run_are_refused() {
         .hand_off(dgrad_request())
         .unwrap()
         .0;
-    drop(armed);
+    let _ = armed;
     let err = BufferSource::Plain.receive(planned).unwrap_err();
     assert!(
         matches!(
@@ -399,7 +399,7 @@ fn a_receive_of_a_handoff_that_is_not_the_plans_is_refused() {
         ),
         "{err}"
     );
-    drop(armed);
+    let _ = armed;
 
     // In a capture: the plan's id 0 holds another request than the foreign
     // discovery's id 0; the plan's reader gets a typed error, not a view.
