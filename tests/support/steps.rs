@@ -717,14 +717,10 @@ pub mod overlap {
     ) {
         let planned = plan_runners([(RunnerId(7), [OWN])], Policy::Generations(1));
         let mut other = planned.allocate(sim.clone()).unwrap();
-        let cap = other.capture(RunnerId(7)).unwrap();
-        let v = cap.take(OWN).unwrap();
-        cap.stream_capture(stream, |s| {
+        crate::support::capture_view(&mut other, RunnerId(7), OWN, &stream, |s, v| {
             inside(s);
             sim.launch(s, sim::Op::fill(&v, 2.0), 1)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
 }
 

@@ -121,18 +121,14 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
     let input = sim.alloc_f32(64).unwrap();
     sim.write_f32(&input, &[1.5; 64]).unwrap();
     let mut capturing = on_sim(&sim, &[REQ]);
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let wgrad = cap.take(REQ).unwrap();
-    cap.stream_capture(&stream, |s| {
+    capture_view(&mut capturing, RunnerId(0), REQ, &stream, |s, wgrad| {
         // Two ops with intermediates, dropped before the capture ends.
         let t1 = scaled(&sim, s, &input, 64)?;
         let t2 = scaled(&sim, s, &t1, 64)?;
         sim.free_async(s, &t1)?;
         sim.launch(s, sim::Op::copy(&t2, &wgrad), 1)?;
         sim.free_async(s, &t2)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let live = sim.live_allocations();
     let mut replayable = capturing.seal().unwrap();
     for _ in 0..5 {

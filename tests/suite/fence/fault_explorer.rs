@@ -1670,13 +1670,9 @@ fn two(n: u32, dur: u64) -> Two {
     let s: Vec<sim::Stream> = (0..4).map(|_| sim.stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for r in 0..n {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(REQ).unwrap();
-        cap.stream_capture(&s[0], |st| {
+        capture_view(&mut capturing, RunnerId(r), REQ, &s[0], |st, v| {
             sim.launch(st, sim::Op::fill(&v, (r + 1) as f32), dur)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     Two {
         rep: capturing.seal().unwrap(),
