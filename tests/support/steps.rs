@@ -717,7 +717,7 @@ pub mod overlap {
     ) {
         let planned = plan_runners([(RunnerId(7), [OWN])], Policy::Generations(1));
         let mut other = planned.allocate(sim.clone()).unwrap();
-        crate::support::capture_view(&mut other, RunnerId(7), OWN, &stream, |s, v| {
+        crate::support::capture_view(&mut other, RunnerId(7), OWN, stream, |s, v| {
             inside(s);
             sim.launch(s, sim::Op::fill(&v, 2.0), 1)
         });

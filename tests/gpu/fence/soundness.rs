@@ -88,7 +88,7 @@ impl Dev {
             .unwrap();
         let mut capturing = planned.allocate(self.backend.clone()).unwrap();
         for r in 0..runners {
-            capture_view(&mut capturing, RunnerId(r), REQ, &stream, |s, view| {
+            capture_view(&mut capturing, RunnerId(r), REQ, stream, |s, view| {
                 self.spin_fill(s, view.device_address(), N as u32, fill(r), cycles(r))
             });
         }

@@ -252,7 +252,7 @@ fn four_runners(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Devi
     }
     let mut capturing = allocate_discovered(sim, discovery, Policy::Generations(2));
     for r in 0..4 {
-        capture_view(&mut capturing, RunnerId(r), req, &stream, |s, view| {
+        capture_view(&mut capturing, RunnerId(r), req, stream, |s, view| {
             sim.launch(s, sim::Op::fill(&view, r as f32), 3)
         });
     }

@@ -1105,7 +1105,7 @@ fn consume(
 fn other_plan(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Device> {
     let q = Request::new(Domain::Device, DType::F32, 64);
     let mut capturing = allocate_runners(sim, [(RunnerId(0), [q])], Policy::Generations(1));
-    capture_view(&mut capturing, RunnerId(0), q, &stream, |s, view| {
+    capture_view(&mut capturing, RunnerId(0), q, stream, |s, view| {
         sim.launch(s, sim::Op::fill(&view, 7.0), 3)
     });
     let mut replayable = capturing.seal().unwrap();

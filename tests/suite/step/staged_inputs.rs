@@ -55,7 +55,7 @@ fn plan(sim: &sim::Device, pool: &sim::Stream) -> Replayable<sim::Device> {
         cap.finish().unwrap();
     }
     for r in 1..3u32 {
-        capture_view(&mut capturing, RunnerId(r), buf(), &pool, |s, g| {
+        capture_view(&mut capturing, RunnerId(r), buf(), pool, |s, g| {
             sim.launch(s, sim::Op::fill(&g, r as f32), 10)
         });
     }
