@@ -8,6 +8,9 @@
 pub mod chain;
 pub mod fan;
 
+use super::seal_each;
+use super::steps::allocate_discovered;
+
 use std::cell::Cell;
 use std::fmt;
 
@@ -15,8 +18,8 @@ use replay_arena::backend::Backend;
 use replay_arena::backend::GraphMemory;
 use replay_arena::sim::{self, FaultLog, Faults};
 use replay_arena::{
-    Capturing, ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable,
-    Request, RunnerId, StepBuilder, StepError, StepGraph, Trace,
+    ConsumeError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable, Request,
+    RunnerId, StepBuilder, StepError, StepGraph, Trace,
 };
 
 /// What a captured closure returns.
@@ -25,16 +28,6 @@ pub type R = replay_arena::Result<()>;
 pub const N: usize = 64;
 
 pub const Q: Request = Request::new(Domain::Device, DType::F32, N as u64);
-
-/// `discovering` planned under `Policy::Generations(g)` and allocated on
-/// `sim`.
-pub fn allocate(discovering: Discovering, g: usize, sim: &sim::Device) -> Capturing<sim::Device> {
-    discovering
-        .plan(Policy::Generations(g))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap()
-}
 
 /// `runners` runners with one `request` each.
 pub fn one_each(runners: u32, request: Request) -> Discovering {
@@ -74,24 +67,10 @@ pub fn r(i: u32) -> RunnerId {
 /// `runners` runners with one `Q` each under `Policy::Generations(g)`;
 /// runner `i`'s graph fills its view with `i + 1` for 20 ticks.
 pub fn fill_plan(sim: &sim::Device, runners: u32, g: usize) -> Replayable<sim::Device> {
-    let d = Discovering::from_runners(PlanConfig::new(), (0..runners).map(|i| (r(i), [Q])));
-    let mut capturing = d
-        .unwrap()
-        .plan(Policy::Generations(g))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
-    let s = sim.stream();
-    for i in 0..runners {
-        let cap = capturing.capture(r(i)).unwrap();
-        let view = cap.take(Q).unwrap();
-        cap.stream_capture(&s, |s| {
-            sim.launch(s, sim::Op::fill(&view, (i + 1) as f32), 20)
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    capturing.seal().unwrap()
+    let capturing = allocate_discovered(sim, one_each(runners, Q), Policy::Generations(g));
+    seal_each(capturing, runners, Q, &sim.stream(), |i, s, view| {
+        sim.launch(s, sim::Op::fill(view, (i + 1) as f32), 20)
+    })
 }
 
 /// A consumer that copies `runner`'s view into `sink` (30 ticks).

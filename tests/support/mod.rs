@@ -10,9 +10,13 @@ pub mod faults;
 pub mod old_packed;
 pub mod steps;
 
+use std::fmt;
+
 use proptest::prelude::*;
+use replay_arena::backend::Backend;
 use replay_arena::{
-    DType, Discovering, Domain, GroupId, ParamId, PlanConfig, Purpose, Request, RunnerId,
+    Capturing, DType, Discovering, Domain, GroupId, ParamId, PlanConfig, Purpose, Request,
+    RunnerId, View,
 };
 
 /// One runner's requests, in recording order.
@@ -82,15 +86,42 @@ pub fn filled_plan(
         .unwrap();
     let sim = sim::Device::new();
     let capture = sim.stream();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    let capturing = planned.allocate(sim.clone()).unwrap();
+    let replayable = seal_each(capturing, n, req, &capture, |r, s, view| {
+        sim.launch(s, sim::Op::fill(view, r as f32), fill_ticks(r))
+    });
+    (sim, replayable)
+}
+
+/// Captures `runner` of `capturing` on `stream`: it takes its view of
+/// `request`, `work` enqueues the runner's graph on it, and the capture is
+/// finished.
+pub fn capture_view<B: Backend, E: fmt::Display + fmt::Debug>(
+    capturing: &mut Capturing<B>,
+    runner: RunnerId,
+    request: Request,
+    stream: &B::Stream,
+    work: impl FnOnce(&B::Stream, &View<'_>) -> Result<(), E>,
+) {
+    let cap = capturing.capture(runner).unwrap();
+    let view = cap.take(request).unwrap();
+    cap.stream_capture(stream, |s| work(s, &view)).unwrap();
+    cap.finish().unwrap();
+}
+
+/// Runners `0..n` of `capturing`, each captured on `stream` with
+/// [`capture_view`] (`work` gets the runner's number), then sealed.
+pub fn seal_each<B: Backend, E: fmt::Display + fmt::Debug>(
+    mut capturing: Capturing<B>,
+    n: u32,
+    request: Request,
+    stream: &B::Stream,
+    work: impl Fn(u32, &B::Stream, &View<'_>) -> Result<(), E>,
+) -> replay_arena::Replayable<B> {
     for r in 0..n {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let view = cap.take(req).unwrap();
-        cap.stream_capture(&capture, |s| {
-            sim.launch(s, sim::Op::fill(&view, r as f32), fill_ticks(r))
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(r), request, stream, |s, v| {
+            work(r, s, v)
+        });
     }
-    (sim.clone(), capturing.seal().unwrap())
+    capturing.seal().unwrap()
 }

@@ -717,14 +717,10 @@ pub mod overlap {
     ) {
         let planned = plan_runners([(RunnerId(7), [OWN])], Policy::Generations(1));
         let mut other = planned.allocate(sim.clone()).unwrap();
-        let cap = other.capture(RunnerId(7)).unwrap();
-        let v = cap.take(OWN).unwrap();
-        cap.stream_capture(stream, |s| {
+        crate::support::capture_view(&mut other, RunnerId(7), OWN, stream, |s, v| {
             inside(s);
             sim.launch(s, sim::Op::fill(&v, 2.0), 1)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
 }
 
@@ -752,21 +748,11 @@ pub mod kept {
         let planned = plan_runners(rs, Policy::Generations(generations));
         let sim = sim::Device::new();
         let s: Vec<sim::Stream> = (0..6).map(|_| sim.stream()).collect();
-        let mut capturing = planned.allocate(sim.clone()).unwrap();
-        for r in 0..n {
-            let cap = capturing.capture(RunnerId(r)).unwrap();
-            let v = cap.take(REQ).unwrap();
-            cap.stream_capture(&s[0], |st| {
-                sim.launch(st, sim::Op::fill(&v, (r + 1) as f32), dur)
-            })
-            .unwrap();
-            cap.finish().unwrap();
-        }
-        Setup {
-            replayable: capturing.seal().unwrap(),
-            sim,
-            s,
-        }
+        let capturing = planned.allocate(sim.clone()).unwrap();
+        let replayable = crate::support::seal_each(capturing, n, REQ, &s[0], |r, st, v| {
+            sim.launch(st, sim::Op::fill(v, (r + 1) as f32), dur)
+        });
+        Setup { replayable, sim, s }
     }
 
     pub fn kept_all(x: &mut Setup, lane: usize) -> replay_arena::KeptStep<sim::Device> {
@@ -986,17 +972,11 @@ pub mod fence {
     /// sealed under `policy`.
     pub fn sealed(n: u32, policy: Policy, ticks: u64) -> (sim::Device, Replayable<sim::Device>) {
         let runners = vec![&[F32_64][..]; n as usize];
-        let (sim, stream, mut capturing) = allocated(&runners, policy);
-        for r in 0..n {
-            let cap = capturing.capture(RunnerId(r)).unwrap();
-            let view = cap.take(F32_64).unwrap();
-            cap.stream_capture(&stream, |s| {
-                sim.launch(s, sim::Op::fill(&view, r as f32 + 5.0), ticks)
-            })
-            .unwrap();
-            cap.finish().unwrap();
-        }
-        (sim, capturing.seal().unwrap())
+        let (sim, stream, capturing) = allocated(&runners, policy);
+        let replayable = crate::support::seal_each(capturing, n, F32_64, &stream, |r, s, view| {
+            sim.launch(s, sim::Op::fill(view, r as f32 + 5.0), ticks)
+        });
+        (sim, replayable)
     }
 
     /// One runner filling its view with `value` on `stream`, sealed.
@@ -1005,12 +985,8 @@ pub mod fence {
         stream: &sim::Stream,
         value: f32,
     ) -> Replayable<sim::Device> {
-        let mut capturing = on_sim(sim, &[F32_64]);
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let v = cap.take(F32_64).unwrap();
-        cap.stream_capture(stream, |s| sim.launch(s, sim::Op::fill(&v, value), 10))
-            .unwrap();
-        cap.finish().unwrap();
-        capturing.seal().unwrap()
+        crate::support::seal_each(on_sim(sim, &[F32_64]), 1, F32_64, stream, |_, s, v| {
+            sim.launch(s, sim::Op::fill(v, value), 10)
+        })
     }
 }

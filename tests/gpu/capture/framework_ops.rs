@@ -6,6 +6,7 @@
 //! stream waits for every consumer through the crate.
 #![cfg(feature = "cuda")]
 
+use crate::support::capture_view;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{
@@ -37,9 +38,7 @@ fn temporaries_inside_a_runner_graph_replay_exactly() {
         .unwrap();
     let mut capturing = planned.allocate(b.clone()).unwrap();
     for r in 0..2 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let view = cap.take(REQ).unwrap();
-        cap.stream_capture(&pool, |s| {
+        capture_view(&mut capturing, RunnerId(r), REQ, &pool, |s, view| {
             // An op's output and an intermediate, as candle allocates them.
             let mut t1: CudaSlice<f32> = s.cudarc().alloc_zeros(N)?;
             s.cudarc().memcpy_dtod(&input, &mut t1)?;
@@ -50,9 +49,7 @@ fn temporaries_inside_a_runner_graph_replay_exactly() {
             s.cudarc().memcpy_dtod(&t2, &mut out)?;
             drop(t2);
             Ok::<(), BackendError>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let mut replayable = capturing.seal().unwrap();
     let mut main: CudaSlice<f32> = side.cudarc().alloc_zeros(N).unwrap();

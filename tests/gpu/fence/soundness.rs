@@ -5,6 +5,7 @@
 //! Each test uses safe code only, except the test kernels' launches.
 #![cfg(feature = "cuda")]
 
+use crate::support::capture_view;
 use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
@@ -87,13 +88,9 @@ impl Dev {
             .unwrap();
         let mut capturing = planned.allocate(self.backend.clone()).unwrap();
         for r in 0..runners {
-            let cap = capturing.capture(RunnerId(r)).unwrap();
-            let view = cap.take(REQ).unwrap();
-            cap.stream_capture(stream, |s| {
+            capture_view(&mut capturing, RunnerId(r), REQ, stream, |s, view| {
                 self.spin_fill(s, view.device_address(), N as u32, fill(r), cycles(r))
-            })
-            .unwrap();
-            cap.finish().unwrap();
+            });
         }
         capturing.seal().unwrap()
     }

@@ -30,6 +30,7 @@
 #![cfg(feature = "cuda")]
 
 use crate::support;
+use crate::support::capture_view;
 
 use replay_arena::backend::Streams;
 use replay_arena::cuda;
@@ -186,18 +187,14 @@ fn granule(model: &Model) -> u64 {
         .unwrap();
     let mut capturing = planned.allocate(b.clone()).unwrap();
     let s = b.new_stream().unwrap();
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let out = cap.take(req).unwrap();
-    cap.stream_capture(&s, |s| {
+    capture_view(&mut capturing, RunnerId(0), req, &s, |s, out| {
         let mut out = out.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
         let t = s
             .cudarc()
             .alloc_zeros::<i32>(256)
             .map_err(|e| format!("{e:?}"))?;
         model.ops.copy_into(s, &t, &mut out)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let mut rp = capturing.seal().unwrap();
     rp.replay(RunnerId(0), &s).unwrap();
     rp.synchronize().unwrap();

@@ -8,6 +8,7 @@
 #![cfg(feature = "cuda")]
 
 use crate::support;
+use crate::support::capture_view;
 
 use std::sync::OnceLock;
 
@@ -66,11 +67,9 @@ fn a_cuda_trace_times_each_slice_and_arrows_follow_the_gpus_order() {
     let side = g.backend.new_stream().unwrap();
     let mut capturing = planned.allocate(g.backend.clone()).unwrap();
     for r in 0..4 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(req).unwrap();
-        cap.stream_capture(&pool[0], |s| launch(s, v.device_address()))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(r), req, &pool[0], |s, v| {
+            launch(s, v.device_address())
+        });
     }
     let mut replayable = capturing.seal().unwrap();
 
@@ -161,17 +160,13 @@ fn a_cuda_traced_step_graph_shows_each_node_inside_its_launch_on_its_lane() {
     );
     let mut capturing = planned.allocate(g.backend.clone()).unwrap();
     for r in 0..4 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(req).unwrap();
-        cap.stream_capture(&pool[0], |s| {
+        capture_view(&mut capturing, RunnerId(r), req, &pool[0], |s, v| {
             let w = v.device_address();
             let mut l = s.cudarc().launch_builder(&spin);
             l.arg(&w).arg(&N).arg(&CYCLES);
             // SAFETY: `w` is a view of N f32s the closure was handed.
             unsafe { l.launch(one_block()) }.map(drop).map_err(err)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let mut replayable = capturing.seal().unwrap();
     let out = g.zeros::<f32>(N as usize);

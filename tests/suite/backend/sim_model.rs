@@ -3,6 +3,7 @@
 //! ops take effect in the order they end; its bookkeeping stays bounded
 //! however long it runs; and it refuses what is not its own.
 
+use crate::support::capture_view;
 use crate::support::steps::allocate_discovered;
 use proptest::prelude::*;
 use replay_arena::backend::{Capture, Launch, Streams};
@@ -251,11 +252,9 @@ fn four_runners(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Devi
     }
     let mut capturing = allocate_discovered(sim, discovery, Policy::Generations(2));
     for r in 0..4 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let view = cap.take(req).unwrap();
-        cap.stream_capture(stream, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 3))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(r), req, stream, |s, view| {
+            sim.launch(s, sim::Op::fill(&view, r as f32), 3)
+        });
     }
     capturing.seal().unwrap()
 }

@@ -2,6 +2,7 @@
 //! completion the program can wait on, and temporaries inside a runner's
 //! graph (balanced allocation and free nodes).
 
+use crate::support::capture_view;
 use crate::support::steps::allocate_runners;
 use replay_arena::sim;
 use replay_arena::{CaptureError, DType, Domain, Policy, Replayable, Request, RunnerId};
@@ -120,18 +121,14 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
     let input = sim.alloc_f32(64).unwrap();
     sim.write_f32(&input, &[1.5; 64]).unwrap();
     let mut capturing = on_sim(&sim, &[REQ]);
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let wgrad = cap.take(REQ).unwrap();
-    cap.stream_capture(&stream, |s| {
+    capture_view(&mut capturing, RunnerId(0), REQ, &stream, |s, wgrad| {
         // Two ops with intermediates, dropped before the capture ends.
         let t1 = scaled(&sim, s, &input, 64)?;
         let t2 = scaled(&sim, s, &t1, 64)?;
         sim.free_async(s, &t1)?;
         sim.launch(s, sim::Op::copy(&t2, &wgrad), 1)?;
         sim.free_async(s, &t2)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let live = sim.live_allocations();
     let mut replayable = capturing.seal().unwrap();
     for _ in 0..5 {
@@ -257,11 +254,9 @@ fn two_consumers(sim: &sim::Device) -> u64 {
     let stream = sim.stream();
     let (x, y) = (sim.stream(), sim.stream());
     let mut capturing = on_sim(sim, &[REQ]);
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let v = cap.take(REQ).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 3.0), 5))
-        .unwrap();
-    cap.finish().unwrap();
+    capture_view(&mut capturing, RunnerId(0), REQ, &stream, |s, v| {
+        sim.launch(s, sim::Op::fill(&v, 3.0), 5)
+    });
     let mut replayable = capturing.seal().unwrap();
     let outs = [sim.alloc_f32(64).unwrap(), sim.alloc_f32(64).unwrap()];
     replayable.replay(RunnerId(0), &stream).unwrap();

@@ -7,6 +7,7 @@
 //! `FingerprintMismatch`, and the `InvalidView` reasons of typed views and
 //! reduce-scatters) are tested with the `cuda` and `nccl` backends.
 
+use crate::support::capture_view;
 use replay_arena::backend::GraphRejection;
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
@@ -941,13 +942,9 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
     let outside = sim.alloc_f32(64).unwrap();
     let addr = outside.span().addr();
     {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| {
+        capture_view(&mut capturing, RunnerId(0), F32_64, &stream, |s, view| {
             sim.launch(s, sim::Op::copy(&outside, &view), 1)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let mut replayable = capturing.seal().unwrap();
     drop(outside);

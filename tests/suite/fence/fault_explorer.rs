@@ -40,6 +40,7 @@
 // so forgetting it is dropping it: the explorer forgets it all the same.
 #![allow(clippy::result_large_err, clippy::forget_non_drop)]
 
+use crate::support::capture_view;
 use crate::support::steps::plan_runners;
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -1669,13 +1670,9 @@ fn two(n: u32, dur: u64) -> Two {
     let s: Vec<sim::Stream> = (0..4).map(|_| sim.stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for r in 0..n {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(REQ).unwrap();
-        cap.stream_capture(&s[0], |st| {
+        capture_view(&mut capturing, RunnerId(r), REQ, &s[0], |st, v| {
             sim.launch(st, sim::Op::fill(&v, (r + 1) as f32), dur)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     Two {
         rep: capturing.seal().unwrap(),
@@ -1776,18 +1773,14 @@ fn staged_world() -> (sim::Device, Replayable<sim::Device>, Vec<sim::Stream>) {
     let s: Vec<sim::Stream> = (0..3).map(|_| sim.stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let v = cap.take(REQ).unwrap();
-        cap.stream_capture(&s[0], |st| sim.launch(st, sim::Op::fill(&v, 7.0), 10))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(0), REQ, &s[0], |st, v| {
+            sim.launch(st, sim::Op::fill(&v, 7.0), 10)
+        });
     }
     {
-        let cap = capturing.capture(RunnerId(10)).unwrap();
-        let v = cap.take(input).unwrap();
-        cap.stream_capture(&s[0], |st| sim.launch(st, sim::Op::scale(&v, 2.0), 10))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(10), input, &s[0], |st, v| {
+            sim.launch(st, sim::Op::scale(&v, 2.0), 10)
+        });
     }
     (sim.clone(), capturing.seal().unwrap(), s)
 }

@@ -2,6 +2,7 @@
 //! graph writes and later runners' graphs read (a layer's input gradient),
 //! declared at discovery, placed for its lifetime, fenced both ways.
 
+use crate::support::capture_view;
 use crate::support::steps::{allocate_discovered, allocate_runners};
 use proptest::prelude::*;
 use replay_arena::sim;
@@ -371,16 +372,12 @@ fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
     let s = sim.stream();
     let mut capturing = allocate_runners(&sim, [(RunnerId(0), [OWN])], Policy::Generations(1));
     {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let own = cap.take(OWN).unwrap();
-        cap.stream_capture(&s, |s| {
+        capture_view(&mut capturing, RunnerId(0), OWN, &s, |s, own| {
             let tmp = sim.alloc_async(s, 1024)?;
             sim.launch(s, sim::Op::fill(&tmp, 1.0), 1)?;
             sim.launch(s, sim::Op::copy(&tmp, &own), 1)?;
             sim.free_async(s, &tmp)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let replayable = capturing.seal().unwrap();
     let report = replayable.report().unwrap();

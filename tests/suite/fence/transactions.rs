@@ -1,9 +1,10 @@
 //! Failed operations on `sim` with injected faults: a launch that fails
 //! leaves the fence as it was, so nothing later skips a wait it needs.
 
+use crate::support::capture_view;
 use replay_arena::sim::{self, Call, Faults};
 
-use crate::support::faults::allocate;
+use crate::support::steps::allocate_discovered;
 use replay_arena::{
     BackendError, DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable,
     Request, RunnerId,
@@ -23,11 +24,9 @@ fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
         .unwrap();
     let s = sim.stream();
     for r in 0..2 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let view = cap.take(Q).unwrap();
-        cap.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 20))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(r), Q, &s, |s, view| {
+            sim.launch(s, sim::Op::fill(&view, r as f32), 20)
+        });
     }
     capturing.seal().unwrap()
 }
@@ -125,12 +124,10 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
     let s = sim.stream();
     let input = Q.purpose(Purpose::Input);
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [input])]).unwrap();
-    let mut capturing = allocate(d, 1, &sim);
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let view = cap.take(input).unwrap();
-    cap.stream_capture(&s, |s| sim.launch(s, sim::Op::scale(&view, 2.0), 5))
-        .unwrap();
-    cap.finish().unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
+    capture_view(&mut capturing, RunnerId(0), input, &s, |s, view| {
+        sim.launch(s, sim::Op::scale(&view, 2.0), 5)
+    });
     let mut rp = capturing.seal().unwrap();
     let host = sim.alloc_f32(64).unwrap();
     rp.consume_mut(RunnerId(0), &s, |s, v| {
@@ -180,7 +177,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
     let sim = sim::Device::new();
     let s = sim.stream();
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
-    let mut capturing = allocate(d, 1, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     for call in [Call::EndCapture, Call::Instantiate, Call::BeginCapture] {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(Q).unwrap();
@@ -192,7 +189,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
         drop(capturing.replan());
         // A fresh discovery: the same runner again.
         let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
-        capturing = allocate(d, 1, &sim);
+        capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         // The stream is not capturing: a plain op runs on it.
         let buf = sim.alloc_f32(4).unwrap();
         sim.launch(&s, sim::Op::fill(&buf, 2.0), 1).unwrap();

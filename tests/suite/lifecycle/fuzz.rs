@@ -22,6 +22,7 @@
 //! `cargo test` runs a quick count of cases; `LIFECYCLE_FUZZ_CASES` (or
 //! `PROPTEST_CASES`) raises it, see `docs/fuzzing.md`.
 
+use crate::support::capture_view;
 use crate::support::steps::allocate_runners;
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -1104,11 +1105,9 @@ fn consume(
 fn other_plan(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Device> {
     let q = Request::new(Domain::Device, DType::F32, 64);
     let mut capturing = allocate_runners(sim, [(RunnerId(0), [q])], Policy::Generations(1));
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let view = cap.take(q).unwrap();
-    cap.stream_capture(stream, |s| sim.launch(s, sim::Op::fill(&view, 7.0), 3))
-        .unwrap();
-    cap.finish().unwrap();
+    capture_view(&mut capturing, RunnerId(0), q, stream, |s, view| {
+        sim.launch(s, sim::Op::fill(&view, 7.0), 3)
+    });
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), stream).unwrap();
     replayable

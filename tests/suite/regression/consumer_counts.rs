@@ -4,6 +4,7 @@
 //! counts that runner's launches), so a trace's consumer slices and the
 //! counter agree.
 
+use crate::support::capture_view;
 use replay_arena::sim;
 use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
 
@@ -19,11 +20,9 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
     let (s, side) = (sim.stream(), sim.stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for r in 0..2 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(req).unwrap();
-        cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&v, 1.0), 1))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(r), req, &s, |st, v| {
+            sim.launch(st, sim::Op::fill(&v, 1.0), 1)
+        });
     }
     let cap = capturing.capture(RunnerId(2)).unwrap();
     cap.stream_capture(&s, |_| Ok::<(), String>(())).unwrap();

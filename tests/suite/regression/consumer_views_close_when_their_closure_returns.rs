@@ -6,6 +6,7 @@
 //! the program's own that uses such a span inside its `record_event` is
 //! the code that runs in that window.
 
+use crate::support::capture_view;
 use std::sync::{Arc, Mutex};
 
 use replay_arena::backend::{
@@ -144,11 +145,9 @@ fn a_span_kept_from_a_consumer_is_refused_once_its_closure_returned() {
         .plan(Policy::Generations(1))
         .unwrap();
     let mut capturing = planned.allocate(hooked.clone()).unwrap();
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let view = cap.take(REQ).unwrap();
-    cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&view, 2.0), 5))
-        .unwrap();
-    cap.finish().unwrap();
+    capture_view(&mut capturing, RunnerId(0), REQ, &pool, |s, view| {
+        sim.launch(s, sim::Op::fill(&view, 2.0), 5)
+    });
     let mut replayable = capturing.seal().unwrap();
     let out = sim.alloc_f32(N).unwrap();
     hooked.kept.lock().unwrap().into = Some(out.span());

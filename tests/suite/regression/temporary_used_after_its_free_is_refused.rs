@@ -8,11 +8,13 @@
 
 use replay_arena::backend::GraphMemory;
 use replay_arena::sim;
+use replay_arena::Policy;
 use replay_arena::{Discovering, HandoffId, PlanConfig, RunnerId};
 
 use crate::support::faults::chain::{chain_with, step_launches};
 use crate::support::faults::fan::{self, refused_or_hazard_free, Spec};
-use crate::support::faults::{allocate, graph_memory, N, R};
+use crate::support::faults::{graph_memory, N, R};
+use crate::support::steps::allocate_discovered;
 
 #[test]
 fn temporary_freed_before_the_cut_and_used_after_is_refused_or_harmless() {
@@ -141,7 +143,7 @@ fn uaf_probe(
     };
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let s = [sim.stream(), sim.stream()];
-    let mut capturing = allocate(d, 2, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     let mut errs = Vec::new();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -328,7 +330,7 @@ fn a_raw_span_forged_at_another_graphs_temporary_is_refused() {
             a.receive(h).unwrap();
         }
         let s = [sim.stream(), sim.stream()];
-        let mut capturing = allocate(d, 2, &sim);
+        let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
         let addrs = std::cell::RefCell::new(Vec::new());
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();

@@ -13,9 +13,8 @@ use replay_arena::{CaptureError, Discovering, PlanConfig, Policy, RunnerId, Stre
 
 use crate::support::faults::chain::{chain_on, OWN};
 use crate::support::faults::fan::{self, Spec};
-use crate::support::faults::{
-    allocate, assert_no_graph_memory, graph_memory, refused, writer_of, N, R,
-};
+use crate::support::faults::{assert_no_graph_memory, graph_memory, refused, writer_of, N, R};
+use crate::support::steps::allocate_discovered;
 
 #[test]
 fn dropping_a_capturing_with_temporaries_gives_graph_memory_back() {
@@ -112,7 +111,7 @@ fn capturing_dropped_unsealed_with_cut_copies_trims_graph_memory() {
                 .unwrap();
         }
         let s = sim.stream();
-        let mut capturing = allocate(d, 2, &sim);
+        let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();
             cap.step_copies(copies);
@@ -149,7 +148,7 @@ fn capturing_dropped_unsealed_with_a_runner_open_is_refused_or_trims() {
         d.arm(RunnerId(0)).unwrap().record(fan::OWN).unwrap();
         d.arm(RunnerId(1)).unwrap().record(fan::OWN).unwrap();
         let s = sim.stream();
-        let mut capturing = allocate(d, 1, &sim);
+        let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         for r in 0..2 {
             let cap = capturing.capture(RunnerId(r)).unwrap();
             cap.step_copies(2);
@@ -188,7 +187,7 @@ fn a_failing_or_panicking_copy_run_between_cuts_leaks_nothing() {
         let hs = writer_of(&mut d, 3, fan::OWN, fan::GRAD);
         let _ = spec;
         let s = sim.stream();
-        let mut capturing = allocate(d, 1, &sim);
+        let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();
             let own = cap.take(fan::OWN).unwrap();

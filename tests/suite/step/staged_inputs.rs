@@ -8,6 +8,7 @@
 //! (`ReplayError::InputNotStaged`, naming the runner that took the bytes)
 //! before anything is enqueued.
 
+use crate::support::capture_view;
 use replay_arena::sim;
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable, Request,
@@ -54,11 +55,9 @@ fn plan(sim: &sim::Device, pool: &sim::Stream) -> Replayable<sim::Device> {
         cap.finish().unwrap();
     }
     for r in 1..3u32 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let g = cap.take(buf()).unwrap();
-        cap.stream_capture(pool, |s| sim.launch(s, sim::Op::fill(&g, r as f32), 10))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(r), buf(), pool, |s, g| {
+            sim.launch(s, sim::Op::fill(&g, r as f32), 10)
+        });
     }
     capturing.seal().unwrap()
 }

@@ -10,7 +10,8 @@ use replay_arena::backend::Streams;
 use replay_arena::sim;
 use replay_arena::Cut;
 
-use crate::support::faults::{allocate, chain_of, graph_memory};
+use crate::support::faults::{chain_of, graph_memory};
+use crate::support::steps::allocate_discovered;
 use replay_arena::{
     CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable, Request,
     RunnerId, StreamCaptureError,
@@ -40,7 +41,7 @@ fn chain(layers: usize, repeatable: bool, ready: bool) -> Chain {
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let counts: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
     let sinks: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
-    let mut capturing = allocate(d, 2, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     for l in 0..layers {
         let cap = capturing.capture(RunnerId(l as u32)).unwrap();
         let own = cap.take(OWN).unwrap();
@@ -341,7 +342,7 @@ fn a_second_run_with_other_ready_points_is_a_typed_error() {
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
-    let mut capturing = allocate(d, 1, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let own = cap.take(OWN).unwrap();
     let out = cap.hand_off(h).unwrap();
@@ -496,7 +497,7 @@ fn writer_and_reader() -> (
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
     let s = sim.stream();
-    let capturing = allocate(d, 2, &sim);
+    let capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     (sim, s, capturing, h)
 }
 
@@ -581,7 +582,7 @@ fn two_ready_points(
     }
     let sim = sim::Device::new();
     let s = [sim.stream(), sim.stream(), sim.stream()];
-    let mut capturing = allocate(d, 3, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(3));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let own = cap.take(OWN).unwrap();

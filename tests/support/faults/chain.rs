@@ -12,7 +12,8 @@ use replay_arena::{
 };
 
 pub use super::N;
-use super::{allocate, assert_no_graph_memory, build, chain_of, Q, R};
+use super::{assert_no_graph_memory, build, chain_of, Q, R};
+use crate::support::steps::allocate_discovered;
 
 /// Each runner's own view.
 pub const OWN: Request = Q;
@@ -304,7 +305,7 @@ pub fn two_handoffs(
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let count = sim.alloc_f32(N).unwrap();
-    let mut capturing = allocate(d, 1, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     let mut errs = Vec::new();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();

@@ -12,12 +12,14 @@
 use replay_arena::backend::Streams;
 use replay_arena::sim::AsSpan;
 use replay_arena::sim::{self, Faults};
+use replay_arena::Policy;
 use replay_arena::{
     DType, Discovering, Domain, HandoffId, KeptStep, PlanConfig, Replayable, Request,
     RunnerCapture, RunnerId, StepError, View,
 };
 
-use super::{allocate, assert_clean, assert_no_graph_memory, build, writer_of, R};
+use super::{assert_clean, assert_no_graph_memory, build, writer_of, R};
+use crate::support::steps::allocate_discovered;
 
 /// Elements of every buffer of a fan.
 pub const N: usize = 16;
@@ -140,7 +142,7 @@ pub fn fan_with(
     let count = sim.alloc_f32(N).unwrap();
     let sinks: Vec<sim::HostBuffer> = (0..runners).map(|_| sim.alloc_f32(N).unwrap()).collect();
     let consumer_sink = sim.alloc_f32(N).unwrap();
-    let mut capturing = allocate(d, spec.g, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(spec.g));
     let mut errors = Vec::new();
     // The writer.
     {

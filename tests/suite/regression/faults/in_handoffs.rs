@@ -6,9 +6,11 @@
 //! writer. An attack that found no hole.
 
 use replay_arena::sim::{self, Call, Faults};
+use replay_arena::Policy;
 use replay_arena::{Discovering, HandoffId, PlanConfig, ReplayError, Replayable};
 
-use crate::support::faults::{allocate, at_each_call, r, read0, under, N, Q};
+use crate::support::faults::{at_each_call, r, read0, under, N, Q};
+use crate::support::steps::allocate_discovered;
 
 struct Handoff {
     sim: sim::Device,
@@ -37,7 +39,7 @@ fn handoff(ready: bool) -> Handoff {
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let count = sim.alloc_f32(N).unwrap();
-    let mut capturing = allocate(d, 1, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     let s = sim.stream();
     {
         let cap = capturing.capture(r(0)).unwrap();

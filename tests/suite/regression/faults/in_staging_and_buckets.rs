@@ -6,12 +6,14 @@
 //! foreign writer left. An attack that found no hole.
 
 use replay_arena::sim::{self, Call, Faults};
+use replay_arena::Policy;
 use replay_arena::{
     ConsumeError, DType, Discovering, Domain, KeptStep, PlanConfig, Purpose, ReplayError,
     Replayable, Request, RunnerId, ScheduleError, StepLaunchError,
 };
 
-use crate::support::faults::{allocate, assert_clean, at_each_call, r, read0, under, N};
+use crate::support::faults::{assert_clean, at_each_call, r, read0, under, N};
+use crate::support::steps::allocate_discovered;
 
 const fn ids(n: u64) -> Request {
     Request::new(Domain::Device, DType::F32, n).purpose(Purpose::Input)
@@ -33,7 +35,7 @@ fn buckets(sim: &sim::Device) -> Replayable<sim::Device> {
         armed.record(ids(n)).unwrap();
         armed.record(out(n)).unwrap();
     }
-    let mut capturing = allocate(d, 1, &sim);
+    let mut capturing = allocate_discovered(sim, d, Policy::Generations(1));
     let s = sim.stream();
     for (b, &n) in sizes.iter().enumerate() {
         let cap = capturing.capture(r(b as u32)).unwrap();

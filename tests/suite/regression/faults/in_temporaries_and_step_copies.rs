@@ -10,9 +10,8 @@ use replay_arena::backend::{Backend, GraphMemory};
 use replay_arena::sim;
 use replay_arena::{Discovering, PlanConfig, Policy, Replayable};
 
-use crate::support::faults::{
-    allocate, assert_clean, at_each_call, graph_memory, r, read0, Attack, N, Q,
-};
+use crate::support::faults::{assert_clean, at_each_call, graph_memory, r, read0, Attack, N, Q};
+use crate::support::steps::allocate_discovered;
 
 /// Two runners sharing bytes whose graphs pass their value through a
 /// temporary (`alloc_async` / `free_async`), captured repeatably with
@@ -112,7 +111,7 @@ fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
     let sim = sim::Device::new();
     let s = sim.stream();
     let d = Discovering::from_runners(PlanConfig::new(), [(r(0), [Q])]).unwrap();
-    let mut capturing = allocate(d, 1, &sim);
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     {
         let cap = capturing.capture(r(0)).unwrap();
         let view = cap.take(Q).unwrap();

@@ -3,6 +3,7 @@
 //! closure is refused and the outer capture goes on, and `seal` ignores a
 //! dropped capture of a runner that uses no buffers.
 
+use crate::support::capture_view;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
 use replay_arena::{CaptureError, Policy, RunnerId};
@@ -12,11 +13,9 @@ fn seal_ignores_a_dropped_capture_of_a_runner_that_uses_no_buffers() {
     // Runner 1 requests nothing.
     let (sim, stream, mut capturing) = allocated(&[&[F32_64], &[]], Policy::Generations(1));
     drop(capturing.capture(RunnerId(1)).unwrap());
-    let cap = capturing.capture(RunnerId(0)).unwrap();
-    let view = cap.take(F32_64).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
-        .unwrap();
-    cap.finish().unwrap();
+    capture_view(&mut capturing, RunnerId(0), F32_64, &stream, |s, view| {
+        sim.launch(s, sim::Op::fill(&view, 1.0), 1)
+    });
     let replayable = capturing.seal().unwrap();
     assert!(replayable.graph(RunnerId(1)).is_none());
 }

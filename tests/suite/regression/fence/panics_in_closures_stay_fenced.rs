@@ -1,6 +1,7 @@
 //! A panic inside a capture's work closure ends the stream capture, and a
 //! panic inside a consumer after it enqueued work leaves that work fenced.
 
+use crate::support::capture_view;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
 use replay_arena::{Policy, RunnerId};
@@ -26,11 +27,9 @@ fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
     sim.launch(&stream, sim::Op::fill(&buf, 3.0), 1).unwrap();
     assert_eq!(sim.read_f32(&buf).unwrap(), vec![3.0; 4]);
     // ...and the next capture on it works.
-    let cap = capturing.capture(RunnerId(1)).unwrap();
-    let view = cap.take(F32_64).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 2.0), 1))
-        .unwrap();
-    cap.finish().unwrap();
+    capture_view(&mut capturing, RunnerId(1), F32_64, &stream, |s, view| {
+        sim.launch(s, sim::Op::fill(&view, 2.0), 1)
+    });
     // Runner 0 is failed for good, with the reason.
     let err = capturing.capture(RunnerId(0)).unwrap_err();
     assert!(err.to_string().contains("panicked"), "{err}");

@@ -1,6 +1,7 @@
 //! A graph whose raw span now names a plan's arena (the span's memory freed
 //! and the arena allocated over it) is refused at replay.
 
+use crate::support::capture_view;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
 use replay_arena::RunnerId;
@@ -15,18 +16,14 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
         let x = sim.alloc_f32(64).unwrap();
         let addr = replay_arena::sim::AsSpan::span(&x).addr();
         let mut capturing = on_sim(&sim, &[F32_64]);
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&a, |s| {
+        capture_view(&mut capturing, RunnerId(0), F32_64, &a, |s, view| {
             sim.launch(s, sim::Op::fill(&view, 1.0), 10)?;
             sim.launch(
                 s,
                 sim::Op::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
                 10,
             )
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
         let mut pb = capturing.seal().unwrap();
         drop(x);
         let mut pa = one_runner(&sim, &b, 2.0);

@@ -7,6 +7,7 @@
 //! and its work was recorded into the other plan's graph; a capture now
 //! keeps its stream claimed until its stream capture has ended.
 
+use crate::support::capture_view;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
 use replay_arena::{CaptureError, Operation, Policy, RunnerId};
@@ -20,9 +21,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
     // be implied by stream order, and its work recorded into B's graph.
     pa.replay(RunnerId(0), &s_cap).unwrap();
     let mut b = on_sim(&sim, &[F32_64]);
-    let cap = b.capture(RunnerId(0)).unwrap();
-    let view = cap.take(F32_64).unwrap();
-    cap.stream_capture(&s_cap, |s| {
+    capture_view(&mut b, RunnerId(0), F32_64, &s_cap, |s, view| {
         let inner = pa.consume(RunnerId(0), s, |s2, v| {
             sim.launch(s2, sim::Op::fill(&v[0], 99.0), 10)
         });
@@ -38,9 +37,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
             "{inner:?}"
         );
         sim.launch(s, sim::Op::fill(&view, 5.0), 10)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let b = b.seal().unwrap();
     assert_eq!(
         b.graph(RunnerId(0)).unwrap().ops().len(),

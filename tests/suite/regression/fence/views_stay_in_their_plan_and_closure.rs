@@ -3,6 +3,7 @@
 //! consumer cannot use a view of another plan or on another stream, and a
 //! view or its span is refused once its closure returned.
 
+use crate::support::capture_view;
 use crate::support::steps::allocate_runners;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
@@ -71,11 +72,9 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
         let runners = [(RunnerId(0), [F32_64])];
         let s = sim.stream();
         let mut c = allocate_runners(&sim, runners, Policy::Generations(1));
-        let cap = c.capture(RunnerId(0)).unwrap();
-        let v = cap.take(F32_64).unwrap();
-        cap.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&v, 3.0), 1))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut c, RunnerId(0), F32_64, &s, |s, v| {
+            sim.launch(s, sim::Op::fill(&v, 3.0), 1)
+        });
         (s, c.seal().unwrap())
     };
     let (s1, s2) = (sim.stream(), sim.stream());

@@ -7,6 +7,7 @@
 //! graph outside that allocation's alloc/free window
 //! (`a_step_copy_that_touches_the_first_runs_temporary_is_refused`).
 
+use crate::support::capture_view;
 use crate::support::steps::fence::*;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
@@ -74,18 +75,14 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut t0: Option<sim::Span> = None;
     {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let v = cap.take(OWN).unwrap();
-        cap.stream_capture(&a, |s| {
+        capture_view(&mut capturing, RunnerId(0), OWN, &a, |s, v| {
             let t = sim.alloc_async(s, N)?;
             sim.launch(s, sim::Op::fill(&t, 1.0), 200)?; // long write of its temporary
             sim.launch(s, sim::Op::copy(&t, &v), 1)?;
             sim.free_async(s, &t)?;
             t0 = Some(t);
             Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let t0 = t0.unwrap();
     let (res, fin) = {
@@ -141,9 +138,7 @@ fn a_consumer_cannot_touch_a_runners_graph_temporary() {
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut t0: Option<sim::Span> = None;
     for r in 0..2u32 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(OWN).unwrap();
-        cap.stream_capture(&a, |s| {
+        capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
             if r == 1 {
                 sim.launch(s, sim::Op::fill(&v, 1.0), 1)?;
                 return Ok(());
@@ -156,9 +151,7 @@ fn a_consumer_cannot_touch_a_runners_graph_temporary() {
                 t0 = Some(t);
             }
             Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let t0 = t0.unwrap();
     let mut r = capturing.seal().unwrap();
@@ -193,9 +186,7 @@ fn a_graph_temporary_works_only_inside_its_capture_closure() {
     let other = sim.stream();
     let mut kept = None;
     {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let v = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| {
+        capture_view(&mut capturing, RunnerId(0), F32_64, &stream, |s, v| {
             let t = sim.alloc_async(s, 64)?;
             // Not on another stream, even inside the closure.
             assert!(sim.launch(&other, sim::Op::fill(&t, 3.0), 1).is_err());
@@ -203,9 +194,7 @@ fn a_graph_temporary_works_only_inside_its_capture_closure() {
             sim.launch(s, sim::Op::copy(&t, &v), 1)?;
             kept = Some(t);
             sim.free_async(s, &t)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let kept = kept.unwrap();
     // Outside its closure, and in another runner's graph: refused.

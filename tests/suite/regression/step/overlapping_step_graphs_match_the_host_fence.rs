@@ -5,6 +5,7 @@
 //! not replay, handoffs read across steps, a runner twice per step, a
 //! runner without bytes, `consume_many`: the same values and no hazard.
 
+use crate::support::capture_view;
 use crate::support::steps::allocate_discovered;
 use crate::support::steps::overlap::*;
 use replay_arena::sim;
@@ -238,11 +239,9 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     let sink = sim.alloc_f32(N).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     {
-        let cap = capturing.capture(RunnerId(0)).unwrap();
-        let v = cap.take(OWN).unwrap();
-        cap.stream_capture(&a, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5))
-            .unwrap();
-        cap.finish().unwrap();
+        capture_view(&mut capturing, RunnerId(0), OWN, &a, |s, v| {
+            sim.launch(s, sim::Op::fill(&v, 1.0), 5)
+        });
     }
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();

@@ -4,6 +4,7 @@
 //! stays as it was), a step reading a handoff it never writes, and program
 //! work on a lane between launches (ordered the documented way).
 
+use crate::support::capture_view;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
 use replay_arena::sim;
@@ -97,13 +98,9 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
             let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
             let mut capturing = planned.allocate(sim.clone()).unwrap();
             for r in 0..2u32 {
-                let cap = capturing.capture(RunnerId(r)).unwrap();
-                let v = cap.take(OWN).unwrap();
-                cap.stream_capture(&a, |s| {
+                capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
                     sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)
-                })
-                .unwrap();
-                cap.finish().unwrap();
+                });
             }
             let mut rp = capturing.seal().unwrap();
             rp.replay(RunnerId(0), &a).unwrap(); // nobody waited: its record is deferred
@@ -203,13 +200,9 @@ fn failed_step_launches_leave_the_fence_untouched() {
         let acc = sim.alloc_f32(N).unwrap();
         let mut capturing = planned.allocate(sim.clone()).unwrap();
         for r in 0..2u32 {
-            let cap = capturing.capture(RunnerId(r)).unwrap();
-            let v = cap.take(OWN).unwrap();
-            cap.stream_capture(&a, |s| {
+            capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
                 sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)
-            })
-            .unwrap();
-            cap.finish().unwrap();
+            });
         }
         let mut rp = capturing.seal().unwrap();
         rp.replay(RunnerId(0), &a).unwrap();
