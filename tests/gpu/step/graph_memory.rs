@@ -203,60 +203,66 @@ fn granule(model: &Model) -> u64 {
     granule
 }
 
+/// The five layers of `shape`, discovered, planned (a generation per
+/// layer: every layer's wgrad stays readable after a step; the arenas are
+/// not graph memory), captured with a step copy each, and sealed.
+fn sealed(model: &Model, shape: Shape) -> replay_arena::Replayable<cuda::Device> {
+    let b = &model.backend;
+    let req = Request::new(Domain::Device, DType::I32, shape.n as u64);
+    let (d, handoffs) = discover(shape);
+    let planned = d.plan(Policy::Generations(LAYERS)).unwrap();
+    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let capture_stream = b.new_stream().unwrap();
+    for l in 0..LAYERS {
+        let cap = capturing.capture(RunnerId(l as u32)).unwrap();
+        let wgrad = cap.take(req).unwrap();
+        let has_in = shape.handoffs && l > 0;
+        let has_out = shape.handoffs && l + 1 < LAYERS;
+        let input = has_in.then(|| cap.receive(handoffs[l - 1]).unwrap());
+        let output = has_out.then(|| (handoffs[l], cap.hand_off(handoffs[l]).unwrap()));
+        cap.step_copies(1);
+        cap.stream_capture_repeatable(&capture_stream, |s| {
+            let mut wgrad = wgrad.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+            let mut out = output
+                .map(|(_, v)| v.as_cuda::<i32>(s))
+                .transpose()
+                .map_err(|e| e.to_string())?;
+            let ready = |s: &cuda::Stream| match output {
+                Some((h, _)) => cap.ready(h, s).map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+            match input {
+                None => model.layer(
+                    s,
+                    l,
+                    &model.loss,
+                    out.as_mut(),
+                    &mut wgrad,
+                    shape.free,
+                    ready,
+                ),
+                Some(v) => {
+                    let g_in = v.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+                    model.layer(s, l, &g_in, out.as_mut(), &mut wgrad, shape.free, ready)
+                }
+            }
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    capturing.seal().unwrap()
+}
+
 /// (per-layer graphs launched once each, then the step graph built and
 /// launched once too, the step graph alone in a fresh plan): reserved
 /// bytes; the step graph's node count; each layer's wgrad after the step.
 fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>) {
     let b = &model.backend;
-    let req = Request::new(Domain::Device, DType::I32, shape.n as u64);
     let run = |per_layer_first: bool| {
         b.synchronize().unwrap();
         b.trim_graph_memory().unwrap();
         let base = b.graph_memory_in_use().unwrap().reserved;
-        let (d, handoffs) = discover(shape);
-        // A generation per layer: every layer's wgrad stays readable after
-        // the step (the arenas are not graph memory).
-        let planned = d.plan(Policy::Generations(LAYERS)).unwrap();
-        let mut capturing = planned.allocate(b.clone()).unwrap();
-        let capture_stream = b.new_stream().unwrap();
-        for l in 0..LAYERS {
-            let cap = capturing.capture(RunnerId(l as u32)).unwrap();
-            let wgrad = cap.take(req).unwrap();
-            let has_in = shape.handoffs && l > 0;
-            let has_out = shape.handoffs && l + 1 < LAYERS;
-            let input = has_in.then(|| cap.receive(handoffs[l - 1]).unwrap());
-            let output = has_out.then(|| (handoffs[l], cap.hand_off(handoffs[l]).unwrap()));
-            cap.step_copies(1);
-            cap.stream_capture_repeatable(&capture_stream, |s| {
-                let mut wgrad = wgrad.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                let mut out = output
-                    .map(|(_, v)| v.as_cuda::<i32>(s))
-                    .transpose()
-                    .map_err(|e| e.to_string())?;
-                let ready = |s: &cuda::Stream| match output {
-                    Some((h, _)) => cap.ready(h, s).map_err(|e| e.to_string()),
-                    None => Ok(()),
-                };
-                match input {
-                    None => model.layer(
-                        s,
-                        l,
-                        &model.loss,
-                        out.as_mut(),
-                        &mut wgrad,
-                        shape.free,
-                        ready,
-                    ),
-                    Some(v) => {
-                        let g_in = v.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                        model.layer(s, l, &g_in, out.as_mut(), &mut wgrad, shape.free, ready)
-                    }
-                }
-            })
-            .unwrap();
-            cap.finish().unwrap();
-        }
-        let mut rp = capturing.seal().unwrap();
+        let mut rp = sealed(model, shape);
         let pool: Vec<cuda::Stream> = (0..shape.streams)
             .map(|_| b.new_stream().unwrap())
             .collect();
@@ -301,6 +307,54 @@ fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>)
     let (per_layer, both, nodes, _) = run(true);
     let (_, step_alone, _, wgrads) = run(false);
     (per_layer, both, step_alone, nodes, wgrads)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_plans_teardown_trim_leaves_another_plans_idle_graphs_with_temporaries_working() {
+    // The trim at a plan's teardown (`cuDeviceGraphMemTrim`) is for the whole
+    // device: another plan's idle graphs, whose temporaries' memory it may
+    // take back, must map it again at their next launch and run exactly.
+    let shape = Shape {
+        n: 1 << 20,
+        free: Free::AfterReady,
+        handoffs: true,
+        streams: 2,
+    };
+    let model = Model::new(shape.n);
+    let b = &model.backend;
+    let s = b.new_stream().unwrap();
+    let wgrads = |rp: &mut replay_arena::Replayable<cuda::Device>| -> Vec<Vec<i32>> {
+        for l in 0..LAYERS {
+            rp.replay(RunnerId(l as u32), &s).unwrap();
+        }
+        (0..LAYERS)
+            .map(|l| {
+                let mut host = model.io.cudarc().alloc_zeros::<i32>(shape.n).unwrap();
+                rp.consume(RunnerId(l as u32), &model.io, |s, views| {
+                    let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+                    model.ops.copy_into(s, &w, &mut host)
+                })
+                .unwrap();
+                model.io.synchronize().unwrap();
+                model.io.cudarc().clone_dtoh(&host).unwrap()
+            })
+            .collect()
+    };
+    let mut kept = sealed(&model, shape);
+    let before = wgrads(&mut kept);
+    assert_eq!(before, eager(&model, shape));
+    for _ in 0..3 {
+        let mut other = sealed(&model, shape);
+        wgrads(&mut other);
+        drop(other); // waits, frees its graphs, trims the device
+        b.trim_graph_memory().unwrap();
+        assert_eq!(
+            wgrads(&mut kept),
+            before,
+            "after another plan's teardown trim"
+        );
+    }
 }
 
 #[test]
