@@ -4,7 +4,7 @@
 //! backend, which only allocates differently).
 
 use super::graph::Graph;
-use super::handles::{capturing, Device, Event, Stream};
+use super::device::{capturing, Device, Event, Stream};
 use super::memory::Memory;
 use super::result;
 use super::{driver_error, sys, Result};

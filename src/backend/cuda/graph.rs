@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use super::handles::{Device, Event};
+use super::device::{Device, Event};
 use super::result::{self, AddNodeV2, NodeGetDependencies};
 use super::{sys, Result};
 use crate::backend::{BackendError, Cut, GraphMemory, NodeGraph, StepEnd, StepNode};
@@ -118,7 +118,7 @@ impl Device {
     /// As [`Capture::end_capture`](crate::backend::Capture::end_capture).
     pub(super) unsafe fn end_stamped(
         &self,
-        stream: &super::handles::Stream,
+        stream: &super::device::Stream,
     ) -> Result<(sys::CUgraph, sys::CUstream)> {
         let raw = stream.raw("cuStreamEndCapture")?;
         self.bind()?;

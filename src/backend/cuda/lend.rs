@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
 use super::element::Element;
-use super::handles::{capturing, Stream};
+use super::device::{capturing, Stream};
 use super::memory::note_lent;
 use super::typed_view::typed;
 use super::{sys, Result};

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::handles::Device;
+use super::device::Device;
 use super::result;
 use super::{sys, Result, ARENA_ALIGNMENT};
 use crate::backend::{Arena, ArenaDesc, BackendError};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop};
 
 use super::element::Element;
-use super::handles::{capturing, this_thread, Stream};
+use super::device::{capturing, this_thread, Stream};
 use super::{sys, Result};
 use crate::backend::BackendError;
 use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};

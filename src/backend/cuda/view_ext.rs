@@ -5,7 +5,7 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::element::Element;
-use super::handles::Stream;
+use super::device::Stream;
 use super::lend;
 use super::typed_view::{typed, TypedView};
 use super::Result;

@@ -44,7 +44,7 @@
 mod library;
 mod result;
 mod probe;
-mod handles;
+mod device;
 mod memory;
 mod graph;
 mod element;
@@ -62,7 +62,7 @@ pub(crate) use backend::sealed::Sealed;
 pub use backend::AsDevice;
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use graph::Graph;
-pub use handles::{CaptureMode, Device, Event, InstantiateFlags, Stream, StreamPriorities};
+pub use device::{CaptureMode, Device, Event, InstantiateFlags, Stream, StreamPriorities};
 #[cfg(replay_arena_nccl)]
 pub(crate) use library::{missing_symbols, open_library};
 pub use memory::Memory;

@@ -42,7 +42,7 @@ mod faults;
 mod hazards;
 mod memory;
 mod streams;
-mod graphs;
+mod graph;
 mod device;
 mod backend;
 mod timing;
@@ -53,7 +53,7 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use device::Device;
 pub use faults::{Call, FaultLog, Faults};
-pub use graphs::Graph;
+pub use graph::Graph;
 pub use hazards::Hazard;
 pub use memory::{HostBuffer, Memory};
 pub use ops::{AsSpan, Node, Op, Span};
