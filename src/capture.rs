@@ -691,17 +691,15 @@ impl<B: Backend> RunnerCapture<'_, B> {
             });
         };
         self.next.set(index + 1);
-        Ok(View {
-            addr: self.owner.res.arenas[place.arena].base() + place.offset,
-            arena: place.arena,
-            offset: place.offset,
+        Ok(View::new(
+            self.owner.res.arenas[place.arena].base() + place.offset,
+            place.arena,
+            place.offset,
             request,
             runner,
-            scope: self.scope,
-            read_only: false,
-            handoff: None,
-            _owner: std::marker::PhantomData,
-        })
+            self.scope,
+            None,
+        ))
     }
 
     /// The view of `handoff`, which this runner writes (declared with
@@ -753,17 +751,15 @@ impl<B: Backend> RunnerCapture<'_, B> {
         if !taken.iter().any(|(t, _)| *t == handoff) {
             taken.push((handoff, false));
         }
-        Ok(View {
-            addr: self.owner.res.arenas[h.place.arena].base() + h.place.offset,
-            arena: h.place.arena,
-            offset: h.place.offset,
-            request: h.record.request,
+        Ok(View::new(
+            self.owner.res.arenas[h.place.arena].base() + h.place.offset,
+            h.place.arena,
+            h.place.offset,
+            h.record.request,
             runner,
-            scope: self.scope,
-            read_only: !write,
-            handoff: Some(handoff.0),
-            _owner: std::marker::PhantomData,
-        })
+            self.scope,
+            Some(handoff.0),
+        ))
     }
 
     /// Marks the point of this runner's graph after which it no longer

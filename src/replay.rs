@@ -646,7 +646,6 @@ impl<B: Backend> Replayable<B> {
         for &slot in slots {
             for v in &mut self.views[self.runners[slot].views.clone()] {
                 v.scope = scope;
-                v.read_only = false;
             }
         }
         let (views, runners) = (&self.views, &self.runners);
@@ -930,16 +929,14 @@ fn views_of<'p, 'v, A: Arena>(
         .enumerate()
         .filter_map(move |(i, &request)| {
             let place = plan.place(slot, i)?;
-            Some(View {
-                addr: arenas.get(place.arena)?.base() + place.offset,
-                arena: place.arena,
-                offset: place.offset,
+            Some(View::new(
+                arenas.get(place.arena)?.base() + place.offset,
+                place.arena,
+                place.offset,
                 request,
-                runner: r.id(),
-                scope: 0,
-                read_only: false,
-                handoff: None,
-                _owner: std::marker::PhantomData,
-            })
+                r.id(),
+                0,
+                None,
+            ))
         })
 }

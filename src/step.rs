@@ -387,20 +387,12 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         // Copies of the views, in the consumer's scope (read-only for a
         // reader): the plan's own views stay as they are, whatever `work`
         // does (fails, panics).
-        let read_only = kind == ScopeKind::Read;
         let copies: Vec<Vec<View<'_, A>>> = slots
             .iter()
             .map(|&slot| {
                 r.views[r.runners[slot].views.clone()]
                     .iter()
-                    .map(|&v| {
-                        View {
-                            scope,
-                            read_only,
-                            ..v
-                        }
-                        .with_access()
-                    })
+                    .map(|&v| v.in_scope(scope))
                     .collect()
             })
             .collect();
