@@ -169,6 +169,7 @@ mod painter;
 mod placement;
 mod plan;
 mod report;
+mod failure;
 mod capture;
 mod trace;
 mod fence;

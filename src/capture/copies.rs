@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::{CaptureError, CaptureFailure, RunnerCapture, StreamCaptureError};
 use crate::backend::Backend;
+use crate::failure::Operation;
 use crate::vocab::HandoffId;
 
 /// A step copy: a second capture of an allocating runner's work, for one
@@ -133,7 +134,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 return Ok(());
             }
             Err(error) => {
-                let error = CaptureError::Backend { runner, error };
+                let error = CaptureError::Backend(Operation::Capture(runner).failed(error));
                 *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
                 return Err(error.into());
             }

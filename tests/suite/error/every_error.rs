@@ -354,7 +354,8 @@ fn a_failed_arena_allocation_is_allocation() {
     let sim = sim::Device::new();
     sim.fail_allocations_after(Some(1));
     let failed = expect_err(planned.allocate(sim.clone()));
-    let err = failed.error().clone();
+    let err = failed.error().error.clone();
+    assert_eq!(failed.error().op, replay_arena::Operation::Allocate);
     assert!(matches!(
         &err,
         BackendError::Allocation { key, bytes: 2048, .. } if *key == bf16.key()
@@ -378,7 +379,7 @@ fn an_arena_larger_than_the_address_space_is_allocation_not_a_panic() {
     let planned = discovered(&[(0, &[huge])])
         .plan(Policy::Generations(1))
         .unwrap();
-    let err = expect_err(planned.allocate(sim::Device::new())).into_error();
+    let err = expect_err(planned.allocate(sim::Device::new())).into_error().error;
     assert!(matches!(
         err,
         BackendError::Allocation {
@@ -1261,10 +1262,11 @@ fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
         cause(),
     ));
     let schedule = replay_arena::StepError::from(replay_arena::ScheduleError::from(replay.clone()));
-    let capture = CaptureError::Backend {
-        runner: RunnerId(3),
-        error: cause(),
-    };
+    let capture = CaptureError::Backend(replay_arena::BackendFailure::new(
+        replay_arena::Operation::Capture(RunnerId(3)),
+        Some(RunnerId(3)),
+        cause(),
+    ));
     let errors: Vec<Box<dyn std::error::Error + 'static>> = vec![
         Box::new(replay.clone()),
         Box::new(replay_arena::Error::from(replay.clone())),

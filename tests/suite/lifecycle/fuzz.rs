@@ -545,7 +545,7 @@ fn run_round(
         Err(e) => {
             prop_assert!(round.allocations_before_failure.is_some_and(|k| k < arenas));
             prop_assert!(
-                matches!(e.error(), BackendError::Allocation { .. }),
+                matches!(&e.error().error, BackendError::Allocation { .. }),
                 "{:?}",
                 e
             );
