@@ -827,7 +827,9 @@ impl<B: Backend> RunnerCapture<'_, B> {
                     // The stream may have left capture: its views stop
                     // working now, and the copy fails (a part is missing).
                     close_scope(self.scope);
-                    return Err(CaptureError::Backend(Operation::Capture(runner).failed(error)));
+                    return Err(CaptureError::Backend(
+                        Operation::Capture(runner).failed(error),
+                    ));
                 }
             }
         }
@@ -916,7 +918,9 @@ impl<B: Backend> RunnerCapture<'_, B> {
             Ok(((), graph)) => Ok(graph),
             // Nothing was begun: nothing is lost.
             Err(Uncaptured::Busy(_)) => Err(CaptureError::StreamInUse { runner }.into()),
-            Err(Uncaptured::Begin(error)) => Err(CaptureError::Backend(Operation::Capture(runner).failed(error)).into()),
+            Err(Uncaptured::Begin(error)) => {
+                Err(CaptureError::Backend(Operation::Capture(runner).failed(error)).into())
+            }
             Err(Uncaptured::Work(e)) => {
                 fail(CaptureFailure::Work(e.to_string()));
                 Err(StreamCaptureError::Work(e))
@@ -1042,7 +1046,11 @@ impl<B: Backend> RunnerCapture<'_, B> {
         }
         let temporaries = match backend.graph_temporaries(&graph) {
             Ok(t) => t,
-            Err(error) => return self.close_failed(CaptureError::Backend(Operation::Capture(runner).failed(error))),
+            Err(error) => {
+                return self.close_failed(CaptureError::Backend(
+                    Operation::Capture(runner).failed(error),
+                ))
+            }
         };
         let mut this = self;
         this.closed = true;

@@ -422,7 +422,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         };
         if let Err(rejection) = r.backend.validate_graph(&graph) {
             return Err(failed(BackendError::GraphRejected {
-                op: "capture of a step's consumer",
+                call: "capture of a step's consumer",
                 rejection,
             })
             .into());

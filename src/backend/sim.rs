@@ -99,7 +99,7 @@ fn lock(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {
 
 fn sim_error(op: &'static str, reason: impl Into<String>) -> BackendError {
     BackendError::Refused {
-        op,
+        call: op,
         reason: reason.into(),
     }
 }

@@ -164,7 +164,7 @@ pub fn assert_nodes_inside_launches(t: &Trace) {
 /// names `reason`.
 pub fn refused(reason: &str) -> replay_arena::Error {
     replay_arena::Error::Backend(replay_arena::BackendError::Refused {
-        op: "test",
+        call: "test",
         reason: reason.into(),
     })
 }

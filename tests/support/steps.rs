@@ -664,7 +664,7 @@ pub mod overlap {
 
     pub fn test_err(why: &str) -> replay_arena::Error {
         replay_arena::Error::Backend(replay_arena::BackendError::Refused {
-            op: "test",
+            call: "test",
             reason: why.into(),
         })
     }

@@ -118,7 +118,7 @@ impl Device {
                 result::mem::alloc(padded)
             }
         };
-        let raw = allocated.map_err(|result::DriverError { op, code }| {
+        let raw = allocated.map_err(|result::DriverError { call: op, code }| {
             failed(format!("{op} of {padded} bytes returned {code:?}"))
         })?;
         let base = align_up(raw, ARENA_ALIGNMENT).unwrap_or(raw);

@@ -4,8 +4,8 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::element::Element;
 use super::device::Stream;
+use super::element::Element;
 use super::lend;
 use super::typed_view::{typed, TypedView};
 use super::Result;

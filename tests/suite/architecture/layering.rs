@@ -29,7 +29,10 @@ use std::path::{Path, PathBuf};
 fn layers() -> Vec<String> {
     let lib = fs::read_to_string("src/lib.rs").unwrap();
     lib.lines()
-        .filter_map(|l| l.strip_prefix("mod ").or_else(|| l.strip_prefix("pub mod ")))
+        .filter_map(|l| {
+            l.strip_prefix("mod ")
+                .or_else(|| l.strip_prefix("pub mod "))
+        })
         .map(|m| m.trim_end_matches(';').to_string())
         .filter(|m| m != "guide")
         .collect()

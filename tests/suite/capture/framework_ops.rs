@@ -160,7 +160,7 @@ fn a_capture_that_fails_frees_its_temporaries() {
     let err = cap.stream_capture(&stream, |s| {
         sim.alloc_async(s, 64)?;
         Err::<(), _>(replay_arena::BackendError::Refused {
-            op: "op",
+            call: "op",
             reason: "failed".into(),
         })
     });

@@ -166,7 +166,7 @@ mod cuda {
         assert!(matches!(
             e,
             Error::Backend(BackendError::Driver {
-                op: CUDARC_DRIVER_CALL,
+                call: CUDARC_DRIVER_CALL,
                 code: CUresult::CUDA_ERROR_OUT_OF_MEMORY
             })
         ));
@@ -179,7 +179,7 @@ mod cuda {
         assert!(matches!(
             backend,
             BackendError::Driver {
-                op: CUDARC_DRIVER_CALL,
+                call: CUDARC_DRIVER_CALL,
                 ..
             }
         ));

@@ -379,7 +379,9 @@ fn an_arena_larger_than_the_address_space_is_allocation_not_a_panic() {
     let planned = discovered(&[(0, &[huge])])
         .plan(Policy::Generations(1))
         .unwrap();
-    let err = expect_err(planned.allocate(sim::Device::new())).into_error().error;
+    let err = expect_err(planned.allocate(sim::Device::new()))
+        .into_error()
+        .error;
     assert!(matches!(
         err,
         BackendError::Allocation {
@@ -959,7 +961,7 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
             op: replay_arena::Operation::Replay(RunnerId(0)),
             runner: Some(RunnerId(0)),
             error: BackendError::Refused {
-                op: "sim launch",
+                call: "sim launch",
                 ..
             }
         })
@@ -1248,7 +1250,7 @@ fn assert_each_cause_once(err: &(dyn std::error::Error + 'static)) {
 #[test]
 fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
     let cause = || BackendError::Refused {
-        op: "sim launch",
+        call: "sim launch",
         reason: "the cause".into(),
     };
     let replay = ReplayError::Backend(replay_arena::BackendFailure::new(

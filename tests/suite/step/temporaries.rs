@@ -285,7 +285,7 @@ fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
         if run == 2 {
             return Err(replay_arena::Error::Backend(
                 replay_arena::BackendError::Refused {
-                    op: "test",
+                    call: "test",
                     reason: "second run".into(),
                 },
             ));
