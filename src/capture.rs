@@ -483,7 +483,7 @@ impl<B: Backend> Capturing<B> {
     /// let w = cap.take(wgrad)?;            // same order as discovery
     /// let x = cap.take(scratch)?;
     /// assert_eq!(w.device_address() % 256, 0); // aligned, fixed for the plan's life
-    /// cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&x, 1.0), 3))?;
+    /// cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&x, 1.0), 3))?;
     /// cap.finish()?;                        // took exactly what was recorded
     ///
     /// let again = capturing.capture(RunnerId(0)).unwrap_err();

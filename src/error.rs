@@ -197,7 +197,7 @@ where
 ///     let cap = capturing.capture(RunnerId(0))?;                // CaptureError
 ///     let view = cap.take(req)?;
 ///     cap.stream_capture(&stream, |s| {
-///         sim.launch(s, sim::Op::fill(&view, 1.0), 5)?;           // inside: AppError
+///         sim.launch(s, sim::Kernel::fill(&view, 1.0), 5)?;           // inside: AppError
 ///         Ok::<(), AppError>(())
 ///     })?;                                                      // StreamCaptureError<AppError>
 ///     cap.finish()?;

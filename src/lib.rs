@@ -67,7 +67,7 @@
 //! for r in 0..4 {
 //!     let cap = capturing.capture(RunnerId(r))?;
 //!     let view = cap.take(wgrad)?;                    // fixed address
-//!     cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 5))?;
+//!     cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, r as f32), 5))?;
 //!     cap.finish()?;                                  // took exactly what was discovered
 //! }
 //! let mut replayable = capturing.seal()?;

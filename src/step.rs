@@ -205,7 +205,7 @@ impl<B: Compose> Replayable<B> {
     /// for r in 0..4 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let v = cap.take(req)?;
-    ///     cap.stream_capture(&pool[0], |s| sim.launch(s, sim::Op::fill(&v, r as f32), 10))?;
+    ///     cap.stream_capture(&pool[0], |s| sim.launch(s, sim::Kernel::fill(&v, r as f32), 10))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -214,7 +214,7 @@ impl<B: Compose> Replayable<B> {
     /// let mut step = replayable.step();
     /// for r in 0..4 {
     ///     step.replay(RunnerId(r), &pool[r as usize % 2])?;
-    ///     step.consume(RunnerId(r), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &main), 5))?;
+    ///     step.consume(RunnerId(r), &side, |s, v| sim.launch(s, sim::Kernel::add(&v[0], &main), 5))?;
     /// }
     /// let mut graph = step.build()?;
     /// for _ in 0..10 {

@@ -32,7 +32,7 @@
 //! the detector holds at most a few intervals per span in use, however long
 //! streams go without waiting for each other.
 //!
-//! Kernels are [`Op`]s on `f32` data: fill, copy, add, scale. A graph's
+//! Kernels are [`Kernel`]s on `f32` data: fill, copy, add, scale. A graph's
 //! memory nodes ([`Node`]) come only from [`Device::alloc_async`] and
 //! [`Device::free_async`]: no call launches one.
 
@@ -56,7 +56,7 @@ pub use faults::{Call, FaultLog, Faults};
 pub use graph::Graph;
 pub use hazards::Hazard;
 pub use memory::{HostBuffer, Memory};
-pub use ops::{AsSpan, Node, Op, Span};
+pub use ops::{AsSpan, Kernel, Node, Span};
 pub use streams::{Event, Stream};
 
 use crate::backend::BackendError;

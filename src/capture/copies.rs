@@ -71,8 +71,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// cap.stream_capture_repeatable(&stream, |s| {
     ///     runs += 1;
     ///     let tmp = sim.alloc_async(s, 64)?; // a temporary: an allocation node
-    ///     sim.launch(s, sim::Op::fill(&tmp, 2.0), 5)?;
-    ///     sim.launch(s, sim::Op::copy(&tmp, &out), 5)?;
+    ///     sim.launch(s, sim::Kernel::fill(&tmp, 2.0), 5)?;
+    ///     sim.launch(s, sim::Kernel::copy(&tmp, &out), 5)?;
     ///     sim.free_async(s, &tmp)
     /// })?;
     /// cap.finish()?;

@@ -86,7 +86,7 @@ pub fn fill_plan(sim: &sim::Device, runners: u32, g: usize) -> Replayable<sim::D
         let cap = capturing.capture(r(i)).unwrap();
         let view = cap.take(Q).unwrap();
         cap.stream_capture(&s, |s| {
-            sim.launch(s, sim::Op::fill(&view, (i + 1) as f32), 20)
+            sim.launch(s, sim::Kernel::fill(&view, (i + 1) as f32), 20)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -103,7 +103,7 @@ pub fn copy_out(
     sink: &sim::HostBuffer,
 ) -> Result<(), ConsumeError<replay_arena::BackendError>> {
     rp.consume(runner, s, |s, v| {
-        sim.launch(s, sim::Op::copy(&v[0], sink), 30)
+        sim.launch(s, sim::Kernel::copy(&v[0], sink), 30)
     })
 }
 
@@ -134,8 +134,10 @@ pub fn two_step<'r>(
     let mut step = rp.step();
     for i in 0..2 {
         step.replay(r(i), a).unwrap();
-        step.consume(r(i), b, |s, v| sim.launch(s, sim::Op::add(&v[0], sink), 10))
-            .unwrap();
+        step.consume(r(i), b, |s, v| {
+            sim.launch(s, sim::Kernel::add(&v[0], sink), 10)
+        })
+        .unwrap();
     }
     step
 }

@@ -87,7 +87,7 @@ pub fn filled_plan(
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(req).unwrap();
         cap.stream_capture(&capture, |s| {
-            sim.launch(s, sim::Op::fill(&view, r as f32), fill_ticks(r))
+            sim.launch(s, sim::Kernel::fill(&view, r as f32), fill_ticks(r))
         })
         .unwrap();
         cap.finish().unwrap();

@@ -80,7 +80,7 @@ fn capture_ok(
     cap.stream_capture(stream, |s| {
         views
             .iter()
-            .try_for_each(|v| sim.launch(s, sim::Op::fill(v, runner as f32), 1))
+            .try_for_each(|v| sim.launch(s, sim::Kernel::fill(v, runner as f32), 1))
     })
     .unwrap();
     cap.finish().unwrap();
@@ -584,7 +584,7 @@ fn a_rejected_take_takes_nothing() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(device(DType::F32, 128)).unwrap_err();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
             .unwrap();
         cap.finish().unwrap();
     }
@@ -597,7 +597,7 @@ fn finishing_with_capacity_left_is_taken_mismatch() {
     let (sim, stream, mut capturing) = allocated(&[(3, &[bf16, bf16])]);
     let cap = capturing.capture(RunnerId(3)).unwrap();
     let view = cap.take(bf16).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
         .unwrap();
     let err = cap.finish().unwrap_err();
     assert_eq!(
@@ -621,7 +621,7 @@ fn a_taken_mismatch_fails_the_runner_and_seal_reports_it() {
     {
         let cap = capturing.capture(RunnerId(3)).unwrap();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
             .unwrap();
         cap.finish().unwrap_err();
     }
@@ -695,7 +695,7 @@ fn capturing_again_after_a_failed_capture_fails_and_so_does_finish() {
         cap.stream_capture(&stream, |_| Err::<(), _>("out of launch slots"))
             .unwrap_err();
         let again = cap
-            .stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+            .stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
             .unwrap_err();
         assert!(matches!(
             again,
@@ -736,7 +736,7 @@ fn a_graph_whose_allocation_escapes_it_is_graph_rejected() {
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| {
         let out = sim.alloc_async(s, 1024)?; // an op's output, never dropped
-        sim.launch(s, sim::Op::copy(&view, &out), 1)
+        sim.launch(s, sim::Kernel::copy(&view, &out), 1)
     })
     .unwrap();
     let err = cap.finish().unwrap_err();
@@ -772,7 +772,7 @@ fn a_graph_that_frees_memory_it_did_not_allocate_is_graph_rejected() {
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, sim::Op::fill(&view, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)?;
         sim.free_async(s, &replay_arena::sim::AsSpan::span(&program))
     })
     .unwrap();
@@ -947,7 +947,7 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
         cap.stream_capture(&stream, |s| {
-            sim.launch(s, sim::Op::copy(&outside, &view), 1)
+            sim.launch(s, sim::Kernel::copy(&outside, &view), 1)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -984,7 +984,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
     let outside = sim
-        .launch(&stream, sim::Op::fill(&view, 1.0), 1)
+        .launch(&stream, sim::Kernel::fill(&view, 1.0), 1)
         .unwrap_err();
     assert_eq!(
         outside,
@@ -1006,7 +1006,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
     let other = sim.stream();
     cap.stream_capture(&stream, |s| {
         let elsewhere = sim
-            .launch(&other, sim::Op::fill(&view, 1.0), 1)
+            .launch(&other, sim::Kernel::fill(&view, 1.0), 1)
             .unwrap_err();
         assert_eq!(
             elsewhere,
@@ -1018,7 +1018,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
                 }
             }
         );
-        sim.launch(s, sim::Op::fill(&view, 1.0), 1)
+        sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -1026,7 +1026,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
     replayable.replay(RunnerId(0), &stream).unwrap();
     let addresses_only = replayable.views(RunnerId(0)).unwrap()[0];
     assert_eq!(
-        sim.launch(&stream, sim::Op::fill(&addresses_only, 1.0), 1)
+        sim.launch(&stream, sim::Kernel::fill(&addresses_only, 1.0), 1)
             .unwrap_err(),
         BackendError::InvalidView {
             reason: Misuse::NoScope {
@@ -1036,7 +1036,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
         }
     );
     let written = replayable.consume(RunnerId(0), &stream, |s, views| {
-        sim.launch(s, sim::Op::fill(&views[0], 1.0), 1)
+        sim.launch(s, sim::Kernel::fill(&views[0], 1.0), 1)
     });
     assert!(
         matches!(

@@ -21,7 +21,7 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
     for r in 0..2 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(req).unwrap();
-        cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&v, 1.0), 1))
+        cap.stream_capture(&s, |st| sim.launch(st, sim::Kernel::fill(&v, 1.0), 1))
             .unwrap();
         cap.finish().unwrap();
     }
@@ -42,13 +42,13 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
         "a consume of a runner that requests nothing"
     );
     rp.consume_mut(RunnerId(0), &side, |st, v| {
-        sim.launch(st, sim::Op::scale(&v[0], 2.0), 1)
+        sim.launch(st, sim::Kernel::scale(&v[0], 2.0), 1)
     })
     .unwrap();
     assert_eq!(rp.fence_stats().consumers, 2, "a consume_mut");
     rp.consume_many(&[RunnerId(0), RunnerId(1)], &side, |st, v| {
-        sim.launch(st, sim::Op::add(&v[0][0], &out), 1)?;
-        sim.launch(st, sim::Op::add(&v[1][0], &out), 1)
+        sim.launch(st, sim::Kernel::add(&v[0][0], &out), 1)?;
+        sim.launch(st, sim::Kernel::add(&v[1][0], &out), 1)
     })
     .unwrap();
     assert_eq!(

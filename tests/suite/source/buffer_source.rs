@@ -56,7 +56,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
         cap.stream_capture(&stream, |s| {
             views
                 .iter()
-                .try_for_each(|v| sim.launch(s, sim::Op::fill(v, 1.0), 1))
+                .try_for_each(|v| sim.launch(s, sim::Kernel::fill(v, 1.0), 1))
         })
         .unwrap();
         addrs = views.iter().map(|v| v.device_address()).collect::<Vec<_>>();

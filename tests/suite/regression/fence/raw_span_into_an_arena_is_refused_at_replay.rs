@@ -18,10 +18,10 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
         cap.stream_capture(&a, |s| {
-            sim.launch(s, sim::Op::fill(&view, 1.0), 10)?;
+            sim.launch(s, sim::Kernel::fill(&view, 1.0), 10)?;
             sim.launch(
                 s,
-                sim::Op::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
+                sim::Kernel::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
                 10,
             )
         })
