@@ -240,7 +240,7 @@ fn replayable(sim: &sim::Device) -> Replayable<sim::Device> {
         let cap = capturing.capture(RunnerId(r)).expect("first capture");
         let view = cap.take(req).expect("as discovered");
         cap.stream_capture(&stream, |s| {
-            sim.launch(s, sim::Op::fill(&view, r as f32), 0)
+            sim.launch(s, sim::Kernel::fill(&view, r as f32), 0)
         })
         .expect("sim captures");
         cap.finish().expect("exact consumption");
@@ -371,7 +371,7 @@ fn bench_capture(c: &mut Criterion) {
                         let cap = capturing.capture(RunnerId(r)).expect("first capture");
                         let view = cap.take(req).expect("as discovered");
                         cap.stream_capture(&stream, |s| {
-                            sim.launch(s, sim::Op::fill(&view, 1.0), 0)
+                            sim.launch(s, sim::Kernel::fill(&view, 1.0), 0)
                         })
                         .expect("sim captures");
                         cap.finish().expect("took exactly its capacity");

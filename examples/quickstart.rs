@@ -96,7 +96,7 @@ impl Kernels for sim::Device {
     }
     fn write_grad(&self, stream: &sim::Stream, view: &View<'_>, value: f32) -> Result<()> {
         // The last argument: how long the op runs, in ticks of sim's clock.
-        Ok(self.launch(stream, sim::Op::fill(view, value), 20)?)
+        Ok(self.launch(stream, sim::Kernel::fill(view, value), 20)?)
     }
     fn accumulate(
         &self,
@@ -104,7 +104,7 @@ impl Kernels for sim::Device {
         view: &View<'_, ReadOnly>,
         out: &sim::HostBuffer,
     ) -> Result<()> {
-        Ok(self.launch(stream, sim::Op::add(view, out), 50)?)
+        Ok(self.launch(stream, sim::Kernel::add(view, out), 50)?)
     }
     fn read(&self, out: &sim::HostBuffer) -> Result<Vec<f32>> {
         Ok(self.read_f32(out)?)

@@ -8,6 +8,7 @@ use std::fmt;
 use crate::backend::{Arena, ArenaDesc, Backend, BackendError, Cut, GraphRejection, Temporaries};
 use crate::discover::Discovering;
 use crate::failed::Failed;
+use crate::failure::{BackendFailure, Operation};
 use crate::plan::{Planned, RunnerPlan};
 use crate::scope::{close_scope, new_scope_id, retire};
 use crate::view::{Access, Misuse, NotSend, ReadOnly, View};
@@ -186,14 +187,10 @@ pub enum CaptureError {
         /// never captured, else why its capture failed.
         runners: Vec<(RunnerId, Option<CaptureFailure>)>,
     },
-    /// The backend failed while capturing.
-    #[error("capture of {runner}: {error}")]
-    Backend {
-        /// The runner.
-        runner: RunnerId,
-        /// The backend's error.
-        error: BackendError,
-    },
+    /// A backend call of the capture failed: its operation is
+    /// [`Operation::Capture`] of the runner.
+    #[error(transparent)]
+    Backend(#[from] BackendFailure),
 }
 
 /// Why a runner's capture failed, kept in the plan and shown by
@@ -333,10 +330,11 @@ impl<B: Backend> Drop for Trimmed<B> {
     }
 }
 
-/// A failed [`Planned::allocate`]: the backend's error, and the plan back
+/// A failed [`Planned::allocate`]: the backend's failure (its operation
+/// [`Operation::Allocate`]), and the plan back
 /// (whatever was allocated is freed), to allocate again (after freeing
 /// memory, or on another device) without planning again.
-pub type AllocateFailed = Failed<BackendError, Planned>;
+pub type AllocateFailed = Failed<BackendFailure, Planned>;
 
 impl<E> Failed<E, Planned> {
     /// The plan, as it was, to allocate again.
@@ -351,8 +349,8 @@ impl Planned {
     ///
     /// # Errors
     ///
-    /// [`AllocateFailed`] with the backend's error
-    /// ([`BackendError::Allocation`] when an arena cannot be had) and the
+    /// [`AllocateFailed`] with the backend's failure (its `error`
+    /// [`BackendError::Allocation`] when an arena cannot be had) and the
     /// plan back ([`AllocateFailed::into_planned`]); whatever was allocated
     /// is freed.
     pub fn allocate<B: Backend>(
@@ -366,7 +364,7 @@ impl Planned {
                 plan: self,
                 res,
             }),
-            Err(error) => Err(Failed::new(error, self)),
+            Err(error) => Err(Failed::new(Operation::Allocate.failed(error), self)),
         }
     }
 }
@@ -485,7 +483,7 @@ impl<B: Backend> Capturing<B> {
     /// let w = cap.take(wgrad)?;            // same order as discovery
     /// let x = cap.take(scratch)?;
     /// assert_eq!(w.device_address() % 256, 0); // aligned, fixed for the plan's life
-    /// cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&x, 1.0), 3))?;
+    /// cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&x, 1.0), 3))?;
     /// cap.finish()?;                        // took exactly what was recorded
     ///
     /// let again = capturing.capture(RunnerId(0)).unwrap_err();
@@ -709,17 +707,15 @@ impl<B: Backend> RunnerCapture<'_, B> {
             });
         };
         self.next.set(index + 1);
-        Ok(View {
-            addr: self.owner.res.arenas[place.arena].base() + place.offset,
-            arena: place.arena,
-            offset: place.offset,
+        Ok(View::new(
+            self.owner.res.arenas[place.arena].base() + place.offset,
+            place.arena,
+            place.offset,
             request,
             runner,
-            scope: self.scope,
-            read_only: false,
-            handoff: None,
-            _owner: std::marker::PhantomData,
-        })
+            self.scope,
+            None,
+        ))
     }
 
     /// The view of `handoff`, which this runner writes (declared with
@@ -771,17 +767,15 @@ impl<B: Backend> RunnerCapture<'_, B> {
         if !taken.iter().any(|(t, _)| *t == handoff) {
             taken.push((handoff, false));
         }
-        Ok(View {
-            addr: self.owner.res.arenas[h.place.arena].base() + h.place.offset,
-            arena: h.place.arena,
-            offset: h.place.offset,
-            request: h.record.request,
+        Ok(View::new(
+            self.owner.res.arenas[h.place.arena].base() + h.place.offset,
+            h.place.arena,
+            h.place.offset,
+            h.record.request,
             runner,
-            scope: self.scope,
-            read_only: !write,
-            handoff: Some(handoff.0),
-            _owner: std::marker::PhantomData,
-        })
+            self.scope,
+            Some(handoff.0),
+        ))
     }
 
     /// Marks the point of this runner's graph after which it no longer
@@ -832,7 +826,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
             .ok_or_else(|| misplaced("the plan has no event for it"))?;
         backend
             .record_event_node(stream, event)
-            .map_err(|error| CaptureError::Backend { runner, error })?;
+            .map_err(|error| CaptureError::Backend(Operation::Capture(runner).failed(error)))?;
         if !retire(self.scope, handoff.0) {
             return Err(misplaced("the capture's scope is not open on this thread"));
         }
@@ -851,7 +845,9 @@ impl<B: Backend> RunnerCapture<'_, B> {
                     // The stream may have left capture: its views stop
                     // working now, and the copy fails (a part is missing).
                     close_scope(self.scope);
-                    return Err(CaptureError::Backend { runner, error });
+                    return Err(CaptureError::Backend(
+                        Operation::Capture(runner).failed(error),
+                    ));
                 }
             }
         }
@@ -940,7 +936,9 @@ impl<B: Backend> RunnerCapture<'_, B> {
             Ok(((), graph)) => Ok(graph),
             // Nothing was begun: nothing is lost.
             Err(Uncaptured::Busy(_)) => Err(CaptureError::StreamInUse { runner }.into()),
-            Err(Uncaptured::Begin(error)) => Err(CaptureError::Backend { runner, error }.into()),
+            Err(Uncaptured::Begin(error)) => {
+                Err(CaptureError::Backend(Operation::Capture(runner).failed(error)).into())
+            }
             Err(Uncaptured::Work(e)) => {
                 fail(CaptureFailure::Work(e.to_string()));
                 Err(StreamCaptureError::Work(e))
@@ -951,7 +949,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 Err(error.into())
             }
             Err(Uncaptured::End(error)) => {
-                let error = CaptureError::Backend { runner, error };
+                let error = CaptureError::Backend(Operation::Capture(runner).failed(error));
                 fail(CaptureFailure::Check(Box::new(error.clone())));
                 Err(error.into())
             }
@@ -1066,7 +1064,11 @@ impl<B: Backend> RunnerCapture<'_, B> {
         }
         let temporaries = match backend.graph_temporaries(&graph) {
             Ok(t) => t,
-            Err(error) => return self.close_failed(CaptureError::Backend { runner, error }),
+            Err(error) => {
+                return self.close_failed(CaptureError::Backend(
+                    Operation::Capture(runner).failed(error),
+                ))
+            }
         };
         let mut this = self;
         this.closed = true;

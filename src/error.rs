@@ -1,6 +1,6 @@
 //! The crate error: every operation's own error, joined with `#[from]` so
 //! `?` works across operations and phases. Discovery returns
-//! [`DiscoveryError`], planning [`PlanError`], allocation [`BackendError`]
+//! [`DiscoveryError`], planning [`PlanError`], allocation [`BackendFailure`]
 //! (inside [`AllocateFailed`](crate::AllocateFailed)), capture
 //! [`CaptureError`]; on a sealed plan each operation has its own:
 //! [`ReplayError`], [`ConsumeError`], [`WaitError`], [`TraceError`],
@@ -67,7 +67,8 @@ pub enum Error {
     /// A runner the plan does not know was named (`views`, `temporaries`).
     #[error(transparent)]
     UnknownRunner(#[from] UnknownRunner),
-    /// A backend call failed (allocation, device setup).
+    /// A backend call outside a plan's operations failed (device setup, a
+    /// cudarc call `?`'d in a closure).
     #[error(transparent)]
     Backend(#[from] BackendError),
     /// A sub-view outside its view.
@@ -196,11 +197,11 @@ where
 ///         .plan(Policy::Generations(1))?;                       // PlanError
 ///     let sim = sim::Device::new();
 ///     let stream = sim.stream();
-///     let mut capturing = planned.allocate(sim.clone())?;      // BackendError
+///     let mut capturing = planned.allocate(sim.clone())?;      // BackendFailure
 ///     let cap = capturing.capture(RunnerId(0))?;                // CaptureError
 ///     let view = cap.take(req)?;
 ///     cap.stream_capture(&stream, |s| {
-///         sim.launch(s, sim::Op::fill(&view, 1.0), 5)?;           // inside: AppError
+///         sim.launch(s, sim::Kernel::fill(&view, 1.0), 5)?;           // inside: AppError
 ///         Ok::<(), AppError>(())
 ///     })?;                                                      // StreamCaptureError<AppError>
 ///     cap.finish()?;

@@ -66,7 +66,7 @@
 //! for r in 0..4 {
 //!     let cap = capturing.capture(RunnerId(r))?;
 //!     let view = cap.take(wgrad)?;                    // fixed address
-//!     cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 5))?;
+//!     cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, r as f32), 5))?;
 //!     cap.finish()?;                                  // took exactly what was discovered
 //! }
 //! let mut replayable = capturing.seal()?;
@@ -168,6 +168,7 @@ mod painter;
 mod placement;
 mod plan;
 mod report;
+mod failure;
 mod capture;
 mod trace;
 mod fence;

@@ -201,7 +201,7 @@ impl<G> RunnerGraph<G> {
 /// {
 ///     let cap = capturing.capture(RunnerId(0))?;
 ///     let view = cap.take(req)?;
-///     cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.5), 10))?;
+///     cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.5), 10))?;
 ///     cap.finish()?;
 /// }
 /// let mut replayable = capturing.seal()?;
@@ -487,7 +487,7 @@ impl<B: Backend> Replayable<B> {
     /// for r in 0..2 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let view = cap.take(req)?;
-    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&view, r as f32), 5))?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Kernel::fill(&view, r as f32), 5))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -495,7 +495,7 @@ impl<B: Backend> Replayable<B> {
     ///
     /// replayable.replay(RunnerId(0), &pool)?;
     /// replayable.consume(RunnerId(0), &side, |s, views| {
-    ///     sim.launch(s, sim::Op::add(&views[0], &main_grad), 20) // waits for the replay
+    ///     sim.launch(s, sim::Kernel::add(&views[0], &main_grad), 20) // waits for the replay
     /// })?;
     /// replayable.replay(RunnerId(1), &pool)?; // waits for the consumer
     ///
@@ -576,7 +576,7 @@ impl<B: Backend> Replayable<B> {
     /// for r in 0..3 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let v = cap.take(req)?;
-    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&v, 1.0 + r as f32), 5))?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Kernel::fill(&v, 1.0 + r as f32), 5))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -586,7 +586,7 @@ impl<B: Backend> Replayable<B> {
     /// let bucket = sim.alloc_f32(64)?;
     /// replayable.consume_many(&[RunnerId(0), RunnerId(2)], &side, |s, runners| {
     ///     for views in runners {
-    ///         sim.launch(s, sim::Op::add(&views[0], &bucket), 10)?;
+    ///         sim.launch(s, sim::Kernel::add(&views[0], &bucket), 10)?;
     ///     }
     ///     Ok::<(), replay_arena::BackendError>(())
     /// })?;
@@ -646,7 +646,6 @@ impl<B: Backend> Replayable<B> {
         for &slot in slots {
             for v in &mut self.views[self.runners[slot].views.clone()] {
                 v.scope = scope;
-                v.read_only = false;
             }
         }
         let (views, runners) = (&self.views, &self.runners);
@@ -719,14 +718,14 @@ impl<B: Backend> Replayable<B> {
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// let cap = capturing.capture(RunnerId(0))?;
     /// let view = cap.take(req)?;
-    /// cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&view, 2.0), 5))?;
+    /// cap.stream_capture(&pool, |s| sim.launch(s, sim::Kernel::fill(&view, 2.0), 5))?;
     /// cap.finish()?;
     /// let mut replayable = capturing.seal()?;
     /// let main_grad = sim.alloc_f32(64)?;
     /// replayable.replay(RunnerId(0), &pool)?;
-    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &main_grad), 50))?;
+    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, sim::Kernel::add(&v[0], &main_grad), 50))?;
     /// replayable.wait_for(RunnerId(0), &optimizer)?; // after the consumer's add
-    /// sim.launch(&optimizer, sim::Op::scale(&main_grad, 0.5), 1)?;
+    /// sim.launch(&optimizer, sim::Kernel::scale(&main_grad, 0.5), 1)?;
     /// assert!(sim.hazards().is_empty());
     /// # Ok::<(), replay_arena::Error>(())
     /// ```
@@ -845,7 +844,7 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     /// for r in 0..2 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let v = cap.take(req)?;
-    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 10))?;
+    ///     cap.stream_capture(&pool, |s| sim.launch(s, sim::Kernel::fill(&v, 1.0), 10))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -853,7 +852,7 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     ///
     /// replayable.start_trace()?;
     /// replayable.replay(RunnerId(0), &pool)?;
-    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &main), 4))?;
+    /// replayable.consume(RunnerId(0), &side, |s, v| sim.launch(s, sim::Kernel::add(&v[0], &main), 4))?;
     /// replayable.replay(RunnerId(1), &pool)?; // waits for the consumer on `side`
     /// let trace = replayable.finish_trace()?;
     ///
@@ -930,16 +929,14 @@ fn views_of<'p, 'v, A: Arena>(
         .enumerate()
         .filter_map(move |(i, &request)| {
             let place = plan.place(slot, i)?;
-            Some(View {
-                addr: arenas.get(place.arena)?.base() + place.offset,
-                arena: place.arena,
-                offset: place.offset,
+            Some(View::new(
+                arenas.get(place.arena)?.base() + place.offset,
+                place.arena,
+                place.offset,
                 request,
-                runner: r.id(),
-                scope: 0,
-                read_only: false,
-                handoff: None,
-                _owner: std::marker::PhantomData,
-            })
+                r.id(),
+                0,
+                None,
+            ))
         })
 }

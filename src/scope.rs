@@ -81,7 +81,7 @@ pub(crate) enum ScopeKind {
 /// Every [`View`] handed out by [`RunnerCapture::take`](crate::RunnerCapture::take)
 /// or passed to a [`Replayable::consume`](crate::Replayable::consume) closure
 /// names the scope it belongs to; the scope is *open* only while that closure
-/// runs. Backends check a view against its scope at each use (a `sim` op, a
+/// runs. Backends check a view against its scope at each use (a `sim` kernel, a
 /// typed cudarc view, a reduce-scatter), so a view cannot put work on
 /// another plan's graph, on a stream the fence does not follow, or after its
 /// closure returned; and a reader's views cannot be written.

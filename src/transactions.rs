@@ -81,9 +81,9 @@ fn plan(sim: &sim::Device, g: usize) -> Replayable<sim::Device> {
         let staged = (r == 0).then(|| cap.take(input).unwrap());
         cap.stream_capture(&s, |s| {
             if let Some(input) = &staged {
-                sim.launch(s, sim::Op::copy(input, &view), 3)?;
+                sim.launch(s, sim::Kernel::copy(input, &view), 3)?;
             }
-            sim.launch(s, sim::Op::fill(&view, r as f32), 5)
+            sim.launch(s, sim::Kernel::fill(&view, r as f32), 5)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -102,7 +102,7 @@ fn kept(sim: &sim::Device, rp: &mut Replayable<sim::Device>) -> KeptStep<sim::De
             .unwrap();
     }
     step.consume(RunnerId(RUNNERS - 1), &c, |s, v| {
-        sim.launch(s, sim::Op::copy(&v[0], &sink), 4)
+        sim.launch(s, sim::Kernel::copy(&v[0], &sink), 4)
     })
     .unwrap();
     step.build().unwrap().keep()
@@ -126,13 +126,13 @@ fn run(g: usize, ops: Vec<(Op, Option<(Call, u64)>)>) -> Result<(), TestCaseErro
             Op::Consume(r, st) => rp
                 .consume(RunnerId(*r), &streams[*st], |s, v| {
                     ran.set(true);
-                    sim.launch(s, sim::Op::copy(&v[0], &sinks[*st]), 4)
+                    sim.launch(s, sim::Kernel::copy(&v[0], &sinks[*st]), 4)
                 })
                 .is_err(),
             Op::Stage(s) => rp
                 .consume_mut(RunnerId(0), &streams[*s], |s, v| {
                     ran.set(true);
-                    sim.launch(s, sim::Op::fill(&v[1], 7.0), 2)
+                    sim.launch(s, sim::Kernel::fill(&v[1], 7.0), 2)
                 })
                 .is_err(),
             Op::WaitFor(r, s) => rp.wait_for(RunnerId(*r), &streams[*s]).is_err(),

@@ -93,8 +93,6 @@ pub struct View<'a, A: Access = ReadWrite> {
     /// The capture or consumer whose closure may use it on the device (0:
     /// none, a view for reading addresses only).
     pub(crate) scope: u64,
-    /// A handoff its reader received: the capture may only read it.
-    pub(crate) read_only: bool,
     /// The handoff it is, if any: unusable once its writer marked it ready.
     pub(crate) handoff: Option<u32>,
     pub(crate) _owner: PhantomData<(&'a (), A)>,
@@ -107,6 +105,7 @@ pub(crate) struct ViewTag {
     pub(crate) scope: u64,
     pub(crate) request: Request,
     pub(crate) runner: RunnerId,
+    /// The view's [`Access::READ_ONLY`]: the type-erased form of its access.
     pub(crate) read_only: bool,
     pub(crate) handoff: Option<u32>,
 }
@@ -119,20 +118,47 @@ impl<'a> View<'a, ReadWrite> {
 }
 
 impl<'a, A: Access> View<'a, A> {
+    /// The one place a view is built: `request`'s elements at `addr`, byte
+    /// `offset` of arena `arena`, owned by `runner`, usable on the device in
+    /// scope `scope` (0: none), the handoff `handoff` if it is one.
+    pub(crate) fn new(
+        addr: u64,
+        arena: usize,
+        offset: u64,
+        request: Request,
+        runner: RunnerId,
+        scope: u64,
+        handoff: Option<u32>,
+    ) -> Self {
+        View {
+            addr,
+            arena,
+            offset,
+            request,
+            runner,
+            scope,
+            handoff,
+            _owner: PhantomData,
+        }
+    }
+
     /// The same view with another access: crate-internal, where the scope
     /// it is handed to decides.
     pub(crate) fn with_access<B: Access>(self) -> View<'a, B> {
-        View {
-            addr: self.addr,
-            arena: self.arena,
-            offset: self.offset,
-            request: self.request,
-            runner: self.runner,
-            scope: self.scope,
-            read_only: self.read_only,
-            handoff: self.handoff,
-            _owner: PhantomData,
-        }
+        self.in_scope(self.scope)
+    }
+
+    /// The same view in scope `scope`, with access `B` (a consumer's copy).
+    pub(crate) fn in_scope<B: Access>(self, scope: u64) -> View<'a, B> {
+        View::new(
+            self.addr,
+            self.arena,
+            self.offset,
+            self.request,
+            self.runner,
+            scope,
+            self.handoff,
+        )
     }
 
     /// `views` with another access, without copying them.
@@ -151,7 +177,7 @@ impl<'a, A: Access> View<'a, A> {
             scope: self.scope,
             request: self.request,
             runner: self.runner,
-            read_only: self.read_only,
+            read_only: A::READ_ONLY,
             handoff: self.handoff,
         }
     }
@@ -200,9 +226,10 @@ impl<'a, A: Access> View<'a, A> {
     /// Whether work may only read it: a [`ReadOnly`] view (a handoff its
     /// reader received with
     /// [`RunnerCapture::receive`](crate::RunnerCapture::receive), a
-    /// consumer's view), or a view narrowed from one.
+    /// consumer's view, a view narrowed with [`View::read_only`]). The
+    /// access type says it; this is the same answer at run time.
     pub fn is_read_only(&self) -> bool {
-        A::READ_ONLY || self.read_only
+        A::READ_ONLY
     }
 
     /// The runner that owns it (for a handoff, the runner whose capture
@@ -268,12 +295,15 @@ impl<'a, A: Access> View<'a, A> {
         let skip = range.start as u64 * self.request.dtype.size_bytes();
         let mut request = self.request;
         request.elements = (range.end - range.start) as u64;
-        Ok(View {
-            addr: self.addr + skip,
-            offset: self.offset + skip,
+        Ok(View::new(
+            self.addr + skip,
+            self.arena,
+            self.offset + skip,
             request,
-            ..*self
-        })
+            self.runner,
+            self.scope,
+            self.handoff,
+        ))
     }
 
     /// The first `mid` elements and the rest, as two views (see
@@ -322,7 +352,7 @@ pub struct SliceError {
 /// let cap = capturing.capture(RunnerId(0))?;
 /// let view = cap.take(q)?;
 /// // Outside its `stream_capture` closure, the view is refused.
-/// let err = sim.launch(&sim.stream(), sim::Op::fill(&view, 1.0), 1).unwrap_err();
+/// let err = sim.launch(&sim.stream(), sim::Kernel::fill(&view, 1.0), 1).unwrap_err();
 /// assert!(matches!(
 ///     err,
 ///     BackendError::InvalidView { reason: Misuse::OutsideClosure { runner: RunnerId(0), .. } }

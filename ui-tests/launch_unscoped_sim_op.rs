@@ -3,7 +3,7 @@
 use replay_arena::sim::{self, Span};
 
 fn raw(sim: &sim::Device, stream: &sim::Stream, addr: u64) {
-    let _ = sim.launch_unscoped(stream, sim::Op::fill(&Span::new(addr, 4), 1.0), 1);
+    let _ = sim.launch_unscoped(stream, sim::Kernel::fill(&Span::new(addr, 4), 1.0), 1);
 }
 
 fn main() {}

@@ -4,5 +4,5 @@ use replay_arena::sim;
 
 fn main() {
     let host = vec![0.0f32; 4];
-    let _op = sim::Op::fill(&host, 1.0);
+    let _op = sim::Kernel::fill(&host, 1.0);
 }

@@ -1312,7 +1312,7 @@ fn nccl_raw(
     match code {
         nc::ncclResult_t::ncclSuccess => Ok(()),
         code => Err(BackendError::Nccl {
-            op: "ncclReduceScatter",
+            call: "ncclReduceScatter",
             code,
         }
         .into()),

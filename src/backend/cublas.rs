@@ -81,7 +81,7 @@ pub unsafe fn bind_workspace(
     check_workspace(ptr, bytes)?;
     // SAFETY: the caller upholds `CudaBlas::set_stream`'s contract (above).
     unsafe { blas.set_stream(stream.cudarc().clone()) }.map_err(|e| BackendError::Cublas {
-        op: "cublasSetStream",
+        call: "cublasSetStream",
         status: e.0,
     })?;
     // SAFETY: `ptr` addresses `bytes` bytes of device memory, aligned as
@@ -202,7 +202,7 @@ pub unsafe fn with_workspace_raw<R, E: From<BackendError>>(
 fn check_workspace(ptr: u64, bytes: usize) -> Result<(), BackendError> {
     if ptr == 0 && bytes > 0 {
         return Err(BackendError::Refused {
-            op: "cublasSetWorkspace",
+            call: "cublasSetWorkspace",
             reason: format!(
                 "the workspace of {bytes} bytes has no address on this stream (a plan's typed \
                  view works only inside its own `stream_capture` or `consume` closure, on that \
@@ -212,7 +212,7 @@ fn check_workspace(ptr: u64, bytes: usize) -> Result<(), BackendError> {
     }
     if ptr % WORKSPACE_ALIGNMENT != 0 {
         return Err(BackendError::Refused {
-            op: "cublasSetWorkspace",
+            call: "cublasSetWorkspace",
             reason: format!(
                 "a cuBLAS workspace must be {WORKSPACE_ALIGNMENT}-byte aligned; this one is at {ptr:#x}"
             ),

@@ -174,7 +174,7 @@ impl Communicator {
         require_nccl()?;
         if size == 0 || rank >= size {
             return Err(BackendError::Refused {
-                op: "ncclCommInitRank",
+                call: "ncclCommInitRank",
                 reason: format!("rank {rank} of a communicator of size {size}"),
             });
         }
@@ -240,7 +240,7 @@ impl Communicator {
         let ranks = comm.all_gather_u64(rank as u64)?;
         if ranks != (0..size as u64).collect::<Vec<_>>() {
             return Err(BackendError::Refused {
-                op: "ncclCommInitRank",
+                call: "ncclCommInitRank",
                 reason: format!("{group}: ranks reported {ranks:?}, expected 0..{size}"),
             });
         }
@@ -444,7 +444,7 @@ fn bind(backend: &cuda::Device) -> Result<()> {
         .context()
         .bind_to_thread()
         .map_err(|e| BackendError::Driver {
-            op: "cuCtxSetCurrent",
+            call: "cuCtxSetCurrent",
             code: e.0,
         })
 }
@@ -492,7 +492,7 @@ impl Window {
         let inner = &comm.inner;
         bind(&inner.cuda)?;
         let len = usize::try_from(bytes).map_err(|_| BackendError::Refused {
-            op: "ncclMemAlloc",
+            call: "ncclMemAlloc",
             reason: format!("{bytes} bytes exceed the address space"),
         })?;
         let ptr = result::mem::alloc(len)?;
@@ -503,7 +503,7 @@ impl Window {
                 .and_then(|window| {
                     if window.is_null() {
                         Err(BackendError::Refused {
-                            op: "ncclCommWindowRegister",
+                            call: "ncclCommWindowRegister",
                             reason: format!(
                                 "returned success but a null window for {bytes} bytes on {}",
                                 inner.group

@@ -85,7 +85,7 @@ pub trait Timing: Streams<Event: Send> {
     /// does not time graph nodes (the default).
     fn new_node_mark(&self) -> Result<Self::Event, BackendError> {
         Err(BackendError::Refused {
-            op: "node mark",
+            call: "node mark",
             reason: "this backend does not time the nodes of a graph".into(),
         })
     }
@@ -101,7 +101,7 @@ pub trait Timing: Streams<Event: Send> {
     fn node_mark_us(&self, origin: &Self::Mark, event: &Self::Event) -> Result<f64, BackendError> {
         let _ = (origin, event);
         Err(BackendError::Refused {
-            op: "node mark",
+            call: "node mark",
             reason: "this backend does not time the nodes of a graph".into(),
         })
     }

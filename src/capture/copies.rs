@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::{CaptureError, CaptureFailure, RunnerCapture, StreamCaptureError};
 use crate::backend::Backend;
+use crate::failure::Operation;
 use crate::vocab::HandoffId;
 
 /// A step copy: a second capture of an allocating runner's work, for one
@@ -70,8 +71,8 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// cap.stream_capture_repeatable(&stream, |s| {
     ///     runs += 1;
     ///     let tmp = sim.alloc_async(s, 64)?; // a temporary: an allocation node
-    ///     sim.launch(s, sim::Op::fill(&tmp, 2.0), 5)?;
-    ///     sim.launch(s, sim::Op::copy(&tmp, &out), 5)?;
+    ///     sim.launch(s, sim::Kernel::fill(&tmp, 2.0), 5)?;
+    ///     sim.launch(s, sim::Kernel::copy(&tmp, &out), 5)?;
     ///     sim.free_async(s, &tmp)
     /// })?;
     /// cap.finish()?;
@@ -133,7 +134,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
                 return Ok(());
             }
             Err(error) => {
-                let error = CaptureError::Backend { runner, error };
+                let error = CaptureError::Backend(Operation::Capture(runner).failed(error));
                 *self.failure.borrow_mut() = Some(CaptureFailure::Check(Box::new(error.clone())));
                 return Err(error.into());
             }

@@ -232,7 +232,7 @@ fn moved_consumers<B: Compose>(
                 if !t.is_empty() {
                     if overlapping {
                         return Err(failed(BackendError::Refused {
-                            op: "overlapping step graphs",
+                            call: "overlapping step graphs",
                             reason: "this consumer's graph allocates temporaries, which go \
                                      into one graph only (moved); build one step graph, or \
                                      give the consumer plan memory"
@@ -288,7 +288,7 @@ fn split_writers<B: Compose>(
                 let at = r.fence.handoff_slot(h);
                 if !marks.contains(&at) {
                     return Err(failed(BackendError::Refused {
-                        op: "step graph",
+                        call: "step graph",
                         reason: "its step copies were cut at a handoff it does not mark ready"
                             .into(),
                     })
@@ -438,7 +438,7 @@ fn run_dry<B: Compose>(
     let Some((deps, cross)) = kept.pop().filter(|_| steady) else {
         return Err(Operation::StepBuild
             .failed(BackendError::Refused {
-                op: "step graph",
+                call: "step graph",
                 reason: "the fence's waits for the schedule did not settle into a steady state"
                     .into(),
             })
@@ -559,7 +559,7 @@ fn compose<B: Compose>(
                             Operation::StepBuild,
                             name,
                             BackendError::Refused {
-                                op: "step graph",
+                                call: "step graph",
                                 reason: "no step copy left (in as many parts as scheduled)".into(),
                             },
                         )
@@ -595,7 +595,7 @@ fn compose<B: Compose>(
                             Operation::StepBuild,
                             names[n],
                             BackendError::Refused {
-                                op: "step graph",
+                                call: "step graph",
                                 reason: "the consumer's graph went into an earlier graph".into(),
                             },
                         )

@@ -316,7 +316,7 @@ impl<B: Compose> Tracing<B> {
         x: usize,
     ) -> Result<B::Graph, BackendError> {
         let refused = |reason: &str| BackendError::Refused {
-            op: "traced step graph",
+            call: "traced step graph",
             reason: reason.into(),
         };
         let mut nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(self.nodes.len());

@@ -69,7 +69,7 @@ pub fn r(i: u32) -> RunnerId {
 pub fn fill_plan(sim: &sim::Device, runners: u32, g: usize) -> Replayable<sim::Device> {
     let capturing = allocate_discovered(sim, one_each(runners, Q), Policy::Generations(g));
     seal_each(capturing, runners, Q, &sim.stream(), |i, s, view| {
-        sim.launch(s, sim::Op::fill(view, (i + 1) as f32), 20)
+        sim.launch(s, sim::Kernel::fill(view, (i + 1) as f32), 20)
     })
 }
 
@@ -82,7 +82,7 @@ pub fn copy_out(
     sink: &sim::HostBuffer,
 ) -> Result<(), ConsumeError<replay_arena::BackendError>> {
     rp.consume(runner, s, |s, v| {
-        sim.launch(s, sim::Op::copy(&v[0], sink), 30)
+        sim.launch(s, sim::Kernel::copy(&v[0], sink), 30)
     })
 }
 
@@ -113,8 +113,10 @@ pub fn two_step<'r>(
     let mut step = rp.step();
     for i in 0..2 {
         step.replay(r(i), a).unwrap();
-        step.consume(r(i), b, |s, v| sim.launch(s, sim::Op::add(&v[0], sink), 10))
-            .unwrap();
+        step.consume(r(i), b, |s, v| {
+            sim.launch(s, sim::Kernel::add(&v[0], sink), 10)
+        })
+        .unwrap();
     }
     step
 }
@@ -143,7 +145,7 @@ pub fn assert_nodes_inside_launches(t: &Trace) {
 /// names `reason`.
 pub fn refused(reason: &str) -> replay_arena::Error {
     replay_arena::Error::Backend(replay_arena::BackendError::Refused {
-        op: "test",
+        call: "test",
         reason: reason.into(),
     })
 }

@@ -88,7 +88,7 @@ pub fn filled_plan(
     let capture = sim.stream();
     let capturing = planned.allocate(sim.clone()).unwrap();
     let replayable = seal_each(capturing, n, req, &capture, |r, s, view| {
-        sim.launch(s, sim::Op::fill(view, r as f32), fill_ticks(r))
+        sim.launch(s, sim::Kernel::fill(view, r as f32), fill_ticks(r))
     });
     (sim, replayable)
 }

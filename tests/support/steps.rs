@@ -219,23 +219,23 @@ pub mod overlap {
             let (count, sink) = (&counts[r], &sinks[r]);
             cap.step_copies(shape.copies);
             cap.stream_capture_repeatable(&lanes[0], |s| {
-                sim.launch(s, sim::Op::add(&one, count), 1)?;
+                sim.launch(s, sim::Kernel::add(&one, count), 1)?;
                 if let Some(input) = &input {
-                    sim.launch(s, sim::Op::add(input, sink), duration)?;
+                    sim.launch(s, sim::Kernel::add(input, sink), duration)?;
                 }
                 if let Some((h, out)) = &output {
-                    sim.launch(s, sim::Op::copy(count, out), 2)?;
+                    sim.launch(s, sim::Kernel::copy(count, out), 2)?;
                     if ready {
                         cap.ready(*h, s)?;
                     }
                 }
                 if temporary {
                     let t = sim.alloc_async(s, N)?;
-                    sim.launch(s, sim::Op::copy(count, &t), 1)?;
-                    sim.launch(s, sim::Op::copy(&t, &own), duration)?;
+                    sim.launch(s, sim::Kernel::copy(count, &t), 1)?;
+                    sim.launch(s, sim::Kernel::copy(&t, &own), duration)?;
                     sim.free_async(s, &t)?;
                 } else {
-                    sim.launch(s, sim::Op::copy(count, &own), duration)?;
+                    sim.launch(s, sim::Kernel::copy(count, &own), duration)?;
                 }
                 Ok::<(), replay_arena::Error>(())
             })
@@ -267,11 +267,11 @@ pub mod overlap {
             if writes {
                 // every view it is handed (a handed-off or received view too)
                 for x in v {
-                    sim.launch(st, sim::Op::add(one, x), 1)?;
+                    sim.launch(st, sim::Kernel::add(one, x), 1)?;
                 }
             }
-            sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
-            sim.launch(st, sim::Op::add(&v[0], shared), 1)?;
+            sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
+            sim.launch(st, sim::Kernel::add(&v[0], shared), 1)?;
             Ok(())
         }
     }
@@ -664,7 +664,7 @@ pub mod overlap {
 
     pub fn test_err(why: &str) -> replay_arena::Error {
         replay_arena::Error::Backend(replay_arena::BackendError::Refused {
-            op: "test",
+            call: "test",
             reason: why.into(),
         })
     }
@@ -702,8 +702,8 @@ pub mod overlap {
         v: &replay_arena::View<'_>,
     ) -> replay_arena::Result<()> {
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
-        sim.launch(s, sim::Op::copy(&t, v), 1)?;
+        sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::copy(&t, v), 1)?;
         sim.free_async(s, &t)?;
         Ok(())
     }
@@ -719,7 +719,7 @@ pub mod overlap {
         let mut other = planned.allocate(sim.clone()).unwrap();
         crate::support::capture_view(&mut other, RunnerId(7), OWN, stream, |s, v| {
             inside(s);
-            sim.launch(s, sim::Op::fill(&v, 2.0), 1)
+            sim.launch(s, sim::Kernel::fill(&v, 2.0), 1)
         });
     }
 }
@@ -750,7 +750,7 @@ pub mod kept {
         let s: Vec<sim::Stream> = (0..6).map(|_| sim.stream()).collect();
         let capturing = planned.allocate(sim.clone()).unwrap();
         let replayable = crate::support::seal_each(capturing, n, REQ, &s[0], |r, st, v| {
-            sim.launch(st, sim::Op::fill(v, (r + 1) as f32), dur)
+            sim.launch(st, sim::Kernel::fill(v, (r + 1) as f32), dur)
         });
         Setup { replayable, sim, s }
     }
@@ -795,8 +795,8 @@ pub mod kept {
             let c = &counts[r as usize];
             let d = durs[r as usize % durs.len()];
             cap.stream_capture(&lanes[0], |st| {
-                sim.launch(st, sim::Op::add(&one, c), 1)?;
-                sim.launch(st, sim::Op::copy(c, &v), d)
+                sim.launch(st, sim::Kernel::add(&one, c), 1)?;
+                sim.launch(st, sim::Kernel::copy(c, &v), d)
             })
             .unwrap();
             cap.finish().unwrap();
@@ -821,7 +821,7 @@ pub mod kept {
                 let (sim, acc) = (w.sim.clone(), &w.accs[a]);
                 w.rep
                     .consume(RunnerId(r), &w.lanes[l], |st, v| {
-                        sim.launch(st, sim::Op::add(&v[0], acc), 7)
+                        sim.launch(st, sim::Kernel::add(&v[0], acc), 7)
                     })
                     .map_err(|e| format!("{e:?}"))
             }
@@ -842,7 +842,7 @@ pub mod kept {
                 It::C(r, l, a) => {
                     let (sim, acc) = (w.sim.clone(), &w.accs[a]);
                     step.consume(RunnerId(r), &w.lanes[l], |st, v| {
-                        sim.launch(st, sim::Op::add(&v[0], acc), 7)
+                        sim.launch(st, sim::Kernel::add(&v[0], acc), 7)
                     })
                     .unwrap();
                 }
@@ -918,13 +918,13 @@ pub mod plans {
         {
             let c = cap.capture(RunnerId(0))?;
             let v = c.take(req(64))?;
-            c.stream_capture(s, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5))?;
+            c.stream_capture(s, |s| sim.launch(s, sim::Kernel::fill(&v, 1.0), 5))?;
             c.finish()?;
         }
         let c = cap.capture(RunnerId(1))?;
         c.stream_capture(s, |s| {
             let t = sim.alloc_async(s, 64)?;
-            sim.launch(s, sim::Op::fill(&t, 5.0), 50)?;
+            sim.launch(s, sim::Kernel::fill(&t, 5.0), 50)?;
             sim.free_async(s, &t)
         })?;
         c.finish()?;
@@ -974,7 +974,7 @@ pub mod fence {
         let runners = vec![&[F32_64][..]; n as usize];
         let (sim, stream, capturing) = allocated(&runners, policy);
         let replayable = crate::support::seal_each(capturing, n, F32_64, &stream, |r, s, view| {
-            sim.launch(s, sim::Op::fill(view, r as f32 + 5.0), ticks)
+            sim.launch(s, sim::Kernel::fill(view, r as f32 + 5.0), ticks)
         });
         (sim, replayable)
     }
@@ -986,7 +986,7 @@ pub mod fence {
         value: f32,
     ) -> Replayable<sim::Device> {
         crate::support::seal_each(on_sim(sim, &[F32_64]), 1, F32_64, stream, |_, s, v| {
-            sim.launch(s, sim::Op::fill(v, value), 10)
+            sim.launch(s, sim::Kernel::fill(v, value), 10)
         })
     }
 }

@@ -23,7 +23,7 @@ pub(super) type CublasResult<T> = std::result::Result<T, BackendError>;
 fn check<T>(op: &'static str, status: sys::cublasStatus_t, value: T) -> CublasResult<T> {
     match status {
         sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(value),
-        status => Err(BackendError::Cublas { op, status }),
+        status => Err(BackendError::Cublas { call: op, status }),
     }
 }
 

@@ -3,8 +3,8 @@
 //! handle of a CUDA device ([`AsDevice`]: `cuda::Device`, and the `nccl`
 //! backend, which only allocates differently).
 
+use super::device::{capturing, Device, Event, Stream};
 use super::graph::Graph;
-use super::handles::{capturing, Device, Event, Stream};
 use super::memory::Memory;
 use super::result;
 use super::{driver_error, sys, Result};
@@ -190,7 +190,7 @@ impl<D: AsDevice> Capture for D {
         self.as_device().bind()?;
         if !capturing(raw)? {
             return Err(BackendError::Refused {
-                op: "cuEventRecordWithFlags",
+                call: "cuEventRecordWithFlags",
                 reason:
                     "an event record node is made inside a capture; the stream is not capturing"
                         .into(),

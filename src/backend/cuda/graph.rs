@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use super::handles::{Device, Event};
+use super::device::{Device, Event};
 use super::result::{self, AddNodeV2, NodeGetDependencies};
 use super::{sys, Result};
 use crate::backend::{BackendError, Cut, GraphMemory, NodeGraph, StepEnd, StepNode};
@@ -118,7 +118,7 @@ impl Device {
     /// As [`Capture::end_capture`](crate::backend::Capture::end_capture).
     pub(super) unsafe fn end_stamped(
         &self,
-        stream: &super::handles::Stream,
+        stream: &super::device::Stream,
     ) -> Result<(sys::CUgraph, sys::CUstream)> {
         let raw = stream.raw("cuStreamEndCapture")?;
         self.bind()?;
@@ -127,7 +127,7 @@ impl Device {
         let graph = unsafe { result::stream::end_capture(raw) }?;
         if graph.is_null() {
             return Err(BackendError::Refused {
-                op: "cuStreamEndCapture",
+                call: "cuStreamEndCapture",
                 reason: "the capture produced no graph".into(),
             });
         }
@@ -301,7 +301,7 @@ impl Device {
     ) -> Result<()> {
         if depth > 64 {
             return Err(BackendError::Refused {
-                op: "graph inspection",
+                call: "graph inspection",
                 reason: "child graphs nest more than 64 deep".into(),
             });
         }
@@ -429,7 +429,7 @@ impl Device {
             return Ok(());
         }
         Err(BackendError::Refused {
-            op: "step graph",
+            call: "step graph",
             reason: format!(
                 "the graph has memory nodes ({} allocation(s), {} free(s) of temporaries), which \
                  the driver does not clone into a child graph; replay this runner per runner, or \
@@ -468,7 +468,7 @@ impl Device {
     ) -> std::result::Result<(), BackendError> {
         if depth > 64 {
             return Err(BackendError::Refused {
-                op: "graph inspection",
+                call: "graph inspection",
                 reason: "child graphs nest more than 64 deep".into(),
             });
         }
@@ -535,7 +535,7 @@ impl Device {
         }
         let Some((at, before, which)) = best else {
             return Err(BackendError::Refused {
-                op: "split graph",
+                call: "split graph",
                 reason: "the graph records none of the events".into(),
             });
         };
@@ -628,7 +628,7 @@ impl Device {
                 .collect::<Option<Vec<_>>>();
             let Some(mut deps) = deps else {
                 return Err(BackendError::Refused {
-                    op: "cuGraphAddChildGraphNode",
+                    call: "cuGraphAddChildGraphNode",
                     reason: "a node depends on a node that is not before it".into(),
                 });
             };
@@ -649,7 +649,7 @@ impl Device {
                 }
                 NodeGraph::Move(mut g) => {
                     let add = add_moved.ok_or_else(|| BackendError::Refused {
-                        op: "cuGraphAddNode_v2",
+                        call: "cuGraphAddNode_v2",
                         reason: "no entry point for moved child graphs".into(),
                     })?;
                     if !g.handles.exec.is_null() {
@@ -708,7 +708,7 @@ impl Device {
             || graph.records.iter().any(Vec::is_empty)
         {
             return Err(BackendError::Refused {
-                op: "retarget records",
+                call: "retarget records",
                 reason: "not a composed graph that records an event after each of these nodes"
                     .into(),
             });
@@ -732,7 +732,7 @@ impl Device {
         let version = result::driver_version()?;
         if version < 12090 {
             return Err(BackendError::Refused {
-                op: "step graph",
+                call: "step graph",
                 reason: format!(
                     "a graph with temporaries (memory nodes) goes into a step graph only moved, \
                      which needs a CUDA 12.9 or later driver; this driver is CUDA {}.{}: replay \
@@ -743,7 +743,7 @@ impl Device {
             });
         }
         AddNodeV2::get().ok_or_else(|| BackendError::Refused {
-            op: "step graph",
+            call: "step graph",
             reason: "the driver exports no cuGraphAddNode_v2, which moves a graph with \
                      temporaries into a step graph"
                 .into(),
@@ -760,7 +760,7 @@ fn nodes_of(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
 /// The nodes `node` depends on.
 fn deps_of(node: sys::CUgraphNode) -> Result<Vec<sys::CUgraphNode>> {
     let f = NodeGetDependencies::get().ok_or_else(|| BackendError::Refused {
-        op: "cuGraphNodeGetDependencies",
+        call: "cuGraphNodeGetDependencies",
         reason: "the driver exports neither cuGraphNodeGetDependencies_v2 nor cuGraphNodeGetDependencies".into(),
     })?;
     // SAFETY: a node of a live graph (every caller's node is).

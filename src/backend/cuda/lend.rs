@@ -13,8 +13,8 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
+use super::device::{capturing, Stream};
 use super::element::Element;
-use super::handles::{capturing, Stream};
 use super::memory::note_lent;
 use super::typed_view::typed;
 use super::{sys, Result};
@@ -83,7 +83,7 @@ fn lend_address<T: Element, A: Access>(
     let scope = check_lend::<T, A>(view, stream, write)?;
     if view.domain() != Domain::Device {
         return Err(BackendError::Refused {
-            op: "lend a cudarc view",
+            call: "lend a cudarc view",
             reason: format!(
                 "{} of {} is in {}: only device-domain views are lent as cudarc views (use \
                  `as_cuda` for symmetric ones)",
@@ -144,7 +144,7 @@ fn same_length<A: Access>(view: &View<'_, A>, other: usize, op: &'static str) ->
         return Ok(());
     }
     Err(BackendError::Refused {
-        op,
+        call: op,
         reason: format!(
             "{} of {} has {} elements, the program's buffer {other}: a copy between a view and \
              a buffer needs equal lengths (slice the longer one)",

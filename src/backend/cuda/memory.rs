@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::handles::Device;
+use super::device::Device;
 use super::result;
 use super::{sys, Result, ARENA_ALIGNMENT};
 use crate::backend::{Arena, ArenaDesc, BackendError};
@@ -118,7 +118,7 @@ impl Device {
                 result::mem::alloc(padded)
             }
         };
-        let raw = allocated.map_err(|result::DriverError { op, code }| {
+        let raw = allocated.map_err(|result::DriverError { call: op, code }| {
             failed(format!("{op} of {padded} bytes returned {code:?}"))
         })?;
         let base = align_up(raw, ARENA_ALIGNMENT).unwrap_or(raw);

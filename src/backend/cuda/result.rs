@@ -27,7 +27,7 @@ use crate::backend::BackendError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct DriverError {
     /// The entry point, as errors name it (`cuGraphLaunch`).
-    pub(super) op: &'static str,
+    pub(super) call: &'static str,
     /// What it returned.
     pub(super) code: sys::CUresult,
 }
@@ -35,7 +35,7 @@ pub(super) struct DriverError {
 impl From<DriverError> for BackendError {
     fn from(e: DriverError) -> BackendError {
         BackendError::Driver {
-            op: e.op,
+            call: e.call,
             code: e.code,
         }
     }
@@ -56,7 +56,7 @@ pub(super) type DriverResult<T> = std::result::Result<T, DriverError>;
 fn check<T>(op: &'static str, code: sys::CUresult, value: T) -> DriverResult<T> {
     match code {
         sys::CUresult::CUDA_SUCCESS => Ok(value),
-        code => Err(DriverError { op, code }),
+        code => Err(DriverError { call: op, code }),
     }
 }
 

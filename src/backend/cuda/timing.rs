@@ -5,7 +5,7 @@
 //! node).
 
 use super::backend::AsDevice;
-use super::handles::{Event, Stream};
+use super::device::{Event, Stream};
 use super::result;
 use super::{driver_error, sys, Result};
 use crate::backend::Timing;

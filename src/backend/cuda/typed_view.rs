@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop};
 
+use super::device::{capturing, this_thread, Stream};
 use super::element::Element;
-use super::handles::{capturing, this_thread, Stream};
 use super::{sys, Result};
 use crate::backend::BackendError;
 use crate::scope::{check_use, read_only, retired, ScopeKind, SharedScope};
@@ -61,7 +61,7 @@ use crate::view::{Access, Misuse, NotSend, ReadWrite, View};
 /// cap.stream_capture(&stream, |s| {
 ///     let mut out = view.as_cuda::<f32>(s)?;  // DevicePtrMut<f32>
 ///     s.cudarc().memset_zeros(&mut out).map_err(|e| replay_arena::BackendError::Driver {
-///         op: "cuMemsetD8Async",
+///         call: "cuMemsetD8Async",
 ///         code: e.0,
 ///     })
 /// })?;

@@ -4,8 +4,8 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
+use super::device::Stream;
 use super::element::Element;
-use super::handles::Stream;
 use super::lend;
 use super::typed_view::{typed, TypedView};
 use super::Result;

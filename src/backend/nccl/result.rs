@@ -29,7 +29,7 @@ pub(super) type NcclResult<T> = std::result::Result<T, BackendError>;
 fn check<T>(op: &'static str, code: sys::ncclResult_t, value: T) -> NcclResult<T> {
     match code {
         sys::ncclResult_t::ncclSuccess => Ok(value),
-        code => Err(BackendError::Nccl { op, code }),
+        code => Err(BackendError::Nccl { call: op, code }),
     }
 }
 
@@ -241,7 +241,10 @@ pub(super) mod scratch {
     use crate::backend::BackendError;
 
     fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> BackendError {
-        move |e| BackendError::Driver { op, code: e.0 }
+        move |e| BackendError::Driver {
+            call: op,
+            code: e.0,
+        }
     }
 
     /// `cuMemAlloc` of `count` u64s in the current context; the buffer is

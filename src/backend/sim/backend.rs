@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::device::Device;
 use super::faults::Call;
-use super::graphs::{Graph, GraphMemory, SimStep, SimStepNode};
+use super::graph::{Graph, GraphMemory, SimStep, SimStepNode};
 use super::memory::Memory;
 use super::ops::Node;
 use super::streams::{Capture as OpenCapture, Event, EventState, Stream};

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::faults::{Call, FaultLog, Faults};
 use super::hazards::Hazard;
 use super::memory::HostBuffer;
-use super::ops::{AsSpan, Node, Op, Span};
+use super::ops::{AsSpan, Kernel, Node, Span};
 use super::streams::{Event, Stream, StreamState};
 use super::{lock, sim_error, Result, SimState, FOREIGN_EVENT, FOREIGN_STREAM};
 use crate::backend::Streams;
@@ -135,7 +135,7 @@ impl Device {
     /// not capturing, for a span outside every live allocation (or too long
     /// to address).
     #[track_caller]
-    pub fn launch(&self, stream: &Stream, op: Op, duration: u64) -> Result<()> {
+    pub fn launch(&self, stream: &Stream, op: Kernel, duration: u64) -> Result<()> {
         self.fault(Call::Kernel)?;
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();
@@ -186,7 +186,7 @@ impl Device {
     ///
     /// As [`Device::launch`], but for the view checks.
     #[track_caller]
-    pub unsafe fn launch_unscoped(&self, stream: &Stream, op: Op, duration: u64) -> Result<()> {
+    pub unsafe fn launch_unscoped(&self, stream: &Stream, op: Kernel, duration: u64) -> Result<()> {
         self.fault(Call::Kernel)?;
         let id = self.own(stream, "sim launch")?;
         let mut s = self.state();

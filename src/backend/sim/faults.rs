@@ -276,8 +276,8 @@ impl FaultState {
         let site = format!("{}:{}", at.file(), at.line());
         self.log.injected.push((index, call, site));
         Err(BackendError::Injected {
-            op: call.name(),
-            call: index,
+            call: call.name(),
+            index,
         })
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::ops::{AsSpan, Node, Op, Span};
+use super::ops::{AsSpan, Kernel, Node, Span};
 use super::{lock, sim_error, Result, SimState};
 use crate::backend::{Arena, BackendError};
 use crate::scope::check_use;
@@ -194,7 +194,7 @@ impl SimState {
     /// Refuses an op that touches a plan's arena where the fence cannot
     /// order it: through a view outside its closure or on another stream,
     /// or through a raw span.
-    pub(super) fn check_scope(&self, sid: u64, op: &Op) -> Result<()> {
+    pub(super) fn check_scope(&self, sid: u64, op: &Kernel) -> Result<()> {
         for (span, write) in op.accesses() {
             match &span.view {
                 Some(tag) => {

@@ -1,4 +1,4 @@
-//! The simulated kernels ([`Op`]) on spans of `f32` memory, and what they
+//! The simulated kernels ([`Kernel`]) on spans of `f32` memory, and what they
 //! do to it.
 
 use super::SimState;
@@ -56,8 +56,8 @@ impl Span {
 /// Anything that names simulated `f32` memory.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not memory of the `sim` backend",
-    label = "a sim op reads and writes sim memory",
-    note = "sim ops take a plan's `View`, a `sim::HostBuffer` (from `sim::Device::alloc_f32`) or a `sim::Span`"
+    label = "a sim kernel reads and writes sim memory",
+    note = "sim kernels take a plan's `View`, a `sim::HostBuffer` (from `sim::Device::alloc_f32`) or a `sim::Span`"
 )]
 pub trait AsSpan {
     /// The span.
@@ -88,12 +88,12 @@ impl<A: Access> AsSpan for View<'_, A> {
 }
 
 /// One simulated kernel: what [`Device::launch`](super::Device::launch)
-/// runs or captures. Memory nodes are no `Op`: only
+/// runs or captures. Memory nodes are no `Kernel`: only
 /// [`Device::alloc_async`](super::Device::alloc_async) and
 /// [`Device::free_async`](super::Device::free_async) put them in a graph,
 /// so the model knows every temporary a capture allocates and frees.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Op {
+pub enum Kernel {
     /// `dst[i] = value`.
     Fill {
         /// Written.
@@ -124,34 +124,34 @@ pub enum Op {
     },
 }
 
-impl Op {
+impl Kernel {
     /// `dst[i] = value`.
-    pub fn fill(dst: &impl AsSpan, value: f32) -> Op {
-        Op::Fill {
+    pub fn fill(dst: &impl AsSpan, value: f32) -> Kernel {
+        Kernel::Fill {
             dst: dst.span(),
             value,
         }
     }
 
     /// `dst[i] = src[i]` (over the shorter of the two).
-    pub fn copy(src: &impl AsSpan, dst: &impl AsSpan) -> Op {
-        Op::Copy {
+    pub fn copy(src: &impl AsSpan, dst: &impl AsSpan) -> Kernel {
+        Kernel::Copy {
             src: src.span(),
             dst: dst.span(),
         }
     }
 
     /// `dst[i] += src[i]` (over the shorter of the two).
-    pub fn add(src: &impl AsSpan, dst: &impl AsSpan) -> Op {
-        Op::Add {
+    pub fn add(src: &impl AsSpan, dst: &impl AsSpan) -> Kernel {
+        Kernel::Add {
             src: src.span(),
             dst: dst.span(),
         }
     }
 
     /// `dst[i] *= factor`.
-    pub fn scale(dst: &impl AsSpan, factor: f32) -> Op {
-        Op::Scale {
+    pub fn scale(dst: &impl AsSpan, factor: f32) -> Kernel {
+        Kernel::Scale {
             dst: dst.span(),
             factor,
         }
@@ -160,9 +160,9 @@ impl Op {
     /// (span, written?) for every span the op touches.
     pub(super) fn accesses(&self) -> Vec<(Span, bool)> {
         match *self {
-            Op::Fill { dst, .. } | Op::Scale { dst, .. } => vec![(dst, true)],
-            Op::Copy { src, dst } => vec![(src, false), (dst, true)],
-            Op::Add { src, dst } => vec![(src, false), (dst, true)],
+            Kernel::Fill { dst, .. } | Kernel::Scale { dst, .. } => vec![(dst, true)],
+            Kernel::Copy { src, dst } => vec![(src, false), (dst, true)],
+            Kernel::Add { src, dst } => vec![(src, false), (dst, true)],
         }
     }
 }
@@ -171,13 +171,13 @@ impl Op {
 /// kernel, or a memory node that a capture's
 /// [`Device::alloc_async`](super::Device::alloc_async) or
 /// [`Device::free_async`](super::Device::free_async) made. No call takes a
-/// `Node`: a program launches [`Op`]s, so a memory node it builds itself
+/// `Node`: a program launches [`Kernel`]s, so a memory node it builds itself
 /// never reaches a graph (the model's use-after-free check knows every
 /// free).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Node {
     /// A kernel.
-    Kernel(Op),
+    Kernel(Kernel),
     /// A graph memory allocation node, as stream-ordered allocation during
     /// capture creates in CUDA ([`Device::alloc_async`](super::Device::alloc_async)). Its address
     /// is fixed for the graph's life; a plan accepts the graph only when
@@ -214,10 +214,10 @@ impl Node {
 impl SimState {
     pub(super) fn apply(&mut self, node: Node) {
         match node {
-            Node::Kernel(Op::Fill { dst, value }) => self.binary(dst, dst, |_, _| value),
-            Node::Kernel(Op::Copy { src, dst }) => self.binary(src, dst, |_, s| s),
-            Node::Kernel(Op::Add { src, dst }) => self.binary(src, dst, |d, s| d + s),
-            Node::Kernel(Op::Scale { dst, factor }) => self.binary(dst, dst, |d, _| d * factor),
+            Node::Kernel(Kernel::Fill { dst, value }) => self.binary(dst, dst, |_, _| value),
+            Node::Kernel(Kernel::Copy { src, dst }) => self.binary(src, dst, |_, s| s),
+            Node::Kernel(Kernel::Add { src, dst }) => self.binary(src, dst, |d, s| d + s),
+            Node::Kernel(Kernel::Scale { dst, factor }) => self.binary(dst, dst, |d, _| d * factor),
             Node::Alloc { .. } | Node::Free { .. } => {}
         }
     }

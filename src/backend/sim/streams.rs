@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::clock::{merge, Access};
 use super::hazards::Hazard;
-use super::ops::{Node, Op};
+use super::ops::{Kernel, Node};
 use super::{lock, Result, SimState};
 
 /// A simulated stream. Cheap to clone; clones are the same stream. It knows
@@ -151,7 +151,7 @@ impl Ord for Pending {
 
 impl SimState {
     /// Submits one op to a stream that is not capturing.
-    pub(super) fn submit(&mut self, s: usize, op: Op, duration: u64) -> Result<()> {
+    pub(super) fn submit(&mut self, s: usize, op: Kernel, duration: u64) -> Result<()> {
         let op = Node::Kernel(op);
         let ranges = self.ranges(&op)?;
         self.submit_checked(s, op, ranges, duration);

@@ -64,14 +64,14 @@ impl Timing for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sim::Op;
+    use crate::backend::sim::Kernel;
 
     #[test]
     fn a_mark_is_the_streams_tail_on_the_clock() {
         let sim = Device::new();
         let (a, b) = (sim.stream(), sim.stream());
         let buf = sim.alloc_f32(4).unwrap();
-        sim.launch(&a, Op::fill(&buf, 1.0), 7).unwrap();
+        sim.launch(&a, Kernel::fill(&buf, 1.0), 7).unwrap();
         let origin = sim.origin().unwrap();
         let (mut at_a, mut at_b) = (sim.new_mark().unwrap(), sim.new_mark().unwrap());
         sim.take_mark(&mut at_a, &a).unwrap();
@@ -87,7 +87,7 @@ mod tests {
         let buf = sim.alloc_f32(4).unwrap();
         let origin = sim.origin().unwrap();
         let mark = sim.new_node_mark().unwrap();
-        sim.launch(&a, Op::fill(&buf, 1.0), 5).unwrap();
+        sim.launch(&a, Kernel::fill(&buf, 1.0), 5).unwrap();
         sim.record_event(&a, &mark).unwrap();
         assert_eq!(sim.node_mark_us(&origin, &mark).unwrap(), 5.0);
         assert!(sim

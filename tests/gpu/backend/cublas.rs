@@ -36,7 +36,7 @@ fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused()
         matches!(
             refused,
             Err(BackendError::Refused {
-                op: "cublasSetWorkspace",
+                call: "cublasSetWorkspace",
                 ..
             })
         ),
@@ -140,7 +140,7 @@ fn a_typed_view_with_no_address_on_the_stream_is_refused_as_a_workspace() {
     assert!(
         matches!(
             &refused,
-            Err(BackendError::Refused { op: "cublasSetWorkspace", reason }) if reason.contains("no address")
+            Err(BackendError::Refused { call: "cublasSetWorkspace", reason }) if reason.contains("no address")
         ),
         "{refused:?}"
     );

@@ -213,7 +213,7 @@ fn the_handle_is_put_back_after_a_failing_or_panicking_closure() {
             let mut ws = ws.as_cuda::<u8>(s)?;
             with_workspace(&handle, s, &mut ws, |_| {
                 Err(BackendError::Refused {
-                    op: "the framework's op",
+                    call: "the framework's op",
                     reason: "failed".into(),
                 }
                 .into())
@@ -261,7 +261,7 @@ fn the_handle_is_put_back_after_a_failing_or_panicking_closure() {
         matches!(
             refused,
             Err(replay_arena::Error::Backend(BackendError::Refused {
-                op: "cublasSetWorkspace",
+                call: "cublasSetWorkspace",
                 ..
             }))
         ),

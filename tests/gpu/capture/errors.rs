@@ -391,7 +391,7 @@ fn symmetric_domains_without_nccl_windows_are_a_typed_error() {
     let planned = discovery.plan(Policy::Generations(1)).unwrap();
     let e = match planned
         .allocate(g.backend.clone())
-        .map_err(replay_arena::AllocateFailed::into_error)
+        .map_err(|f| f.into_error().error)
     {
         Ok(_) => panic!("the cuda backend has no NCCL windows to allocate from"),
         Err(e) => e,

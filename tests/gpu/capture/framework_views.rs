@@ -330,14 +330,14 @@ fn lends_and_copies_refuse_what_a_typed_view_refuses() {
             assert!(matches!(
                 aux.copy_into(s, &mut short),
                 Err(BackendError::Refused {
-                    op: "copy_into",
+                    call: "copy_into",
                     ..
                 })
             ));
             assert!(matches!(
                 aux.copy_from(s, &short),
                 Err(BackendError::Refused {
-                    op: "copy_from",
+                    call: "copy_from",
                     ..
                 })
             ));

@@ -200,7 +200,10 @@ fn a_typed_view_kept_past_its_capture_reaches_no_memory() {
     cap.stream_capture(&stream, |s| {
         kept = Some(view.as_cuda::<f32>(s)?);
         d.spin_fill(s, view.device_address(), N as u32, 3.0, 0)
-            .map_err(|reason| BackendError::Refused { op: "test", reason })
+            .map_err(|reason| BackendError::Refused {
+                call: "test",
+                reason,
+            })
     })
     .unwrap();
     let mut kept = kept.unwrap();
@@ -235,12 +238,15 @@ fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_get
     first
         .consume_mut(RunnerId(0), &side, |s, views| {
             d.spin_fill(s, 0, 0, 0.0, SLOW)
-                .map_err(|reason| BackendError::Refused { op: "test", reason })?;
+                .map_err(|reason| BackendError::Refused {
+                    call: "test",
+                    reason,
+                })?;
             let mut typed = views[0].as_cuda::<f32>(s)?;
             s.cudarc()
                 .memcpy_htod(&sevens, &mut typed)
                 .map_err(|e| BackendError::Refused {
-                    op: "memcpy",
+                    call: "memcpy",
                     reason: format!("{e:?}"),
                 })
         })
@@ -430,7 +436,10 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     cap.stream_capture(&pool, |s| {
         d.spin_fill(s, send.device_address(), N as u32, 4.0, 0)
             .and_then(|()| d.spin_fill(s, recv.device_address(), N as u32, 0.0, 0))
-            .map_err(|reason| BackendError::Refused { op: "test", reason })
+            .map_err(|reason| BackendError::Refused {
+                call: "test",
+                reason,
+            })
     })
     .unwrap();
     cap.finish().unwrap();
@@ -451,7 +460,10 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     replayable
         .consume_mut(RunnerId(0), &side, |s, views| {
             d.spin_fill(s, 0, 0, 0.0, SLOW)
-                .map_err(|reason| BackendError::Refused { op: "test", reason })?;
+                .map_err(|reason| BackendError::Refused {
+                    call: "test",
+                    reason,
+                })?;
             comm.reduce_scatter(&views[0], &views[1], s)
         })
         .unwrap();

@@ -365,7 +365,8 @@ fn a_symmetric_group_without_communicator_cannot_allocate() {
     let err = plan(&runners(), 1, 0)
         .allocate(backend)
         .unwrap_err()
-        .into_error();
+        .into_error()
+        .error;
     assert_eq!(err, BackendError::NoCommunicator { group: EXPERT });
 }
 

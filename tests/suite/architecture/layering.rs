@@ -12,7 +12,7 @@
 //!
 //! The same holds file by file: a file imports only files of earlier layers,
 //! where the files of a directory module are layered in the order of its
-//! root file's `mod` declarations (`backend/sim/mod.rs`: `ops`, `clock`,
+//! root file's `mod` declarations (`backend/sim.rs`: `ops`, `clock`,
 //! `hazards`, ...), and the file graph has no circle. There a path is
 //! followed through every `use` and re-export to the file that defines
 //! the item (`super::ViewExt` in `cuda/lend.rs` is `cuda/view_ext.rs`).
@@ -406,7 +406,7 @@ fn the_phases_are_layered_in_lifecycle_order() {
 // ---------------------------------------------------------------------------
 
 /// The module path of a source file: `src/backend/sim/streams.rs` ->
-/// `[backend, sim, streams]`, `src/backend/mod.rs` -> `[backend]`,
+/// `[backend, sim, streams]`, `src/backend.rs` -> `[backend]`,
 /// `src/lib.rs` -> `[]`.
 fn module_path(file: &Path) -> Vec<String> {
     let rel = file.strip_prefix("src").unwrap().with_extension("");
@@ -811,7 +811,7 @@ fn file_name(files: &Files, module: &[String]) -> String {
 }
 
 /// Whether `a` is the root file of a module that holds `b` (or the other
-/// way round): `backend/sim/mod.rs` and `backend/sim/streams.rs`. A module's
+/// way round): `backend/sim.rs` and `backend/sim/streams.rs`. A module's
 /// root file declares its children and may hold the state they share, so
 /// the two import each other by Rust's design; those edges are the module
 /// tree, not layers.
@@ -1094,4 +1094,14 @@ fn only_the_result_layers_call_foreign_libraries() {
         raw.is_empty(),
         "foreign entry points called outside their result layer: {raw:#?}"
     );
+}
+
+/// A module with files of its own is `foo.rs` beside `foo/`, never
+/// `foo/mod.rs`: one spelling for every module file.
+#[test]
+fn module_roots_sit_beside_their_directories() {
+    let mut paths = Vec::new();
+    sources(Path::new("src"), &mut paths);
+    let roots: Vec<_> = paths.iter().filter(|p| p.ends_with("mod.rs")).collect();
+    assert!(roots.is_empty(), "mod.rs files in src/: {roots:?}");
 }

@@ -56,12 +56,12 @@ impl Op {
         }
     }
 
-    fn sim(&self, buffers: &[sim::HostBuffer]) -> sim::Op {
+    fn sim(&self, buffers: &[sim::HostBuffer]) -> sim::Kernel {
         match *self {
-            Op::Fill(dst, value) => sim::Op::fill(&dst.span(buffers), value),
-            Op::Copy(src, dst) => sim::Op::copy(&src.span(buffers), &dst.span(buffers)),
-            Op::Add(src, dst) => sim::Op::add(&src.span(buffers), &dst.span(buffers)),
-            Op::Scale(dst) => sim::Op::scale(&dst.span(buffers), 2.0),
+            Op::Fill(dst, value) => sim::Kernel::fill(&dst.span(buffers), value),
+            Op::Copy(src, dst) => sim::Kernel::copy(&src.span(buffers), &dst.span(buffers)),
+            Op::Add(src, dst) => sim::Kernel::add(&src.span(buffers), &dst.span(buffers)),
+            Op::Scale(dst) => sim::Kernel::scale(&dst.span(buffers), 2.0),
         }
     }
 
@@ -253,7 +253,7 @@ fn four_runners(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Devi
     let mut capturing = allocate_discovered(sim, discovery, Policy::Generations(2));
     for r in 0..4 {
         capture_view(&mut capturing, RunnerId(r), req, stream, |s, view| {
-            sim.launch(s, sim::Op::fill(&view, r as f32), 3)
+            sim.launch(s, sim::Kernel::fill(&view, r as f32), 3)
         });
     }
     capturing.seal().unwrap()
@@ -332,7 +332,10 @@ fn a_span_whose_byte_length_overflows_is_refused_at_launch() {
     let buffer = sim.alloc_f32(16).unwrap();
     // 4 * len overflows 64 bits.
     let huge = Span::new(buffer.span().addr(), usize::MAX);
-    assert_refused(sim.launch(&stream, sim::Op::fill(&huge, 1.0), 1), "outside");
+    assert_refused(
+        sim.launch(&stream, sim::Kernel::fill(&huge, 1.0), 1),
+        "outside",
+    );
     assert_refused(sim.read_f32(&huge), "outside");
     assert_refused(sim.write_f32(&huge, &[1.0]), "outside");
 }
@@ -345,7 +348,7 @@ fn a_span_whose_end_wraps_around_the_address_space_is_refused_at_launch() {
     // 4 * len fits in 64 bits, but addr + 4 * len wraps to just below addr.
     let wrapping = Span::new(buffer.span().addr(), (u64::MAX / 4) as usize);
     assert_refused(
-        sim.launch(&stream, sim::Op::copy(&buffer, &wrapping), 1),
+        sim.launch(&stream, sim::Kernel::copy(&buffer, &wrapping), 1),
         "outside",
     );
     assert_refused(sim.read_f32(&wrapping), "outside");
@@ -362,13 +365,16 @@ fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
     let graph = {
         let s = sim.stream();
         sim.begin_capture(&s).unwrap();
-        sim.launch(&s, sim::Op::fill(&buffer, 1.0), 1).unwrap();
+        sim.launch(&s, sim::Kernel::fill(&buffer, 1.0), 1).unwrap();
         // SAFETY: the capture this test began.
         unsafe { sim.end_capture(&s) }.unwrap()
     };
     let event = sim.create_event().unwrap();
     let foreign = "stream belongs to another sim::Device";
-    assert_refused(sim.launch(&theirs, sim::Op::fill(&buffer, 2.0), 1), foreign);
+    assert_refused(
+        sim.launch(&theirs, sim::Kernel::fill(&buffer, 2.0), 1),
+        foreign,
+    );
     // SAFETY: the graph writes a buffer of the program's, used by nothing else.
     assert_refused(unsafe { Launch::launch(&sim, &graph, &theirs) }, foreign);
     assert_refused(sim.wait_event(&theirs, &event), foreign);
@@ -429,13 +435,17 @@ fn ops_take_effect_in_the_order_they_end_even_when_applied_early() {
     let buffer = sim.alloc_f32(4).unwrap();
     let other = sim.alloc_f32(4).unwrap();
     // The slow fill is submitted first but ends last: it wins.
-    sim.launch(&slow, sim::Op::fill(&buffer, 1.0), 100).unwrap();
-    sim.launch(&fast, sim::Op::fill(&buffer, 2.0), 10).unwrap();
+    sim.launch(&slow, sim::Kernel::fill(&buffer, 1.0), 100)
+        .unwrap();
+    sim.launch(&fast, sim::Kernel::fill(&buffer, 2.0), 10)
+        .unwrap();
     // Both streams move far past both ends, with no synchronize: the fills
     // are settled and applied while the streams run on.
     for _ in 0..1_000 {
-        sim.launch(&fast, sim::Op::scale(&other, 1.0), 10).unwrap();
-        sim.launch(&slow, sim::Op::scale(&other, 1.0), 10).unwrap();
+        sim.launch(&fast, sim::Kernel::scale(&other, 1.0), 10)
+            .unwrap();
+        sim.launch(&slow, sim::Kernel::scale(&other, 1.0), 10)
+            .unwrap();
     }
     let pending = sim.bookkeeping().1;
     assert!(pending <= 512, "{pending} ops pending");

@@ -34,7 +34,7 @@ fn step(wait: impl Fn(&mut Replayable<sim::Device>, &sim::Stream)) -> (sim::Devi
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
         cap.stream_capture(&pool[r as usize], |s| {
-            sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 5)
+            sim.launch(s, sim::Kernel::fill(&v, r as f32 + 1.0), 5)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -45,13 +45,13 @@ fn step(wait: impl Fn(&mut Replayable<sim::Device>, &sim::Stream)) -> (sim::Devi
         replayable.replay(RunnerId(r as u32), &pool[r]).unwrap();
         replayable
             .consume(RunnerId(r as u32), &side[r], |s, v| {
-                sim.launch(s, sim::Op::add(&v[0], &main[r]), 100)
+                sim.launch(s, sim::Kernel::add(&v[0], &main[r]), 100)
             })
             .unwrap();
     }
     wait(&mut replayable, &optimizer);
     // The optimizer step reads both main grads.
-    sim.launch(&optimizer, sim::Op::add(&main[0], &main[1]), 1)
+    sim.launch(&optimizer, sim::Kernel::add(&main[0], &main[1]), 1)
         .unwrap();
     let out = sim.read_f32(&main[1]).unwrap();
     (sim, out)
@@ -109,8 +109,8 @@ fn scaled(
     len: usize,
 ) -> Result<replay_arena::sim::Span, replay_arena::BackendError> {
     let out = sim.alloc_async(s, len)?;
-    sim.launch(s, sim::Op::copy(src, &out), 2)?;
-    sim.launch(s, sim::Op::scale(&out, 2.0), 2)?;
+    sim.launch(s, sim::Kernel::copy(src, &out), 2)?;
+    sim.launch(s, sim::Kernel::scale(&out, 2.0), 2)?;
     Ok(out)
 }
 
@@ -126,7 +126,7 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
         let t1 = scaled(&sim, s, &input, 64)?;
         let t2 = scaled(&sim, s, &t1, 64)?;
         sim.free_async(s, &t1)?;
-        sim.launch(s, sim::Op::copy(&t2, &wgrad), 1)?;
+        sim.launch(s, sim::Kernel::copy(&t2, &wgrad), 1)?;
         sim.free_async(s, &t2)
     });
     let live = sim.live_allocations();
@@ -157,7 +157,7 @@ fn a_capture_that_fails_frees_its_temporaries() {
     let err = cap.stream_capture(&stream, |s| {
         sim.alloc_async(s, 64)?;
         Err::<(), _>(replay_arena::BackendError::Refused {
-            op: "op",
+            call: "op",
             reason: "failed".into(),
         })
     });
@@ -186,12 +186,14 @@ fn sub_views_keep_the_closure_and_the_fence() {
     assert_eq!((err.start, err.end, err.len), (100, 129, 128));
     assert!(view.split_at(0).is_err() && view.split_at(128).is_err());
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, sim::Op::fill(&a, 1.0), 1)?;
-        sim.launch(s, sim::Op::fill(&b, 2.0), 1)
+        sim.launch(s, sim::Kernel::fill(&a, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::fill(&b, 2.0), 1)
     })
     .unwrap();
     // Out of its closure, a sub-view is as refused as its view.
-    let err = sim.launch(&stream, sim::Op::fill(&b, 9.0), 1).unwrap_err();
+    let err = sim
+        .launch(&stream, sim::Kernel::fill(&b, 9.0), 1)
+        .unwrap_err();
     assert!(
         err.to_string().contains("outside the work closure"),
         "{err}"
@@ -229,8 +231,8 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let vs = [w(1), scratch, w(2)].map(|q| cap.take(q).unwrap());
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, sim::Op::fill(&vs[0], 1.0), 1)?;
-        sim.launch(s, sim::Op::fill(&vs[2], 2.0), 1)
+        sim.launch(s, sim::Kernel::fill(&vs[0], 1.0), 1)?;
+        sim.launch(s, sim::Kernel::fill(&vs[2], 2.0), 1)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -242,7 +244,7 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
             assert_eq!(views.with_purpose(Purpose::WgradRsInput).count(), 2);
             assert_eq!(views.find(&scratch).unwrap().len(), 16);
             let second = views.of_param(ParamId(2)).next().unwrap();
-            sim.launch(s, sim::Op::copy(&second, &out), 1)
+            sim.launch(s, sim::Kernel::copy(&second, &out), 1)
         })
         .unwrap();
     assert_eq!(sim.read_f32(&out).unwrap(), vec![2.0; 64]);
@@ -255,7 +257,7 @@ fn two_consumers(sim: &sim::Device) -> u64 {
     let (x, y) = (sim.stream(), sim.stream());
     let mut capturing = on_sim(sim, &[REQ]);
     capture_view(&mut capturing, RunnerId(0), REQ, &stream, |s, v| {
-        sim.launch(s, sim::Op::fill(&v, 3.0), 5)
+        sim.launch(s, sim::Kernel::fill(&v, 3.0), 5)
     });
     let mut replayable = capturing.seal().unwrap();
     let outs = [sim.alloc_f32(64).unwrap(), sim.alloc_f32(64).unwrap()];
@@ -263,7 +265,7 @@ fn two_consumers(sim: &sim::Device) -> u64 {
     for (s, out) in [&x, &y].into_iter().zip(&outs) {
         replayable
             .consume(RunnerId(0), s, |s, views| {
-                sim.launch(s, sim::Op::copy(&views[0], out), 100)
+                sim.launch(s, sim::Kernel::copy(&views[0], out), 100)
             })
             .unwrap();
     }
@@ -296,7 +298,11 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
         cap.stream_capture(&pools[r as usize], |s| {
-            sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 10 * (r as u64 + 1))
+            sim.launch(
+                s,
+                sim::Kernel::fill(&v, r as f32 + 1.0),
+                10 * (r as u64 + 1),
+            )
         })
         .unwrap();
         cap.finish().unwrap();
@@ -315,7 +321,7 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
                 assert_eq!(runners.len(), 3);
                 runners
                     .iter()
-                    .try_for_each(|views| sim.launch(s, sim::Op::add(&views[0], &bucket), 5))
+                    .try_for_each(|views| sim.launch(s, sim::Kernel::add(&views[0], &bucket), 5))
             },
         )
         .unwrap();

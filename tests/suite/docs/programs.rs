@@ -120,7 +120,7 @@ fn programs_print_errors_with_display() {
 fn a_pages_first_sim_launch_says_what_its_last_argument_is() {
     let mut problems = Vec::new();
     for (page, text) in pages() {
-        let Some(first) = text.find("sim::Op::") else {
+        let Some(first) = text.find("sim::Kernel::") else {
             continue;
         };
         // The comment explaining it is on the lines just before.

@@ -32,7 +32,7 @@ fn capture(sim: &sim::Device, capturing: &mut Capturing<sim::Device>, r: u32) ->
     let stream = sim.stream();
     let cap = capturing.capture(RunnerId(r))?;
     let view = cap.take(REQ)?;
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 5))?;
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 5))?;
     cap.finish()?;
     Ok(())
 }
@@ -131,7 +131,7 @@ fn a_program_enum_takes_every_crate_error_with_one_from_and_the_macro() {
         let cap = capturing.capture(RunnerId(0))?;
         let view = cap.take(REQ)?;
         cap.stream_capture(&stream, |s| -> Result<(), AppError> {
-            sim.launch(s, sim::Op::fill(&view, 1.0), 5)?; // BackendError
+            sim.launch(s, sim::Kernel::fill(&view, 1.0), 5)?; // BackendError
             Err(AppError::Own("bad input"))
         })?;
         Ok(())
@@ -166,7 +166,7 @@ mod cuda {
         assert!(matches!(
             e,
             Error::Backend(BackendError::Driver {
-                op: CUDARC_DRIVER_CALL,
+                call: CUDARC_DRIVER_CALL,
                 code: CUresult::CUDA_ERROR_OUT_OF_MEMORY
             })
         ));
@@ -179,7 +179,7 @@ mod cuda {
         assert!(matches!(
             backend,
             BackendError::Driver {
-                op: CUDARC_DRIVER_CALL,
+                call: CUDARC_DRIVER_CALL,
                 ..
             }
         ));

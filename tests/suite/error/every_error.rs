@@ -81,7 +81,7 @@ fn capture_ok(
     cap.stream_capture(stream, |s| {
         views
             .iter()
-            .try_for_each(|v| sim.launch(s, sim::Op::fill(v, runner as f32), 1))
+            .try_for_each(|v| sim.launch(s, sim::Kernel::fill(v, runner as f32), 1))
     })
     .unwrap();
     cap.finish().unwrap();
@@ -355,7 +355,7 @@ fn a_failed_arena_allocation_is_allocation() {
     let sim = sim::Device::new();
     sim.fail_allocations_after(Some(1));
     let failed = expect_err(planned.allocate(sim.clone()));
-    let err = failed.error().clone();
+    let err = failed.error().error.clone();
     assert!(matches!(
         &err,
         BackendError::Allocation { key, bytes: 2048, .. } if *key == bf16.key()
@@ -379,7 +379,9 @@ fn an_arena_larger_than_the_address_space_is_allocation_not_a_panic() {
     let planned = discovered(&[(0, &[huge])])
         .plan(Policy::Generations(1))
         .unwrap();
-    let err = expect_err(planned.allocate(sim::Device::new())).into_error();
+    let err = expect_err(planned.allocate(sim::Device::new()))
+        .into_error()
+        .error;
     assert!(matches!(
         err,
         BackendError::Allocation {
@@ -582,7 +584,7 @@ fn a_rejected_take_takes_nothing() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(device(DType::F32, 128)).unwrap_err();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
             .unwrap();
         cap.finish().unwrap();
     }
@@ -595,7 +597,7 @@ fn finishing_with_capacity_left_is_taken_mismatch() {
     let (sim, stream, mut capturing) = allocated(&[(3, &[bf16, bf16])]);
     let cap = capturing.capture(RunnerId(3)).unwrap();
     let view = cap.take(bf16).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
         .unwrap();
     let err = cap.finish().unwrap_err();
     assert_eq!(
@@ -619,7 +621,7 @@ fn a_taken_mismatch_fails_the_runner_and_seal_reports_it() {
     {
         let cap = capturing.capture(RunnerId(3)).unwrap();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
             .unwrap();
         cap.finish().unwrap_err();
     }
@@ -693,7 +695,7 @@ fn capturing_again_after_a_failed_capture_fails_and_so_does_finish() {
         cap.stream_capture(&stream, |_| Err::<(), _>("out of launch slots"))
             .unwrap_err();
         let again = cap
-            .stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+            .stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
             .unwrap_err();
         assert!(matches!(
             again,
@@ -734,7 +736,7 @@ fn a_graph_whose_allocation_escapes_it_is_graph_rejected() {
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| {
         let out = sim.alloc_async(s, 1024)?; // an op's output, never dropped
-        sim.launch(s, sim::Op::copy(&view, &out), 1)
+        sim.launch(s, sim::Kernel::copy(&view, &out), 1)
     })
     .unwrap();
     let err = cap.finish().unwrap_err();
@@ -770,7 +772,7 @@ fn a_graph_that_frees_memory_it_did_not_allocate_is_graph_rejected() {
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| {
-        sim.launch(s, sim::Op::fill(&view, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)?;
         sim.free_async(s, &replay_arena::sim::AsSpan::span(&program))
     })
     .unwrap();
@@ -943,7 +945,7 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
     let addr = outside.span().addr();
     {
         capture_view(&mut capturing, RunnerId(0), F32_64, &stream, |s, view| {
-            sim.launch(s, sim::Op::copy(&outside, &view), 1)
+            sim.launch(s, sim::Kernel::copy(&outside, &view), 1)
         });
     }
     let mut replayable = capturing.seal().unwrap();
@@ -955,7 +957,7 @@ fn a_replay_whose_graph_touches_freed_memory_is_backend() {
             op: replay_arena::Operation::Replay(RunnerId(0)),
             runner: Some(RunnerId(0)),
             error: BackendError::Refused {
-                op: "sim launch",
+                call: "sim launch",
                 ..
             }
         })
@@ -978,7 +980,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
     let outside = sim
-        .launch(&stream, sim::Op::fill(&view, 1.0), 1)
+        .launch(&stream, sim::Kernel::fill(&view, 1.0), 1)
         .unwrap_err();
     assert_eq!(
         outside,
@@ -1000,7 +1002,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
     let other = sim.stream();
     cap.stream_capture(&stream, |s| {
         let elsewhere = sim
-            .launch(&other, sim::Op::fill(&view, 1.0), 1)
+            .launch(&other, sim::Kernel::fill(&view, 1.0), 1)
             .unwrap_err();
         assert_eq!(
             elsewhere,
@@ -1012,7 +1014,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
                 }
             }
         );
-        sim.launch(s, sim::Op::fill(&view, 1.0), 1)
+        sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -1020,7 +1022,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
     replayable.replay(RunnerId(0), &stream).unwrap();
     let addresses_only = replayable.views(RunnerId(0)).unwrap()[0];
     assert_eq!(
-        sim.launch(&stream, sim::Op::fill(&addresses_only, 1.0), 1)
+        sim.launch(&stream, sim::Kernel::fill(&addresses_only, 1.0), 1)
             .unwrap_err(),
         BackendError::InvalidView {
             reason: Misuse::NoScope {
@@ -1030,7 +1032,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
         }
     );
     let written = replayable.consume(RunnerId(0), &stream, |s, views| {
-        sim.launch(s, sim::Op::fill(&views[0], 1.0), 1)
+        sim.launch(s, sim::Kernel::fill(&views[0], 1.0), 1)
     });
     assert!(
         matches!(
@@ -1244,7 +1246,7 @@ fn assert_each_cause_once(err: &(dyn std::error::Error + 'static)) {
 #[test]
 fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
     let cause = || BackendError::Refused {
-        op: "sim launch",
+        call: "sim launch",
         reason: "the cause".into(),
     };
     let replay = ReplayError::Backend(replay_arena::BackendFailure::new(
@@ -1258,10 +1260,11 @@ fn every_error_with_a_cause_prints_it_once_in_an_error_chain() {
         cause(),
     ));
     let schedule = replay_arena::StepError::from(replay_arena::ScheduleError::from(replay.clone()));
-    let capture = CaptureError::Backend {
-        runner: RunnerId(3),
-        error: cause(),
-    };
+    let capture = CaptureError::Backend(replay_arena::BackendFailure::new(
+        replay_arena::Operation::Capture(RunnerId(3)),
+        Some(RunnerId(3)),
+        cause(),
+    ));
     let errors: Vec<Box<dyn std::error::Error + 'static>> = vec![
         Box::new(replay.clone()),
         Box::new(replay_arena::Error::from(replay.clone())),

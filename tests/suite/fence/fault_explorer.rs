@@ -688,26 +688,26 @@ fn setup(
             };
             let (one, count, dur) = (&b.one, &b.counts[i], p.durs[i]);
             let body = |st: &sim::Stream| -> Result<(), replay_arena::Error> {
-                sim.launch(st, sim::Op::add(one, count), 1)?;
+                sim.launch(st, sim::Kernel::add(one, count), 1)?;
                 if temps {
                     let t = sim.alloc_async(st, OUT)?;
-                    sim.launch(st, sim::Op::copy(count, &t), 1)?;
-                    sim.launch(st, sim::Op::copy(&t, &w), dur)?;
+                    sim.launch(st, sim::Kernel::copy(count, &t), 1)?;
+                    sim.launch(st, sim::Kernel::copy(&t, &w), dur)?;
                     sim.free_async(st, &t)?;
                 } else {
-                    sim.launch(st, sim::Op::copy(count, &w), dur)?;
+                    sim.launch(st, sim::Kernel::copy(count, &w), dur)?;
                 }
                 if let Some(x) = &input {
-                    sim.launch(st, sim::Op::add(x, &w), 1)?;
+                    sim.launch(st, sim::Kernel::add(x, &w), 1)?;
                 }
                 if let Some(y) = &dy {
-                    sim.launch(st, sim::Op::add(y, &w), 1)?;
+                    sim.launch(st, sim::Kernel::add(y, &w), 1)?;
                 }
                 if let Some(x) = &dx {
-                    sim.launch(st, sim::Op::copy(&w, x), 1)?;
+                    sim.launch(st, sim::Kernel::copy(&w, x), 1)?;
                     if p.ready {
                         cap.ready(h.unwrap(), st)?;
-                        sim.launch(st, sim::Op::scale(&w, 1.0), dur)?;
+                        sim.launch(st, sim::Kernel::scale(&w, 1.0), dur)?;
                     }
                 }
                 match failing {
@@ -1034,7 +1034,7 @@ fn recover(w: &mut World, rep: &mut Replayable<sim::Device>) {
         if p.is_staged(i) {
             let v = 500.0 + i as f32;
             let staged = rep.consume_mut(r, s, |st, views| {
-                sim.launch(st, sim::Op::fill(in_of(views), v), 1)
+                sim.launch(st, sim::Kernel::fill(in_of(views), v), 1)
             });
             if let Err(e) = staged {
                 w.fail("cannot carry on", format!("staging runner {i}: {e:?}"));
@@ -1050,7 +1050,7 @@ fn recover(w: &mut World, rep: &mut Replayable<sim::Device>) {
         w.m.exec(p, i, Ran::Yes);
         let check = &w.b.checks[i];
         let consumed = rep.consume(r, &w.s[(i + 1) % w.s.len()], |st, views| {
-            sim.launch(st, sim::Op::copy(out_of(views), check), 1)
+            sim.launch(st, sim::Kernel::copy(out_of(views), check), 1)
         });
         if let Err(e) = consumed {
             w.fail("cannot carry on", format!("consumer of runner {i}: {e:?}"));
@@ -1116,7 +1116,7 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
                 rep.consume(p.id(i), &w.s[s], |st, views| {
                     entered.set(true);
                     closure_out(f, || {
-                        let r = sim.launch(st, sim::Op::copy(out_of(views), dst), 2);
+                        let r = sim.launch(st, sim::Kernel::copy(out_of(views), dst), 2);
                         enqueued.set(r.is_ok());
                         r
                     })
@@ -1137,7 +1137,7 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
                 rep.consume_many(&ids, &w.s[*s], |st, lists| {
                     closure_out(*f, || {
                         for (views, dst) in lists.iter().zip(dsts) {
-                            sim.launch(st, sim::Op::copy(out_of(views), dst), 2)?;
+                            sim.launch(st, sim::Kernel::copy(out_of(views), dst), 2)?;
                             enqueued.set(enqueued.get() + 1);
                         }
                         Ok::<(), replay_arena::BackendError>(())
@@ -1162,7 +1162,7 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
                     entered.set(true);
                     closure_out(f, || {
                         let dst = if staged { in_of(views) } else { out_of(views) };
-                        let r = sim.launch(st, sim::Op::fill(dst, v), 1);
+                        let r = sim.launch(st, sim::Kernel::fill(dst, v), 1);
                         enqueued.set(r.is_ok());
                         r
                     })
@@ -1199,7 +1199,7 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
                 if let Some(sink) = w.m.last_sink[i] {
                     let r = sim.launch(
                         &w.s[s],
-                        sim::Op::copy(&w.b.sinks[sink], &w.b.probes[probe]),
+                        sim::Kernel::copy(&w.b.sinks[sink], &w.b.probes[probe]),
                         1,
                     );
                     if r.is_ok() {
@@ -1216,7 +1216,7 @@ fn do_step(w: &mut World, rep: &mut Replayable<sim::Device>, step: &Step) {
                 if let Some(sink) = latest {
                     let r = sim.launch(
                         &w.s[s],
-                        sim::Op::copy(&w.b.sinks[sink], &w.b.probes[probe]),
+                        sim::Kernel::copy(&w.b.sinks[sink], &w.b.probes[probe]),
                         1,
                     );
                     if r.is_ok() {
@@ -1343,7 +1343,9 @@ fn step_graph(
                 let got = catch_unwind(AssertUnwindSafe(|| {
                     builder
                         .consume(p.id(i), &streams[l], |st, views| {
-                            closure_out(f, || sim.launch(st, sim::Op::copy(out_of(views), dst), 2))
+                            closure_out(f, || {
+                                sim.launch(st, sim::Kernel::copy(out_of(views), dst), 2)
+                            })
                         })
                         .is_ok()
                 }));
@@ -1671,7 +1673,7 @@ fn two(n: u32, dur: u64) -> Two {
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for r in 0..n {
         capture_view(&mut capturing, RunnerId(r), REQ, &s[0], |st, v| {
-            sim.launch(st, sim::Op::fill(&v, (r + 1) as f32), dur)
+            sim.launch(st, sim::Kernel::fill(&v, (r + 1) as f32), dur)
         });
     }
     Two {
@@ -1774,12 +1776,12 @@ fn staged_world() -> (sim::Device, Replayable<sim::Device>, Vec<sim::Stream>) {
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     {
         capture_view(&mut capturing, RunnerId(0), REQ, &s[0], |st, v| {
-            sim.launch(st, sim::Op::fill(&v, 7.0), 10)
+            sim.launch(st, sim::Kernel::fill(&v, 7.0), 10)
         });
     }
     {
         capture_view(&mut capturing, RunnerId(10), input, &s[0], |st, v| {
-            sim.launch(st, sim::Op::scale(&v, 2.0), 10)
+            sim.launch(st, sim::Kernel::scale(&v, 2.0), 10)
         });
     }
     (sim.clone(), capturing.seal().unwrap(), s)
@@ -1794,14 +1796,14 @@ fn staged_input_whose_writer_failed_is_not_staged() {
     for how in [Fail::Err, Fail::ErrEarly, Fail::Panic] {
         let (sim, mut rep, s) = staged_world();
         rep.consume_mut(RunnerId(10), &s[1], |st, v| {
-            sim.launch(st, sim::Op::fill(&v[0], 1.0), 1)
+            sim.launch(st, sim::Kernel::fill(&v[0], 1.0), 1)
         })
         .unwrap();
         rep.replay(RunnerId(10), &s[0]).unwrap();
         rep.replay(RunnerId(0), &s[0]).unwrap(); // takes the bytes
         let staged = catch_unwind(AssertUnwindSafe(|| {
             rep.consume_mut(RunnerId(10), &s[1], |st, v| {
-                closure_out(how, || sim.launch(st, sim::Op::fill(&v[0], 3.0), 1))
+                closure_out(how, || sim.launch(st, sim::Kernel::fill(&v[0], 3.0), 1))
             })
         }));
         assert!(!matches!(staged, Ok(Ok(()))));
@@ -1842,7 +1844,7 @@ fn fence_stats_do_not_count_work_that_never_ran() {
     x.sim.inject(Faults::nth(Call::WaitEvent, 0));
     let got = x.rep.consume(RunnerId(1), &b, |st, v| {
         entered.set(true);
-        sim.launch(st, sim::Op::copy(&v[0], &out), 1)
+        sim.launch(st, sim::Kernel::copy(&v[0], &out), 1)
     });
     x.sim.inject(Faults::none());
     assert!(got.is_err() && !entered.get(), "{got:?}");
@@ -1903,8 +1905,8 @@ fn kept_step_outliving_its_plan_gives_graph_memory_back() {
         let out = cap.take(REQ).unwrap();
         cap.stream_capture_repeatable(&s, |st| {
             let t = sim.alloc_async(st, 64)?;
-            sim.launch(st, sim::Op::fill(&t, 2.0), 5)?;
-            sim.launch(st, sim::Op::copy(&t, &out), 5)?;
+            sim.launch(st, sim::Kernel::fill(&t, 2.0), 5)?;
+            sim.launch(st, sim::Kernel::copy(&t, &out), 5)?;
             sim.free_async(st, &t)
         })
         .unwrap();
@@ -1934,7 +1936,7 @@ fn staging_whose_later_check_failed_is_not_staged() {
         for n in 0..4 {
             let (sim, mut rep, s) = staged_world();
             rep.consume_mut(RunnerId(10), &s[1], |st, v| {
-                sim.launch(st, sim::Op::fill(&v[0], 1.0), 1)
+                sim.launch(st, sim::Kernel::fill(&v[0], 1.0), 1)
             })
             .unwrap();
             rep.replay(RunnerId(10), &s[0]).unwrap();
@@ -1943,7 +1945,7 @@ fn staging_whose_later_check_failed_is_not_staged() {
             let entered = Cell::new(false);
             let staged = rep.consume_mut(RunnerId(10), &s[1], |st, v| {
                 entered.set(true);
-                sim.launch(st, sim::Op::fill(&v[0], 3.0), 1)
+                sim.launch(st, sim::Kernel::fill(&v[0], 3.0), 1)
             });
             let injected = sim.fault_log().injected;
             sim.inject(Faults::none());

@@ -130,10 +130,10 @@ pub fn build(sim: &sim::Device, spec: &Spec, cs: &sim::Stream) -> R<Built> {
         let outs = &out[i];
         c.stream_capture(cs, |s| {
             for (k, v) in rv.iter().enumerate() {
-                sim.launch(s, sim::Op::add(v, &outs[k]), 7)?;
+                sim.launch(s, sim::Kernel::add(v, &outs[k]), 7)?;
             }
             for (k, v) in wv.iter().enumerate() {
-                sim.launch(s, sim::Op::fill(v, hval(r.writes[k])), 20)?;
+                sim.launch(s, sim::Kernel::fill(v, hval(r.writes[k])), 20)?;
                 if r.interleave && r.ready.contains(&r.writes[k]) {
                     c.ready(hids[r.writes[k]], s)?;
                 }
@@ -144,7 +144,7 @@ pub fn build(sim: &sim::Device, spec: &Spec, cs: &sim::Stream) -> R<Built> {
                 }
             }
             if let Some(o) = &own {
-                sim.launch(s, sim::Op::fill(o, oval(i)), 30)?;
+                sim.launch(s, sim::Kernel::fill(o, oval(i)), 30)?;
             }
             Ok::<(), Error>(())
         })?;
@@ -283,12 +283,12 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                              -> std::result::Result<(), String> {
                                 if let Some(v0) = v.first() {
                                     if mode == 3 {
-                                        sim.launch(st, sim::Op::fill(v0, oval(r)), 3)
+                                        sim.launch(st, sim::Kernel::fill(v0, oval(r)), 3)
                                             .map_err(|e| e.to_string())?;
                                     }
                                     // first 64 f32s of own view (own >= 64 f32s)
                                     let part = v0.slice(0..64.min(v0.len())).unwrap();
-                                    sim.launch(st, sim::Op::add(&part, c), 5)
+                                    sim.launch(st, sim::Kernel::add(&part, c), 5)
                                         .map_err(|e| e.to_string())?;
                                 }
                                 if mode == 1 {
@@ -344,7 +344,7 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                             let r = [r1, r2][i];
                             if let Some(v0) = views.first() {
                                 let part = v0.slice(0..64.min(v0.len())).unwrap();
-                                sim.launch(st, sim::Op::add(&part, &cout[r][s]), 5)?;
+                                sim.launch(st, sim::Kernel::add(&part, &cout[r][s]), 5)?;
                             }
                         }
                         Ok::<(), BackendError>(())
@@ -396,7 +396,7 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
                             let res = step.consume(RunnerId(r as u32), &streams[s], |st, v| {
                                 if let Some(v0) = v.first() {
                                     let part = v0.slice(0..64.min(v0.len())).unwrap();
-                                    sim.launch(st, sim::Op::add(&part, c), 5)?;
+                                    sim.launch(st, sim::Kernel::add(&part, c), 5)?;
                                 }
                                 Ok::<(), BackendError>(())
                             });

@@ -66,18 +66,18 @@ fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, t
         let output = (r + 1 < n).then(|| cap.hand_off(handoffs[r as usize]).unwrap());
         cap.stream_capture(&pool[r as usize % 2], |s| {
             if let Some(input) = &input {
-                sim.launch(s, sim::Op::copy(input, sink), read)?;
+                sim.launch(s, sim::Kernel::copy(input, sink), read)?;
             }
             if let Some(output) = &output {
                 // A handoff's bytes hold nothing between steps (they may be
                 // another handoff's meanwhile): the writer overwrites them.
-                sim.launch(s, sim::Op::add(&one, count), 1)?;
-                sim.launch(s, sim::Op::copy(count, output), 2)?;
+                sim.launch(s, sim::Kernel::add(&one, count), 1)?;
+                sim.launch(s, sim::Kernel::copy(count, output), 2)?;
                 if ready {
                     cap.ready(handoffs[r as usize], s)?;
                 }
             }
-            sim.launch(s, sim::Op::scale(&own, 1.0), tail)?;
+            sim.launch(s, sim::Kernel::scale(&own, 1.0), tail)?;
             Ok::<(), replay_arena::Error>(())
         })
         .unwrap();
@@ -193,10 +193,10 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
         assert!(!out.is_read_only());
         let e = cap
             .stream_capture(&s, |s| {
-                sim.launch(s, sim::Op::fill(&out, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(&out, 1.0), 1)?;
                 cap.ready(hs[0], s)?;
                 // Readers may run from here: the writer leaves it alone.
-                sim.launch(s, sim::Op::fill(&out, 2.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(&out, 2.0), 1)?;
                 Ok::<(), replay_arena::Error>(())
             })
             .unwrap_err();
@@ -219,7 +219,7 @@ fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
     let input = cap.receive(hs[0]).unwrap();
     assert!(input.is_read_only());
     let e = cap
-        .stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&input, 1.0), 1))
+        .stream_capture(&s, |s| sim.launch(s, sim::Kernel::fill(&input, 1.0), 1))
         .unwrap_err();
     assert!(e.to_string().contains("handoff it received"), "{e}");
     assert!(
@@ -346,14 +346,14 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let out = cap.hand_off(h).unwrap();
-        cap.stream_capture(&a, |s| sim.launch(s, sim::Op::scale(&out, 2.0), 30))
+        cap.stream_capture(&a, |s| sim.launch(s, sim::Kernel::scale(&out, 2.0), 30))
             .unwrap();
         cap.finish().unwrap();
     }
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         let input = cap.receive(h).unwrap();
-        cap.stream_capture(&b, |s| sim.launch(s, sim::Op::add(&input, &sink), 50))
+        cap.stream_capture(&b, |s| sim.launch(s, sim::Kernel::add(&input, &sink), 50))
             .unwrap();
         cap.finish().unwrap();
     }
@@ -374,8 +374,8 @@ fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
     {
         capture_view(&mut capturing, RunnerId(0), OWN, &s, |s, own| {
             let tmp = sim.alloc_async(s, 1024)?;
-            sim.launch(s, sim::Op::fill(&tmp, 1.0), 1)?;
-            sim.launch(s, sim::Op::copy(&tmp, &own), 1)?;
+            sim.launch(s, sim::Kernel::fill(&tmp, 1.0), 1)?;
+            sim.launch(s, sim::Kernel::copy(&tmp, &own), 1)?;
             sim.free_async(s, &tmp)
         });
     }
@@ -487,16 +487,16 @@ proptest! {
             let output = ids[r as usize].map(|h| (h, cap.hand_off(h).unwrap()));
             cap.stream_capture(&streams[0], |s| {
                 for input in &inputs {
-                    sim.launch(s, sim::Op::add(input, sink), read)?;
+                    sim.launch(s, sim::Kernel::add(input, sink), read)?;
                 }
                 if let Some((h, out)) = &output {
-                    sim.launch(s, sim::Op::add(&one, count), 1)?;
-                    sim.launch(s, sim::Op::copy(count, out), 2)?;
+                    sim.launch(s, sim::Kernel::add(&one, count), 1)?;
+                    sim.launch(s, sim::Kernel::copy(count, out), 2)?;
                     if ready {
                         cap.ready(*h, s)?;
                     }
                 }
-                sim.launch(s, sim::Op::scale(&own, 1.0), tail)?;
+                sim.launch(s, sim::Kernel::scale(&own, 1.0), tail)?;
                 Ok::<(), replay_arena::Error>(())
             })
             .unwrap();

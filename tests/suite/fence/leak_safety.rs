@@ -44,8 +44,8 @@ fn two_runners(
         let cap = capturing.capture(RunnerId(0))?;
         let (v, dx) = (cap.take(REQ)?, cap.hand_off(h)?);
         cap.stream_capture(stream, |s| {
-            sim.launch(s, sim::Op::fill(&v, 1.0), duration)?;
-            sim.launch(s, sim::Op::fill(&dx, 10.0), duration)
+            sim.launch(s, sim::Kernel::fill(&v, 1.0), duration)?;
+            sim.launch(s, sim::Kernel::fill(&dx, 10.0), duration)
         })?;
         cap.finish()?;
     }
@@ -53,8 +53,8 @@ fn two_runners(
         let cap = capturing.capture(RunnerId(1))?;
         let (v, dy) = (cap.take(REQ)?, cap.receive(h)?);
         cap.stream_capture(stream, |s| {
-            sim.launch(s, sim::Op::fill(&v, 2.0), duration)?;
-            sim.launch(s, sim::Op::add(&dy, sink), duration)
+            sim.launch(s, sim::Kernel::fill(&v, 2.0), duration)?;
+            sim.launch(s, sim::Kernel::add(&dy, sink), duration)
         })?;
         cap.finish()?;
     }
@@ -124,7 +124,7 @@ fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
     // Runner 0 was never replayed per runner: the step's launch made it
     // the owner of its bytes.
     rp.consume(RunnerId(0), &side, |s, v| {
-        sim.launch(s, sim::Op::copy(&v[0], &out), 5)
+        sim.launch(s, sim::Kernel::copy(&v[0], &out), 5)
     })?;
     rp.synchronize()?;
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
@@ -206,7 +206,7 @@ fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
         step.replay(RunnerId(1), &b)?;
         // Captured into the step, never run.
         step.consume(RunnerId(0), &side, |s, v| {
-            sim.launch(s, sim::Op::copy(&v[0], &out), 5)
+            sim.launch(s, sim::Kernel::copy(&v[0], &out), 5)
         })?;
         std::mem::forget(step);
     }
@@ -228,7 +228,7 @@ fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R
     {
         let cap = capturing.capture(RunnerId(0))?;
         let v = cap.take(REQ)?;
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 9.0), 5))?;
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&v, 9.0), 5))?;
         std::mem::forget(cap);
     }
     // Never finished: seal refuses, and hands the capturing phase back.
@@ -241,7 +241,7 @@ fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R
     {
         let cap = capturing.capture(RunnerId(0))?;
         let v = cap.take(REQ)?;
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 5))?;
+        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&v, 1.0), 5))?;
         cap.finish()?;
     }
     let mut rp = capturing.seal()?;
@@ -326,7 +326,7 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
         .allocate(sim.clone())?;
     let cap = capturing.capture(RunnerId(0))?;
     let v = cap.take(REQ)?;
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&v, 3.0), 5))?;
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&v, 3.0), 5))?;
     cap.finish()?;
     let mut rp = capturing.seal()?;
     rp.replay(RunnerId(0), &stream)?;
@@ -425,7 +425,7 @@ fn one_runner(
     let cap = capturing.capture(RunnerId(0))?;
     let v = cap.take(REQ)?;
     cap.stream_capture(stream, |s| {
-        sim.launch(s, sim::Op::fill(&v, value), duration)
+        sim.launch(s, sim::Kernel::fill(&v, value), duration)
     })?;
     cap.finish()?;
     Ok(capturing.seal()?)
@@ -475,7 +475,7 @@ fn while_captured(sim: &sim::Device, stream: &sim::Stream, inside: impl FnOnce(&
     let v = cap.take(REQ)?;
     cap.stream_capture(stream, |s| {
         inside(s);
-        sim.launch(s, sim::Op::fill(&v, 2.0), 1)
+        sim.launch(s, sim::Kernel::fill(&v, 2.0), 1)
     })?;
     cap.finish()?;
     Ok(())
@@ -573,7 +573,7 @@ fn a_consumer_racing_another_plans_capture_on_its_stream_is_never_captured_into_
         while !stop1.load(Ordering::Relaxed) {
             if rp.replay(RunnerId(0), &c1).is_ok() {
                 let _ = rp.consume_mut(RunnerId(0), &c1, |s, v| {
-                    sim1.launch(s, sim::Op::scale(&v[0], 2.0), 1)
+                    sim1.launch(s, sim::Kernel::scale(&v[0], 2.0), 1)
                 });
             }
         }

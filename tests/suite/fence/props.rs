@@ -84,7 +84,7 @@ fn setup(w: &Workload, s: PlacedPolicy, streams: usize, durations: &[u64]) -> Se
         cap.stream_capture(&streams[0], |st| {
             views
                 .iter()
-                .try_for_each(|v| sim.launch(st, sim::Op::fill(v, value(r)), durations[r]))
+                .try_for_each(|v| sim.launch(st, sim::Kernel::fill(v, value(r)), durations[r]))
         })
         .unwrap();
         cap.finish().unwrap();
@@ -120,7 +120,7 @@ proptest! {
                 t.replayable.consume(RunnerId(step.runner as u32), &t.streams[c], |st, views| {
                     for v in views {
                         let out = sim.alloc_f32(v.span().len())?;
-                        sim.launch(st, sim::Op::copy(v, &out), duration)?;
+                        sim.launch(st, sim::Kernel::copy(v, &out), duration)?;
                         outs.push(out);
                     }
                     Ok::<(), replay_arena::Error>(())
@@ -151,7 +151,7 @@ proptest! {
                 for span in &t.spans[step.runner] {
                     let out = t.sim.alloc_f32(span.len()).unwrap();
                     // SAFETY: deliberately unfenced, as above.
-                    unsafe { t.sim.launch_unscoped(&t.streams[c], sim::Op::copy(span, &out), duration).unwrap() };
+                    unsafe { t.sim.launch_unscoped(&t.streams[c], sim::Kernel::copy(span, &out), duration).unwrap() };
                     outs.push(out);
                 }
                 accesses.push((step.runner, c, false));

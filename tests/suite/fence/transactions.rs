@@ -25,7 +25,7 @@ fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
     let s = sim.stream();
     for r in 0..2 {
         capture_view(&mut capturing, RunnerId(r), Q, &s, |s, view| {
-            sim.launch(s, sim::Op::fill(&view, r as f32), 20)
+            sim.launch(s, sim::Kernel::fill(&view, r as f32), 20)
         });
     }
     capturing.seal().unwrap()
@@ -108,7 +108,7 @@ fn a_failed_replay_leaves_its_runner_unreplayed_and_counts_nothing() {
         // Runner 0 still owns the bytes: a consumer of it may read them.
         let sink = sim.alloc_f32(64).unwrap();
         rp.consume(RunnerId(0), &b, |s, v| {
-            sim.launch(s, sim::Op::copy(&v[0], &sink), 1)
+            sim.launch(s, sim::Kernel::copy(&v[0], &sink), 1)
         })
         .unwrap();
         assert_eq!(sim.read_f32(&sink).unwrap(), [0.0; 64]);
@@ -126,19 +126,19 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [input])]).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     capture_view(&mut capturing, RunnerId(0), input, &s, |s, view| {
-        sim.launch(s, sim::Op::scale(&view, 2.0), 5)
+        sim.launch(s, sim::Kernel::scale(&view, 2.0), 5)
     });
     let mut rp = capturing.seal().unwrap();
     let host = sim.alloc_f32(64).unwrap();
     rp.consume_mut(RunnerId(0), &s, |s, v| {
-        sim.launch(s, sim::Op::copy(&host, &v[0]), 1)
+        sim.launch(s, sim::Kernel::copy(&host, &v[0]), 1)
     })
     .unwrap();
     rp.replay(RunnerId(0), &s).unwrap();
     let consumers = rp.fence_stats().consumers;
     // The next write fails half-way (its kernel fails): not staged.
     let failed = rp.consume_mut(RunnerId(0), &s, |s, v| {
-        sim.launch(s, sim::Op::fill(&v[0], 1.0), 1)
+        sim.launch(s, sim::Kernel::fill(&v[0], 1.0), 1)
             .map_err(|e| e.to_string())?;
         Err::<(), _>("the copy from the host failed".to_string())
     });
@@ -161,7 +161,7 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
     ));
     // A write that succeeds stages them again.
     rp.consume_mut(RunnerId(0), &s, |s, v| {
-        sim.launch(s, sim::Op::fill(&v[0], 3.0), 1)
+        sim.launch(s, sim::Kernel::fill(&v[0], 3.0), 1)
     })
     .unwrap();
     rp.replay(RunnerId(0), &s).unwrap();
@@ -182,7 +182,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(Q).unwrap();
         sim.inject(Faults::nth(call, 0));
-        let failed = cap.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 5));
+        let failed = cap.stream_capture(&s, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 5));
         sim.inject(Faults::none());
         assert!(failed.is_err(), "{call}");
         drop(cap);
@@ -192,7 +192,7 @@ fn a_capture_whose_end_fails_leaves_the_stream_usable() {
         capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         // The stream is not capturing: a plain op runs on it.
         let buf = sim.alloc_f32(4).unwrap();
-        sim.launch(&s, sim::Op::fill(&buf, 2.0), 1).unwrap();
+        sim.launch(&s, sim::Kernel::fill(&buf, 2.0), 1).unwrap();
         assert_eq!(sim.read_f32(&buf).unwrap(), [2.0; 4], "{call}");
     }
 }

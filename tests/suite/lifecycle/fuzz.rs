@@ -546,7 +546,7 @@ fn run_round(
         Err(e) => {
             prop_assert!(round.allocations_before_failure.is_some_and(|k| k < arenas));
             prop_assert!(
-                matches!(e.error(), BackendError::Allocation { .. }),
+                matches!(&e.error().error, BackendError::Allocation { .. }),
                 "{:?}",
                 e
             );
@@ -976,10 +976,10 @@ fn runner_graph<A: replay_arena::Access>(
     if views.is_empty() {
         return Ok(());
     }
-    sim.launch(s, sim::Op::add(one, counter), duration)
+    sim.launch(s, sim::Kernel::add(one, counter), duration)
         .map_err(|e| e.to_string())?;
     for v in views {
-        sim.launch(s, sim::Op::copy(counter, v), duration)
+        sim.launch(s, sim::Kernel::copy(counter, v), duration)
             .map_err(|e| e.to_string())?;
     }
     Ok(())
@@ -1033,7 +1033,7 @@ fn consume(
         }
         for v in views {
             let out = sim.alloc_f32(v.len()).map_err(|e| e.to_string())?;
-            sim.launch(s, sim::Op::copy(v, &out), duration)
+            sim.launch(s, sim::Kernel::copy(v, &out), duration)
                 .map_err(|e| e.to_string())?;
             copies.push(out);
         }
@@ -1106,7 +1106,7 @@ fn other_plan(sim: &sim::Device, stream: &sim::Stream) -> Replayable<sim::Device
     let q = Request::new(Domain::Device, DType::F32, 64);
     let mut capturing = allocate_runners(sim, [(RunnerId(0), [q])], Policy::Generations(1));
     capture_view(&mut capturing, RunnerId(0), q, stream, |s, view| {
-        sim.launch(s, sim::Op::fill(&view, 7.0), 3)
+        sim.launch(s, sim::Kernel::fill(&view, 7.0), 3)
     });
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), stream).unwrap();
@@ -1136,17 +1136,17 @@ fn trespass<A: replay_arena::Access>(
     let theirs = other_plan.views(RunnerId(0)).map_err(|e| e.to_string())?[0];
     refused(
         "the other plan's view",
-        sim.launch(s, sim::Op::copy(&theirs, &scratch), 1),
+        sim.launch(s, sim::Kernel::copy(&theirs, &scratch), 1),
     )?;
     if let Some(v) = views.first() {
         refused(
             "a view on another stream",
-            sim.launch(elsewhere, sim::Op::fill(v, 0.0), 1),
+            sim.launch(elsewhere, sim::Kernel::fill(v, 0.0), 1),
         )?;
         let inner = other_plan.consume(RunnerId(0), elsewhere, |o, _| {
             refused(
                 "a view inside another plan's consumer",
-                sim.launch(o, sim::Op::fill(v, 0.0), 1),
+                sim.launch(o, sim::Kernel::fill(v, 0.0), 1),
             )
         });
         inner.map_err(|e| e.to_string())?;

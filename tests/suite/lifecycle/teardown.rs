@@ -34,7 +34,7 @@ fn capture(
     let f32_view = cap.take(F32_64).unwrap();
     cap.take(BF16_1K).unwrap();
     cap.stream_capture(stream, |s| {
-        sim.launch(s, sim::Op::fill(&f32_view, r as f32), 10)
+        sim.launch(s, sim::Kernel::fill(&f32_view, r as f32), 10)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -188,7 +188,7 @@ fn dropping_a_replayable_lets_in_flight_work_finish_before_freeing() {
     let side = sim.stream();
     replayable
         .consume(RunnerId(2), &side, |s, views| {
-            sim.launch(s, sim::Op::copy(&views[0], &out), 100)
+            sim.launch(s, sim::Kernel::copy(&views[0], &out), 100)
         })
         .unwrap();
     drop(replayable);

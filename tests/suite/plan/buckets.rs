@@ -134,14 +134,14 @@ fn rig(buckets: &[BucketSpec], policy: PlacedPolicy, tail: u64) -> Rig {
             let output = output.map(|h| cap.hand_off(h).unwrap());
             let value_k = c(b, k);
             cap.stream_capture(&streams[0], |s| {
-                sim.launch(s, sim::Op::fill(&view, value_k), 3)?;
+                sim.launch(s, sim::Kernel::fill(&view, value_k), 3)?;
                 if let Some(input) = &input {
-                    sim.launch(s, sim::Op::add(input, &view), 4)?;
+                    sim.launch(s, sim::Kernel::add(input, &view), 4)?;
                 }
                 if let Some(output) = &output {
-                    sim.launch(s, sim::Op::copy(&view, output), 2)?;
+                    sim.launch(s, sim::Kernel::copy(&view, output), 2)?;
                 }
-                sim.launch(s, sim::Op::scale(&view, 1.0), tail)?;
+                sim.launch(s, sim::Kernel::scale(&view, 1.0), tail)?;
                 Ok::<(), replay_arena::Error>(())
             })
             .unwrap();
@@ -294,7 +294,7 @@ proptest! {
                     let (sim, sink) = (&rig.sim, &rig.sinks[slot]);
                     rig.replayable
                         .consume(id(b, k), &rig.streams[side], |s, v| {
-                            sim.launch(s, sim::Op::add(&v[0], sink), 5)
+                            sim.launch(s, sim::Kernel::add(&v[0], sink), 5)
                         })
                         .unwrap();
                     counts[slot] += 1.0;
@@ -306,7 +306,7 @@ proptest! {
                 let (sim, sinks) = (&rig.sim, &rig.pair_sinks);
                 let got = rig.replayable.consume_many(&pair, &rig.streams[side], |s, runners| {
                     for (views, &slot) in runners.iter().zip(&slots) {
-                        sim.launch(s, sim::Op::add(&views[0], &sinks[slot]), 5)?;
+                        sim.launch(s, sim::Kernel::add(&views[0], &sinks[slot]), 5)?;
                     }
                     Ok::<(), replay_arena::BackendError>(())
                 });
@@ -572,8 +572,8 @@ fn staged_rig(lens: &[usize], tail: u64) -> Staged {
         let input = cap.take(ids(n)).unwrap();
         let output = cap.take(out(n)).unwrap();
         cap.stream_capture(&streams[0], |s| {
-            sim.launch(s, sim::Op::copy(&input, &output), tail)?;
-            sim.launch(s, sim::Op::scale(&output, 2.0), 2)
+            sim.launch(s, sim::Kernel::copy(&input, &output), tail)?;
+            sim.launch(s, sim::Kernel::scale(&output, 2.0), 2)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -611,10 +611,10 @@ proptest! {
             let (sim, sink) = (&rig.sim, &rig.sinks[b]);
             let [stage_s, replay_s, consume_s] = [stage_on, replay_on, consume_on].map(|s| &rig.streams[s]);
             let stage = |s: &sim::Stream, v: &[replay_arena::View<'_>]| {
-                sim.launch(s, sim::Op::fill(&v[0], value), 3)
+                sim.launch(s, sim::Kernel::fill(&v[0], value), 3)
             };
             let read = |s: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
-                sim.launch(s, sim::Op::add(&v[1], sink), 4)
+                sim.launch(s, sim::Kernel::add(&v[1], sink), 4)
             };
             if in_steps && i % 2 == 1 {
                 // The same schedule as a step graph, launched once.
@@ -653,7 +653,7 @@ fn a_staged_runner_replays_only_what_was_staged_for_it() {
     let fill = |sim: &sim::Device, v: f32| {
         let sim = sim.clone();
         move |st: &sim::Stream, views: &[replay_arena::View<'_>]| {
-            sim.launch(st, sim::Op::fill(&views[0], v), 1)
+            sim.launch(st, sim::Kernel::fill(&views[0], v), 1)
         }
     };
     // Never staged.

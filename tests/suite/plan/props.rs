@@ -512,10 +512,10 @@ proptest! {
             let outputs: Vec<_> = writes.iter().map(|&i| cap.hand_off(ids[i]).unwrap()).collect();
             cap.stream_capture(&streams[r % 3], |st| {
                 for (sink, input) in &inputs {
-                    sim.launch(st, sim::Op::copy(input, *sink), 25)?;
+                    sim.launch(st, sim::Kernel::copy(input, *sink), 25)?;
                 }
                 for v in own.iter().chain(&outputs) {
-                    sim.launch(st, sim::Op::fill(v, r as f32), 2)?;
+                    sim.launch(st, sim::Kernel::fill(v, r as f32), 2)?;
                 }
                 Ok::<(), replay_arena::Error>(())
             }).unwrap();

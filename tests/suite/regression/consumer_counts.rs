@@ -21,7 +21,7 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for r in 0..2 {
         capture_view(&mut capturing, RunnerId(r), req, &s, |st, v| {
-            sim.launch(st, sim::Op::fill(&v, 1.0), 1)
+            sim.launch(st, sim::Kernel::fill(&v, 1.0), 1)
         });
     }
     let cap = capturing.capture(RunnerId(2)).unwrap();
@@ -41,13 +41,13 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
         "a consume of a runner that requests nothing"
     );
     rp.consume_mut(RunnerId(0), &side, |st, v| {
-        sim.launch(st, sim::Op::scale(&v[0], 2.0), 1)
+        sim.launch(st, sim::Kernel::scale(&v[0], 2.0), 1)
     })
     .unwrap();
     assert_eq!(rp.fence_stats().consumers, 2, "a consume_mut");
     rp.consume_many(&[RunnerId(0), RunnerId(1)], &side, |st, v| {
-        sim.launch(st, sim::Op::add(&v[0][0], &out), 1)?;
-        sim.launch(st, sim::Op::add(&v[1][0], &out), 1)
+        sim.launch(st, sim::Kernel::add(&v[0][0], &out), 1)?;
+        sim.launch(st, sim::Kernel::add(&v[1][0], &out), 1)
     })
     .unwrap();
     assert_eq!(

@@ -58,7 +58,7 @@ impl Streams for Hooked {
         self.sim.record_event(stream, event)?;
         let mut kept = self.kept.lock().unwrap();
         if let (Some(span), Some(into)) = (kept.span.take(), kept.into) {
-            let read = self.sim.launch(stream, sim::Op::copy(&span, &into), 1);
+            let read = self.sim.launch(stream, sim::Kernel::copy(&span, &into), 1);
             kept.reads.push(read);
         }
         Ok(())
@@ -146,7 +146,7 @@ fn a_span_kept_from_a_consumer_is_refused_once_its_closure_returned() {
         .unwrap();
     let mut capturing = planned.allocate(hooked.clone()).unwrap();
     capture_view(&mut capturing, RunnerId(0), REQ, &pool, |s, view| {
-        sim.launch(s, sim::Op::fill(&view, 2.0), 5)
+        sim.launch(s, sim::Kernel::fill(&view, 2.0), 5)
     });
     let mut replayable = capturing.seal().unwrap();
     let out = sim.alloc_f32(N).unwrap();
@@ -155,7 +155,7 @@ fn a_span_kept_from_a_consumer_is_refused_once_its_closure_returned() {
     replayable
         .consume(RunnerId(0), &side, |s, v| {
             // Inside the closure the span works; it is kept for later.
-            sim.launch(s, sim::Op::copy(&v[0], &out), 5)?;
+            sim.launch(s, sim::Kernel::copy(&v[0], &out), 5)?;
             hooked.kept.lock().unwrap().span = Some(v[0].span());
             Ok::<(), BackendError>(())
         })

@@ -1,6 +1,6 @@
 //! The `sim` model's graph memory nodes come only from `alloc_async` and
 //! `free_async`, so its use-after-free check knows every free in a graph.
-//! A program cannot build a memory node and launch it (no `sim::Op` is
+//! A program cannot build a memory node and launch it (no `sim::Kernel` is
 //! one, and `launch` takes no `sim::Node`:
 //! `ui-tests/launch_a_sim_memory_node.rs`); this checks the runtime side:
 //! the nodes a capture records are the ones its calls made, and a
@@ -29,10 +29,10 @@ fn a_graphs_memory_nodes_are_its_alloc_and_free_calls_and_a_use_after_free_is_re
     let mut after_free = None;
     cap.stream_capture(&pool, |s| {
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Op::fill(&t, 3.0), 1)?;
-        sim.launch(s, sim::Op::copy(&t, &view), 1)?;
+        sim.launch(s, sim::Kernel::fill(&t, 3.0), 1)?;
+        sim.launch(s, sim::Kernel::copy(&t, &view), 1)?;
         sim.free_async(s, &t)?;
-        after_free = Some(sim.launch(s, sim::Op::copy(&t, &view), 1));
+        after_free = Some(sim.launch(s, sim::Kernel::copy(&t, &view), 1));
         temp = Some(t.span());
         Ok::<(), BackendError>(())
     })
@@ -54,8 +54,8 @@ fn a_graphs_memory_nodes_are_its_alloc_and_free_calls_and_a_use_after_free_is_re
             nodes.as_slice(),
             [
                 sim::Node::Alloc { addr: a, bytes: 256 },
-                sim::Node::Kernel(sim::Op::Fill { .. }),
-                sim::Node::Kernel(sim::Op::Copy { .. }),
+                sim::Node::Kernel(sim::Kernel::Fill { .. }),
+                sim::Node::Kernel(sim::Kernel::Copy { .. }),
                 sim::Node::Free { addr: f },
             ] if *a == t.addr() && *f == t.addr()
         ),

@@ -82,7 +82,7 @@ fn a_panicking_step_consumer_keeps_the_cut_copies_and_leaves_no_capture() {
             let mut step = r.step();
             step.replay(RunnerId(0), &pool[0]).unwrap();
             let _ = step.consume(RunnerId(0), &side, |s, v| -> R {
-                sim.launch(s, sim::Op::scale(&v[0], 1.0), 1).ok();
+                sim.launch(s, sim::Kernel::scale(&v[0], 1.0), 1).ok();
                 panic!("consumer panics");
             });
         }));
@@ -98,7 +98,7 @@ fn a_panicking_step_consumer_keeps_the_cut_copies_and_leaves_no_capture() {
         step.replay(RunnerId(1), &pool[1]).unwrap();
         let sink = &c_sink;
         step.consume(RunnerId(1), &side, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], sink), 1)
+            sim.launch(s, sim::Kernel::add(&v[0], sink), 1)
         })
         .unwrap();
         let mut g = step.build().unwrap();
@@ -145,7 +145,7 @@ fn consuming_an_overwritten_writer_in_a_step_is_a_typed_error() {
     let mut ran = false;
     let res = step.consume(RunnerId(0), &side, |s, v| -> R {
         ran = true;
-        Ok(sim.launch(s, sim::Op::add(&v[0], &cs), 3)?)
+        Ok(sim.launch(s, sim::Kernel::add(&v[0], &cs), 3)?)
     });
     // Refused at the consumer or at build, before anything runs.
     if res.is_ok() {

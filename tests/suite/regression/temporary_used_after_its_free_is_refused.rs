@@ -23,13 +23,13 @@ fn temporary_freed_before_the_cut_and_used_after_is_refused_or_harmless() {
     let c = chain_with(2, 1, 1, &mut |c, s| {
         let sim = c.sim;
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Op::copy(c.count, &t), 3)?;
+        sim.launch(s, sim::Kernel::copy(c.count, &t), 3)?;
         sim.free_async(s, &t)?;
         if let Some((h, out)) = c.out {
-            sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+            sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
             c.cap.ready(h, s)?;
         }
-        sim.launch(s, sim::Op::copy(&t, c.own), 30)?; // freed already
+        sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?; // freed already
         Ok(())
     });
     if c.capture_errors.is_empty() {
@@ -53,14 +53,14 @@ fn a_later_copy_using_an_earlier_copys_temporary_is_refused() {
             let mut c = chain_with(2, 1, 2, &mut |c, s| -> R {
                 let sim = c.sim;
                 let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+                sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
                 if let Some(input) = c.input {
-                    sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+                    sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
                 }
                 let use_old = |s: &sim::Stream| -> R {
                     if c.run == 3 {
                         let old = kept.borrow()[from_run - 1];
-                        sim.launch(s, sim::Op::copy(c.count, &old), 1)?;
+                        sim.launch(s, sim::Kernel::copy(c.count, &old), 1)?;
                     }
                     Ok(())
                 };
@@ -68,14 +68,14 @@ fn a_later_copy_using_an_earlier_copys_temporary_is_refused() {
                     use_old(s)?;
                 }
                 if let Some((h, out)) = c.out {
-                    sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                    sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
                     c.cap.ready(h, s)?;
                 }
                 if after_cut {
                     use_old(s)?;
                 }
-                sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
-                sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+                sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
+                sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
                 sim.free_async(s, &t)?;
                 if c.layer == 0 {
                     kept.borrow_mut().push(t);
@@ -104,18 +104,18 @@ fn a_temporary_used_after_its_free_in_a_later_part_is_refused() {
     let spec = Spec::new(2);
     refused_or_hazard_free("use after free across a cut", &spec, &mut |w, s| {
         let t = w.sim.alloc_async(s, fan::N)?;
-        w.sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
-        w.sim.launch(s, sim::Op::copy(&t, &w.xs[0]), 5)?;
+        w.sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, &w.xs[0]), 5)?;
         if w.run >= 2 {
             w.sim.free_async(s, &t)?;
         }
         w.cap.ready(w.hs[0], s)?;
-        w.sim.launch(s, sim::Op::copy(&t, &w.xs[1]), 5)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, &w.xs[1]), 5)?;
         w.cap.ready(w.hs[1], s)?;
         if w.run == 1 {
             w.sim.free_async(s, &t)?;
         }
-        w.sim.launch(s, sim::Op::fill(w.own, 1.0), 5)?;
+        w.sim.launch(s, sim::Kernel::fill(w.own, 1.0), 5)?;
         Ok(())
     });
 }
@@ -154,12 +154,12 @@ fn uaf_probe(
             cap.stream_capture_repeatable(&s[0], |st| -> R {
                 run += 1;
                 work(&sim, &cap, h, &out, st, run)?;
-                Ok(sim.launch(st, sim::Op::fill(&own, 1.0), 1)?)
+                Ok(sim.launch(st, sim::Kernel::fill(&own, 1.0), 1)?)
             })
         } else {
             cap.stream_capture(&s[0], |st| -> R {
                 work(&sim, &cap, h, &out, st, 1)?;
-                Ok(sim.launch(st, sim::Op::fill(&own, 1.0), 1)?)
+                Ok(sim.launch(st, sim::Kernel::fill(&own, 1.0), 1)?)
             })
         };
         if let Err(e) = res {
@@ -173,8 +173,10 @@ fn uaf_probe(
         let cap = capturing.capture(RunnerId(1)).unwrap();
         let input = cap.receive(h).unwrap();
         let sink = sim.alloc_f32(fan::N).unwrap();
-        cap.stream_capture(&s[1], |st| sim.launch(st, sim::Op::add(&input, &sink), 3))
-            .unwrap();
+        cap.stream_capture(&s[1], |st| {
+            sim.launch(st, sim::Kernel::add(&input, &sink), 3)
+        })
+        .unwrap();
         cap.finish().unwrap();
         std::mem::forget(sink);
     }
@@ -225,9 +227,9 @@ fn a_temporary_used_after_its_free_stays_hazard_free_in_every_capture_shape() {
             false,
             Box::new(|sim, cap, h, out, s, _| {
                 let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
                 sim.free_async(s, &t)?;
-                sim.launch(s, sim::Op::copy(&t, out), 5)?;
+                sim.launch(s, sim::Kernel::copy(&t, out), 5)?;
                 cap.ready(h, s)?;
                 Ok(())
             }),
@@ -237,9 +239,9 @@ fn a_temporary_used_after_its_free_stays_hazard_free_in_every_capture_shape() {
             true,
             Box::new(|sim, cap, h, out, s, _| {
                 let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
                 sim.free_async(s, &t)?;
-                sim.launch(s, sim::Op::copy(&t, out), 5)?;
+                sim.launch(s, sim::Kernel::copy(&t, out), 5)?;
                 cap.ready(h, s)?;
                 Ok(())
             }),
@@ -249,10 +251,10 @@ fn a_temporary_used_after_its_free_stays_hazard_free_in_every_capture_shape() {
             true,
             Box::new(|sim, cap, h, out, s, _| {
                 let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Op::copy(&t, out), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, out), 1)?;
                 sim.free_async(s, &t)?;
                 cap.ready(h, s)?;
-                sim.launch(s, sim::Op::fill(&t, 7.0), 5)?;
+                sim.launch(s, sim::Kernel::fill(&t, 7.0), 5)?;
                 Ok(())
             }),
         ),
@@ -261,12 +263,12 @@ fn a_temporary_used_after_its_free_stays_hazard_free_in_every_capture_shape() {
             true,
             Box::new(|sim, cap, h, out, s, run| {
                 let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Op::copy(&t, out), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, out), 1)?;
                 if run >= 2 {
                     sim.free_async(s, &t)?;
                 }
                 cap.ready(h, s)?;
-                sim.launch(s, sim::Op::fill(&t, 7.0), 5)?;
+                sim.launch(s, sim::Kernel::fill(&t, 7.0), 5)?;
                 if run == 1 {
                     sim.free_async(s, &t)?;
                 }
@@ -290,13 +292,13 @@ fn a_temporary_read_after_its_free_never_aliases_a_later_temporary() {
     let spans = std::cell::RefCell::new(Vec::new());
     let (errs, sealed, hazards, p) = uaf_probe(true, &|sim, cap, h, out, s, _| {
         let t1 = sim.alloc_async(s, fan::N)?;
-        sim.launch(s, sim::Op::fill(&t1, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::fill(&t1, 1.0), 1)?;
         sim.free_async(s, &t1)?;
         cap.ready(h, s).ok();
         let t2 = sim.alloc_async(s, fan::N)?;
         spans.borrow_mut().push((t1.addr(), t2.addr()));
-        sim.launch(s, sim::Op::fill(&t2, 5.0), 1)?;
-        sim.launch(s, sim::Op::copy(&t1, &t2), 5)?;
+        sim.launch(s, sim::Kernel::fill(&t2, 5.0), 1)?;
+        sim.launch(s, sim::Kernel::copy(&t1, &t2), 5)?;
         sim.free_async(s, &t2)?;
         let _ = out;
         Ok(())
@@ -339,11 +341,11 @@ fn a_raw_span_forged_at_another_graphs_temporary_is_refused() {
             cap.stream_capture_repeatable(&s[0], |st| -> R {
                 let t = sim.alloc_async(st, fan::N)?;
                 addrs.borrow_mut().push(t.addr());
-                sim.launch(st, sim::Op::fill(&t, 1.0), 1)?;
-                sim.launch(st, sim::Op::copy(&t, &out), 1)?;
+                sim.launch(st, sim::Kernel::fill(&t, 1.0), 1)?;
+                sim.launch(st, sim::Kernel::copy(&t, &out), 1)?;
                 cap.ready(h, st)?;
-                sim.launch(st, sim::Op::fill(&t, 2.0), 100)?;
-                sim.launch(st, sim::Op::copy(&t, &own), 1)?;
+                sim.launch(st, sim::Kernel::fill(&t, 2.0), 100)?;
+                sim.launch(st, sim::Kernel::copy(&t, &own), 1)?;
                 sim.free_async(st, &t)?;
                 Ok(())
             })
@@ -361,9 +363,9 @@ fn a_raw_span_forged_at_another_graphs_temporary_is_refused() {
                 .map(|a| sim::Span::new(*a, fan::N))
                 .collect();
             let res = cap.stream_capture(&s[1], |st| -> R {
-                sim.launch(st, sim::Op::copy(&input, &own), 1)?;
+                sim.launch(st, sim::Kernel::copy(&input, &own), 1)?;
                 for f in &forged {
-                    sim.launch(st, sim::Op::fill(f, 9.0), 10)?;
+                    sim.launch(st, sim::Kernel::fill(f, 9.0), 10)?;
                 }
                 Ok(())
             });

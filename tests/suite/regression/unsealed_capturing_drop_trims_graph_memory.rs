@@ -30,8 +30,8 @@ fn dropping_a_capturing_with_temporaries_gives_graph_memory_back() {
         let v = cap.take(OWN).unwrap();
         cap.stream_capture(&s, |s| -> R {
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
-            sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+            sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
+            sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
             Ok(sim.free_async(s, &t)?)
         })
         .unwrap();
@@ -48,14 +48,14 @@ fn panic_after_the_cut_with_a_live_temporary_leaks_nothing() {
     let out = catch_unwind(AssertUnwindSafe(|| {
         chain_on(s2, 2, 1, 1, &mut |c, s| {
             let t = c.sim.alloc_async(s, N)?;
-            c.sim.launch(s, sim::Op::copy(c.count, &t), 1)?;
+            c.sim.launch(s, sim::Kernel::copy(c.count, &t), 1)?;
             if let Some((h, out)) = c.out {
-                c.sim.launch(s, sim::Op::copy(&t, out), 2)?;
+                c.sim.launch(s, sim::Kernel::copy(&t, out), 2)?;
                 c.cap.ready(h, s)?;
             }
             // temporary still live across the cut
             assert!(c.run < 2, "second run panics after the cut");
-            c.sim.launch(s, sim::Op::copy(&t, c.own), 1)?;
+            c.sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
             Ok(c.sim.free_async(s, &t)?)
         })
     }));
@@ -76,8 +76,8 @@ fn seal_with_question_mark(sim: &sim::Device) -> replay_arena::Result<()> {
     let v = cap.take(OWN)?;
     cap.stream_capture_repeatable(&s, |s| -> R {
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
-        sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+        sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
         Ok(sim.free_async(s, &t)?)
     })
     .map_err(|e| e.to_string())
@@ -119,12 +119,12 @@ fn capturing_dropped_unsealed_with_cut_copies_trims_graph_memory() {
             let xs: Vec<_> = hs.iter().map(|h| cap.hand_off(*h).unwrap()).collect();
             cap.stream_capture_repeatable(&s, |s| -> R {
                 let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
                 for i in 0..3 {
-                    sim.launch(s, sim::Op::copy(&t, &xs[i]), 1)?;
+                    sim.launch(s, sim::Kernel::copy(&t, &xs[i]), 1)?;
                     cap.ready(hs[i], s)?;
                 }
-                sim.launch(s, sim::Op::copy(&t, &own), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, &own), 1)?;
                 sim.free_async(s, &t)?;
                 Ok(())
             })
@@ -155,8 +155,8 @@ fn capturing_dropped_unsealed_with_a_runner_open_is_refused_or_trims() {
             let v = cap.take(fan::OWN).unwrap();
             let _ = cap.stream_capture_repeatable(&s, |s| -> R {
                 let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
-                sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+                sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
                 sim.free_async(s, &t)?;
                 if r == 1 {
                     return Err(refused("fails"));
@@ -197,9 +197,9 @@ fn a_failing_or_panicking_copy_run_between_cuts_leaks_nothing() {
                 cap.stream_capture_repeatable(&s, |s| -> R {
                     run += 1;
                     let t = sim.alloc_async(s, fan::N)?;
-                    sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
+                    sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
                     for i in 0..3 {
-                        sim.launch(s, sim::Op::copy(&t, &xs[i]), 1)?;
+                        sim.launch(s, sim::Kernel::copy(&t, &xs[i]), 1)?;
                         cap.ready(hs[i], s)?;
                         if run == 2 && i == 1 {
                             if panic {
@@ -208,7 +208,7 @@ fn a_failing_or_panicking_copy_run_between_cuts_leaks_nothing() {
                             return Err(refused("between cuts"));
                         }
                     }
-                    sim.launch(s, sim::Op::copy(&t, &own), 1)?;
+                    sim.launch(s, sim::Kernel::copy(&t, &own), 1)?;
                     sim.free_async(s, &t)?;
                     Ok(())
                 })

@@ -57,7 +57,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
         cap.stream_capture(&stream, |s| {
             views
                 .iter()
-                .try_for_each(|v| sim.launch(s, sim::Op::fill(v, 1.0), 1))
+                .try_for_each(|v| sim.launch(s, sim::Kernel::fill(v, 1.0), 1))
         })
         .unwrap();
         addrs = views.iter().map(|v| v.device_address()).collect::<Vec<_>>();
@@ -163,8 +163,8 @@ fn linear_backward(
     let out = if layer > 0 {
         let (ticket, buffer) = src.hand_off(dgrad_request())?;
         let dx = place(buffer, sim, eager)?;
-        sim.launch(s, sim::Op::copy(&dy_span, &dx), 2)?;
-        sim.launch(s, sim::Op::scale(&dx, 2.0), 2)?;
+        sim.launch(s, sim::Kernel::copy(&dy_span, &dx), 2)?;
+        sim.launch(s, sim::Kernel::scale(&dx, 2.0), 2)?;
         src.ready(ticket, s)?;
         Some(Incoming {
             ticket: Some(ticket),
@@ -174,8 +174,8 @@ fn linear_backward(
         None
     };
     let wgrad = place(src.request(wgrad_request(layer))?, sim, eager)?;
-    sim.launch(s, sim::Op::copy(&dy_span, &wgrad), 3)?;
-    sim.launch(s, sim::Op::scale(&wgrad, (layer + 1) as f32), 3)?;
+    sim.launch(s, sim::Kernel::copy(&dy_span, &wgrad), 3)?;
+    sim.launch(s, sim::Kernel::scale(&wgrad, (layer + 1) as f32), 3)?;
     Ok((out, wgrad))
 }
 
@@ -295,7 +295,7 @@ fn one_layer_function_hands_gradients_down_eagerly_in_discovery_and_in_capture()
             replayable
                 .consume(runner, &side, |s, views| {
                     let wgrad = views.find(&wgrad_request(layer_of(r))).unwrap();
-                    sim.launch(s, sim::Op::copy(&wgrad, &outs[r]), 1)
+                    sim.launch(s, sim::Kernel::copy(&wgrad, &outs[r]), 1)
                 })
                 .unwrap();
         }

@@ -128,23 +128,23 @@ fn setup(w: &Schedule) -> Setup {
         // Two copies: enough for an overlapping step graph.
         cap.step_copies(2);
         cap.stream_capture_repeatable(&lanes[0], |s| {
-            sim.launch(s, sim::Op::add(&one, count), 1)?;
+            sim.launch(s, sim::Kernel::add(&one, count), 1)?;
             if let Some(input) = &input {
-                sim.launch(s, sim::Op::add(input, sink), duration)?;
+                sim.launch(s, sim::Kernel::add(input, sink), duration)?;
             }
             if let Some((h, out)) = &output {
-                sim.launch(s, sim::Op::copy(count, out), 2)?;
+                sim.launch(s, sim::Kernel::copy(count, out), 2)?;
                 if ready {
                     cap.ready(*h, s)?;
                 }
             }
             if temporary {
                 let t = sim.alloc_async(s, 32)?;
-                sim.launch(s, sim::Op::copy(count, &t), 1)?;
-                sim.launch(s, sim::Op::copy(&t, &own), duration)?;
+                sim.launch(s, sim::Kernel::copy(count, &t), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, &own), duration)?;
                 sim.free_async(s, &t)?;
             } else {
-                sim.launch(s, sim::Op::copy(count, &own), duration)?;
+                sim.launch(s, sim::Kernel::copy(count, &own), duration)?;
             }
             Ok::<(), replay_arena::Error>(())
         })
@@ -199,8 +199,8 @@ fn per_runner(
                 macro_rules! work {
                     () => {
                         |st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
-                            sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
-                            sim.launch(st, sim::Op::add(&v[0], shared), 1)
+                            sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
+                            sim.launch(st, sim::Kernel::add(&v[0], shared), 1)
                         }
                     };
                 }
@@ -242,8 +242,8 @@ fn stepped(
             macro_rules! work {
                 () => {
                     |st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
-                        sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
-                        sim.launch(st, sim::Op::add(&v[0], shared), 1)
+                        sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
+                        sim.launch(st, sim::Kernel::add(&v[0], shared), 1)
                     }
                 };
             }
@@ -419,7 +419,7 @@ fn an_overlapping_step_graph_completes_only_after_the_launch_before_it() {
             step.replay(RunnerId(1), &s.lanes[1]).unwrap();
             let sim = &s.sim;
             step.consume(RunnerId(0), &s.lanes[2], |st, v| {
-                sim.launch(st, sim::Op::add(&v[0], &acc), 200)
+                sim.launch(st, sim::Kernel::add(&v[0], &acc), 200)
             })
             .unwrap();
             let mut graph = if overlapping {
@@ -538,7 +538,7 @@ fn a_consumer_of_a_step_reads_and_may_not_write_its_views() {
     let sim = s.sim.clone();
     let e = step
         .consume(RunnerId(0), &s.lanes[2], |st, v| {
-            sim.launch(st, sim::Op::fill(&v[0], 0.0), 1)
+            sim.launch(st, sim::Kernel::fill(&v[0], 0.0), 1)
         })
         .unwrap_err();
     assert!(
@@ -565,7 +565,7 @@ fn wait_all_orders_the_programs_work_after_the_latest_launch() {
         let (sim, acc) = (&s.sim, &s.accs[r]);
         step.replay(RunnerId(r as u32), &s.lanes[r % 2]).unwrap();
         step.consume(RunnerId(r as u32), &s.lanes[2], |st, v| {
-            sim.launch(st, sim::Op::add(&v[0], acc), 30)
+            sim.launch(st, sim::Kernel::add(&v[0], acc), 30)
         })
         .unwrap();
     }
@@ -574,7 +574,7 @@ fn wait_all_orders_the_programs_work_after_the_latest_launch() {
     graph.wait_all(&optimizer).unwrap();
     // The optimizer reads what the step's last consumer wrote.
     s.sim
-        .launch(&optimizer, sim::Op::copy(&s.accs[3], &copy), 1)
+        .launch(&optimizer, sim::Kernel::copy(&s.accs[3], &copy), 1)
         .unwrap();
     drop(graph);
     assert!(s.sim.hazards().is_empty(), "{:?}", s.sim.hazards());
@@ -594,8 +594,8 @@ fn a_consumer_with_temporaries_is_moved_into_one_step_graph_and_refused_by_overl
         // made, so it is moved in, into one graph only.
         step.consume(RunnerId(0), &s.lanes[2], |st, v| {
             let t = sim.alloc_async(st, 32)?;
-            sim.launch(st, sim::Op::copy(&v[0], &t), 1)?;
-            sim.launch(st, sim::Op::add(&t, acc), 1)?;
+            sim.launch(st, sim::Kernel::copy(&v[0], &t), 1)?;
+            sim.launch(st, sim::Kernel::add(&t, acc), 1)?;
             sim.free_async(st, &t)
         })
         .unwrap();
@@ -687,8 +687,8 @@ proptest! {
                     macro_rules! work {
 () => {
 |st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
-                        sim.launch(st, sim::Op::add(&v[0], acc), duration)?;
-                        sim.launch(st, sim::Op::add(&v[0], shared), 1)
+                        sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
+                        sim.launch(st, sim::Kernel::add(&v[0], shared), 1)
                     }
 };
 }
@@ -729,7 +729,7 @@ proptest! {
                         let (sim, acc) = (&s.sim, &s.lane_accs[2]);
                         s.replayable
                             .consume(last, &s.lanes[2], |st, v| {
-                                sim.launch(st, sim::Op::add(&v[0], acc), 3)
+                                sim.launch(st, sim::Kernel::add(&v[0], acc), 3)
                             })
                             .map_err(|e| e.to_string())
                     };

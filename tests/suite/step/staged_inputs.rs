@@ -48,15 +48,15 @@ fn plan(sim: &sim::Device, pool: &sim::Stream) -> Replayable<sim::Device> {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let (i, o) = (cap.take(input()).unwrap(), cap.take(buf()).unwrap());
         cap.stream_capture(pool, |s| {
-            sim.launch(s, sim::Op::copy(&i, &o), 5)?;
-            sim.launch(s, sim::Op::scale(&o, 2.0), 5)
+            sim.launch(s, sim::Kernel::copy(&i, &o), 5)?;
+            sim.launch(s, sim::Kernel::scale(&o, 2.0), 5)
         })
         .unwrap();
         cap.finish().unwrap();
     }
     for r in 1..3u32 {
         capture_view(&mut capturing, RunnerId(r), buf(), pool, |s, g| {
-            sim.launch(s, sim::Op::fill(&g, r as f32), 10)
+            sim.launch(s, sim::Kernel::fill(&g, r as f32), 10)
         });
     }
     capturing.seal().unwrap()
@@ -64,7 +64,7 @@ fn plan(sim: &sim::Device, pool: &sim::Stream) -> Replayable<sim::Device> {
 
 fn stage(rp: &mut Replayable<sim::Device>, sim: &sim::Device, s: &sim::Stream, v: f32) {
     rp.consume_mut(RunnerId(0), s, |s, views| {
-        sim.launch(s, sim::Op::fill(&views[0], v), 3)
+        sim.launch(s, sim::Kernel::fill(&views[0], v), 3)
     })
     .unwrap();
 }
@@ -96,13 +96,13 @@ fn a_kept_step_whose_runners_reuse_its_staged_runners_bytes_builds_and_launches_
             step.replay(RunnerId(0), &pool[0]).unwrap();
             // Read before runner 2 takes runner 0's bytes.
             step.consume(RunnerId(0), &side, |s, v| {
-                sim.launch(s, sim::Op::copy(&v[1], &out), 20)
+                sim.launch(s, sim::Kernel::copy(&v[1], &out), 20)
             })
             .unwrap();
             for r in 1..3u32 {
                 step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
                 step.consume(RunnerId(r), &side, |s, v| {
-                    sim.launch(s, sim::Op::add(&v[0], &grads), 20)
+                    sim.launch(s, sim::Kernel::add(&v[0], &grads), 20)
                 })
                 .unwrap();
             }
@@ -157,20 +157,20 @@ fn a_borrowed_step_graph_launches_once_per_staging_and_one_that_stages_inside_la
     let pool = [sim.stream(), sim.stream()];
     let mut rp = plan(&sim, &pool[0]);
     let (src, out) = (sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap());
-    sim.launch(&st, sim::Op::fill(&src, 3.0), 1).unwrap();
+    sim.launch(&st, sim::Kernel::fill(&src, 3.0), 1).unwrap();
     stage(&mut rp, &sim, &st, 1.0);
     for inside in [false, true] {
         let mut step = rp.step();
         if inside {
             // Staged inside the step: each launch writes the input first.
             step.consume_mut(RunnerId(0), &st, |s, v| {
-                sim.launch(s, sim::Op::copy(&src, &v[0]), 3)
+                sim.launch(s, sim::Kernel::copy(&src, &v[0]), 3)
             })
             .unwrap();
         }
         step.replay(RunnerId(0), &pool[0]).unwrap();
         step.consume(RunnerId(0), &side, |s, v| {
-            sim.launch(s, sim::Op::copy(&v[1], &out), 20)
+            sim.launch(s, sim::Kernel::copy(&v[1], &out), 20)
         })
         .unwrap();
         for r in 1..3u32 {

@@ -49,19 +49,19 @@ fn chain(layers: usize, repeatable: bool, ready: bool) -> Chain {
         let output = (l + 1 < layers).then(|| (handoffs[l], cap.hand_off(handoffs[l]).unwrap()));
         let (count, sink) = (&counts[l], &sinks[l]);
         let work = |s: &sim::Stream| {
-            sim.launch(s, sim::Op::add(&one, count), 1)?;
+            sim.launch(s, sim::Kernel::add(&one, count), 1)?;
             if let Some(input) = &input {
-                sim.launch(s, sim::Op::add(input, sink), 20)?;
+                sim.launch(s, sim::Kernel::add(input, sink), 20)?;
             }
             if let Some((h, out)) = &output {
-                sim.launch(s, sim::Op::copy(count, out), 2)?;
+                sim.launch(s, sim::Kernel::copy(count, out), 2)?;
                 if ready {
                     cap.ready(*h, s)?;
                 }
             }
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::copy(count, &t), 5)?;
-            sim.launch(s, sim::Op::copy(&t, &own), 30)?;
+            sim.launch(s, sim::Kernel::copy(count, &t), 5)?;
+            sim.launch(s, sim::Kernel::copy(&t, &own), 30)?;
             sim.free_async(s, &t)?;
             Ok::<(), replay_arena::Error>(())
         };
@@ -211,7 +211,7 @@ fn work_without_temporaries_runs_once_and_is_copied_into_step_graphs() {
     let mut runs = 0;
     cap.stream_capture_repeatable(&s, |s| {
         runs += 1;
-        sim.launch(s, sim::Op::fill(&v, 3.0), 1)
+        sim.launch(s, sim::Kernel::fill(&v, 3.0), 1)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -272,8 +272,8 @@ fn with_temporary(
     v: &replay_arena::View<'_>,
 ) -> replay_arena::Result<()> {
     let t = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
-    sim.launch(s, sim::Op::copy(&t, v), 1)?;
+    sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
+    sim.launch(s, sim::Kernel::copy(&t, v), 1)?;
     sim.free_async(s, &t)?;
     Ok(())
 }
@@ -286,7 +286,7 @@ fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
         if run == 2 {
             return Err(replay_arena::Error::Backend(
                 replay_arena::BackendError::Refused {
-                    op: "test",
+                    call: "test",
                     reason: "second run".into(),
                 },
             ));
@@ -351,7 +351,7 @@ fn a_second_run_with_other_ready_points_is_a_typed_error() {
         .stream_capture_repeatable(&s, |s| {
             run += 1;
             with_temporary(&sim, s, &own)?;
-            sim.launch(s, sim::Op::fill(&out, 1.0), 1)?;
+            sim.launch(s, sim::Kernel::fill(&out, 1.0), 1)?;
             if run == 1 {
                 cap.ready(h, s)?;
             }
@@ -409,13 +409,13 @@ fn a_step_copy_may_not_use_a_temporary_of_the_first_run() {
     let mut kept: Option<sim::Span> = None;
     let (captured, finished, sim) = capture_once(|sim, s, v, run| {
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
         if run == 2 {
             // The first run's temporary: mapped only while that graph runs.
             let old = kept.expect("the first run kept its temporary");
-            sim.launch(s, sim::Op::copy(&old, v), 1)?;
+            sim.launch(s, sim::Kernel::copy(&old, v), 1)?;
         } else {
-            sim.launch(s, sim::Op::copy(&t, v), 1)?;
+            sim.launch(s, sim::Kernel::copy(&t, v), 1)?;
         }
         sim.free_async(s, &t)?;
         kept = Some(t);
@@ -517,13 +517,13 @@ fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
                 // A temporary on each side of the ready point, none across
                 // it: the copy is cut there.
                 let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::fill(&t, 1.0), 1)?;
-                sim.launch(s, sim::Op::copy(&t, &out), 1)?;
+                sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, &out), 1)?;
                 sim.free_async(s, &t)?;
                 cap.ready(h, s)?;
                 let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
-                sim.launch(s, sim::Op::copy(&t, &own), 1)?;
+                sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, &own), 1)?;
                 sim.free_async(s, &t)?;
                 Ok::<(), replay_arena::Error>(())
             })
@@ -593,23 +593,23 @@ fn two_ready_points(
                 false => Ok(None),
             };
             let mut t = alloc(Temporary::AcrossBoth)?;
-            sim.launch(st, sim::Op::fill(&x0, 1.0), 5)?;
+            sim.launch(st, sim::Kernel::fill(&x0, 1.0), 5)?;
             cap.ready(h0, st)?;
             if t.is_none() {
                 t = alloc(Temporary::AcrossSecond)?;
             }
-            sim.launch(st, sim::Op::fill(&x1, 2.0), 50)?;
+            sim.launch(st, sim::Kernel::fill(&x1, 2.0), 50)?;
             cap.ready(h1, st)?;
             if t.is_none() {
                 t = alloc(Temporary::AfterBoth)?;
             }
             match &t {
                 Some(t) => {
-                    sim.launch(st, sim::Op::fill(t, 3.0), 200)?;
-                    sim.launch(st, sim::Op::copy(t, &own), 1)?;
+                    sim.launch(st, sim::Kernel::fill(t, 3.0), 200)?;
+                    sim.launch(st, sim::Kernel::copy(t, &own), 1)?;
                     sim.free_async(st, t)?;
                 }
-                None => sim.launch(st, sim::Op::fill(&own, 3.0), 200)?,
+                None => sim.launch(st, sim::Kernel::fill(&own, 3.0), 200)?,
             }
             Ok::<(), replay_arena::Error>(())
         };
@@ -621,7 +621,7 @@ fn two_ready_points(
         let own = cap.take(OWN).unwrap();
         let input = cap.receive(h).unwrap();
         cap.stream_capture(&s[r as usize], |st| {
-            sim.launch(st, sim::Op::copy(&input, &own), 5)
+            sim.launch(st, sim::Kernel::copy(&input, &own), 5)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -732,13 +732,13 @@ fn a_temporary_used_after_its_free_in_the_same_graph_is_refused() {
         let err = cap
             .stream_capture_repeatable(&s, |st| {
                 let t = sim.alloc_async(st, N)?;
-                sim.launch(st, sim::Op::fill(&t, 1.0), 1)?;
-                sim.launch(st, sim::Op::copy(&t, &out), 1)?;
+                sim.launch(st, sim::Kernel::fill(&t, 1.0), 1)?;
+                sim.launch(st, sim::Kernel::copy(&t, &out), 1)?;
                 sim.free_async(st, &t)?;
                 if cut {
                     cap.ready(h, st)?;
                 }
-                sim.launch(st, sim::Op::copy(&t, &own), 1)?;
+                sim.launch(st, sim::Kernel::copy(&t, &own), 1)?;
                 if !cut {
                     cap.ready(h, st)?;
                 }

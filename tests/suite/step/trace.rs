@@ -53,7 +53,7 @@ fn build_step<'r>(
     for r in 0..n {
         step.replay(RunnerId(r), &l.pool[r as usize % 2]).unwrap();
         step.consume(RunnerId(r), &l.side, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], sink), CONSUME)
+            sim.launch(s, sim::Kernel::add(&v[0], sink), CONSUME)
         })
         .unwrap();
     }
@@ -272,11 +272,11 @@ fn a_step_graph_holding_a_moved_step_copy_is_one_slice_per_launch() {
             if r == 0 {
                 // A temporary: the step graph moves in a step copy.
                 let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::fill(&t, 1.0), 3)?;
-                sim.launch(s, sim::Op::copy(&t, &view), 3)?;
+                sim.launch(s, sim::Kernel::fill(&t, 1.0), 3)?;
+                sim.launch(s, sim::Kernel::copy(&t, &view), 3)?;
                 sim.free_async(s, &t)?;
             } else {
-                sim.launch(s, sim::Op::fill(&view, 2.0), 4)?;
+                sim.launch(s, sim::Kernel::fill(&view, 2.0), 4)?;
             }
             Ok::<(), replay_arena::Error>(())
         };
@@ -420,9 +420,9 @@ fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_f
         let own = cap.take(REQ).unwrap();
         let out = cap.hand_off(handoff).unwrap();
         cap.stream_capture(&l.pool[0], |s| {
-            sim.launch(s, sim::Op::fill(&out, 1.0), 4)?;
+            sim.launch(s, sim::Kernel::fill(&out, 1.0), 4)?;
             cap.ready(handoff, s)?;
-            sim.launch(s, sim::Op::fill(&own, 2.0), 30)?;
+            sim.launch(s, sim::Kernel::fill(&own, 2.0), 30)?;
             Ok::<(), replay_arena::Error>(())
         })
         .unwrap();
@@ -433,7 +433,7 @@ fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_f
         let own = cap.take(REQ).unwrap();
         let input = cap.receive(handoff).unwrap();
         cap.stream_capture(&l.pool[1], |s| {
-            sim.launch(s, sim::Op::copy(&input, &own), 6)
+            sim.launch(s, sim::Kernel::copy(&input, &own), 6)
         })
         .unwrap();
         cap.finish().unwrap();

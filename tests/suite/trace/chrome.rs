@@ -25,7 +25,7 @@ fn traced_schedule() -> (sim::Device, Replayable<sim::Device>, replay_arena::Tra
                 .unwrap();
             replayable
                 .consume(RunnerId(r), &side, |s, v| {
-                    sim.launch(s, sim::Op::add(&v[0], &main), 5)
+                    sim.launch(s, sim::Kernel::add(&v[0], &main), 5)
                 })
                 .unwrap();
         }
@@ -95,7 +95,7 @@ fn sim_times_are_the_sims_clock() {
     replayable.replay(RunnerId(0), &a).unwrap(); // 0..10 on a
     replayable
         .consume(RunnerId(0), &b, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &main), 4)
+            sim.launch(s, sim::Kernel::add(&v[0], &main), 4)
         })
         .unwrap(); // waits for the replay: 10..14 on b
     replayable.replay(RunnerId(1), &a).unwrap(); // waits for the consumer: 14..25
@@ -221,7 +221,7 @@ fn a_step_graph_launch_is_one_slice_after_the_wait_for_everything_before_it() {
     for r in 0..4 {
         step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
         step.consume(RunnerId(r), &side, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &main), 5)
+            sim.launch(s, sim::Kernel::add(&v[0], &main), 5)
         })
         .unwrap();
     }
@@ -312,7 +312,7 @@ fn overlapping_step_graphs_show_as_overlapping_slices_of_alternating_graphs() {
     for r in 0..4 {
         step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
         step.consume(RunnerId(r), &side, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &main), 30)
+            sim.launch(s, sim::Kernel::add(&v[0], &main), 30)
         })
         .unwrap();
     }

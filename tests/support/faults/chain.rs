@@ -40,12 +40,12 @@ pub struct Ctx<'a, 'c> {
 /// sink += input; out = count; ready.
 pub fn up_to_ready(c: &Ctx, s: &sim::Stream) -> R {
     let sim = c.sim;
-    sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+    sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
     if let Some(input) = c.input {
-        sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+        sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
     }
     if let Some((h, out)) = c.out {
-        sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+        sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
         c.cap.ready(h, s)?;
     }
     Ok(())
@@ -57,8 +57,8 @@ pub fn standard(c: &Ctx, s: &sim::Stream) -> R {
     let sim = c.sim;
     up_to_ready(c, s)?;
     let t = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
-    sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+    sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
+    sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
     sim.free_async(s, &t)?;
     Ok(())
 }
@@ -68,7 +68,7 @@ pub fn standard(c: &Ctx, s: &sim::Stream) -> R {
 /// copy.
 pub fn plain(c: &Ctx, s: &sim::Stream) -> R {
     up_to_ready(c, s)?;
-    c.sim.launch(s, sim::Op::copy(c.count, c.own), 30)?;
+    c.sim.launch(s, sim::Kernel::copy(c.count, c.own), 30)?;
     Ok(())
 }
 
@@ -315,15 +315,19 @@ pub fn two_handoffs(
         let mut run = 0;
         let res = cap.stream_capture_repeatable(&streams[0], |s| -> R {
             run += 1;
-            sim.launch(s, sim::Op::add(&one, &count), 1)?;
+            sim.launch(s, sim::Kernel::add(&one, &count), 1)?;
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::copy(&count, &t), 1)?;
+            sim.launch(s, sim::Kernel::copy(&count, &t), 1)?;
             for (k, &i) in order(run).iter().enumerate() {
                 // the second handoff written is slow
-                sim.launch(s, sim::Op::copy(&t, &outs[i]), if k == 0 { 2 } else { 60 })?;
+                sim.launch(
+                    s,
+                    sim::Kernel::copy(&t, &outs[i]),
+                    if k == 0 { 2 } else { 60 },
+                )?;
                 cap.ready(hs[i], s)?;
             }
-            sim.launch(s, sim::Op::copy(&t, &own), 5)?;
+            sim.launch(s, sim::Kernel::copy(&t, &own), 5)?;
             Ok(sim.free_async(s, &t)?)
         });
         if let Err(e) = res {
@@ -338,7 +342,7 @@ pub fn two_handoffs(
         let own = cap.take(OWN).unwrap();
         let input = cap.receive(hs[i]).unwrap();
         cap.stream_capture(&streams[0], |s| {
-            sim.launch(s, sim::Op::copy(&input, &own), 3)
+            sim.launch(s, sim::Kernel::copy(&input, &own), 3)
         })
         .unwrap();
         cap.finish().unwrap();

@@ -170,7 +170,7 @@ pub fn fan_with(
                 };
                 return w(&ctx, s);
             }
-            sim.launch(s, sim::Op::add(&one, &count), 1)?;
+            sim.launch(s, sim::Kernel::add(&one, &count), 1)?;
             // With `writer_temps`, each part between ready points works on
             // a temporary of its own (allocated after the ready point before
             // it, freed before the one after it): none lives across a ready
@@ -178,7 +178,7 @@ pub fn fan_with(
             let temp = |t: &mut Option<sim::Span>| -> replay_arena::Result<()> {
                 if spec.writer_temps && t.is_none() {
                     let new = sim.alloc_async(s, N)?;
-                    sim.launch(s, sim::Op::copy(&count, &new), 1)?;
+                    sim.launch(s, sim::Kernel::copy(&count, &new), 1)?;
                     *t = Some(new);
                 }
                 Ok(())
@@ -193,8 +193,8 @@ pub fn fan_with(
                 if !written[i] {
                     temp(&mut t)?;
                     let src = t.unwrap_or_else(|| count.span());
-                    sim.launch(s, sim::Op::copy(&src, &xs[i]), 5)?;
-                    sim.launch(s, sim::Op::scale(&xs[i], (i + 1) as f32), 5)?;
+                    sim.launch(s, sim::Kernel::copy(&src, &xs[i]), 5)?;
+                    sim.launch(s, sim::Kernel::scale(&xs[i], (i + 1) as f32), 5)?;
                     written[i] = true;
                 }
                 release(&mut t)?;
@@ -204,11 +204,11 @@ pub fn fan_with(
             let src = t.unwrap_or_else(|| count.span());
             for i in 0..k {
                 if !written[i] {
-                    sim.launch(s, sim::Op::copy(&src, &xs[i]), 5)?;
-                    sim.launch(s, sim::Op::scale(&xs[i], (i + 1) as f32), 5)?;
+                    sim.launch(s, sim::Kernel::copy(&src, &xs[i]), 5)?;
+                    sim.launch(s, sim::Kernel::scale(&xs[i], (i + 1) as f32), 5)?;
                 }
             }
-            sim.launch(s, sim::Op::copy(&src, &own), 100)?;
+            sim.launch(s, sim::Kernel::copy(&src, &own), 100)?;
             release(&mut t)?;
             Ok(())
         });
@@ -237,20 +237,20 @@ pub fn fan_with(
         let sink = &sinks[i + 1];
         let s = &streams[i + 1];
         cap.stream_capture_repeatable(s, |s| -> R {
-            sim.launch(s, sim::Op::add(&input, sink), 20)?;
+            sim.launch(s, sim::Kernel::add(&input, sink), 20)?;
             if spec.reader_temps {
                 let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::copy(&input, &t), 3)?;
-                sim.launch(s, sim::Op::copy(&t, &own), 3)?;
+                sim.launch(s, sim::Kernel::copy(&input, &t), 3)?;
+                sim.launch(s, sim::Kernel::copy(&t, &own), 3)?;
                 sim.free_async(s, &t)?;
             } else {
-                sim.launch(s, sim::Op::copy(&input, &own), 3)?;
+                sim.launch(s, sim::Kernel::copy(&input, &own), 3)?;
             }
             if let Some(out) = &out {
-                sim.launch(s, sim::Op::copy(&input, out), 2)?;
-                sim.launch(s, sim::Op::scale(out, 10.0), 2)?;
+                sim.launch(s, sim::Kernel::copy(&input, out), 2)?;
+                sim.launch(s, sim::Kernel::scale(out, 10.0), 2)?;
                 cap.ready(g_handoff.unwrap(), s)?;
-                sim.launch(s, sim::Op::add(&input, &own), 50)?;
+                sim.launch(s, sim::Kernel::add(&input, &own), 50)?;
             }
             Ok(())
         })
@@ -263,8 +263,8 @@ pub fn fan_with(
         let input = cap.receive(gh).unwrap();
         let sink = &sinks[k + 1];
         cap.stream_capture(&streams[k + 1], |s| -> R {
-            sim.launch(s, sim::Op::add(&input, sink), 7)?;
-            sim.launch(s, sim::Op::copy(&input, &own), 1)?;
+            sim.launch(s, sim::Kernel::add(&input, sink), 7)?;
+            sim.launch(s, sim::Kernel::copy(&input, &own), 1)?;
             Ok(())
         })
         .unwrap();
@@ -316,7 +316,7 @@ impl Fan {
                 Item::Replay(run, s) => r.replay(RunnerId(run), &streams[s]).unwrap(),
                 Item::Consume(run) => r
                     .consume(RunnerId(run), &side, |s, v| {
-                        sim.launch(s, sim::Op::add(&v[0], cs), 3)
+                        sim.launch(s, sim::Kernel::add(&v[0], cs), 3)
                     })
                     .unwrap(),
             }
@@ -353,7 +353,7 @@ impl Fan {
                 }
                 Item::Consume(run) => {
                     if let Err(e) = step.consume(RunnerId(run), &side, |s, v| {
-                        sim.launch(s, sim::Op::add(&v[0], cs), 3)
+                        sim.launch(s, sim::Kernel::add(&v[0], cs), 3)
                     }) {
                         return Err(BuildError::Consume(e.to_string()));
                     }

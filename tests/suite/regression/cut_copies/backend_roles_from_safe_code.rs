@@ -27,7 +27,7 @@ fn a_capture_begun_by_the_program_blocks_every_fenced_launch_on_that_stream() {
     assert!(r.wait_for(RunnerId(0), &s).is_err());
     assert!(r.wait_all(&s).is_err());
     let consumed = r.consume(RunnerId(0), &s, |s, v| {
-        sim.launch(s, sim::Op::scale(&v[0], 2.0), 1)
+        sim.launch(s, sim::Kernel::scale(&v[0], 2.0), 1)
     });
     assert!(consumed.is_err());
     // The plan goes on elsewhere.
@@ -49,7 +49,7 @@ fn a_capture_begun_inside_a_consumer_closure_is_refused_or_harmless() {
     r.replay(RunnerId(0), &pool[0]).unwrap();
     let res = r.consume(RunnerId(0), &side, |s, v| -> R {
         sim.begin_capture(s)?; // the consumer's stream now captures
-        sim.launch(s, sim::Op::add(&v[0], &sink), 50)?;
+        sim.launch(s, sim::Kernel::add(&v[0], &sink), 50)?;
         Ok(())
     });
     // Refused: the fence cannot record its event into the program's capture.
@@ -79,7 +79,7 @@ fn a_capture_begun_inside_a_step_consumer_closure_is_refused_or_harmless() {
     step.replay(RunnerId(0), &pool[0]).unwrap();
     let res = step.consume(RunnerId(0), &side, |s, v| -> R {
         let _ = sim.begin_capture(s); // already capturing: refused
-        sim.launch(s, sim::Op::add(&v[0], &sink), 50)?;
+        sim.launch(s, sim::Kernel::add(&v[0], &sink), 50)?;
         Ok(())
     });
     let _ = res;
@@ -124,19 +124,19 @@ fn splitting_a_plans_graph_with_temporaries_from_safe_code_leaves_it_intact() {
     let mut c = chain_with(2, 1, 1, &mut |c, s| {
         let sim = c.sim;
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+        sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
         if let Some(input) = c.input {
-            sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+            sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
         }
         if let Some((h, out)) = c.out {
-            sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+            sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
             c.cap.ready(h, s)?;
         }
-        sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
+        sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
         let e = sim.create_event()?;
         sim.record_event_node(s, &e)?; // between the temporary's uses
         evs.borrow_mut().push(e);
-        sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+        sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
         Ok(sim.free_async(s, &t)?)
     });
     assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);

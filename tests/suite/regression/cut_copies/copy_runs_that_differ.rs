@@ -20,9 +20,9 @@ fn second_run_marks_a_ready_the_first_did_not_is_refused() {
         if c.run == 1 && c.out.is_some() {
             // first run: no ready
             let (_, out) = c.out.unwrap();
-            c.sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+            c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
             let t = c.sim.alloc_async(s, N)?;
-            c.sim.launch(s, sim::Op::copy(&t, c.own), 1)?;
+            c.sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
             return Ok(c.sim.free_async(s, &t)?);
         }
         standard(c, s)
@@ -61,14 +61,14 @@ fn second_run_marks_ready_on_another_stream_is_refused() {
     let c = chain_with(2, 1, 1, &mut |c, s| {
         if c.run == 2 {
             if let Some((h, out)) = c.out {
-                c.sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
                 let o = other
                     .borrow_mut()
                     .get_or_insert_with(|| c.sim.stream())
                     .clone();
                 c.cap.ready(h, &o)?;
                 let t = c.sim.alloc_async(s, N)?;
-                c.sim.launch(s, sim::Op::copy(&t, c.own), 1)?;
+                c.sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
                 return Ok(c.sim.free_async(s, &t)?);
             }
         }
@@ -87,7 +87,7 @@ fn a_capture_begun_on_another_stream_and_ready_there_in_the_copy_run() {
     let c = chain_with(2, 1, 1, &mut |c, s| {
         if c.run == 2 {
             if let Some((h, out)) = c.out {
-                c.sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
                 let o = c.sim.stream();
                 c.sim.begin_capture(&o)?;
                 let r = c.cap.ready(h, &o);
@@ -150,16 +150,16 @@ fn second_run_allocates_only_after_the_cut_differs_from_first() {
         let sim = c.sim;
         if c.run == 1 {
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+            sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
             if let Some(input) = c.input {
-                sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+                sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
             }
             if let Some((h, out)) = c.out {
-                sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
                 c.cap.ready(h, s)?;
             }
-            sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
-            sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+            sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
+            sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
             Ok(sim.free_async(s, &t)?)
         } else {
             standard(c, s)
@@ -184,7 +184,7 @@ fn writing_the_handoff_after_ready_only_in_the_copy_is_refused_or_fenced() {
         standard(c, s)?;
         if c.run == 2 {
             if let Some((_, out)) = c.out {
-                c.sim.launch(s, sim::Op::fill(out, 99.0), 50)?;
+                c.sim.launch(s, sim::Kernel::fill(out, 99.0), 50)?;
             }
         }
         Ok(())
@@ -204,7 +204,7 @@ fn writing_the_handoff_after_ready_in_both_runs_is_refused_or_fenced() {
     let mut c = chain_with(2, 1, 1, &mut |c, s| {
         standard(c, s)?;
         if let Some((_, out)) = c.out {
-            c.sim.launch(s, sim::Op::fill(out, 99.0), 50)?;
+            c.sim.launch(s, sim::Kernel::fill(out, 99.0), 50)?;
         }
         Ok(())
     });
@@ -224,7 +224,7 @@ fn reading_the_handoff_after_ready_in_the_copy_is_refused_or_fenced() {
         standard(c, s)?;
         if c.run == 2 {
             if let Some((_, out)) = c.out {
-                c.sim.launch(s, sim::Op::copy(out, c.own), 50)?;
+                c.sim.launch(s, sim::Kernel::copy(out, c.own), 50)?;
             }
         }
         Ok(())
@@ -260,34 +260,34 @@ fn differing_run(bad: usize, how: u8) -> impl FnMut(&Ctx, &sim::Stream) -> R {
         }
         let sim = c.sim;
         let (h, out) = c.out.unwrap();
-        sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+        sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
         if let Some(input) = c.input {
-            sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+            sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
         }
         let t = sim.alloc_async(s, N)?;
         match how {
             // no ready point at all
-            0 => sim.launch(s, sim::Op::copy(c.count, out), 2)?,
+            0 => sim.launch(s, sim::Kernel::copy(c.count, out), 2)?,
             // ready before the write
             1 => {
                 c.cap.ready(h, s)?;
-                sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
             }
             // ready twice
             2 => {
-                sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+                sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
                 c.cap.ready(h, s)?;
                 c.cap.ready(h, s)?;
             }
             // the write moved after the temporary's slow use
             _ => {
-                sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
-                sim.launch(s, sim::Op::copy(&t, out), 40)?;
+                sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
+                sim.launch(s, sim::Kernel::copy(&t, out), 40)?;
                 c.cap.ready(h, s)?;
             }
         }
-        sim.launch(s, sim::Op::copy(c.count, &t), 5)?;
-        sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+        sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
+        sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
         Ok(sim.free_async(s, &t)?)
     }
 }

@@ -150,7 +150,7 @@ fn a_step_graph_mixing_cut_copies_and_copied_graphs_traced() {
             for l in 0..3u32 {
                 step.replay(RunnerId(l), &pool[l as usize % 2]).unwrap();
                 step.consume(RunnerId(l), &side, |s, v| {
-                    sim.launch(s, sim::Op::add(&v[0], &sink), 4)
+                    sim.launch(s, sim::Kernel::add(&v[0], &sink), 4)
                 })
                 .unwrap();
             }

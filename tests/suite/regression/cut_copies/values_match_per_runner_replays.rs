@@ -32,16 +32,16 @@ fn temporary_used_and_freed_across_the_cut_gives_right_values() {
     let mut work = |c: &Ctx, s: &sim::Stream| -> R {
         let sim = c.sim;
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
-        sim.launch(s, sim::Op::copy(c.count, &t), 3)?;
+        sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
+        sim.launch(s, sim::Kernel::copy(c.count, &t), 3)?;
         if let Some(input) = c.input {
-            sim.launch(s, sim::Op::add(input, c.sink), 20)?;
+            sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
         }
         if let Some((h, out)) = c.out {
-            sim.launch(s, sim::Op::copy(&t, out), 2)?;
+            sim.launch(s, sim::Kernel::copy(&t, out), 2)?;
             c.cap.ready(h, s)?;
         }
-        sim.launch(s, sim::Op::copy(&t, c.own), 30)?;
+        sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
         Ok(sim.free_async(s, &t)?)
     };
     let mut reference = chain_with(3, 1, 1, &mut work);
@@ -60,18 +60,18 @@ fn a_middle_runner_reading_its_input_after_its_own_ready_is_fenced_in_steps() {
     // ready). The next step's writer of that input must wait for part 2.
     let mut work = |c: &Ctx, s: &sim::Stream| -> R {
         let sim = c.sim;
-        sim.launch(s, sim::Op::add(c.one, c.count), 1)?;
+        sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
         if let Some((h, out)) = c.out {
-            sim.launch(s, sim::Op::copy(c.count, out), 2)?;
+            sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
             c.cap.ready(h, s)?;
         }
         let t = sim.alloc_async(s, N)?;
         if let Some(input) = c.input {
-            sim.launch(s, sim::Op::copy(input, &t), 40)?; // long read after ready
-            sim.launch(s, sim::Op::add(&t, c.sink), 1)?;
+            sim.launch(s, sim::Kernel::copy(input, &t), 40)?; // long read after ready
+            sim.launch(s, sim::Kernel::add(&t, c.sink), 1)?;
         }
-        sim.launch(s, sim::Op::copy(c.count, &t), 1)?;
-        sim.launch(s, sim::Op::copy(&t, c.own), 1)?;
+        sim.launch(s, sim::Kernel::copy(c.count, &t), 1)?;
+        sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
         Ok(sim.free_async(s, &t)?)
     };
     for overlapping in [false, true] {
@@ -214,7 +214,7 @@ fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
                     if write {
                         step.consume_mut(RunnerId(0), &side, |s, v| -> R {
                             for x in v {
-                                sim.launch(s, sim::Op::scale(x, 1.0), 1)?;
+                                sim.launch(s, sim::Kernel::scale(x, 1.0), 1)?;
                             }
                             Ok(())
                         })
@@ -222,7 +222,7 @@ fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
                     } else {
                         step.consume(RunnerId(0), &side, |s, v| -> R {
                             for x in v {
-                                sim.launch(s, sim::Op::add(x, &sink), 1)?;
+                                sim.launch(s, sim::Kernel::add(x, &sink), 1)?;
                             }
                             Ok(())
                         })
@@ -239,7 +239,7 @@ fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
             if write {
                 r.consume_mut(RunnerId(0), &side, |s, v| -> R {
                     for x in v {
-                        sim.launch(s, sim::Op::scale(x, 1.0), 1)?;
+                        sim.launch(s, sim::Kernel::scale(x, 1.0), 1)?;
                     }
                     Ok(())
                 })
@@ -247,7 +247,7 @@ fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
             } else {
                 r.consume(RunnerId(0), &side, |s, v| -> R {
                     for x in v {
-                        sim.launch(s, sim::Op::add(x, &sink), 1)?;
+                        sim.launch(s, sim::Kernel::add(x, &sink), 1)?;
                     }
                     Ok(())
                 })

@@ -49,7 +49,7 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
             }
         }
         if let Err(x) = step.consume(RunnerId(layers as u32 - 1), &side, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], sink), 3)
+            sim.launch(s, sim::Kernel::add(&v[0], sink), 3)
         }) {
             e(Err(x.to_string()));
             ok = false;
@@ -108,7 +108,7 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
         }
     }
     e(r.consume(RunnerId(layers as u32 - 1), &side, |s, v| {
-        sim.launch(s, sim::Op::add(&v[0], sink), 7)
+        sim.launch(s, sim::Kernel::add(&v[0], sink), 7)
     })
     .map_err(|x| x.to_string()));
     e(r.wait_for(RunnerId(1), &side).map_err(|x| x.to_string()));

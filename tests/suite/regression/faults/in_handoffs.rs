@@ -45,12 +45,12 @@ fn handoff(ready: bool) -> Handoff {
         let cap = capturing.capture(r(0)).unwrap();
         let (w, dx) = (cap.take(Q).unwrap(), cap.hand_off(h).unwrap());
         cap.stream_capture(&s, |s| {
-            sim.launch(s, sim::Op::add(&one, &count), 1)?;
-            sim.launch(s, sim::Op::copy(&count, &dx), 5)?;
+            sim.launch(s, sim::Kernel::add(&one, &count), 1)?;
+            sim.launch(s, sim::Kernel::copy(&count, &dx), 5)?;
             if ready {
                 cap.ready(h, s)?;
             }
-            sim.launch(s, sim::Op::fill(&w, 1.0), 50)?;
+            sim.launch(s, sim::Kernel::fill(&w, 1.0), 50)?;
             Ok::<(), replay_arena::Error>(())
         })
         .unwrap();
@@ -59,7 +59,7 @@ fn handoff(ready: bool) -> Handoff {
     {
         let cap = capturing.capture(r(1)).unwrap();
         let (w, dy) = (cap.take(Q).unwrap(), cap.receive(h).unwrap());
-        cap.stream_capture(&s, |s| sim.launch(s, sim::Op::copy(&dy, &w), 5))
+        cap.stream_capture(&s, |s| sim.launch(s, sim::Kernel::copy(&dy, &w), 5))
             .unwrap();
         cap.finish().unwrap();
     }

@@ -41,8 +41,8 @@ fn buckets(sim: &sim::Device) -> Replayable<sim::Device> {
         let cap = capturing.capture(r(b as u32)).unwrap();
         let (i, o) = (cap.take(ids(n)).unwrap(), cap.take(out(n)).unwrap());
         cap.stream_capture(&s, |s| {
-            sim.launch(s, sim::Op::copy(&i, &o), 20)?;
-            sim.launch(s, sim::Op::scale(&o, 2.0), 20)
+            sim.launch(s, sim::Kernel::copy(&i, &o), 20)?;
+            sim.launch(s, sim::Kernel::scale(&o, 2.0), 20)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -58,7 +58,7 @@ fn stage(
     value: f32,
 ) -> Result<(), ConsumeError<replay_arena::BackendError>> {
     rp.consume_mut(runner, s, |st, v| {
-        sim.launch(st, sim::Op::fill(&v[0], value), 10)
+        sim.launch(st, sim::Kernel::fill(&v[0], value), 10)
     })
 }
 
@@ -100,7 +100,7 @@ fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
     });
     let sink = sim.alloc_f32(N).unwrap();
     rp.consume(r(0), &side, |s, v| {
-        sim.launch(s, sim::Op::copy(&v[1], &sink), 1)
+        sim.launch(s, sim::Kernel::copy(&v[1], &sink), 1)
     })
     .unwrap();
     rp.replay(r(0), &pool).unwrap();
@@ -125,9 +125,9 @@ fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote()
     rp.replay(r(0), &pool).unwrap();
     let failed = rp.consume_mut(r(1), &st, |s, v| {
         // Writes every byte of runner 1's input and output, then fails.
-        sim.launch(s, sim::Op::fill(&v[0], 9.0), 10)
+        sim.launch(s, sim::Kernel::fill(&v[0], 9.0), 10)
             .map_err(|e| e.to_string())?;
-        sim.launch(s, sim::Op::fill(&v[1], 9.0), 10)
+        sim.launch(s, sim::Kernel::fill(&v[1], 9.0), 10)
             .map_err(|e| e.to_string())?;
         Err::<(), String>("the host copy failed".into())
     });
@@ -169,7 +169,7 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
                 let _ = stage(&mut rp, &sim, r(b), &s[0], step as f32);
                 let _ = rp.replay(r(b), &s[1]);
                 let _ = rp.consume(r(b), &s[2], |st, v| {
-                    sim.launch(st, sim::Op::copy(&v[1], &sink), 30)
+                    sim.launch(st, sim::Kernel::copy(&v[1], &sink), 30)
                 });
             }
         });
@@ -178,7 +178,7 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
             stage(&mut rp, &sim, r(b), &s[1], 10.0 + b as f32).unwrap();
             rp.replay(r(b), &s[2]).unwrap();
             rp.consume(r(b), &s[0], |st, v| {
-                sim.launch(st, sim::Op::copy(&v[1], &sink), 30)
+                sim.launch(st, sim::Kernel::copy(&v[1], &sink), 30)
             })
             .unwrap();
         }
@@ -288,7 +288,7 @@ fn a_kept_step_of_a_bucket_after_another_bucket_failed_its_staging_does_not_read
     let mut rp = buckets(&sim);
     let mut kept = kept_bucket_0(&mut rp, &sim, &st, &pool);
     let failed = rp.consume_mut(r(1), &st, |s, v| {
-        sim.launch(s, sim::Op::fill(&v[0], 9.0), 10)
+        sim.launch(s, sim::Kernel::fill(&v[0], 9.0), 10)
             .map_err(|e| e.to_string())?;
         Err::<(), String>("the host copy failed".into())
     });

@@ -118,7 +118,7 @@ fn two_kept_steps_alternating_with_a_fault_at_each_call_stay_ordered() {
                         let mut step = rp.step();
                         step.replay(r(i), a).unwrap();
                         step.consume(r(i), b, |s, v| {
-                            sim.launch(s, sim::Op::add(&v[0], &sinks[i as usize]), 40)
+                            sim.launch(s, sim::Kernel::add(&v[0], &sinks[i as usize]), 40)
                         })
                         .unwrap();
                         build(step, overlapping).unwrap().keep()
@@ -171,7 +171,7 @@ fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
             let mut rp = fill_plan(&sim, 2, 1);
             rp.replay(r(1), &s[2]).unwrap();
             rp.consume(r(1), &s[2], |st, v| {
-                sim.launch(st, sim::Op::copy(&v[0], &side), 300)
+                sim.launch(st, sim::Kernel::copy(&v[0], &side), 300)
             })
             .unwrap();
             let step = two_step(&mut rp, &sim, &s[0], &s[1], &sink);
@@ -275,7 +275,7 @@ fn a_fault_at_each_call_of_a_build_leaves_the_plan_usable_and_leak_free() {
                     for i in 0..2 {
                         step.replay(r(i), &a).map_err(|e| e.to_string())?;
                         step.consume(r(i), &b, |s, v| {
-                            sim.launch(s, sim::Op::add(&v[0], &sink), 10)
+                            sim.launch(s, sim::Kernel::add(&v[0], &sink), 10)
                         })
                         .map_err(|e| format!("{e:?}"))?;
                     }
@@ -313,14 +313,14 @@ fn a_panicking_step_consumer_leaves_the_builder_and_its_stream_usable() {
         step.replay(r(0), &a).unwrap();
         let unwound = catch_unwind(AssertUnwindSafe(|| {
             step.consume(r(0), &b, |s, v| -> Result<(), String> {
-                sim.launch(s, sim::Op::add(&v[0], &sink), 10).unwrap();
+                sim.launch(s, sim::Kernel::add(&v[0], &sink), 10).unwrap();
                 panic!("the framework's op panicked")
             })
             .map(|_| ())
         }));
         assert!(unwound.is_err());
         step.consume(r(0), &b, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &sink), 10)
+            sim.launch(s, sim::Kernel::add(&v[0], &sink), 10)
         })
         .unwrap();
         let mut g = step.build().unwrap();

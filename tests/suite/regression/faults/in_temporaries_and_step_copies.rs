@@ -31,8 +31,8 @@ fn temporaries(sim: &sim::Device, copies: usize) -> Replayable<sim::Device> {
         let view = cap.take(Q).unwrap();
         cap.stream_capture_repeatable(&s, |s| {
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::fill(&t, (i + 1) as f32), 5)?;
-            sim.launch(s, sim::Op::copy(&t, &view), 20)?;
+            sim.launch(s, sim::Kernel::fill(&t, (i + 1) as f32), 5)?;
+            sim.launch(s, sim::Kernel::copy(&t, &view), 20)?;
             sim.free_async(s, &t)?;
             Ok::<(), replay_arena::BackendError>(())
         })
@@ -80,7 +80,7 @@ fn a_fault_at_each_call_of_a_repeatable_capture_leaks_no_graph_memory() {
             let res = cap
                 .stream_capture_repeatable(&s, |s| {
                     let t = sim.alloc_async(s, N)?;
-                    sim.launch(s, sim::Op::copy(&t, &view), 20)?;
+                    sim.launch(s, sim::Kernel::copy(&t, &view), 20)?;
                     sim.free_async(s, &t)?;
                     Ok::<(), replay_arena::BackendError>(())
                 })
@@ -120,7 +120,7 @@ fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
             cap.stream_capture_repeatable(&s, |st| {
                 runs += 1;
                 let t = sim.alloc_async(st, N)?;
-                sim.launch(st, sim::Op::copy(&t, &view), 20)?;
+                sim.launch(st, sim::Kernel::copy(&t, &view), 20)?;
                 if runs == 2 {
                     panic!("the framework panicked in the copy run");
                 }
@@ -132,7 +132,7 @@ fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
         assert!(cap.finish().is_err());
     }
     let buf = sim.alloc_f32(4).unwrap();
-    sim.launch(&s, sim::Op::fill(&buf, 2.0), 1).unwrap();
+    sim.launch(&s, sim::Kernel::fill(&buf, 2.0), 1).unwrap();
     assert_eq!(
         sim.read_f32(&buf).unwrap(),
         [2.0; 4],

@@ -83,7 +83,7 @@ fn a_wait_all_failing_half_way_counts_nothing() {
     rp.wait_all(&w).unwrap();
     let out = sim.alloc_f32(N).unwrap();
     rp.consume(r(2), &w, |s, v| {
-        sim.launch(s, sim::Op::copy(&v[0], &out), 1)
+        sim.launch(s, sim::Kernel::copy(&v[0], &out), 1)
     })
     .unwrap();
     rp.synchronize().unwrap();
@@ -117,7 +117,7 @@ fn a_consume_many_failing_at_its_second_wait_calls_nothing_and_counts_nothing() 
     let sink = sim.alloc_f32(N).unwrap();
     rp.consume_many(&[r(0), r(1)], &s[2], |st, runners| {
         for v in runners {
-            sim.launch(st, sim::Op::add(&v[0], &sink), 5)?;
+            sim.launch(st, sim::Kernel::add(&v[0], &sink), 5)?;
         }
         Ok::<(), replay_arena::BackendError>(())
     })
@@ -139,7 +139,7 @@ fn a_consumer_failing_after_enqueuing_is_waited_for_on_a_third_stream() {
     rp.replay(r(0), &s[0]).unwrap();
     let consumers = rp.fence_stats().consumers;
     let failed = rp.consume(r(0), &s[1], |st, v| {
-        sim.launch(st, sim::Op::copy(&v[0], &sink), 500)
+        sim.launch(st, sim::Kernel::copy(&v[0], &sink), 500)
             .map_err(|e| e.to_string())?;
         Err::<(), String>("the collective failed".into())
     });
@@ -163,7 +163,7 @@ fn a_writing_consumer_panicking_after_its_write_is_waited_for() {
     let consumers = rp.fence_stats().consumers;
     let unwound = catch_unwind(AssertUnwindSafe(|| {
         rp.consume_mut(r(0), &s[1], |st, v| -> Result<(), String> {
-            sim.launch(st, sim::Op::fill(&v[0], 7.0), 500).unwrap();
+            sim.launch(st, sim::Kernel::fill(&v[0], 7.0), 500).unwrap();
             panic!("the program's writer panicked")
         })
     }));
@@ -193,7 +193,7 @@ fn a_consumer_whose_completion_record_fails_is_still_waited_for() {
         rp.replay(r(0), &s[0]).unwrap();
         sim.inject(Faults::nth(Call::RecordEvent, k));
         let _ = rp.consume(r(0), &s[1], |st, v| {
-            sim.launch(st, sim::Op::copy(&v[0], &sink), 500)
+            sim.launch(st, sim::Kernel::copy(&v[0], &sink), 500)
         });
         sim.inject(Faults::none());
         rp.replay(r(1), &s[2]).unwrap();
@@ -223,14 +223,15 @@ fn a_panicking_consumer_whose_unwind_record_fails_is_still_waited_for() {
                 if write {
                     rp.consume_mut(r(0), &s[1], |st, v| -> Result<(), String> {
                         called = true;
-                        sim.launch(st, sim::Op::fill(&v[0], 7.0), 300).unwrap();
+                        sim.launch(st, sim::Kernel::fill(&v[0], 7.0), 300).unwrap();
                         panic!("writer panicked")
                     })
                     .map_err(|e| format!("{e:?}"))
                 } else {
                     rp.consume(r(0), &s[1], |st, v| -> Result<(), String> {
                         called = true;
-                        sim.launch(st, sim::Op::copy(&v[0], &sink), 300).unwrap();
+                        sim.launch(st, sim::Kernel::copy(&v[0], &sink), 300)
+                            .unwrap();
                         panic!("reader panicked")
                     })
                     .map_err(|e| format!("{e:?}"))

@@ -27,7 +27,7 @@ fn a_capture_starting_on_another_thread_never_lets_a_replay_skip_its_wait() -> R
     for r in 0..2 {
         let c = cap.capture(RunnerId(r))?;
         let v = c.take(req(16))?;
-        c.stream_capture(&s, |s| sim.launch(s, sim::Op::fill(&v, r as f32), 3))?;
+        c.stream_capture(&s, |s| sim.launch(s, sim::Kernel::fill(&v, r as f32), 3))?;
         c.finish()?;
     }
     let mut a = cap.seal()?;
@@ -85,8 +85,8 @@ fn a_replay_whose_record_fails_after_its_launch_still_tracks_every_read() -> R {
         let c = cap.capture(RunnerId(r))?;
         let (w, x) = (c.take(q)?, c.hand_off(h)?);
         c.stream_capture(&sa, |st| {
-            sim.launch(st, sim::Op::fill(&x, 1.0 + r as f32), 5)?;
-            sim.launch(st, sim::Op::fill(&w, 7.0), 5)
+            sim.launch(st, sim::Kernel::fill(&x, 1.0 + r as f32), 5)?;
+            sim.launch(st, sim::Kernel::fill(&w, 7.0), 5)
         })?;
         c.finish()?;
     }
@@ -94,8 +94,8 @@ fn a_replay_whose_record_fails_after_its_launch_still_tracks_every_read() -> R {
         let c = cap.capture(RunnerId(2))?;
         let (y0, y1) = (c.receive(h0)?, c.receive(h1)?);
         c.stream_capture(&sa, |st| {
-            sim.launch(st, sim::Op::add(&y0, &out), 50)?;
-            sim.launch(st, sim::Op::add(&y1, &out), 50)
+            sim.launch(st, sim::Kernel::add(&y0, &out), 50)?;
+            sim.launch(st, sim::Kernel::add(&y1, &out), 50)
         })?;
         c.finish()?;
     }

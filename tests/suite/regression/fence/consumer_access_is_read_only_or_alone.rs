@@ -14,7 +14,7 @@ fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
     replayable
         .consume(RunnerId(0), &x, |s, views| {
             let err = sim
-                .launch(s, sim::Op::fill(&views[0], 7.0), 50)
+                .launch(s, sim::Kernel::fill(&views[0], 7.0), 50)
                 .unwrap_err();
             assert!(
                 err.to_string().contains("consumer's view, which it reads"),
@@ -33,13 +33,13 @@ fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
                 ),
                 "{err:?}"
             );
-            sim.launch(s, sim::Op::copy(&views[0], &out), 100)
+            sim.launch(s, sim::Kernel::copy(&views[0], &out), 100)
         })
         .unwrap();
     // A writing consumer on another stream waits for the reader above.
     replayable
         .consume_mut(RunnerId(0), &y, |s, views| {
-            sim.launch(s, sim::Op::scale(&views[0], 2.0), 10)
+            sim.launch(s, sim::Kernel::scale(&views[0], 2.0), 10)
         })
         .unwrap();
     replayable.synchronize().unwrap();

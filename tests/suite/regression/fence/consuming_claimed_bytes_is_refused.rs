@@ -17,7 +17,7 @@ fn copy_out(
     ticks: u64,
 ) -> Result<(), ConsumeError<replay_arena::BackendError>> {
     replayable.consume(RunnerId(runner), stream, |s, views| {
-        sim.launch(s, sim::Op::copy(&views[0], out), ticks)
+        sim.launch(s, sim::Kernel::copy(&views[0], out), ticks)
     })
 }
 

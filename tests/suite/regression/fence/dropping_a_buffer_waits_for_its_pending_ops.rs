@@ -9,7 +9,7 @@ fn dropping_a_buffer_lets_its_pending_ops_end_first() {
     let sim = sim::Device::new();
     let s = sim.stream();
     let x = sim.alloc_f32(64).unwrap();
-    sim.launch(&s, sim::Op::fill(&x, 13.0), 1_000).unwrap();
+    sim.launch(&s, sim::Kernel::fill(&x, 13.0), 1_000).unwrap();
     drop(x);
     // Whatever reuses the memory now, nothing pending writes it.
     let mut pa = one_runner(&sim, &s, 1.0);

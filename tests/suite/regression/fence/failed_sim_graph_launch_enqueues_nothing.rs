@@ -10,8 +10,9 @@ fn a_failed_sim_graph_launch_enqueues_nothing() {
     let kept = sim.alloc_f32(64).unwrap();
     let dropped = sim.alloc_f32(64).unwrap();
     sim.begin_capture(&capture).unwrap();
-    sim.launch(&capture, sim::Op::fill(&kept, 1.0), 10).unwrap();
-    sim.launch(&capture, sim::Op::fill(&dropped, 2.0), 10)
+    sim.launch(&capture, sim::Kernel::fill(&kept, 1.0), 10)
+        .unwrap();
+    sim.launch(&capture, sim::Kernel::fill(&dropped, 2.0), 10)
         .unwrap();
     // SAFETY: the capture this test began.
     let graph = unsafe { sim.end_capture(&capture) }.unwrap();

@@ -14,7 +14,7 @@ fn seal_ignores_a_dropped_capture_of_a_runner_that_uses_no_buffers() {
     let (sim, stream, mut capturing) = allocated(&[&[F32_64], &[]], Policy::Generations(1));
     drop(capturing.capture(RunnerId(1)).unwrap());
     capture_view(&mut capturing, RunnerId(0), F32_64, &stream, |s, view| {
-        sim.launch(s, sim::Op::fill(&view, 1.0), 1)
+        sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)
     });
     let replayable = capturing.seal().unwrap();
     assert!(replayable.graph(RunnerId(1)).is_none());
@@ -38,10 +38,10 @@ fn a_second_stream_capture_on_one_capture_is_refused() {
     let (sim, stream, mut capturing) = allocated(&[&[F32_64]], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 1.0), 1))
+    cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
         .unwrap();
     let again = cap
-        .stream_capture(&stream, |s| sim.launch(s, sim::Op::fill(&view, 2.0), 1))
+        .stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 2.0), 1))
         .unwrap_err();
     assert!(matches!(
         again,
@@ -57,7 +57,8 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
     let view = cap.take(F32_64).unwrap();
     let other = sim.stream();
     cap.stream_capture(&stream, |s| {
-        let nested = cap.stream_capture(&other, |o| sim.launch(o, sim::Op::fill(&view, 9.0), 1));
+        let nested =
+            cap.stream_capture(&other, |o| sim.launch(o, sim::Kernel::fill(&view, 9.0), 1));
         assert!(
             matches!(
                 nested,
@@ -69,7 +70,7 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
             ),
             "{nested:?}"
         );
-        sim.launch(s, sim::Op::fill(&view, 1.0), 1)
+        sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)
     })
     .unwrap();
     cap.finish().unwrap();

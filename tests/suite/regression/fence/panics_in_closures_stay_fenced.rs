@@ -14,7 +14,7 @@ fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(F32_64).unwrap();
         let _ = cap.stream_capture(&stream, |s| {
-            sim.launch(s, sim::Op::fill(&view, 1.0), 1).unwrap();
+            sim.launch(s, sim::Kernel::fill(&view, 1.0), 1).unwrap();
             if view.len() == 64 {
                 panic!("kernel wrapper panicked");
             }
@@ -24,11 +24,12 @@ fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
     assert!(unwound.is_err());
     // The stream is no longer capturing: eager work on it runs...
     let buf = sim.alloc_f32(4).unwrap();
-    sim.launch(&stream, sim::Op::fill(&buf, 3.0), 1).unwrap();
+    sim.launch(&stream, sim::Kernel::fill(&buf, 3.0), 1)
+        .unwrap();
     assert_eq!(sim.read_f32(&buf).unwrap(), vec![3.0; 4]);
     // ...and the next capture on it works.
     capture_view(&mut capturing, RunnerId(1), F32_64, &stream, |s, view| {
-        sim.launch(s, sim::Op::fill(&view, 2.0), 1)
+        sim.launch(s, sim::Kernel::fill(&view, 2.0), 1)
     });
     // Runner 0 is failed for good, with the reason.
     let err = capturing.capture(RunnerId(0)).unwrap_err();
@@ -43,7 +44,8 @@ fn a_panic_inside_a_consumer_after_it_enqueued_work_stays_fenced() {
     replayable.replay(RunnerId(0), &a).unwrap();
     let unwound = catch_unwind(AssertUnwindSafe(|| {
         let _ = replayable.consume(RunnerId(0), &x, |s, views| {
-            sim.launch(s, sim::Op::copy(&views[0], &out), 100).unwrap();
+            sim.launch(s, sim::Kernel::copy(&views[0], &out), 100)
+                .unwrap();
             if views.len() == 1 {
                 panic!("consumer panicked after enqueuing");
             }

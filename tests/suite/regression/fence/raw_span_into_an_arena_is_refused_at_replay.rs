@@ -17,10 +17,10 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
         let addr = replay_arena::sim::AsSpan::span(&x).addr();
         let mut capturing = on_sim(&sim, &[F32_64]);
         capture_view(&mut capturing, RunnerId(0), F32_64, &a, |s, view| {
-            sim.launch(s, sim::Op::fill(&view, 1.0), 10)?;
+            sim.launch(s, sim::Kernel::fill(&view, 1.0), 10)?;
             sim.launch(
                 s,
-                sim::Op::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
+                sim::Kernel::fill(&replay_arena::sim::Span::new(addr, 64), 77.0),
                 10,
             )
         });

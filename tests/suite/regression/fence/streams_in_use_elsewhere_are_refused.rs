@@ -23,7 +23,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
     let mut b = on_sim(&sim, &[F32_64]);
     capture_view(&mut b, RunnerId(0), F32_64, &s_cap, |s, view| {
         let inner = pa.consume(RunnerId(0), s, |s2, v| {
-            sim.launch(s2, sim::Op::fill(&v[0], 99.0), 10)
+            sim.launch(s2, sim::Kernel::fill(&v[0], 99.0), 10)
         });
         assert!(
             matches!(
@@ -36,7 +36,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
             ),
             "{inner:?}"
         );
-        sim.launch(s, sim::Op::fill(&view, 5.0), 10)
+        sim.launch(s, sim::Kernel::fill(&view, 5.0), 10)
     });
     let b = b.seal().unwrap();
     assert_eq!(
@@ -57,8 +57,8 @@ fn a_capture_opened_on_a_consumers_stream_is_refused() {
         let cap = capturing.capture(RunnerId(0)).map_err(|e| e.to_string())?;
         let view = cap.take(F32_64).map_err(|e| e.to_string())?;
         let refused = cap.stream_capture(s, |s2| {
-            sim.launch(s2, sim::Op::fill(&view, 5.0), 10)?;
-            sim.launch(s2, sim::Op::fill(&v[0], 66.0), 10)
+            sim.launch(s2, sim::Kernel::fill(&view, 5.0), 10)?;
+            sim.launch(s2, sim::Kernel::fill(&v[0], 66.0), 10)
         });
         assert!(
             matches!(
@@ -92,7 +92,7 @@ fn a_capture_on_a_stream_another_threads_consumer_works_on_is_refused() {
             let cap = capturing.capture(RunnerId(0)).unwrap();
             let v = cap.take(F32_64).unwrap();
             inside_rx.recv().unwrap(); // the other thread's consumer is open on `a`
-            let refused = cap.stream_capture(a, |s| sim.launch(s, sim::Op::fill(&v, 1.0), 1));
+            let refused = cap.stream_capture(a, |s| sim.launch(s, sim::Kernel::fill(&v, 1.0), 1));
             done_tx.send(format!("{refused:?}")).unwrap();
         });
         replayable

@@ -47,15 +47,15 @@ fn a_capture_cannot_write_a_view_of_another_live_plan() {
         .stream_capture(&other, |s| {
             // Plan A's view, taken but outside A's closure: refused, and the
             // refusal recorded nothing.
-            assert_out_of_scope(sim.launch(s, sim::Op::fill(&theirs, 9.0), 1));
-            sim.launch(s, sim::Op::fill(&ours, 1.0), 1)
+            assert_out_of_scope(sim.launch(s, sim::Kernel::fill(&theirs, 9.0), 1));
+            sim.launch(s, sim::Kernel::fill(&ours, 1.0), 1)
         })
         .unwrap();
     // Nested inside A's own closure, A's view on B's stream is refused too.
     cap_a
         .stream_capture(&stream, |s| {
-            assert_out_of_scope(sim.launch(&other, sim::Op::fill(&theirs, 9.0), 1));
-            sim.launch(s, sim::Op::fill(&theirs, 2.0), 1)
+            assert_out_of_scope(sim.launch(&other, sim::Kernel::fill(&theirs, 9.0), 1));
+            sim.launch(s, sim::Kernel::fill(&theirs, 2.0), 1)
         })
         .unwrap();
     cap_b.finish().unwrap();
@@ -73,7 +73,7 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
         let s = sim.stream();
         let mut c = allocate_runners(&sim, runners, Policy::Generations(1));
         capture_view(&mut c, RunnerId(0), F32_64, &s, |s, v| {
-            sim.launch(s, sim::Op::fill(&v, 3.0), 1)
+            sim.launch(s, sim::Kernel::fill(&v, 3.0), 1)
         });
         (s, c.seal().unwrap())
     };
@@ -84,13 +84,13 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
     a.consume(RunnerId(0), &s1, |s, mine| {
         b.consume(RunnerId(0), &s2, |_, theirs| {
             // B's view on A's consumer stream, and A's view on B's: refused.
-            assert_out_of_scope(sim.launch(s, sim::Op::copy(&theirs[0], &out), 1));
-            assert_out_of_scope(sim.launch(&s2, sim::Op::copy(&mine[0], &out), 1));
+            assert_out_of_scope(sim.launch(s, sim::Kernel::copy(&theirs[0], &out), 1));
+            assert_out_of_scope(sim.launch(&s2, sim::Kernel::copy(&mine[0], &out), 1));
             Ok::<(), String>(())
         })
         .unwrap();
         // A's own view on another stream than its consumer's: refused.
-        assert_out_of_scope(sim.launch(&s2, sim::Op::copy(&mine[0], &out), 1));
+        assert_out_of_scope(sim.launch(&s2, sim::Kernel::copy(&mine[0], &out), 1));
         Ok::<(), String>(())
     })
     .unwrap();
@@ -114,13 +114,15 @@ fn a_view_or_its_span_cannot_be_used_after_its_closure_returned() {
     // The span escaped the closure (it is plain data), but its scope closed:
     // it cannot race runner 1's replay, which claims the same bytes.
     replayable.replay(RunnerId(1), &pool).unwrap();
-    assert_out_of_scope(sim.launch(&side, sim::Op::fill(&kept, 7.0), 50));
+    assert_out_of_scope(sim.launch(&side, sim::Kernel::fill(&kept, 7.0), 50));
     // Views read from the plan are for addresses: no device work.
     let view = replayable.views(RunnerId(1)).unwrap()[0];
-    assert_out_of_scope(sim.launch(&side, sim::Op::fill(&view, 7.0), 50));
+    assert_out_of_scope(sim.launch(&side, sim::Kernel::fill(&view, 7.0), 50));
     // Nor can a raw span of the same bytes get in.
     let raw = replay_arena::sim::Span::new(view.device_address(), 64);
-    let err = sim.launch(&side, sim::Op::fill(&raw, 7.0), 50).unwrap_err();
+    let err = sim
+        .launch(&side, sim::Kernel::fill(&raw, 7.0), 50)
+        .unwrap_err();
     assert!(err.to_string().contains("lie in a plan's arena"), "{err}");
     assert_eq!(sim.read_f32(&view).unwrap(), vec![6.0; 64]);
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());

@@ -41,9 +41,9 @@ fn shared_handoff_plan(
         let c = cap.capture(RunnerId(r))?;
         let (w, dx) = (c.take(req(64))?, c.hand_off(h)?);
         c.stream_capture(s, |s| {
-            sim.launch(s, sim::Op::fill(&dx, val), 5)?;
+            sim.launch(s, sim::Kernel::fill(&dx, val), 5)?;
             c.ready(h, s)?;
-            sim.launch(s, sim::Op::fill(&w, 7.0), 1)?;
+            sim.launch(s, sim::Kernel::fill(&w, 7.0), 1)?;
             Ok::<(), Error>(())
         })?;
         c.finish()?;
@@ -51,12 +51,12 @@ fn shared_handoff_plan(
     for (r, h) in [(1, h0), (4, h1)] {
         let c = cap.capture(RunnerId(r))?;
         let dy = c.receive(h)?;
-        c.stream_capture(s, |s| sim.launch(s, sim::Op::copy(&dy, out), 50))?;
+        c.stream_capture(s, |s| sim.launch(s, sim::Kernel::copy(&dy, out), 50))?;
         c.finish()?;
     }
     let c = cap.capture(RunnerId(2))?;
     let w = c.take(req(64))?;
-    c.stream_capture(s, |s| sim.launch(s, sim::Op::fill(&w, 2.0), 5))?;
+    c.stream_capture(s, |s| sim.launch(s, sim::Kernel::fill(&w, 2.0), 5))?;
     c.finish()?;
     Ok(cap.seal()?)
 }

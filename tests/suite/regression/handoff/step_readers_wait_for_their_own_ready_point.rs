@@ -29,11 +29,11 @@ fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
         let c = cap.capture(RunnerId(0))?;
         let (w, x0, x1) = (c.take(req(64))?, c.hand_off(h0)?, c.hand_off(h1)?);
         c.stream_capture(&sa, |s| {
-            sim.launch(s, sim::Op::fill(&x0, 1.0), 5)?;
+            sim.launch(s, sim::Kernel::fill(&x0, 1.0), 5)?;
             c.ready(h0, s)?;
-            sim.launch(s, sim::Op::fill(&x1, 2.0), 500)?; // h1 is written long after h0
+            sim.launch(s, sim::Kernel::fill(&x1, 2.0), 500)?; // h1 is written long after h0
             c.ready(h1, s)?;
-            sim.launch(s, sim::Op::fill(&w, 3.0), 5)?;
+            sim.launch(s, sim::Kernel::fill(&w, 3.0), 5)?;
             Ok::<(), Error>(())
         })?;
         c.finish()?;
@@ -42,8 +42,8 @@ fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
         let c = cap.capture(RunnerId(1))?;
         let (w, y0, y1) = (c.take(req(64))?, c.receive(h0)?, c.receive(h1)?);
         c.stream_capture(&sb, |s| {
-            sim.launch(s, sim::Op::copy(&y1, &w), 5)?;
-            sim.launch(s, sim::Op::add(&y0, &w), 5)
+            sim.launch(s, sim::Kernel::copy(&y1, &w), 5)?;
+            sim.launch(s, sim::Kernel::add(&y0, &w), 5)
         })?;
         c.finish()?;
     }

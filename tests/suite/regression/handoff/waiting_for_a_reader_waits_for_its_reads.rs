@@ -25,15 +25,15 @@ fn waiting_for_a_reader_without_bytes_of_its_own_waits_for_its_reads() -> R {
         let c = cap.capture(RunnerId(0))?;
         let (w, x) = (c.take(req(64))?, c.hand_off(h)?);
         c.stream_capture(&sa, |s| {
-            sim.launch(s, sim::Op::fill(&x, 1.0), 5)?;
-            sim.launch(s, sim::Op::fill(&w, 7.0), 5)
+            sim.launch(s, sim::Kernel::fill(&x, 1.0), 5)?;
+            sim.launch(s, sim::Kernel::fill(&w, 7.0), 5)
         })?;
         c.finish()?;
     }
     {
         let c = cap.capture(RunnerId(1))?;
         let y = c.receive(h)?;
-        c.stream_capture(&sa, |s| sim.launch(s, sim::Op::copy(&y, &out), 50))?;
+        c.stream_capture(&sa, |s| sim.launch(s, sim::Kernel::copy(&y, &out), 50))?;
         c.finish()?;
     }
     let mut rp = cap.seal()?;
@@ -41,7 +41,7 @@ fn waiting_for_a_reader_without_bytes_of_its_own_waits_for_its_reads() -> R {
     rp.replay(RunnerId(1), &sb)?; // its graph writes `out`
     rp.wait_for(RunnerId(1), &opt)?;
     let copy = sim.alloc_f32(64)?;
-    sim.launch(&opt, sim::Op::copy(&out, &copy), 1)?;
+    sim.launch(&opt, sim::Kernel::copy(&out, &copy), 1)?;
     assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
     assert_eq!(sim.read_f32(&copy)?[0], 1.0);
     Ok(())

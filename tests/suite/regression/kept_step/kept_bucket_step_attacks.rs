@@ -49,8 +49,8 @@ fn bworld(g: usize, dur: u64) -> Bw {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let (i, o) = (cap.take(ids(n)).unwrap(), cap.take(out(n)).unwrap());
         cap.stream_capture(&lanes[0], |st| {
-            sim.launch(st, sim::Op::copy(&i, &o), dur)?;
-            sim.launch(st, sim::Op::scale(&o, 2.0), 1)
+            sim.launch(st, sim::Kernel::copy(&i, &o), dur)?;
+            sim.launch(st, sim::Kernel::scale(&o, 2.0), 1)
         })
         .unwrap();
         cap.finish().unwrap();
@@ -73,7 +73,7 @@ fn brun(w: &mut Bw, it: Bi) -> Result<(), String> {
             .consume_mut(RunnerId(r), &w.lanes[l], |st, v| {
                 sim.launch(
                     st,
-                    sim::Op::add(&one_slice(one), &v[0].slice(0..16).unwrap()),
+                    sim::Kernel::add(&one_slice(one), &v[0].slice(0..16).unwrap()),
                     2,
                 )
             })
@@ -88,7 +88,7 @@ fn brun(w: &mut Bw, it: Bi) -> Result<(), String> {
                 .consume(RunnerId(r), &w.lanes[l], |st, v| {
                     sim.launch(
                         st,
-                        sim::Op::add(&v[1].slice(0..16).unwrap(), &sink_slice(sink)),
+                        sim::Kernel::add(&v[1].slice(0..16).unwrap(), &sink_slice(sink)),
                         3,
                     )
                 })
@@ -114,7 +114,7 @@ fn bbuild(w: &mut Bw, items: &[Bi]) -> Option<replay_arena::KeptStep<sim::Device
                 .consume_mut(RunnerId(r), &w.lanes[l], |st, v| {
                     sim.launch(
                         st,
-                        sim::Op::add(&one_slice(one), &v[0].slice(0..16).unwrap()),
+                        sim::Kernel::add(&one_slice(one), &v[0].slice(0..16).unwrap()),
                         2,
                     )
                 })
@@ -127,7 +127,7 @@ fn bbuild(w: &mut Bw, items: &[Bi]) -> Option<replay_arena::KeptStep<sim::Device
                 step.consume(RunnerId(r), &w.lanes[l], |st, v| {
                     sim.launch(
                         st,
-                        sim::Op::add(&v[1].slice(0..16).unwrap(), &sink_slice(sink)),
+                        sim::Kernel::add(&v[1].slice(0..16).unwrap(), &sink_slice(sink)),
                         3,
                     )
                 })

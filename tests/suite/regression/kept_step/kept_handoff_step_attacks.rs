@@ -35,17 +35,17 @@ fn hworld(g: usize, ready: bool, dur: u64) -> World {
         let output = (r == 0).then(|| cap.hand_off(h).unwrap());
         let c = &counts[r as usize];
         cap.stream_capture(&lanes[0], |st| {
-            sim.launch(st, sim::Op::add(&one, c), 1)?;
+            sim.launch(st, sim::Kernel::add(&one, c), 1)?;
             if let Some(o) = &output {
-                sim.launch(st, sim::Op::copy(c, o), 2)?;
+                sim.launch(st, sim::Kernel::copy(c, o), 2)?;
                 if ready {
                     cap.ready(h, st)?;
                 }
             }
             if let Some(i) = &input {
-                sim.launch(st, sim::Op::add(i, c), dur)?;
+                sim.launch(st, sim::Kernel::add(i, c), dur)?;
             }
-            sim.launch(st, sim::Op::copy(c, &v), dur)?;
+            sim.launch(st, sim::Kernel::copy(c, &v), dur)?;
             Ok::<(), replay_arena::Error>(())
         })
         .unwrap();

@@ -196,10 +196,10 @@ fn forget_and_borrowed_between_kept() {
         let c = &counts[r as usize];
         cap.step_copies(40);
         cap.stream_capture_repeatable(&l[0], |s| {
-            sim.launch(s, sim::Op::add(&one, c), 1)?;
+            sim.launch(s, sim::Kernel::add(&one, c), 1)?;
             let t = sim.alloc_async(s, 64)?;
-            sim.launch(s, sim::Op::copy(c, &t), 3)?;
-            sim.launch(s, sim::Op::copy(&t, &v), 20)?;
+            sim.launch(s, sim::Kernel::copy(c, &t), 3)?;
+            sim.launch(s, sim::Kernel::copy(&t, &v), 20)?;
             sim.free_async(s, &t)
         })
         .unwrap();
@@ -223,7 +223,7 @@ fn forget_and_borrowed_between_kept() {
         }
         rep.launch_kept(&mut k2, &l[4]).unwrap();
         rep.consume(RunnerId(1), &l[0], |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &acc), 4)
+            sim.launch(s, sim::Kernel::add(&v[0], &acc), 4)
         })
         .unwrap();
     }
@@ -255,7 +255,7 @@ fn mk_step<'r>(
     st.replay(RunnerId(0), &l[0]).unwrap();
     st.replay(RunnerId(1), &l[1]).unwrap();
     st.consume(RunnerId(1), &l[2], |s, v| {
-        sim.launch(s, sim::Op::add(&v[0], acc), 4)
+        sim.launch(s, sim::Kernel::add(&v[0], acc), 4)
     })
     .unwrap();
     if overlapping {

@@ -60,7 +60,7 @@ fn wait_for_after_second_kept_launch_is_skipped() {
     let sim = x.sim.clone();
     x.replayable
         .consume(RunnerId(0), &b, |st, v| {
-            sim.launch(st, sim::Op::copy(&v[0], &out), 1)
+            sim.launch(st, sim::Kernel::copy(&v[0], &out), 1)
         })
         .unwrap();
     x.sim.synchronize().unwrap();
@@ -144,7 +144,7 @@ fn stale_event_wrong_value() {
     let sim = w.sim.clone();
     w.rep
         .consume(RunnerId(0), &l1, |s, v| {
-            sim.launch(s, sim::Op::copy(&v[0], &out), 1)
+            sim.launch(s, sim::Kernel::copy(&v[0], &out), 1)
         })
         .unwrap();
     w.rep.synchronize().unwrap();

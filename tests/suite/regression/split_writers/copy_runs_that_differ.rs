@@ -95,15 +95,15 @@ fn a_copy_run_that_writes_a_handoff_after_its_ready_point() {
     let spec = Spec::new(3);
     refused_or_hazard_free("copy writes x0 after ready(h0)", &spec, &mut |w, s| {
         let t = w.sim.alloc_async(s, N)?;
-        w.sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
+        w.sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
         for i in 0..3 {
-            w.sim.launch(s, sim::Op::copy(&t, &w.xs[i]), 5)?;
+            w.sim.launch(s, sim::Kernel::copy(&t, &w.xs[i]), 5)?;
             w.cap.ready(w.hs[i], s)?;
             if w.run >= 2 && i == 0 {
-                w.sim.launch(s, sim::Op::fill(&w.xs[0], 9.0), 50)?;
+                w.sim.launch(s, sim::Kernel::fill(&w.xs[0], 9.0), 50)?;
             }
         }
-        w.sim.launch(s, sim::Op::copy(&t, w.own), 100)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, w.own), 100)?;
         w.sim.free_async(s, &t)?;
         Ok(())
     });
@@ -119,14 +119,14 @@ fn a_writer_that_writes_a_handoff_after_its_ready_point_in_every_run() {
             } else {
                 None
             };
-            w.sim.launch(s, sim::Op::fill(&w.xs[0], 1.0), 5)?;
+            w.sim.launch(s, sim::Kernel::fill(&w.xs[0], 1.0), 5)?;
             w.cap.ready(w.hs[0], s)?;
-            w.sim.launch(s, sim::Op::fill(&w.xs[0], 9.0), 50)?;
-            w.sim.launch(s, sim::Op::fill(&w.xs[1], 2.0), 5)?;
+            w.sim.launch(s, sim::Kernel::fill(&w.xs[0], 9.0), 50)?;
+            w.sim.launch(s, sim::Kernel::fill(&w.xs[1], 2.0), 5)?;
             w.cap.ready(w.hs[1], s)?;
-            w.sim.launch(s, sim::Op::fill(w.own, 3.0), 100)?;
+            w.sim.launch(s, sim::Kernel::fill(w.own, 3.0), 100)?;
             if let Some(t) = &t {
-                w.sim.launch(s, sim::Op::fill(t, 3.0), 1)?;
+                w.sim.launch(s, sim::Kernel::fill(t, 3.0), 1)?;
                 w.sim.free_async(s, t)?;
             }
             Ok(())
@@ -142,23 +142,23 @@ fn a_copy_run_that_forks_across_a_cut() {
     let spec = Spec::new(2);
     refused_or_hazard_free("copy forks across a cut", &spec, &mut |w, s| {
         let t = w.sim.alloc_async(s, N)?;
-        w.sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
-        w.sim.launch(s, sim::Op::copy(&t, &w.xs[0]), 5)?;
+        w.sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, &w.xs[0]), 5)?;
         if w.run >= 2 {
             let fork = w.sim.create_event()?;
             w.sim.record_event(s, &fork)?;
             w.sim.wait_event(w.side, &fork)?;
-            w.sim.launch(w.side, sim::Op::fill(&w.xs[1], 4.0), 80)?;
+            w.sim.launch(w.side, sim::Kernel::fill(&w.xs[1], 4.0), 80)?;
             w.cap.ready(w.hs[0], s)?;
             let join = w.sim.create_event()?;
             w.sim.record_event(w.side, &join)?;
             w.sim.wait_event(s, &join)?;
         } else {
             w.cap.ready(w.hs[0], s)?;
-            w.sim.launch(s, sim::Op::fill(&w.xs[1], 4.0), 80)?;
+            w.sim.launch(s, sim::Kernel::fill(&w.xs[1], 4.0), 80)?;
         }
         w.cap.ready(w.hs[1], s)?;
-        w.sim.launch(s, sim::Op::copy(&t, w.own), 10)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, w.own), 10)?;
         w.sim.free_async(s, &t)?;
         Ok(())
     });
@@ -175,24 +175,24 @@ fn a_writer_that_forks_across_a_ready_point_in_every_run() {
             } else {
                 None
             };
-            w.sim.launch(s, sim::Op::fill(&w.xs[0], 1.0), 5)?;
+            w.sim.launch(s, sim::Kernel::fill(&w.xs[0], 1.0), 5)?;
             let fork = w.sim.create_event()?;
             w.sim.record_event(s, &fork)?;
             w.sim.wait_event(w.side, &fork)?;
-            w.sim.launch(w.side, sim::Op::fill(&w.xs[1], 4.0), 80)?;
+            w.sim.launch(w.side, sim::Kernel::fill(&w.xs[1], 4.0), 80)?;
             w.cap.ready(w.hs[0], s)?;
             let join = w.sim.create_event()?;
             w.sim.record_event(w.side, &join)?;
             w.sim.wait_event(s, &join)?;
             w.cap.ready(w.hs[1], s)?;
-            w.sim.launch(s, sim::Op::fill(&w.xs[2], 5.0), 5)?;
+            w.sim.launch(s, sim::Kernel::fill(&w.xs[2], 5.0), 5)?;
             w.cap.ready(w.hs[2], s)?;
             if let Some(t) = &t {
-                w.sim.launch(s, sim::Op::fill(t, 3.0), 10)?;
-                w.sim.launch(s, sim::Op::copy(t, w.own), 10)?;
+                w.sim.launch(s, sim::Kernel::fill(t, 3.0), 10)?;
+                w.sim.launch(s, sim::Kernel::copy(t, w.own), 10)?;
                 w.sim.free_async(s, t)?;
             } else {
-                w.sim.launch(s, sim::Op::fill(w.own, 3.0), 10)?;
+                w.sim.launch(s, sim::Kernel::fill(w.own, 3.0), 10)?;
             }
             Ok(())
         };
@@ -221,9 +221,9 @@ fn a_copy_run_that_marks_a_ready_point_on_another_stream() {
     let spec = Spec::new(2);
     let mut f = fan_custom(&spec, &mut |w, s| {
         let t = w.sim.alloc_async(s, N)?;
-        w.sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
+        w.sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
         write_all(w, s, &|w, s, i| {
-            w.sim.launch(s, sim::Op::copy(&t, &w.xs[i]), 5)?;
+            w.sim.launch(s, sim::Kernel::copy(&t, &w.xs[i]), 5)?;
             if w.run >= 2 && i == 1 {
                 // Marked on the side stream, which is not capturing.
                 w.cap.ready(w.hs[1], w.side)?;
@@ -231,7 +231,7 @@ fn a_copy_run_that_marks_a_ready_point_on_another_stream() {
             }
             Ok(())
         })?;
-        w.sim.launch(s, sim::Op::copy(&t, w.own), 1)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, w.own), 1)?;
         w.sim.free_async(s, &t)?;
         Ok(())
     });
@@ -255,9 +255,9 @@ fn a_temporary_freed_in_a_later_part_than_the_copy_run_ends_its_use() {
     let spec = Spec::new(2);
     refused_or_hazard_free("free moved across a cut", &spec, &mut |w, s| {
         let t = w.sim.alloc_async(s, N)?;
-        w.sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
-        w.sim.launch(s, sim::Op::copy(&t, &w.xs[0]), 5)?;
-        w.sim.launch(s, sim::Op::copy(&t, &w.xs[1]), 5)?;
+        w.sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, &w.xs[0]), 5)?;
+        w.sim.launch(s, sim::Kernel::copy(&t, &w.xs[1]), 5)?;
         if w.run >= 2 {
             w.sim.free_async(s, &t)?;
         }
@@ -266,7 +266,7 @@ fn a_temporary_freed_in_a_later_part_than_the_copy_run_ends_its_use() {
         if w.run == 1 {
             w.sim.free_async(s, &t)?;
         }
-        w.sim.launch(s, sim::Op::fill(w.own, 1.0), 5)?;
+        w.sim.launch(s, sim::Kernel::fill(w.own, 1.0), 5)?;
         Ok(())
     });
 }

@@ -264,22 +264,22 @@ fn kept_steps_and_per_runner_replays_interleaved_around_split_writers() {
 fn temps_across_parts(w: &W, s: &sim::Stream) -> R {
     let sim = w.sim;
     let a = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::fill(&a, 1.0), 1)?;
-    sim.launch(s, sim::Op::copy(&a, &w.xs[0]), 5)?;
+    sim.launch(s, sim::Kernel::fill(&a, 1.0), 1)?;
+    sim.launch(s, sim::Kernel::copy(&a, &w.xs[0]), 5)?;
     w.cap.ready(w.hs[0], s)?;
     let b = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::copy(&a, &b), 5)?;
-    sim.launch(s, sim::Op::scale(&b, 2.0), 5)?;
-    sim.launch(s, sim::Op::copy(&b, &w.xs[1]), 5)?;
+    sim.launch(s, sim::Kernel::copy(&a, &b), 5)?;
+    sim.launch(s, sim::Kernel::scale(&b, 2.0), 5)?;
+    sim.launch(s, sim::Kernel::copy(&b, &w.xs[1]), 5)?;
     sim.free_async(s, &b)?;
     w.cap.ready(w.hs[1], s)?;
-    sim.launch(s, sim::Op::copy(&a, &w.xs[2]), 5)?;
-    sim.launch(s, sim::Op::scale(&w.xs[2], 3.0), 5)?;
+    sim.launch(s, sim::Kernel::copy(&a, &w.xs[2]), 5)?;
+    sim.launch(s, sim::Kernel::scale(&w.xs[2], 3.0), 5)?;
     w.cap.ready(w.hs[2], s)?;
     let c = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::copy(&a, &c), 50)?;
+    sim.launch(s, sim::Kernel::copy(&a, &c), 50)?;
     sim.free_async(s, &a)?;
-    sim.launch(s, sim::Op::add(&c, w.own), 50)?;
+    sim.launch(s, sim::Kernel::add(&c, w.own), 50)?;
     sim.free_async(s, &c)?;
     Ok(())
 }
@@ -289,22 +289,22 @@ fn temps_across_parts(w: &W, s: &sim::Stream) -> R {
 fn temps_within_parts(w: &W, s: &sim::Stream) -> R {
     let sim = w.sim;
     let a = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::fill(&a, 1.0), 1)?;
-    sim.launch(s, sim::Op::copy(&a, &w.xs[0]), 5)?;
+    sim.launch(s, sim::Kernel::fill(&a, 1.0), 1)?;
+    sim.launch(s, sim::Kernel::copy(&a, &w.xs[0]), 5)?;
     sim.free_async(s, &a)?;
     w.cap.ready(w.hs[0], s)?;
     let b = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::fill(&b, 2.0), 5)?;
-    sim.launch(s, sim::Op::scale(&b, 2.0), 5)?;
-    sim.launch(s, sim::Op::copy(&b, &w.xs[1]), 5)?;
+    sim.launch(s, sim::Kernel::fill(&b, 2.0), 5)?;
+    sim.launch(s, sim::Kernel::scale(&b, 2.0), 5)?;
+    sim.launch(s, sim::Kernel::copy(&b, &w.xs[1]), 5)?;
     sim.free_async(s, &b)?;
     w.cap.ready(w.hs[1], s)?;
-    sim.launch(s, sim::Op::fill(&w.xs[2], 1.0), 5)?;
-    sim.launch(s, sim::Op::scale(&w.xs[2], 3.0), 5)?;
+    sim.launch(s, sim::Kernel::fill(&w.xs[2], 1.0), 5)?;
+    sim.launch(s, sim::Kernel::scale(&w.xs[2], 3.0), 5)?;
     w.cap.ready(w.hs[2], s)?;
     let c = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Op::fill(&c, 4.0), 50)?;
-    sim.launch(s, sim::Op::add(&c, w.own), 50)?;
+    sim.launch(s, sim::Kernel::fill(&c, 4.0), 50)?;
+    sim.launch(s, sim::Kernel::add(&c, w.own), 50)?;
     sim.free_async(s, &c)?;
     Ok(())
 }

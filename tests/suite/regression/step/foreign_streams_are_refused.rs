@@ -101,7 +101,7 @@ fn a_foreign_step_lane_aliasing_a_lane_never_drops_a_wait() {
                     let (sim, acc) = (&w.sim, &w.accs[0]);
                     ok &= step
                         .consume(RunnerId(0), &foreign, |s, v| {
-                            sim.launch(s, sim::Op::add(&v[0], acc), 50)
+                            sim.launch(s, sim::Kernel::add(&v[0], acc), 50)
                         })
                         .is_ok();
                 }

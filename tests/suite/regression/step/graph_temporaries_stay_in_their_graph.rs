@@ -42,9 +42,9 @@ fn a_step_copy_that_touches_the_first_runs_temporary_is_refused() {
             res = cap.stream_capture_repeatable(&s, |s| {
                 run += 1;
                 let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::fill(&t, run as f32), 1)?;
+                sim.launch(s, sim::Kernel::fill(&t, run as f32), 1)?;
                 if let Some(old) = &first {
-                    sim.launch(s, sim::Op::copy(old, &v), 1)?; // the first graph's temporary
+                    sim.launch(s, sim::Kernel::copy(old, &v), 1)?; // the first graph's temporary
                 }
                 sim.free_async(s, &t)?;
                 first.get_or_insert(t);
@@ -77,8 +77,8 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
     {
         capture_view(&mut capturing, RunnerId(0), OWN, &a, |s, v| {
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::fill(&t, 1.0), 200)?; // long write of its temporary
-            sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+            sim.launch(s, sim::Kernel::fill(&t, 1.0), 200)?; // long write of its temporary
+            sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
             sim.free_async(s, &t)?;
             t0 = Some(t);
             Ok::<(), replay_arena::Error>(())
@@ -92,11 +92,11 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
         let res = cap.stream_capture_repeatable(&b, |s| {
             run += 1;
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
+            sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
             if run == 2 {
-                sim.launch(s, sim::Op::fill(&t0, 9.0), 200)?; // runner 0's temporary
+                sim.launch(s, sim::Kernel::fill(&t0, 9.0), 200)?; // runner 0's temporary
             }
-            sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+            sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
             sim.free_async(s, &t)?;
             Ok::<(), replay_arena::Error>(())
         });
@@ -140,12 +140,12 @@ fn a_consumer_cannot_touch_a_runners_graph_temporary() {
     for r in 0..2u32 {
         capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
             if r == 1 {
-                sim.launch(s, sim::Op::fill(&v, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(&v, 1.0), 1)?;
                 return Ok(());
             }
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::fill(&t, 1.0), 200)?;
-            sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+            sim.launch(s, sim::Kernel::fill(&t, 1.0), 200)?;
+            sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
             sim.free_async(s, &t)?;
             if r == 0 {
                 t0 = Some(t);
@@ -158,13 +158,13 @@ fn a_consumer_cannot_touch_a_runners_graph_temporary() {
     r.replay(RunnerId(1), &b).unwrap();
     r.replay(RunnerId(0), &a).unwrap();
     let per_runner = r.consume(RunnerId(1), &c, |s, _| {
-        sim.launch(s, sim::Op::fill(&t0, 3.0), 100)
+        sim.launch(s, sim::Kernel::fill(&t0, 3.0), 100)
     });
     let mut step = r.step();
     step.replay(RunnerId(1), &b).unwrap();
     let in_step = step
         .consume(RunnerId(1), &c, |s, _| {
-            sim.launch(s, sim::Op::fill(&t0, 3.0), 100)
+            sim.launch(s, sim::Kernel::fill(&t0, 3.0), 100)
         })
         .map(|_| ());
     drop(step);
@@ -189,21 +189,23 @@ fn a_graph_temporary_works_only_inside_its_capture_closure() {
         capture_view(&mut capturing, RunnerId(0), F32_64, &stream, |s, v| {
             let t = sim.alloc_async(s, 64)?;
             // Not on another stream, even inside the closure.
-            assert!(sim.launch(&other, sim::Op::fill(&t, 3.0), 1).is_err());
-            sim.launch(s, sim::Op::fill(&t, 2.0), 1)?;
-            sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+            assert!(sim.launch(&other, sim::Kernel::fill(&t, 3.0), 1).is_err());
+            sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
+            sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
             kept = Some(t);
             sim.free_async(s, &t)
         });
     }
     let kept = kept.unwrap();
     // Outside its closure, and in another runner's graph: refused.
-    assert!(sim.launch(&other, sim::Op::fill(&kept, 9.0), 1).is_err());
+    assert!(sim
+        .launch(&other, sim::Kernel::fill(&kept, 9.0), 1)
+        .is_err());
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let v1 = cap.take(F32_64).unwrap();
     let refused = cap.stream_capture(&stream, |s| {
-        sim.launch(s, sim::Op::fill(&v1, 1.0), 1)?;
-        sim.launch(s, sim::Op::fill(&kept, 9.0), 1)
+        sim.launch(s, sim::Kernel::fill(&v1, 1.0), 1)?;
+        sim.launch(s, sim::Kernel::fill(&kept, 9.0), 1)
     });
     assert!(refused.is_err());
     // Outside every capture there is nothing to allocate into.

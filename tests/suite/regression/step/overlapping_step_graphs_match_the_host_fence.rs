@@ -196,7 +196,7 @@ fn consume_mut_on_either_side_of_a_handoff_never_races_the_other_side() {
                 w.replayable
                     .consume_mut(RunnerId(r), &lane, |s, v| {
                         for x in v {
-                            sim.launch(s, sim::Op::fill(x, 7.0), 100)?;
+                            sim.launch(s, sim::Kernel::fill(x, 7.0), 100)?;
                         }
                         Ok::<(), replay_arena::Error>(())
                     })
@@ -240,7 +240,7 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     {
         capture_view(&mut capturing, RunnerId(0), OWN, &a, |s, v| {
-            sim.launch(s, sim::Op::fill(&v, 1.0), 5)
+            sim.launch(s, sim::Kernel::fill(&v, 1.0), 5)
         });
     }
     {
@@ -250,8 +250,8 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
         cap.stream_capture_repeatable(&a, |s| {
             runs += 1;
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::fill(&t, 5.0), 50)?;
-            sim.launch(s, sim::Op::scale(&t, 2.0), 50)?;
+            sim.launch(s, sim::Kernel::fill(&t, 5.0), 50)?;
+            sim.launch(s, sim::Kernel::scale(&t, 2.0), 50)?;
             sim.free_async(s, &t)?;
             Ok::<(), replay_arena::Error>(())
         })
@@ -351,7 +351,7 @@ fn many_work<'a>(
        + 'a {
     move |s, vs| {
         for v in vs {
-            sim.launch(s, sim::Op::add(&v[0], acc), 25)?;
+            sim.launch(s, sim::Kernel::add(&v[0], acc), 25)?;
         }
         Ok(())
     }

@@ -191,7 +191,7 @@ fn a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing() {
             let sim = w.sim.clone();
             step.consume(RunnerId(1), &w.lanes[2], |st, v| {
                 let t = sim.alloc_async(st, N)?;
-                sim.launch(st, sim::Op::copy(&v[0], &t), 1)?;
+                sim.launch(st, sim::Kernel::copy(&v[0], &t), 1)?;
                 sim.free_async(st, &t)
             })
             .unwrap();
@@ -271,7 +271,7 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
         step.replay(RunnerId(1), &w.lanes[1]).unwrap();
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _ = step.consume(RunnerId(1), &w.lanes[2], |s, v| {
-                sim.launch(s, sim::Op::add(&v[0], &w.accs[0]), 5)?;
+                sim.launch(s, sim::Kernel::add(&v[0], &w.accs[0]), 5)?;
                 panic!("consumer panics mid-capture");
                 #[allow(unreachable_code)]
                 Ok::<(), replay_arena::Error>(())
@@ -279,7 +279,7 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
         }));
         assert!(out.is_err());
         let failed = step.consume(RunnerId(1), &w.lanes[2], |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &w.accs[0]), 5)?;
+            sim.launch(s, sim::Kernel::add(&v[0], &w.accs[0]), 5)?;
             Err::<(), _>(test_err("consumer fails"))
         });
         assert!(matches!(failed, Err(ConsumeError::Work(_))));
@@ -308,7 +308,7 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
         step.replay(RunnerId(0), &w.lanes[0]).unwrap();
         let r = step.consume(RunnerId(0), &w.lanes[2], |s, v| {
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Op::copy(&v[0], &t), 1)
+            sim.launch(s, sim::Kernel::copy(&v[0], &t), 1)
         });
         if r.is_ok() {
             assert!(

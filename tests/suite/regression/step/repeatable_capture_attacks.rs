@@ -66,7 +66,7 @@ fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
             Box::new(|sim, s, other, v, run, _| {
                 with_temporary(sim, s, v)?;
                 if run == 2 {
-                    sim.launch(other, sim::Op::fill(v, 9.0), 1)?;
+                    sim.launch(other, sim::Kernel::fill(v, 9.0), 1)?;
                 }
                 Ok(())
             }),
@@ -86,7 +86,7 @@ fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
             "run 2 frees what run 1 allocated",
             1,
             Box::new(|sim, s, _, v, run, keep| {
-                sim.launch(s, sim::Op::fill(v, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(v, 1.0), 1)?;
                 if run == 1 {
                     keep.push(sim.alloc_async(s, N)?);
                 } else {
@@ -100,7 +100,7 @@ fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
             1,
             Box::new(|sim, s, _, v, run, keep| {
                 let t = sim.alloc_async(s, N)?;
-                sim.launch(s, sim::Op::copy(&t, v), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, v), 1)?;
                 sim.free_async(s, &t)?;
                 if run == 1 {
                     keep.push(t);
@@ -114,7 +114,7 @@ fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
             "run 2 allocates, run 1 did not",
             1,
             Box::new(|sim, s, _, v, run, _| {
-                sim.launch(s, sim::Op::fill(v, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(v, 1.0), 1)?;
                 if run == 2 {
                     with_temporary(sim, s, v)?;
                 }
@@ -190,13 +190,13 @@ fn a_panic_on_a_later_run_leaves_a_consistent_capturing() {
             let mut run = 0;
             let _ = cap.stream_capture_repeatable(&s, |s| {
                 run += 1;
-                sim.launch(s, sim::Op::fill(&dx, 1.0), 1)?;
+                sim.launch(s, sim::Kernel::fill(&dx, 1.0), 1)?;
                 cap.ready(h, s)?;
                 let t = sim.alloc_async(s, N)?;
                 if alloc_first && run == panic_on {
                     panic!("run {run} panics holding a temporary");
                 }
-                sim.launch(s, sim::Op::copy(&t, &v), 1)?;
+                sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
                 sim.free_async(s, &t)?;
                 if run == panic_on {
                     panic!("run {run} panics");
@@ -227,7 +227,7 @@ fn a_nested_capture_in_a_later_run_is_refused() {
                 run += 1;
                 with_temporary(&sim, st, &v)?;
                 if run == 2 {
-                    let inner = |o: &sim::Stream| sim.launch(o, sim::Op::fill(&v, 5.0), 1);
+                    let inner = |o: &sim::Stream| sim.launch(o, sim::Kernel::fill(&v, 5.0), 1);
                     let r = if repeatable_inner {
                         cap.stream_capture_repeatable(&other, inner)
                     } else {
@@ -335,8 +335,8 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
         cap.step_copies(2);
         cap.stream_capture_repeatable(&s, |st| {
             let t = sim.alloc_async(st, N)?;
-            sim.launch(st, sim::Op::fill(&t, 1.0), 1)?;
-            sim.launch(st, sim::Op::copy(&t, &v), 1)?;
+            sim.launch(st, sim::Kernel::fill(&t, 1.0), 1)?;
+            sim.launch(st, sim::Kernel::copy(&t, &v), 1)?;
             sim.free_async(st, &t)?;
             kept = Some(t);
             Ok::<(), replay_arena::Error>(())
@@ -350,7 +350,7 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
         let _v = cap.take(OWN).unwrap();
         let t0 = kept.unwrap();
         // A temporary of the forgotten capture's graph, used in another runner's capture.
-        let stale = cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&t0, 5.0), 1));
+        let stale = cap.stream_capture(&s, |st| sim.launch(st, sim::Kernel::fill(&t0, 5.0), 1));
         assert!(
             stale.is_err(),
             "another runner's capture wrote the forgotten capture's temporary"
@@ -364,7 +364,7 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
     let again = capturing.capture(RunnerId(0)).map(|cap| {
         let v = cap.take(OWN).map_err(|e| e.to_string())?;
         assert_eq!(v.device_address(), kept_view_addr, "same fixed address");
-        cap.stream_capture(&s, |st| sim.launch(st, sim::Op::fill(&v, 3.0), 1))
+        cap.stream_capture(&s, |st| sim.launch(st, sim::Kernel::fill(&v, 3.0), 1))
             .map_err(|e| e.to_string())?;
         cap.finish().map_err(|e| e.to_string())
     });
@@ -406,8 +406,8 @@ fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
         cap.step_copies(2);
         cap.stream_capture_repeatable(&s, |st| {
             let tmp = sim.alloc_async(st, N)?;
-            sim.launch(st, sim::Op::fill(&tmp, r as f32 + 1.0), 30)?;
-            sim.launch(st, sim::Op::copy(&tmp, &v), 30)?;
+            sim.launch(st, sim::Kernel::fill(&tmp, r as f32 + 1.0), 30)?;
+            sim.launch(st, sim::Kernel::copy(&tmp, &v), 30)?;
             sim.free_async(st, &tmp)?;
             Ok::<(), replay_arena::Error>(())
         })
@@ -420,7 +420,7 @@ fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
             rp.replay(RunnerId(r), if k % 2 == 0 { &s } else { &t })
                 .unwrap();
             rp.consume(RunnerId(r), &c, |st, v| {
-                sim.launch(st, sim::Op::add(&v[0], &acc), 40)
+                sim.launch(st, sim::Kernel::add(&v[0], &acc), 40)
             })
             .unwrap();
         }
@@ -431,7 +431,7 @@ fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
             step.replay(RunnerId(r), if r == 0 { &s } else { &t })
                 .unwrap();
             step.consume(RunnerId(r), &c, |st, v| {
-                sim.launch(st, sim::Op::add(&v[0], &acc), 40)
+                sim.launch(st, sim::Kernel::add(&v[0], &acc), 40)
             })
             .unwrap();
         }
@@ -478,12 +478,12 @@ fn ready_points_that_differ_between_runs_fail_cleanly() {
             let mut run = 0;
             let res = cap.stream_capture_repeatable(&s, |st| {
                 run += 1;
-                sim.launch(st, sim::Op::fill(&dx, 1.0), 1)?;
+                sim.launch(st, sim::Kernel::fill(&dx, 1.0), 1)?;
                 if ready_in(run) {
                     cap.ready(h, st)?;
                 }
                 if touch_after && run == 2 {
-                    sim.launch(st, sim::Op::fill(&dx, 2.0), 1)?;
+                    sim.launch(st, sim::Kernel::fill(&dx, 2.0), 1)?;
                 }
                 with_temporary(&sim, st, &v)
             });

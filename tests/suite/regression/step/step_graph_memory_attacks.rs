@@ -159,7 +159,7 @@ fn the_report_adds_up_uneven_temporaries() {
         let v = cap.take(OWN).unwrap();
         cap.step_copies(r as usize);
         cap.stream_capture_repeatable(&s, |st| {
-            sim.launch(st, sim::Op::fill(&v, 1.0), 1)?;
+            sim.launch(st, sim::Kernel::fill(&v, 1.0), 1)?;
             let lens: &[usize] = match r {
                 1 => &[16],
                 3 => &[48, 32],
@@ -170,7 +170,7 @@ fn the_report_adds_up_uneven_temporaries() {
                 .map(|&l| sim.alloc_async(st, l))
                 .collect::<Result<_, _>>()?;
             for t in &ts {
-                sim.launch(st, sim::Op::fill(t, 2.0), 1)?;
+                sim.launch(st, sim::Kernel::fill(t, 2.0), 1)?;
             }
             for t in &ts {
                 sim.free_async(st, t)?;

@@ -36,14 +36,14 @@ fn wait_all_after_overlapping_launches_orders_program_work() {
             } else {
                 g.wait_all(&opt).unwrap();
                 for b in w.accs.iter().chain(&w.lane_accs).chain(&w.sinks) {
-                    w.sim.launch(&opt, sim::Op::scale(b, 0.5), 3).unwrap();
+                    w.sim.launch(&opt, sim::Kernel::scale(b, 0.5), 3).unwrap();
                 }
             }
         }
         if forget {
             w.replayable.wait_all(&opt).unwrap();
             for b in w.accs.iter().chain(&w.lane_accs).chain(&w.sinks) {
-                w.sim.launch(&opt, sim::Op::scale(b, 0.5), 3).unwrap();
+                w.sim.launch(&opt, sim::Kernel::scale(b, 0.5), 3).unwrap();
             }
         }
         w.replayable.synchronize().unwrap();
@@ -99,7 +99,7 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
             let mut capturing = planned.allocate(sim.clone()).unwrap();
             for r in 0..2u32 {
                 capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
-                    sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)
+                    sim.launch(s, sim::Kernel::fill(&v, r as f32 + 1.0), 1000)
                 });
             }
             let mut rp = capturing.seal().unwrap();
@@ -201,7 +201,7 @@ fn failed_step_launches_leave_the_fence_untouched() {
         let mut capturing = planned.allocate(sim.clone()).unwrap();
         for r in 0..2u32 {
             capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
-                sim.launch(s, sim::Op::fill(&v, r as f32 + 1.0), 1000)
+                sim.launch(s, sim::Kernel::fill(&v, r as f32 + 1.0), 1000)
             });
         }
         let mut rp = capturing.seal().unwrap();
@@ -229,7 +229,7 @@ fn failed_step_launches_leave_the_fence_untouched() {
             "overlapping {overlapping}"
         );
         let got = rp.consume(RunnerId(0), &x, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &acc), 1)
+            sim.launch(s, sim::Kernel::add(&v[0], &acc), 1)
         });
         assert!(got.is_ok(), "overlapping {overlapping}: {got:?}");
         rp.synchronize().unwrap();
@@ -247,7 +247,7 @@ fn failed_step_launches_leave_the_fence_untouched() {
             g.launch(&b).unwrap();
         }
         let got = rp.consume(RunnerId(1), &a, |s, v| {
-            sim.launch(s, sim::Op::add(&v[0], &acc), 1)
+            sim.launch(s, sim::Kernel::add(&v[0], &acc), 1)
         });
         assert!(got.is_ok());
         rp.synchronize().unwrap();
@@ -288,7 +288,7 @@ fn program_work_on_a_lane_between_launches_is_ordered_the_documented_way() {
             // launched on lane 1, program work on lane 1 after wait_all.
             g.launch(&w.lanes[1]).unwrap();
             g.wait_all(&w.lanes[1]).unwrap();
-            sim.launch(&w.lanes[1], sim::Op::scale(&w.lane_accs[1], 0.5), 5)
+            sim.launch(&w.lanes[1], sim::Kernel::scale(&w.lane_accs[1], 0.5), 5)
                 .unwrap();
         }
         drop(g);

@@ -205,7 +205,7 @@ impl<B: Compose> Replayable<B> {
     /// for r in 0..4 {
     ///     let cap = capturing.capture(RunnerId(r))?;
     ///     let v = cap.take(req)?;
-    ///     cap.stream_capture(&pool[0], |s| sim.launch(s, sim::Op::fill(&v, r as f32), 10))?;
+    ///     cap.stream_capture(&pool[0], |s| sim.launch(s, sim::Kernel::fill(&v, r as f32), 10))?;
     ///     cap.finish()?;
     /// }
     /// let mut replayable = capturing.seal()?;
@@ -214,7 +214,7 @@ impl<B: Compose> Replayable<B> {
     /// let mut step = replayable.step();
     /// for r in 0..4 {
     ///     step.replay(RunnerId(r), &pool[r as usize % 2])?;
-    ///     step.consume(RunnerId(r), &side, |s, v| sim.launch(s, sim::Op::add(&v[0], &main), 5))?;
+    ///     step.consume(RunnerId(r), &side, |s, v| sim.launch(s, sim::Kernel::add(&v[0], &main), 5))?;
     /// }
     /// let mut graph = step.build()?;
     /// for _ in 0..10 {
@@ -387,20 +387,12 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         // Copies of the views, in the consumer's scope (read-only for a
         // reader): the plan's own views stay as they are, whatever `work`
         // does (fails, panics).
-        let read_only = kind == ScopeKind::Read;
         let copies: Vec<Vec<View<'_, A>>> = slots
             .iter()
             .map(|&slot| {
                 r.views[r.runners[slot].views.clone()]
                     .iter()
-                    .map(|&v| {
-                        View {
-                            scope,
-                            read_only,
-                            ..v
-                        }
-                        .with_access()
-                    })
+                    .map(|&v| v.in_scope(scope))
                     .collect()
             })
             .collect();
@@ -430,7 +422,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
         };
         if let Err(rejection) = r.backend.validate_graph(&graph) {
             return Err(failed(BackendError::GraphRejected {
-                op: "capture of a step's consumer",
+                call: "capture of a step's consumer",
                 rejection,
             })
             .into());

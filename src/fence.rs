@@ -1203,7 +1203,7 @@ fn record_pending<B: Streams>(
         return Ok(false);
     };
     let refused = || BackendError::Refused {
-        op: "the fence's event record",
+        call: "the fence's event record",
         reason: "the stream the work completes on is capturing, so the record would go into \
                  that graph; end the capture first"
             .into(),

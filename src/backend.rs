@@ -102,7 +102,7 @@ impl From<cudarc::driver::DriverError> for BackendError {
     /// [`CUDARC_DRIVER_CALL`] as the operation.
     fn from(error: cudarc::driver::DriverError) -> BackendError {
         BackendError::Driver {
-            op: CUDARC_DRIVER_CALL,
+            call: CUDARC_DRIVER_CALL,
             code: error.0,
         }
     }
@@ -115,7 +115,7 @@ impl From<cudarc::nccl::result::NcclError> for BackendError {
     /// operation.
     fn from(error: cudarc::nccl::result::NcclError) -> BackendError {
         BackendError::Nccl {
-            op: CUDARC_NCCL_CALL,
+            call: CUDARC_NCCL_CALL,
             code: error.0,
         }
     }
@@ -133,7 +133,7 @@ impl From<cudarc::cublas::result::CublasError> for BackendError {
     /// operation.
     fn from(error: cudarc::cublas::result::CublasError) -> BackendError {
         BackendError::Cublas {
-            op: CUDARC_CUBLAS_CALL,
+            call: CUDARC_CUBLAS_CALL,
             status: error.0,
         }
     }
@@ -146,10 +146,10 @@ impl From<cudarc::cublas::result::CublasError> for BackendError {
 #[non_exhaustive]
 pub enum BackendError {
     /// The backend refuses to keep a captured graph.
-    #[error("{op}: {rejection}")]
+    #[error("{call}: {rejection}")]
     GraphRejected {
         /// What was refused (`capture of a step's consumer`).
-        op: &'static str,
+        call: &'static str,
         /// Why.
         rejection: GraphRejection,
     },
@@ -173,53 +173,53 @@ pub enum BackendError {
     /// A CUDA driver call failed.
     #[cfg(feature = "cuda")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-    #[error("{op} returned {code:?}")]
+    #[error("{call} returned {code:?}")]
     Driver {
         /// The driver entry point; [`CUDARC_DRIVER_CALL`] for a cudarc
         /// `DriverError` converted with `?` (which does not say which call
         /// failed).
-        op: &'static str,
+        call: &'static str,
         /// Its result code.
         code: cudarc::driver::sys::CUresult,
     },
     /// An NCCL call failed.
     #[cfg(replay_arena_nccl)]
     #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
-    #[error("{op} returned {code:?}")]
+    #[error("{call} returned {code:?}")]
     Nccl {
         /// The NCCL entry point; [`CUDARC_NCCL_CALL`] for a cudarc
         /// `NcclError` converted with `?`.
-        op: &'static str,
+        call: &'static str,
         /// Its result code.
         code: cudarc::nccl::sys::ncclResult_t,
     },
     /// A cuBLAS call failed.
     #[cfg(feature = "cublas")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
-    #[error("{op} returned {status:?}")]
+    #[error("{call} returned {status:?}")]
     Cublas {
         /// The cuBLAS entry point; [`CUDARC_CUBLAS_CALL`] for a cudarc
         /// `CublasError` converted with `?`.
-        op: &'static str,
+        call: &'static str,
         /// Its status code.
         status: cudarc::cublas::sys::cublasStatus_t,
     },
     /// A call of the `sim` backend failed because fault injection told it
     /// to ([`sim::Faults`]); it did nothing.
-    #[error("{op} failed (injected fault at call #{call})")]
+    #[error("{call} failed (injected fault at call #{index})")]
     Injected {
         /// The call ([`sim::Call::name`](crate::sim::Call::name)).
-        op: &'static str,
+        call: &'static str,
         /// Its position among the calls since the faults were installed.
-        call: u64,
+        index: u64,
     },
     /// A call was refused before reaching the runtime (a stream of another
     /// device or backend, a stream that cannot be captured, a simulated
     /// access outside every allocation).
-    #[error("{op}: {reason}")]
+    #[error("{call}: {reason}")]
     Refused {
-        /// The operation.
-        op: &'static str,
+        /// The call refused.
+        call: &'static str,
         /// Why it was refused.
         reason: String,
     },
@@ -236,10 +236,10 @@ pub enum BackendError {
     /// the driver cannot capture it (the per-thread default stream is fine).
     #[cfg(feature = "cuda")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-    #[error("{op}: the legacy default (NULL) stream cannot be captured; use the per-thread stream (`ctx.per_thread_stream()`) or a stream from `ctx.new_stream()`")]
+    #[error("{call}: the legacy default (NULL) stream cannot be captured; use the per-thread stream (`ctx.per_thread_stream()`) or a stream from `ctx.new_stream()`")]
     LegacyStream {
-        /// The operation.
-        op: &'static str,
+        /// The call refused.
+        call: &'static str,
     },
     /// A typed view was asked for with an element type whose dtype differs
     /// from the view's.
@@ -321,7 +321,7 @@ pub(crate) fn check_memory_nodes(
     let Some(unfreed_bytes) = unfreed_bytes else {
         return Err(GraphRejection::Uninspectable(Box::new(
             BackendError::Refused {
-                op: "check graph memory nodes",
+                call: "check graph memory nodes",
                 reason: format!(
                     "the {unfreed} allocation node(s) the graph never frees hold more than \
                      u64::MAX bytes in all: the backend reported impossible sizes"
@@ -371,7 +371,7 @@ mod memory_node_checks {
         let Err(GraphRejection::Uninspectable(e)) = got else {
             panic!("expected an uninspectable graph, got {got:?}");
         };
-        let BackendError::Refused { op, reason } = *e else {
+        let BackendError::Refused { call: op, reason } = *e else {
             panic!("expected a refusal, got {e:?}");
         };
         assert_eq!(op, "check graph memory nodes");
@@ -856,7 +856,7 @@ pub trait Capture: Streams {
     unsafe fn cut_capture(&self, stream: &Self::Stream) -> Result<Self::Graph, BackendError> {
         let _ = stream;
         Err(BackendError::Refused {
-            op: "cut capture",
+            call: "cut capture",
             reason: "this backend cannot cut a capture in two".into(),
         })
     }
@@ -873,7 +873,7 @@ pub trait Capture: Streams {
             [one] => self.validate_graph(one),
             _ => Err(GraphRejection::Uninspectable(Box::new(
                 BackendError::Refused {
-                    op: "validate graph parts",
+                    call: "validate graph parts",
                     reason: "this backend cannot cut a capture in two".into(),
                 },
             ))),
@@ -1036,7 +1036,7 @@ pub trait Compose: Backend {
     ) -> Result<(), BackendError> {
         let _ = (graph, events);
         Err(BackendError::Refused {
-            op: "retarget records",
+            call: "retarget records",
             reason: "this backend composes again instead".into(),
         })
     }

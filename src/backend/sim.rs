@@ -32,7 +32,7 @@
 //! the detector holds at most a few intervals per span in use, however long
 //! streams go without waiting for each other.
 //!
-//! Kernels are [`Op`]s on `f32` data: fill, copy, add, scale. A graph's
+//! Kernels are [`Kernel`]s on `f32` data: fill, copy, add, scale. A graph's
 //! memory nodes ([`Node`]) come only from [`Device::alloc_async`] and
 //! [`Device::free_async`]: no call launches one.
 
@@ -42,7 +42,7 @@ mod faults;
 mod hazards;
 mod memory;
 mod streams;
-mod graphs;
+mod graph;
 mod device;
 mod backend;
 mod timing;
@@ -53,10 +53,10 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use device::Device;
 pub use faults::{Call, FaultLog, Faults};
-pub use graphs::Graph;
+pub use graph::Graph;
 pub use hazards::Hazard;
 pub use memory::{HostBuffer, Memory};
-pub use ops::{AsSpan, Node, Op, Span};
+pub use ops::{AsSpan, Kernel, Node, Span};
 pub use streams::{Event, Stream};
 
 use crate::backend::BackendError;
@@ -99,7 +99,7 @@ fn lock(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {
 
 fn sim_error(op: &'static str, reason: impl Into<String>) -> BackendError {
     BackendError::Refused {
-        op,
+        call: op,
         reason: reason.into(),
     }
 }

@@ -44,7 +44,7 @@
 mod library;
 mod result;
 mod probe;
-mod handles;
+mod device;
 mod memory;
 mod graph;
 mod element;
@@ -60,9 +60,9 @@ use cudarc::driver::sys;
 #[cfg(replay_arena_nccl)]
 pub(crate) use backend::sealed::Sealed;
 pub use backend::AsDevice;
+pub use device::{CaptureMode, Device, Event, InstantiateFlags, Stream, StreamPriorities};
 pub use element::{Element, F8E4M3, F8E5M2};
 pub use graph::Graph;
-pub use handles::{CaptureMode, Device, Event, InstantiateFlags, Stream, StreamPriorities};
 #[cfg(replay_arena_nccl)]
 pub(crate) use library::{missing_symbols, open_library};
 pub use memory::Memory;
@@ -81,7 +81,10 @@ pub const ARENA_ALIGNMENT: u64 = 4096;
 
 /// A cudarc error as this crate's error, without formatting it through cudarc.
 fn driver_error(op: &'static str, error: cudarc::driver::DriverError) -> BackendError {
-    BackendError::Driver { op, code: error.0 }
+    BackendError::Driver {
+        call: op,
+        code: error.0,
+    }
 }
 
 fn unavailable(reason: impl Into<String>) -> BackendError {

@@ -357,13 +357,15 @@ impl Device {
     pub fn wrap_stream(&self, stream: Arc<cudarc::driver::CudaStream>) -> Result<Stream> {
         if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
             return Err(BackendError::Refused {
-                op: "wrap stream",
+                call: "wrap stream",
                 reason: "the stream belongs to another CUDA context".into(),
             });
         }
         let raw = stream.cu_stream() as usize;
         if raw == LEGACY_NULL || raw == LEGACY_HANDLE {
-            return Err(BackendError::LegacyStream { op: "wrap stream" });
+            return Err(BackendError::LegacyStream {
+                call: "wrap stream",
+            });
         }
         let per_thread = (raw == PER_THREAD_HANDLE).then(this_thread);
         let serial = stream_identity(&stream, per_thread);
@@ -580,7 +582,7 @@ impl Stream {
     fn check_thread(&self, op: &'static str) -> Result<()> {
         match self.per_thread {
             Some(owner) if owner != this_thread() => Err(BackendError::Refused {
-                op,
+                call: op,
                 reason: "this per-thread default stream was wrapped on another thread; on this \
                          thread the handle names a different stream (wrap this thread's own \
                          `ctx.per_thread_stream()`)"
@@ -656,7 +658,10 @@ mod tests {
             tracking.contains("cuda::Device::from_context_disabling_event_tracking"),
             "{tracking}"
         );
-        let legacy = BackendError::LegacyStream { op: "wrap stream" }.to_string();
+        let legacy = BackendError::LegacyStream {
+            call: "wrap stream",
+        }
+        .to_string();
         assert!(legacy.contains("per_thread_stream()"), "{legacy}");
         let mismatch = BackendError::DTypeMismatch {
             view: DType::BF16,
