@@ -50,7 +50,7 @@ fn oom(e: &dyn std::fmt::Display) -> bool {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn launches_the_driver_refuses_for_graph_memory_leave_the_fence_as_it_was() {
+fn refused_graph_memory_launches_leave_the_fence() {
     let g = gpu();
     let b = &g.backend;
     let (pool, side, launch) = (
