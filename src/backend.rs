@@ -301,20 +301,38 @@ pub(crate) fn check_memory_nodes(
     allocs: &[(u64, u64)],
     frees: &[u64],
 ) -> std::result::Result<(), GraphRejection> {
-    use std::collections::HashSet;
-    let freed: HashSet<u64> = frees.iter().copied().collect();
-    let allocated: HashSet<u64> = allocs.iter().map(|&(a, _)| a).collect();
+    use std::collections::HashMap;
+    // Each free takes one allocation of its address (a driver may give a
+    // later allocation a freed one's address, so an address may be
+    // allocated and freed more than once): a free with none left frees
+    // memory the graph did not allocate (a second free of one temporary
+    // among them), and an allocation no free takes is never freed.
+    let mut live: HashMap<u64, usize> = HashMap::with_capacity(allocs.len());
+    for &(addr, _) in allocs {
+        *live.entry(addr).or_default() += 1;
+    }
+    let mut foreign_frees = 0usize;
+    let mut first_foreign_free = None;
+    for &addr in frees {
+        match live.get_mut(&addr) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => {
+                foreign_frees += 1;
+                first_foreign_free.get_or_insert(addr);
+            }
+        }
+    }
     let mut unfreed = 0usize;
     let mut unfreed_bytes = Some(0u64);
     let mut first_unfreed = None;
-    for &(addr, bytes) in allocs.iter().filter(|(a, _)| !freed.contains(a)) {
-        unfreed += 1;
-        unfreed_bytes = unfreed_bytes.and_then(|sum| sum.checked_add(bytes));
-        first_unfreed.get_or_insert(addr);
+    for &(addr, bytes) in allocs {
+        if let Some(n) = live.get_mut(&addr).filter(|n| **n > 0) {
+            *n -= 1;
+            unfreed += 1;
+            unfreed_bytes = unfreed_bytes.and_then(|sum| sum.checked_add(bytes));
+            first_unfreed.get_or_insert(addr);
+        }
     }
-    let mut foreign = frees.iter().filter(|f| !allocated.contains(f));
-    let first_foreign_free = foreign.next().copied();
-    let foreign_frees = first_foreign_free.map_or(0, |_| 1 + foreign.count());
     if unfreed == 0 && foreign_frees == 0 {
         return Ok(());
     }
@@ -341,6 +359,28 @@ pub(crate) fn check_memory_nodes(
 #[cfg(test)]
 mod memory_node_checks {
     use super::{check_memory_nodes, BackendError, GraphRejection};
+
+    #[test]
+    fn a_second_free_of_one_allocation_is_a_foreign_free() {
+        // One allocation freed twice: the second free frees nothing the
+        // graph allocated (CUDA refuses it at capture).
+        assert_eq!(
+            check_memory_nodes(&[(0x100, 8)], &[0x100, 0x100]),
+            Err(GraphRejection::MemoryNodes {
+                unfreed: 0,
+                unfreed_bytes: 0,
+                first_unfreed: None,
+                foreign_frees: 1,
+                first_foreign_free: Some(0x100),
+            })
+        );
+        // An address allocated twice (reused after its first free) and
+        // freed twice is balanced.
+        assert_eq!(
+            check_memory_nodes(&[(0x100, 8), (0x100, 8)], &[0x100, 0x100]),
+            Ok(())
+        );
+    }
 
     #[test]
     fn balanced_nodes_pass_and_unbalanced_ones_are_named_in_order() {

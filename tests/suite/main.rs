@@ -61,6 +61,7 @@ mod plan {
     clippy::needless_borrow
 )]
 mod regression {
+    mod a_temporary_freed_twice_is_refused;
     mod consumer_counts;
     mod consumer_views_close_when_their_closure_returns;
     mod cut_copies {
