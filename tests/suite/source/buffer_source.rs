@@ -538,3 +538,32 @@ fn discovery_refuses_a_ready_by_a_reader() {
 fn stream_of(sim: &sim::Device) -> sim::Stream {
     sim.stream()
 }
+
+#[test]
+fn a_failed_ready_record_fails_the_capture_and_leaks_nothing() {
+    // The one backend call `BufferSource::ready` makes in a capture is the
+    // ready point's event record node: made to fail, the error is typed,
+    // the runner's capture fails, and nothing stays capturing or allocated.
+    let sim = sim::Device::new();
+    let (mut capturing, ticket) = two_layer_plan(&sim);
+    let stream = stream_of(&sim);
+    {
+        let cap = capturing.capture(RunnerId(0)).unwrap();
+        let mut src = BufferSource::Capture(&cap);
+        let (got, _buffer) = src.hand_off(dgrad_request()).unwrap();
+        assert_eq!(got, ticket);
+        sim.inject(sim::Faults::nth(sim::Call::RecordNode, 0));
+        let err = cap
+            .stream_capture(&stream, |s| {
+                BufferSource::Capture(&cap).ready(ticket, s)?;
+                Ok::<(), Error>(())
+            })
+            .unwrap_err();
+        sim.inject(sim::Faults::none());
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert!(cap.finish().is_err());
+    }
+    assert!(!replay_arena::backend::Streams::is_capturing(&sim, &stream).unwrap());
+    assert!(capturing.seal().is_err(), "a failed runner cannot seal");
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+}
