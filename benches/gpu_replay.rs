@@ -511,7 +511,7 @@ fn trace_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
             if traced {
                 let t = Instant::now();
                 let trace = r.finish_trace()?;
-                let per_slice = t.elapsed().as_nanos() as f64 / trace.slices().len() as f64;
+                let per_slice = t.elapsed().as_nanos() as f64 / trace.uses().len() as f64;
                 if round > 0 {
                     finish.push(per_slice);
                 }

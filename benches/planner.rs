@@ -230,7 +230,7 @@ fn replayable(sim: &sim::Device) -> Replayable<sim::Device> {
             .and_then(|mut a| a.record(req))
             .expect("fresh runner");
     }
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = d
         .plan(Policy::Generations(2))
         .expect("a valid policy")
@@ -269,7 +269,7 @@ fn bench_replay(c: &mut Criterion) {
     for (name, case) in cases {
         let sim = sim::Device::new();
         let mut replayable = replayable(&sim);
-        let streams = [sim.stream(), sim.stream()];
+        let streams = [sim.new_stream(), sim.new_stream()];
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
@@ -315,7 +315,7 @@ fn bench_consume(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3));
     let sim = sim::Device::new();
     let mut replayable = replayable(&sim);
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     for r in 0..REPLAY_RUNNERS {
         replayable
             .replay(RunnerId(r), &stream)
@@ -357,7 +357,7 @@ fn bench_capture(c: &mut Criterion) {
         }
         let planned = d.plan(Policy::Generations(2)).expect("a valid policy");
         let sim = sim::Device::new();
-        let stream = sim.stream();
+        let stream = sim.new_stream();
         group.bench_function(BenchmarkId::from_parameter(runners), |b| {
             b.iter_batched(
                 || {

@@ -89,7 +89,7 @@ impl Kernels for sim::Device {
         self
     }
     fn new_stream(&self) -> Result<sim::Stream> {
-        Ok(self.stream())
+        Ok(sim::Device::new_stream(self))
     }
     fn zeros(&self, len: usize) -> Result<sim::HostBuffer> {
         Ok(self.alloc_f32(len)?)
@@ -387,11 +387,11 @@ pub(crate) fn run<K: Kernels>(backend: &K, say: &mut dyn FnMut(String)) -> Resul
         .write_chrome_json(&path)
         .map_err(|e| replay_arena::Error::Work(format!("{}: {e}", path.display()).into()))?;
     // Waits for work before the trace have no slice to draw an arrow from.
-    let waits = || trace.slices().iter().flat_map(|s| &s.waits);
+    let waits = || trace.uses().iter().flat_map(|s| &s.waits);
     let skipped = waits().filter(|w| w.skipped).count();
     let drawn = waits().filter(|w| !w.skipped && w.from.is_some()).count();
     let of = |category: &str| {
-        let slices = trace.slices().iter();
+        let slices = trace.uses().iter();
         slices.filter(|s| s.kind.category() == category).count()
     };
     say(format!(
@@ -400,7 +400,7 @@ pub(crate) fn run<K: Kernels>(backend: &K, say: &mut dyn FnMut(String)) -> Resul
          graph's first launch begins with; {} launches), {drawn} waits drawn as arrows, {skipped}\n\
          skipped (stream order); open it at https://ui.perfetto.dev (\"Open trace file\") or in\n\
          Chrome's about:tracing; written to\n  {}",
-        trace.slices().len(),
+        trace.uses().len(),
         trace.streams().len(),
         of("replay"),
         of("consume"),

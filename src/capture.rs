@@ -476,7 +476,7 @@ impl<B: Backend> Capturing<B> {
     ///     armed.record(scratch)?;
     /// }
     /// let sim = sim::Device::new();
-    /// let stream = sim.stream();
+    /// let stream = sim.new_stream();
     /// let mut capturing = discovery.plan(Policy::OverlapDepth(2))?.allocate(sim.clone())?;
     ///
     /// let cap = capturing.capture(RunnerId(0))?;
@@ -561,7 +561,7 @@ impl<B: Backend> Capturing<B> {
 /// let mut d = Discovering::new(PlanConfig::new());
 /// d.arm(RunnerId(0)).unwrap().record(Request::new(Domain::Device, DType::F32, 64)).unwrap();
 /// let sim = sim::Device::new();
-/// let stream = sim.stream();
+/// let stream = sim.new_stream();
 /// let mut capturing = d.plan(Policy::Generations(1)).unwrap().allocate(sim).unwrap();
 /// let cap = capturing.capture(RunnerId(0)).unwrap();
 /// let view = cap.take(Request::new(Domain::Device, DType::F32, 64)).unwrap();

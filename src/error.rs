@@ -196,7 +196,7 @@ where
 ///     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
 ///         .plan(Policy::Generations(1))?;                       // PlanError
 ///     let sim = sim::Device::new();
-///     let stream = sim.stream();
+///     let stream = sim.new_stream();
 ///     let mut capturing = planned.allocate(sim.clone())?;      // BackendFailure
 ///     let cap = capturing.capture(RunnerId(0))?;                // CaptureError
 ///     let view = cap.take(req)?;

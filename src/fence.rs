@@ -56,7 +56,7 @@ use crate::backend::{BackendError, Streams};
 use crate::painter::{Claim, Painter};
 use crate::plan::Planned;
 use crate::scope::StreamClaim;
-use crate::trace::{Observer, SliceKind, NO_USER};
+use crate::trace::{Observer, UseKind, NO_USER};
 use crate::vocab::{HandoffId, Purpose, RunnerId};
 use state::{Completion, Journal, Runner};
 
@@ -316,7 +316,7 @@ impl<B: Streams> Fence<B> {
 
     /// A use of the plan begins on `on`, before its waits: the trace (if
     /// one runs) gives it an id, which every completion it leaves carries.
-    pub(crate) fn begin_use(&mut self, kind: impl FnOnce() -> SliceKind, on: On<'_, B::Stream>) {
+    pub(crate) fn begin_use(&mut self, kind: impl FnOnce() -> UseKind, on: On<'_, B::Stream>) {
         self.user = match &mut self.observer {
             Some(observer) => observer.begin(kind(), on.id),
             None => NO_USER,
@@ -445,7 +445,7 @@ impl<B: Streams> Fence<B> {
             self.staged_check(plan, slot)?;
         }
         let failed = |error| ReplayError::from(Operation::Replay(runner).failed(error));
-        self.begin_use(|| SliceKind::Replay { runner }, on);
+        self.begin_use(|| UseKind::Replay { runner }, on);
         self.begin();
         let launched = self.admit(backend, slot, on).and_then(|()| {
             for &h in &record.reads {
@@ -620,7 +620,7 @@ impl<B: Streams> Fence<B> {
         };
         let runners = || slots.iter().map(|&s| plan.runners[s].id()).collect();
         self.begin_use(
-            || SliceKind::Consume {
+            || UseKind::Consume {
                 runners: runners(),
                 writes: exclusive,
             },
@@ -708,7 +708,7 @@ impl<B: Streams> Fence<B> {
     ) -> std::result::Result<(), BackendError> {
         let runner = plan.runners[slot].id();
         self.begin_use(
-            || SliceKind::Wait {
+            || UseKind::Wait {
                 runner: Some(runner),
             },
             on,
@@ -733,7 +733,7 @@ impl<B: Streams> Fence<B> {
         backend: &B,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
-        self.begin_use(|| SliceKind::Wait { runner: None }, on);
+        self.begin_use(|| UseKind::Wait { runner: None }, on);
         self.begin();
         let waited = self.wait_everything(backend, on);
         self.settle_transaction(waited)?;
@@ -785,13 +785,13 @@ impl<B: Streams> Fence<B> {
         before: impl FnOnce() -> std::result::Result<(), BackendError>,
         launch: impl FnOnce() -> std::result::Result<(), BackendError>,
         moved: Option<(&Ledger, &[bool])>,
-        kind: SliceKind,
+        kind: UseKind,
     ) -> std::result::Result<(), BackendError> {
         self.begin();
         let waited = match everything {
             // A slice of its own in a trace.
             true => {
-                self.begin_use(|| SliceKind::Wait { runner: None }, on);
+                self.begin_use(|| UseKind::Wait { runner: None }, on);
                 let waited = self.wait_everything(backend, on);
                 if waited.is_ok() {
                     self.timed(backend, on, || ());

@@ -61,7 +61,7 @@
 //! println!("{}", planned.report());
 //!
 //! let sim = sim::Device::new();                       // or the `cuda` backend
-//! let stream = sim.stream();
+//! let stream = sim.new_stream();
 //! let mut capturing = planned.allocate(sim.clone())?;
 //! for r in 0..4 {
 //!     let cap = capturing.capture(RunnerId(r))?;
@@ -216,7 +216,7 @@ pub use report::{
 };
 pub use source::{Buffer, BufferSource, Received, ViewSource};
 pub use step::{KeptStep, ScheduleError, StepBuilder, StepError, StepGraph, StepLaunchError};
-pub use trace::{Slice, SliceKind, Trace, Waited};
+pub use trace::{Trace, Use, UseKind, Waited};
 pub use view::{Access, Misuse, ReadOnly, ReadWrite, SliceError, View, ViewsExt, Writable};
 pub use vocab::{
     BucketId, DType, Domain, GroupId, HandoffId, HandoffTicket, Key, ParamId, Purpose, Request,

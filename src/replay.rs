@@ -196,7 +196,7 @@ impl<G> RunnerGraph<G> {
 /// let mut discovery = Discovering::new(PlanConfig::new());
 /// discovery.arm(RunnerId(0))?.record(req)?;
 /// let sim = sim::Device::new();
-/// let stream = sim.stream();
+/// let stream = sim.new_stream();
 /// let mut capturing = discovery.plan(Policy::Generations(2))?.allocate(sim.clone())?;
 /// {
 ///     let cap = capturing.capture(RunnerId(0))?;
@@ -216,7 +216,7 @@ impl<G> RunnerGraph<G> {
 /// ```compile_fail
 /// use replay_arena::{Discovering, PlanConfig, Policy, RunnerId, sim};
 /// let sim = sim::Device::new();
-/// let stream = sim.stream();
+/// let stream = sim.new_stream();
 /// let planned = Discovering::new(PlanConfig::new()).plan(Policy::Generations(1)).unwrap();
 /// let mut capturing = planned.allocate(sim).unwrap();
 /// capturing.replay(RunnerId(0), &stream); // no method `replay` on `Capturing`
@@ -482,7 +482,7 @@ impl<B: Backend> Replayable<B> {
     /// let planned = Discovering::from_runners(PlanConfig::new(), runners)?
     ///     .plan(Policy::Generations(1))?; // both runners share one arena
     /// let sim = sim::Device::new();
-    /// let (pool, side) = (sim.stream(), sim.stream());
+    /// let (pool, side) = (sim.new_stream(), sim.new_stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// for r in 0..2 {
     ///     let cap = capturing.capture(RunnerId(r))?;
@@ -571,7 +571,7 @@ impl<B: Backend> Replayable<B> {
     /// let rs = (0..3).map(|r| (RunnerId(r), [req]));
     /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(3))?;
     /// let sim = sim::Device::new();
-    /// let (pool, side) = (sim.stream(), sim.stream());
+    /// let (pool, side) = (sim.new_stream(), sim.new_stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// for r in 0..3 {
     ///     let cap = capturing.capture(RunnerId(r))?;
@@ -714,7 +714,7 @@ impl<B: Backend> Replayable<B> {
     /// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
     ///     .plan(Policy::Generations(1))?;
     /// let sim = sim::Device::new();
-    /// let (pool, side, optimizer) = (sim.stream(), sim.stream(), sim.stream());
+    /// let (pool, side, optimizer) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// let cap = capturing.capture(RunnerId(0))?;
     /// let view = cap.take(req)?;
@@ -811,7 +811,7 @@ impl<B: Backend> Replayable<B> {
 
 /// Traces: the fence's schedule as a timeline (`docs/trace.md`).
 impl<B: Backend + Timing + 'static> Replayable<B> {
-    /// The most slices [`Replayable::start_trace_with_capacity`] creates
+    /// The most uses [`Replayable::start_trace_with_capacity`] creates
     /// marks for up front (a trace creates more as it goes).
     pub const MAX_TRACE_CAPACITY: usize = 1 << 20;
 
@@ -823,7 +823,7 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     /// trace runs also shows each of its replays and consumers inside the
     /// launch ([`Trace::step_nodes`]; such a launch runs a traced copy of
     /// the step graph: `docs/trace.md`, "Inside a step graph"). A trace already running starts
-    /// over. The marks of 256 slices are created now (see
+    /// over. The marks of 256 uses are created now (see
     /// [`Replayable::start_trace_with_capacity`]).
     ///
     /// # Errors
@@ -833,13 +833,13 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     ///
     /// ```
     /// use replay_arena::{Discovering, PlanConfig, Policy, Request, Domain, DType, RunnerId};
-    /// use replay_arena::{sim, SliceKind};
+    /// use replay_arena::{sim, UseKind};
     ///
     /// let req = Request::new(Domain::Device, DType::F32, 64);
     /// let rs = (0..2).map(|r| (RunnerId(r), [req]));
     /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(1))?;
     /// let sim = sim::Device::new();
-    /// let (pool, side) = (sim.stream(), sim.stream());
+    /// let (pool, side) = (sim.new_stream(), sim.new_stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// for r in 0..2 {
     ///     let cap = capturing.capture(RunnerId(r))?;
@@ -856,8 +856,8 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
     /// replayable.replay(RunnerId(1), &pool)?; // waits for the consumer on `side`
     /// let trace = replayable.finish_trace()?;
     ///
-    /// let [replay0, consumer, replay1] = trace.slices() else { panic!() };
-    /// assert_eq!(consumer.kind, SliceKind::Consume { runners: vec![RunnerId(0)], writes: false });
+    /// let [replay0, consumer, replay1] = trace.uses() else { panic!() };
+    /// assert_eq!(consumer.kind, UseKind::Consume { runners: vec![RunnerId(0)], writes: false });
     /// assert_eq!((consumer.start_us, consumer.end_us), (10.0, 14.0)); // sim ticks
     /// assert_eq!(replay1.waits[1].from, Some(1)); // the arrow from the consumer
     /// assert!(replay1.waits[0].skipped);           // runner 0: same stream
@@ -872,26 +872,26 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
         self.start_trace_with_capacity(256)
     }
 
-    /// [`Replayable::start_trace`] with the marks of `slices` slices
+    /// [`Replayable::start_trace`] with the marks of `uses` uses
     /// created now, before the work to trace (on CUDA, two timing events
     /// per slice; a trace that outgrows them creates more as it goes, at
     /// the cost of an event creation per mark in the traced work).
-    /// `start_trace` creates them for 256 slices; at most
+    /// `start_trace` creates them for 256 uses; at most
     /// [`Replayable::MAX_TRACE_CAPACITY`] are created up front.
     ///
     /// # Errors
     ///
     /// [`TraceError::CapacityTooLarge`] above that; otherwise as
     /// [`Replayable::start_trace`].
-    pub fn start_trace_with_capacity(&mut self, slices: usize) -> Result<(), TraceError> {
-        if slices > Self::MAX_TRACE_CAPACITY {
+    pub fn start_trace_with_capacity(&mut self, uses: usize) -> Result<(), TraceError> {
+        if uses > Self::MAX_TRACE_CAPACITY {
             return Err(TraceError::CapacityTooLarge {
-                slices,
+                uses,
                 max: Self::MAX_TRACE_CAPACITY,
             });
         }
         let name = self.backend.name();
-        let recorder = Recorder::new(&self.backend, name, slices)
+        let recorder = Recorder::new(&self.backend, name, uses)
             .map_err(|e| Operation::TraceMark.failed(e))?;
         self.fence.observe(Some(Box::new(recorder)));
         Ok(())

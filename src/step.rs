@@ -200,7 +200,7 @@ impl<B: Compose> Replayable<B> {
     /// let rs = (0..4).map(|r| (RunnerId(r), [req]));
     /// let planned = Discovering::from_runners(PlanConfig::new(), rs)?.plan(Policy::Generations(2))?;
     /// let sim = sim::Device::new();
-    /// let (pool, side, launch) = ([sim.stream(), sim.stream()], sim.stream(), sim.stream());
+    /// let (pool, side, launch) = ([sim.new_stream(), sim.new_stream()], sim.new_stream(), sim.new_stream());
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// for r in 0..4 {
     ///     let cap = capturing.capture(RunnerId(r))?;

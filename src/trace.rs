@@ -1,5 +1,5 @@
 //! The fence's schedule as a timeline: every replay, consumer, step graph
-//! launch and program wait of a plan as a slice on its stream's lane, and
+//! launch and program wait of a plan as a use on its stream's lane, and
 //! every wait the fence made (or skipped: stream order implied it) as an
 //! edge from the use it waited for. [`Trace`] holds it as data and writes
 //! it as a Chrome trace (Trace Event Format), which Perfetto
@@ -12,7 +12,7 @@
 //! two marks bracket its work on its stream, and it ends once enqueued.
 //! A step graph launched while a trace runs also hands it a *node mark*
 //! per node (an event its traced composition records after the node), so
-//! that each replay and consumer inside the launch becomes a slice of its
+//! that each replay and consumer inside the launch becomes a use of its
 //! own, on its lane, with the launch as its parent ([`Trace::step_nodes`]).
 //! [`Recorder`] is the observer
 //! [`Replayable::start_trace`](crate::Replayable::start_trace) installs:
@@ -28,10 +28,10 @@ use crate::vocab::RunnerId;
 /// The trace id of no use: work before the trace, or no trace running.
 pub(crate) const NO_USER: u32 = u32::MAX;
 
-/// What one slice of a [`Trace`] is.
+/// What one use of a [`Trace`] is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum SliceKind {
+pub enum UseKind {
     /// A runner's graph, launched by
     /// [`Replayable::replay`](crate::Replayable::replay).
     Replay {
@@ -69,15 +69,15 @@ pub enum SliceKind {
     },
 }
 
-impl SliceKind {
-    /// The slice's name in the trace: `replay runner 3`, `consume runners
+impl UseKind {
+    /// The use's name in the trace: `replay runner 3`, `consume runners
     /// 0, 2`, `consume_mut runner 1`, `step graph 1 launch 4` (the plan's
     /// second step graph, its fifth launch), `wait_for runner 3`,
     /// `wait_all`.
     pub fn name(&self) -> String {
         match self {
-            SliceKind::Replay { runner } => format!("replay {runner}"),
-            SliceKind::Consume { runners, writes } => {
+            UseKind::Replay { runner } => format!("replay {runner}"),
+            UseKind::Consume { runners, writes } => {
                 let call = if *writes { "consume_mut" } else { "consume" };
                 match runners.as_slice() {
                     [one] => format!("{call} {one}"),
@@ -87,34 +87,34 @@ impl SliceKind {
                     }
                 }
             }
-            SliceKind::StepLaunch { step, launch, .. } => {
+            UseKind::StepLaunch { step, launch, .. } => {
                 format!("step graph {step} launch {launch}")
             }
-            SliceKind::Wait { runner: Some(r) } => format!("wait_for {r}"),
-            SliceKind::Wait { runner: None } => "wait_all".to_string(),
+            UseKind::Wait { runner: Some(r) } => format!("wait_for {r}"),
+            UseKind::Wait { runner: None } => "wait_all".to_string(),
         }
     }
 
-    /// The slice's category in the trace: `replay`, `consume`, `step`,
+    /// The use's category in the trace: `replay`, `consume`, `step`,
     /// `wait`.
     pub fn category(&self) -> &'static str {
         match self {
-            SliceKind::Replay { .. } => "replay",
-            SliceKind::Consume { .. } => "consume",
-            SliceKind::StepLaunch { .. } => "step",
-            SliceKind::Wait { .. } => "wait",
+            UseKind::Replay { .. } => "replay",
+            UseKind::Consume { .. } => "consume",
+            UseKind::StepLaunch { .. } => "step",
+            UseKind::Wait { .. } => "wait",
         }
     }
 }
 
-/// One wait the fence made before a slice's work, or skipped.
+/// One wait the fence made before a use's work, or skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Waited {
-    /// The slice it waited for (by index in [`Trace::slices`]); `None` for
+    /// The use it waited for (by index in [`Trace::uses`]); `None` for
     /// work enqueued before the trace started.
     pub from: Option<usize>,
-    /// Not issued: stream order already ordered the slice after it (same
+    /// Not issued: stream order already ordered the use after it (same
     /// stream, or this stream waited for it before).
     pub skipped: bool,
 }
@@ -124,9 +124,9 @@ pub struct Waited {
 /// ticks).
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
-pub struct Slice {
+pub struct Use {
     /// What it is.
-    pub kind: SliceKind,
+    pub kind: UseKind,
     /// Its stream's lane (index in [`Trace::streams`]).
     pub lane: usize,
     /// When its work started: its stream reached it, after the fence's
@@ -139,39 +139,39 @@ pub struct Slice {
     /// (none for a node of a step graph: its graph's edges order it).
     pub waits: Vec<Waited>,
     /// For a replay or consumer inside a step graph launch
-    /// ([`Trace::step_nodes`]): the launch's slice (index in
-    /// [`Trace::slices`]). `None` for the fence's own slices.
+    /// ([`Trace::step_nodes`]): the launch's use (index in
+    /// [`Trace::uses`]). `None` for the fence's own uses.
     pub parent: Option<usize>,
 }
 
 /// What a plan's fence did while a trace ran
 /// ([`Replayable::start_trace`](crate::Replayable::start_trace) to
 /// [`Replayable::finish_trace`](crate::Replayable::finish_trace)): its
-/// slices in the order they were enqueued, one lane per stream.
+/// uses in the order they were enqueued, one lane per stream.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Trace {
     backend: &'static str,
     streams: Vec<u64>,
-    slices: Vec<Slice>,
-    step_nodes: Vec<Slice>,
+    uses: Vec<Use>,
+    step_nodes: Vec<Use>,
 }
 
 impl Trace {
-    /// The slices, in the order the program enqueued them.
-    pub fn slices(&self) -> &[Slice] {
-        &self.slices
+    /// The uses, in the order the program enqueued them.
+    pub fn uses(&self) -> &[Use] {
+        &self.uses
     }
 
     /// The replays and consumers inside traced step graph launches, each
-    /// with its launch as [`Slice::parent`], on the lane of the stream the
+    /// with its launch as [`Use::parent`], on the lane of the stream the
     /// step schedule put it on ([`StepBuilder::replay`](crate::StepBuilder::replay),
     /// [`StepBuilder::consume`](crate::StepBuilder::consume)), in the
     /// order of their launches and, within one, of the schedule (a writer
     /// split at its ready point is two). A node starts when the nodes it
     /// depends on have ended (or its launch started) and ends when its
-    /// work did, within its launch's slice. Empty for step graphs whose
+    /// work did, within its launch's use. Empty for step graphs whose
     /// nodes cannot be timed (see `docs/trace.md`).
-    pub fn step_nodes(&self) -> &[Slice] {
+    pub fn step_nodes(&self) -> &[Use] {
         &self.step_nodes
     }
 
@@ -190,10 +190,10 @@ impl Trace {
     /// <https://ui.perfetto.dev> ("Open trace file") and Chrome's
     /// `about:tracing` open: one thread (`tid` = lane + 1) per stream, a
     /// complete event (`"ph":"X"`, `ts` and `dur` in microseconds) per
-    /// slice with its index and waits in `args`, a flow arrow (`"ph":"s"`
-    /// to `"ph":"f"`, category `fence`) from the slice waited for to the
-    /// waiting slice for every wait the fence made, and an instant event
-    /// (`"ph":"i"`, category `fence.skipped`) on the waiting slice for
+    /// use with its index and waits in `args`, a flow arrow (`"ph":"s"`
+    /// to `"ph":"f"`, category `fence`) from the use waited for to the
+    /// waiting use for every wait the fence made, and an instant event
+    /// (`"ph":"i"`, category `fence.skipped`) on the waiting use for
     /// every wait it skipped; each node of a traced step graph launch is a
     /// complete event of category `step.node` on its lane, its launch's
     /// index in `args.parent`.
@@ -218,10 +218,10 @@ impl Trace {
             ));
         }
         let mut flow = 0u64;
-        for (i, slice) in self.slices.iter().enumerate() {
-            let tid = slice.lane + 1;
+        for (i, entry) in self.uses.iter().enumerate() {
+            let tid = entry.lane + 1;
             let list = |skipped: bool| {
-                let ids: Vec<String> = slice
+                let ids: Vec<String> = entry
                     .waits
                     .iter()
                     .filter(|w| w.skipped == skipped)
@@ -230,30 +230,30 @@ impl Trace {
                     .collect();
                 ids.join(",")
             };
-            let before = slice.waits.iter().filter(|w| w.from.is_none()).count();
+            let before = entry.waits.iter().filter(|w| w.from.is_none()).count();
             events.push(format!(
-                r#"{{"ph":"X","name":{},"cat":"{}","pid":1,"tid":{tid},"ts":{},"dur":{},"args":{{"slice":{i},"waited_for":[{}],"skipped":[{}],"before_trace":{before}}}}}"#,
-                json_str(&slice.kind.name()),
-                slice.kind.category(),
-                num(slice.start_us),
-                num(slice.end_us - slice.start_us),
+                r#"{{"ph":"X","name":{},"cat":"{}","pid":1,"tid":{tid},"ts":{},"dur":{},"args":{{"use":{i},"waited_for":[{}],"skipped":[{}],"before_trace":{before}}}}}"#,
+                json_str(&entry.kind.name()),
+                entry.kind.category(),
+                num(entry.start_us),
+                num(entry.end_us - entry.start_us),
                 list(false),
                 list(true),
             ));
-            let at = mid(slice);
-            for wait in &slice.waits {
-                let Some(from) = wait.from.and_then(|f| self.slices.get(f).map(|s| (f, s))) else {
+            let at = mid(entry);
+            for wait in &entry.waits {
+                let Some(from) = wait.from.and_then(|f| self.uses.get(f).map(|s| (f, s))) else {
                     continue;
                 };
                 let (f, source) = from;
                 if wait.skipped {
                     events.push(format!(
-                        r#"{{"ph":"i","s":"t","name":{},"cat":"fence.skipped","pid":1,"tid":{tid},"ts":{},"args":{{"slice":{i},"from":{f}}}}}"#,
+                        r#"{{"ph":"i","s":"t","name":{},"cat":"fence.skipped","pid":1,"tid":{tid},"ts":{},"args":{{"use":{i},"from":{f}}}}}"#,
                         json_str(&format!(
                             "wait for {} skipped: stream order",
                             source.kind.name()
                         )),
-                        num(slice.start_us),
+                        num(entry.start_us),
                     ));
                     continue;
                 }
@@ -270,7 +270,7 @@ impl Trace {
             }
         }
         for (k, node) in self.step_nodes.iter().enumerate() {
-            let parent = node.parent.and_then(|p| self.slices.get(p).map(|s| (p, s)));
+            let parent = node.parent.and_then(|p| self.uses.get(p).map(|s| (p, s)));
             let Some((p, launch)) = parent else {
                 continue;
             };
@@ -307,10 +307,10 @@ impl Trace {
     }
 }
 
-/// Inside the slice (its flows bind to it there), and at its start when it
+/// Inside the use (its flows bind to it there), and at its start when it
 /// has no length.
-fn mid(slice: &Slice) -> f64 {
-    slice.start_us + (slice.end_us - slice.start_us) / 2.0
+fn mid(entry: &Use) -> f64 {
+    entry.start_us + (entry.end_us - entry.start_us) / 2.0
 }
 
 /// A JSON number of microseconds, to the nanosecond (timing events resolve
@@ -352,7 +352,7 @@ fn json_str(s: &str) -> String {
 pub(crate) trait Observer<B: Streams>: Send {
     /// A use of the plan begins on the stream with id `stream`; returns its
     /// id (`NO_USER` when it is not kept).
-    fn begin(&mut self, kind: SliceKind, stream: u64) -> u32;
+    fn begin(&mut self, kind: UseKind, stream: u64) -> u32;
     /// The use in progress waited for the use `from` (or `skipped`: stream
     /// order ordered it).
     fn wait(&mut self, from: u32, skipped: bool);
@@ -381,7 +381,7 @@ pub(crate) trait Observer<B: Streams>: Send {
 /// One node of a traced step graph launch ([`Observer::step_nodes`]).
 pub(crate) struct NodeMark<E> {
     /// A replay or a consumer.
-    pub(crate) kind: SliceKind,
+    pub(crate) kind: UseKind,
     /// The stream the step schedule put it on.
     pub(crate) stream: u64,
     /// The earlier nodes of the launch it runs after.
@@ -395,7 +395,7 @@ pub(crate) struct NodeMark<E> {
 
 /// One use as it was recorded.
 struct Entry<M, E> {
-    kind: SliceKind,
+    kind: UseKind,
     lane: usize,
     /// (trace id waited for, skipped)
     waits: Vec<(u32, bool)>,
@@ -422,7 +422,7 @@ pub(crate) struct Recorder<B: Timing> {
 
 impl<B: Timing> Recorder<B> {
     /// A recorder whose times are measured from `backend`'s origin now,
-    /// with the marks of `slices` slices created ahead.
+    /// with the marks of `uses` uses created ahead.
     ///
     /// # Errors
     ///
@@ -430,9 +430,9 @@ impl<B: Timing> Recorder<B> {
     pub(crate) fn new(
         backend: &B,
         name: &'static str,
-        slices: usize,
+        uses: usize,
     ) -> Result<Recorder<B>, BackendError> {
-        let spare = (0..slices.saturating_mul(2))
+        let spare = (0..uses.saturating_mul(2))
             .map(|_| backend.new_mark())
             .collect::<Result<_, _>>()?;
         Ok(Recorder {
@@ -463,7 +463,7 @@ impl<B: Timing> Recorder<B> {
 }
 
 impl<B: Timing> Observer<B> for Recorder<B> {
-    fn begin(&mut self, kind: SliceKind, stream: u64) -> u32 {
+    fn begin(&mut self, kind: UseKind, stream: u64) -> u32 {
         // A use that never ended (it failed before it enqueued anything)
         // keeps its id, which completions may carry: `finish` drops it.
         if let Some(entry) = self.open() {
@@ -544,7 +544,7 @@ impl<B: Timing> Observer<B> for Recorder<B> {
         let launched = self
             .entries
             .last()
-            .is_some_and(|e| e.done && matches!(e.kind, SliceKind::StepLaunch { .. }));
+            .is_some_and(|e| e.done && matches!(e.kind, UseKind::StepLaunch { .. }));
         if !launched {
             return;
         }
@@ -588,10 +588,10 @@ impl<B: Timing> Observer<B> for Recorder<B> {
                 backend.wait_mark(mark)?;
             }
         }
-        // Entry index -> slice index (a use that never ended has none).
+        // Entry index -> use index (a use that never ended has none).
         let mut index = vec![None; entries.len()];
-        let mut slices: Vec<Slice> = Vec::with_capacity(entries.len());
-        let mut step_nodes: Vec<Slice> = Vec::new();
+        let mut uses: Vec<Use> = Vec::with_capacity(entries.len());
+        let mut step_nodes: Vec<Use> = Vec::new();
         // The ends of the latest step graph launch's nodes.
         let mut ends_before: Vec<f64> = Vec::new();
         let mut serial = Serial::default();
@@ -613,8 +613,8 @@ impl<B: Timing> Observer<B> for Recorder<B> {
                     skipped,
                 })
                 .collect();
-            index[i] = Some(slices.len());
-            let parent = Slice {
+            index[i] = Some(uses.len());
+            let parent = Use {
                 kind: entry.kind.clone(),
                 lane: entry.lane,
                 start_us,
@@ -622,23 +622,23 @@ impl<B: Timing> Observer<B> for Recorder<B> {
                 waits,
                 parent: None,
             };
-            if matches!(entry.kind, SliceKind::StepLaunch { .. }) {
-                let nodes = node_slices(
+            if matches!(entry.kind, UseKind::StepLaunch { .. }) {
+                let nodes = node_uses(
                     backend,
                     &origin,
                     &entry.nodes,
-                    (&parent, slices.len()),
+                    (&parent, uses.len()),
                     &ends_before,
                 );
                 ends_before = nodes.iter().map(|n| n.end_us).collect();
                 step_nodes.extend(nodes);
             }
-            slices.push(parent);
+            uses.push(parent);
         }
         Ok(Trace {
             backend: name,
             streams,
-            slices,
+            uses,
             step_nodes,
         })
     }
@@ -655,11 +655,11 @@ struct Serial {
 }
 
 impl Serial {
-    /// When a slice of `kind` whose marks read `start_us` and `end_us`
+    /// When a use of `kind` whose marks read `start_us` and `end_us`
     /// started, given the launches of its graph before it.
-    fn start(&mut self, kind: &SliceKind, start_us: f64, end_us: f64) -> f64 {
+    fn start(&mut self, kind: &UseKind, start_us: f64, end_us: f64) -> f64 {
         match kind {
-            SliceKind::Replay { runner } => {
+            UseKind::Replay { runner } => {
                 match self.runner_end.iter_mut().find(|(r, _)| r == runner) {
                     Some((_, last)) => {
                         let start = start_us.max(*last);
@@ -672,7 +672,7 @@ impl Serial {
                     }
                 }
             }
-            SliceKind::StepLaunch { step, graph, .. } => {
+            UseKind::StepLaunch { step, graph, .. } => {
                 // Step graphs (kept ones of several buckets, say) are
                 // other executable graphs: each runs after its own only.
                 let key = (*step, *graph);
@@ -688,27 +688,27 @@ impl Serial {
                     }
                 }
             }
-            SliceKind::Consume { .. } | SliceKind::Wait { .. } => start_us,
+            UseKind::Consume { .. } | UseKind::Wait { .. } => start_us,
         }
     }
 }
 
-/// The slices of a step graph launch's `nodes` inside `launch` (a slice
+/// The uses of a step graph launch's `nodes` inside `launch` (a use
 /// and its index): each ends at its mark and starts when the nodes it
 /// depends on ended (those of this launch, and those of the launch before,
 /// which ended at `ends_before`), or when the launch started. A mark that
-/// cannot be read leaves the launch without nodes (its own slice stays).
+/// cannot be read leaves the launch without nodes (its own use stays).
 ///
 /// A launch before that was of another step graph, or untraced, ended
 /// before this one started (a launch after anything else waits for
 /// everything the fence knows of): its nodes bound nothing.
-fn node_slices<B: Timing>(
+fn node_uses<B: Timing>(
     backend: &B,
     origin: &B::Mark,
     nodes: &[(NodeMark<B::Event>, usize)],
-    (launch, index): (&Slice, usize),
+    (launch, index): (&Use, usize),
     ends_before: &[f64],
-) -> Vec<Slice> {
+) -> Vec<Use> {
     let ends: Result<Vec<f64>, _> = nodes
         .iter()
         .map(|(node, _)| backend.node_mark_us(origin, &node.mark))
@@ -727,7 +727,7 @@ fn node_slices<B: Timing>(
                 .filter_map(|&d| ends.get(d))
                 .chain(before)
                 .fold(launch.start_us, |a, &b| a.max(b));
-            Slice {
+            Use {
                 kind: node.kind.clone(),
                 lane: *lane,
                 start_us,
@@ -749,17 +749,17 @@ mod tests {
     }
 
     #[test]
-    fn slice_names_say_the_call_and_its_runners() {
-        let consume = SliceKind::Consume {
+    fn use_names_say_the_call_and_its_runners() {
+        let consume = UseKind::Consume {
             runners: vec![RunnerId(0), RunnerId(2)],
             writes: false,
         };
         assert_eq!(consume.name(), "consume runners 0, 2");
-        let one = SliceKind::Consume {
+        let one = UseKind::Consume {
             runners: vec![RunnerId(1)],
             writes: true,
         };
         assert_eq!(one.name(), "consume_mut runner 1");
-        assert_eq!(SliceKind::Wait { runner: None }.name(), "wait_all");
+        assert_eq!(UseKind::Wait { runner: None }.name(), "wait_all");
     }
 }

@@ -74,7 +74,7 @@ fn plan(sim: &sim::Device, g: usize) -> Replayable<sim::Device> {
         .unwrap()
         .allocate(sim.clone())
         .unwrap();
-    let s = sim.stream();
+    let s = sim.new_stream();
     for r in 0..RUNNERS {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(q).unwrap();
@@ -94,7 +94,7 @@ fn plan(sim: &sim::Device, g: usize) -> Replayable<sim::Device> {
 /// A kept step graph: every runner but the staged one, on two streams,
 /// and a consumer of the last.
 fn kept(sim: &sim::Device, rp: &mut Replayable<sim::Device>) -> KeptStep<sim::Device> {
-    let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(64).unwrap();
     let mut step = rp.step();
     for r in 1..RUNNERS {
@@ -110,7 +110,7 @@ fn kept(sim: &sim::Device, rp: &mut Replayable<sim::Device>) -> KeptStep<sim::De
 
 fn run(g: usize, ops: Vec<(Op, Option<(Call, u64)>)>) -> Result<(), TestCaseError> {
     let sim = sim::Device::new();
-    let streams: Vec<_> = (0..STREAMS).map(|_| sim.stream()).collect();
+    let streams: Vec<_> = (0..STREAMS).map(|_| sim.new_stream()).collect();
     // A buffer per stream for consumers to copy into.
     let sinks: Vec<_> = (0..STREAMS).map(|_| sim.alloc_f32(64).unwrap()).collect();
     let mut rp = plan(&sim, g);

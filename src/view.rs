@@ -352,7 +352,7 @@ pub struct SliceError {
 /// let cap = capturing.capture(RunnerId(0))?;
 /// let view = cap.take(q)?;
 /// // Outside its `stream_capture` closure, the view is refused.
-/// let err = sim.launch(&sim.stream(), sim::Kernel::fill(&view, 1.0), 1).unwrap_err();
+/// let err = sim.launch(&sim.new_stream(), sim::Kernel::fill(&view, 1.0), 1).unwrap_err();
 /// assert!(matches!(
 ///     err,
 ///     BackendError::InvalidView { reason: Misuse::OutsideClosure { runner: RunnerId(0), .. } }

@@ -5,7 +5,7 @@ use replay_arena::{Discovering, Error, PlanConfig, Policy, ReadOnly, RunnerId, V
 
 fn main() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let planned = Discovering::new(PlanConfig::new())
         .plan(Policy::Generations(1))
         .unwrap();

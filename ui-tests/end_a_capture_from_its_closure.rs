@@ -5,7 +5,7 @@ use replay_arena::{RunnerCapture};
 use replay_arena::backend::Capture;
 
 fn steal(cap: &RunnerCapture<'_, sim::Device>, sim: &sim::Device) {
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let _ = cap.stream_capture(&stream, |s| sim.end_capture(s).map(drop));
 }
 

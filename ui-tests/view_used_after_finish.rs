@@ -8,7 +8,7 @@ fn main() {
     let mut discovery = Discovering::new(PlanConfig::new());
     discovery.arm(RunnerId(0)).unwrap().record(request).unwrap();
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = discovery
         .plan(Policy::Generations(1))
         .unwrap()

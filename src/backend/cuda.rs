@@ -45,7 +45,7 @@ mod library;
 mod result;
 mod probe;
 mod device;
-mod memory;
+mod arena;
 mod graph;
 mod element;
 mod typed_view;
@@ -57,6 +57,7 @@ mod timing;
 pub use cudarc;
 use cudarc::driver::sys;
 
+pub use arena::Arena;
 #[cfg(replay_arena_nccl)]
 pub(crate) use backend::sealed::Sealed;
 pub use backend::AsDevice;
@@ -65,7 +66,6 @@ pub use element::{Element, F8E4M3, F8E5M2};
 pub use graph::Graph;
 #[cfg(replay_arena_nccl)]
 pub(crate) use library::{missing_symbols, open_library};
-pub use memory::Memory;
 pub use probe::{probe, probe_device, DeviceInfo};
 pub use timing::Mark;
 pub use typed_view::TypedView;
@@ -102,7 +102,7 @@ mod tests {
 
     assert_impl_all!(Device: Send, Sync, Clone);
     assert_impl_all!(Stream: Send, Sync, Clone);
-    assert_impl_all!(Memory: Send, Sync);
+    assert_impl_all!(Arena: Send, Sync);
     assert_impl_all!(Event: Send, Sync);
     assert_impl_all!(Mark: Send);
     assert_impl_all!(Graph: Send);

@@ -33,7 +33,7 @@ use std::rc::Rc;
 use cudarc::nccl::sys as nc;
 
 use crate::backend::cuda::{self, Stream};
-use crate::backend::{Allocate, Arena, ArenaDesc, Backend, BackendError, GraphMemory};
+use crate::backend::{self, Allocate, ArenaDesc, Backend, BackendError, GraphMemory};
 use crate::scope::check_use;
 use crate::view::{Access, Misuse, NotSend, View};
 use crate::vocab::{DType, Domain, GroupId};
@@ -566,25 +566,25 @@ impl Drop for Window {
 
 /// An arena of a [`Device`]: plain device memory or a symmetric window.
 #[derive(Debug)]
-pub enum Memory {
+pub enum Arena {
     /// A `Domain::Device` arena.
-    Device(cuda::Memory),
+    Device(cuda::Arena),
     /// A `Domain::Symmetric` arena.
     Symmetric(Window),
 }
 
-impl Arena for Memory {
+impl backend::Arena for Arena {
     fn base(&self) -> u64 {
         match self {
-            Memory::Device(a) => a.base(),
-            Memory::Symmetric(w) => w.base(),
+            Arena::Device(a) => a.base(),
+            Arena::Symmetric(w) => w.base(),
         }
     }
 
     fn bytes(&self) -> u64 {
         match self {
-            Memory::Device(a) => a.bytes(),
-            Memory::Symmetric(w) => w.bytes(),
+            Arena::Device(a) => a.bytes(),
+            Arena::Symmetric(w) => w.bytes(),
         }
     }
 }
@@ -663,17 +663,17 @@ impl cuda::AsDevice for Device {
 /// `Domain::Device` arenas from the `cuda` backend; `Domain::Symmetric(g)`
 /// arenas are windows registered on `g`'s communicator.
 impl Allocate for Device {
-    type Arena = Memory;
+    type Arena = Arena;
 
-    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Arena> {
         match plan.key.domain {
-            Domain::Device => self.cuda.allocate_arena(plan).map(Memory::Device),
+            Domain::Device => self.cuda.allocate_arena(plan).map(Arena::Device),
             Domain::Symmetric(group) => {
                 let comm = self
                     .communicator(group)
                     .ok_or(BackendError::NoCommunicator { group })?;
                 Window::new(comm, plan.bytes)
-                    .map(Memory::Symmetric)
+                    .map(Arena::Symmetric)
                     .map_err(|e| BackendError::Allocation {
                         key: plan.key,
                         bytes: plan.bytes,

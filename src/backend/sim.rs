@@ -40,7 +40,7 @@ mod ops;
 mod clock;
 mod faults;
 mod hazards;
-mod memory;
+mod arena;
 mod streams;
 mod graph;
 mod device;
@@ -51,17 +51,17 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 
+pub use arena::{Arena, HostBuffer};
 pub use device::Device;
 pub use faults::{Call, FaultLog, Faults};
 pub use graph::Graph;
 pub use hazards::Hazard;
-pub use memory::{HostBuffer, Memory};
 pub use ops::{AsSpan, Kernel, Node, Span};
 pub use streams::{Event, Stream};
 
 use crate::backend::BackendError;
+use arena::Allocation;
 use hazards::Shadow;
-use memory::Allocation;
 use streams::{EventSlab, Pending, StreamState};
 
 type Result<T> = std::result::Result<T, BackendError>;

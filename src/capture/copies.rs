@@ -63,7 +63,7 @@ impl<B: Backend> RunnerCapture<'_, B> {
     /// let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])?
     ///     .plan(Policy::Generations(1))?;
     /// let sim = sim::Device::new();
-    /// let stream = sim.stream();
+    /// let stream = sim.new_stream();
     /// let mut capturing = planned.allocate(sim.clone())?;
     /// let cap = capturing.capture(RunnerId(0))?;
     /// let out = cap.take(req)?;

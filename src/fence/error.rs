@@ -288,13 +288,13 @@ pub enum TraceError {
     #[error("no trace was started: call start_trace before the work to trace")]
     NoTrace,
     /// [`Replayable::start_trace_with_capacity`](crate::Replayable::start_trace_with_capacity)
-    /// was asked to create the marks of more slices up front than it
+    /// was asked to create the marks of more uses up front than it
     /// creates at once; a trace that outgrows its capacity creates more
     /// marks as it goes, so ask for fewer.
-    #[error("a trace creates the marks of at most {max} slices up front, not {slices}: ask for fewer (a trace creates more marks as it goes)")]
+    #[error("a trace creates the marks of at most {max} uses up front, not {uses}: ask for fewer (a trace creates more marks as it goes)")]
     CapacityTooLarge {
-        /// The slices asked for.
-        slices: usize,
+        /// The uses asked for.
+        uses: usize,
         /// The most it creates up front.
         max: usize,
     },

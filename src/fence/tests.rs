@@ -76,7 +76,7 @@ fn a_first_replay_waits_for_nothing() {
     let sim = sim::Device::new();
     let p = plan(2);
     let mut f = fence(&sim, &p);
-    replay(&mut f, &sim, &p, 0, &sim.stream());
+    replay(&mut f, &sim, &p, 0, &sim.new_stream());
     let s = f.stats();
     assert_eq!(
         (s.replays, s.waits, s.waits_skipped, s.event_records),
@@ -89,7 +89,7 @@ fn a_claimer_on_the_same_stream_skips_the_wait() {
     let sim = sim::Device::new();
     let p = plan(2);
     let mut f = fence(&sim, &p);
-    let a = sim.stream();
+    let a = sim.new_stream();
     replay(&mut f, &sim, &p, 0, &a);
     replay(&mut f, &sim, &p, 1, &a);
     assert_eq!(f.stats().waits_skipped, 1);
@@ -101,7 +101,7 @@ fn a_claimer_on_another_stream_records_the_deferred_event_then_waits() {
     let sim = sim::Device::new();
     let p = plan(2);
     let mut f = fence(&sim, &p);
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     replay(&mut f, &sim, &p, 0, &a);
     replay(&mut f, &sim, &p, 1, &b);
     assert_eq!((f.stats().event_records, f.stats().waits), (1, 1));
@@ -119,7 +119,7 @@ fn ownership_is_lost_to_the_next_claimer_and_missing_before_any_replay() {
     let sim = sim::Device::new();
     let p = plan(2);
     let mut f = fence(&sim, &p);
-    let a = sim.stream();
+    let a = sim.new_stream();
     let all = p.runners[0].claims.clone();
     assert_eq!(f.owner_check(0, &all), Err(NotOwner::NeverReplayed));
     replay(&mut f, &sim, &p, 0, &a);
@@ -133,7 +133,7 @@ fn a_consumer_waits_for_the_replay_and_a_later_claimer_on_its_stream_waits_no_mo
     let sim = sim::Device::new();
     let p = plan(2);
     let mut f = fence(&sim, &p);
-    let (a, x) = (sim.stream(), sim.stream());
+    let (a, x) = (sim.new_stream(), sim.new_stream());
     replay(&mut f, &sim, &p, 0, &a);
     consume(&mut f, &sim, &p, 0, &x);
     assert_eq!((f.stats().consumers, f.stats().waits), (1, 1));
@@ -148,7 +148,7 @@ fn quiesce_records_deferred_completions_and_leaves_nothing_pending() {
     let sim = sim::Device::new();
     let p = plan(2);
     let mut f = fence(&sim, &p);
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     replay(&mut f, &sim, &p, 0, &a);
     replay(&mut f, &sim, &p, 1, &b); // different claim owners: 1 now owns it
     f.quiesce(&sim).unwrap();

@@ -10,7 +10,7 @@ use crate::backend::{BackendError, Compose, NodeGraph, StepNode};
 use crate::capture::StepCopy;
 use crate::fence::{BackendFailure, ConsumeError, Fence, On, Operation};
 use crate::replay::Replayable;
-use crate::trace::SliceKind;
+use crate::trace::UseKind;
 use crate::vocab::RunnerId;
 
 /// Writers split at their ready points, per item: the parts of a split
@@ -160,7 +160,7 @@ fn tracing_of<B: Compose>(
     let mut parts = split.parts;
     let mut held: Vec<B::Graph> = Vec::new();
     let mut nodes: Vec<TracedNode> = Vec::with_capacity(deps.len());
-    let mut node = |source, kind: &SliceKind, lane| {
+    let mut node = |source, kind: &UseKind, lane| {
         let deps = deps.get(nodes.len()).cloned().unwrap_or_default();
         nodes.push(TracedNode {
             source,
@@ -172,7 +172,7 @@ fn tracing_of<B: Compose>(
     for (k, item) in items.into_iter().enumerate() {
         match item {
             Item::Replay { slot, lane } => {
-                let kind = SliceKind::Replay {
+                let kind = UseKind::Replay {
                     runner: r.plan.runners[slot].id(),
                 };
                 let split_parts = std::mem::take(&mut parts[k]);
@@ -195,7 +195,7 @@ fn tracing_of<B: Compose>(
                 exclusive,
                 graph,
             } => {
-                let kind = SliceKind::Consume {
+                let kind = UseKind::Consume {
                     runners: slots.iter().map(|&s| r.plan.runners[s].id()).collect(),
                     writes: exclusive,
                 };

@@ -10,7 +10,7 @@ use crate::backend::{Backend, Compose};
 use crate::fence::{enter, Fence, Ledger, Operation};
 use crate::fence::{ReplayError, WaitError};
 use crate::replay::Replayable;
-use crate::trace::SliceKind;
+use crate::trace::UseKind;
 use crate::vocab::RunnerId;
 
 /// Phase 5 of 5: one step of a plan, compiled into one graph
@@ -160,7 +160,7 @@ impl<B: Compose> StepCore<B> {
             }?;
             after.map_or(Ok(()), |after| backend.wait_event(stream, after))
         };
-        let kind = SliceKind::StepLaunch {
+        let kind = UseKind::StepLaunch {
             step: self.number,
             launch: self.launches,
             graph: x,
@@ -306,7 +306,7 @@ impl<'r, B: Compose> StepGraph<'r, B> {
 
     /// Step graphs built from the plan before this one (the first is 0):
     /// its launches' name in a trace, `step graph {number} launch {k}`
-    /// ([`SliceKind::StepLaunch`]), kept when it is kept.
+    /// ([`UseKind::StepLaunch`]), kept when it is kept.
     pub fn number(&self) -> u64 {
         self.core.number
     }

@@ -29,7 +29,7 @@
 
 use crate::backend::{Backend, BackendError, Capture, Compose, NodeGraph, StepEnd, StepNode};
 use crate::replay::Replayable;
-use crate::trace::{NodeMark, SliceKind};
+use crate::trace::{NodeMark, UseKind};
 
 /// Where a node's graph comes from when the step graph is composed again.
 pub(super) enum Source {
@@ -45,7 +45,7 @@ pub(super) enum Source {
 /// One node of the step graph, as a trace shows it.
 pub(super) struct TracedNode {
     pub(super) source: Source,
-    pub(super) kind: SliceKind,
+    pub(super) kind: UseKind,
     /// The schedule's lane it was put on.
     pub(super) lane: usize,
     /// The earlier nodes it runs after.

@@ -68,7 +68,7 @@ pub fn r(i: u32) -> RunnerId {
 /// runner `i`'s graph fills its view with `i + 1` for 20 ticks.
 pub fn fill_plan(sim: &sim::Device, runners: u32, g: usize) -> Replayable<sim::Device> {
     let capturing = allocate_discovered(sim, one_each(runners, Q), Policy::Generations(g));
-    seal_each(capturing, runners, Q, &sim.stream(), |i, s, view| {
+    seal_each(capturing, runners, Q, &sim.new_stream(), |i, s, view| {
         sim.launch(s, sim::Kernel::fill(view, (i + 1) as f32), 20)
     })
 }
@@ -136,7 +136,7 @@ pub fn build<'r>(
 /// Every node of a traced step graph sits inside its launch.
 pub fn assert_nodes_inside_launches(t: &Trace) {
     for node in t.step_nodes() {
-        let p = &t.slices()[node.parent.expect("node without parent")];
+        let p = &t.uses()[node.parent.expect("node without parent")];
         assert!(node.start_us >= p.start_us && node.end_us <= p.end_us);
     }
 }

@@ -85,7 +85,7 @@ pub fn filled_plan(
         .plan(Policy::Generations(g))
         .unwrap();
     let sim = sim::Device::new();
-    let capture = sim.stream();
+    let capture = sim.new_stream();
     let capturing = planned.allocate(sim.clone()).unwrap();
     let replayable = seal_each(capturing, n, req, &capture, |r, s, view| {
         sim.launch(s, sim::Kernel::fill(view, r as f32), fill_ticks(r))

@@ -191,7 +191,7 @@ pub mod overlap {
             }
         }
         let sim = sim::Device::new();
-        let lanes: Vec<sim::Stream> = (0..lanes).map(|_| sim.stream()).collect();
+        let lanes: Vec<sim::Stream> = (0..lanes).map(|_| sim.new_stream()).collect();
         let one = sim.alloc_f32(N).unwrap();
         sim.write_f32(&one, &[1.0; N]).unwrap();
         let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(N).unwrap()).collect();
@@ -353,7 +353,7 @@ pub mod overlap {
 
         /// The streams a launch pattern indexes: the lanes, then three more.
         pub fn launch_streams(&self) -> Vec<sim::Stream> {
-            let extra = (0..3).map(|_| self.sim.stream());
+            let extra = (0..3).map(|_| self.sim.new_stream());
             self.lanes.iter().cloned().chain(extra).collect()
         }
 
@@ -651,7 +651,7 @@ pub mod overlap {
             armed.receive(h).unwrap();
         }
         let sim = sim::Device::new();
-        let (s, other) = (sim.stream(), sim.stream());
+        let (s, other) = (sim.new_stream(), sim.new_stream());
         let capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         Cap1 {
             sim,
@@ -747,7 +747,7 @@ pub mod kept {
         let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
         let planned = plan_runners(rs, Policy::Generations(generations));
         let sim = sim::Device::new();
-        let s: Vec<sim::Stream> = (0..6).map(|_| sim.stream()).collect();
+        let s: Vec<sim::Stream> = (0..6).map(|_| sim.new_stream()).collect();
         let capturing = planned.allocate(sim.clone()).unwrap();
         let replayable = crate::support::seal_each(capturing, n, REQ, &s[0], |r, st, v| {
             sim.launch(st, sim::Kernel::fill(v, (r + 1) as f32), dur)
@@ -783,7 +783,7 @@ pub mod kept {
         let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
         let planned = plan_runners(rs, Policy::Generations(g));
         let sim = sim::Device::new();
-        let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.stream()).collect();
+        let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.new_stream()).collect();
         let one = sim.alloc_f32(64).unwrap();
         sim.write_f32(&one, &[1.0; 64]).unwrap();
         let counts: Vec<_> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
@@ -963,7 +963,7 @@ pub mod fence {
             .enumerate()
             .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
         let sim = sim::Device::new();
-        let stream = sim.stream();
+        let stream = sim.new_stream();
         let capturing = allocate_runners(&sim, runners, policy);
         (sim, stream, capturing)
     }

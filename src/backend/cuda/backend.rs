@@ -3,9 +3,9 @@
 //! handle of a CUDA device ([`AsDevice`]: `cuda::Device`, and the `nccl`
 //! backend, which only allocates differently).
 
+use super::arena::Arena;
 use super::device::{capturing, Device, Event, Stream};
 use super::graph::Graph;
-use super::memory::Memory;
 use super::result;
 use super::{driver_error, sys, Result};
 use crate::backend::{
@@ -100,9 +100,9 @@ impl<D: AsDevice> Streams for D {
 }
 
 impl Allocate for Device {
-    type Arena = Memory;
+    type Arena = Arena;
 
-    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Memory> {
+    fn allocate_arena(&self, plan: &ArenaDesc) -> Result<Arena> {
         match plan.key.domain {
             Domain::Device => self.allocate_device(plan),
             Domain::Symmetric(group) => self.allocate_symmetric(plan, group),

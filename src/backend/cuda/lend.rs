@@ -13,9 +13,9 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
+use super::arena::note_lent;
 use super::device::{capturing, Stream};
 use super::element::Element;
-use super::memory::note_lent;
 use super::typed_view::typed;
 use super::{sys, Result};
 use crate::backend::BackendError;

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
+use super::arena::Arena;
 use super::device::Device;
 use super::faults::Call;
 use super::graph::{Graph, GraphMemory, SimStep, SimStepNode};
-use super::memory::Memory;
 use super::ops::Node;
 use super::streams::{Capture as OpenCapture, Event, EventState, Stream};
 use super::{clock::merge, sim_error, Result, FOREIGN_EVENT};
@@ -117,10 +117,10 @@ impl Streams for Device {
 }
 
 impl Allocate for Device {
-    type Arena = Memory;
+    type Arena = Arena;
 
     #[track_caller]
-    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Memory> {
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<Arena> {
         self.fault(Call::AllocateArena)?;
         let base = self
             .state()
@@ -130,7 +130,7 @@ impl Allocate for Device {
                 bytes: desc.bytes,
                 reason,
             })?;
-        Ok(Memory {
+        Ok(Arena {
             state: self.state.clone(),
             base,
             bytes: desc.bytes,
@@ -481,7 +481,7 @@ impl Compose for Device {
         // launch's start (not from when the graph was composed).
         let lanes = (0..lanes)
             .map(|_| {
-                let id = self.stream().id;
+                let id = self.new_stream().id;
                 self.state().streams[id].tail = 0;
                 id
             })

@@ -4,9 +4,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::arena::HostBuffer;
 use super::faults::{Call, FaultLog, Faults};
 use super::hazards::Hazard;
-use super::memory::HostBuffer;
 use super::ops::{AsSpan, Kernel, Node, Span};
 use super::streams::{Event, Stream, StreamState};
 use super::{lock, sim_error, Result, SimState, FOREIGN_EVENT, FOREIGN_STREAM};
@@ -89,7 +89,7 @@ impl Device {
     }
 
     /// A new stream (every stream can be captured).
-    pub fn stream(&self) -> Stream {
+    pub fn new_stream(&self) -> Stream {
         let mut s = self.state();
         let id = s.streams.len();
         let tail = s.streams.iter().map(|t| t.tail).max().unwrap_or(0);

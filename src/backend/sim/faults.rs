@@ -140,7 +140,7 @@ impl fmt::Display for Call {
 /// use replay_arena::backend::Streams;
 ///
 /// let sim = sim::Device::new();
-/// let stream = sim.stream();
+/// let stream = sim.new_stream();
 /// sim.inject(Faults::nth(Call::CreateEvent, 1)); // the second event fails
 /// let first = sim.create_event()?;
 /// assert!(matches!(sim.create_event(), Err(BackendError::Injected { .. })));

@@ -69,7 +69,7 @@ mod tests {
     #[test]
     fn a_mark_is_the_streams_tail_on_the_clock() {
         let sim = Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let buf = sim.alloc_f32(4).unwrap();
         sim.launch(&a, Kernel::fill(&buf, 1.0), 7).unwrap();
         let origin = sim.origin().unwrap();
@@ -83,7 +83,7 @@ mod tests {
     #[test]
     fn a_node_mark_reads_the_time_of_its_latest_record() {
         let sim = Device::new();
-        let a = sim.stream();
+        let a = sim.new_stream();
         let buf = sim.alloc_f32(4).unwrap();
         let origin = sim.origin().unwrap();
         let mark = sim.new_node_mark().unwrap();

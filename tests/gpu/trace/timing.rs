@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId, SliceKind};
+use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId, UseKind};
 use support::gpu::{err, gpu, load_kernels};
 
 const SOURCE: &str = r#"
@@ -87,7 +87,7 @@ fn a_cuda_trace_times_each_slice_and_arrows_follow_the_gpus_order() {
     let trace = replayable.finish_trace().unwrap();
     let stats = replayable.fence_stats();
     println!("{stats}");
-    let slices = trace.slices();
+    let slices = trace.uses();
     assert_eq!(slices.len(), 24);
     assert_eq!(trace.streams().len(), 3);
     assert_eq!(trace.backend(), "cuda");
@@ -120,7 +120,7 @@ fn a_cuda_trace_times_each_slice_and_arrows_follow_the_gpus_order() {
         }
     }
     assert_eq!(arrows, stats.waits);
-    assert!(matches!(slices[1].kind, SliceKind::Consume { .. }));
+    assert!(matches!(slices[1].kind, UseKind::Consume { .. }));
     let doc: serde_json::Value = serde_json::from_str(&trace.to_chrome_json()).unwrap();
     let events = doc["traceEvents"].as_array().unwrap();
     let count = |ph: &str| events.iter().filter(|e| e["ph"] == ph).count();
@@ -192,8 +192,8 @@ fn a_cuda_traced_step_graph_shows_each_node_inside_its_launch_on_its_lane() {
         }
     }
     let trace = replayable.finish_trace().unwrap();
-    let steps: Vec<usize> = (0..trace.slices().len())
-        .filter(|&i| matches!(trace.slices()[i].kind, SliceKind::StepLaunch { .. }))
+    let steps: Vec<usize> = (0..trace.uses().len())
+        .filter(|&i| matches!(trace.uses()[i].kind, UseKind::StepLaunch { .. }))
         .collect();
     assert_eq!(steps.len(), LAUNCHES);
     assert_eq!(
@@ -202,7 +202,7 @@ fn a_cuda_traced_step_graph_shows_each_node_inside_its_launch_on_its_lane() {
         "every node of every launch"
     );
     for &k in &steps {
-        let launch = &trace.slices()[k];
+        let launch = &trace.uses()[k];
         let nodes: Vec<_> = trace
             .step_nodes()
             .iter()
@@ -236,7 +236,7 @@ fn a_cuda_traced_step_graph_shows_each_node_inside_its_launch_on_its_lane() {
             let (replay, consume) = (nodes[2 * r], nodes[2 * r + 1]);
             assert_eq!(
                 replay.kind,
-                SliceKind::Replay {
+                UseKind::Replay {
                     runner: RunnerId(r as u32)
                 }
             );

@@ -195,7 +195,7 @@ proptest! {
         acts in prop::collection::vec(act(), 1..80),
     ) {
         let sim = sim::Device::new();
-        let streams: Vec<sim::Stream> = (0..STREAMS).map(|_| sim.stream()).collect();
+        let streams: Vec<sim::Stream> = (0..STREAMS).map(|_| sim.new_stream()).collect();
         let events: Vec<_> = (0..EVENTS).map(|_| sim.create_event().unwrap()).collect();
         let buffers: Vec<sim::HostBuffer> = (0..BUFFERS).map(|_| sim.alloc_f32(LEN).unwrap()).collect();
         let mut model = Reference { data: vec![vec![0.0; LEN]; BUFFERS], ..Reference::default() };
@@ -265,7 +265,7 @@ fn streams_that_never_wait_for_each_other_keep_the_detector_bounded() {
     // stream 1: every wait is implied by stream order, so neither stream is
     // ever ordered after the other's work, and nothing is ever synchronized.
     let sim = sim::Device::new();
-    let streams = [sim.stream(), sim.stream()];
+    let streams = [sim.new_stream(), sim.new_stream()];
     let mut replayable = four_runners(&sim, &streams[0]);
     for _step in 0..20_000 {
         for r in 0..4u32 {
@@ -285,7 +285,7 @@ fn streams_that_never_wait_for_each_other_keep_the_detector_bounded() {
 #[test]
 fn replan_rounds_free_every_event_and_arena() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     for _round in 0..2_000 {
         let mut replayable = four_runners(&sim, &stream);
         for r in 0..4 {
@@ -328,7 +328,7 @@ fn assert_refused<T: std::fmt::Debug>(result: Result<T, BackendError>, reason: &
 #[test]
 fn a_span_whose_byte_length_overflows_is_refused_at_launch() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let buffer = sim.alloc_f32(16).unwrap();
     // 4 * len overflows 64 bits.
     let huge = Span::new(buffer.span().addr(), usize::MAX);
@@ -343,7 +343,7 @@ fn a_span_whose_byte_length_overflows_is_refused_at_launch() {
 #[test]
 fn a_span_whose_end_wraps_around_the_address_space_is_refused_at_launch() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let buffer = sim.alloc_f32(16).unwrap();
     // 4 * len fits in 64 bits, but addr + 4 * len wraps to just below addr.
     let wrapping = Span::new(buffer.span().addr(), (u64::MAX / 4) as usize);
@@ -359,11 +359,11 @@ fn a_span_whose_end_wraps_around_the_address_space_is_refused_at_launch() {
 fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
     let sim = sim::Device::new();
     let other = sim::Device::new();
-    let _ours = [sim.stream(), sim.stream()];
-    let theirs = other.stream(); // index 0, which `sim` has too
+    let _ours = [sim.new_stream(), sim.new_stream()];
+    let theirs = other.new_stream(); // index 0, which `sim` has too
     let buffer = sim.alloc_f32(4).unwrap();
     let graph = {
-        let s = sim.stream();
+        let s = sim.new_stream();
         sim.begin_capture(&s).unwrap();
         sim.launch(&s, sim::Kernel::fill(&buffer, 1.0), 1).unwrap();
         // SAFETY: the capture this test began.
@@ -390,7 +390,7 @@ fn a_stream_of_another_backend_with_an_index_that_exists_here_is_refused() {
 fn an_event_of_another_backend_is_refused() {
     let sim = sim::Device::new();
     let other = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let theirs = other.create_event().unwrap();
     let foreign = "event belongs to another sim::Device";
     assert_refused(sim.wait_event(&stream, &theirs), foreign);
@@ -401,9 +401,9 @@ fn an_event_of_another_backend_is_refused() {
 #[test]
 fn a_replay_on_a_stream_of_another_backend_is_a_backend_error() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut replayable = four_runners(&sim, &stream);
-    let theirs = sim::Device::new().stream();
+    let theirs = sim::Device::new().new_stream();
     match replayable.replay(RunnerId(0), &theirs) {
         Err(ReplayError::Backend(replay_arena::BackendFailure {
             runner: Some(runner),
@@ -421,17 +421,17 @@ fn a_replay_on_a_stream_of_another_backend_is_a_backend_error() {
 #[test]
 fn streams_of_one_backend_are_equal_only_to_their_clones() {
     let sim = sim::Device::new();
-    let a = sim.stream();
-    let b = sim.stream();
+    let a = sim.new_stream();
+    let b = sim.new_stream();
     assert_eq!(a, a.clone());
     assert_ne!(a, b);
-    assert_ne!(a, sim::Device::new().stream());
+    assert_ne!(a, sim::Device::new().new_stream());
 }
 
 #[test]
 fn ops_take_effect_in_the_order_they_end_even_when_applied_early() {
     let sim = sim::Device::new();
-    let (slow, fast) = (sim.stream(), sim.stream());
+    let (slow, fast) = (sim.new_stream(), sim.new_stream());
     let buffer = sim.alloc_f32(4).unwrap();
     let other = sim.alloc_f32(4).unwrap();
     // The slow fill is submitted first but ends last: it wins.

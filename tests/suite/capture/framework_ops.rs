@@ -27,9 +27,9 @@ fn step(wait: impl Fn(&mut Replayable<sim::Device>, &sim::Stream)) -> (sim::Devi
     let sim = sim::Device::new();
     let rs = (0..2).map(|r| (RunnerId(r), [REQ]));
     let mut capturing = allocate_runners(&sim, rs, Policy::Generations(2));
-    let pool = [sim.stream(), sim.stream()];
-    let side = [sim.stream(), sim.stream()];
-    let optimizer = sim.stream();
+    let pool = [sim.new_stream(), sim.new_stream()];
+    let side = [sim.new_stream(), sim.new_stream()];
+    let optimizer = sim.new_stream();
     for r in 0..2u32 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
@@ -117,7 +117,7 @@ fn scaled(
 #[test]
 fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactly() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let input = sim.alloc_f32(64).unwrap();
     sim.write_f32(&input, &[1.5; 64]).unwrap();
     let mut capturing = on_sim(&sim, &[REQ]);
@@ -149,7 +149,7 @@ fn temporaries_allocated_and_freed_inside_a_graph_are_accepted_and_replay_exactl
 #[test]
 fn a_capture_that_fails_frees_its_temporaries() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = on_sim(&sim, &[REQ]);
     let arenas = sim.live_allocations();
     let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -170,7 +170,7 @@ fn a_capture_that_fails_frees_its_temporaries() {
 #[test]
 fn sub_views_keep_the_closure_and_the_fence() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let bucket = Request::new(Domain::Device, DType::F32, 128);
     let mut capturing = on_sim(&sim, &[bucket]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -226,7 +226,7 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
     };
     let scratch = Request::new(Domain::Device, DType::F32, 16).purpose(Purpose::Fp32AccumScratch);
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = on_sim(&sim, &[w(1), scratch, w(2)]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let vs = [w(1), scratch, w(2)].map(|q| cap.take(q).unwrap());
@@ -253,8 +253,8 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
 /// Runner 0 replays (5 ticks); consumers on two side streams take 100
 /// ticks each. Returns the makespan.
 fn two_consumers(sim: &sim::Device) -> u64 {
-    let stream = sim.stream();
-    let (x, y) = (sim.stream(), sim.stream());
+    let stream = sim.new_stream();
+    let (x, y) = (sim.new_stream(), sim.new_stream());
     let mut capturing = on_sim(sim, &[REQ]);
     capture_view(&mut capturing, RunnerId(0), REQ, &stream, |s, v| {
         sim.launch(s, sim::Kernel::fill(&v, 3.0), 5)
@@ -293,7 +293,7 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
     let sim = sim::Device::new();
     let rs = (0..3).map(|r| (RunnerId(r), [REQ]));
     let mut capturing = allocate_runners(&sim, rs, Policy::Generations(3));
-    let pools = [sim.stream(), sim.stream(), sim.stream()];
+    let pools = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
     for r in 0..3u32 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
@@ -311,7 +311,7 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
     for r in 0..3u32 {
         replayable.replay(RunnerId(r), &pools[r as usize]).unwrap();
     }
-    let side = sim.stream();
+    let side = sim.new_stream();
     let bucket = sim.alloc_f32(64).unwrap();
     replayable
         .consume_many(

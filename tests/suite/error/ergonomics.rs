@@ -29,7 +29,7 @@ fn allocated(runners: u32) -> (sim::Device, Capturing<sim::Device>) {
 }
 
 fn capture(sim: &sim::Device, capturing: &mut Capturing<sim::Device>, r: u32) -> Result<(), Boxed> {
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let cap = capturing.capture(RunnerId(r))?;
     let view = cap.take(REQ)?;
     cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 5))?;
@@ -58,7 +58,7 @@ fn every_phase_error_goes_into_a_send_sync_box_with_question_mark() {
     let (sim, mut capturing) = allocated(1);
     capture(&sim, &mut capturing, 0).unwrap();
     let mut replayable = seal_boxed(capturing).unwrap();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let consume = |replayable: &mut Replayable<sim::Device>| -> Result<(), Boxed> {
         replayable.replay(RunnerId(0), &stream)?;
         replayable.consume(RunnerId(0), &stream, |_, _| {
@@ -126,7 +126,7 @@ fn a_program_enum_takes_every_crate_error_with_one_from_and_the_macro() {
     ));
 
     let (sim, mut capturing) = allocated(2);
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut work_fails = || -> Result<(), AppError> {
         let cap = capturing.capture(RunnerId(0))?;
         let view = cap.take(REQ)?;

@@ -58,7 +58,7 @@ fn discovered(runners: &[(u32, &[Request])]) -> Discovering {
 /// The runners planned with `G = 1` and allocated on a fresh sim.
 fn allocated(runners: &[(u32, &[Request])]) -> (sim::Device, sim::Stream, Capturing<sim::Device>) {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let capturing = discovered(runners)
         .plan(Policy::Generations(1))
         .unwrap()
@@ -926,7 +926,7 @@ fn a_failing_consumer_is_still_fenced() {
     // the runner now completes on the consumer's stream, so the next replay
     // on the first stream waits for it.
     let (sim, stream, mut replayable) = sealed_one();
-    let side = sim.stream();
+    let side = sim.new_stream();
     replayable.replay(RunnerId(0), &stream).unwrap();
     replayable
         .consume(RunnerId(0), &side, |_, _| Err::<(), _>("nope"))
@@ -999,7 +999,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
             "outside the work closure",
         ],
     );
-    let other = sim.stream();
+    let other = sim.new_stream();
     cap.stream_capture(&stream, |s| {
         let elsewhere = sim
             .launch(&other, sim::Kernel::fill(&view, 1.0), 1)

@@ -744,7 +744,7 @@ fn setup(
 /// Runs `p` under `plan`; returns what it saw.
 fn run(p: &Program, plan: &Plan) -> Outcome {
     let sim = sim::Device::new();
-    let s: Vec<sim::Stream> = (0..p.streams).map(|_| sim.stream()).collect();
+    let s: Vec<sim::Stream> = (0..p.streams).map(|_| sim.new_stream()).collect();
     let alloc = |n: usize| {
         (0..n)
             .map(|_| sim.alloc_f32(OUT).unwrap())
@@ -1669,7 +1669,7 @@ fn two(n: u32, dur: u64) -> Two {
     let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
     let planned = plan_runners(rs, Policy::Generations(1));
     let sim = sim::Device::new();
-    let s: Vec<sim::Stream> = (0..4).map(|_| sim.stream()).collect();
+    let s: Vec<sim::Stream> = (0..4).map(|_| sim.new_stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for r in 0..n {
         capture_view(&mut capturing, RunnerId(r), REQ, &s[0], |st, v| {
@@ -1772,7 +1772,7 @@ fn staged_world() -> (sim::Device, Replayable<sim::Device>, Vec<sim::Stream>) {
     d.arm(RunnerId(10)).unwrap().record(input).unwrap();
     let planned = d.plan(Policy::Generations(1)).unwrap();
     let sim = sim::Device::new();
-    let s: Vec<sim::Stream> = (0..3).map(|_| sim.stream()).collect();
+    let s: Vec<sim::Stream> = (0..3).map(|_| sim.new_stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     {
         capture_view(&mut capturing, RunnerId(0), REQ, &s[0], |st, v| {
@@ -1898,7 +1898,7 @@ fn fence_stats_do_not_count_a_consumer_whose_closure_enqueued_nothing() {
 fn kept_step_outliving_its_plan_gives_graph_memory_back() {
     let planned = plan_runners([(RunnerId(0), [REQ])], Policy::Generations(1));
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();

@@ -227,7 +227,7 @@ fn run_one(seed: u64, steps: bool) -> R<Vec<String>> {
     let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15).wrapping_add(7) | 1);
     let spec = random_spec(&mut rng);
     let sim = sim::Device::new();
-    let streams: Vec<sim::Stream> = (0..3).map(|_| sim.stream()).collect();
+    let streams: Vec<sim::Stream> = (0..3).map(|_| sim.new_stream()).collect();
     let b0 = base(&sim);
     let mut problems = Vec::new();
     // Events of forgotten step graphs (leaking is allowed).

@@ -51,7 +51,7 @@ struct Chain {
 fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, tail: u64) -> Chain {
     let (d, handoffs) = chain(n);
     let sim = sim::Device::new();
-    let pool = [sim.stream(), sim.stream()];
+    let pool = [sim.new_stream(), sim.new_stream()];
     let one = sim.alloc_f32(64).unwrap();
     sim.write_f32(&one, &[1.0; 64]).unwrap();
     let sinks: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
@@ -184,7 +184,7 @@ fn the_ready_point_lets_readers_start_before_the_writers_graph_ends() {
 fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
     let (d, hs) = chain(2);
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -272,7 +272,7 @@ fn misdeclared_handoffs_are_typed_errors_at_discovery() {
 fn misused_handoffs_are_typed_errors_at_capture() {
     let (d, hs) = chain(3);
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
@@ -340,7 +340,7 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
     let h = d.arm(RunnerId(0)).unwrap().hand_off(GRAD).unwrap();
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(64).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     {
@@ -369,7 +369,7 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
 #[test]
 fn the_report_of_a_replayable_shows_graph_memory_beside_the_plan() {
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = allocate_runners(&sim, [(RunnerId(0), [OWN])], Policy::Generations(1));
     {
         capture_view(&mut capturing, RunnerId(0), OWN, &s, |s, own| {
@@ -463,7 +463,7 @@ proptest! {
             }
         }
         let sim = sim::Device::new();
-        let streams = [sim.stream(), sim.stream(), sim.stream()];
+        let streams = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let one = sim.alloc_f32(64).unwrap();
         sim.write_f32(&one, &[1.0; 64]).unwrap();
         // Per runner, a program buffer its graph adds what it reads into

@@ -82,7 +82,7 @@ fn forget_a_step_of_runner_0(
 #[test]
 fn a_forgotten_step_graph_leaves_a_replay_of_its_bytes_ordered_after_it() -> R {
     let sim = sim::Device::new();
-    let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 100)?;
     forget_a_step_of_runner_0(&mut rp, &a, &l, 3)?;
@@ -97,7 +97,7 @@ fn a_forgotten_step_graph_leaves_a_replay_of_its_bytes_ordered_after_it() -> R {
 #[test]
 fn a_forgotten_step_graph_leaves_a_reader_of_its_handoff_ordered_after_it() -> R {
     let sim = sim::Device::new();
-    let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 100)?;
     forget_a_step_of_runner_0(&mut rp, &a, &l, 2)?;
@@ -117,7 +117,7 @@ fn a_forgotten_step_graph_leaves_a_reader_of_its_handoff_ordered_after_it() -> R
 #[test]
 fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
     let sim = sim::Device::new();
-    let (a, side, l) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, side, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
     let mut rp = two_runners(&sim, &a, &sink, 100)?;
     forget_a_step_of_runner_0(&mut rp, &a, &l, 1)?;
@@ -135,7 +135,7 @@ fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
 #[test]
 fn a_forgotten_step_graph_counts_its_launches() -> R {
     let sim = sim::Device::new();
-    let (a, l) = (sim.stream(), sim.stream());
+    let (a, l) = (sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     forget_a_step_of_runner_0(&mut rp, &a, &l, 4)?;
@@ -146,7 +146,7 @@ fn a_forgotten_step_graph_counts_its_launches() -> R {
 #[test]
 fn a_forgotten_step_graph_is_waited_for_by_replan_and_the_next_plan_is_race_free() -> R {
     let sim = sim::Device::new();
-    let (a, b, l) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1_000)?;
     forget_a_step_of_runner_0(&mut rp, &a, &l, 3)?;
@@ -165,8 +165,8 @@ fn a_forgotten_step_graph_is_waited_for_by_replan_and_the_next_plan_is_race_free
 #[test]
 fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
     let sim = sim::Device::new();
-    let (a, side) = (sim.stream(), sim.stream());
-    let foreign = sim::Device::new().stream();
+    let (a, side) = (sim.new_stream(), sim.new_stream());
+    let foreign = sim::Device::new().new_stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     {
@@ -197,7 +197,7 @@ fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
 #[test]
 fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
     let sim = sim::Device::new();
-    let (a, b, side) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
     let mut rp = two_runners(&sim, &a, &sink, 50)?;
     rp.replay(RunnerId(0), &a)?;
@@ -221,7 +221,7 @@ fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
 #[test]
 fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
         .plan(Policy::Generations(1))?;
     let mut capturing = planned.allocate(sim.clone())?;
@@ -275,7 +275,7 @@ fn a_forgotten_armed_runner_keeps_what_it_recorded() -> R {
 fn a_forgotten_replayable_leaks_its_arenas_under_queued_work_and_the_next_plan_gets_other_memory(
 ) -> R {
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 10_000)?;
     rp.replay(RunnerId(0), &a)?;
@@ -320,7 +320,7 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
     std::mem::forget(capturing.seal().unwrap_err());
     assert_eq!(sim.live_allocations(), 1);
     // The backend goes on: a new plan beside the leaked arena.
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = runners()?
         .plan(Policy::Generations(1))?
         .allocate(sim.clone())?;
@@ -340,11 +340,11 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
 #[test]
 fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     let sim = sim::Device::new();
-    let a = sim.stream();
+    let a = sim.new_stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     let mut got = None;
-    while_captured(&sim, &sim.stream(), |s| {
+    while_captured(&sim, &sim.new_stream(), |s| {
         got = Some(rp.replay(RunnerId(0), s))
     })?;
     assert_eq!(
@@ -366,11 +366,11 @@ fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
 #[test]
 fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
     let sim = sim::Device::new();
-    let a = sim.stream();
+    let a = sim.new_stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     let mut got = None;
-    while_captured(&sim, &sim.stream(), |s| {
+    while_captured(&sim, &sim.new_stream(), |s| {
         // SAFETY: nothing else of the plan runs.
         got = Some(unsafe { rp.replay_unfenced(RunnerId(0), s) });
     })?;
@@ -388,14 +388,14 @@ fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
 #[test]
 fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
     let sim = sim::Device::new();
-    let a = sim.stream();
+    let a = sim.new_stream();
     let sink = sim.alloc_f32(64)?;
     let mut rp = two_runners(&sim, &a, &sink, 1)?;
     let mut step = rp.step();
     step.replay(RunnerId(0), &a)?;
     let mut graph = step.build()?;
     let mut got = None;
-    while_captured(&sim, &sim.stream(), |s| got = Some(graph.launch(s)))?;
+    while_captured(&sim, &sim.new_stream(), |s| got = Some(graph.launch(s)))?;
     assert_eq!(
         got,
         Some(Err(replay_arena::StepLaunchError::StreamCapturing(
@@ -434,7 +434,7 @@ fn one_runner(
 #[test]
 fn a_teardown_that_cannot_wait_leaks_the_arenas_instead_of_freeing_them() -> R {
     let sim = sim::Device::new();
-    let a = sim.stream();
+    let a = sim.new_stream();
     let mut rp = one_runner(&sim, &a, 1.0, 1_000)?;
     rp.replay(RunnerId(0), &a)?;
     let live = sim.live_allocations();
@@ -484,7 +484,7 @@ fn while_captured(sim: &sim::Device, stream: &sim::Stream, inside: impl FnOnce(&
 #[test]
 fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> R {
     let sim = sim::Device::new();
-    let (a, l) = (sim.stream(), sim.stream());
+    let (a, l) = (sim.new_stream(), sim.new_stream());
     // A replay queued on `a` (its record deferred), then teardown while a
     // capture holds `a`: the record is refused, and teardown waits for the
     // whole backend instead; if that fails too, it leaks.
@@ -532,7 +532,7 @@ fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> 
 #[test]
 fn no_fence_call_works_on_a_stream_another_plan_captures() -> R {
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let mut rp = one_runner(&sim, &a, 1.0, 10)?;
     rp.replay(RunnerId(0), &a)?; // its record is deferred on `a`
     let mut got = Vec::new();
@@ -558,7 +558,7 @@ fn a_consumer_racing_another_plans_capture_on_its_stream_is_never_captured_into_
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let sim = sim::Device::new();
-    let (a, c) = (sim.stream(), sim.stream());
+    let (a, c) = (sim.new_stream(), sim.new_stream());
     let mut rp = one_runner(&sim, &a, 1.0, 1)?;
     let captures = 40_000u32;
     let mut other = Discovering::from_runners(

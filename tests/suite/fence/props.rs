@@ -74,7 +74,7 @@ fn value(runner: usize) -> f32 {
 /// Captures every runner: its graph fills each of its views with its value.
 fn setup(w: &Workload, s: PlacedPolicy, streams: usize, durations: &[u64]) -> Setup {
     let sim = sim::Device::new();
-    let streams: Vec<_> = (0..streams).map(|_| sim.stream()).collect();
+    let streams: Vec<_> = (0..streams).map(|_| sim.new_stream()).collect();
     let mut capturing = discover(w).plan(s).unwrap().allocate(sim.clone()).unwrap();
     let mut spans = Vec::new();
     for (r, requests) in w.iter().enumerate() {

@@ -22,7 +22,7 @@ fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
         .unwrap()
         .allocate(sim.clone())
         .unwrap();
-    let s = sim.stream();
+    let s = sim.new_stream();
     for r in 0..2 {
         capture_view(&mut capturing, RunnerId(r), Q, &s, |s, view| {
             sim.launch(s, sim::Kernel::fill(&view, r as f32), 20)
@@ -34,7 +34,7 @@ fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
 #[test]
 fn a_kept_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_launch_before() {
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let mut rp = two_runners(&sim);
     let mut step = rp.step();
     step.replay(RunnerId(0), &a).unwrap();
@@ -65,7 +65,7 @@ fn a_kept_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_laun
 #[test]
 fn a_borrowed_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_launch_before() {
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let mut rp = two_runners(&sim);
     let mut step = rp.step();
     step.replay(RunnerId(0), &a).unwrap();
@@ -86,7 +86,7 @@ fn a_failed_replay_leaves_its_runner_unreplayed_and_counts_nothing() {
     // or the launch fails in turn.
     for call in [Call::RecordEvent, Call::WaitEvent, Call::Launch] {
         let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let mut rp = two_runners(&sim);
         rp.replay(RunnerId(0), &a).unwrap();
         let before = rp.fence_stats();
@@ -121,7 +121,7 @@ fn a_failed_replay_leaves_its_runner_unreplayed_and_counts_nothing() {
 #[test]
 fn a_staged_input_whose_write_failed_is_not_staged() {
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let input = Q.purpose(Purpose::Input);
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [input])]).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
@@ -175,7 +175,7 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
 #[test]
 fn a_capture_whose_end_fails_leaves_the_stream_usable() {
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     for call in [Call::EndCapture, Call::Instantiate, Call::BeginCapture] {

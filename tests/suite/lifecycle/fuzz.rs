@@ -385,8 +385,8 @@ fn run_case(rounds: &[Round]) -> Check {
     quiet_deliberate_panics();
     let sim = sim::Device::new();
     let rig = Rig {
-        streams: std::cell::RefCell::new((0..STREAMS).map(|_| sim.stream()).collect()),
-        foreign: sim::Device::new().stream(),
+        streams: std::cell::RefCell::new((0..STREAMS).map(|_| sim.new_stream()).collect()),
+        foreign: sim::Device::new().new_stream(),
         sim,
         leaked_events: std::cell::Cell::new(0),
     };
@@ -692,7 +692,7 @@ fn run_round(
                 check(&mut live, &replayable)?;
             }
             Step::NewStream { stream } => {
-                let fresh = rig.sim.stream();
+                let fresh = rig.sim.new_stream();
                 rig.streams.borrow_mut()[stream] = fresh;
             }
             Step::LaunchStepGraph {

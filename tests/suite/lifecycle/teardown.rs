@@ -59,7 +59,7 @@ fn allocate_makes_one_allocation_per_arena() {
 #[test]
 fn dropping_a_replayable_frees_every_arena_once() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     for r in 0..4 {
         capture(&mut capturing, &sim, &stream, r);
@@ -75,7 +75,7 @@ fn dropping_a_replayable_frees_every_arena_once() {
 #[test]
 fn dropping_a_capturing_phase_frees_every_arena_once() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     capture(&mut capturing, &sim, &stream, 0);
     drop(capturing);
@@ -85,7 +85,7 @@ fn dropping_a_capturing_phase_frees_every_arena_once() {
 #[test]
 fn a_failed_capture_then_dropping_frees_every_arena_once() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -100,7 +100,7 @@ fn a_failed_capture_then_dropping_frees_every_arena_once() {
 #[test]
 fn a_failed_seal_frees_every_arena_once() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     capture(&mut capturing, &sim, &stream, 0);
     assert!(capturing.seal().is_err());
@@ -126,7 +126,7 @@ fn an_allocation_failure_at_the_first_arena_allocates_nothing() {
 #[test]
 fn replan_frees_every_arena_once_before_returning_discovery() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     for r in 0..4 {
         capture(&mut capturing, &sim, &stream, r);
@@ -149,7 +149,7 @@ fn replan_of_a_capturing_phase_frees_every_arena_once() {
 #[test]
 fn successive_plans_on_one_backend_each_free_their_own_arenas() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     for round in 1..=3 {
         let mut capturing = planned().allocate(sim.clone()).unwrap();
         for r in 0..4 {
@@ -175,7 +175,7 @@ fn dropping_a_replayable_lets_in_flight_work_finish_before_freeing() {
     // copy is still pending on the simulated clock when the plan is dropped.
     // Teardown synchronizes first, so the copy read live arena memory.
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned().allocate(sim.clone()).unwrap();
     for r in 0..4 {
         capture(&mut capturing, &sim, &stream, r);
@@ -185,7 +185,7 @@ fn dropping_a_replayable_lets_in_flight_work_finish_before_freeing() {
         replayable.replay(RunnerId(r), &stream).unwrap();
     }
     let out = sim.alloc_f32(64).unwrap();
-    let side = sim.stream();
+    let side = sim.new_stream();
     replayable
         .consume(RunnerId(2), &side, |s, views| {
             sim.launch(s, sim::Kernel::copy(&views[0], &out), 100)
@@ -203,7 +203,7 @@ fn dropping_a_replayable_lets_in_flight_work_finish_before_freeing() {
 #[test]
 fn a_failed_capture_then_replan_captures_and_replays() -> Result<()> {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned().allocate(sim.clone())?;
     {
         let cap = capturing.capture(RunnerId(1))?;

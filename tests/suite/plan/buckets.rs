@@ -105,7 +105,7 @@ fn rig(buckets: &[BucketSpec], policy: PlacedPolicy, tail: u64) -> Rig {
     let (d, io) = discover(buckets, None);
     let planned = d.plan(policy).unwrap();
     let sim = sim::Device::new();
-    let streams: Vec<sim::Stream> = (0..STREAMS).map(|_| sim.stream()).collect();
+    let streams: Vec<sim::Stream> = (0..STREAMS).map(|_| sim.new_stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut sinks = Vec::new();
     let mut pair_sinks = Vec::new();
@@ -563,7 +563,7 @@ fn staged_rig(lens: &[usize], tail: u64) -> Staged {
     }
     let planned = d.plan(Policy::Generations(1)).unwrap();
     let sim = sim::Device::new();
-    let streams: Vec<sim::Stream> = (0..STREAMS).map(|_| sim.stream()).collect();
+    let streams: Vec<sim::Stream> = (0..STREAMS).map(|_| sim.new_stream()).collect();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut sinks = Vec::new();
     for (b, &n) in lens.iter().enumerate() {

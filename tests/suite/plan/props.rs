@@ -112,7 +112,7 @@ proptest! {
         let g = p.generations();
         let users = using(&w);
         let sim = sim::Device::new();
-        let stream = sim.stream();
+        let stream = sim.new_stream();
         let mut capturing = p.allocate(sim.clone()).unwrap();
         // (position among users, addr, aligned end)
         let mut views: Vec<(usize, u64, u64)> = Vec::new();
@@ -488,7 +488,7 @@ proptest! {
         let (w, hs) = if one_key { in_one_key(w, hs) } else { (w, hs) };
         let (d, ids) = discover_with(&w, &hs);
         let sim = sim::Device::new();
-        let streams = [sim.stream(), sim.stream(), sim.stream()];
+        let streams = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let mut graphed = vec![false; w.len()];
         let mut sinks = Vec::new();
         let mut capturing = allocate_discovered(&sim, d, s);

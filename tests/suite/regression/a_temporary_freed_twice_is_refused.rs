@@ -24,7 +24,7 @@ fn probe(
         let mut a = d.arm(RunnerId(0)).unwrap();
         a.record(fan::OWN).unwrap();
     }
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     let mut errs = Vec::new();
     {

@@ -17,7 +17,7 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
     discovery.arm(RunnerId(2)).unwrap(); // requests nothing
     let planned = discovery.plan(Policy::Generations(3)).unwrap();
     let sim = sim::Device::new();
-    let (s, side) = (sim.stream(), sim.stream());
+    let (s, side) = (sim.new_stream(), sim.new_stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for r in 0..2 {
         capture_view(&mut capturing, RunnerId(r), req, &s, |st, v| {
@@ -56,7 +56,7 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
         "one consume_many of two runners"
     );
     let trace = rp.finish_trace().unwrap();
-    let slices = trace.slices().iter();
+    let slices = trace.uses().iter();
     let consume_slices = slices.filter(|s| s.kind.category() == "consume").count();
     assert_eq!(consume_slices as u64, rp.fence_stats().consumers);
     // A consumer whose work failed does not count.

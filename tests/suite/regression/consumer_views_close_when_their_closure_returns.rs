@@ -78,9 +78,9 @@ impl Streams for Hooked {
 }
 
 impl Allocate for Hooked {
-    type Arena = sim::Memory;
+    type Arena = sim::Arena;
 
-    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<sim::Memory, BackendError> {
+    fn allocate_arena(&self, desc: &ArenaDesc) -> Result<sim::Arena, BackendError> {
         self.sim.allocate_arena(desc)
     }
 }
@@ -139,7 +139,7 @@ fn a_span_kept_from_a_consumer_is_refused_once_its_closure_returned() {
         sim: sim.clone(),
         kept: Arc::default(),
     };
-    let (pool, side) = (sim.stream(), sim.stream());
+    let (pool, side) = (sim.new_stream(), sim.new_stream());
     let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
         .unwrap()
         .plan(Policy::Generations(1))

@@ -21,7 +21,7 @@ fn a_graphs_memory_nodes_are_its_alloc_and_free_calls_and_a_use_after_free_is_re
         .plan(Policy::Generations(1))
         .unwrap();
     let sim = sim::Device::new();
-    let pool = sim.stream();
+    let pool = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(REQ).unwrap();

@@ -74,7 +74,7 @@ fn a_panicking_step_consumer_keeps_the_cut_copies_and_leaves_no_capture() {
     let mut c = chain_with(2, 2, 1, &mut standard);
     let pool = c.pool.clone();
     let sim = c.sim.clone();
-    let side = sim.stream();
+    let side = sim.new_stream();
     let c_sink = sim.alloc_f32(N).unwrap();
     {
         let r = c.r();

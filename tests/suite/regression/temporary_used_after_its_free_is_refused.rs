@@ -142,7 +142,7 @@ fn uaf_probe(
         a.hand_off(fan::GRAD).unwrap()
     };
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
-    let s = [sim.stream(), sim.stream()];
+    let s = [sim.new_stream(), sim.new_stream()];
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     let mut errs = Vec::new();
     {
@@ -331,7 +331,7 @@ fn a_raw_span_forged_at_another_graphs_temporary_is_refused() {
             a.record(fan::OWN).unwrap();
             a.receive(h).unwrap();
         }
-        let s = [sim.stream(), sim.stream()];
+        let s = [sim.new_stream(), sim.new_stream()];
         let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
         let addrs = std::cell::RefCell::new(Vec::new());
         {

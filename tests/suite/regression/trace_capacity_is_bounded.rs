@@ -1,7 +1,7 @@
 //! Finding: `Replayable::start_trace_with_capacity(usize::MAX)` allocated
 //! marks until memory ran out. It now refuses more than
-//! `Replayable::MAX_TRACE_CAPACITY` slices with
-//! `TraceError::CapacityTooLarge { slices, max }`. Guards the refusal (and
+//! `Replayable::MAX_TRACE_CAPACITY` uses with
+//! `TraceError::CapacityTooLarge { uses, max }`. Guards the refusal (and
 //! that it leaves a running trace running) and that a trace at the maximum
 //! is accepted, restarted and cleaned up.
 
@@ -44,10 +44,10 @@ fn a_trace_capacity_beyond_the_maximum_is_a_typed_error() {
     let spec = Spec::new(2);
     let mut f = fan(&spec, &identity(2));
     let max = Replayable::<sim::Device>::MAX_TRACE_CAPACITY;
-    for slices in [max + 1, max.saturating_mul(2), usize::MAX, usize::MAX / 2] {
-        let err = f.r().start_trace_with_capacity(slices).unwrap_err();
+    for uses in [max + 1, max.saturating_mul(2), usize::MAX, usize::MAX / 2] {
+        let err = f.r().start_trace_with_capacity(uses).unwrap_err();
         assert!(
-            matches!(err, TraceError::CapacityTooLarge { slices: s, max: m } if s == slices && m == max),
+            matches!(err, TraceError::CapacityTooLarge { uses: s, max: m } if s == uses && m == max),
             "{err}"
         );
         // No trace started.
@@ -60,7 +60,7 @@ fn a_trace_capacity_beyond_the_maximum_is_a_typed_error() {
     assert!(f.r().start_trace_with_capacity(usize::MAX).is_err());
     f.per_runner(&items);
     let t = f.r().finish_trace().unwrap();
-    assert!(!t.slices().is_empty());
+    assert!(!t.uses().is_empty());
     f.hazard_free();
     f.teardown();
 }

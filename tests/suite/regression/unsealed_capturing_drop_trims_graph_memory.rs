@@ -19,7 +19,7 @@ use crate::support::steps::allocate_discovered;
 #[test]
 fn dropping_a_capturing_with_temporaries_gives_graph_memory_back() {
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     {
         let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [OWN])])
             .unwrap()
@@ -70,7 +70,7 @@ fn seal_with_question_mark(sim: &sim::Device) -> replay_arena::Result<()> {
         [(RunnerId(0), [OWN]), (RunnerId(1), [OWN])],
     )?
     .plan(Policy::Generations(1))?;
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone())?;
     let cap = capturing.capture(RunnerId(0))?;
     let v = cap.take(OWN)?;
@@ -110,7 +110,7 @@ fn capturing_dropped_unsealed_with_cut_copies_trims_graph_memory() {
                 .receive(hs[i as usize])
                 .unwrap();
         }
-        let s = sim.stream();
+        let s = sim.new_stream();
         let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();
@@ -147,7 +147,7 @@ fn capturing_dropped_unsealed_with_a_runner_open_is_refused_or_trims() {
         let mut d = Discovering::new(PlanConfig::new());
         d.arm(RunnerId(0)).unwrap().record(fan::OWN).unwrap();
         d.arm(RunnerId(1)).unwrap().record(fan::OWN).unwrap();
-        let s = sim.stream();
+        let s = sim.new_stream();
         let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         for r in 0..2 {
             let cap = capturing.capture(RunnerId(r)).unwrap();
@@ -186,7 +186,7 @@ fn a_failing_or_panicking_copy_run_between_cuts_leaks_nothing() {
         let mut d = Discovering::new(PlanConfig::new());
         let hs = writer_of(&mut d, 3, fan::OWN, fan::GRAD);
         let _ = spec;
-        let s = sim.stream();
+        let s = sim.new_stream();
         let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
         {
             let cap = capturing.capture(RunnerId(0)).unwrap();

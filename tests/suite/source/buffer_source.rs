@@ -48,7 +48,7 @@ fn the_same_code_records_in_discovery_and_gets_fixed_views_in_capture() {
     assert_eq!(bf16.bytes, 2 * 6144);
 
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let addrs;
     {
@@ -200,7 +200,7 @@ fn layer_of(runner: usize) -> usize {
 #[test]
 fn one_layer_function_hands_gradients_down_eagerly_in_discovery_and_in_capture() {
     let sim = sim::Device::new();
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let seed = seed(&sim);
     let top = Incoming {
         ticket: None,
@@ -285,8 +285,8 @@ fn one_layer_function_hands_gradients_down_eagerly_in_discovery_and_in_capture()
 
     // Per-layer replays on two streams, each wgrad consumed on a side
     // stream (a reduce-scatter stand-in copying it out), over three steps.
-    let lanes = [sim.stream(), sim.stream()];
-    let side = sim.stream();
+    let lanes = [sim.new_stream(), sim.new_stream()];
+    let side = sim.new_stream();
     let outs: Vec<sim::HostBuffer> = (0..LAYERS).map(|_| sim.alloc_f32(LEN).unwrap()).collect();
     for step in 0..3 {
         for r in 0..LAYERS {
@@ -369,7 +369,7 @@ fn tickets_of_another_kind_of_run_are_refused() {
     );
     let sim = sim::Device::new();
     let err = BufferSource::Plain
-        .ready(planned, &sim.stream())
+        .ready(planned, &sim.new_stream())
         .unwrap_err();
     assert!(
         matches!(err, Error::Source(SourceError::PhaseMismatch { .. })),
@@ -494,7 +494,7 @@ fn a_capture_that_hands_off_another_request_or_readies_on_a_foreign_stream_fails
     // The refused hand_off took nothing: the right one still gets the view.
     let (got, _) = src.hand_off(dgrad_request()).unwrap();
     assert_eq!(got, ticket);
-    let stream = sim.stream();
+    let stream = sim.new_stream();
     let err = cap
         .stream_capture(&stream, |_| {
             BufferSource::Capture(&cap).ready(ticket, &"not a stream")
@@ -521,7 +521,7 @@ fn discovery_refuses_a_ready_by_a_reader() {
     let mut src = BufferSource::Discover(&mut armed);
     assert_eq!(src.receive(ticket).unwrap(), Received::Eager);
     let sim = sim::Device::new();
-    let err = src.ready(ticket, &sim.stream()).unwrap_err();
+    let err = src.ready(ticket, &sim.new_stream()).unwrap_err();
     assert!(
         matches!(
             err,
@@ -536,7 +536,7 @@ fn discovery_refuses_a_ready_by_a_reader() {
 }
 
 fn stream_of(sim: &sim::Device) -> sim::Stream {
-    sim.stream()
+    sim.new_stream()
 }
 
 #[test]

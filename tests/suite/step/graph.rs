@@ -94,8 +94,8 @@ fn setup(w: &Schedule) -> Setup {
         }
     }
     let sim = sim::Device::new();
-    let lanes = [sim.stream(), sim.stream(), sim.stream()];
-    let launch = [sim.stream(), sim.stream()];
+    let lanes = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
+    let launch = [sim.new_stream(), sim.new_stream()];
     let one = sim.alloc_f32(32).unwrap();
     sim.write_f32(&one, &[1.0; 32]).unwrap();
     let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
@@ -465,7 +465,7 @@ fn the_fence_goes_on_after_the_step(forget: bool) {
     assert_eq!(stats.step_launches, 3);
     // Runner 3 replayed last in the step: its views are consumable; runner
     // 1's bytes were claimed by runner 3 since.
-    let side = s.sim.stream();
+    let side = s.sim.new_stream();
     s.replayable
         .consume(RunnerId(3), &side, |_, _| Ok::<(), String>(()))
         .unwrap();
@@ -550,7 +550,7 @@ fn a_consumer_of_a_step_reads_and_may_not_write_its_views() {
         .unwrap();
     let mut graph = step.build().unwrap();
     graph.launch(&s.launch[0]).unwrap();
-    let optimizer = s.sim.stream();
+    let optimizer = s.sim.new_stream();
     graph.wait_all(&optimizer).unwrap();
 }
 
@@ -558,7 +558,7 @@ fn a_consumer_of_a_step_reads_and_may_not_write_its_views() {
 fn wait_all_orders_the_programs_work_after_the_latest_launch() {
     let w = four_with_consumers();
     let mut s = setup(&w);
-    let optimizer = s.sim.stream();
+    let optimizer = s.sim.new_stream();
     let copy = s.sim.alloc_f32(32).unwrap();
     let mut step = s.replayable.step();
     for r in 0..4 {

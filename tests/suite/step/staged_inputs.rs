@@ -86,8 +86,8 @@ fn a_kept_step_whose_runners_reuse_its_staged_runners_bytes_builds_and_launches_
 {
     for overlapping in [false, true] {
         let sim = sim::Device::new();
-        let (st, side, launch) = (sim.stream(), sim.stream(), sim.stream());
-        let pool = [sim.stream(), sim.stream()];
+        let (st, side, launch) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+        let pool = [sim.new_stream(), sim.new_stream()];
         let mut rp = plan(&sim, &pool[0]);
         let (out, grads) = (sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap());
         stage(&mut rp, &sim, &st, 1.0);
@@ -153,8 +153,8 @@ fn a_kept_step_whose_runners_reuse_its_staged_runners_bytes_builds_and_launches_
 #[test]
 fn a_borrowed_step_graph_launches_once_per_staging_and_one_that_stages_inside_launches_on() {
     let sim = sim::Device::new();
-    let (st, side, launch) = (sim.stream(), sim.stream(), sim.stream());
-    let pool = [sim.stream(), sim.stream()];
+    let (st, side, launch) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+    let pool = [sim.new_stream(), sim.new_stream()];
     let mut rp = plan(&sim, &pool[0]);
     let (src, out) = (sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap());
     sim.launch(&st, sim::Kernel::fill(&src, 3.0), 1).unwrap();

@@ -36,7 +36,7 @@ struct Chain {
 fn chain(layers: usize, repeatable: bool, ready: bool) -> Chain {
     let (d, handoffs) = chain_of(layers, OWN, GRAD);
     let sim = sim::Device::new();
-    let pool = [sim.stream(), sim.stream()];
+    let pool = [sim.new_stream(), sim.new_stream()];
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let counts: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
@@ -204,7 +204,7 @@ fn work_without_temporaries_runs_once_and_is_copied_into_step_graphs() {
     let req = OWN;
     let planned = plan_runners([(RunnerId(0), [req])], Policy::Generations(1));
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let v = cap.take(req).unwrap();
@@ -247,7 +247,7 @@ fn capture_once(
     let mut work = work;
     let planned = plan_runners([(RunnerId(0), [OWN])], Policy::Generations(1));
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let v = cap.take(OWN).unwrap();
@@ -341,7 +341,7 @@ fn a_second_run_with_other_ready_points_is_a_typed_error() {
     };
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let own = cap.take(OWN).unwrap();
@@ -496,7 +496,7 @@ fn writer_and_reader() -> (
     };
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     (sim, s, capturing, h)
 }
@@ -581,7 +581,7 @@ fn two_ready_points(
         a.receive(h).unwrap();
     }
     let sim = sim::Device::new();
-    let s = [sim.stream(), sim.stream(), sim.stream()];
+    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(3));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();

@@ -12,8 +12,8 @@ use crate::support::steps::{allocate_discovered, plan_runners};
 use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, Slice,
-    SliceKind, Trace,
+    DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, Trace, Use,
+    UseKind,
 };
 use serde_json::Value;
 use support::{fill_ticks as duration, filled_plan as setup};
@@ -34,9 +34,9 @@ struct Lanes {
 
 fn lanes(sim: &sim::Device) -> Lanes {
     Lanes {
-        pool: [sim.stream(), sim.stream()],
-        side: sim.stream(),
-        launch: sim.stream(),
+        pool: [sim.new_stream(), sim.new_stream()],
+        side: sim.new_stream(),
+        launch: sim.new_stream(),
     }
 }
 
@@ -61,7 +61,7 @@ fn build_step<'r>(
 }
 
 /// The nodes of the launch whose slice is `launch`.
-fn nodes_of(trace: &Trace, launch: usize) -> Vec<&Slice> {
+fn nodes_of(trace: &Trace, launch: usize) -> Vec<&Use> {
     trace
         .step_nodes()
         .iter()
@@ -71,8 +71,8 @@ fn nodes_of(trace: &Trace, launch: usize) -> Vec<&Slice> {
 
 /// Indices of the step launches' slices.
 fn launches(trace: &Trace) -> Vec<usize> {
-    (0..trace.slices().len())
-        .filter(|&i| matches!(trace.slices()[i].kind, SliceKind::StepLaunch { .. }))
+    (0..trace.uses().len())
+        .filter(|&i| matches!(trace.uses()[i].kind, UseKind::StepLaunch { .. }))
         .collect()
 }
 
@@ -98,7 +98,7 @@ fn a_traced_step_launch_shows_each_replay_and_consumer_inside_it_on_its_lane() {
         trace.streams().iter().position(|&x| x == id).unwrap()
     };
     for &k in &steps {
-        let launch = &trace.slices()[k];
+        let launch = &trace.uses()[k];
         assert_eq!(launch.parent, None);
         let nodes = nodes_of(&trace, k);
         // The schedule's order, each on the lane of its stream.
@@ -106,13 +106,13 @@ fn a_traced_step_launch_shows_each_replay_and_consumer_inside_it_on_its_lane() {
             let (replay, consume) = (nodes[2 * r as usize], nodes[2 * r as usize + 1]);
             assert_eq!(
                 replay.kind,
-                SliceKind::Replay {
+                UseKind::Replay {
                     runner: RunnerId(r)
                 }
             );
             assert_eq!(
                 consume.kind,
-                SliceKind::Consume {
+                UseKind::Consume {
                     runners: vec![RunnerId(r)],
                     writes: false
                 }
@@ -136,7 +136,7 @@ fn a_traced_step_launch_shows_each_replay_and_consumer_inside_it_on_its_lane() {
     }
     // Launches of the step follow one another; the second's nodes after
     // the first's.
-    let (first, second) = (&trace.slices()[steps[0]], &trace.slices()[steps[1]]);
+    let (first, second) = (&trace.uses()[steps[0]], &trace.uses()[steps[1]]);
     assert!(first.end_us <= second.start_us);
     assert!(sim.hazards().is_empty());
     assert_eq!(
@@ -149,7 +149,7 @@ fn a_traced_step_launch_shows_each_replay_and_consumer_inside_it_on_its_lane() {
 fn a_traced_launch_waits_for_the_traced_launch_before_without_a_wait_slice() {
     let (sim, mut replayable) = setup(4, 2);
     let l = lanes(&sim);
-    let other = sim.stream();
+    let other = sim.new_stream();
     let sink = sim.alloc_f32(N).unwrap();
     replayable.start_trace().unwrap();
     let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
@@ -162,10 +162,10 @@ fn a_traced_launch_waits_for_the_traced_launch_before_without_a_wait_slice() {
     graph.launch(&l.launch).unwrap();
     drop(graph);
     let trace = replayable.finish_trace().unwrap();
-    let kinds: Vec<_> = trace.slices().iter().map(|s| s.kind.clone()).collect();
-    assert!(matches!(kinds[0], SliceKind::Wait { runner: None }));
+    let kinds: Vec<_> = trace.uses().iter().map(|s| s.kind.clone()).collect();
+    assert!(matches!(kinds[0], UseKind::Wait { runner: None }));
     assert_eq!(launches(&trace), [1, 2, 3]);
-    let s = trace.slices();
+    let s = trace.uses();
     assert!(s[1].end_us <= s[2].start_us && s[2].end_us <= s[3].start_us);
     assert!(sim.hazards().is_empty());
     assert_eq!(sim.read_f32(&sink).unwrap()[0], 3.0 * 6.0);
@@ -195,7 +195,7 @@ fn the_chrome_trace_has_each_node_inside_its_launch_on_its_lane() {
     assert_eq!((steps.len(), nodes.len()), (1, 8));
     let f = |v: &Value| v.as_f64().unwrap();
     let launch = steps[0];
-    let parent = launch["args"]["slice"].as_u64().unwrap();
+    let parent = launch["args"]["use"].as_u64().unwrap();
     let mut tids = std::collections::BTreeSet::new();
     for node in &nodes {
         assert_eq!(node["args"]["parent"].as_u64(), Some(parent));
@@ -305,7 +305,7 @@ fn a_step_graph_holding_a_moved_step_copy_is_one_slice_per_launch() {
 fn overlapping_traced_launches_overlap_node_by_node() {
     let (sim, mut replayable) = setup(4, 2);
     let l = lanes(&sim);
-    let launch = [sim.stream(), sim.stream()];
+    let launch = [sim.new_stream(), sim.new_stream()];
     let sink = sim.alloc_f32(N).unwrap();
     replayable.start_trace().unwrap();
     let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
@@ -318,7 +318,7 @@ fn overlapping_traced_launches_overlap_node_by_node() {
     let trace = replayable.finish_trace().unwrap();
     let steps = launches(&trace);
     assert_eq!(steps.len(), 4);
-    let nodes: Vec<Vec<&Slice>> = steps.iter().map(|&k| nodes_of(&trace, k)).collect();
+    let nodes: Vec<Vec<&Use>> = steps.iter().map(|&k| nodes_of(&trace, k)).collect();
     for launch in &nodes {
         // Each node starts where the sim started it (after the nodes of
         // its own launch and of the launch before that it waits for).
@@ -350,7 +350,7 @@ fn a_fault_at_any_call_of_a_traced_step_leaves_the_plan_and_the_results_consiste
     let scenario = |faults: Faults| {
         let (sim, mut replayable) = setup(4, 2);
         let l = lanes(&sim);
-        let other = sim.stream();
+        let other = sim.new_stream();
         let sink = sim.alloc_f32(N).unwrap();
         let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
             .build_overlapping()
@@ -381,7 +381,7 @@ fn a_fault_at_any_call_of_a_traced_step_leaves_the_plan_and_the_results_consiste
         assert_eq!(sim.read_f32(&sink).unwrap()[0], ran as f32 * 6.0);
         if let Ok(trace) = finished {
             for node in trace.step_nodes() {
-                let launch = &trace.slices()[node.parent.unwrap()];
+                let launch = &trace.uses()[node.parent.unwrap()];
                 assert!(node.start_us >= launch.start_us && node.end_us <= launch.end_us);
             }
         }
@@ -452,7 +452,7 @@ fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_f
     for k in launches(&trace) {
         let nodes = nodes_of(&trace, k);
         let kinds: Vec<_> = nodes.iter().map(|n| n.kind.clone()).collect();
-        let replay = |r| SliceKind::Replay {
+        let replay = |r| UseKind::Replay {
             runner: RunnerId(r),
         };
         assert_eq!(kinds, [replay(0), replay(0), replay(1)]);
@@ -495,7 +495,7 @@ fn kept_step_graphs_of_different_schedules_have_names_of_their_own_in_a_trace() 
     let trace = replayable.finish_trace().unwrap();
     let names: Vec<String> = launches(&trace)
         .into_iter()
-        .map(|i| trace.slices()[i].kind.name())
+        .map(|i| trace.uses()[i].kind.name())
         .collect();
     assert_eq!(
         names,

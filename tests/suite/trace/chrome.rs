@@ -7,7 +7,7 @@
 use crate::support;
 use replay_arena::backend::Timing;
 use replay_arena::sim;
-use replay_arena::{Replayable, RunnerId, SliceKind};
+use replay_arena::{Replayable, RunnerId, UseKind};
 use serde_json::Value;
 use support::filled_plan as setup;
 
@@ -15,7 +15,11 @@ use support::filled_plan as setup;
 /// consumed on a side stream (5 ticks), then the program waits for all.
 fn traced_schedule() -> (sim::Device, Replayable<sim::Device>, replay_arena::Trace) {
     let (sim, mut replayable) = setup(4, 2);
-    let (pool, side, optimizer) = ([sim.stream(), sim.stream()], sim.stream(), sim.stream());
+    let (pool, side, optimizer) = (
+        [sim.new_stream(), sim.new_stream()],
+        sim.new_stream(),
+        sim.new_stream(),
+    );
     let main = sim.alloc_f32(64).unwrap();
     replayable.start_trace().unwrap();
     for _step in 0..2 {
@@ -69,27 +73,27 @@ fn the_json_has_one_slice_per_replay_consumer_and_wait_on_the_lane_of_its_stream
     assert_eq!(threads.len(), 4);
     assert_eq!(trace.streams().len(), 4);
     for (i, slice) in slices.iter().enumerate() {
-        let kind = &trace.slices()[i];
+        let kind = &trace.uses()[i];
         assert_eq!(slice["tid"], kind.lane as u64 + 1);
-        assert_eq!(slice["args"]["slice"], i as u64);
+        assert_eq!(slice["args"]["use"], i as u64);
         assert_eq!(slice["name"], kind.kind.name().as_str());
     }
     // A lane's slices follow one another (a viewer nests overlapping ones).
     for lane in 0..trace.streams().len() {
-        let on: Vec<_> = trace.slices().iter().filter(|s| s.lane == lane).collect();
+        let on: Vec<_> = trace.uses().iter().filter(|s| s.lane == lane).collect();
         for pair in on.windows(2) {
             assert!(pair[1].start_us >= pair[0].end_us, "{pair:?}");
         }
     }
     // Replays alternate between the two pool streams, consumers share one.
-    let lanes: Vec<_> = trace.slices().iter().map(|s| s.lane).collect();
+    let lanes: Vec<_> = trace.uses().iter().map(|s| s.lane).collect();
     assert_eq!(&lanes[..8], &[0, 1, 2, 1, 0, 1, 2, 1][..]);
 }
 
 #[test]
 fn sim_times_are_the_sims_clock() {
     let (sim, mut replayable) = setup(2, 1);
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let main = sim.alloc_f32(64).unwrap();
     replayable.start_trace().unwrap();
     replayable.replay(RunnerId(0), &a).unwrap(); // 0..10 on a
@@ -102,7 +106,7 @@ fn sim_times_are_the_sims_clock() {
     replayable.replay(RunnerId(0), &b).unwrap(); // waits for runner 1: 25..35
     let trace = replayable.finish_trace().unwrap();
     let times: Vec<_> = trace
-        .slices()
+        .uses()
         .iter()
         .map(|s| (s.start_us, s.end_us))
         .collect();
@@ -138,7 +142,7 @@ fn arrows_start_in_an_earlier_slice_that_ended_before_the_waiting_one_started() 
             .expect("a flow inside a slice")
     };
     // Nothing ran before the trace: every wait names a slice of it.
-    for slice in trace.slices() {
+    for slice in trace.uses() {
         assert!(slice.waits.iter().all(|w| w.from.is_some()), "{slice:?}");
     }
     let starts = of_phase(&events, "s");
@@ -171,15 +175,15 @@ fn arrows_start_in_an_earlier_slice_that_ended_before_the_waiting_one_started() 
 #[test]
 fn each_consumer_waits_for_its_runners_latest_replay() {
     let (_sim, _replayable, trace) = traced_schedule();
-    let slices = trace.slices();
+    let slices = trace.uses();
     let mut consumers = 0;
     for (i, slice) in slices.iter().enumerate() {
-        let SliceKind::Consume { runners, .. } = &slice.kind else {
+        let UseKind::Consume { runners, .. } = &slice.kind else {
             continue;
         };
         let latest = slices[..i]
             .iter()
-            .rposition(|s| s.kind == SliceKind::Replay { runner: runners[0] });
+            .rposition(|s| s.kind == UseKind::Replay { runner: runners[0] });
         let drawn: Vec<_> = slice.waits.iter().filter(|w| !w.skipped).collect();
         assert_eq!(drawn.len(), 1, "slice {i}: {:?}", slice.waits);
         assert_eq!(drawn[0].from, latest, "slice {i}");
@@ -198,7 +202,7 @@ fn skipped_waits_are_instants_on_the_waiting_slice() {
     assert!(!skipped.is_empty());
     for instant in skipped {
         assert_eq!(instant["cat"], "fence.skipped");
-        let i = instant["args"]["slice"].as_u64().unwrap() as usize;
+        let i = instant["args"]["use"].as_u64().unwrap() as usize;
         let from = instant["args"]["from"].as_u64().unwrap() as usize;
         assert!(from < i);
         assert_eq!(instant["tid"], slices[i]["tid"]);
@@ -213,7 +217,11 @@ fn skipped_waits_are_instants_on_the_waiting_slice() {
 #[test]
 fn a_step_graph_launch_is_one_slice_after_the_wait_for_everything_before_it() {
     let (sim, mut replayable) = setup(4, 2);
-    let (pool, side, launch) = ([sim.stream(), sim.stream()], sim.stream(), sim.stream());
+    let (pool, side, launch) = (
+        [sim.new_stream(), sim.new_stream()],
+        sim.new_stream(),
+        sim.new_stream(),
+    );
     let main = sim.alloc_f32(64).unwrap();
     replayable.replay(RunnerId(0), &pool[0]).unwrap(); // before the trace
     replayable.start_trace().unwrap();
@@ -232,32 +240,32 @@ fn a_step_graph_launch_is_one_slice_after_the_wait_for_everything_before_it() {
     drop(graph);
     replayable.replay(RunnerId(0), &pool[0]).unwrap();
     let trace = replayable.finish_trace().unwrap();
-    let kinds: Vec<_> = trace.slices().iter().map(|s| s.kind.clone()).collect();
+    let kinds: Vec<_> = trace.uses().iter().map(|s| s.kind.clone()).collect();
     assert_eq!(
         kinds,
         [
-            SliceKind::Wait { runner: None },
-            SliceKind::StepLaunch {
+            UseKind::Wait { runner: None },
+            UseKind::StepLaunch {
                 step: 0,
                 launch: 0,
                 graph: 0
             },
-            SliceKind::StepLaunch {
+            UseKind::StepLaunch {
                 step: 0,
                 launch: 1,
                 graph: 0
             },
-            SliceKind::StepLaunch {
+            UseKind::StepLaunch {
                 step: 0,
                 launch: 2,
                 graph: 0
             },
-            SliceKind::Replay {
+            UseKind::Replay {
                 runner: RunnerId(0)
             },
         ]
     );
-    let s = trace.slices();
+    let s = trace.uses();
     // The first launch's wait waited for the replay before the trace.
     assert_eq!(s[0].waits.len(), 1);
     assert_eq!(s[0].waits[0].from, None);
@@ -272,7 +280,7 @@ fn a_step_graph_launch_is_one_slice_after_the_wait_for_everything_before_it() {
 #[test]
 fn a_use_that_fails_before_it_enqueues_leaves_no_slice() {
     let (sim, mut replayable) = setup(2, 1);
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     replayable.start_trace().unwrap();
     replayable.replay(RunnerId(0), &a).unwrap();
     replayable.replay(RunnerId(1), &a).unwrap();
@@ -282,8 +290,8 @@ fn a_use_that_fails_before_it_enqueues_leaves_no_slice() {
     assert!(replayable.replay(RunnerId(7), &a).is_err());
     replayable.replay(RunnerId(0), &b).unwrap();
     let trace = replayable.finish_trace().unwrap();
-    assert_eq!(trace.slices().len(), 3);
-    assert_eq!(trace.slices()[2].waits[0].from, Some(1));
+    assert_eq!(trace.uses().len(), 3);
+    assert_eq!(trace.uses()[2].waits[0].from, Some(1));
 }
 
 #[test]
@@ -304,8 +312,8 @@ fn finishing_a_trace_never_started_is_a_typed_error() {
 #[test]
 fn overlapping_step_graphs_show_as_overlapping_slices_of_alternating_graphs() {
     let (sim, mut replayable) = setup(4, 2);
-    let (pool, side) = ([sim.stream(), sim.stream()], sim.stream());
-    let launch = [sim.stream(), sim.stream()];
+    let (pool, side) = ([sim.new_stream(), sim.new_stream()], sim.new_stream());
+    let launch = [sim.new_stream(), sim.new_stream()];
     let main = sim.alloc_f32(64).unwrap();
     replayable.start_trace().unwrap();
     let mut step = replayable.step();
@@ -323,14 +331,14 @@ fn overlapping_step_graphs_show_as_overlapping_slices_of_alternating_graphs() {
     drop(graph);
     let trace = replayable.finish_trace().unwrap();
     let steps: Vec<_> = trace
-        .slices()
+        .uses()
         .iter()
-        .filter(|s| matches!(s.kind, SliceKind::StepLaunch { .. }))
+        .filter(|s| matches!(s.kind, UseKind::StepLaunch { .. }))
         .collect();
     let graphs: Vec<_> = steps
         .iter()
         .map(|s| match s.kind {
-            SliceKind::StepLaunch { graph, .. } => graph,
+            UseKind::StepLaunch { graph, .. } => graph,
             _ => unreachable!(),
         })
         .collect();

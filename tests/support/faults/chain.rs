@@ -113,7 +113,7 @@ pub fn chain_faulty(
     faults: Option<Faults>,
 ) -> Chain {
     let (d, handoffs) = chain_of(layers, OWN, GRAD);
-    let pool = [sim.stream(), sim.stream()];
+    let pool = [sim.new_stream(), sim.new_stream()];
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let counts: Vec<sim::HostBuffer> = (0..layers).map(|_| sim.alloc_f32(N).unwrap()).collect();
@@ -301,7 +301,7 @@ pub fn two_handoffs(
         a.receive(hs[i]).unwrap();
     }
     let sim = sim::Device::new();
-    let streams = [sim.stream(), sim.stream(), sim.stream()];
+    let streams = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let count = sim.alloc_f32(N).unwrap();

@@ -135,8 +135,8 @@ pub fn fan_with(
         a.receive(gh).unwrap();
     }
     let runners = spec.runners();
-    let streams: Vec<sim::Stream> = (0..runners).map(|_| sim.stream()).collect();
-    let side = sim.stream();
+    let streams: Vec<sim::Stream> = (0..runners).map(|_| sim.new_stream()).collect();
+    let side = sim.new_stream();
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let count = sim.alloc_f32(N).unwrap();
@@ -155,7 +155,7 @@ pub fn fan_with(
         if let Some(f) = writer_faults {
             sim.inject(f);
         }
-        let wside = sim.stream();
+        let wside = sim.new_stream();
         let res = cap.stream_capture_repeatable(&streams[0], |s| -> R {
             run += 1;
             if let Some(w) = writer.as_mut() {

@@ -19,7 +19,7 @@ fn a_capture_begun_by_the_program_blocks_every_fenced_launch_on_that_stream() {
     let mut kept = kept_of(&mut c, false);
     let pool = c.pool.clone();
     let sim = c.sim.clone();
-    let s = sim.stream();
+    let s = sim.new_stream();
     sim.begin_capture(&s).unwrap(); // safe
     let r = c.r();
     assert!(r.replay(RunnerId(0), &s).is_err());
@@ -43,7 +43,7 @@ fn a_capture_begun_inside_a_consumer_closure_is_refused_or_harmless() {
     let mut c = chain_with(2, 1, 1, &mut plain);
     let pool = c.pool.clone();
     let sim = c.sim.clone();
-    let side = sim.stream();
+    let side = sim.new_stream();
     let sink = sim.alloc_f32(N).unwrap();
     let r = c.r();
     r.replay(RunnerId(0), &pool[0]).unwrap();
@@ -72,7 +72,7 @@ fn a_capture_begun_inside_a_step_consumer_closure_is_refused_or_harmless() {
     let mut c = chain_with(2, 1, 1, &mut plain);
     let pool = c.pool.clone();
     let sim = c.sim.clone();
-    let side = sim.stream();
+    let side = sim.new_stream();
     let sink = sim.alloc_f32(N).unwrap();
     let r = c.r();
     let mut step = r.step();

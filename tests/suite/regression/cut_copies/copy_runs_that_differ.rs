@@ -64,7 +64,7 @@ fn second_run_marks_ready_on_another_stream_is_refused() {
                 c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
                 let o = other
                     .borrow_mut()
-                    .get_or_insert_with(|| c.sim.stream())
+                    .get_or_insert_with(|| c.sim.new_stream())
                     .clone();
                 c.cap.ready(h, &o)?;
                 let t = c.sim.alloc_async(s, N)?;
@@ -88,7 +88,7 @@ fn a_capture_begun_on_another_stream_and_ready_there_in_the_copy_run() {
         if c.run == 2 {
             if let Some((h, out)) = c.out {
                 c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
-                let o = c.sim.stream();
+                let o = c.sim.new_stream();
                 c.sim.begin_capture(&o)?;
                 let r = c.cap.ready(h, &o);
                 assert!(r.is_err(), "ready accepted on a foreign capture");

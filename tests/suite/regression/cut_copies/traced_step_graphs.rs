@@ -21,7 +21,7 @@ fn kept_steps_launched_traced_and_untraced_alternately_on_two_streams() {
             let mut c = chain_with(4, 2, copies, &mut |c, s| work(c, s));
             let mut kept = kept_of(&mut c, overlapping);
             let pool = c.pool.clone();
-            let third = c.sim.stream();
+            let third = c.sim.new_stream();
             let r = c.r();
             let mut traces = Vec::new();
             for k in 0..12 {
@@ -139,7 +139,7 @@ fn a_step_graph_mixing_cut_copies_and_copied_graphs_traced() {
         });
         let pool = c.pool.clone();
         let sim = c.sim.clone();
-        let side = sim.stream();
+        let side = sim.new_stream();
         let sink = sim.alloc_f32(N).unwrap();
         let r = c.r();
         if trace {

@@ -22,7 +22,7 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
     let mut errs = Vec::new();
     let layers = c.sinks.len();
     let pool = c.pool.clone();
-    let side = c.sim.stream();
+    let side = c.sim.new_stream();
     let sim = c.sim.clone();
     let sink = &c.sinks[0];
     let r = c.replayable.as_mut().unwrap();

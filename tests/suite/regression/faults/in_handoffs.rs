@@ -40,7 +40,7 @@ fn handoff(ready: bool) -> Handoff {
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let count = sim.alloc_f32(N).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
-    let s = sim.stream();
+    let s = sim.new_stream();
     {
         let cap = capturing.capture(r(0)).unwrap();
         let (w, dx) = (cap.take(Q).unwrap(), cap.hand_off(h).unwrap());
@@ -78,7 +78,7 @@ fn a_handoff_writer_whose_launch_fails_does_not_count_as_a_write() {
     for ready in [false, true] {
         let mut hf = handoff(ready);
         let sim = hf.sim.clone();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         hf.rp.replay(r(0), &a).unwrap();
         hf.rp.replay(r(1), &b).unwrap();
         let before = hf.rp.fence_stats();
@@ -109,7 +109,7 @@ fn a_handoff_reader_whose_launch_fails_is_not_marked_read() {
     for ready in [false, true] {
         let mut hf = handoff(ready);
         let sim = hf.sim.clone();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         hf.rp.replay(r(0), &a).unwrap();
         under(&sim, Faults::nth(Call::Launch, 0), || {
             assert!(hf.rp.replay(r(1), &b).is_err())
@@ -130,7 +130,7 @@ fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
         at_each_call(|attack| {
             let mut hf = handoff(ready);
             let sim = hf.sim.clone();
-            let s = [sim.stream(), sim.stream(), sim.stream()];
+            let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
             hf.rp.replay(r(0), &s[0]).unwrap();
             hf.rp.replay(r(1), &s[1]).unwrap();
             let first = attack.on_ok(&sim, || hf.rp.replay(r(0), &s[0]));
@@ -163,16 +163,16 @@ fn a_writer_whose_stream_is_dropped_after_a_fault_still_orders_its_reader() {
         at_each_call(|attack| {
             let mut hf = handoff(ready);
             let sim = hf.sim.clone();
-            let a = sim.stream();
+            let a = sim.new_stream();
             let wrote = attack.on_ok(&sim, || hf.rp.replay(r(0), &a));
             drop(a);
-            let b = sim.stream();
+            let b = sim.new_stream();
             match hf.rp.replay(r(1), &b) {
                 Ok(()) => {}
                 Err(ReplayError::HandoffNotWritten { .. }) => assert!(wrote.is_err(), "{attack}"),
                 Err(e) => panic!("ready {ready}, {attack}: {e:?}"),
             }
-            let c = sim.stream();
+            let c = sim.new_stream();
             hf.rp.replay(r(0), &c).unwrap();
             hf.rp.replay(r(1), &b).unwrap();
             hf.rp.synchronize().unwrap();
@@ -194,7 +194,7 @@ fn a_kept_launch_after_a_replay_failing_at_each_call_waits_for_what_went_out() {
         at_each_call(|attack| {
             let mut hf = handoff(ready);
             let sim = hf.sim.clone();
-            let (a, b) = (sim.stream(), sim.stream());
+            let (a, b) = (sim.new_stream(), sim.new_stream());
             let mut step = hf.rp.step();
             step.replay(r(0), &a).unwrap();
             step.replay(r(1), &a).unwrap();

@@ -36,7 +36,7 @@ fn buckets(sim: &sim::Device) -> Replayable<sim::Device> {
         armed.record(out(n)).unwrap();
     }
     let mut capturing = allocate_discovered(sim, d, Policy::Generations(1));
-    let s = sim.stream();
+    let s = sim.new_stream();
     for (b, &n) in sizes.iter().enumerate() {
         let cap = capturing.capture(r(b as u32)).unwrap();
         let (i, o) = (cap.take(ids(n)).unwrap(), cap.take(out(n)).unwrap());
@@ -67,7 +67,7 @@ fn stage(
 #[test]
 fn a_staging_whose_wait_fails_keeps_the_earlier_staging() {
     let sim = sim::Device::new();
-    let (st, pool) = (sim.stream(), sim.stream());
+    let (st, pool) = (sim.new_stream(), sim.new_stream());
     let mut rp = buckets(&sim);
     stage(&mut rp, &sim, r(0), &st, 3.0).unwrap();
     rp.replay(r(0), &pool).unwrap();
@@ -91,7 +91,7 @@ fn a_staging_whose_wait_fails_keeps_the_earlier_staging() {
 #[test]
 fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
     let sim = sim::Device::new();
-    let (st, pool, side) = (sim.stream(), sim.stream(), sim.stream());
+    let (st, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let mut rp = buckets(&sim);
     stage(&mut rp, &sim, r(0), &st, 5.0).unwrap();
     rp.replay(r(0), &pool).unwrap();
@@ -119,7 +119,7 @@ fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
 #[test]
 fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote() {
     let sim = sim::Device::new();
-    let (st, pool, side) = (sim.stream(), sim.stream(), sim.stream());
+    let (st, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let mut rp = buckets(&sim);
     stage(&mut rp, &sim, r(0), &st, 5.0).unwrap();
     rp.replay(r(0), &pool).unwrap();
@@ -160,7 +160,7 @@ fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote()
 fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
+        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let mut rp = buckets(&sim);
         let sink = sim.alloc_f32(N).unwrap();
         attack.on(&sim, || {
@@ -196,7 +196,7 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
 fn a_staging_failing_at_each_call_is_either_staged_and_waited_for_or_refused() {
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let (st, pool) = (sim.stream(), sim.stream());
+        let (st, pool) = (sim.new_stream(), sim.new_stream());
         let mut rp = buckets(&sim);
         stage(&mut rp, &sim, r(0), &st, 1.0).unwrap();
         rp.replay(r(0), &pool).unwrap();
@@ -269,7 +269,7 @@ fn assert_kept_bucket_0_refused_or_intact(
 #[test]
 fn a_kept_step_of_a_bucket_whose_input_another_bucket_took_is_refused_or_restages() {
     let sim = sim::Device::new();
-    let (st, pool) = (sim.stream(), sim.stream());
+    let (st, pool) = (sim.new_stream(), sim.new_stream());
     let mut rp = buckets(&sim);
     let mut kept = kept_bucket_0(&mut rp, &sim, &st, &pool);
     rp.synchronize().unwrap();
@@ -284,7 +284,7 @@ fn a_kept_step_of_a_bucket_whose_input_another_bucket_took_is_refused_or_restage
 #[test]
 fn a_kept_step_of_a_bucket_after_another_bucket_failed_its_staging_does_not_read_its_bytes() {
     let sim = sim::Device::new();
-    let (st, pool) = (sim.stream(), sim.stream());
+    let (st, pool) = (sim.new_stream(), sim.new_stream());
     let mut rp = buckets(&sim);
     let mut kept = kept_bucket_0(&mut rp, &sim, &st, &pool);
     let failed = rp.consume_mut(r(1), &st, |s, v| {

@@ -22,8 +22,8 @@ fn a_fault_at_each_call_of_a_step_launch_keeps_later_launches_in_turn() {
     for overlapping in [false, true] {
         at_each_call(|attack| {
             let sim = sim::Device::new();
-            let l = [sim.stream(), sim.stream()];
-            let (a, b) = (sim.stream(), sim.stream());
+            let l = [sim.new_stream(), sim.new_stream()];
+            let (a, b) = (sim.new_stream(), sim.new_stream());
             let sink = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
             let ok = {
@@ -76,8 +76,8 @@ fn a_fault_at_each_call_of_a_kept_launch_keeps_later_launches_ordered() {
         };
         at_each_call(|attack| {
             let sim = sim::Device::new();
-            let l = [sim.stream(), sim.stream()];
-            let (a, b) = (sim.stream(), sim.stream());
+            let l = [sim.new_stream(), sim.new_stream()];
+            let (a, b) = (sim.new_stream(), sim.new_stream());
             let sink = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
             let mut kept = mk(&sim, &mut rp, &a, &b, &sink);
@@ -128,8 +128,8 @@ fn two_kept_steps_alternating_with_a_fault_at_each_call_stay_ordered() {
             };
         at_each_call(|attack| {
             let sim = sim::Device::new();
-            let l = [sim.stream(), sim.stream()];
-            let (a, b) = (sim.stream(), sim.stream());
+            let l = [sim.new_stream(), sim.new_stream()];
+            let (a, b) = (sim.new_stream(), sim.new_stream());
             let sinks = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
             let (mut rp, mut kept) = setup(&sim, &a, &b, &sinks);
             rp.launch_kept(&mut kept[0], &l[0]).unwrap();
@@ -165,7 +165,7 @@ fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
     for overlapping in [false, true] {
         at_each_call(|attack| {
             let sim = sim::Device::new();
-            let s = [sim.stream(), sim.stream(), sim.stream()];
+            let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
             let sink = sim.alloc_f32(N).unwrap();
             let side = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
@@ -201,7 +201,7 @@ fn a_first_step_launch_failing_at_each_call_still_waits_for_earlier_work() {
 fn a_forgotten_step_graph_after_a_failed_launch_orders_later_replays() {
     for call in [Call::Launch, Call::WaitEvent, Call::RecordEvent] {
         let sim = sim::Device::new();
-        let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
+        let (a, b, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
         {
@@ -231,7 +231,7 @@ fn a_forgotten_kept_step_with_a_failed_last_launch_is_waited_for_by_teardown() {
         Some(Call::WaitEvent),
     ] {
         let sim = sim::Device::new();
-        let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
+        let (a, b, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
         let mut kept = two_step(&mut rp, &sim, &a, &b, &sink)
@@ -264,7 +264,7 @@ fn a_fault_at_each_call_of_a_build_leaves_the_plan_usable_and_leak_free() {
     for overlapping in [false, true] {
         at_each_call(|attack| {
             let sim = sim::Device::new();
-            let (a, b) = (sim.stream(), sim.stream());
+            let (a, b) = (sim.new_stream(), sim.new_stream());
             let sink = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
             rp.replay(r(0), &b).unwrap();
@@ -305,7 +305,7 @@ fn a_fault_at_each_call_of_a_build_leaves_the_plan_usable_and_leak_free() {
 #[test]
 fn a_panicking_step_consumer_leaves_the_builder_and_its_stream_usable() {
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(N).unwrap();
     let mut rp = fill_plan(&sim, 2, 1);
     {
@@ -341,7 +341,7 @@ fn a_panicking_step_consumer_leaves_the_builder_and_its_stream_usable() {
 #[test]
 fn a_kept_step_of_a_dropped_plan_is_foreign_to_the_next_plan() {
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(N).unwrap();
     let mut rp = fill_plan(&sim, 2, 1);
     let mut kept = two_step(&mut rp, &sim, &a, &b, &sink)

@@ -35,7 +35,7 @@ fn busy(
 fn a_teardown_with_one_fault_at_each_call_leaks_nothing() {
     let n = at_each_call(|attack| {
         let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
+        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
         let rp = busy(&sim, &s, &sink);
         attack.on(&sim, || drop(rp));
@@ -54,7 +54,7 @@ fn a_teardown_with_one_fault_at_each_call_leaks_nothing() {
 fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
+        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
         let rp = busy(&sim, &s, &sink);
         let d = attack.on_ok(&sim, || rp.replan());
@@ -64,7 +64,7 @@ fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
         assert_eq!(sim.live_events(), 0, "{attack}");
     });
     let sim = sim::Device::new();
-    let s = [sim.stream(), sim.stream(), sim.stream()];
+    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
     let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
     let rp = busy(&sim, &s, &sink);
     sim.fail_waits(true);
@@ -87,7 +87,7 @@ fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
 fn a_step_graph_dropped_with_one_fault_at_each_call_leaks_nothing() {
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
         {
@@ -149,7 +149,7 @@ fn an_allocation_failing_at_each_call_frees_what_it_had() {
 fn traces_under_faults_leak_nothing_and_show_no_work_that_never_ran() {
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let a = sim.stream();
+        let a = sim.new_stream();
         let mut rp = fill_plan(&sim, 1, 1);
         let _ = attack.on_ok(&sim, || rp.start_trace());
         rp.replay(r(0), &a).unwrap();
@@ -158,7 +158,7 @@ fn traces_under_faults_leak_nothing_and_show_no_work_that_never_ran() {
         assert_eq!(sim.live_events(), 0, "{attack}");
     });
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let mut rp = fill_plan(&sim, 2, 1);
     rp.start_trace().unwrap();
     rp.replay(r(0), &a).unwrap();
@@ -166,7 +166,7 @@ fn traces_under_faults_leak_nothing_and_show_no_work_that_never_ran() {
         assert!(rp.replay(r(1), &b).is_err())
     });
     let trace = rp.finish_trace().unwrap();
-    assert_eq!(trace.slices().len(), 1, "{:?}", trace.slices());
+    assert_eq!(trace.uses().len(), 1, "{:?}", trace.uses());
 }
 
 /// While a trace runs, a consumer whose wait fails leaves no slice and a
@@ -175,7 +175,7 @@ fn traces_under_faults_leak_nothing_and_show_no_work_that_never_ran() {
 #[test]
 fn a_trace_shows_no_slice_for_a_failed_consumer_or_step_launch() {
     let sim = sim::Device::new();
-    let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let sink = sim.alloc_f32(N).unwrap();
     let mut rp = fill_plan(&sim, 2, 1);
     rp.start_trace().unwrap();
@@ -184,7 +184,7 @@ fn a_trace_shows_no_slice_for_a_failed_consumer_or_step_launch() {
         assert!(copy_out(&mut rp, &sim, r(0), &b, &sink).is_err())
     });
     let trace = rp.finish_trace().unwrap();
-    assert_eq!(trace.slices().len(), 1, "{:?}", trace.slices());
+    assert_eq!(trace.uses().len(), 1, "{:?}", trace.uses());
     let mut g = two_step(&mut rp, &sim, &a, &b, &sink).build().unwrap();
     g.launch(&a).unwrap();
     drop(g);
@@ -199,11 +199,11 @@ fn a_trace_shows_no_slice_for_a_failed_consumer_or_step_launch() {
     // (and in the trace); the launch itself is not there.
     assert!(
         trace
-            .slices()
+            .uses()
             .iter()
-            .all(|s| !matches!(s.kind, replay_arena::SliceKind::StepLaunch { .. })),
+            .all(|s| !matches!(s.kind, replay_arena::UseKind::StepLaunch { .. })),
         "{:?}",
-        trace.slices()
+        trace.uses()
     );
     assert_eq!(sim.hazards(), []);
 }

@@ -24,7 +24,7 @@ fn temporaries(sim: &sim::Device, copies: usize) -> Replayable<sim::Device> {
         .unwrap()
         .allocate(sim.clone())
         .unwrap();
-    let s = sim.stream();
+    let s = sim.new_stream();
     for i in 0..2u32 {
         let cap = capturing.capture(r(i)).unwrap();
         cap.step_copies(copies);
@@ -72,7 +72,7 @@ fn a_fault_at_each_call_of_a_repeatable_capture_leaks_no_graph_memory() {
             .unwrap()
             .allocate(sim.clone())
             .map_err(|e| format!("{e:?}"))?;
-        let s = sim.stream();
+        let s = sim.new_stream();
         let res = {
             let cap = capturing.capture(r(0)).map_err(|e| e.to_string())?;
             cap.step_copies(2);
@@ -109,7 +109,7 @@ fn a_fault_at_each_call_of_a_repeatable_capture_leaks_no_graph_memory() {
 #[test]
 fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let d = Discovering::from_runners(PlanConfig::new(), [(r(0), [Q])]).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     {
@@ -153,7 +153,7 @@ fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
 fn a_fault_at_each_call_of_a_build_with_step_copies_gives_graph_memory_back() {
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let mut rp = temporaries(&sim, 1);
         attack.on(&sim, || {
             let mut step = rp.step();
@@ -195,7 +195,7 @@ fn an_overlapping_step_with_step_copies_under_a_fault_at_each_call_leaks_nothing
         };
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let mut rp = temporaries(&sim, 2);
         attack.on(&sim, || program(&sim, &mut rp, &a, &b));
         rp.replay(r(1), &b).unwrap();
@@ -228,7 +228,7 @@ fn a_kept_step_outliving_its_plan_dropped_under_a_fault_gives_everything_back() 
     };
     let n = at_each_call(|attack| {
         let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let kept = setup(&sim, &a, &b);
         attack.on(&sim, || drop(kept));
         assert_given_back(&sim, attack, ());

@@ -20,7 +20,7 @@ use crate::support::faults::{assert_clean, at_each_call, copy_out, fill_plan, r,
 fn a_fault_at_each_call_of_a_three_stream_program_leaves_no_hazard_and_no_leak() {
     let n = at_each_call(|attack| {
         let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
+        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let mut rp = fill_plan(&sim, 2, 1);
         let sink = sim.alloc_f32(N).unwrap();
         attack.on(&sim, || {
@@ -52,7 +52,7 @@ fn a_fault_at_each_call_of_a_three_stream_program_leaves_no_hazard_and_no_leak()
 fn a_failed_wait_for_counts_nothing() {
     for call in [Call::RecordEvent, Call::WaitEvent] {
         let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let mut rp = fill_plan(&sim, 1, 1);
         rp.replay(r(0), &a).unwrap();
         let before = rp.fence_stats();
@@ -69,8 +69,8 @@ fn a_failed_wait_for_counts_nothing() {
 #[test]
 fn a_wait_all_failing_half_way_counts_nothing() {
     let sim = sim::Device::new();
-    let s = [sim.stream(), sim.stream(), sim.stream()];
-    let w = sim.stream();
+    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
+    let w = sim.new_stream();
     let mut rp = fill_plan(&sim, 3, 3);
     for i in 0..3 {
         rp.replay(r(i), &s[i as usize]).unwrap();
@@ -96,7 +96,7 @@ fn a_wait_all_failing_half_way_counts_nothing() {
 #[test]
 fn a_consume_many_failing_at_its_second_wait_calls_nothing_and_counts_nothing() {
     let sim = sim::Device::new();
-    let s = [sim.stream(), sim.stream(), sim.stream()];
+    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
     let mut rp = fill_plan(&sim, 2, 2);
     rp.replay(r(0), &s[0]).unwrap();
     rp.replay(r(1), &s[1]).unwrap();
@@ -133,7 +133,7 @@ fn a_consume_many_failing_at_its_second_wait_calls_nothing_and_counts_nothing() 
 #[test]
 fn a_consumer_failing_after_enqueuing_is_waited_for_on_a_third_stream() {
     let sim = sim::Device::new();
-    let s = [sim.stream(), sim.stream(), sim.stream()];
+    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
     let mut rp = fill_plan(&sim, 2, 1);
     let sink = sim.alloc_f32(N).unwrap();
     rp.replay(r(0), &s[0]).unwrap();
@@ -157,7 +157,7 @@ fn a_consumer_failing_after_enqueuing_is_waited_for_on_a_third_stream() {
 #[test]
 fn a_writing_consumer_panicking_after_its_write_is_waited_for() {
     let sim = sim::Device::new();
-    let s = [sim.stream(), sim.stream(), sim.stream()];
+    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
     let mut rp = fill_plan(&sim, 2, 1);
     rp.replay(r(0), &s[0]).unwrap();
     let consumers = rp.fence_stats().consumers;
@@ -187,7 +187,7 @@ fn a_writing_consumer_panicking_after_its_write_is_waited_for() {
 fn a_consumer_whose_completion_record_fails_is_still_waited_for() {
     for k in 0..4 {
         let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
+        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let mut rp = fill_plan(&sim, 2, 1);
         let sink = sim.alloc_f32(N).unwrap();
         rp.replay(r(0), &s[0]).unwrap();
@@ -213,7 +213,7 @@ fn a_panicking_consumer_whose_unwind_record_fails_is_still_waited_for() {
     for k in 0..3 {
         for write in [false, true] {
             let sim = sim::Device::new();
-            let s = [sim.stream(), sim.stream(), sim.stream()];
+            let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
             let sink = sim.alloc_f32(N).unwrap();
             let mut rp = fill_plan(&sim, 2, 1);
             rp.replay(r(0), &s[0]).unwrap();
@@ -268,7 +268,7 @@ fn a_panicking_consumer_whose_unwind_record_fails_is_still_waited_for() {
 fn a_replay_failing_at_each_call_never_lets_a_consumer_read_its_bytes_as_the_old_runner() {
     at_each_call(|attack| {
         let sim = sim::Device::new();
-        let s = [sim.stream(), sim.stream(), sim.stream()];
+        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
         let sink = sim.alloc_f32(N).unwrap();
         let mut rp = fill_plan(&sim, 2, 1);
         rp.replay(r(0), &s[0]).unwrap();

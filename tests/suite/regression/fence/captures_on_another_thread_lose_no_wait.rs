@@ -18,7 +18,7 @@ fn a_capture_starting_on_another_thread_never_lets_a_replay_skip_its_wait() -> R
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let sim = sim::Device::new();
-    let (s, t) = (sim.stream(), sim.stream());
+    let (s, t) = (sim.new_stream(), sim.new_stream());
     // G = 1: runner 1 waits for runner 0 on the other stream every time.
     let rs = (0..2).map(|r| (RunnerId(r), [req(16)]));
     let mut cap = Discovering::from_runners(PlanConfig::new(), rs)?
@@ -78,7 +78,7 @@ fn a_replay_whose_record_fails_after_its_launch_still_tracks_every_read() -> R {
         a.receive(h1)?;
     }
     let sim = sim::Device::new();
-    let (sa, sb, s) = (sim.stream(), sim.stream(), sim.stream());
+    let (sa, sb, s) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let out = sim.alloc_f32(64)?;
     let mut cap = d.plan(Policy::Generations(2))?.allocate(sim.clone())?;
     for (r, h) in [(0u32, h0), (1, h1)] {

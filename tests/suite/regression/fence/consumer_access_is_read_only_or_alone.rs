@@ -8,7 +8,7 @@ use replay_arena::{Policy, RunnerId};
 #[test]
 fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
     let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
-    let (pool, x, y) = (sim.stream(), sim.stream(), sim.stream());
+    let (pool, x, y) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     replayable.replay(RunnerId(0), &pool).unwrap();
     let out = sim.alloc_f32(64).unwrap();
     replayable

@@ -8,7 +8,7 @@ use replay_arena::Policy;
 fn a_consumer_of_no_runner_is_a_typed_error() {
     let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
     let err = replayable
-        .consume_many(&[], &sim.stream(), |_, _| Ok::<(), String>(()))
+        .consume_many(&[], &sim.new_stream(), |_, _| Ok::<(), String>(()))
         .unwrap_err();
     assert!(
         matches!(err, replay_arena::ConsumeError::NoRunners),

@@ -25,7 +25,7 @@ fn copy_out(
 fn consuming_bytes_another_runner_claimed_since_is_overwritten_naming_it() {
     // G = 1: runners 0 and 1 share one arena.
     let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let out = sim.alloc_f32(64).unwrap();
     replayable.replay(RunnerId(0), &a).unwrap();
     replayable.replay(RunnerId(1), &b).unwrap();
@@ -49,9 +49,9 @@ fn consuming_a_runner_never_replayed_is_not_replayed_even_after_another_claimed_
     let out = sim.alloc_f32(64).unwrap();
     for claimed_by_another in [false, true] {
         if claimed_by_another {
-            replayable.replay(RunnerId(0), &sim.stream()).unwrap();
+            replayable.replay(RunnerId(0), &sim.new_stream()).unwrap();
         }
-        let err = copy_out(&sim, &mut replayable, 1, &sim.stream(), &out, 1).unwrap_err();
+        let err = copy_out(&sim, &mut replayable, 1, &sim.new_stream(), &out, 1).unwrap_err();
         assert!(matches!(
             err,
             replay_arena::ConsumeError::NotReplayed {
@@ -66,7 +66,7 @@ fn a_consumer_reads_its_runners_value_and_the_next_claimer_waits_for_it() {
     // G = 1 on three streams: the consumer of runner 0 is slow; runner 1's
     // replay claims the same bytes and must wait for it.
     let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let out = sim.alloc_f32(64).unwrap();
     replayable.replay(RunnerId(0), &a).unwrap();
     copy_out(&sim, &mut replayable, 0, &x, &out, 100).unwrap();

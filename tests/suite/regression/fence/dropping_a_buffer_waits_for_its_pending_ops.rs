@@ -7,7 +7,7 @@ use replay_arena::RunnerId;
 #[test]
 fn dropping_a_buffer_lets_its_pending_ops_end_first() {
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let x = sim.alloc_f32(64).unwrap();
     sim.launch(&s, sim::Kernel::fill(&x, 13.0), 1_000).unwrap();
     drop(x);

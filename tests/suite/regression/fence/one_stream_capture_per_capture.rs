@@ -55,7 +55,7 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
     let (sim, stream, mut capturing) = allocated(&[&[F32_64]], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
-    let other = sim.stream();
+    let other = sim.new_stream();
     cap.stream_capture(&stream, |s| {
         let nested =
             cap.stream_capture(&other, |o| sim.launch(o, sim::Kernel::fill(&view, 9.0), 1));

@@ -39,7 +39,7 @@ fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
 #[test]
 fn a_panic_inside_a_consumer_after_it_enqueued_work_stays_fenced() {
     let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let out = sim.alloc_f32(64).unwrap();
     replayable.replay(RunnerId(0), &a).unwrap();
     let unwound = catch_unwind(AssertUnwindSafe(|| {

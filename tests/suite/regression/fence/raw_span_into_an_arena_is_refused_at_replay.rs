@@ -12,7 +12,7 @@ fn a_graph_whose_raw_span_now_names_a_plans_arena_is_refused_at_replay() {
     // later plan's arena may get the address. Retried until it does.
     let reused = (0..50).any(|_| {
         let sim = sim::Device::new();
-        let (a, b) = (sim.stream(), sim.stream());
+        let (a, b) = (sim.new_stream(), sim.new_stream());
         let x = sim.alloc_f32(64).unwrap();
         let addr = replay_arena::sim::AsSpan::span(&x).addr();
         let mut capturing = on_sim(&sim, &[F32_64]);

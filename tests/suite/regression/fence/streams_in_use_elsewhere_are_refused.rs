@@ -15,7 +15,7 @@ use replay_arena::{CaptureError, Operation, Policy, RunnerId};
 #[test]
 fn a_consumer_on_a_stream_another_capture_records_is_refused() {
     let sim = sim::Device::new();
-    let (a, s_cap) = (sim.stream(), sim.stream());
+    let (a, s_cap) = (sim.new_stream(), sim.new_stream());
     let mut pa = one_runner(&sim, &a, 1.0);
     // Replayed on the stream plan B captures on: the consumer's wait would
     // be implied by stream order, and its work recorded into B's graph.
@@ -49,7 +49,7 @@ fn a_consumer_on_a_stream_another_capture_records_is_refused() {
 #[test]
 fn a_capture_opened_on_a_consumers_stream_is_refused() {
     let sim = sim::Device::new();
-    let (a, c) = (sim.stream(), sim.stream());
+    let (a, c) = (sim.new_stream(), sim.new_stream());
     let mut pa = one_runner(&sim, &a, 1.0);
     pa.replay(RunnerId(0), &a).unwrap();
     let mut capturing = on_sim(&sim, &[F32_64]);
@@ -81,7 +81,7 @@ fn a_capture_opened_on_a_consumers_stream_is_refused() {
 fn a_capture_on_a_stream_another_threads_consumer_works_on_is_refused() {
     use std::sync::mpsc::channel;
     let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
-    let (pool, a) = (sim.stream(), sim.stream());
+    let (pool, a) = (sim.new_stream(), sim.new_stream());
     replayable.replay(RunnerId(0), &pool).unwrap();
     let (inside_tx, inside_rx) = channel::<()>();
     let (done_tx, done_rx) = channel();

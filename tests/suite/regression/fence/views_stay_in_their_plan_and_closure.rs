@@ -42,7 +42,7 @@ fn a_capture_cannot_write_a_view_of_another_live_plan() {
     let theirs = cap_a.take(F32_64).unwrap();
     let cap_b = b.capture(RunnerId(0)).unwrap();
     let ours = cap_b.take(F32_64).unwrap();
-    let other = sim.stream();
+    let other = sim.new_stream();
     cap_b
         .stream_capture(&other, |s| {
             // Plan A's view, taken but outside A's closure: refused, and the
@@ -70,14 +70,14 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
     let (sim, mut a) = sealed(1, Policy::Generations(1), 5);
     let (_, mut b) = {
         let runners = [(RunnerId(0), [F32_64])];
-        let s = sim.stream();
+        let s = sim.new_stream();
         let mut c = allocate_runners(&sim, runners, Policy::Generations(1));
         capture_view(&mut c, RunnerId(0), F32_64, &s, |s, v| {
             sim.launch(s, sim::Kernel::fill(&v, 3.0), 1)
         });
         (s, c.seal().unwrap())
     };
-    let (s1, s2) = (sim.stream(), sim.stream());
+    let (s1, s2) = (sim.new_stream(), sim.new_stream());
     a.replay(RunnerId(0), &s1).unwrap();
     b.replay(RunnerId(0), &s1).unwrap();
     let out = sim.alloc_f32(64).unwrap();
@@ -101,7 +101,7 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
 #[test]
 fn a_view_or_its_span_cannot_be_used_after_its_closure_returned() {
     let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (pool, side) = (sim.stream(), sim.stream());
+    let (pool, side) = (sim.new_stream(), sim.new_stream());
     replayable.replay(RunnerId(0), &pool).unwrap();
     let mut kept = None;
     replayable

@@ -64,7 +64,7 @@ fn shared_handoff_plan(
 #[test]
 fn a_reader_of_a_handoff_whose_bytes_another_handoff_took_is_refused() -> R {
     let sim = sim::Device::new();
-    let (sa, sb, sc) = (sim.stream(), sim.stream(), sim.stream());
+    let (sa, sb, sc) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let out = sim.alloc_f32(64)?;
     let mut rp = shared_handoff_plan(&sim, &sa, &out)?;
     rp.replay(RunnerId(0), &sa)?;
@@ -101,7 +101,7 @@ fn a_reader_of_a_handoff_whose_bytes_another_handoff_took_is_refused() -> R {
 #[test]
 fn a_step_graph_sees_a_handoff_overwritten_before_the_step() -> R {
     let sim = sim::Device::new();
-    let (sa, sb) = (sim.stream(), sim.stream());
+    let (sa, sb) = (sim.new_stream(), sim.new_stream());
     let out = sim.alloc_f32(64)?;
     let mut rp = shared_handoff_plan(&sim, &sa, &out)?;
     rp.replay(RunnerId(0), &sa)?; // H0

@@ -11,7 +11,7 @@ use replay_arena::{Discovering, Error, PlanConfig, Policy, RunnerId};
 #[test]
 fn a_step_graph_readers_wait_for_the_ready_point_of_their_own_handoff() -> R {
     let sim = sim::Device::new();
-    let (sa, sb) = (sim.stream(), sim.stream());
+    let (sa, sb) = (sim.new_stream(), sim.new_stream());
     let mut d = Discovering::new(PlanConfig::new());
     let (h0, h1) = {
         let mut a = d.arm(RunnerId(0))?;

@@ -18,7 +18,7 @@ fn waiting_for_a_reader_without_bytes_of_its_own_waits_for_its_reads() -> R {
     };
     d.arm(RunnerId(1))?.receive(h)?;
     let sim = sim::Device::new();
-    let (sa, sb, opt) = (sim.stream(), sim.stream(), sim.stream());
+    let (sa, sb, opt) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let out = sim.alloc_f32(64)?;
     let mut cap = d.plan(Policy::Generations(2))?.allocate(sim.clone())?;
     {

@@ -40,7 +40,7 @@ fn bworld(g: usize, dur: u64) -> Bw {
     }
     let planned = d.plan(Policy::Generations(g)).unwrap();
     let sim = sim::Device::new();
-    let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.stream()).collect();
+    let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.new_stream()).collect();
     let one = sim.alloc_f32(64).unwrap();
     sim.write_f32(&one, &[1.0; 64]).unwrap();
     let mut capturing = planned.allocate(sim.clone()).unwrap();

@@ -22,7 +22,7 @@ fn hworld(g: usize, ready: bool, dur: u64) -> World {
     }
     let h = h.unwrap();
     let sim = sim::Device::new();
-    let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.stream()).collect();
+    let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.new_stream()).collect();
     let one = sim.alloc_f32(64).unwrap();
     sim.write_f32(&one, &[1.0; 64]).unwrap();
     let counts: Vec<_> = (0..3).map(|_| sim.alloc_f32(64).unwrap()).collect();

@@ -185,7 +185,7 @@ fn forget_and_borrowed_between_kept() {
     let rs = (0..3).map(|r| (RunnerId(r), [REQ]));
     let planned = plan_runners(rs, Policy::Generations(1));
     let sim = sim::Device::new();
-    let l: Vec<sim::Stream> = (0..5).map(|_| sim.stream()).collect();
+    let l: Vec<sim::Stream> = (0..5).map(|_| sim.new_stream()).collect();
     let counts: Vec<_> = (0..3).map(|_| sim.alloc_f32(64).unwrap()).collect();
     let one = sim.alloc_f32(64).unwrap();
     sim.write_f32(&one, &[1.0; 64]).unwrap();

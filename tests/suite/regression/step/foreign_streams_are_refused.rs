@@ -17,8 +17,8 @@ use replay_arena::RunnerId;
 fn a_stream_of_another_backend_is_never_taken_for_one_of_this_backend() -> R {
     let sim = sim::Device::new();
     let other = sim::Device::new();
-    let s = sim.stream();
-    let foreign = other.stream(); // index 0, as `s`
+    let s = sim.new_stream();
+    let foreign = other.new_stream(); // index 0, as `s`
     let mut rp = temporaries_plan(&sim, &s)?;
     rp.replay(RunnerId(0), &s)?;
     assert!(rp.wait_for(RunnerId(0), &foreign).is_err());
@@ -36,7 +36,7 @@ fn foreign_streams_in_overlapping_step_graphs_are_refused() {
     let mut w = world(&sh, 2, 1);
     w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
     let other = sim::Device::new();
-    let foreign: Vec<sim::Stream> = (0..4).map(|_| other.stream()).collect();
+    let foreign: Vec<sim::Stream> = (0..4).map(|_| other.new_stream()).collect();
     let mut results = Vec::new();
     {
         let mut step = w.replayable.step();
@@ -86,13 +86,13 @@ fn a_foreign_step_lane_aliasing_a_lane_never_drops_a_wait() {
             let mut w = world(&sh, 2, 1);
             w.per_runner(&[P(0, 0), P(1, 1)], 1).unwrap();
             let other = sim::Device::new();
-            let foreign = other.stream(); // index 0, as w.lanes[0]
+            let foreign = other.new_stream(); // index 0, as w.lanes[0]
             assert_eq!(foreign.index(), w.lanes[0].index());
             let per_runner = w
                 .replayable
                 .replay(RunnerId(0), &foreign)
                 .map_err(|e| e.to_string());
-            let x = w.sim.stream();
+            let x = w.sim.new_stream();
             let built = {
                 let mut step = w.replayable.step();
                 step.replay(RunnerId(0), &w.lanes[0]).unwrap();

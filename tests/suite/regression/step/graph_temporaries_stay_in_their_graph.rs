@@ -71,7 +71,7 @@ fn a_step_copy_that_touches_the_first_runs_temporary_is_refused() {
 fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
     let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
-    let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut t0: Option<sim::Span> = None;
     {
@@ -134,7 +134,7 @@ fn a_step_copy_that_writes_another_runners_temporary_is_refused() {
 fn a_consumer_cannot_touch_a_runners_graph_temporary() {
     let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
-    let (a, b, c) = (sim.stream(), sim.stream(), sim.stream());
+    let (a, b, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut t0: Option<sim::Span> = None;
     for r in 0..2u32 {
@@ -183,7 +183,7 @@ fn a_consumer_cannot_touch_a_runners_graph_temporary() {
 #[test]
 fn a_graph_temporary_works_only_inside_its_capture_closure() {
     let (sim, stream, mut capturing) = allocated(&[&[F32_64], &[F32_64]], Policy::Generations(2));
-    let other = sim.stream();
+    let other = sim.new_stream();
     let mut kept = None;
     {
         capture_view(&mut capturing, RunnerId(0), F32_64, &stream, |s, v| {

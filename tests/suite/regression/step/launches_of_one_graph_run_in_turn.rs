@@ -13,7 +13,7 @@ use replay_arena::{RunnerId, StepError};
 #[test]
 fn launches_of_one_graph_run_one_after_another_as_on_cuda() -> R {
     let sim = sim::Device::new();
-    let (sa, sb) = (sim.stream(), sim.stream());
+    let (sa, sb) = (sim.new_stream(), sim.new_stream());
     let mut rp = temporaries_plan(&sim, &sa)?;
     // Unfenced (it owns no bytes), but its temporaries are not shared
     // between two launches in flight: launches of one graph are serialized.

@@ -120,7 +120,7 @@ fn fuzz_overlapping_step_graphs_against_the_host_fence() {
         if host.is_err() {
             let mut graphed = world(&sh, lanes, accs);
             graphed.per_runner(&warm, 1).unwrap();
-            let x = graphed.sim.stream();
+            let x = graphed.sim.new_stream();
             let built = graphed.stepped(&items, 1, overlapping, forget, &|_| x.clone());
             if !matches!(built, Err(StepError::Schedule(_))) {
                 // A step that the host fence refuses only from its second

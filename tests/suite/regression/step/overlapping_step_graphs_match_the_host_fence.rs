@@ -99,7 +99,7 @@ fn two_overlapping_step_graphs_in_turn_with_per_runner_steps_between() {
     reference.per_runner(&a_items, 1).unwrap();
     let mut w = world(&sh, 3, 4);
     w.per_runner(&warm, 1).unwrap();
-    let ex: Vec<sim::Stream> = (0..3).map(|_| w.sim.stream()).collect();
+    let ex: Vec<sim::Stream> = (0..3).map(|_| w.sim.new_stream()).collect();
     w.stepped(&a_items, 3, true, true, &|k| ex[k % 2].clone())
         .unwrap();
     w.per_runner(&b_items, 1).unwrap();
@@ -235,7 +235,12 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     d.arm(RunnerId(0)).unwrap().record(OWN).unwrap();
     d.arm(RunnerId(1)).unwrap();
     let sim = sim::Device::new();
-    let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
+    let (a, b, x, y) = (
+        sim.new_stream(),
+        sim.new_stream(),
+        sim.new_stream(),
+        sim.new_stream(),
+    );
     let sink = sim.alloc_f32(N).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     {

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 #[test]
 fn a_panicking_step_consumer_leaves_the_plans_views_as_they_were() -> R {
     let sim = sim::Device::new();
-    let (sa, sb) = (sim.stream(), sim.stream());
+    let (sa, sb) = (sim.new_stream(), sim.new_stream());
     let mut rp = temporaries_plan(&sim, &sa)?;
     let before = format!("{:?}", rp.views(RunnerId(0))?[0]);
     {

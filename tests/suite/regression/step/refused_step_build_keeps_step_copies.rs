@@ -101,7 +101,7 @@ fn a_schedule_error_keeps_the_step_copies() {
 
 fn compare_after(w: &mut World) {
     w.per_runner(&[P(0, 0), P(1, 1)], 2).unwrap();
-    let ex = w.sim.stream();
+    let ex = w.sim.new_stream();
     w.stepped(&[P(0, 0), P(1, 1)], 3, true, false, &|_| ex.clone())
         .unwrap();
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 0);
@@ -128,7 +128,7 @@ fn step_copies_are_counted_down_exactly_and_the_report_follows() {
         (t.runners, t.total, t.largest, t.step_copies),
         (1, each, each, 3 * each)
     );
-    let ex = w.sim.stream();
+    let ex = w.sim.new_stream();
     w.stepped(&[P(0, 0), P(1, 1)], 2, true, false, &|_| ex.clone())
         .unwrap();
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 1);
@@ -263,7 +263,7 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
         .unwrap();
     let mut w = world(&sh, 3, 1);
     w.per_runner(&warm, 1).unwrap();
-    let ex = [w.sim.stream(), w.sim.stream()];
+    let ex = [w.sim.new_stream(), w.sim.new_stream()];
     let sim = w.sim.clone();
     {
         let mut step = w.replayable.step();
@@ -358,7 +358,7 @@ fn zero_step_copies_is_a_typed_error_at_the_step() {
 fn a_no_step_copy_refusal_for_a_later_runner_keeps_the_earlier_runners_copies() {
     let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
-    let (a, b) = (sim.stream(), sim.stream());
+    let (a, b) = (sim.new_stream(), sim.new_stream());
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     for (r, copies) in [(0u32, 2usize), (1, 1)] {
         let cap = capturing.capture(RunnerId(r)).unwrap();

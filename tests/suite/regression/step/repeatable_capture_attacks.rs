@@ -324,7 +324,7 @@ fn step_copies_changed_from_inside_the_closure_stay_consistent() {
 fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
     let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     let mut kept: Option<sim::Span> = None;
     let kept_view_addr;
@@ -388,7 +388,7 @@ fn a_forgotten_capture_guard_leaves_the_stream_and_the_scopes_sound() {
 fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
     let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
     let sim = sim::Device::new();
-    let (s, t, c) = (sim.stream(), sim.stream(), sim.stream());
+    let (s, t, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
     let acc = sim.alloc_f32(N).unwrap();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     {
@@ -436,7 +436,7 @@ fn a_runner_captured_again_after_a_forgotten_guard_is_sound() {
             .unwrap();
         }
         let mut g = step.build_overlapping().unwrap();
-        let x = sim.stream();
+        let x = sim.new_stream();
         for k in 0..3 {
             g.launch(if k % 2 == 0 { &x } else { &c }).unwrap();
         }

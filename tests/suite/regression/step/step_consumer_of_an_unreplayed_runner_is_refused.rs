@@ -11,7 +11,7 @@ use replay_arena::{RunnerId, StepError};
 #[test]
 fn a_step_consumer_of_a_runner_never_replayed_is_refused() -> R {
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut rp = temporaries_plan(&sim, &s)?;
     let mut step = rp.step();
     step.consume(RunnerId(0), &s, |_, _| Ok::<(), String>(()))?;

@@ -21,7 +21,7 @@ fn replan_right_after_a_forgotten_overlapping_step_graph_is_safe() {
         for temps in [false, true] {
             let sh = shape(4, 2, true, temps, 2);
             let mut w = world(&sh, 3, 4);
-            let ex = [w.sim.stream(), w.sim.stream()];
+            let ex = [w.sim.new_stream(), w.sim.new_stream()];
             let items = four_chain_items();
             w.stepped(&items, launches, true, true, &|k| ex[k % 2].clone())
                 .unwrap();
@@ -70,7 +70,7 @@ fn dropping_an_overlapping_step_graph_and_its_plan_leaks_nothing() {
     for temps in [false, true] {
         let sh = shape(4, 2, true, temps, 2);
         let mut w = world(&sh, 3, 4);
-        let ex = [w.sim.stream(), w.sim.stream(), w.sim.stream()];
+        let ex = [w.sim.new_stream(), w.sim.new_stream(), w.sim.new_stream()];
         let items = four_chain_items();
         let events_before = w.sim.live_events();
         w.stepped(&items, 5, true, false, &|k| ex[k % 3].clone())
@@ -106,7 +106,7 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
     w.per_runner(&items, 1).unwrap();
     w.replayable.trim_graph_memory().unwrap(); // replays in flight
     {
-        let ex = [w.sim.stream(), w.sim.stream()];
+        let ex = [w.sim.new_stream(), w.sim.new_stream()];
         let step = step_of!(w, &items, 1).unwrap();
         let mut g = step.build_overlapping().unwrap();
         for k in 0..6 {
@@ -150,7 +150,7 @@ fn trimming_graph_memory_while_graphs_are_in_flight_is_harmless() {
 fn the_report_adds_up_uneven_temporaries() {
     let planned = plan_runners((0..4).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
     let sim = sim::Device::new();
-    let s = sim.stream();
+    let s = sim.new_stream();
     let mut capturing = planned.allocate(sim.clone()).unwrap();
     // runner r allocates r temporaries of (r + 1) * 8 floats, runner 0 none
     let sizes = [0u64, 2 * 8 * 4, 0, 2 * 3 * 8 * 4 + 4 * 8 * 4];
@@ -217,7 +217,7 @@ fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
         let items = four_chain_items();
         w.per_runner(&(0..4).map(|r| P(r, r % 3)).collect::<Vec<_>>(), 1)
             .unwrap();
-        let ex = [w.sim.stream(), w.sim.stream()];
+        let ex = [w.sim.new_stream(), w.sim.new_stream()];
         let sim = w.sim.clone();
         let used_before = w.pool().used;
         {
@@ -262,7 +262,7 @@ fn every_way_out_gives_graph_memory_back() {
     let capture_some = |upto: u32| {
         let planned = plan_runners((0..3).map(|r| (RunnerId(r), [OWN])), Policy::Generations(2));
         let sim = sim::Device::new();
-        let s = sim.stream();
+        let s = sim.new_stream();
         let mut capturing = planned.allocate(sim.clone()).unwrap();
         for r in 0..upto {
             let cap = capturing.capture(RunnerId(r)).unwrap();
@@ -293,7 +293,7 @@ fn every_way_out_gives_graph_memory_back() {
     // Replayable replanned after an overlapping step graph and per-runner replays.
     let (sim, s, capturing) = capture_some(3);
     let mut r = capturing.seal().unwrap();
-    let t = sim.stream();
+    let t = sim.new_stream();
     for k in 0..3u32 {
         r.replay(RunnerId(k), if k % 2 == 0 { &s } else { &t })
             .unwrap();
@@ -305,7 +305,7 @@ fn every_way_out_gives_graph_memory_back() {
                 .unwrap();
         }
         let mut g = step.build_overlapping().unwrap();
-        let x = sim.stream();
+        let x = sim.new_stream();
         for k in 0..4 {
             g.launch(if k % 2 == 0 { &x } else { &t }).unwrap();
         }

@@ -22,8 +22,8 @@ fn wait_all_after_overlapping_launches_orders_program_work() {
         let mut w = world(&sh, 3, 4);
         w.per_runner(&(0..4).map(|r| P(r, r % 3)).collect::<Vec<_>>(), 1)
             .unwrap();
-        let ex = [w.sim.stream(), w.sim.stream(), w.sim.stream()];
-        let opt = w.sim.stream();
+        let ex = [w.sim.new_stream(), w.sim.new_stream(), w.sim.new_stream()];
+        let opt = w.sim.new_stream();
         let items = four_chain_items();
         {
             let step = step_of!(w, &items, 1).unwrap();
@@ -95,7 +95,12 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
             let planned =
                 plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
             let sim = sim::Device::new();
-            let (a, b, x, y) = (sim.stream(), sim.stream(), sim.stream(), sim.stream());
+            let (a, b, x, y) = (
+                sim.new_stream(),
+                sim.new_stream(),
+                sim.new_stream(),
+                sim.new_stream(),
+            );
             let mut capturing = planned.allocate(sim.clone()).unwrap();
             for r in 0..2u32 {
                 capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
@@ -159,7 +164,7 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
     reference.per_runner(&items, 3).unwrap();
     let mut w = world(&sh, 3, 4);
     w.per_runner(&warm, 1).unwrap();
-    let (x, y, z) = (w.sim.stream(), w.sim.stream(), w.sim.stream());
+    let (x, y, z) = (w.sim.new_stream(), w.sim.new_stream(), w.sim.new_stream());
     let sim = w.sim.clone();
     {
         let step = step_of!(w, &items, 1).unwrap();
@@ -196,7 +201,7 @@ fn failed_step_launches_leave_the_fence_untouched() {
     for overlapping in [false, true] {
         let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
         let sim = sim::Device::new();
-        let (a, b, x) = (sim.stream(), sim.stream(), sim.stream());
+        let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
         let acc = sim.alloc_f32(N).unwrap();
         let mut capturing = planned.allocate(sim.clone()).unwrap();
         for r in 0..2u32 {

@@ -6,18 +6,18 @@ use std::sync::{Arc, Mutex};
 
 use super::ops::{AsSpan, Kernel, Node, Span};
 use super::{lock, sim_error, Result, SimState};
-use crate::backend::{Arena, BackendError};
+use crate::backend::{self, BackendError};
 use crate::scope::check_use;
 
 /// A simulated arena; dropping it frees its host memory.
 #[derive(Debug)]
-pub struct Memory {
+pub struct Arena {
     pub(super) state: Arc<Mutex<SimState>>,
     pub(super) base: u64,
     pub(super) bytes: u64,
 }
 
-impl Arena for Memory {
+impl backend::Arena for Arena {
     fn base(&self) -> u64 {
         self.base
     }
@@ -27,7 +27,7 @@ impl Arena for Memory {
     }
 }
 
-impl Drop for Memory {
+impl Drop for Arena {
     fn drop(&mut self) {
         // As a stream-ordered free: pending ops on it end first.
         let mut s = lock(&self.state);

@@ -9,14 +9,14 @@ use cudarc::driver::CudaContext;
 use super::device::Device;
 use super::result;
 use super::{sys, Result, ARENA_ALIGNMENT};
-use crate::backend::{Arena, ArenaDesc, BackendError};
+use crate::backend::{self, ArenaDesc, BackendError};
 use crate::vocab::{align_up, GroupId};
 
 /// Device memory of one arena, allocated outside every graph memory pool
 /// (from the device's default memory pool where it has one); freed on drop
 /// without waiting for unrelated streams.
 #[derive(Debug)]
-pub struct Memory {
+pub struct Arena {
     /// What the allocation returned (what the free takes).
     raw: sys::CUdeviceptr,
     /// `raw` rounded up to [`ARENA_ALIGNMENT`].
@@ -30,7 +30,7 @@ pub struct Memory {
     internal: Arc<cudarc::driver::CudaStream>,
 }
 
-impl Arena for Memory {
+impl backend::Arena for Arena {
     fn base(&self) -> u64 {
         self.base
     }
@@ -65,7 +65,7 @@ fn take_lent(base: u64, bytes: u64) -> bool {
     !inside.is_empty()
 }
 
-impl Drop for Memory {
+impl Drop for Arena {
     fn drop(&mut self) {
         // The plan waited for every fenced use before dropping arenas. A
         // failure here (a dead context) leaves nothing to free; it is kept
@@ -95,7 +95,7 @@ impl Drop for Memory {
 }
 
 impl Device {
-    pub(super) fn allocate_device(&self, plan: &ArenaDesc) -> Result<Memory> {
+    pub(super) fn allocate_device(&self, plan: &ArenaDesc) -> Result<Arena> {
         let failed = |reason: String| BackendError::Allocation {
             key: plan.key,
             bytes: plan.bytes,
@@ -123,7 +123,7 @@ impl Device {
         })?;
         let base = align_up(raw, ARENA_ALIGNMENT).unwrap_or(raw);
         // From here on, dropping `arena` frees the allocation.
-        let arena = Memory {
+        let arena = Arena {
             raw,
             base,
             bytes: plan.bytes,
@@ -143,7 +143,7 @@ impl Device {
     }
 
     #[cfg(not(replay_arena_nccl))]
-    pub(super) fn allocate_symmetric(&self, plan: &ArenaDesc, group: GroupId) -> Result<Memory> {
+    pub(super) fn allocate_symmetric(&self, plan: &ArenaDesc, group: GroupId) -> Result<Arena> {
         Err(BackendError::Allocation {
             key: plan.key,
             bytes: plan.bytes,
@@ -154,7 +154,7 @@ impl Device {
     }
 
     #[cfg(replay_arena_nccl)]
-    pub(super) fn allocate_symmetric(&self, _plan: &ArenaDesc, group: GroupId) -> Result<Memory> {
+    pub(super) fn allocate_symmetric(&self, _plan: &ArenaDesc, group: GroupId) -> Result<Arena> {
         Err(BackendError::NoCommunicator { group })
     }
 }
