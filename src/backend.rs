@@ -953,6 +953,13 @@ pub trait Launch: Capture {
     /// Launches a graph on `stream`, all or nothing: on error nothing of
     /// the graph was enqueued.
     ///
+    /// A launch on a stream that is capturing must fail (as the CUDA
+    /// driver refuses `cuGraphLaunch` there in every capture mode,
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), never be recorded into
+    /// that capture: [`Replayable::replay`](crate::Replayable::replay) asks
+    /// no capture status before its launch, and names the refusal
+    /// [`StreamCapturing`](crate::StreamCapturing) after it.
+    ///
     /// # Safety
     ///
     /// A plan's graph writes arena bytes that other replays and consumers

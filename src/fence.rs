@@ -45,7 +45,7 @@ mod error;
 mod state;
 mod entry;
 
-pub(crate) use entry::{enter, enter_scope};
+pub(crate) use entry::{enter, enter_replay, enter_scope, refused_by_capture};
 pub(crate) use error::Refused;
 pub use error::{
     BackendFailure, ConsumeError, FenceStats, Operation, ReplayError, StreamCapturing, TraceError,

@@ -34,6 +34,17 @@ impl Painter {
     /// `claim`.
     pub(crate) fn users(&self, claim: Claim, out: &mut Vec<u32>) {
         let map = &self.regions[claim.region as usize];
+        // Fast path: one interval is exactly the claim (intervals are
+        // disjoint, so no other one meets it): a round-robin generation
+        // claimed again, an exact extent repainted.
+        if let Some(&(end, runner)) = map.get(&claim.lo) {
+            if end == claim.hi {
+                if !out.contains(&runner) {
+                    out.push(runner);
+                }
+                return;
+            }
+        }
         for (_, &(end, runner)) in map.range(..claim.hi).rev() {
             if end <= claim.lo {
                 break;
@@ -143,6 +154,18 @@ mod tests {
         assert_eq!(users(&p, 120, 130), Vec::<u32>::new());
         p.paint(claim(0, 120), 4);
         assert_eq!(users(&p, 0, 120), vec![4]);
+    }
+
+    #[test]
+    fn an_exact_interval_answers_alone_and_a_wider_claim_sees_its_neighbours() {
+        let mut p = Painter::new(1);
+        p.paint(claim(0, 10), 1);
+        p.paint(claim(10, 20), 2);
+        p.paint(claim(20, 30), 3);
+        assert_eq!(users(&p, 10, 20), vec![2]);
+        assert_eq!(users(&p, 10, 21), vec![2, 3]);
+        assert_eq!(users(&p, 9, 20), vec![1, 2]);
+        assert_eq!(users(&p, 10, 15), vec![2]);
     }
 
     #[test]

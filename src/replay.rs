@@ -7,7 +7,9 @@ use crate::backend::{Arena, Backend, BackendError, Cut, Temporaries, Timing};
 use crate::capture::{CaptureError, Capturing, Slot, StepCopy};
 use crate::discover::Discovering;
 use crate::failed::Failed;
-use crate::fence::{enter, enter_scope, Fence, FenceStats, Operation};
+use crate::fence::{
+    enter, enter_replay, enter_scope, refused_by_capture, Fence, FenceStats, Operation,
+};
 pub use crate::fence::{
     BackendFailure, ConsumeError, ReplayError, StreamCapturing, TraceError, UnknownRunner,
     WaitError,
@@ -402,10 +404,13 @@ impl<B: Backend> Replayable<B> {
             return Err(ReplayError::NoGraph { runner });
         };
         let backend = &self.backend;
-        // No capture of any thread may begin on `stream` until the launch
-        // and its records are done (they would go into its graph).
-        let entered = enter(backend, stream, Operation::Replay(runner))?;
-        self.fence
+        let op = Operation::Replay(runner);
+        // No capture of the crate's may begin on `stream` until the launch
+        // and its records are done (they would go into its graph); one the
+        // program began refuses the launch.
+        let entered = enter_replay(backend, stream, op)?;
+        let replayed = self
+            .fence
             .replay(backend, &self.plan, slot, entered.on, || {
                 // SAFETY: the fence made `stream` wait for every earlier
                 // user of the bytes this graph claims (the handoffs it
@@ -414,7 +419,12 @@ impl<B: Backend> Replayable<B> {
                 // the latest user of its bytes and a reader of those
                 // handoffs.
                 unsafe { backend.launch(graph, stream) }
-            })
+            });
+        match replayed {
+            Err(ReplayError::Backend(failure)) => Err(refused_by_capture(backend, stream, op)
+                .map_or(ReplayError::Backend(failure), ReplayError::StreamCapturing)),
+            done => done,
+        }
     }
 
     /// Launches `runner`'s graph with no fence for the bytes it
@@ -441,8 +451,12 @@ impl<B: Backend> Replayable<B> {
             .graph
             .as_ref()
             .ok_or(ReplayError::NoGraph { runner })?;
-        let _entered = enter(&self.backend, stream, Operation::Replay(runner))?;
-        let failed = |error| ReplayError::from(Operation::Replay(runner).failed(error));
+        let op = Operation::Replay(runner);
+        let _entered = enter_replay(&self.backend, stream, op)?;
+        let failed = |error| match refused_by_capture(&self.backend, stream, op) {
+            Some(capturing) => ReplayError::StreamCapturing(capturing),
+            None => ReplayError::from(op.failed(error)),
+        };
         let record = &self.plan.runners[slot].record;
         // The handoffs' own events, whatever recorded them last: nothing is
         // tracked.
@@ -891,8 +905,8 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
             });
         }
         let name = self.backend.name();
-        let recorder = Recorder::new(&self.backend, name, uses)
-            .map_err(|e| Operation::TraceMark.failed(e))?;
+        let recorder =
+            Recorder::new(&self.backend, name, uses).map_err(|e| Operation::TraceMark.failed(e))?;
         self.fence.observe(Some(Box::new(recorder)));
         Ok(())
     }

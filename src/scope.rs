@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::Ordering as AtomicOrdering;
 
-use self::sync::{Arc, AtomicBool, AtomicU64, Mutex};
+use self::sync::{yield_now, Arc, AtomicBool, AtomicU64, Mutex};
 use crate::view::{Misuse, ViewTag};
 use crate::vocab::RunnerId;
 
@@ -20,14 +20,20 @@ use crate::vocab::RunnerId;
 /// `--cfg loom`.
 mod sync {
     #[cfg(loom)]
-    pub(super) use loom::sync::{
-        atomic::{AtomicBool, AtomicU64},
-        Arc, Mutex,
+    pub(super) use loom::{
+        sync::{
+            atomic::{AtomicBool, AtomicU64},
+            Arc, Mutex,
+        },
+        thread::yield_now,
     };
     #[cfg(not(loom))]
-    pub(super) use std::sync::{
-        atomic::{AtomicBool, AtomicU64},
-        Arc, Mutex,
+    pub(super) use std::{
+        sync::{
+            atomic::{AtomicBool, AtomicU64},
+            Arc, Mutex,
+        },
+        thread::yield_now,
     };
 }
 
@@ -155,6 +161,21 @@ process_statics! {
     static STREAMS: Mutex<Vec<(u64, u64, bool)>> = Mutex::new(Vec::new());
     /// The next scope id.
     static NEXT_SCOPE_ID: AtomicU64 = AtomicU64::new(1);
+    /// Captures opening or open in the process (each holds, or is about to
+    /// take, an entry in `STREAMS`). While there are none, a
+    /// [`StreamClaim`] needs no entry of its own: nothing could refuse it,
+    /// and a capture that opens later waits for it (`QUICK_CLAIMS`).
+    static CAPTURES: AtomicU64 = AtomicU64::new(0);
+    /// Claims held without an entry in `STREAMS` (taken while `CAPTURES`
+    /// read 0). A capture opens only once it has counted itself in
+    /// `CAPTURES` and then read none here: a claim that counted itself
+    /// first is waited for, one that counts itself after sees the capture
+    /// and takes an entry. Each side reads the other's count with a
+    /// read-modify-write (`fetch_add(0)`), which reads the latest value in
+    /// that count's modification order: of two sides that each count
+    /// themselves and then read the other, one always sees the other (no
+    /// sequentially consistent order needed, which loom does not model).
+    static QUICK_CLAIMS: AtomicU64 = AtomicU64::new(0);
 }
 
 /// A new scope id (never 0, never reused).
@@ -190,18 +211,28 @@ impl OpenScope {
         kind: ScopeKind,
         runner: RunnerId,
     ) -> Result<OpenScope, StreamBusy> {
+        let capture = kind == ScopeKind::Capture;
+        if capture {
+            CAPTURES.fetch_add(1, AtomicOrdering::AcqRel);
+            // A quick claim is held only inside the crate's own enqueueing
+            // (no program code runs while it is), for a few driver calls.
+            while QUICK_CLAIMS.fetch_add(0, AtomicOrdering::AcqRel) != 0 {
+                yield_now();
+            }
+        }
         {
             let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-            let capture = kind == ScopeKind::Capture;
-            for &(s, _, c) in streams.iter() {
-                if s == stream {
-                    if capture {
-                        return Err(StreamBusy::InUse);
-                    }
-                    if c {
-                        return Err(StreamBusy::Capturing);
-                    }
+            let busy = streams.iter().find_map(|&(s, _, c)| match s == stream {
+                true if capture => Some(StreamBusy::InUse),
+                true if c => Some(StreamBusy::Capturing),
+                _ => None,
+            });
+            if let Some(busy) = busy {
+                drop(streams);
+                if capture {
+                    CAPTURES.fetch_sub(1, AtomicOrdering::AcqRel);
                 }
+                return Err(busy);
             }
             streams.push((stream, id, capture));
         }
@@ -266,6 +297,10 @@ impl Drop for OpenScope {
             let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
             streams.retain(|&(_, scope, _)| scope != id);
         }
+        if self.scope.kind == ScopeKind::Capture {
+            // After its entry went: a claim that reads 0 finds no entry.
+            CAPTURES.fetch_sub(1, AtomicOrdering::AcqRel);
+        }
         let _ = SPARE.try_with(|spare| {
             if let Ok(mut spare) = spare.try_borrow_mut() {
                 if spare.len() < SPARE_SCOPES {
@@ -291,6 +326,12 @@ impl StreamClaim {
     ///
     /// [`StreamBusy::Capturing`] while a capture of any thread holds it.
     pub(crate) fn enter(stream: u64) -> Result<StreamClaim, StreamBusy> {
+        // The hot path (a replay's claim): no capture anywhere, so no lock.
+        QUICK_CLAIMS.fetch_add(1, AtomicOrdering::AcqRel);
+        if CAPTURES.fetch_add(0, AtomicOrdering::AcqRel) == 0 {
+            return Ok(StreamClaim { token: QUICK });
+        }
+        QUICK_CLAIMS.fetch_sub(1, AtomicOrdering::AcqRel);
         let token = new_scope_id();
         let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
         if streams
@@ -304,8 +345,15 @@ impl StreamClaim {
     }
 }
 
+/// The token of a claim with no entry in `STREAMS` (scope ids start at 1).
+const QUICK: u64 = 0;
+
 impl Drop for StreamClaim {
     fn drop(&mut self) {
+        if self.token == QUICK {
+            QUICK_CLAIMS.fetch_sub(1, AtomicOrdering::AcqRel);
+            return;
+        }
         let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = streams.iter().rposition(|&(_, t, _)| t == self.token) {
             streams.swap_remove(i);
@@ -541,6 +589,52 @@ mod loom_model {
             }
             .to_string()
         });
+    }
+
+    /// A replay's claim (quick while no capture is open anywhere, an entry
+    /// of `STREAMS` while one is) and a capture racing for one stream:
+    /// never held at once, whichever way each goes; on other streams they
+    /// never refuse each other; nothing is left behind.
+    #[test]
+    fn a_claim_and_a_capture_racing_for_one_stream_exclude_each_other() {
+        for stream in [STREAM_A, STREAM_B] {
+            let expected: &[&str] = if stream == STREAM_A {
+                &[
+                    "both, one after the other",
+                    "the capture refused: InUse",
+                    "the claim refused: Capturing",
+                ]
+            } else {
+                &["both, one after the other"]
+            };
+            model(expected, move || {
+                let inside = Arc::new(AtomicUsize::new(0));
+                let capture = {
+                    let inside = inside.clone();
+                    thread::spawn(move || open_alone(STREAM_A, ScopeKind::Capture, &inside))
+                };
+                let claimed = StreamClaim::enter(stream).map(|claim| {
+                    if stream == STREAM_A {
+                        assert_eq!(inside.fetch_add(1, SeqCst), 0, "a claim inside a capture");
+                        inside.fetch_sub(1, SeqCst);
+                    }
+                    drop(claim);
+                });
+                let captured = capture.join().unwrap();
+                assert!(
+                    open(STREAM_A, ScopeKind::Capture).is_ok(),
+                    "claim left behind"
+                );
+                assert!(StreamClaim::enter(STREAM_A).is_ok(), "capture left behind");
+                match (claimed, captured) {
+                    (Ok(()), Ok(())) => "both, one after the other",
+                    (Ok(()), Err(e)) => return format!("the capture refused: {e:?}"),
+                    (Err(e), Ok(())) => return format!("the claim refused: {e:?}"),
+                    other => panic!("{other:?}"),
+                }
+                .to_string()
+            });
+        }
     }
 
     #[test]

@@ -70,6 +70,44 @@ pub(crate) fn enter<'s, B: Streams>(
     })
 }
 
+/// [`enter`] for a replay, without asking the backend whether the stream
+/// captures: the stream is claimed (no capture of the crate's, on any
+/// thread, can begin on it until the replay is done), and a capture the
+/// program began on it by its own means is met at the launch, which the
+/// driver refuses on a capturing stream in every capture mode
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; the `Launch` contract, and
+/// `tests/gpu/fence/soundness.rs`). The replay's transaction rolls back on
+/// that refusal; [`refused_by_capture`] then names it. A query per replay
+/// would cost as much as a launch's own host work.
+///
+/// # Errors
+///
+/// [`StreamCapturing`] while a capture of the crate's holds the stream.
+pub(crate) fn enter_replay<'s, B: Streams>(
+    backend: &B,
+    stream: &'s B::Stream,
+    op: Operation,
+) -> Result<Entered<'s, B::Stream>, StreamCapturing> {
+    let on = on(backend, stream);
+    let claim = StreamClaim::enter(on.id).map_err(|_| StreamCapturing { op })?;
+    Ok(Entered {
+        on,
+        hold: Hold::Claim { _claim: claim },
+    })
+}
+
+/// After a replay entered with [`enter_replay`] failed: [`StreamCapturing`]
+/// when the stream is capturing by the program's own means (the launch, or
+/// a wait before it, was refused for it), else `None` (the failure stands;
+/// a failed query leaves it standing too).
+pub(crate) fn refused_by_capture<B: Streams>(
+    backend: &B,
+    stream: &B::Stream,
+    op: Operation,
+) -> Option<StreamCapturing> {
+    matches!(backend.is_capturing(stream), Ok(true)).then_some(StreamCapturing { op })
+}
+
 /// [`enter`] for a consumer: the stream is held by a new scope of `kind`
 /// for its views (a capture may not record the stream while it is open,
 /// and a capture holding the stream refuses it).

@@ -14,9 +14,14 @@ use crate::vocab::{BucketId, HandoffId, RunnerId};
 /// An operation of the fence was asked for on a stream that is capturing
 /// (inside a `stream_capture` closure of this or another plan, or the
 /// program's own capture): its waits, launch and records would be recorded
-/// into that graph instead of running, outside the fence. Nothing was
-/// enqueued. Every operation that uses the plan on a stream refuses a
-/// capturing stream with this one error.
+/// into that graph instead of running, outside the fence. Nothing ran,
+/// and the fence is as before. Every operation that uses the plan on a
+/// stream refuses a capturing stream with this one error. Most ask the
+/// backend first and enqueue nothing; a replay asks nothing on its hot
+/// path and is refused at its launch (the driver refuses a graph launch
+/// on a capturing stream), so on a stream the program captures by its own
+/// means, the replay's waits may have gone into that capture first (which
+/// the driver may then invalidate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: the stream is capturing, so the work would go into that graph instead of running; use a stream that is not capturing")]
 pub struct StreamCapturing {

@@ -94,6 +94,7 @@ mod regression {
     mod trace_capacity_is_bounded;
     mod unsealed_capturing_drop_trims_graph_memory;
     mod fence {
+        mod a_launch_refused_by_a_program_capture_commits_nothing;
         mod captures_on_another_thread_lose_no_wait;
         mod consumer_access_is_read_only_or_alone;
         mod consumer_of_no_runner_is_a_typed_error;

@@ -515,3 +515,77 @@ fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consume
     drop(replayable);
     let _ = addr;
 }
+
+/// A replay on a stream the program captures by its own means, in each
+/// capture mode: refused with `StreamCapturing`, nothing launched outside
+/// the program's capture, and the fence as before (the next replay on the
+/// stream, once the program ended its capture, runs and is fenced). Also
+/// prints what the driver answers the three calls of a fenced replay on a
+/// capturing stream (the refusal's evidence in docs/safety.md).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_replay_on_a_stream_the_program_captures_is_refused_in_every_mode() {
+    use replay_arena::cuda::cudarc::driver::sys;
+    use replay_arena::ReplayError;
+    let d = dev();
+    let pool = d.backend.new_stream().unwrap();
+    let mut replayable = d.sealed(2, 1, &pool, |r| r as f32 + 1.0, |_| 0);
+    replayable.replay(RunnerId(0), &pool).unwrap();
+    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();
+    let exec = replayable.graph(RunnerId(1)).unwrap().cu_graph_exec();
+    let outside = d.backend.create_event().unwrap();
+    d.backend.record_event(&pool, &outside).unwrap();
+    d.backend.synchronize().unwrap();
+    let modes = [
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    ];
+    for mode in modes {
+        // The driver's own answers, one fresh capture per call.
+        for call in ["cuStreamWaitEvent", "cuGraphLaunch", "cuEventRecord"] {
+            let s = d.backend.new_stream().unwrap();
+            s.cudarc().begin_capture(mode).unwrap();
+            let raw = s.cu_stream();
+            // SAFETY: live handles of this context; the capture is ended below.
+            let code = unsafe {
+                match call {
+                    "cuStreamWaitEvent" => sys::cuStreamWaitEvent(raw, outside.cu_event(), 0),
+                    "cuGraphLaunch" => sys::cuGraphLaunch(exec, raw),
+                    _ => sys::cuEventRecord(outside.cu_event(), raw),
+                }
+            };
+            let mut graph = std::ptr::null_mut();
+            // SAFETY: the capture begun above, on this thread.
+            let end = unsafe { sys::cuStreamEndCapture(raw, &mut graph) };
+            if !graph.is_null() {
+                // SAFETY: the graph the capture returned, destroyed once.
+                unsafe { sys::cuGraphDestroy(graph) };
+            }
+            println!("{mode:?}: {call} on a capturing stream -> {code:?} (end capture {end:?})");
+        }
+        // The crate's replay: refused, typed.
+        let s = d.backend.new_stream().unwrap();
+        s.cudarc().begin_capture(mode).unwrap();
+        let refused = replayable.replay(RunnerId(1), &s);
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the capture begun above, on this thread.
+        unsafe { sys::cuStreamEndCapture(s.cu_stream(), &mut graph) };
+        if !graph.is_null() {
+            // SAFETY: the graph the capture returned, destroyed once.
+            unsafe { sys::cuGraphDestroy(graph) };
+        }
+        assert!(
+            matches!(refused, Err(ReplayError::StreamCapturing(_))),
+            "{mode:?}: {refused:?}"
+        );
+        // Runner 1 never ran (runner 0's values are still there), and the
+        // fence goes on: runner 1 on the same stream, then runner 0 again.
+        d.backend.synchronize().unwrap();
+        assert_eq!(d.ends(addr), (1.0, 1.0), "{mode:?}");
+        replayable.replay(RunnerId(1), &s).unwrap();
+        assert_eq!(d.ends(addr), (2.0, 2.0), "{mode:?}");
+        replayable.replay(RunnerId(0), &pool).unwrap();
+        assert_eq!(d.ends(addr), (1.0, 1.0), "{mode:?}");
+    }
+}
