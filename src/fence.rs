@@ -210,6 +210,19 @@ pub(crate) struct Fence<B: Streams> {
     step_user: u32,
     /// Step graphs built on this fence so far: the next one's number.
     steps_built: u64,
+    /// The latest replay, when it can be repeated as it is (see
+    /// [`Fence::repeats`]).
+    repeat: Option<Repeat>,
+}
+
+/// A replay of runner slot `slot` on the stream with id `stream` that left
+/// the fence at `epoch`: the slot's bytes were all painted by it last, and
+/// it has no handoffs, staged inputs or readers.
+#[derive(Clone, Copy)]
+struct Repeat {
+    slot: usize,
+    stream: u64,
+    epoch: u64,
 }
 
 impl<B: Streams> Fence<B> {
@@ -252,6 +265,7 @@ impl<B: Streams> Fence<B> {
             user: NO_USER,
             step_user: NO_USER,
             steps_built: 0,
+            repeat: None,
         }
     }
 
@@ -405,6 +419,9 @@ impl<B: Streams> Fence<B> {
     ) -> Result<()> {
         let r = &plan.runners[slot];
         let runner = r.id();
+        if self.repeats(slot, on.id) {
+            return self.replay_again(slot, launch, runner);
+        }
         let record = &r.record;
         let base = self.layout.handoff_base;
         for (k, &h) in record.reads.iter().enumerate() {
@@ -497,7 +514,59 @@ impl<B: Streams> Fence<B> {
             );
         }
         self.end_use();
+        let plain =
+            record.reads.is_empty() && record.writes.is_empty() && !self.layout.stages[slot];
+        self.repeat = (tracked.is_ok() && plain && self.is_fenced(slot)).then_some(Repeat {
+            slot,
+            stream: on.id,
+            epoch: self.epoch,
+        });
         tracked.map_err(failed)
+    }
+
+    /// Whether a replay of `slot` on the stream with id `stream` is the
+    /// latest replay again with nothing between: the same slot on the same
+    /// stream, no operation committed since (the ledger changes only with
+    /// one, so the slot is still the latest user of every byte it claims),
+    /// its completion still pending at that stream's tail, no record owed
+    /// at once, no reader since, and no trace. Then the whole transaction
+    /// would wait for nobody (its one latest user is itself, ordered by
+    /// stream order), launch, and leave every state as it was.
+    fn repeats(&self, slot: usize, stream: u64) -> bool {
+        let Some(repeat) = self.repeat else {
+            return false;
+        };
+        let runner = &self.runners[slot];
+        repeat.slot == slot
+            && repeat.stream == stream
+            && repeat.epoch == self.epoch
+            && self.observer.is_none()
+            && !runner.record_at_once
+            && matches!(runner.completion, Some(Completion::Pending { id, .. }) if id == stream)
+            && runner.readers.iter().all(|r| r.completion.is_none())
+    }
+
+    /// [`Fence::replay`] when it [`repeats`](Fence::repeats): the launch,
+    /// and on success the counts the whole transaction would make (one
+    /// replay, its wait for itself skipped) and a new epoch.
+    fn replay_again(
+        &mut self,
+        slot: usize,
+        launch: impl FnOnce() -> std::result::Result<(), BackendError>,
+        runner: RunnerId,
+    ) -> Result<()> {
+        launch().map_err(|error| ReplayError::from(Operation::Replay(runner).failed(error)))?;
+        self.epoch += 1;
+        self.stats.replays += 1;
+        self.stats.waits_skipped += 1;
+        self.user = NO_USER;
+        self.runners[slot].by = NO_USER;
+        self.repeat = Some(Repeat {
+            slot,
+            stream: self.repeat.map_or(0, |r| r.stream),
+            epoch: self.epoch,
+        });
+        Ok(())
     }
 
     /// Makes `on` wait for every user of the bytes runner slot `slot`'s

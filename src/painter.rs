@@ -20,20 +20,45 @@ pub(crate) struct Claim {
 /// Per region, disjoint intervals `start -> (end, runner)`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Painter {
-    regions: Vec<BTreeMap<u64, (u64, u32)>>,
+    regions: Vec<Region>,
+}
+
+/// One region's painted intervals: at most one, kept inline (a round-robin
+/// generation, claimed whole by whichever runner ran last), or any number
+/// in a map (exact extents).
+#[derive(Clone, Debug, Default)]
+enum Region {
+    #[default]
+    Unpainted,
+    /// `[lo, hi)` painted by `runner`, and nothing else.
+    One {
+        lo: u64,
+        hi: u64,
+        runner: u32,
+    },
+    Map(BTreeMap<u64, (u64, u32)>),
 }
 
 impl Painter {
     pub(crate) fn new(regions: usize) -> Painter {
         Painter {
-            regions: vec![BTreeMap::new(); regions],
+            regions: vec![Region::Unpainted; regions],
         }
     }
 
     /// Adds to `out` (once each) the runners that last claimed any byte of
     /// `claim`.
     pub(crate) fn users(&self, claim: Claim, out: &mut Vec<u32>) {
-        let map = &self.regions[claim.region as usize];
+        let map = match &self.regions[claim.region as usize] {
+            Region::Unpainted => return,
+            &Region::One { lo, hi, runner } => {
+                if lo < claim.hi && claim.lo < hi && !out.contains(&runner) {
+                    out.push(runner);
+                }
+                return;
+            }
+            Region::Map(map) => map,
+        };
         // Fast path: one interval is exactly the claim (intervals are
         // disjoint, so no other one meets it): a round-robin generation
         // claimed again, an exact extent repainted.
@@ -57,7 +82,34 @@ impl Painter {
 
     /// Makes `runner` the last user of every byte of `claim`.
     pub(crate) fn paint(&mut self, claim: Claim, runner: u32) {
-        let map = &mut self.regions[claim.region as usize];
+        let region = &mut self.regions[claim.region as usize];
+        let map = match region {
+            Region::Unpainted => {
+                *region = Region::One {
+                    lo: claim.lo,
+                    hi: claim.hi,
+                    runner,
+                };
+                return;
+            }
+            Region::One {
+                lo,
+                hi,
+                runner: owner,
+            } => {
+                if *lo == claim.lo && *hi == claim.hi {
+                    *owner = runner;
+                    return;
+                }
+                let one = BTreeMap::from([(*lo, (*hi, *owner))]);
+                *region = Region::Map(one);
+                match region {
+                    Region::Map(map) => map,
+                    _ => return,
+                }
+            }
+            Region::Map(map) => map,
+        };
         // Fast path: the range is painted exactly as one interval already.
         if let Some((end, owner)) = map.get_mut(&claim.lo) {
             if *end == claim.hi {
@@ -181,7 +233,31 @@ mod tests {
                 r,
             );
         }
-        assert_eq!(p.regions[1].len(), 1);
-        assert!(p.regions[0].is_empty());
+        assert!(matches!(p.regions[1], Region::One { runner: 9, .. }));
+        assert!(matches!(p.regions[0], Region::Unpainted));
+        // A second interval moves the region to a map, which repaints in
+        // place as well.
+        p.paint(
+            Claim {
+                region: 1,
+                lo: 1,
+                hi: 2,
+            },
+            10,
+        );
+        for r in 0..10 {
+            p.paint(
+                Claim {
+                    region: 1,
+                    lo: 0,
+                    hi: 1,
+                },
+                r,
+            );
+        }
+        match &p.regions[1] {
+            Region::Map(map) => assert_eq!(map.len(), 2),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -718,6 +718,12 @@ impl Planned {
 
     /// The runner's slot (its index in capture order), by binary search.
     pub(crate) fn slot(&self, runner: RunnerId) -> Option<usize> {
+        // Runner ids 0, 1, 2, ...: the id is its place in the index.
+        if let Some(&(id, slot)) = self.index.get(runner.0 as usize) {
+            if id == runner {
+                return Some(slot);
+            }
+        }
         self.index
             .binary_search_by_key(&runner, |&(r, _)| r)
             .ok()
