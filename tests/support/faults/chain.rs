@@ -201,6 +201,15 @@ pub fn chain_faulty(
 }
 
 impl Chain {
+    /// Clones of the chain's pool and device, a new side stream and a new
+    /// `N`-element sink: what a test of its step builders holds apart from
+    /// the plan, which the builder borrows.
+    pub fn apart(&self) -> ([sim::Stream; 2], sim::Device, sim::Stream, sim::HostBuffer) {
+        let sim = self.sim.clone();
+        let side = sim.new_stream();
+        let sink = sim.alloc_f32(N).unwrap();
+        (self.pool.clone(), sim, side, sink)
+    }
     pub fn r(&mut self) -> &mut Replayable<sim::Device> {
         self.replayable.as_mut().expect("sealed")
     }
