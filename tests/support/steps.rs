@@ -794,12 +794,10 @@ pub mod kept {
             let v = cap.take(REQ).unwrap();
             let c = &counts[r as usize];
             let d = durs[r as usize % durs.len()];
-            cap.stream_capture(&lanes[0], |st| {
+            record_and_finish!(cap, &lanes[0], |st| {
                 sim.launch(st, sim::Kernel::add(&one, c), 1)?;
                 sim.launch(st, sim::Kernel::copy(c, &v), d)
-            })
-            .unwrap();
-            cap.finish().unwrap();
+            });
         }
         World {
             rep: capturing.seal().unwrap(),

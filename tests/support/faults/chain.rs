@@ -350,11 +350,9 @@ pub fn two_handoffs(
         let cap = capturing.capture(RunnerId(1 + i as u32)).unwrap();
         let own = cap.take(OWN).unwrap();
         let input = cap.receive(hs[i]).unwrap();
-        cap.stream_capture(&streams[0], |s| {
+        record_and_finish!(cap, &streams[0], |s| {
             sim.launch(s, sim::Kernel::copy(&input, &own), 3)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let r = if errs.is_empty() {
         capturing.seal().map_err(|e| e.to_string())

@@ -2,6 +2,7 @@
 //! without ready points), interleaved with per-runner replays, against the
 //! same sequence per runner.
 
+use crate::support::record_and_finish;
 use crate::support::steps::allocate_discovered;
 use crate::support::steps::kept::*;
 use replay_arena::sim;
@@ -34,7 +35,7 @@ fn hworld(g: usize, ready: bool, dur: u64) -> World {
         let input = (r == 1).then(|| cap.receive(h).unwrap());
         let output = (r == 0).then(|| cap.hand_off(h).unwrap());
         let c = &counts[r as usize];
-        cap.stream_capture(&lanes[0], |st| {
+        record_and_finish!(cap, &lanes[0], |st| {
             sim.launch(st, sim::Kernel::add(&one, c), 1)?;
             if let Some(o) = &output {
                 sim.launch(st, sim::Kernel::copy(c, o), 2)?;
@@ -47,9 +48,7 @@ fn hworld(g: usize, ready: bool, dur: u64) -> World {
             }
             sim.launch(st, sim::Kernel::copy(c, &v), dur)?;
             Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     World {
         rep: capturing.seal().unwrap(),
