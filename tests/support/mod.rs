@@ -75,6 +75,11 @@ pub fn aligned(q: &Request) -> u64 {
     q.aligned_bytes().unwrap()
 }
 
+/// `K` new streams of `sim`, made in order.
+pub fn streams<const K: usize>(sim: &replay_arena::sim::Device) -> [replay_arena::sim::Stream; K] {
+    std::array::from_fn(|_| sim.new_stream())
+}
+
 /// Runner `r` of [`filled_plan`] fills its view for `10 + r` ticks.
 pub fn fill_ticks(r: u32) -> u64 {
     10 + u64::from(r)
