@@ -2,6 +2,19 @@
 //! and the GPU tests' device, kernels and host model (`gpu`).
 #![allow(dead_code)] // each test binary uses a subset
 
+/// `$cap.stream_capture($stream, $work)`, then `$cap.finish()`, both
+/// expected to succeed: a runner captured in one go. A macro, not a
+/// function: `$work` may use views that borrow `$cap`, which `finish` then
+/// consumes.
+macro_rules! record_and_finish {
+    ($cap:ident, $stream:expr, $work:expr $(,)?) => {
+        $cap.stream_capture($stream, $work).unwrap();
+        $cap.finish().unwrap();
+    };
+}
+#[allow(unused_imports)] // binaries that only use it through the fixtures
+pub(crate) use record_and_finish;
+
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]
@@ -62,6 +75,11 @@ pub fn aligned(q: &Request) -> u64 {
     q.aligned_bytes().unwrap()
 }
 
+/// `K` new streams of `sim`, made in order.
+pub fn streams<const K: usize>(sim: &replay_arena::sim::Device) -> [replay_arena::sim::Stream; K] {
+    std::array::from_fn(|_| sim.new_stream())
+}
+
 /// Runner `r` of [`filled_plan`] fills its view for `10 + r` ticks.
 pub fn fill_ticks(r: u32) -> u64 {
     10 + u64::from(r)
@@ -105,8 +123,7 @@ pub fn capture_view<B: Backend, E: fmt::Display + fmt::Debug>(
 ) {
     let cap = capturing.capture(runner).unwrap();
     let view = cap.take(request).unwrap();
-    cap.stream_capture(stream, |s| work(s, &view)).unwrap();
-    cap.finish().unwrap();
+    record_and_finish!(cap, stream, |s| work(s, &view));
 }
 
 /// Runners `0..n` of `capturing`, each captured on `stream` with

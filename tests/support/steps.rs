@@ -782,6 +782,35 @@ pub mod kept {
     pub fn world(n: u32, g: usize, durs: &[u64]) -> World {
         let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
         let planned = plan_runners(rs, Policy::Generations(g));
+        world_of(planned, n, |capturing, sim, lanes, one, counts| {
+            for r in 0..n {
+                let cap = capturing.capture(RunnerId(r)).unwrap();
+                let v = cap.take(REQ).unwrap();
+                let c = &counts[r as usize];
+                let d = durs[r as usize % durs.len()];
+                record_and_finish!(cap, &lanes[0], |st| {
+                    sim.launch(st, sim::Kernel::add(one, c), 1)?;
+                    sim.launch(st, sim::Kernel::copy(c, &v), d)
+                });
+            }
+        })
+    }
+
+    /// A [`World`] of `planned` on a new `sim`: five lanes, a buffer of
+    /// ones, `n` counts and 20 accumulators are made, the plan is
+    /// allocated, `capture(capturing, sim, lanes, one, counts)` captures
+    /// its runners, and it is sealed.
+    pub fn world_of(
+        planned: replay_arena::Planned,
+        n: u32,
+        capture: impl FnOnce(
+            &mut replay_arena::Capturing<sim::Device>,
+            &sim::Device,
+            &[sim::Stream],
+            &sim::HostBuffer,
+            &[sim::HostBuffer],
+        ),
+    ) -> World {
         let sim = sim::Device::new();
         let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.new_stream()).collect();
         let one = sim.alloc_f32(64).unwrap();
@@ -789,18 +818,7 @@ pub mod kept {
         let counts: Vec<_> = (0..n).map(|_| sim.alloc_f32(64).unwrap()).collect();
         let accs: Vec<_> = (0..20).map(|_| sim.alloc_f32(64).unwrap()).collect();
         let mut capturing = planned.allocate(sim.clone()).unwrap();
-        for r in 0..n {
-            let cap = capturing.capture(RunnerId(r)).unwrap();
-            let v = cap.take(REQ).unwrap();
-            let c = &counts[r as usize];
-            let d = durs[r as usize % durs.len()];
-            cap.stream_capture(&lanes[0], |st| {
-                sim.launch(st, sim::Kernel::add(&one, c), 1)?;
-                sim.launch(st, sim::Kernel::copy(c, &v), d)
-            })
-            .unwrap();
-            cap.finish().unwrap();
-        }
+        capture(&mut capturing, &sim, &lanes, &one, &counts);
         World {
             rep: capturing.seal().unwrap(),
             sim,

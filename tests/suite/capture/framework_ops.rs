@@ -3,6 +3,7 @@
 //! graph (balanced allocation and free nodes).
 
 use crate::support::capture_view;
+use crate::support::record_and_finish;
 use crate::support::steps::allocate_runners;
 use replay_arena::sim;
 use replay_arena::{CaptureError, DType, Domain, Policy, Replayable, Request, RunnerId};
@@ -33,11 +34,9 @@ fn step(wait: impl Fn(&mut Replayable<sim::Device>, &sim::Stream)) -> (sim::Devi
     for r in 0..2u32 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
-        cap.stream_capture(&pool[r as usize], |s| {
+        record_and_finish!(cap, &pool[r as usize], |s| {
             sim.launch(s, sim::Kernel::fill(&v, r as f32 + 1.0), 5)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let mut replayable = capturing.seal().unwrap();
     let main: [sim::HostBuffer; 2] = [sim.alloc_f32(64).unwrap(), sim.alloc_f32(64).unwrap()];
@@ -230,12 +229,10 @@ fn consumers_find_views_by_request_purpose_and_parameter() {
     let mut capturing = on_sim(&sim, &[w(1), scratch, w(2)]);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let vs = [w(1), scratch, w(2)].map(|q| cap.take(q).unwrap());
-    cap.stream_capture(&stream, |s| {
+    record_and_finish!(cap, &stream, |s| {
         sim.launch(s, sim::Kernel::fill(&vs[0], 1.0), 1)?;
         sim.launch(s, sim::Kernel::fill(&vs[2], 2.0), 1)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), &stream).unwrap();
     let out = sim.alloc_f32(64).unwrap();
@@ -297,15 +294,13 @@ fn one_consumer_over_several_runners_is_fenced_against_each() {
     for r in 0..3u32 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let v = cap.take(REQ).unwrap();
-        cap.stream_capture(&pools[r as usize], |s| {
+        record_and_finish!(cap, &pools[r as usize], |s| {
             sim.launch(
                 s,
                 sim::Kernel::fill(&v, r as f32 + 1.0),
                 10 * (r as u64 + 1),
             )
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let mut replayable = capturing.seal().unwrap();
     for r in 0..3u32 {

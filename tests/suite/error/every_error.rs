@@ -8,6 +8,7 @@
 //! reduce-scatters) are tested with the `cuda` and `nccl` backends.
 
 use crate::support::capture_view;
+use crate::support::record_and_finish;
 use replay_arena::backend::GraphRejection;
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
@@ -78,13 +79,11 @@ fn capture_ok(
 ) {
     let cap = capturing.capture(RunnerId(runner)).unwrap();
     let views: Vec<_> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();
-    cap.stream_capture(stream, |s| {
+    record_and_finish!(cap, stream, |s| {
         views
             .iter()
             .try_for_each(|v| sim.launch(s, sim::Kernel::fill(v, runner as f32), 1))
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
 }
 
 /// One runner with one f32 request, captured and sealed.
@@ -584,9 +583,11 @@ fn a_rejected_take_takes_nothing() {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         cap.take(device(DType::F32, 128)).unwrap_err();
         let view = cap.take(F32_64).unwrap();
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
-            .unwrap();
-        cap.finish().unwrap();
+        record_and_finish!(cap, &stream, |s| sim.launch(
+            s,
+            sim::Kernel::fill(&view, 1.0),
+            1
+        ));
     }
     capturing.seal().unwrap();
 }
@@ -1000,7 +1001,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
         ],
     );
     let other = sim.new_stream();
-    cap.stream_capture(&stream, |s| {
+    record_and_finish!(cap, &stream, |s| {
         let elsewhere = sim
             .launch(&other, sim::Kernel::fill(&view, 1.0), 1)
             .unwrap_err();
@@ -1015,9 +1016,7 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
             }
         );
         sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let mut replayable = capturing.seal().unwrap();
     replayable.replay(RunnerId(0), &stream).unwrap();
     let addresses_only = replayable.views(RunnerId(0)).unwrap()[0];

@@ -3,6 +3,7 @@
 //! declared at discovery, placed for its lifetime, fenced both ways.
 
 use crate::support::capture_view;
+use crate::support::record_and_finish;
 use crate::support::steps::{allocate_discovered, allocate_runners};
 use proptest::prelude::*;
 use replay_arena::sim;
@@ -64,7 +65,7 @@ fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, t
         let own = cap.take(OWN).unwrap();
         let input = (r > 0).then(|| cap.receive(handoffs[r as usize - 1]).unwrap());
         let output = (r + 1 < n).then(|| cap.hand_off(handoffs[r as usize]).unwrap());
-        cap.stream_capture(&pool[r as usize % 2], |s| {
+        record_and_finish!(cap, &pool[r as usize % 2], |s| {
             if let Some(input) = &input {
                 sim.launch(s, sim::Kernel::copy(input, sink), read)?;
             }
@@ -79,9 +80,7 @@ fn captured(n: u32, strategy: impl Into<PlacedPolicy>, ready: bool, read: u64, t
             }
             sim.launch(s, sim::Kernel::scale(&own, 1.0), tail)?;
             Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     Chain {
         replayable: capturing.seal().unwrap(),
@@ -346,16 +345,20 @@ fn a_reader_without_buffers_of_its_own_is_fenced_too() {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let out = cap.hand_off(h).unwrap();
-        cap.stream_capture(&a, |s| sim.launch(s, sim::Kernel::scale(&out, 2.0), 30))
-            .unwrap();
-        cap.finish().unwrap();
+        record_and_finish!(cap, &a, |s| sim.launch(
+            s,
+            sim::Kernel::scale(&out, 2.0),
+            30
+        ));
     }
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         let input = cap.receive(h).unwrap();
-        cap.stream_capture(&b, |s| sim.launch(s, sim::Kernel::add(&input, &sink), 50))
-            .unwrap();
-        cap.finish().unwrap();
+        record_and_finish!(cap, &b, |s| sim.launch(
+            s,
+            sim::Kernel::add(&input, &sink),
+            50
+        ));
     }
     let mut replayable = capturing.seal().unwrap();
     for _ in 0..5 {
@@ -485,7 +488,7 @@ proptest! {
                 .map(|w_| cap.receive(ids[w_ as usize].unwrap()).unwrap())
                 .collect();
             let output = ids[r as usize].map(|h| (h, cap.hand_off(h).unwrap()));
-            cap.stream_capture(&streams[0], |s| {
+            record_and_finish!(cap, &streams[0], |s| {
                 for input in &inputs {
                     sim.launch(s, sim::Kernel::add(input, sink), read)?;
                 }
@@ -498,9 +501,7 @@ proptest! {
                 }
                 sim.launch(s, sim::Kernel::scale(&own, 1.0), tail)?;
                 Ok::<(), replay_arena::Error>(())
-            })
-            .unwrap();
-            cap.finish().unwrap();
+            });
         }
         let mut replayable = capturing.seal().unwrap();
         for (step, per_runner) in w.streams.iter().enumerate() {

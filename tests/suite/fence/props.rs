@@ -4,6 +4,7 @@
 //! schedules are caught.
 
 use crate::support;
+use crate::support::record_and_finish;
 
 use proptest::prelude::*;
 use replay_arena::sim::{self, AsSpan, Span};
@@ -81,13 +82,11 @@ fn setup(w: &Workload, s: PlacedPolicy, streams: usize, durations: &[u64]) -> Se
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
         let views: Vec<_> = requests.iter().map(|q| cap.take(*q).unwrap()).collect();
         spans.push(views.iter().map(|v| v.span()).collect());
-        cap.stream_capture(&streams[0], |st| {
+        record_and_finish!(cap, &streams[0], |st| {
             views
                 .iter()
                 .try_for_each(|v| sim.launch(st, sim::Kernel::fill(v, value(r)), durations[r]))
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     Setup {
         replayable: capturing.seal().unwrap(),

@@ -2,6 +2,7 @@
 //! leaves the fence as it was, so nothing later skips a wait it needs.
 
 use crate::support::capture_view;
+use crate::support::steps::allocate_runners;
 use replay_arena::sim::{self, Call, Faults};
 
 use crate::support::steps::allocate_discovered;
@@ -15,13 +16,11 @@ const Q: Request = Request::new(Domain::Device, DType::F32, 64);
 /// Two runners sharing one generation's bytes (G = 1), each filling its
 /// view for 20 ticks.
 fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
-    let d = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [Q])));
-    let mut capturing = d
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_runners(
+        sim,
+        (0..2).map(|r| (RunnerId(r), [Q])),
+        Policy::Generations(1),
+    );
     let s = sim.new_stream();
     for r in 0..2 {
         capture_view(&mut capturing, RunnerId(r), Q, &s, |s, view| {
@@ -123,8 +122,7 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
     let sim = sim::Device::new();
     let s = sim.new_stream();
     let input = Q.purpose(Purpose::Input);
-    let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [input])]).unwrap();
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
+    let mut capturing = allocate_runners(&sim, [(RunnerId(0), [input])], Policy::Generations(1));
     capture_view(&mut capturing, RunnerId(0), input, &s, |s, view| {
         sim.launch(s, sim::Kernel::scale(&view, 2.0), 5)
     });
@@ -176,8 +174,7 @@ fn a_staged_input_whose_write_failed_is_not_staged() {
 fn a_capture_whose_end_fails_leaves_the_stream_usable() {
     let sim = sim::Device::new();
     let s = sim.new_stream();
-    let d = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [Q])]).unwrap();
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
+    let mut capturing = allocate_runners(&sim, [(RunnerId(0), [Q])], Policy::Generations(1));
     for call in [Call::EndCapture, Call::Instantiate, Call::BeginCapture] {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let view = cap.take(Q).unwrap();

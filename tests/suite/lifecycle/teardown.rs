@@ -2,6 +2,7 @@
 //! a failed capture, a failed seal, an allocation failure midway), every arena
 //! it allocated is freed exactly once, after the work that uses it.
 
+use crate::support::record_and_finish;
 use replay_arena::sim;
 use replay_arena::{
     Capturing, DType, Discovering, Domain, Planned, Policy, Request, Result, RunnerId,
@@ -33,11 +34,9 @@ fn capture(
     let cap = capturing.capture(RunnerId(r)).unwrap();
     let f32_view = cap.take(F32_64).unwrap();
     cap.take(BF16_1K).unwrap();
-    cap.stream_capture(stream, |s| {
+    record_and_finish!(cap, stream, |s| {
         sim.launch(s, sim::Kernel::fill(&f32_view, r as f32), 10)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
 }
 
 /// Asserts that `sim` allocated `n` times and freed all of them once.

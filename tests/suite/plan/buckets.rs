@@ -4,6 +4,7 @@
 //! every step on several streams with consumers, race-free and equal to a
 //! model; the typed errors for what crosses buckets.
 
+use crate::support::record_and_finish;
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
@@ -133,7 +134,7 @@ fn rig(buckets: &[BucketSpec], policy: PlacedPolicy, tail: u64) -> Rig {
             let input = input.map(|h| cap.receive(h).unwrap());
             let output = output.map(|h| cap.hand_off(h).unwrap());
             let value_k = c(b, k);
-            cap.stream_capture(&streams[0], |s| {
+            record_and_finish!(cap, &streams[0], |s| {
                 sim.launch(s, sim::Kernel::fill(&view, value_k), 3)?;
                 if let Some(input) = &input {
                     sim.launch(s, sim::Kernel::add(input, &view), 4)?;
@@ -143,9 +144,7 @@ fn rig(buckets: &[BucketSpec], policy: PlacedPolicy, tail: u64) -> Rig {
                 }
                 sim.launch(s, sim::Kernel::scale(&view, 1.0), tail)?;
                 Ok::<(), replay_arena::Error>(())
-            })
-            .unwrap();
-            cap.finish().unwrap();
+            });
             prefix = value.clone();
             prefix.truncate(spec.scale as usize);
             if !spec.chain {
@@ -571,12 +570,10 @@ fn staged_rig(lens: &[usize], tail: u64) -> Staged {
         let cap = capturing.capture(id(b, 0)).unwrap();
         let input = cap.take(ids(n)).unwrap();
         let output = cap.take(out(n)).unwrap();
-        cap.stream_capture(&streams[0], |s| {
+        record_and_finish!(cap, &streams[0], |s| {
             sim.launch(s, sim::Kernel::copy(&input, &output), tail)?;
             sim.launch(s, sim::Kernel::scale(&output, 2.0), 2)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     Staged {
         replayable: capturing.seal().unwrap(),

@@ -2,6 +2,7 @@
 
 use crate::support;
 use crate::support::old_packed;
+use crate::support::record_and_finish;
 use crate::support::steps::allocate_discovered;
 
 use std::collections::BTreeMap;
@@ -124,8 +125,7 @@ proptest! {
                 let pos = users.iter().position(|&u| u == r).unwrap();
                 views.push((pos, v.device_address(), v.device_address() + aligned(q)));
             }
-            cap.stream_capture(&stream, |_| Ok::<(), replay_arena::Error>(())).unwrap();
-            cap.finish().unwrap();
+            record_and_finish!(cap, &stream, |_| Ok::<(), replay_arena::Error>(()));
         }
         for (i, a) in views.iter().enumerate() {
             for b in &views[i + 1..] {
@@ -510,7 +510,7 @@ proptest! {
                 .map(|(&i, sink)| (sink, cap.receive(ids[i]).unwrap()))
                 .collect();
             let outputs: Vec<_> = writes.iter().map(|&i| cap.hand_off(ids[i]).unwrap()).collect();
-            cap.stream_capture(&streams[r % 3], |st| {
+            record_and_finish!(cap, &streams[r % 3], |st| {
                 for (sink, input) in &inputs {
                     sim.launch(st, sim::Kernel::copy(input, *sink), 25)?;
                 }
@@ -518,8 +518,7 @@ proptest! {
                     sim.launch(st, sim::Kernel::fill(v, r as f32), 2)?;
                 }
                 Ok::<(), replay_arena::Error>(())
-            }).unwrap();
-            cap.finish().unwrap();
+            });
         }
         let mut replayable = capturing.seal().unwrap();
         for step in &steps {

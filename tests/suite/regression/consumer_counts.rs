@@ -5,6 +5,7 @@
 //! counter agree.
 
 use crate::support::capture_view;
+use crate::support::record_and_finish;
 use replay_arena::sim;
 use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
 
@@ -25,8 +26,7 @@ fn every_consumer_that_ran_counts_once_whatever_its_runners() {
         });
     }
     let cap = capturing.capture(RunnerId(2)).unwrap();
-    cap.stream_capture(&s, |_| Ok::<(), String>(())).unwrap();
-    cap.finish().unwrap();
+    record_and_finish!(cap, &s, |_| Ok::<(), String>(()));
     let mut rp = capturing.seal().unwrap();
     rp.start_trace().unwrap();
     for r in 0..3 {

@@ -6,6 +6,7 @@
 //! the nodes a capture records are the ones its calls made, and a
 //! temporary used after its free is refused.
 
+use crate::support::record_and_finish;
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
     BackendError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
@@ -27,7 +28,7 @@ fn a_graphs_memory_nodes_are_its_alloc_and_free_calls_and_a_use_after_free_is_re
     let view = cap.take(REQ).unwrap();
     let mut temp = None;
     let mut after_free = None;
-    cap.stream_capture(&pool, |s| {
+    record_and_finish!(cap, &pool, |s| {
         let t = sim.alloc_async(s, N)?;
         sim.launch(s, sim::Kernel::fill(&t, 3.0), 1)?;
         sim.launch(s, sim::Kernel::copy(&t, &view), 1)?;
@@ -35,9 +36,7 @@ fn a_graphs_memory_nodes_are_its_alloc_and_free_calls_and_a_use_after_free_is_re
         after_free = Some(sim.launch(s, sim::Kernel::copy(&t, &view), 1));
         temp = Some(t.span());
         Ok::<(), BackendError>(())
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let refused = after_free.unwrap().unwrap_err().to_string();
     assert!(refused.contains("freed (free_async) before"), "{refused}");
     let t = temp.unwrap();

@@ -12,7 +12,7 @@ use replay_arena::{RunnerId, StepError};
 
 use crate::support::faults::chain::{chain_with, standard};
 use crate::support::faults::fan::{self, all, fan, identity, Item, Spec};
-use crate::support::faults::{under, N, R};
+use crate::support::faults::{under, R};
 
 #[test]
 fn dropping_a_builder_or_a_failed_build_keeps_the_step_copies() {
@@ -72,10 +72,7 @@ fn dropping_a_builder_or_a_failed_build_keeps_the_step_copies() {
 #[test]
 fn a_panicking_step_consumer_keeps_the_cut_copies_and_leaves_no_capture() {
     let mut c = chain_with(2, 2, 1, &mut standard);
-    let pool = c.pool.clone();
-    let sim = c.sim.clone();
-    let side = sim.new_stream();
-    let c_sink = sim.alloc_f32(N).unwrap();
+    let (pool, sim, side, c_sink) = c.apart();
     {
         let r = c.r();
         let res = catch_unwind(AssertUnwindSafe(|| {

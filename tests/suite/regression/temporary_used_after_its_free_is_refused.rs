@@ -6,6 +6,7 @@
 //! at another graph's temporary) is refused or stays hazard-free, and that
 //! a freed temporary's bytes are never handed out again within the graph.
 
+use crate::support::record_and_finish;
 use replay_arena::backend::GraphMemory;
 use replay_arena::sim;
 use replay_arena::Policy;
@@ -173,11 +174,9 @@ fn uaf_probe(
         let cap = capturing.capture(RunnerId(1)).unwrap();
         let input = cap.receive(h).unwrap();
         let sink = sim.alloc_f32(fan::N).unwrap();
-        cap.stream_capture(&s[1], |st| {
+        record_and_finish!(cap, &s[1], |st| {
             sim.launch(st, sim::Kernel::add(&input, &sink), 3)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
         std::mem::forget(sink);
     }
     let sealed = match capturing.seal() {

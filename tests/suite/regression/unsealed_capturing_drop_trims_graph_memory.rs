@@ -5,6 +5,7 @@
 //! as `replan` and a sealed plan's teardown do. Guards that no graph
 //! memory is used or reserved after each such drop.
 
+use crate::support::record_and_finish;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::backend::Streams;
@@ -28,14 +29,12 @@ fn dropping_a_capturing_with_temporaries_gives_graph_memory_back() {
         let mut capturing = planned.allocate(sim.clone()).unwrap();
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let v = cap.take(OWN).unwrap();
-        cap.stream_capture(&s, |s| -> R {
+        record_and_finish!(cap, &s, |s| -> R {
             let t = sim.alloc_async(s, N)?;
             sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
             sim.launch(s, sim::Kernel::copy(&t, &v), 1)?;
             Ok(sim.free_async(s, &t)?)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
         // dropped here without seal or replan
     }
     assert_no_graph_memory(&sim, "after the drop");

@@ -1,5 +1,6 @@
 //! One call for code shared by eager, discovery and captured paths.
 
+use crate::support::record_and_finish;
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
     Buffer, BufferSource, CaptureError, DType, Discovering, DiscoveryError, Domain, Error,
@@ -443,7 +444,7 @@ fn a_receive_of_a_handoff_that_is_not_the_plans_is_refused() {
             ),
             "{err}"
         );
-        cap.stream_capture(&stream_of(&sim), |s| {
+        record_and_finish!(cap, &stream_of(&sim), |s| {
             let mut src = BufferSource::Capture(&cap);
             src.ready(ticket, s)?;
             // The capture recorded it: a second mark is refused.
@@ -453,9 +454,7 @@ fn a_receive_of_a_handoff_that_is_not_the_plans_is_refused() {
                 "{again}"
             );
             Ok::<(), Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let cap = capturing.capture(RunnerId(1)).unwrap();
     let mut src = BufferSource::Capture(&cap);

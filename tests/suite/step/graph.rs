@@ -6,16 +6,10 @@
 //! fenced replay of the same schedule leaves, refuses exactly the
 //! schedules the host fence refuses, and hands the plan back consistent.
 
-use crate::support::steps::allocate_discovered;
+use crate::support::steps::overlap::{world, Shape, World};
 use proptest::prelude::*;
 use replay_arena::sim;
-use replay_arena::{
-    DType, Discovering, Domain, HandoffId, PlanConfig, Policy, ReplayError, Replayable, Request,
-    RunnerId, StepError,
-};
-
-const OWN: Request = Request::new(Domain::Device, DType::F32, 32);
-const GRAD: Request = Request::new(Domain::Device, DType::F32, 32);
+use replay_arena::{ReplayError, Replayable, RunnerId, StepError};
 
 /// One random step.
 #[derive(Debug, Clone)]
@@ -59,7 +53,8 @@ fn schedule() -> impl proptest::strategy::Strategy<Value = Schedule> {
     })
 }
 
-/// The plan of a schedule, captured on `sim`: runner `r` bumps its counter
+/// The plan of a schedule, captured on `sim` (the [`world`] of its runners,
+/// three lanes, an accumulator per consumer): runner `r` bumps its counter
 /// (a program buffer) and copies it into its own view and into the
 /// gradient it hands off (if any); a reader adds what it receives into its
 /// sink. Consumers add a runner's view into their own accumulator.
@@ -78,86 +73,33 @@ struct Setup {
 }
 
 fn setup(w: &Schedule) -> Setup {
-    let n = w.runners.len();
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs: Vec<Option<HandoffId>> = vec![None; n];
-    for r in 0..n {
-        let mut armed = d.arm(RunnerId(r as u32)).unwrap();
-        armed.record(OWN).unwrap();
-        if r > 0 {
-            if let Some(h) = handoffs[r - 1] {
-                armed.receive(h).unwrap();
-            }
-        }
-        if w.runners[r].0 && r + 1 < n {
-            handoffs[r] = Some(armed.hand_off(GRAD).unwrap());
-        }
-    }
-    let sim = sim::Device::new();
-    let lanes = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-    let launch = [sim.new_stream(), sim.new_stream()];
-    let one = sim.alloc_f32(32).unwrap();
-    sim.write_f32(&one, &[1.0; 32]).unwrap();
-    let counts: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
-    let sinks: Vec<sim::HostBuffer> = (0..n).map(|_| sim.alloc_f32(32).unwrap()).collect();
-    let accs: Vec<sim::HostBuffer> = w
-        .consumers
-        .iter()
-        .map(|_| sim.alloc_f32(32).unwrap())
-        .collect();
-    let policy = Policy::Generations(w.generations);
-    let strategy = if w.packed {
-        policy.packed()
-    } else {
-        policy.round_robin()
-    };
-    let mut capturing = allocate_discovered(&sim, d, strategy);
-    for r in 0..n {
-        let (_, ready, _, duration, temporary) = w.runners[r];
-        let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        let own = cap.take(OWN).unwrap();
-        let input = (r > 0)
-            .then(|| handoffs[r - 1])
-            .flatten()
-            .map(|h| cap.receive(h).unwrap());
-        let output = handoffs[r].map(|h| (h, cap.hand_off(h).unwrap()));
-        let (count, sink) = (&counts[r], &sinks[r]);
-        // A runner with a temporary passes its count through it, as a
-        // framework op allocating its output would; its graph has memory
-        // nodes, so a step graph moves in its step copy.
+    let shape = Shape {
+        runners: (w.runners.iter())
+            .map(|&(hands_off, ready, _, duration, temporary)| {
+                (hands_off, ready, temporary, duration)
+            })
+            .collect(),
+        generations: w.generations,
+        packed: w.packed,
         // Two copies: enough for an overlapping step graph.
-        cap.step_copies(2);
-        cap.stream_capture_repeatable(&lanes[0], |s| {
-            sim.launch(s, sim::Kernel::add(&one, count), 1)?;
-            if let Some(input) = &input {
-                sim.launch(s, sim::Kernel::add(input, sink), duration)?;
-            }
-            if let Some((h, out)) = &output {
-                sim.launch(s, sim::Kernel::copy(count, out), 2)?;
-                if ready {
-                    cap.ready(*h, s)?;
-                }
-            }
-            if temporary {
-                let t = sim.alloc_async(s, 32)?;
-                sim.launch(s, sim::Kernel::copy(count, &t), 1)?;
-                sim.launch(s, sim::Kernel::copy(&t, &own), duration)?;
-                sim.free_async(s, &t)?;
-            } else {
-                sim.launch(s, sim::Kernel::copy(count, &own), duration)?;
-            }
-            Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    let mut keep = counts;
-    keep.push(one);
-    let lane_accs = (0..3).map(|_| sim.alloc_f32(32).unwrap()).collect();
-    Setup {
-        replayable: capturing.seal().unwrap(),
+        copies: 2,
+    };
+    let World {
         sim,
+        replayable,
         lanes,
+        sinks,
+        accs,
+        lane_accs,
+        one,
+        _keep: mut keep,
+    } = world(&shape, 3, w.consumers.len());
+    let launch = [sim.new_stream(), sim.new_stream()];
+    keep.push(one);
+    Setup {
+        lanes: lanes.try_into().unwrap(),
+        replayable,
+        sim,
         launch,
         sinks,
         accs,
@@ -182,6 +124,21 @@ fn items(w: &Schedule) -> Vec<(bool, usize)> {
     out
 }
 
+/// A consumer's work: adds the first view it is handed into its own
+/// accumulator (for `duration` ticks) and into its lane's.
+fn consumer_work<'a, A: replay_arena::Access>(
+    sim: &'a sim::Device,
+    acc: &'a sim::HostBuffer,
+    shared: &'a sim::HostBuffer,
+    duration: u64,
+) -> impl FnOnce(&sim::Stream, &[replay_arena::View<'_, A>]) -> Result<(), replay_arena::BackendError> + 'a
+{
+    move |st, v| {
+        sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
+        sim.launch(st, sim::Kernel::add(&v[0], shared), 1)
+    }
+}
+
 /// Runs `steps` steps per runner through the host fence.
 fn per_runner(
     s: &mut Setup,
@@ -196,20 +153,14 @@ fn per_runner(
             } else {
                 let (runner, _, lane, duration, writes) = w.consumers[i];
                 let (sim, acc, shared) = (&s.sim, &s.accs[i], &s.lane_accs[lane]);
-                macro_rules! work {
-                    () => {
-                        |st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
-                            sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
-                            sim.launch(st, sim::Kernel::add(&v[0], shared), 1)
-                        }
-                    };
-                }
                 let lane = &s.lanes[lane];
                 let r = RunnerId(runner as u32);
                 let done = if writes {
-                    s.replayable.consume_mut(r, lane, work!())
+                    s.replayable
+                        .consume_mut(r, lane, consumer_work(sim, acc, shared, duration))
                 } else {
-                    s.replayable.consume(r, lane, work!())
+                    s.replayable
+                        .consume(r, lane, consumer_work(sim, acc, shared, duration))
                 };
                 done.map_err(|e| match e.into_check() {
                     Ok(check) => check,
@@ -239,19 +190,13 @@ fn stepped(
         } else {
             let (runner, _, lane, duration, writes) = w.consumers[i];
             let (sim, acc, shared) = (&s.sim, &s.accs[i], &s.lane_accs[lane]);
-            macro_rules! work {
-                () => {
-                    |st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
-                        sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
-                        sim.launch(st, sim::Kernel::add(&v[0], shared), 1)
-                    }
-                };
-            }
             let r = RunnerId(runner as u32);
             let done = if writes {
-                step.consume_mut(r, &s.lanes[lane], work!()).map(|_| ())
+                step.consume_mut(r, &s.lanes[lane], consumer_work(sim, acc, shared, duration))
+                    .map(|_| ())
             } else {
-                step.consume(r, &s.lanes[lane], work!()).map(|_| ())
+                step.consume(r, &s.lanes[lane], consumer_work(sim, acc, shared, duration))
+                    .map(|_| ())
             };
             done.map_err(|e| match e.into_check() {
                 Ok(check) => StepError::Schedule(check.into()),
@@ -684,19 +629,11 @@ proptest! {
                     let (runner, _, lane, duration, writes) = w.consumers[i];
                     let (sim, acc, shared) =
                         (&graphed.sim, &graphed.accs[i], &graphed.lane_accs[lane]);
-                    macro_rules! work {
-() => {
-|st: &sim::Stream, v: &[replay_arena::View<'_, _>]| {
-                        sim.launch(st, sim::Kernel::add(&v[0], acc), duration)?;
-                        sim.launch(st, sim::Kernel::add(&v[0], shared), 1)
-                    }
-};
-}
                     let r = RunnerId(runner as u32);
                     if writes {
-                        step.consume_mut(r, &graphed.lanes[lane], work!()).map(|_| ()).unwrap();
+                        step.consume_mut(r, &graphed.lanes[lane], consumer_work(sim, acc, shared, duration)).map(|_| ()).unwrap();
                     } else {
-                        step.consume(r, &graphed.lanes[lane], work!()).map(|_| ()).unwrap();
+                        step.consume(r, &graphed.lanes[lane], consumer_work(sim, acc, shared, duration)).map(|_| ()).unwrap();
                     }
                 }
             }

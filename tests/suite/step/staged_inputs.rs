@@ -9,6 +9,7 @@
 //! before anything is enqueued.
 
 use crate::support::capture_view;
+use crate::support::record_and_finish;
 use replay_arena::sim;
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable, Request,
@@ -47,12 +48,10 @@ fn plan(sim: &sim::Device, pool: &sim::Stream) -> Replayable<sim::Device> {
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let (i, o) = (cap.take(input()).unwrap(), cap.take(buf()).unwrap());
-        cap.stream_capture(pool, |s| {
+        record_and_finish!(cap, pool, |s| {
             sim.launch(s, sim::Kernel::copy(&i, &o), 5)?;
             sim.launch(s, sim::Kernel::scale(&o, 2.0), 5)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     for r in 1..3u32 {
         capture_view(&mut capturing, RunnerId(r), buf(), pool, |s, g| {

@@ -5,6 +5,7 @@
 //! intact around the step graph's life, a missing copy is a typed error,
 //! and the plan's report and teardown account for the graph memory.
 
+use crate::support::record_and_finish;
 use crate::support::steps::plan_runners;
 use replay_arena::backend::Streams;
 use replay_arena::sim;
@@ -620,11 +621,9 @@ fn two_ready_points(
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let own = cap.take(OWN).unwrap();
         let input = cap.receive(h).unwrap();
-        cap.stream_capture(&s[r as usize], |st| {
+        record_and_finish!(cap, &s[r as usize], |st| {
             sim.launch(st, sim::Kernel::copy(&input, &own), 5)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     (sim, capturing.seal().unwrap(), s, [h0, h1])
 }

@@ -8,6 +8,7 @@
 //! and the step's results as they would be.
 
 use crate::support;
+use crate::support::record_and_finish;
 use crate::support::steps::{allocate_discovered, plan_runners};
 use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Call, Faults};
@@ -419,24 +420,20 @@ fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_f
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let own = cap.take(REQ).unwrap();
         let out = cap.hand_off(handoff).unwrap();
-        cap.stream_capture(&l.pool[0], |s| {
+        record_and_finish!(cap, &l.pool[0], |s| {
             sim.launch(s, sim::Kernel::fill(&out, 1.0), 4)?;
             cap.ready(handoff, s)?;
             sim.launch(s, sim::Kernel::fill(&own, 2.0), 30)?;
             Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         let own = cap.take(REQ).unwrap();
         let input = cap.receive(handoff).unwrap();
-        cap.stream_capture(&l.pool[1], |s| {
+        record_and_finish!(cap, &l.pool[1], |s| {
             sim.launch(s, sim::Kernel::copy(&input, &own), 6)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let mut replayable = capturing.seal().unwrap();
     replayable.start_trace().unwrap();

@@ -201,6 +201,15 @@ pub fn chain_faulty(
 }
 
 impl Chain {
+    /// Clones of the chain's pool and device, a new side stream and a new
+    /// `N`-element sink: what a test of its step builders holds apart from
+    /// the plan, which the builder borrows.
+    pub fn apart(&self) -> ([sim::Stream; 2], sim::Device, sim::Stream, sim::HostBuffer) {
+        let sim = self.sim.clone();
+        let side = sim.new_stream();
+        let sink = sim.alloc_f32(N).unwrap();
+        (self.pool.clone(), sim, side, sink)
+    }
     pub fn r(&mut self) -> &mut Replayable<sim::Device> {
         self.replayable.as_mut().expect("sealed")
     }
@@ -341,11 +350,9 @@ pub fn two_handoffs(
         let cap = capturing.capture(RunnerId(1 + i as u32)).unwrap();
         let own = cap.take(OWN).unwrap();
         let input = cap.receive(hs[i]).unwrap();
-        cap.stream_capture(&streams[0], |s| {
+        record_and_finish!(cap, &streams[0], |s| {
             sim.launch(s, sim::Kernel::copy(&input, &own), 3)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let r = if errs.is_empty() {
         capturing.seal().map_err(|e| e.to_string())

@@ -262,13 +262,11 @@ pub fn fan_with(
         let own = cap.take(OWN).unwrap();
         let input = cap.receive(gh).unwrap();
         let sink = &sinks[k + 1];
-        cap.stream_capture(&streams[k + 1], |s| -> R {
+        record_and_finish!(cap, &streams[k + 1], |s| -> R {
             sim.launch(s, sim::Kernel::add(&input, sink), 7)?;
             sim.launch(s, sim::Kernel::copy(&input, &own), 1)?;
             Ok(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let (r, failed) = match capturing.seal() {
         Ok(r) => (Some(r), None),

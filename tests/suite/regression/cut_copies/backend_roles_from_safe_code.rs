@@ -10,7 +10,9 @@ use replay_arena::backend::{Capture, Streams};
 use replay_arena::sim;
 use replay_arena::RunnerId;
 
-use crate::support::faults::chain::{chain_with, kept_of, plain, standard, step_launches};
+use crate::support::faults::chain::{
+    chain_with, kept_of, plain, standard, step_launches, up_to_ready,
+};
 use crate::support::faults::{graph_memory, N, R};
 
 #[test]
@@ -41,10 +43,7 @@ fn a_capture_begun_by_the_program_blocks_every_fenced_launch_on_that_stream() {
 #[test]
 fn a_capture_begun_inside_a_consumer_closure_is_refused_or_harmless() {
     let mut c = chain_with(2, 1, 1, &mut plain);
-    let pool = c.pool.clone();
-    let sim = c.sim.clone();
-    let side = sim.new_stream();
-    let sink = sim.alloc_f32(N).unwrap();
+    let (pool, sim, side, sink) = c.apart();
     let r = c.r();
     r.replay(RunnerId(0), &pool[0]).unwrap();
     let res = r.consume(RunnerId(0), &side, |s, v| -> R {
@@ -70,10 +69,7 @@ fn a_capture_begun_inside_a_consumer_closure_is_refused_or_harmless() {
 #[test]
 fn a_capture_begun_inside_a_step_consumer_closure_is_refused_or_harmless() {
     let mut c = chain_with(2, 1, 1, &mut plain);
-    let pool = c.pool.clone();
-    let sim = c.sim.clone();
-    let side = sim.new_stream();
-    let sink = sim.alloc_f32(N).unwrap();
+    let (pool, sim, side, sink) = c.apart();
     let r = c.r();
     let mut step = r.step();
     step.replay(RunnerId(0), &pool[0]).unwrap();
@@ -124,14 +120,7 @@ fn splitting_a_plans_graph_with_temporaries_from_safe_code_leaves_it_intact() {
     let mut c = chain_with(2, 1, 1, &mut |c, s| {
         let sim = c.sim;
         let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
-        if let Some(input) = c.input {
-            sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
-        }
-        if let Some((h, out)) = c.out {
-            sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
-            c.cap.ready(h, s)?;
-        }
+        up_to_ready(c, s)?;
         sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
         let e = sim.create_event()?;
         sim.record_event_node(s, &e)?; // between the temporary's uses

@@ -10,7 +10,7 @@ use replay_arena::sim;
 use replay_arena::{CaptureError, RunnerId, StreamCaptureError};
 
 use crate::support::faults::chain::{
-    chain_with, injected, launch_three, standard, step_launches, two_handoffs, Ctx,
+    chain_with, injected, launch_three, standard, step_launches, two_handoffs, up_to_ready, Ctx,
 };
 use crate::support::faults::{assert_no_graph_memory, N, R};
 
@@ -150,14 +150,7 @@ fn second_run_allocates_only_after_the_cut_differs_from_first() {
         let sim = c.sim;
         if c.run == 1 {
             let t = sim.alloc_async(s, N)?;
-            sim.launch(s, sim::Kernel::add(c.one, c.count), 1)?;
-            if let Some(input) = c.input {
-                sim.launch(s, sim::Kernel::add(input, c.sink), 20)?;
-            }
-            if let Some((h, out)) = c.out {
-                sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
-                c.cap.ready(h, s)?;
-            }
+            up_to_ready(c, s)?;
             sim.launch(s, sim::Kernel::copy(c.count, &t), 5)?;
             sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
             Ok(sim.free_async(s, &t)?)

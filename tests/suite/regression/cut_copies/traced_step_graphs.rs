@@ -9,7 +9,7 @@ use replay_arena::sim::{self, Call, Faults};
 use replay_arena::RunnerId;
 
 use crate::support::faults::chain::{chain_on, chain_with, kept_of, plain, standard, Chain, Ctx};
-use crate::support::faults::{assert_no_graph_memory, assert_nodes_inside_launches, N, R};
+use crate::support::faults::{assert_no_graph_memory, assert_nodes_inside_launches, R};
 
 #[test]
 fn kept_steps_launched_traced_and_untraced_alternately_on_two_streams() {
@@ -137,10 +137,7 @@ fn a_step_graph_mixing_cut_copies_and_copied_graphs_traced() {
                 standard(c, s)
             }
         });
-        let pool = c.pool.clone();
-        let sim = c.sim.clone();
-        let side = sim.new_stream();
-        let sink = sim.alloc_f32(N).unwrap();
+        let (pool, sim, side, sink) = c.apart();
         let r = c.r();
         if trace {
             r.start_trace().unwrap();

@@ -202,10 +202,7 @@ fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
     for inside in [false, true] {
         for write in [false, true] {
             let mut c = chain_with(2, 2, 2, &mut standard);
-            let pool = c.pool.clone();
-            let sim = c.sim.clone();
-            let side = sim.new_stream();
-            let sink = sim.alloc_f32(N).unwrap();
+            let (pool, sim, side, sink) = c.apart();
             {
                 let r = c.r();
                 let mut step = r.step();

@@ -8,10 +8,28 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim::{self, Faults};
-use replay_arena::RunnerId;
+use replay_arena::{RunnerId, StepBuilder};
 
 use crate::support::faults::assert_nodes_inside_launches;
 use crate::support::faults::chain::{chain_faulty, chain_with, standard, Chain};
+
+/// Schedules the replays of `layers` runners on `step`, on alternating streams of
+/// `pool`: whether all were accepted (each refusal goes to `e`).
+fn replay_layers(
+    step: &mut StepBuilder<'_, sim::Device>,
+    layers: usize,
+    pool: &[sim::Stream; 2],
+    e: &mut impl FnMut(Result<(), String>),
+) -> bool {
+    let mut ok = true;
+    for l in 0..layers {
+        if let Err(x) = step.replay(RunnerId(l as u32), &pool[l % 2]) {
+            e(Err(x.to_string()));
+            ok = false;
+        }
+    }
+    ok
+}
 
 /// A program mixing every use of a plan of cut copies (3 copies each):
 /// per-runner replays, a plain step graph launched on alternating
@@ -41,13 +59,7 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
     // A plain step graph, launched on alternating streams.
     let built = {
         let mut step = r.step();
-        let mut ok = true;
-        for l in 0..layers {
-            if let Err(x) = step.replay(RunnerId(l as u32), &pool[l % 2]) {
-                e(Err(x.to_string()));
-                ok = false;
-            }
-        }
+        let mut ok = replay_layers(&mut step, layers, &pool, &mut e);
         if let Err(x) = step.consume(RunnerId(layers as u32 - 1), &side, |s, v| {
             sim.launch(s, sim::Kernel::add(&v[0], sink), 3)
         }) {
@@ -83,13 +95,7 @@ fn program(c: &mut Chain, trace: bool, forget: bool) -> Vec<String> {
     // A kept overlapping step graph.
     let mut kept = {
         let mut step = r.step();
-        let mut ok = true;
-        for l in 0..layers {
-            if let Err(x) = step.replay(RunnerId(l as u32), &pool[l % 2]) {
-                e(Err(x.to_string()));
-                ok = false;
-            }
-        }
+        let ok = replay_layers(&mut step, layers, &pool, &mut e);
         if ok {
             match step.build_overlapping() {
                 Ok(g) => Some(g.keep()),

@@ -5,6 +5,7 @@
 //! does not mark the handoff read, and the reader stays ordered after the
 //! writer. An attack that found no hole.
 
+use crate::support::record_and_finish;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::Policy;
 use replay_arena::{Discovering, HandoffId, PlanConfig, ReplayError, Replayable};
@@ -44,7 +45,7 @@ fn handoff(ready: bool) -> Handoff {
     {
         let cap = capturing.capture(r(0)).unwrap();
         let (w, dx) = (cap.take(Q).unwrap(), cap.hand_off(h).unwrap());
-        cap.stream_capture(&s, |s| {
+        record_and_finish!(cap, &s, |s| {
             sim.launch(s, sim::Kernel::add(&one, &count), 1)?;
             sim.launch(s, sim::Kernel::copy(&count, &dx), 5)?;
             if ready {
@@ -52,16 +53,12 @@ fn handoff(ready: bool) -> Handoff {
             }
             sim.launch(s, sim::Kernel::fill(&w, 1.0), 50)?;
             Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     {
         let cap = capturing.capture(r(1)).unwrap();
         let (w, dy) = (cap.take(Q).unwrap(), cap.receive(h).unwrap());
-        cap.stream_capture(&s, |s| sim.launch(s, sim::Kernel::copy(&dy, &w), 5))
-            .unwrap();
-        cap.finish().unwrap();
+        record_and_finish!(cap, &s, |s| sim.launch(s, sim::Kernel::copy(&dy, &w), 5));
     }
     Handoff {
         rp: capturing.seal().unwrap(),

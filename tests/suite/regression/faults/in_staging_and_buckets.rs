@@ -5,6 +5,7 @@
 //! runner never replays on, and is never consumed after, bytes a failed or
 //! foreign writer left. An attack that found no hole.
 
+use crate::support::record_and_finish;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::Policy;
 use replay_arena::{
@@ -40,12 +41,10 @@ fn buckets(sim: &sim::Device) -> Replayable<sim::Device> {
     for (b, &n) in sizes.iter().enumerate() {
         let cap = capturing.capture(r(b as u32)).unwrap();
         let (i, o) = (cap.take(ids(n)).unwrap(), cap.take(out(n)).unwrap());
-        cap.stream_capture(&s, |s| {
+        record_and_finish!(cap, &s, |s| {
             sim.launch(s, sim::Kernel::copy(&i, &o), 20)?;
             sim.launch(s, sim::Kernel::scale(&o, 2.0), 20)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     capturing.seal().unwrap()
 }

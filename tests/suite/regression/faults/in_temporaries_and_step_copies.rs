@@ -4,6 +4,7 @@
 //! panics. Guards that no graph memory, event or arena is left once the
 //! plan is given up. An attack that found no hole.
 
+use crate::support::steps::allocate_runners;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::backend::{Backend, GraphMemory};
@@ -11,19 +12,12 @@ use replay_arena::sim;
 use replay_arena::{Discovering, PlanConfig, Policy, Replayable};
 
 use crate::support::faults::{assert_clean, at_each_call, graph_memory, r, read0, Attack, N, Q};
-use crate::support::steps::allocate_discovered;
 
 /// Two runners sharing bytes whose graphs pass their value through a
 /// temporary (`alloc_async` / `free_async`), captured repeatably with
 /// `copies` step copies each.
 fn temporaries(sim: &sim::Device, copies: usize) -> Replayable<sim::Device> {
-    let d = Discovering::from_runners(PlanConfig::new(), (0..2).map(|i| (r(i), [Q])));
-    let mut capturing = d
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_runners(sim, (0..2).map(|i| (r(i), [Q])), Policy::Generations(1));
     let s = sim.new_stream();
     for i in 0..2u32 {
         let cap = capturing.capture(r(i)).unwrap();
@@ -110,8 +104,7 @@ fn a_fault_at_each_call_of_a_repeatable_capture_leaks_no_graph_memory() {
 fn a_repeatable_capture_whose_copy_run_panics_fails_and_leaks_nothing() {
     let sim = sim::Device::new();
     let s = sim.new_stream();
-    let d = Discovering::from_runners(PlanConfig::new(), [(r(0), [Q])]).unwrap();
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
+    let mut capturing = allocate_runners(&sim, [(r(0), [Q])], Policy::Generations(1));
     {
         let cap = capturing.capture(r(0)).unwrap();
         let view = cap.take(Q).unwrap();

@@ -4,6 +4,7 @@
 //! dropped capture of a runner that uses no buffers.
 
 use crate::support::capture_view;
+use crate::support::record_and_finish;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
 use replay_arena::{CaptureError, Policy, RunnerId};
@@ -56,7 +57,7 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(F32_64).unwrap();
     let other = sim.new_stream();
-    cap.stream_capture(&stream, |s| {
+    record_and_finish!(cap, &stream, |s| {
         let nested =
             cap.stream_capture(&other, |o| sim.launch(o, sim::Kernel::fill(&view, 9.0), 1));
         assert!(
@@ -71,9 +72,7 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
             "{nested:?}"
         );
         sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)
-    })
-    .unwrap();
-    cap.finish().unwrap();
+    });
     let mut replayable = capturing.seal().unwrap();
     assert_eq!(replayable.graph(RunnerId(0)).unwrap().ops().len(), 1);
     replayable.replay(RunnerId(0), &stream).unwrap();

@@ -2,6 +2,7 @@
 //! input inside the schedule, or not), interleaved with per-runner
 //! staging, replays and consumers, against the same sequence per runner.
 
+use crate::support::record_and_finish;
 use crate::support::steps::kept::Lcg;
 use replay_arena::backend::Streams;
 use replay_arena::sim;
@@ -48,12 +49,10 @@ fn bworld(g: usize, dur: u64) -> Bw {
         let n = BATCH[r as usize / 2];
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let (i, o) = (cap.take(ids(n)).unwrap(), cap.take(out(n)).unwrap());
-        cap.stream_capture(&lanes[0], |st| {
+        record_and_finish!(cap, &lanes[0], |st| {
             sim.launch(st, sim::Kernel::copy(&i, &o), dur)?;
             sim.launch(st, sim::Kernel::scale(&o, 2.0), 1)
-        })
-        .unwrap();
-        cap.finish().unwrap();
+        });
     }
     let sinks = (0..12).map(|_| sim.alloc_f32(64).unwrap()).collect();
     Bw {

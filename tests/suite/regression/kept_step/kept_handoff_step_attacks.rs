@@ -2,7 +2,7 @@
 //! without ready points), interleaved with per-runner replays, against the
 //! same sequence per runner.
 
-use crate::support::steps::allocate_discovered;
+use crate::support::record_and_finish;
 use crate::support::steps::kept::*;
 use replay_arena::sim;
 use replay_arena::{Discovering, PlanConfig, Policy, RunnerId};
@@ -21,44 +21,30 @@ fn hworld(g: usize, ready: bool, dur: u64) -> World {
         }
     }
     let h = h.unwrap();
-    let sim = sim::Device::new();
-    let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.new_stream()).collect();
-    let one = sim.alloc_f32(64).unwrap();
-    sim.write_f32(&one, &[1.0; 64]).unwrap();
-    let counts: Vec<_> = (0..3).map(|_| sim.alloc_f32(64).unwrap()).collect();
-    let accs: Vec<_> = (0..20).map(|_| sim.alloc_f32(64).unwrap()).collect();
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(g));
-    for r in 0..3u32 {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(REQ).unwrap();
-        let input = (r == 1).then(|| cap.receive(h).unwrap());
-        let output = (r == 0).then(|| cap.hand_off(h).unwrap());
-        let c = &counts[r as usize];
-        cap.stream_capture(&lanes[0], |st| {
-            sim.launch(st, sim::Kernel::add(&one, c), 1)?;
-            if let Some(o) = &output {
-                sim.launch(st, sim::Kernel::copy(c, o), 2)?;
-                if ready {
-                    cap.ready(h, st)?;
+    let planned = d.plan(Policy::Generations(g)).unwrap();
+    world_of(planned, 3, |capturing, sim, lanes, one, counts| {
+        for r in 0..3u32 {
+            let cap = capturing.capture(RunnerId(r)).unwrap();
+            let v = cap.take(REQ).unwrap();
+            let input = (r == 1).then(|| cap.receive(h).unwrap());
+            let output = (r == 0).then(|| cap.hand_off(h).unwrap());
+            let c = &counts[r as usize];
+            record_and_finish!(cap, &lanes[0], |st| {
+                sim.launch(st, sim::Kernel::add(one, c), 1)?;
+                if let Some(o) = &output {
+                    sim.launch(st, sim::Kernel::copy(c, o), 2)?;
+                    if ready {
+                        cap.ready(h, st)?;
+                    }
                 }
-            }
-            if let Some(i) = &input {
-                sim.launch(st, sim::Kernel::add(i, c), dur)?;
-            }
-            sim.launch(st, sim::Kernel::copy(c, &v), dur)?;
-            Ok::<(), replay_arena::Error>(())
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    World {
-        rep: capturing.seal().unwrap(),
-        sim,
-        lanes,
-        counts,
-        accs,
-        _one: one,
-    }
+                if let Some(i) = &input {
+                    sim.launch(st, sim::Kernel::add(i, c), dur)?;
+                }
+                sim.launch(st, sim::Kernel::copy(c, &v), dur)?;
+                Ok::<(), replay_arena::Error>(())
+            });
+        }
+    })
 }
 
 fn hfuzz(seed: u64) {

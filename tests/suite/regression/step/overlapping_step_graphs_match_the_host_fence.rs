@@ -235,12 +235,7 @@ fn a_runner_without_bytes_but_with_temporaries_in_overlapping_step_graphs() {
     d.arm(RunnerId(0)).unwrap().record(OWN).unwrap();
     d.arm(RunnerId(1)).unwrap();
     let sim = sim::Device::new();
-    let (a, b, x, y) = (
-        sim.new_stream(),
-        sim.new_stream(),
-        sim.new_stream(),
-        sim.new_stream(),
-    );
+    let [a, b, x, y] = crate::support::streams(&sim);
     let sink = sim.alloc_f32(N).unwrap();
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
     {

@@ -95,12 +95,7 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
             let planned =
                 plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
             let sim = sim::Device::new();
-            let (a, b, x, y) = (
-                sim.new_stream(),
-                sim.new_stream(),
-                sim.new_stream(),
-                sim.new_stream(),
-            );
+            let [a, b, x, y] = crate::support::streams(&sim);
             let mut capturing = planned.allocate(sim.clone()).unwrap();
             for r in 0..2u32 {
                 capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
