@@ -173,6 +173,7 @@ mod capture;
 mod trace;
 mod fence;
 mod replay;
+mod buckets;
 mod step;
 mod error;
 mod source;
@@ -195,6 +196,10 @@ pub use backend::cuda;
 pub use backend::nccl;
 pub use backend::sim;
 pub use backend::{BackendError, Cut};
+pub use buckets::{
+    BucketCapture, BucketDiscovery, BucketError, BucketSealFailed, BucketState, JoinError, Joined,
+    Shortfall,
+};
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
 };

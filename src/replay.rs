@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::backend::{Arena, Backend, BackendError, Cut, Temporaries, Timing};
-use crate::capture::{CaptureError, Capturing, Slot, StepCopy};
+use crate::capture::{CaptureError, Captured, Capturing, Slot, StepCopy};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::fence::{enter, enter_scope, Fence, FenceStats, Operation};
@@ -116,27 +116,14 @@ impl<B: Backend> Capturing<B> {
                 views.extend(views_of(&plan, &res.arenas, slot));
                 let views = start..views.len();
                 match s {
-                    Slot::Captured(c) => RunnerGraph {
-                        graph: Some(c.graph),
-                        copies_made: c.copies.len(),
-                        step_copies: c.copies,
-                        temporaries: c.temporaries,
-                        ready_points: c.ready_points,
-                        views,
-                    },
-                    Slot::Pending | Slot::Failed(_) => RunnerGraph {
-                        graph: None,
-                        copies_made: 0,
-                        step_copies: Vec::new(),
-                        temporaries: Temporaries::default(),
-                        ready_points: Vec::new(),
-                        views,
-                    },
+                    Slot::Captured(c) => RunnerGraph::of(Some(c), views),
+                    Slot::Pending | Slot::Failed(_) => RunnerGraph::of(None, views),
                 }
             })
             .collect();
         Ok(Replayable {
             runners,
+            buckets: crate::buckets::Live::new(plan.bucket_count()),
             id: new_scope_id(),
             fence: Fence::new(res.events, &plan, &ready),
             plan,
@@ -163,6 +150,36 @@ pub(crate) struct RunnerGraph<G> {
     pub(crate) ready_points: Vec<(HandoffId, Cut)>,
     /// Its views in [`Replayable`]'s list of every runner's views.
     pub(crate) views: std::ops::Range<usize>,
+    /// The fence epoch of its latest replay: its bucket's recency
+    /// (`buckets.rs`).
+    pub(crate) used: u64,
+}
+
+impl<G> RunnerGraph<G> {
+    /// The graph of a finished capture (`None`: an empty runner not
+    /// captured), with its views.
+    pub(crate) fn of(captured: Option<Captured<G>>, views: std::ops::Range<usize>) -> Self {
+        match captured {
+            Some(c) => RunnerGraph {
+                graph: Some(c.graph),
+                copies_made: c.copies.len(),
+                step_copies: c.copies,
+                temporaries: c.temporaries,
+                ready_points: c.ready_points,
+                views,
+                used: 0,
+            },
+            None => RunnerGraph {
+                graph: None,
+                copies_made: 0,
+                step_copies: Vec::new(),
+                temporaries: Temporaries::default(),
+                ready_points: Vec::new(),
+                views,
+                used: 0,
+            },
+        }
+    }
 }
 
 impl<G> RunnerGraph<G> {
@@ -225,6 +242,8 @@ pub struct Replayable<B: Backend> {
     /// Runner slot -> its graph, its step copies, its temporaries and its
     /// views. Field order is drop order: graphs, then events, then arenas.
     pub(crate) runners: Vec<RunnerGraph<B::Graph>>,
+    /// Each bucket's state at run time, and the budget (`buckets.rs`).
+    pub(crate) buckets: crate::buckets::Live,
     /// Unique in the process: which plan a kept step graph belongs to.
     pub(crate) id: u64,
     pub(crate) fence: Fence<B>,
@@ -234,7 +253,7 @@ pub struct Replayable<B: Backend> {
     /// set while a consumer of theirs runs, 0 otherwise.
     pub(crate) views: Vec<View<'static>>,
     /// Held for their drop (after graphs and events): views point into them.
-    _arenas: Vec<B::Arena>,
+    pub(crate) _arenas: Vec<B::Arena>,
     pub(crate) backend: B,
 }
 
@@ -297,6 +316,10 @@ impl<B: Backend> Replayable<B> {
             .map_err(|e| Operation::Report.failed(e))?;
         for (r, g) in report.runners.iter_mut().zip(&self.runners) {
             r.temporaries = Some(g.temporaries);
+        }
+        for (b, (state, bytes)) in report.buckets.iter_mut().zip(self.bucket_figures()) {
+            b.state = Some(state);
+            b.temporaries = Some(bytes);
         }
         let mut sizes: Vec<u64> = self.runners.iter().map(|g| g.temporaries.bytes).collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -399,13 +422,14 @@ impl<B: Backend> Replayable<B> {
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
         let Some(graph) = &self.runners[slot].graph else {
-            return Err(ReplayError::NoGraph { runner });
+            return Err(self.no_graph(slot, runner));
         };
         let backend = &self.backend;
         // No capture of any thread may begin on `stream` until the launch
         // and its records are done (they would go into its graph).
         let entered = enter(backend, stream, Operation::Replay(runner))?;
-        self.fence
+        let replayed = self
+            .fence
             .replay(backend, &self.plan, slot, entered.on, || {
                 // SAFETY: the fence made `stream` wait for every earlier
                 // user of the bytes this graph claims (the handoffs it
@@ -414,7 +438,21 @@ impl<B: Backend> Replayable<B> {
                 // the latest user of its bytes and a reader of those
                 // handoffs.
                 unsafe { backend.launch(graph, stream) }
-            })
+            });
+        // Its bucket's recency: one store per replay.
+        self.runners[slot].used = self.fence.epoch();
+        replayed
+    }
+
+    /// Why runner slot `slot` has no graph: its bucket was released, or it
+    /// never had one.
+    #[cold]
+    fn no_graph(&self, slot: usize, runner: RunnerId) -> ReplayError {
+        let bucket = self.plan.runners[slot].record.bucket;
+        match self.bucket_state(bucket) {
+            Ok(crate::buckets::BucketState::Released) => ReplayError::Released { runner, bucket },
+            _ => ReplayError::NoGraph { runner },
+        }
     }
 
     /// Launches `runner`'s graph with no fence for the bytes it
@@ -437,10 +475,9 @@ impl<B: Backend> Replayable<B> {
     /// As [`Replayable::replay`].
     pub unsafe fn replay_unfenced(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
-        let graph = self.runners[slot]
-            .graph
-            .as_ref()
-            .ok_or(ReplayError::NoGraph { runner })?;
+        let Some(graph) = self.runners[slot].graph.as_ref() else {
+            return Err(self.no_graph(slot, runner));
+        };
         let _entered = enter(&self.backend, stream, Operation::Replay(runner))?;
         let failed = |error| ReplayError::from(Operation::Replay(runner).failed(error));
         let record = &self.plan.runners[slot].record;
@@ -891,8 +928,8 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
             });
         }
         let name = self.backend.name();
-        let recorder = Recorder::new(&self.backend, name, uses)
-            .map_err(|e| Operation::TraceMark.failed(e))?;
+        let recorder =
+            Recorder::new(&self.backend, name, uses).map_err(|e| Operation::TraceMark.failed(e))?;
         self.fence.observe(Some(Box::new(recorder)));
         Ok(())
     }
@@ -915,7 +952,7 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
 }
 
 /// The views of runner slot `slot`, in request order, in no scope.
-fn views_of<'p, 'v, A: Arena>(
+pub(crate) fn views_of<'p, 'v, A: Arena>(
     plan: &'p Planned,
     arenas: &'p [A],
     slot: usize,
