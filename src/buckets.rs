@@ -33,29 +33,9 @@ use crate::discover::{ArmedRunner, Discovering, DiscoveryError};
 use crate::failed::Failed;
 use crate::failure::{BackendFailure, Operation};
 use crate::plan::{Fitted, Planned, RunnerPlan};
+use crate::replay::live::BucketLive;
 use crate::replay::{views_of, Replayable, RunnerGraph};
-use crate::vocab::{BucketId, Key, RunnerId};
-
-/// Whether a bucket's graphs are held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[non_exhaustive]
-pub enum BucketState {
-    /// Its runners' graphs are captured: it replays.
-    Captured,
-    /// Its graphs were released ([`Replayable::release_bucket`], or the
-    /// budget): capture it again to replay it.
-    Released,
-}
-
-impl fmt::Display for BucketState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BucketState::Captured => "captured",
-            BucketState::Released => "released",
-        })
-    }
-}
+use crate::vocab::{BucketId, BucketState, Key, RunnerId};
 
 /// One arena a joining bucket needs more of ([`JoinError::DoesNotFit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -124,7 +104,7 @@ pub enum JoinError {
     },
     /// The bucket's discovery failed.
     #[error(transparent)]
-    Discovery(#[from] DiscoveryError),
+    Discovery(Box<DiscoveryError>),
     /// The bucket recorded nothing.
     #[error("bucket {name:?} armed no runner")]
     NoRunners {
@@ -142,7 +122,7 @@ pub enum JoinError {
     },
     /// Planning the bucket alone failed.
     #[error("the bucket cannot be planned: {0}")]
-    Plan(#[from] crate::plan::PlanError),
+    Plan(Box<crate::plan::PlanError>),
     /// The bucket needs more bytes than the plan's arenas have; the plan
     /// grows only by a new plan ([`Replayable::replan`] with the bucket
     /// declared: every bucket is captured again).
@@ -159,7 +139,7 @@ pub enum JoinError {
     ArenasGone,
     /// A capture of the bucket, or its seal, failed.
     #[error(transparent)]
-    Capture(#[from] CaptureError),
+    Capture(Box<CaptureError>),
     /// The budget has no room and every other captured bucket has work in
     /// flight (or there is no other).
     #[error(transparent)]
@@ -167,6 +147,24 @@ pub enum JoinError {
     /// A backend call failed (creating the joined runners' events).
     #[error(transparent)]
     Backend(#[from] BackendFailure),
+}
+
+impl From<DiscoveryError> for JoinError {
+    fn from(e: DiscoveryError) -> JoinError {
+        JoinError::Discovery(Box::new(e))
+    }
+}
+
+impl From<CaptureError> for JoinError {
+    fn from(e: CaptureError) -> JoinError {
+        JoinError::Capture(Box::new(e))
+    }
+}
+
+impl From<crate::plan::PlanError> for JoinError {
+    fn from(e: crate::plan::PlanError) -> JoinError {
+        JoinError::Plan(Box::new(e))
+    }
 }
 
 /// A bucket operation on a sealed plan that cannot be done.
@@ -215,78 +213,6 @@ pub enum BucketError {
     /// released.
     #[error(transparent)]
     Backend(#[from] BackendFailure),
-}
-
-/// What the plan holds of its buckets at run time: per bucket its state,
-/// and the budget.
-#[derive(Debug, Default)]
-pub(crate) struct Live {
-    buckets: Vec<BucketLive>,
-    /// The most buckets whose graphs are held (`None`: no limit).
-    budget: Option<usize>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct BucketLive {
-    captured: bool,
-    /// Captures of it so far (a kept step graph knows the one it was
-    /// built from).
-    serial: u64,
-    /// The fence epoch of its latest kept step graph launch.
-    stepped: u64,
-}
-
-impl Live {
-    /// `count` buckets, every one captured once.
-    pub(crate) fn new(count: usize) -> Live {
-        Live {
-            buckets: vec![
-                BucketLive {
-                    captured: true,
-                    serial: 1,
-                    stepped: 0,
-                };
-                count
-            ],
-            budget: None,
-        }
-    }
-
-    /// Each of `buckets` with the capture it has now.
-    pub(crate) fn captures(
-        &self,
-        buckets: impl IntoIterator<Item = BucketId>,
-    ) -> Vec<(BucketId, u64)> {
-        let mut out: Vec<(BucketId, u64)> = Vec::new();
-        for b in buckets {
-            if !out.iter().any(|(x, _)| *x == b) {
-                let serial = self.buckets.get(b.0 as usize).map_or(0, |s| s.serial);
-                out.push((b, serial));
-            }
-        }
-        out
-    }
-
-    /// The first of `captures` (bucket, capture) whose capture is gone.
-    pub(crate) fn released_of(&self, captures: &[(BucketId, u64)]) -> Option<BucketId> {
-        captures.iter().find_map(|&(b, serial)| {
-            let live = self.buckets.get(b.0 as usize)?;
-            (!live.captured || live.serial != serial).then_some(b)
-        })
-    }
-
-    /// A kept step graph of `captures` launched at fence epoch `epoch`.
-    pub(crate) fn stepped(&mut self, captures: &[(BucketId, u64)], epoch: u64) {
-        for &(b, _) in captures {
-            if let Some(live) = self.buckets.get_mut(b.0 as usize) {
-                live.stepped = epoch;
-            }
-        }
-    }
-
-    fn captured(&self) -> usize {
-        self.buckets.iter().filter(|b| b.captured).count()
-    }
 }
 
 /// A bucket's eager run against a sealed plan
@@ -590,6 +516,7 @@ impl<'r, B: Backend + Clone> BucketDiscovery<'r, B> {
             Err((Err(error), _)) => return Err(error.into()),
         };
         let runners = fitted.runners.clone();
+        let fitted = Box::new(fitted);
         BucketCapture::open(replayable, runners, Target::Join { name, fitted })
     }
 }
@@ -597,7 +524,7 @@ impl<'r, B: Backend + Clone> BucketDiscovery<'r, B> {
 /// What a [`BucketCapture`] seals into.
 enum Target {
     /// A new bucket joins.
-    Join { name: String, fitted: Fitted },
+    Join { name: String, fitted: Box<Fitted> },
     /// A released bucket is captured again (its runners' slots).
     Again { bucket: BucketId, slots: Vec<usize> },
 }
@@ -714,7 +641,7 @@ impl<'r, B: Backend> BucketCapture<'r, B> {
     pub fn capture(
         &mut self,
         runner: RunnerId,
-    ) -> Result<crate::RunnerCapture<'_, B>, CaptureError> {
+    ) -> Result<crate::capture::RunnerCapture<'_, B>, CaptureError> {
         self.capturing().capture(runner)
     }
 
@@ -803,7 +730,7 @@ impl<'r, B: Backend> BucketCapture<'r, B> {
         });
         match target {
             Target::Join { name, fitted } => {
-                let added = r.plan.join_bucket(name, fitted);
+                let added = r.plan.join_bucket(name, *fitted);
                 for (slot, c) in added.clone().zip(graphs) {
                     let start = r.views.len();
                     let views: Vec<_> = views_of(&r.plan, &r._arenas, slot).collect();

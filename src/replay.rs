@@ -73,6 +73,8 @@ impl<T> From<Failed<CaptureError, T>> for CaptureError {
     }
 }
 
+pub(crate) mod live;
+
 type Result<T, E = ReplayError> = std::result::Result<T, E>;
 
 impl<B: Backend> Capturing<B> {
@@ -123,7 +125,7 @@ impl<B: Backend> Capturing<B> {
             .collect();
         Ok(Replayable {
             runners,
-            buckets: crate::buckets::Live::new(plan.bucket_count()),
+            buckets: live::Live::new(plan.bucket_count()),
             id: new_scope_id(),
             fence: Fence::new(res.events, &plan, &ready),
             plan,
@@ -243,7 +245,7 @@ pub struct Replayable<B: Backend> {
     /// views. Field order is drop order: graphs, then events, then arenas.
     pub(crate) runners: Vec<RunnerGraph<B::Graph>>,
     /// Each bucket's state at run time, and the budget (`buckets.rs`).
-    pub(crate) buckets: crate::buckets::Live,
+    pub(crate) buckets: live::Live,
     /// Unique in the process: which plan a kept step graph belongs to.
     pub(crate) id: u64,
     pub(crate) fence: Fence<B>,
@@ -450,7 +452,7 @@ impl<B: Backend> Replayable<B> {
     fn no_graph(&self, slot: usize, runner: RunnerId) -> ReplayError {
         let bucket = self.plan.runners[slot].record.bucket;
         match self.bucket_state(bucket) {
-            Ok(crate::buckets::BucketState::Released) => ReplayError::Released { runner, bucket },
+            Ok(crate::vocab::BucketState::Released) => ReplayError::Released { runner, bucket },
             _ => ReplayError::NoGraph { runner },
         }
     }

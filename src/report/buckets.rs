@@ -31,7 +31,7 @@ pub struct BucketReport {
         feature = "serde",
         serde(default, skip_serializing_if = "Option::is_none")
     )]
-    pub state: Option<crate::BucketState>,
+    pub state: Option<crate::vocab::BucketState>,
     /// What its runners' graphs allocate as temporaries, in bytes (a
     /// sealed plan's report only).
     #[cfg_attr(

@@ -265,9 +265,12 @@ fn bad_joins_are_typed_errors() {
         "not a runner of this bucket"
     );
     let failed = capture.seal().unwrap_err();
+    let JoinError::Capture(error) = failed.error() else {
+        panic!("{}", failed.error());
+    };
     assert!(matches!(
-        failed.error(),
-        JoinError::Capture(replay_arena::CaptureError::Unfinished { .. })
+        **error,
+        replay_arena::CaptureError::Unfinished { .. }
     ));
     drop(failed);
     assert_eq!(r.plan().buckets().count(), 2, "nothing joined");
