@@ -19,7 +19,6 @@
 
 use std::time::Instant;
 
-use replay_arena::backend::Backend;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
@@ -138,7 +137,7 @@ fn main() -> R<()> {
         unsafe { l.launch(config(max)) }.map_err(err)?;
     }
     cu.synchronize()?;
-    let before = backend.graph_memory_in_use()?.unwrap_or_default();
+    let before = backend.graph_memory_in_use()?;
 
     // The eager run of `batch`, on the program's own buffers: the address
     // of its last output.
@@ -216,7 +215,7 @@ fn main() -> R<()> {
     }
     s.synchronize()?;
     let started = t0.elapsed();
-    let after = backend.graph_memory_in_use()?.unwrap_or_default();
+    let after = backend.graph_memory_in_use()?;
     let arena = replayable.plan().report().plan_bytes;
 
     // Every bucket's step graph once, its output against eager, bitwise.

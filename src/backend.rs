@@ -742,6 +742,20 @@ pub trait Streams {
     /// The runtime's error (a sticky device error, say).
     fn synchronize_event(&self, event: &Self::Event) -> Result<(), BackendError>;
 
+    /// Whether the event's latest record has completed, without blocking
+    /// (an event never recorded has). Run-time buckets ask it before they
+    /// release a bucket's graphs ([`Replayable::set_bucket_budget`](crate::Replayable::set_bucket_budget)).
+    /// The default answers `false` (not known to be done): such a backend
+    /// never releases a bucket.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error (a sticky device error, say).
+    fn event_done(&self, event: &Self::Event) -> Result<bool, BackendError> {
+        let _ = event;
+        Ok(false)
+    }
+
     /// Whether `stream` is capturing.
     ///
     /// # Errors

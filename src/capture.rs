@@ -296,7 +296,7 @@ pub(crate) struct Trimmed<B: Backend> {
 }
 
 impl<B: Backend> Trimmed<B> {
-    fn new(backend: B) -> Self {
+    pub(crate) fn new(backend: B) -> Self {
         Trimmed {
             backend: std::mem::ManuallyDrop::new(backend),
             trim: false,

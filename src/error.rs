@@ -60,6 +60,12 @@ pub enum Error {
     /// A step graph could not be launched.
     #[error(transparent)]
     StepLaunch(#[from] StepLaunchError),
+    /// A bucket could not join a sealed plan, or be captured again.
+    #[error(transparent)]
+    Join(#[from] crate::buckets::JoinError),
+    /// A bucket operation (the budget, a release) failed.
+    #[error(transparent)]
+    Bucket(#[from] crate::buckets::BucketError),
     /// A backend call of an operation with no other failure failed
     /// (`report`, `synchronize`, `replan`, ...).
     #[error(transparent)]
@@ -233,6 +239,8 @@ macro_rules! from_errors {
         $crate::from_errors!(@via $ty: $crate::TraceError);
         $crate::from_errors!(@via $ty: $crate::StepError);
         $crate::from_errors!(@via $ty: $crate::StepLaunchError);
+        $crate::from_errors!(@via $ty: $crate::JoinError);
+        $crate::from_errors!(@via $ty: $crate::BucketError);
         $crate::from_errors!(@via $ty: $crate::BackendFailure);
         $crate::from_errors!(@via $ty: $crate::UnknownRunner);
         $crate::from_errors!(@via $ty: $crate::BackendError);

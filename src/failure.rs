@@ -5,7 +5,7 @@
 //! `capture` and `fence`, so both report it.
 
 use crate::backend::BackendError;
-use crate::vocab::RunnerId;
+use crate::vocab::{BucketId, RunnerId};
 
 /// An operation of a plan: what a [`StreamCapturing`](crate::StreamCapturing) refused, or what a
 /// [`BackendFailure`] failed in.
@@ -50,6 +50,14 @@ pub enum Operation {
     /// A timing mark of a trace ([`Replayable::start_trace`](crate::Replayable::start_trace),
     /// [`Replayable::finish_trace`](crate::Replayable::finish_trace)).
     TraceMark,
+    /// Sealing a bucket into a sealed plan
+    /// ([`BucketCapture::seal`](crate::BucketCapture::seal)): its runners'
+    /// events.
+    Join(BucketId),
+    /// Asking whether the bucket's work is done, before its graphs are
+    /// released ([`Replayable::release_bucket`](crate::Replayable::release_bucket),
+    /// the budget).
+    Release(BucketId),
 }
 
 impl Operation {
@@ -93,6 +101,8 @@ impl std::fmt::Display for Operation {
             Operation::Synchronize => f.write_str("synchronize"),
             Operation::Replan => f.write_str("wait for the plan's work before replanning"),
             Operation::TraceMark => f.write_str("timing mark of a trace"),
+            Operation::Join(b) => write!(f, "join of {b}"),
+            Operation::Release(b) => write!(f, "release of {b}"),
         }
     }
 }

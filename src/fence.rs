@@ -1257,6 +1257,77 @@ impl<B: Streams> Fence<B> {
     }
 }
 
+/// Run-time buckets (`buckets.rs`): runners that join the sealed plan, and
+/// whether a bucket's work is still in flight.
+impl<B: Streams> Fence<B> {
+    /// Runner slots `plan.runners.len() - events.len()..` joined the plan
+    /// (a plan without handoffs: no handoff slot follows the runners), with
+    /// these events (fenced runners only). They are used by nothing yet.
+    /// The epoch moves on: a kept step graph's next launch starts from the
+    /// fence's state now.
+    pub(crate) fn add_runners(&mut self, plan: &Planned, events: Vec<Option<B::Event>>) {
+        debug_assert!(plan.handoffs.is_empty() && !self.in_transaction());
+        let start = plan.runners.len() - events.len();
+        for (r, event) in plan.runners[start..].iter().zip(events) {
+            self.runners.push(Runner::new(event));
+            self.layout.admit_claims.push(r.claims.clone());
+            self.layout.read_at.push(Vec::new());
+            let inputs = r.record.requests.iter();
+            let stages =
+                !r.claims.is_empty() && inputs.into_iter().any(|q| q.purpose == Purpose::Input);
+            self.layout.stages.push(stages);
+            self.ledger.unstaged.push(false);
+        }
+        self.layout.handoff_base = plan.runners.len();
+        self.epoch += 1;
+    }
+
+    /// Whether any work the fence ordered on runner slots `slots` (their
+    /// latest replays and consumers) may still run: records the deferred
+    /// events (at the tail of their streams) and asks the backend of each,
+    /// without blocking. One transaction: on an error the fence is as it
+    /// was; once records went out, the epoch moves on.
+    pub(crate) fn in_flight(
+        &mut self,
+        backend: &B,
+        slots: &[usize],
+    ) -> std::result::Result<bool, BackendError> {
+        self.begin();
+        let claims = self.claims;
+        let mut busy = false;
+        let asked = slots
+            .iter()
+            .try_for_each(|&slot| -> std::result::Result<(), BackendError> {
+                if self.runners[slot].event.is_none() {
+                    return Ok(());
+                }
+                self.save(slot);
+                for at in 0..self.runners[slot].readers.len() {
+                    self.save_reader(slot, at);
+                }
+                let runner = &mut self.runners[slot];
+                let mut done =
+                    |event: &B::Event, completion: &mut Option<Completion<B::Stream>>| {
+                        if completion.is_none() || busy {
+                            return Ok(());
+                        }
+                        record_pending(backend, event, completion, claims)?;
+                        busy |= !backend.event_done(event)?;
+                        Ok::<(), BackendError>(())
+                    };
+                if let Some(event) = &runner.event {
+                    done(event, &mut runner.completion)?;
+                }
+                for reader in &mut runner.readers {
+                    done(&reader.event, &mut reader.completion)?;
+                }
+                Ok(())
+            });
+        self.settle_transaction(asked)?;
+        Ok(busy)
+    }
+}
+
 /// Records `event` where `completion` is still pending (on that stream) and
 /// marks it recorded; `Ok(true)` when a record was issued. With `claims`
 /// (a real backend's fence), the stream is claimed for the record: a

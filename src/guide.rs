@@ -13,6 +13,11 @@
 //! link of a page has both definitions and that they name the same page
 //! and heading; a module path that does not resolve fails the doc build.
 
+//!
+//! Shape buckets join a sealed plan at run time, within a budget of
+//! captured buckets the program sets: `lifecycle`'s "Buckets at run time"
+//! (its example runs on `sim`).
+
 #![deny(rustdoc::broken_intra_doc_links)]
 
 /// The docs.rs targets of the guides' links, one per label a page uses:

@@ -173,6 +173,7 @@ mod capture;
 mod trace;
 mod fence;
 mod replay;
+mod buckets;
 mod step;
 mod error;
 mod source;
@@ -195,6 +196,9 @@ pub use backend::cuda;
 pub use backend::nccl;
 pub use backend::sim;
 pub use backend::{BackendError, Cut};
+pub use buckets::{
+    BucketCapture, BucketDiscovery, BucketError, BucketSealFailed, JoinError, Joined, Shortfall,
+};
 pub use capture::{
     AllocateFailed, CaptureError, CaptureFailure, Capturing, RunnerCapture, StreamCaptureError,
 };
@@ -219,8 +223,8 @@ pub use step::{KeptStep, ScheduleError, StepBuilder, StepError, StepGraph, StepL
 pub use trace::{Trace, Use, UseKind, Waited};
 pub use view::{Access, Misuse, ReadOnly, ReadWrite, SliceError, View, ViewsExt, Writable};
 pub use vocab::{
-    BucketId, DType, Domain, GroupId, HandoffId, HandoffTicket, Key, ParamId, Purpose, Request,
-    RunnerId, DEVICE_ALIGNMENT, SYMMETRIC_ALIGNMENT,
+    BucketId, BucketState, DType, Domain, GroupId, HandoffId, HandoffTicket, Key, ParamId, Purpose,
+    Request, RunnerId, DEVICE_ALIGNMENT, SYMMETRIC_ALIGNMENT,
 };
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]

@@ -11,7 +11,7 @@ use crate::placement::{self, Column, Timeline};
 use crate::vocab::{HandoffId, Key, Request, RunnerId};
 
 mod buckets;
-pub(crate) use buckets::BucketPlan;
+pub(crate) use buckets::{BucketPlan, Fitted};
 
 /// A plan that cannot be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

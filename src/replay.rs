@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::backend::{Arena, Backend, BackendError, Cut, Temporaries, Timing};
-use crate::capture::{CaptureError, Capturing, Slot, StepCopy};
+use crate::capture::{CaptureError, Captured, Capturing, Slot, StepCopy};
 use crate::discover::Discovering;
 use crate::failed::Failed;
 use crate::fence::{
@@ -75,6 +75,8 @@ impl<T> From<Failed<CaptureError, T>> for CaptureError {
     }
 }
 
+pub(crate) mod live;
+
 type Result<T, E = ReplayError> = std::result::Result<T, E>;
 
 impl<B: Backend> Capturing<B> {
@@ -118,27 +120,14 @@ impl<B: Backend> Capturing<B> {
                 views.extend(views_of(&plan, &res.arenas, slot));
                 let views = start..views.len();
                 match s {
-                    Slot::Captured(c) => RunnerGraph {
-                        graph: Some(c.graph),
-                        copies_made: c.copies.len(),
-                        step_copies: c.copies,
-                        temporaries: c.temporaries,
-                        ready_points: c.ready_points,
-                        views,
-                    },
-                    Slot::Pending | Slot::Failed(_) => RunnerGraph {
-                        graph: None,
-                        copies_made: 0,
-                        step_copies: Vec::new(),
-                        temporaries: Temporaries::default(),
-                        ready_points: Vec::new(),
-                        views,
-                    },
+                    Slot::Captured(c) => RunnerGraph::of(Some(c), views),
+                    Slot::Pending | Slot::Failed(_) => RunnerGraph::of(None, views),
                 }
             })
             .collect();
         Ok(Replayable {
             runners,
+            buckets: live::Live::new(plan.bucket_count()),
             id: new_scope_id(),
             fence: Fence::new(res.events, &plan, &ready),
             plan,
@@ -165,6 +154,36 @@ pub(crate) struct RunnerGraph<G> {
     pub(crate) ready_points: Vec<(HandoffId, Cut)>,
     /// Its views in [`Replayable`]'s list of every runner's views.
     pub(crate) views: std::ops::Range<usize>,
+    /// The fence epoch of its latest replay: its bucket's recency
+    /// (`buckets.rs`).
+    pub(crate) used: u64,
+}
+
+impl<G> RunnerGraph<G> {
+    /// The graph of a finished capture (`None`: an empty runner not
+    /// captured), with its views.
+    pub(crate) fn of(captured: Option<Captured<G>>, views: std::ops::Range<usize>) -> Self {
+        match captured {
+            Some(c) => RunnerGraph {
+                graph: Some(c.graph),
+                copies_made: c.copies.len(),
+                step_copies: c.copies,
+                temporaries: c.temporaries,
+                ready_points: c.ready_points,
+                views,
+                used: 0,
+            },
+            None => RunnerGraph {
+                graph: None,
+                copies_made: 0,
+                step_copies: Vec::new(),
+                temporaries: Temporaries::default(),
+                ready_points: Vec::new(),
+                views,
+                used: 0,
+            },
+        }
+    }
 }
 
 impl<G> RunnerGraph<G> {
@@ -227,6 +246,8 @@ pub struct Replayable<B: Backend> {
     /// Runner slot -> its graph, its step copies, its temporaries and its
     /// views. Field order is drop order: graphs, then events, then arenas.
     pub(crate) runners: Vec<RunnerGraph<B::Graph>>,
+    /// Each bucket's state at run time, and the budget (`buckets.rs`).
+    pub(crate) buckets: live::Live,
     /// Unique in the process: which plan a kept step graph belongs to.
     pub(crate) id: u64,
     pub(crate) fence: Fence<B>,
@@ -236,7 +257,7 @@ pub struct Replayable<B: Backend> {
     /// set while a consumer of theirs runs, 0 otherwise.
     pub(crate) views: Vec<View<'static>>,
     /// Held for their drop (after graphs and events): views point into them.
-    _arenas: Vec<B::Arena>,
+    pub(crate) _arenas: Vec<B::Arena>,
     pub(crate) backend: B,
 }
 
@@ -299,6 +320,10 @@ impl<B: Backend> Replayable<B> {
             .map_err(|e| Operation::Report.failed(e))?;
         for (r, g) in report.runners.iter_mut().zip(&self.runners) {
             r.temporaries = Some(g.temporaries);
+        }
+        for (b, (state, bytes)) in report.buckets.iter_mut().zip(self.bucket_figures()) {
+            b.state = Some(state);
+            b.temporaries = Some(bytes);
         }
         let mut sizes: Vec<u64> = self.runners.iter().map(|g| g.temporaries.bytes).collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -401,7 +426,7 @@ impl<B: Backend> Replayable<B> {
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
         let Some(graph) = &self.runners[slot].graph else {
-            return Err(ReplayError::NoGraph { runner });
+            return Err(self.no_graph(slot, runner));
         };
         let backend = &self.backend;
         let op = Operation::Replay(runner);
@@ -420,10 +445,23 @@ impl<B: Backend> Replayable<B> {
                 // handoffs.
                 unsafe { backend.launch(graph, stream) }
             });
+        // Its bucket's recency: one store per replay.
+        self.runners[slot].used = self.fence.epoch();
         match replayed {
             Err(ReplayError::Backend(failure)) => Err(refused_by_capture(backend, stream, op)
                 .map_or(ReplayError::Backend(failure), ReplayError::StreamCapturing)),
             done => done,
+        }
+    }
+
+    /// Why runner slot `slot` has no graph: its bucket was released, or it
+    /// never had one.
+    #[cold]
+    fn no_graph(&self, slot: usize, runner: RunnerId) -> ReplayError {
+        let bucket = self.plan.runners[slot].record.bucket;
+        match self.bucket_state(bucket) {
+            Ok(crate::vocab::BucketState::Released) => ReplayError::Released { runner, bucket },
+            _ => ReplayError::NoGraph { runner },
         }
     }
 
@@ -447,10 +485,9 @@ impl<B: Backend> Replayable<B> {
     /// As [`Replayable::replay`].
     pub unsafe fn replay_unfenced(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<()> {
         let slot = self.slot(runner)?;
-        let graph = self.runners[slot]
-            .graph
-            .as_ref()
-            .ok_or(ReplayError::NoGraph { runner })?;
+        let Some(graph) = self.runners[slot].graph.as_ref() else {
+            return Err(self.no_graph(slot, runner));
+        };
         let op = Operation::Replay(runner);
         let _entered = enter_replay(&self.backend, stream, op)?;
         let failed = |error| match refused_by_capture(&self.backend, stream, op) {
@@ -929,7 +966,7 @@ impl<B: Backend + Timing + 'static> Replayable<B> {
 }
 
 /// The views of runner slot `slot`, in request order, in no scope.
-fn views_of<'p, 'v, A: Arena>(
+pub(crate) fn views_of<'p, 'v, A: Arena>(
     plan: &'p Planned,
     arenas: &'p [A],
     slot: usize,

@@ -127,6 +127,14 @@ pub enum StepLaunchError {
     /// plan than the one it was built for.
     #[error("this kept step graph belongs to another plan: launch it with the Replayable it was built from")]
     ForeignStep,
+    /// A kept step graph of a bucket whose graphs were released since it
+    /// was built (a capture of the bucket since does not bring it back:
+    /// build the step again).
+    #[error("this kept step graph was built from {bucket}, whose graphs were released since; build it again after capturing the bucket again")]
+    Released {
+        /// The bucket.
+        bucket: crate::vocab::BucketId,
+    },
     /// The schedule fails a check the fence makes from its state now (a
     /// kept step graph launched after a per-runner replay that overwrote a
     /// runner its consumer reads, say).

@@ -585,3 +585,24 @@ impl std::fmt::Display for HandoffTicket {
         }
     }
 }
+
+/// Whether a bucket's graphs are held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub enum BucketState {
+    /// Its runners' graphs are captured: it replays.
+    Captured,
+    /// Its graphs were released ([`Replayable::release_bucket`], or the
+    /// budget): capture it again to replay it.
+    Released,
+}
+
+impl fmt::Display for BucketState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BucketState::Captured => "captured",
+            BucketState::Released => "released",
+        })
+    }
+}

@@ -89,6 +89,9 @@ struct SimState {
     /// Bytes reserved for graph allocations: as a driver's pool, it grows
     /// with use and shrinks only when trimmed (`trim_graph_memory`).
     graph_reserved: u64,
+    /// The time the host last waited for everything (a full synchronize):
+    /// an event recorded no later has completed ([`Streams::event_done`](crate::backend::Streams::event_done)).
+    host_time: u64,
 }
 
 fn lock(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {

@@ -88,6 +88,16 @@ pub enum ReplayError {
         /// The runner.
         runner: RunnerId,
     },
+    /// The runner's bucket was released: its graphs are gone (the budget
+    /// made room for another bucket). Capture it again with
+    /// [`Replayable::recapture_bucket`](crate::Replayable::recapture_bucket).
+    #[error("{runner} is in {bucket}, whose graphs were released to stay within the bucket budget; capture the bucket again first")]
+    Released {
+        /// The runner.
+        runner: RunnerId,
+        /// Its bucket.
+        bucket: BucketId,
+    },
     /// A runner that reads a handoff was replayed before the handoff's
     /// writer was ever replayed.
     #[error("{reader} reads {handoff}, which {writer} writes, and {writer} was never replayed; replay runners in the order discovery armed them")]

@@ -334,3 +334,146 @@ impl Planned {
             .fold(0, u64::saturating_add)
     }
 }
+
+/// A bucket that joins a sealed plan: its runners placed as a plan of
+/// their own would place them, in the sealed plan's arenas.
+#[derive(Clone, Debug)]
+pub(crate) struct Fitted {
+    /// Its runners, their extents in the sealed plan's arenas and their
+    /// claims derived from them, in capture order.
+    pub(crate) runners: Vec<RunnerPlan>,
+    /// Its plan alone (for the report and for what a grown plan needs).
+    pub(crate) alone: Planned,
+}
+
+/// One (key, generation) a bucket needs more of than the sealed plan has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Short {
+    pub(crate) key: Key,
+    pub(crate) generation: Option<usize>,
+    pub(crate) needed: u64,
+    pub(crate) available: u64,
+}
+
+impl Planned {
+    /// Plans `records` (one bucket, named `name`, numbered `bucket`) alone
+    /// with this plan's policy and placement, at most this plan's `G`
+    /// generations (the fence's regions stay as they are), and fits it in
+    /// this plan's arenas: `Err` with every (key, generation) it needs more
+    /// of, or the planning error. The records come back on failure.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn fit_bucket(
+        &self,
+        name: &str,
+        bucket: BucketId,
+        mut records: Vec<RunnerRecord>,
+    ) -> std::result::Result<
+        Fitted,
+        (
+            std::result::Result<Vec<Short>, PlanError>,
+            Vec<RunnerRecord>,
+        ),
+    > {
+        for r in &mut records {
+            r.bucket = bucket;
+        }
+        let policy = crate::plan::Policy::Generations(self.generations.max(1))
+            .placed(self.placed_policy.placement);
+        let mut alone = match Planned::new_single(self.config.clone(), records, Vec::new(), policy)
+        {
+            Ok(alone) => alone,
+            Err((error, records, _)) => return Err((Err(error), records)),
+        };
+        alone.bucket_name = name.to_string();
+        let mut short = Vec::new();
+        let mut map = Vec::with_capacity(alone.arenas.len());
+        for a in &alone.arenas {
+            let at = self
+                .arenas
+                .iter()
+                .position(|s| s.key == a.key && s.generation == a.generation && !s.handoffs);
+            let available = at.map_or(0, |i| self.arenas[i].bytes);
+            if a.bytes > available {
+                short.push(Short {
+                    key: a.key,
+                    generation: a.generation,
+                    needed: a.bytes,
+                    available,
+                });
+            }
+            map.push(at.unwrap_or(0));
+        }
+        if !short.is_empty() {
+            let records = alone.runners.into_iter().map(|r| r.record).collect();
+            return Err((Ok(short), records));
+        }
+        let mut runners = alone.runners.clone();
+        for r in &mut runners {
+            for e in &mut r.extents {
+                e.arena = map[e.arena];
+            }
+        }
+        let placement = self.placed_policy.placement;
+        let regions = super::fence_regions(&self.arenas, placement, self.generations);
+        super::assign_claims(&mut runners, &regions, placement);
+        Ok(Fitted { runners, alone })
+    }
+
+    /// The plan's buckets as a list even when it has one (named as
+    /// discovery named it): before a bucket joins.
+    fn bucket_list(&mut self) {
+        if !self.buckets.is_empty() {
+            return;
+        }
+        let mut alone = self.clone();
+        alone.bucket_name = self.bucket_name.clone();
+        self.buckets.push(BucketPlan {
+            name: self.bucket_name.clone(),
+            slots: (0..self.runners.len()).collect(),
+            alone,
+        });
+    }
+
+    /// Adds `fitted`'s runners after the plan's, as bucket `name` (the
+    /// next bucket id); returns their slots.
+    pub(crate) fn join_bucket(&mut self, name: String, fitted: Fitted) -> std::ops::Range<usize> {
+        self.bucket_list();
+        let start = self.runners.len();
+        self.runners.extend(fitted.runners);
+        let slots = start..self.runners.len();
+        self.buckets.push(BucketPlan {
+            name,
+            slots: slots.clone().collect(),
+            alone: fitted.alone,
+        });
+        self.index = self
+            .runners
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.id(), i))
+            .collect();
+        self.index.sort_unstable();
+        slots
+    }
+
+    /// The number of buckets (1 for an unbucketed plan).
+    pub(crate) fn bucket_count(&self) -> usize {
+        self.buckets.len().max(1)
+    }
+
+    /// The runner slots of `bucket`.
+    pub(crate) fn bucket_slots(&self, bucket: BucketId) -> Vec<usize> {
+        match self.buckets.get(bucket.0 as usize) {
+            Some(b) => b.slots.clone(),
+            None if self.buckets.is_empty() && bucket == BucketId(0) => {
+                (0..self.runners.len()).collect()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The bucket named `name`, if any.
+    pub(crate) fn bucket_named(&self, name: &str) -> Option<BucketId> {
+        self.buckets().find(|(_, n)| *n == name).map(|(b, _)| b)
+    }
+}

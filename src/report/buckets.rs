@@ -25,6 +25,20 @@ pub struct BucketReport {
     pub alone_bytes: u64,
     /// Its lower bound alone (summed over keys).
     pub lower_bound: u64,
+    /// Whether its graphs are held (a sealed plan's report only:
+    /// [`Replayable::report`](crate::Replayable::report)).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub state: Option<crate::vocab::BucketState>,
+    /// What its runners' graphs allocate as temporaries, in bytes (a
+    /// sealed plan's report only).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub temporaries: Option<u64>,
 }
 
 /// Per key: (lower bound, round-robin bytes, packed bytes, best bound,
@@ -64,6 +78,8 @@ impl Figures {
                 runners_using: alone.runners_using,
                 alone_bytes: alone.plan_bytes,
                 lower_bound: alone.lower_bound,
+                state: None,
+                temporaries: None,
             });
         }
         let placement = plan.placed_policy.placement;
@@ -128,7 +144,16 @@ impl PlanReport {
         let each: Vec<String> = self
             .buckets
             .iter()
-            .map(|b| format!("{} {}", b.name, human_bytes(b.alone_bytes)))
+            .map(|b| {
+                let held = match (b.state, b.temporaries) {
+                    (Some(state), Some(t)) if t > 0 => {
+                        format!(" ({state}, graph temporaries {})", human_bytes(t))
+                    }
+                    (Some(state), _) => format!(" ({state})"),
+                    (None, _) => String::new(),
+                };
+                format!("{} {}{held}", b.name, human_bytes(b.alone_bytes))
+            })
             .collect();
         format!(
             "buckets: {} share the arenas: {} shared vs {} as separate plans ({}x), {}x the largest bucket bound {}; alone: {}",

@@ -330,7 +330,13 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         // SAFETY: `this` is never dropped; each field is read out once.
         let (core, replayable) =
             unsafe { (std::ptr::read(&this.core), std::ptr::read(&this.replayable)) };
+        // The buckets of the runners it uses, each with the capture it
+        // was built from (`buckets.rs`).
+        let plan = &replayable.plan;
+        let used = core.touched.iter().enumerate().filter(|(_, &t)| t);
+        let buckets = used.filter_map(|(slot, _)| plan.runners.get(slot).map(|r| r.record.bucket));
         KeptStep {
+            captures: replayable.buckets.captures(buckets),
             core,
             plan: replayable.id,
             backend: replayable.backend.clone(),
@@ -358,6 +364,8 @@ pub struct KeptStep<B: Compose + Clone> {
     core: StepCore<B>,
     /// The `Replayable` it was built for.
     plan: u64,
+    /// The buckets it uses, with the capture of each it was built from.
+    captures: Vec<(crate::vocab::BucketId, u64)>,
     backend: B,
 }
 
@@ -422,7 +430,12 @@ impl<B: Compose + Clone> Replayable<B> {
         if step.plan != self.id {
             return Err(StepLaunchError::ForeignStep);
         }
-        step.core.launch(self, stream)
+        if let Some(bucket) = self.buckets.released_of(&step.captures) {
+            return Err(StepLaunchError::Released { bucket });
+        }
+        step.core.launch(self, stream)?;
+        self.buckets.stepped(&step.captures, self.fence.epoch());
+        Ok(())
     }
 
     /// Makes `stream` wait for the latest launch of a kept step graph.

@@ -39,6 +39,7 @@ mod step {
     mod graph;
     mod graph_memory;
     mod handoffs;
+    mod runtime_buckets;
 }
 mod trace {
     mod timing;

@@ -19,6 +19,10 @@ mod architecture {
 mod backend {
     mod sim_model;
 }
+mod buckets {
+    mod join;
+    mod props;
+}
 mod capture {
     mod framework_ops;
 }

@@ -82,6 +82,14 @@ impl<D: AsDevice> Streams for D {
         Ok(unsafe { result::event::synchronize(event.cu_event()) }?)
     }
 
+    fn event_done(&self, event: &Event) -> Result<bool> {
+        self.as_device().bind()?;
+        event
+            .inner
+            .try_is_complete()
+            .map_err(|e| driver_error("cuEventQuery", e))
+    }
+
     fn is_capturing(&self, stream: &Stream) -> Result<bool> {
         capturing(stream.raw("cuStreamIsCapturing")?)
     }

@@ -97,6 +97,20 @@ impl Streams for Device {
         Ok(())
     }
 
+    /// Done once the host synchronized at or after the record: the sim's
+    /// work completes only when the host waits for it.
+    #[track_caller]
+    fn event_done(&self, event: &Event) -> Result<bool> {
+        self.fault(Call::QueryEvent)?;
+        let eid = self.own_event(event, "sim event query")?;
+        let s = self.state();
+        let e = s
+            .events
+            .get(eid)
+            .ok_or_else(|| sim_error("sim event query", FOREIGN_EVENT))?;
+        Ok(e.time <= s.host_time)
+    }
+
     #[track_caller]
     fn is_capturing(&self, stream: &Stream) -> Result<bool> {
         self.fault(Call::CaptureStatus)?;

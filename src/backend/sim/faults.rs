@@ -26,6 +26,9 @@ pub enum Call {
     SynchronizeEvent,
     /// [`Streams::synchronize`](crate::backend::Streams::synchronize).
     Synchronize,
+    /// [`Streams::event_done`](crate::backend::Streams::event_done): the
+    /// non-blocking event query.
+    QueryEvent,
     /// [`Streams::is_capturing`](crate::backend::Streams::is_capturing) (the capture
     /// status query).
     CaptureStatus,
@@ -73,12 +76,13 @@ pub enum Call {
 
 impl Call {
     /// Every call, in order.
-    pub const ALL: [Call; 21] = [
+    pub const ALL: [Call; 22] = [
         Call::CreateEvent,
         Call::RecordEvent,
         Call::WaitEvent,
         Call::SynchronizeEvent,
         Call::Synchronize,
+        Call::QueryEvent,
         Call::CaptureStatus,
         Call::AllocateArena,
         Call::RecordNode,
@@ -105,6 +109,7 @@ impl Call {
             Call::WaitEvent => "wait event",
             Call::SynchronizeEvent => "synchronize event",
             Call::Synchronize => "synchronize",
+            Call::QueryEvent => "query event",
             Call::CaptureStatus => "capture status",
             Call::AllocateArena => "allocate arena",
             Call::RecordNode => "record event node",

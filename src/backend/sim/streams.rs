@@ -248,6 +248,7 @@ impl SimState {
             self.apply(p.op);
         }
         let now = self.streams.iter().map(|s| s.tail).max().unwrap_or(0);
+        self.host_time = self.host_time.max(now);
         let mut all = Vec::new();
         for s in &self.streams {
             merge(&mut all, &s.clock);

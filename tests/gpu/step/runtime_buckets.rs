@@ -1,0 +1,277 @@
+//! Buckets at run time on the GPU: a program meets vLLM's 67 default batch
+//! sizes (1, 2, 4, then every multiple of 8 up to 512) in a seeded random
+//! order, twice each, under a budget of 16 captured buckets. Each size
+//! joins the sealed plan (declared with its largest bucket only) the first
+//! time it is met, is captured again after the budget released it, and
+//! every result is bit for bit the eager run's. The driver's graph memory
+//! stays within what 17 buckets hold (16, and the one being sealed before
+//! the least recently launched idle one is released). It prints
+//! `step,size,captured,reserved_bytes` for docs/BENCHMARKS.md, and the
+//! same sizes captured up front for comparison.
+#![cfg(feature = "cuda")]
+
+use crate::support;
+
+use replay_arena::backend::{Backend, Streams};
+use replay_arena::cuda::cudarc::driver::CudaSlice;
+use replay_arena::cuda::{self, ViewExt};
+use replay_arena::{
+    BucketError, BucketId, BucketState, DType, Discovering, Domain, JoinError, PlanConfig, Policy,
+    Purpose, Replayable, Request, RunnerCapture, RunnerId,
+};
+use support::ops::Ops;
+
+/// Elements per batch row.
+const HIDDEN: usize = 256;
+const BUDGET: usize = 16;
+
+/// vLLM's default capture sizes: 1, 2, 4, then 8, 16, ..., 512.
+fn sizes() -> Vec<usize> {
+    let mut s = vec![1, 2, 4];
+    s.extend((1..=64).map(|k| 8 * k));
+    s
+}
+
+fn input(bs: usize) -> Request {
+    Request::new(Domain::Device, DType::I32, (bs * HIDDEN) as u64).purpose(Purpose::Input)
+}
+
+fn output(bs: usize) -> Request {
+    Request::new(Domain::Device, DType::I32, (bs * HIDDEN) as u64)
+}
+
+fn host_input(bs: usize, visit: usize) -> Vec<i32> {
+    (0..(bs * HIDDEN) as i32)
+        .map(|i| i.wrapping_mul(2654435761u32 as i32) ^ (visit as i32 * 7919 + bs as i32))
+        .collect()
+}
+
+/// A seeded order: every size twice, shuffled.
+fn order(seed: u64) -> Vec<usize> {
+    let mut all: Vec<usize> = sizes().into_iter().chain(sizes()).collect();
+    let mut x = seed;
+    for i in (1..all.len()).rev() {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        all.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    all
+}
+
+struct Model {
+    backend: cuda::Device,
+    ops: Ops,
+    io: cuda::Stream,
+    weights: CudaSlice<i32>,
+}
+
+impl Model {
+    fn new() -> Model {
+        let backend =
+            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+        let ops = Ops::new(&backend);
+        let io = backend.new_stream().unwrap();
+        let host: Vec<i32> = (0..(512 * HIDDEN) as i32).map(|i| i ^ 0x5a5a).collect();
+        let weights = io.cudarc().clone_htod(&host).unwrap();
+        Model {
+            backend,
+            ops,
+            io,
+            weights,
+        }
+    }
+
+    /// One visit eagerly: y = mix2(mix2(x, w), x).
+    fn eager(&self, bs: usize, visit: usize) -> Vec<i32> {
+        let (io, ops) = (&self.io, &self.ops);
+        let x: CudaSlice<i32> = io.cudarc().clone_htod(&host_input(bs, visit)).unwrap();
+        let w = self.weights.slice(..bs * HIDDEN);
+        let t = ops.mix2(io, &x, &w, 1).unwrap();
+        let y = ops.mix2(io, &t, &x, 2).unwrap();
+        io.cudarc().clone_dtoh(&y).unwrap()
+    }
+
+    /// Captures the runner of batch size `bs` (a temporary inside).
+    fn capture(&self, cap: RunnerCapture<'_, cuda::Device>, on: &cuda::Stream, bs: usize) {
+        let (x, y) = (cap.take(input(bs)).unwrap(), cap.take(output(bs)).unwrap());
+        let (w, ops) = (self.weights.slice(..bs * HIDDEN), &self.ops);
+        cap.stream_capture(on, |s| {
+            let x = x.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+            let mut y = y.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+            let t = ops.mix2(s, &x, &w, 1)?;
+            ops.mix2_into(s, &mut y, &t, &x, 2)
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+
+    /// A plan declaring `declared` sizes, captured (runner `i` for size
+    /// `declared[i]`).
+    fn plan(&self, declared: &[usize], on: &cuda::Stream) -> Replayable<cuda::Device> {
+        let mut d = Discovering::new(PlanConfig::new());
+        for (i, &bs) in declared.iter().enumerate() {
+            d.bucket(format!("bs={bs}")).unwrap();
+            let mut armed = d.arm(RunnerId(i as u32)).unwrap();
+            armed.record(input(bs)).unwrap();
+            armed.record(output(bs)).unwrap();
+        }
+        let planned = d.plan(Policy::Generations(1)).unwrap();
+        let mut capturing = planned.allocate(self.backend.clone()).unwrap();
+        for (i, &bs) in declared.iter().enumerate() {
+            self.capture(capturing.capture(RunnerId(i as u32)).unwrap(), on, bs);
+        }
+        capturing.seal().unwrap()
+    }
+
+    fn reserved(&self) -> u64 {
+        Backend::graph_memory_in_use(&self.backend)
+            .unwrap()
+            .map_or(0, |m| m.reserved)
+    }
+}
+
+/// Stages, replays and reads back one visit.
+fn visit(
+    model: &Model,
+    r: &mut Replayable<cuda::Device>,
+    runner: RunnerId,
+    bs: usize,
+    v: usize,
+    (stage, pool): (&cuda::Stream, &cuda::Stream),
+) -> Vec<i32> {
+    let host = host_input(bs, v);
+    r.consume_mut(runner, stage, |s, views| {
+        let mut x = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+        s.cudarc()
+            .memcpy_htod(&host, &mut x)
+            .map_err(|e| format!("{e:?}"))
+    })
+    .unwrap();
+    r.replay(runner, pool).unwrap();
+    let mut out = vec![0i32; bs * HIDDEN];
+    r.consume(runner, &model.io, |s, views| {
+        let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+        s.cudarc()
+            .memcpy_dtoh(&y, &mut out)
+            .map_err(|e| format!("{e:?}"))
+    })
+    .unwrap();
+    model.io.synchronize().unwrap();
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sixty_seven_batch_sizes_join_at_run_time_within_a_budget_of_sixteen() {
+    let model = Model::new();
+    let b = &model.backend;
+    let (stage, pool, on) = (
+        b.new_stream().unwrap(),
+        b.new_stream().unwrap(),
+        b.new_stream().unwrap(),
+    );
+    let started = std::time::Instant::now();
+
+    // Up front, for comparison: every size captured before the first step.
+    let all = sizes();
+    let baseline = {
+        let r = model.plan(&all, &on);
+        model.io.synchronize().unwrap();
+        let reserved = model.reserved();
+        drop(r);
+        reserved
+    };
+    Backend::trim_graph_memory(b).unwrap();
+
+    // At run time: the largest size declared, the others join when met.
+    let mut r = model.plan(&[512], &on);
+    let one = model.reserved();
+    r.set_bucket_budget(BUDGET).unwrap();
+    let mut bucket_of: std::collections::BTreeMap<usize, BucketId> = Default::default();
+    bucket_of.insert(512, BucketId(0));
+    let mut next = 1u32;
+    let mut peak = 0u64;
+    println!("step,size,captured,reserved_bytes");
+    for (step, bs) in order(0x5eed).into_iter().enumerate() {
+        let bucket = match bucket_of.get(&bs) {
+            Some(&bucket) if r.bucket_state(bucket).unwrap() == BucketState::Captured => bucket,
+            Some(&bucket) => {
+                let runner = r.plan().runners_in(bucket).next().unwrap();
+                let mut capture = r.recapture_bucket(bucket).unwrap();
+                model.capture(capture.capture(runner).unwrap(), &on, bs);
+                seal_when_idle(&model, capture).bucket
+            }
+            None => {
+                let runner = RunnerId(next);
+                next += 1;
+                let mut discovery = r.discover_bucket(format!("bs={bs}")).unwrap();
+                {
+                    let mut armed = discovery.arm(runner).unwrap();
+                    armed.record(input(bs)).unwrap();
+                    armed.record(output(bs)).unwrap();
+                }
+                let mut capture = discovery.fit().unwrap();
+                model.capture(capture.capture(runner).unwrap(), &on, bs);
+                let joined = seal_when_idle(&model, capture);
+                bucket_of.insert(bs, joined.bucket);
+                joined.bucket
+            }
+        };
+        let runner = r.plan().runners_in(bucket).next().unwrap();
+        let got = visit(&model, &mut r, runner, bs, step, (&stage, &pool));
+        let want = model.eager(bs, step);
+        assert!(
+            got == want,
+            "step {step}: batch size {bs} differs from eager"
+        );
+        let captured = (0..r.plan().buckets().count())
+            .filter(|&k| r.bucket_state(BucketId(k as u32)).unwrap() == BucketState::Captured)
+            .count();
+        assert!(captured <= BUDGET);
+        let reserved = model.reserved();
+        peak = peak.max(reserved);
+        println!("{step},{bs},{captured},{reserved}");
+        assert!(
+            reserved <= (BUDGET as u64 + 1) * one,
+            "step {step}: {reserved} B reserved, more than {} buckets hold ({one} B each)",
+            BUDGET + 1
+        );
+    }
+    println!(
+        "67 sizes at run time under a budget of {BUDGET}: peak {peak} B reserved; all 67 captured up front: {baseline} B; one bucket: {one} B; {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        peak < baseline,
+        "the budget must hold less than every size captured"
+    );
+    drop(r);
+    Backend::trim_graph_memory(b).unwrap();
+    assert_eq!(
+        model.reserved(),
+        0,
+        "releasing and re-capturing leaves nothing"
+    );
+}
+
+/// Seals, waiting for the device when every other captured bucket is
+/// still in flight.
+fn seal_when_idle(
+    model: &Model,
+    capture: replay_arena::BucketCapture<'_, cuda::Device>,
+) -> replay_arena::Joined {
+    match capture.seal() {
+        Ok(joined) => joined,
+        Err(failed)
+            if matches!(
+                failed.error(),
+                JoinError::Budget(BucketError::NothingIdle { .. })
+            ) =>
+        {
+            Streams::synchronize(&model.backend).unwrap();
+            failed.into_input().seal().unwrap()
+        }
+        Err(failed) => panic!("{}", failed.error()),
+    }
+}
