@@ -737,13 +737,18 @@ fn bench_step_builds(c: &mut Criterion) {
                 BatchSize::PerIteration,
             )
         });
-        let mut replayable = capture_ladder(&sim, ladder(&sim, buckets), runners, &stream);
-        let lanes = [sim.new_stream(), sim.new_stream()];
         group.bench_function(BenchmarkId::new("build", &id), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let start = Instant::now();
+            // A fresh `sim` each time: it keeps every stream a composition
+            // made (two per step graph here), which the next ones pay for.
+            b.iter_batched(
+                || {
+                    let sim = sim::Device::new();
+                    let stream = sim.new_stream();
+                    let replayable = capture_ladder(&sim, ladder(&sim, buckets), runners, &stream);
+                    let lanes = [sim.new_stream(), sim.new_stream()];
+                    (replayable, lanes)
+                },
+                |(mut replayable, lanes)| {
                     let mut kept = Vec::with_capacity(buckets as usize);
                     for bucket in 0..buckets {
                         let mut step = replayable.step();
@@ -754,11 +759,10 @@ fn bench_step_builds(c: &mut Criterion) {
                         }
                         kept.push(step.build().expect("sim composes").keep());
                     }
-                    total += start.elapsed();
-                    drop(black_box(kept));
-                }
-                total
-            })
+                    (kept, replayable)
+                },
+                BatchSize::PerIteration,
+            )
         });
     }
     group.finish();

@@ -54,6 +54,13 @@ impl Painter {
                 return;
             }
         }
+        self.erase(claim);
+        self.regions[claim.region as usize].insert(claim.lo, (claim.hi, runner));
+    }
+
+    /// Makes every byte of `claim` unpainted (no last user).
+    fn erase(&mut self, claim: Claim) {
+        let map = &mut self.regions[claim.region as usize];
         let overlapping: Vec<(u64, (u64, u32))> = map
             .range(..claim.hi)
             .rev()
@@ -69,7 +76,53 @@ impl Painter {
                 map.insert(claim.hi, (end, owner));
             }
         }
-        map.insert(claim.lo, (claim.hi, runner));
+    }
+
+    /// The painted intervals of `claim`'s bytes, cut to them: (claim of
+    /// the interval's part, its runner), highest first.
+    fn pieces(&self, claim: Claim) -> impl Iterator<Item = (Claim, u32)> + '_ {
+        let map = self.regions.get(claim.region as usize);
+        map.into_iter()
+            .flat_map(move |m| m.range(..claim.hi).rev())
+            .take_while(move |(_, &(end, _))| end > claim.lo)
+            .map(move |(&start, &(end, runner))| {
+                let lo = start.max(claim.lo);
+                let hi = end.min(claim.hi);
+                (Claim { lo, hi, ..claim }, runner)
+            })
+    }
+
+    /// The painting of the bytes of `claims` alone (every interval that
+    /// meets one, cut to it): for a claim within them, [`Painter::users`]
+    /// finds the same runners, in the same order, as on `self`. Holds only
+    /// the regions up to the highest one `claims` name.
+    pub(crate) fn restricted(&self, claims: &[Claim]) -> Painter {
+        let regions = claims.iter().map(|c| c.region as usize + 1).max();
+        let mut out = Painter::new(regions.unwrap_or(0));
+        for &claim in claims {
+            for (piece, runner) in self.pieces(claim) {
+                out.paint(piece, runner);
+            }
+        }
+        out
+    }
+
+    /// Paints the bytes of `claims` exactly as `from` has them (unpainted
+    /// where `from` leaves them so); the rest stays as it is.
+    pub(crate) fn overlay(&mut self, from: &Painter, claims: &[Claim]) {
+        for &claim in claims {
+            self.erase(claim);
+        }
+        for &claim in claims {
+            for (piece, runner) in from.pieces(claim) {
+                self.paint(piece, runner);
+            }
+        }
+    }
+
+    /// The painted intervals, in every region.
+    pub(crate) fn intervals(&self) -> usize {
+        self.regions.iter().map(BTreeMap::len).sum()
     }
 }
 
@@ -143,6 +196,44 @@ mod tests {
         assert_eq!(users(&p, 120, 130), Vec::<u32>::new());
         p.paint(claim(0, 120), 4);
         assert_eq!(users(&p, 0, 120), vec![4]);
+    }
+
+    #[test]
+    fn a_restricted_painter_answers_for_its_claims_as_the_whole_does() {
+        let mut p = Painter::new(1);
+        p.paint(claim(0, 100), 1);
+        p.paint(claim(20, 40), 2);
+        p.paint(claim(90, 120), 3);
+        let r = p.restricted(&[claim(30, 50), claim(85, 95)]);
+        assert_eq!(users(&r, 30, 50), vec![1, 2]);
+        assert_eq!(users(&r, 85, 95), vec![1, 3]);
+        assert_eq!(users(&r, 40, 45), vec![1]);
+        // Nothing outside the claims.
+        assert_eq!(users(&r, 0, 30), Vec::<u32>::new());
+        assert_eq!(r.intervals(), 4);
+    }
+
+    #[test]
+    fn an_overlay_repaints_its_claims_and_nothing_else() {
+        let mut p = Painter::new(1);
+        p.paint(claim(0, 100), 1);
+        let claims = [claim(10, 20), claim(50, 60)];
+        let mut step = p.restricted(&claims);
+        step.paint(claim(10, 15), 7);
+        p.paint(claim(50, 60), 9);
+        p.overlay(&step, &claims);
+        assert_eq!(users(&p, 10, 15), vec![7]);
+        assert_eq!(users(&p, 15, 20), vec![1]);
+        // As `step` has it: runner 1 there, not 9.
+        assert_eq!(users(&p, 50, 60), vec![1]);
+        assert_eq!(users(&p, 0, 10), vec![1]);
+        assert_eq!(users(&p, 60, 100), vec![1]);
+        // Unpainted where `step` is.
+        let mut empty = Painter::new(1);
+        empty.overlay(&Painter::new(1), &[claim(0, 5)]);
+        p.overlay(&Painter::new(1), &[claim(0, 5)]);
+        assert_eq!(users(&p, 0, 5), Vec::<u32>::new());
+        assert_eq!(empty.intervals(), 0);
     }
 
     #[test]

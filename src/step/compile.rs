@@ -2,13 +2,13 @@
 //! writers split at their ready points, a dry run of the schedule through
 //! the fence whose waits become the edges, then the composition.
 
-use super::dry_run::{dry_pass, reduce_cross, restage, stages, DryEvent, DryRun, Edges, Lane, Use};
+use super::dry_run::{dry_fence, dry_pass, reduce_cross, restage, stages, DryRun, Edges, Use};
 use super::graph::StepCore;
 use super::traced::{Events, Source, TracedNode, Tracing};
 use super::{Item, StepError, StepGraph};
 use crate::backend::{BackendError, Compose, NodeGraph, StepNode};
 use crate::capture::StepCopy;
-use crate::fence::{BackendFailure, ConsumeError, Fence, On, Operation};
+use crate::fence::{BackendFailure, ConsumeError, Fence, Operation};
 use crate::replay::Replayable;
 use crate::trace::UseKind;
 use crate::vocab::RunnerId;
@@ -31,12 +31,12 @@ impl<G> Splits<G> {
 
 /// What the dry run of the schedule found: the edges of a launch (and, for
 /// two graphs in turn, those on the launch before), the fence slots the
-/// step uses, whether the first pass after the first was already steady,
-/// and the fence it leaves.
+/// step uses (ascending), whether the first pass after the first was
+/// already steady, and the fence it leaves.
 struct Dry {
     deps: Vec<Vec<usize>>,
     cross: Vec<Vec<usize>>,
-    touched: Vec<bool>,
+    touched: Vec<usize>,
     first_steady: bool,
     fence: Fence<DryRun>,
     /// Staged runners whose bytes the step's own replays take, each with
@@ -128,6 +128,7 @@ pub(super) fn compile<B: Compose>(
             start,
             done,
             ledger: dry.fence.ledger().clone(),
+            held: dry.fence.held(),
             touched: dry.touched,
             launched: None,
             launches: 0,
@@ -406,9 +407,8 @@ fn run_dry<B: Compose>(
 ) -> Result<Dry, StepError> {
     let execs = if overlapping { 2 } else { 1 };
     let dry = DryRun::new(execs * lanes, nodes, overlapping);
-    let mut fence: Fence<DryRun> = Fence::start_from(&r.fence, DryEvent);
-    dry.reserve_events(r.fence.slots());
-    let mut touched = vec![false; r.fence.slots()];
+    let mut fence = dry_fence(&r.fence, &dry, &r.plan, uses);
+    let mut touched = Vec::new();
     let passes = if overlapping { 6 } else { 2 };
     let mut kept: Vec<Edges> = Vec::new();
     let mut restaged = Vec::new();
@@ -416,7 +416,7 @@ fn run_dry<B: Compose>(
         let offset = (pass % execs) * lanes;
         dry.begin_pass(pass, offset..offset + lanes);
         if pass == 1 {
-            restaged = taken_inputs(&r.plan, uses, &fence);
+            restaged = taken_inputs(&r.plan, uses, &mut fence);
         }
         // The program stages those before each launch after the first.
         let slots: Vec<usize> = restaged.iter().map(|&(slot, _)| slot).collect();
@@ -471,7 +471,7 @@ fn run_dry<B: Compose>(
 fn taken_inputs(
     plan: &crate::plan::Planned,
     uses: &[Use],
-    fence: &Fence<DryRun>,
+    fence: &mut Fence<DryRun>,
 ) -> Vec<(usize, RunnerId)> {
     let mut out: Vec<(usize, RunnerId)> = Vec::new();
     let mut seen: Vec<usize> = Vec::new();
@@ -493,18 +493,9 @@ fn taken_inputs(
             continue;
         }
         seen.push(slot);
-        // A reader's check on a fence that starts where this one stands:
-        // refused when another runner took the staged runner's bytes.
-        let probe_lanes = DryRun::new(1, 0, false);
-        probe_lanes.reserve_events(fence.slots());
-        let mut probe: Fence<DryRun> = Fence::start_from(fence, DryEvent);
-        let on = On {
-            stream: &Lane(0),
-            id: 0,
-        };
-        if let Err(ConsumeError::Overwritten { by, .. }) =
-            probe.consume(&probe_lanes, plan, &[slot], on, false, || ((), true))
-        {
+        // A reader's check: refused when another runner took the staged
+        // runner's bytes.
+        if let Err(ConsumeError::Overwritten { by, .. }) = fence.check_consumable(plan, &[slot]) {
             out.push((slot, by));
         }
     }

@@ -3,11 +3,11 @@
 
 use std::fmt;
 
-use super::dry_run::{dry_pass, DryEvent, DryRun, Use};
+use super::dry_run::{dry_fence, dry_pass, DryRun, Use};
 use super::traced::{Events, Order, Tracing};
 use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
-use crate::fence::{enter, Fence, Ledger, Operation};
+use crate::fence::{enter, Held, Ledger, Operation};
 use crate::fence::{ReplayError, WaitError};
 use crate::replay::Replayable;
 use crate::trace::UseKind;
@@ -46,10 +46,14 @@ pub(super) struct StepCore<B: Backend> {
     pub(super) start: Option<B::Event>,
     /// Recorded after a launch for `wait_all` and drop.
     pub(super) done: B::Event,
-    /// Who last used which bytes after a step.
+    /// Who last used which bytes after a step: the part of the ledger the
+    /// step can meet.
     pub(super) ledger: Ledger,
-    /// Fence slots the step uses.
-    pub(super) touched: Vec<bool>,
+    /// What the latest dry run of the schedule held (the build's, or a
+    /// launch's after the fence changed): in proportion to the step.
+    pub(super) held: Held,
+    /// Fence slots the step uses, ascending.
+    pub(super) touched: Vec<usize>,
     /// The stream of the latest launch.
     pub(super) launched: Option<(B::Stream, u64)>,
     pub(super) launches: u64,
@@ -83,6 +87,10 @@ impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
 }
 
 impl<B: Backend> StepCore<B> {
+    fn held(&self) -> (usize, usize) {
+        (self.held.slots, self.held.ledger)
+    }
+
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(name)
             .field("graphs", &self.graphs.len())
@@ -93,17 +101,17 @@ impl<B: Backend> StepCore<B> {
             .finish_non_exhaustive()
     }
 
-    /// The ledger the step leaves when launched from the fence's state
-    /// now: one pass of its schedule from there (every byte the step uses
-    /// goes to its users; the rest stays as the fence has it).
-    fn ledger_from(&self, r: &Replayable<B>) -> Result<Ledger, ScheduleError> {
+    /// The part of the ledger the step leaves when launched from the
+    /// fence's state now: one pass of its schedule from there (every byte
+    /// the step uses goes to its users; the rest stays as the fence has
+    /// it), and what that dry run held.
+    fn ledger_from(&self, r: &Replayable<B>) -> Result<(Ledger, Held), ScheduleError> {
         let dry = DryRun::new(self.lanes, self.nodes, false);
-        let mut fence: Fence<DryRun> = Fence::start_from(&r.fence, DryEvent);
-        dry.reserve_events(r.fence.slots());
+        let mut fence = dry_fence(&r.fence, &dry, &r.plan, &self.uses);
         dry.begin_pass(0, 0..self.lanes);
-        let mut touched = vec![false; r.fence.slots()];
+        let mut touched = Vec::new();
         dry_pass(&mut fence, &dry, &r.plan, &self.uses, 0, &mut touched)?;
-        Ok(fence.ledger().clone())
+        Ok((fence.ledger().clone(), fence.held()))
     }
 }
 
@@ -122,7 +130,7 @@ impl<B: Compose> StepCore<B> {
         // the fence's epoch does not move then, so the next launch resets
         // again).
         if reset {
-            self.ledger = self.ledger_from(r)?;
+            (self.ledger, self.held) = self.ledger_from(r)?;
         } else if self.launches > 0 {
             // The fence is as this step's own latest launch left it: the
             // staged runners whose bytes it took were not staged since.
@@ -304,6 +312,15 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         self.core.launches
     }
 
+    /// What the latest dry run of the schedule held (its build's, or that
+    /// of a launch after the plan's fence changed): (fence slots, ledger
+    /// entries). In proportion to the step, not to the plan: what pins
+    /// the cost of building a step graph per bucket.
+    #[doc(hidden)]
+    pub fn dry_run_held(&self) -> (usize, usize) {
+        self.core.held()
+    }
+
     /// Step graphs built from the plan before this one (the first is 0):
     /// its launches' name in a trace, `step graph {number} launch {k}`
     /// ([`UseKind::StepLaunch`]), kept when it is kept.
@@ -383,6 +400,12 @@ impl<B: Compose + Clone> KeptStep<B> {
     /// Graphs in the step graph ([`StepGraph::nodes`]).
     pub fn nodes(&self) -> usize {
         self.core.nodes
+    }
+
+    /// As [`StepGraph::dry_run_held`].
+    #[doc(hidden)]
+    pub fn dry_run_held(&self) -> (usize, usize) {
+        self.core.held()
     }
 }
 
