@@ -6,7 +6,7 @@ use super::dry_run::{dry_fence, dry_pass, reduce_cross, restage, stages, DryRun,
 use super::graph::StepCore;
 use super::traced::{Events, Source, TracedNode, Tracing};
 use super::{Item, StepError, StepGraph};
-use crate::backend::{BackendError, Compose, NodeGraph, StepNode};
+use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode};
 use crate::capture::StepCopy;
 use crate::fence::{BackendFailure, ConsumeError, Fence, Operation};
 use crate::replay::Replayable;
@@ -519,110 +519,127 @@ fn compose<B: Compose>(
     nodes: usize,
 ) -> Result<B::Graph, StepError> {
     let deps = &dry.deps;
-    let moving: Vec<bool> = items
-        .iter()
-        .map(|i| matches!(i, Item::Replay { slot, .. } if r.runners[*slot].moves()))
-        .collect();
-    let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
-    let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
-    // The step copies this graph moves in, one per replay of a
-    // runner whose graph allocates.
+    // The step copies this graph moves in, one per replay of a runner
+    // whose graph allocates.
     let mut taken: Vec<Option<StepCopy<B::Graph>>> = items
         .iter()
-        .zip(&moving)
-        .map(|(item, &moves)| match item {
-            Item::Replay { slot, .. } if moves => r.runners[*slot].step_copies.pop(),
+        .map(|item| match item {
+            Item::Replay { slot, .. } if r.runners[*slot].moves() => {
+                r.runners[*slot].step_copies.pop()
+            }
             _ => None,
         })
         .collect();
-    let (runners, plan) = (&r.runners, &r.plan);
+    let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
+    let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
     for (k, item) in items.iter().enumerate() {
-        match item {
+        let (name, lane, graphs) = match item {
             Item::Replay { slot, lane } => {
-                let name = plan.runners[*slot].id();
-                let node_graphs: Vec<NodeGraph<'_, B::Graph>> = if moving[k] {
-                    // Checked above and in `replay`: a copy is
-                    // left for each.
-                    // In as many parts as the schedule counted nodes.
-                    let copy = taken[k].take().filter(|c| c.parts.len() == split.nodes(k));
-                    let Some(copy) = copy else {
-                        return Err(BackendFailure::of(
-                            Operation::StepBuild,
-                            name,
-                            BackendError::Refused {
-                                call: "step graph",
-                                reason: "no step copy left (in as many parts as scheduled)".into(),
-                            },
-                        )
-                        .into());
-                    };
-                    copy.parts.into_iter().map(NodeGraph::Move).collect()
-                } else if !split.parts[k].is_empty() {
-                    split.parts[k].iter().map(NodeGraph::Copy).collect()
-                } else {
-                    runners[*slot]
-                        .graph
-                        .as_ref()
-                        .map(NodeGraph::Copy)
-                        .into_iter()
-                        .collect()
-                };
-                for graph in node_graphs {
-                    names.push(name);
-                    let n = step_nodes.len();
-                    step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
-                }
+                let graphs = replay_node_graphs(r, *slot, taken[k].take(), split, k)?;
+                (r.plan.runners[*slot].id(), *lane, graphs)
             }
             Item::Consume {
                 slots, lane, graph, ..
             } => {
-                names.push(plan.runners[slots[0]].id());
-                let n = step_nodes.len();
-                let graph = match (graph, moved_consumers[k].take()) {
-                    (_, Some(moved)) => NodeGraph::Move(moved),
-                    (Some(g), None) => NodeGraph::Copy(g),
-                    (None, None) => {
-                        return Err(BackendFailure::of(
-                            Operation::StepBuild,
-                            names[n],
-                            BackendError::Refused {
-                                call: "step graph",
-                                reason: "the consumer's graph went into an earlier graph".into(),
-                            },
-                        )
-                        .into())
-                    }
-                };
-                step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
+                let name = r.plan.runners[slots[0]].id();
+                let graph = consumer_node_graph(name, graph.as_ref(), moved_consumers[k].take())?;
+                (name, *lane, vec![graph])
             }
+        };
+        for graph in graphs {
+            names.push(name);
+            let n = step_nodes.len();
+            step_nodes.push(StepNode::new(graph, deps[n].clone(), lane));
         }
     }
     let end = events.wire(&mut step_nodes, &dry.cross, x);
+    compose_naming(&r.backend, step_nodes, end, &names)
+}
+
+/// The graphs of item `k`, a replay of runner slot `slot`: its step copy
+/// (`copy`, moved in, in as many parts as the schedule counted nodes), its
+/// split parts, or its graph.
+fn replay_node_graphs<'g, B: Compose>(
+    r: &'g Replayable<B>,
+    slot: usize,
+    copy: Option<StepCopy<B::Graph>>,
+    split: &'g Splits<B::Graph>,
+    k: usize,
+) -> Result<Vec<NodeGraph<'g, B::Graph>>, StepError> {
+    if r.runners[slot].moves() {
+        // Checked above and in `replay`: a copy is left for each.
+        let Some(copy) = copy.filter(|c| c.parts.len() == split.nodes(k)) else {
+            return Err(BackendFailure::of(
+                Operation::StepBuild,
+                r.plan.runners[slot].id(),
+                BackendError::Refused {
+                    call: "step graph",
+                    reason: "no step copy left (in as many parts as scheduled)".into(),
+                },
+            )
+            .into());
+        };
+        return Ok(copy.parts.into_iter().map(NodeGraph::Move).collect());
+    }
+    if !split.parts[k].is_empty() {
+        return Ok(split.parts[k].iter().map(NodeGraph::Copy).collect());
+    }
+    let graph = r.runners[slot].graph.as_ref();
+    Ok(graph.map(NodeGraph::Copy).into_iter().collect())
+}
+
+/// A consumer's graph (named by its first runner, `name`): the one moved
+/// in (it allocates), or its own, copied.
+fn consumer_node_graph<'g, G>(
+    name: RunnerId,
+    own: Option<&'g G>,
+    moved: Option<G>,
+) -> Result<NodeGraph<'g, G>, StepError> {
+    match (own, moved) {
+        (_, Some(moved)) => Ok(NodeGraph::Move(moved)),
+        (Some(g), None) => Ok(NodeGraph::Copy(g)),
+        (None, None) => Err(BackendFailure::of(
+            Operation::StepBuild,
+            name,
+            BackendError::Refused {
+                call: "step graph",
+                reason: "the consumer's graph went into an earlier graph".into(),
+            },
+        )
+        .into()),
+    }
+}
+
+/// Composes `step_nodes` (node `n` named by `names[n]`) with `end`; when
+/// the backend refuses, names the runner whose copied graph it refuses
+/// alone, if one is.
+fn compose_naming<B: Compose>(
+    backend: &B,
+    step_nodes: Vec<StepNode<'_, B::Graph, B::Event>>,
+    end: Option<StepEnd<'_, B::Event>>,
+    names: &[RunnerId],
+) -> Result<B::Graph, StepError> {
     // The copied graphs, to name the one the backend refuses alone.
     let copied: Vec<(&B::Graph, RunnerId)> = step_nodes
         .iter()
-        .zip(&names)
+        .zip(names)
         .filter_map(|(n, name)| match n.graph {
             NodeGraph::Copy(g) => Some((g, *name)),
             NodeGraph::Move(_) => None,
         })
         .collect();
-    let backend = &r.backend;
-    match backend.compose(step_nodes, end) {
-        Ok(graph) => Ok(graph),
-        Err(error) => {
-            let runner = copied
-                .iter()
-                .find(|(g, _)| {
-                    let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
-                    backend.compose(vec![alone], None).is_err()
-                })
-                .map(|(_, runner)| *runner);
-            Err(StepError::Backend(BackendFailure {
-                op: Operation::StepBuild,
-                runner,
-                error,
-            }))
-        }
-    }
+    backend.compose(step_nodes, end).map_err(|error| {
+        let runner = copied
+            .iter()
+            .find(|(g, _)| {
+                let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
+                backend.compose(vec![alone], None).is_err()
+            })
+            .map(|(_, runner)| *runner);
+        StepError::Backend(BackendFailure {
+            op: Operation::StepBuild,
+            runner,
+            error,
+        })
+    })
 }

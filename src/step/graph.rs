@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::dry_run::{dry_fence, dry_pass, DryRun, Use};
-use super::traced::{Events, Order, Tracing};
+use super::traced::{Events, Order, TracedCopy, Tracing};
 use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
 use crate::fence::{enter, Held, Ledger, Operation};
@@ -125,23 +125,7 @@ impl<B: Compose> StepCore<B> {
         // (or its build): the next launch is a first one again, from the
         // fence's state now.
         let reset = r.fence.epoch() != self.epoch;
-        // After a reset the step leaves the ledger one pass of its schedule
-        // from the fence's state now gives (kept even if the launch fails:
-        // the fence's epoch does not move then, so the next launch resets
-        // again).
-        if reset {
-            (self.ledger, self.held) = self.ledger_from(r)?;
-        } else if self.launches > 0 {
-            // The fence is as this step's own latest launch left it: the
-            // staged runners whose bytes it took were not staged since.
-            if let Some(&(runner, by)) = self.restaged.first() {
-                let error = ReplayError::InputNotStaged {
-                    runner,
-                    by: Some(by),
-                };
-                return Err(ScheduleError::Replay(error).into());
-            }
-        }
+        self.check_fence(r, reset)?;
         // While a trace runs: a traced copy of the step graph, launched in
         // place of its own composition, and ordered after the launch before
         // as another executable graph must be (`traced.rs`).
@@ -210,6 +194,45 @@ impl<B: Compose> StepCore<B> {
             }
             return Err(Operation::StepLaunch.failed(error).into());
         }
+        self.launched_on(r, traced, x, (stream, on.id), since);
+        Ok(())
+    }
+
+    /// Before a launch: after a reset (`reset`: the fence changed since
+    /// the step's latest launch or build), the ledger the step leaves is
+    /// what one pass of its schedule from the fence's state now gives
+    /// (kept even if the launch fails: the fence's epoch does not move
+    /// then, so the next launch resets again). Otherwise, after a launch
+    /// of its own, the step is refused if it took staged runners' bytes
+    /// (they were not staged since).
+    fn check_fence(&mut self, r: &Replayable<B>, reset: bool) -> Result<(), StepLaunchError> {
+        if reset {
+            (self.ledger, self.held) = self.ledger_from(r)?;
+        } else if self.launches > 0 {
+            // The fence is as this step's own latest launch left it.
+            if let Some(&(runner, by)) = self.restaged.first() {
+                let error = ReplayError::InputNotStaged {
+                    runner,
+                    by: Some(by),
+                };
+                return Err(ScheduleError::Replay(error).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// After graph `x` (or its traced copy, `traced`) went out on
+    /// `stream` (with its id), `since` launches after the fence last
+    /// changed under the step graph: the trace learns the traced copy's
+    /// nodes, and the step graph its latest launch.
+    fn launched_on(
+        &mut self,
+        r: &mut Replayable<B>,
+        traced: Option<TracedCopy<B>>,
+        x: usize,
+        (stream, id): (&B::Stream, u64),
+        since: u64,
+    ) {
         match traced {
             Some((copy, nodes)) => {
                 if let Some(observer) = r.fence.observer() {
@@ -219,12 +242,11 @@ impl<B: Compose> StepCore<B> {
             }
             None => self.tracing.launched_own(x),
         }
-        self.launched = Some((stream.clone(), on.id));
+        self.launched = Some((stream.clone(), id));
         self.launches += 1;
         self.since = since + 1;
         self.turn += 1;
         self.epoch = r.fence.epoch();
-        Ok(())
     }
 
     fn wait_all(&self, b: &B, stream: &B::Stream) -> Result<(), WaitError> {
