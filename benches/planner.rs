@@ -24,6 +24,12 @@
 //!   the three workloads the sixth hostile review found growing in square
 //!   time, discovered and planned (see [`bench_review`]). Target: under
 //!   0.5 s at 100,000, and within 2.5x per 10x step up to 1,000,000.
+//! - `step_builds/{capture_seal,build}/{1,4,16,64,128}x32`: on `sim`, a
+//!   ladder of buckets of 32 layers (one fill each): capturing, finishing
+//!   and sealing every runner, and building (and keeping) one step graph
+//!   per bucket, its layers on two streams in turn (see
+//!   [`bench_step_builds`]). Per runner (criterion's throughput, in
+//!   runners): both flat in the number of buckets.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -665,6 +671,103 @@ fn bench_review(c: &mut Criterion) {
     group.finish();
 }
 
+/// Layers per bucket in the `step_builds` ladder.
+const LADDER_LAYERS: u32 = 32;
+
+/// A ladder of `buckets` x [`LADDER_LAYERS`] runners on `sim`, one
+/// request each, planned and allocated (the capture is the benchmark's).
+fn ladder(sim: &sim::Device, buckets: u32) -> (Capturing<sim::Device>, Request) {
+    let req = Request::new(Domain::Device, DType::F32, 16384);
+    let mut d = Discovering::new(PlanConfig::new());
+    for bucket in 0..buckets {
+        d.bucket(format!("b{bucket}")).expect("distinct names");
+        for l in 0..LADDER_LAYERS {
+            d.arm(RunnerId(bucket * LADDER_LAYERS + l))
+                .and_then(|mut a| a.record(req))
+                .expect("fresh runner");
+        }
+    }
+    let capturing = d
+        .plan(Policy::OverlapDepth(2))
+        .expect("a valid policy")
+        .allocate(sim.clone())
+        .expect("sim allocates");
+    (capturing, req)
+}
+
+/// Captures, finishes and seals the ladder's `runners`.
+fn capture_ladder(
+    sim: &sim::Device,
+    (mut capturing, req): (Capturing<sim::Device>, Request),
+    runners: u32,
+    stream: &sim::Stream,
+) -> Replayable<sim::Device> {
+    for r in 0..runners {
+        let cap = capturing.capture(RunnerId(r)).expect("first capture");
+        let view = cap.take(req).expect("as discovered");
+        cap.stream_capture(stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 0))
+            .expect("sim captures");
+        cap.finish().expect("took exactly its capacity");
+    }
+    capturing.seal().expect("every runner captured")
+}
+
+/// Host cost per runner, on `sim`, of what a program does once per model
+/// as buckets grow (`buckets` x 32 layers, 1 to 128 buckets): capturing,
+/// finishing and sealing every runner; then building one step graph per
+/// bucket (its 32 replays, on two streams in turn) and keeping it. A step
+/// build costs in proportion to its bucket, not to the plan: both stay
+/// flat per runner.
+fn bench_step_builds(c: &mut Criterion) {
+    let mut group = c.benchmark_group("step_builds");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_secs(2));
+    for buckets in [1u32, 4, 16, 64, 128] {
+        let runners = buckets * LADDER_LAYERS;
+        group.throughput(criterion::Throughput::Elements(u64::from(runners)));
+        let sim = sim::Device::new();
+        let stream = sim.new_stream();
+        let id = format!("{buckets}x{LADDER_LAYERS}");
+        group.bench_function(BenchmarkId::new("capture_seal", &id), |b| {
+            b.iter_batched(
+                || ladder(&sim, buckets),
+                |ladder| capture_ladder(&sim, ladder, runners, &stream),
+                BatchSize::PerIteration,
+            )
+        });
+        group.bench_function(BenchmarkId::new("build", &id), |b| {
+            // A fresh `sim` each time: it keeps every stream a composition
+            // made (two per step graph here), which the next ones pay for.
+            b.iter_batched(
+                || {
+                    let sim = sim::Device::new();
+                    let stream = sim.new_stream();
+                    let replayable = capture_ladder(&sim, ladder(&sim, buckets), runners, &stream);
+                    let lanes = [sim.new_stream(), sim.new_stream()];
+                    (replayable, lanes)
+                },
+                |(mut replayable, lanes)| {
+                    let mut kept = Vec::with_capacity(buckets as usize);
+                    for bucket in 0..buckets {
+                        let mut step = replayable.step();
+                        for l in 0..LADDER_LAYERS {
+                            let r = RunnerId(bucket * LADDER_LAYERS + l);
+                            step.replay(r, &lanes[(l % 2) as usize])
+                                .expect("a captured runner");
+                        }
+                        kept.push(step.build().expect("sim composes").keep());
+                    }
+                    (kept, replayable)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_plan,
@@ -674,6 +777,7 @@ criterion_group!(
     bench_capture,
     bench_scale,
     bench_buckets,
-    bench_review
+    bench_review,
+    bench_step_builds
 );
 criterion_main!(benches);

@@ -44,6 +44,7 @@
 mod error;
 mod state;
 mod entry;
+mod slots;
 
 pub(crate) use entry::{enter, enter_replay, enter_scope, refused_by_capture};
 pub(crate) use error::Refused;
@@ -58,7 +59,9 @@ use crate::plan::Planned;
 use crate::scope::StreamClaim;
 use crate::trace::{Observer, UseKind, NO_USER};
 use crate::vocab::{HandoffId, Purpose, RunnerId};
+use slots::Slots;
 use state::{Completion, Journal, Runner};
+use std::sync::Arc;
 
 type Result<T> = std::result::Result<T, ReplayError>;
 
@@ -80,15 +83,74 @@ impl<S> Copy for On<'_, S> {}
 /// What the fence knows besides events and completions: who last used
 /// which bytes, and each handoff's writes and reads. It does not depend on
 /// the backend, so a step graph's dry run hands its state to the plan's
-/// fence whole.
+/// fence ([`Ledger::take_part`]). A plan's fence holds the whole of it; a
+/// dry run only the part its step can meet ([`Ledger::part`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Ledger {
     painter: Painter,
-    handoffs: Vec<HandoffState>,
+    /// By handoff.
+    handoffs: Slots<HandoffState>,
     /// Runner slot -> its staged inputs' latest write failed (its closure
     /// returned an error or unwound): they are not staged, whoever owns
     /// the bytes, until a write succeeds.
-    unstaged: Vec<bool>,
+    unstaged: Slots<bool>,
+    /// A part's: the bytes it holds (ascending, each once); `None` for
+    /// the whole ledger.
+    bytes: Option<Vec<Claim>>,
+}
+
+impl Ledger {
+    /// The part of this (whole) ledger that holds the bytes of `claims`,
+    /// the handoffs `handoffs` and the staging flags of the runner slots
+    /// `runners` (each list ascending, each once): what a step's dry run
+    /// whose every claim and read lies within them can meet.
+    fn part(&self, claims: Vec<Claim>, handoffs: &[usize], runners: &[usize]) -> Ledger {
+        let handoffs = handoffs
+            .iter()
+            .filter_map(|&h| Some((h, self.handoffs.get(h)?.clone())))
+            .collect();
+        let unstaged = runners
+            .iter()
+            .filter_map(|&r| Some((r, *self.unstaged.get(r)?)))
+            .collect();
+        Ledger {
+            painter: self.painter.restricted(&claims),
+            handoffs: Slots::sparse(handoffs),
+            unstaged: Slots::sparse(unstaged),
+            bytes: Some(claims),
+        }
+    }
+
+    /// Takes what `part` holds (all of it, for a whole ledger): the bytes
+    /// it holds are painted as it has them, its handoffs and staging flags
+    /// replace these; everything else stays.
+    pub(crate) fn take_part(&mut self, part: &Ledger) {
+        let Some(bytes) = &part.bytes else {
+            *self = part.clone();
+            return;
+        };
+        self.painter.overlay(&part.painter, bytes);
+        for (h, state) in part.handoffs.pairs() {
+            self.handoffs[h] = state.clone();
+        }
+        for (r, &unstaged) in part.unstaged.pairs() {
+            self.unstaged[r] = unstaged;
+        }
+    }
+
+    /// Entries it holds: painted intervals, handoffs and staging flags.
+    fn entries(&self) -> usize {
+        self.painter.intervals() + self.handoffs.held() + self.unstaged.held()
+    }
+}
+
+/// What a fence holds: fence slots, and ledger entries (painted intervals,
+/// handoffs, staging flags). A step graph's dry run holds what its step
+/// can meet, in proportion to the step, not to the plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) slots: usize,
+    pub(crate) ledger: usize,
 }
 
 /// One handoff's writes and reads, to refuse a reader that would read a
@@ -113,9 +175,13 @@ fn slot_owner(plan: &Planned, slot: usize) -> RunnerId {
 }
 
 /// Fixed at seal: where handoff slots start, the bytes each runner's replay
-/// overwrites, and each reader's place among its handoffs' readers.
+/// overwrites, and each reader's place among its handoffs' readers. Shared
+/// (never copied) by the dry runs of step graphs; a run-time bucket that
+/// joins copies it once, if a step graph still holds it.
 #[derive(Clone, Debug)]
 struct Layout {
+    /// Fence slots: runners, then handoffs.
+    slots: usize,
     /// Fence slot of handoff 0 (handoff `h` is slot `handoff_base + h`).
     handoff_base: usize,
     /// Runner slot -> every byte its replay overwrites: its own claims and
@@ -168,6 +234,7 @@ impl Layout {
             })
             .collect();
         Layout {
+            slots: plan.runners.len() + plan.handoffs.len(),
             handoff_base: plan.runners.len(),
             admit_claims,
             read_at,
@@ -189,9 +256,9 @@ enum NotOwner {
 /// its event and latest completion, the ledger of who used which bytes,
 /// and the plan's fixed layout.
 pub(crate) struct Fence<B: Streams> {
-    runners: Vec<Runner<B>>,
+    runners: Slots<Runner<B>>,
     ledger: Ledger,
-    layout: Layout,
+    layout: Arc<Layout>,
     /// Streams are claimed for the fence's own event records (see
     /// `record_pending`): a real backend's fence, not a dry run's.
     claims: bool,
@@ -242,16 +309,22 @@ impl<B: Streams> Fence<B> {
             .collect();
         let ledger = Ledger {
             painter: Painter::new(plan.fence_regions),
-            handoffs,
-            unstaged: vec![false; plan.runners.len()],
+            handoffs: Slots::dense(handoffs),
+            unstaged: Slots::dense(vec![false; plan.runners.len()]),
+            bytes: None,
         };
-        let runners = events.into_iter().map(Runner::new).collect();
-        Fence::assemble(runners, ledger, Layout::of(plan), true)
+        let runners = Slots::dense(events.into_iter().map(Runner::new).collect());
+        Fence::assemble(runners, ledger, Arc::new(Layout::of(plan)), true)
     }
 
     /// A fence of `runners` (slots) over `ledger` and `layout`, nothing
     /// done yet; `claims`: a real backend's (see `record_pending`).
-    fn assemble(runners: Vec<Runner<B>>, ledger: Ledger, layout: Layout, claims: bool) -> Fence<B> {
+    fn assemble(
+        runners: Slots<Runner<B>>,
+        ledger: Ledger,
+        layout: Arc<Layout>,
+        claims: bool,
+    ) -> Fence<B> {
         Fence {
             runners,
             ledger,
@@ -269,28 +342,84 @@ impl<B: Streams> Fence<B> {
         }
     }
 
-    /// A fence that starts where `other` stands (its ledger; every slot
-    /// `other` used counts as used, complete before anything this fence
-    /// orders), with one event per fenced slot of `other` from `event`:
-    /// the fence a step schedule is traced on.
+    /// A fence that starts where the plan's fence `other` stands, for a
+    /// step that replays the runner slots `replays` and runs consumers of
+    /// those in `consumes` (its ledger; every slot `other` used counts as
+    /// used, complete before anything this fence orders), with one event
+    /// per fenced slot it holds from `event`: the fence a step schedule is
+    /// traced on. It holds only what such a step can meet, so it costs in
+    /// proportion to the step, not to the plan: those runner slots, the
+    /// handoffs the replays write and read, the latest users of every byte
+    /// they claim or read, and the ledger's part of those bytes, handoffs
+    /// and runners. The layout is shared.
     pub(crate) fn start_from<C: Streams>(
         other: &Fence<C>,
+        plan: &Planned,
+        (replays, consumes): (&[usize], &[usize]),
         mut event: impl FnMut(usize) -> B::Event,
     ) -> Fence<B> {
-        let runners = other
-            .runners
-            .iter()
-            .enumerate()
-            .map(|(i, o)| {
-                let mut runner = Runner::new(o.event.as_ref().map(|_| event(i)));
-                if o.event.is_some() && o.completion.is_some() {
+        let layout = &other.layout;
+        let mut runners: Vec<usize> = replays.iter().chain(consumes).copied().collect();
+        runners.sort_unstable();
+        runners.dedup();
+        // Every byte a replay or a consumer (a staging one takes its
+        // runner's bytes as a replay does) claims or reads, and the
+        // handoffs the replays write and read.
+        let mut claims: Vec<Claim> = Vec::new();
+        for &slot in &runners {
+            claims.extend_from_slice(&layout.admit_claims[slot]);
+        }
+        let mut handoffs: Vec<usize> = Vec::new();
+        for &slot in replays {
+            let record = &plan.runners[slot].record;
+            handoffs.extend(
+                record
+                    .writes
+                    .iter()
+                    .chain(&record.reads)
+                    .map(|h| h.0 as usize),
+            );
+            let read = record.reads.iter();
+            claims.extend(read.map(|h| plan.handoffs[h.0 as usize].claim));
+        }
+        handoffs.sort_unstable();
+        handoffs.dedup();
+        claims.sort_unstable_by_key(|c| (c.region, c.lo, c.hi));
+        claims.dedup();
+        // The slots: those, and whoever last used those bytes.
+        let mut slots = runners.clone();
+        slots.extend(handoffs.iter().map(|h| layout.handoff_base + h));
+        let mut users = Vec::new();
+        for &claim in &claims {
+            users.clear();
+            other.ledger.painter.users(claim, &mut users);
+            slots.extend(users.iter().map(|&u| u as usize));
+        }
+        slots.sort_unstable();
+        slots.dedup();
+        let held = slots
+            .into_iter()
+            .map(|i| {
+                let o = other.runners.get(i);
+                let fenced = o.is_some_and(|o| o.event.is_some());
+                let mut runner = Runner::new(fenced.then(|| event(i)));
+                if fenced && o.is_some_and(|o| o.completion.is_some()) {
                     // Before the step: ordered by launch order, no record.
                     runner.completion = Some(Completion::Recorded { id: u64::MAX });
                 }
-                runner
+                (i, runner)
             })
             .collect();
-        Fence::assemble(runners, other.ledger.clone(), other.layout.clone(), false)
+        let ledger = other.ledger.part(claims, &handoffs, &runners);
+        Fence::assemble(Slots::sparse(held), ledger, Arc::clone(layout), false)
+    }
+
+    /// What the fence holds (a dry run's: what its step can meet).
+    pub(crate) fn held(&self) -> Held {
+        Held {
+            slots: self.runners.held(),
+            ledger: self.ledger.entries(),
+        }
     }
 
     pub(crate) fn stats(&self) -> FenceStats {
@@ -373,7 +502,7 @@ impl<B: Streams> Fence<B> {
 
     /// Fence slots: runners, then handoffs.
     pub(crate) fn slots(&self) -> usize {
-        self.runners.len()
+        self.layout.slots
     }
 
     /// The fence slot of handoff `h`.
@@ -610,7 +739,7 @@ impl<B: Streams> Fence<B> {
     /// Checks that a consumer of the runners in `slots` may read their
     /// bytes: each (fenced) runner still owns what its latest replay wrote.
     /// Nothing is enqueued.
-    fn check_consumable(
+    pub(crate) fn check_consumable(
         &mut self,
         plan: &Planned,
         slots: &[usize],
@@ -831,7 +960,10 @@ impl<B: Streams> Fence<B> {
         backend: &B,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
-        (0..self.runners.len()).try_for_each(|u| self.wait_for(backend, u, on))
+        (0..self.runners.held()).try_for_each(|k| {
+            let u = self.runners.slot_at(k);
+            self.wait_for(backend, u, on)
+        })
     }
 
     /// Launches a step graph on `on` in one transaction: `before` (the
@@ -853,7 +985,7 @@ impl<B: Streams> Fence<B> {
         everything: bool,
         before: impl FnOnce() -> std::result::Result<(), BackendError>,
         launch: impl FnOnce() -> std::result::Result<(), BackendError>,
-        moved: Option<(&Ledger, &[bool])>,
+        moved: Option<(&Ledger, &[usize])>,
         kind: UseKind,
     ) -> std::result::Result<(), BackendError> {
         self.begin();
@@ -876,18 +1008,19 @@ impl<B: Streams> Fence<B> {
             .and_then(|()| self.timed(backend, on, launch));
         self.settle_transaction(launched)?;
         if let Some((ledger, touched)) = moved {
-            self.absorb_step(ledger.clone(), touched, on);
+            self.absorb_step(ledger, touched, on);
         }
         self.count_step_launch();
         Ok(())
     }
 
-    /// After a launch of a step graph on `on`: `ledger` is what the fence
-    /// knows once it ran, and every slot that was used, or that the step
-    /// touches, completes at the tail of `on`.
-    fn absorb_step(&mut self, ledger: Ledger, touched: &[bool], on: On<'_, B::Stream>) {
+    /// After a launch of a step graph on `on`: the fence takes `ledger`,
+    /// what it knows of the step's part once it ran, and every slot that
+    /// was used, or that the step touches (`touched`, ascending),
+    /// completes at the tail of `on`.
+    fn absorb_step(&mut self, ledger: &Ledger, touched: &[usize], on: On<'_, B::Stream>) {
         let user = self.user;
-        for (i, runner) in self.runners.iter_mut().enumerate() {
+        for (i, runner) in self.runners.pairs_mut() {
             debug_assert!(
                 !self.journal.in_open(),
                 "a step is absorbed after its launch"
@@ -895,7 +1028,7 @@ impl<B: Streams> Fence<B> {
             if runner.event.is_none() {
                 continue;
             }
-            if runner.completion.is_some() || touched.get(i).copied().unwrap_or(false) {
+            if runner.completion.is_some() || touched.binary_search(&i).is_ok() {
                 runner.completion = Some(Completion::Pending {
                     stream: on.stream.clone(),
                     id: on.id,
@@ -909,7 +1042,7 @@ impl<B: Streams> Fence<B> {
                 reader.completion = None;
             }
         }
-        self.ledger = ledger;
+        self.ledger.take_part(ledger);
     }
 
     /// Counts one launch of a step graph of the plan (enqueued: the use
@@ -1268,17 +1401,19 @@ impl<B: Streams> Fence<B> {
     pub(crate) fn add_runners(&mut self, plan: &Planned, events: Vec<Option<B::Event>>) {
         debug_assert!(plan.handoffs.is_empty() && !self.in_transaction());
         let start = plan.runners.len() - events.len();
+        // Step graphs' dry runs that share the layout keep theirs.
+        let layout = Arc::make_mut(&mut self.layout);
         for (r, event) in plan.runners[start..].iter().zip(events) {
             self.runners.push(Runner::new(event));
-            self.layout.admit_claims.push(r.claims.clone());
-            self.layout.read_at.push(Vec::new());
+            layout.admit_claims.push(r.claims.clone());
+            layout.read_at.push(Vec::new());
             let inputs = r.record.requests.iter();
             let stages =
                 !r.claims.is_empty() && inputs.into_iter().any(|q| q.purpose == Purpose::Input);
-            self.layout.stages.push(stages);
+            layout.stages.push(stages);
             self.ledger.unstaged.push(false);
         }
-        self.layout.handoff_base = plan.runners.len();
+        layout.handoff_base = plan.runners.len();
         self.epoch += 1;
     }
 

@@ -39,6 +39,51 @@ enum Region {
     Map(BTreeMap<u64, (u64, u32)>),
 }
 
+impl Region {
+    /// The region's intervals as a map (an inline one moved into it).
+    fn map_mut(&mut self) -> &mut BTreeMap<u64, (u64, u32)> {
+        match self {
+            Region::Map(map) => map,
+            Region::Unpainted => {
+                *self = Region::Map(BTreeMap::new());
+                self.map_mut()
+            }
+            &mut Region::One { lo, hi, runner } => {
+                *self = Region::Map(BTreeMap::from([(lo, (hi, runner))]));
+                self.map_mut()
+            }
+        }
+    }
+
+    /// The intervals that meet `[lo, hi)`, highest first, as
+    /// `(start, end, runner)`.
+    fn meeting(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
+        let (one, map) = match self {
+            Region::Unpainted => (None, None),
+            &Region::One {
+                lo: s,
+                hi: e,
+                runner,
+            } => ((s < hi && lo < e).then_some((s, e, runner)), None),
+            Region::Map(map) => (None, Some(map)),
+        };
+        let mapped = map
+            .into_iter()
+            .flat_map(move |m| m.range(..hi).rev())
+            .take_while(move |(_, &(end, _))| end > lo)
+            .map(|(&start, &(end, runner))| (start, end, runner));
+        one.into_iter().chain(mapped)
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Region::Unpainted => 0,
+            Region::One { .. } => 1,
+            Region::Map(map) => map.len(),
+        }
+    }
+}
+
 impl Painter {
     pub(crate) fn new(regions: usize) -> Painter {
         Painter {
@@ -49,31 +94,21 @@ impl Painter {
     /// Adds to `out` (once each) the runners that last claimed any byte of
     /// `claim`.
     pub(crate) fn users(&self, claim: Claim, out: &mut Vec<u32>) {
-        let map = match &self.regions[claim.region as usize] {
-            Region::Unpainted => return,
-            &Region::One { lo, hi, runner } => {
-                if lo < claim.hi && claim.lo < hi && !out.contains(&runner) {
-                    out.push(runner);
-                }
-                return;
-            }
-            Region::Map(map) => map,
-        };
+        let region = &self.regions[claim.region as usize];
         // Fast path: one interval is exactly the claim (intervals are
         // disjoint, so no other one meets it): a round-robin generation
         // claimed again, an exact extent repainted.
-        if let Some(&(end, runner)) = map.get(&claim.lo) {
-            if end == claim.hi {
-                if !out.contains(&runner) {
-                    out.push(runner);
+        if let Region::Map(map) = region {
+            if let Some(&(end, runner)) = map.get(&claim.lo) {
+                if end == claim.hi {
+                    if !out.contains(&runner) {
+                        out.push(runner);
+                    }
+                    return;
                 }
-                return;
             }
         }
-        for (_, &(end, runner)) in map.range(..claim.hi).rev() {
-            if end <= claim.lo {
-                break;
-            }
+        for (_, _, runner) in region.meeting(claim.lo, claim.hi) {
             if !out.contains(&runner) {
                 out.push(runner);
             }
@@ -83,7 +118,9 @@ impl Painter {
     /// Makes `runner` the last user of every byte of `claim`.
     pub(crate) fn paint(&mut self, claim: Claim, runner: u32) {
         let region = &mut self.regions[claim.region as usize];
-        let map = match region {
+        match region {
+            // Fast paths: a first interval, kept inline, or the range
+            // painted exactly as one interval already.
             Region::Unpainted => {
                 *region = Region::One {
                     lo: claim.lo,
@@ -96,27 +133,33 @@ impl Painter {
                 lo,
                 hi,
                 runner: owner,
-            } => {
-                if *lo == claim.lo && *hi == claim.hi {
-                    *owner = runner;
-                    return;
-                }
-                let one = BTreeMap::from([(*lo, (*hi, *owner))]);
-                *region = Region::Map(one);
-                match region {
-                    Region::Map(map) => map,
-                    _ => return,
-                }
-            }
-            Region::Map(map) => map,
-        };
-        // Fast path: the range is painted exactly as one interval already.
-        if let Some((end, owner)) = map.get_mut(&claim.lo) {
-            if *end == claim.hi {
+            } if *lo == claim.lo && *hi == claim.hi => {
                 *owner = runner;
                 return;
             }
+            Region::Map(map) => {
+                if let Some((end, owner)) = map.get_mut(&claim.lo) {
+                    if *end == claim.hi {
+                        *owner = runner;
+                        return;
+                    }
+                }
+            }
+            Region::One { .. } => {}
         }
+        self.erase(claim);
+        self.regions[claim.region as usize]
+            .map_mut()
+            .insert(claim.lo, (claim.hi, runner));
+    }
+
+    /// Makes every byte of `claim` unpainted (no last user).
+    fn erase(&mut self, claim: Claim) {
+        let region = &mut self.regions[claim.region as usize];
+        if matches!(region, Region::Unpainted) {
+            return;
+        }
+        let map = region.map_mut();
         let overlapping: Vec<(u64, (u64, u32))> = map
             .range(..claim.hi)
             .rev()
@@ -132,7 +175,53 @@ impl Painter {
                 map.insert(claim.hi, (end, owner));
             }
         }
-        map.insert(claim.lo, (claim.hi, runner));
+    }
+
+    /// The painted intervals of `claim`'s bytes, cut to them: (claim of
+    /// the interval's part, its runner), highest first.
+    fn pieces(&self, claim: Claim) -> impl Iterator<Item = (Claim, u32)> + '_ {
+        let region = self.regions.get(claim.region as usize);
+        region
+            .into_iter()
+            .flat_map(move |r| r.meeting(claim.lo, claim.hi))
+            .map(move |(start, end, runner)| {
+                let lo = start.max(claim.lo);
+                let hi = end.min(claim.hi);
+                (Claim { lo, hi, ..claim }, runner)
+            })
+    }
+
+    /// The painting of the bytes of `claims` alone (every interval that
+    /// meets one, cut to it): for a claim within them, [`Painter::users`]
+    /// finds the same runners, in the same order, as on `self`. Holds only
+    /// the regions up to the highest one `claims` name.
+    pub(crate) fn restricted(&self, claims: &[Claim]) -> Painter {
+        let regions = claims.iter().map(|c| c.region as usize + 1).max();
+        let mut out = Painter::new(regions.unwrap_or(0));
+        for &claim in claims {
+            for (piece, runner) in self.pieces(claim) {
+                out.paint(piece, runner);
+            }
+        }
+        out
+    }
+
+    /// Paints the bytes of `claims` exactly as `from` has them (unpainted
+    /// where `from` leaves them so); the rest stays as it is.
+    pub(crate) fn overlay(&mut self, from: &Painter, claims: &[Claim]) {
+        for &claim in claims {
+            self.erase(claim);
+        }
+        for &claim in claims {
+            for (piece, runner) in from.pieces(claim) {
+                self.paint(piece, runner);
+            }
+        }
+    }
+
+    /// The painted intervals, in every region.
+    pub(crate) fn intervals(&self) -> usize {
+        self.regions.iter().map(Region::len).sum()
     }
 }
 
@@ -218,6 +307,44 @@ mod tests {
         assert_eq!(users(&p, 10, 21), vec![2, 3]);
         assert_eq!(users(&p, 9, 20), vec![1, 2]);
         assert_eq!(users(&p, 10, 15), vec![2]);
+    }
+
+    #[test]
+    fn a_restricted_painter_answers_for_its_claims_as_the_whole_does() {
+        let mut p = Painter::new(1);
+        p.paint(claim(0, 100), 1);
+        p.paint(claim(20, 40), 2);
+        p.paint(claim(90, 120), 3);
+        let r = p.restricted(&[claim(30, 50), claim(85, 95)]);
+        assert_eq!(users(&r, 30, 50), vec![1, 2]);
+        assert_eq!(users(&r, 85, 95), vec![1, 3]);
+        assert_eq!(users(&r, 40, 45), vec![1]);
+        // Nothing outside the claims.
+        assert_eq!(users(&r, 0, 30), Vec::<u32>::new());
+        assert_eq!(r.intervals(), 4);
+    }
+
+    #[test]
+    fn an_overlay_repaints_its_claims_and_nothing_else() {
+        let mut p = Painter::new(1);
+        p.paint(claim(0, 100), 1);
+        let claims = [claim(10, 20), claim(50, 60)];
+        let mut step = p.restricted(&claims);
+        step.paint(claim(10, 15), 7);
+        p.paint(claim(50, 60), 9);
+        p.overlay(&step, &claims);
+        assert_eq!(users(&p, 10, 15), vec![7]);
+        assert_eq!(users(&p, 15, 20), vec![1]);
+        // As `step` has it: runner 1 there, not 9.
+        assert_eq!(users(&p, 50, 60), vec![1]);
+        assert_eq!(users(&p, 0, 10), vec![1]);
+        assert_eq!(users(&p, 60, 100), vec![1]);
+        // Unpainted where `step` is.
+        let mut empty = Painter::new(1);
+        empty.overlay(&Painter::new(1), &[claim(0, 5)]);
+        p.overlay(&Painter::new(1), &[claim(0, 5)]);
+        assert_eq!(users(&p, 0, 5), Vec::<u32>::new());
+        assert_eq!(empty.intervals(), 0);
     }
 
     #[test]

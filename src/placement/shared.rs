@@ -532,19 +532,7 @@ fn round_robin_around(
             handoffs: separate.into_iter().map(|o| (0, o)).collect(),
         });
     }
-    // On top of the largest arena (ties: the lowest generation).
-    let top = (0..arenas.len())
-        .max_by_key(|&a| (arenas[a].1, Reverse(a)))
-        .unwrap_or(0);
-    let base = arenas[top].1;
-    let mut best = RoundRobinShared {
-        handoffs: separate
-            .iter()
-            .map(|&o| Some((top, base.checked_add(o)?)))
-            .collect::<Option<Vec<_>>>()?,
-        arenas: arenas.clone(),
-    };
-    best.arenas[top].1 = base.checked_add(separate_bytes)?;
+    let best = stacked(&arenas, &separate, separate_bytes)?;
     let bound = lower_bound_shared(column, handoffs, t);
     let mut work = Work(handoff_work);
     if best.bytes() <= bound {
@@ -559,8 +547,43 @@ fn round_robin_around(
         return Some(best);
     }
     let gens: Vec<usize> = runner_arenas.iter().map(|&(gen, _)| gen).collect();
-    let obstacles: Vec<Vec<(usize, u64)>> = meet
-        .runners
+    let obstacles = obstacles(column, &meet, &gens, g);
+    let fill = Fill {
+        handoffs,
+        meet: &meet,
+        obstacles: &obstacles,
+        runner_bytes: &arenas,
+    };
+    Some(fill.improve(best, bound, &mut work))
+}
+
+/// The separate handoff placement on top of the largest of the runners'
+/// `arenas` (ties: the lowest generation). `None` on overflow.
+fn stacked(
+    arenas: &[(Option<usize>, u64)],
+    separate: &[u64],
+    separate_bytes: u64,
+) -> Option<RoundRobinShared> {
+    let top = (0..arenas.len())
+        .max_by_key(|&a| (arenas[a].1, Reverse(a)))
+        .unwrap_or(0);
+    let base = arenas[top].1;
+    let mut stacked = RoundRobinShared {
+        handoffs: separate
+            .iter()
+            .map(|&o| Some((top, base.checked_add(o)?)))
+            .collect::<Option<Vec<_>>>()?,
+        arenas: arenas.to_vec(),
+    };
+    stacked.arenas[top].1 = base.checked_add(separate_bytes)?;
+    Some(stacked)
+}
+
+/// Per handoff, (arena, the largest runner of its generation it meets),
+/// sparse and by arena: the runners `meet` finds, in the arenas of the
+/// generations `gens` (ascending) at `G = g`.
+fn obstacles(column: &Column, meet: &Meetings, gens: &[usize], g: usize) -> Vec<Vec<(usize, u64)>> {
+    meet.runners
         .iter()
         .map(|&(lo, hi)| {
             let mut v: Vec<(usize, u64)> = (lo..hi)
@@ -576,41 +599,44 @@ fn round_robin_around(
             v.reverse();
             v
         })
-        .collect();
-    let fill = Fill {
-        handoffs,
-        meet: &meet,
-        obstacles: &obstacles,
-        runner_bytes: &arenas,
-    };
-    let offer = |best: &mut RoundRobinShared, c: Option<RoundRobinShared>| {
-        if let Some(c) = c {
-            if c.bytes() < best.bytes() {
-                *best = c;
+        .collect()
+}
+
+impl Fill<'_> {
+    /// `best` (the stacked layout), improved while it is above `bound`
+    /// and `work` lasts: settled in its arena (never larger), then greedy
+    /// fills over every arena (handoffs by start, then by size), each
+    /// settled; the smallest wins.
+    fn improve(&self, mut best: RoundRobinShared, bound: u64, work: &mut Work) -> RoundRobinShared {
+        let (handoffs, meet) = (self.handoffs, self.meet);
+        let arenas = self.runner_bytes.len();
+        let offer = |best: &mut RoundRobinShared, c: Option<RoundRobinShared>| {
+            if let Some(c) = c {
+                if c.bytes() < best.bytes() {
+                    *best = c;
+                }
             }
+        };
+        if work.spend(meet.fill_cost()) {
+            let c = self.settle(&best);
+            offer(&mut best, c);
         }
-    };
-    // The stacked layout settled in its arena (never larger), then greedy
-    // fills over every arena, each settled.
-    if work.spend(meet.fill_cost()) {
-        let c = fill.settle(&best);
-        offer(&mut best, c);
-    }
-    let mut by_start: Vec<usize> = (0..handoffs.len()).collect();
-    by_start.sort_by_key(|&i| (handoffs[i].start, i));
-    let mut by_size: Vec<usize> = (0..handoffs.len()).collect();
-    by_size.sort_by_key(|&i| (Reverse(handoffs[i].bytes), handoffs[i].start, i));
-    let greedy_cost = (handoffs.len() as u64)
-        .saturating_mul(arenas.len() as u64)
-        .saturating_add(meet.fill_cost().saturating_mul(arenas.len() as u64 + 1));
-    for order in [&by_start, &by_size] {
-        if best.bytes() <= bound || !work.spend(greedy_cost) {
-            break;
+        let mut by_start: Vec<usize> = (0..handoffs.len()).collect();
+        by_start.sort_by_key(|&i| (handoffs[i].start, i));
+        let mut by_size: Vec<usize> = (0..handoffs.len()).collect();
+        by_size.sort_by_key(|&i| (Reverse(handoffs[i].bytes), handoffs[i].start, i));
+        let greedy_cost = (handoffs.len() as u64)
+            .saturating_mul(arenas as u64)
+            .saturating_add(meet.fill_cost().saturating_mul(arenas as u64 + 1));
+        for order in [&by_start, &by_size] {
+            if best.bytes() <= bound || !work.spend(greedy_cost) {
+                break;
+            }
+            let c = self.greedy(order).and_then(|c| self.settle(&c));
+            offer(&mut best, c);
         }
-        let c = fill.greedy(order).and_then(|c| fill.settle(&c));
-        offer(&mut best, c);
+        best
     }
-    Some(best)
 }
 
 /// What the round-robin fills need.

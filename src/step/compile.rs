@@ -2,13 +2,13 @@
 //! writers split at their ready points, a dry run of the schedule through
 //! the fence whose waits become the edges, then the composition.
 
-use super::dry_run::{dry_pass, reduce_cross, restage, stages, DryEvent, DryRun, Edges, Lane, Use};
+use super::dry_run::{dry_fence, dry_pass, reduce_cross, restage, stages, DryRun, Edges, Use};
 use super::graph::StepCore;
 use super::traced::{Events, Source, TracedNode, Tracing};
 use super::{Item, StepError, StepGraph};
-use crate::backend::{BackendError, Compose, NodeGraph, StepNode};
+use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode};
 use crate::capture::StepCopy;
-use crate::fence::{BackendFailure, ConsumeError, Fence, On, Operation};
+use crate::fence::{BackendFailure, ConsumeError, Fence, Operation};
 use crate::replay::Replayable;
 use crate::trace::UseKind;
 use crate::vocab::RunnerId;
@@ -31,12 +31,12 @@ impl<G> Splits<G> {
 
 /// What the dry run of the schedule found: the edges of a launch (and, for
 /// two graphs in turn, those on the launch before), the fence slots the
-/// step uses, whether the first pass after the first was already steady,
-/// and the fence it leaves.
+/// step uses (ascending), whether the first pass after the first was
+/// already steady, and the fence it leaves.
 struct Dry {
     deps: Vec<Vec<usize>>,
     cross: Vec<Vec<usize>>,
-    touched: Vec<bool>,
+    touched: Vec<usize>,
     first_steady: bool,
     fence: Fence<DryRun>,
     /// Staged runners whose bytes the step's own replays take, each with
@@ -128,6 +128,7 @@ pub(super) fn compile<B: Compose>(
             start,
             done,
             ledger: dry.fence.ledger().clone(),
+            held: dry.fence.held(),
             touched: dry.touched,
             launched: None,
             launches: 0,
@@ -406,9 +407,8 @@ fn run_dry<B: Compose>(
 ) -> Result<Dry, StepError> {
     let execs = if overlapping { 2 } else { 1 };
     let dry = DryRun::new(execs * lanes, nodes, overlapping);
-    let mut fence: Fence<DryRun> = Fence::start_from(&r.fence, DryEvent);
-    dry.reserve_events(r.fence.slots());
-    let mut touched = vec![false; r.fence.slots()];
+    let mut fence = dry_fence(&r.fence, &dry, &r.plan, uses);
+    let mut touched = Vec::new();
     let passes = if overlapping { 6 } else { 2 };
     let mut kept: Vec<Edges> = Vec::new();
     let mut restaged = Vec::new();
@@ -416,7 +416,7 @@ fn run_dry<B: Compose>(
         let offset = (pass % execs) * lanes;
         dry.begin_pass(pass, offset..offset + lanes);
         if pass == 1 {
-            restaged = taken_inputs(&r.plan, uses, &fence);
+            restaged = taken_inputs(&r.plan, uses, &mut fence);
         }
         // The program stages those before each launch after the first.
         let slots: Vec<usize> = restaged.iter().map(|&(slot, _)| slot).collect();
@@ -471,7 +471,7 @@ fn run_dry<B: Compose>(
 fn taken_inputs(
     plan: &crate::plan::Planned,
     uses: &[Use],
-    fence: &Fence<DryRun>,
+    fence: &mut Fence<DryRun>,
 ) -> Vec<(usize, RunnerId)> {
     let mut out: Vec<(usize, RunnerId)> = Vec::new();
     let mut seen: Vec<usize> = Vec::new();
@@ -493,18 +493,9 @@ fn taken_inputs(
             continue;
         }
         seen.push(slot);
-        // A reader's check on a fence that starts where this one stands:
-        // refused when another runner took the staged runner's bytes.
-        let probe_lanes = DryRun::new(1, 0, false);
-        probe_lanes.reserve_events(fence.slots());
-        let mut probe: Fence<DryRun> = Fence::start_from(fence, DryEvent);
-        let on = On {
-            stream: &Lane(0),
-            id: 0,
-        };
-        if let Err(ConsumeError::Overwritten { by, .. }) =
-            probe.consume(&probe_lanes, plan, &[slot], on, false, || ((), true))
-        {
+        // A reader's check: refused when another runner took the staged
+        // runner's bytes.
+        if let Err(ConsumeError::Overwritten { by, .. }) = fence.check_consumable(plan, &[slot]) {
             out.push((slot, by));
         }
     }
@@ -528,110 +519,127 @@ fn compose<B: Compose>(
     nodes: usize,
 ) -> Result<B::Graph, StepError> {
     let deps = &dry.deps;
-    let moving: Vec<bool> = items
-        .iter()
-        .map(|i| matches!(i, Item::Replay { slot, .. } if r.runners[*slot].moves()))
-        .collect();
-    let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
-    let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
-    // The step copies this graph moves in, one per replay of a
-    // runner whose graph allocates.
+    // The step copies this graph moves in, one per replay of a runner
+    // whose graph allocates.
     let mut taken: Vec<Option<StepCopy<B::Graph>>> = items
         .iter()
-        .zip(&moving)
-        .map(|(item, &moves)| match item {
-            Item::Replay { slot, .. } if moves => r.runners[*slot].step_copies.pop(),
+        .map(|item| match item {
+            Item::Replay { slot, .. } if r.runners[*slot].moves() => {
+                r.runners[*slot].step_copies.pop()
+            }
             _ => None,
         })
         .collect();
-    let (runners, plan) = (&r.runners, &r.plan);
+    let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
+    let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
     for (k, item) in items.iter().enumerate() {
-        match item {
+        let (name, lane, graphs) = match item {
             Item::Replay { slot, lane } => {
-                let name = plan.runners[*slot].id();
-                let node_graphs: Vec<NodeGraph<'_, B::Graph>> = if moving[k] {
-                    // Checked above and in `replay`: a copy is
-                    // left for each.
-                    // In as many parts as the schedule counted nodes.
-                    let copy = taken[k].take().filter(|c| c.parts.len() == split.nodes(k));
-                    let Some(copy) = copy else {
-                        return Err(BackendFailure::of(
-                            Operation::StepBuild,
-                            name,
-                            BackendError::Refused {
-                                call: "step graph",
-                                reason: "no step copy left (in as many parts as scheduled)".into(),
-                            },
-                        )
-                        .into());
-                    };
-                    copy.parts.into_iter().map(NodeGraph::Move).collect()
-                } else if !split.parts[k].is_empty() {
-                    split.parts[k].iter().map(NodeGraph::Copy).collect()
-                } else {
-                    runners[*slot]
-                        .graph
-                        .as_ref()
-                        .map(NodeGraph::Copy)
-                        .into_iter()
-                        .collect()
-                };
-                for graph in node_graphs {
-                    names.push(name);
-                    let n = step_nodes.len();
-                    step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
-                }
+                let graphs = replay_node_graphs(r, *slot, taken[k].take(), split, k)?;
+                (r.plan.runners[*slot].id(), *lane, graphs)
             }
             Item::Consume {
                 slots, lane, graph, ..
             } => {
-                names.push(plan.runners[slots[0]].id());
-                let n = step_nodes.len();
-                let graph = match (graph, moved_consumers[k].take()) {
-                    (_, Some(moved)) => NodeGraph::Move(moved),
-                    (Some(g), None) => NodeGraph::Copy(g),
-                    (None, None) => {
-                        return Err(BackendFailure::of(
-                            Operation::StepBuild,
-                            names[n],
-                            BackendError::Refused {
-                                call: "step graph",
-                                reason: "the consumer's graph went into an earlier graph".into(),
-                            },
-                        )
-                        .into())
-                    }
-                };
-                step_nodes.push(StepNode::new(graph, deps[n].clone(), *lane));
+                let name = r.plan.runners[slots[0]].id();
+                let graph = consumer_node_graph(name, graph.as_ref(), moved_consumers[k].take())?;
+                (name, *lane, vec![graph])
             }
+        };
+        for graph in graphs {
+            names.push(name);
+            let n = step_nodes.len();
+            step_nodes.push(StepNode::new(graph, deps[n].clone(), lane));
         }
     }
     let end = events.wire(&mut step_nodes, &dry.cross, x);
+    compose_naming(&r.backend, step_nodes, end, &names)
+}
+
+/// The graphs of item `k`, a replay of runner slot `slot`: its step copy
+/// (`copy`, moved in, in as many parts as the schedule counted nodes), its
+/// split parts, or its graph.
+fn replay_node_graphs<'g, B: Compose>(
+    r: &'g Replayable<B>,
+    slot: usize,
+    copy: Option<StepCopy<B::Graph>>,
+    split: &'g Splits<B::Graph>,
+    k: usize,
+) -> Result<Vec<NodeGraph<'g, B::Graph>>, StepError> {
+    if r.runners[slot].moves() {
+        // Checked above and in `replay`: a copy is left for each.
+        let Some(copy) = copy.filter(|c| c.parts.len() == split.nodes(k)) else {
+            return Err(BackendFailure::of(
+                Operation::StepBuild,
+                r.plan.runners[slot].id(),
+                BackendError::Refused {
+                    call: "step graph",
+                    reason: "no step copy left (in as many parts as scheduled)".into(),
+                },
+            )
+            .into());
+        };
+        return Ok(copy.parts.into_iter().map(NodeGraph::Move).collect());
+    }
+    if !split.parts[k].is_empty() {
+        return Ok(split.parts[k].iter().map(NodeGraph::Copy).collect());
+    }
+    let graph = r.runners[slot].graph.as_ref();
+    Ok(graph.map(NodeGraph::Copy).into_iter().collect())
+}
+
+/// A consumer's graph (named by its first runner, `name`): the one moved
+/// in (it allocates), or its own, copied.
+fn consumer_node_graph<'g, G>(
+    name: RunnerId,
+    own: Option<&'g G>,
+    moved: Option<G>,
+) -> Result<NodeGraph<'g, G>, StepError> {
+    match (own, moved) {
+        (_, Some(moved)) => Ok(NodeGraph::Move(moved)),
+        (Some(g), None) => Ok(NodeGraph::Copy(g)),
+        (None, None) => Err(BackendFailure::of(
+            Operation::StepBuild,
+            name,
+            BackendError::Refused {
+                call: "step graph",
+                reason: "the consumer's graph went into an earlier graph".into(),
+            },
+        )
+        .into()),
+    }
+}
+
+/// Composes `step_nodes` (node `n` named by `names[n]`) with `end`; when
+/// the backend refuses, names the runner whose copied graph it refuses
+/// alone, if one is.
+fn compose_naming<B: Compose>(
+    backend: &B,
+    step_nodes: Vec<StepNode<'_, B::Graph, B::Event>>,
+    end: Option<StepEnd<'_, B::Event>>,
+    names: &[RunnerId],
+) -> Result<B::Graph, StepError> {
     // The copied graphs, to name the one the backend refuses alone.
     let copied: Vec<(&B::Graph, RunnerId)> = step_nodes
         .iter()
-        .zip(&names)
+        .zip(names)
         .filter_map(|(n, name)| match n.graph {
             NodeGraph::Copy(g) => Some((g, *name)),
             NodeGraph::Move(_) => None,
         })
         .collect();
-    let backend = &r.backend;
-    match backend.compose(step_nodes, end) {
-        Ok(graph) => Ok(graph),
-        Err(error) => {
-            let runner = copied
-                .iter()
-                .find(|(g, _)| {
-                    let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
-                    backend.compose(vec![alone], None).is_err()
-                })
-                .map(|(_, runner)| *runner);
-            Err(StepError::Backend(BackendFailure {
-                op: Operation::StepBuild,
-                runner,
-                error,
-            }))
-        }
-    }
+    backend.compose(step_nodes, end).map_err(|error| {
+        let runner = copied
+            .iter()
+            .find(|(g, _)| {
+                let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
+                backend.compose(vec![alone], None).is_err()
+            })
+            .map(|(_, runner)| *runner);
+        StepError::Backend(BackendFailure {
+            op: Operation::StepBuild,
+            runner,
+            error,
+        })
+    })
 }

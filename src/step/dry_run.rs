@@ -4,6 +4,7 @@
 //! become the step graph's edges.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::ScheduleError;
@@ -31,16 +32,62 @@ pub(super) enum Use {
     },
 }
 
+/// The runner slots a schedule replays, and those its consumers read:
+/// what its dry run's fence holds ([`Fence::start_from`]).
+pub(super) fn reach(uses: &[Use]) -> (Vec<usize>, Vec<usize>) {
+    let (mut replays, mut consumes) = (Vec::new(), Vec::new());
+    for u in uses {
+        match u {
+            Use::Replay { slot, .. } => replays.push(*slot),
+            Use::Consume { slots, .. } => consumes.extend_from_slice(slots),
+        }
+    }
+    for slots in [&mut replays, &mut consumes] {
+        slots.sort_unstable();
+        slots.dedup();
+    }
+    (replays, consumes)
+}
+
+/// A fence that starts where `fence` (the plan's) stands, holding what
+/// the schedule `uses` can meet; `dry` gets an event of its own for each
+/// fence slot.
+pub(super) fn dry_fence<C: Streams>(
+    fence: &Fence<C>,
+    dry: &DryRun,
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+) -> Fence<DryRun> {
+    let (replays, consumes) = reach(uses);
+    dry.reserve_events(fence.slots());
+    Fence::start_from(fence, plan, (&replays, &consumes), DryEvent)
+}
+
 /// One pass of the schedule through `fence`, on lanes `offset..`: every
 /// wait and record it makes goes to `dry`, and `touched` learns the
-/// fence slots the step uses.
+/// fence slots the step uses (ascending, each once, when it returns).
 pub(super) fn dry_pass(
     fence: &mut Fence<DryRun>,
     dry: &DryRun,
     plan: &crate::plan::Planned,
     uses: &[Use],
     offset: usize,
-    touched: &mut [bool],
+    touched: &mut Vec<usize>,
+) -> Result<(), ScheduleError> {
+    let passed = uses_pass(fence, dry, plan, uses, offset, touched);
+    touched.sort_unstable();
+    touched.dedup();
+    passed
+}
+
+/// [`dry_pass`], `touched` in any order.
+fn uses_pass(
+    fence: &mut Fence<DryRun>,
+    dry: &DryRun,
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+    offset: usize,
+    touched: &mut Vec<usize>,
 ) -> Result<(), ScheduleError> {
     for u in uses {
         match u {
@@ -60,9 +107,9 @@ pub(super) fn dry_pass(
                     dry.run(*first, *count, id);
                     Ok(())
                 })?;
-                touched[*slot] = true;
+                touched.push(*slot);
                 for &h in &plan.runners[*slot].record.writes {
-                    touched[fence.handoff_slot(h)] = true;
+                    touched.push(fence.handoff_slot(h));
                 }
                 for &(h, node) in marks {
                     dry.mark(h, node);
@@ -82,9 +129,7 @@ pub(super) fn dry_pass(
                 fence.consume(dry, plan, slots, on, *exclusive, || {
                     (dry.run(*first, 1, id), true)
                 })?;
-                for &slot in slots {
-                    touched[slot] |= fence.is_fenced(slot);
-                }
+                touched.extend(slots.iter().filter(|&&slot| fence.is_fenced(slot)));
             }
         }
     }
@@ -131,6 +176,10 @@ pub(super) fn restage(
 /// waiting for node `y` implies waiting for `y`'s ancestors).
 pub(super) fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
     let n = deps.len();
+    if cross.iter().all(Vec::is_empty) {
+        // One graph: nothing to reduce (and no square tables to fill).
+        return vec![Vec::new(); n];
+    }
     // ancestors[y][z]: y runs after z, in one launch.
     let mut ancestors = vec![vec![false; n]; n];
     for y in 0..n {
@@ -197,9 +246,12 @@ pub(super) struct Passes {
     /// one waits for.
     tails: Vec<Option<Ran>>,
     waits: Vec<Vec<Ran>>,
-    /// Per event: the node its latest record follows (`None`: before this
-    /// pass's nodes on its lane, which launch order covers).
-    recorded: Vec<Option<Ran>>,
+    /// Per event recorded after a node: the node its latest record
+    /// follows (an event not here: before this pass's nodes on its lane,
+    /// which launch order covers, or never recorded).
+    recorded: BTreeMap<usize, Ran>,
+    /// Events so far: `0..events` (the fence slots' own first).
+    events: usize,
     /// Per node, from the latest pass: the nodes of the same pass it runs
     /// after, and those of the pass before (waits on the other graph's
     /// launch, for overlapping step graphs; launch order covers them for
@@ -226,7 +278,8 @@ impl DryRun {
             state: Rc::new(RefCell::new(Passes {
                 tails: vec![None; lanes + 1],
                 waits: vec![Vec::new(); lanes + 1],
-                recorded: Vec::new(),
+                recorded: BTreeMap::new(),
+                events: 0,
                 deps: vec![Vec::new(); nodes],
                 cross: vec![Vec::new(); nodes],
                 half: if overlapping { lanes / 2 } else { 0 },
@@ -239,9 +292,7 @@ impl DryRun {
     /// Events `0..n` are the fence slots' own.
     pub(super) fn reserve_events(&self, n: usize) {
         let mut t = self.state.borrow_mut();
-        if t.recorded.len() < n {
-            t.recorded.resize(n, None);
-        }
+        t.events = t.events.max(n);
     }
 
     /// Pass `pass` of the schedule: a new step on lanes `lanes`, whose
@@ -311,8 +362,8 @@ impl DryRun {
     pub(super) fn mark(&self, event: usize, node: usize) {
         let mut t = self.state.borrow_mut();
         let pass = t.pass;
-        if let Some(e) = t.recorded.get_mut(event) {
-            *e = Some((pass, node));
+        if event < t.events {
+            t.recorded.insert(event, (pass, node));
         }
     }
 
@@ -330,8 +381,8 @@ impl Streams for DryRun {
 
     fn create_event(&self) -> Result<DryEvent, BackendError> {
         let mut t = self.state.borrow_mut();
-        t.recorded.push(None);
-        Ok(DryEvent(t.recorded.len() - 1))
+        t.events += 1;
+        Ok(DryEvent(t.events - 1))
     }
 
     fn stream_id(&self, stream: &Lane) -> u64 {
@@ -340,7 +391,7 @@ impl Streams for DryRun {
 
     fn wait_event(&self, stream: &Lane, event: &DryEvent) -> Result<(), BackendError> {
         let mut t = self.state.borrow_mut();
-        if let Some(&Some(node)) = t.recorded.get(event.0) {
+        if let Some(&node) = t.recorded.get(&event.0) {
             t.waits[stream.0].push(node);
         }
         Ok(())
@@ -349,9 +400,13 @@ impl Streams for DryRun {
     fn record_event(&self, stream: &Lane, event: &DryEvent) -> Result<(), BackendError> {
         let mut t = self.state.borrow_mut();
         let tail = t.tails[stream.0];
-
-        if let Some(e) = t.recorded.get_mut(event.0) {
-            *e = tail;
+        match tail {
+            Some(ran) if event.0 < t.events => {
+                t.recorded.insert(event.0, ran);
+            }
+            _ => {
+                t.recorded.remove(&event.0);
+            }
         }
         Ok(())
     }

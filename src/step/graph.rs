@@ -3,11 +3,11 @@
 
 use std::fmt;
 
-use super::dry_run::{dry_pass, DryEvent, DryRun, Use};
-use super::traced::{Events, Order, Tracing};
+use super::dry_run::{dry_fence, dry_pass, DryRun, Use};
+use super::traced::{Events, Order, TracedCopy, Tracing};
 use super::{ScheduleError, StepLaunchError};
 use crate::backend::{Backend, Compose};
-use crate::fence::{enter, Fence, Ledger, Operation};
+use crate::fence::{enter, Held, Ledger, Operation};
 use crate::fence::{ReplayError, WaitError};
 use crate::replay::Replayable;
 use crate::trace::UseKind;
@@ -46,10 +46,14 @@ pub(super) struct StepCore<B: Backend> {
     pub(super) start: Option<B::Event>,
     /// Recorded after a launch for `wait_all` and drop.
     pub(super) done: B::Event,
-    /// Who last used which bytes after a step.
+    /// Who last used which bytes after a step: the part of the ledger the
+    /// step can meet.
     pub(super) ledger: Ledger,
-    /// Fence slots the step uses.
-    pub(super) touched: Vec<bool>,
+    /// What the latest dry run of the schedule held (the build's, or a
+    /// launch's after the fence changed): in proportion to the step.
+    pub(super) held: Held,
+    /// Fence slots the step uses, ascending.
+    pub(super) touched: Vec<usize>,
     /// The stream of the latest launch.
     pub(super) launched: Option<(B::Stream, u64)>,
     pub(super) launches: u64,
@@ -83,6 +87,10 @@ impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
 }
 
 impl<B: Backend> StepCore<B> {
+    fn held(&self) -> (usize, usize) {
+        (self.held.slots, self.held.ledger)
+    }
+
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(name)
             .field("graphs", &self.graphs.len())
@@ -93,17 +101,17 @@ impl<B: Backend> StepCore<B> {
             .finish_non_exhaustive()
     }
 
-    /// The ledger the step leaves when launched from the fence's state
-    /// now: one pass of its schedule from there (every byte the step uses
-    /// goes to its users; the rest stays as the fence has it).
-    fn ledger_from(&self, r: &Replayable<B>) -> Result<Ledger, ScheduleError> {
+    /// The part of the ledger the step leaves when launched from the
+    /// fence's state now: one pass of its schedule from there (every byte
+    /// the step uses goes to its users; the rest stays as the fence has
+    /// it), and what that dry run held.
+    fn ledger_from(&self, r: &Replayable<B>) -> Result<(Ledger, Held), ScheduleError> {
         let dry = DryRun::new(self.lanes, self.nodes, false);
-        let mut fence: Fence<DryRun> = Fence::start_from(&r.fence, DryEvent);
-        dry.reserve_events(r.fence.slots());
+        let mut fence = dry_fence(&r.fence, &dry, &r.plan, &self.uses);
         dry.begin_pass(0, 0..self.lanes);
-        let mut touched = vec![false; r.fence.slots()];
+        let mut touched = Vec::new();
         dry_pass(&mut fence, &dry, &r.plan, &self.uses, 0, &mut touched)?;
-        Ok(fence.ledger().clone())
+        Ok((fence.ledger().clone(), fence.held()))
     }
 }
 
@@ -117,23 +125,7 @@ impl<B: Compose> StepCore<B> {
         // (or its build): the next launch is a first one again, from the
         // fence's state now.
         let reset = r.fence.epoch() != self.epoch;
-        // After a reset the step leaves the ledger one pass of its schedule
-        // from the fence's state now gives (kept even if the launch fails:
-        // the fence's epoch does not move then, so the next launch resets
-        // again).
-        if reset {
-            self.ledger = self.ledger_from(r)?;
-        } else if self.launches > 0 {
-            // The fence is as this step's own latest launch left it: the
-            // staged runners whose bytes it took were not staged since.
-            if let Some(&(runner, by)) = self.restaged.first() {
-                let error = ReplayError::InputNotStaged {
-                    runner,
-                    by: Some(by),
-                };
-                return Err(ScheduleError::Replay(error).into());
-            }
-        }
+        self.check_fence(r, reset)?;
         // While a trace runs: a traced copy of the step graph, launched in
         // place of its own composition, and ordered after the launch before
         // as another executable graph must be (`traced.rs`).
@@ -202,6 +194,45 @@ impl<B: Compose> StepCore<B> {
             }
             return Err(Operation::StepLaunch.failed(error).into());
         }
+        self.launched_on(r, traced, x, (stream, on.id), since);
+        Ok(())
+    }
+
+    /// Before a launch: after a reset (`reset`: the fence changed since
+    /// the step's latest launch or build), the ledger the step leaves is
+    /// what one pass of its schedule from the fence's state now gives
+    /// (kept even if the launch fails: the fence's epoch does not move
+    /// then, so the next launch resets again). Otherwise, after a launch
+    /// of its own, the step is refused if it took staged runners' bytes
+    /// (they were not staged since).
+    fn check_fence(&mut self, r: &Replayable<B>, reset: bool) -> Result<(), StepLaunchError> {
+        if reset {
+            (self.ledger, self.held) = self.ledger_from(r)?;
+        } else if self.launches > 0 {
+            // The fence is as this step's own latest launch left it.
+            if let Some(&(runner, by)) = self.restaged.first() {
+                let error = ReplayError::InputNotStaged {
+                    runner,
+                    by: Some(by),
+                };
+                return Err(ScheduleError::Replay(error).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// After graph `x` (or its traced copy, `traced`) went out on
+    /// `stream` (with its id), `since` launches after the fence last
+    /// changed under the step graph: the trace learns the traced copy's
+    /// nodes, and the step graph its latest launch.
+    fn launched_on(
+        &mut self,
+        r: &mut Replayable<B>,
+        traced: Option<TracedCopy<B>>,
+        x: usize,
+        (stream, id): (&B::Stream, u64),
+        since: u64,
+    ) {
         match traced {
             Some((copy, nodes)) => {
                 if let Some(observer) = r.fence.observer() {
@@ -211,12 +242,11 @@ impl<B: Compose> StepCore<B> {
             }
             None => self.tracing.launched_own(x),
         }
-        self.launched = Some((stream.clone(), on.id));
+        self.launched = Some((stream.clone(), id));
         self.launches += 1;
         self.since = since + 1;
         self.turn += 1;
         self.epoch = r.fence.epoch();
-        Ok(())
     }
 
     fn wait_all(&self, b: &B, stream: &B::Stream) -> Result<(), WaitError> {
@@ -304,6 +334,15 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         self.core.launches
     }
 
+    /// What the latest dry run of the schedule held (its build's, or that
+    /// of a launch after the plan's fence changed): (fence slots, ledger
+    /// entries). In proportion to the step, not to the plan: what pins
+    /// the cost of building a step graph per bucket.
+    #[doc(hidden)]
+    pub fn dry_run_held(&self) -> (usize, usize) {
+        self.core.held()
+    }
+
     /// Step graphs built from the plan before this one (the first is 0):
     /// its launches' name in a trace, `step graph {number} launch {k}`
     /// ([`UseKind::StepLaunch`]), kept when it is kept.
@@ -333,8 +372,8 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         // The buckets of the runners it uses, each with the capture it
         // was built from (`buckets.rs`).
         let plan = &replayable.plan;
-        let used = core.touched.iter().enumerate().filter(|(_, &t)| t);
-        let buckets = used.filter_map(|(slot, _)| plan.runners.get(slot).map(|r| r.record.bucket));
+        let buckets = (core.touched.iter())
+            .filter_map(|&slot| plan.runners.get(slot).map(|r| r.record.bucket));
         KeptStep {
             captures: replayable.buckets.captures(buckets),
             core,
@@ -391,6 +430,12 @@ impl<B: Compose + Clone> KeptStep<B> {
     /// Graphs in the step graph ([`StepGraph::nodes`]).
     pub fn nodes(&self) -> usize {
         self.core.nodes
+    }
+
+    /// As [`StepGraph::dry_run_held`].
+    #[doc(hidden)]
+    pub fn dry_run_held(&self) -> (usize, usize) {
+        self.core.held()
     }
 }
 

@@ -143,6 +143,7 @@ mod source {
     mod buffer_source;
 }
 mod step {
+    mod build_cost;
     mod graph;
     mod staged_inputs;
     mod temporaries;

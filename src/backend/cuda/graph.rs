@@ -593,29 +593,10 @@ impl Device {
         };
         let parent = result::graph::create()?;
         // Destroys the parent (and the graphs moved into it) on failure.
-        let parent = Graph {
-            handles: GraphHandles {
-                graph: parent,
-                exec: ptr::null_mut(),
-            },
-            ctx: self.inner.ctx.clone(),
-            memory: OnceCell::new(),
-            records: Vec::new(),
-            _not_sync: PhantomData,
-        };
-        // An event wait or record node of `parent` after `deps`.
+        // SAFETY: `parent` is a live graph of this context, ours.
+        let parent = unsafe { self.own_uninstantiated(parent) };
         let event_node = |wait: bool, deps: &[sys::CUgraphNode], event: &Event| {
-            let (graph, event) = (parent.handles.graph, event.cu_event());
-            // SAFETY: `parent` is live, `deps` are its nodes, the event is
-            // live for the borrow and is not destroyed before the graphs
-            // (the step graph owns both, graphs first).
-            unsafe {
-                if wait {
-                    result::graph::add_event_wait_node(graph, deps, event)
-                } else {
-                    result::graph::add_event_record_node(graph, deps, event)
-                }
-            }
+            event_node(&parent, wait, deps, event)
         };
         let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         // Node handles as addresses: a `Graph` is `Send`.
@@ -635,40 +616,7 @@ impl Device {
             for event in &node.waits {
                 deps.push(event_node(true, &[], event)?);
             }
-            let child = match node.graph {
-                NodeGraph::Copy(g) => {
-                    // SAFETY: `parent` and the node's graph are live graphs
-                    // of this context; the child graph is cloned in.
-                    unsafe {
-                        result::graph::add_child_graph_node(
-                            parent.handles.graph,
-                            &deps,
-                            g.handles.graph,
-                        )
-                    }?
-                }
-                NodeGraph::Move(mut g) => {
-                    let add = add_moved.ok_or_else(|| BackendError::Refused {
-                        call: "cuGraphAddNode_v2",
-                        reason: "no entry point for moved child graphs".into(),
-                    })?;
-                    if !g.handles.exec.is_null() {
-                        // SAFETY: the graph's own executable graph, never
-                        // launched by the plan (a step copy), destroyed once.
-                        let _ = unsafe { result::graph::exec_destroy(g.handles.exec) };
-                        g.handles.exec = ptr::null_mut();
-                    }
-                    // SAFETY: `parent` and `g` are live graphs of this
-                    // context, `g` without an executable graph now; the
-                    // driver is CUDA 12.9 or later (`move_fn`). On success
-                    // the parent owns `g`'s graph.
-                    let child = unsafe {
-                        add.add_moved_child(parent.handles.graph, &deps, g.handles.graph)
-                    }?;
-                    g.handles.graph = ptr::null_mut();
-                    child
-                }
-            };
+            let child = add_child(&parent, &deps, node.graph, add_moved)?;
             let recorded = node
                 .records
                 .iter()
@@ -683,7 +631,13 @@ impl Device {
             event_node(false, &added, end.record)?;
             event_node(true, &[], end.wait)?;
         }
-        let mut parent = parent;
+        self.instantiate_composed(parent, records)
+    }
+
+    /// Finishes a composed `parent`: an instantiation with this backend's
+    /// flags, its kernel nodes at the priority they were captured with,
+    /// and `records` (per step node, its record nodes).
+    fn instantiate_composed(&self, mut parent: Graph, records: Vec<Vec<usize>>) -> Result<Graph> {
         let raw = std::mem::replace(&mut parent.handles.graph, ptr::null_mut());
         drop(parent);
         // Kernel nodes run at the priority they were captured with (a
@@ -765,4 +719,65 @@ fn deps_of(node: sys::CUgraphNode) -> Result<Vec<sys::CUgraphNode>> {
     })?;
     // SAFETY: a node of a live graph (every caller's node is).
     Ok(unsafe { f.dependencies(node) }?)
+}
+
+/// An event wait (`wait`) or record node of `parent` after `deps`.
+fn event_node(
+    parent: &Graph,
+    wait: bool,
+    deps: &[sys::CUgraphNode],
+    event: &Event,
+) -> Result<sys::CUgraphNode> {
+    let (graph, event) = (parent.handles.graph, event.cu_event());
+    // SAFETY: `parent` is live, `deps` are its nodes, the event is live for
+    // the borrow and is not destroyed before the graphs (the step graph
+    // owns both, graphs first).
+    let node = unsafe {
+        if wait {
+            result::graph::add_event_wait_node(graph, deps, event)
+        } else {
+            result::graph::add_event_record_node(graph, deps, event)
+        }
+    }?;
+    Ok(node)
+}
+
+/// A child graph node of `parent` after `deps`: `graph` cloned in, or
+/// moved in with `add_moved` (its own executable graph destroyed first:
+/// a graph with memory nodes may have only one at a time).
+fn add_child(
+    parent: &Graph,
+    deps: &[sys::CUgraphNode],
+    graph: NodeGraph<'_, Graph>,
+    add_moved: Option<AddNodeV2>,
+) -> Result<sys::CUgraphNode> {
+    match graph {
+        NodeGraph::Copy(g) => {
+            // SAFETY: `parent` and the node's graph are live graphs of this
+            // context; the child graph is cloned in.
+            let child = unsafe {
+                result::graph::add_child_graph_node(parent.handles.graph, deps, g.handles.graph)
+            }?;
+            Ok(child)
+        }
+        NodeGraph::Move(mut g) => {
+            let add = add_moved.ok_or_else(|| BackendError::Refused {
+                call: "cuGraphAddNode_v2",
+                reason: "no entry point for moved child graphs".into(),
+            })?;
+            if !g.handles.exec.is_null() {
+                // SAFETY: the graph's own executable graph, never launched
+                // by the plan (a step copy), destroyed once.
+                let _ = unsafe { result::graph::exec_destroy(g.handles.exec) };
+                g.handles.exec = ptr::null_mut();
+            }
+            // SAFETY: `parent` and `g` are live graphs of this context, `g`
+            // without an executable graph now; the driver is CUDA 12.9 or
+            // later (`move_fn`). On success the parent owns `g`'s graph.
+            let child =
+                unsafe { add.add_moved_child(parent.handles.graph, deps, g.handles.graph) }?;
+            g.handles.graph = ptr::null_mut();
+            Ok(child)
+        }
+    }
 }
