@@ -434,6 +434,9 @@ impl<B: Backend> Replayable<B> {
         // and its records are done (they would go into its graph); one the
         // program began refuses the launch.
         let entered = enter_replay(backend, stream, op)?;
+        // Every transaction that commits moves the epoch on: a failure
+        // with the epoch unmoved launched nothing.
+        let epoch = self.fence.epoch();
         let replayed = self
             .fence
             .replay(backend, &self.plan, slot, entered.on, || {
@@ -448,8 +451,13 @@ impl<B: Backend> Replayable<B> {
         // Its bucket's recency: one store per replay.
         self.runners[slot].used = self.fence.epoch();
         match replayed {
-            Err(ReplayError::Backend(failure)) => Err(refused_by_capture(backend, stream, op)
-                .map_or(ReplayError::Backend(failure), ReplayError::StreamCapturing)),
+            // Refused before anything ran: the stream may be capturing by
+            // the program's means. (A record that fails after the launch
+            // went out stays that failure: the replay ran.)
+            Err(ReplayError::Backend(failure)) if self.fence.epoch() == epoch => {
+                Err(refused_by_capture(backend, stream, op)
+                    .map_or(ReplayError::Backend(failure), ReplayError::StreamCapturing))
+            }
             done => done,
         }
     }
@@ -490,19 +498,22 @@ impl<B: Backend> Replayable<B> {
         };
         let op = Operation::Replay(runner);
         let _entered = enter_replay(&self.backend, stream, op)?;
-        let failed = |error| match refused_by_capture(&self.backend, stream, op) {
+        // Before the launch went out, a failure may be a program's capture
+        // of the stream; after it, it is the failure (the graph ran).
+        let refused = |error| match refused_by_capture(&self.backend, stream, op) {
             Some(capturing) => ReplayError::StreamCapturing(capturing),
             None => ReplayError::from(op.failed(error)),
         };
+        let failed = |error| ReplayError::from(op.failed(error));
         let record = &self.plan.runners[slot].record;
         // The handoffs' own events, whatever recorded them last: nothing is
         // tracked.
         let event = |h: &HandoffId| self.fence.event(self.fence.handoff_slot(*h));
         for e in record.reads.iter().filter_map(event) {
-            self.backend.wait_event(stream, e).map_err(failed)?;
+            self.backend.wait_event(stream, e).map_err(refused)?;
         }
         // SAFETY: the caller's contract above.
-        unsafe { self.backend.launch(graph, stream) }.map_err(failed)?;
+        unsafe { self.backend.launch(graph, stream) }.map_err(refused)?;
         let unready = record.writes.iter().filter(|&&h| !self.fence.is_ready(h));
         for e in unready.filter_map(event) {
             self.backend.record_event(stream, e).map_err(failed)?;

@@ -1133,11 +1133,6 @@ fn a_runner_of_no_bytes_replays_and_counts() {
 /// (counted, its launch tracked), and its error must not then say that it
 /// was refused.
 #[test]
-#[ignore = "finding: a replay whose launch went out and was committed, whose record right after \
-            failed because another thread began a program capture on its stream, returns \
-            StreamCapturing (\"nothing ran, the fence is as before\"): refused_by_capture maps \
-            every Backend failure of a replay by the stream's capture status at the time of the \
-            query, not by whether the launch went out"]
 fn a_replay_that_launched_is_never_named_stream_capturing() {
     use std::sync::Barrier;
     let sim = sim::Device::new();
