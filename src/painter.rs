@@ -93,25 +93,36 @@ impl Painter {
 
     /// Adds to `out` (once each) the runners that last claimed any byte of
     /// `claim`.
+    #[inline]
     pub(crate) fn users(&self, claim: Claim, out: &mut Vec<u32>) {
-        let region = &self.regions[claim.region as usize];
-        // Fast path: one interval is exactly the claim (intervals are
-        // disjoint, so no other one meets it): a round-robin generation
-        // claimed again, an exact extent repainted.
-        if let Region::Map(map) = region {
-            if let Some(&(end, runner)) = map.get(&claim.lo) {
-                if end == claim.hi {
-                    if !out.contains(&runner) {
-                        out.push(runner);
-                    }
-                    return;
-                }
-            }
-        }
-        for (_, _, runner) in region.meeting(claim.lo, claim.hi) {
+        let mut add = |runner: u32| {
             if !out.contains(&runner) {
                 out.push(runner);
             }
+        };
+        let map = match &self.regions[claim.region as usize] {
+            Region::Unpainted => return,
+            &Region::One { lo, hi, runner } => {
+                if lo < claim.hi && claim.lo < hi {
+                    add(runner);
+                }
+                return;
+            }
+            Region::Map(map) => map,
+        };
+        // Fast path: one interval is exactly the claim (intervals are
+        // disjoint, so no other one meets it): an exact extent repainted.
+        if let Some(&(end, runner)) = map.get(&claim.lo) {
+            if end == claim.hi {
+                add(runner);
+                return;
+            }
+        }
+        for (_, &(end, runner)) in map.range(..claim.hi).rev() {
+            if end <= claim.lo {
+                break;
+            }
+            add(runner);
         }
     }
 

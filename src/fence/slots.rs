@@ -85,29 +85,38 @@ impl<T> Slots<T> {
     }
 }
 
+impl<T> Slots<T> {
+    /// Where a sparse store holds slot `slot` (off the dense hot path).
+    #[cold]
+    #[inline(never)]
+    fn sparse_position(&self, slot: usize) -> usize {
+        match self.position(slot) {
+            Some(k) => k,
+            None => panic!("fence slot {slot} is not held by this dry run"),
+        }
+    }
+}
+
 impl<T> Index<usize> for Slots<T> {
     type Output = T;
 
+    #[inline]
     fn index(&self, slot: usize) -> &T {
         match &self.held {
             None => &self.values[slot],
-            Some(_) => match self.position(slot) {
-                Some(k) => &self.values[k],
-                None => panic!("fence slot {slot} is not held by this dry run"),
-            },
+            Some(_) => &self.values[self.sparse_position(slot)],
         }
     }
 }
 
 impl<T> IndexMut<usize> for Slots<T> {
+    #[inline]
     fn index_mut(&mut self, slot: usize) -> &mut T {
-        match &self.held {
-            None => &mut self.values[slot],
-            Some(_) => match self.position(slot) {
-                Some(k) => &mut self.values[k],
-                None => panic!("fence slot {slot} is not held by this dry run"),
-            },
-        }
+        let k = match &self.held {
+            None => slot,
+            Some(_) => self.sparse_position(slot),
+        };
+        &mut self.values[k]
     }
 }
 
