@@ -126,7 +126,11 @@ pub enum JoinError {
     /// The bucket needs more bytes than the plan's arenas have; the plan
     /// grows only by a new plan ([`Replayable::replan`] with the bucket
     /// declared: every bucket is captured again).
-    #[error("bucket {name:?} does not fit the plan's arenas: {}", describe(.short))]
+    #[error(
+        "bucket {name:?} does not fit the plan's arenas: {}; to grow the plan, `replan()` \
+         and declare it with the others (every bucket is captured again)",
+        describe(.short)
+    )]
     DoesNotFit {
         /// Its name.
         name: String,

@@ -712,3 +712,59 @@ fn tracking_stays_on_outside_captures() {
     side.cudarc().synchronize().unwrap();
     ctx.check_err().unwrap();
 }
+
+/// A replay's driver calls (`cuStreamWaitEvent`, `cuGraphLaunch`,
+/// `cuEventRecord`) take their context from their handles, so the crate
+/// binds no context for them (a `cuCtxGetCurrent` each saved): replays on
+/// two streams (waits and records every replay) run with no context
+/// current on the thread, and with another context current, and the
+/// view's values count every replay.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replays_run_with_no_context_or_another_context_current() {
+    use replay_arena::cuda::cudarc::driver::sys;
+    let _serial = serial();
+    let (ctx, backend, k) = adopted();
+    let n = 1024usize;
+    let (a, b) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
+    let mut replayable = sealed_one(&backend, &a, &[f32s(n as u64)], |s, views| {
+        let mut l = s.cudarc().launch_builder(&k.add);
+        let (x, n32, v) = (views[0].device_address(), n as u32, 1.0f32);
+        l.arg(&x).arg(&n32).arg(&v);
+        unsafe { l.launch(launch_cfg(n)) }
+            .map(drop)
+            .map_err(e("launch"))
+    });
+    let mut replays = 0;
+    let mut replay_both = |replayable: &mut Replayable<cuda::Device>, how: &str| {
+        for s in [&a, &b, &a, &b] {
+            replayable
+                .replay(RunnerId(0), s)
+                .unwrap_or_else(|e| panic!("{how}: {e}"));
+            replays += 1;
+        }
+    };
+    replay_both(&mut replayable, "the context current");
+    // SAFETY: no context current on this thread from here.
+    assert_eq!(
+        unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) },
+        sys::CUresult::CUDA_SUCCESS
+    );
+    replay_both(&mut replayable, "no context current");
+    let mut other = std::ptr::null_mut();
+    // SAFETY: a context of the program's own, destroyed below; creating it
+    // makes it current on this thread.
+    let created = unsafe { sys::cuCtxCreate_v4(&mut other, std::ptr::null_mut(), 0, 0) };
+    assert_eq!(created, sys::CUresult::CUDA_SUCCESS);
+    replay_both(&mut replayable, "another context current");
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: created above, used by nothing since.
+    unsafe { sys::cuCtxDestroy_v2(other) };
+    let values = read_view(&mut replayable, &a, 0);
+    assert!(
+        values.iter().all(|&v| v == replays as f32),
+        "{} replays, values {:?}",
+        replays,
+        &values[..4]
+    );
+}

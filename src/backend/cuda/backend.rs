@@ -64,14 +64,16 @@ impl<D: AsDevice> Streams for D {
 
     fn wait_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuStreamWaitEvent")?;
-        self.as_device().bind()?;
+        // No context bound: the call takes its context from its handles
+        // (`tests/gpu_interop.rs`, `replays_run_with_no_context_or_another_context_current`).
         // SAFETY: both handles are live objects of this context.
         Ok(unsafe { result::stream::wait_event(raw, event.cu_event()) }?)
     }
 
     fn record_event(&self, stream: &Stream, event: &Event) -> Result<()> {
         let raw = stream.raw("cuEventRecord")?;
-        self.as_device().bind()?;
+        // No context bound: the call takes its context from its handles
+        // (`tests/gpu_interop.rs`, `replays_run_with_no_context_or_another_context_current`).
         // SAFETY: both handles are live objects of this context.
         Ok(unsafe { result::event::record(event.cu_event(), raw) }?)
     }
@@ -230,7 +232,8 @@ impl<D: AsDevice> Capture for D {
 impl<D: AsDevice> Launch for D {
     unsafe fn launch(&self, graph: &Graph, stream: &Stream) -> Result<()> {
         let raw = stream.raw("cuGraphLaunch")?;
-        self.as_device().bind()?;
+        // No context bound: the call takes its context from its handles
+        // (`tests/gpu_interop.rs`, `replays_run_with_no_context_or_another_context_current`).
         // SAFETY: the exec and the stream are live objects of this context.
         Ok(unsafe { result::graph::launch(graph.handles.exec, raw) }?)
     }

@@ -199,6 +199,12 @@ fn a_bucket_larger_than_the_arenas_is_refused_naming_the_bytes_missing() {
         panic!("{error}");
     };
     assert_eq!(name, "bs=512");
+    // The message names the bytes and the way to grow the plan.
+    let text = error.to_string();
+    assert!(
+        text.contains("replan()") && text.contains("captured again"),
+        "{text}"
+    );
     assert_eq!(short.len(), 1);
     assert_eq!(short[0].generation, Some(0));
     assert_eq!(
