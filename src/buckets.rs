@@ -581,12 +581,7 @@ impl<'r, B: Backend + Clone> BucketCapture<'r, B> {
         if replayable._arenas.len() != plan.arenas.len() {
             return Err(JoinError::ArenasGone);
         }
-        let mut index: Vec<(RunnerId, usize)> = runners
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.id(), i))
-            .collect();
-        index.sort_unstable();
+        let index = crate::plan::runner_index(&runners);
         let own = Planned {
             config: plan.config.clone(),
             placed_policy: plan.placed_policy,
@@ -661,22 +656,8 @@ impl<'r, B: Backend> BucketCapture<'r, B> {
     /// [`JoinError::Budget`] with [`BucketError::NothingIdle`] when no
     /// bucket can be released; [`JoinError::Backend`]. Nothing changed.
     pub fn seal(mut self) -> Result<Joined, BucketSealFailed<'r, B>> {
-        let capturing = self.capturing();
-        let runners: Vec<_> = capturing
-            .plan
-            .runners
-            .iter()
-            .zip(&capturing.slots)
-            .filter(|(r, _)| r.needs_graph())
-            .filter_map(|(r, s)| match s {
-                Slot::Captured(_) => None,
-                Slot::Pending => Some((r.id(), None)),
-                Slot::Failed(f) => Some((r.id(), Some(f.clone()))),
-            })
-            .collect();
-        if !runners.is_empty() {
-            let error = CaptureError::Unfinished { runners };
-            return Err(Failed::new(error.into(), self));
+        if let Some(unfinished) = self.capturing().unfinished() {
+            return Err(Failed::new(unfinished.into(), self));
         }
         let (bucket, keep) = match &self.target {
             Target::Join { .. } => (BucketId(self.replayable.plan.bucket_count() as u32), None),

@@ -604,12 +604,7 @@ impl Planned {
                 })
             })
             .collect();
-        let mut index: Vec<(RunnerId, usize)> = runners
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.id(), i))
-            .collect();
-        index.sort_unstable();
+        let index = runner_index(&runners);
         Planned {
             config,
             placed_policy,
@@ -729,6 +724,17 @@ impl Planned {
             .ok()
             .map(|k| self.index[k].1)
     }
+}
+
+/// Runner id -> slot, sorted by id ([`Planned::slot`]).
+pub(crate) fn runner_index(runners: &[RunnerPlan]) -> Vec<(RunnerId, usize)> {
+    let mut index: Vec<(RunnerId, usize)> = runners
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id(), i))
+        .collect();
+    index.sort_unstable();
+    index
 }
 
 /// One handoff as planned ([`Planned::handoffs`]).

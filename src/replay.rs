@@ -80,6 +80,21 @@ pub(crate) mod live;
 type Result<T, E = ReplayError> = std::result::Result<T, E>;
 
 impl<B: Backend> Capturing<B> {
+    /// [`CaptureError::Unfinished`] naming each buffer-using runner that
+    /// was never captured or failed, if any.
+    pub(crate) fn unfinished(&self) -> Option<CaptureError> {
+        let runners: Vec<_> = (self.plan.runners.iter())
+            .zip(&self.slots)
+            .filter(|(r, _)| r.needs_graph())
+            .filter_map(|(r, s)| match s {
+                Slot::Captured(_) => None,
+                Slot::Pending => Some((r.id(), None)),
+                Slot::Failed(f) => Some((r.id(), Some(f.clone()))),
+            })
+            .collect();
+        (!runners.is_empty()).then_some(CaptureError::Unfinished { runners })
+    }
+
     /// Ends capture: succeeds only when every buffer-using runner's capture
     /// finished (a runner that uses no buffers may stay uncaptured, or fail).
     ///
@@ -90,20 +105,8 @@ impl<B: Backend> Capturing<B> {
     /// `Capturing` back.
     #[doc(alias = "finalize")]
     pub fn seal(self) -> std::result::Result<Replayable<B>, SealError<B>> {
-        let runners: Vec<_> = self
-            .plan
-            .runners
-            .iter()
-            .zip(&self.slots)
-            .filter(|(r, _)| r.needs_graph())
-            .filter_map(|(r, s)| match s {
-                Slot::Captured(_) => None,
-                Slot::Pending => Some((r.id(), None)),
-                Slot::Failed(f) => Some((r.id(), Some(f.clone()))),
-            })
-            .collect();
-        if !runners.is_empty() {
-            return Err(Failed::new(CaptureError::Unfinished { runners }, self));
+        if let Some(unfinished) = self.unfinished() {
+            return Err(Failed::new(unfinished, self));
         }
         let Capturing {
             slots,

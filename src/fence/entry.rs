@@ -60,14 +60,9 @@ pub(crate) fn enter<'s, B: Streams>(
     stream: &'s B::Stream,
     op: Operation,
 ) -> Result<Entered<'s, B::Stream>, Refused> {
-    let on = on(backend, stream);
-    let claim =
-        StreamClaim::enter(on.id).map_err(|_| Refused::Capturing(StreamCapturing { op }))?;
+    let entered = enter_replay(backend, stream, op).map_err(Refused::Capturing)?;
     refuse_capturing(backend, stream, op)?;
-    Ok(Entered {
-        on,
-        hold: Hold::Claim { _claim: claim },
-    })
+    Ok(entered)
 }
 
 /// [`enter`] for a replay, without asking the backend whether the stream
