@@ -152,3 +152,58 @@ impl Ops {
         self.fold(s, acc, w, spin)
     }
 }
+
+/// A framework on the first GPU: the device, the op library in its
+/// context, and the stream it uploads and reads on.
+pub struct Framework {
+    pub backend: cuda::Device,
+    pub ops: Ops,
+    pub io: cuda::Stream,
+}
+
+impl Framework {
+    pub fn new() -> Framework {
+        let backend =
+            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+        let ops = Ops::new(&backend);
+        let io = backend.new_stream().unwrap();
+        Framework { backend, ops, io }
+    }
+
+    /// `n` values `i * seed ^ seed` (wrapping), uploaded on `io`.
+    pub fn seeded(&self, n: usize, seed: i32) -> CudaSlice<i32> {
+        let host: Vec<i32> = (0..n as i32).map(|i| i.wrapping_mul(seed) ^ seed).collect();
+        self.io.cudarc().clone_htod(&host).unwrap()
+    }
+}
+
+/// A layered model's tensors of `n` values each: a weight per layer
+/// (seeded `3 + 2l`), an input per layer (`101 + 2l`) where asked for,
+/// and the loss gradient (`7919`).
+pub struct Layers {
+    pub weights: Vec<CudaSlice<i32>>,
+    pub inputs: Vec<CudaSlice<i32>>,
+    pub loss: CudaSlice<i32>,
+}
+
+impl Layers {
+    /// Uploads the tensors on `fw.io` and waits for them.
+    pub fn new(fw: &Framework, layers: usize, n: usize, inputs: bool) -> Layers {
+        let weights = (0..layers)
+            .map(|l| fw.seeded(n, 3 + 2 * l as i32))
+            .collect();
+        let inputs = match inputs {
+            true => (0..layers)
+                .map(|l| fw.seeded(n, 101 + 2 * l as i32))
+                .collect(),
+            false => Vec::new(),
+        };
+        let loss = fw.seeded(n, 7919);
+        fw.io.synchronize().unwrap();
+        Layers {
+            weights,
+            inputs,
+            loss,
+        }
+    }
+}

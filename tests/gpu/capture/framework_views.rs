@@ -20,7 +20,7 @@ use replay_arena::{
     BackendError, CaptureError, DType, Discovering, Domain, HandoffId, Misuse, PlanConfig, Policy,
     Purpose, Request, RunnerId, StreamCaptureError, ViewsExt,
 };
-use support::ops::Ops;
+use support::ops::{Framework, Layers};
 
 const N: usize = 1 << 18;
 const LAYERS: usize = 5;
@@ -62,12 +62,8 @@ impl From<String> for E {
 }
 
 struct Model {
-    backend: cuda::Device,
-    ops: Ops,
-    io: cuda::Stream,
-    weights: Vec<CudaSlice<i32>>,
-    inputs: Vec<CudaSlice<i32>>,
-    loss: CudaSlice<i32>,
+    fw: Framework,
+    layers: Layers,
 }
 
 /// One layer's results, wherever they live.
@@ -79,54 +75,41 @@ struct Out<'o> {
 
 impl Model {
     fn new() -> Model {
-        let backend =
-            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-        let ops = Ops::new(&backend);
-        let io = backend.new_stream().unwrap();
-        let tensor = |seed: i32| {
-            let host: Vec<i32> = (0..N as i32).map(|i| i.wrapping_mul(seed) ^ seed).collect();
-            io.cudarc().clone_htod(&host).unwrap()
-        };
-        let weights = (0..LAYERS).map(|l| tensor(3 + 2 * l as i32)).collect();
-        let inputs = (0..LAYERS).map(|l| tensor(101 + 2 * l as i32)).collect();
-        let loss = tensor(7919);
-        io.synchronize().unwrap();
-        Model {
-            backend,
-            ops,
-            io,
-            weights,
-            inputs,
-            loss,
-        }
+        let fw = Framework::new();
+        let layers = Layers::new(&fw, LAYERS, N, true);
+        Model { fw, layers }
     }
 
     /// The eager backward of layer `l`, in the framework's own tensors.
     fn eager_layer(&self, s: &cuda::Stream, l: usize, g_in: &CudaSlice<i32>, out: Out<'_>) {
-        let (w, x) = (self.weights[l].as_view(), self.inputs[l].as_view());
+        let (w, x) = (
+            self.layers.weights[l].as_view(),
+            self.layers.inputs[l].as_view(),
+        );
         let g = g_in.as_view();
-        let t1 = self.ops.mix2_v(s, &g, &w, 1).unwrap();
-        let dx = self.ops.mix2_v(s, &t1.as_view(), &w, 2).unwrap();
+        let t1 = self.fw.ops.mix2_v(s, &g, &w, 1).unwrap();
+        let dx = self.fw.ops.mix2_v(s, &t1.as_view(), &w, 2).unwrap();
         if let Some(d) = out.dx {
             s.cudarc().memcpy_dtod(&dx, d).unwrap();
         }
-        self.ops
+        self.fw
+            .ops
             .mix2_out(s, &mut out.wgrad.as_view_mut(), &g, &x, 3)
             .unwrap();
-        let aux = self.ops.mix2_v(s, &x, &g, 5).unwrap();
+        let aux = self.fw.ops.mix2_v(s, &x, &g, 5).unwrap();
         s.cudarc().memcpy_dtod(&aux, out.aux).unwrap();
     }
 
     fn accumulators(&self) -> Vec<CudaSlice<i32>> {
         let acc = (0..2 * LAYERS)
-            .map(|_| self.io.cudarc().alloc_zeros(N).unwrap())
+            .map(|_| self.fw.io.cudarc().alloc_zeros(N).unwrap())
             .collect();
-        self.io.synchronize().unwrap();
+        self.fw.io.synchronize().unwrap();
         acc
     }
 
     fn eager(&self) -> Vec<Vec<i32>> {
-        let s = &self.io;
+        let s = &self.fw.io;
         let mut acc = self.accumulators();
         let mut grads: Vec<CudaSlice<i32>> = (0..LAYERS)
             .map(|_| s.cudarc().alloc_zeros(N).unwrap())
@@ -137,7 +120,7 @@ impl Model {
                 let (mut wgrad, mut aux) = (zeros(), zeros());
                 let (before, rest) = grads.split_at_mut(l);
                 let dx = (l + 1 < LAYERS).then_some(&mut rest[0]);
-                let g_in = before.last().unwrap_or(&self.loss);
+                let g_in = before.last().unwrap_or(&self.layers.loss);
                 let out = Out {
                     dx,
                     wgrad: &mut wgrad,
@@ -145,8 +128,11 @@ impl Model {
                 };
                 self.eager_layer(s, l, g_in, out);
                 let (a, b) = acc.split_at_mut(LAYERS + l);
-                self.ops.fold_v(s, &mut a[l], &wgrad.as_view(), 0).unwrap();
-                self.ops.fold_v(s, &mut b[0], &aux.as_view(), 0).unwrap();
+                self.fw
+                    .ops
+                    .fold_v(s, &mut a[l], &wgrad.as_view(), 0)
+                    .unwrap();
+                self.fw.ops.fold_v(s, &mut b[0], &aux.as_view(), 0).unwrap();
             }
         }
         acc.iter()
@@ -179,7 +165,7 @@ fn discover() -> (Discovering, Vec<HandoffId>) {
 fn a_backward_through_lent_views_and_copies_replays_exactly() {
     let model = Model::new();
     let expected = model.eager();
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let (d, handoffs) = discover();
     let mut capturing = d
         .plan(Policy::Generations(2))
@@ -188,7 +174,10 @@ fn a_backward_through_lent_views_and_copies_replays_exactly() {
         .unwrap();
     let capture_stream = b.new_stream().unwrap();
     for l in 0..LAYERS {
-        let (w, x) = (model.weights[l].as_view(), model.inputs[l].as_view());
+        let (w, x) = (
+            model.layers.weights[l].as_view(),
+            model.layers.inputs[l].as_view(),
+        );
         let cap = capturing.capture(RunnerId(l as u32)).unwrap();
         let wgrad = cap.take(WGRAD).unwrap();
         let input = (l > 0).then(|| cap.receive(handoffs[l - 1]).unwrap());
@@ -198,8 +187,8 @@ fn a_backward_through_lent_views_and_copies_replays_exactly() {
             // The layer, given its input gradient as a cudarc view.
             let layer =
                 |g: &replay_arena::cuda::cudarc::driver::CudaView<'_, i32>| -> Result<(), E> {
-                    let t1 = model.ops.mix2_v(s, g, &w, 1)?;
-                    let dx = model.ops.mix2_v(s, &t1.as_view(), &w, 2)?;
+                    let t1 = model.fw.ops.mix2_v(s, g, &w, 1)?;
+                    let dx = model.fw.ops.mix2_v(s, &t1.as_view(), &w, 2)?;
                     drop(t1);
                     if let Some((h, dx_view)) = &output {
                         // The framework allocated dX: copy it into the handoff.
@@ -209,16 +198,16 @@ fn a_backward_through_lent_views_and_copies_replays_exactly() {
                     drop(dx);
                     // The wgrad straight into its view.
                     lend_mut(&wgrad, s, |mut out| {
-                        model.ops.mix2_out(s, &mut out, g, &x, 3).map_err(E::Op)
+                        model.fw.ops.mix2_out(s, &mut out, g, &x, 3).map_err(E::Op)
                     })?;
-                    let t = model.ops.mix2_v(s, &x, g, 5)?;
+                    let t = model.fw.ops.mix2_v(s, &x, g, 5)?;
                     aux.copy_from(s, &t)?;
                     Ok(())
                 };
             match &input {
                 // A received handoff, read through a lent read-only view.
                 Some(dy) => lend(dy, s, |g| layer(&g)),
-                None => layer(&model.loss.as_view()),
+                None => layer(&model.layers.loss.as_view()),
             }
         })
         .unwrap();
@@ -245,11 +234,11 @@ fn a_backward_through_lent_views_and_copies_replays_exactly() {
                     let w = views.find(&WGRAD).expect("the wgrad view");
                     assert_eq!(views.with_purpose(Purpose::WgradRsInput).count(), 1);
                     lend(&w, s, |w| {
-                        model.ops.fold_v(s, acc_w, &w, SPIN).map_err(E::Op)
+                        model.fw.ops.fold_v(s, acc_w, &w, SPIN).map_err(E::Op)
                     })?;
                     // A framework op that needs owned storage: copy out.
                     views[1].copy_into(s, &mut staging)?;
-                    model.ops.fold_v(s, acc_aux, &staging.as_view(), 0)?;
+                    model.fw.ops.fold_v(s, acc_aux, &staging.as_view(), 0)?;
                     Ok(())
                 })
                 .unwrap();

@@ -14,7 +14,7 @@ use crate::support;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Purpose, Request, RunnerId};
-use support::ops::Ops;
+use support::ops::Framework;
 
 /// Elements per bucket.
 const SIZES: [usize; 3] = [1 << 12, 1 << 14, 1 << 16];
@@ -37,9 +37,7 @@ fn host_input(b: usize, step: usize) -> Vec<i32> {
 }
 
 struct Model {
-    backend: cuda::Device,
-    ops: Ops,
-    io: cuda::Stream,
+    fw: Framework,
     weights: Vec<CudaSlice<i32>>,
 }
 
@@ -49,10 +47,8 @@ fn bucket_of(step: usize) -> usize {
 
 impl Model {
     fn new() -> Model {
-        let backend =
-            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-        let ops = Ops::new(&backend);
-        let io = backend.new_stream().unwrap();
+        let fw = Framework::new();
+        let io = &fw.io;
         let weights = SIZES
             .iter()
             .enumerate()
@@ -61,30 +57,25 @@ impl Model {
                 io.cudarc().clone_htod(&host).unwrap()
             })
             .collect();
-        Model {
-            backend,
-            ops,
-            io,
-            weights,
-        }
+        Model { fw, weights }
     }
 
     fn accumulators(&self) -> Vec<CudaSlice<i32>> {
         SIZES
             .iter()
-            .map(|&n| self.io.cudarc().alloc_zeros(n).unwrap())
+            .map(|&n| self.fw.io.cudarc().alloc_zeros(n).unwrap())
             .collect()
     }
 
     fn read(&self, acc: &[CudaSlice<i32>]) -> Vec<Vec<i32>> {
         acc.iter()
-            .map(|a| self.io.cudarc().clone_dtoh(a).unwrap())
+            .map(|a| self.fw.io.cudarc().clone_dtoh(a).unwrap())
             .collect()
     }
 
     /// The same steps, one stream, the framework's own buffers.
     fn eager(&self) -> Vec<Vec<i32>> {
-        let (io, ops) = (&self.io, &self.ops);
+        let (io, ops) = (&self.fw.io, &self.fw.ops);
         let mut acc = self.accumulators();
         for step in 0..STEPS {
             let b = bucket_of(step);
@@ -114,12 +105,12 @@ impl Model {
             planned.separate_bytes()
         );
         assert!(planned.total_bytes() >= largest);
-        let mut capturing = planned.allocate(self.backend.clone()).unwrap();
-        let capture_stream = self.backend.new_stream().unwrap();
+        let mut capturing = planned.allocate(self.fw.backend.clone()).unwrap();
+        let capture_stream = self.fw.backend.new_stream().unwrap();
         for (b, &n) in SIZES.iter().enumerate() {
             let cap = capturing.capture(RunnerId(b as u32)).unwrap();
             let (x, y) = (cap.take(input(n)).unwrap(), cap.take(output(n)).unwrap());
-            let (w, ops) = (&self.weights[b], &self.ops);
+            let (w, ops) = (&self.weights[b], &self.fw.ops);
             // Repeatable: a step graph of the bucket moves in its copy.
             cap.stream_capture_repeatable(&capture_stream, |s| {
                 let x = x.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
@@ -131,7 +122,7 @@ impl Model {
             .unwrap();
             cap.finish().unwrap();
         }
-        self.io.synchronize().unwrap();
+        self.fw.io.synchronize().unwrap();
         capturing.seal().unwrap()
     }
 }
@@ -169,7 +160,7 @@ fn three_buckets_switching_every_step_equal_eager() {
     let model = Model::new();
     let eager = model.eager();
     let mut replayable = model.plan();
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
     let (on_stage, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
     let mut acc = model.accumulators();
@@ -182,11 +173,11 @@ fn three_buckets_switching_every_step_equal_eager() {
         replayable
             .consume(runner, &side, |s, views| {
                 let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                model.ops.fold(s, acc_b, &y, SPIN)
+                model.fw.ops.fold(s, acc_b, &y, SPIN)
             })
             .unwrap();
     }
-    replayable.wait_all(&model.io).unwrap();
+    replayable.wait_all(&model.fw.io).unwrap();
     assert_equal(&model.read(&acc), &eager);
     let stats = replayable.fence_stats();
     println!(
@@ -208,7 +199,7 @@ fn a_kept_step_graph_per_bucket_launched_in_turn_equals_eager() {
     let model = Model::new();
     let eager = model.eager();
     let mut replayable = model.plan();
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
     let (on_stage, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
     let mut acc = model.accumulators();
@@ -222,7 +213,7 @@ fn a_kept_step_graph_per_bucket_launched_in_turn_equals_eager() {
         step.replay(runner, &pool[0]).unwrap();
         step.consume(runner, &side, |s, views| {
             let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            model.ops.fold(s, acc_b, &y, SPIN)
+            model.fw.ops.fold(s, acc_b, &y, SPIN)
         })
         .unwrap();
         kept.push(step.build().unwrap().keep());
@@ -237,9 +228,9 @@ fn a_kept_step_graph_per_bucket_launched_in_turn_equals_eager() {
             .unwrap();
     }
     for k in &kept {
-        replayable.wait_kept(k, &model.io).unwrap();
+        replayable.wait_kept(k, &model.fw.io).unwrap();
     }
-    replayable.wait_all(&model.io).unwrap();
+    replayable.wait_all(&model.fw.io).unwrap();
     assert_equal(&model.read(&acc), &eager);
     assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
     drop(kept);

@@ -37,7 +37,7 @@ use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use replay_arena::cuda::ViewExt;
 use replay_arena::{DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Request, RunnerId};
-use support::ops::{OpResult, Ops};
+use support::ops::{Framework, Layers, OpResult};
 
 const LAYERS: usize = 5;
 const MIB: u64 = 1 << 20;
@@ -60,33 +60,15 @@ struct Shape {
 }
 
 struct Model {
-    backend: cuda::Device,
-    ops: Ops,
-    io: cuda::Stream,
-    weights: Vec<CudaSlice<i32>>,
-    loss: CudaSlice<i32>,
+    fw: Framework,
+    layers: Layers,
 }
 
 impl Model {
     fn new(n: usize) -> Model {
-        let backend =
-            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-        let ops = Ops::new(&backend);
-        let io = backend.new_stream().unwrap();
-        let tensor = |seed: i32| {
-            let host: Vec<i32> = (0..n as i32).map(|i| i.wrapping_mul(seed) ^ seed).collect();
-            io.cudarc().clone_htod(&host).unwrap()
-        };
-        let weights = (0..LAYERS).map(|l| tensor(3 + 2 * l as i32)).collect();
-        let loss = tensor(7919);
-        io.synchronize().unwrap();
-        Model {
-            backend,
-            ops,
-            io,
-            weights,
-            loss,
-        }
+        let fw = Framework::new();
+        let layers = Layers::new(&fw, LAYERS, n, false);
+        Model { fw, layers }
     }
 
     /// One layer: three op outputs allocated in the capture (`t1`, `dx`,
@@ -102,12 +84,12 @@ impl Model {
         free: Free,
         ready: impl FnOnce(&cuda::Stream) -> OpResult<()>,
     ) -> OpResult<()> {
-        let w = &self.weights[l];
-        let t1 = self.ops.mix2(s, g_in, w, 1)?;
-        let dx = self.ops.mix2(s, &t1, w, 2)?;
+        let w = &self.layers.weights[l];
+        let t1 = self.fw.ops.mix2(s, g_in, w, 1)?;
+        let dx = self.fw.ops.mix2(s, &t1, w, 2)?;
         drop(t1);
         if let Some(out) = dx_out {
-            self.ops.copy_into(s, &dx, out)?;
+            self.fw.ops.copy_into(s, &dx, out)?;
         }
         let dx = match free {
             Free::BeforeReady => {
@@ -118,8 +100,8 @@ impl Model {
         };
         ready(s)?;
         drop(dx);
-        let t3 = self.ops.mix2(s, g_in, w, 3)?;
-        self.ops.mix2_into(s, wgrad, &t3, w, 4)?;
+        let t3 = self.fw.ops.mix2(s, g_in, w, 3)?;
+        self.fw.ops.mix2_into(s, wgrad, &t3, w, 4)?;
         drop(t3);
         Ok(())
     }
@@ -153,7 +135,7 @@ fn reserved_above(b: &cuda::Device, base: u64) -> u64 {
 /// Each layer's wgrad after one eager backward (on one stream, the ops
 /// allocating and freeing as they go).
 fn eager(model: &Model, shape: Shape) -> Vec<Vec<i32>> {
-    let s = &model.io;
+    let s = &model.fw.io;
     let mut grads: Vec<CudaSlice<i32>> = (0..LAYERS)
         .map(|_| s.cudarc().alloc_zeros(shape.n).unwrap())
         .collect();
@@ -164,7 +146,7 @@ fn eager(model: &Model, shape: Shape) -> Vec<Vec<i32>> {
         let dx = (shape.handoffs && l + 1 < LAYERS).then_some(&mut rest[0]);
         let ok = |_: &cuda::Stream| Ok(());
         match before.last().filter(|_| shape.handoffs) {
-            None => model.layer(s, l, &model.loss, dx, &mut wgrad, shape.free, ok),
+            None => model.layer(s, l, &model.layers.loss, dx, &mut wgrad, shape.free, ok),
             Some(g_in) => model.layer(s, l, g_in, dx, &mut wgrad, shape.free, ok),
         }
         .unwrap();
@@ -176,7 +158,7 @@ fn eager(model: &Model, shape: Shape) -> Vec<Vec<i32>> {
 /// What one plan of a single runner with one small temporary reserves: the
 /// granule the driver's graph pool grows by.
 fn granule(model: &Model) -> u64 {
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let req = Request::new(Domain::Device, DType::I32, 256);
     b.synchronize().unwrap();
     b.trim_graph_memory().unwrap();
@@ -193,7 +175,7 @@ fn granule(model: &Model) -> u64 {
             .cudarc()
             .alloc_zeros::<i32>(256)
             .map_err(|e| format!("{e:?}"))?;
-        model.ops.copy_into(s, &t, &mut out)
+        model.fw.ops.copy_into(s, &t, &mut out)
     });
     let mut rp = capturing.seal().unwrap();
     rp.replay(RunnerId(0), &s).unwrap();
@@ -207,7 +189,7 @@ fn granule(model: &Model) -> u64 {
 /// layer: every layer's wgrad stays readable after a step; the arenas are
 /// not graph memory), captured with a step copy each, and sealed.
 fn sealed(model: &Model, shape: Shape) -> replay_arena::Replayable<cuda::Device> {
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let req = Request::new(Domain::Device, DType::I32, shape.n as u64);
     let (d, handoffs) = discover(shape);
     let planned = d.plan(Policy::Generations(LAYERS)).unwrap();
@@ -235,7 +217,7 @@ fn sealed(model: &Model, shape: Shape) -> replay_arena::Replayable<cuda::Device>
                 None => model.layer(
                     s,
                     l,
-                    &model.loss,
+                    &model.layers.loss,
                     out.as_mut(),
                     &mut wgrad,
                     shape.free,
@@ -257,7 +239,7 @@ fn sealed(model: &Model, shape: Shape) -> replay_arena::Replayable<cuda::Device>
 /// launched once too, the step graph alone in a fresh plan): reserved
 /// bytes; the step graph's node count; each layer's wgrad after the step.
 fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>) {
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let run = |per_layer_first: bool| {
         b.synchronize().unwrap();
         b.trim_graph_memory().unwrap();
@@ -272,8 +254,8 @@ fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>)
                 rp.replay(RunnerId(l as u32), &pool[l % shape.streams])
                     .unwrap();
             }
-            rp.wait_all(&model.io).unwrap();
-            model.io.synchronize().unwrap();
+            rp.wait_all(&model.fw.io).unwrap();
+            model.fw.io.synchronize().unwrap();
             per_layer = reserved_above(b, base);
         }
         let mut step = rp.step();
@@ -285,19 +267,19 @@ fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>)
         let nodes = graph.nodes();
         graph.launch(&pool[0]).unwrap();
         drop(graph);
-        rp.wait_all(&model.io).unwrap();
-        model.io.synchronize().unwrap();
+        rp.wait_all(&model.fw.io).unwrap();
+        model.fw.io.synchronize().unwrap();
         let after = reserved_above(b, base);
         let wgrads = (0..LAYERS)
             .map(|l| {
-                let mut host = model.io.cudarc().alloc_zeros::<i32>(shape.n).unwrap();
-                rp.consume(RunnerId(l as u32), &model.io, |s, views| {
+                let mut host = model.fw.io.cudarc().alloc_zeros::<i32>(shape.n).unwrap();
+                rp.consume(RunnerId(l as u32), &model.fw.io, |s, views| {
                     let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                    model.ops.copy_into(s, &w, &mut host)
+                    model.fw.ops.copy_into(s, &w, &mut host)
                 })
                 .unwrap();
-                model.io.synchronize().unwrap();
-                model.io.cudarc().clone_dtoh(&host).unwrap()
+                model.fw.io.synchronize().unwrap();
+                model.fw.io.cudarc().clone_dtoh(&host).unwrap()
             })
             .collect();
         drop(rp);
@@ -322,7 +304,7 @@ fn one_plans_teardown_trim_leaves_another_plans_idle_graphs_with_temporaries_wor
         streams: 2,
     };
     let model = Model::new(shape.n);
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let s = b.new_stream().unwrap();
     let wgrads = |rp: &mut replay_arena::Replayable<cuda::Device>| -> Vec<Vec<i32>> {
         for l in 0..LAYERS {
@@ -330,14 +312,14 @@ fn one_plans_teardown_trim_leaves_another_plans_idle_graphs_with_temporaries_wor
         }
         (0..LAYERS)
             .map(|l| {
-                let mut host = model.io.cudarc().alloc_zeros::<i32>(shape.n).unwrap();
-                rp.consume(RunnerId(l as u32), &model.io, |s, views| {
+                let mut host = model.fw.io.cudarc().alloc_zeros::<i32>(shape.n).unwrap();
+                rp.consume(RunnerId(l as u32), &model.fw.io, |s, views| {
                     let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                    model.ops.copy_into(s, &w, &mut host)
+                    model.fw.ops.copy_into(s, &w, &mut host)
                 })
                 .unwrap();
-                model.io.synchronize().unwrap();
-                model.io.cudarc().clone_dtoh(&host).unwrap()
+                model.fw.io.synchronize().unwrap();
+                model.fw.io.cudarc().clone_dtoh(&host).unwrap()
             })
             .collect()
     };

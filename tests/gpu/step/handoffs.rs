@@ -19,7 +19,7 @@ use replay_arena::{
     CaptureError, DType, Discovering, Domain, HandoffId, PlacedPolicy, PlanConfig, Policy, Request,
     RunnerId, StepError,
 };
-use support::ops::{OpResult, Ops};
+use support::ops::{Framework, Layers, OpResult};
 
 const N: usize = 1 << 18;
 const LAYERS: usize = 6;
@@ -31,36 +31,15 @@ const WGRAD: Request = Request::new(Domain::Device, DType::I32, N as u64);
 const GRAD: Request = Request::new(Domain::Device, DType::I32, N as u64);
 
 struct Model {
-    backend: cuda::Device,
-    ops: Ops,
-    io: cuda::Stream,
-    weights: Vec<CudaSlice<i32>>,
-    inputs: Vec<CudaSlice<i32>>,
-    loss: CudaSlice<i32>,
+    fw: Framework,
+    layers: Layers,
 }
 
 impl Model {
     fn new() -> Model {
-        let backend =
-            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-        let ops = Ops::new(&backend);
-        let io = backend.new_stream().unwrap();
-        let tensor = |seed: i32| {
-            let host: Vec<i32> = (0..N as i32).map(|i| i.wrapping_mul(seed) ^ seed).collect();
-            io.cudarc().clone_htod(&host).unwrap()
-        };
-        let weights = (0..LAYERS).map(|l| tensor(3 + 2 * l as i32)).collect();
-        let inputs = (0..LAYERS).map(|l| tensor(101 + 2 * l as i32)).collect();
-        let loss = tensor(7919);
-        io.synchronize().unwrap();
-        Model {
-            backend,
-            ops,
-            io,
-            weights,
-            inputs,
-            loss,
-        }
+        let fw = Framework::new();
+        let layers = Layers::new(&fw, LAYERS, N, true);
+        Model { fw, layers }
     }
 
     /// Layer `l`'s backward, as a framework writes it: every op allocates
@@ -77,34 +56,34 @@ impl Model {
         wgrad: &mut impl DevicePtrMut<i32>,
         ready: impl FnOnce(&cuda::Stream) -> OpResult<()>,
     ) -> OpResult<()> {
-        let (w, x) = (&self.weights[l], &self.inputs[l]);
-        let t1 = self.ops.mix2(s, g_in, w, 1)?;
-        let dx = self.ops.mix2(s, &t1, w, 2)?;
+        let (w, x) = (&self.layers.weights[l], &self.layers.inputs[l]);
+        let t1 = self.fw.ops.mix2(s, g_in, w, 1)?;
+        let dx = self.fw.ops.mix2(s, &t1, w, 2)?;
         drop(t1);
         if let Some(out) = dx_out {
-            self.ops.copy_into(s, &dx, out)?;
+            self.fw.ops.copy_into(s, &dx, out)?;
         }
         ready(s)?;
         // Freed after the ready point: in a step copy cut there, the
         // allocation is in the first part and the free in the second.
         drop(dx);
-        let t3 = self.ops.mix2(s, g_in, x, 3)?;
-        self.ops.mix2_into(s, wgrad, &t3, x, 4)?;
+        let t3 = self.fw.ops.mix2(s, g_in, x, 3)?;
+        self.fw.ops.mix2_into(s, wgrad, &t3, x, 4)?;
         drop(t3);
         Ok(())
     }
 
     fn accumulators(&self) -> Vec<CudaSlice<i32>> {
         let acc = (0..LAYERS)
-            .map(|_| self.io.cudarc().alloc_zeros(N).unwrap())
+            .map(|_| self.fw.io.cudarc().alloc_zeros(N).unwrap())
             .collect();
-        self.io.synchronize().unwrap();
+        self.fw.io.synchronize().unwrap();
         acc
     }
 
     /// `steps` eager steps on one stream.
     fn eager(&self, steps: usize) -> Vec<Vec<i32>> {
-        let s = &self.io;
+        let s = &self.fw.io;
         let mut acc = self.accumulators();
         let mut grads: Vec<CudaSlice<i32>> = (0..LAYERS)
             .map(|_| s.cudarc().alloc_zeros(N).unwrap())
@@ -116,11 +95,11 @@ impl Model {
                 let out = (l + 1 < LAYERS).then_some(&mut rest[0]);
                 let ok = |_: &cuda::Stream| Ok(());
                 match before.last() {
-                    None => self.layer(s, l, &self.loss, out, &mut wgrad, ok),
+                    None => self.layer(s, l, &self.layers.loss, out, &mut wgrad, ok),
                     Some(g_in) => self.layer(s, l, g_in, out, &mut wgrad, ok),
                 }
                 .unwrap();
-                self.ops.fold(s, acc, &wgrad, 0).unwrap();
+                self.fw.ops.fold(s, acc, &wgrad, 0).unwrap();
             }
         }
         acc.iter()
@@ -168,7 +147,7 @@ fn graphed(
         Some(Overlap::Yes) => 2,
         _ => 1,
     };
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let (d, handoffs) = discover();
     let planned = d.plan(strategy).unwrap();
     let mut capturing = planned.allocate(b.clone()).unwrap();
@@ -192,7 +171,7 @@ fn graphed(
                 None => Ok(()),
             };
             match input {
-                None => model.layer(s, l, &model.loss, out.as_mut(), &mut wgrad, ready),
+                None => model.layer(s, l, &model.layers.loss, out.as_mut(), &mut wgrad, ready),
                 Some(v) => {
                     let g_in = v.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
                     model.layer(s, l, &g_in, out.as_mut(), &mut wgrad, ready)
@@ -216,7 +195,7 @@ fn graphed(
                 replayable
                     .consume(runner, &side, |s, views| {
                         let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                        model.ops.fold(s, acc, &w, SPIN)
+                        model.fw.ops.fold(s, acc, &w, SPIN)
                     })
                     .unwrap();
             }
@@ -249,7 +228,7 @@ fn graphed(
             step.replay(runner, &pool[l % 2]).unwrap();
             step.consume(runner, &side, |s, views| {
                 let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                model.ops.fold(s, acc, &w, SPIN)
+                model.fw.ops.fold(s, acc, &w, SPIN)
             })
             .unwrap();
         }
@@ -351,7 +330,7 @@ fn the_framework_backward_as_one_step_graph_is_exact() {
             ),
             // Only a driver older than CUDA 12.9 may refuse to move a graph
             // with temporaries in, and the error says so.
-            Err(StepError::Backend(failure)) if model.backend.info().driver_version < 12090 => {
+            Err(StepError::Backend(failure)) if model.fw.backend.info().driver_version < 12090 => {
                 assert!(failure.error.to_string().contains("CUDA 12.9"), "{failure}");
             }
             Err(e) => panic!("{strategy:?}: {e}"),
@@ -363,7 +342,7 @@ fn the_framework_backward_as_one_step_graph_is_exact() {
 #[ignore = "needs a CUDA GPU"]
 fn dropping_a_plan_with_temporaries_gives_the_graph_memory_back() {
     let model = Model::new();
-    let b = &model.backend;
+    let b = &model.fw.backend;
     b.trim_graph_memory().unwrap();
     let start = b.graph_memory_in_use().unwrap();
     let reserved_while_alive;
@@ -388,7 +367,7 @@ fn dropping_a_plan_with_temporaries_gives_the_graph_memory_back() {
                     .map_err(|e| e.to_string())?;
                 let ok = |_: &cuda::Stream| Ok(());
                 match input {
-                    None => model.layer(s, l, &model.loss, out.as_mut(), &mut w, ok),
+                    None => model.layer(s, l, &model.layers.loss, out.as_mut(), &mut w, ok),
                     Some(v) => {
                         let g = v.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
                         model.layer(s, l, &g, out.as_mut(), &mut w, ok)
@@ -431,9 +410,9 @@ fn a_layer_whose_op_output_escapes_its_graph_is_a_typed_error() {
     let mut capturing = d
         .plan(Policy::OverlapDepth(2))
         .unwrap()
-        .allocate(model.backend.clone())
+        .allocate(model.fw.backend.clone())
         .unwrap();
-    let s = model.backend.new_stream().unwrap();
+    let s = model.fw.backend.new_stream().unwrap();
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let wgrad = cap.take(WGRAD).unwrap();
     let _out = cap.hand_off(handoffs[0]).unwrap();
@@ -442,8 +421,11 @@ fn a_layer_whose_op_output_escapes_its_graph_is_a_typed_error() {
         let mut w = wgrad.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
         // The framework keeps an op's output past the graph (a cached
         // activation, say): the allocation escapes.
-        let t = model.ops.mix2(s, &model.loss, &model.weights[0], 9)?;
-        model.ops.copy_into(s, &t, &mut w)?;
+        let t = model
+            .fw
+            .ops
+            .mix2(s, &model.layers.loss, &model.layers.weights[0], 9)?;
+        model.fw.ops.copy_into(s, &t, &mut w)?;
         kept = Some(t);
         Ok::<(), String>(())
     })

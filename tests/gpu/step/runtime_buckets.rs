@@ -21,7 +21,7 @@ use replay_arena::{
     BucketError, BucketId, BucketState, DType, Discovering, Domain, JoinError, PlanConfig, Policy,
     Purpose, Replayable, Request, RunnerCapture, RunnerId,
 };
-use support::ops::Ops;
+use support::ops::Framework;
 
 /// Elements per batch row.
 const HIDDEN: usize = 256;
@@ -62,31 +62,22 @@ fn order(seed: u64) -> Vec<usize> {
 }
 
 struct Model {
-    backend: cuda::Device,
-    ops: Ops,
-    io: cuda::Stream,
+    fw: Framework,
     weights: CudaSlice<i32>,
 }
 
 impl Model {
     fn new() -> Model {
-        let backend =
-            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-        let ops = Ops::new(&backend);
-        let io = backend.new_stream().unwrap();
+        let fw = Framework::new();
+        let io = &fw.io;
         let host: Vec<i32> = (0..(512 * HIDDEN) as i32).map(|i| i ^ 0x5a5a).collect();
         let weights = io.cudarc().clone_htod(&host).unwrap();
-        Model {
-            backend,
-            ops,
-            io,
-            weights,
-        }
+        Model { fw, weights }
     }
 
     /// One visit eagerly: y = mix2(mix2(x, w), x).
     fn eager(&self, bs: usize, visit: usize) -> Vec<i32> {
-        let (io, ops) = (&self.io, &self.ops);
+        let (io, ops) = (&self.fw.io, &self.fw.ops);
         let x: CudaSlice<i32> = io.cudarc().clone_htod(&host_input(bs, visit)).unwrap();
         let w = self.weights.slice(..bs * HIDDEN);
         let t = ops.mix2(io, &x, &w, 1).unwrap();
@@ -97,7 +88,7 @@ impl Model {
     /// Captures the runner of batch size `bs` (a temporary inside).
     fn capture(&self, cap: RunnerCapture<'_, cuda::Device>, on: &cuda::Stream, bs: usize) {
         let (x, y) = (cap.take(input(bs)).unwrap(), cap.take(output(bs)).unwrap());
-        let (w, ops) = (self.weights.slice(..bs * HIDDEN), &self.ops);
+        let (w, ops) = (self.weights.slice(..bs * HIDDEN), &self.fw.ops);
         cap.stream_capture(on, |s| {
             let x = x.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
             let mut y = y.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
@@ -119,7 +110,7 @@ impl Model {
             armed.record(output(bs)).unwrap();
         }
         let planned = d.plan(Policy::Generations(1)).unwrap();
-        let mut capturing = planned.allocate(self.backend.clone()).unwrap();
+        let mut capturing = planned.allocate(self.fw.backend.clone()).unwrap();
         for (i, &bs) in declared.iter().enumerate() {
             self.capture(capturing.capture(RunnerId(i as u32)).unwrap(), on, bs);
         }
@@ -134,7 +125,7 @@ impl Model {
     }
 
     fn reserved(&self) -> u64 {
-        Backend::graph_memory_in_use(&self.backend)
+        Backend::graph_memory_in_use(&self.fw.backend)
             .unwrap()
             .map_or(0, |m| m.reserved)
     }
@@ -159,14 +150,14 @@ fn visit(
     .unwrap();
     r.replay(runner, pool).unwrap();
     let mut out = vec![0i32; bs * HIDDEN];
-    r.consume(runner, &model.io, |s, views| {
+    r.consume(runner, &model.fw.io, |s, views| {
         let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
         s.cudarc()
             .memcpy_dtoh(&y, &mut out)
             .map_err(|e| format!("{e:?}"))
     })
     .unwrap();
-    model.io.synchronize().unwrap();
+    model.fw.io.synchronize().unwrap();
     out
 }
 
@@ -174,7 +165,7 @@ fn visit(
 #[ignore = "needs a CUDA GPU"]
 fn sixty_seven_batch_sizes_join_at_run_time_within_a_budget_of_sixteen() {
     let model = Model::new();
-    let b = &model.backend;
+    let b = &model.fw.backend;
     let (stage, pool, on) = (
         b.new_stream().unwrap(),
         b.new_stream().unwrap(),
@@ -186,7 +177,7 @@ fn sixty_seven_batch_sizes_join_at_run_time_within_a_budget_of_sixteen() {
     let all = sizes();
     let baseline = {
         let r = model.plan(&all, &on);
-        model.io.synchronize().unwrap();
+        model.fw.io.synchronize().unwrap();
         let reserved = model.reserved();
         let used = model.device_used();
         drop(r);
@@ -290,7 +281,7 @@ fn seal_when_idle(
                 JoinError::Budget(BucketError::NothingIdle { .. })
             ) =>
         {
-            Streams::synchronize(&model.backend).unwrap();
+            Streams::synchronize(&model.fw.backend).unwrap();
             failed.into_input().seal().unwrap()
         }
         Err(failed) => panic!("{}", failed.error()),

@@ -11,8 +11,8 @@
 
 use replay_arena::sim;
 use replay_arena::{
-    CaptureError, DType, Discovering, Domain, Error, Operation, PlanConfig, Policy, ReplayError,
-    Replayable, Request, RunnerId,
+    CaptureError, Capturing, DType, Discovering, Domain, Error, Operation, PlanConfig, Policy,
+    ReplayError, Replayable, Request, RunnerId,
 };
 
 type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -237,19 +237,9 @@ fn a_forgotten_runner_capture_leaves_the_runner_uncaptured_and_capturable() -> R
         matches!(refused.error(), CaptureError::Unfinished { runners } if runners == &[(RunnerId(0), None)]),
         "{refused}"
     );
-    let mut capturing = refused.into_capturing();
-    {
-        let cap = capturing.capture(RunnerId(0))?;
-        let v = cap.take(REQ)?;
-        cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&v, 1.0), 5))?;
-        cap.finish()?;
-    }
-    let mut rp = capturing.seal()?;
-    rp.replay(RunnerId(0), &stream)?;
-    rp.synchronize()?;
+    let mut rp = seal_filled(refused.into_capturing(), &sim, &stream, 1.0, 5)?;
     // The forgotten graph never ran.
-    assert_eq!(sim.read_f32(&rp.views(RunnerId(0))?[0])?, vec![1.0; 64]);
-    Ok(())
+    replays_to(&sim, &mut rp, &stream, 1.0)
 }
 
 #[test]
@@ -321,18 +311,11 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
     assert_eq!(sim.live_allocations(), 1);
     // The backend goes on: a new plan beside the leaked arena.
     let stream = sim.new_stream();
-    let mut capturing = runners()?
+    let capturing = runners()?
         .plan(Policy::Generations(1))?
         .allocate(sim.clone())?;
-    let cap = capturing.capture(RunnerId(0))?;
-    let v = cap.take(REQ)?;
-    cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&v, 3.0), 5))?;
-    cap.finish()?;
-    let mut rp = capturing.seal()?;
-    rp.replay(RunnerId(0), &stream)?;
-    rp.synchronize()?;
-    assert_eq!(sim.read_f32(&rp.views(RunnerId(0))?[0])?, vec![3.0; 64]);
-    Ok(())
+    let mut rp = seal_filled(capturing, &sim, &stream, 3.0, 5)?;
+    replays_to(&sim, &mut rp, &stream, 3.0)
 }
 
 // ---- launches on a capturing stream ----------------------------------------------
@@ -419,9 +402,21 @@ fn one_runner(
     value: f32,
     duration: u64,
 ) -> R<Replayable<sim::Device>> {
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
+    let capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])?
         .plan(Policy::Generations(1))?
         .allocate(sim.clone())?;
+    seal_filled(capturing, sim, stream, value, duration)
+}
+
+/// Captures runner 0 of `capturing` on `stream` (its graph fills its view
+/// with `value` for `duration`) and seals.
+fn seal_filled(
+    mut capturing: Capturing<sim::Device>,
+    sim: &sim::Device,
+    stream: &sim::Stream,
+    value: f32,
+    duration: u64,
+) -> R<Replayable<sim::Device>> {
     let cap = capturing.capture(RunnerId(0))?;
     let v = cap.take(REQ)?;
     cap.stream_capture(stream, |s| {
@@ -429,6 +424,19 @@ fn one_runner(
     })?;
     cap.finish()?;
     Ok(capturing.seal()?)
+}
+
+/// Runner 0 replayed on `stream` leaves `value` in its view.
+fn replays_to(
+    sim: &sim::Device,
+    rp: &mut Replayable<sim::Device>,
+    stream: &sim::Stream,
+    value: f32,
+) -> R {
+    rp.replay(RunnerId(0), stream)?;
+    rp.synchronize()?;
+    assert_eq!(sim.read_f32(&rp.views(RunnerId(0))?[0])?, vec![value; 64]);
+    Ok(())
 }
 
 #[test]

@@ -12,10 +12,7 @@ use crate::support::record_and_finish;
 use crate::support::steps::{allocate_discovered, plan_runners};
 use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Call, Faults};
-use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId, Trace, Use,
-    UseKind,
-};
+use replay_arena::{DType, Domain, Policy, Replayable, Request, RunnerId, Trace, Use, UseKind};
 use serde_json::Value;
 use support::{fill_ticks as duration, filled_plan as setup};
 
@@ -402,17 +399,8 @@ fn a_fault_at_any_call_of_a_traced_step_leaves_the_plan_and_the_results_consiste
 
 #[test]
 fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_first() {
-    let mut d = Discovering::new(PlanConfig::new());
-    let handoff = {
-        let mut armed = d.arm(RunnerId(0)).unwrap();
-        armed.record(REQ).unwrap();
-        armed.hand_off(REQ).unwrap()
-    };
-    {
-        let mut armed = d.arm(RunnerId(1)).unwrap();
-        armed.record(REQ).unwrap();
-        armed.receive(handoff).unwrap();
-    }
+    let (d, handoffs) = crate::support::faults::chain_of(2, REQ, REQ);
+    let handoff = handoffs[0];
     let sim = sim::Device::new();
     let l = lanes(&sim);
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));

@@ -8,9 +8,9 @@
 use crate::support::record_and_finish;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::Policy;
-use replay_arena::{Discovering, HandoffId, PlanConfig, ReplayError, Replayable};
+use replay_arena::{HandoffId, ReplayError, Replayable};
 
-use crate::support::faults::{at_each_call, r, read0, under, N, Q};
+use crate::support::faults::{at_each_call, chain_of, r, read0, under, N, Q};
 use crate::support::steps::allocate_discovered;
 
 struct Handoff {
@@ -26,17 +26,8 @@ struct Handoff {
 /// view.
 fn handoff(ready: bool) -> Handoff {
     let sim = sim::Device::new();
-    let mut d = Discovering::new(PlanConfig::new());
-    let h: HandoffId = {
-        let mut a = d.arm(r(0)).unwrap();
-        a.record(Q).unwrap();
-        a.hand_off(Q).unwrap()
-    };
-    {
-        let mut a = d.arm(r(1)).unwrap();
-        a.record(Q).unwrap();
-        a.receive(h).unwrap();
-    }
+    let (d, handoffs) = chain_of(2, Q, Q);
+    let h: HandoffId = handoffs[0];
     let one = sim.alloc_f32(N).unwrap();
     sim.write_f32(&one, &[1.0; N]).unwrap();
     let count = sim.alloc_f32(N).unwrap();

@@ -13,20 +13,100 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::support::faults::{at_each_call, fill_plan, one_each, r, Q};
+use crate::support::faults::{at_each_call, chain_of, fill_plan, one_each, r, Q};
 use crate::support::steps::allocate_discovered;
 use crate::support::{capture_view, record_and_finish};
 use replay_arena::backend::Capture;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{
-    CaptureError, ConsumeError, DType, Discovering, Domain, Operation, PlanConfig, Policy,
-    ReplayError, Replayable, Request, RunnerId, StreamCaptureError, StreamCapturing, WaitError,
+    CaptureError, Capturing, ConsumeError, DType, Discovering, Domain, Operation, PlacedPolicy,
+    PlanConfig, Policy, ReplayError, Replayable, Request, RunnerId, StreamCaptureError,
+    StreamCapturing, WaitError,
 };
 
 type Plan = Replayable<sim::Device>;
 
 fn clean(sim: &sim::Device) {
     assert_eq!(sim.hazards(), [], "hazards");
+}
+
+/// Waits for all the plan's work, then no hazard.
+fn settle(sim: &sim::Device, rp: &Plan) {
+    rp.synchronize().unwrap();
+    clean(sim);
+}
+
+/// `runner`'s view holds `value` everywhere once all is done, and no hazard.
+fn holds(sim: &sim::Device, rp: &Plan, runner: u32, value: f32) {
+    assert_eq!(values(sim, rp, runner), vec![value; 64]);
+    clean(sim);
+}
+
+/// `n` replays of `runner` on `s`, each of which succeeds.
+fn replay_n(rp: &mut Plan, runner: u32, s: &sim::Stream, n: usize) {
+    for _ in 0..n {
+        rp.replay(r(runner), s).unwrap();
+    }
+}
+
+/// A sim, `K` streams of it and [`fill_plan`]'s `runners` over `g`
+/// generations.
+fn plan_on<const K: usize>(runners: u32, g: usize) -> (sim::Device, [sim::Stream; K], Plan) {
+    let sim = sim::Device::new();
+    let streams = crate::support::streams::<K>(&sim);
+    let rp = fill_plan(&sim, runners, g);
+    (sim, streams, rp)
+}
+
+/// [`plan_on`], runner 0 then replayed twice on the first stream (the
+/// second replay a repeat).
+fn repeating<const K: usize>(runners: u32, g: usize) -> (sim::Device, [sim::Stream; K], Plan) {
+    let (sim, streams, mut rp) = plan_on::<K>(runners, g);
+    replay_n(&mut rp, 0, &streams[0], 2);
+    (sim, streams, rp)
+}
+
+/// Another plan of one runner of `Q`, captured on `s`: `inside` runs
+/// within the capture, then the runner's graph fills its view with `value`.
+fn capture_other(
+    sim: &sim::Device,
+    s: &sim::Stream,
+    value: f32,
+    inside: impl FnOnce(&sim::Stream),
+) -> Capturing<sim::Device> {
+    let mut other = allocate_discovered(sim, one_each(1, Q), Policy::Generations(1));
+    capture_view(&mut other, r(0), Q, s, |s, v| {
+        inside(s);
+        sim.launch(s, sim::Kernel::fill(v, value), 3)
+    });
+    other
+}
+
+/// Plans `d` under `policy`, captures each `(runner, request, value)` on
+/// `s` (a fill of its view with `value`) and seals.
+fn seal_fills(
+    sim: &sim::Device,
+    d: Discovering,
+    policy: impl Into<PlacedPolicy>,
+    fills: impl IntoIterator<Item = (RunnerId, Request, f32)>,
+    s: &sim::Stream,
+) -> Plan {
+    let mut capturing = allocate_discovered(sim, d, policy);
+    for (runner, request, value) in fills {
+        capture_view(&mut capturing, runner, request, s, |s, v| {
+            sim.launch(s, sim::Kernel::fill(v, value), 20)
+        });
+    }
+    capturing.seal().unwrap()
+}
+
+/// Runner `k` of `sizes` requests `sizes[k]` floats and fills them with
+/// `1 + k`.
+fn sized_fills(sizes: &[u64]) -> impl Iterator<Item = (RunnerId, Request, f32)> + '_ {
+    sizes.iter().enumerate().map(|(k, &n)| {
+        let req = Request::new(Domain::Device, DType::F32, n);
+        (r(k as u32), req, 1.0 + k as f32)
+    })
 }
 
 fn values(sim: &sim::Device, rp: &Plan, runner: u32) -> Vec<f32> {
@@ -57,76 +137,51 @@ fn read_into(
 
 #[test]
 fn repeats_wait_again_once_another_runner_took_the_bytes_elsewhere() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1); // both runners on the same bytes
-    for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-    }
+    let (sim, [a, b], mut rp) = repeating(2, 1); // both runners on the same bytes
+    rp.replay(r(0), &a).unwrap();
     rp.replay(r(1), &b).unwrap();
-    for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-    }
-    rp.replay(r(1), &b).unwrap();
-    rp.replay(r(1), &b).unwrap();
-    assert_eq!(values(&sim, &rp, 1), vec![2.0; 64]);
-    clean(&sim);
+    replay_n(&mut rp, 0, &a, 3);
+    replay_n(&mut rp, 1, &b, 2);
+    holds(&sim, &rp, 1, 2.0);
     assert_eq!(rp.fence_stats().replays, 9);
 }
 
 #[test]
 fn repeats_wait_for_a_reader_on_another_stream() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 1, 1);
+    let (sim, [a, b], mut rp) = plan_on(1, 1);
     let sink = sim.alloc_f32(64).unwrap();
     for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        replay_n(&mut rp, 0, &a, 2);
         read_into(&mut rp, &sim, 0, &b, &sink);
     }
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.synchronize().unwrap();
-    clean(&sim);
+    replay_n(&mut rp, 0, &a, 2);
+    settle(&sim, &rp);
     assert_eq!(rp.fence_stats().consumers, 3);
     assert_eq!(rp.fence_stats().replays, 8);
 }
 
 #[test]
 fn repeats_wait_for_a_writing_consumer_on_another_stream() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 1, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a, b], mut rp) = repeating(1, 1);
     rp.consume_mut(r(0), &b, |s, v| {
         sim.launch(s, sim::Kernel::fill(&v[0], 7.0), 80)
     })
     .unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    assert_eq!(values(&sim, &rp, 0), vec![1.0; 64]);
-    clean(&sim);
+    replay_n(&mut rp, 0, &a, 2);
+    holds(&sim, &rp, 0, 1.0);
 }
 
 #[test]
 fn a_consumer_that_fails_still_holds_off_the_repeats() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 1, 1);
+    let (sim, [a, b], mut rp) = repeating(1, 1);
     let sink = sim.alloc_f32(64).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
     let failed = rp.consume(r(0), &b, |s, v| {
         sim.launch(s, sim::Kernel::copy(&v[0], &sink), 80)?;
         Err(crate::support::faults::refused("after enqueuing"))
     });
     assert!(matches!(failed, Err(ConsumeError::Work(_))), "{failed:?}");
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.synchronize().unwrap();
-    clean(&sim);
+    replay_n(&mut rp, 0, &a, 2);
+    settle(&sim, &rp);
     assert_eq!(
         rp.fence_stats().consumers,
         0,
@@ -138,19 +193,11 @@ fn a_consumer_that_fails_still_holds_off_the_repeats() {
 /// it record at once from its next replay on: repeats may not skip that.
 #[test]
 fn repeats_after_a_program_wait_on_another_stream_are_waited_for() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a, b], mut rp) = repeating(2, 1);
     rp.wait_for(r(0), &b).unwrap();
-    for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-    }
+    replay_n(&mut rp, 0, &a, 3);
     rp.wait_all(&b).unwrap();
-    for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-    }
+    replay_n(&mut rp, 0, &a, 3);
     // The program's own work on `b` after a wait reads what runner 0 wrote.
     rp.wait_for(r(0), &b).unwrap();
     let sink = sim.alloc_f32(64).unwrap();
@@ -195,22 +242,17 @@ fn repeats_count_as_the_replays_they_stand_for() {
 /// and graph launches.
 #[test]
 fn repeats_count_the_calls_the_device_saw() {
-    let sim = sim::Device::new();
-    let streams = crate::support::streams::<3>(&sim);
+    let (sim, streams, mut rp) = plan_on::<3>(2, 1);
     let (a, b, c) = (&streams[0], &streams[1], &streams[2]);
-    let mut rp = fill_plan(&sim, 2, 1);
     let sink = sim.alloc_f32(64).unwrap();
     sim.inject(Faults::none()); // the log counts from here
     for round in 0..4 {
-        rp.replay(r(0), a).unwrap();
-        rp.replay(r(0), a).unwrap();
-        rp.replay(r(0), a).unwrap();
+        replay_n(&mut rp, 0, a, 3);
         if round % 2 == 1 {
             read_into(&mut rp, &sim, 0, c, &sink);
             rp.replay(r(0), a).unwrap();
         }
-        rp.replay(r(1), b).unwrap();
-        rp.replay(r(1), b).unwrap();
+        replay_n(&mut rp, 1, b, 2);
         if round == 2 {
             rp.wait_for(r(1), c).unwrap();
         }
@@ -223,42 +265,29 @@ fn repeats_count_the_calls_the_device_saw() {
     assert_eq!(got.waits, n(Call::WaitEvent), "{got}");
     assert_eq!(got.event_records, n(Call::RecordEvent), "{got}");
     assert_eq!(got.consumers, 2, "{got}");
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 #[test]
 fn a_trace_started_between_repeats_sees_every_replay() {
-    let sim = sim::Device::new();
-    let a = sim.new_stream();
-    let mut rp = fill_plan(&sim, 1, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a], mut rp) = repeating(1, 1);
     rp.start_trace().unwrap();
-    for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-    }
+    replay_n(&mut rp, 0, &a, 3);
     let trace = rp.finish_trace().unwrap();
     assert_eq!(trace.uses().len(), 3, "{:?}", trace.uses());
     rp.replay(r(0), &a).unwrap();
     rp.start_trace().unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    replay_n(&mut rp, 0, &a, 2);
     let trace = rp.finish_trace().unwrap();
     assert_eq!(trace.uses().len(), 2, "{:?}", trace.uses());
     rp.replay(r(0), &a).unwrap();
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
     assert_eq!(rp.fence_stats().replays, 9);
 }
 
 #[test]
 fn repeats_after_a_step_graph_on_another_stream_wait_for_its_launch() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a, b], mut rp) = repeating(2, 1);
     {
         let mut step = rp.step();
         step.replay(r(1), &b).unwrap();
@@ -266,35 +295,28 @@ fn repeats_after_a_step_graph_on_another_stream_wait_for_its_launch() {
         g.launch(&b).unwrap();
         g.launch(&b).unwrap();
     }
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    assert_eq!(values(&sim, &rp, 0), vec![1.0; 64]);
-    clean(&sim);
+    replay_n(&mut rp, 0, &a, 2);
+    holds(&sim, &rp, 0, 1.0);
     assert_eq!(rp.fence_stats().step_launches, 2);
 }
 
 #[test]
 fn repeats_between_kept_step_launches_are_waited_for() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1);
+    let (sim, [a, b], mut rp) = plan_on(2, 1);
     let mut kept = {
         let mut step = rp.step();
         step.replay(r(1), &b).unwrap();
         step.build().unwrap().keep()
     };
     for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        replay_n(&mut rp, 0, &a, 2);
         rp.launch_kept(&mut kept, &b).unwrap();
         rp.launch_kept(&mut kept, &a).unwrap();
         rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &b).unwrap();
-        rp.replay(r(0), &b).unwrap();
+        replay_n(&mut rp, 0, &b, 2);
         rp.launch_kept(&mut kept, &b).unwrap();
     }
-    assert_eq!(values(&sim, &rp, 1), vec![2.0; 64]);
-    clean(&sim);
+    holds(&sim, &rp, 1, 2.0);
     let stats = rp.fence_stats();
     assert_eq!((stats.replays, stats.step_launches), (15, 9), "{stats}");
     drop(kept);
@@ -307,11 +329,7 @@ fn repeats_between_kept_step_launches_are_waited_for() {
 /// nothing, and records nothing into the program's capture.
 #[test]
 fn a_repeat_on_a_stream_the_program_captures_is_stream_capturing() {
-    let sim = sim::Device::new();
-    let a = sim.new_stream();
-    let mut rp = fill_plan(&sim, 1, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a], mut rp) = repeating(1, 1);
     let stats = rp.fence_stats();
     sim.begin_capture(&a).unwrap();
     capturing_err(rp.replay(r(0), &a), Operation::Replay(r(0)));
@@ -321,8 +339,7 @@ fn a_repeat_on_a_stream_the_program_captures_is_stream_capturing() {
     unsafe { sim.abort_capture(&a) };
     rp.replay(r(0), &a).unwrap();
     assert_eq!(rp.fence_stats().replays, stats.replays + 1);
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// The latest user completes on a stream the program now captures: the
@@ -331,11 +348,7 @@ fn a_repeat_on_a_stream_the_program_captures_is_stream_capturing() {
 /// nothing, and once the capture is gone the wait is still owed.
 #[test]
 fn a_replay_owed_a_record_on_a_program_captured_stream_loses_no_wait() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a, b], mut rp) = repeating(2, 1);
     let stats = rp.fence_stats();
     sim.begin_capture(&a).unwrap();
     let refused = rp.replay(r(1), &b);
@@ -354,17 +367,12 @@ fn a_replay_owed_a_record_on_a_program_captured_stream_loses_no_wait() {
     // SAFETY: the capture this test began on `a`, on this thread.
     unsafe { sim.abort_capture(&a) };
     rp.replay(r(1), &b).unwrap();
-    assert_eq!(values(&sim, &rp, 1), vec![2.0; 64]);
-    clean(&sim);
+    holds(&sim, &rp, 1, 2.0);
 }
 
 #[test]
 fn waits_and_consumers_on_a_program_captured_stream_are_stream_capturing() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 1, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a, b], mut rp) = repeating(1, 1);
     sim.begin_capture(&b).unwrap();
     let stats = rp.fence_stats();
     assert_eq!(
@@ -388,33 +396,24 @@ fn waits_and_consumers_on_a_program_captured_stream_are_stream_capturing() {
     assert_eq!(rp.fence_stats(), stats);
     // SAFETY: the capture this test began on `b`, on this thread.
     unsafe { sim.abort_capture(&b) };
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.synchronize().unwrap();
-    clean(&sim);
+    replay_n(&mut rp, 0, &a, 2);
+    settle(&sim, &rp);
 }
 
 /// A repeat inside another plan's capture of the same stream (this thread)
 /// is refused, typed, and nothing of it goes into that graph.
 #[test]
 fn a_repeat_inside_another_plans_capture_of_its_stream_is_refused() {
-    let sim = sim::Device::new();
-    let a = sim.new_stream();
-    let mut rp = fill_plan(&sim, 1, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a], mut rp) = repeating(1, 1);
     let stats = rp.fence_stats();
-    let mut other = allocate_discovered(&sim, one_each(1, Q), Policy::Generations(1));
-    capture_view(&mut other, r(0), Q, &a, |s, v| {
+    let other = capture_other(&sim, &a, 9.0, |s| {
         capturing_err(rp.replay(r(0), s), Operation::Replay(r(0)));
-        sim.launch(s, sim::Kernel::fill(v, 9.0), 3)
     });
     let other = other.seal().unwrap();
     assert_eq!(other.graph(r(0)).unwrap().ops().len(), 1, "only its op");
     assert_eq!(rp.fence_stats(), stats);
     rp.replay(r(0), &a).unwrap();
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// A fault at every backend call of a schedule of repeats, readers and a
@@ -445,10 +444,8 @@ fn a_fault_anywhere_among_repeats_loses_no_wait() {
         Replay(1, 2),
     ];
     let attacked = at_each_call(|attack| {
-        let sim = sim::Device::new();
-        let streams = crate::support::streams::<3>(&sim);
+        let (sim, streams, mut rp) = plan_on::<3>(2, 1);
         let sink = sim.alloc_f32(64).unwrap();
-        let mut rp = fill_plan(&sim, 2, 1);
         // (replays that returned Ok, consumers whose work returned Ok)
         let ok = std::cell::Cell::new((0u64, 0u64));
         let run = |rp: &mut Plan, op: Op| -> bool {
@@ -519,11 +516,7 @@ fn a_fault_anywhere_among_repeats_loses_no_wait() {
 /// nothing, and the runner's next replay is still ordered.
 #[test]
 fn a_failed_repeat_is_rolled_back_and_the_next_is_ordered() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a, b], mut rp) = repeating(2, 1);
     let stats = rp.fence_stats();
     sim.inject(Faults::nth(Call::Launch, 0));
     let failed = rp.replay(r(0), &a);
@@ -536,11 +529,9 @@ fn a_failed_repeat_is_rolled_back_and_the_next_is_ordered() {
     sim.inject(Faults::nth(Call::Launch, 0));
     assert!(rp.replay(r(1), &b).is_err());
     sim.inject(Faults::none());
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    replay_n(&mut rp, 0, &a, 2);
     rp.replay(r(1), &b).unwrap();
-    assert_eq!(values(&sim, &rp, 1), vec![2.0; 64]);
-    clean(&sim);
+    holds(&sim, &rp, 1, 2.0);
     assert_eq!(rp.fence_stats().replays, stats.replays + 4);
 }
 
@@ -560,14 +551,13 @@ fn buckets_of_other_sizes_split_and_repaint_one_interval() {
     }
     let sim = sim::Device::new();
     let streams = crate::support::streams::<3>(&sim);
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
-    for (k, &n) in sizes.iter().enumerate() {
-        let req = Request::new(Domain::Device, DType::F32, n);
-        capture_view(&mut capturing, r(k as u32), req, &streams[0], |s, v| {
-            sim.launch(s, sim::Kernel::fill(v, 1.0 + k as f32), 20)
-        });
-    }
-    let mut rp = capturing.seal().unwrap();
+    let mut rp = seal_fills(
+        &sim,
+        d,
+        Policy::Generations(1),
+        sized_fills(&sizes),
+        &streams[0],
+    );
     let sink = sim.alloc_f32(64).unwrap();
     let schedule = [
         (0, 0),
@@ -595,8 +585,7 @@ fn buckets_of_other_sizes_split_and_repaint_one_interval() {
             .unwrap();
         }
     }
-    assert_eq!(values(&sim, &rp, 0), vec![1.0; 64]);
-    clean(&sim);
+    holds(&sim, &rp, 0, 1.0);
 }
 
 /// Packed placement: runners own slices of one arena, the slices of one
@@ -611,24 +600,21 @@ fn packed_slices_repainted_between_repeats_stay_ordered() {
     let d = Discovering::from_runners(PlanConfig::new(), runners).unwrap();
     let sim = sim::Device::new();
     let streams = crate::support::streams::<3>(&sim);
-    let mut capturing = allocate_discovered(&sim, d, Policy::OverlapDepth(2).packed());
-    for (k, &n) in reqs.iter().enumerate() {
-        let req = Request::new(Domain::Device, DType::F32, n);
-        capture_view(&mut capturing, r(k as u32), req, &streams[0], |s, v| {
-            sim.launch(s, sim::Kernel::fill(v, 1.0 + k as f32), 20)
-        });
-    }
-    let mut rp = capturing.seal().unwrap();
+    let mut rp = seal_fills(
+        &sim,
+        d,
+        Policy::OverlapDepth(2).packed(),
+        sized_fills(&reqs),
+        &streams[0],
+    );
     for round in 0..4usize {
         for k in 0..reqs.len() {
             let s = &streams[(k + round) % 3];
-            rp.replay(r(k as u32), s).unwrap();
-            rp.replay(r(k as u32), s).unwrap();
+            replay_n(&mut rp, k as u32, s, 2);
         }
         rp.replay(r(0), &streams[round % 3]).unwrap();
     }
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// A capture opened inside a consumer's closure (on another stream), while
@@ -638,11 +624,7 @@ fn packed_slices_repainted_between_repeats_stay_ordered() {
 fn a_capture_inside_a_consumer_does_not_wait_for_its_own_claim() {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let sim = sim::Device::new();
-        let (a, b, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-        let mut rp = fill_plan(&sim, 1, 1);
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        let (sim, [_, b, c], mut rp) = repeating(1, 1);
         let mut other = allocate_discovered(&sim, one_each(1, Q), Policy::Generations(1));
         let sink = sim.alloc_f32(64).unwrap();
         let res = rp.consume(r(0), &b, |s, v| {
@@ -677,9 +659,7 @@ fn a_capture_inside_a_consumer_does_not_wait_for_its_own_claim() {
 fn a_panicking_consumer_leaves_no_quick_claim_behind() {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.new_stream(), sim.new_stream());
-        let mut rp = fill_plan(&sim, 1, 1);
+        let (sim, [a, b], mut rp) = plan_on(1, 1);
         rp.replay(r(0), &a).unwrap();
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _ = rp.consume(r(0), &b, |_, _| -> Result<(), String> {
@@ -687,20 +667,11 @@ fn a_panicking_consumer_leaves_no_quick_claim_behind() {
             });
         }));
         assert!(panicked.is_err());
-        let mut other = allocate_discovered(&sim, one_each(1, Q), Policy::Generations(1));
-        capture_view(&mut other, r(0), Q, &b, |s, v| {
-            sim.launch(s, sim::Kernel::fill(v, 3.0), 1)
-        });
+        capture_other(&sim, &b, 3.0, |_| {});
         std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let mut third = allocate_discovered(&sim, one_each(1, Q), Policy::Generations(1));
-                capture_view(&mut third, r(0), Q, &a, |s, v| {
-                    sim.launch(s, sim::Kernel::fill(v, 4.0), 1)
-                });
-            });
+            scope.spawn(|| capture_other(&sim, &a, 4.0, |_| {}));
         });
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        replay_n(&mut rp, 0, &a, 2);
         rp.synchronize().unwrap();
         tx.send(sim.hazards().len()).unwrap();
     });
@@ -716,9 +687,7 @@ fn a_panicking_consumer_leaves_no_quick_claim_behind() {
 /// launches or is `StreamCapturing`, and the counters count the launches.
 #[test]
 fn captures_racing_repeats_on_one_stream_exclude_each_other() {
-    let sim = sim::Device::new();
-    let a = sim.new_stream();
-    let mut rp = fill_plan(&sim, 1, 1);
+    let (sim, [a], mut rp) = plan_on(1, 1);
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let (launched, refused) = std::thread::scope(|scope| {
         let (sim, a) = (&sim, &a);
@@ -755,8 +724,7 @@ fn captures_racing_repeats_on_one_stream_exclude_each_other() {
         (launched, refused)
     });
     assert_eq!(rp.fence_stats().replays, launched, "refused {refused}");
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// A writer and a reader of one handoff: the writer replayed again and
@@ -766,17 +734,8 @@ fn captures_racing_repeats_on_one_stream_exclude_each_other() {
 #[test]
 fn handoff_runners_are_checked_on_every_replay_again() {
     let own = Request::new(Domain::Device, DType::F32, 64);
-    let mut d = Discovering::new(PlanConfig::new());
-    let h = {
-        let mut w = d.arm(r(0)).unwrap();
-        w.record(own).unwrap();
-        w.hand_off(own).unwrap()
-    };
-    {
-        let mut rd = d.arm(r(1)).unwrap();
-        rd.record(own).unwrap();
-        rd.receive(h).unwrap();
-    }
+    let (d, handoffs) = chain_of(2, own, own);
+    let h = handoffs[0];
     let sim = sim::Device::new();
     let (a, b) = (sim.new_stream(), sim.new_stream());
     let mut cap = allocate_discovered(&sim, d, Policy::Generations(2));
@@ -795,9 +754,7 @@ fn handoff_runners_are_checked_on_every_replay_again() {
     }
     let mut rp = cap.seal().unwrap();
     for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        replay_n(&mut rp, 0, &a, 3);
         rp.replay(r(1), &b).unwrap();
         for _ in 0..2 {
             assert!(
@@ -812,8 +769,7 @@ fn handoff_runners_are_checked_on_every_replay_again() {
             );
         }
     }
-    assert_eq!(values(&sim, &rp, 1), vec![3.0; 64]);
-    clean(&sim);
+    holds(&sim, &rp, 1, 3.0);
     assert_eq!(rp.fence_stats().replays, 12);
 }
 
@@ -848,9 +804,7 @@ fn a_staged_runner_replayed_again_keeps_its_staging_checks() {
         sim.launch(s, sim::Kernel::fill(&v[0], 1.0), 30)
     })
     .unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    replay_n(&mut rp, 0, &a, 3);
     assert_eq!(values(&sim, &rp, 0), vec![8.0; 64]);
     rp.replay(r(1), &b).unwrap();
     for _ in 0..2 {
@@ -866,10 +820,8 @@ fn a_staged_runner_replayed_again_keeps_its_staging_checks() {
         sim.launch(s, sim::Kernel::fill(&v[0], 1.0), 30)
     })
     .unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    assert_eq!(values(&sim, &rp, 0), vec![4.0; 64]);
-    clean(&sim);
+    replay_n(&mut rp, 0, &a, 2);
+    holds(&sim, &rp, 0, 4.0);
 }
 
 /// A step graph launched on the stream runner 0 repeats on, whose schedule
@@ -878,12 +830,8 @@ fn a_staged_runner_replayed_again_keeps_its_staging_checks() {
 /// runner 0, one of runner 0 reads runner 0's values).
 #[test]
 fn a_step_launch_between_repeats_moves_the_ledger_they_keep() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1);
+    let (sim, [a, b], mut rp) = repeating(2, 1);
     let sink = sim.alloc_f32(64).unwrap();
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
     let mut kept = {
         let mut step = rp.step();
         step.replay(r(1), &a).unwrap();
@@ -894,8 +842,7 @@ fn a_step_launch_between_repeats_moves_the_ledger_they_keep() {
         read_into(&mut rp, &sim, 1, &b, &sink);
         rp.synchronize().unwrap();
         assert_eq!(sim.read_f32(&sink).unwrap(), vec![2.0; 64]);
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        replay_n(&mut rp, 0, &a, 2);
         let late = rp.consume(r(1), &b, |_, _| Ok::<(), String>(()));
         assert!(
             matches!(
@@ -918,9 +865,7 @@ fn a_step_launch_between_repeats_moves_the_ledger_they_keep() {
 /// A repeat whose launch fails names the failure as a full replay does.
 #[test]
 fn a_failed_repeat_fails_as_a_full_replay_does() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 1, 1);
+    let (sim, [a, b], mut rp) = plan_on(1, 1);
     rp.replay(r(0), &b).unwrap();
     sim.inject(Faults::nth(Call::Launch, 0));
     let full = rp.replay(r(0), &a).unwrap_err(); // waits for `b`, then its launch fails
@@ -939,8 +884,7 @@ fn a_failed_repeat_fails_as_a_full_replay_does() {
         other => other,
     };
     assert_eq!(strip(full), strip(repeat));
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// Runner ids that are not their place in capture order (the dense lookup
@@ -952,16 +896,10 @@ fn sparse_and_shuffled_runner_ids_find_their_own_runner() {
     let d = Discovering::from_runners(PlanConfig::new(), runners).unwrap();
     let sim = sim::Device::new();
     let a = sim.new_stream();
-    let mut cap = allocate_discovered(&sim, d, Policy::Generations(3));
+    let fills = ids.iter().map(|&i| (RunnerId(i), Q, i as f32));
+    let mut rp = seal_fills(&sim, d, Policy::Generations(3), fills, &a);
     for &i in &ids {
-        capture_view(&mut cap, RunnerId(i), Q, &a, |s, v| {
-            sim.launch(s, sim::Kernel::fill(v, i as f32), 5)
-        });
-    }
-    let mut rp = cap.seal().unwrap();
-    for &i in &ids {
-        rp.replay(RunnerId(i), &a).unwrap();
-        rp.replay(RunnerId(i), &a).unwrap();
+        replay_n(&mut rp, i, &a, 2);
     }
     for &i in &ids {
         assert_eq!(values(&sim, &rp, i), vec![i as f32; 64]);
@@ -981,13 +919,10 @@ fn sparse_and_shuffled_runner_ids_find_their_own_runner() {
 /// reader holds off both runners' next replays.
 #[test]
 fn a_consumer_of_many_holds_off_the_repeats_of_each() {
-    let sim = sim::Device::new();
-    let (a, b, c) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 3, 3);
+    let (sim, [a, b, c], mut rp) = plan_on(3, 3);
     let sink = sim.alloc_f32(64).unwrap();
     for _ in 0..3 {
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        replay_n(&mut rp, 0, &a, 2);
         rp.replay(r(2), &c).unwrap();
         rp.consume_many(&[r(0), r(2)], &b, |s, lists| {
             for views in lists {
@@ -996,12 +931,10 @@ fn a_consumer_of_many_holds_off_the_repeats_of_each() {
             Ok::<(), replay_arena::BackendError>(())
         })
         .unwrap();
-        rp.replay(r(0), &a).unwrap();
-        rp.replay(r(0), &a).unwrap();
+        replay_n(&mut rp, 0, &a, 2);
         rp.replay(r(2), &c).unwrap();
     }
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// While another thread captures the stream a runner repeats on, the
@@ -1011,22 +944,16 @@ fn a_consumer_of_many_holds_off_the_repeats_of_each() {
 /// on, ordered.
 #[test]
 fn a_capture_of_another_thread_refuses_repeats_and_records_on_its_stream() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 2, 1);
-    rp.replay(r(0), &a).unwrap();
-    rp.replay(r(0), &a).unwrap();
+    let (sim, [a, b], mut rp) = repeating(2, 1);
     let stats = rp.fence_stats();
     let (inside_tx, inside_rx) = mpsc::channel::<()>();
     let (tried_tx, tried_rx) = mpsc::channel::<()>();
     std::thread::scope(|scope| {
         let (sim, a) = (&sim, &a);
         let capture = scope.spawn(move || {
-            let mut other = allocate_discovered(sim, one_each(1, Q), Policy::Generations(1));
-            capture_view(&mut other, r(0), Q, a, |s, v| {
+            let other = capture_other(sim, a, 9.0, |_| {
                 inside_tx.send(()).unwrap();
                 tried_rx.recv().unwrap();
-                sim.launch(s, sim::Kernel::fill(v, 9.0), 3)
             });
             other.seal().unwrap().graph(r(0)).unwrap().ops().len()
         });
@@ -1050,8 +977,7 @@ fn a_capture_of_another_thread_refuses_repeats_and_records_on_its_stream() {
     });
     rp.replay(r(0), &a).unwrap();
     rp.replay(r(1), &b).unwrap();
-    assert_eq!(values(&sim, &rp, 1), vec![2.0; 64]);
-    clean(&sim);
+    holds(&sim, &rp, 1, 2.0);
 }
 
 /// While another thread holds a capture open on a stream of its own, the
@@ -1059,34 +985,25 @@ fn a_capture_of_another_thread_refuses_repeats_and_records_on_its_stream() {
 /// counted, and the two never meet.
 #[test]
 fn repeats_go_on_while_another_thread_captures_elsewhere() {
-    let sim = sim::Device::new();
-    let (a, c) = (sim.new_stream(), sim.new_stream());
-    let mut rp = fill_plan(&sim, 1, 1);
+    let (sim, [a, c], mut rp) = plan_on(1, 1);
     let (inside_tx, inside_rx) = mpsc::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     std::thread::scope(|scope| {
         let (sim, c) = (&sim, &c);
         scope.spawn(move || {
-            let mut other = allocate_discovered(sim, one_each(1, Q), Policy::Generations(1));
-            capture_view(&mut other, r(0), Q, c, |s, v| {
+            capture_other(sim, c, 9.0, |_| {
                 inside_tx.send(()).unwrap();
                 done_rx.recv().unwrap();
-                sim.launch(s, sim::Kernel::fill(v, 9.0), 3)
             });
         });
         inside_rx.recv().unwrap();
-        for _ in 0..50 {
-            rp.replay(r(0), &a).unwrap();
-        }
+        replay_n(&mut rp, 0, &a, 50);
         done_tx.send(()).unwrap();
     });
-    for _ in 0..50 {
-        rp.replay(r(0), &a).unwrap();
-    }
+    replay_n(&mut rp, 0, &a, 50);
     assert_eq!(rp.fence_stats().replays, 100);
     assert_eq!(rp.fence_stats().waits_skipped, 99);
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// A runner that requests nothing: its replays count, repeated or not, on
@@ -1112,16 +1029,14 @@ fn a_runner_of_no_bytes_replays_and_counts() {
         ));
     }
     let mut rp = cap.seal().unwrap();
-    rp.replay(r(1), &a).unwrap();
-    rp.replay(r(1), &a).unwrap();
+    replay_n(&mut rp, 1, &a, 2);
     rp.replay(r(0), &a).unwrap();
     rp.replay(r(1), &a).unwrap();
     rp.replay(r(0), &a).unwrap();
     rp.wait_for(r(1), &b).unwrap();
     let stats = rp.fence_stats();
     assert_eq!(stats.replays, 5, "{stats}");
-    rp.synchronize().unwrap();
-    clean(&sim);
+    settle(&sim, &rp);
 }
 
 /// `StreamCapturing` says nothing ran and the fence is as before. A
