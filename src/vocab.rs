@@ -593,7 +593,7 @@ impl std::fmt::Display for HandoffTicket {
 pub enum BucketState {
     /// Its runners' graphs are captured: it replays.
     Captured,
-    /// Its graphs were released ([`Replayable::release_bucket`], or the
+    /// Its graphs were released ([`Replayable::release_bucket`](crate::Replayable::release_bucket), or the
     /// budget): capture it again to replay it.
     Released,
 }
