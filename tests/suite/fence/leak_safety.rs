@@ -61,6 +61,60 @@ fn two_runners(
     Ok(capturing.seal()?)
 }
 
+/// A fresh backend with three streams and [`two_runners`] captured on `a`,
+/// its handoff adding into `sink` (so `sink` lives as long as the plan).
+struct Two {
+    sim: sim::Device,
+    a: sim::Stream,
+    b: sim::Stream,
+    l: sim::Stream,
+    sink: sim::HostBuffer,
+    rp: Replayable<sim::Device>,
+}
+
+/// [`Two`] whose graphs run for `duration` ticks each.
+fn two(duration: u64) -> R<Two> {
+    let sim = sim::Device::new();
+    let (a, b, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+    let sink = sim.alloc_f32(64)?;
+    let rp = two_runners(&sim, &a, &sink, duration)?;
+    Ok(Two {
+        sim,
+        a,
+        b,
+        l,
+        sink,
+        rp,
+    })
+}
+
+/// [`two`], then a step graph of runner 0 (on `a`) launched `launches`
+/// times on `l` and forgotten.
+fn two_with_a_forgotten_step(duration: u64, launches: usize) -> R<Two> {
+    let mut t = two(duration)?;
+    forget_a_step_of_runner_0(&mut t.rp, &t.a, &t.l, launches)?;
+    Ok(t)
+}
+
+/// Waits for everything `rp` queued; nothing overlapped on `sim`.
+fn race_free(sim: &sim::Device, rp: &mut Replayable<sim::Device>) -> R {
+    rp.synchronize()?;
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    Ok(())
+}
+
+/// Replays runner 0 on `first` and runner 1 on `second`, race-free.
+fn both_replay_race_free(
+    sim: &sim::Device,
+    rp: &mut Replayable<sim::Device>,
+    first: &sim::Stream,
+    second: &sim::Stream,
+) -> R {
+    rp.replay(RunnerId(0), first)?;
+    rp.replay(RunnerId(1), second)?;
+    race_free(sim, rp)
+}
+
 /// A step graph of runner 0 alone (on `lane`), launched `launches` times
 /// on `launch`, then forgotten.
 fn forget_a_step_of_runner_0(
@@ -81,34 +135,23 @@ fn forget_a_step_of_runner_0(
 
 #[test]
 fn a_forgotten_step_graph_leaves_a_replay_of_its_bytes_ordered_after_it() -> R {
-    let sim = sim::Device::new();
-    let (a, b, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 100)?;
-    forget_a_step_of_runner_0(&mut rp, &a, &l, 3)?;
+    let mut t = two_with_a_forgotten_step(100, 3)?;
     // Runner 0's writes are queued on `l`; runner 1 shares the arena.
-    rp.replay(RunnerId(1), &b)?;
-    rp.replay(RunnerId(0), &a)?;
-    rp.synchronize()?;
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-    Ok(())
+    t.rp.replay(RunnerId(1), &t.b)?;
+    t.rp.replay(RunnerId(0), &t.a)?;
+    race_free(&t.sim, &mut t.rp)
 }
 
 #[test]
 fn a_forgotten_step_graph_leaves_a_reader_of_its_handoff_ordered_after_it() -> R {
-    let sim = sim::Device::new();
-    let (a, b, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 100)?;
-    forget_a_step_of_runner_0(&mut rp, &a, &l, 2)?;
+    let mut t = two_with_a_forgotten_step(100, 2)?;
     // The step wrote the handoff; its reader waits for that write.
-    rp.replay(RunnerId(1), &b)?;
-    rp.synchronize()?;
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-    assert_eq!(sim.read_f32(&sink)?[0], 10.0);
+    t.rp.replay(RunnerId(1), &t.b)?;
+    race_free(&t.sim, &mut t.rp)?;
+    assert_eq!(t.sim.read_f32(&t.sink)?[0], 10.0);
     // The handoff's state moved with the step: the reader read its write.
     assert!(matches!(
-        rp.replay(RunnerId(1), &b),
+        t.rp.replay(RunnerId(1), &t.b),
         Err(ReplayError::HandoffAlreadyRead { .. })
     ));
     Ok(())
@@ -116,69 +159,51 @@ fn a_forgotten_step_graph_leaves_a_reader_of_its_handoff_ordered_after_it() -> R
 
 #[test]
 fn a_forgotten_step_graph_leaves_consumers_reading_what_it_wrote() -> R {
-    let sim = sim::Device::new();
-    let (a, side, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
-    let mut rp = two_runners(&sim, &a, &sink, 100)?;
-    forget_a_step_of_runner_0(&mut rp, &a, &l, 1)?;
+    let mut t = two_with_a_forgotten_step(100, 1)?;
+    let (sim, side, out) = (&t.sim, &t.b, t.sim.alloc_f32(64)?);
     // Runner 0 was never replayed per runner: the step's launch made it
     // the owner of its bytes.
-    rp.consume(RunnerId(0), &side, |s, v| {
+    t.rp.consume(RunnerId(0), side, |s, v| {
         sim.launch(s, sim::Kernel::copy(&v[0], &out), 5)
     })?;
-    rp.synchronize()?;
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    race_free(sim, &mut t.rp)?;
     assert_eq!(sim.read_f32(&out)?, vec![1.0; 64]);
     Ok(())
 }
 
 #[test]
 fn a_forgotten_step_graph_counts_its_launches() -> R {
-    let sim = sim::Device::new();
-    let (a, l) = (sim.new_stream(), sim.new_stream());
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 1)?;
-    forget_a_step_of_runner_0(&mut rp, &a, &l, 4)?;
-    assert_eq!(rp.fence_stats().step_launches, 4);
+    let t = two_with_a_forgotten_step(1, 4)?;
+    assert_eq!(t.rp.fence_stats().step_launches, 4);
     Ok(())
 }
 
 #[test]
 fn a_forgotten_step_graph_is_waited_for_by_replan_and_the_next_plan_is_race_free() -> R {
-    let sim = sim::Device::new();
-    let (a, b, l) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 1_000)?;
-    forget_a_step_of_runner_0(&mut rp, &a, &l, 3)?;
-    let events = sim.live_events();
-    drop(rp.replan()?);
+    let t = two_with_a_forgotten_step(1_000, 3)?;
+    let events = t.sim.live_events();
+    drop(t.rp.replan()?);
     // The step graph's completion event is all it leaked.
-    assert_eq!(sim.live_events(), 1, "{events} before the replan");
-    let mut next = two_runners(&sim, &b, &sink, 1)?;
-    next.replay(RunnerId(0), &b)?;
-    next.replay(RunnerId(1), &a)?;
-    next.synchronize()?;
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-    Ok(())
+    assert_eq!(t.sim.live_events(), 1, "{events} before the replan");
+    let mut next = two_runners(&t.sim, &t.b, &t.sink, 1)?;
+    both_replay_race_free(&t.sim, &mut next, &t.b, &t.a)
 }
 
 #[test]
 fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
-    let sim = sim::Device::new();
-    let (a, side) = (sim.new_stream(), sim.new_stream());
+    let mut t = two(1)?;
+    let (rp, side) = (&mut t.rp, &t.b);
     let foreign = sim::Device::new().new_stream();
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 1)?;
     {
         let mut step = rp.step();
-        step.replay(RunnerId(0), &a)?;
+        step.replay(RunnerId(0), &t.a)?;
         let mut graph = step.build()?;
         // A stream of another backend: refused, nothing ran.
         assert!(graph.launch(&foreign).is_err());
         std::mem::forget(graph);
     }
     // The step never ran: runner 0 never wrote its bytes or the handoff.
-    let consumed = rp.consume(RunnerId(0), &side, |_, _| Ok::<(), String>(()));
+    let consumed = rp.consume(RunnerId(0), side, |_, _| Ok::<(), String>(()));
     assert!(
         matches!(
             consumed,
@@ -187,7 +212,7 @@ fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
         "{consumed:?}"
     );
     assert!(matches!(
-        rp.replay(RunnerId(1), &side),
+        rp.replay(RunnerId(1), side),
         Err(ReplayError::HandoffNotWritten { .. })
     ));
     assert_eq!(rp.fence_stats().step_launches, 0);
@@ -196,25 +221,23 @@ fn a_step_launch_that_fails_leaves_the_fence_as_it_was() -> R {
 
 #[test]
 fn a_forgotten_step_builder_leaves_the_plan_as_it_was() -> R {
-    let sim = sim::Device::new();
-    let (a, b, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let (sink, out) = (sim.alloc_f32(64)?, sim.alloc_f32(64)?);
-    let mut rp = two_runners(&sim, &a, &sink, 50)?;
-    rp.replay(RunnerId(0), &a)?;
+    let mut t = two(50)?;
+    let (sim, rp, side) = (&t.sim, &mut t.rp, &t.l);
+    let out = sim.alloc_f32(64)?;
+    rp.replay(RunnerId(0), &t.a)?;
     {
         let mut step = rp.step();
-        step.replay(RunnerId(1), &b)?;
+        step.replay(RunnerId(1), &t.b)?;
         // Captured into the step, never run.
-        step.consume(RunnerId(0), &side, |s, v| {
+        step.consume(RunnerId(0), side, |s, v| {
             sim.launch(s, sim::Kernel::copy(&v[0], &out), 5)
         })?;
         std::mem::forget(step);
     }
     assert_eq!(sim.read_f32(&out)?, vec![0.0; 64], "the consumer never ran");
-    rp.replay(RunnerId(1), &b)?;
-    rp.synchronize()?;
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-    assert_eq!(sim.read_f32(&sink)?[0], 10.0);
+    rp.replay(RunnerId(1), &t.b)?;
+    race_free(sim, rp)?;
+    assert_eq!(sim.read_f32(&t.sink)?[0], 10.0);
     Ok(())
 }
 
@@ -264,27 +287,17 @@ fn a_forgotten_armed_runner_keeps_what_it_recorded() -> R {
 #[test]
 fn a_forgotten_replayable_leaks_its_arenas_under_queued_work_and_the_next_plan_gets_other_memory(
 ) -> R {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 10_000)?;
-    rp.replay(RunnerId(0), &a)?;
-    rp.replay(RunnerId(1), &b)?;
-    let old = rp.views(RunnerId(0))?[0].device_address();
-    let live = sim.live_allocations();
-    std::mem::forget(rp);
-    let mut next = two_runners(&sim, &b, &sink, 1)?;
+    let mut t = two(10_000)?;
+    t.rp.replay(RunnerId(0), &t.a)?;
+    t.rp.replay(RunnerId(1), &t.b)?;
+    let old = t.rp.views(RunnerId(0))?[0].device_address();
+    let live = t.sim.live_allocations();
+    std::mem::forget(t.rp);
+    let mut next = two_runners(&t.sim, &t.b, &t.sink, 1)?;
     assert_ne!(next.views(RunnerId(0))?[0].device_address(), old);
-    next.replay(RunnerId(0), &b)?;
-    next.replay(RunnerId(1), &a)?;
-    next.synchronize()?;
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    both_replay_race_free(&t.sim, &mut next, &t.b, &t.a)?;
     drop(next);
-    assert_eq!(
-        sim.live_allocations(),
-        live,
-        "only the forgotten plan's arenas"
-    );
+    assert_live(&t.sim, live, "only the forgotten plan's arenas");
     Ok(())
 }
 
@@ -320,27 +333,28 @@ fn forgotten_failed_transitions_leak_what_they_hold_and_nothing_runs() -> R {
 
 // ---- launches on a capturing stream ----------------------------------------------
 
+/// What `attempt` returns when given a stream another plan is capturing.
+fn on_a_capturing_stream<T>(sim: &sim::Device, attempt: impl FnOnce(&sim::Stream) -> T) -> R<T> {
+    let mut got = None;
+    while_captured(sim, &sim.new_stream(), |s| got = Some(attempt(s)))?;
+    Ok(got.expect("`while_captured` runs its closure"))
+}
+
+/// The refusal of `op` on a capturing stream.
+fn capturing(op: Operation) -> replay_arena::StreamCapturing {
+    replay_arena::StreamCapturing { op }
+}
+
 #[test]
 fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
-    let sim = sim::Device::new();
-    let a = sim.new_stream();
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 1)?;
-    let mut got = None;
-    while_captured(&sim, &sim.new_stream(), |s| {
-        got = Some(rp.replay(RunnerId(0), s))
-    })?;
-    assert_eq!(
-        got,
-        Some(Err(ReplayError::StreamCapturing(
-            replay_arena::StreamCapturing {
-                op: Operation::Replay(RunnerId(0))
-            }
-        )))
-    );
+    let mut t = two(1)?;
+    let (sim, a, rp) = (&t.sim, &t.a, &mut t.rp);
+    let got = on_a_capturing_stream(sim, |s| rp.replay(RunnerId(0), s))?;
+    let replay_0 = capturing(Operation::Replay(RunnerId(0)));
+    assert_eq!(got, Err(ReplayError::StreamCapturing(replay_0)));
     // Nothing was enqueued or tracked: runner 0 was never replayed.
     assert!(matches!(
-        rp.replay(RunnerId(1), &a),
+        rp.replay(RunnerId(1), a),
         Err(ReplayError::HandoffNotWritten { .. })
     ));
     Ok(())
@@ -348,47 +362,32 @@ fn a_replay_on_a_capturing_stream_is_a_typed_error() -> R {
 
 #[test]
 fn an_unfenced_replay_on_a_capturing_stream_is_a_typed_error() -> R {
-    let sim = sim::Device::new();
-    let a = sim.new_stream();
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 1)?;
-    let mut got = None;
-    while_captured(&sim, &sim.new_stream(), |s| {
+    let mut t = two(1)?;
+    let (sim, rp) = (&t.sim, &mut t.rp);
+    let got = on_a_capturing_stream(sim, |s| {
         // SAFETY: nothing else of the plan runs.
-        got = Some(unsafe { rp.replay_unfenced(RunnerId(0), s) });
+        unsafe { rp.replay_unfenced(RunnerId(0), s) }
     })?;
-    assert_eq!(
-        got,
-        Some(Err(ReplayError::StreamCapturing(
-            replay_arena::StreamCapturing {
-                op: Operation::Replay(RunnerId(0))
-            }
-        )))
-    );
+    let replay_0 = capturing(Operation::Replay(RunnerId(0)));
+    assert_eq!(got, Err(ReplayError::StreamCapturing(replay_0)));
     Ok(())
 }
 
 #[test]
 fn a_step_graph_launch_on_a_capturing_stream_is_a_typed_error() -> R {
-    let sim = sim::Device::new();
-    let a = sim.new_stream();
-    let sink = sim.alloc_f32(64)?;
-    let mut rp = two_runners(&sim, &a, &sink, 1)?;
+    let mut t = two(1)?;
+    let (sim, a, rp) = (&t.sim, &t.a, &mut t.rp);
     let mut step = rp.step();
-    step.replay(RunnerId(0), &a)?;
+    step.replay(RunnerId(0), a)?;
     let mut graph = step.build()?;
-    let mut got = None;
-    while_captured(&sim, &sim.new_stream(), |s| got = Some(graph.launch(s)))?;
+    let got = on_a_capturing_stream(sim, |s| graph.launch(s))?;
+    let step_launch = capturing(Operation::StepLaunch);
     assert_eq!(
         got,
-        Some(Err(replay_arena::StepLaunchError::StreamCapturing(
-            replay_arena::StreamCapturing {
-                op: Operation::StepLaunch
-            }
-        )))
+        Err(replay_arena::StepLaunchError::StreamCapturing(step_launch))
     );
     assert_eq!(graph.launches(), 0);
-    let e: Error = got.unwrap().unwrap_err().into();
+    let e: Error = got.unwrap_err().into();
     assert!(e.to_string().contains("capturing"), "{e}");
     Ok(())
 }
@@ -439,37 +438,47 @@ fn replays_to(
     Ok(())
 }
 
+/// [`one_runner`] replayed once on `stream` (so the replay is queued), and
+/// the backend's live allocations then.
+fn one_replay_queued(
+    sim: &sim::Device,
+    stream: &sim::Stream,
+    duration: u64,
+) -> R<(Replayable<sim::Device>, usize)> {
+    let mut rp = one_runner(sim, stream, 1.0, duration)?;
+    rp.replay(RunnerId(0), stream)?;
+    Ok((rp, sim.live_allocations()))
+}
+
+/// Runs `f` with `sim`'s waits failing if `fail`, then lets them succeed.
+fn waits_failing<T>(sim: &sim::Device, fail: bool, f: impl FnOnce() -> T) -> T {
+    sim.fail_waits(fail);
+    let out = f();
+    sim.fail_waits(false);
+    out
+}
+
+/// Asserts that `sim` holds `live` allocations (`why` if it does not).
+#[track_caller]
+fn assert_live(sim: &sim::Device, live: usize, why: &str) {
+    assert_eq!(sim.live_allocations(), live, "{why}");
+}
+
 #[test]
 fn a_teardown_that_cannot_wait_leaks_the_arenas_instead_of_freeing_them() -> R {
     let sim = sim::Device::new();
     let a = sim.new_stream();
-    let mut rp = one_runner(&sim, &a, 1.0, 1_000)?;
-    rp.replay(RunnerId(0), &a)?;
-    let live = sim.live_allocations();
-    sim.fail_waits(true);
-    drop(rp);
-    sim.fail_waits(false);
-    assert_eq!(
-        sim.live_allocations(),
-        live,
-        "the arena was freed under its queued replay"
-    );
+    let (rp, live) = one_replay_queued(&sim, &a, 1_000)?;
+    waits_failing(&sim, true, || drop(rp));
+    assert_live(&sim, live, "the arena was freed under its queued replay");
 
-    let mut rp = one_runner(&sim, &a, 1.0, 1_000)?;
-    rp.replay(RunnerId(0), &a)?;
-    let live = sim.live_allocations();
-    sim.fail_waits(true);
-    let replanned = rp.replan();
-    sim.fail_waits(false);
+    let (rp, live) = one_replay_queued(&sim, &a, 1_000)?;
+    let replanned = waits_failing(&sim, true, || rp.replan());
     assert!(
         matches!(replanned, Err(replay_arena::BackendFailure { .. })),
         "{replanned:?}"
     );
-    assert_eq!(
-        sim.live_allocations(),
-        live,
-        "the arena was freed under its queued replay"
-    );
+    assert_live(&sim, live, "the arena was freed under its queued replay");
     Ok(())
 }
 
@@ -497,19 +506,15 @@ fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> 
     // capture holds `a`: the record is refused, and teardown waits for the
     // whole backend instead; if that fails too, it leaks.
     for fail in [false, true] {
-        let mut rp = one_runner(&sim, &a, 1.0, 1_000_000)?;
-        rp.replay(RunnerId(0), &a)?;
-        let live = sim.live_allocations();
+        let (rp, live) = one_replay_queued(&sim, &a, 1_000_000)?;
         let mut replanned = None;
         while_captured(&sim, &a, |_| {
-            sim.fail_waits(fail);
-            replanned = Some(rp.replan().map(drop));
-            sim.fail_waits(false);
+            replanned = Some(waits_failing(&sim, fail, || rp.replan().map(drop)));
         })?;
-        let (replanned, now) = (replanned.unwrap(), sim.live_allocations());
+        let replanned = replanned.unwrap();
         if fail {
             assert!(replanned.is_err());
-            assert_eq!(now, live, "freed under the queued replay");
+            assert_live(&sim, live, "freed under the queued replay");
         } else {
             assert!(replanned.is_ok(), "{replanned:?}");
         }
@@ -524,16 +529,8 @@ fn a_teardown_whose_completion_stream_another_plan_captures_waits_or_leaks() -> 
         std::mem::forget(graph);
     }
     let live = sim.live_allocations();
-    while_captured(&sim, &l, |_| {
-        sim.fail_waits(true);
-        drop(rp);
-        sim.fail_waits(false);
-    })?;
-    assert_eq!(
-        sim.live_allocations(),
-        live,
-        "freed under the queued step launch"
-    );
+    while_captured(&sim, &l, |_| waits_failing(&sim, true, || drop(rp)))?;
+    assert_live(&sim, live, "freed under the queued step launch");
     Ok(())
 }
 
@@ -556,9 +553,7 @@ fn no_fence_call_works_on_a_stream_another_plan_captures() -> R {
     }
     // Afterwards everything works, and nothing overlapped.
     rp.replay(RunnerId(0), &b)?;
-    rp.synchronize()?;
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-    Ok(())
+    race_free(&sim, &mut rp)
 }
 
 #[test]
