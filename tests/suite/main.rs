@@ -66,6 +66,7 @@ mod plan {
 )]
 mod regression {
     mod a_temporary_freed_twice_is_refused;
+    mod buckets_at_run_time_attacks;
     mod consumer_counts;
     mod consumer_views_close_when_their_closure_returns;
     mod cut_copies {
