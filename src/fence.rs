@@ -1414,6 +1414,9 @@ impl<B: Streams> Fence<B> {
             self.ledger.unstaged.push(false);
         }
         layout.handoff_base = plan.runners.len();
+        // Runners, then handoffs (none in a plan runners join): what a
+        // step graph's dry run reserves events for.
+        layout.slots = plan.runners.len() + plan.handoffs.len();
         self.epoch += 1;
     }
 
