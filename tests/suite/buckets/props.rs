@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use replay_arena::sim::{self, Faults};
 use replay_arena::{BucketId, BucketState, KeptStep, RunnerId};
 
-use super::join::{capture_double, join, run, sealed, TEMPORARIES};
+use crate::support::buckets::{capture_double, join, run, sealed, TEMPORARIES};
 
 thread_local! {
     static LAUNCHED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
