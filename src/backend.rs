@@ -548,12 +548,67 @@ pub struct Temporaries {
     pub allocations: usize,
     /// Bytes they allocate, summed.
     pub bytes: u64,
+    /// Bytes of address space they cover, each byte once: where the
+    /// runtime placed temporaries whose lifetimes do not overlap at the
+    /// same addresses (CUDA reuses a freed temporary's addresses within a
+    /// graph), they count once. At most `bytes`; what the graph needs of
+    /// the runtime's graph memory pool at the least.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub span: u64,
 }
 
 impl Temporaries {
-    /// `allocations` allocation nodes of `bytes` bytes in all.
+    /// `allocations` allocation nodes of `bytes` bytes in all, at
+    /// addresses not known to overlap (`span` is `bytes`).
     pub const fn new(allocations: usize, bytes: u64) -> Temporaries {
-        Temporaries { allocations, bytes }
+        Temporaries {
+            allocations,
+            bytes,
+            span: bytes,
+        }
+    }
+
+    /// The temporaries of a graph whose allocation nodes hand out
+    /// `allocations` (address, bytes): their count, their bytes summed and
+    /// the address space they cover (each byte once).
+    pub fn of_allocations(allocations: &[(u64, u64)]) -> Temporaries {
+        let mut ranges: Vec<(u64, u64)> = allocations
+            .iter()
+            .map(|&(addr, bytes)| (addr, addr.saturating_add(bytes)))
+            .collect();
+        ranges.sort_unstable();
+        let mut span = 0u64;
+        let mut covered: Option<(u64, u64)> = None;
+        for (start, end) in ranges {
+            covered = match covered {
+                Some((s, e)) if start <= e => Some((s, e.max(end))),
+                Some((s, e)) => {
+                    span = span.saturating_add(e - s);
+                    Some((start, end))
+                }
+                None => Some((start, end)),
+            };
+        }
+        if let Some((s, e)) = covered {
+            span = span.saturating_add(e - s);
+        }
+        Temporaries {
+            allocations: allocations.len(),
+            bytes: allocations
+                .iter()
+                .fold(0u64, |sum, &(_, bytes)| sum.saturating_add(bytes)),
+            span,
+        }
+    }
+
+    /// The temporaries of two graphs together (a step graph's parts):
+    /// counts, bytes and spans summed.
+    pub const fn and(self, other: Temporaries) -> Temporaries {
+        Temporaries {
+            allocations: self.allocations + other.allocations,
+            bytes: self.bytes.saturating_add(other.bytes),
+            span: self.span.saturating_add(other.span),
+        }
     }
 
     /// Whether the graph allocates nothing (the driver copies such a graph
@@ -1030,6 +1085,15 @@ pub trait Backend: Allocate + Capture + Launch {
     fn trim_graph_memory(&self) -> Result<(), BackendError> {
         Ok(())
     }
+
+    /// The granule the backend's graph memory pool grows by: a graph's
+    /// temporaries take whole granules of it
+    /// ([`GraphMemoryEstimate`](crate::GraphMemoryEstimate)). 1 (no
+    /// rounding) unless the backend knows better; CUDA:
+    /// [`cuda::Device::graph_memory_granule`](crate::cuda::Device::graph_memory_granule).
+    fn graph_memory_granule(&self) -> u64 {
+        1
+    }
 }
 
 /// The compose role, what step graphs
@@ -1107,6 +1171,19 @@ pub trait Compose: Backend {
 mod tests {
     use super::*;
     use static_assertions::assert_impl_all;
+
+    #[test]
+    fn temporaries_cover_each_byte_of_address_space_once() {
+        // Two reusing one range, one apart, one overlapping the last, an
+        // empty one inside the first: 48 + 16 bytes, 4 allocations.
+        let t = Temporaries::of_allocations(&[(0, 32), (0, 32), (100, 8), (104, 12), (8, 0)]);
+        assert_eq!((t.allocations, t.bytes, t.span), (5, 84, 48));
+        assert_eq!(Temporaries::of_allocations(&[]), Temporaries::default());
+        let u = u64::MAX;
+        let huge = Temporaries::of_allocations(&[(u - 4, 8), (0, u)]);
+        assert_eq!((huge.bytes, huge.span), (u, u));
+        assert_eq!(t.and(t).span, 96);
+    }
 
     // The model plays every role.
     assert_impl_all!(sim::Device: Streams, Allocate, Capture, Launch, Backend, Compose, Timing);

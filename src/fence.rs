@@ -553,7 +553,51 @@ impl<B: Streams> Fence<B> {
         }
         let record = &r.record;
         let base = self.layout.handoff_base;
-        for (k, &h) in record.reads.iter().enumerate() {
+        self.check_reads(plan, slot)?;
+        if self.layout.stages[slot] {
+            self.staged_check(plan, slot)?;
+        }
+        let failed = |error| ReplayError::from(Operation::Replay(runner).failed(error));
+        self.begin_use(|| UseKind::Replay { runner }, on);
+        self.begin();
+        let launched = self.admit(backend, slot, on).and_then(|()| {
+            for &h in &record.reads {
+                let i = base + h.0 as usize;
+                // Its latest write (ready point or graph), not its other
+                // readers.
+                self.wait_replay(backend, i, on)?;
+                // Nothing may fail between the launch and tracking its
+                // reads.
+                self.reserve_reader(backend, i, on.id)?;
+            }
+            self.timed(backend, on, launch)
+        });
+        if let Err(error) = launched {
+            self.rollback();
+            return Err(failed(error));
+        }
+        self.commit();
+        self.stats.replays += 1;
+        let tracked = self.track_replay(backend, plan, slot, on);
+        self.end_use();
+        let plain =
+            record.reads.is_empty() && record.writes.is_empty() && !self.layout.stages[slot];
+        self.repeat = (tracked.is_ok() && plain && self.is_fenced(slot)).then_some(Repeat {
+            slot,
+            stream: on.id,
+            epoch: self.epoch,
+        });
+        tracked.map_err(failed)
+    }
+
+    /// A replay's handoff checks, before anything is enqueued: each handoff
+    /// the runner reads is written, not overwritten since, and not read by
+    /// it already.
+    #[inline]
+    fn check_reads(&mut self, plan: &Planned, slot: usize) -> Result<()> {
+        let runner = plan.runners[slot].id();
+        let base = self.layout.handoff_base;
+        for (k, &h) in plan.runners[slot].record.reads.iter().enumerate() {
             let (i, at) = (h.0 as usize, self.layout.read_at[slot][k]);
             let state = &self.ledger.handoffs[i];
             let writer = plan.runners[plan.handoffs[i].record.writer].id();
@@ -587,30 +631,24 @@ impl<B: Streams> Fence<B> {
                 });
             }
         }
-        if self.layout.stages[slot] {
-            self.staged_check(plan, slot)?;
-        }
-        let failed = |error| ReplayError::from(Operation::Replay(runner).failed(error));
-        self.begin_use(|| UseKind::Replay { runner }, on);
-        self.begin();
-        let launched = self.admit(backend, slot, on).and_then(|()| {
-            for &h in &record.reads {
-                let i = base + h.0 as usize;
-                // Its latest write (ready point or graph), not its other
-                // readers.
-                self.wait_replay(backend, i, on)?;
-                // Nothing may fail between the launch and tracking its
-                // reads.
-                self.reserve_reader(backend, i, on.id)?;
-            }
-            self.timed(backend, on, launch)
-        });
-        if let Err(error) = launched {
-            self.rollback();
-            return Err(failed(error));
-        }
-        self.commit();
-        self.stats.replays += 1;
+        Ok(())
+    }
+
+    /// A launched replay's bookkeeping: its own claims, the handoffs it
+    /// wrote and read. Every piece happens (each sets its state before it
+    /// tries a record, so nothing launched goes untracked); the first error
+    /// is returned.
+    #[inline]
+    fn track_replay(
+        &mut self,
+        backend: &B,
+        plan: &Planned,
+        slot: usize,
+        on: On<'_, B::Stream>,
+    ) -> std::result::Result<(), BackendError> {
+        let r = &plan.runners[slot];
+        let record = &r.record;
+        let base = self.layout.handoff_base;
         let mut tracked = if self.is_fenced(slot) {
             self.settle_use(backend, slot, &r.claims, on)
         } else {
@@ -642,15 +680,7 @@ impl<B: Streams> Fence<B> {
                     .and_then(|()| self.end_read(backend, base + i, on)),
             );
         }
-        self.end_use();
-        let plain =
-            record.reads.is_empty() && record.writes.is_empty() && !self.layout.stages[slot];
-        self.repeat = (tracked.is_ok() && plain && self.is_fenced(slot)).then_some(Repeat {
-            slot,
-            stream: on.id,
-            epoch: self.epoch,
-        });
-        tracked.map_err(failed)
+        tracked
     }
 
     /// Whether a replay of `slot` on the stream with id `stream` is the
@@ -806,16 +836,7 @@ impl<B: Streams> Fence<B> {
                 false
             }
         };
-        let failed = |slot: usize| {
-            let runner = plan.runners[slot].id();
-            move |error| {
-                ConsumeError::from(BackendFailure::of(
-                    Operation::Consume(runner),
-                    runner,
-                    error,
-                ))
-            }
-        };
+        let failed = |slot: usize| consume_failed(plan, slot);
         let runners = || slots.iter().map(|&s| plan.runners[s].id()).collect();
         self.begin_use(
             || UseKind::Consume {
@@ -824,26 +845,7 @@ impl<B: Streams> Fence<B> {
             },
             on,
         );
-        self.begin();
-        let waited = slots.iter().try_for_each(|&slot| {
-            if !self.is_fenced(slot) {
-                // A runner without buffers has nothing to fence.
-                return Ok(());
-            }
-            let waited = match (takes, exclusive) {
-                (true, _) => self.admit(backend, slot, on),
-                (false, true) => self.wait_for(backend, slot, on),
-                (false, false) => self
-                    .wait_replay(backend, slot, on)
-                    .and_then(|()| self.reserve_reader(backend, slot, on.id)),
-            };
-            waited.map_err(failed(slot))
-        });
-        if let Err(e) = waited {
-            self.rollback();
-            return Err(e);
-        }
-        self.commit();
+        self.consume_waits(backend, plan, slots, on, takes, exclusive)?;
         // The consumer's work is fenced before it is enqueued.
         if let (Some(slot), true) = (staging, takes) {
             for &claim in &plan.runners[slot].claims {
@@ -890,6 +892,43 @@ impl<B: Streams> Fence<B> {
         }
         self.end_use();
         recorded.map(|()| out)
+    }
+
+    /// A consumer's waits, one transaction: for each runner with buffers,
+    /// its latest replay (and, for a reader, a reserved reader record), or
+    /// every user of its bytes where the consumer writes them or takes
+    /// them for staging. When a wait fails, the fence is as it was.
+    #[inline]
+    fn consume_waits(
+        &mut self,
+        backend: &B,
+        plan: &Planned,
+        slots: &[usize],
+        on: On<'_, B::Stream>,
+        takes: bool,
+        exclusive: bool,
+    ) -> std::result::Result<(), ConsumeError> {
+        self.begin();
+        let waited = slots.iter().try_for_each(|&slot| {
+            if !self.is_fenced(slot) {
+                // A runner without buffers has nothing to fence.
+                return Ok(());
+            }
+            let waited = match (takes, exclusive) {
+                (true, _) => self.admit(backend, slot, on),
+                (false, true) => self.wait_for(backend, slot, on),
+                (false, false) => self
+                    .wait_replay(backend, slot, on)
+                    .and_then(|()| self.reserve_reader(backend, slot, on.id)),
+            };
+            waited.map_err(consume_failed(plan, slot))
+        });
+        if let Err(e) = waited {
+            self.rollback();
+            return Err(e);
+        }
+        self.commit();
+        Ok(())
     }
 
     /// Makes `on` wait for runner slot `slot`'s latest replay and every
@@ -1513,6 +1552,18 @@ fn drain<B: Streams>(
     backend.synchronize_event(event)?;
     *completion = None;
     Ok(())
+}
+
+/// A consumer's backend failure at runner slot `slot`, as its error.
+fn consume_failed(plan: &Planned, slot: usize) -> impl Fn(BackendError) -> ConsumeError {
+    let runner = plan.runners[slot].id();
+    move |error| {
+        ConsumeError::from(BackendFailure::of(
+            Operation::Consume(runner),
+            runner,
+            error,
+        ))
+    }
 }
 
 #[cfg(test)]

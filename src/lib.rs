@@ -215,8 +215,8 @@ pub use replay::{
     UnknownRunner, WaitError,
 };
 pub use report::{
-    byte_ratio, human_bytes, BucketReport, GraphTemporaries, KeyReport, Optimum, PlanReport,
-    RunnerReport,
+    byte_ratio, human_bytes, BucketReport, GraphMemoryEstimate, GraphTemporaries, KeyReport,
+    Optimum, PlanReport, RunnerReport, StepGraphMemory,
 };
 pub use source::{Buffer, BufferSource, Received, ViewSource};
 pub use step::{KeptStep, ScheduleError, StepBuilder, StepError, StepGraph, StepLaunchError};

@@ -15,6 +15,7 @@ pub use crate::fence::{
     WaitError,
 };
 use crate::plan::Planned;
+use crate::report::GraphMemoryEstimate;
 use crate::scope::{new_scope_id, ScopeKind};
 use crate::trace::{Recorder, Trace};
 use crate::view::{Access, ReadOnly, ReadWrite, View};
@@ -317,10 +318,9 @@ impl<B: Backend> Replayable<B> {
     /// when the backend cannot tell.
     pub fn report(&self) -> Result<crate::report::PlanReport, BackendFailure> {
         let mut report = self.plan.report();
-        report.graph_memory = self
-            .backend
-            .graph_memory_in_use()
-            .map_err(|e| Operation::Report.failed(e))?;
+        let estimate = self.graph_memory(1)?;
+        report.graph_memory = estimate.driver;
+        report.graph_memory_estimate = Some(estimate);
         for (r, g) in report.runners.iter_mut().zip(&self.runners) {
             r.temporaries = Some(g.temporaries);
         }
@@ -354,6 +354,43 @@ impl<B: Backend> Replayable<B> {
             step_copies,
         });
         Ok(report)
+    }
+
+    /// What the driver holds for this plan's graph memory, estimated from
+    /// its graphs' layout ([`GraphMemoryEstimate`]): the largest share one
+    /// runner graph's temporaries take (its [`Temporaries::span`] rounded up
+    /// to [`Backend::graph_memory_granule`]), times `concurrent`, the graphs
+    /// with temporaries the program runs at once (the streams its replays
+    /// overlap on; 0 is taken as 1), beside the driver's reservation now.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendFailure`] ([`Operation::Report`](crate::Operation::Report))
+    /// when the backend cannot tell its reservation.
+    pub fn graph_memory(&self, concurrent: usize) -> Result<GraphMemoryEstimate, BackendFailure> {
+        let granule = self.backend.graph_memory_granule();
+        let largest = (self.plan.runners.iter().zip(&self.runners))
+            .map(|(r, g)| {
+                (
+                    GraphMemoryEstimate::share(g.temporaries.span, granule),
+                    r.id(),
+                )
+            })
+            .filter(|&(share, _)| share > 0)
+            .max_by_key(|&(share, id)| (share, std::cmp::Reverse(id)));
+        let concurrent = concurrent.max(1);
+        let per_stream = largest.map_or(0, |(share, _)| share);
+        Ok(GraphMemoryEstimate {
+            granule,
+            largest_runner: largest.map(|(_, id)| id),
+            per_stream,
+            concurrent,
+            bytes: per_stream.saturating_mul(concurrent as u64),
+            driver: self
+                .backend
+                .graph_memory_in_use()
+                .map_err(|e| Operation::Report.failed(e))?,
+        })
     }
 
     /// What `runner`'s graph allocates as temporaries (its graph memory

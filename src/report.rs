@@ -146,6 +146,79 @@ pub struct RunnerReport {
     pub temporaries: Option<Temporaries>,
 }
 
+/// The graph memory the driver holds for a plan's temporaries, estimated
+/// from the graphs' own layout, beside what the driver reserves.
+///
+/// The driver shares its physical graph memory among graphs that do not
+/// run at once (a plan's per-runner graphs, and a step graph launched after
+/// them), so no reading of the driver splits its reservation by graph:
+/// what is measured per graph is the address space the driver laid the
+/// graph's temporaries out in ([`Temporaries::span`], read from its
+/// allocation nodes), and what is estimated is the physical memory that
+/// takes: the span rounded up to the pool's granule. The device then holds
+/// about one such share per graph that runs at the same time: the
+/// `concurrent` streams the program's replays overlap on
+/// ([`Replayable::graph_memory`](crate::Replayable::graph_memory)). A step
+/// graph holds its own share beside it
+/// ([`StepGraph::graph_memory`](crate::StepGraph::graph_memory)); the device
+/// holds the larger of the two, not their sum.
+///
+/// Checked on an H200 (`tests/gpu/step/graph_memory.rs`): within 10% of the
+/// reservation the driver reports for a framework-shaped backward at two
+/// sizes, on one stream and two.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct GraphMemoryEstimate {
+    /// The granule the estimate rounds to ([`Backend::graph_memory_granule`](crate::backend::Backend::graph_memory_granule)).
+    pub granule: u64,
+    /// The runner whose graph needs the most, if any graph has temporaries.
+    pub largest_runner: Option<RunnerId>,
+    /// What that graph needs: its span rounded up to the granule. The
+    /// estimate for one stream, on which the driver reuses one share for
+    /// every graph launched there in turn.
+    pub per_stream: u64,
+    /// Graphs with temporaries that run at once, as the program said.
+    pub concurrent: usize,
+    /// `per_stream` times `concurrent`: what the driver holds for the
+    /// plan's per-runner graphs.
+    pub bytes: u64,
+    /// What the driver reserves for graph memory now, on the whole device
+    /// (every plan's and program's: [`Backend::graph_memory_in_use`](crate::backend::Backend::graph_memory_in_use)),
+    /// when the backend can tell.
+    pub driver: Option<GraphMemory>,
+}
+
+impl GraphMemoryEstimate {
+    /// What a graph whose temporaries span `span` bytes needs of a pool
+    /// that grows by `granule`: whole granules (0 for none).
+    pub const fn share(span: u64, granule: u64) -> u64 {
+        let g = if granule == 0 { 1 } else { granule };
+        span.div_ceil(g).saturating_mul(g)
+    }
+}
+
+/// What a step graph holds of the driver's graph memory, estimated as for
+/// a plan ([`GraphMemoryEstimate`]): per stream (lane) of its schedule, the
+/// largest share a replay on that lane needs and one granule more (on an
+/// H200 a step graph of moved-in runner graphs takes one granule above the
+/// largest of them, one stream or two), summed over the lanes, which run
+/// at once; twice that for an overlapping step graph, whose two graphs run
+/// at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct StepGraphMemory {
+    /// Its graphs' temporaries (moved in from the runners' step copies).
+    pub temporaries: Temporaries,
+    /// The streams of its schedule.
+    pub lanes: usize,
+    /// The granule the estimate rounds to.
+    pub granule: u64,
+    /// The estimate, in bytes.
+    pub bytes: u64,
+}
+
 /// The temporaries of one plan's graphs (their memory allocation nodes),
 /// from the nodes' sizes: the graph memory this plan needs beside its
 /// arenas, whatever else the device's graph memory pool holds.
@@ -221,6 +294,15 @@ pub struct PlanReport {
         serde(default, skip_serializing_if = "Option::is_none")
     )]
     pub graph_memory: Option<GraphMemory>,
+    /// What the driver holds for this plan's per-runner graphs, estimated
+    /// for one stream ([`Replayable::graph_memory`](crate::Replayable::graph_memory)
+    /// with `concurrent` 1): known once graphs exist, so only in
+    /// [`Replayable::report`](crate::Replayable::report).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub graph_memory_estimate: Option<GraphMemoryEstimate>,
     /// What this plan's graphs allocate as temporaries: known once graphs
     /// exist, so only in [`Replayable::report`](crate::Replayable::report).
     #[cfg_attr(
@@ -389,6 +471,7 @@ pub(crate) fn build(plan: &Planned) -> PlanReport {
         handoffs: plan.handoffs.len(),
         handoff_bytes,
         graph_memory: None,
+        graph_memory_estimate: None,
         temporaries: None,
         buckets: context.bucketed.map(|b| b.buckets).unwrap_or_default(),
         separate_bytes: plan.separate_bytes(),
@@ -1208,6 +1291,20 @@ impl PlanReport {
                         String::new()
                     },
                     human_bytes(self.plan_bytes)
+                ),
+                2,
+            )?;
+        }
+        if let Some(e) = self.graph_memory_estimate.filter(|e| e.per_stream > 0) {
+            paragraph(
+                f,
+                "",
+                &format!(
+                    "graph memory for the temporaries, estimated: {} per stream the replays \
+                     overlap on (runner {}'s graph, the largest, in {} granules)",
+                    human_bytes(e.per_stream),
+                    e.largest_runner.map_or(0, |r| r.0),
+                    human_bytes(e.granule),
                 ),
                 2,
             )?;

@@ -697,4 +697,8 @@ impl Backend for Device {
     fn trim_graph_memory(&self) -> Result<()> {
         self.cuda.trim_graph_memory()
     }
+
+    fn graph_memory_granule(&self) -> u64 {
+        self.cuda.graph_memory_granule()
+    }
 }

@@ -118,6 +118,7 @@ pub(super) fn compile<B: Compose>(
         graphs.push(graph);
     }
     let edges = dry.deps.iter().chain(&dry.cross).map(Vec::len).sum();
+    let lane_spans = lane_spans(r, &items, lanes);
     let tracing = tracing_of(r, items, split, &dry, lane_ids);
     let epoch = r.fence.epoch();
     let number = r.fence.number_step();
@@ -137,6 +138,7 @@ pub(super) fn compile<B: Compose>(
             epoch,
             uses,
             lanes,
+            lane_spans,
             nodes,
             edges,
             tracing,
@@ -145,6 +147,19 @@ pub(super) fn compile<B: Compose>(
         },
         replayable: r,
     })
+}
+
+/// Per lane, the largest span of temporaries a replay on it moves in
+/// ([`Temporaries::span`](crate::backend::Temporaries::span)).
+fn lane_spans<B: Compose>(r: &Replayable<B>, items: &[Item<B>], lanes: usize) -> Vec<u64> {
+    let mut spans = vec![0u64; lanes];
+    for item in items {
+        if let Item::Replay { slot, lane } = *item {
+            let span = r.runners[slot].temporaries.span;
+            spans[lane] = spans[lane].max(span);
+        }
+    }
+    spans
 }
 
 /// What the step graph keeps to compose a traced copy of itself: per node

@@ -6,10 +6,11 @@ use std::fmt;
 use super::dry_run::{dry_fence, dry_pass, DryRun, Use};
 use super::traced::{Events, Order, TracedCopy, Tracing};
 use super::{ScheduleError, StepLaunchError};
-use crate::backend::{Backend, Compose};
-use crate::fence::{enter, Held, Ledger, Operation};
+use crate::backend::{Backend, Compose, Temporaries};
+use crate::fence::{enter, BackendFailure, Held, Ledger, Operation};
 use crate::fence::{ReplayError, WaitError};
 use crate::replay::Replayable;
+use crate::report::{GraphMemoryEstimate, StepGraphMemory};
 use crate::trace::UseKind;
 use crate::vocab::RunnerId;
 
@@ -68,6 +69,8 @@ pub(super) struct StepCore<B: Backend> {
     /// The schedule, to bring the ledger to the fence's state after a reset.
     pub(super) uses: Vec<Use>,
     pub(super) lanes: usize,
+    /// Per lane, the largest span of temporaries a replay on it moves in.
+    pub(super) lane_spans: Vec<u64>,
     pub(super) nodes: usize,
     pub(super) edges: usize,
     /// Staged runners whose bytes the step's own replays take, with the
@@ -89,6 +92,27 @@ impl<B: Compose> fmt::Debug for StepGraph<'_, B> {
 impl<B: Backend> StepCore<B> {
     fn held(&self) -> (usize, usize) {
         (self.held.slots, self.held.ledger)
+    }
+
+    /// What its graphs allocate as temporaries, summed over the graphs,
+    /// and what that holds of the driver's graph memory ([`StepGraphMemory`]).
+    fn graph_memory(&self, backend: &B) -> Result<StepGraphMemory, BackendFailure> {
+        let temporaries = (self.graphs.iter())
+            .try_fold(Temporaries::default(), |sum, g| {
+                backend.graph_temporaries(g).map(|t| sum.and(t))
+            })
+            .map_err(|e| Operation::Report.failed(e))?;
+        let granule = backend.graph_memory_granule();
+        let per_launch = (self.lane_spans.iter())
+            .filter(|&&span| span > 0)
+            .map(|&span| GraphMemoryEstimate::share(span, granule).saturating_add(granule))
+            .fold(0u64, u64::saturating_add);
+        Ok(StepGraphMemory {
+            temporaries,
+            lanes: self.lanes,
+            granule,
+            bytes: per_launch.saturating_mul(self.graphs.len() as u64),
+        })
     }
 
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -324,6 +348,21 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         self.core.edges
     }
 
+    /// What the step graph allocates as temporaries (the moved-in graphs'
+    /// memory nodes, now its own: [`Backend::graph_temporaries`](crate::backend::Backend::graph_temporaries)),
+    /// and what it holds of the driver's graph memory, estimated
+    /// ([`StepGraphMemory`]). The device holds the larger of this and the
+    /// plan's per-runner graphs' share ([`Replayable::graph_memory`]), not
+    /// their sum: graphs that do not run at once share physical memory.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendFailure`] ([`Operation::Report`]) when the backend cannot
+    /// inspect the graph.
+    pub fn graph_memory(&self) -> Result<StepGraphMemory, BackendFailure> {
+        self.core.graph_memory(&self.replayable.backend)
+    }
+
     /// Whether two graphs launch in turn ([`StepBuilder::build_overlapping`](super::StepBuilder::build_overlapping)).
     pub fn is_overlapping(&self) -> bool {
         self.core.graphs.len() > 1
@@ -430,6 +469,15 @@ impl<B: Compose + Clone> KeptStep<B> {
     /// Graphs in the step graph ([`StepGraph::nodes`]).
     pub fn nodes(&self) -> usize {
         self.core.nodes
+    }
+
+    /// As [`StepGraph::graph_memory`].
+    ///
+    /// # Errors
+    ///
+    /// As [`StepGraph::graph_memory`].
+    pub fn graph_memory(&self) -> Result<StepGraphMemory, BackendFailure> {
+        self.core.graph_memory(&self.backend)
     }
 
     /// As [`StepGraph::dry_run_held`].

@@ -139,6 +139,7 @@ mod regression {
     }
 }
 mod report {
+    mod graph_memory;
     mod table;
 }
 mod source {

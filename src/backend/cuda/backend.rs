@@ -222,10 +222,7 @@ impl<D: AsDevice> Capture for D {
 
     fn graph_temporaries(&self, graph: &Graph) -> Result<Temporaries> {
         let m = self.as_device().memory_of(graph)?;
-        Ok(Temporaries::new(
-            m.allocs.len(),
-            m.allocs.iter().map(|&(_, bytes)| bytes).sum(),
-        ))
+        Ok(Temporaries::of_allocations(&m.allocs))
     }
 }
 
@@ -250,6 +247,10 @@ impl Backend for Device {
 
     fn trim_graph_memory(&self) -> Result<()> {
         Device::trim_graph_memory(self)
+    }
+
+    fn graph_memory_granule(&self) -> u64 {
+        Device::graph_memory_granule(self)
     }
 }
 

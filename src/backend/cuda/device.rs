@@ -92,12 +92,17 @@ pub(super) struct Inner {
 }
 
 /// How a handle captures and instantiates graphs.
+/// [`Device::graph_memory_granule`] unless chosen.
+const DEFAULT_GRAPH_MEMORY_GRANULE: u64 = 32 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Settings {
     capture_mode: CaptureMode,
     /// Upload each graph after instantiating it.
     upload: bool,
     instantiate: InstantiateFlags,
+    /// What the driver's graph memory pool grows by.
+    granule: u64,
 }
 
 impl Default for Settings {
@@ -107,6 +112,7 @@ impl Default for Settings {
             capture_mode: CaptureMode::default(),
             upload: true,
             instantiate: InstantiateFlags::default(),
+            granule: DEFAULT_GRAPH_MEMORY_GRANULE,
         }
     }
 }
@@ -250,6 +256,23 @@ impl Device {
     /// clones').
     pub fn with_graph_upload(mut self, upload: bool) -> Device {
         self.settings.upload = upload;
+        self
+    }
+
+    /// The granule the driver's graph memory pool grows by, which the
+    /// crate's graph memory estimates round to
+    /// ([`GraphMemoryEstimate`](crate::GraphMemoryEstimate)): 32 MiB unless
+    /// chosen, what driver 580 reserves on an H200 for a graph whose
+    /// temporaries are one small allocation (`tests/gpu/step/graph_memory.rs`
+    /// measures it). The driver does not report it.
+    pub fn graph_memory_granule(&self) -> u64 {
+        self.settings.granule
+    }
+
+    /// This handle with another graph memory granule (and its clones'): a
+    /// driver that reserves in other steps. 0 is taken as 1 (no rounding).
+    pub fn with_graph_memory_granule(mut self, bytes: u64) -> Device {
+        self.settings.granule = bytes.max(1);
         self
     }
 

@@ -348,14 +348,15 @@ impl Capture for Device {
             Some(step) => step.nodes.iter().map(|n| n.ops.as_slice()).collect(),
             None => vec![graph.ops.as_slice()],
         };
-        let mut t = Temporaries::default();
-        for (op, _) in nodes.into_iter().flatten() {
-            if let Node::Alloc { bytes, .. } = *op {
-                t.allocations += 1;
-                t.bytes += bytes;
-            }
-        }
-        Ok(t)
+        let allocs: Vec<(u64, u64)> = nodes
+            .into_iter()
+            .flatten()
+            .filter_map(|(op, _)| match *op {
+                Node::Alloc { addr, bytes } => Some((addr, bytes)),
+                _ => None,
+            })
+            .collect();
+        Ok(Temporaries::of_allocations(&allocs))
     }
 }
 
