@@ -921,8 +921,8 @@ fn hand_ladder(
     })
 }
 
-/// One row of the capture ladder. Each side runs twice, in the order
-/// crate, hand, hand, crate, and keeps its better run: whichever goes first
+/// One row of the capture ladder. Each side runs three times, in the order
+/// crate, hand, hand, crate, crate, hand, and keeps its best run: whichever goes first
 /// after the other grows the driver's own pools (device memory for
 /// uploaded executables) and the second reuses them, so a fixed order
 /// charges that growth to one side.
@@ -937,7 +937,9 @@ fn capture_ladder(
     let h1 = hand_ladder(b, k, shape, allocating)?;
     let h2 = hand_ladder(b, k, shape, allocating)?;
     let c2 = crate_ladder(b, k, shape, allocating)?;
-    let (c, h) = (c1.min(c2), h1.min(h2));
+    let c3 = crate_ladder(b, k, shape, allocating)?;
+    let h3 = hand_ladder(b, k, shape, allocating)?;
+    let (c, h) = (c1.min(c2).min(c3), h1.min(h2).min(h3));
     if !print {
         return Ok(());
     }
@@ -1002,13 +1004,15 @@ fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
 /// on the temporary the head allocated, freed after the ready point (the
 /// step copies stay whole there: a cut would pass the temporary from part
 /// to part); without, the head frees its temporary before the ready point
-/// and the tail allocates its own (the copies are cut there).
+/// and the tail allocates its own (the copies are cut there). With
+/// `cut_across` too, the copies are cut across the temporary as chosen
+/// (`RunnerCapture::cut_across_temporaries`).
 fn ready_chain(
     b: &cuda::Device,
     capture_on: &cuda::Stream,
     k: &Kernels,
     ready: bool,
-    across: bool,
+    (across, cut_across): (bool, bool),
 ) -> R<Replayable<cuda::Device>> {
     use replay_arena::HandoffId;
     const LAYERS: usize = 8;
@@ -1039,6 +1043,9 @@ fn ready_chain(
         } else {
             None
         };
+        if cut_across {
+            cap.cut_across_temporaries();
+        }
         cap.stream_capture_repeatable(capture_on, |s| {
             let t = s
                 .cudarc()
@@ -1093,10 +1100,11 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     let capture_on = b.new_stream()?;
     let pool = [b.new_stream()?, b.new_stream()?];
     let launch = b.new_stream()?;
-    let mut per_runner = ready_chain(b, &capture_on, k, true, false)?;
-    let mut cut = ready_chain(b, &capture_on, k, true, false)?;
-    let mut across = ready_chain(b, &capture_on, k, true, true)?;
-    let mut whole = ready_chain(b, &capture_on, k, false, false)?;
+    let mut per_runner = ready_chain(b, &capture_on, k, true, (false, false))?;
+    let mut cut = ready_chain(b, &capture_on, k, true, (false, false))?;
+    let mut across = ready_chain(b, &capture_on, k, true, (true, false))?;
+    let mut whole = ready_chain(b, &capture_on, k, false, (false, false))?;
+    let mut chosen = ready_chain(b, &capture_on, k, true, (true, true))?;
     let layers = per_runner.plan().runners().count();
     let schedule = |r: &mut Replayable<cuda::Device>| -> R<_> {
         let mut step = r.step();
@@ -1126,11 +1134,14 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     first(&mut across, &mut across_step)?;
     let mut whole_step = schedule(&mut whole)?;
     first(&mut whole, &mut whole_step)?;
+    let mut chosen_step = schedule(&mut chosen)?;
+    first(&mut chosen, &mut chosen_step)?;
     let modes = [
         "per runner: fenced replays, ready points kept",
         "step graph: copies cut at their ready point (no temporary across it)",
         "step graph: a temporary across the ready point (copies kept whole there)",
         "step graph: no ready point (readers wait for whole graphs)",
+        "step graph: a temporary across the ready point, cut there as chosen (`cut_across_temporaries`)",
     ];
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     for round in 0..=ROUNDS {
@@ -1146,7 +1157,8 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
                     }
                     1 => cut.launch_kept(&mut cut_step, &launch)?,
                     2 => across.launch_kept(&mut across_step, &launch)?,
-                    _ => whole.launch_kept(&mut whole_step, &launch)?,
+                    3 => whole.launch_kept(&mut whole_step, &launch)?,
+                    _ => chosen.launch_kept(&mut chosen_step, &launch)?,
                 }
             }
             b.synchronize()?;
@@ -1159,10 +1171,11 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
         "\n## ready points of allocating runners in a step graph: {layers} runners on 2 streams, each allocating a temporary, writing a handoff, marking it ready, then a tail ~3x the head on a temporary; median of {ROUNDS} rounds of {STEPS} steps, modes interleaved"
     );
     println!(
-        "cut step graph: {} nodes; temporary across: {} nodes; whole: {} nodes",
+        "cut step graph: {} nodes; temporary across: {} nodes; whole: {} nodes; cut across as chosen: {} nodes",
         cut_step.nodes(),
         across_step.nodes(),
-        whole_step.nodes()
+        whole_step.nodes(),
+        chosen_step.nodes()
     );
     println!(
         "graph memory reserved: per-runner graphs {} KiB; after each step graph's first launch {:?} KiB",
@@ -1178,6 +1191,7 @@ fn ready_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     }
     drop(cut_step);
     drop(whole_step);
+    drop(chosen_step);
     Ok(())
 }
 

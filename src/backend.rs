@@ -717,12 +717,26 @@ pub enum Cut {
     },
     /// Not cut: the backend cannot cut captures.
     Unsupported,
+    /// Cut although temporaries allocated before the ready point are freed
+    /// after it, `bytes` in all, as the capture chose
+    /// ([`RunnerCapture::cut_across_temporaries`](crate::RunnerCapture::cut_across_temporaries)):
+    /// readers start at the ready point, for several times the graph memory
+    /// of whole copies.
+    Across {
+        /// The bytes of the temporaries that live across the ready point.
+        bytes: u64,
+    },
 }
 
 impl Cut {
-    /// Whether the copy is cut there.
+    /// Whether the copy is cut there with no temporary across.
     pub fn is_clean(self) -> bool {
         self == Cut::Clean
+    }
+
+    /// Whether the copy is cut there, cleanly or across temporaries.
+    pub fn is_cut(self) -> bool {
+        matches!(self, Cut::Clean | Cut::Across { .. })
     }
 }
 
@@ -739,6 +753,11 @@ impl std::fmt::Display for Cut {
                  freed after it (free them before it to let readers start there)"
             ),
             Cut::Unsupported => f.write_str("kept whole: the backend cannot cut captures"),
+            Cut::Across { bytes } => write!(
+                f,
+                "cut at its ready point across {bytes} bytes of temporaries, as chosen (more \
+                 graph memory than whole copies)"
+            ),
         }
     }
 }

@@ -518,6 +518,7 @@ impl<B: Backend> Capturing<B> {
             graph: RefCell::new(None),
             copies: RefCell::new(Vec::new()),
             copies_wanted: Cell::new(1),
+            cut_across: Cell::new(false),
             ready_order: RefCell::new(Vec::new()),
             cuts: RefCell::new(Vec::new()),
             ready_points: RefCell::new(Vec::new()),
@@ -582,6 +583,9 @@ pub struct RunnerCapture<'c, B: Backend> {
     /// Its step copies (`stream_capture_repeatable`), and how many to make.
     copies: RefCell<Vec<StepCopy<B::Graph>>>,
     copies_wanted: Cell<usize>,
+    /// Whether the copies are cut where temporaries live across a ready
+    /// point too (`cut_across_temporaries`).
+    cut_across: Cell<bool>,
     /// The handoffs the running work marked ready, in order.
     ready_order: RefCell<Vec<HandoffId>>,
     /// While a step copy is captured: the handoffs whose ready points cut

@@ -147,6 +147,7 @@ mod source {
 }
 mod step {
     mod build_cost;
+    mod cut_across;
     mod graph;
     mod staged_inputs;
     mod temporaries;
