@@ -12,10 +12,8 @@ mod support;
 
 use replay_arena::cuda::cudarc::driver::{sys, CudaSlice};
 use replay_arena::cuda::{self, ViewExt};
-use replay_arena::{
-    BackendError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
-};
-use support::gpu::gpu;
+use replay_arena::{BackendError, DType, Domain, Policy, Request, RunnerId};
+use support::gpu::{allocate, gpu};
 
 const N: usize = 1 << 16;
 const REQ: Request = Request::new(Domain::Device, DType::F32, N as u64);
@@ -68,11 +66,7 @@ fn refused_graph_memory_launches_leave_the_fence() {
     pool.synchronize().unwrap();
     // Two runners sharing one generation's bytes (G = 1).
     let rs = (0..2).map(|r| (RunnerId(r), [REQ]));
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let mut capturing = allocate(b, rs, Policy::Generations(1));
     for r in 0..2 {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let view = cap.take(REQ).unwrap();

@@ -101,14 +101,21 @@ fn kernels(ctx: &Arc<CudaContext>) -> Kernels {
     }
 }
 
-/// The program's context adopted through the explicit opt-in.
-fn adopted() -> (Arc<CudaContext>, cuda::Device, Kernels) {
+/// The program's context adopted through the explicit opt-in, once this
+/// test holds [`serial`]'s lock (the guard, first).
+fn adopted() -> (
+    MutexGuard<'static, ()>,
+    Arc<CudaContext>,
+    cuda::Device,
+    Kernels,
+) {
+    let serial = serial();
     let ctx = program_context();
     // SAFETY: these tests order their own slices with stream syncs.
     let backend = unsafe { cuda::Device::from_context_disabling_event_tracking(ctx.clone()) }
         .unwrap_or_else(|e| panic!("adopting the context: {e}"));
     let k = kernels(&ctx);
-    (ctx, backend, k)
+    (serial, ctx, backend, k)
 }
 
 fn f32s(n: u64) -> Request {
@@ -173,6 +180,39 @@ fn launch_cfg(n: usize) -> LaunchConfig {
     LaunchConfig::for_num_elems(n as u32)
 }
 
+/// `x[i] += v` over the `n` floats of the typed view `x`, on `s`.
+fn add(
+    k: &Kernels,
+    s: &cuda::Stream,
+    x: &mut replay_arena::cuda::TypedView<'_, f32>,
+    n: usize,
+    v: f32,
+) -> Result<(), String> {
+    let count = n as u32;
+    let mut launch = s.cudarc().launch_builder(&k.add);
+    launch.arg(x).arg(&count).arg(&v);
+    // SAFETY: add(float*, unsigned, float) over the view's n floats.
+    unsafe { launch.launch(launch_cfg(n)) }.map_err(e("add"))?;
+    Ok(())
+}
+
+/// One runner of `n` f32s whose graph [`add`]s `v` to them `times` times,
+/// captured on `stream` and sealed.
+fn sealed_add(
+    backend: &cuda::Device,
+    k: &Kernels,
+    stream: &cuda::Stream,
+    (n, v, times): (usize, f32, usize),
+) -> Replayable<cuda::Device> {
+    sealed_one(backend, stream, &[f32s(n as u64)], |s, views| {
+        let mut x = views[0].as_cuda::<f32>(s).map_err(|e| e.to_string())?;
+        for _ in 0..times {
+            add(k, s, &mut x, n, v)?;
+        }
+        Ok(())
+    })
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn adopting_a_context_with_event_tracking_on_is_refused_naming_the_fix() {
@@ -216,11 +256,7 @@ fn the_opt_in_turns_tracking_off_so_a_slice_made_with_tracking_on_is_captured() 
         s.cudarc()
             .memcpy_dtod(&input, &mut out)
             .map_err(e("memcpy_dtod"))?;
-        let mut launch = s.cudarc().launch_builder(&k.add);
-        launch.arg(&mut out).arg(&4096u32).arg(&1f32);
-        // SAFETY: add(float*, unsigned, float) over the view's 4096 floats.
-        unsafe { launch.launch(launch_cfg(4096)) }.map_err(e("add"))?;
-        Ok(())
+        add(&k, s, &mut out, 4096, 1.0)
     });
     replayable.replay(RunnerId(0), &stream).unwrap();
     let got = read_view(&mut replayable, &stream, 0);
@@ -231,8 +267,7 @@ fn the_opt_in_turns_tracking_off_so_a_slice_made_with_tracking_on_is_captured() 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_legacy_null_stream_is_refused_with_a_typed_error() {
-    let _gpu = serial();
-    let (ctx, backend, _k) = adopted();
+    let (_gpu, ctx, backend, _k) = adopted();
     let err = backend.wrap_stream(ctx.default_stream()).unwrap_err();
     assert!(matches!(err, BackendError::LegacyStream { .. }), "{err:?}");
     assert!(err.to_string().contains("per_thread_stream"), "{err}");
@@ -241,8 +276,7 @@ fn the_legacy_null_stream_is_refused_with_a_typed_error() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_per_thread_stream_is_captured_and_replayed_in_every_capture_mode() {
-    let _gpu = serial();
-    let (ctx, backend, k) = adopted();
+    let (_gpu, ctx, backend, k) = adopted();
     let stream = backend.wrap_stream(ctx.per_thread_stream()).unwrap();
     assert!(stream.is_per_thread());
     for (i, mode) in [
@@ -255,17 +289,8 @@ fn the_per_thread_stream_is_captured_and_replayed_in_every_capture_mode() {
     {
         let backend = backend.clone().with_capture_mode(mode);
         assert_eq!(backend.capture_mode(), mode);
-        let req = f32s(1000);
-        let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
-            let view = &views[0];
-            let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-            let step = i as f32 + 1.0;
-            let mut launch = s.cudarc().launch_builder(&k.add);
-            launch.arg(&mut x).arg(&1000u32).arg(&step);
-            // SAFETY: add over the view's 1000 floats.
-            unsafe { launch.launch(launch_cfg(1000)) }.map_err(e("add"))?;
-            Ok(())
-        });
+        let step = i as f32 + 1.0;
+        let mut replayable = sealed_add(&backend, &k, &stream, (1000, step, 1));
         assert!(!replayable
             .graph(RunnerId(0))
             .unwrap()
@@ -297,8 +322,7 @@ fn the_per_thread_stream_is_captured_and_replayed_in_every_capture_mode() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn typed_views_go_through_cudarc_memcpy_memset_and_kernel_arguments() {
-    let _gpu = serial();
-    let (_ctx, backend, k) = adopted();
+    let (_gpu, _ctx, backend, k) = adopted();
     let stream = backend.new_stream().unwrap();
     let n = 5000usize;
     let host: Vec<f32> = (0..n).map(|i| (i % 13) as f32).collect();
@@ -343,8 +367,7 @@ fn typed_views_go_through_cudarc_memcpy_memset_and_kernel_arguments() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_cudarc_kernel_and_a_cublas_gemm_write_views_inside_a_capture() {
-    let _gpu = serial();
-    let (_ctx, backend, k) = adopted();
+    let (_gpu, _ctx, backend, k) = adopted();
     let stream = backend.new_stream().unwrap();
     let (m, n, kk) = (64usize, 48usize, 32usize);
     let blas = CudaBlas::new(stream.cudarc().clone()).unwrap();
@@ -470,8 +493,7 @@ const FENCED_MS: u64 = 400;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dropping_the_plan_waits_for_its_replay_but_not_for_the_programs_other_streams() {
-    let _gpu = serial();
-    let (ctx, backend, k) = adopted();
+    let (_gpu, ctx, backend, k) = adopted();
     let stream = backend.new_stream().unwrap();
     let req = f32s(256);
     let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
@@ -521,20 +543,10 @@ fn waited_for_fenced_work_only(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn replan_waits_for_a_consumer_but_not_for_the_programs_other_streams() {
-    let _gpu = serial();
-    let (ctx, backend, k) = adopted();
+    let (_gpu, ctx, backend, k) = adopted();
     let stream = backend.new_stream().unwrap();
     let consumer = backend.new_stream().unwrap();
-    let req = f32s(256);
-    let mut replayable = sealed_one(&backend, &stream, &[req], |s, views| {
-        let view = &views[0];
-        let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-        let mut launch = s.cudarc().launch_builder(&k.add);
-        launch.arg(&mut x).arg(&256u32).arg(&1f32);
-        // SAFETY: add over the view's 256 floats.
-        unsafe { launch.launch(launch_cfg(256)) }.map_err(e("add"))?;
-        Ok(())
-    });
+    let mut replayable = sealed_add(&backend, &k, &stream, (256, 1.0, 1));
     stream.synchronize().unwrap();
 
     let (_unrelated, unrelated_done) = unrelated_work(&ctx, &k, UNRELATED_MS);
@@ -563,18 +575,7 @@ fn replay_latency(
     k: &Kernels,
     stream: &cuda::Stream,
 ) -> (Duration, Duration) {
-    let req = f32s(1024);
-    let mut replayable = sealed_one(backend, stream, &[req], |s, views| {
-        let view = &views[0];
-        let mut x = view.as_cuda::<f32>(s).map_err(|e| e.to_string())?;
-        for _ in 0..256 {
-            let mut launch = s.cudarc().launch_builder(&k.add);
-            launch.arg(&mut x).arg(&1024u32).arg(&1f32);
-            // SAFETY: add over the view's 1024 floats.
-            unsafe { launch.launch(launch_cfg(1024)) }.map_err(e("add"))?;
-        }
-        Ok(())
-    });
+    let mut replayable = sealed_add(backend, k, stream, (1024, 1.0, 256));
     stream.synchronize().unwrap();
     let mut timed = || {
         let t = Instant::now();
@@ -590,8 +591,7 @@ fn replay_latency(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn first_replay_latency_with_and_without_graph_upload() {
-    let _gpu = serial();
-    let (_ctx, backend, k) = adopted();
+    let (_gpu, _ctx, backend, k) = adopted();
     let stream = backend.new_stream().unwrap();
     assert!(backend.graph_upload(), "upload is on by default");
     // Warm up the module and the driver's launch path.
@@ -723,8 +723,7 @@ fn tracking_stays_on_outside_captures() {
 #[ignore = "needs a CUDA GPU"]
 fn replays_run_with_no_context_or_another_context_current() {
     use replay_arena::cuda::cudarc::driver::sys;
-    let _serial = serial();
-    let (ctx, backend, k) = adopted();
+    let (_serial, ctx, backend, k) = adopted();
     let n = 1024usize;
     let (a, b) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
     let mut replayable = sealed_one(&backend, &a, &[f32s(n as u64)], |s, views| {

@@ -15,9 +15,15 @@ use replay_arena::cuda::cudarc::driver::{
 };
 use replay_arena::cuda::cudarc::nvrtc::{compile_ptx, Ptx};
 use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Planned, Purpose, Replayable, Request, RunnerCapture,
-    RunnerId, View,
+    Capturing, DType, Discovering, Domain, PlacedPolicy, PlanConfig, Planned, Purpose, Replayable,
+    Request, RunnerCapture, RunnerId, View,
 };
+
+pub mod backward;
+pub mod bucketed;
+pub mod slow;
+#[cfg(feature = "f16")]
+pub mod tp;
 
 /// Errors of test kernels: formatted cudarc errors (there is a driver here).
 pub type K = std::result::Result<(), String>;
@@ -130,6 +136,67 @@ pub fn gpu_on(ordinal: usize) -> Gpu {
         io,
         backend,
     }
+}
+
+/// Device 0, for a test that loads no test kernels (probed first: without
+/// a driver, the test fails with the probe's reason).
+pub fn device() -> cuda::Device {
+    cuda::probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+}
+
+/// `runners` (each a runner and its requests) discovered in one go under
+/// `config`, and planned with `policy`.
+pub fn plan_with<R: IntoIterator<Item = Request>>(
+    config: PlanConfig,
+    runners: impl IntoIterator<Item = (RunnerId, R)>,
+    policy: impl Into<PlacedPolicy>,
+) -> Planned {
+    Discovering::from_runners(config, runners)
+        .unwrap()
+        .plan(policy)
+        .unwrap()
+}
+
+/// [`plan_with`] the default config.
+pub fn plan<R: IntoIterator<Item = Request>>(
+    runners: impl IntoIterator<Item = (RunnerId, R)>,
+    policy: impl Into<PlacedPolicy>,
+) -> Planned {
+    plan_with(PlanConfig::new(), runners, policy)
+}
+
+/// [`plan`], allocated on `backend`.
+pub fn allocate<R: IntoIterator<Item = Request>>(
+    backend: &cuda::Device,
+    runners: impl IntoIterator<Item = (RunnerId, R)>,
+    policy: impl Into<PlacedPolicy>,
+) -> Capturing<cuda::Device> {
+    plan(runners, policy).allocate(backend.clone()).unwrap()
+}
+
+/// One runner (0) that reduce-scatters a view of `comm`'s symmetric
+/// domain (as many f32s as `recv` holds) into `recv`: planned in one
+/// generation under a config naming the group `gtp`, allocated on an NCCL
+/// backend over `b` with `comm`. Returns the symmetric request too.
+#[cfg(feature = "nccl")]
+pub fn reduce_scatter_plan(
+    b: &cuda::Device,
+    comm: &replay_arena::nccl::Communicator,
+    recv: Request,
+) -> (Capturing<replay_arena::nccl::Device>, Request) {
+    let group = comm.group();
+    let backend = replay_arena::nccl::Device::new(b.clone())
+        .with_group(comm.clone())
+        .unwrap();
+    let sym = Request::new(Domain::Symmetric(group), DType::F32, recv.elements);
+    let config = PlanConfig::new().with_group(group, "gtp").unwrap();
+    let planned = plan_with(
+        config,
+        [(RunnerId(0), [sym, recv])],
+        replay_arena::Policy::Generations(1),
+    );
+    (planned.allocate(backend).unwrap(), sym)
 }
 
 /// A grid-stride launch over `n` elements.
@@ -315,15 +382,19 @@ impl Spec {
         step: u64,
         stream: &cuda::Stream,
     ) {
-        let views: Vec<View<'_>> = self
-            .requests()
-            .into_iter()
-            .map(|q| cap.take(q).unwrap())
-            .collect();
+        let views = self.take(&cap);
         let (x, w) = self.split(&views);
         cap.stream_capture(stream, |s| self.submit(g, s, step, x, &w))
             .unwrap();
         cap.finish().unwrap();
+    }
+
+    /// Takes this runner's views in `cap`, in request order.
+    pub fn take<'c>(&self, cap: &'c RunnerCapture<'_, cuda::Device>) -> Vec<View<'c>> {
+        self.requests()
+            .into_iter()
+            .map(|q| cap.take(q).unwrap())
+            .collect()
     }
 
     /// Splits a runner's views (in request order) into (scratch, wgrads).
@@ -380,6 +451,99 @@ impl State {
     /// Host copies of the outputs.
     pub fn read_outs(&self, g: &Gpu) -> Vec<Vec<u32>> {
         self.outs.iter().map(|o| g.read(o)).collect()
+    }
+
+    /// The consumer of `spec`'s runner: folds each wgrad of its `views` (in
+    /// request order) into its output on `s` with [`Gpu::consume`], torn
+    /// reads counted in `torn`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fold<A: replay_arena::Access>(
+        &self,
+        g: &Gpu,
+        spec: &Spec,
+        s: &cuda::Stream,
+        views: &[View<'_, A>],
+        torn: &CudaSlice<u32>,
+        spin: i64,
+        blocks: Option<u32>,
+    ) -> K {
+        let (_, w) = spec.split(views);
+        for ((out, &w), &n) in self.outs.iter().zip(&w).zip(&spec.wgrads) {
+            g.consume(s, g.ptr(out), w, n, spin, g.ptr(torn), blocks)?;
+        }
+        Ok(())
+    }
+}
+
+/// What replays of the specs' runners use beside the plan: a pool of
+/// streams to replay on, a stream for the consumers, each runner's state,
+/// and the count of torn reads.
+pub struct Rig {
+    /// The streams the runners replay on (and are captured on).
+    pub pool: Vec<cuda::Stream>,
+    /// The consumers' stream.
+    pub consumer: cuda::Stream,
+    /// Runner `r`'s step counter and outputs.
+    pub states: Vec<State>,
+    /// Reads that saw an element change under them.
+    pub torn: CudaSlice<u32>,
+}
+
+impl Rig {
+    /// A pool of `streams` streams, the consumer's, and zeroed state.
+    pub fn new(g: &Gpu, specs: &[Spec], streams: usize) -> Rig {
+        let pool = (0..streams)
+            .map(|_| g.backend.new_stream().unwrap())
+            .collect();
+        let consumer = g.backend.new_stream().unwrap();
+        let states = specs.iter().map(|s| State::new(g, s)).collect();
+        Rig {
+            pool,
+            consumer,
+            states,
+            torn: g.zeros(1),
+        }
+    }
+
+    /// [`State::fold`] of runner `r`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fold<A: replay_arena::Access>(
+        &self,
+        g: &Gpu,
+        spec: &Spec,
+        r: usize,
+        s: &cuda::Stream,
+        views: &[View<'_, A>],
+        spin: i64,
+        blocks: Option<u32>,
+    ) -> K {
+        self.states[r].fold(g, spec, s, views, &self.torn, spin, blocks)
+    }
+
+    /// Replays runner `r` on pool stream `lane` (modulo the pool), then
+    /// folds its wgrads into its outputs on the consumer stream.
+    pub fn replay_and_fold(
+        &self,
+        g: &Gpu,
+        replayable: &mut Replayable<cuda::Device>,
+        spec: &Spec,
+        r: usize,
+        lane: usize,
+    ) {
+        let runner = RunnerId(r as u32);
+        replayable
+            .replay(runner, &self.pool[lane % self.pool.len()])
+            .unwrap();
+        replayable
+            .consume(runner, &self.consumer, |s, views| {
+                self.fold(g, spec, r, s, views, 0, None)
+            })
+            .unwrap();
+    }
+
+    /// Host copies of every runner's outputs.
+    pub fn outs(&self, g: &Gpu) -> Vec<Vec<Vec<u32>>> {
+        self.states.iter().map(|s| s.read_outs(g)).collect()
     }
 }
 

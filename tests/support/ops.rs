@@ -12,7 +12,7 @@ use replay_arena::cuda::cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg,
 };
 
-use super::gpu::{cfg, err, load_kernels};
+use super::gpu::{cfg, device, err, load_kernels};
 
 /// An op's error, formatted (there is a driver here).
 pub type OpResult<T> = std::result::Result<T, String>;
@@ -163,8 +163,7 @@ pub struct Framework {
 
 impl Framework {
     pub fn new() -> Framework {
-        let backend =
-            cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+        let backend = device();
         let ops = Ops::new(&backend);
         let io = backend.new_stream().unwrap();
         Framework { backend, ops, io }

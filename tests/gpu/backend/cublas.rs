@@ -6,19 +6,17 @@
 //! Ignored without a GPU: `cargo test --features cublas --test gpu backend::cublas --
 //! --include-ignored`.
 
+use crate::support::gpu::{allocate, device};
 use replay_arena::cublas::{bind_workspace, WORKSPACE_ALIGNMENT};
 use replay_arena::cuda::cudarc::cublas::sys::cublasOperation_t;
 use replay_arena::cuda::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use replay_arena::cuda::{self, probe, ViewExt};
-use replay_arena::{
-    BackendError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
-};
+use replay_arena::cuda::ViewExt;
+use replay_arena::{BackendError, DType, Domain, Policy, Request, RunnerId};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused() {
-    probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let backend = cuda::Device::new(0).unwrap();
+    let backend = device();
     let stream = backend.new_stream().unwrap();
     let (m, n, k) = (64usize, 48usize, 32usize);
     let ha: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32).collect();
@@ -45,13 +43,8 @@ fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused()
 
     let c_req = Request::new(Domain::Device, DType::F32, (m * n) as u64);
     let ws_req = Request::new(Domain::Device, DType::U8, 4 << 20);
-    let mut capturing =
-        Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [c_req, ws_req])])
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap()
-            .allocate(backend.clone())
-            .unwrap();
+    let runner = [(RunnerId(0), [c_req, ws_req])];
+    let mut capturing = allocate(&backend, runner, Policy::Generations(1));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let c = cap.take(c_req).unwrap();
@@ -114,17 +107,11 @@ fn a_gemm_captured_on_a_plan_workspace_replays_and_a_misaligned_one_is_refused()
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_typed_view_with_no_address_on_the_stream_is_refused_as_a_workspace() {
-    probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let backend = cuda::Device::new(0).unwrap();
+    let backend = device();
     let (stream, other) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
     let mut blas = CudaBlas::new(stream.cudarc().clone()).unwrap();
     let ws_req = Request::new(Domain::Device, DType::U8, 4 << 20);
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [ws_req])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(backend.clone())
-        .unwrap();
+    let mut capturing = allocate(&backend, [(RunnerId(0), [ws_req])], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let ws = cap.take(ws_req).unwrap();
     let mut refused = None;

@@ -12,15 +12,13 @@
 
 use std::sync::Arc;
 
+use crate::support::gpu::{allocate, device};
 use replay_arena::cublas::{with_workspace, with_workspace_raw};
 use replay_arena::cuda::cudarc::cublas::sys::{self as blas_sys, cublasOperation_t};
 use replay_arena::cuda::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::cuda::{self, probe, ViewExt};
-use replay_arena::{
-    BackendError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
-    StreamCaptureError,
-};
+use replay_arena::cuda::ViewExt;
+use replay_arena::{BackendError, DType, Domain, Policy, Request, RunnerId, StreamCaptureError};
 
 const M: usize = 256;
 const N: usize = 192;
@@ -70,8 +68,7 @@ fn handle_stream(blas: &CudaBlas) -> usize {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn two_runners_on_two_streams_share_one_handle_with_their_own_workspaces() {
-    probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let backend = cuda::Device::new(0).unwrap();
+    let backend = device();
     let (a_stream, b_stream) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
     let side = backend.new_stream().unwrap();
     let home = a_stream.cudarc().cu_stream() as usize;
@@ -101,12 +98,7 @@ fn two_runners_on_two_streams_share_one_handle_with_their_own_workspaces() {
     a_stream.synchronize().unwrap();
 
     let runners = (0..2).map(|r| (RunnerId(r), [C, WS]));
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), runners)
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(backend.clone())
-        .unwrap();
+    let mut capturing = allocate(&backend, runners, Policy::Generations(2));
     let streams = [&a_stream, &b_stream];
     for r in 0..2usize {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
@@ -191,19 +183,13 @@ fn two_runners_on_two_streams_share_one_handle_with_their_own_workspaces() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_handle_is_put_back_after_a_failing_or_panicking_closure() {
-    probe().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let backend = cuda::Device::new(0).unwrap();
+    let backend = device();
     let (home_stream, capture_stream) =
         (backend.new_stream().unwrap(), backend.new_stream().unwrap());
     let home = home_stream.cudarc().cu_stream() as usize;
     let handle = Arc::new(CudaBlas::new(home_stream.cudarc().clone()).unwrap());
     let runners = (0..3).map(|r| (RunnerId(r), [WS]));
-    let mut capturing = Discovering::from_runners(PlanConfig::new(), runners)
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(backend.clone())
-        .unwrap();
+    let mut capturing = allocate(&backend, runners, Policy::Generations(1));
 
     // A failing closure: the error comes back, the handle is put back.
     let cap = capturing.capture(RunnerId(0)).unwrap();

@@ -8,8 +8,8 @@
 use crate::support;
 
 use replay_arena::cuda::cudarc::driver::sys;
-use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
-use support::gpu::gpu;
+use replay_arena::{DType, Domain, Policy, Request, RunnerId};
+use support::gpu::{allocate, gpu};
 
 const N: u64 = 1 << 12;
 
@@ -65,11 +65,7 @@ fn work_captured_on_a_high_priority_stream_keeps_its_priority() {
     // Runner 0 captured on the high-priority stream, runner 1 on the other.
     let req = Request::new(Domain::Device, DType::F32, N);
     let rs = (0..2).map(|r| (RunnerId(r), [req]));
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let mut capturing = allocate(b, rs, Policy::Generations(2));
     let counters: Vec<_> = (0..2).map(|_| g.zeros::<u32>(1)).collect();
     for (r, stream) in [(0, &high), (1, &low)] {
         let cap = capturing.capture(RunnerId(r)).unwrap();

@@ -13,7 +13,7 @@ use replay_arena::{
     BackendError, CaptureError, CaptureFailure, Capturing, DType, Discovering, Domain, Error,
     GroupId, Key, PlanConfig, Policy, Request, RunnerId, SealError, StreamCaptureError, View,
 };
-use support::gpu::{gpu, host_outputs, mismatches, Gpu, Spec, State};
+use support::gpu::{allocate, gpu, host_outputs, mismatches, Gpu, Spec, State};
 
 const R0: RunnerId = RunnerId(0);
 const R1: RunnerId = RunnerId(1);
@@ -32,12 +32,22 @@ fn i32s(n: u64) -> Request {
     Request::new(Domain::Device, DType::I32, n)
 }
 
-fn discover(runners: &[&[Request]]) -> Discovering {
+/// A stream, and a zeroed step counter (to keep) with its address.
+fn stream_and_step(g: &Gpu) -> (cuda::Stream, CudaSlice<u32>, u64) {
+    let s = g.backend.new_stream().unwrap();
+    let counter: CudaSlice<u32> = g.zeros(1);
+    let step = g.ptr(&counter);
+    (s, counter, step)
+}
+
+/// Runner `r` of `runners` records `runners[r]`; planned in two
+/// generations, allocated.
+fn allocated(g: &Gpu, runners: &[&[Request]]) -> Capturing<cuda::Device> {
     let runners = runners
         .iter()
         .enumerate()
         .map(|(r, requests)| (RunnerId(r as u32), requests.iter().copied()));
-    Discovering::from_runners(PlanConfig::new(), runners).unwrap()
+    allocate(&g.backend, runners, Policy::Generations(2))
 }
 
 /// Captures one wgrad kernel into `view` (a real graph).
@@ -97,18 +107,16 @@ fn capture_with_memory_nodes(
 #[ignore = "needs a CUDA GPU"]
 fn consumption_mismatch_and_capacity_errors_on_real_captures() {
     let g = gpu();
-    let s = g.backend.new_stream().unwrap();
-    let step: CudaSlice<u32> = g.zeros(1);
-    let step = g.ptr(&step);
-    let planned = discover(&[
-        &[f32s(1000), f32s(500)],
-        &[f32s(2000)],
-        &[i32s(300)],
-        &[f32s(64)],
-    ])
-    .plan(Policy::Generations(2))
-    .unwrap();
-    let mut capturing = planned.allocate(g.backend.clone()).unwrap();
+    let (s, _counter, step) = stream_and_step(&g);
+    let mut capturing = allocated(
+        &g,
+        &[
+            &[f32s(1000), f32s(500)],
+            &[f32s(2000)],
+            &[i32s(300)],
+            &[f32s(64)],
+        ],
+    );
 
     // Runner 0 captures a real kernel but takes only its first request.
     let e = capture_wgrad(&g, &mut capturing, R0, &s, step, 1000).unwrap_err();
@@ -210,13 +218,8 @@ fn consumption_mismatch_and_capacity_errors_on_real_captures() {
 #[ignore = "needs a CUDA GPU"]
 fn a_graph_allocation_that_escapes_is_rejected_and_a_balanced_temporary_accepted() {
     let g = gpu();
-    let s = g.backend.new_stream().unwrap();
-    let step: CudaSlice<u32> = g.zeros(1);
-    let step = g.ptr(&step);
-    let planned = discover(&[&[f32s(1024)], &[f32s(1024)], &[f32s(1024)]])
-        .plan(Policy::Generations(2))
-        .unwrap();
-    let mut capturing = planned.allocate(g.backend.clone()).unwrap();
+    let (s, _counter, step) = stream_and_step(&g);
+    let mut capturing = allocated(&g, &[&[f32s(1024)], &[f32s(1024)], &[f32s(1024)]]);
 
     let e = capture_with_memory_nodes(&g, &mut capturing, R0, &s, step, (1024, false)).unwrap_err();
     match &e {
@@ -276,11 +279,7 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
     {
         let spec = &specs[0];
         let cap = capturing.capture(R0).unwrap();
-        let views: Vec<View<'_>> = spec
-            .requests()
-            .into_iter()
-            .map(|q| cap.take(q).unwrap())
-            .collect();
+        let views = spec.take(&cap);
         let (x, w) = spec.split(&views);
         let step = g.ptr(&states[0].step);
         let e = cap
@@ -336,19 +335,10 @@ fn a_failed_capture_then_a_replan_and_a_successful_capture() {
     for _ in 0..steps {
         for (r, spec) in specs.iter().enumerate() {
             replayable.replay(RunnerId(r as u32), &s).unwrap();
-            let outs = &states[r].outs;
+            let state = &states[r];
             replayable
                 .consume(RunnerId(r as u32), &consumer, |c, views| {
-                    let (_, w) = spec.split(views);
-                    g.consume(
-                        c,
-                        g.ptr(&outs[0]),
-                        w[0],
-                        spec.wgrads[0],
-                        0,
-                        g.ptr(&torn),
-                        None,
-                    )
+                    state.fold(&g, spec, c, views, &torn, 0, None)
                 })
                 .unwrap();
         }
@@ -411,9 +401,7 @@ fn symmetric_domains_without_nccl_windows_are_a_typed_error() {
 /// allocated plan took off the device.
 fn round(g: &Gpu) -> u64 {
     const BIG: u64 = 8 << 20; // elements: 32 MiB of f32
-    let s = g.backend.new_stream().unwrap();
-    let step: CudaSlice<u32> = g.zeros(1);
-    let step = g.ptr(&step);
+    let (s, _counter, step) = stream_and_step(g);
     let runners: [&[Request]; 4] = [
         &[f32s(BIG)],
         &[f32s(BIG), i32s(BIG / 4)],
@@ -423,11 +411,7 @@ fn round(g: &Gpu) -> u64 {
     let free_before = g.free_memory();
 
     // Failures: an escaping graph allocation, a failing closure, an unsealed plan.
-    let mut capturing = discover(&runners)
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(g.backend.clone())
-        .unwrap();
+    let mut capturing = allocated(g, &runners);
     let taken = free_before.saturating_sub(g.free_memory());
     let e = capture_with_memory_nodes(g, &mut capturing, R0, &s, step, (BIG, false));
     assert!(
@@ -451,11 +435,7 @@ fn round(g: &Gpu) -> u64 {
     drop(capturing);
 
     // A full lifecycle: capture, seal, replay, re-plan.
-    let mut capturing = discover(&runners)
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(g.backend.clone())
-        .unwrap();
+    let mut capturing = allocated(g, &runners);
     for (r, requests) in runners.iter().enumerate() {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
         let views: Vec<View<'_>> = requests.iter().map(|&q| cap.take(q).unwrap()).collect();

@@ -7,23 +7,29 @@
 #![cfg(feature = "cuda")]
 
 use crate::support::capture_view;
+use crate::support::gpu::{allocate, device};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{
-    BackendError, CaptureError, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId,
+    BackendError, CaptureError, Capturing, DType, Domain, Policy, Request, RunnerId,
 };
 
 const N: usize = 1 << 16;
 const REQ: Request = Request::new(Domain::Device, DType::F32, N as u64);
 
-fn backend() -> cuda::Device {
-    cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+/// Device 0, a stream, and a plan of `runner` alone (one view of `REQ`),
+/// allocated.
+fn one_runner(runner: RunnerId) -> (cuda::Device, cuda::Stream, Capturing<cuda::Device>) {
+    let b = device();
+    let pool = b.new_stream().unwrap();
+    let capturing = allocate(&b, [(runner, [REQ])], Policy::Generations(1));
+    (b, pool, capturing)
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn temporaries_inside_a_runner_graph_replay_exactly() {
-    let b = backend();
+    let b = device();
     let (pool, side, optimizer) = (
         b.new_stream().unwrap(),
         b.new_stream().unwrap(),
@@ -32,11 +38,7 @@ fn temporaries_inside_a_runner_graph_replay_exactly() {
     let input: CudaSlice<f32> = pool.cudarc().clone_htod(&vec![2.5f32; N]).unwrap();
     pool.synchronize().unwrap();
     let rs = (0..2).map(|r| (RunnerId(r), [REQ]));
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let mut capturing = allocate(&b, rs, Policy::Generations(2));
     for r in 0..2 {
         capture_view(&mut capturing, RunnerId(r), REQ, &pool, |s, view| {
             // An op's output and an intermediate, as candle allocates them.
@@ -76,13 +78,7 @@ fn temporaries_inside_a_runner_graph_replay_exactly() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn an_output_that_escapes_its_graph_is_a_typed_error() {
-    let b = backend();
-    let pool = b.new_stream().unwrap();
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(3), [REQ])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let (_b, pool, mut capturing) = one_runner(RunnerId(3));
     let cap = capturing.capture(RunnerId(3)).unwrap();
     let view = cap.take(REQ).unwrap();
     let mut kept: Option<CudaSlice<f32>> = None;
@@ -111,13 +107,7 @@ fn an_output_that_escapes_its_graph_is_a_typed_error() {
 #[ignore = "needs a CUDA GPU"]
 fn a_graph_the_program_captured_with_cudarc_is_adopted_and_replays() {
     use replay_arena::cuda::cudarc::driver::sys;
-    let b = backend();
-    let pool = b.new_stream().unwrap();
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [REQ])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let (b, pool, mut capturing) = one_runner(RunnerId(0));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let addr = cap.take(REQ).unwrap().device_address();
     let ones = vec![1.25f32; N];
@@ -158,10 +148,11 @@ fn a_graph_the_program_captured_with_cudarc_is_adopted_and_replays() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_communicator_the_program_created_is_adopted_and_left_alive() {
+    use crate::support::gpu::reduce_scatter_plan;
     use replay_arena::cuda::cudarc::nccl::sys as nc;
-    use replay_arena::nccl::{self, Communicator, UniqueId};
+    use replay_arena::nccl::{Communicator, UniqueId};
     use replay_arena::GroupId;
-    let b = backend();
+    let b = device();
     let id = UniqueId::new().unwrap();
     let mut raw: nc::ncclComm_t = std::ptr::null_mut();
     let unique = nc::ncclUniqueId {
@@ -176,17 +167,8 @@ fn a_communicator_the_program_created_is_adopted_and_left_alive() {
         // SAFETY: `raw` outlives everything made from it in this block.
         let comm = unsafe { Communicator::adopt(&b, group, raw) }.unwrap();
         assert_eq!((comm.rank(), comm.size()), (0, 1));
-        let backend = nccl::Device::new(b.clone())
-            .with_group(comm.clone())
-            .unwrap();
-        let sym = Request::new(Domain::Symmetric(group), DType::F32, N as u64);
-        let config = PlanConfig::new().with_group(group, "gtp").unwrap();
-        let planned = Discovering::from_runners(config, [(RunnerId(0), [sym, REQ])])
-            .unwrap()
-            .plan(Policy::Generations(1))
-            .unwrap();
+        let (mut capturing, sym) = reduce_scatter_plan(&b, &comm, REQ);
         let pool = b.new_stream().unwrap();
-        let mut capturing = planned.allocate(backend).unwrap();
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let (send, recv) = (cap.take(sym).unwrap(), cap.take(REQ).unwrap());
         cap.stream_capture(&pool, |s| comm.reduce_scatter(&send, &recv, s))
@@ -207,16 +189,12 @@ fn a_communicator_the_program_created_is_adopted_and_left_alive() {
 fn a_bucket_of_sub_views_is_reduced_by_one_consumer_over_several_runners() {
     // Three runners, each writing a flat bucket of two "parameters" through
     // sub-views; one consumer sums all three buckets, many steps, exactly.
-    let b = backend();
+    let b = device();
     let (pool, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
     let (p1, p2) = (3000usize, 5000usize);
     let bucket = Request::new(Domain::Device, DType::F32, (p1 + p2) as u64);
     let rs = (0..3).map(|r| (RunnerId(r), [bucket]));
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(3))
-        .unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let mut capturing = allocate(&b, rs, Policy::Generations(3));
     let values: Vec<[CudaSlice<f32>; 2]> = (0..3)
         .map(|r| {
             [

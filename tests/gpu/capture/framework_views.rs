@@ -17,10 +17,11 @@ use crate::support;
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{
-    BackendError, CaptureError, DType, Discovering, Domain, HandoffId, Misuse, PlanConfig, Policy,
-    Purpose, Request, RunnerId, StreamCaptureError, ViewsExt,
+    BackendError, CaptureError, DType, Discovering, Domain, Misuse, PlanConfig, Policy, Purpose,
+    Request, RunnerId, StreamCaptureError, ViewsExt,
 };
-use support::ops::{Framework, Layers};
+use support::gpu::backward::{self, Model};
+use support::gpu::device;
 
 const N: usize = 1 << 18;
 const LAYERS: usize = 5;
@@ -61,11 +62,6 @@ impl From<String> for E {
     }
 }
 
-struct Model {
-    fw: Framework,
-    layers: Layers,
-}
-
 /// One layer's results, wherever they live.
 struct Out<'o> {
     dx: Option<&'o mut CudaSlice<i32>>,
@@ -73,100 +69,73 @@ struct Out<'o> {
     aux: &'o mut CudaSlice<i32>,
 }
 
-impl Model {
-    fn new() -> Model {
-        let fw = Framework::new();
-        let layers = Layers::new(&fw, LAYERS, N, true);
-        Model { fw, layers }
-    }
-
-    /// The eager backward of layer `l`, in the framework's own tensors.
-    fn eager_layer(&self, s: &cuda::Stream, l: usize, g_in: &CudaSlice<i32>, out: Out<'_>) {
-        let (w, x) = (
-            self.layers.weights[l].as_view(),
-            self.layers.inputs[l].as_view(),
-        );
-        let g = g_in.as_view();
-        let t1 = self.fw.ops.mix2_v(s, &g, &w, 1).unwrap();
-        let dx = self.fw.ops.mix2_v(s, &t1.as_view(), &w, 2).unwrap();
-        if let Some(d) = out.dx {
-            s.cudarc().memcpy_dtod(&dx, d).unwrap();
-        }
-        self.fw
-            .ops
-            .mix2_out(s, &mut out.wgrad.as_view_mut(), &g, &x, 3)
-            .unwrap();
-        let aux = self.fw.ops.mix2_v(s, &x, &g, 5).unwrap();
-        s.cudarc().memcpy_dtod(&aux, out.aux).unwrap();
-    }
-
-    fn accumulators(&self) -> Vec<CudaSlice<i32>> {
-        let acc = (0..2 * LAYERS)
-            .map(|_| self.fw.io.cudarc().alloc_zeros(N).unwrap())
-            .collect();
-        self.fw.io.synchronize().unwrap();
-        acc
-    }
-
-    fn eager(&self) -> Vec<Vec<i32>> {
-        let s = &self.fw.io;
-        let mut acc = self.accumulators();
-        let mut grads: Vec<CudaSlice<i32>> = (0..LAYERS)
-            .map(|_| s.cudarc().alloc_zeros(N).unwrap())
-            .collect();
-        let zeros = || -> CudaSlice<i32> { s.cudarc().alloc_zeros(N).unwrap() };
-        for _ in 0..STEPS {
-            for l in 0..LAYERS {
-                let (mut wgrad, mut aux) = (zeros(), zeros());
-                let (before, rest) = grads.split_at_mut(l);
-                let dx = (l + 1 < LAYERS).then_some(&mut rest[0]);
-                let g_in = before.last().unwrap_or(&self.layers.loss);
-                let out = Out {
-                    dx,
-                    wgrad: &mut wgrad,
-                    aux: &mut aux,
-                };
-                self.eager_layer(s, l, g_in, out);
-                let (a, b) = acc.split_at_mut(LAYERS + l);
-                self.fw
-                    .ops
-                    .fold_v(s, &mut a[l], &wgrad.as_view(), 0)
-                    .unwrap();
-                self.fw.ops.fold_v(s, &mut b[0], &aux.as_view(), 0).unwrap();
-            }
-        }
-        acc.iter()
-            .map(|a| s.cudarc().clone_dtoh(a).unwrap())
-            .collect()
-    }
+fn model() -> Model {
+    Model::new(LAYERS, N, true)
 }
 
-fn discover() -> (Discovering, Vec<HandoffId>) {
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs = Vec::new();
-    for l in 0..LAYERS {
-        let mut armed = d
-            .arm_named(RunnerId(l as u32), format!("layer{l}.bwd"))
-            .unwrap();
-        armed.record(WGRAD).unwrap();
-        if l > 0 {
-            armed.receive(handoffs[l - 1]).unwrap();
-        }
-        if l + 1 < LAYERS {
-            handoffs.push(armed.hand_off(GRAD).unwrap());
-        }
-        armed.record(AUX).unwrap();
+/// The eager backward of layer `l`, in the framework's own tensors.
+fn eager_layer(model: &Model, s: &cuda::Stream, l: usize, g_in: &CudaSlice<i32>, out: Out<'_>) {
+    let (w, x) = (
+        model.layers.weights[l].as_view(),
+        model.layers.inputs[l].as_view(),
+    );
+    let g = g_in.as_view();
+    let ops = &model.fw.ops;
+    let t1 = ops.mix2_v(s, &g, &w, 1).unwrap();
+    let dx = ops.mix2_v(s, &t1.as_view(), &w, 2).unwrap();
+    if let Some(d) = out.dx {
+        s.cudarc().memcpy_dtod(&dx, d).unwrap();
     }
-    (d, handoffs)
+    ops.mix2_out(s, &mut out.wgrad.as_view_mut(), &g, &x, 3)
+        .unwrap();
+    let aux = ops.mix2_v(s, &x, &g, 5).unwrap();
+    s.cudarc().memcpy_dtod(&aux, out.aux).unwrap();
+}
+
+/// Each layer's wgrads, then each layer's aux results, folded over the
+/// steps.
+fn eager(model: &Model) -> Vec<Vec<i32>> {
+    let s = &model.fw.io;
+    let mut acc = model.zeros(2 * LAYERS);
+    let mut grads: Vec<CudaSlice<i32>> = (0..LAYERS)
+        .map(|_| s.cudarc().alloc_zeros(N).unwrap())
+        .collect();
+    let zeros = || -> CudaSlice<i32> { s.cudarc().alloc_zeros(N).unwrap() };
+    for _ in 0..STEPS {
+        for l in 0..LAYERS {
+            let (mut wgrad, mut aux) = (zeros(), zeros());
+            let (before, rest) = grads.split_at_mut(l);
+            let dx = (l + 1 < LAYERS).then_some(&mut rest[0]);
+            let g_in = before.last().unwrap_or(&model.layers.loss);
+            let out = Out {
+                dx,
+                wgrad: &mut wgrad,
+                aux: &mut aux,
+            };
+            eager_layer(model, s, l, g_in, out);
+            let (a, b) = acc.split_at_mut(LAYERS + l);
+            model
+                .fw
+                .ops
+                .fold_v(s, &mut a[l], &wgrad.as_view(), 0)
+                .unwrap();
+            model
+                .fw
+                .ops
+                .fold_v(s, &mut b[0], &aux.as_view(), 0)
+                .unwrap();
+        }
+    }
+    model.read(&acc)
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_backward_through_lent_views_and_copies_replays_exactly() {
-    let model = Model::new();
-    let expected = model.eager();
+    let model = model();
+    let expected = eager(&model);
     let b = &model.fw.backend;
-    let (d, handoffs) = discover();
+    let (d, handoffs) = backward::discover(LAYERS, WGRAD, Some(GRAD), Some(AUX));
     let mut capturing = d
         .plan(Policy::Generations(2))
         .unwrap()
@@ -216,7 +185,7 @@ fn a_backward_through_lent_views_and_copies_replays_exactly() {
     let mut replayable = capturing.seal().unwrap();
     let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
     let side = b.new_stream().unwrap();
-    let mut acc = model.accumulators();
+    let mut acc = model.zeros(2 * LAYERS);
     let mut staging: CudaSlice<i32> = side.cudarc().alloc_zeros(N).unwrap();
     side.synchronize().unwrap();
     for _ in 0..STEPS {
@@ -250,11 +219,7 @@ fn a_backward_through_lent_views_and_copies_replays_exactly() {
         .map(|a| side.cudarc().clone_dtoh(a).unwrap())
         .collect();
     side.synchronize().unwrap();
-    let differ: usize = got
-        .iter()
-        .zip(&expected)
-        .map(|(g, e)| g.iter().zip(e).filter(|(a, b)| a != b).count())
-        .sum();
+    let differ = backward::differing(&got, &expected);
     assert_eq!(
         differ,
         0,
@@ -275,7 +240,7 @@ fn refused(r: Result<(), E>) -> Misuse {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn lends_and_copies_refuse_what_a_typed_view_refuses() {
-    let b = cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    let b = device();
     let (s1, s2) = (b.new_stream().unwrap(), b.new_stream().unwrap());
     let mut d = Discovering::new(PlanConfig::new());
     let h = {

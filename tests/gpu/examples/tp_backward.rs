@@ -8,30 +8,17 @@
 //! symmetric windows. Consecutive runners never share a cuBLAS workspace.
 #![cfg(feature = "cuda")]
 
-#[path = "../../../examples/tp_backward/model.rs"]
-mod model;
-
-use model::{
-    graphed_step, step_graph, workspace_range, Model, Reduce, Shape, Split, Tolerance, TpError,
+use crate::support::gpu::device;
+use crate::support::gpu::tp::model::{
+    self, graphed_step, step_graph, workspace_range, Model, Reduce, Shape, Split, Tolerance,
+    TpError,
 };
+use crate::support::gpu::tp::{Eager, SHAPE};
 use replay_arena::backend::Compose;
 use replay_arena::cuda;
 use replay_arena::{BackendError, PlacedPolicy, Policy, RunnerId};
 
 const STEPS: usize = 20;
-
-const SHAPE: Shape = Shape {
-    hidden: 256,
-    ffn: 1024,
-    tokens: 128,
-    layers: 3,
-    workspace: 8 << 20,
-};
-
-fn cuda() -> cuda::Device {
-    cuda::Device::new(0)
-        .unwrap_or_else(|e| panic!("this test needs a CUDA GPU (run it on the GPU machine): {e}"))
-}
 
 fn graphed_equals_eager<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     cuda: &cuda::Device,
@@ -40,17 +27,15 @@ fn graphed_equals_eager<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     strategy: PlacedPolicy,
 ) {
     let mut model = Model::new(cuda, SHAPE, reduce).unwrap();
-    let eager_stream = cuda.new_stream().unwrap();
-    let pool = [cuda.new_stream().unwrap(), cuda.new_stream().unwrap()];
-    let side = cuda.new_stream().unwrap();
-    let eager = model.main_grads().unwrap();
-    let graphed = model.main_grads().unwrap();
-
     // The discovery step is the eager run's first step.
-    let discovery = model.discover(&eager, &eager_stream).unwrap();
-    for _ in 1..STEPS {
-        model.eager_step(&eager, &eager_stream).unwrap();
-    }
+    let Eager {
+        stream: _eager_stream,
+        pool,
+        side,
+        main: eager,
+        graphed,
+        discovery,
+    } = Eager::run(cuda, &mut model, STEPS);
     let planned = discovery.plan(strategy).unwrap();
     println!("{}", planned.report());
     let mut capturing = planned.allocate(make().unwrap()).unwrap();
@@ -157,7 +142,7 @@ fn graphed_equals_eager<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn round_robin_copy_stand_in_equals_eager() {
-    let cuda = cuda();
+    let cuda = device();
     graphed_equals_eager(
         &cuda,
         &|| Ok(cuda.clone()),
@@ -169,7 +154,7 @@ fn round_robin_copy_stand_in_equals_eager() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn packed_copy_stand_in_equals_eager() {
-    let cuda = cuda();
+    let cuda = device();
     graphed_equals_eager(
         &cuda,
         &|| Ok(cuda.clone()),
@@ -183,9 +168,8 @@ fn packed_copy_stand_in_equals_eager() {
 #[ignore = "needs a CUDA GPU"]
 fn round_robin_nccl_symmetric_equals_eager() {
     use replay_arena::nccl::{self, Communicator, UniqueId};
-    let cuda = cuda();
-    let id = UniqueId::new().unwrap();
-    let comm = Communicator::new(&cuda, model::TP_GROUP, &id, 0, 1).unwrap();
+    let cuda = device();
+    let comm = Communicator::new(&cuda, model::TP_GROUP, &UniqueId::new().unwrap(), 0, 1).unwrap();
     graphed_equals_eager(
         &cuda,
         &|| nccl::Device::new(cuda.clone()).with_group(comm.clone()),

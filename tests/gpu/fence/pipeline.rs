@@ -11,10 +11,8 @@ use crate::support;
 
 use std::sync::OnceLock;
 
-use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::{PlacedPolicy, Policy, RunnerId};
-use support::gpu::{discover_specs, eager, gpu, host_outputs, mismatches, Spec, State};
+use support::gpu::{discover_specs, eager, gpu, host_outputs, mismatches, Rig, Spec};
 
 const STEPS: usize = 100;
 
@@ -62,46 +60,26 @@ fn pipeline(streams: usize, strategy: impl Into<PlacedPolicy>) {
     let planned = discover_specs(&specs).plan(strategy).unwrap();
     println!("{streams} streams, {strategy:?}\n{}", planned.report());
 
-    let pool: Vec<cuda::Stream> = (0..streams)
-        .map(|_| g.backend.new_stream().unwrap())
-        .collect();
-    let consumer = g.backend.new_stream().unwrap();
-    let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
-    let torn: CudaSlice<u32> = g.zeros(1);
-
+    let rig = Rig::new(&g, &specs, streams);
     let mut capturing = planned.allocate(g.backend.clone()).unwrap();
     let using: Vec<usize> = (0..specs.len())
         .filter(|&r| !specs[r].wgrads.is_empty())
         .collect();
     for &r in &using {
         let cap = capturing.capture(RunnerId(r as u32)).unwrap();
-        specs[r].capture(&g, cap, g.ptr(&states[r].step), &pool[r % streams]);
+        specs[r].capture(&g, cap, g.ptr(&rig.states[r].step), &rig.pool[r % streams]);
     }
     let mut replayable = capturing.seal().unwrap();
 
     for step in 0..STEPS {
         for (k, &r) in using.iter().enumerate() {
-            let runner = RunnerId(r as u32);
-            replayable
-                .replay(runner, &pool[(step + k) % streams])
-                .unwrap();
-            let spec = &specs[r];
-            let outs = &states[r].outs;
-            replayable
-                .consume(runner, &consumer, |s, views| {
-                    let (_, w) = spec.split(views);
-                    for ((out, &w), &n) in outs.iter().zip(&w).zip(&spec.wgrads) {
-                        g.consume(s, g.ptr(out), w, n, 0, g.ptr(&torn), None)?;
-                    }
-                    Ok::<(), String>(())
-                })
-                .unwrap();
+            rig.replay_and_fold(&g, &mut replayable, &specs[r], r, step + k);
         }
     }
     replayable.synchronize().unwrap();
 
     let stats = replayable.fence_stats();
-    let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(&g)).collect();
+    let got = rig.outs(&g);
     let wrong = mismatches(&got, &expected);
     println!(
         "{} replays, {} waits, {} skipped, {} event records; {} output elements, {wrong} differ from eager",
@@ -113,7 +91,11 @@ fn pipeline(streams: usize, strategy: impl Into<PlacedPolicy>) {
     );
     assert_eq!(wrong, 0, "replayed outputs differ from the eager run");
     assert!(got == expected);
-    assert_eq!(g.read(&torn), vec![0], "a consumer saw its input change");
+    assert_eq!(
+        g.read(&rig.torn),
+        vec![0],
+        "a consumer saw its input change"
+    );
     assert_eq!(stats.replays, (STEPS * using.len()) as u64);
     assert!(stats.replays >= 1000);
     assert!(stats.waits > 0, "replays on several streams must wait");

@@ -16,17 +16,9 @@
 use crate::support;
 
 use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::{PlacedPolicy, Policy, ReadOnly, RunnerId, View};
-use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
-
-const RUNNERS: u32 = 6;
-const N: u32 = 1 << 14;
-const STEPS: usize = 20;
-/// Clock cycles between the consumer's two reads of an element (about 10 us).
-const SPIN: i64 = 20_000;
-/// Blocks of the consumer: few, so it runs alongside the runners' graphs.
-const CONSUMER_BLOCKS: u32 = 8;
+use support::gpu::slow::{self, N, RUNNERS, STEPS};
+use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Rig, Spec};
 
 struct Outcome {
     /// Output elements that differ from the eager run.
@@ -38,16 +30,13 @@ struct Outcome {
 fn run(g: &Gpu, specs: &[Spec], strategy: PlacedPolicy, fenced: bool) -> Outcome {
     let planned = discover_specs(specs).plan(strategy).unwrap();
     assert_eq!(planned.generations(), 2);
-    let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
-    let consumer = g.backend.new_stream().unwrap();
-    let states: Vec<State> = specs.iter().map(|s| State::new(g, s)).collect();
-    let torn: CudaSlice<u32> = g.zeros(1);
+    let rig = Rig::new(g, specs, 2);
     let done: Vec<_> = specs
         .iter()
         .map(|_| g.backend.context().new_event(None).unwrap())
         .collect();
 
-    let mut replayable = capture_specs(g, planned, specs, &states, &pool);
+    let mut replayable = capture_specs(g, planned, specs, &rig.states, &rig.pool);
     // Runner r and r + 2 must share bytes, or there is nothing to race on.
     let base = |r: u32| replayable.views(RunnerId(r)).unwrap()[0].device_address();
     assert_eq!(base(0), base(2), "runners 0 and 2 share their arena bytes");
@@ -55,7 +44,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: PlacedPolicy, fenced: bool) -> Outcome
     for _ in 0..STEPS {
         for (r, spec) in specs.iter().enumerate() {
             let runner = RunnerId(r as u32);
-            let stream = &pool[r % 2];
+            let stream = &rig.pool[r % 2];
             if fenced {
                 replayable.replay(runner, stream).unwrap();
             } else {
@@ -64,37 +53,27 @@ fn run(g: &Gpu, specs: &[Spec], strategy: PlacedPolicy, fenced: bool) -> Outcome
                 unsafe { replayable.replay_unfenced(runner, stream) }.unwrap();
             }
             done[r].record(stream.cudarc()).unwrap();
-            let out = &states[r].outs[0];
             let consume = |s: &cuda::Stream, views: &[View<'_, ReadOnly>]| {
                 s.cudarc().wait(&done[r]).map_err(|e| format!("{e:?}"))?;
-                let (_, w) = spec.split(views);
-                g.consume(
-                    s,
-                    g.ptr(out),
-                    w[0],
-                    N,
-                    SPIN,
-                    g.ptr(&torn),
-                    Some(CONSUMER_BLOCKS),
-                )
+                slow::fold(g, &rig, spec, r, s, views)
             };
             if fenced {
-                replayable.consume(runner, &consumer, consume).unwrap();
+                replayable.consume(runner, &rig.consumer, consume).unwrap();
             } else {
                 // The unfenced reference reads the views with no fence
                 // either (the fence never saw the unfenced replays).
                 let views = replayable.views(runner).unwrap();
                 let views: Vec<_> = views.iter().map(View::read_only).collect();
-                consume(&consumer, &views).unwrap();
+                consume(&rig.consumer, &views).unwrap();
             }
         }
     }
     replayable.synchronize().unwrap();
-    let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(g)).collect();
+    let got = rig.outs(g);
     let expected = eager(g, specs, STEPS);
     let outcome = Outcome {
         wrong: mismatches(&got, &expected),
-        torn: g.read(&torn)[0],
+        torn: g.read(&rig.torn)[0],
     };
     println!(
         "{strategy:?}, fence {}: {} of {} output elements differ from eager, {} torn reads",
@@ -109,7 +88,7 @@ fn run(g: &Gpu, specs: &[Spec], strategy: PlacedPolicy, fenced: bool) -> Outcome
 
 fn fence_on_never_corrupts_fence_off_does(strategy: PlacedPolicy) {
     let g = gpu();
-    let specs: Vec<Spec> = (0..RUNNERS).map(|r| Spec::new(r, &[N], None)).collect();
+    let specs = slow::specs(None);
     for round in 0..3 {
         let on = run(&g, &specs, strategy, true);
         assert_eq!(

@@ -7,11 +7,9 @@
 
 use crate::support;
 
-use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::{Policy, RunnerId};
 use support::gpu::{
-    capture_specs, discover_specs, gpu, host_outputs, host_wgrad, mismatches, Spec, State,
+    capture_specs, discover_specs, gpu, host_outputs, host_wgrad, mismatches, Rig, Spec,
 };
 
 const STEPS: usize = 2000;
@@ -30,11 +28,8 @@ fn one_generation_many_replays_match_the_host_model() {
     assert_eq!(planned.generations(), 1);
     println!("{}", planned.report());
 
-    let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
-    let consumer = g.backend.new_stream().unwrap();
-    let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
-    let torn: CudaSlice<u32> = g.zeros(1);
-    let mut replayable = capture_specs(&g, planned, &specs, &states, &pool);
+    let rig = Rig::new(&g, &specs, 2);
+    let mut replayable = capture_specs(&g, planned, &specs, &rig.states, &rig.pool);
     // One generation: every runner's first wgrad view starts at the same
     // address.
     let first: Vec<u64> = specs
@@ -47,18 +42,7 @@ fn one_generation_many_replays_match_the_host_model() {
     let started = std::time::Instant::now();
     for step in 0..STEPS {
         for (r, spec) in specs.iter().enumerate() {
-            let runner = RunnerId(r as u32);
-            replayable.replay(runner, &pool[(step + r) % 2]).unwrap();
-            let outs = &states[r].outs;
-            replayable
-                .consume(runner, &consumer, |s, views| {
-                    let (_, w) = spec.split(views);
-                    for ((out, &w), &n) in outs.iter().zip(&w).zip(&spec.wgrads) {
-                        g.consume(s, g.ptr(out), w, n, 0, g.ptr(&torn), None)?;
-                    }
-                    Ok::<(), String>(())
-                })
-                .unwrap();
+            rig.replay_and_fold(&g, &mut replayable, spec, r, step + r);
         }
     }
     replayable.synchronize().unwrap();
@@ -74,7 +58,7 @@ fn one_generation_many_replays_match_the_host_model() {
     );
     assert_eq!(stats.replays, (STEPS * specs.len()) as u64);
 
-    let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(&g)).collect();
+    let got = rig.outs(&g);
     let expected: Vec<Vec<Vec<u32>>> = specs
         .iter()
         .map(|s| host_outputs(s, STEPS as u32))
@@ -84,8 +68,8 @@ fn one_generation_many_replays_match_the_host_model() {
         0,
         "outputs differ from the host model"
     );
-    assert_eq!(g.read(&torn), vec![0]);
-    for (r, state) in states.iter().enumerate() {
+    assert_eq!(g.read(&rig.torn), vec![0]);
+    for (r, state) in rig.states.iter().enumerate() {
         assert_eq!(g.read(&state.step), vec![STEPS as u32], "runner {r} steps");
     }
     // The shared arena holds what the last runner wrote at the last step.

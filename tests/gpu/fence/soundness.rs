@@ -6,15 +6,13 @@
 #![cfg(feature = "cuda")]
 
 use crate::support::capture_view;
+use crate::support::gpu::{allocate, device};
 use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::ViewExt;
-use replay_arena::{
-    BackendError, DType, Discovering, Domain, Misuse, PlanConfig, Policy, Replayable, Request,
-    RunnerId,
-};
+use replay_arena::{BackendError, DType, Domain, Misuse, Policy, Replayable, Request, RunnerId};
 
 const N: usize = 1 << 18; // 1 MiB of f32
 const REQ: Request = Request::new(Domain::Device, DType::F32, N as u64);
@@ -36,15 +34,17 @@ struct Dev {
     spin_fill: CudaFunction,
 }
 
-fn dev() -> Dev {
-    let backend =
-        cuda::Device::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+/// Device 0 with the test kernel, and `K` new streams.
+fn dev<const K: usize>() -> (Dev, [cuda::Stream; K]) {
+    let backend = device();
     let ptx = compile_ptx(SOURCE).unwrap_or_else(|e| panic!("nvrtc: {e:?}"));
     let module = backend.context().load_module(ptx).unwrap();
-    Dev {
+    let streams = std::array::from_fn(|_| backend.new_stream().unwrap());
+    let d = Dev {
         spin_fill: module.load_function("spin_fill").unwrap(),
         backend,
-    }
+    };
+    (d, streams)
 }
 
 impl Dev {
@@ -82,17 +82,28 @@ impl Dev {
         cycles: impl Fn(u32) -> i64,
     ) -> Replayable<cuda::Device> {
         let rs = (0..runners).map(|r| (RunnerId(r), [REQ]));
-        let planned = Discovering::from_runners(PlanConfig::new(), rs)
-            .unwrap()
-            .plan(Policy::Generations(g))
-            .unwrap();
-        let mut capturing = planned.allocate(self.backend.clone()).unwrap();
+        let mut capturing = allocate(&self.backend, rs, Policy::Generations(g));
         for r in 0..runners {
             capture_view(&mut capturing, RunnerId(r), REQ, stream, |s, view| {
                 self.spin_fill(s, view.device_address(), N as u32, fill(r), cycles(r))
             });
         }
         capturing.seal().unwrap()
+    }
+
+    /// A plan of one runner filling its view with `v`, replayed once on
+    /// `stream`; and the view's address.
+    fn replayed(&self, v: f32, stream: &cuda::Stream) -> (Replayable<cuda::Device>, u64) {
+        let mut replayable = self.sealed(1, 1, stream, |_| v, |_| 0);
+        replayable.replay(RunnerId(0), stream).unwrap();
+        let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();
+        (replayable, addr)
+    }
+
+    /// `cycles` of spinning on `s`, writing nothing (a launch error as the
+    /// crate's).
+    fn spin(&self, s: &cuda::Stream, cycles: i64) -> Result<(), BackendError> {
+        self.spin_fill(s, 0, 0, 0.0, cycles).map_err(refused)
     }
 
     /// The first and last element at a raw address, after a full wait.
@@ -115,16 +126,19 @@ impl Dev {
     }
 }
 
+/// A test kernel's launch error, as the crate's.
+fn refused(reason: String) -> BackendError {
+    BackendError::Refused {
+        call: "test",
+        reason,
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
-    let d = dev();
-    let (pool, other) = (
-        d.backend.new_stream().unwrap(),
-        d.backend.new_stream().unwrap(),
-    );
-    let mut replayable = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
-    replayable.replay(RunnerId(0), &pool).unwrap();
+    let (d, [pool, other]) = dev();
+    let (mut replayable, addr) = d.replayed(1.0, &pool);
     // A view read from the plan is for addresses: no typed view of it.
     let view = replayable.views(RunnerId(0)).unwrap()[0];
     let err = view.as_cuda::<f32>(&other).unwrap_err();
@@ -140,7 +154,6 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
         ),
         "{err}"
     );
-    let addr = view.device_address();
     // Inside the consumer: another stream is refused at conversion, and a
     // typed view handed to cudarc on another stream gets a null address
     // (cudarc's copy fails) and the consumer reports it. (The consumer's
@@ -186,24 +199,15 @@ fn a_typed_view_works_only_on_its_closures_stream_while_the_closure_runs() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_typed_view_kept_past_its_capture_reaches_no_memory() {
-    let d = dev();
-    let stream = d.backend.new_stream().unwrap();
-    let rs = [(RunnerId(0), [REQ])];
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
-    let mut capturing = planned.allocate(d.backend.clone()).unwrap();
+    let (d, [stream]) = dev();
+    let mut capturing = allocate(&d.backend, [(RunnerId(0), [REQ])], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let view = cap.take(REQ).unwrap();
     let mut kept = None;
     cap.stream_capture(&stream, |s| {
         kept = Some(view.as_cuda::<f32>(s)?);
         d.spin_fill(s, view.device_address(), N as u32, 3.0, 0)
-            .map_err(|reason| BackendError::Refused {
-                call: "test",
-                reason,
-            })
+            .map_err(refused)
     })
     .unwrap();
     let mut kept = kept.unwrap();
@@ -221,14 +225,8 @@ fn a_typed_view_kept_past_its_capture_reaches_no_memory() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_gets_the_bytes() {
-    let d = dev();
-    let (pool, side) = (
-        d.backend.new_stream().unwrap(),
-        d.backend.new_stream().unwrap(),
-    );
-    let mut first = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
-    first.replay(RunnerId(0), &pool).unwrap();
-    let old = first.views(RunnerId(0)).unwrap()[0].device_address();
+    let (d, [pool, side]) = dev();
+    let (mut first, old) = d.replayed(1.0, &pool);
     // The recipe, outside any consumer: refused before anything is
     // enqueued.
     let outside = first.views(RunnerId(0)).unwrap()[0].as_cuda::<f32>(&side);
@@ -237,11 +235,7 @@ fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_get
     let sevens = vec![7f32; N];
     first
         .consume_mut(RunnerId(0), &side, |s, views| {
-            d.spin_fill(s, 0, 0, 0.0, SLOW)
-                .map_err(|reason| BackendError::Refused {
-                    call: "test",
-                    reason,
-                })?;
+            d.spin(s, SLOW)?;
             let mut typed = views[0].as_cuda::<f32>(s)?;
             s.cudarc()
                 .memcpy_htod(&sevens, &mut typed)
@@ -252,9 +246,7 @@ fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_get
         })
         .unwrap();
     drop(first); // must wait for the copy before freeing the arena
-    let mut second = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
-    second.replay(RunnerId(0), &pool).unwrap();
-    let new = second.views(RunnerId(0)).unwrap()[0].device_address();
+    let (_second, new) = d.replayed(2.0, &pool);
     println!("first plan's arena at {old:#x}, second's at {new:#x}");
     assert_eq!(d.ends(new), (2.0, 2.0), "the next plan's arena was written");
 }
@@ -262,11 +254,7 @@ fn dropping_a_plan_waits_for_consumer_work_on_its_views_before_the_next_plan_get
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_forgotten_step_graph_is_waited_for_before_the_next_plan_gets_the_bytes() {
-    let d = dev();
-    let (pool, launch) = (
-        d.backend.new_stream().unwrap(),
-        d.backend.new_stream().unwrap(),
-    );
+    let (d, [pool, launch]) = dev();
     // Each launch spins ~100 ms, then fills the arena with 1.0.
     let mut first = d.sealed(1, 1, &pool, |_| 1.0, |_| SLOW);
     let old = first.views(RunnerId(0)).unwrap()[0].device_address();
@@ -281,9 +269,7 @@ fn a_forgotten_step_graph_is_waited_for_before_the_next_plan_gets_the_bytes() {
         std::mem::forget(graph);
     }
     drop(first); // must wait for the three queued launches
-    let mut second = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
-    second.replay(RunnerId(0), &pool).unwrap();
-    let new = second.views(RunnerId(0)).unwrap()[0].device_address();
+    let (_second, new) = d.replayed(2.0, &pool);
     println!("first plan's arena at {old:#x}, second's at {new:#x}");
     let changed = d.read(new).iter().filter(|&&x| x != 2.0).count();
     assert_eq!(
@@ -295,8 +281,7 @@ fn a_forgotten_step_graph_is_waited_for_before_the_next_plan_gets_the_bytes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_recycled_stream_handle_does_not_skip_the_wait() {
-    let d = dev();
-    let setup = d.backend.new_stream().unwrap();
+    let (d, [setup]) = dev();
     // Two runners sharing one generation: runner 0 writes 5.0 after ~100 ms,
     // runner 1 writes 9.0 at once.
     let mut replayable = d.sealed(
@@ -346,14 +331,12 @@ fn a_recycled_stream_handle_does_not_skip_the_wait() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_stream_wrapped_again_has_the_same_identity_and_the_same_claims() {
-    let d = dev();
-    let stream = d.backend.new_stream().unwrap();
+    let (d, [stream, other]) = dev();
     let again = d.backend.wrap_stream(stream.cudarc().clone()).unwrap();
     let twice = d.backend.wrap_stream(again.cudarc().clone()).unwrap();
     let id = d.backend.stream_id(&stream);
     assert_eq!(d.backend.stream_id(&again), id, "a wrap of a new stream");
     assert_eq!(d.backend.stream_id(&twice), id, "a wrap of a wrap");
-    let other = d.backend.new_stream().unwrap();
     assert_ne!(d.backend.stream_id(&other), id, "another stream");
     // The per-thread default stream: one identity per thread.
     let ctx = d.backend.context().clone();
@@ -376,14 +359,8 @@ fn a_stream_wrapped_again_has_the_same_identity_and_the_same_claims() {
 
     // A consumer on one handle: a capture on the other handle of the same
     // stream is refused, as on the consumer's own handle.
-    let mut consumed = d.sealed(1, 1, &other, |_| 1.0, |_| 0);
-    consumed.replay(RunnerId(0), &other).unwrap();
-    let rs = [(RunnerId(0), [REQ])];
-    let planned = Discovering::from_runners(PlanConfig::new(), rs)
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
-    let mut capturing = planned.allocate(d.backend.clone()).unwrap();
+    let (mut consumed, _) = d.replayed(1.0, &other);
+    let mut capturing = allocate(&d.backend, [(RunnerId(0), [REQ])], Policy::Generations(1));
     consumed
         .consume(RunnerId(0), &again, |_, _| -> Result<(), String> {
             let cap = capturing.capture(RunnerId(0)).map_err(|e| e.to_string())?;
@@ -412,34 +389,18 @@ fn a_stream_wrapped_again_has_the_same_identity_and_the_same_claims() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_for_it() {
-    use replay_arena::nccl::{self, Communicator, UniqueId};
+    use crate::support::gpu::reduce_scatter_plan;
+    use replay_arena::nccl::{Communicator, UniqueId};
     use replay_arena::GroupId;
-    let d = dev();
-    let group = GroupId(0);
-    let comm = Communicator::new(&d.backend, group, &UniqueId::new().unwrap(), 0, 1).unwrap();
-    let backend = nccl::Device::new(d.backend.clone())
-        .with_group(comm.clone())
-        .unwrap();
-    let sym = Request::new(Domain::Symmetric(group), DType::F32, N as u64);
-    let config = PlanConfig::new().with_group(group, "gtp").unwrap();
-    let planned = Discovering::from_runners(config, [(RunnerId(0), [sym, REQ])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
-    let (pool, side) = (
-        d.backend.new_stream().unwrap(),
-        d.backend.new_stream().unwrap(),
-    );
-    let mut capturing = planned.allocate(backend).unwrap();
+    let (d, [pool, side]) = dev();
+    let comm = Communicator::new(&d.backend, GroupId(0), &UniqueId::new().unwrap(), 0, 1).unwrap();
+    let (mut capturing, sym) = reduce_scatter_plan(&d.backend, &comm, REQ);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let (send, recv) = (cap.take(sym).unwrap(), cap.take(REQ).unwrap());
     cap.stream_capture(&pool, |s| {
         d.spin_fill(s, send.device_address(), N as u32, 4.0, 0)
             .and_then(|()| d.spin_fill(s, recv.device_address(), N as u32, 0.0, 0))
-            .map_err(|reason| BackendError::Refused {
-                call: "test",
-                reason,
-            })
+            .map_err(refused)
     })
     .unwrap();
     cap.finish().unwrap();
@@ -459,20 +420,14 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
     );
     replayable
         .consume_mut(RunnerId(0), &side, |s, views| {
-            d.spin_fill(s, 0, 0, 0.0, SLOW)
-                .map_err(|reason| BackendError::Refused {
-                    call: "test",
-                    reason,
-                })?;
+            d.spin(s, SLOW)?;
             comm.reduce_scatter(&views[0], &views[1], s)
         })
         .unwrap();
     drop(replayable);
     // The plan waited for the collective before freeing: a new plan's arena
     // of the same size is not written by it.
-    let mut next = d.sealed(1, 1, &pool, |_| 2.0, |_| 0);
-    next.replay(RunnerId(0), &pool).unwrap();
-    let new = next.views(RunnerId(0)).unwrap()[0].device_address();
+    let (_next, new) = d.replayed(2.0, &pool);
     println!("recv view was at {recv_addr:#x}; the next plan's arena is at {new:#x}");
     assert_eq!(d.ends(new), (2.0, 2.0));
 }
@@ -481,11 +436,8 @@ fn a_reduce_scatter_works_on_a_view_only_inside_its_consumer_and_teardown_waits_
 #[ignore = "needs a CUDA GPU"]
 fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consumer() {
     use replay_arena::cuda::cudarc::driver::sys;
-    let d = dev();
-    let pool = d.backend.new_stream().unwrap();
-    let mut replayable = d.sealed(1, 1, &pool, |_| 1.0, |_| 0);
-    replayable.replay(RunnerId(0), &pool).unwrap();
-    let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();
+    let (d, [pool]) = dev();
+    let (mut replayable, addr) = d.replayed(1.0, &pool);
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     let mut stolen = None;
     // `consume_mut`: a consumer that may write (a read-only consumer's typed
@@ -527,8 +479,7 @@ fn a_typed_view_gets_no_address_in_a_capture_the_program_starts_inside_a_consume
 fn a_replay_on_a_stream_the_program_captures_is_refused_in_every_mode() {
     use replay_arena::cuda::cudarc::driver::sys;
     use replay_arena::ReplayError;
-    let d = dev();
-    let pool = d.backend.new_stream().unwrap();
+    let (d, [pool]) = dev();
     let mut replayable = d.sealed(2, 1, &pool, |r| r as f32 + 1.0, |_| 0);
     replayable.replay(RunnerId(0), &pool).unwrap();
     let addr = replayable.views(RunnerId(0)).unwrap()[0].device_address();

@@ -13,28 +13,14 @@ use crate::support;
 
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::{self, ViewExt};
-use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Purpose, Request, RunnerId};
-use support::ops::Framework;
+use replay_arena::{Policy, ReadOnly, Replayable, RunnerId, View};
+use support::gpu::bucketed::{self, host_input};
+use support::ops::{Framework, OpResult};
 
 /// Elements per bucket.
 const SIZES: [usize; 3] = [1 << 12, 1 << 14, 1 << 16];
 const STEPS: usize = 30;
 const SPIN: i64 = 20_000;
-
-fn input(n: usize) -> Request {
-    Request::new(Domain::Device, DType::I32, n as u64).purpose(Purpose::Input)
-}
-
-fn output(n: usize) -> Request {
-    Request::new(Domain::Device, DType::I32, n as u64)
-}
-
-/// What the program stages before step `step` of bucket `b`.
-fn host_input(b: usize, step: usize) -> Vec<i32> {
-    (0..SIZES[b] as i32)
-        .map(|i| i.wrapping_mul(2654435761u32 as i32) ^ (step as i32 * 7919 + b as i32))
-        .collect()
-}
 
 struct Model {
     fw: Framework,
@@ -79,23 +65,16 @@ impl Model {
         let mut acc = self.accumulators();
         for step in 0..STEPS {
             let b = bucket_of(step);
-            let x: CudaSlice<i32> = io.cudarc().clone_htod(&host_input(b, step)).unwrap();
-            let t = ops.mix2(io, &x, &self.weights[b], 1).unwrap();
-            let y = ops.mix2(io, &t, &x, 2).unwrap();
+            let host = host_input(SIZES[b], b, step);
+            let y = bucketed::eager(ops, io, &host, &self.weights[b]);
             ops.fold(io, &mut acc[b], &y, 0).unwrap();
         }
         self.read(&acc)
     }
 
     /// One plan for the three buckets, captured.
-    fn plan(&self) -> replay_arena::Replayable<cuda::Device> {
-        let mut d = Discovering::new(PlanConfig::new());
-        for (b, &n) in SIZES.iter().enumerate() {
-            d.bucket(format!("n={n}")).unwrap();
-            let mut armed = d.arm(RunnerId(b as u32)).unwrap();
-            armed.record(input(n)).unwrap();
-            armed.record(output(n)).unwrap();
-        }
+    fn plan(&self) -> Replayable<cuda::Device> {
+        let d = bucketed::discover(SIZES.map(|n| (format!("n={n}"), n)));
         let planned = d.plan(Policy::Generations(2)).unwrap();
         let largest = 2 * 4 * SIZES[2] as u64;
         assert!(
@@ -109,17 +88,12 @@ impl Model {
         let capture_stream = self.fw.backend.new_stream().unwrap();
         for (b, &n) in SIZES.iter().enumerate() {
             let cap = capturing.capture(RunnerId(b as u32)).unwrap();
-            let (x, y) = (cap.take(input(n)).unwrap(), cap.take(output(n)).unwrap());
+            let x = cap.take(bucketed::input(n)).unwrap();
+            let y = cap.take(bucketed::output(n)).unwrap();
             let (w, ops) = (&self.weights[b], &self.fw.ops);
             // Repeatable: a step graph of the bucket moves in its copy.
-            cap.stream_capture_repeatable(&capture_stream, |s| {
-                let x = x.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                let mut y = y.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                // A temporary the op allocates, freed inside the graph.
-                let t = ops.mix2(s, &x, w, 1)?;
-                ops.mix2_into(s, &mut y, &t, &x, 2)
-            })
-            .unwrap();
+            cap.stream_capture_repeatable(&capture_stream, |s| bucketed::work(ops, s, (&x, &y), w))
+                .unwrap();
             cap.finish().unwrap();
         }
         self.fw.io.synchronize().unwrap();
@@ -130,17 +104,10 @@ impl Model {
 /// Stages bucket `b`'s input of `step`: the write waits for every replay
 /// still reading the bytes (this bucket's or another's); the replay waits
 /// for the copy.
-fn stage(replayable: &mut replay_arena::Replayable<cuda::Device>, on: &cuda::Stream, step: usize) {
+fn stage(replayable: &mut Replayable<cuda::Device>, on: &cuda::Stream, step: usize) {
     let b = bucket_of(step);
-    let host = host_input(b, step);
-    replayable
-        .consume_mut(RunnerId(b as u32), on, |s, views| {
-            let mut x = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            s.cudarc()
-                .memcpy_htod(&host, &mut x)
-                .map_err(|e| format!("{e:?}"))
-        })
-        .unwrap();
+    let host = host_input(SIZES[b], b, step);
+    bucketed::stage(replayable, RunnerId(b as u32), on, &host);
 }
 
 fn assert_equal(got: &[Vec<i32>], eager: &[Vec<i32>]) {
@@ -154,36 +121,71 @@ fn assert_equal(got: &[Vec<i32>], eager: &[Vec<i32>]) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn three_buckets_switching_every_step_equal_eager() {
+/// What both tests start from: the model and its eager run, the plan, a
+/// pool of two streams, a stream to stage on, a side stream for the
+/// consumers, and the buckets' accumulators.
+struct Setup {
+    model: Model,
+    eager: Vec<Vec<i32>>,
+    replayable: Replayable<cuda::Device>,
+    pool: [cuda::Stream; 2],
+    on_stage: cuda::Stream,
+    side: cuda::Stream,
+    acc: Vec<CudaSlice<i32>>,
+}
+
+fn setup() -> Setup {
     let model = Model::new();
     let eager = model.eager();
-    let mut replayable = model.plan();
+    let replayable = model.plan();
     let b = &model.fw.backend;
     let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
     let (on_stage, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
-    let mut acc = model.accumulators();
+    let acc = model.accumulators();
+    Setup {
+        model,
+        eager,
+        replayable,
+        pool,
+        on_stage,
+        side,
+        acc,
+    }
+}
+
+/// The consumer: folds the bucket's output (its second view) into `acc`,
+/// slowly.
+fn fold(
+    model: &Model,
+    s: &cuda::Stream,
+    views: &[View<'_, ReadOnly>],
+    acc: &mut CudaSlice<i32>,
+) -> OpResult<()> {
+    let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+    model.fw.ops.fold(s, acc, &y, SPIN)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn three_buckets_switching_every_step_equal_eager() {
+    let mut t = setup();
     for step in 0..STEPS {
         let bucket = bucket_of(step);
         let runner = RunnerId(bucket as u32);
-        stage(&mut replayable, &on_stage, step);
-        replayable.replay(runner, &pool[step % 2]).unwrap();
-        let acc_b = &mut acc[bucket];
-        replayable
-            .consume(runner, &side, |s, views| {
-                let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                model.fw.ops.fold(s, acc_b, &y, SPIN)
-            })
+        stage(&mut t.replayable, &t.on_stage, step);
+        t.replayable.replay(runner, &t.pool[step % 2]).unwrap();
+        let acc_b = &mut t.acc[bucket];
+        t.replayable
+            .consume(runner, &t.side, |s, views| fold(&t.model, s, views, acc_b))
             .unwrap();
     }
-    replayable.wait_all(&model.fw.io).unwrap();
-    assert_equal(&model.read(&acc), &eager);
-    let stats = replayable.fence_stats();
+    t.replayable.wait_all(&t.model.fw.io).unwrap();
+    assert_equal(&t.model.read(&t.acc), &t.eager);
+    let stats = t.replayable.fence_stats();
     println!(
         "3 buckets, {STEPS} switching steps: plan {} B shared against {} B as separate plans; {stats}",
-        replayable.plan().total_bytes(),
-        replayable.plan().separate_bytes()
+        t.replayable.plan().total_bytes(),
+        t.replayable.plan().separate_bytes()
     );
     assert!(
         stats.waits > 0,
@@ -196,42 +198,33 @@ fn three_buckets_switching_every_step_equal_eager() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_kept_step_graph_per_bucket_launched_in_turn_equals_eager() {
-    let model = Model::new();
-    let eager = model.eager();
-    let mut replayable = model.plan();
-    let b = &model.fw.backend;
-    let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
-    let (on_stage, side) = (b.new_stream().unwrap(), b.new_stream().unwrap());
-    let mut acc = model.accumulators();
+    let mut t = setup();
     let mut kept: Vec<replay_arena::KeptStep<cuda::Device>> = Vec::new();
-    for (bucket, acc_b) in acc.iter_mut().enumerate() {
+    for (bucket, acc_b) in t.acc.iter_mut().enumerate() {
         let runner = RunnerId(bucket as u32);
         // The buckets share bytes: staging one's input takes another's, so
         // each schedule is built right after its bucket's input is staged.
-        stage(&mut replayable, &on_stage, bucket);
-        let mut step = replayable.step();
-        step.replay(runner, &pool[0]).unwrap();
-        step.consume(runner, &side, |s, views| {
-            let y = views[1].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            model.fw.ops.fold(s, acc_b, &y, SPIN)
-        })
-        .unwrap();
+        stage(&mut t.replayable, &t.on_stage, bucket);
+        let mut step = t.replayable.step();
+        step.replay(runner, &t.pool[0]).unwrap();
+        step.consume(runner, &t.side, |s, views| fold(&t.model, s, views, acc_b))
+            .unwrap();
         kept.push(step.build().unwrap().keep());
     }
     for step in 0..STEPS {
         let bucket = bucket_of(step);
         // Another bucket's replays may have taken this bucket's bytes
         // since: its input is staged again before every launch.
-        stage(&mut replayable, &on_stage, step);
-        replayable
-            .launch_kept(&mut kept[bucket], &pool[step % 2])
+        stage(&mut t.replayable, &t.on_stage, step);
+        t.replayable
+            .launch_kept(&mut kept[bucket], &t.pool[step % 2])
             .unwrap();
     }
     for k in &kept {
-        replayable.wait_kept(k, &model.fw.io).unwrap();
+        t.replayable.wait_kept(k, &t.model.fw.io).unwrap();
     }
-    replayable.wait_all(&model.fw.io).unwrap();
-    assert_equal(&model.read(&acc), &eager);
-    assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
+    t.replayable.wait_all(&t.model.fw.io).unwrap();
+    assert_equal(&t.model.read(&t.acc), &t.eager);
+    assert_eq!(t.replayable.fence_stats().step_launches, STEPS as u64);
     drop(kept);
 }

@@ -10,55 +10,24 @@
 
 use crate::support;
 
-use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::CudaSlice;
-use replay_arena::{PlacedPolicy, Policy, ReadOnly, RunnerId, View};
-use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Gpu, Spec, State};
-
-const RUNNERS: u32 = 6;
-const N: u32 = 1 << 14;
-const STEPS: usize = 20;
-const SPIN: i64 = 20_000;
-const CONSUMER_BLOCKS: u32 = 8;
+use replay_arena::{PlacedPolicy, Policy, RunnerId};
+use support::gpu::slow::{self, STEPS};
+use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Rig};
 
 fn stepped_equals_eager(strategy: PlacedPolicy) {
     let g = gpu();
-    let specs: Vec<Spec> = (0..RUNNERS)
-        .map(|r| Spec::new(r, &[N], Some(256)))
-        .collect();
+    let specs = slow::specs(Some(256));
     let planned = discover_specs(&specs).plan(strategy).unwrap();
-    let pool: Vec<cuda::Stream> = (0..2).map(|_| g.backend.new_stream().unwrap()).collect();
-    let (consumer, launch) = (
-        g.backend.new_stream().unwrap(),
-        g.backend.new_stream().unwrap(),
-    );
-    let states: Vec<State> = specs.iter().map(|s| State::new(&g, s)).collect();
-    let torn: CudaSlice<u32> = g.zeros(1);
-    let mut replayable = capture_specs(&g, planned, &specs, &states, &pool);
-    let consume = |g: &Gpu,
-                   spec: &Spec,
-                   out: &CudaSlice<u32>,
-                   s: &cuda::Stream,
-                   views: &[View<'_, ReadOnly>]| {
-        let (_, w) = spec.split(views);
-        g.consume(
-            s,
-            g.ptr(out),
-            w[0],
-            N,
-            SPIN,
-            g.ptr(&torn),
-            Some(CONSUMER_BLOCKS),
-        )
-    };
+    let rig = Rig::new(&g, &specs, 2);
+    let launch = g.backend.new_stream().unwrap();
+    let mut replayable = capture_specs(&g, planned, &specs, &rig.states, &rig.pool);
     {
         let mut step = replayable.step();
         for (r, spec) in specs.iter().enumerate() {
             let runner = RunnerId(r as u32);
-            step.replay(runner, &pool[r % 2]).unwrap();
-            let out = &states[r].outs[0];
-            step.consume(runner, &consumer, |s, views| {
-                consume(&g, spec, out, s, views)
+            step.replay(runner, &rig.pool[r % 2]).unwrap();
+            step.consume(runner, &rig.consumer, |s, views| {
+                slow::fold(&g, &rig, spec, r, s, views)
             })
             .unwrap();
         }
@@ -71,7 +40,7 @@ fn stepped_equals_eager(strategy: PlacedPolicy) {
         graph.wait_all(&optimizer).unwrap();
         optimizer.synchronize().unwrap();
     }
-    let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(&g)).collect();
+    let got = rig.outs(&g);
     let expected = eager(&g, &specs, STEPS);
     assert_eq!(
         mismatches(&got, &expected),
@@ -79,7 +48,7 @@ fn stepped_equals_eager(strategy: PlacedPolicy) {
         "{strategy:?}: outputs differ from eager"
     );
     assert_eq!(
-        g.read(&torn),
+        g.read(&rig.torn),
         vec![0],
         "{strategy:?}: a consumer's input changed under it"
     );
@@ -87,23 +56,22 @@ fn stepped_equals_eager(strategy: PlacedPolicy) {
     // Per runner again, where the step graphs left the plan.
     for (r, spec) in specs.iter().enumerate() {
         let runner = RunnerId(r as u32);
-        replayable.replay(runner, &pool[r % 2]).unwrap();
-        let out = &states[r].outs[0];
+        replayable.replay(runner, &rig.pool[r % 2]).unwrap();
         replayable
-            .consume(runner, &consumer, |s, views| {
-                consume(&g, spec, out, s, views)
+            .consume(runner, &rig.consumer, |s, views| {
+                slow::fold(&g, &rig, spec, r, s, views)
             })
             .unwrap();
     }
     replayable.synchronize().unwrap();
-    let got: Vec<Vec<Vec<u32>>> = states.iter().map(|s| s.read_outs(&g)).collect();
+    let got = rig.outs(&g);
     let expected = eager(&g, &specs, STEPS + 1);
     assert_eq!(
         mismatches(&got, &expected),
         0,
         "{strategy:?}: per runner after the step graph"
     );
-    assert_eq!(g.read(&torn), vec![0]);
+    assert_eq!(g.read(&rig.torn), vec![0]);
     assert_eq!(replayable.fence_stats().step_launches, STEPS as u64);
 }
 

@@ -34,22 +34,13 @@ use crate::support::capture_view;
 
 use replay_arena::backend::Streams;
 use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use replay_arena::cuda::ViewExt;
-use replay_arena::{DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Request, RunnerId};
-use support::ops::{Framework, Layers, OpResult};
+use replay_arena::{DType, Domain, Policy, Replayable, Request, RunnerId};
+use support::gpu::allocate;
+use support::gpu::backward::{self, Capture, Free, Model};
 
 const LAYERS: usize = 5;
 const MIB: u64 = 1 << 20;
-
-/// Where a layer frees the op output it hands off (`dx`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Free {
-    /// Before its ready point: no temporary spans a cut.
-    BeforeReady,
-    /// After it, as a framework's autograd does: the temporary spans the cut.
-    AfterReady,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Shape {
@@ -59,69 +50,8 @@ struct Shape {
     streams: usize,
 }
 
-struct Model {
-    fw: Framework,
-    layers: Layers,
-}
-
-impl Model {
-    fn new(n: usize) -> Model {
-        let fw = Framework::new();
-        let layers = Layers::new(&fw, LAYERS, n, false);
-        Model { fw, layers }
-    }
-
-    /// One layer: three op outputs allocated in the capture (`t1`, `dx`,
-    /// `t3`), `dx` copied into the handoff, the ready point, the wgrad.
-    #[allow(clippy::too_many_arguments)]
-    fn layer<O: DevicePtrMut<i32>>(
-        &self,
-        s: &cuda::Stream,
-        l: usize,
-        g_in: &impl DevicePtr<i32>,
-        dx_out: Option<&mut O>,
-        wgrad: &mut impl DevicePtrMut<i32>,
-        free: Free,
-        ready: impl FnOnce(&cuda::Stream) -> OpResult<()>,
-    ) -> OpResult<()> {
-        let w = &self.layers.weights[l];
-        let t1 = self.fw.ops.mix2(s, g_in, w, 1)?;
-        let dx = self.fw.ops.mix2(s, &t1, w, 2)?;
-        drop(t1);
-        if let Some(out) = dx_out {
-            self.fw.ops.copy_into(s, &dx, out)?;
-        }
-        let dx = match free {
-            Free::BeforeReady => {
-                drop(dx);
-                None
-            }
-            Free::AfterReady => Some(dx),
-        };
-        ready(s)?;
-        drop(dx);
-        let t3 = self.fw.ops.mix2(s, g_in, w, 3)?;
-        self.fw.ops.mix2_into(s, wgrad, &t3, w, 4)?;
-        drop(t3);
-        Ok(())
-    }
-}
-
-fn discover(shape: Shape) -> (Discovering, Vec<HandoffId>) {
-    let req = Request::new(Domain::Device, DType::I32, shape.n as u64);
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs = Vec::new();
-    for l in 0..LAYERS {
-        let mut armed = d.arm(RunnerId(l as u32)).unwrap();
-        armed.record(req).unwrap();
-        if shape.handoffs && l > 0 {
-            armed.receive(handoffs[l - 1]).unwrap();
-        }
-        if shape.handoffs && l + 1 < LAYERS {
-            handoffs.push(armed.hand_off(req).unwrap());
-        }
-    }
-    (d, handoffs)
+fn model(n: usize) -> Model {
+    Model::new(LAYERS, n, false)
 }
 
 /// The driver's reserved graph memory above `base`, in bytes.
@@ -135,23 +65,11 @@ fn reserved_above(b: &cuda::Device, base: u64) -> u64 {
 /// Each layer's wgrad after one eager backward (on one stream, the ops
 /// allocating and freeing as they go).
 fn eager(model: &Model, shape: Shape) -> Vec<Vec<i32>> {
-    let s = &model.fw.io;
-    let mut grads: Vec<CudaSlice<i32>> = (0..LAYERS)
-        .map(|_| s.cudarc().alloc_zeros(shape.n).unwrap())
-        .collect();
+    let io = &model.fw.io;
     let mut out = Vec::new();
-    for l in 0..LAYERS {
-        let mut wgrad: CudaSlice<i32> = s.cudarc().alloc_zeros(shape.n).unwrap();
-        let (before, rest) = grads.split_at_mut(l);
-        let dx = (shape.handoffs && l + 1 < LAYERS).then_some(&mut rest[0]);
-        let ok = |_: &cuda::Stream| Ok(());
-        match before.last().filter(|_| shape.handoffs) {
-            None => model.layer(s, l, &model.layers.loss, dx, &mut wgrad, shape.free, ok),
-            Some(g_in) => model.layer(s, l, g_in, dx, &mut wgrad, shape.free, ok),
-        }
-        .unwrap();
-        out.push(s.cudarc().clone_dtoh(&wgrad).unwrap());
-    }
+    model.eager(1, shape.handoffs, shape.free, |_, wgrad| {
+        out.push(io.cudarc().clone_dtoh(wgrad).unwrap())
+    });
     out
 }
 
@@ -163,11 +81,7 @@ fn granule(model: &Model) -> u64 {
     b.synchronize().unwrap();
     b.trim_graph_memory().unwrap();
     let base = b.graph_memory_in_use().unwrap().reserved;
-    let planned = Discovering::from_runners(PlanConfig::new(), [(RunnerId(0), [req])])
-        .unwrap()
-        .plan(Policy::Generations(1))
-        .unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
+    let mut capturing = allocate(b, [(RunnerId(0), [req])], Policy::Generations(1));
     let s = b.new_stream().unwrap();
     capture_view(&mut capturing, RunnerId(0), req, &s, |s, out| {
         let mut out = out.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
@@ -188,51 +102,30 @@ fn granule(model: &Model) -> u64 {
 /// The five layers of `shape`, discovered, planned (a generation per
 /// layer: every layer's wgrad stays readable after a step; the arenas are
 /// not graph memory), captured with a step copy each, and sealed.
-fn sealed(model: &Model, shape: Shape) -> replay_arena::Replayable<cuda::Device> {
-    let b = &model.fw.backend;
+fn sealed(model: &Model, shape: Shape) -> Replayable<cuda::Device> {
     let req = Request::new(Domain::Device, DType::I32, shape.n as u64);
-    let (d, handoffs) = discover(shape);
+    let grad = shape.handoffs.then_some(req);
+    let (d, handoffs) = backward::discover(LAYERS, req, grad, None);
     let planned = d.plan(Policy::Generations(LAYERS)).unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
-    let capture_stream = b.new_stream().unwrap();
-    for l in 0..LAYERS {
-        let cap = capturing.capture(RunnerId(l as u32)).unwrap();
-        let wgrad = cap.take(req).unwrap();
-        let has_in = shape.handoffs && l > 0;
-        let has_out = shape.handoffs && l + 1 < LAYERS;
-        let input = has_in.then(|| cap.receive(handoffs[l - 1]).unwrap());
-        let output = has_out.then(|| (handoffs[l], cap.hand_off(handoffs[l]).unwrap()));
-        cap.step_copies(1);
-        cap.stream_capture_repeatable(&capture_stream, |s| {
-            let mut wgrad = wgrad.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            let mut out = output
-                .map(|(_, v)| v.as_cuda::<i32>(s))
-                .transpose()
-                .map_err(|e| e.to_string())?;
-            let ready = |s: &cuda::Stream| match output {
-                Some((h, _)) => cap.ready(h, s).map_err(|e| e.to_string()),
-                None => Ok(()),
-            };
-            match input {
-                None => model.layer(
-                    s,
-                    l,
-                    &model.layers.loss,
-                    out.as_mut(),
-                    &mut wgrad,
-                    shape.free,
-                    ready,
-                ),
-                Some(v) => {
-                    let g_in = v.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                    model.layer(s, l, &g_in, out.as_mut(), &mut wgrad, shape.free, ready)
-                }
-            }
+    let how = Capture::Repeatable { step_copies: 1 };
+    model.sealed(planned, req, &handoffs, shape.free, how)
+}
+
+/// Each layer's wgrad, read through a consumer on `io`.
+fn wgrads(model: &Model, rp: &mut Replayable<cuda::Device>) -> Vec<Vec<i32>> {
+    let io = &model.fw.io;
+    (0..LAYERS)
+        .map(|l| {
+            let mut host = io.cudarc().alloc_zeros::<i32>(model.n).unwrap();
+            rp.consume(RunnerId(l as u32), io, |s, views| {
+                let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
+                model.fw.ops.copy_into(s, &w, &mut host)
+            })
+            .unwrap();
+            io.synchronize().unwrap();
+            io.cudarc().clone_dtoh(&host).unwrap()
         })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    capturing.seal().unwrap()
+        .collect()
 }
 
 /// (per-layer graphs launched once each, then the step graph built and
@@ -270,18 +163,7 @@ fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>)
         rp.wait_all(&model.fw.io).unwrap();
         model.fw.io.synchronize().unwrap();
         let after = reserved_above(b, base);
-        let wgrads = (0..LAYERS)
-            .map(|l| {
-                let mut host = model.fw.io.cudarc().alloc_zeros::<i32>(shape.n).unwrap();
-                rp.consume(RunnerId(l as u32), &model.fw.io, |s, views| {
-                    let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                    model.fw.ops.copy_into(s, &w, &mut host)
-                })
-                .unwrap();
-                model.fw.io.synchronize().unwrap();
-                model.fw.io.cudarc().clone_dtoh(&host).unwrap()
-            })
-            .collect();
+        let wgrads = wgrads(model, &mut rp);
         drop(rp);
         b.synchronize().unwrap();
         (per_layer, after, nodes, wgrads)
@@ -303,36 +185,25 @@ fn one_plans_teardown_trim_leaves_another_plans_idle_graphs_with_temporaries_wor
         handoffs: true,
         streams: 2,
     };
-    let model = Model::new(shape.n);
+    let model = model(shape.n);
     let b = &model.fw.backend;
     let s = b.new_stream().unwrap();
-    let wgrads = |rp: &mut replay_arena::Replayable<cuda::Device>| -> Vec<Vec<i32>> {
+    let replayed = |rp: &mut Replayable<cuda::Device>| -> Vec<Vec<i32>> {
         for l in 0..LAYERS {
             rp.replay(RunnerId(l as u32), &s).unwrap();
         }
-        (0..LAYERS)
-            .map(|l| {
-                let mut host = model.fw.io.cudarc().alloc_zeros::<i32>(shape.n).unwrap();
-                rp.consume(RunnerId(l as u32), &model.fw.io, |s, views| {
-                    let w = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                    model.fw.ops.copy_into(s, &w, &mut host)
-                })
-                .unwrap();
-                model.fw.io.synchronize().unwrap();
-                model.fw.io.cudarc().clone_dtoh(&host).unwrap()
-            })
-            .collect()
+        wgrads(&model, rp)
     };
     let mut kept = sealed(&model, shape);
-    let before = wgrads(&mut kept);
+    let before = replayed(&mut kept);
     assert_eq!(before, eager(&model, shape));
     for _ in 0..3 {
         let mut other = sealed(&model, shape);
-        wgrads(&mut other);
+        replayed(&mut other);
         drop(other); // waits, frees its graphs, trims the device
         b.trim_graph_memory().unwrap();
         assert_eq!(
-            wgrads(&mut kept),
+            replayed(&mut kept),
             before,
             "after another plan's teardown trim"
         );
@@ -345,7 +216,7 @@ fn a_step_graph_holds_no_more_graph_memory_than_its_per_layer_graphs() {
     let mut rows = Vec::new();
     let mut over = Vec::new();
     for n in [1usize << 22, 1 << 24] {
-        let model = Model::new(n);
+        let model = model(n);
         let granule = granule(&model);
         println!("the driver's graph pool grows by {} MiB", granule / MIB);
         for handoffs in [false, true] {

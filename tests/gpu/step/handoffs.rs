@@ -13,13 +13,12 @@
 use crate::support;
 
 use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::ViewExt;
 use replay_arena::{
-    CaptureError, DType, Discovering, Domain, HandoffId, PlacedPolicy, PlanConfig, Policy, Request,
-    RunnerId, StepError,
+    CaptureError, DType, Domain, PlacedPolicy, Policy, Request, RunnerId, StepError,
 };
-use support::ops::{Framework, Layers, OpResult};
+use support::gpu::backward::{self, Capture, Free, Model};
 
 const N: usize = 1 << 18;
 const LAYERS: usize = 6;
@@ -30,102 +29,25 @@ const SPIN: i64 = 20_000;
 const WGRAD: Request = Request::new(Domain::Device, DType::I32, N as u64);
 const GRAD: Request = Request::new(Domain::Device, DType::I32, N as u64);
 
-struct Model {
-    fw: Framework,
-    layers: Layers,
+fn model() -> Model {
+    Model::new(LAYERS, N, true)
 }
 
-impl Model {
-    fn new() -> Model {
-        let fw = Framework::new();
-        let layers = Layers::new(&fw, LAYERS, N, true);
-        Model { fw, layers }
-    }
-
-    /// Layer `l`'s backward, as a framework writes it: every op allocates
-    /// its output; the input gradient goes into `dx_out` (the next layer's
-    /// input), then `ready` is called, then the wgrad is computed into
-    /// `wgrad`.
-    #[allow(clippy::too_many_arguments)]
-    fn layer<O: DevicePtrMut<i32>>(
-        &self,
-        s: &cuda::Stream,
-        l: usize,
-        g_in: &impl DevicePtr<i32>,
-        dx_out: Option<&mut O>,
-        wgrad: &mut impl DevicePtrMut<i32>,
-        ready: impl FnOnce(&cuda::Stream) -> OpResult<()>,
-    ) -> OpResult<()> {
-        let (w, x) = (&self.layers.weights[l], &self.layers.inputs[l]);
-        let t1 = self.fw.ops.mix2(s, g_in, w, 1)?;
-        let dx = self.fw.ops.mix2(s, &t1, w, 2)?;
-        drop(t1);
-        if let Some(out) = dx_out {
-            self.fw.ops.copy_into(s, &dx, out)?;
-        }
-        ready(s)?;
-        // Freed after the ready point: in a step copy cut there, the
-        // allocation is in the first part and the free in the second.
-        drop(dx);
-        let t3 = self.fw.ops.mix2(s, g_in, x, 3)?;
-        self.fw.ops.mix2_into(s, wgrad, &t3, x, 4)?;
-        drop(t3);
-        Ok(())
-    }
-
-    fn accumulators(&self) -> Vec<CudaSlice<i32>> {
-        let acc = (0..LAYERS)
-            .map(|_| self.fw.io.cudarc().alloc_zeros(N).unwrap())
-            .collect();
-        self.fw.io.synchronize().unwrap();
-        acc
-    }
-
-    /// `steps` eager steps on one stream.
-    fn eager(&self, steps: usize) -> Vec<Vec<i32>> {
-        let s = &self.fw.io;
-        let mut acc = self.accumulators();
-        let mut grads: Vec<CudaSlice<i32>> = (0..LAYERS)
-            .map(|_| s.cudarc().alloc_zeros(N).unwrap())
-            .collect();
-        for _ in 0..steps {
-            for (l, acc) in acc.iter_mut().enumerate() {
-                let mut wgrad: CudaSlice<i32> = s.cudarc().alloc_zeros(N).unwrap();
-                let (before, rest) = grads.split_at_mut(l);
-                let out = (l + 1 < LAYERS).then_some(&mut rest[0]);
-                let ok = |_: &cuda::Stream| Ok(());
-                match before.last() {
-                    None => self.layer(s, l, &self.layers.loss, out, &mut wgrad, ok),
-                    Some(g_in) => self.layer(s, l, g_in, out, &mut wgrad, ok),
-                }
-                .unwrap();
-                self.fw.ops.fold(s, acc, &wgrad, 0).unwrap();
-            }
-        }
-        acc.iter()
-            .map(|a| s.cudarc().clone_dtoh(a).unwrap())
-            .collect()
-    }
+/// `steps` eager steps on one stream: each layer's wgrads folded into its
+/// accumulator.
+fn eager(model: &Model, steps: usize) -> Vec<Vec<i32>> {
+    let (s, ops) = (&model.fw.io, &model.fw.ops);
+    let mut acc = model.zeros(LAYERS);
+    model.eager(steps, true, Free::AfterReady, |l, wgrad| {
+        ops.fold(s, &mut acc[l], wgrad, 0).unwrap()
+    });
+    model.read(&acc)
 }
 
 /// Discovery: each layer records its wgrad, receives the gradient the layer
 /// before handed off, and hands its own off to the next.
-fn discover() -> (Discovering, Vec<HandoffId>) {
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs = Vec::new();
-    for l in 0..LAYERS {
-        let mut armed = d
-            .arm_named(RunnerId(l as u32), format!("layer{l}.bwd"))
-            .unwrap();
-        armed.record(WGRAD).unwrap();
-        if l > 0 {
-            armed.receive(handoffs[l - 1]).unwrap();
-        }
-        if l + 1 < LAYERS {
-            handoffs.push(armed.hand_off(GRAD).unwrap());
-        }
-    }
-    (d, handoffs)
+fn discover() -> (replay_arena::Discovering, Vec<replay_arena::HandoffId>) {
+    backward::discover(LAYERS, WGRAD, Some(GRAD), None)
 }
 
 /// One step graph, or two launched in turn on two streams.
@@ -150,41 +72,15 @@ fn graphed(
     let b = &model.fw.backend;
     let (d, handoffs) = discover();
     let planned = d.plan(strategy).unwrap();
-    let mut capturing = planned.allocate(b.clone()).unwrap();
-    let capture_stream = b.new_stream().unwrap();
-    for l in 0..LAYERS {
-        let cap = capturing.capture(RunnerId(l as u32)).unwrap();
-        let wgrad = cap.take(WGRAD).unwrap();
-        let input = (l > 0).then(|| cap.receive(handoffs[l - 1]).unwrap());
-        let output = (l + 1 < LAYERS).then(|| (handoffs[l], cap.hand_off(handoffs[l]).unwrap()));
-        // Captured twice: the layer's graph, and its step copy for a step
-        // graph to move in (its graph allocates).
-        cap.step_copies(copies);
-        cap.stream_capture_repeatable(&capture_stream, |s| {
-            let mut wgrad = wgrad.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            let mut out = output
-                .map(|(_, v)| v.as_cuda::<i32>(s))
-                .transpose()
-                .map_err(|e| e.to_string())?;
-            let ready = |s: &cuda::Stream| match output {
-                Some((h, _)) => cap.ready(h, s).map_err(|e| e.to_string()),
-                None => Ok(()),
-            };
-            match input {
-                None => model.layer(s, l, &model.layers.loss, out.as_mut(), &mut wgrad, ready),
-                Some(v) => {
-                    let g_in = v.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                    model.layer(s, l, &g_in, out.as_mut(), &mut wgrad, ready)
-                }
-            }
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
-    let mut replayable = capturing.seal().unwrap();
+    // Captured twice: the layer's graph, and its step copy for a step
+    // graph to move in (its graph allocates).
+    let how = Capture::Repeatable {
+        step_copies: copies,
+    };
+    let mut replayable = model.sealed(planned, WGRAD, &handoffs, Free::AfterReady, how);
     let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
     let (side, optimizer) = (b.new_stream().unwrap(), b.new_stream().unwrap());
-    let mut acc = model.accumulators();
+    let mut acc = model.zeros(LAYERS);
     let per_layer = |replayable: &mut replay_arena::Replayable<cuda::Device>,
                      acc: &mut [CudaSlice<i32>],
                      steps: usize| {
@@ -293,18 +189,14 @@ fn graphed(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn per_layer_graphs_with_handoffs_and_temporaries_equal_eager_over_many_steps() {
-    let model = Model::new();
-    let eager = model.eager(STEPS);
+    let model = model();
+    let eager = eager(&model, STEPS);
     for strategy in [
         Policy::OverlapDepth(2).round_robin(),
         Policy::OverlapDepth(2).packed(),
     ] {
         let got = graphed(&model, strategy, STEPS, None).unwrap();
-        let differ: usize = got
-            .iter()
-            .zip(&eager)
-            .map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x != y).count())
-            .sum();
+        let differ = backward::differing(&got, &eager);
         assert_eq!(
             differ, 0,
             "{strategy:?}: {differ} elements differ from eager"
@@ -315,8 +207,8 @@ fn per_layer_graphs_with_handoffs_and_temporaries_equal_eager_over_many_steps() 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_framework_backward_as_one_step_graph_is_exact() {
-    let model = Model::new();
-    let eager = model.eager(STEPS + 2 * AROUND);
+    let model = model();
+    let eager = eager(&model, STEPS + 2 * AROUND);
     for (strategy, overlap) in [
         (Policy::OverlapDepth(2).round_robin(), Overlap::No),
         (Policy::OverlapDepth(2).packed(), Overlap::No),
@@ -341,43 +233,16 @@ fn the_framework_backward_as_one_step_graph_is_exact() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dropping_a_plan_with_temporaries_gives_the_graph_memory_back() {
-    let model = Model::new();
+    let model = model();
     let b = &model.fw.backend;
     b.trim_graph_memory().unwrap();
     let start = b.graph_memory_in_use().unwrap();
     let reserved_while_alive;
     {
         let (d, handoffs) = discover();
-        let mut capturing = d
-            .plan(Policy::OverlapDepth(2))
-            .unwrap()
-            .allocate(b.clone())
-            .unwrap();
-        let s = b.new_stream().unwrap();
-        for l in 0..LAYERS {
-            let cap = capturing.capture(RunnerId(l as u32)).unwrap();
-            let wgrad = cap.take(WGRAD).unwrap();
-            let input = (l > 0).then(|| cap.receive(handoffs[l - 1]).unwrap());
-            let output = (l + 1 < LAYERS).then(|| cap.hand_off(handoffs[l]).unwrap());
-            cap.stream_capture(&s, |s| {
-                let mut w = wgrad.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                let mut out = output
-                    .map(|v| v.as_cuda::<i32>(s))
-                    .transpose()
-                    .map_err(|e| e.to_string())?;
-                let ok = |_: &cuda::Stream| Ok(());
-                match input {
-                    None => model.layer(s, l, &model.layers.loss, out.as_mut(), &mut w, ok),
-                    Some(v) => {
-                        let g = v.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-                        model.layer(s, l, &g, out.as_mut(), &mut w, ok)
-                    }
-                }
-            })
-            .unwrap();
-            cap.finish().unwrap();
-        }
-        let mut replayable = capturing.seal().unwrap();
+        let planned = d.plan(Policy::OverlapDepth(2)).unwrap();
+        let mut replayable =
+            model.sealed(planned, WGRAD, &handoffs, Free::AfterReady, Capture::Once);
         let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];
         for _ in 0..3 {
             for l in 0..LAYERS {
@@ -405,7 +270,7 @@ fn dropping_a_plan_with_temporaries_gives_the_graph_memory_back() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_layer_whose_op_output_escapes_its_graph_is_a_typed_error() {
-    let model = Model::new();
+    let model = model();
     let (d, handoffs) = discover();
     let mut capturing = d
         .plan(Policy::OverlapDepth(2))
@@ -445,7 +310,12 @@ fn a_layer_whose_op_output_escapes_its_graph_is_a_typed_error() {
 /// framework's own code).
 #[test]
 fn this_file_has_no_unsafe_code() {
-    let source = include_str!("handoffs.rs");
+    // This file and the backward it runs.
+    let source = [
+        include_str!("handoffs.rs"),
+        include_str!("../../support/gpu/backward.rs"),
+    ]
+    .concat();
     // `unsafe` as a keyword: a block, fn, impl or trait (spelled in
     // pieces so that this test does not find itself).
     let keyword = ["un", "safe"].concat();

@@ -18,9 +18,9 @@ use replay_arena::backend::{Backend, Streams};
 use replay_arena::cuda::cudarc::driver::CudaSlice;
 use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{
-    BucketError, BucketId, BucketState, DType, Discovering, Domain, JoinError, PlanConfig, Policy,
-    Purpose, Replayable, Request, RunnerCapture, RunnerId,
+    BucketError, BucketId, BucketState, JoinError, Policy, Replayable, RunnerCapture, RunnerId,
 };
+use support::gpu::bucketed::{self, input, output};
 use support::ops::Framework;
 
 /// Elements per batch row.
@@ -34,18 +34,8 @@ fn sizes() -> Vec<usize> {
     s
 }
 
-fn input(bs: usize) -> Request {
-    Request::new(Domain::Device, DType::I32, (bs * HIDDEN) as u64).purpose(Purpose::Input)
-}
-
-fn output(bs: usize) -> Request {
-    Request::new(Domain::Device, DType::I32, (bs * HIDDEN) as u64)
-}
-
 fn host_input(bs: usize, visit: usize) -> Vec<i32> {
-    (0..(bs * HIDDEN) as i32)
-        .map(|i| i.wrapping_mul(2654435761u32 as i32) ^ (visit as i32 * 7919 + bs as i32))
-        .collect()
+    bucketed::host_input(bs * HIDDEN, bs, visit)
 }
 
 /// A seeded order: every size twice, shuffled.
@@ -77,39 +67,28 @@ impl Model {
 
     /// One visit eagerly: y = mix2(mix2(x, w), x).
     fn eager(&self, bs: usize, visit: usize) -> Vec<i32> {
-        let (io, ops) = (&self.fw.io, &self.fw.ops);
-        let x: CudaSlice<i32> = io.cudarc().clone_htod(&host_input(bs, visit)).unwrap();
         let w = self.weights.slice(..bs * HIDDEN);
-        let t = ops.mix2(io, &x, &w, 1).unwrap();
-        let y = ops.mix2(io, &t, &x, 2).unwrap();
-        io.cudarc().clone_dtoh(&y).unwrap()
+        let y = bucketed::eager(&self.fw.ops, &self.fw.io, &host_input(bs, visit), &w);
+        self.fw.io.cudarc().clone_dtoh(&y).unwrap()
     }
 
     /// Captures the runner of batch size `bs` (a temporary inside).
     fn capture(&self, cap: RunnerCapture<'_, cuda::Device>, on: &cuda::Stream, bs: usize) {
-        let (x, y) = (cap.take(input(bs)).unwrap(), cap.take(output(bs)).unwrap());
-        let (w, ops) = (self.weights.slice(..bs * HIDDEN), &self.fw.ops);
-        cap.stream_capture(on, |s| {
-            let x = x.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            let mut y = y.as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-            let t = ops.mix2(s, &x, &w, 1)?;
-            ops.mix2_into(s, &mut y, &t, &x, 2)
-        })
-        .unwrap();
+        let n = bs * HIDDEN;
+        let (x, y) = (cap.take(input(n)).unwrap(), cap.take(output(n)).unwrap());
+        let w = self.weights.slice(..n);
+        cap.stream_capture(on, |s| bucketed::work(&self.fw.ops, s, (&x, &y), &w))
+            .unwrap();
         cap.finish().unwrap();
     }
 
     /// A plan declaring `declared` sizes, captured (runner `i` for size
     /// `declared[i]`).
     fn plan(&self, declared: &[usize], on: &cuda::Stream) -> Replayable<cuda::Device> {
-        let mut d = Discovering::new(PlanConfig::new());
-        for (i, &bs) in declared.iter().enumerate() {
-            d.bucket(format!("bs={bs}")).unwrap();
-            let mut armed = d.arm(RunnerId(i as u32)).unwrap();
-            armed.record(input(bs)).unwrap();
-            armed.record(output(bs)).unwrap();
-        }
-        let planned = d.plan(Policy::Generations(1)).unwrap();
+        let buckets = declared.iter().map(|&bs| (format!("bs={bs}"), bs * HIDDEN));
+        let planned = bucketed::discover(buckets)
+            .plan(Policy::Generations(1))
+            .unwrap();
         let mut capturing = planned.allocate(self.fw.backend.clone()).unwrap();
         for (i, &bs) in declared.iter().enumerate() {
             self.capture(capturing.capture(RunnerId(i as u32)).unwrap(), on, bs);
@@ -140,14 +119,7 @@ fn visit(
     v: usize,
     (stage, pool): (&cuda::Stream, &cuda::Stream),
 ) -> Vec<i32> {
-    let host = host_input(bs, v);
-    r.consume_mut(runner, stage, |s, views| {
-        let mut x = views[0].as_cuda::<i32>(s).map_err(|e| e.to_string())?;
-        s.cudarc()
-            .memcpy_htod(&host, &mut x)
-            .map_err(|e| format!("{e:?}"))
-    })
-    .unwrap();
+    bucketed::stage(r, runner, stage, &host_input(bs, v));
     r.replay(runner, pool).unwrap();
     let mut out = vec![0i32; bs * HIDDEN];
     r.consume(runner, &model.fw.io, |s, views| {
@@ -209,11 +181,7 @@ fn sixty_seven_batch_sizes_join_at_run_time_within_a_budget_of_sixteen() {
                 let runner = RunnerId(next);
                 next += 1;
                 let mut discovery = r.discover_bucket(format!("bs={bs}")).unwrap();
-                {
-                    let mut armed = discovery.arm(runner).unwrap();
-                    armed.record(input(bs)).unwrap();
-                    armed.record(output(bs)).unwrap();
-                }
+                bucketed::record(&mut discovery.arm(runner).unwrap(), bs * HIDDEN);
                 let mut capture = discovery.fit().unwrap();
                 model.capture(capture.capture(runner).unwrap(), &on, bs);
                 let joined = seal_when_idle(&model, capture);

@@ -13,9 +13,9 @@ use crate::support::capture_view;
 use std::sync::OnceLock;
 
 use replay_arena::cuda;
-use replay_arena::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId, UseKind};
-use support::gpu::{err, gpu, load_kernels};
+use replay_arena::cuda::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use replay_arena::{DType, Domain, Policy, Replayable, Request, RunnerId, UseKind};
+use support::gpu::{allocate, err, gpu, load_kernels, Gpu, K};
 
 const SOURCE: &str = r#"
 extern "C" __global__ void spin(float* w, unsigned int n, long long cycles) {
@@ -37,41 +37,49 @@ const CYCLES: i64 = 40_000;
 /// cuEventElapsedTime resolves about half a microsecond.
 const RESOLUTION_US: f64 = 1.0;
 
+/// One block of 256 threads.
+fn one_block() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The `spin` kernel over the `N` f32s at `w`.
+fn spin(kernel: &CudaFunction, s: &cuda::Stream, w: u64) -> K {
+    let mut l = s.cudarc().launch_builder(kernel);
+    l.arg(&w).arg(&N).arg(&CYCLES);
+    // SAFETY: `w` is a view of N f32s the closure was handed.
+    unsafe { l.launch(one_block()) }.map(drop).map_err(err)
+}
+
+/// Four runners of one view of `N` f32s in two generations, each captured
+/// on `on` as one `spin` over its view.
+fn sealed(g: &Gpu, kernel: &CudaFunction, on: &cuda::Stream) -> Replayable<cuda::Device> {
+    let req = Request::new(Domain::Device, DType::F32, u64::from(N));
+    let runners = (0..4).map(|r| (RunnerId(r), [req]));
+    let mut capturing = allocate(&g.backend, runners, Policy::Generations(2));
+    for r in 0..4 {
+        capture_view(&mut capturing, RunnerId(r), req, on, |s, v| {
+            spin(kernel, s, v.device_address())
+        });
+    }
+    capturing.seal().unwrap()
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_cuda_trace_times_each_slice_and_arrows_follow_the_gpus_order() {
     let g = gpu();
     static PTX: OnceLock<String> = OnceLock::new();
-    let [spin] = load_kernels(&g.backend, &PTX, SOURCE, ["spin"]);
-    let launch = |s: &cuda::Stream, w: u64| {
-        let mut l = s.cudarc().launch_builder(&spin);
-        l.arg(&w).arg(&N).arg(&CYCLES);
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: `w` is a view of N f32s the closure was handed.
-        unsafe { l.launch(cfg) }.map(drop).map_err(err)
-    };
-    let req = Request::new(Domain::Device, DType::F32, u64::from(N));
-    let runners = (0..4).map(|r| (RunnerId(r), [req]));
-    let planned = Discovering::from_runners(PlanConfig::new(), runners)
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
+    let [kernel] = load_kernels(&g.backend, &PTX, SOURCE, ["spin"]);
     let pool = [
         g.backend.new_stream().unwrap(),
         g.backend.new_stream().unwrap(),
     ];
     let side = g.backend.new_stream().unwrap();
-    let mut capturing = planned.allocate(g.backend.clone()).unwrap();
-    for r in 0..4 {
-        capture_view(&mut capturing, RunnerId(r), req, &pool[0], |s, v| {
-            launch(s, v.device_address())
-        });
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = sealed(&g, &kernel, &pool[0]);
 
     replayable.start_trace().unwrap();
     for _step in 0..3 {
@@ -80,7 +88,9 @@ fn a_cuda_trace_times_each_slice_and_arrows_follow_the_gpus_order() {
                 .replay(RunnerId(r), &pool[r as usize % 2])
                 .unwrap();
             replayable
-                .consume(RunnerId(r), &side, |s, v| launch(s, v[0].device_address()))
+                .consume(RunnerId(r), &side, |s, v| {
+                    spin(&kernel, s, v[0].device_address())
+                })
                 .unwrap();
         }
     }
@@ -129,27 +139,12 @@ fn a_cuda_trace_times_each_slice_and_arrows_follow_the_gpus_order() {
     assert_eq!(count("f") as u64, stats.waits);
 }
 
-/// One block of 256 threads.
-fn one_block() -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_cuda_traced_step_graph_shows_each_node_inside_its_launch_on_its_lane() {
     let g = gpu();
     static PTX: OnceLock<String> = OnceLock::new();
-    let [spin, spin_read] = load_kernels(&g.backend, &PTX, SOURCE, ["spin", "spin_read"]);
-    let req = Request::new(Domain::Device, DType::F32, u64::from(N));
-    let runners = (0..4).map(|r| (RunnerId(r), [req]));
-    let planned = Discovering::from_runners(PlanConfig::new(), runners)
-        .unwrap()
-        .plan(Policy::Generations(2))
-        .unwrap();
+    let [kernel, spin_read] = load_kernels(&g.backend, &PTX, SOURCE, ["spin", "spin_read"]);
     let pool = [
         g.backend.new_stream().unwrap(),
         g.backend.new_stream().unwrap(),
@@ -158,17 +153,7 @@ fn a_cuda_traced_step_graph_shows_each_node_inside_its_launch_on_its_lane() {
         g.backend.new_stream().unwrap(),
         g.backend.new_stream().unwrap(),
     );
-    let mut capturing = planned.allocate(g.backend.clone()).unwrap();
-    for r in 0..4 {
-        capture_view(&mut capturing, RunnerId(r), req, &pool[0], |s, v| {
-            let w = v.device_address();
-            let mut l = s.cudarc().launch_builder(&spin);
-            l.arg(&w).arg(&N).arg(&CYCLES);
-            // SAFETY: `w` is a view of N f32s the closure was handed.
-            unsafe { l.launch(one_block()) }.map(drop).map_err(err)
-        });
-    }
-    let mut replayable = capturing.seal().unwrap();
+    let mut replayable = sealed(&g, &kernel, &pool[0]);
     let out = g.zeros::<f32>(N as usize);
     let out_addr = g.ptr(&out);
     const LAUNCHES: usize = 3;

@@ -223,6 +223,13 @@ fn one_rank_comm(g: &Gpu, group: GroupId) -> Communicator {
     Communicator::new(&g.backend, group, &id, 0, 1).unwrap()
 }
 
+/// A backend with a 1-rank communicator of `gtp` only.
+fn gtp_only(g: &Gpu) -> nccl::Device {
+    nccl::Device::new(g.backend.clone())
+        .with_group(one_rank_comm(g, GTP))
+        .unwrap()
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn symmetric_reduce_scatter_replays_exactly_in_two_groups() {
@@ -359,11 +366,8 @@ fn a_view_of_another_group_or_the_wrong_size_is_refused() {
 #[ignore = "needs a CUDA GPU"]
 fn a_symmetric_group_without_communicator_cannot_allocate() {
     let g = gpu();
-    let backend = nccl::Device::new(g.backend.clone())
-        .with_group(one_rank_comm(&g, GTP))
-        .unwrap();
     let err = plan(&runners(), 1, 0)
-        .allocate(backend)
+        .allocate(gtp_only(&g))
         .unwrap_err()
         .into_error()
         .error;
@@ -374,11 +378,7 @@ fn a_symmetric_group_without_communicator_cannot_allocate() {
 #[ignore = "needs a CUDA GPU"]
 fn a_group_registers_one_communicator() {
     let g = gpu();
-    let err = nccl::Device::new(g.backend.clone())
-        .with_group(one_rank_comm(&g, GTP))
-        .unwrap()
-        .with_group(one_rank_comm(&g, GTP))
-        .unwrap_err();
+    let err = gtp_only(&g).with_group(one_rank_comm(&g, GTP)).unwrap_err();
     assert_eq!(err, BackendError::CommunicatorTwice { group: GTP });
 }
 

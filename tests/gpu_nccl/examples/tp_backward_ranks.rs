@@ -6,12 +6,12 @@
 //! the whole batch. Skips with a message on a machine with one GPU.
 #![cfg(all(feature = "cuda", feature = "nccl"))]
 
-#[path = "../../../examples/tp_backward/model.rs"]
-mod model;
-
 use std::sync::Barrier;
 
-use model::{graphed_step, Comparison, Model, Reduce, Shape, Tolerance};
+use crate::support::gpu::tp::model::{
+    self, graphed_step, Comparison, Model, Reduce, Shape, Tolerance,
+};
+use crate::support::gpu::tp::{Eager, SHAPE};
 use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::CudaContext;
@@ -19,14 +19,6 @@ use replay_arena::nccl::{self, Communicator, UniqueId};
 use replay_arena::{PlacedPolicy, Policy};
 
 const STEPS: usize = 12;
-
-const SHAPE: Shape = Shape {
-    hidden: 256,
-    ffn: 1024,
-    tokens: 128,
-    layers: 3,
-    workspace: 8 << 20,
-};
 
 /// What one rank found: graphed against eager, eager against one rank of
 /// the whole batch.
@@ -40,16 +32,14 @@ fn rank_run(rank: usize, ranks: usize, id: UniqueId, barrier: &Barrier) -> Found
         .unwrap_or_else(|e| panic!("rank {rank}: this test needs a CUDA GPU per rank: {e}"));
     let comm = Communicator::new(&cuda, model::TP_GROUP, &id, rank, ranks).unwrap();
     let mut model = Model::new(&cuda, SHAPE, Reduce::Nccl(comm.clone())).unwrap();
-    let eager_stream = cuda.new_stream().unwrap();
-    let pool = [cuda.new_stream().unwrap(), cuda.new_stream().unwrap()];
-    let side = cuda.new_stream().unwrap();
-    let eager = model.main_grads().unwrap();
-    let graphed = model.main_grads().unwrap();
-
-    let discovery = model.discover(&eager, &eager_stream).unwrap();
-    for _ in 1..STEPS {
-        model.eager_step(&eager, &eager_stream).unwrap();
-    }
+    let Eager {
+        stream: eager_stream,
+        pool,
+        side,
+        main: eager,
+        graphed,
+        discovery,
+    } = Eager::run(&cuda, &mut model, STEPS);
     let planned = discovery
         .plan(PlacedPolicy::from(Policy::OverlapDepth(2)))
         .unwrap();
