@@ -128,10 +128,21 @@ fn wgrads(model: &Model, rp: &mut Replayable<cuda::Device>) -> Vec<Vec<i32>> {
         .collect()
 }
 
-/// (per-layer graphs launched once each, then the step graph built and
-/// launched once too, the step graph alone in a fresh plan): reserved
-/// bytes; the step graph's node count; each layer's wgrad after the step.
-fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>) {
+/// One shape's graph memory, bytes, each as (what the driver reserved,
+/// what the crate estimated): the per-layer graphs launched once each on
+/// the shape's streams, then the step graph built and launched once too
+/// (the device holds the larger share, so the estimate is the larger of
+/// the plan's and the step graph's), and the step graph alone in a fresh
+/// plan; the step graph's node count; each layer's wgrad after the step.
+struct Measured {
+    per_layer: (u64, u64),
+    both: (u64, u64),
+    alone: (u64, u64),
+    nodes: usize,
+    wgrads: Vec<Vec<i32>>,
+}
+
+fn measure(model: &Model, shape: Shape) -> Measured {
     let b = &model.fw.backend;
     let run = |per_layer_first: bool| {
         b.synchronize().unwrap();
@@ -141,7 +152,8 @@ fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>)
         let pool: Vec<cuda::Stream> = (0..shape.streams)
             .map(|_| b.new_stream().unwrap())
             .collect();
-        let mut per_layer = 0;
+        let plan_estimate = rp.graph_memory(shape.streams).unwrap().bytes;
+        let mut per_layer = (0, plan_estimate);
         if per_layer_first {
             for l in 0..LAYERS {
                 rp.replay(RunnerId(l as u32), &pool[l % shape.streams])
@@ -149,7 +161,7 @@ fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>)
             }
             rp.wait_all(&model.fw.io).unwrap();
             model.fw.io.synchronize().unwrap();
-            per_layer = reserved_above(b, base);
+            per_layer.0 = reserved_above(b, base);
         }
         let mut step = rp.step();
         for l in 0..LAYERS {
@@ -158,19 +170,72 @@ fn measure(model: &Model, shape: Shape) -> (u64, u64, u64, usize, Vec<Vec<i32>>)
         }
         let mut graph = step.build().unwrap();
         let nodes = graph.nodes();
+        let step_estimate = graph.graph_memory().unwrap().bytes;
         graph.launch(&pool[0]).unwrap();
         drop(graph);
         rp.wait_all(&model.fw.io).unwrap();
         model.fw.io.synchronize().unwrap();
         let after = reserved_above(b, base);
+        let estimate = match per_layer_first {
+            true => step_estimate.max(plan_estimate),
+            false => step_estimate,
+        };
         let wgrads = wgrads(model, &mut rp);
         drop(rp);
         b.synchronize().unwrap();
-        (per_layer, after, nodes, wgrads)
+        (per_layer, (after, estimate), nodes, wgrads)
     };
     let (per_layer, both, nodes, _) = run(true);
-    let (_, step_alone, _, wgrads) = run(false);
-    (per_layer, both, step_alone, nodes, wgrads)
+    let (_, alone, _, wgrads) = run(false);
+    Measured {
+        per_layer,
+        both,
+        alone,
+        nodes,
+        wgrads,
+    }
+}
+
+/// Every shape at both sizes, measured, each checked bitwise against
+/// eager; and the granule the driver's pool grows by, per size.
+fn sweep() -> (Vec<u64>, Vec<(Shape, Measured)>) {
+    let (mut granules, mut rows) = (Vec::new(), Vec::new());
+    for n in [1usize << 22, 1 << 24] {
+        let model = model(n);
+        granules.push(granule(&model));
+        for handoffs in [false, true] {
+            for free in [Free::BeforeReady, Free::AfterReady] {
+                for streams in [1, 2] {
+                    let shape = Shape {
+                        n,
+                        free,
+                        handoffs,
+                        streams,
+                    };
+                    let m = measure(&model, shape);
+                    assert_eq!(
+                        m.wgrads,
+                        eager(&model, shape),
+                        "{shape:?}: differs from eager"
+                    );
+                    rows.push((shape, m));
+                }
+            }
+        }
+    }
+    (granules, rows)
+}
+
+/// A row of the tables: the shape, then `figures` in MiB.
+fn row(shape: Shape, figures: &[String]) -> String {
+    format!(
+        "| {} MiB | {} | {:?} | {} | {} |",
+        4 * shape.n as u64 / MIB,
+        if shape.handoffs { "cut" } else { "whole" },
+        shape.free,
+        shape.streams,
+        figures.join(" | "),
+    )
 }
 
 #[test]
@@ -213,62 +278,73 @@ fn one_plans_teardown_trim_leaves_another_plans_idle_graphs_with_temporaries_wor
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_step_graph_holds_no_more_graph_memory_than_its_per_layer_graphs() {
-    let mut rows = Vec::new();
+    let (granules, measured) = sweep();
+    let granule = granules[0];
+    println!("the driver's graph pool grows by {} MiB", granule / MIB);
     let mut over = Vec::new();
-    for n in [1usize << 22, 1 << 24] {
-        let model = model(n);
-        let granule = granule(&model);
-        println!("the driver's graph pool grows by {} MiB", granule / MIB);
-        for handoffs in [false, true] {
-            for free in [Free::BeforeReady, Free::AfterReady] {
-                for streams in [1, 2] {
-                    let shape = Shape {
-                        n,
-                        free,
-                        handoffs,
-                        streams,
-                    };
-                    let (per, both, alone, nodes, wgrads) = measure(&model, shape);
-                    assert_eq!(
-                        wgrads,
-                        eager(&model, shape),
-                        "{shape:?}: differs from eager"
-                    );
-                    // A writer is cut at its ready point only where no
-                    // temporary lives across it.
-                    let cut = shape.handoffs && shape.free == Free::BeforeReady;
-                    let writers = if cut { LAYERS - 1 } else { 0 };
-                    assert_eq!(nodes, LAYERS + writers, "{shape:?}");
-                    // At most the per-layer graphs' memory and one granule
-                    // per stream the step runs on.
-                    if both > per + granule * shape.streams as u64 || alone > both {
-                        over.push(format!("{shape:?}: {per} -> {both} (alone {alone})"));
-                    }
-                    rows.push(format!(
-                        "| {} MiB | {} | {:?} | {} | {} | {} | {} | {} |",
-                        4 * n as u64 / MIB,
-                        if handoffs { "cut" } else { "whole" },
-                        free,
-                        streams,
-                        nodes,
-                        per / MIB,
-                        both / MIB,
-                        alone / MIB,
-                    ));
-                }
-            }
-        }
-    }
     println!(
         "| temporary | copies | dx freed | streams | step nodes | per-layer graphs MiB | \
          + step graph MiB | step graph alone MiB |"
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|");
-    for r in rows {
-        println!("{r}");
+    for (shape, m) in measured {
+        // A writer is cut at its ready point only where no temporary lives
+        // across it.
+        let cut = shape.handoffs && shape.free == Free::BeforeReady;
+        let writers = if cut { LAYERS - 1 } else { 0 };
+        assert_eq!(m.nodes, LAYERS + writers, "{shape:?}");
+        // At most the per-layer graphs' memory and one granule per stream
+        // the step runs on.
+        let (per, both, alone) = (m.per_layer.0, m.both.0, m.alone.0);
+        if both > per + granule * shape.streams as u64 || alone > both {
+            over.push(format!("{shape:?}: {per} -> {both} (alone {alone})"));
+        }
+        let figures = [m.nodes as u64, per / MIB, both / MIB, alone / MIB];
+        println!("{}", row(shape, &figures.map(|f| f.to_string())));
     }
     assert!(
         over.is_empty(),
         "step graphs over their per-layer graphs' memory: {over:#?}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_memory_estimates_are_within_a_tenth_of_the_drivers_reservation() {
+    let (granules, measured) = sweep();
+    let b = cuda::Device::new(0).unwrap();
+    for g in granules {
+        assert_eq!(
+            g,
+            b.graph_memory_granule(),
+            "this driver's graph pool grows by another granule \
+             (`cuda::Device::with_graph_memory_granule` sets it)"
+        );
+    }
+    let mut off = Vec::new();
+    println!(
+        "| temporary | copies | dx freed | streams | per-layer graphs MiB, driver / estimate | \
+         + step graph | step graph alone |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|");
+    for (shape, m) in measured {
+        let figures = [
+            ("per-layer graphs", m.per_layer),
+            ("+ step", m.both),
+            ("alone", m.alone),
+        ];
+        for (what, (driver, estimate)) in figures {
+            if estimate.abs_diff(driver) * 10 > driver {
+                off.push(format!(
+                    "{shape:?}: {what}: driver {driver}, estimate {estimate}"
+                ));
+            }
+        }
+        let mib = |(d, e): (u64, u64)| format!("{} / {}", d / MIB, e / MIB);
+        println!("{}", row(shape, &figures.map(|(_, f)| mib(f))));
+    }
+    assert!(
+        off.is_empty(),
+        "estimates off by more than a tenth: {off:#?}"
     );
 }
