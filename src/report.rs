@@ -199,12 +199,15 @@ impl GraphMemoryEstimate {
 }
 
 /// What a step graph holds of the driver's graph memory, estimated as for
-/// a plan ([`GraphMemoryEstimate`]): per stream (lane) of its schedule, the
-/// largest share a replay on that lane needs and one granule more (on an
-/// H200 a step graph of moved-in runner graphs takes one granule above the
-/// largest of them, one stream or two), summed over the lanes, which run
-/// at once; twice that for an overlapping step graph, whose two graphs run
-/// at once.
+/// a plan ([`GraphMemoryEstimate`]): the replays that may run at once are
+/// those at the same depth of the step's edges, and each takes its runner
+/// graph's share and one granule more (on an H200 a step graph of
+/// moved-in runner graphs takes one granule above them, one stream or
+/// two); the estimate is the largest such sum, twice that for an
+/// overlapping step graph, whose two graphs run at once. A chain of
+/// handoffs runs one replay at a time whatever its streams; independent
+/// runners on two streams run two. Copies cut across temporaries
+/// ([`Cut::Across`](crate::Cut::Across)) take more than estimated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]

@@ -10,6 +10,7 @@ use crate::backend::{BackendError, Compose, NodeGraph, StepEnd, StepNode};
 use crate::capture::StepCopy;
 use crate::fence::{BackendFailure, ConsumeError, Fence, Operation};
 use crate::replay::Replayable;
+use crate::report::GraphMemoryEstimate;
 use crate::trace::UseKind;
 use crate::vocab::RunnerId;
 
@@ -118,7 +119,7 @@ pub(super) fn compile<B: Compose>(
         graphs.push(graph);
     }
     let edges = dry.deps.iter().chain(&dry.cross).map(Vec::len).sum();
-    let lane_spans = lane_spans(r, &items, lanes);
+    let graph_memory = concurrent_share(r, &items, &first, &dry.deps);
     let tracing = tracing_of(r, items, split, &dry, lane_ids);
     let epoch = r.fence.epoch();
     let number = r.fence.number_step();
@@ -138,7 +139,7 @@ pub(super) fn compile<B: Compose>(
             epoch,
             uses,
             lanes,
-            lane_spans,
+            graph_memory,
             nodes,
             edges,
             tracing,
@@ -149,17 +150,44 @@ pub(super) fn compile<B: Compose>(
     })
 }
 
-/// Per lane, the largest span of temporaries a replay on it moves in
-/// ([`Temporaries::span`](crate::backend::Temporaries::span)).
-fn lane_spans<B: Compose>(r: &Replayable<B>, items: &[Item<B>], lanes: usize) -> Vec<u64> {
-    let mut spans = vec![0u64; lanes];
-    for item in items {
-        if let Item::Replay { slot, lane } = *item {
+/// What one launch of the step graph holds of the driver's graph memory,
+/// estimated ([`StepGraphMemory`](crate::StepGraphMemory)): the nodes that
+/// may run at once are those at the same depth of the launch's edges
+/// (`deps`, each node one level below its deepest dependency), and each
+/// replay node among them takes its runner graph's share, its temporaries'
+/// span in whole granules, and one granule more; the estimate is the
+/// largest sum over a depth. A chain of handoffs takes one share at a time
+/// whatever its streams; independent runners on two streams take two.
+fn concurrent_share<B: Compose>(
+    r: &Replayable<B>,
+    items: &[Item<B>],
+    first: &[usize],
+    deps: &[Vec<usize>],
+) -> u64 {
+    let granule = r.backend.graph_memory_granule();
+    let mut share = vec![0u64; deps.len()];
+    for (k, item) in items.iter().enumerate() {
+        if let Item::Replay { slot, .. } = *item {
             let span = r.runners[slot].temporaries.span;
-            spans[lane] = spans[lane].max(span);
+            let end = first.get(k + 1).copied().unwrap_or(deps.len());
+            for s in &mut share[first[k]..end] {
+                if span > 0 {
+                    *s = GraphMemoryEstimate::share(span, granule).saturating_add(granule);
+                }
+            }
         }
     }
-    spans
+    let mut depth = vec![0usize; deps.len()];
+    let mut at_depth = vec![0u64; deps.len()];
+    for n in 0..deps.len() {
+        depth[n] = (deps[n].iter())
+            .filter(|&&p| p < n)
+            .map(|&p| depth[p] + 1)
+            .max()
+            .unwrap_or(0);
+        at_depth[depth[n]] = at_depth[depth[n]].saturating_add(share[n]);
+    }
+    at_depth.into_iter().max().unwrap_or(0)
 }
 
 /// What the step graph keeps to compose a traced copy of itself: per node

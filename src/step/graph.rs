@@ -10,7 +10,7 @@ use crate::backend::{Backend, Compose, Temporaries};
 use crate::fence::{enter, BackendFailure, Held, Ledger, Operation};
 use crate::fence::{ReplayError, WaitError};
 use crate::replay::Replayable;
-use crate::report::{GraphMemoryEstimate, StepGraphMemory};
+use crate::report::StepGraphMemory;
 use crate::trace::UseKind;
 use crate::vocab::RunnerId;
 
@@ -69,8 +69,8 @@ pub(super) struct StepCore<B: Backend> {
     /// The schedule, to bring the ledger to the fence's state after a reset.
     pub(super) uses: Vec<Use>,
     pub(super) lanes: usize,
-    /// Per lane, the largest span of temporaries a replay on it moves in.
-    pub(super) lane_spans: Vec<u64>,
+    /// What one launch holds of the driver's graph memory, estimated.
+    pub(super) graph_memory: u64,
     pub(super) nodes: usize,
     pub(super) edges: usize,
     /// Staged runners whose bytes the step's own replays take, with the
@@ -103,15 +103,11 @@ impl<B: Backend> StepCore<B> {
             })
             .map_err(|e| Operation::Report.failed(e))?;
         let granule = backend.graph_memory_granule();
-        let per_launch = (self.lane_spans.iter())
-            .filter(|&&span| span > 0)
-            .map(|&span| GraphMemoryEstimate::share(span, granule).saturating_add(granule))
-            .fold(0u64, u64::saturating_add);
         Ok(StepGraphMemory {
             temporaries,
             lanes: self.lanes,
             granule,
-            bytes: per_launch.saturating_mul(self.graphs.len() as u64),
+            bytes: self.graph_memory.saturating_mul(self.graphs.len() as u64),
         })
     }
 

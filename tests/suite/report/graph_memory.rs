@@ -93,3 +93,54 @@ fn a_step_graphs_estimate_takes_a_share_and_a_granule_per_lane() {
     let graph = step.build_overlapping().unwrap();
     assert_eq!(graph.graph_memory().unwrap().bytes, 2 * (1536 + 1));
 }
+
+#[test]
+fn a_chain_of_handoffs_on_two_streams_takes_one_share_at_a_time() {
+    // Runner 1 reads runner 0's handoff (no ready point: after its whole
+    // graph), so the two never run at once, whatever their streams.
+    let mut d = replay_arena::Discovering::new(replay_arena::PlanConfig::new());
+    let h = {
+        let mut a = d.arm(RunnerId(0)).unwrap();
+        a.record(OWN).unwrap();
+        a.hand_off(OWN).unwrap()
+    };
+    {
+        let mut a = d.arm(RunnerId(1)).unwrap();
+        a.record(OWN).unwrap();
+        a.receive(h).unwrap();
+    }
+    let sim = sim::Device::new();
+    let (x, y) = (sim.new_stream(), sim.new_stream());
+    let mut capturing = d
+        .plan(Policy::Generations(2))
+        .unwrap()
+        .allocate(sim.clone())
+        .unwrap();
+    for (r, len) in [(0u32, 256usize), (1, 64)] {
+        let cap = capturing.capture(RunnerId(r)).unwrap();
+        let own = cap.take(OWN).unwrap();
+        let out = (r == 0).then(|| cap.hand_off(h).unwrap());
+        let input = (r == 1).then(|| cap.receive(h).unwrap());
+        cap.stream_capture_repeatable(&x, |s| {
+            let t = sim.alloc_async(s, len)?;
+            sim.launch(s, sim::Kernel::fill(&own, 1.0), 1)?;
+            if let Some(out) = &out {
+                sim.launch(s, sim::Kernel::copy(&own, out), 1)?;
+            }
+            if let Some(input) = &input {
+                sim.launch(s, sim::Kernel::add(input, &own), 1)?;
+            }
+            sim.free_async(s, &t)?;
+            Ok::<(), replay_arena::Error>(())
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    let mut rp = capturing.seal().unwrap();
+    let mut step = rp.step();
+    step.replay(RunnerId(0), &x).unwrap().replay(RunnerId(1), &y).unwrap();
+    let graph = step.build().unwrap();
+    let m = graph.graph_memory().unwrap();
+    assert_eq!(m.lanes, 2);
+    assert_eq!(m.bytes, 1024 + 1, "the larger share, not both");
+}
