@@ -76,6 +76,7 @@ fn graphed(
     // graph to move in (its graph allocates).
     let how = Capture::Repeatable {
         step_copies: copies,
+        cut_across: false,
     };
     let mut replayable = model.sealed(planned, WGRAD, &handoffs, Free::AfterReady, how);
     let pool = [b.new_stream().unwrap(), b.new_stream().unwrap()];

@@ -138,7 +138,10 @@ fn a_chain_of_handoffs_on_two_streams_takes_one_share_at_a_time() {
     }
     let mut rp = capturing.seal().unwrap();
     let mut step = rp.step();
-    step.replay(RunnerId(0), &x).unwrap().replay(RunnerId(1), &y).unwrap();
+    step.replay(RunnerId(0), &x)
+        .unwrap()
+        .replay(RunnerId(1), &y)
+        .unwrap();
     let graph = step.build().unwrap();
     let m = graph.graph_memory().unwrap();
     assert_eq!(m.lanes, 2);

@@ -24,8 +24,13 @@ pub enum Capture {
     /// `stream_capture`, no ready point marked.
     Once,
     /// `stream_capture_repeatable` with this many step copies, the handoff
-    /// marked ready right after the dgrad.
-    Repeatable { step_copies: usize },
+    /// marked ready right after the dgrad; with `cut_across`, the copies
+    /// cut there even where a temporary lives across
+    /// (`RunnerCapture::cut_across_temporaries`).
+    Repeatable {
+        step_copies: usize,
+        cut_across: bool,
+    },
 }
 
 /// The framework on the first GPU and the layers' tensors.
@@ -193,8 +198,14 @@ impl Model {
             };
             match how {
                 Capture::Once => cap.stream_capture(&stream, work),
-                Capture::Repeatable { step_copies } => {
+                Capture::Repeatable {
+                    step_copies,
+                    cut_across,
+                } => {
                     cap.step_copies(step_copies);
+                    if cut_across {
+                        cap.cut_across_temporaries();
+                    }
                     cap.stream_capture_repeatable(&stream, work)
                 }
             }
