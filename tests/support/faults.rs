@@ -90,6 +90,17 @@ pub fn read0(sim: &sim::Device, b: &impl sim::AsSpan) -> f32 {
     sim.read_f32(b).unwrap()[0]
 }
 
+/// What each of `buffers` holds, then what each of `views` holds.
+pub fn read_back<'b, 'v>(
+    sim: &sim::Device,
+    buffers: impl IntoIterator<Item = &'b sim::HostBuffer>,
+    views: impl IntoIterator<Item = replay_arena::View<'v>>,
+) -> Vec<Vec<f32>> {
+    let buffers = buffers.into_iter().map(|b| sim.read_f32(b).unwrap());
+    let views = views.into_iter().map(|v| sim.read_f32(&v).unwrap());
+    buffers.chain(views).collect()
+}
+
 pub fn graph_memory(sim: &sim::Device) -> GraphMemory {
     sim.graph_memory_in_use().unwrap().unwrap()
 }

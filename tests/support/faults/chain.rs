@@ -223,18 +223,9 @@ impl Chain {
         }
     }
     pub fn values(&self) -> Vec<Vec<f32>> {
-        let layers = self.sinks.len();
         let r = self.replayable.as_ref().unwrap();
-        let mut out: Vec<Vec<f32>> = self
-            .sinks
-            .iter()
-            .map(|b| self.sim.read_f32(b).unwrap())
-            .collect();
-        for l in 0..layers {
-            let v = r.views(RunnerId(l as u32)).unwrap()[0];
-            out.push(self.sim.read_f32(&v).unwrap());
-        }
-        out
+        let views = (0..self.sinks.len()).map(|l| r.views(RunnerId(l as u32)).unwrap()[0]);
+        super::read_back(&self.sim, &self.sinks, views)
     }
     pub fn hazard_free(&self) {
         assert!(self.sim.hazards().is_empty(), "{:?}", self.sim.hazards());

@@ -364,18 +364,9 @@ impl Fan {
 
     pub fn values(&self) -> Vec<Vec<f32>> {
         let r = self.r.as_ref().unwrap();
-        let mut out: Vec<Vec<f32>> = self
-            .sinks
-            .iter()
-            .map(|b| self.sim.read_f32(b).unwrap())
-            .collect();
-        out.push(self.sim.read_f32(&self.consumer_sink).unwrap());
-        for l in 0..self.sinks.len() {
-            for v in r.views(RunnerId(l as u32)).unwrap() {
-                out.push(self.sim.read_f32(v).unwrap());
-            }
-        }
-        out
+        let buffers = self.sinks.iter().chain([&self.consumer_sink]);
+        let views = (0..self.sinks.len()).flat_map(|l| r.views(RunnerId(l as u32)).unwrap());
+        super::read_back(&self.sim, buffers, views.copied())
     }
 
     pub fn hazard_free(&self) {
