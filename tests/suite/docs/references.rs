@@ -7,9 +7,10 @@
 //! outside types the pages use (cudarc, std, half). CHANGELOG.md is history
 //! and may name what no longer exists; it is not checked.
 
+use crate::support::rust_files;
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Types the pages use that this crate does not define, with the members
 /// they call on them.
@@ -55,18 +56,6 @@ fn pages() -> Vec<PathBuf> {
     docs.sort();
     pages.extend(docs);
     pages
-}
-
-/// Every `.rs` file under `dir`, recursively.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 fn is_ident(c: char) -> bool {
@@ -236,8 +225,7 @@ fn pages_cite_only_paths_that_exist() {
 
 #[test]
 fn pages_cite_only_items_that_exist() {
-    let mut files = Vec::new();
-    rust_files(&root().join("src"), &mut files);
+    let files = rust_files(&root().join("src"));
     let source: String = files
         .iter()
         .map(|f| fs::read_to_string(f).unwrap())

@@ -543,13 +543,16 @@ impl Model {
 // ---------------------------------------------------------------------
 // A run: the world and its checks.
 
+/// Program buffers of one kind, `OUT` f32s each.
+type Buffers = Vec<sim::HostBuffer>;
+
 struct Bufs {
     one: sim::HostBuffer,
-    counts: Vec<sim::HostBuffer>,
-    sinks: Vec<sim::HostBuffer>,
-    step_sinks: Vec<sim::HostBuffer>,
-    probes: Vec<sim::HostBuffer>,
-    checks: Vec<sim::HostBuffer>,
+    counts: Buffers,
+    sinks: Buffers,
+    step_sinks: Buffers,
+    probes: Buffers,
+    checks: Buffers,
 }
 
 struct World<'p> {
