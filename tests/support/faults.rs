@@ -50,8 +50,8 @@ pub fn chain_of(layers: usize, own: Request, grad: Request) -> (Discovering, Vec
     for l in 0..layers {
         let mut armed = d.arm(r(l as u32)).unwrap();
         armed.record(own).unwrap();
-        if l > 0 {
-            armed.receive(handoffs[l - 1]).unwrap();
+        if let Some(&h) = handoffs.last() {
+            armed.receive(h).unwrap();
         }
         if l + 1 < layers {
             handoffs.push(armed.hand_off(grad).unwrap());

@@ -338,23 +338,29 @@ fn the_module_graph_has_no_circle() {
     for (_, from, to, _) in &edges {
         graph.entry(from).or_default().insert(to);
     }
-    // Depth-first search; a module met again on the current path closes a
-    // circle.
-    fn visit<'m>(
-        m: &'m str,
-        graph: &BTreeMap<&'m str, BTreeSet<&'m str>>,
-        path: &mut Vec<&'m str>,
-        done: &mut BTreeSet<&'m str>,
-    ) -> Option<Vec<&'m str>> {
-        if let Some(at) = path.iter().position(|p| *p == m) {
+    let circle = first_circle(&graph);
+    assert!(circle.is_none(), "import circle: {:?}", circle.unwrap());
+}
+
+/// A circle of `graph` (a node, the nodes it leads to, back to it), if it
+/// has one: a depth-first search from each node in order, where a node met
+/// again on the current path closes a circle.
+fn first_circle<N: Ord + Clone>(graph: &BTreeMap<N, BTreeSet<N>>) -> Option<Vec<N>> {
+    fn visit<N: Ord + Clone>(
+        m: &N,
+        graph: &BTreeMap<N, BTreeSet<N>>,
+        path: &mut Vec<N>,
+        done: &mut BTreeSet<N>,
+    ) -> Option<Vec<N>> {
+        if let Some(at) = path.iter().position(|p| p == m) {
             let mut circle = path[at..].to_vec();
-            circle.push(m);
+            circle.push(m.clone());
             return Some(circle);
         }
-        if !done.insert(m) {
+        if !done.insert(m.clone()) {
             return None;
         }
-        path.push(m);
+        path.push(m.clone());
         for next in graph.get(m).into_iter().flatten() {
             if let Some(circle) = visit(next, graph, path, done) {
                 return Some(circle);
@@ -364,10 +370,9 @@ fn the_module_graph_has_no_circle() {
         None
     }
     let mut done = BTreeSet::new();
-    for m in graph.keys() {
-        let circle = visit(m, &graph, &mut Vec::new(), &mut done);
-        assert!(circle.is_none(), "import circle: {:?}", circle.unwrap());
-    }
+    graph
+        .keys()
+        .find_map(|m| visit(m, graph, &mut Vec::new(), &mut done))
 }
 
 #[test]
@@ -886,35 +891,9 @@ fn the_file_graph_has_no_circle() {
             graph.entry(from).or_default().insert(to);
         }
     }
-    fn visit(
-        m: &Vec<String>,
-        graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
-        path: &mut Vec<Vec<String>>,
-        done: &mut BTreeSet<Vec<String>>,
-    ) -> Option<Vec<Vec<String>>> {
-        if let Some(at) = path.iter().position(|p| p == m) {
-            let mut circle = path[at..].to_vec();
-            circle.push(m.clone());
-            return Some(circle);
-        }
-        if !done.insert(m.clone()) {
-            return None;
-        }
-        path.push(m.clone());
-        for next in graph.get(m).into_iter().flatten() {
-            if let Some(circle) = visit(next, graph, path, done) {
-                return Some(circle);
-            }
-        }
-        path.pop();
-        None
-    }
-    let mut done = BTreeSet::new();
-    for m in graph.keys() {
-        if let Some(circle) = visit(m, &graph, &mut Vec::new(), &mut done) {
-            let names: Vec<String> = circle.iter().map(|m| file_name(&files, m)).collect();
-            panic!("import circle between files: {}", names.join(" -> "));
-        }
+    if let Some(circle) = first_circle(&graph) {
+        let names: Vec<String> = circle.iter().map(|m| file_name(&files, m)).collect();
+        panic!("import circle between files: {}", names.join(" -> "));
     }
 }
 

@@ -182,9 +182,8 @@ fn every_file_of_a_binary_is_one_of_its_modules() {
         let declared = declared_files(&fs::read_to_string(&root).unwrap());
         let mut present = rust_files_in(dir);
         present.remove(Path::new("main.rs"));
-        for file in present.difference(&declared) {
-            orphans.push(format!("tests/{name}/{}", file.display()));
-        }
+        let undeclared = present.difference(&declared);
+        orphans.extend(undeclared.map(|file| format!("tests/{name}/{}", file.display())));
     }
     assert!(
         orphans.is_empty(),
@@ -194,9 +193,8 @@ fn every_file_of_a_binary_is_one_of_its_modules() {
 
 #[test]
 fn no_test_file_is_named_after_a_review_round() {
-    let all = rust_files_in(Path::new("tests"));
-    let named: Vec<&PathBuf> = all
-        .iter()
+    let named: Vec<PathBuf> = rust_files_in(Path::new("tests"))
+        .into_iter()
         .filter(|p| {
             let s = p.to_string_lossy();
             s.contains("hostile") || s.contains("_round") || s.contains("review")

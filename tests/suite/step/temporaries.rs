@@ -137,6 +137,14 @@ fn a_step_graph_moves_in_step_copies_and_per_runner_replay_goes_on_around_it() {
     }
 }
 
+/// How many step copies the runner `err` refuses had captured.
+fn copies_captured(err: &StepError) -> usize {
+    match err {
+        StepError::NoStepCopy { captured, .. } => *captured,
+        other => panic!("not a missing step copy: {other}"),
+    }
+}
+
 #[test]
 fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     // Captured with `stream_capture`: no step copy at all.
@@ -164,25 +172,13 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     let mut step = c.replayable.step();
     step.replay(RunnerId(0), &c.pool[0]).unwrap();
     let twice = step.replay(RunnerId(0), &c.pool[1]).unwrap_err();
-    assert!(
-        matches!(
-            twice,
-            replay_arena::StepError::NoStepCopy { captured: 1, .. }
-        ),
-        "{twice}"
-    );
+    assert_eq!(copies_captured(&twice), 1, "{twice}");
     step.replay(RunnerId(1), &c.pool[1]).unwrap();
     let graph = step.build().unwrap();
     drop(graph);
     let mut again = c.replayable.step();
     let used = again.replay(RunnerId(1), &c.pool[0]).unwrap_err();
-    assert!(
-        matches!(
-            used,
-            replay_arena::StepError::NoStepCopy { captured: 1, .. }
-        ),
-        "{used}"
-    );
+    assert_eq!(copies_captured(&used), 1, "{used}");
     assert!(used.to_string().contains("used up"), "{used}");
     drop(again);
     // The runners' own graphs replay as before.
