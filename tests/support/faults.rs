@@ -161,6 +161,42 @@ pub fn refused(reason: &str) -> replay_arena::Error {
     })
 }
 
+/// No hazard on `sim`.
+#[track_caller]
+pub fn assert_hazard_free(sim: &sim::Device) {
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+}
+
+/// `capturing` sealed: the plan, or the one whose seal failed back (the
+/// failure noted in `errors`).
+pub fn seal_or_note(
+    capturing: replay_arena::Capturing<sim::Device>,
+    errors: &mut Vec<String>,
+) -> (
+    Option<Replayable<sim::Device>>,
+    Option<replay_arena::Capturing<sim::Device>>,
+) {
+    match capturing.seal() {
+        Ok(r) => (Some(r), None),
+        Err(e) => {
+            errors.push(format!("seal: {e}"));
+            (None, Some(e.into_capturing()))
+        }
+    }
+}
+
+/// Drops a fixture's plan: the sealed one, or the one whose seal failed,
+/// given up the documented way (`replan`).
+pub fn drop_plan(
+    sealed: Option<Replayable<sim::Device>>,
+    failed: Option<replay_arena::Capturing<sim::Device>>,
+) {
+    drop(sealed);
+    if let Some(c) = failed {
+        drop(c.replan());
+    }
+}
+
 /// Every graph gone and the pool trimmed: no graph memory used or
 /// reserved.
 pub fn assert_no_graph_memory(sim: &sim::Device, what: impl fmt::Display) {

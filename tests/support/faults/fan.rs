@@ -268,13 +268,7 @@ pub fn fan_with(
             Ok(())
         });
     }
-    let (r, failed) = match capturing.seal() {
-        Ok(r) => (Some(r), None),
-        Err(e) => {
-            errors.push(format!("seal: {e}"));
-            (None, Some(e.into_capturing()))
-        }
-    };
+    let (r, failed) = super::seal_or_note(capturing, &mut errors);
     Fan {
         sim,
         streams,
@@ -370,15 +364,12 @@ impl Fan {
     }
 
     pub fn hazard_free(&self) {
-        assert!(self.sim.hazards().is_empty(), "{:?}", self.sim.hazards());
+        super::assert_hazard_free(&self.sim);
     }
 
     pub fn teardown(mut self) {
         let sim = self.sim.clone();
-        self.r.take();
-        if let Some(c) = self.failed.take() {
-            drop(c.replan());
-        }
+        super::drop_plan(self.r.take(), self.failed.take());
         drop(self);
         assert_no_graph_memory(&sim, "teardown");
         assert_clean(&sim, 0, "teardown");
