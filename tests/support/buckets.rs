@@ -4,8 +4,8 @@
 
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
-    DType, Discovering, Domain, PlanConfig, Policy, Purpose, Replayable, Request, RunnerCapture,
-    RunnerId,
+    ArmedRunner, DType, Discovering, Domain, PlanConfig, Policy, Purpose, Replayable, Request,
+    RunnerCapture, RunnerId,
 };
 
 pub fn input(n: u64) -> Request {
@@ -20,6 +20,13 @@ thread_local! {
     /// Whether `capture_double` allocates a temporary in its graph (a
     /// runner with one builds into step graphs only from step copies).
     pub static TEMPORARIES: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Records the runner's `input(n)` and `output(n)`, in that order.
+fn record_io(mut armed: ArmedRunner<'_>, n: u64) -> replay_arena::Result<()> {
+    armed.record(input(n))?;
+    armed.record(output(n))?;
+    Ok(())
 }
 
 /// One runner's graph: `out = 2 * in`, through a temporary the graph
@@ -55,16 +62,11 @@ pub fn capture_double(
 pub fn sealed(sim: &sim::Device, pool: &sim::Stream, sizes: &[u64]) -> Replayable<sim::Device> {
     let mut d = Discovering::new(PlanConfig::new());
     for (b, &n) in sizes.iter().enumerate() {
-        d.bucket(format!("bs={n}")).unwrap();
-        let mut armed = d.arm(RunnerId(b as u32)).unwrap();
-        armed.record(input(n)).unwrap();
-        armed.record(output(n)).unwrap();
+        let bucket = d.bucket(format!("bs={n}")).unwrap();
+        record_io(d.arm_in(bucket, RunnerId(b as u32)).unwrap(), n).unwrap();
     }
-    let mut capturing = d
-        .plan(Policy::Generations(1))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let planned = d.plan(Policy::Generations(1)).unwrap();
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
     for (b, &n) in sizes.iter().enumerate() {
         let cap = capturing.capture(RunnerId(b as u32)).unwrap();
         capture_double(cap, sim, pool, n).unwrap();
@@ -81,11 +83,7 @@ pub fn join(
     n: u64,
 ) -> replay_arena::Result<replay_arena::Joined> {
     let mut discovery = r.discover_bucket(format!("bs={n}"))?;
-    {
-        let mut armed = discovery.arm(runner)?;
-        armed.record(input(n))?;
-        armed.record(output(n))?;
-    }
+    record_io(discovery.arm(runner)?, n)?;
     let mut capture = discovery.fit()?;
     capture_double(capture.capture(runner)?, sim, pool, n)?;
     Ok(capture.seal()?)
@@ -109,4 +107,60 @@ pub fn run(
         sim.launch(s, sim::Kernel::copy(&v[1], sink), 2)
     })?;
     Ok(())
+}
+
+/// A fresh `sim`, its staging, pool and side streams, and `sealed` buckets
+/// of 64 and 256 f32s captured on the pool.
+pub struct Fixture {
+    pub r: Replayable<sim::Device>,
+    pub sim: sim::Device,
+    pub stage: sim::Stream,
+    pub pool: sim::Stream,
+    pub side: sim::Stream,
+}
+
+pub fn fixture() -> Fixture {
+    let sim = sim::Device::new();
+    let (stage, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+    Fixture {
+        r: sealed(&sim, &pool, &[64, 256]),
+        sim,
+        stage,
+        pool,
+        side,
+    }
+}
+
+impl Fixture {
+    /// [`run`] on the fixture's three streams.
+    pub fn run(
+        &mut self,
+        runner: RunnerId,
+        value: f32,
+        sink: &impl AsSpan,
+    ) -> replay_arena::Result<()> {
+        let streams = (&self.stage, &self.pool, &self.side);
+        run(&mut self.r, &self.sim, streams, runner, value, sink)
+    }
+
+    /// [`join`] of bucket `bs={n}`, captured on the pool.
+    pub fn join(&mut self, runner: RunnerId, n: u64) -> replay_arena::Result<replay_arena::Joined> {
+        join(&mut self.r, &self.sim, &self.pool, runner, n)
+    }
+
+    /// Fills `runner`'s input with ones on the staging stream, then keeps a
+    /// step graph replaying it on the pool and launches it once there.
+    pub fn launched_kept_step(&mut self, runner: RunnerId) -> replay_arena::KeptStep<sim::Device> {
+        let sim = &self.sim;
+        self.r
+            .consume_mut(runner, &self.stage, |s, v| {
+                sim.launch(s, sim::Kernel::fill(&v[0], 1.0), 1)
+            })
+            .unwrap();
+        let mut step = self.r.step();
+        step.replay(runner, &self.pool).unwrap();
+        let mut kept = step.build().unwrap().keep();
+        self.r.launch_kept(&mut kept, &self.pool).unwrap();
+        kept
+    }
 }

@@ -50,8 +50,8 @@ pub fn chain_of(layers: usize, own: Request, grad: Request) -> (Discovering, Vec
     for l in 0..layers {
         let mut armed = d.arm(r(l as u32)).unwrap();
         armed.record(own).unwrap();
-        if l > 0 {
-            armed.receive(handoffs[l - 1]).unwrap();
+        if let Some(&h) = handoffs.last() {
+            armed.receive(h).unwrap();
         }
         if l + 1 < layers {
             handoffs.push(armed.hand_off(grad).unwrap());
@@ -88,6 +88,17 @@ pub fn copy_out(
 
 pub fn read0(sim: &sim::Device, b: &impl sim::AsSpan) -> f32 {
     sim.read_f32(b).unwrap()[0]
+}
+
+/// What each of `buffers` holds, then what each of `views` holds.
+pub fn read_back<'b, 'v>(
+    sim: &sim::Device,
+    buffers: impl IntoIterator<Item = &'b sim::HostBuffer>,
+    views: impl IntoIterator<Item = replay_arena::View<'v>>,
+) -> Vec<Vec<f32>> {
+    let buffers = buffers.into_iter().map(|b| sim.read_f32(b).unwrap());
+    let views = views.into_iter().map(|v| sim.read_f32(&v).unwrap());
+    buffers.chain(views).collect()
 }
 
 pub fn graph_memory(sim: &sim::Device) -> GraphMemory {
@@ -148,6 +159,42 @@ pub fn refused(reason: &str) -> replay_arena::Error {
         call: "test",
         reason: reason.into(),
     })
+}
+
+/// No hazard on `sim`.
+#[track_caller]
+pub fn assert_hazard_free(sim: &sim::Device) {
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+}
+
+/// `capturing` sealed: the plan, or the one whose seal failed back (the
+/// failure noted in `errors`).
+pub fn seal_or_note(
+    capturing: replay_arena::Capturing<sim::Device>,
+    errors: &mut Vec<String>,
+) -> (
+    Option<Replayable<sim::Device>>,
+    Option<replay_arena::Capturing<sim::Device>>,
+) {
+    match capturing.seal() {
+        Ok(r) => (Some(r), None),
+        Err(e) => {
+            errors.push(format!("seal: {e}"));
+            (None, Some(e.into_capturing()))
+        }
+    }
+}
+
+/// Drops a fixture's plan: the sealed one, or the one whose seal failed,
+/// given up the documented way (`replan`).
+pub fn drop_plan(
+    sealed: Option<Replayable<sim::Device>>,
+    failed: Option<replay_arena::Capturing<sim::Device>>,
+) {
+    drop(sealed);
+    if let Some(c) = failed {
+        drop(c.replan());
+    }
 }
 
 /// Every graph gone and the pool trimmed: no graph memory used or

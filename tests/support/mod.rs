@@ -143,3 +143,37 @@ pub fn seal_each<B: Backend, E: fmt::Display + fmt::Debug>(
     }
     capturing.seal().unwrap()
 }
+
+/// `elements` f32s (a random number of them), in device memory or in
+/// `group`'s symmetric memory.
+pub fn f32_request(
+    group: GroupId,
+    elements: std::ops::Range<u64>,
+) -> impl Strategy<Value = Request> {
+    (any::<bool>(), elements).prop_map(move |(symmetric, n)| {
+        let domain = if symmetric {
+            Domain::Symmetric(group)
+        } else {
+            Domain::Device
+        };
+        Request::new(domain, DType::F32, n)
+    })
+}
+
+/// Every `.rs` file under `dir`, recursively, in path order.
+pub fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out);
+    out.sort();
+    out
+}

@@ -12,6 +12,7 @@
 //! - [`assert_torn_down`]: what a plan's teardown must leave on a sim.
 
 use replay_arena::backend::Backend;
+use replay_arena::sim::AsSpan;
 use replay_arena::{Capturing, Discovering, PlacedPolicy, PlanConfig, Planned, Request, RunnerId};
 
 /// `runners` (each with its requests, in recording order) discovered with
@@ -70,6 +71,45 @@ pub fn assert_torn_down(sim: &replay_arena::sim::Device, what: &str) {
     let p = sim.graph_memory_in_use().unwrap().unwrap();
     assert_eq!((p.used, p.reserved), (0, 0), "{what}: graph memory left");
     assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
+}
+
+/// Enqueues a copy of `from` into `to` on `s`, taking `ticks`; with
+/// `temporary`, through `n` f32s that the graph allocates and frees (the
+/// copy into them takes one tick).
+pub fn copy_into(
+    sim: &replay_arena::sim::Device,
+    s: &replay_arena::sim::Stream,
+    (from, to): (&impl AsSpan, &impl AsSpan),
+    n: usize,
+    ticks: u64,
+    temporary: bool,
+) -> replay_arena::Result<()> {
+    use replay_arena::sim::Kernel;
+    if !temporary {
+        sim.launch(s, Kernel::copy(from, to), ticks)?;
+        return Ok(());
+    }
+    let t = sim.alloc_async(s, n)?;
+    sim.launch(s, Kernel::copy(from, &t), 1)?;
+    sim.launch(s, Kernel::copy(&t, to), ticks)?;
+    sim.free_async(s, &t)?;
+    Ok(())
+}
+
+/// Enqueues on `s` a fill of `n` f32s that the graph allocates with ones,
+/// their copy into `to`, and their free (one tick each).
+pub fn ones_through_temporary(
+    sim: &replay_arena::sim::Device,
+    s: &replay_arena::sim::Stream,
+    to: &impl AsSpan,
+    n: usize,
+) -> replay_arena::Result<()> {
+    use replay_arena::sim::Kernel;
+    let t = sim.alloc_async(s, n)?;
+    sim.launch(s, Kernel::fill(&t, 1.0), 1)?;
+    sim.launch(s, Kernel::copy(&t, to), 1)?;
+    sim.free_async(s, &t)?;
+    Ok(())
 }
 
 /// Overlapping step graphs, step copies and graph memory: the world the
@@ -229,15 +269,7 @@ pub mod overlap {
                         cap.ready(*h, s)?;
                     }
                 }
-                if temporary {
-                    let t = sim.alloc_async(s, N)?;
-                    sim.launch(s, sim::Kernel::copy(count, &t), 1)?;
-                    sim.launch(s, sim::Kernel::copy(&t, &own), duration)?;
-                    sim.free_async(s, &t)?;
-                } else {
-                    sim.launch(s, sim::Kernel::copy(count, &own), duration)?;
-                }
-                Ok::<(), replay_arena::Error>(())
+                super::copy_into(&sim, s, (count, &own), N, duration, temporary)
             })
             .unwrap();
             cap.finish().unwrap();
@@ -701,11 +733,7 @@ pub mod overlap {
         s: &sim::Stream,
         v: &replay_arena::View<'_>,
     ) -> replay_arena::Result<()> {
-        let t = sim.alloc_async(s, N)?;
-        sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
-        sim.launch(s, sim::Kernel::copy(&t, v), 1)?;
-        sim.free_async(s, &t)?;
-        Ok(())
+        super::ones_through_temporary(sim, s, v, N)
     }
 
     /// Runs `inside` while another plan captures on `stream` (so anything

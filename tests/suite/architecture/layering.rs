@@ -20,6 +20,7 @@
 //! each other's checks: the root declares its children and holds the state
 //! they share (`sim::SimState`), so Rust makes that pair import each other.
 
+use crate::support::rust_files;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -211,26 +212,13 @@ fn macros(files: &[(PathBuf, String)]) -> BTreeMap<String, String> {
     out
 }
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// Every module-to-module import: (importing file, its module, the module
 /// imported, the name as written), and the names that resolve to no module.
 #[allow(clippy::type_complexity)]
 fn edges() -> (Vec<(String, String, String, String)>, Vec<String>) {
     let rank: BTreeSet<String> = layers().into_iter().collect();
     let exports = root_exports();
-    let mut paths = Vec::new();
-    sources(Path::new("src"), &mut paths);
-    paths.sort();
+    let paths = rust_files(Path::new("src"));
     let files: Vec<(PathBuf, String)> = paths
         .into_iter()
         // The binaries are crates of their own.
@@ -302,8 +290,7 @@ fn test_modules_and_comments_are_left_out_and_other_test_items_kept() {
 fn modules_import_through_module_paths_not_the_root() {
     let rank: BTreeSet<String> = layers().into_iter().collect();
     let exports = root_exports();
-    let mut files = Vec::new();
-    sources(Path::new("src"), &mut files);
+    let files = rust_files(Path::new("src"));
     let mut through_root = Vec::new();
     for file in files {
         if !rank.contains(&module_of(&file)) {
@@ -351,23 +338,29 @@ fn the_module_graph_has_no_circle() {
     for (_, from, to, _) in &edges {
         graph.entry(from).or_default().insert(to);
     }
-    // Depth-first search; a module met again on the current path closes a
-    // circle.
-    fn visit<'m>(
-        m: &'m str,
-        graph: &BTreeMap<&'m str, BTreeSet<&'m str>>,
-        path: &mut Vec<&'m str>,
-        done: &mut BTreeSet<&'m str>,
-    ) -> Option<Vec<&'m str>> {
-        if let Some(at) = path.iter().position(|p| *p == m) {
+    let circle = first_circle(&graph);
+    assert!(circle.is_none(), "import circle: {:?}", circle.unwrap());
+}
+
+/// A circle of `graph` (a node, the nodes it leads to, back to it), if it
+/// has one: a depth-first search from each node in order, where a node met
+/// again on the current path closes a circle.
+fn first_circle<N: Ord + Clone>(graph: &BTreeMap<N, BTreeSet<N>>) -> Option<Vec<N>> {
+    fn visit<N: Ord + Clone>(
+        m: &N,
+        graph: &BTreeMap<N, BTreeSet<N>>,
+        path: &mut Vec<N>,
+        done: &mut BTreeSet<N>,
+    ) -> Option<Vec<N>> {
+        if let Some(at) = path.iter().position(|p| p == m) {
             let mut circle = path[at..].to_vec();
-            circle.push(m);
+            circle.push(m.clone());
             return Some(circle);
         }
-        if !done.insert(m) {
+        if !done.insert(m.clone()) {
             return None;
         }
-        path.push(m);
+        path.push(m.clone());
         for next in graph.get(m).into_iter().flatten() {
             if let Some(circle) = visit(next, graph, path, done) {
                 return Some(circle);
@@ -377,10 +370,9 @@ fn the_module_graph_has_no_circle() {
         None
     }
     let mut done = BTreeSet::new();
-    for m in graph.keys() {
-        let circle = visit(m, &graph, &mut Vec::new(), &mut done);
-        assert!(circle.is_none(), "import circle: {:?}", circle.unwrap());
-    }
+    graph
+        .keys()
+        .find_map(|m| visit(m, graph, &mut Vec::new(), &mut done))
 }
 
 #[test]
@@ -578,9 +570,7 @@ fn code_paths(code: &str, children: &BTreeSet<String>) -> Vec<Vec<String>> {
 /// Every source file of the library (not the binaries, which are crates of
 /// their own), with its code ([`code`]).
 fn library_files() -> BTreeMap<Vec<String>, (PathBuf, String)> {
-    let mut paths = Vec::new();
-    sources(Path::new("src"), &mut paths);
-    paths
+    rust_files(Path::new("src"))
         .into_iter()
         .filter(|p| !p.starts_with("src/bin"))
         .map(|p| {
@@ -901,35 +891,9 @@ fn the_file_graph_has_no_circle() {
             graph.entry(from).or_default().insert(to);
         }
     }
-    fn visit(
-        m: &Vec<String>,
-        graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
-        path: &mut Vec<Vec<String>>,
-        done: &mut BTreeSet<Vec<String>>,
-    ) -> Option<Vec<Vec<String>>> {
-        if let Some(at) = path.iter().position(|p| p == m) {
-            let mut circle = path[at..].to_vec();
-            circle.push(m.clone());
-            return Some(circle);
-        }
-        if !done.insert(m.clone()) {
-            return None;
-        }
-        path.push(m.clone());
-        for next in graph.get(m).into_iter().flatten() {
-            if let Some(circle) = visit(next, graph, path, done) {
-                return Some(circle);
-            }
-        }
-        path.pop();
-        None
-    }
-    let mut done = BTreeSet::new();
-    for m in graph.keys() {
-        if let Some(circle) = visit(m, &graph, &mut Vec::new(), &mut done) {
-            let names: Vec<String> = circle.iter().map(|m| file_name(&files, m)).collect();
-            panic!("import circle between files: {}", names.join(" -> "));
-        }
+    if let Some(circle) = first_circle(&graph) {
+        let names: Vec<String> = circle.iter().map(|m| file_name(&files, m)).collect();
+        panic!("import circle between files: {}", names.join(" -> "));
     }
 }
 
@@ -1067,9 +1031,7 @@ fn foreign_calls_are_found_however_the_library_is_named() {
 
 #[test]
 fn only_the_result_layers_call_foreign_libraries() {
-    let mut files = Vec::new();
-    sources(Path::new("src"), &mut files);
-    files.sort();
+    let files = rust_files(Path::new("src"));
     for (_, _, layer) in RESULT_LAYERS {
         assert!(files.contains(&PathBuf::from(layer)), "{layer} is gone");
     }
@@ -1100,8 +1062,7 @@ fn only_the_result_layers_call_foreign_libraries() {
 /// `foo/mod.rs`: one spelling for every module file.
 #[test]
 fn module_roots_sit_beside_their_directories() {
-    let mut paths = Vec::new();
-    sources(Path::new("src"), &mut paths);
+    let paths = rust_files(Path::new("src"));
     let roots: Vec<_> = paths.iter().filter(|p| p.ends_with("mod.rs")).collect();
     assert!(roots.is_empty(), "mod.rs files in src/: {roots:?}");
 }

@@ -121,15 +121,12 @@ fn declared_files(root: &str) -> BTreeSet<PathBuf> {
     out
 }
 
-fn rust_files(dir: &Path, base: &Path, out: &mut BTreeSet<PathBuf>) {
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, base, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.insert(path.strip_prefix(base).unwrap().to_path_buf());
-        }
-    }
+/// Every `.rs` file under `dir`, as a path from `dir`.
+fn rust_files_in(dir: &Path) -> BTreeSet<PathBuf> {
+    let files = crate::support::rust_files(dir).into_iter();
+    files
+        .map(|p| p.strip_prefix(dir).unwrap().to_path_buf())
+        .collect()
 }
 
 #[test]
@@ -183,12 +180,10 @@ fn every_file_of_a_binary_is_one_of_its_modules() {
         }
         let dir = root.parent().unwrap();
         let declared = declared_files(&fs::read_to_string(&root).unwrap());
-        let mut present = BTreeSet::new();
-        rust_files(dir, dir, &mut present);
+        let mut present = rust_files_in(dir);
         present.remove(Path::new("main.rs"));
-        for file in present.difference(&declared) {
-            orphans.push(format!("tests/{name}/{}", file.display()));
-        }
+        let undeclared = present.difference(&declared);
+        orphans.extend(undeclared.map(|file| format!("tests/{name}/{}", file.display())));
     }
     assert!(
         orphans.is_empty(),
@@ -198,10 +193,8 @@ fn every_file_of_a_binary_is_one_of_its_modules() {
 
 #[test]
 fn no_test_file_is_named_after_a_review_round() {
-    let mut all = BTreeSet::new();
-    rust_files(Path::new("tests"), Path::new("tests"), &mut all);
-    let named: Vec<&PathBuf> = all
-        .iter()
+    let named: Vec<PathBuf> = rust_files_in(Path::new("tests"))
+        .into_iter()
         .filter(|p| {
             let s = p.to_string_lossy();
             s.contains("hostile") || s.contains("_round") || s.contains("review")

@@ -7,89 +7,63 @@ use replay_arena::{
     StepLaunchError,
 };
 
-use crate::support::buckets::{capture_double, join, output, run, sealed, TEMPORARIES};
+use crate::support::buckets::{capture_double, fixture, join, output, run, TEMPORARIES};
 
 #[test]
 fn a_bucket_that_fits_joins_without_allocating_and_replays_right() {
-    let sim = sim::Device::new();
-    let (stage, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let mut r = sealed(&sim, &pool, &[64, 256]);
-    let bytes = r.plan().total_bytes();
-    r.synchronize().unwrap();
-    let (allocated, _) = sim.allocation_counts();
-    let live = sim.live_allocations();
-    let joined = join(&mut r, &sim, &pool, RunnerId(7), 128).unwrap();
+    let mut f = fixture();
+    let bytes = f.r.plan().total_bytes();
+    f.r.synchronize().unwrap();
+    let (allocated, _) = f.sim.allocation_counts();
+    let live = f.sim.live_allocations();
+    let joined = f.join(RunnerId(7), 128).unwrap();
     assert_eq!(joined.bucket, BucketId(2));
     assert!(joined.released.is_empty());
     // No arena, no re-plan: the same arenas, the same bytes.
-    assert_eq!(r.plan().total_bytes(), bytes);
+    assert_eq!(f.r.plan().total_bytes(), bytes);
     // One allocation more: the joined graph's temporary, no arena.
-    assert_eq!(sim.live_allocations(), live + 1);
+    assert_eq!(f.sim.live_allocations(), live + 1);
     // The joined runner's views lie in the plan's arenas.
-    let base = r.views(RunnerId(1)).unwrap()[0].device_address();
-    assert_eq!(r.views(RunnerId(7)).unwrap()[0].device_address(), base);
-    let sink = sim.alloc_f32(128).unwrap();
-    run(
-        &mut r,
-        &sim,
-        (&stage, &pool, &side),
-        RunnerId(7),
-        3.0,
-        &sink,
-    )
-    .unwrap();
-    r.synchronize().unwrap();
-    assert_eq!(sim.read_f32(&sink).unwrap(), vec![6.0; 128]);
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-    let (after, _) = sim.allocation_counts();
+    let base = f.r.views(RunnerId(1)).unwrap()[0].device_address();
+    assert_eq!(f.r.views(RunnerId(7)).unwrap()[0].device_address(), base);
+    let sink = f.sim.alloc_f32(128).unwrap();
+    f.run(RunnerId(7), 3.0, &sink).unwrap();
+    f.r.synchronize().unwrap();
+    assert_eq!(f.sim.read_f32(&sink).unwrap(), vec![6.0; 128]);
+    assert!(f.sim.hazards().is_empty(), "{:?}", f.sim.hazards());
+    let (after, _) = f.sim.allocation_counts();
     // Only the graph's temporary (an allocation node) and the sink.
     assert!(after - allocated <= 3, "{allocated} -> {after}");
-    assert_eq!(r.plan().bucket_of(RunnerId(7)), Some(BucketId(2)));
-    assert_eq!(r.bucket_state(BucketId(2)).unwrap(), BucketState::Captured);
+    assert_eq!(f.r.plan().bucket_of(RunnerId(7)), Some(BucketId(2)));
+    assert_eq!(
+        f.r.bucket_state(BucketId(2)).unwrap(),
+        BucketState::Captured
+    );
 }
 
 #[test]
 fn a_joined_bucket_first_replay_waits_for_the_in_flight_users_of_its_bytes() {
-    let sim = sim::Device::new();
-    let (stage, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let other = sim.new_stream();
-    let mut r = sealed(&sim, &pool, &[64, 256]);
-    let sink = sim.alloc_f32(256).unwrap();
+    let mut f = fixture();
+    let sink = f.sim.alloc_f32(256).unwrap();
     // Bucket 1's replay and consumer are in flight on their streams...
-    run(
-        &mut r,
-        &sim,
-        (&stage, &pool, &side),
-        RunnerId(1),
-        1.0,
-        &sink,
-    )
-    .unwrap();
-    join(&mut r, &sim, &other, RunnerId(9), 128).unwrap();
-    let sink2 = sim.alloc_f32(128).unwrap();
+    f.run(RunnerId(1), 1.0, &sink).unwrap();
+    let other = f.sim.new_stream();
+    join(&mut f.r, &f.sim, &other, RunnerId(9), 128).unwrap();
+    let sink2 = f.sim.alloc_f32(128).unwrap();
     // ... and the joined runner overwrites the same bytes on other streams.
-    run(
-        &mut r,
-        &sim,
-        (&other, &other, &other),
-        RunnerId(9),
-        5.0,
-        &sink2,
-    )
-    .unwrap();
-    r.synchronize().unwrap();
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-    assert_eq!(sim.read_f32(&sink).unwrap(), vec![2.0; 256]);
-    assert_eq!(sim.read_f32(&sink2).unwrap(), vec![10.0; 128]);
+    let others = (&other, &other, &other);
+    run(&mut f.r, &f.sim, others, RunnerId(9), 5.0, &sink2).unwrap();
+    f.r.synchronize().unwrap();
+    assert!(f.sim.hazards().is_empty(), "{:?}", f.sim.hazards());
+    assert_eq!(f.sim.read_f32(&sink).unwrap(), vec![2.0; 256]);
+    assert_eq!(f.sim.read_f32(&sink2).unwrap(), vec![10.0; 128]);
 }
 
 #[test]
 fn a_bucket_larger_than_the_arenas_is_refused_naming_the_bytes_missing() {
-    let sim = sim::Device::new();
-    let (stage, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let mut r = sealed(&sim, &pool, &[64, 256]);
-    let before = r.plan().clone();
-    let error = join(&mut r, &sim, &pool, RunnerId(5), 512).unwrap_err();
+    let mut f = fixture();
+    let before = f.r.plan().clone();
+    let error = f.join(RunnerId(5), 512).unwrap_err();
     let replay_arena::Error::Join(JoinError::DoesNotFit { name, short }) = &error else {
         panic!("{error}");
     };
@@ -107,24 +81,15 @@ fn a_bucket_larger_than_the_arenas_is_refused_naming_the_bytes_missing() {
         (4096, 2048, 2048)
     );
     assert!(error.to_string().contains("2048 missing"), "{error}");
-    assert_eq!(r.plan(), &before, "the running plan is untouched");
-    let sink = sim.alloc_f32(256).unwrap();
-    run(
-        &mut r,
-        &sim,
-        (&stage, &pool, &side),
-        RunnerId(1),
-        1.0,
-        &sink,
-    )
-    .unwrap();
+    assert_eq!(f.r.plan(), &before, "the running plan is untouched");
+    let sink = f.sim.alloc_f32(256).unwrap();
+    f.run(RunnerId(1), 1.0, &sink).unwrap();
 }
 
 #[test]
 fn bad_joins_are_typed_errors() {
-    let sim = sim::Device::new();
-    let pool = sim.new_stream();
-    let mut r = sealed(&sim, &pool, &[64, 256]);
+    let mut f = fixture();
+    let r = &mut f.r;
     let e = r.discover_bucket("bs=64").unwrap_err();
     assert!(
         matches!(
@@ -191,16 +156,13 @@ fn bad_joins_are_typed_errors() {
 
 #[test]
 fn the_budget_releases_the_least_recently_launched_idle_bucket() {
-    let sim = sim::Device::new();
-    let (stage, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let streams = (&stage, &pool, &side);
-    let mut r = sealed(&sim, &pool, &[64, 256]);
-    let sink = sim.alloc_f32(256).unwrap();
-    assert!(r.set_bucket_budget(2).unwrap().is_empty());
-    run(&mut r, &sim, streams, RunnerId(1), 1.0, &sink).unwrap();
-    run(&mut r, &sim, streams, RunnerId(0), 1.0, &sink).unwrap();
+    let mut f = fixture();
+    let sink = f.sim.alloc_f32(256).unwrap();
+    assert!(f.r.set_bucket_budget(2).unwrap().is_empty());
+    f.run(RunnerId(1), 1.0, &sink).unwrap();
+    f.run(RunnerId(0), 1.0, &sink).unwrap();
     // Bucket 1 launched before bucket 0, but both are in flight.
-    let error = join(&mut r, &sim, &pool, RunnerId(7), 128).unwrap_err();
+    let error = f.join(RunnerId(7), 128).unwrap_err();
     assert!(
         matches!(
             error,
@@ -211,20 +173,26 @@ fn the_budget_releases_the_least_recently_launched_idle_bucket() {
         ),
         "{error}"
     );
-    assert_eq!(r.bucket_state(BucketId(1)).unwrap(), BucketState::Captured);
-    r.synchronize().unwrap();
+    assert_eq!(
+        f.r.bucket_state(BucketId(1)).unwrap(),
+        BucketState::Captured
+    );
+    f.r.synchronize().unwrap();
     let reserved = |r: &Replayable<sim::Device>| r.report().unwrap().graph_memory.unwrap().reserved;
-    let before = reserved(&r);
-    let joined = join(&mut r, &sim, &pool, RunnerId(7), 128).unwrap();
+    let before = reserved(&f.r);
+    let joined = f.join(RunnerId(7), 128).unwrap();
     assert_eq!(
         joined.released,
         vec![BucketId(1)],
         "the least recently launched"
     );
-    assert_eq!(r.bucket_state(BucketId(1)).unwrap(), BucketState::Released);
+    assert_eq!(
+        f.r.bucket_state(BucketId(1)).unwrap(),
+        BucketState::Released
+    );
     // Bucket 1's graph memory went back; the joined one's is smaller.
-    assert!(reserved(&r) < before, "{} !< {before}", reserved(&r));
-    let e = r.replay(RunnerId(1), &pool).unwrap_err();
+    assert!(reserved(&f.r) < before, "{} !< {before}", reserved(&f.r));
+    let e = f.r.replay(RunnerId(1), &f.pool).unwrap_err();
     assert!(
         matches!(
             e,
@@ -235,41 +203,31 @@ fn the_budget_releases_the_least_recently_launched_idle_bucket() {
         ),
         "{e}"
     );
-    let report = r.report().unwrap();
+    let report = f.r.report().unwrap();
     assert_eq!(report.buckets[1].state, Some(BucketState::Released));
     assert_eq!(report.buckets[2].state, Some(BucketState::Captured));
     assert_eq!(report.buckets[1].temporaries, Some(0));
     assert!(report.to_string().contains("released"), "{report}");
     // Captured again (its fit kept): bucket 0 is now the least recent.
-    r.synchronize().unwrap();
-    run(&mut r, &sim, streams, RunnerId(7), 1.0, &sink).unwrap();
-    r.synchronize().unwrap();
-    let mut capture = r.recapture_bucket(BucketId(1)).unwrap();
-    capture_double(capture.capture(RunnerId(1)).unwrap(), &sim, &pool, 256).unwrap();
+    f.r.synchronize().unwrap();
+    f.run(RunnerId(7), 1.0, &sink).unwrap();
+    f.r.synchronize().unwrap();
+    let mut capture = f.r.recapture_bucket(BucketId(1)).unwrap();
+    capture_double(capture.capture(RunnerId(1)).unwrap(), &f.sim, &f.pool, 256).unwrap();
     let again = capture.seal().unwrap();
     assert_eq!(again.released, vec![BucketId(0)]);
-    run(&mut r, &sim, streams, RunnerId(1), 4.0, &sink).unwrap();
-    r.synchronize().unwrap();
-    assert_eq!(sim.read_f32(&sink).unwrap(), vec![8.0; 256]);
-    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    f.run(RunnerId(1), 4.0, &sink).unwrap();
+    f.r.synchronize().unwrap();
+    assert_eq!(f.sim.read_f32(&sink).unwrap(), vec![8.0; 256]);
+    assert!(f.sim.hazards().is_empty(), "{:?}", f.sim.hazards());
 }
 
 #[test]
 fn a_bucket_with_work_in_flight_is_never_released() {
-    let sim = sim::Device::new();
-    let (stage, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let mut r = sealed(&sim, &pool, &[64, 256]);
-    let sink = sim.alloc_f32(64).unwrap();
-    run(
-        &mut r,
-        &sim,
-        (&stage, &pool, &side),
-        RunnerId(0),
-        1.0,
-        &sink,
-    )
-    .unwrap();
-    let e = r.release_bucket(BucketId(0)).unwrap_err();
+    let mut f = fixture();
+    let sink = f.sim.alloc_f32(64).unwrap();
+    f.run(RunnerId(0), 1.0, &sink).unwrap();
+    let e = f.r.release_bucket(BucketId(0)).unwrap_err();
     assert!(
         matches!(
             e,
@@ -279,12 +237,12 @@ fn a_bucket_with_work_in_flight_is_never_released() {
         ),
         "{e}"
     );
-    assert!(r.graph(RunnerId(0)).is_some());
-    r.synchronize().unwrap();
-    r.release_bucket(BucketId(0)).unwrap();
-    assert!(r.graph(RunnerId(0)).is_none());
+    assert!(f.r.graph(RunnerId(0)).is_some());
+    f.r.synchronize().unwrap();
+    f.r.release_bucket(BucketId(0)).unwrap();
+    assert!(f.r.graph(RunnerId(0)).is_none());
     assert!(matches!(
-        r.release_bucket(BucketId(0)),
+        f.r.release_bucket(BucketId(0)),
         Err(BucketError::AlreadyReleased { .. })
     ));
 }
@@ -292,20 +250,11 @@ fn a_bucket_with_work_in_flight_is_never_released() {
 #[test]
 fn a_kept_step_of_a_released_bucket_refuses_to_launch() {
     TEMPORARIES.with(|t| t.set(false));
-    let sim = sim::Device::new();
-    let (stage, pool) = (sim.new_stream(), sim.new_stream());
-    let mut r = sealed(&sim, &pool, &[64, 256]);
-    r.consume_mut(RunnerId(0), &stage, |s, v| {
-        sim.launch(s, sim::Kernel::fill(&v[0], 1.0), 1)
-    })
-    .unwrap();
-    let mut step = r.step();
-    step.replay(RunnerId(0), &pool).unwrap();
-    let mut kept = step.build().unwrap().keep();
-    r.launch_kept(&mut kept, &pool).unwrap();
-    r.synchronize().unwrap();
-    r.release_bucket(BucketId(0)).unwrap();
-    let e = r.launch_kept(&mut kept, &pool).unwrap_err();
+    let mut f = fixture();
+    let mut kept = f.launched_kept_step(RunnerId(0));
+    f.r.synchronize().unwrap();
+    f.r.release_bucket(BucketId(0)).unwrap();
+    let e = f.r.launch_kept(&mut kept, &f.pool).unwrap_err();
     assert!(
         matches!(
             e,
@@ -316,11 +265,11 @@ fn a_kept_step_of_a_released_bucket_refuses_to_launch() {
         "{e}"
     );
     // Captured again, the old step graph stays refused.
-    let mut capture = r.recapture_bucket(BucketId(0)).unwrap();
-    capture_double(capture.capture(RunnerId(0)).unwrap(), &sim, &pool, 64).unwrap();
+    let mut capture = f.r.recapture_bucket(BucketId(0)).unwrap();
+    capture_double(capture.capture(RunnerId(0)).unwrap(), &f.sim, &f.pool, 64).unwrap();
     capture.seal().unwrap();
     assert!(matches!(
-        r.launch_kept(&mut kept, &pool),
+        f.r.launch_kept(&mut kept, &f.pool),
         Err(StepLaunchError::Released { .. })
     ));
     drop(kept);
@@ -328,33 +277,23 @@ fn a_kept_step_of_a_released_bucket_refuses_to_launch() {
 
 #[test]
 fn joins_release_and_recapture_leave_nothing_allocated() {
-    let sim = sim::Device::new();
-    let (stage, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+    let mut f = fixture();
+    let sim = f.sim.clone();
     let sink = sim.alloc_f32(256).unwrap();
-    {
-        let mut r = sealed(&sim, &pool, &[64, 256]);
-        r.set_bucket_budget(1).unwrap();
-        for (k, n) in [8u64, 16, 24, 32, 40].into_iter().enumerate() {
-            r.synchronize().unwrap();
-            let runner = RunnerId(10 + k as u32);
-            join(&mut r, &sim, &pool, runner, n).unwrap();
-            run(
-                &mut r,
-                &sim,
-                (&stage, &pool, &side),
-                runner,
-                k as f32,
-                &sink,
-            )
-            .unwrap();
-            let captured = (0..r.plan().buckets().count())
-                .filter(|&b| r.bucket_state(BucketId(b as u32)).unwrap() == BucketState::Captured)
-                .count();
-            assert_eq!(captured, 1);
-        }
-        r.synchronize().unwrap();
-        assert_eq!(sim.read_f32(&sink).unwrap()[..40], [8.0; 40]);
+    f.r.set_bucket_budget(1).unwrap();
+    for (k, n) in [8u64, 16, 24, 32, 40].into_iter().enumerate() {
+        f.r.synchronize().unwrap();
+        let runner = RunnerId(10 + k as u32);
+        f.join(runner, n).unwrap();
+        f.run(runner, k as f32, &sink).unwrap();
+        let captured = (0..f.r.plan().buckets().count())
+            .filter(|&b| f.r.bucket_state(BucketId(b as u32)).unwrap() == BucketState::Captured)
+            .count();
+        assert_eq!(captured, 1);
     }
+    f.r.synchronize().unwrap();
+    assert_eq!(sim.read_f32(&sink).unwrap()[..40], [8.0; 40]);
+    drop(f);
     let memory = replay_arena::backend::Backend::graph_memory_in_use(&sim)
         .unwrap()
         .unwrap();

@@ -7,6 +7,7 @@
 //! outside types the pages use (cudarc, std, half). CHANGELOG.md is history
 //! and may name what no longer exists; it is not checked.
 
+use crate::support::rust_files;
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -55,18 +56,6 @@ fn pages() -> Vec<PathBuf> {
     docs.sort();
     pages.extend(docs);
     pages
-}
-
-/// Every `.rs` file under `dir`, recursively.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 fn is_ident(c: char) -> bool {
@@ -209,60 +198,60 @@ fn defines_member(source: &str, member: &str) -> bool {
     })
 }
 
-#[test]
-fn pages_cite_only_paths_that_exist() {
-    let mut missing = Vec::new();
+/// Asserts that `missing` finds nothing missing in any page (given its
+/// path and text); else fails with `what` and each finding after the
+/// name of its page.
+#[track_caller]
+fn assert_no_page_misses(what: &str, missing: impl Fn(&Path, &str) -> Vec<String>) {
+    let mut all = Vec::new();
     for page in pages() {
         let text = fs::read_to_string(&page).unwrap();
         let name = page.strip_prefix(root()).unwrap().display().to_string();
-        for path in cited_paths(&text) {
-            if !exists(&path) {
-                missing.push(format!("{name}: path `{path}`"));
-            }
-        }
-        for link in links(&text) {
-            let target = page.parent().unwrap().join(&link);
-            if !target.exists() {
-                missing.push(format!("{name}: link `{link}`"));
-            }
-        }
+        all.extend(
+            missing(&page, &text)
+                .into_iter()
+                .map(|m| format!("{name}: {m}")),
+        );
     }
-    assert!(
-        missing.is_empty(),
-        "cited but missing:\n{}",
-        missing.join("\n")
-    );
+    assert!(all.is_empty(), "{what}:\n{}", all.join("\n"));
+}
+
+#[test]
+fn pages_cite_only_paths_that_exist() {
+    assert_no_page_misses("cited but missing", |page, text| {
+        let gone = cited_paths(text).into_iter().filter(|path| !exists(path));
+        let dir = page.parent().unwrap();
+        let broken = links(text)
+            .into_iter()
+            .filter(|link| !dir.join(link).exists());
+        let gone = gone.map(|path| format!("path `{path}`"));
+        gone.chain(broken.map(|link| format!("link `{link}`")))
+            .collect()
+    });
 }
 
 #[test]
 fn pages_cite_only_items_that_exist() {
-    let mut files = Vec::new();
-    rust_files(&root().join("src"), &mut files);
+    let files = rust_files(&root().join("src"));
     let source: String = files
         .iter()
         .map(|f| fs::read_to_string(f).unwrap())
         .collect::<Vec<_>>()
         .join("\n");
-    let mut missing = Vec::new();
-    for page in pages() {
-        let text = fs::read_to_string(&page).unwrap();
-        let name = page.strip_prefix(root()).unwrap().display().to_string();
-        for (ty, member) in cited_items(&text) {
+    assert_no_page_misses("cited but not defined", |_, text| {
+        let mut missing = Vec::new();
+        for (ty, member) in cited_items(text) {
             if EXTERNAL.contains(&ty.as_str()) {
                 continue;
             }
             if !defines_type(&source, &ty) {
-                missing.push(format!("{name}: type `{ty}` (in `{ty}::{member}`)"));
+                missing.push(format!("type `{ty}` (in `{ty}::{member}`)"));
             } else if !defines_member(&source, &member) {
-                missing.push(format!("{name}: `{ty}::{member}`"));
+                missing.push(format!("`{ty}::{member}`"));
             }
         }
-    }
-    assert!(
-        missing.is_empty(),
-        "cited but not defined:\n{}",
-        missing.join("\n")
-    );
+        missing
+    });
 }
 
 #[test]
@@ -409,32 +398,30 @@ fn anchors(text: &str) -> Vec<String> {
     seen
 }
 
-/// Inline links `[text](target)` in `line` (images included), as targets.
-fn inline_links(line: &str) -> Vec<String> {
+/// What follows each `open` in `line` up to the next `close` (an `open`
+/// with no `close` after it ends the search).
+fn each_after(line: &str, open: &str, close: char) -> Vec<String> {
     let mut found = Vec::new();
     let mut rest = line;
-    while let Some(i) = rest.find("](") {
-        let after = &rest[i + 2..];
-        let Some(end) = after.find(')') else { break };
+    while let Some(i) = rest.find(open) {
+        let after = &rest[i + open.len()..];
+        let Some(end) = after.find(close) else { break };
         found.push(after[..end].to_string());
         rest = &after[end..];
     }
     found
 }
 
+/// Inline links `[text](target)` in `line` (images included), as targets.
+fn inline_links(line: &str) -> Vec<String> {
+    each_after(line, "](", ')')
+}
+
 /// Reference links `[text][label]` in `line`, as labels.
 fn reference_links(line: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut rest = line;
-    while let Some(i) = rest.find("][") {
-        let after = &rest[i + 2..];
-        let Some(end) = after.find(']') else { break };
-        if !after[..end].is_empty() {
-            found.push(after[..end].to_string());
-        }
-        rest = &after[end..];
-    }
-    found
+    let mut labels = each_after(line, "][", ']');
+    labels.retain(|label| !label.is_empty());
+    labels
 }
 
 /// Link reference definitions `[label]: target`, one per line.

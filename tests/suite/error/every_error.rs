@@ -48,6 +48,32 @@ fn assert_mentions(err: &dyn std::fmt::Display, fragments: &[&str]) {
     }
 }
 
+/// Arms `runner` in a new discovery of `config` and records `requests` in
+/// order: all but the last are recorded, the last is refused with this
+/// error.
+#[track_caller]
+fn refused_record(config: PlanConfig, runner: u32, requests: &[Request]) -> DiscoveryError {
+    let (last, first) = requests.split_last().expect("a request to refuse");
+    let mut discovery = Discovering::new(config);
+    let mut armed = discovery.arm(RunnerId(runner)).unwrap();
+    for &q in first {
+        armed.record(q).unwrap();
+    }
+    armed.record(*last).unwrap_err()
+}
+
+/// Planning one runner of one `F32_64` under `policy` is refused as zero
+/// generations, in a message naming `fragments`.
+#[track_caller]
+fn assert_zero_generations(policy: Policy, fragments: &[&str]) {
+    let err = discovered(&[(0, &[F32_64])])
+        .plan(policy)
+        .unwrap_err()
+        .into_error();
+    assert_eq!(err, PlanError::ZeroGenerations { policy });
+    assert_mentions(&err, fragments);
+}
+
 /// Discovery in which each runner records its requests, in order.
 fn discovered(runners: &[(u32, &[Request])]) -> Discovering {
     let runners = runners
@@ -111,9 +137,7 @@ fn arming_a_runner_twice_is_runner_armed_twice() {
 
 #[test]
 fn recording_zero_elements_is_zero_elements() {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    let mut armed = discovery.arm(RunnerId(1)).unwrap();
-    let err = armed.record(device(DType::BF16, 0)).unwrap_err();
+    let err = refused_record(PlanConfig::new(), 1, &[device(DType::BF16, 0)]);
     assert!(matches!(
         err,
         DiscoveryError::ZeroElements { runner: RunnerId(1), key } if key == device(DType::BF16, 0).key()
@@ -139,10 +163,8 @@ fn a_rejected_request_is_not_recorded() {
 #[test]
 fn requesting_an_unregistered_group_is_unknown_group() {
     let config = PlanConfig::new().with_group(GroupId(1), "dense").unwrap();
-    let mut discovery = Discovering::new(config);
-    let mut armed = discovery.arm(RunnerId(2)).unwrap();
     let request = Request::new(Domain::Symmetric(GroupId(7)), DType::BF16, 1024);
-    let err = armed.record(request).unwrap_err();
+    let err = refused_record(config, 2, &[request]);
     assert_eq!(
         err,
         DiscoveryError::UnknownGroup {
@@ -156,9 +178,7 @@ fn requesting_an_unregistered_group_is_unknown_group() {
 
 #[test]
 fn a_request_whose_byte_size_overflows_is_size_overflow() {
-    let mut discovery = Discovering::new(PlanConfig::new());
-    let mut armed = discovery.arm(RunnerId(2)).unwrap();
-    let err = armed.record(device(DType::F32, u64::MAX)).unwrap_err();
+    let err = refused_record(PlanConfig::new(), 2, &[device(DType::F32, u64::MAX)]);
     assert!(matches!(
         err,
         DiscoveryError::SizeOverflow {
@@ -183,9 +203,7 @@ fn a_request_whose_byte_size_overflows_is_size_overflow() {
 #[test]
 fn a_request_whose_aligned_size_overflows_is_size_overflow() {
     // u64::MAX bytes fit in 64 bits; rounding them up to 256 does not.
-    let mut discovery = Discovering::new(PlanConfig::new());
-    let mut armed = discovery.arm(RunnerId(0)).unwrap();
-    let err = armed.record(device(DType::U8, u64::MAX)).unwrap_err();
+    let err = refused_record(PlanConfig::new(), 0, &[device(DType::U8, u64::MAX)]);
     assert!(matches!(
         err,
         DiscoveryError::SizeOverflow {
@@ -199,10 +217,7 @@ fn a_request_whose_aligned_size_overflows_is_size_overflow() {
 #[test]
 fn a_capacity_that_overflows_is_size_overflow() {
     let half = device(DType::U8, 1 << 63);
-    let mut discovery = Discovering::new(PlanConfig::new());
-    let mut armed = discovery.arm(RunnerId(5)).unwrap();
-    armed.record(half).unwrap();
-    let err = armed.record(half).unwrap_err();
+    let err = refused_record(PlanConfig::new(), 5, &[half, half]);
     assert!(matches!(
         err,
         DiscoveryError::SizeOverflow {
@@ -240,32 +255,15 @@ fn registering_a_group_twice_is_group_registered_twice() {
 
 #[test]
 fn zero_generations_is_zero_generations() {
-    let err = discovered(&[(0, &[F32_64])])
-        .plan(Policy::Generations(0))
-        .unwrap_err()
-        .into_error();
-    assert_eq!(
-        err,
-        PlanError::ZeroGenerations {
-            policy: Policy::Generations(0)
-        }
+    assert_zero_generations(
+        Policy::Generations(0),
+        &["generations(0)", "zero generations"],
     );
-    assert_mentions(&err, &["generations(0)", "zero generations"]);
 }
 
 #[test]
 fn an_overlap_depth_of_zero_is_zero_generations() {
-    let err = discovered(&[(0, &[F32_64])])
-        .plan(Policy::OverlapDepth(0))
-        .unwrap_err()
-        .into_error();
-    assert_eq!(
-        err,
-        PlanError::ZeroGenerations {
-            policy: Policy::OverlapDepth(0)
-        }
-    );
-    assert_mentions(&err, &["overlap_depth(0)"]);
+    assert_zero_generations(Policy::OverlapDepth(0), &["overlap_depth(0)"]);
 }
 
 #[test]
@@ -1052,7 +1050,6 @@ fn a_view_used_out_of_its_closure_on_sim_is_invalid_view_naming_it() {
 fn each_misuse_names_the_view_and_where_it_works() {
     let (q, r) = (F32_64, RunnerId(2));
     let (request, runner) = (q, r);
-    #[allow(unused_mut)] // without `cuda`, no case is added below
     let mut cases = vec![
         (
             Misuse::NoScope { request, runner },
@@ -1068,28 +1065,6 @@ fn each_misuse_names_the_view_and_where_it_works() {
                 "{q} of {r} is used outside the work closure of the capture or consumer that \
                  handed it out (a view works only inside its own `stream_capture` or `consume` \
                  closure)"
-            ),
-        ),
-        (
-            Misuse::OtherStream {
-                request,
-                runner,
-                capture: true,
-            },
-            format!(
-                "{q} of {r} is used on another stream than its capture runs on (a view works on \
-                 the stream of its own `stream_capture` or `consume` closure)"
-            ),
-        ),
-        (
-            Misuse::OtherStream {
-                request,
-                runner,
-                capture: false,
-            },
-            format!(
-                "{q} of {r} is used on another stream than its consumer runs on (a view works on \
-                 the stream of its own `stream_capture` or `consume` closure)"
             ),
         ),
         (
@@ -1123,31 +1098,37 @@ fn each_misuse_names_the_view_and_where_it_works() {
             ),
         ),
     ];
+    for (capture, runs) in [(true, "capture"), (false, "consumer")] {
+        cases.push((
+            Misuse::OtherStream {
+                request,
+                runner,
+                capture,
+            },
+            format!(
+                "{q} of {r} is used on another stream than its {runs} runs on (a view works on \
+                 the stream of its own `stream_capture` or `consume` closure)"
+            ),
+        ));
+    }
     #[cfg(feature = "cuda")]
-    cases.extend([
-        (
+    for (returned, when) in [
+        (false, "on another stream"),
+        (true, "after its closure returned"),
+    ] {
+        cases.push((
             Misuse::TypedViewElsewhere {
                 request,
                 runner,
                 address: 0x7f00,
-                returned: false,
+                returned,
             },
-            "a typed view of 64 elements at 0x7f00 was handed to cudarc on another stream; it \
-             works only on the stream of its own closure, while that closure runs"
-                .to_string(),
-        ),
-        (
-            Misuse::TypedViewElsewhere {
-                request,
-                runner,
-                address: 0x7f00,
-                returned: true,
-            },
-            "a typed view of 64 elements at 0x7f00 was handed to cudarc after its closure \
-             returned; it works only on the stream of its own closure, while that closure runs"
-                .to_string(),
-        ),
-    ]);
+            format!(
+                "a typed view of 64 elements at 0x7f00 was handed to cudarc {when}; it works \
+                 only on the stream of its own closure, while that closure runs"
+            ),
+        ));
+    }
     #[cfg(feature = "nccl")]
     cases.extend([
         (

@@ -41,7 +41,9 @@
 #![allow(clippy::result_large_err, clippy::forget_non_drop)]
 
 use crate::support::capture_view;
-use crate::support::steps::plan_runners;
+use crate::support::steps::copy_into;
+use crate::support::steps::fence::allocated;
+use crate::support::steps::kept::{self, kept_all, Setup, REQ};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -541,13 +543,16 @@ impl Model {
 // ---------------------------------------------------------------------
 // A run: the world and its checks.
 
+/// Program buffers of one kind, `OUT` f32s each.
+type Buffers = Vec<sim::HostBuffer>;
+
 struct Bufs {
     one: sim::HostBuffer,
-    counts: Vec<sim::HostBuffer>,
-    sinks: Vec<sim::HostBuffer>,
-    step_sinks: Vec<sim::HostBuffer>,
-    probes: Vec<sim::HostBuffer>,
-    checks: Vec<sim::HostBuffer>,
+    counts: Buffers,
+    sinks: Buffers,
+    step_sinks: Buffers,
+    probes: Buffers,
+    checks: Buffers,
 }
 
 struct World<'p> {
@@ -689,14 +694,7 @@ fn setup(
             let (one, count, dur) = (&b.one, &b.counts[i], p.durs[i]);
             let body = |st: &sim::Stream| -> Result<(), replay_arena::Error> {
                 sim.launch(st, sim::Kernel::add(one, count), 1)?;
-                if temps {
-                    let t = sim.alloc_async(st, OUT)?;
-                    sim.launch(st, sim::Kernel::copy(count, &t), 1)?;
-                    sim.launch(st, sim::Kernel::copy(&t, &w), dur)?;
-                    sim.free_async(st, &t)?;
-                } else {
-                    sim.launch(st, sim::Kernel::copy(count, &w), dur)?;
-                }
+                copy_into(sim, st, (count, &w), OUT, dur, temps)?;
                 if let Some(x) = &input {
                     sim.launch(st, sim::Kernel::add(x, &w), 1)?;
                 }
@@ -1655,32 +1653,18 @@ fn backend_call_sites_in_src() {
 // ---------------------------------------------------------------------
 // Named regression tests (issue 39).
 
-const REQ: Request = Request::new(Domain::Device, DType::F32, 64);
-
-struct Two {
-    sim: sim::Device,
-    rep: Replayable<sim::Device>,
-    s: Vec<sim::Stream>,
-}
-
 /// `n` runners in one generation (they share their bytes); each fills its
 /// view with r + 1 for `dur` ticks.
-fn two(n: u32, dur: u64) -> Two {
-    let rs = (0..n).map(|r| (RunnerId(r), [REQ]));
-    let planned = plan_runners(rs, Policy::Generations(1));
-    let sim = sim::Device::new();
-    let s: Vec<sim::Stream> = (0..4).map(|_| sim.new_stream()).collect();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
-    for r in 0..n {
-        capture_view(&mut capturing, RunnerId(r), REQ, &s[0], |st, v| {
-            sim.launch(st, sim::Kernel::fill(&v, (r + 1) as f32), dur)
-        });
-    }
-    Two {
-        rep: capturing.seal().unwrap(),
-        sim,
-        s,
-    }
+fn two(n: u32, dur: u64) -> Setup {
+    kept::setup(n, 1, dur)
+}
+
+/// Replays runner 0 on `stream`, waits for everything: `sim` saw no hazard.
+fn replay_without_hazards(x: &mut Setup, stream: &sim::Stream) {
+    x.replayable.replay(RunnerId(0), stream).unwrap();
+    x.sim.synchronize().unwrap();
+    let h = x.sim.hazards();
+    assert!(h.is_empty(), "hazards: {h:?}");
 }
 
 /// Issue 39: a kept step graph launched on A, launched again on B (nothing
@@ -1689,80 +1673,59 @@ fn two(n: u32, dur: u64) -> Two {
 #[test]
 fn failed_kept_launch_on_another_stream_leaves_the_fence_right() {
     let mut x = two(2, 100);
-    let mut kept = {
-        let mut step = x.rep.step();
-        step.replay(RunnerId(0), &x.s[1]).unwrap();
-        step.replay(RunnerId(1), &x.s[1]).unwrap();
-        step.build().unwrap().keep()
-    };
+    let mut kept = kept_all(&mut x, 1);
     let (a, b) = (x.s[2].clone(), x.s[3].clone());
-    x.rep.launch_kept(&mut kept, &a).unwrap();
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
     x.sim.inject(Faults::nth(Call::Launch, 0));
-    let failed = x.rep.launch_kept(&mut kept, &b);
+    let failed = x.replayable.launch_kept(&mut kept, &b);
     assert!(failed.is_err(), "the injected launch failure is reported");
     x.sim.inject(Faults::none());
-    x.rep.launch_kept(&mut kept, &a).unwrap();
-    x.rep.replay(RunnerId(0), &b).unwrap();
-    x.sim.synchronize().unwrap();
-    let h = x.sim.hazards();
-    assert!(h.is_empty(), "hazards: {h:?}");
-    assert_eq!(
-        x.sim
-            .read_f32(&x.rep.views(RunnerId(0)).unwrap()[0])
-            .unwrap()[0],
-        1.0
-    );
+    x.replayable.launch_kept(&mut kept, &a).unwrap();
+    replay_without_hazards(&mut x, &b);
+    let view = x.replayable.views(RunnerId(0)).unwrap()[0];
+    assert_eq!(x.sim.read_f32(&view).unwrap()[0], 1.0);
     drop(kept);
+}
+
+/// A borrowed step graph of both runners launched on A, on B where the
+/// backend launch fails, and on A again; then forgotten or dropped, and
+/// runner 0 replayed on B: no hazard.
+fn failed_borrowed_launch_on_another_stream(forget: bool) {
+    let mut x = two(2, 100);
+    let (a, b) = (x.s[2].clone(), x.s[3].clone());
+    {
+        let mut step = x.replayable.step();
+        step.replay(RunnerId(0), &x.s[1]).unwrap();
+        step.replay(RunnerId(1), &x.s[1]).unwrap();
+        let mut graph = step.build().unwrap();
+        graph.launch(&a).unwrap();
+        x.sim.inject(Faults::nth(Call::Launch, 0));
+        assert!(graph.launch(&b).is_err());
+        x.sim.inject(Faults::none());
+        graph.launch(&a).unwrap();
+        if forget {
+            std::mem::forget(graph);
+        }
+    }
+    replay_without_hazards(&mut x, &b);
 }
 
 /// The same with a borrowed `StepGraph`, forgotten before the replay (a
 /// drop would wait for its launches and hide the race).
 #[test]
 fn failed_borrowed_launch_on_another_stream_leaves_the_fence_right() {
-    let mut x = two(2, 100);
-    let (a, b) = (x.s[2].clone(), x.s[3].clone());
-    {
-        let mut step = x.rep.step();
-        step.replay(RunnerId(0), &x.s[1]).unwrap();
-        step.replay(RunnerId(1), &x.s[1]).unwrap();
-        let mut graph = step.build().unwrap();
-        graph.launch(&a).unwrap();
-        x.sim.inject(Faults::nth(Call::Launch, 0));
-        assert!(graph.launch(&b).is_err());
-        x.sim.inject(Faults::none());
-        graph.launch(&a).unwrap();
-        std::mem::forget(graph);
-    }
-    x.rep.replay(RunnerId(0), &b).unwrap();
-    x.sim.synchronize().unwrap();
-    let h = x.sim.hazards();
-    assert!(h.is_empty(), "hazards: {h:?}");
+    failed_borrowed_launch_on_another_stream(true);
 }
 
 /// The same, the borrowed step graph dropped before the replay.
 #[test]
 fn failed_borrowed_launch_then_drop_leaves_the_fence_right() {
-    let mut x = two(2, 100);
-    let (a, b) = (x.s[2].clone(), x.s[3].clone());
-    {
-        let mut step = x.rep.step();
-        step.replay(RunnerId(0), &x.s[1]).unwrap();
-        step.replay(RunnerId(1), &x.s[1]).unwrap();
-        let mut graph = step.build().unwrap();
-        graph.launch(&a).unwrap();
-        x.sim.inject(Faults::nth(Call::Launch, 0));
-        assert!(graph.launch(&b).is_err());
-        x.sim.inject(Faults::none());
-        graph.launch(&a).unwrap();
-    }
-    x.rep.replay(RunnerId(0), &b).unwrap();
-    x.sim.synchronize().unwrap();
-    let h = x.sim.hazards();
-    assert!(h.is_empty(), "hazards: {h:?}");
+    failed_borrowed_launch_on_another_stream(false);
 }
 
 /// A bucketed plan: runner 0 (bucket a) and runner 10 (bucket b, a staged
-/// input) share their bytes.
+/// input) share their bytes. Runner 10's input is staged on stream 1 and
+/// replayed on stream 0, then runner 0 replayed there takes the bytes.
 fn staged_world() -> (sim::Device, Replayable<sim::Device>, Vec<sim::Stream>) {
     let input = Request::new(Domain::Device, DType::F32, 64).purpose(Purpose::Input);
     let mut d = Discovering::new(PlanConfig::new());
@@ -1784,7 +1747,14 @@ fn staged_world() -> (sim::Device, Replayable<sim::Device>, Vec<sim::Stream>) {
             sim.launch(st, sim::Kernel::scale(&v, 2.0), 10)
         });
     }
-    (sim.clone(), capturing.seal().unwrap(), s)
+    let mut rep = capturing.seal().unwrap();
+    rep.consume_mut(RunnerId(10), &s[1], |st, v| {
+        sim.launch(st, sim::Kernel::fill(&v[0], 1.0), 1)
+    })
+    .unwrap();
+    rep.replay(RunnerId(10), &s[0]).unwrap();
+    rep.replay(RunnerId(0), &s[0]).unwrap(); // takes the bytes
+    (sim.clone(), rep, s)
 }
 
 /// A staged input whose writer closure failed is not staged: the next
@@ -1795,12 +1765,6 @@ fn staged_input_whose_writer_failed_is_not_staged() {
     quiet_deliberate_panics();
     for how in [Fail::Err, Fail::ErrEarly, Fail::Panic] {
         let (sim, mut rep, s) = staged_world();
-        rep.consume_mut(RunnerId(10), &s[1], |st, v| {
-            sim.launch(st, sim::Kernel::fill(&v[0], 1.0), 1)
-        })
-        .unwrap();
-        rep.replay(RunnerId(10), &s[0]).unwrap();
-        rep.replay(RunnerId(0), &s[0]).unwrap(); // takes the bytes
         let staged = catch_unwind(AssertUnwindSafe(|| {
             rep.consume_mut(RunnerId(10), &s[1], |st, v| {
                 closure_out(how, || sim.launch(st, sim::Kernel::fill(&v[0], 3.0), 1))
@@ -1823,53 +1787,53 @@ fn staged_input_whose_writer_failed_is_not_staged() {
 fn fence_stats_do_not_count_work_that_never_ran() {
     let mut x = two(2, 10);
     let (a, b) = (x.s[1].clone(), x.s[2].clone());
-    x.rep.replay(RunnerId(0), &a).unwrap();
-    let before = x.rep.fence_stats();
+    x.replayable.replay(RunnerId(0), &a).unwrap();
+    let before = x.replayable.fence_stats();
     x.sim.inject(Faults::nth(Call::Launch, 0));
-    assert!(x.rep.replay(RunnerId(1), &a).is_err());
+    assert!(x.replayable.replay(RunnerId(1), &a).is_err());
     x.sim.inject(Faults::none());
     assert_eq!(
-        x.rep.fence_stats().replays,
+        x.replayable.fence_stats().replays,
         before.replays,
         "a failed replay"
     );
 
     // A consumer on another stream must wait; the wait fails, so its work
     // never runs.
-    x.rep.replay(RunnerId(1), &a).unwrap();
-    let before = x.rep.fence_stats();
+    x.replayable.replay(RunnerId(1), &a).unwrap();
+    let before = x.replayable.fence_stats();
     let sim = x.sim.clone();
     let out = sim.alloc_f32(64).unwrap();
     let entered = Cell::new(false);
     x.sim.inject(Faults::nth(Call::WaitEvent, 0));
-    let got = x.rep.consume(RunnerId(1), &b, |st, v| {
+    let got = x.replayable.consume(RunnerId(1), &b, |st, v| {
         entered.set(true);
         sim.launch(st, sim::Kernel::copy(&v[0], &out), 1)
     });
     x.sim.inject(Faults::none());
     assert!(got.is_err() && !entered.get(), "{got:?}");
     assert_eq!(
-        x.rep.fence_stats().consumers,
+        x.replayable.fence_stats().consumers,
         before.consumers,
         "a consumer that never ran"
     );
 
     // A step launch whose backend launch fails.
     let mut kept = {
-        let mut step = x.rep.step();
+        let mut step = x.replayable.step();
         step.replay(RunnerId(0), &a).unwrap();
         step.build().unwrap().keep()
     };
-    let before = x.rep.fence_stats();
+    let before = x.replayable.fence_stats();
     x.sim.inject(Faults::nth(Call::Launch, 0));
-    assert!(x.rep.launch_kept(&mut kept, &b).is_err());
+    assert!(x.replayable.launch_kept(&mut kept, &b).is_err());
     x.sim.inject(Faults::none());
     assert_eq!(
-        x.rep.fence_stats().step_launches,
+        x.replayable.fence_stats().step_launches,
         before.step_launches,
         "a failed kept launch"
     );
-    x.rep.launch_kept(&mut kept, &b).unwrap();
+    x.replayable.launch_kept(&mut kept, &b).unwrap();
     drop(kept);
     x.sim.synchronize().unwrap();
     assert!(x.sim.hazards().is_empty());
@@ -1881,13 +1845,13 @@ fn fence_stats_do_not_count_work_that_never_ran() {
 fn fence_stats_do_not_count_a_consumer_whose_closure_enqueued_nothing() {
     let mut x = two(1, 10);
     let a = x.s[1].clone();
-    x.rep.replay(RunnerId(0), &a).unwrap();
-    let before = x.rep.fence_stats();
+    x.replayable.replay(RunnerId(0), &a).unwrap();
+    let before = x.replayable.fence_stats();
     let got = x
-        .rep
+        .replayable
         .consume(RunnerId(0), &a, |_, _| Err::<(), _>("nothing done"));
     assert!(matches!(got, Err(ConsumeError::Work(_))));
-    assert_eq!(x.rep.fence_stats().consumers, before.consumers);
+    assert_eq!(x.replayable.fence_stats().consumers, before.consumers);
 }
 
 /// A kept step graph that moved in a step copy with temporaries and
@@ -1896,10 +1860,7 @@ fn fence_stats_do_not_count_a_consumer_whose_closure_enqueued_nothing() {
 /// still held its copy; nothing trims after).
 #[test]
 fn kept_step_outliving_its_plan_gives_graph_memory_back() {
-    let planned = plan_runners([(RunnerId(0), [REQ])], Policy::Generations(1));
-    let sim = sim::Device::new();
-    let s = sim.new_stream();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    let (sim, s, mut capturing) = allocated(&[&[REQ]], Policy::Generations(1));
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let out = cap.take(REQ).unwrap();
@@ -1935,12 +1896,6 @@ fn staging_whose_later_check_failed_is_not_staged() {
     for call in [Call::CaptureStatus, Call::WaitEvent, Call::RecordEvent] {
         for n in 0..4 {
             let (sim, mut rep, s) = staged_world();
-            rep.consume_mut(RunnerId(10), &s[1], |st, v| {
-                sim.launch(st, sim::Kernel::fill(&v[0], 1.0), 1)
-            })
-            .unwrap();
-            rep.replay(RunnerId(10), &s[0]).unwrap();
-            rep.replay(RunnerId(0), &s[0]).unwrap(); // takes the bytes
             sim.inject(Faults::nth(call, n));
             let entered = Cell::new(false);
             let staged = rep.consume_mut(RunnerId(10), &s[1], |st, v| {

@@ -3,13 +3,14 @@
 //! declared at discovery, placed for its lifetime, fenced both ways.
 
 use crate::support::capture_view;
+use crate::support::faults::chain_of;
 use crate::support::record_and_finish;
 use crate::support::steps::{allocate_discovered, allocate_runners};
 use proptest::prelude::*;
 use replay_arena::sim;
 use replay_arena::{
-    BackendError, CaptureError, DType, Discovering, DiscoveryError, Domain, HandoffId, Misuse,
-    PlacedPolicy, PlanConfig, Policy, ReplayError, Replayable, Request, RunnerId,
+    BackendError, CaptureError, Capturing, DType, Discovering, DiscoveryError, Domain, HandoffId,
+    Misuse, PlacedPolicy, PlanConfig, Policy, ReplayError, Replayable, Request, RunnerId,
     StreamCaptureError,
 };
 
@@ -20,19 +21,24 @@ const OWN: Request = Request::new(Domain::Device, DType::F32, 32);
 /// runner `r - 1` handed off, and hands its own off to `r + 1`. Each runner
 /// also has one buffer of its own.
 fn chain(n: u32) -> (Discovering, Vec<HandoffId>) {
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs = Vec::new();
-    for r in 0..n {
-        let mut armed = d.arm(RunnerId(r)).unwrap();
-        armed.record(OWN).unwrap();
-        if let Some(&h) = handoffs.last() {
-            armed.receive(h).unwrap();
-        }
-        if r + 1 < n {
-            handoffs.push(armed.hand_off(GRAD).unwrap());
-        }
-    }
-    (d, handoffs)
+    chain_of(n as usize, OWN, GRAD)
+}
+
+/// The chain of `n` layers, planned at `G = 2` and allocated on a new sim,
+/// with a stream and the chain's handoffs.
+fn chain_capturing(
+    n: u32,
+) -> (
+    sim::Device,
+    sim::Stream,
+    Capturing<sim::Device>,
+    Vec<HandoffId>,
+) {
+    let (d, hs) = chain(n);
+    let sim = sim::Device::new();
+    let s = sim.new_stream();
+    let capturing = allocate_discovered(&sim, d, Policy::Generations(2));
+    (sim, s, capturing, hs)
 }
 
 /// The chain, captured: runner `r`'s graph copies the gradient it received
@@ -181,10 +187,7 @@ fn the_ready_point_lets_readers_start_before_the_writers_graph_ends() {
 
 #[test]
 fn a_reader_cannot_write_its_handoff_nor_a_writer_touch_it_after_ready() {
-    let (d, hs) = chain(2);
-    let sim = sim::Device::new();
-    let s = sim.new_stream();
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
+    let (sim, s, mut capturing, hs) = chain_capturing(2);
     {
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let _own = cap.take(OWN).unwrap();
@@ -269,10 +272,7 @@ fn misdeclared_handoffs_are_typed_errors_at_discovery() {
 
 #[test]
 fn misused_handoffs_are_typed_errors_at_capture() {
-    let (d, hs) = chain(3);
-    let sim = sim::Device::new();
-    let s = sim.new_stream();
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
+    let (_sim, s, mut capturing, hs) = chain_capturing(3);
     {
         let cap = capturing.capture(RunnerId(1)).unwrap();
         // Runner 1 reads handoff 0 and writes handoff 1, not the other way.

@@ -9,21 +9,10 @@ use crate::support::record_and_finish;
 use proptest::prelude::*;
 use replay_arena::sim::{self, AsSpan, Span};
 use replay_arena::{DType, Domain, PlacedPolicy, Policy, Replayable, Request, RunnerId};
-use support::{discover, Workload, GTP};
-
-fn f32_request() -> impl Strategy<Value = Request> {
-    (any::<bool>(), 1u64..3000).prop_map(|(sym, n)| {
-        let domain = if sym {
-            Domain::Symmetric(GTP)
-        } else {
-            Domain::Device
-        };
-        Request::new(domain, DType::F32, n)
-    })
-}
+use support::{discover, f32_request, Workload, GTP};
 
 fn workload() -> impl Strategy<Value = Workload> {
-    prop::collection::vec(prop::collection::vec(f32_request(), 0..4), 1..8)
+    prop::collection::vec(prop::collection::vec(f32_request(GTP, 1..3000), 0..4), 1..8)
 }
 
 /// One step of a schedule: replay `runner` on `stream`, then maybe have a
@@ -195,37 +184,45 @@ proptest! {
     }
 }
 
-#[test]
-fn one_generation_serializes_runners_on_two_streams() {
+/// `n` runners of 64 f32s each at `generations`, each replay taking 10
+/// ticks, on two streams.
+fn ten_tick_runners(n: usize, generations: usize) -> Setup {
     let req = Request::new(Domain::Device, DType::F32, 64);
-    let w: Workload = vec![vec![req]; 4];
-    let mut t = setup(&w, Policy::Generations(1).into(), 2, &[10; 4]);
-    for step in 0..8 {
+    let w: Workload = vec![vec![req]; n];
+    setup(&w, Policy::Generations(generations).into(), 2, &vec![10; n])
+}
+
+/// `replays` replays of the runners in turn, on the two streams in turn.
+fn replay_in_turn(t: &mut Setup, replays: u32) {
+    let n = t.spans.len() as u32;
+    for step in 0..replays {
         t.replayable
-            .replay(RunnerId(step % 4), &t.streams[step as usize % 2])
+            .replay(RunnerId(step % n), &t.streams[step as usize % 2])
             .unwrap();
     }
-    // Every replay after the first waits for the one before it: 80 ticks.
-    assert_eq!(t.sim.makespan(), 80);
-    assert_eq!(t.replayable.fence_stats().waits, 7);
+}
+
+/// Eight replays of four runners at `generations` in turn: they take
+/// `makespan` ticks and wait `waits` times, with no hazard.
+fn eight_replays_of_four(generations: usize, makespan: u64, waits: u64) {
+    let mut t = ten_tick_runners(4, generations);
+    replay_in_turn(&mut t, 8);
+    assert_eq!(t.sim.makespan(), makespan);
+    assert_eq!(t.replayable.fence_stats().waits, waits);
     assert!(t.sim.hazards().is_empty());
 }
 
 #[test]
+fn one_generation_serializes_runners_on_two_streams() {
+    // Every replay after the first waits for the one before it: 80 ticks.
+    eight_replays_of_four(1, 80, 7);
+}
+
+#[test]
 fn two_generations_overlap_consecutive_runners() {
-    let req = Request::new(Domain::Device, DType::F32, 64);
-    let w: Workload = vec![vec![req]; 4];
-    let mut t = setup(&w, Policy::Generations(2).into(), 2, &[10; 4]);
-    for step in 0..8 {
-        t.replayable
-            .replay(RunnerId(step % 4), &t.streams[step as usize % 2])
-            .unwrap();
-    }
     // Runner k and k+1 run side by side; same-generation runners share a
     // stream, so every wait is skipped.
-    assert_eq!(t.sim.makespan(), 40);
-    assert_eq!(t.replayable.fence_stats().waits, 0);
-    assert!(t.sim.hazards().is_empty());
+    eight_replays_of_four(2, 40, 0);
 }
 
 #[test]
@@ -234,23 +231,11 @@ fn three_generations_on_two_streams_keep_full_overlap() {
     // would cover runner k - 1 too and serialize everything (600 ticks); after
     // the first round the fence records exactly where it is waited on, so the
     // schedule runs as fast as with no fence at all (300 ticks).
-    let req = Request::new(Domain::Device, DType::F32, 64);
-    let w: Workload = vec![vec![req]; 6];
-    let mut t = setup(&w, Policy::Generations(3).into(), 2, &[10; 6]);
-    let round = |t: &mut Setup| {
-        for k in 0..6u32 {
-            t.replayable
-                .replay(RunnerId(k), &t.streams[k as usize % 2])
-                .unwrap();
-        }
-    };
-    for _ in 0..5 {
-        round(&mut t);
-    }
+    let mut t = ten_tick_runners(6, 3);
+    // Rounds of the six runners in turn, runner k on stream k % 2.
+    replay_in_turn(&mut t, 5 * 6);
     let warm = t.sim.makespan();
-    for _ in 0..5 {
-        round(&mut t);
-    }
+    replay_in_turn(&mut t, 5 * 6);
     // Five rounds of three 10-tick replays per stream: 150 ticks, no stall.
     assert_eq!(t.sim.makespan() - warm, 150);
     assert!(t.sim.hazards().is_empty());

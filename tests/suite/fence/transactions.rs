@@ -13,11 +13,13 @@ use replay_arena::{
 
 const Q: Request = Request::new(Domain::Device, DType::F32, 64);
 
-/// Two runners sharing one generation's bytes (G = 1), each filling its
-/// view for 20 ticks.
-fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
+/// A new sim with two streams, and two runners on it sharing one
+/// generation's bytes (G = 1), each filling its view for 20 ticks.
+fn two_runners() -> (sim::Device, [sim::Stream; 2], Replayable<sim::Device>) {
+    let sim = sim::Device::new();
+    let streams = [sim.new_stream(), sim.new_stream()];
     let mut capturing = allocate_runners(
-        sim,
+        &sim,
         (0..2).map(|r| (RunnerId(r), [Q])),
         Policy::Generations(1),
     );
@@ -27,14 +29,12 @@ fn two_runners(sim: &sim::Device) -> Replayable<sim::Device> {
             sim.launch(s, sim::Kernel::fill(&view, r as f32), 20)
         });
     }
-    capturing.seal().unwrap()
+    (sim, streams, capturing.seal().unwrap())
 }
 
 #[test]
 fn a_kept_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_launch_before() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = two_runners(&sim);
+    let (sim, [a, b], mut rp) = two_runners();
     let mut step = rp.step();
     step.replay(RunnerId(0), &a).unwrap();
     let mut kept = step.build().unwrap().keep();
@@ -63,9 +63,7 @@ fn a_kept_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_laun
 
 #[test]
 fn a_borrowed_step_whose_launch_on_another_stream_fails_leaves_the_fence_to_its_launch_before() {
-    let sim = sim::Device::new();
-    let (a, b) = (sim.new_stream(), sim.new_stream());
-    let mut rp = two_runners(&sim);
+    let (sim, [a, b], mut rp) = two_runners();
     let mut step = rp.step();
     step.replay(RunnerId(0), &a).unwrap();
     let mut graph = step.build().unwrap();
@@ -84,9 +82,7 @@ fn a_failed_replay_leaves_its_runner_unreplayed_and_counts_nothing() {
     // Runner 1 on `b` must wait for runner 0 on `a`: the record, the wait
     // or the launch fails in turn.
     for call in [Call::RecordEvent, Call::WaitEvent, Call::Launch] {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.new_stream(), sim.new_stream());
-        let mut rp = two_runners(&sim);
+        let (sim, [a, b], mut rp) = two_runners();
         rp.replay(RunnerId(0), &a).unwrap();
         let before = rp.fence_stats();
         sim.inject(Faults::nth(call, 0));

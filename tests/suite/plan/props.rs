@@ -285,23 +285,35 @@ fn workload_with_handoffs(
     max_runners: usize,
 ) -> impl proptest::strategy::Strategy<Value = (Workload, Handoffs)> {
     workload(max_runners).prop_flat_map(|w| {
-        let n = w.len();
-        let handoff = (0..n, prop::collection::vec(1usize..5, 1..4), request());
-        let handoffs = prop::collection::vec(handoff, 0..8).prop_map(move |raw| {
-            raw.into_iter()
-                .filter_map(|(writer, ahead, q)| {
-                    let mut readers: Vec<usize> = ahead
-                        .iter()
-                        .map(|a| writer + a)
-                        .filter(|&r| r < n)
-                        .collect();
-                    readers.sort_unstable();
-                    readers.dedup();
-                    (!readers.is_empty()).then_some((writer, readers, q))
-                })
-                .collect::<Handoffs>()
-        });
+        let handoffs = handoffs_among(w.len(), 1..5, 1..4, 0..8, request());
         (Just(w), handoffs)
+    })
+}
+
+/// `count` random handoffs among `n` runners, each of a `value`: a writer
+/// and `readers` distinct later runners, each `ahead` of it (a handoff
+/// whose readers are all past the last runner is left out).
+fn handoffs_among<T: std::fmt::Debug + Clone>(
+    n: usize,
+    ahead: std::ops::Range<usize>,
+    readers: std::ops::Range<usize>,
+    count: std::ops::Range<usize>,
+    value: impl Strategy<Value = T>,
+) -> impl Strategy<Value = Vec<(usize, Vec<usize>, T)>> {
+    let handoff = (0..n, prop::collection::vec(ahead, readers), value);
+    prop::collection::vec(handoff, count).prop_map(move |raw| {
+        raw.into_iter()
+            .filter_map(|(writer, ahead, value)| {
+                let mut readers: Vec<usize> = ahead
+                    .iter()
+                    .map(|a| writer + a)
+                    .filter(|&r| r < n)
+                    .collect();
+                readers.sort_unstable();
+                readers.dedup();
+                (!readers.is_empty()).then_some((writer, readers, value))
+            })
+            .collect()
     })
 }
 
@@ -397,6 +409,11 @@ fn separate_handoff_bytes(p: &Planned) -> u64 {
         .sum()
 }
 
+/// [`discover_with`], planned under `policy`.
+fn plan_with(w: &Workload, hs: &Handoffs, policy: PlacedPolicy) -> Planned {
+    discover_with(w, hs).0.plan(policy).unwrap()
+}
+
 /// The same workload with every request and handoff in device f32.
 fn in_one_key(w: Workload, hs: Handoffs) -> (Workload, Handoffs) {
     let f32 = |q: Request| Request::new(Domain::Device, DType::F32, q.elements);
@@ -418,8 +435,7 @@ proptest! {
         (w, hs) in workload_with_handoffs(14),
         s in strategy(),
     ) {
-        let (d, _) = discover_with(&w, &hs);
-        let p = d.plan(s).unwrap();
+        let p = plan_with(&w, &hs, s);
         let runners_alone = plan(&w, s).total_bytes();
         prop_assert!(
             p.total_bytes() <= runners_alone + separate_handoff_bytes(&p),
@@ -438,8 +454,7 @@ proptest! {
         (w, hs) in workload_with_handoffs(14),
         s in strategy(),
     ) {
-        let (d, _) = discover_with(&w, &hs);
-        let p = d.plan(s).unwrap();
+        let p = plan_with(&w, &hs, s);
         let all = lifetimes(&p);
         for (i, a) in all.iter().enumerate() {
             prop_assert!(a.2 + a.3 <= p.arenas()[a.1].bytes, "{:?} ends past its arena", a);
@@ -549,22 +564,7 @@ type Tiny = (Vec<u64>, Vec<(usize, Vec<usize>, u64)>);
 /// of 1 to 4 units, each read by one or two of the next three runners.
 fn tiny_workload() -> impl proptest::strategy::Strategy<Value = Tiny> {
     prop::collection::vec(prop_oneof![1 => Just(0u64), 4 => 1u64..7], 2..8).prop_flat_map(|cap| {
-        let n = cap.len();
-        let handoff = (0..n, prop::collection::vec(1usize..4, 1..3), 1u64..5);
-        let handoffs = prop::collection::vec(handoff, 0..4).prop_map(move |raw| {
-            raw.into_iter()
-                .filter_map(|(writer, ahead, units)| {
-                    let mut readers: Vec<usize> = ahead
-                        .iter()
-                        .map(|a| writer + a)
-                        .filter(|&r| r < n)
-                        .collect();
-                    readers.sort_unstable();
-                    readers.dedup();
-                    (!readers.is_empty()).then_some((writer, readers, units))
-                })
-                .collect::<Vec<_>>()
-        });
+        let handoffs = handoffs_among(cap.len(), 1..4, 1..3, 0..4, 1u64..5);
         (Just(cap), handoffs)
     })
 }

@@ -4,7 +4,9 @@
 //! them take minutes instead of a fraction of a second (the timed figures
 //! are `cargo bench --bench planner -- review`, in docs/BENCHMARKS.md).
 
-use replay_arena::{DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Request, RunnerId};
+use replay_arena::{
+    DType, Discovering, Domain, HandoffId, PlanConfig, Planned, Policy, Request, RunnerId,
+};
 
 /// Entries in each workload.
 const N: u32 = 100_000;
@@ -70,14 +72,19 @@ fn many_readers(n: u32) -> Discovering {
     d
 }
 
+/// `d` planned at two generations, round-robin and packed.
+fn round_robin_and_packed(d: &Discovering) -> [Planned; 2] {
+    [
+        Policy::Generations(2).round_robin(),
+        Policy::Generations(2).packed(),
+    ]
+    .map(|policy| d.clone().plan(policy).unwrap())
+}
+
 #[test]
 fn a_hundred_thousand_handoffs_live_at_once_above_a_low_gap_are_planned() {
     let d = fragmented_handoffs(N);
-    for policy in [
-        Policy::Generations(2).round_robin(),
-        Policy::Generations(2).packed(),
-    ] {
-        let planned = d.clone().plan(policy).unwrap();
+    for planned in round_robin_and_packed(&d) {
         assert_eq!(planned.handoffs().count(), N as usize);
     }
 }
@@ -88,11 +95,7 @@ fn a_hundred_thousand_buckets_are_declared_and_planned() {
     assert_eq!(d.buckets().count(), N as usize);
     let mut again = d.clone();
     assert!(again.bucket("bucket77").is_err());
-    for policy in [
-        Policy::Generations(2).round_robin(),
-        Policy::Generations(2).packed(),
-    ] {
-        let planned = d.clone().plan(policy).unwrap();
+    for planned in round_robin_and_packed(&d) {
         assert_eq!(planned.buckets().count(), N as usize);
     }
 }
@@ -102,11 +105,7 @@ fn a_handoff_with_a_hundred_thousand_readers_is_planned() {
     let d = many_readers(N);
     let (_, _, _, readers) = d.handoffs().next().unwrap();
     assert_eq!(readers.len(), N as usize);
-    for policy in [
-        Policy::Generations(2).round_robin(),
-        Policy::Generations(2).packed(),
-    ] {
-        let planned = d.clone().plan(policy).unwrap();
+    for planned in round_robin_and_packed(&d) {
         assert_eq!(planned.handoffs().count(), 1);
     }
 }

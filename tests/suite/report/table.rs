@@ -84,6 +84,25 @@ fn table(d: &Discovering, strategy: impl Into<PlacedPolicy>) -> (PlanReport, Str
     (report, text)
 }
 
+/// The numeric columns of the keys' table (at `G = 2`).
+const KEY_COLUMNS: [&str; 7] = [
+    "plan",
+    "lower bound",
+    "round-robin",
+    "packed",
+    "ring(2)",
+    "plan/lb",
+    "waits",
+];
+
+/// `G = generations`, placed round-robin and packed.
+fn round_robin_and_packed(generations: usize) -> [PlacedPolicy; 2] {
+    [
+        Policy::Generations(generations).into(),
+        Policy::Generations(generations).packed(),
+    ]
+}
+
 /// The block of lines that starts with the line starting with `header`.
 fn block<'a>(text: &'a str, header: &str) -> Vec<&'a str> {
     text.lines()
@@ -121,23 +140,11 @@ fn assert_right_aligned(rows: &[&str], columns: &[&str]) {
 #[test]
 fn the_table_has_a_legend_for_every_abbreviated_column() {
     let d = named_runners(&[10, 1, 20], PlanConfig::new());
-    for strategy in [
-        Policy::Generations(2).into(),
-        Policy::Generations(2).packed(),
-    ] {
+    for strategy in round_robin_and_packed(2) {
         let (report, _) = table(&d, strategy);
         let text = format!("{report:#}");
         let legend = block(&text, "legend:");
-        for term in [
-            "G",
-            "plan",
-            "lower bound",
-            "round-robin",
-            "packed",
-            "ring(2)",
-            "plan/lb",
-            "waits",
-        ] {
+        for term in ["G"].into_iter().chain(KEY_COLUMNS) {
             assert!(
                 legend.iter().any(|l| l.starts_with(&format!("{term} "))),
                 "no legend for {term}:\n{text}"
@@ -299,26 +306,12 @@ fn a_long_key_name_keeps_the_key_columns_aligned() {
         .unwrap()
         .record(long)
         .unwrap();
-    for strategy in [
-        Policy::Generations(2).into(),
-        Policy::Generations(2).packed(),
-    ] {
+    for strategy in round_robin_and_packed(2) {
         let (_, text) = table(&d, strategy);
         assert!(text.contains("expert-tensor-parallel-group-of-the-mtp-head"));
         let keys = block(&text, "key ");
         assert_eq!(keys.len(), 4, "{text}"); // header, two keys, total
-        assert_right_aligned(
-            &keys,
-            &[
-                "plan",
-                "lower bound",
-                "round-robin",
-                "packed",
-                "ring(2)",
-                "plan/lb",
-                "waits",
-            ],
-        );
+        assert_right_aligned(&keys, &KEY_COLUMNS);
         let runners = block(&text, "runner ");
         assert_right_aligned(&runners, &["requests", "bytes", "waits"]);
     }
@@ -373,10 +366,7 @@ fn a_report_of_many_sparse_keys_allocates_in_proportion_to_its_runners() {
     // every key over every runner (or reran the packed search over them)
     // allocated about 2,000 x 2,000 x 8 bytes per pass: hundreds of MiB.
     let n = 2_000;
-    for strategy in [
-        Policy::Generations(3).into(),
-        Policy::Generations(3).packed(),
-    ] {
+    for strategy in round_robin_and_packed(3) {
         let planned = sparse_groups(n, n).plan(strategy).unwrap();
         let (report, allocated) = report_allocating(&planned);
         assert_eq!(report.keys.len(), n as usize + 1);
@@ -437,10 +427,7 @@ fn many_single_runner_groups_at_as_many_generations_plan_and_report_in_linear_me
     // G slots per key for its round-robin candidate. Only generations with
     // users get an arena now, and nothing has G entries per key.
     let n = 4_000u32;
-    for strategy in [
-        PlacedPolicy::from(Policy::Generations(n as usize)),
-        Policy::Generations(n as usize).packed(),
-    ] {
+    for strategy in round_robin_and_packed(n as usize) {
         let d = one_group_each(n);
         let before = ALLOCATED.with(Cell::get);
         let planned = d.plan(strategy).unwrap();
@@ -617,10 +604,7 @@ fn the_legend_of_a_packed_plan_does_not_describe_generations_it_has_not() {
 #[test]
 fn the_header_explains_its_terms_where_they_appear() {
     let d = named_runners(&[10, 1, 20], PlanConfig::new());
-    for strategy in [
-        Policy::Generations(2).into(),
-        Policy::Generations(2).packed(),
-    ] {
+    for strategy in round_robin_and_packed(2) {
         let (_, text) = table(&d, strategy);
         let verdict = text.find("verdict:").unwrap();
         // Both placements are said before the verdict compares them.

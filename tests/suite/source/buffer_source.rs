@@ -208,20 +208,19 @@ fn one_layer_function_hands_gradients_down_eagerly_in_discovery_and_in_capture()
         eager: seed.span(),
     };
 
+    // An eager run of runner `r`'s layer, its wgrad checked: what it
+    // hands down.
+    let eager_layer = |src: &mut BufferSource<'_, '_>, r, dy, eager: &mut _| {
+        let (out, wgrad) = linear_backward(src, &sim, &stream, layer_of(r), dy, eager).unwrap();
+        assert_eq!(sim.read_f32(&wgrad).unwrap(), expected_wgrad(layer_of(r)));
+        out
+    };
+
     // Eager: the program's allocator, plain tickets.
     let mut eager = Vec::new();
     let mut dy = top;
     for r in 0..LAYERS {
-        let (out, wgrad) = linear_backward(
-            &mut BufferSource::Plain,
-            &sim,
-            &stream,
-            layer_of(r),
-            dy,
-            &mut eager,
-        )
-        .unwrap();
-        assert_eq!(sim.read_f32(&wgrad).unwrap(), expected_wgrad(layer_of(r)));
+        let out = eager_layer(&mut BufferSource::Plain, r, dy, &mut eager);
         assert_eq!(out.is_some(), layer_of(r) > 0);
         if let Some(out) = out {
             assert_eq!(
@@ -238,16 +237,7 @@ fn one_layer_function_hands_gradients_down_eagerly_in_discovery_and_in_capture()
     let mut dy = top;
     for r in 0..LAYERS {
         let mut armed = discovery.arm(RunnerId(r as u32)).unwrap();
-        let (out, wgrad) = linear_backward(
-            &mut BufferSource::Discover(&mut armed),
-            &sim,
-            &stream,
-            layer_of(r),
-            dy,
-            &mut eager,
-        )
-        .unwrap();
-        assert_eq!(sim.read_f32(&wgrad).unwrap(), expected_wgrad(layer_of(r)));
+        let out = eager_layer(&mut BufferSource::Discover(&mut armed), r, dy, &mut eager);
         if let Some(out) = out {
             dy = out;
         }
@@ -342,40 +332,31 @@ fn tickets_of_another_kind_of_run_are_refused() {
     let err = BufferSource::Discover(&mut armed)
         .receive(plain)
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Source(SourceError::PhaseMismatch {
-                phase: "discovery",
-                ..
-            })
-        ),
-        "{err}"
-    );
+    assert_phase_mismatch(&err, Some("discovery"));
     let planned = BufferSource::Discover(&mut armed)
         .hand_off(dgrad_request())
         .unwrap()
         .0;
     let _ = armed;
     let err = BufferSource::Plain.receive(planned).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Source(SourceError::PhaseMismatch {
-                phase: "a plain run",
-                ..
-            })
-        ),
-        "{err}"
-    );
+    assert_phase_mismatch(&err, Some("a plain run"));
     let sim = sim::Device::new();
     let err = BufferSource::Plain
         .ready(planned, &sim.new_stream())
         .unwrap_err();
-    assert!(
-        matches!(err, Error::Source(SourceError::PhaseMismatch { .. })),
-        "{err}"
-    );
+    assert_phase_mismatch(&err, None);
+}
+
+/// `err` is a ticket of another kind of run, refused by a run in `phase`
+/// (where one is given).
+#[track_caller]
+fn assert_phase_mismatch(err: &Error, phase: Option<&str>) {
+    let Error::Source(SourceError::PhaseMismatch { phase: refused, .. }) = err else {
+        panic!("not a phase mismatch: {err}");
+    };
+    if let Some(phase) = phase {
+        assert_eq!(*refused, phase, "{err}");
+    }
 }
 
 #[test]

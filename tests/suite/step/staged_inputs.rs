@@ -13,7 +13,7 @@ use crate::support::record_and_finish;
 use replay_arena::sim;
 use replay_arena::{
     DType, Discovering, Domain, PlanConfig, Policy, Purpose, ReplayError, Replayable, Request,
-    RunnerId, ScheduleError, StepLaunchError,
+    RunnerId, ScheduleError, StepBuilder, StepLaunchError,
 };
 
 const N: usize = 32;
@@ -61,9 +61,39 @@ fn plan(sim: &sim::Device, pool: &sim::Stream) -> Replayable<sim::Device> {
     capturing.seal().unwrap()
 }
 
+/// A new sim: its staging, consumer and launch streams, and [`plan`]
+/// captured on the first of two pool streams.
+fn planned() -> (
+    sim::Device,
+    [sim::Stream; 3],
+    [sim::Stream; 2],
+    Replayable<sim::Device>,
+) {
+    let sim = sim::Device::new();
+    let streams = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
+    let pool = [sim.new_stream(), sim.new_stream()];
+    let rp = plan(&sim, &pool[0]);
+    (sim, streams, pool, rp)
+}
+
 fn stage(rp: &mut Replayable<sim::Device>, sim: &sim::Device, s: &sim::Stream, v: f32) {
     rp.consume_mut(RunnerId(0), s, |s, views| {
         sim.launch(s, sim::Kernel::fill(&views[0], v), 3)
+    })
+    .unwrap();
+}
+
+/// Schedules runner 0's replay on `on.0`, then a consumer on `on.1`
+/// copying its output into `out` (20 ticks).
+fn replay_and_copy_out(
+    step: &mut StepBuilder<'_, sim::Device>,
+    sim: &sim::Device,
+    on: (&sim::Stream, &sim::Stream),
+    out: &sim::HostBuffer,
+) {
+    step.replay(RunnerId(0), on.0).unwrap();
+    step.consume(RunnerId(0), on.1, |s, v| {
+        sim.launch(s, sim::Kernel::copy(&v[1], out), 20)
     })
     .unwrap();
 }
@@ -84,20 +114,13 @@ fn not_staged(e: &StepLaunchError) -> bool {
 fn a_kept_step_whose_runners_reuse_its_staged_runners_bytes_builds_and_launches_after_each_staging()
 {
     for overlapping in [false, true] {
-        let sim = sim::Device::new();
-        let (st, side, launch) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-        let pool = [sim.new_stream(), sim.new_stream()];
-        let mut rp = plan(&sim, &pool[0]);
+        let (sim, [st, side, launch], pool, mut rp) = planned();
         let (out, grads) = (sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap());
         stage(&mut rp, &sim, &st, 1.0);
         let mut kept = {
             let mut step = rp.step();
-            step.replay(RunnerId(0), &pool[0]).unwrap();
             // Read before runner 2 takes runner 0's bytes.
-            step.consume(RunnerId(0), &side, |s, v| {
-                sim.launch(s, sim::Kernel::copy(&v[1], &out), 20)
-            })
-            .unwrap();
+            replay_and_copy_out(&mut step, &sim, (&pool[0], &side), &out);
             for r in 1..3u32 {
                 step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
                 step.consume(RunnerId(r), &side, |s, v| {
@@ -151,10 +174,7 @@ fn a_kept_step_whose_runners_reuse_its_staged_runners_bytes_builds_and_launches_
 /// the schedule) launches every time.
 #[test]
 fn a_borrowed_step_graph_launches_once_per_staging_and_one_that_stages_inside_launches_on() {
-    let sim = sim::Device::new();
-    let (st, side, launch) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let pool = [sim.new_stream(), sim.new_stream()];
-    let mut rp = plan(&sim, &pool[0]);
+    let (sim, [st, side, launch], pool, mut rp) = planned();
     let (src, out) = (sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap());
     sim.launch(&st, sim::Kernel::fill(&src, 3.0), 1).unwrap();
     stage(&mut rp, &sim, &st, 1.0);
@@ -167,11 +187,7 @@ fn a_borrowed_step_graph_launches_once_per_staging_and_one_that_stages_inside_la
             })
             .unwrap();
         }
-        step.replay(RunnerId(0), &pool[0]).unwrap();
-        step.consume(RunnerId(0), &side, |s, v| {
-            sim.launch(s, sim::Kernel::copy(&v[1], &out), 20)
-        })
-        .unwrap();
+        replay_and_copy_out(&mut step, &sim, (&pool[0], &side), &out);
         for r in 1..3u32 {
             step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
         }

@@ -6,16 +6,16 @@
 //! and the plan's report and teardown account for the graph memory.
 
 use crate::support::record_and_finish;
-use crate::support::steps::plan_runners;
+use crate::support::steps::fence::allocated;
 use replay_arena::backend::Streams;
 use replay_arena::sim;
 use replay_arena::Cut;
 
-use crate::support::faults::{chain_of, graph_memory};
-use crate::support::steps::allocate_discovered;
+use crate::support::faults::{chain_of, graph_memory, read_back};
+use crate::support::steps::{allocate_discovered, ones_through_temporary};
 use replay_arena::{
     CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Replayable, Request,
-    RunnerId, StreamCaptureError,
+    RunnerId, StepError, StreamCaptureError,
 };
 
 const N: usize = 64;
@@ -97,17 +97,9 @@ impl Chain {
 
     /// Every sink and view.
     fn values(&self) -> Vec<Vec<f32>> {
-        let layers = self.sinks.len();
-        let mut out: Vec<Vec<f32>> = self
-            .sinks
-            .iter()
-            .map(|b| self.sim.read_f32(b).unwrap())
-            .collect();
-        for l in 0..layers {
-            let v = self.replayable.views(RunnerId(l as u32)).unwrap()[0];
-            out.push(self.sim.read_f32(&v).unwrap());
-        }
-        out
+        let r = &self.replayable;
+        let views = (0..self.sinks.len()).map(|l| r.views(RunnerId(l as u32)).unwrap()[0]);
+        read_back(&self.sim, &self.sinks, views)
     }
 }
 
@@ -145,6 +137,14 @@ fn a_step_graph_moves_in_step_copies_and_per_runner_replay_goes_on_around_it() {
     }
 }
 
+/// How many step copies the runner `err` refuses had captured.
+fn copies_captured(err: &StepError) -> usize {
+    match err {
+        StepError::NoStepCopy { captured, .. } => *captured,
+        other => panic!("not a missing step copy: {other}"),
+    }
+}
+
 #[test]
 fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     // Captured with `stream_capture`: no step copy at all.
@@ -152,17 +152,15 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     c.per_runner(1);
     let mut step = c.replayable.step();
     let err = step.replay(RunnerId(0), &c.pool[0]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            replay_arena::StepError::NoStepCopy {
-                runner: RunnerId(0),
-                allocations: 1,
-                captured: 0
-            }
-        ),
-        "{err}"
-    );
+    let StepError::NoStepCopy {
+        runner,
+        allocations,
+        captured,
+    } = err
+    else {
+        panic!("{err}");
+    };
+    assert_eq!((runner, allocations, captured), (RunnerId(0), 1, 0));
     assert!(
         err.to_string().contains("stream_capture_repeatable"),
         "{err}"
@@ -174,25 +172,13 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
     let mut step = c.replayable.step();
     step.replay(RunnerId(0), &c.pool[0]).unwrap();
     let twice = step.replay(RunnerId(0), &c.pool[1]).unwrap_err();
-    assert!(
-        matches!(
-            twice,
-            replay_arena::StepError::NoStepCopy { captured: 1, .. }
-        ),
-        "{twice}"
-    );
+    assert_eq!(copies_captured(&twice), 1, "{twice}");
     step.replay(RunnerId(1), &c.pool[1]).unwrap();
     let graph = step.build().unwrap();
     drop(graph);
     let mut again = c.replayable.step();
     let used = again.replay(RunnerId(1), &c.pool[0]).unwrap_err();
-    assert!(
-        matches!(
-            used,
-            replay_arena::StepError::NoStepCopy { captured: 1, .. }
-        ),
-        "{used}"
-    );
+    assert_eq!(copies_captured(&used), 1, "{used}");
     assert!(used.to_string().contains("used up"), "{used}");
     drop(again);
     // The runners' own graphs replay as before.
@@ -202,13 +188,9 @@ fn a_runner_with_temporaries_and_no_step_copy_is_a_typed_error() {
 
 #[test]
 fn work_without_temporaries_runs_once_and_is_copied_into_step_graphs() {
-    let req = OWN;
-    let planned = plan_runners([(RunnerId(0), [req])], Policy::Generations(1));
-    let sim = sim::Device::new();
-    let s = sim.new_stream();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    let (sim, s, mut capturing) = allocated(&[&[OWN]], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
-    let v = cap.take(req).unwrap();
+    let v = cap.take(OWN).unwrap();
     let mut runs = 0;
     cap.stream_capture_repeatable(&s, |s| {
         runs += 1;
@@ -246,10 +228,7 @@ fn capture_once(
     sim::Device,
 ) {
     let mut work = work;
-    let planned = plan_runners([(RunnerId(0), [OWN])], Policy::Generations(1));
-    let sim = sim::Device::new();
-    let s = sim.new_stream();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    let (sim, s, mut capturing) = allocated(&[&[OWN]], Policy::Generations(1));
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let v = cap.take(OWN).unwrap();
     let mut run = 0;
@@ -267,23 +246,11 @@ fn capture_once(
     (captured, finished, sim)
 }
 
-fn with_temporary(
-    sim: &sim::Device,
-    s: &sim::Stream,
-    v: &replay_arena::View<'_>,
-) -> replay_arena::Result<()> {
-    let t = sim.alloc_async(s, N)?;
-    sim.launch(s, sim::Kernel::fill(&t, 1.0), 1)?;
-    sim.launch(s, sim::Kernel::copy(&t, v), 1)?;
-    sim.free_async(s, &t)?;
-    Ok(())
-}
-
 #[test]
 fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
     // Fails on its second run.
     let (captured, finished, sim) = capture_once(|sim, s, v, run| {
-        with_temporary(sim, s, v)?;
+        ones_through_temporary(sim, s, v, N)?;
         if run == 2 {
             return Err(replay_arena::Error::Backend(
                 replay_arena::BackendError::Refused {
@@ -308,7 +275,7 @@ fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
     // Panics on its second run.
     let sim_out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         capture_once(|sim, s, v, run| {
-            with_temporary(sim, s, v)?;
+            ones_through_temporary(sim, s, v, N)?;
             assert!(run < 2, "second run panics");
             Ok(())
         })
@@ -317,7 +284,7 @@ fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
 
     // Every graph memory byte is given back once the plans are gone.
     let (captured, finished, sim) = capture_once(|sim, s, v, run| {
-        with_temporary(sim, s, v)?;
+        ones_through_temporary(sim, s, v, N)?;
         if run == 2 {
             let _leak = sim.alloc_async(s, N)?; // only the copy allocates more
         }
@@ -334,16 +301,7 @@ fn a_second_run_that_fails_or_panics_fails_the_runner_and_leaks_nothing() {
 
 #[test]
 fn a_second_run_with_other_ready_points_is_a_typed_error() {
-    let mut d = Discovering::new(PlanConfig::new());
-    let h = {
-        let mut armed = d.arm(RunnerId(0)).unwrap();
-        armed.record(OWN).unwrap();
-        armed.hand_off(GRAD).unwrap()
-    };
-    d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
-    let sim = sim::Device::new();
-    let s = sim.new_stream();
-    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(1));
+    let (sim, s, mut capturing, h) = writer_and_reader(1);
     let cap = capturing.capture(RunnerId(0)).unwrap();
     let own = cap.take(OWN).unwrap();
     let out = cap.hand_off(h).unwrap();
@@ -351,7 +309,7 @@ fn a_second_run_with_other_ready_points_is_a_typed_error() {
     let err = cap
         .stream_capture_repeatable(&s, |s| {
             run += 1;
-            with_temporary(&sim, s, &own)?;
+            ones_through_temporary(&sim, s, &own, N)?;
             sim.launch(s, sim::Kernel::fill(&out, 1.0), 1)?;
             if run == 1 {
                 cap.ready(h, s)?;
@@ -481,9 +439,12 @@ fn step_copies_are_cut_at_their_ready_point_so_readers_start_there() {
     assert_eq!(at_ready.values(), reference.values());
 }
 
-/// Runner 0 owns a view and hands a handoff to runner 1, planned and
-/// allocated on a new sim: the sim, a stream, the capture and the handoff.
-fn writer_and_reader() -> (
+/// Runner 0 owns a view and hands a handoff to runner 1, planned in
+/// `generations` and allocated on a new sim: the sim, a stream, the
+/// capture and the handoff.
+fn writer_and_reader(
+    generations: usize,
+) -> (
     sim::Device,
     sim::Stream,
     replay_arena::Capturing<sim::Device>,
@@ -498,7 +459,7 @@ fn writer_and_reader() -> (
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let sim = sim::Device::new();
     let s = sim.new_stream();
-    let capturing = allocate_discovered(&sim, d, Policy::Generations(2));
+    let capturing = allocate_discovered(&sim, d, Policy::Generations(generations));
     (sim, s, capturing, h)
 }
 
@@ -507,7 +468,7 @@ fn a_failed_cut_fails_the_runner_and_leaks_nothing() {
     // The copy run's cut ends the capture (the second end) and begins the
     // next part (the third begin): either may fail.
     for (call, n) in [(sim::Call::EndCapture, 1), (sim::Call::BeginCapture, 2)] {
-        let (sim, s, mut capturing, h) = writer_and_reader();
+        let (sim, s, mut capturing, h) = writer_and_reader(2);
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let (own, out) = (cap.take(OWN).unwrap(), cap.hand_off(h).unwrap());
         sim.inject(sim::Faults::nth(call, n));
@@ -628,30 +589,44 @@ fn two_ready_points(
     (sim, capturing.seal().unwrap(), s, [h0, h1])
 }
 
+/// One step graph of the three runners of [`two_ready_points`], each on
+/// its own stream, of `nodes` nodes, launched on stream 0: no hazard, the
+/// writer's and readers' values. Returns how long the launch took.
+fn launched_step_span(
+    sim: &sim::Device,
+    rp: &mut Replayable<sim::Device>,
+    s: &[sim::Stream; 3],
+    nodes: usize,
+    what: &str,
+) -> u64 {
+    let start = sim.makespan();
+    {
+        let mut step = rp.step();
+        for r in 0..3u32 {
+            step.replay(RunnerId(r), &s[r as usize]).unwrap();
+        }
+        let mut graph = step.build().unwrap();
+        assert_eq!(graph.nodes(), nodes, "{what}");
+        graph.launch(&s[0]).unwrap();
+    }
+    rp.synchronize().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    let value = |r: u32| sim.read_f32(&rp.views(RunnerId(r)).unwrap()[0]).unwrap()[0];
+    assert_eq!((value(0), value(1), value(2)), (3.0, 1.0, 2.0));
+    sim.makespan() - start
+}
+
 #[test]
 fn every_ready_point_is_kept_in_a_step_graph_cut_copies_and_split_graphs_alike() {
     for temporaries in [Temporary::None, Temporary::AfterBoth] {
         let (sim, mut rp, s, _) = two_ready_points(temporaries);
-        let start = sim.makespan();
-        {
-            let mut step = rp.step();
-            for r in 0..3u32 {
-                step.replay(RunnerId(r), &s[r as usize]).unwrap();
-            }
-            let mut graph = step.build().unwrap();
-            // The writer in three parts (one per ready point, and the
-            // rest), and the two readers.
-            assert_eq!(graph.nodes(), 5, "temporaries: {temporaries:?}");
-            graph.launch(&s[0]).unwrap();
-        }
-        rp.synchronize().unwrap();
-        assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-        let value = |r: u32| sim.read_f32(&rp.views(RunnerId(r)).unwrap()[0]).unwrap()[0];
-        assert_eq!((value(0), value(1), value(2)), (3.0, 1.0, 2.0));
+        // The writer in three parts (one per ready point, and the rest),
+        // and the two readers.
+        let what = format!("temporaries: {temporaries:?}");
+        let span = launched_step_span(&sim, &mut rp, &s, 5, &what);
         // Both readers ran before the writer's tail ended: the launch took
         // the writer's time alone (5 + 50 + 200 ticks and the temporary's
         // copy), not a reader's 5 more after it.
-        let span = sim.makespan() - start;
         assert!(
             span <= 5 + 50 + 200 + 1,
             "temporaries: {temporaries:?}: {span}"
@@ -689,23 +664,9 @@ fn a_step_copy_is_kept_whole_at_a_ready_point_a_temporary_lives_across() {
             "{temporary:?}"
         );
         assert!(rp.ready_points(RunnerId(1)).unwrap().is_empty());
-        let start = sim.makespan();
-        {
-            let mut step = rp.step();
-            for r in 0..3u32 {
-                step.replay(RunnerId(r), &s[r as usize]).unwrap();
-            }
-            let mut graph = step.build().unwrap();
-            assert_eq!(graph.nodes(), nodes, "{temporary:?}");
-            graph.launch(&s[0]).unwrap();
-        }
-        rp.synchronize().unwrap();
-        assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
-        let value = |r: u32| sim.read_f32(&rp.views(RunnerId(r)).unwrap()[0]).unwrap()[0];
-        assert_eq!((value(0), value(1), value(2)), (3.0, 1.0, 2.0));
+        let span = launched_step_span(&sim, &mut rp, &s, nodes, &format!("{temporary:?}"));
         // A reader of a ready point kept whole starts after the writer's
         // 5 + 50 + 200 ticks (and the copy), 5 ticks of its own after that.
-        let span = sim.makespan() - start;
         if cut == [true, true] {
             assert!(span <= 5 + 50 + 200 + 1, "{temporary:?}: {span}");
         } else {
@@ -725,7 +686,7 @@ fn a_temporary_used_after_its_free_in_the_same_graph_is_refused() {
     // CUDA may give a freed temporary's memory to a later allocation of
     // the same graph: the sim refuses the use, across a cut too.
     for cut in [false, true] {
-        let (sim, s, mut capturing, h) = writer_and_reader();
+        let (sim, s, mut capturing, h) = writer_and_reader(2);
         let cap = capturing.capture(RunnerId(0)).unwrap();
         let (own, out) = (cap.take(OWN).unwrap(), cap.hand_off(h).unwrap());
         let err = cap

@@ -8,6 +8,7 @@
 //! and the step's results as they would be.
 
 use crate::support;
+use crate::support::faults::build;
 use crate::support::record_and_finish;
 use crate::support::steps::{allocate_discovered, plan_runners};
 use replay_arena::backend::Streams;
@@ -58,6 +59,34 @@ fn build_step<'r>(
     step
 }
 
+/// [`setup`]`(4, 2)`: four runners at G = 2, with the lanes of their step
+/// and an `N`-element sink.
+fn four_runners() -> (sim::Device, Replayable<sim::Device>, Lanes, sim::HostBuffer) {
+    let (sim, replayable) = setup(4, 2);
+    let l = lanes(&sim);
+    let sink = sim.alloc_f32(N).unwrap();
+    (sim, replayable, l, sink)
+}
+
+/// The trace of the step of [`four_runners`] ([`build_step`], built
+/// overlapping when `overlapping`) launched on each of `on` in turn.
+fn traced_launches(
+    replayable: &mut Replayable<sim::Device>,
+    sim: &sim::Device,
+    l: &Lanes,
+    sink: &sim::HostBuffer,
+    overlapping: bool,
+    on: &[&sim::Stream],
+) -> Trace {
+    replayable.start_trace().unwrap();
+    let mut graph = build(build_step(replayable, sim, l, 4, sink), overlapping).unwrap();
+    for stream in on {
+        graph.launch(stream).unwrap();
+    }
+    drop(graph);
+    replayable.finish_trace().unwrap()
+}
+
 /// The nodes of the launch whose slice is `launch`.
 fn nodes_of(trace: &Trace, launch: usize) -> Vec<&Use> {
     trace
@@ -76,18 +105,9 @@ fn launches(trace: &Trace) -> Vec<usize> {
 
 #[test]
 fn a_traced_step_launch_shows_each_replay_and_consumer_inside_it_on_its_lane() {
-    let (sim, mut replayable) = setup(4, 2);
-    let l = lanes(&sim);
-    let sink = sim.alloc_f32(N).unwrap();
-    replayable.start_trace().unwrap();
-    let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
-        .build()
-        .unwrap();
-    for _ in 0..2 {
-        graph.launch(&l.launch).unwrap();
-    }
-    drop(graph);
-    let trace = replayable.finish_trace().unwrap();
+    let (sim, mut replayable, l, sink) = four_runners();
+    let on = [&l.launch, &l.launch];
+    let trace = traced_launches(&mut replayable, &sim, &l, &sink, false, &on);
     let steps = launches(&trace);
     assert_eq!(steps.len(), 2);
     assert_eq!(trace.step_nodes().len(), 2 * 8);
@@ -145,21 +165,12 @@ fn a_traced_step_launch_shows_each_replay_and_consumer_inside_it_on_its_lane() {
 
 #[test]
 fn a_traced_launch_waits_for_the_traced_launch_before_without_a_wait_slice() {
-    let (sim, mut replayable) = setup(4, 2);
-    let l = lanes(&sim);
+    let (sim, mut replayable, l, sink) = four_runners();
     let other = sim.new_stream();
-    let sink = sim.alloc_f32(N).unwrap();
-    replayable.start_trace().unwrap();
-    let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
-        .build()
-        .unwrap();
     // On two streams: only the wait after the traced launch before orders
     // them (each traced copy is another executable graph).
-    graph.launch(&l.launch).unwrap();
-    graph.launch(&other).unwrap();
-    graph.launch(&l.launch).unwrap();
-    drop(graph);
-    let trace = replayable.finish_trace().unwrap();
+    let on = [&l.launch, &other, &l.launch];
+    let trace = traced_launches(&mut replayable, &sim, &l, &sink, false, &on);
     let kinds: Vec<_> = trace.uses().iter().map(|s| s.kind.clone()).collect();
     assert!(matches!(kinds[0], UseKind::Wait { runner: None }));
     assert_eq!(launches(&trace), [1, 2, 3]);
@@ -171,16 +182,8 @@ fn a_traced_launch_waits_for_the_traced_launch_before_without_a_wait_slice() {
 
 #[test]
 fn the_chrome_trace_has_each_node_inside_its_launch_on_its_lane() {
-    let (sim, mut replayable) = setup(4, 2);
-    let l = lanes(&sim);
-    let sink = sim.alloc_f32(N).unwrap();
-    replayable.start_trace().unwrap();
-    let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
-        .build()
-        .unwrap();
-    graph.launch(&l.launch).unwrap();
-    drop(graph);
-    let trace = replayable.finish_trace().unwrap();
+    let (sim, mut replayable, l, sink) = four_runners();
+    let trace = traced_launches(&mut replayable, &sim, &l, &sink, false, &[&l.launch]);
     let json: Value = serde_json::from_str(&trace.to_chrome_json()).unwrap();
     let events = json["traceEvents"].as_array().unwrap();
     let complete = |cat: &str| -> Vec<&Value> {
@@ -211,9 +214,7 @@ fn the_chrome_trace_has_each_node_inside_its_launch_on_its_lane() {
 
 #[test]
 fn a_step_graph_launched_with_no_trace_running_composes_nothing_and_records_no_mark() {
-    let (sim, mut replayable) = setup(4, 2);
-    let l = lanes(&sim);
-    let sink = sim.alloc_f32(N).unwrap();
+    let (sim, mut replayable, l, sink) = four_runners();
     let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
         .build()
         .unwrap();
@@ -301,19 +302,10 @@ fn a_step_graph_holding_a_moved_step_copy_is_one_slice_per_launch() {
 
 #[test]
 fn overlapping_traced_launches_overlap_node_by_node() {
-    let (sim, mut replayable) = setup(4, 2);
-    let l = lanes(&sim);
+    let (sim, mut replayable, l, sink) = four_runners();
     let launch = [sim.new_stream(), sim.new_stream()];
-    let sink = sim.alloc_f32(N).unwrap();
-    replayable.start_trace().unwrap();
-    let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
-        .build_overlapping()
-        .unwrap();
-    for k in 0..4 {
-        graph.launch(&launch[k % 2]).unwrap();
-    }
-    drop(graph);
-    let trace = replayable.finish_trace().unwrap();
+    let on: Vec<_> = (0..4).map(|k| &launch[k % 2]).collect();
+    let trace = traced_launches(&mut replayable, &sim, &l, &sink, true, &on);
     let steps = launches(&trace);
     assert_eq!(steps.len(), 4);
     let nodes: Vec<Vec<&Use>> = steps.iter().map(|&k| nodes_of(&trace, k)).collect();
@@ -346,19 +338,13 @@ fn overlapping_traced_launches_overlap_node_by_node() {
 #[test]
 fn a_fault_at_any_call_of_a_traced_step_leaves_the_plan_and_the_results_consistent() {
     let scenario = |faults: Faults| {
-        let (sim, mut replayable) = setup(4, 2);
-        let l = lanes(&sim);
+        let (sim, mut replayable, l, sink) = four_runners();
         let other = sim.new_stream();
-        let sink = sim.alloc_f32(N).unwrap();
-        let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
-            .build_overlapping()
-            .unwrap();
+        let mut graph = build(build_step(&mut replayable, &sim, &l, 4, &sink), true).unwrap();
         graph.launch(&l.launch).unwrap();
         drop(graph);
         replayable.start_trace().unwrap();
-        let mut graph = build_step(&mut replayable, &sim, &l, 4, &sink)
-            .build_overlapping()
-            .unwrap();
+        let mut graph = build(build_step(&mut replayable, &sim, &l, 4, &sink), true).unwrap();
         sim.inject(faults);
         let mut ran = 1;
         for k in 0..4 {
@@ -458,9 +444,7 @@ fn a_writer_split_at_its_ready_point_is_two_nodes_and_its_reader_starts_at_the_f
 /// timed after its own graph's launch before, not the other's.
 #[test]
 fn kept_step_graphs_of_different_schedules_have_names_of_their_own_in_a_trace() {
-    let (sim, mut replayable) = setup(4, 2);
-    let l = lanes(&sim);
-    let sink = sim.alloc_f32(N).unwrap();
+    let (sim, mut replayable, l, sink) = four_runners();
     let mut kept: Vec<_> = [2u32, 4]
         .into_iter()
         .map(|n| {

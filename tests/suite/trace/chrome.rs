@@ -7,7 +7,7 @@
 use crate::support;
 use replay_arena::backend::Timing;
 use replay_arena::sim;
-use replay_arena::{Replayable, RunnerId, UseKind};
+use replay_arena::{Replayable, RunnerId, StepBuilder, UseKind};
 use serde_json::Value;
 use support::filled_plan as setup;
 
@@ -15,28 +15,44 @@ use support::filled_plan as setup;
 /// consumed on a side stream (5 ticks), then the program waits for all.
 fn traced_schedule() -> (sim::Device, Replayable<sim::Device>, replay_arena::Trace) {
     let (sim, mut replayable) = setup(4, 2);
-    let (pool, side, optimizer) = (
-        [sim.new_stream(), sim.new_stream()],
-        sim.new_stream(),
-        sim.new_stream(),
-    );
+    let pool: [sim::Stream; 2] = support::streams(&sim);
+    let [side, optimizer] = support::streams(&sim);
     let main = sim.alloc_f32(64).unwrap();
     replayable.start_trace().unwrap();
     for _step in 0..2 {
         for r in 0..4 {
-            replayable
-                .replay(RunnerId(r), &pool[r as usize % 2])
-                .unwrap();
-            replayable
-                .consume(RunnerId(r), &side, |s, v| {
-                    sim.launch(s, sim::Kernel::add(&v[0], &main), 5)
-                })
-                .unwrap();
+            let lane = &pool[r as usize % 2];
+            replayable.replay(RunnerId(r), lane).unwrap();
+            let consumed = replayable.consume(RunnerId(r), &side, |s, v| {
+                sim.launch(s, sim::Kernel::add(&v[0], &main), 5)
+            });
+            consumed.unwrap();
         }
     }
     replayable.wait_all(&optimizer).unwrap();
     let trace = replayable.finish_trace().unwrap();
     (sim, replayable, trace)
+}
+
+/// A step of the 4 runners of `setup(4, 2)`, runner `r` replayed on
+/// `pool[r % 2]` and consumed on `side`, adding its view into `main` for
+/// `ticks`.
+fn step_of_four<'r>(
+    replayable: &'r mut Replayable<sim::Device>,
+    sim: &sim::Device,
+    (pool, side): (&[sim::Stream; 2], &sim::Stream),
+    main: &sim::HostBuffer,
+    ticks: u64,
+) -> StepBuilder<'r, sim::Device> {
+    let mut step = replayable.step();
+    for r in 0..4 {
+        step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
+        step.consume(RunnerId(r), side, |s, v| {
+            sim.launch(s, sim::Kernel::add(&v[0], main), ticks)
+        })
+        .unwrap();
+    }
+    step
 }
 
 fn events(json: &str) -> Vec<Value> {
@@ -225,14 +241,7 @@ fn a_step_graph_launch_is_one_slice_after_the_wait_for_everything_before_it() {
     let main = sim.alloc_f32(64).unwrap();
     replayable.replay(RunnerId(0), &pool[0]).unwrap(); // before the trace
     replayable.start_trace().unwrap();
-    let mut step = replayable.step();
-    for r in 0..4 {
-        step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
-        step.consume(RunnerId(r), &side, |s, v| {
-            sim.launch(s, sim::Kernel::add(&v[0], &main), 5)
-        })
-        .unwrap();
-    }
+    let step = step_of_four(&mut replayable, &sim, (&pool, &side), &main, 5);
     let mut graph = step.build().unwrap();
     for _ in 0..3 {
         graph.launch(&launch).unwrap();
@@ -316,14 +325,7 @@ fn overlapping_step_graphs_show_as_overlapping_slices_of_alternating_graphs() {
     let launch = [sim.new_stream(), sim.new_stream()];
     let main = sim.alloc_f32(64).unwrap();
     replayable.start_trace().unwrap();
-    let mut step = replayable.step();
-    for r in 0..4 {
-        step.replay(RunnerId(r), &pool[r as usize % 2]).unwrap();
-        step.consume(RunnerId(r), &side, |s, v| {
-            sim.launch(s, sim::Kernel::add(&v[0], &main), 30)
-        })
-        .unwrap();
-    }
+    let step = step_of_four(&mut replayable, &sim, (&pool, &side), &main, 30);
     let mut graph = step.build_overlapping().unwrap();
     for k in 0..4 {
         graph.launch(&launch[k % 2]).unwrap();

@@ -413,12 +413,7 @@ fn a_hundred_thousand_distinct_params_load_in_linear_time() {
 
 #[test]
 fn saving_keeps_names_groups_purposes_and_params() {
-    let config = PlanConfig::new()
-        .with_group(GroupId(5), "expert-gtp")
-        .unwrap()
-        .with_group(GroupId(0), "gtp")
-        .unwrap();
-    let mut d = Discovering::new(config);
+    let mut d = Discovering::new(with_groups(&[(5, "expert-gtp"), (0, "gtp")]));
     d.arm_named(RunnerId(0), "layer1.mlp.bwd")
         .unwrap()
         .record(
@@ -476,11 +471,7 @@ fn saving_refuses_names_a_file_cannot_tell_apart() {
         e,
         "runner 0 and runner 1 are both named \"layer\"; a workload names runners uniquely"
     );
-    let config = PlanConfig::new()
-        .with_group(GroupId(0), "gtp")
-        .unwrap()
-        .with_group(GroupId(1), "gtp")
-        .unwrap();
+    let config = with_groups(&[(0, "gtp"), (1, "gtp")]);
     let e = Workload::from_discovering("w", &Discovering::new(config))
         .unwrap_err()
         .to_string();
@@ -552,11 +543,11 @@ fn discovery() -> impl Strategy<Value = Discovering> {
         ),
     )
         .prop_map(|(groups, ids, runners)| {
-            let mut config = PlanConfig::new();
-            for (id, name) in &groups {
-                config = config.with_group(GroupId(*id), name.as_str()).unwrap();
-            }
-            let mut d = Discovering::new(config);
+            let groups: Vec<_> = groups
+                .iter()
+                .map(|(id, name)| (*id, name.as_str()))
+                .collect();
+            let mut d = Discovering::new(with_groups(&groups));
             for (i, (id, (name, requests))) in ids.into_iter().zip(runners).enumerate() {
                 let mut armed = match name {
                     Some(stem) => d.arm_named(RunnerId(id), format!("{stem}#{i}")),
@@ -1044,15 +1035,19 @@ fn workload_errors_print_each_cause_once() {
     assert_each_cause_once(&unread);
 }
 
+/// A config with each of `groups` (id, name) registered, in order.
+fn with_groups(groups: &[(u32, &str)]) -> PlanConfig {
+    groups
+        .iter()
+        .fold(PlanConfig::new(), |config, &(id, name)| {
+            config.with_group(GroupId(id), name).unwrap()
+        })
+}
+
 /// Every dtype and purpose, on the device and in two groups (ids 0 and 3),
 /// one request per runner.
 fn every_name() -> Discovering {
-    let config = PlanConfig::new()
-        .with_group(GroupId(0), "gtp")
-        .unwrap()
-        .with_group(GroupId(3), "expert-gtp")
-        .unwrap();
-    let mut d = Discovering::new(config);
+    let mut d = Discovering::new(with_groups(&[(0, "gtp"), (3, "expert-gtp")]));
     for (i, &dtype) in DType::ALL.iter().enumerate() {
         let domain = match i % 3 {
             0 => Domain::Device,

@@ -182,13 +182,7 @@ pub fn chain_faulty(
             "left capturing"
         );
     }
-    let (replayable, failed) = match capturing.seal() {
-        Ok(r) => (Some(r), None),
-        Err(e) => {
-            capture_errors.push(format!("seal: {e}"));
-            (None, Some(e.into_capturing()))
-        }
-    };
+    let (replayable, failed) = super::seal_or_note(capturing, &mut capture_errors);
     Chain {
         sim,
         pool,
@@ -222,33 +216,20 @@ impl Chain {
             }
         }
     }
-    pub fn values(&self) -> Vec<Vec<f32>> {
-        let layers = self.sinks.len();
-        let r = self.replayable.as_ref().unwrap();
-        let mut out: Vec<Vec<f32>> = self
-            .sinks
-            .iter()
-            .map(|b| self.sim.read_f32(b).unwrap())
-            .collect();
-        for l in 0..layers {
-            let v = r.views(RunnerId(l as u32)).unwrap()[0];
-            out.push(self.sim.read_f32(&v).unwrap());
-        }
-        out
-    }
     pub fn hazard_free(&self) {
-        assert!(self.sim.hazards().is_empty(), "{:?}", self.sim.hazards());
+        super::assert_hazard_free(&self.sim);
+    }
+    pub fn values(&self) -> Vec<Vec<f32>> {
+        let r = self.replayable.as_ref().unwrap();
+        let views = (0..self.sinks.len()).map(|l| r.views(RunnerId(l as u32)).unwrap()[0]);
+        super::read_back(&self.sim, &self.sinks, views)
     }
     /// Drops the plan; graph memory must return to zero.
     pub fn teardown(mut self) {
         let sim = self.sim.clone();
-        self.replayable.take();
-        if let Some(c) = self.failed.take() {
-            // The documented way to give up on a failed plan.
-            drop(c.replan());
-        }
+        super::drop_plan(self.replayable.take(), self.failed.take());
         drop(self);
-        assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+        super::assert_hazard_free(&sim);
         assert_no_graph_memory(&sim, "teardown");
     }
 }

@@ -268,13 +268,7 @@ pub fn fan_with(
             Ok(())
         });
     }
-    let (r, failed) = match capturing.seal() {
-        Ok(r) => (Some(r), None),
-        Err(e) => {
-            errors.push(format!("seal: {e}"));
-            (None, Some(e.into_capturing()))
-        }
-    };
+    let (r, failed) = super::seal_or_note(capturing, &mut errors);
     Fan {
         sim,
         streams,
@@ -364,30 +358,18 @@ impl Fan {
 
     pub fn values(&self) -> Vec<Vec<f32>> {
         let r = self.r.as_ref().unwrap();
-        let mut out: Vec<Vec<f32>> = self
-            .sinks
-            .iter()
-            .map(|b| self.sim.read_f32(b).unwrap())
-            .collect();
-        out.push(self.sim.read_f32(&self.consumer_sink).unwrap());
-        for l in 0..self.sinks.len() {
-            for v in r.views(RunnerId(l as u32)).unwrap() {
-                out.push(self.sim.read_f32(v).unwrap());
-            }
-        }
-        out
+        let buffers = self.sinks.iter().chain([&self.consumer_sink]);
+        let views = (0..self.sinks.len()).flat_map(|l| r.views(RunnerId(l as u32)).unwrap());
+        super::read_back(&self.sim, buffers, views.copied())
     }
 
     pub fn hazard_free(&self) {
-        assert!(self.sim.hazards().is_empty(), "{:?}", self.sim.hazards());
+        super::assert_hazard_free(&self.sim);
     }
 
     pub fn teardown(mut self) {
         let sim = self.sim.clone();
-        self.r.take();
-        if let Some(c) = self.failed.take() {
-            drop(c.replan());
-        }
+        super::drop_plan(self.r.take(), self.failed.take());
         drop(self);
         assert_no_graph_memory(&sim, "teardown");
         assert_clean(&sim, 0, "teardown");
