@@ -3,10 +3,11 @@
 //! `sim` model, whose graph pool has no granule: each graph's share is the
 //! address space its temporaries span.
 
-use crate::support::steps::allocate_runners;
+use crate::support::faults::chain_of;
+use crate::support::steps::{allocate_discovered, allocate_runners};
 use replay_arena::backend::Backend;
 use replay_arena::sim;
-use replay_arena::{DType, Domain, Policy, Request, RunnerId};
+use replay_arena::{DType, Domain, Policy, Replayable, Request, RunnerId, StepBuilder};
 
 const N: usize = 16;
 const OWN: Request = Request::new(Domain::Device, DType::F32, N as u64);
@@ -14,7 +15,7 @@ const OWN: Request = Request::new(Domain::Device, DType::F32, N as u64);
 /// Two runners: runner 0's graph holds temporaries of 256 and 128 floats at
 /// once, runner 1's one of 64; both with four step copies (one per step graph, two for an overlapping
 /// one).
-fn plan(sim: &sim::Device, s: &sim::Stream) -> replay_arena::Replayable<sim::Device> {
+fn plan(sim: &sim::Device, s: &sim::Stream) -> Replayable<sim::Device> {
     let runners = [(RunnerId(0), [OWN]), (RunnerId(1), [OWN])];
     let mut capturing = allocate_runners(sim, runners, Policy::Generations(2));
     for (r, temps) in [(0u32, &[256usize, 128][..]), (1, &[64][..])] {
@@ -35,6 +36,18 @@ fn plan(sim: &sim::Device, s: &sim::Stream) -> replay_arena::Replayable<sim::Dev
         cap.finish().unwrap();
     }
     capturing.seal().unwrap()
+}
+
+/// A step of runner `r` on `lanes[r]`, for each `r`.
+fn step_on<'r>(
+    rp: &'r mut Replayable<sim::Device>,
+    lanes: &[&sim::Stream],
+) -> StepBuilder<'r, sim::Device> {
+    let mut step = rp.step();
+    for (r, lane) in lanes.iter().enumerate() {
+        step.replay(RunnerId(r as u32), lane).unwrap();
+    }
+    step
 }
 
 #[test]
@@ -72,11 +85,7 @@ fn a_step_graphs_estimate_takes_a_share_and_a_granule_per_lane() {
     let one_lane = (&[&x, &x][..], 1, 1536 + 1);
     let two_lanes = (&[&x, &y][..], 2, 1536 + 1 + 256 + 1);
     for (lanes, n, expected) in [one_lane, two_lanes] {
-        let mut step = rp.step();
-        for (r, lane) in lanes.iter().enumerate() {
-            step.replay(RunnerId(r as u32), lane).unwrap();
-        }
-        let graph = step.build().unwrap();
+        let graph = step_on(&mut rp, lanes).build().unwrap();
         let m = graph.graph_memory().unwrap();
         assert_eq!(m.lanes, n);
         assert_eq!((m.temporaries.allocations, m.temporaries.bytes), (3, 1792));
@@ -85,12 +94,7 @@ fn a_step_graphs_estimate_takes_a_share_and_a_granule_per_lane() {
         assert_eq!(kept.graph_memory().unwrap(), m);
     }
     // Overlapping: two graphs that run at once, each its share.
-    let mut step = rp.step();
-    step.replay(RunnerId(0), &x)
-        .unwrap()
-        .replay(RunnerId(1), &x)
-        .unwrap();
-    let graph = step.build_overlapping().unwrap();
+    let graph = step_on(&mut rp, &[&x, &x]).build_overlapping().unwrap();
     assert_eq!(graph.graph_memory().unwrap().bytes, 2 * (1536 + 1));
 }
 
@@ -98,24 +102,11 @@ fn a_step_graphs_estimate_takes_a_share_and_a_granule_per_lane() {
 fn a_chain_of_handoffs_on_two_streams_takes_one_share_at_a_time() {
     // Runner 1 reads runner 0's handoff (no ready point: after its whole
     // graph), so the two never run at once, whatever their streams.
-    let mut d = replay_arena::Discovering::new(replay_arena::PlanConfig::new());
-    let h = {
-        let mut a = d.arm(RunnerId(0)).unwrap();
-        a.record(OWN).unwrap();
-        a.hand_off(OWN).unwrap()
-    };
-    {
-        let mut a = d.arm(RunnerId(1)).unwrap();
-        a.record(OWN).unwrap();
-        a.receive(h).unwrap();
-    }
+    let (d, handoffs) = chain_of(2, OWN, OWN);
+    let h = handoffs[0];
     let sim = sim::Device::new();
     let (x, y) = (sim.new_stream(), sim.new_stream());
-    let mut capturing = d
-        .plan(Policy::Generations(2))
-        .unwrap()
-        .allocate(sim.clone())
-        .unwrap();
+    let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
     for (r, len) in [(0u32, 256usize), (1, 64)] {
         let cap = capturing.capture(RunnerId(r)).unwrap();
         let own = cap.take(OWN).unwrap();
@@ -137,12 +128,7 @@ fn a_chain_of_handoffs_on_two_streams_takes_one_share_at_a_time() {
         cap.finish().unwrap();
     }
     let mut rp = capturing.seal().unwrap();
-    let mut step = rp.step();
-    step.replay(RunnerId(0), &x)
-        .unwrap()
-        .replay(RunnerId(1), &y)
-        .unwrap();
-    let graph = step.build().unwrap();
+    let graph = step_on(&mut rp, &[&x, &y]).build().unwrap();
     let m = graph.graph_memory().unwrap();
     assert_eq!(m.lanes, 2);
     assert_eq!(m.bytes, 1024 + 1, "the larger share, not both");

@@ -3,8 +3,9 @@
 //! the handoff starts at the ready point, the choice is reported, and the
 //! step stays as ordered as a whole copy's.
 
+use crate::support::faults::chain_of;
 use replay_arena::sim;
-use replay_arena::{Cut, DType, Discovering, Domain, PlanConfig, Policy, Request, RunnerId};
+use replay_arena::{Cut, DType, Domain, Policy, Request, RunnerId};
 
 const N: usize = 64;
 const OWN: Request = Request::new(Domain::Device, DType::F32, N as u64);
@@ -14,17 +15,8 @@ const OWN: Request = Request::new(Domain::Device, DType::F32, N as u64);
 /// stream; cut across when `across`. The step's span in ticks, and what
 /// the writer's copy decided.
 fn step_span(across: bool) -> (u64, Cut) {
-    let mut d = Discovering::new(PlanConfig::new());
-    let h = {
-        let mut a = d.arm(RunnerId(0)).unwrap();
-        a.record(OWN).unwrap();
-        a.hand_off(OWN).unwrap()
-    };
-    {
-        let mut a = d.arm(RunnerId(1)).unwrap();
-        a.record(OWN).unwrap();
-        a.receive(h).unwrap();
-    }
+    let (d, handoffs) = chain_of(2, OWN, OWN);
+    let h = handoffs[0];
     let sim = sim::Device::new();
     let s = [sim.new_stream(), sim.new_stream()];
     let planned = d.plan(Policy::Generations(2)).unwrap();
