@@ -718,15 +718,9 @@ fn bucket_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     Ok(())
 }
 
-/// Host time to capture, seal and build step graphs, against cudarc
-/// capturing and instantiating the same work by hand: a ladder of
-/// `buckets` x `layers` runners (one kernel each), every bucket's runners
-/// then composed into one step graph (by hand: a parent graph of child
-/// graph nodes in a chain, instantiated).
 /// The host times of one side of a capture ladder, in seconds: discovery,
 /// plan and allocation (the crate only), capture and instantiation (seal
-/// for the crate), and one step graph per bucket, built and uploaded as the
-/// crate's are.
+/// for the crate), and one step graph per bucket, built (not uploaded).
 #[derive(Clone, Copy)]
 struct LadderTimes {
     planned: f64,
@@ -816,8 +810,8 @@ fn crate_ladder(
 
 /// The hand-made side: the same kernels captured and instantiated with
 /// cudarc (uploaded when the crate's device uploads), then a parent graph
-/// of child graph nodes per bucket, instantiated and uploaded the same way
-/// (for runners that do not allocate: by hand, a graph with memory nodes
+/// of child graph nodes per bucket, instantiated as the crate's step graphs
+/// are, not uploaded (for runners that do not allocate: by hand, a graph with memory nodes
 /// goes into a parent only moved, `cuGraphAddNode_v2`, so it is not
 /// compared, and `built` is NaN).
 fn hand_ladder(
@@ -892,12 +886,8 @@ fn hand_ladder(
                 sys::cuGraphInstantiateWithFlags(&mut exec, parent, 0),
                 sys::CUresult::CUDA_SUCCESS
             );
-            if b.graph_upload() {
-                assert_eq!(
-                    sys::cuGraphUpload(exec, capture_on.cudarc().cu_stream()),
-                    sys::CUresult::CUDA_SUCCESS
-                );
-            }
+            // Not uploaded: the crate uploads runner graphs, not step graphs
+            // (their first launch does).
             execs.push((exec, parent));
         }
     }
@@ -921,6 +911,12 @@ fn hand_ladder(
     })
 }
 
+/// Host time to capture, seal and build step graphs, against cudarc
+/// capturing and instantiating the same work by hand: a ladder of
+/// `buckets` x `layers` runners (one kernel each), every bucket's runners
+/// then composed into one step graph (by hand: a parent graph of child
+/// graph nodes in a chain, instantiated).
+///
 /// One row of the capture ladder. Each side runs three times, in the order
 /// crate, hand, hand, crate, crate, hand, and keeps its best run: whichever goes first
 /// after the other grows the driver's own pools (device memory for

@@ -423,8 +423,10 @@ impl Device {
     /// a child graph node): the driver does not clone such graphs
     /// (`cuGraphClone` returns `CUDA_ERROR_NOT_SUPPORTED`).
     fn refuse_memory_nodes(&self, graph: &Graph) -> Result<()> {
-        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
-        self.memory_nodes(graph.handles.graph, 0, &mut allocs, &mut frees)?;
+        // Read once per graph (a captured graph's at its capture): a step
+        // graph's build asks again for every runner it copies in.
+        let m = self.memory_of(graph)?;
+        let (allocs, frees) = (&m.allocs, &m.frees);
         if allocs.is_empty() && frees.is_empty() {
             return Ok(());
         }
