@@ -980,7 +980,7 @@ fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     let no_upload = b.clone().with_graph_upload(false);
     // Up to 64 buckets: step graph builds cost in proportion to their
     // bucket, so the crate's builds stay in step with composing by hand.
-    for (buckets, layers) in [(1, 16), (1, 64), (4, 32), (16, 32), (64, 32)] {
+    for (buckets, layers) in [(1, 16), (1, 32), (1, 64), (4, 32), (16, 32), (64, 32)] {
         capture_ladder(b, k, (buckets, layers), false, true)?;
         capture_ladder(&no_upload, k, (buckets, layers), false, true)?;
     }
