@@ -7,12 +7,15 @@ use std::borrow::Borrow;
 use std::fmt;
 
 use replay_arena::sim::{self, AsSpan};
-use replay_arena::{Joined, Replayable, RunnerId, StepGraph};
+use replay_arena::{
+    Discovering, Joined, KeptStep, PlanConfig, Replayable, RunnerCapture, RunnerId, StepGraph,
+};
 
 use super::buckets::{self, TEMPORARIES};
 use super::faults::chain::{chain_with, Chain, Ctx};
 use super::faults::fan::{Item, Spec};
 use super::faults::{assert_no_graph_memory, R};
+use super::steps::kept;
 
 /// A device with three streams (`stage`, `pool`, `side`) and program
 /// sinks, for [`buckets::sealed`] plans of buckets 64 and 256.
@@ -187,4 +190,211 @@ pub fn chained(k: usize, copies: usize) -> Spec {
 /// A fan's step items: a replay of each `(runner, stream)`, in order.
 pub fn replays(items: &[(u32, usize)]) -> Vec<Item> {
     items.iter().map(|&(r, s)| Item::Replay(r, s)).collect()
+}
+
+/// A [`kept::world`] of `n` runners at `g` generations, each replayed
+/// once on lane 0 (a consumer needs a replay first).
+pub fn replayed_world(n: u32, g: usize, durs: &[u64]) -> kept::World {
+    let mut w = kept::world(n, g, durs);
+    for r in 0..n {
+        kept::run_item(&mut w, kept::It::R(r, 0)).unwrap();
+    }
+    w
+}
+
+/// Buckets `bs={n}` of each of `sizes`, each of `runners` runners
+/// (numbered on from bucket to bucket) recording an input and an output
+/// of `n` f32s.
+pub fn bucket_discovery(sizes: &[u64], runners: u32) -> Discovering {
+    let mut d = Discovering::new(PlanConfig::new());
+    let mut ids = (0..).map(RunnerId);
+    for &n in sizes {
+        d.bucket(format!("bs={n}")).unwrap();
+        for runner in ids.by_ref().take(runners as usize) {
+            let mut armed = d.arm(runner).unwrap();
+            for q in [buckets::input(n), buckets::output(n)] {
+                armed.record(q).unwrap();
+            }
+        }
+    }
+    d
+}
+
+/// Captures `cap`, a runner of [`bucket_discovery`] with `n` elements, on
+/// `stream`: its output is its input copied (in `ticks.0`), then doubled
+/// (in `ticks.1`).
+pub fn capture_doubling(
+    cap: RunnerCapture<'_, sim::Device>,
+    sim: &sim::Device,
+    stream: &sim::Stream,
+    n: u64,
+    ticks: (u64, u64),
+) {
+    let i = cap.take(buckets::input(n)).unwrap();
+    let o = cap.take(buckets::output(n)).unwrap();
+    record_and_finish!(cap, stream, |s| {
+        sim.launch(s, sim::Kernel::copy(&i, &o), ticks.0)?;
+        sim.launch(s, sim::Kernel::scale(&o, 2.0), ticks.1)
+    });
+}
+
+/// How many kept launches a fuzzer made, and how many the fence let
+/// through.
+#[derive(Default)]
+pub struct KeptLaunches {
+    ok: usize,
+    all: usize,
+}
+
+impl KeptLaunches {
+    /// One launch more, `ok` or refused.
+    pub fn count(&mut self, ok: bool) {
+        self.ok += ok as usize;
+        self.all += 1;
+    }
+}
+
+/// `fuzz(seed, launches)` for seeds `0..seeds`: more than a quarter of
+/// the kept launches must go through (a fuzzer of launches, not of
+/// refusals).
+pub fn fuzz_kept_launches(what: &str, seeds: u64, mut fuzz: impl FnMut(u64, &mut KeptLaunches)) {
+    let mut launches = KeptLaunches::default();
+    for seed in 0..seeds {
+        fuzz(seed, &mut launches);
+    }
+    let KeptLaunches { ok, all } = launches;
+    eprintln!("{what} ok {ok} of {all}");
+    assert!(ok * 4 > all, "{ok} of {all}");
+}
+
+/// A fuzzer's step on two worlds: `it` run on both (`run`) succeeds on
+/// both or fails on both.
+pub fn run_on_both<W, I: fmt::Debug + Copy>(
+    (a, b): (&mut W, &mut W),
+    it: I,
+    run: impl Fn(&mut W, I) -> Result<(), String>,
+    seed: u64,
+    log: &mut Vec<String>,
+) {
+    let (x, y) = (run(a, it), run(b, it));
+    log.push(format!("{it:?}:{x:?}"));
+    assert_eq!(
+        x.is_ok(),
+        y.is_ok(),
+        "seed {seed}: {it:?}: {x:?} vs {y:?}; {log:?}"
+    );
+}
+
+/// A fuzzer's kept launch: one of `kept` (kept steps of world `a`, each
+/// with its schedule), drawn with `next`, launched on lane 3 or 4 of `a`
+/// (drawn too); where it went through, its schedule must go through per
+/// runner (`run`) on world `b`. Whether it went through.
+pub fn launch_kept_on_both<W, I: fmt::Debug + Copy>(
+    next: &mut dyn FnMut(u64) -> u64,
+    (rep, lanes): (&mut Replayable<sim::Device>, &[sim::Stream]),
+    kept: &mut [(KeptStep<sim::Device>, Vec<I>)],
+    (b, run): (&mut W, impl Fn(&mut W, I) -> Result<(), String>),
+    seed: u64,
+    log: &mut Vec<String>,
+) -> bool {
+    let k = next(kept.len() as u64) as usize;
+    let l = 3 + next(2) as usize;
+    let (step, schedule) = &mut kept[k];
+    let got = rep.launch_kept(step, &lanes[l]);
+    log.push(format!("K{k}@{l}:{got:?}"));
+    if got.is_ok() {
+        for &it in schedule.iter() {
+            if let Err(e) = run(b, it) {
+                panic!("seed {seed}: kept ok, per-runner {it:?}: {e}; {log:?}");
+            }
+        }
+    }
+    got.is_ok()
+}
+
+/// A random item of a kept-step fuzzer over `runners` runners (drawn with
+/// `next(m)`, below `m`): a replay or a consumer on one of lanes 0..3,
+/// each consumer adding into an accumulator of its own.
+pub fn random_item(next: &mut dyn FnMut(u64) -> u64, runners: u32) -> kept::It {
+    let r = next(runners as u64) as u32;
+    let l = next(3) as usize;
+    if next(2) == 0 {
+        kept::It::R(r, l)
+    } else {
+        kept::It::C(r, l, 7 + 3 * r as usize + l)
+    }
+}
+
+/// The `schedules` that build into kept steps of `w` (overlapping where
+/// the flag says so), each kept step with its schedule.
+pub fn kept_schedules(
+    w: &mut kept::World,
+    schedules: Vec<(Vec<kept::It>, bool)>,
+) -> Vec<(KeptStep<sim::Device>, Vec<kept::It>)> {
+    schedules
+        .into_iter()
+        .filter_map(|(s, o)| kept::build_kept(w, &s, o).map(|k| (k, s)))
+        .collect()
+}
+
+/// A world of a kept-step fuzzer: its plan and its lanes.
+pub trait FuzzWorld {
+    fn plan_and_lanes(&mut self) -> (&mut Replayable<sim::Device>, &[sim::Stream]);
+}
+
+impl FuzzWorld for kept::World {
+    fn plan_and_lanes(&mut self) -> (&mut Replayable<sim::Device>, &[sim::Stream]) {
+        (&mut self.rep, &self.lanes)
+    }
+}
+
+/// What a kept-step fuzzer of one seed carries along: the seed, its
+/// random numbers (`next(m)`, below `m`), the kept launches counted, and
+/// the log of what it did.
+pub struct Fuzzing<'f> {
+    pub seed: u64,
+    pub next: &'f mut dyn FnMut(u64) -> u64,
+    pub launches: &'f mut KeptLaunches,
+    pub log: Vec<String>,
+}
+
+impl<'f> Fuzzing<'f> {
+    pub fn new(
+        seed: u64,
+        next: &'f mut dyn FnMut(u64) -> u64,
+        launches: &'f mut KeptLaunches,
+    ) -> Fuzzing<'f> {
+        Fuzzing {
+            seed,
+            next,
+            launches,
+            log: Vec::new(),
+        }
+    }
+}
+
+/// 40 steps of a fuzzer on worlds `a` and `b`, built alike: where a coin
+/// says so and a step is kept, a kept launch ([`launch_kept_on_both`]),
+/// counted; else an item drawn by `item` and run on both (`run`,
+/// [`run_on_both`]).
+pub fn kept_or_items<W: FuzzWorld, I: fmt::Debug + Copy>(
+    f: &mut Fuzzing<'_>,
+    (a, b): (&mut W, &mut W),
+    kept: &mut [(KeptStep<sim::Device>, Vec<I>)],
+    (run, item): (
+        impl Fn(&mut W, I) -> Result<(), String>,
+        impl Fn(&mut dyn FnMut(u64) -> u64) -> I,
+    ),
+) {
+    let (seed, log) = (f.seed, &mut f.log);
+    for _ in 0..40 {
+        if (f.next)(2) == 0 && !kept.is_empty() {
+            let on_b = (&mut *b, &run);
+            let ok = launch_kept_on_both(f.next, a.plan_and_lanes(), kept, on_b, seed, log);
+            f.launches.count(ok);
+        } else {
+            let it = item(f.next);
+            run_on_both((&mut *a, &mut *b), it, &run, seed, log);
+        }
+    }
 }
