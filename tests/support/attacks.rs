@@ -14,7 +14,7 @@ use replay_arena::{
 use super::buckets::{self, TEMPORARIES};
 use super::faults::chain::{chain_with, Chain, Ctx};
 use super::faults::fan::{Item, Spec};
-use super::faults::{assert_no_graph_memory, R};
+use super::faults::{self, assert_no_graph_memory, R};
 use super::steps::kept;
 
 /// A device with three streams (`stage`, `pool`, `side`) and program
@@ -397,4 +397,44 @@ pub fn kept_or_items<W: FuzzWorld, I: fmt::Debug + Copy>(
             run_on_both((&mut *a, &mut *b), it, &run, seed, log);
         }
     }
+}
+
+/// A new device with `K` streams and a sink, then two runners sharing
+/// bytes on it (`fill_plan`, G = 1).
+pub fn two_runners<const K: usize>() -> (
+    sim::Device,
+    [sim::Stream; K],
+    sim::HostBuffer,
+    Replayable<sim::Device>,
+) {
+    let sim = sim::Device::new();
+    let s = super::streams::<K>(&sim);
+    let sink = sim.alloc_f32(faults::N).unwrap();
+    let rp = faults::fill_plan(&sim, 2, 1);
+    (sim, s, sink, rp)
+}
+
+/// Once `rp` is synchronized: no hazard, and `sink` holds `sum`.
+pub fn assert_summed(
+    (rp, sim): (&Replayable<sim::Device>, &sim::Device),
+    sink: &sim::HostBuffer,
+    sum: f32,
+    what: &str,
+) {
+    rp.synchronize().unwrap();
+    assert_eq!(sim.hazards(), [], "{what}");
+    assert_eq!(faults::read0(sim, sink), sum, "{what}");
+}
+
+/// [`assert_summed`]; then, once `rp` is dropped, no hazard, no event,
+/// and only the program's own `allocations` live.
+pub fn assert_summed_then_clean(
+    (rp, sim): (Replayable<sim::Device>, &sim::Device),
+    sink: &sim::HostBuffer,
+    (sum, allocations): (f32, usize),
+    what: &str,
+) {
+    assert_summed((&rp, sim), sink, sum, what);
+    drop(rp);
+    faults::assert_clean(sim, allocations, what);
 }
