@@ -8,14 +8,15 @@ use std::fmt;
 
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
-    Discovering, Joined, KeptStep, PlanConfig, Replayable, RunnerCapture, RunnerId, StepGraph,
+    CaptureError, Discovering, Joined, KeptStep, PlanConfig, Policy, Replayable, RunnerCapture,
+    RunnerId, StepGraph, StreamCaptureError,
 };
 
 use super::buckets::{self, TEMPORARIES};
 use super::faults::chain::{chain_with, Chain, Ctx};
 use super::faults::fan::{Item, Spec};
 use super::faults::{self, assert_no_graph_memory, R};
-use super::steps::kept;
+use super::steps::{fence, kept};
 
 /// A device with three streams (`stage`, `pool`, `side`) and program
 /// sinks, for [`buckets::sealed`] plans of buckets 64 and 256.
@@ -437,4 +438,26 @@ pub fn assert_summed_then_clean(
     assert_summed((&rp, sim), sink, sum, what);
     drop(rp);
     faults::assert_clean(sim, allocations, what);
+}
+
+/// `fence::sealed` runners `0..n` (one generation, 5 ticks each) with
+/// `K` new streams of their device, runner 0 replayed on the first.
+pub fn replayed_on_first<const K: usize>(
+    n: u32,
+) -> (sim::Device, [sim::Stream; K], Replayable<sim::Device>) {
+    let (sim, mut replayable) = fence::sealed(n, Policy::Generations(1), 5);
+    let streams = super::streams::<K>(&sim);
+    replayable.replay(RunnerId(0), &streams[0]).unwrap();
+    (sim, streams, replayable)
+}
+
+/// `got` is a stream capture the crate refused with `expected`.
+pub fn assert_capture_refused<T: fmt::Debug, E: fmt::Debug>(
+    got: Result<T, StreamCaptureError<E>>,
+    expected: CaptureError,
+) {
+    match &got {
+        Err(StreamCaptureError::Capture(e)) if *e == expected => {}
+        _ => panic!("{got:?}: not refused with {expected:?}"),
+    }
 }
