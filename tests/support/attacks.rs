@@ -9,14 +9,14 @@ use std::fmt;
 use replay_arena::sim::{self, AsSpan};
 use replay_arena::{
     CaptureError, Discovering, Joined, KeptStep, PlanConfig, Policy, Replayable, RunnerCapture,
-    RunnerId, StepGraph, StreamCaptureError,
+    RunnerId, StepGraph, StreamCaptureError, View,
 };
 
 use super::buckets::{self, TEMPORARIES};
 use super::faults::chain::{chain_with, Chain, Ctx};
 use super::faults::fan::{Item, Spec};
 use super::faults::{self, assert_no_graph_memory, R};
-use super::steps::{fence, kept};
+use super::steps::{fence, kept, overlap};
 
 /// A device with three streams (`stage`, `pool`, `side`) and program
 /// sinks, for [`buckets::sealed`] plans of buckets 64 and 256.
@@ -460,4 +460,30 @@ pub fn assert_capture_refused<T: fmt::Debug, E: fmt::Debug>(
         Err(StreamCaptureError::Capture(e)) if *e == expected => {}
         _ => panic!("{got:?}: not refused with {expected:?}"),
     }
+}
+
+/// Runner 0 of `c` captured repeatably on its stream with `copies` step
+/// copies, `work(cap, stream, view, run)` each run: how many runs it made.
+pub fn counted_runs(
+    c: &mut overlap::Cap1,
+    copies: usize,
+    mut work: impl FnMut(
+        &RunnerCapture<'_, sim::Device>,
+        &sim::Stream,
+        &View<'_>,
+        usize,
+    ) -> replay_arena::Result<()>,
+) -> usize {
+    let s = c.s.clone();
+    let cap = c.capturing.capture(RunnerId(0)).unwrap();
+    let v = cap.take(overlap::OWN).unwrap();
+    cap.step_copies(copies);
+    let mut runs = 0;
+    cap.stream_capture_repeatable(&s, |st| {
+        runs += 1;
+        work(&cap, st, &v, runs)
+    })
+    .unwrap();
+    cap.finish().unwrap();
+    runs
 }
