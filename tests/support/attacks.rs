@@ -1,7 +1,18 @@
-//! Benches several attack files of `suite/regression/` share, on `sim`:
-//! the plan of run-time buckets with its streams and sinks
-//! ([`BucketBench`]), and the checks of a chain of cut step copies against
-//! its per-runner replays ([`replayed_values`]).
+//! Fixtures several attack files of `suite/regression/` share, on `sim`:
+//!
+//! - run-time buckets: [`BucketBench`] (a device, its streams and sinks,
+//!   for `buckets::sealed` plans), [`with_buckets`], and buckets declared
+//!   and captured with a graph that doubles its input
+//!   ([`bucket_discovery`], [`capture_doubling`]);
+//! - chains of cut step copies and fans of split writers: a chain checked
+//!   against its per-runner replays ([`replayed_values`]), a fan's
+//!   [`chained`] spec and step [`replays`];
+//! - kept-step fuzzers: two worlds driven alike ([`kept_or_items`]), kept
+//!   launches counted ([`fuzz_kept_launches`]);
+//! - small plans and the checks after them: two runners sharing bytes
+//!   ([`two_runners`], [`assert_summed`]), a sealed plan replayed on its
+//!   first stream ([`replayed_on_first`]), a repeatable capture's runs
+//!   ([`counted_runs`]), launches in turn, hazards, refused captures.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -105,104 +116,6 @@ pub fn with_buckets(
     bench.assert_clean();
 }
 
-/// A [`chain_with`] chain whose every runner captured.
-pub fn captured_chain(
-    layers: usize,
-    g: usize,
-    copies: usize,
-    work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
-) -> Chain {
-    let c = chain_with(layers, g, copies, work);
-    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
-    c
-}
-
-/// The values of a [`chain_with`] chain after `replays` per-runner
-/// replays: what the same chain's step graphs must give.
-pub fn replayed_values(
-    layers: usize,
-    g: usize,
-    copies: usize,
-    work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
-    replays: usize,
-) -> Vec<Vec<f32>> {
-    let mut reference = chain_with(layers, g, copies, work);
-    reference.per_runner(replays);
-    reference.values()
-}
-
-/// `c` is hazard-free and holds `expected`; then it tears down clean.
-pub fn assert_values_then_teardown(c: Chain, expected: &[Vec<f32>], what: impl fmt::Display) {
-    c.hazard_free();
-    assert_eq!(c.values(), expected, "{what}");
-    c.teardown();
-}
-
-/// No hazard on `sim`.
-pub fn assert_hazard_free(sim: &sim::Device, what: impl fmt::Display) {
-    assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
-}
-
-/// After the launches of a `two_handoffs` plan `r`: once synchronized,
-/// no hazard, and both readers (runners 1 and 2) hold `value`; then the
-/// plan is dropped and its graph memory is gone.
-pub fn assert_readers_hold(
-    sim: &sim::Device,
-    r: Replayable<sim::Device>,
-    value: f32,
-    what: impl fmt::Display,
-) {
-    r.synchronize().unwrap();
-    assert_hazard_free(sim, &what);
-    for i in 1..3u32 {
-        let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
-        assert_eq!(v[0], value, "reader {i} {what}");
-    }
-    drop(r);
-    assert_no_graph_memory(sim, "after the drop");
-}
-
-/// `c` is hazard-free; then it tears down clean.
-pub fn assert_hazard_free_then_teardown(c: Chain) {
-    c.hazard_free();
-    c.teardown();
-}
-
-/// Launches `g` `times` times, on `streams` in turn.
-pub fn launch_in_turn<S: Borrow<sim::Stream>>(
-    g: &mut StepGraph<'_, sim::Device>,
-    streams: &[S],
-    times: usize,
-) {
-    for k in 0..times {
-        g.launch(streams[k % streams.len()].borrow()).unwrap();
-    }
-}
-
-/// A [`Spec`] of a writer of `k` handoffs with `copies` step copies,
-/// reader 0 handing on to a collector.
-pub fn chained(k: usize, copies: usize) -> Spec {
-    let mut spec = Spec::new(k);
-    spec.copies = copies;
-    spec.chain = true;
-    spec
-}
-
-/// A fan's step items: a replay of each `(runner, stream)`, in order.
-pub fn replays(items: &[(u32, usize)]) -> Vec<Item> {
-    items.iter().map(|&(r, s)| Item::Replay(r, s)).collect()
-}
-
-/// A [`kept::world`] of `n` runners at `g` generations, each replayed
-/// once on lane 0 (a consumer needs a replay first).
-pub fn replayed_world(n: u32, g: usize, durs: &[u64]) -> kept::World {
-    let mut w = kept::world(n, g, durs);
-    for r in 0..n {
-        kept::run_item(&mut w, kept::It::R(r, 0)).unwrap();
-    }
-    w
-}
-
 /// Buckets `bs={n}` of each of `sizes`, each of `runners` runners
 /// (numbered on from bucket to bucket) recording an input and an output
 /// of `n` f32s.
@@ -237,6 +150,113 @@ pub fn capture_doubling(
         sim.launch(s, sim::Kernel::copy(&i, &o), ticks.0)?;
         sim.launch(s, sim::Kernel::scale(&o, 2.0), ticks.1)
     });
+}
+
+/// A [`chain_with`] chain whose every runner captured.
+pub fn captured_chain(
+    layers: usize,
+    g: usize,
+    copies: usize,
+    work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
+) -> Chain {
+    let c = chain_with(layers, g, copies, work);
+    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+    c
+}
+
+/// The values of a [`chain_with`] chain after `replays` per-runner
+/// replays: what the same chain's step graphs must give.
+pub fn replayed_values(
+    layers: usize,
+    g: usize,
+    copies: usize,
+    work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
+    replays: usize,
+) -> Vec<Vec<f32>> {
+    let mut reference = chain_with(layers, g, copies, work);
+    reference.per_runner(replays);
+    reference.values()
+}
+
+/// `c` is hazard-free and holds `expected`; then it tears down clean.
+pub fn assert_values_then_teardown(c: Chain, expected: &[Vec<f32>], what: impl fmt::Display) {
+    c.hazard_free();
+    assert_eq!(c.values(), expected, "{what}");
+    c.teardown();
+}
+
+/// `c` is hazard-free; then it tears down clean.
+pub fn assert_hazard_free_then_teardown(c: Chain) {
+    c.hazard_free();
+    c.teardown();
+}
+
+/// After the launches of a `two_handoffs` plan `r`: once synchronized,
+/// no hazard, and both readers (runners 1 and 2) hold `value`; then the
+/// plan is dropped and its graph memory is gone.
+pub fn assert_readers_hold(
+    sim: &sim::Device,
+    r: Replayable<sim::Device>,
+    value: f32,
+    what: impl fmt::Display,
+) {
+    r.synchronize().unwrap();
+    assert_hazard_free(sim, &what);
+    for i in 1..3u32 {
+        let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
+        assert_eq!(v[0], value, "reader {i} {what}");
+    }
+    drop(r);
+    assert_no_graph_memory(sim, "after the drop");
+}
+
+/// A [`Spec`] of a writer of `k` handoffs with `copies` step copies,
+/// reader 0 handing on to a collector.
+pub fn chained(k: usize, copies: usize) -> Spec {
+    let mut spec = Spec::new(k);
+    spec.copies = copies;
+    spec.chain = true;
+    spec
+}
+
+/// A fan's step items: a replay of each `(runner, stream)`, in order.
+pub fn replays(items: &[(u32, usize)]) -> Vec<Item> {
+    items.iter().map(|&(r, s)| Item::Replay(r, s)).collect()
+}
+
+/// A [`kept::world`] of `n` runners at `g` generations, each replayed
+/// once on lane 0 (a consumer needs a replay first).
+pub fn replayed_world(n: u32, g: usize, durs: &[u64]) -> kept::World {
+    let mut w = kept::world(n, g, durs);
+    for r in 0..n {
+        kept::run_item(&mut w, kept::It::R(r, 0)).unwrap();
+    }
+    w
+}
+
+/// The `schedules` that build into kept steps of `w` (overlapping where
+/// the flag says so), each kept step with its schedule.
+pub fn kept_schedules(
+    w: &mut kept::World,
+    schedules: Vec<(Vec<kept::It>, bool)>,
+) -> Vec<(KeptStep<sim::Device>, Vec<kept::It>)> {
+    schedules
+        .into_iter()
+        .filter_map(|(s, o)| kept::build_kept(w, &s, o).map(|k| (k, s)))
+        .collect()
+}
+
+/// A random item of a kept-step fuzzer over `runners` runners (drawn with
+/// `next(m)`, below `m`): a replay or a consumer on one of lanes 0..3,
+/// each consumer adding into an accumulator of its own.
+pub fn random_item(next: &mut dyn FnMut(u64) -> u64, runners: u32) -> kept::It {
+    let r = next(runners as u64) as u32;
+    let l = next(3) as usize;
+    if next(2) == 0 {
+        kept::It::R(r, l)
+    } else {
+        kept::It::C(r, l, 7 + 3 * r as usize + l)
+    }
 }
 
 /// How many kept launches a fuzzer made, and how many the fence let
@@ -311,31 +331,6 @@ pub fn launch_kept_on_both<W, I: fmt::Debug + Copy>(
         }
     }
     got.is_ok()
-}
-
-/// A random item of a kept-step fuzzer over `runners` runners (drawn with
-/// `next(m)`, below `m`): a replay or a consumer on one of lanes 0..3,
-/// each consumer adding into an accumulator of its own.
-pub fn random_item(next: &mut dyn FnMut(u64) -> u64, runners: u32) -> kept::It {
-    let r = next(runners as u64) as u32;
-    let l = next(3) as usize;
-    if next(2) == 0 {
-        kept::It::R(r, l)
-    } else {
-        kept::It::C(r, l, 7 + 3 * r as usize + l)
-    }
-}
-
-/// The `schedules` that build into kept steps of `w` (overlapping where
-/// the flag says so), each kept step with its schedule.
-pub fn kept_schedules(
-    w: &mut kept::World,
-    schedules: Vec<(Vec<kept::It>, bool)>,
-) -> Vec<(KeptStep<sim::Device>, Vec<kept::It>)> {
-    schedules
-        .into_iter()
-        .filter_map(|(s, o)| kept::build_kept(w, &s, o).map(|k| (k, s)))
-        .collect()
 }
 
 /// A world of a kept-step fuzzer: its plan and its lanes.
@@ -451,17 +446,6 @@ pub fn replayed_on_first<const K: usize>(
     (sim, streams, replayable)
 }
 
-/// `got` is a stream capture the crate refused with `expected`.
-pub fn assert_capture_refused<T: fmt::Debug, E: fmt::Debug>(
-    got: Result<T, StreamCaptureError<E>>,
-    expected: CaptureError,
-) {
-    match &got {
-        Err(StreamCaptureError::Capture(e)) if *e == expected => {}
-        _ => panic!("{got:?}: not refused with {expected:?}"),
-    }
-}
-
 /// Runner 0 of `c` captured repeatably on its stream with `copies` step
 /// copies, `work(cap, stream, view, run)` each run: how many runs it made.
 pub fn counted_runs(
@@ -486,4 +470,31 @@ pub fn counted_runs(
     .unwrap();
     cap.finish().unwrap();
     runs
+}
+
+/// Launches `g` `times` times, on `streams` in turn.
+pub fn launch_in_turn<S: Borrow<sim::Stream>>(
+    g: &mut StepGraph<'_, sim::Device>,
+    streams: &[S],
+    times: usize,
+) {
+    for k in 0..times {
+        g.launch(streams[k % streams.len()].borrow()).unwrap();
+    }
+}
+
+/// No hazard on `sim`.
+pub fn assert_hazard_free(sim: &sim::Device, what: impl fmt::Display) {
+    assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
+}
+
+/// `got` is a stream capture the crate refused with `expected`.
+pub fn assert_capture_refused<T: fmt::Debug, E: fmt::Debug>(
+    got: Result<T, StreamCaptureError<E>>,
+    expected: CaptureError,
+) {
+    match &got {
+        Err(StreamCaptureError::Capture(e)) if *e == expected => {}
+        _ => panic!("{got:?}: not refused with {expected:?}"),
+    }
 }
