@@ -19,6 +19,7 @@ pub(crate) use record_and_finish;
 pub mod gpu;
 #[cfg(feature = "cuda")]
 pub mod ops;
+pub mod attacks;
 pub mod buckets;
 pub mod faults;
 pub mod old_packed;

@@ -66,128 +66,108 @@ fn probe(
     }
 }
 
-fn expect_refused(name: &str, out: std::result::Result<Vec<sim::Hazard>, Vec<String>>) {
-    match out {
+/// [`probe`] of `work` refuses it (at capture, seal or replay).
+fn expect_refused(
+    name: &str,
+    repeatable: bool,
+    work: &dyn Fn(&sim::Device, &sim::Stream, usize) -> R,
+) {
+    match probe(repeatable, work) {
         Ok(h) => panic!("HOLE {name}: accepted, hazards {h:?}"),
         Err(e) => assert!(!e.is_empty(), "{name}"),
     }
 }
 
+/// A temporary of the graph, filled with 2.
+fn twos(sim: &sim::Device, s: &sim::Stream) -> replay_arena::Result<sim::Span> {
+    let t = sim.alloc_async(s, fan::N)?;
+    sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
+    Ok(t)
+}
+
+/// A temporary filled and freed twice.
+fn free_twice(sim: &sim::Device, s: &sim::Stream, _: usize) -> R {
+    let t = twos(sim, s)?;
+    sim.free_async(s, &t)?;
+    sim.free_async(s, &t)?;
+    Ok(())
+}
+
 #[test]
 fn double_free_in_one_graph() {
-    expect_refused(
-        "double free",
-        probe(false, &|sim, s, _| {
-            let t = sim.alloc_async(s, fan::N)?;
-            sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
-            sim.free_async(s, &t)?;
-            sim.free_async(s, &t)?;
-            Ok(())
-        }),
-    );
+    expect_refused("double free", false, &free_twice);
 }
 
 #[test]
 fn double_free_via_raw_span_at_base() {
-    expect_refused(
-        "double free via Span::new",
-        probe(false, &|sim, s, _| {
-            let t = sim.alloc_async(s, fan::N)?;
-            sim.free_async(s, &t)?;
-            sim.free_async(s, &sim::Span::new(t.addr(), 1))?;
-            Ok(())
-        }),
-    );
+    expect_refused("double free via Span::new", false, &|sim, s, _| {
+        let t = sim.alloc_async(s, fan::N)?;
+        sim.free_async(s, &t)?;
+        sim.free_async(s, &sim::Span::new(t.addr(), 1))?;
+        Ok(())
+    });
 }
 
 #[test]
 fn free_of_host_buffer() {
-    expect_refused(
-        "free of alloc_f32 buffer",
-        probe(false, &|sim, s, _| {
-            let b = sim.alloc_f32(fan::N).unwrap();
-            sim.free_async(s, &{
-                use sim::AsSpan;
-                b.span()
-            })?;
-            std::mem::forget(b);
-            Ok(())
-        }),
-    );
+    expect_refused("free of alloc_f32 buffer", false, &|sim, s, _| {
+        let b = sim.alloc_f32(fan::N).unwrap();
+        sim.free_async(s, &{
+            use sim::AsSpan;
+            b.span()
+        })?;
+        std::mem::forget(b);
+        Ok(())
+    });
 }
 
 #[test]
 fn free_of_forged_address() {
-    expect_refused(
-        "free of forged addr",
-        probe(false, &|sim, s, _| {
-            sim.free_async(s, &sim::Span::new(0x1000, 4))?;
-            Ok(())
-        }),
-    );
+    expect_refused("free of forged addr", false, &|sim, s, _| {
+        sim.free_async(s, &sim::Span::new(0x1000, 4))?;
+        Ok(())
+    });
 }
 
 #[test]
 fn free_interior_address_then_free_base() {
     // Interior free plus base free: balances the base, but frees a foreign addr.
-    expect_refused(
-        "interior free",
-        probe(false, &|sim, s, _| {
-            let t = sim.alloc_async(s, fan::N)?;
-            sim.free_async(s, &sim::Span::new(t.addr() + 4, 1))?;
-            sim.free_async(s, &t)?;
-            Ok(())
-        }),
-    );
+    expect_refused("interior free", false, &|sim, s, _| {
+        let t = sim.alloc_async(s, fan::N)?;
+        sim.free_async(s, &sim::Span::new(t.addr() + 4, 1))?;
+        sim.free_async(s, &t)?;
+        Ok(())
+    });
 }
 
 #[test]
 fn use_after_free_via_raw_span() {
-    expect_refused(
-        "uaf raw",
-        probe(false, &|sim, s, _| {
-            let t = sim.alloc_async(s, fan::N)?;
-            sim.free_async(s, &t)?;
-            sim.launch(
-                s,
-                sim::Kernel::fill(&sim::Span::new(t.addr(), fan::N), 3.0),
-                1,
-            )?;
-            Ok(())
-        }),
-    );
+    expect_refused("uaf raw", false, &|sim, s, _| {
+        let t = sim.alloc_async(s, fan::N)?;
+        sim.free_async(s, &t)?;
+        let freed = sim::Span::new(t.addr(), fan::N);
+        sim.launch(s, sim::Kernel::fill(&freed, 3.0), 1)?;
+        Ok(())
+    });
 }
 
 #[test]
 fn free_other_runs_temporary_in_copy() {
     // Repeatable: run 2 frees run 1's temporary too (after it allocs its own).
     let kept = std::cell::RefCell::new(Vec::<sim::Span>::new());
-    expect_refused(
-        "free other copy's temp",
-        probe(true, &|sim, s, run| {
-            let t = sim.alloc_async(s, fan::N)?;
-            sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
-            sim.free_async(s, &t)?;
-            if run >= 2 {
-                let old = kept.borrow()[0];
-                sim.free_async(s, &old)?;
-            }
-            kept.borrow_mut().push(t);
-            Ok(())
-        }),
-    );
+    expect_refused("free other copy's temp", true, &|sim, s, run| {
+        let t = twos(sim, s)?;
+        sim.free_async(s, &t)?;
+        if run >= 2 {
+            let old = kept.borrow()[0];
+            sim.free_async(s, &old)?;
+        }
+        kept.borrow_mut().push(t);
+        Ok(())
+    });
 }
 
 #[test]
 fn double_free_repeatable() {
-    expect_refused(
-        "double free repeatable",
-        probe(true, &|sim, s, _| {
-            let t = sim.alloc_async(s, fan::N)?;
-            sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
-            sim.free_async(s, &t)?;
-            sim.free_async(s, &t)?;
-            Ok(())
-        }),
-    );
+    expect_refused("double free repeatable", true, &free_twice);
 }

@@ -14,7 +14,7 @@ use replay_arena::{Discovering, HandoffId, PlanConfig, RunnerId};
 
 use crate::support::faults::chain::{chain_with, step_launches};
 use crate::support::faults::fan::{self, refused_or_hazard_free, Spec};
-use crate::support::faults::{graph_memory, N, R};
+use crate::support::faults::{graph_memory, writer_of, N, R};
 use crate::support::steps::allocate_discovered;
 
 #[test]
@@ -121,27 +121,28 @@ fn a_temporary_used_after_its_free_in_a_later_part_is_refused() {
     });
 }
 
-/// A single-runner capture of `work` (repeatable or not, with a handoff
-/// `h` read by runner 1); returns the errors and whether it sealed, and
-/// replays and step-launches it if so.
-fn uaf_probe(
-    repeatable: bool,
-    work: &dyn Fn(
+/// The work of [`uaf_probe`]'s writer: `(sim, cap, handoff, its view,
+/// stream, run)`.
+type ProbeWork<'w> = dyn Fn(
         &sim::Device,
         &replay_arena::RunnerCapture<'_, sim::Device>,
         HandoffId,
         &replay_arena::View<'_>,
         &sim::Stream,
         usize,
-    ) -> R,
+    ) -> R
+    + 'w;
+
+/// A single-runner capture of `work` (repeatable or not, with a handoff
+/// `h` read by runner 1); returns the errors and whether it sealed, and
+/// replays and step-launches it if so.
+fn uaf_probe(
+    repeatable: bool,
+    work: &ProbeWork<'_>,
 ) -> (Vec<String>, bool, Vec<sim::Hazard>, GraphMemory) {
     let sim = sim::Device::new();
     let mut d = Discovering::new(PlanConfig::new());
-    let h = {
-        let mut a = d.arm(RunnerId(0)).unwrap();
-        a.record(fan::OWN).unwrap();
-        a.hand_off(fan::GRAD).unwrap()
-    };
+    let h = writer_of(&mut d, 1, fan::OWN, fan::GRAD)[0];
     d.arm(RunnerId(1)).unwrap().receive(h).unwrap();
     let s = [sim.new_stream(), sim.new_stream()];
     let mut capturing = allocate_discovered(&sim, d, Policy::Generations(2));
@@ -206,74 +207,51 @@ fn uaf_probe(
     (errs, sealed, sim.hazards(), graph_memory(&sim))
 }
 
+/// [`ProbeWork`], boxed.
+type Work = Box<ProbeWork<'static>>;
+
+/// A temporary filled, freed, and then read into the handoff, all before
+/// its ready point.
+fn freed_then_read() -> Work {
+    Box::new(|sim, cap, h, out, s, _| {
+        let t = sim.alloc_async(s, fan::N)?;
+        sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
+        sim.free_async(s, &t)?;
+        sim.launch(s, sim::Kernel::copy(&t, out), 5)?;
+        cap.ready(h, s)?;
+        Ok(())
+    })
+}
+
+/// A temporary read into the handoff, then written after its ready point
+/// (the next part): freed before the ready point in every run, or with
+/// `copy_only` only in the copy runs (the first run frees it at the end).
+fn used_across_a_cut(copy_only: bool) -> Work {
+    Box::new(move |sim, cap, h, out, s, run| {
+        let t = sim.alloc_async(s, fan::N)?;
+        sim.launch(s, sim::Kernel::copy(&t, out), 1)?;
+        let early = !copy_only || run >= 2;
+        if early {
+            sim.free_async(s, &t)?;
+        }
+        cap.ready(h, s)?;
+        sim.launch(s, sim::Kernel::fill(&t, 7.0), 5)?;
+        if !early {
+            sim.free_async(s, &t)?;
+        }
+        Ok(())
+    })
+}
+
 #[test]
 fn a_temporary_used_after_its_free_stays_hazard_free_in_every_capture_shape() {
     // (a) one graph; (b) repeatable, no cut; (c) repeatable, the use in a
     // later part than the free in both runs; (d) only in the copy.
-    type Work = Box<
-        dyn Fn(
-            &sim::Device,
-            &replay_arena::RunnerCapture<'_, sim::Device>,
-            HandoffId,
-            &replay_arena::View<'_>,
-            &sim::Stream,
-            usize,
-        ) -> R,
-    >;
     let cases: Vec<(&str, bool, Work)> = vec![
-        (
-            "one graph",
-            false,
-            Box::new(|sim, cap, h, out, s, _| {
-                let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
-                sim.free_async(s, &t)?;
-                sim.launch(s, sim::Kernel::copy(&t, out), 5)?;
-                cap.ready(h, s)?;
-                Ok(())
-            }),
-        ),
-        (
-            "repeatable, no cut",
-            true,
-            Box::new(|sim, cap, h, out, s, _| {
-                let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Kernel::fill(&t, 2.0), 1)?;
-                sim.free_async(s, &t)?;
-                sim.launch(s, sim::Kernel::copy(&t, out), 5)?;
-                cap.ready(h, s)?;
-                Ok(())
-            }),
-        ),
-        (
-            "repeatable, across a cut",
-            true,
-            Box::new(|sim, cap, h, out, s, _| {
-                let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Kernel::copy(&t, out), 1)?;
-                sim.free_async(s, &t)?;
-                cap.ready(h, s)?;
-                sim.launch(s, sim::Kernel::fill(&t, 7.0), 5)?;
-                Ok(())
-            }),
-        ),
-        (
-            "copy only, across a cut",
-            true,
-            Box::new(|sim, cap, h, out, s, run| {
-                let t = sim.alloc_async(s, fan::N)?;
-                sim.launch(s, sim::Kernel::copy(&t, out), 1)?;
-                if run >= 2 {
-                    sim.free_async(s, &t)?;
-                }
-                cap.ready(h, s)?;
-                sim.launch(s, sim::Kernel::fill(&t, 7.0), 5)?;
-                if run == 1 {
-                    sim.free_async(s, &t)?;
-                }
-                Ok(())
-            }),
-        ),
+        ("one graph", false, freed_then_read()),
+        ("repeatable, no cut", true, freed_then_read()),
+        ("repeatable, across a cut", true, used_across_a_cut(false)),
+        ("copy only, across a cut", true, used_across_a_cut(true)),
     ];
     for (name, repeatable, work) in cases {
         let (errs, sealed, hazards, p) = uaf_probe(repeatable, &*work);
@@ -320,11 +298,7 @@ fn a_raw_span_forged_at_another_graphs_temporary_is_refused() {
     for step_graph in [false, true] {
         let sim = sim::Device::new();
         let mut d = Discovering::new(PlanConfig::new());
-        let h = {
-            let mut a = d.arm(RunnerId(0)).unwrap();
-            a.record(fan::OWN).unwrap();
-            a.hand_off(fan::GRAD).unwrap()
-        };
+        let h = writer_of(&mut d, 1, fan::OWN, fan::GRAD)[0];
         {
             let mut a = d.arm(RunnerId(1)).unwrap();
             a.record(fan::OWN).unwrap();

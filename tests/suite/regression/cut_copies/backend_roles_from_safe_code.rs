@@ -10,6 +10,7 @@ use replay_arena::backend::{Capture, Streams};
 use replay_arena::sim;
 use replay_arena::RunnerId;
 
+use crate::support::attacks::assert_hazard_free_then_teardown;
 use crate::support::faults::chain::{
     chain_with, kept_of, plain, standard, step_launches, up_to_ready,
 };
@@ -36,8 +37,7 @@ fn a_capture_begun_by_the_program_blocks_every_fenced_launch_on_that_stream() {
     r.launch_kept(&mut kept, &pool[0]).unwrap();
     r.replay(RunnerId(0), &pool[1]).unwrap();
     drop(kept);
-    c.hazard_free();
-    c.teardown();
+    assert_hazard_free_then_teardown(c);
 }
 
 #[test]
@@ -104,8 +104,7 @@ fn composing_a_plans_graph_with_temporaries_from_safe_code_is_refused() {
     // The plan still replays.
     let mut c = c;
     c.per_runner(2);
-    c.hazard_free();
-    c.teardown();
+    assert_hazard_free_then_teardown(c);
 }
 
 #[test]

@@ -7,28 +7,27 @@
 
 use replay_arena::backend::Capture;
 use replay_arena::sim;
-use replay_arena::{CaptureError, RunnerId, StreamCaptureError};
+use replay_arena::{CaptureError, HandoffId, RunnerId, StreamCaptureError, View};
 
+use crate::support::attacks::{assert_readers_hold, assert_values_then_teardown, replayed_values};
 use crate::support::faults::chain::{
-    chain_with, injected, launch_three, standard, step_launches, two_handoffs, up_to_ready, Ctx,
+    chain_with, injected, launch_three, standard, step_launches, two_handoffs, up_to_ready, Chain,
+    Ctx,
 };
 use crate::support::faults::{assert_no_graph_memory, N, R};
 
-#[test]
-fn second_run_marks_a_ready_the_first_did_not_is_refused() {
-    let c = chain_with(2, 1, 1, &mut |c, s| {
-        if c.run == 1 && c.out.is_some() {
-            // first run: no ready
-            let (_, out) = c.out.unwrap();
-            c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
-            let t = c.sim.alloc_async(s, N)?;
-            c.sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
-            return Ok(c.sim.free_async(s, &t)?);
-        }
-        standard(c, s)
-    });
+/// A chain of `layers` runners at `g` generations, one copy each,
+/// captured with `work`: the capture fails naming `what`, nothing is
+/// sealed, and it tears down clean.
+fn assert_refused(
+    layers: usize,
+    g: usize,
+    what: &str,
+    work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
+) {
+    let c = chain_with(layers, g, 1, work);
     assert!(
-        c.capture_errors.iter().any(|e| e.contains("runner 0")),
+        c.capture_errors.iter().any(|e| e.contains(what)),
         "{:?}",
         c.capture_errors
     );
@@ -36,29 +35,48 @@ fn second_run_marks_a_ready_the_first_did_not_is_refused() {
     c.teardown();
 }
 
+/// A chain of two runners, one copy each, captured with `work`; `None`
+/// (torn down) where the capture was refused.
+fn captured_or_refused(work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R) -> Option<Chain> {
+    let c = chain_with(2, 1, 1, work);
+    if c.capture_errors.is_empty() {
+        return Some(c);
+    }
+    c.teardown();
+    None
+}
+
+/// The end of a run that differs: own = a temporary's contents, and the
+/// temporary freed.
+fn own_from_a_temporary(c: &Ctx, s: &sim::Stream) -> R {
+    let t = c.sim.alloc_async(s, N)?;
+    c.sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
+    Ok(c.sim.free_async(s, &t)?)
+}
+
+#[test]
+fn second_run_marks_a_ready_the_first_did_not_is_refused() {
+    assert_refused(2, 1, "runner 0", &mut |c, s| {
+        if c.run == 1 && c.out.is_some() {
+            // first run: no ready
+            let (_, out) = c.out.unwrap();
+            c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
+            return own_from_a_temporary(c, s);
+        }
+        standard(c, s)
+    });
+}
+
 #[test]
 fn second_run_marks_ready_twice_is_refused() {
-    let c = chain_with(2, 1, 1, &mut |c, s| {
-        standard(c, s)?;
-        if c.run == 2 {
-            if let Some((h, _)) = c.out {
-                c.cap.ready(h, s)?;
-            }
-        }
-        Ok(())
-    });
-    assert!(
-        c.capture_errors.iter().any(|e| e.contains("runner 0")),
-        "{:?}",
-        c.capture_errors
-    );
-    c.teardown();
+    let mut work = standard_then(|run| run == 2, |c, s, h, _| Ok(c.cap.ready(h, s)?));
+    assert_refused(2, 1, "runner 0", &mut work);
 }
 
 #[test]
 fn second_run_marks_ready_on_another_stream_is_refused() {
     let other = std::cell::RefCell::new(None::<sim::Stream>);
-    let c = chain_with(2, 1, 1, &mut |c, s| {
+    assert_refused(2, 1, "runner 0", &mut |c, s| {
         if c.run == 2 {
             if let Some((h, out)) = c.out {
                 c.sim.launch(s, sim::Kernel::copy(c.count, out), 2)?;
@@ -67,19 +85,11 @@ fn second_run_marks_ready_on_another_stream_is_refused() {
                     .get_or_insert_with(|| c.sim.new_stream())
                     .clone();
                 c.cap.ready(h, &o)?;
-                let t = c.sim.alloc_async(s, N)?;
-                c.sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
-                return Ok(c.sim.free_async(s, &t)?);
+                return own_from_a_temporary(c, s);
             }
         }
         standard(c, s)
     });
-    assert!(
-        c.capture_errors.iter().any(|e| e.contains("runner 0")),
-        "{:?}",
-        c.capture_errors
-    );
-    c.teardown();
 }
 
 #[test]
@@ -103,34 +113,25 @@ fn a_capture_begun_on_another_stream_and_ready_there_in_the_copy_run() {
 
 #[test]
 fn error_after_the_cut_in_the_second_run_fails_the_runner_and_leaks_nothing() {
-    let c = chain_with(3, 2, 1, &mut |c, s| {
+    assert_refused(3, 2, "runner 1", &mut |c, s| {
         standard(c, s)?;
         if c.run == 2 && c.layer == 1 {
             return Err(injected());
         }
         Ok(())
     });
-    assert!(
-        c.capture_errors.iter().any(|e| e.contains("runner 1")),
-        "{:?}",
-        c.capture_errors
-    );
-    assert!(c.replayable.is_none());
-    c.teardown();
 }
 
 #[test]
 fn capture_errors_are_typed() {
     // The copy run failing is reported as the closure's error; a
     // RepeatDiffers as a capture error.
-    let c = chain_with(2, 1, 1, &mut |c, s| {
+    assert_refused(2, 1, "closure fails", &mut |c, s| {
         if c.run == 2 && c.layer == 0 {
             return Err(injected());
         }
         standard(c, s)
     });
-    assert!(c.capture_errors.iter().any(|e| e.contains("closure fails")));
-    c.teardown();
     let _ = (
         CaptureError::NestedCapture {
             runner: RunnerId(0),
@@ -144,9 +145,8 @@ fn capture_errors_are_typed() {
 #[test]
 fn second_run_allocates_only_after_the_cut_differs_from_first() {
     // First run: temporary allocated before the ready; second: after.
-    let mut reference = chain_with(2, 1, 1, &mut standard);
-    reference.per_runner(4);
-    let mut c = chain_with(2, 1, 1, &mut |c, s| {
+    let expected = replayed_values(2, 1, 1, &mut standard, 4);
+    let work = &mut |c: &Ctx, s: &sim::Stream| -> R {
         let sim = c.sim;
         if c.run == 1 {
             let t = sim.alloc_async(s, N)?;
@@ -157,77 +157,70 @@ fn second_run_allocates_only_after_the_cut_differs_from_first() {
         } else {
             standard(c, s)
         }
-    });
-    if !c.capture_errors.is_empty() {
-        return c.teardown();
+    };
+    if let Some(mut c) = captured_or_refused(work) {
+        c.per_runner(1);
+        step_launches(&mut c, 2, false).unwrap();
+        c.per_runner(1);
+        assert_values_then_teardown(c, &expected, "the temporary moved after the cut");
     }
-    c.per_runner(1);
-    step_launches(&mut c, 2, false).unwrap();
-    c.per_runner(1);
-    c.hazard_free();
-    assert_eq!(c.values(), reference.values());
-    c.teardown();
+}
+
+/// A chain's work: [`standard`], then, in the runs `when` picks, `extra`
+/// on the runner's handoff (where it has one).
+fn standard_then(
+    when: impl Fn(usize) -> bool,
+    extra: impl Fn(&Ctx, &sim::Stream, HandoffId, &View<'_>) -> R,
+) -> impl FnMut(&Ctx, &sim::Stream) -> R {
+    move |c: &Ctx, s: &sim::Stream| -> R {
+        standard(c, s)?;
+        match c.out {
+            Some((h, out)) if when(c.run) => extra(c, s, h, out),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The handoff filled with 99 after its ready point, slowly.
+fn overwrite(c: &Ctx, s: &sim::Stream, _: HandoffId, out: &View<'_>) -> R {
+    Ok(c.sim.launch(s, sim::Kernel::fill(out, 99.0), 50)?)
 }
 
 #[test]
 fn writing_the_handoff_after_ready_only_in_the_copy_is_refused_or_fenced() {
     // The second run writes the handoff after its ready point: in a step
     // graph, the reader starts at the ready point, so part 2 races it.
-    let mut c = chain_with(2, 1, 1, &mut |c, s| {
-        standard(c, s)?;
-        if c.run == 2 {
-            if let Some((_, out)) = c.out {
-                c.sim.launch(s, sim::Kernel::fill(out, 99.0), 50)?;
-            }
+    if let Some(mut c) = captured_or_refused(&mut standard_then(|run| run == 2, overwrite)) {
+        if step_launches(&mut c, 3, false).is_ok() {
+            c.hazard_free();
         }
-        Ok(())
-    });
-    if !c.capture_errors.is_empty() {
-        return c.teardown();
+        c.teardown();
     }
-    let r = step_launches(&mut c, 3, false);
-    if r.is_ok() {
-        c.hazard_free();
-    }
-    c.teardown();
 }
 
 #[test]
 fn writing_the_handoff_after_ready_in_both_runs_is_refused_or_fenced() {
-    let mut c = chain_with(2, 1, 1, &mut |c, s| {
-        standard(c, s)?;
-        if let Some((_, out)) = c.out {
-            c.sim.launch(s, sim::Kernel::fill(out, 99.0), 50)?;
-        }
-        Ok(())
-    });
-    if !c.capture_errors.is_empty() {
-        return c.teardown();
+    if let Some(mut c) = captured_or_refused(&mut standard_then(|_| true, overwrite)) {
+        c.per_runner(2);
+        c.hazard_free();
+        let _ = step_launches(&mut c, 3, false);
+        c.hazard_free();
+        c.teardown();
     }
-    c.per_runner(2);
-    c.hazard_free();
-    let _ = step_launches(&mut c, 3, false);
-    c.hazard_free();
-    c.teardown();
 }
 
 #[test]
 fn reading_the_handoff_after_ready_in_the_copy_is_refused_or_fenced() {
-    let mut c = chain_with(2, 1, 1, &mut |c, s| {
-        standard(c, s)?;
-        if c.run == 2 {
-            if let Some((_, out)) = c.out {
-                c.sim.launch(s, sim::Kernel::copy(out, c.own), 50)?;
-            }
-        }
-        Ok(())
-    });
-    if c.capture_errors.is_empty() {
+    let mut work = standard_then(
+        |run| run == 2,
+        |c, s, _, out| Ok(c.sim.launch(s, sim::Kernel::copy(out, c.own), 50)?),
+    );
+    if let Some(mut c) = captured_or_refused(&mut work) {
         let _ = step_launches(&mut c, 3, false);
         c.per_runner(1);
         c.hazard_free();
+        c.teardown();
     }
-    c.teardown();
 }
 
 #[test]
@@ -289,8 +282,7 @@ fn differing_run(bad: usize, how: u8) -> impl FnMut(&Ctx, &sim::Stream) -> R {
 fn a_later_step_copy_run_that_differs_is_refused_or_fenced() {
     for bad in [2usize, 3, 4] {
         for how in 0..4u8 {
-            let mut reference = chain_with(3, 2, 3, &mut standard);
-            reference.per_runner(3);
+            let expected = replayed_values(3, 2, 3, &mut standard, 3);
             let mut w = differing_run(bad, how);
             let mut c = chain_with(3, 2, 3, &mut w);
             if !c.capture_errors.is_empty() {
@@ -301,12 +293,13 @@ fn a_later_step_copy_run_that_differs_is_refused_or_fenced() {
             for _ in 0..3 {
                 step_launches(&mut c, 1, false).unwrap();
             }
-            c.hazard_free();
             if how == 3 {
                 // same values: the write only moved
-                assert_eq!(c.values(), reference.values(), "run {bad} how {how}");
+                assert_values_then_teardown(c, &expected, format!("run {bad} how {how}"));
+            } else {
+                c.hazard_free();
+                c.teardown();
             }
-            c.teardown();
         }
     }
 }
@@ -320,23 +313,13 @@ fn a_copy_run_marking_two_handoffs_in_another_order_is_refused_or_fenced() {
         match r {
             Err(e) => {
                 assert!(e.contains("ready") || e.contains("differ"), "{e}");
+                assert_no_graph_memory(&sim, "after the drop");
             }
             Ok(mut r) => {
                 launch_three(&mut r, &streams, overlapping);
-                r.synchronize().unwrap();
-                assert!(
-                    sim.hazards().is_empty(),
-                    "overlapping {overlapping}: {:?}",
-                    sim.hazards()
-                );
                 // Runners 1 and 2 copied runner 0's count (4 launches).
-                for i in 1..3u32 {
-                    let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
-                    assert_eq!(v[0], 4.0, "reader {i} overlapping {overlapping}");
-                }
-                drop(r);
+                assert_readers_hold(&sim, r, 4.0, format!("overlapping {overlapping}"));
             }
         }
-        assert_no_graph_memory(&sim, "after the drop");
     }
 }

@@ -8,6 +8,7 @@
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::RunnerId;
 
+use crate::support::attacks::{assert_hazard_free, launch_in_turn};
 use crate::support::faults::chain::{chain_on, chain_with, kept_of, plain, standard, Chain, Ctx};
 use crate::support::faults::{assert_no_graph_memory, assert_nodes_inside_launches, R};
 
@@ -115,11 +116,7 @@ fn a_fault_at_any_call_of_traced_kept_launches_of_copied_graphs() {
     c.teardown();
     for n in 0..calls {
         let (c, _) = run(Some(Faults::at(n)));
-        assert!(
-            c.sim.hazards().is_empty(),
-            "fault at {n}: {:?}",
-            c.sim.hazards()
-        );
+        assert_hazard_free(&c.sim, format!("fault at {n}"));
         c.teardown();
     }
 }
@@ -151,10 +148,7 @@ fn a_step_graph_mixing_cut_copies_and_copied_graphs_traced() {
                 })
                 .unwrap();
             }
-            let mut g = step.build().unwrap();
-            for k in 0..4 {
-                g.launch(&pool[k % 2]).unwrap();
-            }
+            launch_in_turn(&mut step.build().unwrap(), &pool, 4);
         }
         if trace {
             let t = r.finish_trace().unwrap();
@@ -191,7 +185,7 @@ fn traced_launches_with_no_marks_made_ahead_and_failing_event_creation() {
             sim.inject(Faults::none());
             r.launch_kept(&mut kept, &pool[0]).unwrap();
             drop(kept);
-            assert!(sim.hazards().is_empty(), "k {k}: {:?}", sim.hazards());
+            assert_hazard_free(&sim, format!("k {k}"));
             c.teardown();
             assert_eq!(sim.live_events(), 0, "k {k}");
         }

@@ -8,23 +8,76 @@ use replay_arena::backend::{Backend, Capture, Streams};
 use replay_arena::sim;
 use replay_arena::RunnerId;
 
-use crate::support::faults::chain::{
-    chain_with, launch_three, standard, step_launches, two_handoffs, Ctx,
+use crate::support::attacks::{
+    assert_hazard_free, assert_readers_hold, assert_values_then_teardown, captured_chain,
+    launch_in_turn, replayed_values,
 };
-use crate::support::faults::{assert_no_graph_memory, build, N, R};
+use crate::support::faults::chain::{launch_three, standard, step_launches, two_handoffs, Ctx};
+use crate::support::faults::{build, N, R};
+
+/// A chain of `layers` runners at `g` generations with `copies` step
+/// copies, captured with `work`: `before` per-runner replays, `launches`
+/// launches of one step graph (overlapping or not), `after` per-runner
+/// replays give the values of the chain captured with `reference`
+/// replayed per runner throughout.
+struct Steps {
+    layers: usize,
+    g: usize,
+    copies: usize,
+    before: usize,
+    launches: usize,
+    after: usize,
+    overlapping: bool,
+}
+
+impl Steps {
+    fn match_replays(
+        &self,
+        reference: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
+        work: &mut dyn FnMut(&Ctx, &sim::Stream) -> R,
+    ) {
+        let Steps {
+            layers,
+            g,
+            copies,
+            before,
+            launches,
+            after,
+            overlapping,
+        } = *self;
+        let replays = before + launches + after;
+        let expected = replayed_values(layers, g, copies, reference, replays);
+        let mut c = captured_chain(layers, g, copies, work);
+        c.per_runner(before);
+        step_launches(&mut c, launches, overlapping).unwrap();
+        c.per_runner(after);
+        let what = format!("overlapping {overlapping} g {g}");
+        assert_values_then_teardown(c, &expected, what);
+    }
+}
+
+/// [`Steps`] of three runners, one copy each, launched 5 times.
+const FIVE_LAUNCHES: Steps = Steps {
+    layers: 3,
+    g: 1,
+    copies: 1,
+    before: 0,
+    launches: 5,
+    after: 0,
+    overlapping: false,
+};
 
 #[test]
 fn baseline_cut_copies_match_per_runner_replays() {
-    let mut reference = chain_with(4, 2, 1, &mut standard);
-    reference.per_runner(8);
-    let mut c = chain_with(4, 2, 1, &mut standard);
-    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
-    c.per_runner(1);
-    step_launches(&mut c, 6, false).unwrap();
-    c.per_runner(1);
-    c.hazard_free();
-    assert_eq!(c.values(), reference.values());
-    c.teardown();
+    let steps = Steps {
+        layers: 4,
+        g: 2,
+        before: 1,
+        launches: 6,
+        after: 1,
+        ..FIVE_LAUNCHES
+    };
+    steps.match_replays(&mut standard, &mut standard);
 }
 
 #[test]
@@ -44,14 +97,8 @@ fn temporary_used_and_freed_across_the_cut_gives_right_values() {
         sim.launch(s, sim::Kernel::copy(&t, c.own), 30)?;
         Ok(sim.free_async(s, &t)?)
     };
-    let mut reference = chain_with(3, 1, 1, &mut work);
-    reference.per_runner(5);
-    let mut c = chain_with(3, 1, 1, &mut work);
-    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
-    step_launches(&mut c, 5, false).unwrap();
-    c.hazard_free();
-    assert_eq!(c.values(), reference.values());
-    c.teardown();
+    let mut reference = work;
+    FIVE_LAUNCHES.match_replays(&mut reference, &mut work);
 }
 
 #[test]
@@ -74,21 +121,17 @@ fn a_middle_runner_reading_its_input_after_its_own_ready_is_fenced_in_steps() {
         sim.launch(s, sim::Kernel::copy(&t, c.own), 1)?;
         Ok(sim.free_async(s, &t)?)
     };
+    let mut reference = work;
     for overlapping in [false, true] {
         for g in [1, 2] {
-            let copies = if overlapping { 2 } else { 1 };
-            let mut reference = chain_with(3, g, copies, &mut work);
-            reference.per_runner(6);
-            let mut c = chain_with(3, g, copies, &mut work);
-            assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
-            step_launches(&mut c, 6, overlapping).unwrap();
-            c.hazard_free();
-            assert_eq!(
-                c.values(),
-                reference.values(),
-                "overlapping {overlapping} g {g}"
-            );
-            c.teardown();
+            let steps = Steps {
+                g,
+                copies: if overlapping { 2 } else { 1 },
+                launches: 6,
+                overlapping,
+                ..FIVE_LAUNCHES
+            };
+            steps.match_replays(&mut reference, &mut work);
         }
     }
 }
@@ -97,10 +140,8 @@ fn a_middle_runner_reading_its_input_after_its_own_ready_is_fenced_in_steps() {
 fn step_copies_zero_one_two_three_plain_and_overlapping() {
     for copies in [0usize, 1, 2, 3] {
         for overlapping in [false, true] {
-            let mut reference = chain_with(3, 2, copies, &mut standard);
-            reference.per_runner(2 + 4 + 2);
-            let mut c = chain_with(3, 2, copies, &mut standard);
-            assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
+            let expected = replayed_values(3, 2, copies, &mut standard, 2 + 4 + 2);
+            let mut c = captured_chain(3, 2, copies, &mut standard);
             c.per_runner(2);
             let res = step_launches(&mut c, 4, overlapping);
             let needed = if overlapping { 2 } else { 1 };
@@ -119,13 +160,8 @@ fn step_copies_zero_one_two_three_plain_and_overlapping() {
                 );
             }
             c.per_runner(2);
-            c.hazard_free();
-            assert_eq!(
-                c.values(),
-                reference.values(),
-                "copies {copies} overlapping {overlapping}"
-            );
-            c.teardown();
+            let what = format!("copies {copies} overlapping {overlapping}");
+            assert_values_then_teardown(c, &expected, what);
         }
     }
 }
@@ -141,21 +177,17 @@ fn a_program_event_record_node_before_the_ready_point() {
         ev.borrow_mut().push(e);
         standard(c, s)
     };
-    let mut reference = chain_with(3, 2, 1, &mut standard);
-    reference.per_runner(5);
-    let mut c = chain_with(3, 2, 1, &mut work);
-    assert!(c.capture_errors.is_empty(), "{:?}", c.capture_errors);
-    step_launches(&mut c, 5, false).unwrap();
-    c.hazard_free();
-    assert_eq!(c.values(), reference.values());
-    c.teardown();
+    let steps = Steps {
+        g: 2,
+        ..FIVE_LAUNCHES
+    };
+    steps.match_replays(&mut standard, &mut work);
 }
 
 #[test]
 fn trimming_graph_memory_while_step_copies_are_held_keeps_them_valid() {
-    let mut reference = chain_with(3, 2, 2, &mut standard);
-    reference.per_runner(1 + 3 + 3 + 1);
-    let mut c = chain_with(3, 2, 2, &mut standard);
+    let expected = replayed_values(3, 2, 2, &mut standard, 1 + 3 + 3 + 1);
+    let mut c = captured_chain(3, 2, 2, &mut standard);
     c.sim.trim_graph_memory().unwrap(); // safe, any time
     c.per_runner(1);
     c.sim.trim_graph_memory().unwrap();
@@ -163,18 +195,15 @@ fn trimming_graph_memory_while_step_copies_are_held_keeps_them_valid() {
     c.sim.trim_graph_memory().unwrap();
     step_launches(&mut c, 3, false).unwrap();
     c.per_runner(1);
-    c.hazard_free();
-    assert_eq!(c.values(), reference.values());
-    c.teardown();
+    assert_values_then_teardown(c, &expected, "trimmed between launches");
 }
 
 #[test]
 fn a_cut_runner_replayed_twice_in_one_step_graph() {
     for overlapping in [false, true] {
         let copies = if overlapping { 4 } else { 2 };
-        let mut reference = chain_with(2, 2, copies, &mut standard);
-        reference.per_runner(6);
-        let mut c = chain_with(2, 2, copies, &mut standard);
+        let expected = replayed_values(2, 2, copies, &mut standard, 6);
+        let mut c = captured_chain(2, 2, copies, &mut standard);
         let pool = c.pool.clone();
         {
             let r = c.r();
@@ -183,15 +212,34 @@ fn a_cut_runner_replayed_twice_in_one_step_graph() {
                 step.replay(RunnerId(0), &pool[0]).unwrap();
                 step.replay(RunnerId(1), &pool[1]).unwrap();
             }
-            let mut g = build(step, overlapping).unwrap();
-            for k in 0..3 {
-                g.launch(&pool[k % 2]).unwrap();
-            }
+            launch_in_turn(&mut build(step, overlapping).unwrap(), &pool, 3);
         }
-        c.hazard_free();
-        assert_eq!(c.values(), reference.values(), "overlapping {overlapping}");
-        c.teardown();
+        assert_values_then_teardown(c, &expected, format!("overlapping {overlapping}"));
     }
+}
+
+/// `$on.consume_mut` (`$write`) or `$on.consume` of runner 0 on `$side`:
+/// every view it is handed written (scaled by one) or added into `$sink`.
+macro_rules! touch_views {
+    ($on:expr, $write:expr, $sim:expr, $side:expr, $sink:expr) => {
+        if $write {
+            $on.consume_mut(RunnerId(0), $side, |s, v| -> R {
+                for x in v {
+                    $sim.launch(s, sim::Kernel::scale(x, 1.0), 1)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        } else {
+            $on.consume(RunnerId(0), $side, |s, v| -> R {
+                for x in v {
+                    $sim.launch(s, sim::Kernel::add(x, $sink), 1)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+    };
 }
 
 #[test]
@@ -201,62 +249,23 @@ fn consumers_after_a_step_launch_wait_for_the_part_after_the_cut() {
     // one inside the step, must wait for part 2.
     for inside in [false, true] {
         for write in [false, true] {
-            let mut c = chain_with(2, 2, 2, &mut standard);
+            let mut c = captured_chain(2, 2, 2, &mut standard);
             let (pool, sim, side, sink) = c.apart();
             {
                 let r = c.r();
                 let mut step = r.step();
                 step.replay(RunnerId(0), &pool[0]).unwrap();
                 if inside {
-                    if write {
-                        step.consume_mut(RunnerId(0), &side, |s, v| -> R {
-                            for x in v {
-                                sim.launch(s, sim::Kernel::scale(x, 1.0), 1)?;
-                            }
-                            Ok(())
-                        })
-                        .unwrap();
-                    } else {
-                        step.consume(RunnerId(0), &side, |s, v| -> R {
-                            for x in v {
-                                sim.launch(s, sim::Kernel::add(x, &sink), 1)?;
-                            }
-                            Ok(())
-                        })
-                        .unwrap();
-                    }
+                    touch_views!(step, write, sim, &side, &sink);
                 }
                 step.replay(RunnerId(1), &pool[1]).unwrap();
-                let mut g = step.build().unwrap();
-                for k in 0..3 {
-                    g.launch(&pool[k % 2]).unwrap();
-                }
+                launch_in_turn(&mut step.build().unwrap(), &pool, 3);
             }
             let r = c.r();
-            if write {
-                r.consume_mut(RunnerId(0), &side, |s, v| -> R {
-                    for x in v {
-                        sim.launch(s, sim::Kernel::scale(x, 1.0), 1)?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
-            } else {
-                r.consume(RunnerId(0), &side, |s, v| -> R {
-                    for x in v {
-                        sim.launch(s, sim::Kernel::add(x, &sink), 1)?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
-            }
+            touch_views!(r, write, sim, &side, &sink);
             r.replay(RunnerId(0), &pool[1]).unwrap();
             r.replay(RunnerId(1), &pool[0]).unwrap();
-            assert!(
-                sim.hazards().is_empty(),
-                "inside {inside} write {write}: {:?}",
-                sim.hazards()
-            );
+            assert_hazard_free(&sim, format!("inside {inside} write {write}"));
             drop(sink);
             c.teardown();
         }
@@ -275,18 +284,7 @@ fn two_handoffs_in_the_same_order_give_right_values_in_step_graphs() {
                 r.replay(RunnerId(i), &streams[(i as usize + 1) % 3])
                     .unwrap();
             }
-            r.synchronize().unwrap();
-            assert!(
-                sim.hazards().is_empty(),
-                "{order:?} {overlapping}: {:?}",
-                sim.hazards()
-            );
-            for i in 1..3u32 {
-                let v = sim.read_f32(&r.views(RunnerId(i)).unwrap()[0]).unwrap();
-                assert_eq!(v[0], 5.0, "reader {i} {order:?} overlapping {overlapping}");
-            }
-            drop(r);
-            assert_no_graph_memory(&sim, "after the drop");
+            assert_readers_hold(&sim, r, 5.0, format!("{order:?} overlapping {overlapping}"));
         }
     }
 }

@@ -10,7 +10,7 @@ use replay_arena::sim::{self, Call, Faults};
 use replay_arena::Policy;
 use replay_arena::{HandoffId, ReplayError, Replayable};
 
-use crate::support::faults::{at_each_call, chain_of, r, read0, under, N, Q};
+use crate::support::faults::{at_each_call, chain_of, r, read0, under, Attack, N, Q};
 use crate::support::steps::allocate_discovered;
 
 struct Handoff {
@@ -59,14 +59,49 @@ fn handoff(ready: bool) -> Handoff {
     }
 }
 
+impl Handoff {
+    /// The first element of the reader's view.
+    fn read(&self) -> f32 {
+        read0(&self.sim, &self.rp.views(r(1)).unwrap()[0])
+    }
+
+    /// Once synchronized: no hazard, and the reader holds the writer's
+    /// last count.
+    fn assert_reader_holds_the_count(&mut self, what: &str) {
+        self.rp.synchronize().unwrap();
+        assert_eq!(self.sim.hazards(), [], "{what}");
+        assert_eq!(self.read(), read0(&self.sim, &self.count), "{what}");
+    }
+}
+
+/// `test(ready, handoff(ready), streams)` for a writer with and without a
+/// ready point, with two new streams of its device.
+fn each_writer(mut test: impl FnMut(bool, Handoff, [sim::Stream; 2])) {
+    for ready in [false, true] {
+        let hf = handoff(ready);
+        let s = [hf.sim.new_stream(), hf.sim.new_stream()];
+        test(ready, hf, s);
+    }
+}
+
+/// [`each_writer`], each with a fault at each call of what the test
+/// attacks (`at_each_call`).
+fn each_writer_at_each_call(test: impl Fn(String, &Attack, Handoff, [sim::Stream; 2])) {
+    for ready in [false, true] {
+        at_each_call(|attack| {
+            let hf = handoff(ready);
+            let s = [hf.sim.new_stream(), hf.sim.new_stream()];
+            test(format!("ready {ready}, {attack}"), attack, hf, s);
+        });
+    }
+}
+
 /// A writer replay whose launch fails wrote nothing: its reader, which
 /// already read the last write, may not read it again.
 #[test]
 fn a_handoff_writer_whose_launch_fails_does_not_count_as_a_write() {
-    for ready in [false, true] {
-        let mut hf = handoff(ready);
+    each_writer(|ready, mut hf, [a, b]| {
         let sim = hf.sim.clone();
-        let (a, b) = (sim.new_stream(), sim.new_stream());
         hf.rp.replay(r(0), &a).unwrap();
         hf.rp.replay(r(1), &b).unwrap();
         let before = hf.rp.fence_stats();
@@ -84,29 +119,27 @@ fn a_handoff_writer_whose_launch_fails_does_not_count_as_a_write() {
         hf.rp.replay(r(0), &a).unwrap();
         hf.rp.replay(r(1), &b).unwrap();
         hf.rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), 2.0);
+        assert_eq!(hf.read(), 2.0);
         assert_eq!(read0(&sim, &hf.count), 2.0);
         assert_eq!(sim.hazards(), []);
-    }
+    });
 }
 
 /// A reader replay whose launch fails read nothing: it reads the same
 /// write next time.
 #[test]
 fn a_handoff_reader_whose_launch_fails_is_not_marked_read() {
-    for ready in [false, true] {
-        let mut hf = handoff(ready);
+    each_writer(|_, mut hf, [a, b]| {
         let sim = hf.sim.clone();
-        let (a, b) = (sim.new_stream(), sim.new_stream());
         hf.rp.replay(r(0), &a).unwrap();
         under(&sim, Faults::nth(Call::Launch, 0), || {
             assert!(hf.rp.replay(r(1), &b).is_err())
         });
         hf.rp.replay(r(1), &b).unwrap();
         hf.rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &hf.rp.views(r(1)).unwrap()[0]), 1.0);
+        assert_eq!(hf.read(), 1.0);
         assert_eq!(sim.hazards(), []);
-    }
+    });
 }
 
 /// A fault at every call of a writer's replay (launch included, and the
@@ -114,32 +147,22 @@ fn a_handoff_reader_whose_launch_fails_is_not_marked_read() {
 /// again on a third: no hazard, values in range, the program carries on.
 #[test]
 fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
-    for ready in [false, true] {
-        at_each_call(|attack| {
-            let mut hf = handoff(ready);
-            let sim = hf.sim.clone();
-            let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-            hf.rp.replay(r(0), &s[0]).unwrap();
-            hf.rp.replay(r(1), &s[1]).unwrap();
-            let first = attack.on_ok(&sim, || hf.rp.replay(r(0), &s[0]));
-            let second = hf.rp.replay(r(1), &s[1]);
-            if first.is_ok() {
-                second.unwrap();
-            }
-            hf.rp.replay(r(0), &s[2]).unwrap();
-            hf.rp.replay(r(1), &s[1]).unwrap();
-            hf.rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
-            let c = read0(&sim, &hf.count);
-            assert_eq!(
-                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
-                c,
-                "ready {ready}, {attack}"
-            );
-            drop(hf.rp);
-            assert_eq!(sim.live_events(), 0, "ready {ready}, {attack}");
-        });
-    }
+    each_writer_at_each_call(|what, attack, mut hf, [first_stream, reader]| {
+        let sim = hf.sim.clone();
+        let third = sim.new_stream();
+        hf.rp.replay(r(0), &first_stream).unwrap();
+        hf.rp.replay(r(1), &reader).unwrap();
+        let first = attack.on_ok(&sim, || hf.rp.replay(r(0), &first_stream));
+        let second = hf.rp.replay(r(1), &reader);
+        if first.is_ok() {
+            second.unwrap();
+        }
+        hf.rp.replay(r(0), &third).unwrap();
+        hf.rp.replay(r(1), &reader).unwrap();
+        hf.assert_reader_holds_the_count(&what);
+        drop(hf.rp);
+        assert_eq!(sim.live_events(), 0, "{what}");
+    });
 }
 
 /// A handoff writer (no ready point: its completion is recorded after
@@ -147,30 +170,20 @@ fn a_fault_at_each_call_of_a_handoff_writer_keeps_its_reader_ordered() {
 /// right after: the reader on a fresh stream still waits for the write.
 #[test]
 fn a_writer_whose_stream_is_dropped_after_a_fault_still_orders_its_reader() {
-    for ready in [false, true] {
-        at_each_call(|attack| {
-            let mut hf = handoff(ready);
-            let sim = hf.sim.clone();
-            let a = sim.new_stream();
-            let wrote = attack.on_ok(&sim, || hf.rp.replay(r(0), &a));
-            drop(a);
-            let b = sim.new_stream();
-            match hf.rp.replay(r(1), &b) {
-                Ok(()) => {}
-                Err(ReplayError::HandoffNotWritten { .. }) => assert!(wrote.is_err(), "{attack}"),
-                Err(e) => panic!("ready {ready}, {attack}: {e:?}"),
-            }
-            let c = sim.new_stream();
-            hf.rp.replay(r(0), &c).unwrap();
-            hf.rp.replay(r(1), &b).unwrap();
-            hf.rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
-            assert_eq!(
-                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
-                read0(&sim, &hf.count)
-            );
-        });
-    }
+    each_writer_at_each_call(|what, attack, mut hf, [a, b]| {
+        let sim = hf.sim.clone();
+        let wrote = attack.on_ok(&sim, || hf.rp.replay(r(0), &a));
+        drop(a);
+        match hf.rp.replay(r(1), &b) {
+            Ok(()) => {}
+            Err(ReplayError::HandoffNotWritten { .. }) => assert!(wrote.is_err(), "{attack}"),
+            Err(e) => panic!("{what}: {e:?}"),
+        }
+        let c = sim.new_stream();
+        hf.rp.replay(r(0), &c).unwrap();
+        hf.rp.replay(r(1), &b).unwrap();
+        hf.assert_reader_holds_the_count(&what);
+    });
 }
 
 /// A kept step graph launched on `a`, then a per-runner replay on `b`
@@ -178,26 +191,15 @@ fn a_writer_whose_stream_is_dropped_after_a_fault_still_orders_its_reader() {
 /// for whatever of that replay went out.
 #[test]
 fn a_kept_launch_after_a_replay_failing_at_each_call_waits_for_what_went_out() {
-    for ready in [false, true] {
-        at_each_call(|attack| {
-            let mut hf = handoff(ready);
-            let sim = hf.sim.clone();
-            let (a, b) = (sim.new_stream(), sim.new_stream());
-            let mut step = hf.rp.step();
-            step.replay(r(0), &a).unwrap();
-            step.replay(r(1), &a).unwrap();
-            let mut kept = step.build().unwrap().keep();
-            hf.rp.launch_kept(&mut kept, &a).unwrap();
-            let _ = attack.on_ok(&sim, || hf.rp.replay(r(0), &b));
-            hf.rp.launch_kept(&mut kept, &a).unwrap();
-            hf.rp.synchronize().unwrap();
-            assert_eq!(sim.hazards(), [], "ready {ready}, {attack}");
-            let c = read0(&sim, &hf.count);
-            assert_eq!(
-                read0(&sim, &hf.rp.views(r(1)).unwrap()[0]),
-                c,
-                "ready {ready}, {attack}"
-            );
-        });
-    }
+    each_writer_at_each_call(|what, attack, mut hf, [a, b]| {
+        let sim = hf.sim.clone();
+        let mut step = hf.rp.step();
+        step.replay(r(0), &a).unwrap();
+        step.replay(r(1), &a).unwrap();
+        let mut kept = step.build().unwrap().keep();
+        hf.rp.launch_kept(&mut kept, &a).unwrap();
+        let _ = attack.on_ok(&sim, || hf.rp.replay(r(0), &b));
+        hf.rp.launch_kept(&mut kept, &a).unwrap();
+        hf.assert_reader_holds_the_count(&what);
+    });
 }

@@ -5,46 +5,29 @@
 //! runner never replays on, and is never consumed after, bytes a failed or
 //! foreign writer left. An attack that found no hole.
 
-use crate::support::record_and_finish;
+use crate::support::attacks::{
+    assert_summed_then_clean, bucket_discovery, capture_doubling, BucketBench,
+};
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::Policy;
 use replay_arena::{
-    ConsumeError, DType, Discovering, Domain, KeptStep, PlanConfig, Purpose, ReplayError,
-    Replayable, Request, RunnerId, ScheduleError, StepLaunchError,
+    ConsumeError, KeptStep, ReplayError, Replayable, RunnerId, ScheduleError, StepLaunchError,
 };
 
-use crate::support::faults::{assert_clean, at_each_call, r, read0, under, N};
+use crate::support::faults::{at_each_call, r, read0, under, N};
 use crate::support::steps::allocate_discovered;
-
-const fn ids(n: u64) -> Request {
-    Request::new(Domain::Device, DType::F32, n).purpose(Purpose::Input)
-}
-
-const fn out(n: u64) -> Request {
-    Request::new(Domain::Device, DType::F32, n)
-}
 
 /// Two buckets (runner 0: 64 elements, runner 1: 256), each with a staged
 /// input and an output; each graph copies its input to its output and
 /// doubles it. The buckets share bytes from the start of each arena.
 fn buckets(sim: &sim::Device) -> Replayable<sim::Device> {
     let sizes = [64u64, 256];
-    let mut d = Discovering::new(PlanConfig::new());
-    for (b, &n) in sizes.iter().enumerate() {
-        d.bucket(format!("bs={n}")).unwrap();
-        let mut armed = d.arm(r(b as u32)).unwrap();
-        armed.record(ids(n)).unwrap();
-        armed.record(out(n)).unwrap();
-    }
+    let d = bucket_discovery(&sizes, 1);
     let mut capturing = allocate_discovered(sim, d, Policy::Generations(1));
     let s = sim.new_stream();
     for (b, &n) in sizes.iter().enumerate() {
         let cap = capturing.capture(r(b as u32)).unwrap();
-        let (i, o) = (cap.take(ids(n)).unwrap(), cap.take(out(n)).unwrap());
-        record_and_finish!(cap, &s, |s| {
-            sim.launch(s, sim::Kernel::copy(&i, &o), 20)?;
-            sim.launch(s, sim::Kernel::scale(&o, 2.0), 20)
-        });
+        capture_doubling(cap, sim, &s, n, (20, 20));
     }
     capturing.seal().unwrap()
 }
@@ -61,15 +44,41 @@ fn stage(
     })
 }
 
+/// A device with its streams (`stage`, `pool`, `side`), and [`buckets`]
+/// on it.
+fn on_buckets() -> (BucketBench, Replayable<sim::Device>) {
+    let b = BucketBench::new(&[]);
+    let rp = buckets(&b.sim);
+    (b, rp)
+}
+
+/// [`on_buckets`], runner 0 staged with `value` and replayed.
+fn bucket_0_run(value: f32) -> (BucketBench, Replayable<sim::Device>) {
+    let (b, mut rp) = on_buckets();
+    stage(&mut rp, &b.sim, r(0), &b.stage, value).unwrap();
+    rp.replay(r(0), &b.pool).unwrap();
+    (b, rp)
+}
+
+/// Runner 1, whose input nothing staged, refuses to replay; no hazard.
+fn assert_runner_1_unstaged(
+    rp: &mut Replayable<sim::Device>,
+    sim: &sim::Device,
+    pool: &sim::Stream,
+) {
+    assert!(matches!(
+        rp.replay(r(1), pool),
+        Err(ReplayError::InputNotStaged { .. })
+    ));
+    assert_eq!(sim.hazards(), []);
+}
+
 /// A staging whose wait fails (before the writer runs) leaves the earlier
 /// staging in place: the runner replays its old input.
 #[test]
 fn a_staging_whose_wait_fails_keeps_the_earlier_staging() {
-    let sim = sim::Device::new();
-    let (st, pool) = (sim.new_stream(), sim.new_stream());
-    let mut rp = buckets(&sim);
-    stage(&mut rp, &sim, r(0), &st, 3.0).unwrap();
-    rp.replay(r(0), &pool).unwrap();
+    let (b, mut rp) = bucket_0_run(3.0);
+    let (sim, st, pool) = (&b.sim, &b.stage, &b.pool);
     let before = rp.fence_stats();
     let failed = under(&sim, Faults::nth(Call::WaitEvent, 0), || {
         stage(&mut rp, &sim, r(0), &st, 4.0)
@@ -89,11 +98,8 @@ fn a_staging_whose_wait_fails_keeps_the_earlier_staging() {
 /// bucket that holds the bytes: it still replays and is consumed.
 #[test]
 fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
-    let sim = sim::Device::new();
-    let (st, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let mut rp = buckets(&sim);
-    stage(&mut rp, &sim, r(0), &st, 5.0).unwrap();
-    rp.replay(r(0), &pool).unwrap();
+    let (b, mut rp) = bucket_0_run(5.0);
+    let (sim, st, pool, side) = (&b.sim, &b.stage, &b.pool, &b.side);
     under(&sim, Faults::nth(Call::WaitEvent, 0), || {
         assert!(stage(&mut rp, &sim, r(1), &st, 9.0).is_err())
     });
@@ -105,11 +111,7 @@ fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
     rp.replay(r(0), &pool).unwrap();
     rp.synchronize().unwrap();
     assert_eq!(read0(&sim, &sink), 10.0);
-    assert!(matches!(
-        rp.replay(r(1), &pool),
-        Err(ReplayError::InputNotStaged { .. })
-    ));
-    assert_eq!(sim.hazards(), []);
+    assert_runner_1_unstaged(&mut rp, sim, pool);
 }
 
 /// The other bucket's writer writes the shared bytes and fails: the
@@ -117,11 +119,8 @@ fn a_bucket_switch_whose_staging_wait_fails_leaves_the_other_bucket_intact() {
 /// (its input is gone), nor be consumed as if its output were intact.
 #[test]
 fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote() {
-    let sim = sim::Device::new();
-    let (st, pool, side) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    let mut rp = buckets(&sim);
-    stage(&mut rp, &sim, r(0), &st, 5.0).unwrap();
-    rp.replay(r(0), &pool).unwrap();
+    let (b, mut rp) = bucket_0_run(5.0);
+    let (sim, st, pool, side) = (&b.sim, &b.stage, &b.pool, &b.side);
     let failed = rp.consume_mut(r(1), &st, |s, v| {
         // Writes every byte of runner 1's input and output, then fails.
         sim.launch(s, sim::Kernel::fill(&v[0], 9.0), 10)
@@ -145,11 +144,7 @@ fn a_failed_staging_of_another_bucket_unstages_the_bucket_whose_bytes_it_wrote()
     }
     let late = rp.consume(r(0), &side, |_, _| Ok::<(), String>(()));
     assert!(late.is_err(), "runner 0's output was overwritten: {late:?}");
-    assert!(matches!(
-        rp.replay(r(1), &pool),
-        Err(ReplayError::InputNotStaged { .. })
-    ));
-    assert_eq!(sim.hazards(), []);
+    assert_runner_1_unstaged(&mut rp, sim, pool);
 }
 
 /// A fault at each call of a bucket-switching program with staging on a
@@ -181,10 +176,8 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
             })
             .unwrap();
         }
-        rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &sink), 20.0, "{attack}");
-        drop(rp);
-        assert_clean(&sim, 1, attack);
+        let what = attack.to_string();
+        assert_summed_then_clean((rp, &sim), &sink, (20.0, 1), &what);
     });
 }
 
@@ -194,11 +187,8 @@ fn a_fault_at_each_call_of_bucket_switches_leaves_no_hazard_and_no_leak() {
 #[test]
 fn a_staging_failing_at_each_call_is_either_staged_and_waited_for_or_refused() {
     at_each_call(|attack| {
-        let sim = sim::Device::new();
-        let (st, pool) = (sim.new_stream(), sim.new_stream());
-        let mut rp = buckets(&sim);
-        stage(&mut rp, &sim, r(0), &st, 1.0).unwrap();
-        rp.replay(r(0), &pool).unwrap();
+        let (b, mut rp) = bucket_0_run(1.0);
+        let (sim, st, pool) = (&b.sim, &b.stage, &b.pool);
         let staged = attack.on_ok(&sim, || stage(&mut rp, &sim, r(0), &st, 2.0));
         match rp.replay(r(0), &pool) {
             Ok(()) => {
@@ -267,9 +257,8 @@ fn assert_kept_bucket_0_refused_or_intact(
 /// input as its own.
 #[test]
 fn a_kept_step_of_a_bucket_whose_input_another_bucket_took_is_refused_or_restages() {
-    let sim = sim::Device::new();
-    let (st, pool) = (sim.new_stream(), sim.new_stream());
-    let mut rp = buckets(&sim);
+    let (b, mut rp) = on_buckets();
+    let (sim, st, pool) = (&b.sim, &b.stage, &b.pool);
     let mut kept = kept_bucket_0(&mut rp, &sim, &st, &pool);
     rp.synchronize().unwrap();
     assert_eq!(read0(&sim, &rp.views(r(0)).unwrap()[1]), 10.0);
@@ -282,9 +271,8 @@ fn a_kept_step_of_a_bucket_whose_input_another_bucket_took_is_refused_or_restage
 /// wrote the shared bytes, then failed).
 #[test]
 fn a_kept_step_of_a_bucket_after_another_bucket_failed_its_staging_does_not_read_its_bytes() {
-    let sim = sim::Device::new();
-    let (st, pool) = (sim.new_stream(), sim.new_stream());
-    let mut rp = buckets(&sim);
+    let (b, mut rp) = on_buckets();
+    let (sim, st, pool) = (&b.sim, &b.stage, &b.pool);
     let mut kept = kept_bucket_0(&mut rp, &sim, &st, &pool);
     let failed = rp.consume_mut(r(1), &st, |s, v| {
         sim.launch(s, sim::Kernel::fill(&v[0], 9.0), 10)

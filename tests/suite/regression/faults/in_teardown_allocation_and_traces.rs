@@ -9,22 +9,25 @@ use replay_arena::backend::Streams;
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::{BackendFailure, Discovering, Operation, PlanConfig, Policy, Replayable};
 
-use crate::support::faults::{at_each_call, copy_out, fill_plan, r, read0, two_step, under, N, Q};
+use crate::support::attacks::{assert_summed_then_clean, two_runners};
+use crate::support::faults::{
+    assert_clean, at_each_call, copy_out, fill_plan, r, two_step, under, N, Q,
+};
 
-/// A plan with work in flight on three streams (replays and consumers of
-/// runners sharing bytes).
-fn busy(
-    sim: &sim::Device,
-    s: &[sim::Stream; 3],
-    sink: &[sim::HostBuffer; 2],
-) -> Replayable<sim::Device> {
-    let mut rp = fill_plan(sim, 3, 2);
+/// A new device with three streams and two sinks, and a plan on it with
+/// work in flight on the three (replays and consumers of runners sharing
+/// bytes).
+fn busy() -> (sim::Device, [sim::HostBuffer; 2], Replayable<sim::Device>) {
+    let sim = sim::Device::new();
+    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
+    let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
+    let mut rp = fill_plan(&sim, 3, 2);
     rp.replay(r(0), &s[0]).unwrap();
-    copy_out(&mut rp, sim, r(0), &s[1], &sink[0]).unwrap();
+    copy_out(&mut rp, &sim, r(0), &s[1], &sink[0]).unwrap();
     rp.replay(r(1), &s[2]).unwrap();
-    copy_out(&mut rp, sim, r(1), &s[0], &sink[1]).unwrap();
+    copy_out(&mut rp, &sim, r(1), &s[0], &sink[1]).unwrap();
     rp.replay(r(2), &s[1]).unwrap();
-    rp
+    (sim, sink, rp)
 }
 
 /// docs/safety.md: "when a wait fails they wait for the whole device,
@@ -34,14 +37,9 @@ fn busy(
 #[test]
 fn a_teardown_with_one_fault_at_each_call_leaks_nothing() {
     let n = at_each_call(|attack| {
-        let sim = sim::Device::new();
-        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-        let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
-        let rp = busy(&sim, &s, &sink);
+        let (sim, _sink, rp) = busy();
         attack.on(&sim, || drop(rp));
-        assert_eq!(sim.hazards(), [], "{attack}");
-        assert_eq!(sim.live_allocations(), 2, "{attack}: only the sinks");
-        assert_eq!(sim.live_events(), 0, "{attack}");
+        assert_clean(&sim, 2, format_args!("{attack}: only the sinks"));
     });
     assert!(n > 0);
 }
@@ -53,20 +51,12 @@ fn a_teardown_with_one_fault_at_each_call_leaks_nothing() {
 #[test]
 fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
     at_each_call(|attack| {
-        let sim = sim::Device::new();
-        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-        let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
-        let rp = busy(&sim, &s, &sink);
+        let (sim, _sink, rp) = busy();
         let d = attack.on_ok(&sim, || rp.replan());
         assert!(d.is_ok(), "{attack}: {:?}", d.err());
-        assert_eq!(sim.hazards(), [], "{attack}");
-        assert_eq!(sim.live_allocations(), 2, "{attack}");
-        assert_eq!(sim.live_events(), 0, "{attack}");
+        assert_clean(&sim, 2, attack);
     });
-    let sim = sim::Device::new();
-    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-    let sink = [sim.alloc_f32(N).unwrap(), sim.alloc_f32(N).unwrap()];
-    let rp = busy(&sim, &s, &sink);
+    let (sim, _sink, rp) = busy();
     sim.fail_waits(true);
     assert!(matches!(
         rp.replan(),
@@ -86,10 +76,7 @@ fn a_replan_with_one_fault_at_each_call_returns_its_discovery() {
 #[test]
 fn a_step_graph_dropped_with_one_fault_at_each_call_leaks_nothing() {
     at_each_call(|attack| {
-        let sim = sim::Device::new();
-        let (a, b) = (sim.new_stream(), sim.new_stream());
-        let sink = sim.alloc_f32(N).unwrap();
-        let mut rp = fill_plan(&sim, 2, 1);
+        let (sim, [a, b], sink, mut rp) = two_runners();
         {
             let mut g = two_step(&mut rp, &sim, &a, &b, &sink)
                 .build_overlapping()
@@ -99,12 +86,8 @@ fn a_step_graph_dropped_with_one_fault_at_each_call_leaks_nothing() {
             attack.on(&sim, || drop(g));
         }
         rp.replay(r(0), &b).unwrap();
-        rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &sink), 6.0, "{attack}");
-        drop(rp);
-        assert_eq!(sim.hazards(), [], "{attack}");
-        assert_eq!(sim.live_events(), 0, "{attack}");
-        assert_eq!(sim.live_allocations(), 1, "{attack}");
+        let what = attack.to_string();
+        assert_summed_then_clean((rp, &sim), &sink, (6.0, 1), &what);
     });
 }
 

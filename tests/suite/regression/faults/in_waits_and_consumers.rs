@@ -9,9 +9,22 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use replay_arena::sim::{self, Call, Faults};
-use replay_arena::{ConsumeError, WaitError};
+use replay_arena::{ConsumeError, Replayable, WaitError};
 
+use crate::support::attacks::{assert_summed, two_runners};
 use crate::support::faults::{assert_clean, at_each_call, copy_out, fill_plan, r, read0, under, N};
+
+/// [`two_runners`] on three streams, runner 0 replayed on the first.
+fn runner_0_replayed() -> (
+    sim::Device,
+    [sim::Stream; 3],
+    sim::HostBuffer,
+    Replayable<sim::Device>,
+) {
+    let (sim, s, sink, mut rp) = two_runners::<3>();
+    rp.replay(r(0), &s[0]).unwrap();
+    (sim, s, sink, rp)
+}
 
 /// A fault at every call of a three-stream program of replays, consumers
 /// and `wait_all` (runners sharing bytes): no hazard, the program carries
@@ -19,10 +32,7 @@ use crate::support::faults::{assert_clean, at_each_call, copy_out, fill_plan, r,
 #[test]
 fn a_fault_at_each_call_of_a_three_stream_program_leaves_no_hazard_and_no_leak() {
     let n = at_each_call(|attack| {
-        let sim = sim::Device::new();
-        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-        let mut rp = fill_plan(&sim, 2, 1);
-        let sink = sim.alloc_f32(N).unwrap();
+        let (sim, s, sink, mut rp) = two_runners::<3>();
         attack.on(&sim, || {
             let _ = rp.replay(r(0), &s[0]);
             let _ = copy_out(&mut rp, &sim, r(0), &s[1], &sink);
@@ -38,8 +48,7 @@ fn a_fault_at_each_call_of_a_three_stream_program_leaves_no_hazard_and_no_leak()
         copy_out(&mut rp, &sim, r(1), &s[2], &sink).unwrap();
         rp.replay(r(0), &s[0]).unwrap();
         copy_out(&mut rp, &sim, r(0), &s[1], &sink).unwrap();
-        rp.synchronize().unwrap();
-        assert_eq!(read0(&sim, &sink), 1.0, "{attack}");
+        assert_summed((&rp, &sim), &sink, 1.0, &attack.to_string());
         drop(rp);
         assert_clean(&sim, 1, format_args!("{attack}: only the sink"));
     });
@@ -86,9 +95,7 @@ fn a_wait_all_failing_half_way_counts_nothing() {
         sim.launch(s, sim::Kernel::copy(&v[0], &out), 1)
     })
     .unwrap();
-    rp.synchronize().unwrap();
-    assert_eq!(read0(&sim, &out), 3.0);
-    assert_eq!(sim.hazards(), []);
+    assert_summed((&rp, &sim), &out, 3.0, "after the wait");
 }
 
 /// `consume_many` whose wait for its second runner fails: the closure is
@@ -122,9 +129,7 @@ fn a_consume_many_failing_at_its_second_wait_calls_nothing_and_counts_nothing() 
         Ok::<(), replay_arena::BackendError>(())
     })
     .unwrap();
-    rp.synchronize().unwrap();
-    assert_eq!(read0(&sim, &sink), 3.0);
-    assert_eq!(sim.hazards(), []);
+    assert_summed((&rp, &sim), &sink, 3.0, "both consumed");
 }
 
 /// A consumer that enqueues a long read and then fails: a replay on a
@@ -132,11 +137,7 @@ fn a_consume_many_failing_at_its_second_wait_calls_nothing_and_counts_nothing() 
 /// consumer is not counted.
 #[test]
 fn a_consumer_failing_after_enqueuing_is_waited_for_on_a_third_stream() {
-    let sim = sim::Device::new();
-    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-    let mut rp = fill_plan(&sim, 2, 1);
-    let sink = sim.alloc_f32(N).unwrap();
-    rp.replay(r(0), &s[0]).unwrap();
+    let (sim, s, sink, mut rp) = runner_0_replayed();
     let consumers = rp.fence_stats().consumers;
     let failed = rp.consume(r(0), &s[1], |st, v| {
         sim.launch(st, sim::Kernel::copy(&v[0], &sink), 500)
@@ -146,9 +147,7 @@ fn a_consumer_failing_after_enqueuing_is_waited_for_on_a_third_stream() {
     assert!(matches!(failed, Err(ConsumeError::Work(_))));
     assert_eq!(rp.fence_stats().consumers, consumers);
     rp.replay(r(1), &s[2]).unwrap();
-    rp.synchronize().unwrap();
-    assert_eq!(read0(&sim, &sink), 1.0, "the read saw runner 0's bytes");
-    assert_eq!(sim.hazards(), []);
+    assert_summed((&rp, &sim), &sink, 1.0, "the read saw runner 0's bytes");
 }
 
 /// A writing consumer that writes and panics: the next replay of a runner
@@ -156,10 +155,7 @@ fn a_consumer_failing_after_enqueuing_is_waited_for_on_a_third_stream() {
 /// counted; the stream is usable after the unwind.
 #[test]
 fn a_writing_consumer_panicking_after_its_write_is_waited_for() {
-    let sim = sim::Device::new();
-    let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-    let mut rp = fill_plan(&sim, 2, 1);
-    rp.replay(r(0), &s[0]).unwrap();
+    let (sim, s, sink, mut rp) = runner_0_replayed();
     let consumers = rp.fence_stats().consumers;
     let unwound = catch_unwind(AssertUnwindSafe(|| {
         rp.consume_mut(r(0), &s[1], |st, v| -> Result<(), String> {
@@ -173,11 +169,8 @@ fn a_writing_consumer_panicking_after_its_write_is_waited_for() {
     rp.synchronize().unwrap();
     assert_eq!(read0(&sim, &rp.views(r(1)).unwrap()[0]), 2.0);
     // The stream of the panicking consumer works.
-    let sink = sim.alloc_f32(N).unwrap();
     copy_out(&mut rp, &sim, r(1), &s[1], &sink).unwrap();
-    rp.synchronize().unwrap();
-    assert_eq!(read0(&sim, &sink), 2.0);
-    assert_eq!(sim.hazards(), []);
+    assert_summed((&rp, &sim), &sink, 2.0, "after the unwind");
 }
 
 /// A consumer whose own completion record (after the closure succeeded)
@@ -186,11 +179,7 @@ fn a_writing_consumer_panicking_after_its_write_is_waited_for() {
 #[test]
 fn a_consumer_whose_completion_record_fails_is_still_waited_for() {
     for k in 0..4 {
-        let sim = sim::Device::new();
-        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-        let mut rp = fill_plan(&sim, 2, 1);
-        let sink = sim.alloc_f32(N).unwrap();
-        rp.replay(r(0), &s[0]).unwrap();
+        let (sim, s, sink, mut rp) = runner_0_replayed();
         sim.inject(Faults::nth(Call::RecordEvent, k));
         let _ = rp.consume(r(0), &s[1], |st, v| {
             sim.launch(st, sim::Kernel::copy(&v[0], &sink), 500)
@@ -212,11 +201,7 @@ fn a_consumer_whose_completion_record_fails_is_still_waited_for() {
 fn a_panicking_consumer_whose_unwind_record_fails_is_still_waited_for() {
     for k in 0..3 {
         for write in [false, true] {
-            let sim = sim::Device::new();
-            let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-            let sink = sim.alloc_f32(N).unwrap();
-            let mut rp = fill_plan(&sim, 2, 1);
-            rp.replay(r(0), &s[0]).unwrap();
+            let (sim, s, sink, mut rp) = runner_0_replayed();
             sim.inject(Faults::nth(Call::RecordEvent, k));
             let mut called = false;
             let unwound = catch_unwind(AssertUnwindSafe(|| {
@@ -267,11 +252,7 @@ fn a_panicking_consumer_whose_unwind_record_fails_is_still_waited_for() {
 #[test]
 fn a_replay_failing_at_each_call_never_lets_a_consumer_read_its_bytes_as_the_old_runner() {
     at_each_call(|attack| {
-        let sim = sim::Device::new();
-        let s = [sim.new_stream(), sim.new_stream(), sim.new_stream()];
-        let sink = sim.alloc_f32(N).unwrap();
-        let mut rp = fill_plan(&sim, 2, 1);
-        rp.replay(r(0), &s[0]).unwrap();
+        let (sim, s, sink, mut rp) = runner_0_replayed();
         let replayed = attack.on_ok(&sim, || rp.replay(r(1), &s[1]));
         match copy_out(&mut rp, &sim, r(0), &s[2], &sink) {
             Ok(()) => {

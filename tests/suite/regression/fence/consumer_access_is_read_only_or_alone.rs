@@ -1,15 +1,13 @@
 //! A consumer may only read its views, and a writing consumer
 //! (`consume_mut`) is alone on its runner's bytes.
 
-use crate::support::steps::fence::*;
+use crate::support::attacks::replayed_on_first;
 use replay_arena::sim;
-use replay_arena::{Policy, RunnerId};
+use replay_arena::{BackendError, Misuse, RunnerId};
 
 #[test]
 fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
-    let (sim, mut replayable) = sealed(1, Policy::Generations(1), 5);
-    let (pool, x, y) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
-    replayable.replay(RunnerId(0), &pool).unwrap();
+    let (sim, [_pool, x, y], mut replayable) = replayed_on_first(1);
     let out = sim.alloc_f32(64).unwrap();
     replayable
         .consume(RunnerId(0), &x, |s, views| {
@@ -20,19 +18,15 @@ fn a_consumer_may_only_read_its_views_and_a_writing_consumer_is_alone() {
                 err.to_string().contains("consumer's view, which it reads"),
                 "{err}"
             );
-            assert!(
-                matches!(
-                    err,
-                    replay_arena::BackendError::InvalidView {
-                        reason: replay_arena::Misuse::ReadOnly {
-                            runner: RunnerId(0),
-                            handoff: false,
-                            ..
-                        }
-                    }
-                ),
-                "{err:?}"
-            );
+            let BackendError::InvalidView {
+                reason: Misuse::ReadOnly {
+                    runner, handoff, ..
+                },
+            } = &err
+            else {
+                panic!("{err:?}")
+            };
+            assert_eq!((*runner, *handoff), (RunnerId(0), false), "{err:?}");
             sim.launch(s, sim::Kernel::copy(&views[0], &out), 100)
         })
         .unwrap();

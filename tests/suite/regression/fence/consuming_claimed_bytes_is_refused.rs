@@ -3,6 +3,7 @@
 //! `NotReplayed` even after another claimed its bytes; a consumer reads its
 //! runner's value and the next claimer waits for it.
 
+use crate::support::attacks::replayed_on_first;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
 use replay_arena::{ConsumeError, Policy, Replayable, RunnerId};
@@ -24,10 +25,8 @@ fn copy_out(
 #[test]
 fn consuming_bytes_another_runner_claimed_since_is_overwritten_naming_it() {
     // G = 1: runners 0 and 1 share one arena.
-    let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+    let (sim, [_a, b, x], mut replayable) = replayed_on_first(2);
     let out = sim.alloc_f32(64).unwrap();
-    replayable.replay(RunnerId(0), &a).unwrap();
     replayable.replay(RunnerId(1), &b).unwrap();
     let err = copy_out(&sim, &mut replayable, 0, &x, &out, 1).unwrap_err();
     assert!(matches!(
@@ -52,12 +51,8 @@ fn consuming_a_runner_never_replayed_is_not_replayed_even_after_another_claimed_
             replayable.replay(RunnerId(0), &sim.new_stream()).unwrap();
         }
         let err = copy_out(&sim, &mut replayable, 1, &sim.new_stream(), &out, 1).unwrap_err();
-        assert!(matches!(
-            err,
-            replay_arena::ConsumeError::NotReplayed {
-                runner: RunnerId(1)
-            }
-        ));
+        let runner = RunnerId(1);
+        assert_eq!(err, ConsumeError::NotReplayed { runner });
     }
 }
 
@@ -65,10 +60,8 @@ fn consuming_a_runner_never_replayed_is_not_replayed_even_after_another_claimed_
 fn a_consumer_reads_its_runners_value_and_the_next_claimer_waits_for_it() {
     // G = 1 on three streams: the consumer of runner 0 is slow; runner 1's
     // replay claims the same bytes and must wait for it.
-    let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+    let (sim, [_a, b, x], mut replayable) = replayed_on_first(2);
     let out = sim.alloc_f32(64).unwrap();
-    replayable.replay(RunnerId(0), &a).unwrap();
     copy_out(&sim, &mut replayable, 0, &x, &out, 100).unwrap();
     replayable.replay(RunnerId(1), &b).unwrap();
     assert_eq!(sim.read_f32(&out).unwrap(), vec![5.0; 64]);

@@ -6,7 +6,7 @@ use replay_arena::sim;
 fn a_failed_sim_graph_launch_enqueues_nothing() {
     use replay_arena::backend::{Capture, Launch};
     let sim = sim::Device::new();
-    let (capture, other) = (sim.new_stream(), sim.new_stream());
+    let [capture, other] = crate::support::streams(&sim);
     let kept = sim.alloc_f32(64).unwrap();
     let dropped = sim.alloc_f32(64).unwrap();
     sim.begin_capture(&capture).unwrap();

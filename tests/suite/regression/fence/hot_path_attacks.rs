@@ -49,6 +49,33 @@ fn replay_n(rp: &mut Plan, runner: u32, s: &sim::Stream, n: usize) {
     }
 }
 
+/// `n` replays of `runner` on `s`, then [`holds`] `value`.
+fn replays_then_holds(
+    sim: &sim::Device,
+    rp: &mut Plan,
+    (runner, s, n): (u32, &sim::Stream, usize),
+    value: f32,
+) {
+    replay_n(rp, runner, s, n);
+    holds(sim, rp, runner, value);
+}
+
+/// A writing consumer of runner 0 on `b` filling its view with `value`
+/// (in `ticks`), then [`replays_then_holds`] of runner 0 on `a`.
+fn write_replay_then_hold(
+    sim: &sim::Device,
+    rp: &mut Plan,
+    [a, b]: [&sim::Stream; 2],
+    (value, ticks): (f32, u64),
+    (n, held): (usize, f32),
+) {
+    rp.consume_mut(r(0), b, |s, v| {
+        sim.launch(s, sim::Kernel::fill(&v[0], value), ticks)
+    })
+    .unwrap();
+    replays_then_holds(sim, rp, (0, a, n), held);
+}
+
 /// A sim, `K` streams of it and [`fill_plan`]'s `runners` over `g`
 /// generations.
 fn plan_on<const K: usize>(runners: u32, g: usize) -> (sim::Device, [sim::Stream; K], Plan) {
@@ -141,8 +168,7 @@ fn repeats_wait_again_once_another_runner_took_the_bytes_elsewhere() {
     rp.replay(r(0), &a).unwrap();
     rp.replay(r(1), &b).unwrap();
     replay_n(&mut rp, 0, &a, 3);
-    replay_n(&mut rp, 1, &b, 2);
-    holds(&sim, &rp, 1, 2.0);
+    replays_then_holds(&sim, &mut rp, (1, &b, 2), 2.0);
     assert_eq!(rp.fence_stats().replays, 9);
 }
 
@@ -163,12 +189,7 @@ fn repeats_wait_for_a_reader_on_another_stream() {
 #[test]
 fn repeats_wait_for_a_writing_consumer_on_another_stream() {
     let (sim, [a, b], mut rp) = repeating(1, 1);
-    rp.consume_mut(r(0), &b, |s, v| {
-        sim.launch(s, sim::Kernel::fill(&v[0], 7.0), 80)
-    })
-    .unwrap();
-    replay_n(&mut rp, 0, &a, 2);
-    holds(&sim, &rp, 0, 1.0);
+    write_replay_then_hold(&sim, &mut rp, [&a, &b], (7.0, 80), (2, 1.0));
 }
 
 #[test]
@@ -295,8 +316,7 @@ fn repeats_after_a_step_graph_on_another_stream_wait_for_its_launch() {
         g.launch(&b).unwrap();
         g.launch(&b).unwrap();
     }
-    replay_n(&mut rp, 0, &a, 2);
-    holds(&sim, &rp, 0, 1.0);
+    replays_then_holds(&sim, &mut rp, (0, &a, 2), 1.0);
     assert_eq!(rp.fence_stats().step_launches, 2);
 }
 
@@ -800,12 +820,7 @@ fn a_staged_runner_replayed_again_keeps_its_staging_checks() {
             by: None
         })
     ));
-    rp.consume_mut(r(0), &b, |s, v| {
-        sim.launch(s, sim::Kernel::fill(&v[0], 1.0), 30)
-    })
-    .unwrap();
-    replay_n(&mut rp, 0, &a, 3);
-    assert_eq!(values(&sim, &rp, 0), vec![8.0; 64]);
+    write_replay_then_hold(&sim, &mut rp, [&a, &b], (1.0, 30), (3, 8.0));
     rp.replay(r(1), &b).unwrap();
     for _ in 0..2 {
         assert_eq!(
@@ -816,12 +831,7 @@ fn a_staged_runner_replayed_again_keeps_its_staging_checks() {
             })
         );
     }
-    rp.consume_mut(r(0), &b, |s, v| {
-        sim.launch(s, sim::Kernel::fill(&v[0], 1.0), 30)
-    })
-    .unwrap();
-    replay_n(&mut rp, 0, &a, 2);
-    holds(&sim, &rp, 0, 4.0);
+    write_replay_then_hold(&sim, &mut rp, [&a, &b], (1.0, 30), (2, 4.0));
 }
 
 /// A step graph launched on the stream runner 0 repeats on, whose schedule
@@ -1010,9 +1020,8 @@ fn repeats_go_on_while_another_thread_captures_elsewhere() {
 /// any stream, and waiting for it waits for nothing.
 #[test]
 fn a_runner_of_no_bytes_replays_and_counts() {
-    let mut d = Discovering::new(PlanConfig::new());
-    d.arm(r(0)).unwrap().record(Q).unwrap();
-    d.arm(r(1)).unwrap();
+    let runners = [(r(0), vec![Q]), (r(1), vec![])];
+    let d = Discovering::from_runners(PlanConfig::new(), runners).unwrap();
     let sim = sim::Device::new();
     let (a, b) = (sim.new_stream(), sim.new_stream());
     let mut cap = allocate_discovered(&sim, d, Policy::Generations(1));

@@ -3,6 +3,7 @@
 //! closure is refused and the outer capture goes on, and `seal` ignores a
 //! dropped capture of a runner that uses no buffers.
 
+use crate::support::attacks::assert_capture_refused;
 use crate::support::capture_view;
 use crate::support::record_and_finish;
 use crate::support::steps::fence::*;
@@ -41,13 +42,9 @@ fn a_second_stream_capture_on_one_capture_is_refused() {
     let view = cap.take(F32_64).unwrap();
     cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 1.0), 1))
         .unwrap();
-    let again = cap
-        .stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 2.0), 1))
-        .unwrap_err();
-    assert!(matches!(
-        again,
-        replay_arena::StreamCaptureError::Capture(CaptureError::GraphAlreadyCaptured { .. })
-    ));
+    let again = cap.stream_capture(&stream, |s| sim.launch(s, sim::Kernel::fill(&view, 2.0), 1));
+    let runner = RunnerId(0);
+    assert_capture_refused(again, CaptureError::GraphAlreadyCaptured { runner });
     cap.finish().unwrap();
 }
 
@@ -60,17 +57,8 @@ fn stream_capture_called_from_its_own_closure_is_refused_and_the_outer_capture_g
     record_and_finish!(cap, &stream, |s| {
         let nested =
             cap.stream_capture(&other, |o| sim.launch(o, sim::Kernel::fill(&view, 9.0), 1));
-        assert!(
-            matches!(
-                nested,
-                Err(replay_arena::StreamCaptureError::Capture(
-                    CaptureError::NestedCapture {
-                        runner: RunnerId(0)
-                    }
-                ))
-            ),
-            "{nested:?}"
-        );
+        let runner = RunnerId(0);
+        assert_capture_refused(nested, CaptureError::NestedCapture { runner });
         sim.launch(s, sim::Kernel::fill(&view, 1.0), 1)
     });
     let mut replayable = capturing.seal().unwrap();

@@ -1,6 +1,7 @@
 //! A panic inside a capture's work closure ends the stream capture, and a
 //! panic inside a consumer after it enqueued work leaves that work fenced.
 
+use crate::support::attacks::replayed_on_first;
 use crate::support::capture_view;
 use crate::support::steps::fence::*;
 use replay_arena::sim;
@@ -38,10 +39,8 @@ fn a_panic_inside_the_work_closure_ends_the_stream_capture() {
 
 #[test]
 fn a_panic_inside_a_consumer_after_it_enqueued_work_stays_fenced() {
-    let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
+    let (sim, [_a, b, x], mut replayable) = replayed_on_first(2);
     let out = sim.alloc_f32(64).unwrap();
-    replayable.replay(RunnerId(0), &a).unwrap();
     let unwound = catch_unwind(AssertUnwindSafe(|| {
         let _ = replayable.consume(RunnerId(0), &x, |s, views| {
             sim.launch(s, sim::Kernel::copy(&views[0], &out), 100)

@@ -3,6 +3,7 @@
 //! consumer cannot use a view of another plan or on another stream, and a
 //! view or its span is refused once its closure returned.
 
+use crate::support::attacks::replayed_on_first;
 use crate::support::capture_view;
 use crate::support::steps::allocate_runners;
 use crate::support::steps::fence::*;
@@ -100,9 +101,7 @@ fn a_consumer_cannot_use_a_view_of_another_plan_or_on_another_stream() {
 
 #[test]
 fn a_view_or_its_span_cannot_be_used_after_its_closure_returned() {
-    let (sim, mut replayable) = sealed(2, Policy::Generations(1), 5);
-    let (pool, side) = (sim.new_stream(), sim.new_stream());
-    replayable.replay(RunnerId(0), &pool).unwrap();
+    let (sim, [pool, side], mut replayable) = replayed_on_first(2);
     let mut kept = None;
     replayable
         .consume(RunnerId(0), &side, |_, views| {

@@ -2,16 +2,21 @@
 //! input inside the schedule, or not), interleaved with per-runner
 //! staging, replays and consumers, against the same sequence per runner.
 
-use crate::support::record_and_finish;
+use crate::support::attacks::{
+    bucket_discovery, capture_doubling, fuzz_kept_launches, kept_or_items, FuzzWorld, Fuzzing,
+    KeptLaunches,
+};
 use crate::support::steps::kept::Lcg;
 use replay_arena::backend::Streams;
 use replay_arena::sim;
 use replay_arena::sim::AsSpan;
-use replay_arena::{DType, Discovering, Domain, PlanConfig, Policy, Replayable, Request, RunnerId};
+use replay_arena::{Policy, Replayable, RunnerId};
 
+/// One item of a bucket world's schedule, on lane `.1`: `S` stages the
+/// runner's input (`consume_mut`), `R` replays it, `C` consumes it.
 #[derive(Clone, Copy, Debug)]
 enum Bi {
-    Stage(u32, usize),
+    S(u32, usize),
     R(u32, usize),
     C(u32, usize),
 }
@@ -24,22 +29,15 @@ struct Bw {
     one: sim::HostBuffer,
 }
 
-const BATCH: [usize; 2] = [16, 64];
+const BATCH: [u64; 2] = [16, 64];
 
+/// Two buckets (16 and 64 elements) of two runners each, at `g`
+/// generations: each runner's graph doubles its input (a copy of `dur`
+/// ticks).
 fn bworld(g: usize, dur: u64) -> Bw {
-    use replay_arena::Purpose;
-    let ids = |n: usize| Request::new(Domain::Device, DType::F32, n as u64).purpose(Purpose::Input);
-    let out = |n: usize| Request::new(Domain::Device, DType::F32, n as u64);
-    let mut d = Discovering::new(PlanConfig::new());
-    for (b, &n) in BATCH.iter().enumerate() {
-        d.bucket(format!("b{b}")).unwrap();
-        for k in 0..2u32 {
-            let mut armed = d.arm(RunnerId(b as u32 * 2 + k)).unwrap();
-            armed.record(ids(n)).unwrap();
-            armed.record(out(n)).unwrap();
-        }
-    }
-    let planned = d.plan(Policy::Generations(g)).unwrap();
+    let planned = bucket_discovery(&BATCH, 2)
+        .plan(Policy::Generations(g))
+        .unwrap();
     let sim = sim::Device::new();
     let lanes: Vec<sim::Stream> = (0..5).map(|_| sim.new_stream()).collect();
     let one = sim.alloc_f32(64).unwrap();
@@ -48,11 +46,7 @@ fn bworld(g: usize, dur: u64) -> Bw {
     for r in 0..4u32 {
         let n = BATCH[r as usize / 2];
         let cap = capturing.capture(RunnerId(r)).unwrap();
-        let (i, o) = (cap.take(ids(n)).unwrap(), cap.take(out(n)).unwrap());
-        record_and_finish!(cap, &lanes[0], |st| {
-            sim.launch(st, sim::Kernel::copy(&i, &o), dur)?;
-            sim.launch(st, sim::Kernel::scale(&o, 2.0), 1)
-        });
+        capture_doubling(cap, &sim, &lanes[0], n, (dur, 1));
     }
     let sinks = (0..12).map(|_| sim.alloc_f32(64).unwrap()).collect();
     Bw {
@@ -64,43 +58,51 @@ fn bworld(g: usize, dur: u64) -> Bw {
     }
 }
 
+/// `$on.consume_mut` (a plan or a step) of runner `$r` on `$lane`: ones
+/// added into the first 16 elements of its input.
+macro_rules! stage {
+    ($on:expr, $sim:expr, $one:expr, $r:expr, $lane:expr) => {
+        $on.consume_mut(RunnerId($r), $lane, |st, v| {
+            let input = v[0].slice(0..16).unwrap();
+            $sim.launch(st, sim::Kernel::add(&first_16($one), &input), 2)
+        })
+    };
+}
+
+/// `$on.consume` (a plan or a step) of runner `$r` on `$lane`: the first
+/// 16 elements of its output added into `$sink`.
+macro_rules! consume {
+    ($on:expr, $sim:expr, $sink:expr, $r:expr, $lane:expr) => {
+        $on.consume(RunnerId($r), $lane, |st, v| {
+            let output = v[1].slice(0..16).unwrap();
+            $sim.launch(st, sim::Kernel::add(&output, &first_16($sink)), 3)
+        })
+    };
+}
+
+impl FuzzWorld for Bw {
+    fn plan_and_lanes(&mut self) -> (&mut Replayable<sim::Device>, &[sim::Stream]) {
+        (&mut self.rep, &self.lanes)
+    }
+}
+
 fn brun(w: &mut Bw, it: Bi) -> Result<(), String> {
     let (sim, one) = (w.sim.clone(), &w.one);
     match it {
-        Bi::Stage(r, l) => w
-            .rep
-            .consume_mut(RunnerId(r), &w.lanes[l], |st, v| {
-                sim.launch(
-                    st,
-                    sim::Kernel::add(&one_slice(one), &v[0].slice(0..16).unwrap()),
-                    2,
-                )
-            })
-            .map_err(|e| format!("{e:?}")),
+        Bi::S(r, l) => stage!(w.rep, sim, one, r, &w.lanes[l]).map_err(|e| format!("{e:?}")),
         Bi::R(r, l) => w
             .rep
             .replay(RunnerId(r), &w.lanes[l])
             .map_err(|e| format!("{e:?}")),
         Bi::C(r, l) => {
             let sink = &w.sinks[r as usize * 3 + l];
-            w.rep
-                .consume(RunnerId(r), &w.lanes[l], |st, v| {
-                    sim.launch(
-                        st,
-                        sim::Kernel::add(&v[1].slice(0..16).unwrap(), &sink_slice(sink)),
-                        3,
-                    )
-                })
-                .map_err(|e| format!("{e:?}"))
+            consume!(w.rep, sim, sink, r, &w.lanes[l]).map_err(|e| format!("{e:?}"))
         }
     }
 }
 
-fn one_slice(b: &sim::HostBuffer) -> sim::Span {
-    sim::Span::new(b.span().addr(), 16)
-}
-
-fn sink_slice(b: &sim::HostBuffer) -> sim::Span {
+/// The first 16 elements of `b`.
+fn first_16(b: &sim::HostBuffer) -> sim::Span {
     sim::Span::new(b.span().addr(), 16)
 }
 
@@ -109,28 +111,13 @@ fn bbuild(w: &mut Bw, items: &[Bi]) -> Option<replay_arena::KeptStep<sim::Device
     let mut step = w.rep.step();
     for &it in items {
         let ok = match it {
-            Bi::Stage(r, l) => step
-                .consume_mut(RunnerId(r), &w.lanes[l], |st, v| {
-                    sim.launch(
-                        st,
-                        sim::Kernel::add(&one_slice(one), &v[0].slice(0..16).unwrap()),
-                        2,
-                    )
-                })
-                .is_ok(),
+            Bi::S(r, l) => stage!(step, sim, one, r, &w.lanes[l]).is_ok(),
             Bi::R(r, l) => step.replay(RunnerId(r), &w.lanes[l]).is_ok(),
             Bi::C(r, l) => {
                 let sink = &w.sinks[6 + r as usize % 2 * 3 + l];
                 let _ = sink;
                 let sink = &w.sinks[r as usize * 3 + l];
-                step.consume(RunnerId(r), &w.lanes[l], |st, v| {
-                    sim.launch(
-                        st,
-                        sim::Kernel::add(&v[1].slice(0..16).unwrap(), &sink_slice(sink)),
-                        3,
-                    )
-                })
-                .is_ok()
+                consume!(step, sim, sink, r, &w.lanes[l]).is_ok()
             }
         };
         if !ok {
@@ -140,7 +127,8 @@ fn bbuild(w: &mut Bw, items: &[Bi]) -> Option<replay_arena::KeptStep<sim::Device
     step.build().ok().map(|g| g.keep())
 }
 
-fn bfuzz(seed: u64) {
+fn bfuzz(seed: u64, launches: &mut KeptLaunches) {
+    use Bi::*;
     let mut rng = Lcg(seed ^ 0x9E3779B97F4A7C15);
     let mut next = |m: u64| rng.below(m);
     let g = 1 + next(2) as usize;
@@ -149,78 +137,38 @@ fn bfuzz(seed: u64) {
     let mut b = bworld(g, dur);
     // Stage and replay every runner once, in both.
     for r in 0..4 {
-        for it in [Bi::Stage(r, 2), Bi::R(r, 0)] {
+        for it in [S(r, 2), R(r, 0)] {
             let (x, y) = (brun(&mut a, it), brun(&mut b, it));
             assert_eq!(x.is_ok(), y.is_ok());
         }
     }
     let scheds: Vec<Vec<Bi>> = vec![
-        vec![
-            Bi::Stage(0, 2),
-            Bi::R(0, 0),
-            Bi::C(0, 1),
-            Bi::Stage(1, 2),
-            Bi::R(1, 1),
-            Bi::C(1, 0),
-        ],
-        vec![
-            Bi::Stage(2, 2),
-            Bi::R(2, 0),
-            Bi::Stage(3, 1),
-            Bi::R(3, 1),
-            Bi::C(2, 2),
-            Bi::C(3, 0),
-        ],
-        vec![Bi::R(0, 1), Bi::C(0, 2)],
-        vec![Bi::R(3, 0), Bi::C(3, 1)],
-        vec![Bi::C(1, 1)],
+        vec![S(0, 2), R(0, 0), C(0, 1), S(1, 2), R(1, 1), C(1, 0)],
+        vec![S(2, 2), R(2, 0), S(3, 1), R(3, 1), C(2, 2), C(3, 0)],
+        vec![R(0, 1), C(0, 2)],
+        vec![R(3, 0), C(3, 1)],
+        vec![C(1, 1)],
     ];
-    let mut scheds2 = Vec::new();
     let mut kept = Vec::new();
     for s in scheds {
         if let Some(k) = bbuild(&mut a, &s) {
-            kept.push(k);
-            scheds2.push(s);
+            kept.push((k, s));
         }
     }
-    let mut log = Vec::new();
-    for _ in 0..40 {
-        if next(2) == 0 && !kept.is_empty() {
-            let k = next(kept.len() as u64) as usize;
-            let l = 3 + next(2) as usize;
-            let launch = a.lanes[l].clone();
-            let got = a.rep.launch_kept(&mut kept[k], &launch);
-            log.push(format!("K{k}@{l}:{got:?}"));
-            BOK.fetch_add(got.is_ok() as usize, std::sync::atomic::Ordering::Relaxed);
-            BALL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if got.is_ok() {
-                for &it in &scheds2[k] {
-                    if let Err(e) = brun(&mut b, it) {
-                        panic!("seed {seed}: kept ok, per-runner {it:?}: {e}; {log:?}");
-                    }
-                }
-            } else {
-                // The per-runner sequence must fail somewhere too: check
-                // its first item that the fence refuses, on a probe? We
-                // only record it.
-            }
-        } else {
-            let r = next(4) as u32;
-            let l = next(3) as usize;
-            let it = match next(3) {
-                0 => Bi::Stage(r, l),
-                1 => Bi::R(r, l),
-                _ => Bi::C(r, l),
-            };
-            let (x, y) = (brun(&mut a, it), brun(&mut b, it));
-            log.push(format!("{it:?}:{x:?}"));
-            assert_eq!(
-                x.is_ok(),
-                y.is_ok(),
-                "seed {seed}: {it:?}: {x:?} vs {y:?}; {log:?}"
-            );
+    let items = (brun, |next: &mut dyn FnMut(u64) -> u64| {
+        let r = next(4) as u32;
+        let l = next(3) as usize;
+        match next(3) {
+            0 => S(r, l),
+            1 => R(r, l),
+            _ => C(r, l),
         }
-    }
+    });
+    // Where a kept launch was refused, the per-runner sequence must fail
+    // somewhere too; only recorded.
+    let mut fuzzing = Fuzzing::new(seed, &mut next, launches);
+    kept_or_items(&mut fuzzing, (&mut a, &mut b), &mut kept, items);
+    let log = fuzzing.log;
     a.sim.synchronize().unwrap();
     b.sim.synchronize().unwrap();
     assert!(
@@ -252,19 +200,7 @@ fn bfuzz(seed: u64) {
     assert_eq!(sim.live_events(), 0, "seed {seed}");
 }
 
-static BOK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-static BALL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 #[test]
 fn fuzz_buckets_kept() {
-    for seed in 0..300 {
-        bfuzz(seed);
-    }
-    let (ok, all) = (
-        BOK.load(std::sync::atomic::Ordering::Relaxed),
-        BALL.load(std::sync::atomic::Ordering::Relaxed),
-    );
-    eprintln!("kept launches ok {ok} of {all}");
-    assert!(ok * 4 > all, "{ok} of {all}");
+    fuzz_kept_launches("kept launches", 300, bfuzz);
 }

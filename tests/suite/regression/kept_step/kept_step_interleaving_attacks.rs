@@ -5,6 +5,9 @@
 //! replanned or another plan (`ForeignStep`); guards forgotten and views
 //! borrowed between kept launches; traces around kept launches.
 
+use crate::support::attacks::{
+    kept_schedules, launch_kept_on_both, random_item, replayed_world, run_on_both,
+};
 use crate::support::steps::kept::*;
 use crate::support::steps::plan_runners;
 use replay_arena::backend::Streams;
@@ -39,52 +42,26 @@ fn fuzz_one(seed: u64) {
             true,
         ),
     ];
-    let mut a = world(n, g, &durs);
-    let mut b = world(n, g, &durs);
-    // Both must first replay everything once (consumers need a replay).
-    for r in 0..n {
-        run_item(&mut a, It::R(r, 0)).unwrap();
-        run_item(&mut b, It::R(r, 0)).unwrap();
-    }
-    let (schedules, mut kept): (Vec<_>, Vec<_>) = schedules
-        .into_iter()
-        .filter_map(|(s, o)| build_kept(&mut a, &s, o).map(|k| ((s, o), k)))
-        .unzip();
+    let mut a = replayed_world(n, g, &durs);
+    let mut b = replayed_world(n, g, &durs);
+    let mut kept = kept_schedules(&mut a, schedules);
     let mut log = Vec::new();
     for _ in 0..40 {
         match next(3) {
             0 | 1 => {
-                let k = next(kept.len() as u64) as usize;
-                let l = 3 + next(2) as usize;
-                let launch = a.lanes[l].clone();
-                let got = a.rep.launch_kept(&mut kept[k], &launch);
-                log.push(format!("K{k}@{l}:{}", got.is_ok()));
-                if got.is_ok() {
-                    for &it in &schedules[k].0 {
-                        if let Err(e) = run_item(&mut b, it) {
-                            panic!("seed {seed}: kept launch ok, per-runner {it:?} fails {e:?}; {log:?}");
-                        }
-                    }
-                }
+                let on_a = (&mut a.rep, &a.lanes[..]);
+                let on_b = (&mut b, run_item);
+                launch_kept_on_both(&mut next, on_a, &mut kept, on_b, seed, &mut log);
             }
             _ => {
-                let r = next(n as u64) as u32;
-                let l = next(3) as usize;
-                let it = if next(2) == 0 {
-                    It::R(r, l)
-                } else {
-                    It::C(r, l, 7 + 3 * r as usize + l)
-                };
-                let ga = run_item(&mut a, it).is_ok();
-                let gb = run_item(&mut b, it).is_ok();
-                log.push(format!("{it:?}:{ga}"));
-                assert_eq!(ga, gb, "seed {seed}: {it:?} differs; {log:?}");
+                let it = random_item(&mut next, n);
+                run_on_both((&mut a, &mut b), it, run_item, seed, &mut log);
             }
         }
     }
     assert_same_worlds(&a, &b, seed, &log);
     // Teardown: forget one kept step, drop the plan first, then the rest.
-    let forgotten = kept.pop().unwrap();
+    let (forgotten, _) = kept.pop().unwrap();
     std::mem::forget(forgotten);
     let sim = a.sim.clone();
     drop(a.rep);
@@ -104,10 +81,7 @@ fn fuzz_kept_interleavings() {
 #[test]
 fn teardown_orders_leave_nothing() {
     for order in 0..2 {
-        let mut w = world(4, 2, &[30]);
-        for r in 0..4 {
-            run_item(&mut w, It::R(r, 0)).unwrap();
-        }
+        let mut w = replayed_world(4, 2, &[30]);
         let mut k1 =
             build_kept(&mut w, &[It::R(0, 0), It::R(1, 1), It::C(1, 2, 0)], false).unwrap();
         let mut k2 = build_kept(&mut w, &[It::R(2, 0), It::C(2, 1, 1), It::R(3, 2)], true).unwrap();
@@ -269,10 +243,7 @@ fn mk_step<'r>(
 /// absorb): no panic, no hazard, the trace reads.
 #[test]
 fn trace_around_kept_launches() {
-    let mut w = world(3, 2, &[10]);
-    for r in 0..3 {
-        run_item(&mut w, It::R(r, 0)).unwrap();
-    }
+    let mut w = replayed_world(3, 2, &[10]);
     let mut k1 = build_kept(&mut w, &[It::R(0, 0), It::R(1, 1), It::C(1, 2, 0)], true).unwrap();
     let mut k2 = build_kept(&mut w, &[It::R(2, 0), It::C(2, 1, 1)], false).unwrap();
     let (l3, l4) = (w.lanes[3].clone(), w.lanes[4].clone());

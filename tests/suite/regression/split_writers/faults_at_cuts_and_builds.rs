@@ -11,15 +11,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use replay_arena::sim::{self, Call, Faults};
 use replay_arena::RunnerId;
 
-use crate::support::faults::fan::{all, fan, fan_faulty, fan_with, identity, Fan, Item, Spec};
+use crate::support::attacks::{assert_hazard_free, chained};
+use crate::support::faults::fan::{all, fan, fan_faulty, fan_with, identity, Fan, Item};
 
 /// Faults at every `call` of the writer's capture: either the writer
 /// fails (typed, stream left capturing never, nothing leaked) or the plan
 /// works as the reference.
 fn fault_at_cuts(call: Option<Call>) {
-    let mut spec = Spec::new(3);
-    spec.copies = 2;
-    spec.chain = true;
+    let spec = chained(3, 2);
     let items = all(&spec);
     let mut reference = fan(&spec, &identity(3));
     for _ in 0..4 {
@@ -84,35 +83,37 @@ fn a_fault_at_every_call_of_the_cut_writers_capture() {
     fault_at_cuts(None);
 }
 
+/// Builds `items` (overlapping or not) into a kept step and launches it
+/// on the first `launches` streams; every error goes to `errs`.
+fn build_and_launch(
+    f: &mut Fan,
+    items: &[Item],
+    overlapping: bool,
+    launches: usize,
+    errs: &mut Vec<String>,
+) {
+    let s = f.streams.clone();
+    match f.build(items, overlapping) {
+        Ok(mut k) => {
+            for stream in &s[..launches] {
+                if let Err(e) = f.r().launch_kept(&mut k, stream) {
+                    errs.push(e.to_string());
+                }
+            }
+        }
+        Err(e) => errs.push(e.to_string()),
+    }
+}
+
 #[test]
 fn a_fault_at_every_call_of_building_and_launching_cut_step_graphs() {
-    let mut spec = Spec::new(3);
-    spec.copies = 3;
-    spec.chain = true;
+    let spec = chained(3, 3);
     let items = all(&spec);
     let program = |f: &mut Fan| -> Vec<String> {
         let mut errs = Vec::new();
         let s = f.streams.clone();
-        match f.build(&items, false) {
-            Ok(mut k) => {
-                for i in 0..2 {
-                    if let Err(e) = f.r().launch_kept(&mut k, &s[i]) {
-                        errs.push(e.to_string());
-                    }
-                }
-            }
-            Err(e) => errs.push(e.to_string()),
-        }
-        match f.build(&items, true) {
-            Ok(mut k) => {
-                for i in 0..3 {
-                    if let Err(e) = f.r().launch_kept(&mut k, &s[i]) {
-                        errs.push(e.to_string());
-                    }
-                }
-            }
-            Err(e) => errs.push(e.to_string()),
-        }
+        build_and_launch(f, &items, false, 2, &mut errs);
+        build_and_launch(f, &items, true, 3, &mut errs);
         for it in &items {
             if let Item::Replay(r, st) = *it {
                 if let Err(e) = f.r().replay(RunnerId(r), &s[st]) {
@@ -136,28 +137,18 @@ fn a_fault_at_every_call_of_building_and_launching_cut_step_graphs() {
         let inj = f.sim.fault_log().injected.clone();
         f.sim.inject(Faults::none());
         assert!(res.is_ok(), "panic in library, fault at {n}: {inj:?}");
-        assert!(
-            f.sim.hazards().is_empty(),
-            "fault at {n} {inj:?}: {:?}",
-            f.sim.hazards()
-        );
+        assert_hazard_free(&f.sim, format!("fault at {n} {inj:?}"));
         // The plan goes on after the fault.
         let _ = program(&mut f);
         let _ = f.r().synchronize();
-        assert!(
-            f.sim.hazards().is_empty(),
-            "after fault at {n} {inj:?}: {:?}",
-            f.sim.hazards()
-        );
+        assert_hazard_free(&f.sim, format!("after fault at {n} {inj:?}"));
         f.teardown();
     }
 }
 
 #[test]
 fn seeded_faults_over_whole_programs_of_split_writers() {
-    let mut spec = Spec::new(3);
-    spec.copies = 3;
-    spec.chain = true;
+    let mut spec = chained(3, 3);
     spec.reader_temps = true;
     spec.g = 3;
     let mut items = all(&spec);

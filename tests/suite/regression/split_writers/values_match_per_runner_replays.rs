@@ -6,6 +6,7 @@
 
 use replay_arena::sim;
 
+use crate::support::attacks::{chained, replays};
 use crate::support::faults::fan::{all, fan, fan_custom, identity, Item, Spec, N, W};
 use crate::support::faults::{assert_nodes_inside_launches, R};
 
@@ -18,61 +19,96 @@ fn check_step(spec: &Spec, items: &[Item], overlapping: bool, steps: usize) {
 
 /// `check_step` after `prime` replayed per runner.
 fn check_step_primed(spec: &Spec, prime: &[Item], items: &[Item], overlapping: bool, steps: usize) {
-    let mut reference = fan(spec, &identity(spec.k));
-    assert!(reference.errors.is_empty(), "{:?}", reference.errors);
-    reference.per_runner(prime);
-    for _ in 0..steps + 2 {
-        reference.per_runner(items);
-    }
-    let mut f = fan(spec, &identity(spec.k));
-    assert!(f.errors.is_empty(), "{:?}", f.errors);
-    f.per_runner(prime);
-    f.per_runner(items);
-    let mut kept = f.build(items, overlapping).unwrap();
-    let streams = f.streams.clone();
-    for i in 0..steps {
-        f.r()
-            .launch_kept(&mut kept, &streams[i % streams.len()])
-            .unwrap();
-    }
-    f.per_runner(items);
-    drop(kept);
-    f.hazard_free();
-    assert_eq!(
-        f.values(),
-        reference.values(),
-        "spec k={} items {items:?} overlapping {overlapping}",
-        spec.k
-    );
-    reference.teardown();
-    f.teardown();
+    let streams: Vec<usize> = (0..steps).map(|i| i % spec.runners()).collect();
+    let launches = Launches {
+        prime,
+        items,
+        overlapping,
+        streams: &streams,
+    };
+    launches.match_replays(spec, &identity(spec.k));
 }
 
-#[test]
-fn writers_of_two_to_four_handoffs_match_per_runner_replays() {
+/// A kept step of `items` (overlapping or not) launched on each of
+/// `streams` in turn, after `prime` and `items` replayed per runner and
+/// before `items` replayed per runner again.
+struct Launches<'a> {
+    prime: &'a [Item],
+    items: &'a [Item],
+    overlapping: bool,
+    streams: &'a [usize],
+}
+
+impl Launches<'_> {
+    /// The launches on a fan of `spec` whose writer marks its ready points
+    /// in `order` give the values of the same fan replayed per runner.
+    fn match_replays(&self, spec: &Spec, order: &dyn Fn(usize) -> Vec<usize>) {
+        let Launches {
+            prime,
+            items,
+            overlapping,
+            streams,
+        } = *self;
+        let mut reference = fan(spec, order);
+        assert!(reference.errors.is_empty(), "{:?}", reference.errors);
+        reference.per_runner(prime);
+        for _ in 0..streams.len() + 2 {
+            reference.per_runner(items);
+        }
+        let mut f = fan(spec, order);
+        assert!(f.errors.is_empty(), "{:?}", f.errors);
+        f.per_runner(prime);
+        f.per_runner(items);
+        let mut kept = f.build(items, overlapping).unwrap();
+        let lanes = f.streams.clone();
+        for &i in streams {
+            f.r().launch_kept(&mut kept, &lanes[i]).unwrap();
+        }
+        f.per_runner(items);
+        drop(kept);
+        f.hazard_free();
+        assert_eq!(
+            f.values(),
+            reference.values(),
+            "spec k={} items {items:?} overlapping {overlapping}",
+            spec.k
+        );
+        reference.teardown();
+        f.teardown();
+    }
+}
+
+/// Writers of two to four handoffs, each with and without a temporary
+/// per part.
+fn writers() -> Vec<Spec> {
+    let mut specs = Vec::new();
     for k in 2..=4 {
         for temps in [false, true] {
             let mut spec = Spec::new(k);
             spec.writer_temps = temps;
-            check_step(&spec, &all(&spec), false, 5);
+            specs.push(spec);
         }
+    }
+    specs
+}
+
+#[test]
+fn writers_of_two_to_four_handoffs_match_per_runner_replays() {
+    for spec in writers() {
+        check_step(&spec, &all(&spec), false, 5);
     }
 }
 
 #[test]
 fn the_step_graph_has_one_node_per_part() {
-    for k in 2..=4 {
-        for temps in [false, true] {
-            let mut spec = Spec::new(k);
-            spec.writer_temps = temps;
-            let mut f = fan(&spec, &identity(k));
-            let items = all(&spec);
-            let kept = f.build(&items, false).unwrap();
-            // The writer in k + 1 parts and k readers.
-            assert_eq!(kept.nodes(), (k + 1) + k, "k={k} temps={temps}");
-            drop(kept);
-            f.teardown();
-        }
+    for spec in writers() {
+        let (k, temps) = (spec.k, spec.writer_temps);
+        let mut f = fan(&spec, &identity(k));
+        let kept = f.build(&all(&spec), false).unwrap();
+        // The writer in k + 1 parts and k readers.
+        assert_eq!(kept.nodes(), (k + 1) + k, "k={k} temps={temps}");
+        drop(kept);
+        f.teardown();
     }
 }
 
@@ -80,8 +116,7 @@ fn the_step_graph_has_one_node_per_part() {
 fn readers_that_write_other_handoffs_and_readers_with_temporaries() {
     for k in 2..=4 {
         for reader_temps in [false, true] {
-            let mut spec = Spec::new(k);
-            spec.chain = true;
+            let mut spec = chained(k, 1);
             spec.reader_temps = reader_temps;
             check_step(&spec, &all(&spec), false, 4);
         }
@@ -90,44 +125,21 @@ fn readers_that_write_other_handoffs_and_readers_with_temporaries() {
 
 #[test]
 fn readers_scheduled_before_the_writer_and_on_shared_streams() {
-    let mut spec = Spec::new(3);
-    spec.chain = true;
+    let spec = chained(3, 1);
     // Readers of later ready points scheduled first, sharing the
     // writer's stream and one another's.
-    let items = [
-        Item::Replay(0, 0),
-        Item::Replay(3, 0),
-        Item::Replay(2, 1),
-        Item::Replay(1, 1),
-        Item::Replay(4, 0),
-    ];
+    let items = replays(&[(0, 0), (3, 0), (2, 1), (1, 1), (4, 0)]);
     check_step_primed(&spec, &all(&spec), &items, false, 4);
-    let items = [
-        Item::Replay(0, 2),
-        Item::Replay(3, 2),
-        Item::Replay(1, 2),
-        Item::Replay(4, 2),
-        Item::Replay(2, 2),
-    ];
+    let items = replays(&[(0, 2), (3, 2), (1, 2), (4, 2), (2, 2)]);
     check_step(&spec, &items, false, 4);
 }
 
 #[test]
 fn the_writer_replayed_twice_in_a_step() {
     for temps in [false, true] {
-        let mut spec = Spec::new(3);
-        spec.copies = 2;
-        spec.chain = true;
+        let mut spec = chained(3, 2);
         spec.writer_temps = temps;
-        let items = [
-            Item::Replay(0, 0),
-            Item::Replay(1, 1),
-            Item::Replay(2, 2),
-            Item::Replay(0, 3),
-            Item::Replay(3, 3),
-            Item::Replay(4, 4),
-            Item::Replay(2, 0),
-        ];
+        let items = replays(&[(0, 0), (1, 1), (2, 2), (0, 3), (3, 3), (4, 4), (2, 0)]);
         check_step(&spec, &items, false, 3);
     }
 }
@@ -136,9 +148,7 @@ fn the_writer_replayed_twice_in_a_step() {
 fn overlapping_step_graphs_of_split_writers() {
     for temps in [false, true] {
         for k in [2, 4] {
-            let mut spec = Spec::new(k);
-            spec.copies = 2;
-            spec.chain = true;
+            let mut spec = chained(k, 2);
             spec.writer_temps = temps;
             check_step(&spec, &all(&spec), true, 6);
         }
@@ -168,27 +178,13 @@ fn subsets_of_ready_points_match_per_runner_replays() {
     // others' readers wait for the whole writer.
     for order in [vec![1], vec![2], vec![0, 2], vec![1, 2], vec![]] {
         let spec = Spec::new(3);
-        let o = order.clone();
-        let mut reference = fan(&spec, &move |_| o.clone());
-        assert!(reference.errors.is_empty(), "{:?}", reference.errors);
-        let items = all(&spec);
-        for _ in 0..4 {
-            reference.per_runner(&items);
-        }
-        let o = order.clone();
-        let mut f = fan(&spec, &move |_| o.clone());
-        f.per_runner(&items);
-        let mut kept = f.build(&items, false).unwrap();
-        let streams = f.streams.clone();
-        for i in 0..2 {
-            f.r().launch_kept(&mut kept, &streams[i]).unwrap();
-        }
-        drop(kept);
-        f.per_runner(&items);
-        f.hazard_free();
-        assert_eq!(f.values(), reference.values(), "{order:?}");
-        reference.teardown();
-        f.teardown();
+        let launches = Launches {
+            prime: &[],
+            items: &all(&spec),
+            overlapping: false,
+            streams: &[0, 1],
+        };
+        launches.match_replays(&spec, &move |_| order.clone());
     }
 }
 
@@ -196,32 +192,18 @@ fn subsets_of_ready_points_match_per_runner_replays() {
 fn a_reordered_but_consistent_ready_order_matches_per_runner_replays() {
     // Ready points in another order than the handoffs were declared.
     let spec = Spec::new(4);
-    let order = |_| vec![3, 1, 0, 2];
-    let items = all(&spec);
-    let mut reference = fan(&spec, &order);
-    for _ in 0..5 {
-        reference.per_runner(&items);
-    }
-    let mut f = fan(&spec, &order);
-    f.per_runner(&items);
-    let mut kept = f.build(&items, false).unwrap();
-    let streams = f.streams.clone();
-    for i in 0..3 {
-        f.r().launch_kept(&mut kept, &streams[4 - i]).unwrap();
-    }
-    drop(kept);
-    f.per_runner(&items);
-    f.hazard_free();
-    assert_eq!(f.values(), reference.values());
-    reference.teardown();
-    f.teardown();
+    let launches = Launches {
+        prime: &[],
+        items: &all(&spec),
+        overlapping: false,
+        streams: &[4, 3, 2],
+    };
+    launches.match_replays(&spec, &|_| vec![3, 1, 0, 2]);
 }
 
 #[test]
 fn kept_steps_and_per_runner_replays_interleaved_around_split_writers() {
-    let mut spec = Spec::new(3);
-    spec.copies = 4;
-    spec.chain = true;
+    let spec = chained(3, 4);
     let items = all(&spec);
     let mut reference = fan(&spec, &identity(3));
     let mut f = fan(&spec, &identity(3));
@@ -324,9 +306,7 @@ fn temporaries_living_in_different_parts_of_a_cut_copy() {
 }
 
 fn temporaries_in_parts(mut writer: fn(&W, &sim::Stream) -> R, writer_nodes: usize) {
-    let mut spec = Spec::new(3);
-    spec.copies = 3;
-    spec.chain = true;
+    let spec = chained(3, 3);
     let items = all(&spec);
     let mut reference = fan_custom(&spec, &mut writer);
     assert!(reference.errors.is_empty(), "{:?}", reference.errors);

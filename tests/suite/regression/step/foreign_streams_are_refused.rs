@@ -8,6 +8,7 @@
 //! (`a_stream_of_another_backend_is_never_taken_for_one_of_this_backend`);
 //! stream ids now carry their backend's serial.
 
+use crate::support::faults::build;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plans::*;
 use replay_arena::sim;
@@ -107,11 +108,7 @@ fn a_foreign_step_lane_aliasing_a_lane_never_drops_a_wait() {
                 }
                 ok &= step.replay(RunnerId(1), &foreign).is_ok();
                 if ok {
-                    let g = if overlapping {
-                        step.build_overlapping()
-                    } else {
-                        step.build()
-                    };
+                    let g = build(step, overlapping);
                     match g {
                         Ok(mut g) => {
                             for k in 0..3 {

@@ -6,12 +6,23 @@
 //! The finding (fixed): a build the backend refused used up the step copies
 //! it had moved (`a_backend_refused_build_keeps_the_step_copy_and_leaks_nothing`).
 
+use crate::support::attacks::counted_runs;
 use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
 use replay_arena::backend::Backend;
 use replay_arena::sim;
 use replay_arena::{ConsumeError, Policy, RunnerId, StepError};
+
+/// The bytes of step copies the report of `w`'s plan counts.
+fn step_copy_bytes(w: &World) -> u64 {
+    w.replayable
+        .report()
+        .unwrap()
+        .temporaries
+        .unwrap()
+        .step_copies
+}
 
 /// Attack: `build_overlapping` with one step copy (it needs two): a typed
 /// NoStepCopy, and the copy is still there for a single step graph; a
@@ -48,15 +59,7 @@ fn failed_builds_use_up_no_step_copy_and_leak_no_graph_memory() {
         drop(step);
     }
     assert_eq!(copies(&w), 1, "a dropped builder used the copy");
-    assert_eq!(
-        w.replayable
-            .report()
-            .unwrap()
-            .temporaries
-            .unwrap()
-            .step_copies,
-        each
-    );
+    assert_eq!(step_copy_bytes(&w), each);
     // The copy still works in a single step graph.
     {
         let mut step = w.replayable.step();
@@ -132,15 +135,7 @@ fn step_copies_are_counted_down_exactly_and_the_report_follows() {
     w.stepped(&[P(0, 0), P(1, 1)], 2, true, false, &|_| ex.clone())
         .unwrap();
     assert_eq!(w.replayable.temporaries(RunnerId(1)).unwrap().1, 1);
-    assert_eq!(
-        w.replayable
-            .report()
-            .unwrap()
-            .temporaries
-            .unwrap()
-            .step_copies,
-        each
-    );
+    assert_eq!(step_copy_bytes(&w), each);
     w.replayable.trim_graph_memory().unwrap();
     // The runner's own graph and the one copy left: 2 x each in use.
     assert_eq!(w.pool().used, 2 * each, "{:?}", w.pool());
@@ -160,15 +155,7 @@ fn step_copies_are_counted_down_exactly_and_the_report_follows() {
     drop(step);
     w.replayable.trim_graph_memory().unwrap();
     assert_eq!(w.pool().used, each, "only the runner's own graph");
-    assert_eq!(
-        w.replayable
-            .report()
-            .unwrap()
-            .temporaries
-            .unwrap()
-            .step_copies,
-        0
-    );
+    assert_eq!(step_copy_bytes(&w), 0);
 }
 
 /// Found by this review (fixed): a build the backend refused after the
@@ -327,18 +314,7 @@ fn a_panicking_or_escaping_step_consumer_with_step_copies_in_play() {
 fn zero_step_copies_is_a_typed_error_at_the_step() {
     let mut c = cap1(false);
     let (sim, s) = (c.sim.clone(), c.s.clone());
-    let mut runs = 0;
-    {
-        let cap = c.capturing.capture(RunnerId(0)).unwrap();
-        let v = cap.take(OWN).unwrap();
-        cap.step_copies(0);
-        cap.stream_capture_repeatable(&s, |st| {
-            runs += 1;
-            with_temporary(&sim, st, &v)
-        })
-        .unwrap();
-        cap.finish().unwrap();
-    }
+    let runs = counted_runs(&mut c, 0, |_, st, v, _| with_temporary(&sim, st, v));
     assert_eq!(runs, 1, "step_copies(0) captured copies anyway");
     let mut r = c.capturing.seal().unwrap();
     r.replay(RunnerId(0), &s).unwrap();

@@ -6,79 +6,81 @@
 
 #![allow(clippy::type_complexity)] // attack tables
 
+use crate::support::attacks::counted_runs;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
 use replay_arena::backend::{Backend, Streams};
 use replay_arena::sim;
 use replay_arena::{Policy, RunnerId};
 
+/// A run's work: `(sim, stream, another stream, the view, run, what the
+/// runs keep)`.
+type Work = dyn Fn(
+    &sim::Device,
+    &sim::Stream,
+    &sim::Stream,
+    &replay_arena::View<'_>,
+    usize,
+    &mut Vec<sim::Span>,
+) -> replay_arena::Result<()>;
+
+/// Work that passes the view through a temporary each run, and in run
+/// `n` does `extra` (`sim, stream, another stream, view`) too.
+fn on_run(
+    n: usize,
+    extra: impl Fn(
+            &sim::Device,
+            &sim::Stream,
+            &sim::Stream,
+            &replay_arena::View<'_>,
+        ) -> replay_arena::Result<()>
+        + 'static,
+) -> Box<Work> {
+    Box::new(move |sim, s, other, v, run, _| {
+        with_temporary(sim, s, v)?;
+        if run == n {
+            extra(sim, s, other, v)?;
+        }
+        Ok(())
+    })
+}
+
 /// Attack: the second (or third) run fails, panics, nests a capture, works
 /// on another stream, frees what the first allocated, allocates without
 /// freeing: every one fails the runner and leaves nothing behind.
 #[test]
 fn every_way_a_later_run_can_go_wrong_fails_the_runner_and_leaks_nothing() {
-    type Work = dyn Fn(
-        &sim::Device,
-        &sim::Stream,
-        &sim::Stream,
-        &replay_arena::View<'_>,
-        usize,
-        &mut Vec<sim::Span>,
-    ) -> replay_arena::Result<()>;
     let cases: Vec<(&str, usize, Box<Work>)> = vec![
         (
             "error on run 2",
             1,
-            Box::new(|sim, s, _, v, run, _| {
-                with_temporary(sim, s, v)?;
-                if run == 2 {
-                    return Err(test_err("run 2"));
-                }
-                Ok(())
-            }),
+            on_run(2, |_, _, _, _| Err(test_err("run 2"))),
         ),
         (
             "error on run 3 of 3",
             2,
-            Box::new(|sim, s, _, v, run, _| {
-                with_temporary(sim, s, v)?;
-                if run == 3 {
-                    return Err(test_err("run 3"));
-                }
-                Ok(())
-            }),
+            on_run(3, |_, _, _, _| Err(test_err("run 3"))),
         ),
         (
             "error on run 3, after an alloc, unbalanced",
             2,
-            Box::new(|sim, s, _, v, run, _| {
-                with_temporary(sim, s, v)?;
-                if run == 3 {
-                    let _t = sim.alloc_async(s, N)?;
-                    return Err(test_err("run 3"));
-                }
-                Ok(())
+            on_run(3, |sim, s, _, _| {
+                let _t = sim.alloc_async(s, N)?;
+                Err(test_err("run 3"))
             }),
         ),
         (
             "work on another stream in run 2",
             1,
-            Box::new(|sim, s, other, v, run, _| {
-                with_temporary(sim, s, v)?;
-                if run == 2 {
-                    sim.launch(other, sim::Kernel::fill(v, 9.0), 1)?;
-                }
-                Ok(())
+            on_run(2, |sim, _, other, v| {
+                Ok(sim.launch(other, sim::Kernel::fill(v, 9.0), 1)?)
             }),
         ),
         (
             "unbalanced alloc only in copy 2 of 2",
             2,
-            Box::new(|sim, s, _, v, run, _| {
-                with_temporary(sim, s, v)?;
-                if run == 3 {
-                    let _t = sim.alloc_async(s, N)?;
-                }
+            on_run(3, |sim, s, _, _| {
+                let _t = sim.alloc_async(s, N)?;
                 Ok(())
             }),
         ),
@@ -286,24 +288,15 @@ fn a_forgotten_capture_after_a_repeatable_capture_is_sound() {
 fn step_copies_changed_from_inside_the_closure_stay_consistent() {
     for grow in [true, false] {
         let mut c = cap1(false);
-        let (sim, s) = (c.sim.clone(), c.s.clone());
-        let mut runs = 0;
-        {
-            let cap = c.capturing.capture(RunnerId(0)).unwrap();
-            let v = cap.take(OWN).unwrap();
-            cap.step_copies(3);
-            cap.stream_capture_repeatable(&s, |st| {
-                runs += 1;
-                if grow && runs < 6 {
-                    cap.step_copies(runs + 3);
-                } else if !grow {
-                    cap.step_copies(0);
-                }
-                with_temporary(&sim, st, &v)
-            })
-            .unwrap();
-            cap.finish().unwrap();
-        }
+        let sim = c.sim.clone();
+        let runs = counted_runs(&mut c, 3, |cap, st, v, runs| {
+            if grow && runs < 6 {
+                cap.step_copies(runs + 3);
+            } else if !grow {
+                cap.step_copies(0);
+            }
+            with_temporary(&sim, st, v)
+        });
         let r = c.capturing.seal().unwrap();
         let (t, copies) = r.temporaries(RunnerId(0)).unwrap();
         let p = sim.graph_memory_in_use().unwrap().unwrap();

@@ -4,6 +4,7 @@
 //! figures, and every way out of a plan: no arena is freed under queued
 //! work and every graph-memory byte, allocation and event comes back.
 
+use crate::support::faults::build;
 use crate::support::steps::leftovers;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
@@ -222,12 +223,7 @@ fn dropping_a_step_graph_whose_wait_fails_frees_nothing_in_flight() {
         let used_before = w.pool().used;
         {
             let step = step_of!(w, &items, 100).unwrap();
-            let mut g = if overlapping {
-                step.build_overlapping()
-            } else {
-                step.build()
-            }
-            .unwrap();
+            let mut g = build(step, overlapping).unwrap();
             for k in 0..3 {
                 g.launch(&ex[k % 2]).unwrap();
             }

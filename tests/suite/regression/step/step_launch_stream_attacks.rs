@@ -4,11 +4,39 @@
 //! stays as it was), a step reading a handoff it never writes, and program
 //! work on a lane between launches (ordered the documented way).
 
+use crate::support::attacks::{assert_hazard_free, launch_in_turn};
 use crate::support::capture_view;
+use crate::support::faults::build;
 use crate::support::steps::overlap::*;
 use crate::support::steps::plan_runners;
 use replay_arena::sim;
 use replay_arena::{Operation, Policy, RunnerId, StepError};
+
+/// Program work on `s`: every one of `buffers` (a world's accumulators,
+/// lane accumulators and sinks: all its consumers write) halved.
+fn halve_program_buffers(sim: &sim::Device, buffers: [&[sim::HostBuffer]; 3], s: &sim::Stream) {
+    for b in buffers.into_iter().flatten() {
+        sim.launch(s, sim::Kernel::scale(b, 0.5), 3).unwrap();
+    }
+}
+
+/// Two runners sharing bytes on `sim`, each filling its view with its
+/// number plus one (slowly), captured on `a`; runner 0 replayed on `a`.
+fn slow_pair_replayed_on(
+    sim: &sim::Device,
+    a: &sim::Stream,
+) -> replay_arena::Replayable<sim::Device> {
+    let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    for r in 0..2u32 {
+        capture_view(&mut capturing, RunnerId(r), OWN, a, |s, v| {
+            sim.launch(s, sim::Kernel::fill(&v, r as f32 + 1.0), 1000)
+        });
+    }
+    let mut rp = capturing.seal().unwrap();
+    rp.replay(RunnerId(0), a).unwrap();
+    rp
+}
 
 /// Attack: `wait_all` after overlapping launches alternating over three
 /// streams, then program work on a fourth stream writes every program
@@ -28,23 +56,17 @@ fn wait_all_after_overlapping_launches_orders_program_work() {
         {
             let step = step_of!(w, &items, 1).unwrap();
             let mut g = step.build_overlapping().unwrap();
-            for k in 0..5 {
-                g.launch(&ex[k % 3]).unwrap();
-            }
+            launch_in_turn(&mut g, &ex, 5);
             if forget {
                 std::mem::forget(g);
             } else {
                 g.wait_all(&opt).unwrap();
-                for b in w.accs.iter().chain(&w.lane_accs).chain(&w.sinks) {
-                    w.sim.launch(&opt, sim::Kernel::scale(b, 0.5), 3).unwrap();
-                }
+                halve_program_buffers(&w.sim, [&w.accs, &w.lane_accs, &w.sinks], &opt);
             }
         }
         if forget {
             w.replayable.wait_all(&opt).unwrap();
-            for b in w.accs.iter().chain(&w.lane_accs).chain(&w.sinks) {
-                w.sim.launch(&opt, sim::Kernel::scale(b, 0.5), 3).unwrap();
-            }
+            halve_program_buffers(&w.sim, [&w.accs, &w.lane_accs, &w.sinks], &opt);
         }
         w.replayable.synchronize().unwrap();
         w.sim.read_f32(&w.accs[0]).unwrap();
@@ -65,11 +87,7 @@ fn a_step_reading_a_handoff_it_never_writes_is_refused() {
         w.per_runner(&[P(0, 0)], 1).unwrap();
         let mut step = w.replayable.step();
         step.replay(RunnerId(1), &w.lanes[1]).unwrap();
-        let built = if overlapping {
-            step.build_overlapping()
-        } else {
-            step.build()
-        };
+        let built = build(step, overlapping);
         match built {
             Err(StepError::Schedule(replay_arena::ScheduleError::Replay(
                 replay_arena::ReplayError::HandoffAlreadyRead { .. },
@@ -92,29 +110,16 @@ fn a_step_reading_a_handoff_it_never_writes_is_refused() {
 fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
     for overlapping in [false, true] {
         for build_inside in [false, true] {
-            let planned =
-                plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
             let sim = sim::Device::new();
             let [a, b, x, y] = crate::support::streams(&sim);
-            let mut capturing = planned.allocate(sim.clone()).unwrap();
-            for r in 0..2u32 {
-                capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
-                    sim.launch(s, sim::Kernel::fill(&v, r as f32 + 1.0), 1000)
-                });
-            }
-            let mut rp = capturing.seal().unwrap();
-            rp.replay(RunnerId(0), &a).unwrap(); // nobody waited: its record is deferred
+            // Nobody waits for the replay on `a`: its record is deferred.
+            let mut rp = slow_pair_replayed_on(&sim, &a);
             let mut results = Vec::new();
             if build_inside {
                 while_captured(&sim, &a, |_| {
                     let mut step = rp.step();
                     step.replay(RunnerId(1), &b).unwrap();
-                    let mut g = if overlapping {
-                        step.build_overlapping()
-                    } else {
-                        step.build()
-                    }
-                    .unwrap();
+                    let mut g = build(step, overlapping).unwrap();
                     results.push(g.launch(&x).map_err(|e| e.to_string()));
                     results.push(g.launch(&y).map_err(|e| e.to_string()));
                     results.push(g.wait_all(&y).map_err(|e| e.to_string()));
@@ -123,12 +128,7 @@ fn a_step_launch_whose_deferred_record_stream_is_captured_by_another_plan() {
             } else {
                 let mut step = rp.step();
                 step.replay(RunnerId(1), &b).unwrap();
-                let mut g = if overlapping {
-                    step.build_overlapping()
-                } else {
-                    step.build()
-                }
-                .unwrap();
+                let mut g = build(step, overlapping).unwrap();
                 while_captured(&sim, &a, |_| {
                     results.push(g.launch(&x).map_err(|e| e.to_string()));
                     results.push(g.launch(&y).map_err(|e| e.to_string()));
@@ -194,27 +194,14 @@ fn a_refused_launch_between_good_ones_changes_nothing() {
 #[test]
 fn failed_step_launches_leave_the_fence_untouched() {
     for overlapping in [false, true] {
-        let planned = plan_runners((0..2).map(|r| (RunnerId(r), [OWN])), Policy::Generations(1));
         let sim = sim::Device::new();
         let (a, b, x) = (sim.new_stream(), sim.new_stream(), sim.new_stream());
         let acc = sim.alloc_f32(N).unwrap();
-        let mut capturing = planned.allocate(sim.clone()).unwrap();
-        for r in 0..2u32 {
-            capture_view(&mut capturing, RunnerId(r), OWN, &a, |s, v| {
-                sim.launch(s, sim::Kernel::fill(&v, r as f32 + 1.0), 1000)
-            });
-        }
-        let mut rp = capturing.seal().unwrap();
-        rp.replay(RunnerId(0), &a).unwrap();
+        let mut rp = slow_pair_replayed_on(&sim, &a);
         {
             let mut step = rp.step();
             step.replay(RunnerId(1), &b).unwrap();
-            let mut g = if overlapping {
-                step.build_overlapping()
-            } else {
-                step.build()
-            }
-            .unwrap();
+            let mut g = build(step, overlapping).unwrap();
             let mut failed = Vec::new();
             while_captured(&sim, &a, |_| {
                 failed.push(g.launch(&x).is_err());
@@ -237,12 +224,7 @@ fn failed_step_launches_leave_the_fence_untouched() {
         {
             let mut step = rp.step();
             step.replay(RunnerId(1), &b).unwrap();
-            let mut g = if overlapping {
-                step.build_overlapping()
-            } else {
-                step.build()
-            }
-            .unwrap();
+            let mut g = build(step, overlapping).unwrap();
             g.launch(&x).unwrap();
             g.launch(&b).unwrap();
         }
@@ -278,12 +260,7 @@ fn program_work_on_a_lane_between_launches_is_ordered_the_documented_way() {
             consume_work(&w.sim, &w.accs[0], &w.lane_accs[1], &w.one, false, 40),
         )
         .unwrap();
-        let mut g = if overlapping {
-            step.build_overlapping()
-        } else {
-            step.build()
-        }
-        .unwrap();
+        let mut g = build(step, overlapping).unwrap();
         for _ in 0..4 {
             // launched on lane 1, program work on lane 1 after wait_all.
             g.launch(&w.lanes[1]).unwrap();
@@ -292,10 +269,6 @@ fn program_work_on_a_lane_between_launches_is_ordered_the_documented_way() {
                 .unwrap();
         }
         drop(g);
-        assert!(
-            sim.hazards().is_empty(),
-            "overlapping {overlapping}: {:?}",
-            sim.hazards()
-        );
+        assert_hazard_free(&sim, format!("overlapping {overlapping}"));
     }
 }
