@@ -1,5 +1,5 @@
 //! The model of the tensor-parallel backward example, shared with its GPU
-//! test (`tests/gpu/examples/tp_backward.rs` includes this file): shapes, bf16
+//! tests (`tests/support/gpu/tp.rs` includes this file): shapes, bf16
 //! tensors, cuBLAS GEMMs, the reduce-scatter (NCCL or a copy kernel standing
 //! in), the FP32 accumulation, and the four ways to run a step (eager,
 //! discovery, capture, replay).
