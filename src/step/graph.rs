@@ -345,7 +345,7 @@ impl<'r, B: Compose> StepGraph<'r, B> {
     }
 
     /// What the step graph allocates as temporaries (the moved-in graphs'
-    /// memory nodes, now its own: [`Backend::graph_temporaries`](crate::backend::Backend::graph_temporaries)),
+    /// memory nodes, now its own: [`Capture::graph_temporaries`](crate::backend::Capture::graph_temporaries)),
     /// and what it holds of the driver's graph memory, estimated
     /// ([`StepGraphMemory`]). The device holds the larger of this and the
     /// plan's per-runner graphs' share ([`Replayable::graph_memory`]), not
