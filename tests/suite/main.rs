@@ -69,6 +69,7 @@ mod regression {
     mod buckets_at_run_time_attacks;
     mod consumer_counts;
     mod consumer_views_close_when_their_closure_returns;
+    mod cut_across_attacks;
     mod cut_copies {
         mod backend_roles_from_safe_code;
         mod copy_runs_that_differ;
