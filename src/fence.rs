@@ -351,7 +351,8 @@ impl<B: Streams> Fence<B> {
     /// proportion to the step, not to the plan: those runner slots, the
     /// handoffs the replays write and read, the latest users of every byte
     /// they claim or read, and the ledger's part of those bytes, handoffs
-    /// and runners. The layout is shared.
+    /// and runners. The layout is shared. Whoever runs it drops it at its
+    /// first failed operation: its transactions keep nothing aside.
     pub(crate) fn start_from<C: Streams>(
         other: &Fence<C>,
         plan: &Planned,
@@ -411,7 +412,11 @@ impl<B: Streams> Fence<B> {
             })
             .collect();
         let ledger = other.ledger.part(claims, &handoffs, &runners);
-        Fence::assemble(Slots::sparse(held), ledger, Arc::clone(layout), false)
+        let mut fence = Fence::assemble(Slots::sparse(held), ledger, Arc::clone(layout), false);
+        // A failed operation fails the step's build (or its launch) with
+        // it, and this fence is dropped: nothing to put back.
+        fence.journal = Journal::discarded_on_failure();
+        fence
     }
 
     /// What the fence holds (a dry run's: what its step can meet).
@@ -520,9 +525,10 @@ impl<B: Streams> Fence<B> {
         self.ledger.handoffs[h.0 as usize].ready
     }
 
-    /// Who last used which bytes, and the handoffs' writes and reads.
-    pub(crate) fn ledger(&self) -> &Ledger {
-        &self.ledger
+    /// Who last used which bytes, and the handoffs' writes and reads, the
+    /// fence given up for it (a dry run's, once its step is compiled).
+    pub(crate) fn into_ledger(self) -> Ledger {
+        self.ledger
     }
 
     /// Whether the slot is fenced (uses buffers).
@@ -695,11 +701,11 @@ impl<B: Streams> Fence<B> {
         let Some(repeat) = self.repeat else {
             return false;
         };
+        if repeat.slot != slot || repeat.stream != stream || repeat.epoch != self.epoch {
+            return false;
+        }
         let runner = &self.runners[slot];
-        repeat.slot == slot
-            && repeat.stream == stream
-            && repeat.epoch == self.epoch
-            && self.observer.is_none()
+        self.observer.is_none()
             && !runner.record_at_once
             && matches!(runner.completion, Some(Completion::Pending { id, .. }) if id == stream)
             && runner.readers.iter().all(|r| r.completion.is_none())

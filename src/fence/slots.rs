@@ -11,9 +11,80 @@ use std::ops::{Index, IndexMut};
 /// end is.
 #[derive(Clone, Debug)]
 pub(crate) struct Slots<T> {
-    /// `None`: dense. Otherwise the slot of each value, ascending.
-    held: Option<Vec<usize>>,
+    /// `None`: dense. Otherwise the slots held, and where each is.
+    held: Option<Held>,
     values: Vec<T>,
+}
+
+/// The slots a sparse store holds: ascending, and a table that finds one
+/// in constant time (a dry run's fence looks its slots up on every wait
+/// and record), sized to the slots held, not to the plan.
+#[derive(Clone, Debug)]
+struct Held {
+    /// The slot of each value, ascending.
+    slots: Vec<usize>,
+    /// Open addressing, linear probing: `k + 1` for the value at `k`, 0
+    /// for an empty entry. A power of two, at least twice the slots held
+    /// (so a probe always ends), or empty when none is held.
+    table: Vec<u32>,
+    /// `64 - log2(table.len())`: the hash's shift.
+    shift: u32,
+}
+
+impl Held {
+    fn new(slots: Vec<usize>) -> Held {
+        if slots.is_empty() {
+            return Held {
+                slots,
+                table: Vec::new(),
+                shift: 0,
+            };
+        }
+        let size = (2 * slots.len()).next_power_of_two().max(2);
+        let shift = 64 - size.trailing_zeros();
+        let mut table = vec![0u32; size];
+        let mask = size - 1;
+        for (k, &slot) in slots.iter().enumerate() {
+            let mut h = Held::hash(slot, shift);
+            while table[h] != 0 {
+                h = (h + 1) & mask;
+            }
+            table[h] = u32::try_from(k + 1).expect("fewer than 2^32 slots held");
+        }
+        Held {
+            slots,
+            table,
+            shift,
+        }
+    }
+
+    /// Fibonacci hashing: consecutive slots (a bucket's runners) spread
+    /// over the table.
+    #[inline(always)]
+    fn hash(slot: usize, shift: u32) -> usize {
+        ((slot as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift) as usize
+    }
+
+    /// Where slot `slot`'s value is, if it is held.
+    #[inline(always)]
+    fn find(&self, slot: usize) -> Option<usize> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let mask = self.table.len() - 1;
+        let mut h = Held::hash(slot, self.shift);
+        loop {
+            let e = self.table[h];
+            if e == 0 {
+                return None;
+            }
+            let k = e as usize - 1;
+            if self.slots[k] == slot {
+                return Some(k);
+            }
+            h = (h + 1) & mask;
+        }
+    }
 }
 
 impl<T> Slots<T> {
@@ -27,7 +98,7 @@ impl<T> Slots<T> {
         debug_assert!(pairs.windows(2).all(|w| w[0].0 < w[1].0));
         let (held, values) = pairs.into_iter().unzip();
         Slots {
-            held: Some(held),
+            held: Some(Held::new(held)),
             values,
         }
     }
@@ -48,7 +119,7 @@ impl<T> Slots<T> {
     fn position(&self, slot: usize) -> Option<usize> {
         match &self.held {
             None => (slot < self.values.len()).then_some(slot),
-            Some(held) => held.binary_search(&slot).ok(),
+            Some(held) => held.find(slot),
         }
     }
 
@@ -56,7 +127,7 @@ impl<T> Slots<T> {
     pub(crate) fn slot_at(&self, k: usize) -> usize {
         match &self.held {
             None => k,
-            Some(held) => held[k],
+            Some(held) => held.slots[k],
         }
     }
 
@@ -71,7 +142,7 @@ impl<T> Slots<T> {
 
     /// Every value held, with its slot, to change.
     pub(crate) fn pairs_mut(&mut self) -> impl Iterator<Item = (usize, &mut T)> {
-        let held = self.held.as_deref();
+        let held = self.held.as_ref().map(|h| h.slots.as_slice());
         self.values
             .iter_mut()
             .enumerate()
@@ -85,36 +156,39 @@ impl<T> Slots<T> {
     }
 }
 
-impl<T> Slots<T> {
-    /// Where a sparse store holds slot `slot` (off the dense hot path).
-    #[cold]
-    #[inline(never)]
-    fn sparse_position(&self, slot: usize) -> usize {
-        match self.position(slot) {
-            Some(k) => k,
-            None => panic!("fence slot {slot} is not held by this dry run"),
-        }
+/// Where a sparse store's `held` holds slot `slot`.
+#[inline(always)]
+fn sparse_position(held: &Held, slot: usize) -> usize {
+    match held.find(slot) {
+        Some(k) => k,
+        None => not_held(slot),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn not_held(slot: usize) -> ! {
+    panic!("fence slot {slot} is not held by this dry run")
 }
 
 impl<T> Index<usize> for Slots<T> {
     type Output = T;
 
-    #[inline]
+    #[inline(always)]
     fn index(&self, slot: usize) -> &T {
         match &self.held {
             None => &self.values[slot],
-            Some(_) => &self.values[self.sparse_position(slot)],
+            Some(held) => &self.values[sparse_position(held, slot)],
         }
     }
 }
 
 impl<T> IndexMut<usize> for Slots<T> {
-    #[inline]
+    #[inline(always)]
     fn index_mut(&mut self, slot: usize) -> &mut T {
         let k = match &self.held {
             None => slot,
-            Some(_) => self.sparse_position(slot),
+            Some(held) => sparse_position(held, slot),
         };
         &mut self.values[k]
     }
@@ -141,6 +215,28 @@ mod tests {
         let pairs: Vec<(usize, char)> = s.pairs().map(|(i, &v)| (i, v)).collect();
         assert_eq!(pairs, vec![(2, 'z'), (7, 'b'), (40, 'c')]);
         assert_eq!((s.held(), s.slot_at(1)), (3, 7));
+    }
+
+    #[test]
+    fn a_sparse_store_finds_every_slot_it_holds_whatever_their_spacing() {
+        // Runs of consecutive slots, strides of powers of two (the worst
+        // for a table indexed by low bits) and scattered ones.
+        let mut slots: Vec<usize> = (100..164).collect();
+        slots.extend((1..=40).map(|k| 5000 + k * 1024));
+        slots.extend((1..=30).map(|k| 200_000 + k * k * 37));
+        slots.sort_unstable();
+        slots.dedup();
+        let s = Slots::sparse(slots.iter().map(|&i| (i, i * 3)).collect());
+        for &i in &slots {
+            assert_eq!(s.get(i), Some(&(i * 3)));
+            assert_eq!(s[i], i * 3);
+        }
+        let held: std::collections::BTreeSet<usize> = slots.iter().copied().collect();
+        for i in (0..300_000).step_by(7) {
+            assert_eq!(s.get(i).is_some(), held.contains(&i), "slot {i}");
+        }
+        let empty: Slots<u8> = Slots::sparse(Vec::new());
+        assert_eq!((empty.get(0), empty.get(9), empty.held()), (None, None, 0));
     }
 
     #[test]

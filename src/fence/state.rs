@@ -11,7 +11,9 @@
 //! only order more than the fence knows of. When the calls succeeded,
 //! [`Fence::commit`] drops what was kept and moves the fence's epoch on.
 //! The ledger (who last used which bytes) changes only after a commit,
-//! when the launch it describes went out.
+//! when the launch it describes went out. A step's dry run keeps nothing
+//! aside: whoever runs it drops its fence with the first failure
+//! ([`Journal::discarded_on_failure`]).
 
 use super::{Fence, FenceStats};
 use crate::backend::Streams;
@@ -130,6 +132,10 @@ pub(super) struct Journal<S> {
     /// The open transaction's number (0: none open yet).
     serial: u64,
     open: bool,
+    /// Whether slots' states are kept aside: not for a fence that is
+    /// thrown away whole when any of its operations fails (a step's dry
+    /// run, [`Journal::discarded_on_failure`]).
+    keeps: bool,
     undo: Vec<Undo<S>>,
     stats: FenceStats,
 }
@@ -139,6 +145,18 @@ impl<S> Journal<S> {
     pub(super) fn in_open(&self) -> bool {
         self.open
     }
+
+    /// The journal of a fence that nobody uses after an operation of it
+    /// failed (a step's dry run: its build, or its launch's check, fails
+    /// with it and drops it): a rollback has no state to put back, so no
+    /// change keeps the state before it aside. Transactions still open and
+    /// commit (the epoch moves on as on any fence).
+    pub(super) fn discarded_on_failure() -> Journal<S> {
+        Journal {
+            keeps: false,
+            ..Journal::default()
+        }
+    }
 }
 
 impl<S> Default for Journal<S> {
@@ -146,6 +164,7 @@ impl<S> Default for Journal<S> {
         Journal {
             serial: 0,
             open: false,
+            keeps: true,
             undo: Vec::new(),
             stats: FenceStats::default(),
         }
@@ -215,10 +234,14 @@ impl<B: Streams> Fence<B> {
 
     /// Before a change to slot `slot`'s completion or record state: keeps
     /// it aside for the open transaction (once per transaction).
+    #[inline]
     pub(super) fn save(&mut self, slot: usize) {
         let journal = &mut self.journal;
+        if !journal.open || !journal.keeps {
+            return;
+        }
         let r = &mut self.runners[slot];
-        if !journal.open || r.saved == journal.serial {
+        if r.saved == journal.serial {
             return;
         }
         r.saved = journal.serial;
@@ -234,10 +257,14 @@ impl<B: Streams> Fence<B> {
 
     /// Before a change to reader `at` of slot `slot`: keeps it aside for
     /// the open transaction (once per transaction).
+    #[inline]
     pub(super) fn save_reader(&mut self, slot: usize, at: usize) {
         let journal = &mut self.journal;
+        if !journal.open || !journal.keeps {
+            return;
+        }
         let r = &mut self.runners[slot].readers[at];
-        if !journal.open || r.saved == journal.serial {
+        if r.saved == journal.serial {
             return;
         }
         r.saved = journal.serial;

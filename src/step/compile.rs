@@ -2,7 +2,9 @@
 //! writers split at their ready points, a dry run of the schedule through
 //! the fence whose waits become the edges, then the composition.
 
-use super::dry_run::{dry_fence, dry_pass, reduce_cross, restage, stages, DryRun, Edges, Use};
+use super::dry_run::{
+    dry_fence, dry_pass, reduce_cross, restage, stages, touched, Adjacency, DryRun, Edges, Use,
+};
 use super::graph::StepCore;
 use super::traced::{Events, Source, TracedNode, Tracing};
 use super::{Item, StepError, StepGraph};
@@ -35,7 +37,7 @@ impl<G> Splits<G> {
 /// step uses (ascending), whether the first pass after the first was
 /// already steady, and the fence it leaves.
 struct Dry {
-    deps: Vec<Vec<usize>>,
+    deps: Adjacency,
     cross: Vec<Vec<usize>>,
     touched: Vec<usize>,
     first_steady: bool,
@@ -118,9 +120,18 @@ pub(super) fn compile<B: Compose>(
         )?;
         graphs.push(graph);
     }
-    let edges = dry.deps.iter().chain(&dry.cross).map(Vec::len).sum();
+    let edges = dry.deps.edges() + dry.cross.iter().map(Vec::len).sum::<usize>();
     let graph_memory = concurrent_share(r, &items, &first, &dry.deps);
-    let tracing = tracing_of(r, items, split, &dry, lane_ids);
+    let Dry {
+        deps,
+        cross,
+        touched,
+        fence,
+        restaged,
+        ..
+    } = dry;
+    let held = fence.held();
+    let tracing = tracing_of(r, items, split, (deps, cross), lane_ids);
     let epoch = r.fence.epoch();
     let number = r.fence.number_step();
     Ok(StepGraph {
@@ -129,9 +140,9 @@ pub(super) fn compile<B: Compose>(
             events,
             start,
             done,
-            ledger: dry.fence.ledger().clone(),
-            held: dry.fence.held(),
-            touched: dry.touched,
+            ledger: fence.into_ledger(),
+            held,
+            touched,
             launched: None,
             launches: 0,
             since: 0,
@@ -143,7 +154,7 @@ pub(super) fn compile<B: Compose>(
             nodes,
             edges,
             tracing,
-            restaged: dry.restaged,
+            restaged,
             number,
         },
         replayable: r,
@@ -162,8 +173,16 @@ fn concurrent_share<B: Compose>(
     r: &Replayable<B>,
     items: &[Item<B>],
     first: &[usize],
-    deps: &[Vec<usize>],
+    deps: &Adjacency,
 ) -> u64 {
+    let no_share = |item: &Item<B>| match *item {
+        Item::Replay { slot, .. } => r.runners[slot].temporaries.span == 0,
+        Item::Consume { .. } => true,
+    };
+    if items.iter().all(no_share) {
+        // No replay node takes a share: nothing at any depth.
+        return 0;
+    }
     let granule = r.backend.graph_memory_granule();
     let mut share = vec![0u64; deps.len()];
     for (k, item) in items.iter().enumerate() {
@@ -180,7 +199,7 @@ fn concurrent_share<B: Compose>(
     let mut depth = vec![0usize; deps.len()];
     let mut at_depth = vec![0u64; deps.len()];
     for n in 0..deps.len() {
-        depth[n] = (deps[n].iter())
+        depth[n] = (deps.get(n).iter())
             .filter(|&&p| p < n)
             .map(|&p| depth[p] + 1)
             .max()
@@ -192,25 +211,23 @@ fn concurrent_share<B: Compose>(
 
 /// What the step graph keeps to compose a traced copy of itself: per node
 /// where its graph comes from (the split writers' parts and the
-/// consumers' graphs kept), its kind in a trace, its lane and its edges.
+/// consumers' graphs kept), its kind in a trace, its lane and its edges
+/// (the dry run's, `deps` and `cross`, moved in).
 fn tracing_of<B: Compose>(
     r: &Replayable<B>,
     items: Vec<Item<B>>,
     split: Splits<B::Graph>,
-    dry: &Dry,
+    (deps, cross): (Adjacency, Vec<Vec<usize>>),
     lanes: Vec<u64>,
 ) -> Tracing<B> {
-    let deps = &dry.deps;
     let mut parts = split.parts;
     let mut held: Vec<B::Graph> = Vec::new();
     let mut nodes: Vec<TracedNode> = Vec::with_capacity(deps.len());
     let mut node = |source, kind: &UseKind, lane| {
-        let deps = deps.get(nodes.len()).cloned().unwrap_or_default();
         nodes.push(TracedNode {
             source,
             kind: kind.clone(),
             lane,
-            deps,
         });
     };
     for (k, item) in items.into_iter().enumerate() {
@@ -253,7 +270,7 @@ fn tracing_of<B: Compose>(
             }
         }
     }
-    Tracing::new(nodes, held, lanes, dry.cross.clone())
+    Tracing::new(nodes, held, lanes, (deps, cross))
 }
 
 /// A consumer whose graph allocates temporaries goes in moved, as a step
@@ -451,34 +468,50 @@ fn run_dry<B: Compose>(
     let execs = if overlapping { 2 } else { 1 };
     let dry = DryRun::new(execs * lanes, nodes, overlapping);
     let mut fence = dry_fence(&r.fence, &dry, &r.plan, uses);
-    let mut touched = Vec::new();
+    let touched = touched(&fence, &r.plan, uses);
     let passes = if overlapping { 6 } else { 2 };
-    let mut kept: Vec<Edges> = Vec::new();
+    // The edges of the passes after the first: of the latest, of the one
+    // before it, and (two graphs in turn, where more than two of them may
+    // run) a copy of the first of them.
+    let (mut last, mut before): (Option<Edges>, Option<Edges>) = (None, None);
+    let mut first_kept: Option<Edges> = None;
     let mut restaged = Vec::new();
+    let mut slots: Vec<usize> = Vec::new();
     for pass in 0..passes {
         let offset = (pass % execs) * lanes;
         dry.begin_pass(pass, offset..offset + lanes);
         if pass == 1 {
             restaged = taken_inputs(&r.plan, uses, &mut fence);
+            slots = restaged.iter().map(|&(slot, _)| slot).collect();
         }
         // The program stages those before each launch after the first.
-        let slots: Vec<usize> = restaged.iter().map(|&(slot, _)| slot).collect();
         restage(&mut fence, &dry, &r.plan, &slots)?;
-        dry_pass(&mut fence, &dry, &r.plan, uses, offset, &mut touched)?;
+        dry_pass(&mut fence, &dry, &r.plan, uses, offset)?;
         if pass > 0 {
-            kept.push(dry.deps());
+            // The pass two before is no longer needed: the next pass
+            // writes into its lists.
+            let edges = dry.take_edges(before.take());
+            before = last.replace(edges);
+            if pass == 1 && passes > 3 {
+                first_kept = last.clone();
+            }
             // Steady: two passes in a row wait alike.
-            if kept.len() >= 2 && kept[kept.len() - 1] == kept[kept.len() - 2] {
+            if before.is_some() && before == last {
                 break;
             }
         }
     }
-    let steady = kept.len() == 1 || kept[kept.len() - 1] == kept[kept.len() - 2];
+    let steady = before.is_none() || before == last;
     // The second graph's first launch waits node by node for the first's
     // when the first pass after the first was already steady; otherwise for
     // the whole first launch.
-    let first_steady = kept.first() == kept.last();
-    let Some((deps, cross)) = kept.pop().filter(|_| steady) else {
+    let first_steady = match (&first_kept, &before) {
+        (Some(first), _) => Some(first) == last.as_ref(),
+        // One or two passes kept: the first is the one before the latest.
+        (None, Some(b)) => Some(b) == last.as_ref(),
+        (None, None) => true,
+    };
+    let Some((deps, cross)) = last.filter(|_| steady) else {
         return Err(Operation::StepBuild
             .failed(BackendError::Refused {
                 call: "step graph",
@@ -489,7 +522,7 @@ fn run_dry<B: Compose>(
     };
     // Every event node costs a launch host time and the device a wait:
     // keep only the cross edges nothing else implies.
-    let cross = reduce_cross(&deps, cross);
+    let cross = reduce_cross(&deps, &cross);
     let restaged = restaged
         .into_iter()
         .map(|(slot, by)| (r.plan.runners[slot].id(), by))
@@ -586,17 +619,40 @@ fn compose<B: Compose>(
             } => {
                 let name = r.plan.runners[slots[0]].id();
                 let graph = consumer_node_graph(name, graph.as_ref(), moved_consumers[k].take())?;
-                (name, *lane, vec![graph])
+                (name, *lane, NodeGraphs::One(Some(graph)))
             }
         };
         for graph in graphs {
             names.push(name);
             let n = step_nodes.len();
-            step_nodes.push(StepNode::new(graph, deps[n].clone(), lane));
+            step_nodes.push(StepNode::new(graph, deps.get(n).to_vec(), lane));
         }
     }
     let end = events.wire(&mut step_nodes, &dry.cross, x);
     compose_naming(&r.backend, step_nodes, end, &names)
+}
+
+/// The graphs of one item's nodes, in order (no list of its own: most
+/// items are one node).
+enum NodeGraphs<'g, G> {
+    /// A step copy's parts, moved in.
+    Moved(std::vec::IntoIter<G>),
+    /// A split writer's parts, copied.
+    Parts(std::slice::Iter<'g, G>),
+    /// One graph (or none).
+    One(Option<NodeGraph<'g, G>>),
+}
+
+impl<'g, G> Iterator for NodeGraphs<'g, G> {
+    type Item = NodeGraph<'g, G>;
+
+    fn next(&mut self) -> Option<NodeGraph<'g, G>> {
+        match self {
+            NodeGraphs::Moved(parts) => parts.next().map(NodeGraph::Move),
+            NodeGraphs::Parts(parts) => parts.next().map(NodeGraph::Copy),
+            NodeGraphs::One(graph) => graph.take(),
+        }
+    }
 }
 
 /// The graphs of item `k`, a replay of runner slot `slot`: its step copy
@@ -608,7 +664,7 @@ fn replay_node_graphs<'g, B: Compose>(
     copy: Option<StepCopy<B::Graph>>,
     split: &'g Splits<B::Graph>,
     k: usize,
-) -> Result<Vec<NodeGraph<'g, B::Graph>>, StepError> {
+) -> Result<NodeGraphs<'g, B::Graph>, StepError> {
     if r.runners[slot].moves() {
         // Checked above and in `replay`: a copy is left for each.
         let Some(copy) = copy.filter(|c| c.parts.len() == split.nodes(k)) else {
@@ -622,13 +678,13 @@ fn replay_node_graphs<'g, B: Compose>(
             )
             .into());
         };
-        return Ok(copy.parts.into_iter().map(NodeGraph::Move).collect());
+        return Ok(NodeGraphs::Moved(copy.parts.into_iter()));
     }
     if !split.parts[k].is_empty() {
-        return Ok(split.parts[k].iter().map(NodeGraph::Copy).collect());
+        return Ok(NodeGraphs::Parts(split.parts[k].iter()));
     }
     let graph = r.runners[slot].graph.as_ref();
-    Ok(graph.map(NodeGraph::Copy).into_iter().collect())
+    Ok(NodeGraphs::One(graph.map(NodeGraph::Copy)))
 }
 
 /// A consumer's graph (named by its first runner, `name`): the one moved

@@ -64,30 +64,13 @@ pub(super) fn dry_fence<C: Streams>(
 }
 
 /// One pass of the schedule through `fence`, on lanes `offset..`: every
-/// wait and record it makes goes to `dry`, and `touched` learns the
-/// fence slots the step uses (ascending, each once, when it returns).
+/// wait and record it makes goes to `dry`.
 pub(super) fn dry_pass(
     fence: &mut Fence<DryRun>,
     dry: &DryRun,
     plan: &crate::plan::Planned,
     uses: &[Use],
     offset: usize,
-    touched: &mut Vec<usize>,
-) -> Result<(), ScheduleError> {
-    let passed = uses_pass(fence, dry, plan, uses, offset, touched);
-    touched.sort_unstable();
-    touched.dedup();
-    passed
-}
-
-/// [`dry_pass`], `touched` in any order.
-fn uses_pass(
-    fence: &mut Fence<DryRun>,
-    dry: &DryRun,
-    plan: &crate::plan::Planned,
-    uses: &[Use],
-    offset: usize,
-    touched: &mut Vec<usize>,
 ) -> Result<(), ScheduleError> {
     for u in uses {
         match u {
@@ -107,10 +90,6 @@ fn uses_pass(
                     dry.run(*first, *count, id);
                     Ok(())
                 })?;
-                touched.push(*slot);
-                for &h in &plan.runners[*slot].record.writes {
-                    touched.push(fence.handoff_slot(h));
-                }
                 for &(h, node) in marks {
                     dry.mark(h, node);
                 }
@@ -129,11 +108,38 @@ fn uses_pass(
                 fence.consume(dry, plan, slots, on, *exclusive, || {
                     (dry.run(*first, 1, id), true)
                 })?;
-                touched.extend(slots.iter().filter(|&&slot| fence.is_fenced(slot)));
             }
         }
     }
     Ok(())
+}
+
+/// The fence slots the schedule `uses` uses, ascending, each once: its
+/// replays' runners and the handoffs they write, and the fenced runners
+/// its consumers read (the same in every pass: what a launch of the step
+/// leaves its latest users).
+pub(super) fn touched(
+    fence: &Fence<DryRun>,
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+) -> Vec<usize> {
+    let mut touched = Vec::with_capacity(uses.len());
+    for u in uses {
+        match u {
+            Use::Replay { slot, .. } => {
+                touched.push(*slot);
+                for &h in &plan.runners[*slot].record.writes {
+                    touched.push(fence.handoff_slot(h));
+                }
+            }
+            Use::Consume { slots, .. } => {
+                touched.extend(slots.iter().filter(|&&slot| fence.is_fenced(slot)));
+            }
+        }
+    }
+    touched.sort_unstable();
+    touched.dedup();
+    touched
 }
 
 /// Whether runner slot `slot` reads inputs the program stages
@@ -174,16 +180,16 @@ pub(super) fn restage(
 /// that node `x` waits for) that neither `x`'s other cross edges nor its
 /// ancestors' imply, given both graphs' edges `deps` (the same schedule:
 /// waiting for node `y` implies waiting for `y`'s ancestors).
-pub(super) fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
+pub(super) fn reduce_cross(deps: &Adjacency, cross: &Adjacency) -> Vec<Vec<usize>> {
     let n = deps.len();
-    if cross.iter().all(Vec::is_empty) {
+    if cross.edges() == 0 {
         // One graph: nothing to reduce (and no square tables to fill).
         return vec![Vec::new(); n];
     }
     // ancestors[y][z]: y runs after z, in one launch.
     let mut ancestors = vec![vec![false; n]; n];
     for y in 0..n {
-        for &d in &deps[y] {
+        for &d in deps.get(y) {
             if d < y {
                 ancestors[y][d] = true;
                 let (before, rest) = ancestors.split_at_mut(y);
@@ -198,7 +204,7 @@ pub(super) fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<V
     let mut out = vec![Vec::new(); n];
     for x in 0..n {
         let mut implied = vec![false; n];
-        for &d in &deps[x] {
+        for &d in deps.get(x) {
             if d < x {
                 for (z, &r) in reached[d].iter().enumerate() {
                     implied[z] |= r;
@@ -206,7 +212,7 @@ pub(super) fn reduce_cross(deps: &[Vec<usize>], cross: Vec<Vec<usize>>) -> Vec<V
             }
         }
         // The latest sources first: an earlier one may be their ancestor.
-        let mut mine: Vec<usize> = cross[x].iter().copied().filter(|&y| y < n).collect();
+        let mut mine: Vec<usize> = cross.get(x).iter().copied().filter(|&y| y < n).collect();
         mine.sort_unstable_by(|a, b| b.cmp(a));
         for y in mine {
             if implied[y] {
@@ -238,7 +244,90 @@ pub(super) type Ran = (usize, usize);
 
 /// Per node: the nodes of its own launch it runs after, and those of the
 /// launch before (overlapping step graphs).
-pub(super) type Edges = (Vec<Vec<usize>>, Vec<Vec<usize>>);
+pub(super) type Edges = (Adjacency, Adjacency);
+
+/// Per node, a list of nodes (the nodes it runs after), every list in one
+/// allocation: a dry run writes one per node and pass, and the step graph
+/// keeps them.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Adjacency {
+    /// Node `n`'s list: `flat[start..start + len]`, `spans[n] = (start, len)`.
+    spans: Vec<(usize, usize)>,
+    flat: Vec<usize>,
+}
+
+impl Adjacency {
+    /// `nodes` empty lists.
+    pub(super) fn new(nodes: usize) -> Adjacency {
+        Adjacency {
+            spans: vec![(0, 0); nodes],
+            flat: Vec::new(),
+        }
+    }
+
+    /// Nodes.
+    pub(super) fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Entries of every list.
+    pub(super) fn edges(&self) -> usize {
+        self.spans.iter().map(|&(_, len)| len).sum()
+    }
+
+    /// Node `n`'s list (empty past the last node).
+    pub(super) fn get(&self, n: usize) -> &[usize] {
+        match self.spans.get(n) {
+            Some(&(start, len)) => &self.flat[start..start + len],
+            None => &[],
+        }
+    }
+
+    /// Every list, by node.
+    pub(super) fn lists(&self) -> impl Iterator<Item = &[usize]> + '_ {
+        (0..self.len()).map(|n| self.get(n))
+    }
+
+    /// Every list empty again, the room kept.
+    fn clear(&mut self) {
+        self.spans.fill((0, 0));
+        self.flat.clear();
+    }
+
+    /// Makes node `n`'s list `items`, ascending, each once.
+    fn set(&mut self, n: usize, items: impl IntoIterator<Item = usize>) {
+        let start = self.flat.len();
+        self.flat.extend(items);
+        let list = &mut self.flat[start..];
+        // Most lists hold one node or two (stream order, and one wait).
+        match list {
+            [] | [_] => {}
+            [a, b] => {
+                if a > b {
+                    std::mem::swap(a, b);
+                }
+            }
+            _ => list.sort_unstable(),
+        }
+        let mut len = 0;
+        for i in 0..list.len() {
+            if len == 0 || list[i] != list[len - 1] {
+                list[len] = list[i];
+                len += 1;
+            }
+        }
+        self.flat.truncate(start + len);
+        self.spans[n] = (start, len);
+    }
+}
+
+impl PartialEq for Adjacency {
+    fn eq(&self, other: &Adjacency) -> bool {
+        self.len() == other.len() && self.lists().eq(other.lists())
+    }
+}
+
+impl Eq for Adjacency {}
 
 pub(super) struct Passes {
     /// Per lane: its latest node (a lane of the pass before keeps its
@@ -256,8 +345,8 @@ pub(super) struct Passes {
     /// after, and those of the pass before (waits on the other graph's
     /// launch, for overlapping step graphs; launch order covers them for
     /// one graph).
-    deps: Vec<Vec<usize>>,
-    cross: Vec<Vec<usize>>,
+    deps: Adjacency,
+    cross: Adjacency,
     /// Overlapping step graphs: lanes per graph (lane `l` of one graph is
     /// lane `l + half` of the other, modulo `2 * half`); 0 for one graph.
     half: usize,
@@ -265,6 +354,8 @@ pub(super) struct Passes {
     /// ([`restage`]): it runs no node.
     stage: usize,
     pass: usize,
+    /// Nodes run in this pass.
+    ran: usize,
 }
 
 #[derive(Clone)]
@@ -280,11 +371,16 @@ impl DryRun {
                 waits: vec![Vec::new(); lanes + 1],
                 recorded: BTreeMap::new(),
                 events: 0,
-                deps: vec![Vec::new(); nodes],
-                cross: vec![Vec::new(); nodes],
+                deps: Adjacency {
+                    // About one wait per node.
+                    flat: Vec::with_capacity(nodes),
+                    ..Adjacency::new(nodes)
+                },
+                cross: Adjacency::new(nodes),
                 half: if overlapping { lanes / 2 } else { 0 },
                 stage: lanes,
                 pass: 0,
+                ran: 0,
             })),
         }
     }
@@ -306,6 +402,7 @@ impl DryRun {
         let stage = t.stage;
         t.waits[stage].clear();
         t.pass = pass;
+        t.ran = 0;
     }
 
     /// The staging lane ([`restage`]).
@@ -315,46 +412,44 @@ impl DryRun {
 
     /// Runs nodes `first..first + parts` on `lane`, one after another.
     pub(super) fn run(&self, first: usize, parts: usize, lane: usize) {
-        let mut t = self.state.borrow_mut();
+        let mut guard = self.state.borrow_mut();
+        let t = &mut *guard;
         let pass = t.pass;
         for node in first..first + parts {
-            let waits: Vec<Ran> = std::mem::take(&mut t.waits[lane]);
-            let mut deps: Vec<usize> = waits
-                .iter()
-                .filter(|(p, _)| *p == pass)
-                .map(|&(_, n)| n)
-                .collect();
-            deps.extend(t.tails[lane].filter(|(p, _)| *p == pass).map(|(_, n)| n));
-            deps.sort_unstable();
-            deps.dedup();
+            // Each node's lists go where the pass before left room
+            // (`take_edges`): nothing allocated once they have grown.
+            let waits = &t.waits[lane];
+            let tail = t.tails[lane];
+            t.deps.set(
+                node,
+                (waits.iter())
+                    .filter(|(p, _)| *p == pass)
+                    .map(|&(_, n)| n)
+                    .chain(tail.filter(|(p, _)| *p == pass).map(|(_, n)| n)),
+            );
             // Waits on the pass before: the other graph's launch (older
             // passes are this graph's previous launch, complete first). And
             // a lane's first node runs after that lane's last node of the
             // pass before: the schedule's streams keep their order across
             // steps, as replays on them do (consumers accumulating into one
             // buffer on one stream, say).
-            let mut cross: Vec<usize> = Vec::new();
+            // (One graph: none, its lists stay empty.)
             if t.half > 0 {
-                cross.extend(
-                    waits
-                        .iter()
+                let twin = (lane + t.half) % (2 * t.half);
+                let twin = (t.tails[twin])
+                    .filter(|&(p, _)| tail.is_none() && p + 1 == pass)
+                    .map(|(_, n)| n);
+                t.cross.set(
+                    node,
+                    (waits.iter())
                         .filter(|(p, _)| *p + 1 == pass)
-                        .map(|&(_, n)| n),
+                        .map(|&(_, n)| n)
+                        .chain(twin),
                 );
-                if t.tails[lane].is_none() {
-                    let twin = (lane + t.half) % (2 * t.half);
-                    if let Some((p, n)) = t.tails[twin] {
-                        if p + 1 == pass {
-                            cross.push(n);
-                        }
-                    }
-                }
             }
-            cross.sort_unstable();
-            cross.dedup();
-            t.deps[node] = deps;
-            t.cross[node] = cross;
+            t.waits[lane].clear();
             t.tails[lane] = Some((pass, node));
+            t.ran += 1;
         }
     }
 
@@ -367,10 +462,23 @@ impl DryRun {
         }
     }
 
-    /// The latest pass's edges: (same pass, pass before).
-    pub(super) fn deps(&self) -> Edges {
-        let t = self.state.borrow();
-        (t.deps.clone(), t.cross.clone())
+    /// The latest pass's edges, (same pass, pass before), taken out of
+    /// the dry run; `spare` (the edges of an earlier pass, no longer
+    /// needed) is where the next pass writes its own, so that passes
+    /// after the first two allocate nothing.
+    pub(super) fn take_edges(&self, spare: Option<Edges>) -> Edges {
+        let mut t = self.state.borrow_mut();
+        // A pass that succeeded ran every node once.
+        debug_assert_eq!(t.ran, t.deps.len(), "a pass ran every node once");
+        let nodes = t.deps.len();
+        let (mut deps, mut cross) = spare
+            .filter(|(d, c)| d.len() == nodes && c.len() == nodes)
+            .unwrap_or_else(|| (Adjacency::new(nodes), Adjacency::new(nodes)));
+        deps.clear();
+        cross.clear();
+        let deps = std::mem::replace(&mut t.deps, deps);
+        let cross = std::mem::replace(&mut t.cross, cross);
+        (deps, cross)
     }
 }
 

@@ -129,9 +129,9 @@ impl<B: Backend> StepCore<B> {
         let dry = DryRun::new(self.lanes, self.nodes, false);
         let mut fence = dry_fence(&r.fence, &dry, &r.plan, &self.uses);
         dry.begin_pass(0, 0..self.lanes);
-        let mut touched = Vec::new();
-        dry_pass(&mut fence, &dry, &r.plan, &self.uses, 0, &mut touched)?;
-        Ok((fence.ledger().clone(), fence.held()))
+        dry_pass(&mut fence, &dry, &r.plan, &self.uses, 0)?;
+        let held = fence.held();
+        Ok((fence.into_ledger(), held))
     }
 }
 

@@ -27,6 +27,7 @@
 //! [`Timing::new_node_mark`]: crate::backend::Timing::new_node_mark
 //! [`Compose::retarget_records`]: crate::backend::Compose::retarget_records
 
+use super::dry_run::Adjacency;
 use crate::backend::{Backend, BackendError, Capture, Compose, NodeGraph, StepEnd, StepNode};
 use crate::replay::Replayable;
 use crate::trace::{NodeMark, UseKind};
@@ -48,8 +49,6 @@ pub(super) struct TracedNode {
     pub(super) kind: UseKind,
     /// The schedule's lane it was put on.
     pub(super) lane: usize,
-    /// The earlier nodes it runs after.
-    pub(super) deps: Vec<usize>,
 }
 
 /// The events of two graphs launched in turn (none for one graph): per
@@ -147,6 +146,8 @@ pub(super) struct Tracing<B: Backend> {
     held: Vec<B::Graph>,
     /// The schedule's streams (ids), by lane.
     lanes: Vec<u64>,
+    /// Per node, the earlier nodes it runs after.
+    deps: Adjacency,
     /// Edges on the launch before, per node (two graphs in turn).
     cross: Vec<Vec<usize>>,
     /// Per graph: recorded after each traced launch of it, on its stream.
@@ -160,7 +161,7 @@ impl<B: Backend> Tracing<B> {
         nodes: Vec<TracedNode>,
         held: Vec<B::Graph>,
         lanes: Vec<u64>,
-        cross: Vec<Vec<usize>>,
+        (deps, cross): (Adjacency, Vec<Vec<usize>>),
     ) -> Self {
         Tracing {
             launched: Vec::new(),
@@ -169,6 +170,7 @@ impl<B: Backend> Tracing<B> {
             nodes,
             held,
             lanes,
+            deps,
             cross,
             after: Vec::new(),
             last: Vec::new(),
@@ -290,7 +292,7 @@ impl<B: Compose> Tracing<B> {
                     .map(|(n, (node, mark))| NodeMark {
                         kind: node.kind.clone(),
                         stream: self.lanes.get(node.lane).copied().unwrap_or_default(),
-                        deps: node.deps.clone(),
+                        deps: self.deps.get(n).to_vec(),
                         before: self.cross.get(n).cloned().unwrap_or_default(),
                         mark,
                     })
@@ -320,7 +322,7 @@ impl<B: Compose> Tracing<B> {
             reason: reason.into(),
         };
         let mut nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(self.nodes.len());
-        for node in &self.nodes {
+        for (n, node) in self.nodes.iter().enumerate() {
             let graph = match node.source {
                 Source::Runner(slot) => r.runners.get(slot).and_then(|g| g.graph.as_ref()),
                 Source::Held(i) => self.held.get(i),
@@ -329,7 +331,7 @@ impl<B: Compose> Tracing<B> {
             .ok_or_else(|| refused("a node's graph is gone"))?;
             nodes.push(StepNode::new(
                 NodeGraph::Copy(graph),
-                node.deps.clone(),
+                self.deps.get(n).to_vec(),
                 node.lane,
             ));
         }
