@@ -186,15 +186,17 @@ fn concurrent_share<B: Compose>(
     let granule = r.backend.graph_memory_granule();
     let mut share = vec![0u64; deps.len()];
     for (k, item) in items.iter().enumerate() {
-        if let Item::Replay { slot, .. } = *item {
-            let span = r.runners[slot].temporaries.span;
-            let end = first.get(k + 1).copied().unwrap_or(deps.len());
-            for s in &mut share[first[k]..end] {
-                if span > 0 {
-                    *s = GraphMemoryEstimate::share(span, granule).saturating_add(granule);
-                }
-            }
+        let Item::Replay { slot, .. } = *item else {
+            continue;
+        };
+        let span = r.runners[slot].temporaries.span;
+        if span == 0 {
+            continue;
         }
+        // Every node of the replay (each part of a cut copy) takes it.
+        let end = first.get(k + 1).copied().unwrap_or(deps.len());
+        share[first[k]..end]
+            .fill(GraphMemoryEstimate::share(span, granule).saturating_add(granule));
     }
     let mut depth = vec![0usize; deps.len()];
     let mut at_depth = vec![0u64; deps.len()];

@@ -657,27 +657,42 @@ fn a_temporary_across_one_cut_freed_and_used_after_the_next_is_refused() {
     p.teardown("freed two parts back");
 }
 
-#[test]
-fn a_first_run_temporary_in_a_later_part_of_the_copy_is_refused() {
-    let stash: Cell<Option<sim::Span>> = Cell::new(None);
-    let mut w = |w: &W, s: &sim::Stream| -> R {
+/// A writer whose temporary lives across every ready point and is kept in
+/// `stash` in run `keep`: t = count, each handoff = t, then `after_ready`
+/// after each ready point, own = t (for `tail` ticks), t freed.
+fn stashing<'s>(
+    stash: &'s Cell<Option<sim::Span>>,
+    keep: usize,
+    tail: u64,
+    mut after_ready: impl FnMut(&W, &sim::Stream, &sim::Span) -> R + 's,
+) -> impl FnMut(&W, &sim::Stream) -> R + 's {
+    move |w: &W, s: &sim::Stream| -> R {
         let sim = w.sim;
         let t = sim.alloc_async(s, N)?;
-        if w.run == 1 {
+        if w.run == keep {
             stash.set(Some(t));
         }
         sim.launch(s, sim::Kernel::copy(w.count, &t), 1)?;
         for i in 0..w.hs.len() {
             sim.launch(s, sim::Kernel::copy(&t, &w.xs[i]), 3)?;
             w.cap.ready(w.hs[i], s)?;
-            if w.run == 2 {
-                let old = stash.get().unwrap();
-                sim.launch(s, sim::Kernel::copy(&t, &old), 3)?;
-            }
+            after_ready(w, s, &t)?;
         }
-        sim.launch(s, sim::Kernel::copy(&t, w.own), 3)?;
+        sim.launch(s, sim::Kernel::copy(&t, w.own), tail)?;
         Ok(sim.free_async(s, &t)?)
-    };
+    }
+}
+
+#[test]
+fn a_first_run_temporary_in_a_later_part_of_the_copy_is_refused() {
+    let stash: Cell<Option<sim::Span>> = Cell::new(None);
+    let mut w = stashing(&stash, 1, 3, |w, s, t| {
+        if w.run == 2 {
+            let old = stash.get().unwrap();
+            w.sim.launch(s, sim::Kernel::copy(t, &old), 3)?;
+        }
+        Ok(())
+    });
     let p = plan(&Spec::new(2), &mut w);
     assert!(!p.errors.is_empty(), "the first run's temporary was used");
     p.teardown("first run's temporary");
@@ -805,21 +820,8 @@ fn a_handoff_written_after_its_ready_point_in_a_cut_part_is_refused() {
 fn a_cut_copy_temporary_used_by_a_reader_or_a_step_consumer_is_refused() {
     let stash: Cell<Option<sim::Span>> = Cell::new(None);
     // Stash the copy run's temporary through a writer of our own.
-    let mut stashing = |w: &W, s: &sim::Stream| -> R {
-        let sim = w.sim;
-        let t = sim.alloc_async(s, N)?;
-        if w.run == 2 {
-            stash.set(Some(t));
-        }
-        sim.launch(s, sim::Kernel::copy(w.count, &t), 1)?;
-        for i in 0..w.hs.len() {
-            sim.launch(s, sim::Kernel::copy(&t, &w.xs[i]), 3)?;
-            w.cap.ready(w.hs[i], s)?;
-        }
-        sim.launch(s, sim::Kernel::copy(&t, w.own), 30)?;
-        Ok(sim.free_async(s, &t)?)
-    };
-    let mut p = plan(&Spec::new(2), &mut stashing);
+    let mut writer = stashing(&stash, 2, 30, |_, _, _| Ok(()));
+    let mut p = plan(&Spec::new(2), &mut writer);
     assert!(p.errors.is_empty(), "{:?}", p.errors);
     let t = stash.get().unwrap();
     let (streams, side, sim) = (p.streams.clone(), p.side.clone(), p.sim.clone());
