@@ -280,16 +280,29 @@ pub(crate) struct Fence<B: Streams> {
     /// The latest replay, when it can be repeated as it is (see
     /// [`Fence::repeats`]).
     repeat: Option<Repeat>,
+    /// Every replay takes the whole transaction (the unit tests' reference
+    /// for the repeated replay).
+    #[cfg(test)]
+    never_repeat: bool,
 }
 
-/// A replay of runner slot `slot` on the stream with id `stream` that left
-/// the fence at `epoch`: the slot's bytes were all painted by it last, and
-/// it has no handoffs, staged inputs or readers.
+/// A replay of runner slot `slot` that left the fence at `epoch`: the
+/// slot's bytes were all painted by it last, and it has no handoffs, staged
+/// inputs or readers.
 #[derive(Clone, Copy)]
 struct Repeat {
     slot: usize,
-    stream: u64,
     epoch: u64,
+}
+
+/// How the latest replay is repeated ([`Fence::repeats`]).
+#[derive(Clone, Copy)]
+enum Again {
+    /// On the stream it completes on: stream order orders it.
+    OnItsStream,
+    /// On another stream, its event recorded at once where it completes:
+    /// wait for that record, launch, record again at once.
+    Across,
 }
 
 impl<B: Streams> Fence<B> {
@@ -339,6 +352,8 @@ impl<B: Streams> Fence<B> {
             step_user: NO_USER,
             steps_built: 0,
             repeat: None,
+            #[cfg(test)]
+            never_repeat: false,
         }
     }
 
@@ -543,8 +558,27 @@ impl<B: Streams> Fence<B> {
     /// fence is as it was. Once `launch` succeeded, every piece of
     /// bookkeeping happens (each sets its state before it tries a record,
     /// so nothing launched goes untracked) and the first error is
-    /// returned.
+    /// returned. The latest replay again, with nothing between, makes the
+    /// transaction's calls and leaves its state without running it
+    /// ([`Fence::repeats`]).
+    #[inline]
     pub(crate) fn replay(
+        &mut self,
+        backend: &B,
+        plan: &Planned,
+        slot: usize,
+        on: On<'_, B::Stream>,
+        launch: impl FnOnce() -> std::result::Result<(), BackendError>,
+    ) -> Result<()> {
+        match self.repeats(slot, on.id) {
+            Some(again) => self.replay_again(backend, plan, slot, on, again, launch),
+            None => self.replay_whole(backend, plan, slot, on, launch),
+        }
+    }
+
+    /// [`Fence::replay`]'s whole transaction.
+    #[inline(never)]
+    fn replay_whole(
         &mut self,
         backend: &B,
         plan: &Planned,
@@ -554,9 +588,6 @@ impl<B: Streams> Fence<B> {
     ) -> Result<()> {
         let r = &plan.runners[slot];
         let runner = r.id();
-        if self.repeats(slot, on.id) {
-            return self.replay_again(slot, launch, runner);
-        }
         let record = &r.record;
         let base = self.layout.handoff_base;
         self.check_reads(plan, slot)?;
@@ -590,7 +621,6 @@ impl<B: Streams> Fence<B> {
             record.reads.is_empty() && record.writes.is_empty() && !self.layout.stages[slot];
         self.repeat = (tracked.is_ok() && plain && self.is_fenced(slot)).then_some(Repeat {
             slot,
-            stream: on.id,
             epoch: self.epoch,
         });
         tracked.map_err(failed)
@@ -690,48 +720,112 @@ impl<B: Streams> Fence<B> {
     }
 
     /// Whether a replay of `slot` on the stream with id `stream` is the
-    /// latest replay again with nothing between: the same slot on the same
-    /// stream, no operation committed since (the ledger changes only with
-    /// one, so the slot is still the latest user of every byte it claims),
-    /// its completion still pending at that stream's tail, no record owed
-    /// at once, no reader since, and no trace. Then the whole transaction
-    /// would wait for nobody (its one latest user is itself, ordered by
-    /// stream order), launch, and leave every state as it was.
-    fn repeats(&self, slot: usize, stream: u64) -> bool {
-        let Some(repeat) = self.repeat else {
-            return false;
-        };
-        if repeat.slot != slot || repeat.stream != stream || repeat.epoch != self.epoch {
-            return false;
+    /// latest replay again with nothing between, and how: the same slot, no
+    /// operation committed since (the ledger changes only with one, so the
+    /// slot is still the latest user of every byte it claims), no reader
+    /// since, and no trace. Then its one latest user is itself, and the
+    /// whole transaction would do one of two things:
+    ///
+    /// - [`Again::OnItsStream`]: its completion is still pending at the tail
+    ///   of `stream`, with no record owed at once. It would wait for nobody
+    ///   (stream order), launch, and leave every state as it was.
+    /// - [`Again::Across`]: its event is recorded at once on another stream,
+    ///   and `stream` has not waited for that record. It would wait for the
+    ///   record, launch, and record the event at once on `stream`.
+    #[inline]
+    fn repeats(&self, slot: usize, stream: u64) -> Option<Again> {
+        #[cfg(test)]
+        if self.never_repeat {
+            return None;
+        }
+        let repeat = self.repeat?;
+        if repeat.slot != slot || repeat.epoch != self.epoch || self.observer.is_some() {
+            return None;
         }
         let runner = &self.runners[slot];
-        self.observer.is_none()
-            && !runner.record_at_once
-            && matches!(runner.completion, Some(Completion::Pending { id, .. }) if id == stream)
-            && runner.readers.iter().all(|r| r.completion.is_none())
+        if runner.event.is_none() || runner.readers.iter().any(|r| r.completion.is_some()) {
+            return None;
+        }
+        match runner.completion {
+            Some(Completion::Pending { id, .. }) if id == stream && !runner.record_at_once => {
+                Some(Again::OnItsStream)
+            }
+            Some(Completion::Recorded { id })
+                if id != stream && runner.record_at_once && runner.waited_by != Some(stream) =>
+            {
+                Some(Again::Across)
+            }
+            _ => None,
+        }
     }
 
-    /// [`Fence::replay`] when it [`repeats`](Fence::repeats): the launch,
-    /// and on success the counts the whole transaction would make (one
-    /// replay, its wait for itself skipped) and a new epoch.
+    /// [`Fence::replay`] when it [`repeats`](Fence::repeats): the calls
+    /// the whole transaction would make, and on success the state and
+    /// counts it would leave (one replay; its wait for itself skipped, or
+    /// made and its event recorded again) and a new epoch. A failed wait or
+    /// launch changes nothing; a record that fails after the launch leaves
+    /// the completion pending on `on`, as the whole transaction does.
+    #[inline]
     fn replay_again(
         &mut self,
+        backend: &B,
+        plan: &Planned,
         slot: usize,
+        on: On<'_, B::Stream>,
+        again: Again,
         launch: impl FnOnce() -> std::result::Result<(), BackendError>,
-        runner: RunnerId,
     ) -> Result<()> {
-        launch().map_err(|error| ReplayError::from(Operation::Replay(runner).failed(error)))?;
+        let failed =
+            |error| ReplayError::from(Operation::Replay(plan.runners[slot].id()).failed(error));
+        let Again::Across = again else {
+            launch().map_err(failed)?;
+            self.replayed_again(slot);
+            self.stats.waits_skipped += 1;
+            return Ok(());
+        };
+        let Some(event) = &self.runners[slot].event else {
+            return Ok(());
+        };
+        backend.wait_event(on.stream, event).map_err(failed)?;
+        launch().map_err(failed)?;
+        let recorded = backend.record_event(on.stream, event);
+        self.replayed_again(slot);
+        self.stats.waits += 1;
+        let r = &mut self.runners[slot];
+        r.waited_on = false;
+        r.waited_by = None;
+        match recorded {
+            Ok(()) => {
+                self.stats.event_records += 1;
+                r.completion = Some(Completion::Recorded { id: on.id });
+                Ok(())
+            }
+            Err(error) => {
+                // Waited for, not recorded: it completes at the tail of
+                // `on`, and the next waiter records it there.
+                r.waited_on = true;
+                r.completion = Some(Completion::Pending {
+                    stream: on.stream.clone(),
+                    id: on.id,
+                });
+                self.repeat = None;
+                Err(failed(error))
+            }
+        }
+    }
+
+    /// A repeated replay of `slot` went out: one replay more, a new epoch,
+    /// and the repeat stands at it.
+    #[inline]
+    fn replayed_again(&mut self, slot: usize) {
         self.epoch += 1;
         self.stats.replays += 1;
-        self.stats.waits_skipped += 1;
         self.user = NO_USER;
         self.runners[slot].by = NO_USER;
         self.repeat = Some(Repeat {
             slot,
-            stream: self.repeat.map_or(0, |r| r.stream),
             epoch: self.epoch,
         });
-        Ok(())
     }
 
     /// Makes `on` wait for every user of the bytes runner slot `slot`'s

@@ -491,6 +491,7 @@ impl<B: Backend> Replayable<B> {
         // Its bucket's recency: one store per replay.
         self.runners[slot].used = self.fence.epoch();
         match replayed {
+            Ok(()) => Ok(()),
             // Refused before anything ran: the stream may be capturing by
             // the program's means. (A record that fails after the launch
             // went out stays that failure: the replay ran.)

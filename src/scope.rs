@@ -325,6 +325,7 @@ impl StreamClaim {
     /// # Errors
     ///
     /// [`StreamBusy::Capturing`] while a capture of any thread holds it.
+    #[inline]
     pub(crate) fn enter(stream: u64) -> Result<StreamClaim, StreamBusy> {
         // The hot path (a replay's claim): no capture anywhere, so no lock.
         QUICK_CLAIMS.fetch_add(1, AtomicOrdering::AcqRel);
@@ -332,6 +333,13 @@ impl StreamClaim {
             return Ok(StreamClaim { token: QUICK });
         }
         QUICK_CLAIMS.fetch_sub(1, AtomicOrdering::AcqRel);
+        StreamClaim::enter_listed(stream)
+    }
+
+    /// [`StreamClaim::enter`] while a capture opens or is open: an entry
+    /// in `STREAMS`, under its lock.
+    #[cold]
+    fn enter_listed(stream: u64) -> Result<StreamClaim, StreamBusy> {
         let token = new_scope_id();
         let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
         if streams
@@ -343,21 +351,28 @@ impl StreamClaim {
         streams.push((stream, token, false));
         Ok(StreamClaim { token })
     }
+
+    /// Drops a claim with an entry in `STREAMS`.
+    #[cold]
+    fn leave_listed(&self) {
+        let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = streams.iter().rposition(|&(_, t, _)| t == self.token) {
+            streams.swap_remove(i);
+        }
+    }
 }
 
 /// The token of a claim with no entry in `STREAMS` (scope ids start at 1).
 const QUICK: u64 = 0;
 
 impl Drop for StreamClaim {
+    #[inline]
     fn drop(&mut self) {
         if self.token == QUICK {
             QUICK_CLAIMS.fetch_sub(1, AtomicOrdering::AcqRel);
             return;
         }
-        let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = streams.iter().rposition(|&(_, t, _)| t == self.token) {
-            streams.swap_remove(i);
-        }
+        self.leave_listed();
     }
 }
 

@@ -157,3 +157,137 @@ fn quiesce_records_deferred_completions_and_leaves_nothing_pending() {
         .iter()
         .all(|r| matches!(r.completion, None | Some(Completion::Recorded { .. }))));
 }
+
+/// What a fence's state says, with stream ids as the device's stream
+/// numbers (two devices' ids differ by their serial).
+fn state_of(f: &Fence<sim::Device>) -> String {
+    let at = |id: u64| id & 0xffff_ffff;
+    let completion = |c: &Option<Completion<sim::Stream>>| match c {
+        None => "-".to_string(),
+        Some(Completion::Pending { id, .. }) => format!("P{}", at(*id)),
+        Some(Completion::Recorded { id }) => format!("R{}", at(*id)),
+    };
+    let mut out = format!("epoch {} {:?}", f.epoch, f.stats);
+    for r in f.runners.iter() {
+        out += &format!(
+            " | {} once {} used {} by {:?} readers [{}]",
+            completion(&r.completion),
+            r.record_at_once,
+            r.waited_on,
+            r.waited_by.map(at),
+            r.readers
+                .iter()
+                .map(|x| completion(&x.completion))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    out
+}
+
+/// One operation of [`a_repeated_replay_does_what_the_whole_transaction_does`].
+#[derive(Clone, Debug)]
+enum Op {
+    /// Replay runner slot `.0` on stream `.1`; its launch fails with `.2`.
+    Replay(usize, usize, bool),
+    /// A reading consumer of slot `.0` on stream `.1`.
+    Consume(usize, usize),
+    /// Wait for every replay and consumer.
+    Quiesce,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => (0..2usize, 0..3usize, proptest::bool::weighted(0.05))
+            .prop_map(|(r, s, fail)| Op::Replay(r, s, fail)),
+        1 => (0..2usize, 0..3usize).prop_map(|(r, s)| Op::Consume(r, s)),
+        1 => Just(Op::Quiesce),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// The repeated replay (the latest replay again, on its stream or on
+    /// another) makes the same backend calls, fails where they fail, and
+    /// leaves the same state and counts as the whole transaction, under
+    /// faults at any call: the same operations on a fence that never
+    /// repeats, on a device with the same fault schedule, compared after
+    /// each operation.
+    #[test]
+    fn a_repeated_replay_does_what_the_whole_transaction_does(
+        ops in proptest::collection::vec(op(), 1..60),
+        seed in 0u64..1_000,
+        one_in in proptest::prop_oneof![proptest::strategy::Just(0u64), 4u64..40],
+    ) {
+        // Two runners claiming their own bytes (G = 2), so a runner is the
+        // latest user of its bytes again and again.
+        let q = Request::new(Domain::Device, DType::F32, 64);
+        let p = Discovering::from_runners(PlanConfig::new(), (0..2).map(|r| (RunnerId(r), [q])))
+            .unwrap()
+            .plan(Policy::Generations(2))
+            .unwrap();
+        let sims = [sim::Device::new(), sim::Device::new()];
+        let streams: Vec<Vec<sim::Stream>> =
+            sims.iter().map(|s| (0..3).map(|_| s.new_stream()).collect()).collect();
+        let mut fences: Vec<Fence<sim::Device>> = sims.iter().map(|s| fence(s, &p)).collect();
+        fences[1].never_repeat = true;
+        for (sim, _) in sims.iter().zip(0..) {
+            sim.inject(match one_in {
+                0 => sim::Faults::none(),
+                n => sim::Faults::seeded(seed, n),
+            });
+        }
+        for op in &ops {
+            let mut results = Vec::new();
+            for k in 0..2 {
+                let (sim, f) = (&sims[k], &mut fences[k]);
+                let result = match *op {
+                    Op::Replay(r, s, fail) => {
+                        f.replay(sim, &p, r, on(sim, &streams[k][s]), || match fail {
+                            true => Err(BackendError::Injected { call: "launch", index: 0 }),
+                            false => Ok(()),
+                        })
+                        .map_err(|e| e.to_string())
+                    }
+                    Op::Consume(r, s) => f
+                        .consume(sim, &p, &[r], on(sim, &streams[k][s]), false, || ((), true))
+                        .map_err(|e| e.to_string()),
+                    Op::Quiesce => f.quiesce(sim).map_err(|e| e.to_string()),
+                };
+                let log = sim.fault_log();
+                let injected: Vec<(u64, sim::Call)> =
+                    log.injected.iter().map(|&(at, call, _)| (at, call)).collect();
+                results.push((result.is_ok(), state_of(f), log.calls, log.per_call, injected));
+            }
+            proptest::prop_assert_eq!(&results[0], &results[1], "after {:?}", op);
+        }
+    }
+}
+
+#[test]
+fn one_runner_alternating_two_streams_repeats_across_after_its_first_wait() {
+    let sim = sim::Device::new();
+    let p = plan(1);
+    let mut f = fence(&sim, &p);
+    let (a, b) = (sim.new_stream(), sim.new_stream());
+    let id = |s: &sim::Stream| sim.stream_id(s);
+    replay(&mut f, &sim, &p, 0, &a);
+    assert!(matches!(f.repeats(0, id(&a)), Some(Again::OnItsStream)));
+    // Pending on `a`: the first replay on `b` records it there, waits, and
+    // records at once from then on.
+    assert!(f.repeats(0, id(&b)).is_none());
+    replay(&mut f, &sim, &p, 0, &b);
+    for k in 0..6 {
+        let (s, other) = if k % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        assert!(matches!(f.repeats(0, id(s)), Some(Again::Across)));
+        // Recorded on the other stream, not pending there.
+        assert!(f.repeats(0, id(other)).is_none());
+        replay(&mut f, &sim, &p, 0, s);
+    }
+    let st = f.stats();
+    // Records: the deferred one on `a`, then one at once after each of the
+    // seven replays that followed a wait.
+    assert_eq!((st.replays, st.waits, st.event_records), (8, 7, 8));
+}
