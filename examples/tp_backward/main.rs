@@ -338,6 +338,7 @@ enum Mode {
     StepPacked,
     OverlapRoundRobin,
     OverlapPacked,
+    RoundRobinBarrier,
     RoundRobinNoRs,
     UnfencedNoRs,
     OneStreamNoRs,
@@ -345,7 +346,7 @@ enum Mode {
 
 impl Mode {
     /// Every mode, in declaration order (`mode as usize` is its index).
-    const ALL: [Mode; 12] = [
+    const ALL: [Mode; 13] = [
         Mode::Eager,
         Mode::RoundRobin,
         Mode::Packed,
@@ -355,6 +356,7 @@ impl Mode {
         Mode::StepPacked,
         Mode::OverlapRoundRobin,
         Mode::OverlapPacked,
+        Mode::RoundRobinBarrier,
         Mode::RoundRobinNoRs,
         Mode::UnfencedNoRs,
         Mode::OneStreamNoRs,
@@ -374,6 +376,9 @@ impl Mode {
             }
             Mode::OverlapPacked => {
                 "overlapping step graphs (two in turn, one launch per step), packed"
+            }
+            Mode::RoundRobinBarrier => {
+                "graphed, round-robin, fenced, each step after the whole step before"
             }
             Mode::RoundRobinNoRs => "same graphs without the RS: round-robin, fenced",
             Mode::UnfencedNoRs => "same graphs without the RS: no fence",
@@ -538,6 +543,7 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
     let graph_done: Vec<_> = (0..n)
         .map(|_| model::new_event(cuda))
         .collect::<Result<_>>()?;
+    let step_done = model::new_event(cuda)?;
     let unfenced_k = Mode::Unfenced as usize;
     let unfenced_mains: Vec<Vec<u64>> = (0..n)
         .map(|m| model.main_ptrs(&mains[unfenced_k], m))
@@ -622,6 +628,16 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
                     // step starts under the one before.
                     Mode::OverlapRoundRobin => rr_overlap.launch(&pool[i % 2])?,
                     Mode::OverlapPacked => packed_overlap.launch(&pool[i % 2])?,
+                    // What a step graph gives up: every stream of the next
+                    // step waits for the whole step (its last consumers too).
+                    Mode::RoundRobinBarrier => {
+                        graphed_step(&model, &mut rr, main, &pool, &side)?;
+                        rr.wait_all(&pool[0])?;
+                        model::record(&step_done, &pool[0])?;
+                        for s in pool.iter().skip(1).chain([&side]) {
+                            model::wait(s, &step_done)?;
+                        }
+                    }
                     Mode::RoundRobinNoRs => graphed_step(&model, &mut bare, main, &pool, &side)?,
                     Mode::OneStreamNoRs => graphed_step(&model, &mut bare, main, one, &side)?,
                     // SAFETY: the unsafe reference: its shards may be
