@@ -107,6 +107,7 @@ mod regression {
         mod consuming_claimed_bytes_is_refused;
         mod dropping_a_buffer_waits_for_its_pending_ops;
         mod hot_path_attacks;
+        mod repeat_across_attacks;
         mod failed_sim_graph_launch_enqueues_nothing;
         mod one_stream_capture_per_capture;
         mod panics_in_closures_stay_fenced;
