@@ -411,6 +411,8 @@ impl<B: Streams> Fence<B> {
                 (i, runner)
             })
             .collect();
+        // Staging flags are read and written for runners that stage only.
+        runners.retain(|&slot| layout.stages[slot]);
         let ledger = other.ledger.part(claims, &handoffs, &runners);
         let mut fence = Fence::assemble(Slots::sparse(held), ledger, Arc::clone(layout), false);
         // A failed operation fails the step's build (or its launch) with
@@ -503,11 +505,6 @@ impl<B: Streams> Fence<B> {
         if let Some(observer) = &mut self.observer {
             observer.wait(from, skipped);
         }
-    }
-
-    /// Fence slots: runners, then handoffs.
-    pub(crate) fn slots(&self) -> usize {
-        self.layout.slots
     }
 
     /// The fence slot of handoff `h`.
