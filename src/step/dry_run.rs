@@ -34,7 +34,7 @@ pub(super) enum Use {
 /// The runner slots a schedule replays, and those its consumers read:
 /// what its dry run's fence holds ([`Fence::start_from`]).
 pub(super) fn reach(uses: &[Use]) -> (Vec<usize>, Vec<usize>) {
-    let (mut replays, mut consumes) = (Vec::new(), Vec::new());
+    let (mut replays, mut consumes) = (Vec::with_capacity(uses.len()), Vec::new());
     for u in uses {
         match u {
             Use::Replay { slot, .. } => replays.push(*slot),
