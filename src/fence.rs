@@ -381,7 +381,8 @@ impl<B: Streams> Fence<B> {
         // Every byte a replay or a consumer (a staging one takes its
         // runner's bytes as a replay does) claims or reads, and the
         // handoffs the replays write and read.
-        let mut claims: Vec<Claim> = Vec::new();
+        // Most runners claim one range (a generation, or a slice of it).
+        let mut claims: Vec<Claim> = Vec::with_capacity(runners.len() + replays.len());
         for &slot in &runners {
             claims.extend_from_slice(&layout.admit_claims[slot]);
         }
@@ -402,8 +403,10 @@ impl<B: Streams> Fence<B> {
         handoffs.dedup();
         claims.sort_unstable_by_key(|c| (c.region, c.lo, c.hi));
         claims.dedup();
-        // The slots: those, and whoever last used those bytes.
-        let mut slots = runners.clone();
+        // The slots: those, and whoever last used those bytes (about one
+        // each).
+        let mut slots = Vec::with_capacity(runners.len() + handoffs.len() + claims.len());
+        slots.extend_from_slice(&runners);
         slots.extend(handoffs.iter().map(|h| layout.handoff_base + h));
         let mut users = Vec::new();
         for &claim in &claims {
@@ -426,6 +429,8 @@ impl<B: Streams> Fence<B> {
                 (i, runner)
             })
             .collect();
+        // Staging flags are read and written for runners that stage only.
+        runners.retain(|&slot| layout.stages[slot]);
         let ledger = other.ledger.part(claims, &handoffs, &runners);
         let mut fence = Fence::assemble(Slots::sparse(held), ledger, Arc::clone(layout), false);
         // A failed operation fails the step's build (or its launch) with
@@ -518,11 +523,6 @@ impl<B: Streams> Fence<B> {
         if let Some(observer) = &mut self.observer {
             observer.wait(from, skipped);
         }
-    }
-
-    /// Fence slots: runners, then handoffs.
-    pub(crate) fn slots(&self) -> usize {
-        self.layout.slots
     }
 
     /// The fence slot of handoff `h`.

@@ -187,7 +187,8 @@ enum Item<B: Compose> {
         lane: usize,
         exclusive: bool,
         /// Taken when it is moved into the step graph (it allocates).
-        graph: Option<B::Graph>,
+        /// Boxed: a schedule is mostly replays, whose items stay small.
+        graph: Option<Box<B::Graph>>,
     },
 }
 
@@ -440,7 +441,7 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             slots,
             lane,
             exclusive: kind == ScopeKind::Write,
-            graph: Some(graph),
+            graph: Some(Box::new(graph)),
         });
         Ok(self)
     }

@@ -264,7 +264,7 @@ fn tracing_of<B: Compose>(
                 };
                 match graph {
                     Some(graph) => {
-                        held.push(graph);
+                        held.push(*graph);
                         node(Source::Held(held.len() - 1), &kind, lane);
                     }
                     None => node(Source::Moved, &kind, lane),
@@ -303,7 +303,7 @@ fn moved_consumers<B: Compose>(
                         })
                         .into());
                     }
-                    moved = graph.take();
+                    moved = graph.take().map(|g| *g);
                 }
             }
         }
@@ -620,7 +620,8 @@ fn compose<B: Compose>(
                 slots, lane, graph, ..
             } => {
                 let name = r.plan.runners[slots[0]].id();
-                let graph = consumer_node_graph(name, graph.as_ref(), moved_consumers[k].take())?;
+                let own = graph.as_deref();
+                let graph = consumer_node_graph(name, own, moved_consumers[k].take())?;
                 (name, *lane, NodeGraphs::One(Some(graph)))
             }
         };

@@ -4,7 +4,6 @@
 //! become the step graph's edges.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::ScheduleError;
@@ -35,7 +34,7 @@ pub(super) enum Use {
 /// The runner slots a schedule replays, and those its consumers read:
 /// what its dry run's fence holds ([`Fence::start_from`]).
 pub(super) fn reach(uses: &[Use]) -> (Vec<usize>, Vec<usize>) {
-    let (mut replays, mut consumes) = (Vec::new(), Vec::new());
+    let (mut replays, mut consumes) = (Vec::with_capacity(uses.len()), Vec::new());
     for u in uses {
         match u {
             Use::Replay { slot, .. } => replays.push(*slot),
@@ -51,7 +50,7 @@ pub(super) fn reach(uses: &[Use]) -> (Vec<usize>, Vec<usize>) {
 
 /// A fence that starts where `fence` (the plan's) stands, holding what
 /// the schedule `uses` can meet; `dry` gets an event of its own for each
-/// fence slot.
+/// fenced slot it holds.
 pub(super) fn dry_fence<C: Streams>(
     fence: &Fence<C>,
     dry: &DryRun,
@@ -59,8 +58,9 @@ pub(super) fn dry_fence<C: Streams>(
     uses: &[Use],
 ) -> Fence<DryRun> {
     let (replays, consumes) = reach(uses);
-    dry.reserve_events(fence.slots());
-    Fence::start_from(fence, plan, (&replays, &consumes), DryEvent)
+    Fence::start_from(fence, plan, (&replays, &consumes), |slot| {
+        dry.slot_event(slot)
+    })
 }
 
 /// One pass of the schedule through `fence`, on lanes `offset..`: every
@@ -294,6 +294,13 @@ impl Adjacency {
         self.flat.clear();
     }
 
+    /// Makes node `n`'s list `item` (none or one).
+    fn set_one(&mut self, n: usize, item: Option<usize>) {
+        let start = self.flat.len();
+        self.flat.extend(item);
+        self.spans[n] = (start, self.flat.len() - start);
+    }
+
     /// Makes node `n`'s list `items`, ascending, each once.
     fn set(&mut self, n: usize, items: impl IntoIterator<Item = usize>) {
         let start = self.flat.len();
@@ -335,12 +342,15 @@ pub(super) struct Passes {
     /// one waits for.
     tails: Vec<Option<Ran>>,
     waits: Vec<Vec<Ran>>,
-    /// Per event recorded after a node: the node its latest record
-    /// follows (an event not here: before this pass's nodes on its lane,
-    /// which launch order covers, or never recorded).
-    recorded: BTreeMap<usize, Ran>,
-    /// Events so far: `0..events` (the fence slots' own first).
-    events: usize,
+    /// Per event (by its id, [`DryEvent`]): the node its latest record
+    /// follows (`None`: before this pass's nodes on its lane, which launch
+    /// order covers, or never recorded). In proportion to the step: one
+    /// per fenced slot the dry fence holds, then one per event it created.
+    recorded: Vec<Option<Ran>>,
+    /// The fence slots whose events are the first ones, ascending: slot
+    /// `slot_events[k]`'s event is event `k` (a ready point names its
+    /// event by its handoff's slot, [`DryRun::mark`]).
+    slot_events: Vec<usize>,
     /// Per node, from the latest pass: the nodes of the same pass it runs
     /// after, and those of the pass before (waits on the other graph's
     /// launch, for overlapping step graphs; launch order covers them for
@@ -361,6 +371,8 @@ pub(super) struct Passes {
 #[derive(Clone)]
 pub(super) struct Lane(pub(super) usize);
 
+/// An event of the dry run: an index into its records (not a fence
+/// slot: [`DryRun::slot_event`]).
 pub(super) struct DryEvent(pub(super) usize);
 
 impl DryRun {
@@ -369,8 +381,10 @@ impl DryRun {
             state: Rc::new(RefCell::new(Passes {
                 tails: vec![None; lanes + 1],
                 waits: vec![Vec::new(); lanes + 1],
-                recorded: BTreeMap::new(),
-                events: 0,
+                // About a slot per node (its runner), and their latest
+                // users before the step.
+                recorded: Vec::with_capacity(2 * nodes),
+                slot_events: Vec::with_capacity(2 * nodes),
                 deps: Adjacency {
                     // About one wait per node.
                     flat: Vec::with_capacity(nodes),
@@ -385,10 +399,18 @@ impl DryRun {
         }
     }
 
-    /// Events `0..n` are the fence slots' own.
-    pub(super) fn reserve_events(&self, n: usize) {
+    /// The event of fence slot `slot`, for the dry fence (asked for in
+    /// ascending slot order, before any other event is created).
+    pub(super) fn slot_event(&self, slot: usize) -> DryEvent {
         let mut t = self.state.borrow_mut();
-        t.events = t.events.max(n);
+        debug_assert!(
+            t.recorded.len() == t.slot_events.len()
+                && t.slot_events.last().is_none_or(|&last| last < slot),
+            "slot events come first, in ascending slot order"
+        );
+        t.slot_events.push(slot);
+        t.recorded.push(None);
+        DryEvent(t.recorded.len() - 1)
     }
 
     /// Pass `pass` of the schedule: a new step on lanes `lanes`, whose
@@ -420,13 +442,12 @@ impl DryRun {
             // (`take_edges`): nothing allocated once they have grown.
             let waits = &t.waits[lane];
             let tail = t.tails[lane];
-            t.deps.set(
-                node,
-                (waits.iter())
-                    .filter(|(p, _)| *p == pass)
-                    .map(|&(_, n)| n)
-                    .chain(tail.filter(|(p, _)| *p == pass).map(|(_, n)| n)),
-            );
+            let same = |&(p, n): &Ran| (p == pass).then_some(n);
+            match (waits.as_slice(), tail.as_ref().and_then(same)) {
+                // Most nodes: stream order alone, or nothing.
+                ([], tail) => t.deps.set_one(node, tail),
+                (waits, tail) => t.deps.set(node, waits.iter().filter_map(same).chain(tail)),
+            }
             // Waits on the pass before: the other graph's launch (older
             // passes are this graph's previous launch, complete first). And
             // a lane's first node runs after that lane's last node of the
@@ -453,12 +474,14 @@ impl DryRun {
         }
     }
 
-    /// Event `event` was recorded inside node `node` of this pass.
-    pub(super) fn mark(&self, event: usize, node: usize) {
+    /// The event of fence slot `slot` was recorded inside node `node` of
+    /// this pass (a slot with no event of the dry fence's: nobody waits
+    /// for it).
+    pub(super) fn mark(&self, slot: usize, node: usize) {
         let mut t = self.state.borrow_mut();
         let pass = t.pass;
-        if event < t.events {
-            t.recorded.insert(event, (pass, node));
+        if let Ok(k) = t.slot_events.binary_search(&slot) {
+            t.recorded[k] = Some((pass, node));
         }
     }
 
@@ -489,8 +512,8 @@ impl Streams for DryRun {
 
     fn create_event(&self) -> Result<DryEvent, BackendError> {
         let mut t = self.state.borrow_mut();
-        t.events += 1;
-        Ok(DryEvent(t.events - 1))
+        t.recorded.push(None);
+        Ok(DryEvent(t.recorded.len() - 1))
     }
 
     fn stream_id(&self, stream: &Lane) -> u64 {
@@ -499,7 +522,7 @@ impl Streams for DryRun {
 
     fn wait_event(&self, stream: &Lane, event: &DryEvent) -> Result<(), BackendError> {
         let mut t = self.state.borrow_mut();
-        if let Some(&node) = t.recorded.get(&event.0) {
+        if let Some(&Some(node)) = t.recorded.get(event.0) {
             t.waits[stream.0].push(node);
         }
         Ok(())
@@ -508,13 +531,8 @@ impl Streams for DryRun {
     fn record_event(&self, stream: &Lane, event: &DryEvent) -> Result<(), BackendError> {
         let mut t = self.state.borrow_mut();
         let tail = t.tails[stream.0];
-        match tail {
-            Some(ran) if event.0 < t.events => {
-                t.recorded.insert(event.0, ran);
-            }
-            _ => {
-                t.recorded.remove(&event.0);
-            }
+        if let Some(recorded) = t.recorded.get_mut(event.0) {
+            *recorded = tail;
         }
         Ok(())
     }

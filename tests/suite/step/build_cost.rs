@@ -190,3 +190,80 @@ fn a_step_build_holds_no_more_than_the_whole_plan() {
         "{held:?}"
     );
 }
+
+/// The capture ladder's bucket: `layers` runners of one request each,
+/// planned `OverlapDepth(2)`, captured, sealed.
+fn capture_ladder(layers: u32) -> (sim::Device, Replayable<sim::Device>) {
+    let req = Request::new(Domain::Device, DType::F32, 64);
+    let mut d = Discovering::new(PlanConfig::new());
+    for l in 0..layers {
+        d.arm(RunnerId(l)).unwrap().record(req).unwrap();
+    }
+    let sim = sim::Device::new();
+    let capture_on = sim.new_stream();
+    let planned = d.plan(Policy::OverlapDepth(2)).unwrap();
+    let mut capturing = planned.allocate(sim.clone()).unwrap();
+    for l in 0..layers {
+        let cap = capturing.capture(RunnerId(l)).unwrap();
+        let v = cap.take(req).unwrap();
+        cap.stream_capture(&capture_on, |s| {
+            sim.launch(s, sim::Kernel::fill(&v, l as f32), 3)
+        })
+        .unwrap();
+        cap.finish().unwrap();
+    }
+    (sim.clone(), capturing.seal().unwrap())
+}
+
+#[test]
+fn the_capture_ladders_step_graph_adds_no_event_node_to_its_chain() {
+    // Layers on two streams in turn: layer l + 2 overwrites layer l's
+    // bytes on the same stream, so stream order is every edge, and one
+    // graph waits on nothing of the step before (launch order does).
+    const LAYERS: u32 = 32;
+    let (sim, mut r) = capture_ladder(LAYERS);
+    let lanes = [sim.new_stream(), sim.new_stream()];
+    let side = sim.new_stream();
+    for overlapping in [false, true] {
+        let mut step = r.step();
+        for l in 0..LAYERS {
+            step.replay(RunnerId(l), &lanes[(l % 2) as usize]).unwrap();
+        }
+        let mut g = match overlapping {
+            false => step.build().unwrap(),
+            true => step.build_overlapping().unwrap(),
+        };
+        let shown = format!("{g:?}");
+        assert_eq!(g.nodes(), LAYERS as usize, "{shown}");
+        if overlapping {
+            // Per graph: the first two layers wait for the other graph's
+            // last two (a record node each), and its end.
+            assert_eq!(g.edges(), LAYERS as usize - 2 + 2, "{shown}");
+            assert!(shown.contains("events: 6"), "{shown}");
+        } else {
+            assert_eq!(g.edges(), LAYERS as usize - 2, "{shown}");
+            assert!(shown.contains("events: 0"), "{shown}");
+        }
+        let launch = sim.new_stream();
+        for _ in 0..3 {
+            g.launch(&launch).unwrap();
+        }
+        drop(g);
+        // The last two layers still own their bytes: read on another
+        // stream after the launches, each sees its layer's fill.
+        let main = sim.alloc_f32(64).unwrap();
+        for l in LAYERS - 2..LAYERS {
+            r.consume(RunnerId(l), &side, |s, v| {
+                sim.launch(s, sim::Kernel::add(&v[0], &main), 1)
+            })
+            .unwrap();
+        }
+        // The layers before them were overwritten in the step.
+        assert!(r
+            .consume(RunnerId(LAYERS - 3), &side, |_, _| Ok::<(), String>(()))
+            .is_err());
+        r.synchronize().unwrap();
+        assert_eq!(sim.read_f32(&main).unwrap()[0], (2 * LAYERS - 3) as f32);
+        assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+    }
+}
