@@ -48,7 +48,7 @@ use cudarc::driver::{sys, CudaContext};
 use model::{
     graphed_step, unfenced_step, Comparison, MainGrads, Model, Reduce, Shape, Tolerance, TpError,
 };
-use replay_arena::backend::{Compose, Streams};
+use replay_arena::backend::{Compose, Streams, Timing};
 use replay_arena::cuda;
 use replay_arena::cuda::probe;
 use replay_arena::{human_bytes, BackendError, PlacedPolicy, Policy, Replayable, RunnerId};
@@ -70,11 +70,14 @@ struct Args {
     ranks: usize,
     /// The consumers' (reduce-scatters') stream at the greatest priority.
     high_priority: bool,
+    /// Where to write traces of a few per-module and step graph steps
+    /// (`--trace DIR`), profiled at the step boundary.
+    trace: Option<std::path::PathBuf>,
 }
 
 const USAGE: &str = "usage: tp_backward [--ranks N] [--preset small|mid] [--hidden N] [--ffn N] \
 [--tokens N] [--layers N] [--workspace-mib N] [--steps N] [--rounds N] [--rs copy|nccl|nccl-plain] \
-[--side-priority high|normal]";
+[--side-priority high|normal] [--trace DIR]";
 
 impl Args {
     fn parse() -> Result<Args, String> {
@@ -89,6 +92,7 @@ impl Args {
             },
             ranks: 1,
             high_priority: true,
+            trace: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -132,6 +136,7 @@ impl Args {
                         }
                     }
                 }
+                "--trace" => a.trace = Some(value()?.into()),
                 "-h" | "--help" => return Err(USAGE.into()),
                 _ => return Err(format!("unknown argument {flag:?}; {USAGE}")),
             }
@@ -423,7 +428,7 @@ fn check_fingerprint(reduce: &Reduce, planned: &replay_arena::Planned) -> Result
     }
 }
 
-fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
+fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph> + Timing + 'static>(
     cuda: &cuda::Device,
     make: &dyn Fn() -> Result<B, BackendError>,
     reduce: Reduce,
@@ -704,6 +709,52 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
         })
         .collect::<Result<_>>()?;
 
+    // With `--trace`: a few more steps of per-module replays and of the
+    // step graph, traced (after the numerics: they add to the main grads),
+    // and what each does at the step boundary. The traced step graph is
+    // built again inside the trace, from the same schedule.
+    drop(rr_step);
+    if let (Some(dir), true) = (&args.trace, lead) {
+        const TRACED: usize = 6;
+        let main = &mains[slot(Mode::RoundRobin as usize)];
+        rr.start_trace().map_err(replay_arena::Error::from)?;
+        for _ in 0..TRACED {
+            graphed_step(&model, &mut rr, main, &pool, &side)?;
+        }
+        cuda.synchronize()?;
+        let per_module = rr.finish_trace().map_err(replay_arena::Error::from)?;
+        rr_s.start_trace().map_err(replay_arena::Error::from)?;
+        let main = at(Mode::StepRoundRobin);
+        let mut traced = model::step_graph(&model, &mut rr_s, main, &pool, &side, false)?;
+        for _ in 0..TRACED {
+            traced.launch(&pool[0])?;
+        }
+        drop(traced);
+        cuda.synchronize()?;
+        let stepped = rr_s.finish_trace().map_err(replay_arena::Error::from)?;
+        for (name, t) in [("per_module", &per_module), ("step_graph", &stepped)] {
+            let path = dir.join(format!("tp_backward_{name}.json"));
+            t.write_chrome_json(&path)
+                .map_err(|e| TpError::Check(format!("writing {}: {e}", path.display())))?;
+        }
+        println!("\nat the step boundary, round-robin, {TRACED} traced steps (medians over steps after the first; traces in {}):", dir.display());
+        println!("| mode | step period | next step's first work, after the step before ends | the step's tail after its last module's replay |");
+        println!("|---|---:|---:|---:|");
+        // A step of replays: each module's replay and consumer; of the
+        // step graph: the nodes of one launch.
+        let by_module = model::Boundaries::of(per_module.uses(), |i, _| i / (2 * n));
+        let by_launch = model::Boundaries::of(stepped.step_nodes(), |_, u| u.parent.unwrap_or(0));
+        for (name, b) in [
+            ("per-module replays, fenced", by_module),
+            ("step graph", by_launch),
+        ] {
+            println!(
+                "| {name} | {:.1} us | {:+.1} us | {:.1} us |",
+                b.period_us, b.gap_us, b.tail_us
+            );
+        }
+    }
+
     let med = |k: usize| median(&times[k].step).as_secs_f64();
     if lead {
         println!(
@@ -802,7 +853,7 @@ fn run_with<B: Compose<Stream = cuda::Stream, Graph = cuda::Graph>>(
             .as_ref()
             .is_some_and(|c| c.past_tolerance == 0)
     });
-    drop((rr_step, packed_step));
+    drop(packed_step);
     drop((rr, packed, bare, rr_s, packed_s));
 
     // 6. More than one rank: the eager main-grad shards against a one-rank

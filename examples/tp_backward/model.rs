@@ -1637,3 +1637,52 @@ pub fn new_event(backend: &cuda::Device) -> Result<CudaEvent> {
         .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
         .map_err(driver("cuEventCreate"))
 }
+
+/// What a traced run of steps does at the step boundary: `uses` in
+/// enqueue order, `per_step` of them a step (a step's replays and
+/// consumers, or a step graph launch's nodes), medians over the steps
+/// after the first.
+pub struct Boundaries {
+    /// From one step's last work ending to the next's.
+    pub period_us: f64,
+    /// From the step before ending (its last work, consumers included) to
+    /// this step's first work starting: negative when the steps overlap.
+    pub gap_us: f64,
+    /// From the step's last replay ending to its last work ending (the
+    /// last consumers' tail).
+    pub tail_us: f64,
+}
+
+impl Boundaries {
+    /// The boundaries of `uses`, whose step each is `step(index, use)`
+    /// (consecutive uses of one step together).
+    pub fn of(
+        uses: &[replay_arena::Use],
+        step: impl Fn(usize, &replay_arena::Use) -> usize,
+    ) -> Boundaries {
+        // Per step: its first start, its last end, its last replay's end.
+        let mut steps: Vec<(usize, f64, f64, f64)> = Vec::new();
+        for (i, u) in uses.iter().enumerate() {
+            let k = step(i, u);
+            if steps.last().is_none_or(|s| s.0 != k) {
+                steps.push((k, f64::INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY));
+            }
+            let Some(s) = steps.last_mut() else { continue };
+            s.1 = s.1.min(u.start_us);
+            s.2 = s.2.max(u.end_us);
+            if matches!(u.kind, replay_arena::UseKind::Replay { .. }) {
+                s.3 = s.3.max(u.end_us);
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let pairs = || steps.windows(2);
+        Boundaries {
+            period_us: median(pairs().map(|w| w[1].2 - w[0].2).collect()),
+            gap_us: median(pairs().map(|w| w[1].1 - w[0].2).collect()),
+            tail_us: median(steps.iter().skip(1).map(|s| s.2 - s.3).collect()),
+        }
+    }
+}
