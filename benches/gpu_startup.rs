@@ -174,6 +174,7 @@ fn main() -> R<()> {
     }
     let discovered = t0.elapsed();
     let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(backend.clone())?;
+    let allocated = t0.elapsed();
     // Each bucket's last output, at its fixed address.
     let mut last_out = Vec::with_capacity(sizes.len());
     for (bucket, &batch) in sizes.iter().enumerate() {
@@ -205,6 +206,7 @@ fn main() -> R<()> {
         }
     }
     let mut replayable = capturing.seal()?;
+    let sealed = t0.elapsed();
     let mut kept = Vec::with_capacity(sizes.len());
     for bucket in 0..sizes.len() {
         let mut step = replayable.step();
@@ -255,8 +257,15 @@ fn main() -> R<()> {
         discovered.as_secs_f64() * 1e3
     );
     println!(
-        "| discovery to every step graph built, ms | {:.1} |",
+        "| first eager run to every step graph built, ms | {:.1} |",
         started.as_secs_f64() * 1e3
+    );
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "| of which: plan + allocate / capture + seal / step graphs, ms | {:.1} / {:.1} / {:.1} |",
+        ms(allocated - discovered),
+        ms(sealed - allocated),
+        ms(started - sealed)
     );
     println!("| arena bytes, MiB | {:.2} |", mib(arena));
     println!(
