@@ -42,7 +42,7 @@ use std::time::Instant;
 use replay_arena::backend::Streams;
 use replay_arena::cuda;
 use replay_arena::cuda::cudarc::driver::{
-    sys, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg,
+    sys, CudaFunction, CudaGraph, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::probe;
@@ -787,18 +787,26 @@ fn crate_ladder(
     }
     let mut replayable = capturing.seal()?;
     let captured = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let mut kept = Vec::new();
-    for bucket in 0..buckets {
-        let mut step = replayable.step();
-        for l in 0..layers {
-            let r = RunnerId((bucket * layers + l) as u32);
-            step.replay(r, if l % 2 == 0 { &x } else { &y })?;
-        }
-        kept.push(step.build()?.keep());
-    }
-    let built = t1.elapsed().as_secs_f64();
-    drop(kept);
+    let built = median(
+        &mut (0..build_rounds(buckets))
+            .map(|_| {
+                let t1 = Instant::now();
+                let kept = (0..buckets)
+                    .map(|bucket| {
+                        let mut step = replayable.step();
+                        for l in 0..layers {
+                            let r = RunnerId((bucket * layers + l) as u32);
+                            step.replay(r, if l % 2 == 0 { &x } else { &y })?;
+                        }
+                        Ok(step.build()?.keep())
+                    })
+                    .collect::<R<Vec<_>>>()?;
+                let built = t1.elapsed().as_secs_f64();
+                drop(kept);
+                Ok(built)
+            })
+            .collect::<R<Vec<f64>>>()?,
+    );
     drop(replayable);
     capture_on.synchronize()?;
     Ok(LadderTimes {
@@ -806,6 +814,57 @@ fn crate_ladder(
         captured,
         built,
     })
+}
+
+/// Rounds of step-graph builds per ladder: every bucket's step graph is
+/// built (and kept) each round, then dropped, and a side's figure is the
+/// median round; at least 48 builds a side, so one bucket's 0.1 ms build
+/// is not one sample.
+fn build_rounds(buckets: usize) -> usize {
+    (48 / buckets).max(3)
+}
+
+/// The crate's step builds of the same ladder on `sim`, on this host: the
+/// crate's own work (and `sim`'s stand-in for the driver's composition,
+/// which is counted too), no driver at all. Median round, seconds.
+fn sim_builds((buckets, layers): (usize, usize)) -> R<f64> {
+    use replay_arena::sim;
+    let sim = sim::Device::new();
+    let req = Request::new(Domain::Device, DType::F32, 16384);
+    let mut d = Discovering::new(PlanConfig::new());
+    for bucket in 0..buckets {
+        d.bucket(format!("b{bucket}"))?;
+        for l in 0..layers {
+            d.arm(RunnerId((bucket * layers + l) as u32))?.record(req)?;
+        }
+    }
+    let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(sim.clone())?;
+    let on = sim.new_stream();
+    for r in 0..buckets * layers {
+        let cap = capturing.capture(RunnerId(r as u32))?;
+        let v = cap.take(req)?;
+        cap.stream_capture(&on, |s| sim.launch(s, sim::Kernel::fill(&v, 1.0), 0))?;
+        cap.finish()?;
+    }
+    let mut replayable = capturing.seal()?;
+    let (x, y) = (sim.new_stream(), sim.new_stream());
+    let mut rounds = Vec::new();
+    for _ in 0..build_rounds(buckets) {
+        let t = Instant::now();
+        let kept = (0..buckets)
+            .map(|bucket| {
+                let mut step = replayable.step();
+                for l in 0..layers {
+                    let r = RunnerId((bucket * layers + l) as u32);
+                    step.replay(r, if l % 2 == 0 { &x } else { &y })?;
+                }
+                Ok(step.build()?.keep())
+            })
+            .collect::<R<Vec<_>>>()?;
+        rounds.push(t.elapsed().as_secs_f64());
+        drop(kept);
+    }
+    Ok(median(&mut rounds))
 }
 
 /// The hand-made side: the same kernels captured and instantiated with
@@ -858,51 +917,60 @@ fn hand_ladder(
     for copy in copies {
         unsafe { sys::cuGraphDestroy(copy) };
     }
-    let t3 = Instant::now();
-    let mut execs = Vec::new();
-    for bucket in (0..buckets).filter(|_| !allocating) {
-        unsafe {
-            let mut parent = std::ptr::null_mut();
-            assert_eq!(
-                sys::cuGraphCreate(&mut parent, 0),
-                sys::CUresult::CUDA_SUCCESS
-            );
-            let mut prev: Option<sys::CUgraphNode> = None;
-            for g in &graphs[bucket * layers..(bucket + 1) * layers] {
-                let mut node = std::ptr::null_mut();
-                let deps: Vec<sys::CUgraphNode> = prev.into_iter().collect();
-                let code = sys::cuGraphAddChildGraphNode(
-                    &mut node,
-                    parent,
-                    deps.as_ptr(),
-                    deps.len(),
-                    g.cu_graph(),
+    // The parent graphs of one round, destroyed after it.
+    let compose_round = |graphs: &[CudaGraph]| -> f64 {
+        let t3 = Instant::now();
+        let mut execs = Vec::with_capacity(buckets);
+        for bucket in 0..buckets {
+            unsafe {
+                let mut parent = std::ptr::null_mut();
+                assert_eq!(
+                    sys::cuGraphCreate(&mut parent, 0),
+                    sys::CUresult::CUDA_SUCCESS
                 );
-                assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
-                prev = Some(node);
+                let mut prev: Option<sys::CUgraphNode> = None;
+                for g in &graphs[bucket * layers..(bucket + 1) * layers] {
+                    let mut node = std::ptr::null_mut();
+                    let deps: Vec<sys::CUgraphNode> = prev.into_iter().collect();
+                    let code = sys::cuGraphAddChildGraphNode(
+                        &mut node,
+                        parent,
+                        deps.as_ptr(),
+                        deps.len(),
+                        g.cu_graph(),
+                    );
+                    assert_eq!(code, sys::CUresult::CUDA_SUCCESS);
+                    prev = Some(node);
+                }
+                let mut exec = std::ptr::null_mut();
+                assert_eq!(
+                    sys::cuGraphInstantiateWithFlags(&mut exec, parent, 0),
+                    sys::CUresult::CUDA_SUCCESS
+                );
+                // Not uploaded: the crate uploads runner graphs, not step
+                // graphs (their first launch does).
+                execs.push((exec, parent));
             }
-            let mut exec = std::ptr::null_mut();
-            assert_eq!(
-                sys::cuGraphInstantiateWithFlags(&mut exec, parent, 0),
-                sys::CUresult::CUDA_SUCCESS
-            );
-            // Not uploaded: the crate uploads runner graphs, not step graphs
-            // (their first launch does).
-            execs.push((exec, parent));
         }
-    }
+        let built = t3.elapsed().as_secs_f64();
+        for (exec, parent) in execs {
+            unsafe {
+                sys::cuGraphExecDestroy(exec);
+                sys::cuGraphDestroy(parent);
+            }
+        }
+        built
+    };
     let built = if allocating {
         f64::NAN
     } else {
-        t3.elapsed().as_secs_f64()
+        median(
+            &mut (0..build_rounds(buckets))
+                .map(|_| compose_round(&graphs))
+                .collect::<Vec<f64>>(),
+        )
     };
     capture_on.synchronize()?;
-    for (exec, parent) in execs {
-        unsafe {
-            sys::cuGraphExecDestroy(exec);
-            sys::cuGraphDestroy(parent);
-        }
-    }
     drop(graphs);
     Ok(LadderTimes {
         planned: 0.0,
@@ -915,7 +983,9 @@ fn hand_ladder(
 /// capturing and instantiating the same work by hand: a ladder of
 /// `buckets` x `layers` runners (one kernel each), every bucket's runners
 /// then composed into one step graph (by hand: a parent graph of child
-/// graph nodes in a chain, instantiated).
+/// graph nodes in a chain, instantiated), in [`build_rounds`] rounds whose
+/// median is the side's figure; beside them, the crate's builds of the same
+/// ladder on `sim` ([`sim_builds`]).
 ///
 /// One row of the capture ladder. Each side runs three times, in the order
 /// crate, hand, hand, crate, crate, hand, and keeps its best run: whichever goes first
@@ -947,12 +1017,18 @@ fn capture_ladder(
         ("—".to_string(), "—".to_string())
     } else {
         (
-            format!("{:.2}", h.built * 1e3),
+            format!("{:.3}", h.built * 1e3),
             format!("{:.2}x", c.built / h.built),
         )
     };
+    // The crate's own work in those builds, on this host's CPU (`sim`).
+    let on_sim = if allocating {
+        "—".to_string()
+    } else {
+        format!("{:.3}", sim_builds(shape)? * 1e3)
+    };
     println!(
-        "| {buckets} x {layers}{} | {} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2} | {hand} | {ratio} | {:.2}x / {:.2}x |",
+        "| {buckets} x {layers}{} | {} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.3} | {hand} | {ratio} | {on_sim} | {:.2}x / {:.2}x |",
         if allocating { ", allocating" } else { "" },
         if b.graph_upload() { "on" } else { "off" },
         us(c.planned),
@@ -972,9 +1048,9 @@ fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     println!(
         "| buckets x layers | upload | crate plan + allocate µs/runner | crate capture + seal \
          µs/runner | by hand capture + instantiate µs/runner | ratio | crate step graphs ms | \
-         by hand ms | ratio | capture ratio, crate first / crate last |"
+         by hand ms | ratio | crate step graphs on sim ms | capture ratio, crate first / crate last |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     // The first ladder warms the driver and the module up (not printed).
     capture_ladder(b, k, (1, 16), false, false)?;
     let no_upload = b.clone().with_graph_upload(false);

@@ -711,7 +711,10 @@ impl Planned {
         })
     }
 
-    /// The runner's slot (its index in capture order), by binary search.
+    /// The runner's slot (its index in capture order): at its id's place
+    /// in the index when the ids are 0, 1, 2, ... (the replay's quick path,
+    /// inlined), by binary search otherwise.
+    #[inline]
     pub(crate) fn slot(&self, runner: RunnerId) -> Option<usize> {
         // Runner ids 0, 1, 2, ...: the id is its place in the index.
         if let Some(&(id, slot)) = self.index.get(runner.0 as usize) {
@@ -719,6 +722,12 @@ impl Planned {
                 return Some(slot);
             }
         }
+        self.slot_searched(runner)
+    }
+
+    /// [`Planned::slot`] for ids that are not their place in the index.
+    #[cold]
+    fn slot_searched(&self, runner: RunnerId) -> Option<usize> {
         self.index
             .binary_search_by_key(&runner, |&(r, _)| r)
             .ok()

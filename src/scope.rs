@@ -161,21 +161,18 @@ process_statics! {
     static STREAMS: Mutex<Vec<(u64, u64, bool)>> = Mutex::new(Vec::new());
     /// The next scope id.
     static NEXT_SCOPE_ID: AtomicU64 = AtomicU64::new(1);
-    /// Captures opening or open in the process (each holds, or is about to
-    /// take, an entry in `STREAMS`). While there are none, a
-    /// [`StreamClaim`] needs no entry of its own: nothing could refuse it,
-    /// and a capture that opens later waits for it (`QUICK_CLAIMS`).
-    static CAPTURES: AtomicU64 = AtomicU64::new(0);
-    /// Claims held without an entry in `STREAMS` (taken while `CAPTURES`
-    /// read 0). A capture opens only once it has counted itself in
-    /// `CAPTURES` and then read none here: a claim that counted itself
-    /// first is waited for, one that counts itself after sees the capture
-    /// and takes an entry. Each side reads the other's count with a
-    /// read-modify-write (`fetch_add(0)`), which reads the latest value in
-    /// that count's modification order: of two sides that each count
-    /// themselves and then read the other, one always sees the other (no
-    /// sequentially consistent order needed, which loom does not model).
-    static QUICK_CLAIMS: AtomicU64 = AtomicU64::new(0);
+    /// One word for two counts, so that a claim counts itself and reads the
+    /// captures in one read-modify-write: the low 32 bits count claims held
+    /// without an entry in `STREAMS` (taken while no capture was counted),
+    /// the high 32 bits the captures opening or open in the process (each
+    /// holds, or is about to take, an entry in `STREAMS`). While there are
+    /// no captures, a [`StreamClaim`] needs no entry of its own: nothing
+    /// could refuse it. A capture counts itself, then waits until no quick
+    /// claim is held: a claim counted before it is waited for, one counted
+    /// after it sees the capture and takes an entry. One variable has one
+    /// modification order, so no ordering between two atomics is needed
+    /// (which loom would not model).
+    static GATE: AtomicU64 = AtomicU64::new(0);
 }
 
 /// A new scope id (never 0, never reused).
@@ -213,10 +210,10 @@ impl OpenScope {
     ) -> Result<OpenScope, StreamBusy> {
         let capture = kind == ScopeKind::Capture;
         if capture {
-            CAPTURES.fetch_add(1, AtomicOrdering::AcqRel);
+            GATE.fetch_add(ONE_CAPTURE, AtomicOrdering::AcqRel);
             // A quick claim is held only inside the crate's own enqueueing
             // (no program code runs while it is), for a few driver calls.
-            while QUICK_CLAIMS.fetch_add(0, AtomicOrdering::AcqRel) != 0 {
+            while GATE.fetch_add(0, AtomicOrdering::AcqRel) & QUICK_CLAIMS != 0 {
                 yield_now();
             }
         }
@@ -230,7 +227,7 @@ impl OpenScope {
             if let Some(busy) = busy {
                 drop(streams);
                 if capture {
-                    CAPTURES.fetch_sub(1, AtomicOrdering::AcqRel);
+                    GATE.fetch_sub(ONE_CAPTURE, AtomicOrdering::AcqRel);
                 }
                 return Err(busy);
             }
@@ -299,7 +296,7 @@ impl Drop for OpenScope {
         }
         if self.scope.kind == ScopeKind::Capture {
             // After its entry went: a claim that reads 0 finds no entry.
-            CAPTURES.fetch_sub(1, AtomicOrdering::AcqRel);
+            GATE.fetch_sub(ONE_CAPTURE, AtomicOrdering::AcqRel);
         }
         let _ = SPARE.try_with(|spare| {
             if let Ok(mut spare) = spare.try_borrow_mut() {
@@ -328,11 +325,10 @@ impl StreamClaim {
     #[inline]
     pub(crate) fn enter(stream: u64) -> Result<StreamClaim, StreamBusy> {
         // The hot path (a replay's claim): no capture anywhere, so no lock.
-        QUICK_CLAIMS.fetch_add(1, AtomicOrdering::AcqRel);
-        if CAPTURES.fetch_add(0, AtomicOrdering::AcqRel) == 0 {
+        // Counted, and the captures read, in one step (`GATE`).
+        if GATE.fetch_add(1, AtomicOrdering::AcqRel) < ONE_CAPTURE {
             return Ok(StreamClaim { token: QUICK });
         }
-        QUICK_CLAIMS.fetch_sub(1, AtomicOrdering::AcqRel);
         StreamClaim::enter_listed(stream)
     }
 
@@ -340,6 +336,8 @@ impl StreamClaim {
     /// in `STREAMS`, under its lock.
     #[cold]
     fn enter_listed(stream: u64) -> Result<StreamClaim, StreamBusy> {
+        // Not a quick claim after all.
+        GATE.fetch_sub(1, AtomicOrdering::AcqRel);
         let token = new_scope_id();
         let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
         if streams
@@ -365,11 +363,17 @@ impl StreamClaim {
 /// The token of a claim with no entry in `STREAMS` (scope ids start at 1).
 const QUICK: u64 = 0;
 
+/// One capture in `GATE`'s high half.
+const ONE_CAPTURE: u64 = 1 << 32;
+
+/// `GATE`'s low half: the quick claims held.
+const QUICK_CLAIMS: u64 = ONE_CAPTURE - 1;
+
 impl Drop for StreamClaim {
     #[inline]
     fn drop(&mut self) {
         if self.token == QUICK {
-            QUICK_CLAIMS.fetch_sub(1, AtomicOrdering::AcqRel);
+            GATE.fetch_sub(1, AtomicOrdering::AcqRel);
             return;
         }
         self.leave_listed();
