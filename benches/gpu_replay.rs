@@ -788,7 +788,7 @@ fn crate_ladder(
     let mut replayable = capturing.seal()?;
     let captured = t0.elapsed().as_secs_f64();
     let built = median(
-        &mut (0..build_rounds(buckets))
+        &mut (0..build_rounds(buckets, allocating))
             .map(|_| {
                 let t1 = Instant::now();
                 let kept = (0..buckets)
@@ -820,8 +820,12 @@ fn crate_ladder(
 /// built (and kept) each round, then dropped, and a side's figure is the
 /// median round; at least 48 builds a side, so one bucket's 0.1 ms build
 /// is not one sample.
-fn build_rounds(buckets: usize) -> usize {
-    (48 / buckets).max(3)
+fn build_rounds(buckets: usize, allocating: bool) -> usize {
+    match allocating {
+        // One step copy per runner: one build.
+        true => 1,
+        false => (48 / buckets).max(3),
+    }
 }
 
 /// The crate's step builds of the same ladder on `sim`, on this host: the
@@ -849,7 +853,7 @@ fn sim_builds((buckets, layers): (usize, usize)) -> R<f64> {
     let mut replayable = capturing.seal()?;
     let (x, y) = (sim.new_stream(), sim.new_stream());
     let mut rounds = Vec::new();
-    for _ in 0..build_rounds(buckets) {
+    for _ in 0..build_rounds(buckets, false) {
         let t = Instant::now();
         let kept = (0..buckets)
             .map(|bucket| {
@@ -965,7 +969,7 @@ fn hand_ladder(
         f64::NAN
     } else {
         median(
-            &mut (0..build_rounds(buckets))
+            &mut (0..build_rounds(buckets, false))
                 .map(|_| compose_round(&graphs))
                 .collect::<Vec<f64>>(),
         )
@@ -984,7 +988,8 @@ fn hand_ladder(
 /// `buckets` x `layers` runners (one kernel each), every bucket's runners
 /// then composed into one step graph (by hand: a parent graph of child
 /// graph nodes in a chain, instantiated), in [`build_rounds`] rounds whose
-/// median is the side's figure; beside them, the crate's builds of the same
+/// median is the side's figure (one build of allocating runners: one step
+/// copy each); beside them, the crate's builds of the same
 /// ladder on `sim` ([`sim_builds`]).
 ///
 /// One row of the capture ladder. Each side runs three times, in the order

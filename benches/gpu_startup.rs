@@ -16,6 +16,11 @@
 //! driver's graph memory (reserved, used) against before the plan. One
 //! launch of every bucket's step graph, then its last layer's output read
 //! back against the eager run's, bitwise.
+//!
+//! All of it twice: with the runner graphs instantiated at capture (the
+//! default), then with lazy instantiation (`cuda::Device::with_lazy_instantiation`),
+//! where the runner graphs, only ever composed into step graphs here, are
+//! never instantiated.
 
 use std::time::Instant;
 
@@ -151,137 +156,145 @@ fn main() -> R<()> {
         }
         Ok(h)
     };
-    let t0 = Instant::now();
-    // One eager run per bucket, and its discovery.
-    let mut d = Discovering::new(PlanConfig::new());
-    let mut handoffs: Vec<Vec<HandoffId>> = Vec::new();
-    for (bucket, &batch) in sizes.iter().enumerate() {
-        let n = batch * HIDDEN;
-        eager_run(batch)?;
-        d.bucket(format!("batch={batch}"))?;
-        let req = Request::new(Domain::Device, DType::F32, n as u64);
-        let mut hs = Vec::with_capacity(LAYERS);
-        for l in 0..LAYERS {
-            let mut a = d.arm(RunnerId((bucket * LAYERS + l) as u32))?;
-            a.record(req)?;
-            a.record(req)?;
-            if l > 0 {
-                a.receive(hs[l - 1])?;
+    // Twice: runner graphs instantiated at capture (the default), then
+    // lazily (`with_lazy_instantiation`): only step graphs are launched, so
+    // the second instantiates none of them.
+    let base = backend.clone();
+    for lazy in [false, true] {
+        let backend = base.clone().with_lazy_instantiation(lazy);
+        let t0 = Instant::now();
+        // One eager run per bucket, and its discovery.
+        let mut d = Discovering::new(PlanConfig::new());
+        let mut handoffs: Vec<Vec<HandoffId>> = Vec::new();
+        for (bucket, &batch) in sizes.iter().enumerate() {
+            let n = batch * HIDDEN;
+            eager_run(batch)?;
+            d.bucket(format!("batch={batch}"))?;
+            let req = Request::new(Domain::Device, DType::F32, n as u64);
+            let mut hs = Vec::with_capacity(LAYERS);
+            for l in 0..LAYERS {
+                let mut a = d.arm(RunnerId((bucket * LAYERS + l) as u32))?;
+                a.record(req)?;
+                a.record(req)?;
+                if l > 0 {
+                    a.receive(hs[l - 1])?;
+                }
+                hs.push(a.hand_off(req)?);
             }
-            hs.push(a.hand_off(req)?);
+            handoffs.push(hs);
         }
-        handoffs.push(hs);
-    }
-    let discovered = t0.elapsed();
-    let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(backend.clone())?;
-    let allocated = t0.elapsed();
-    // Each bucket's last output, at its fixed address.
-    let mut last_out = Vec::with_capacity(sizes.len());
-    for (bucket, &batch) in sizes.iter().enumerate() {
-        let n = batch * HIDDEN;
-        let req = Request::new(Domain::Device, DType::F32, n as u64);
-        for l in 0..LAYERS {
-            let cap = capturing.capture(RunnerId((bucket * LAYERS + l) as u32))?;
-            let (t1, t2) = (cap.take(req)?, cap.take(req)?);
-            let out = cap.hand_off(handoffs[bucket][l])?;
-            let input = match l {
-                0 => None,
-                _ => Some(cap.receive(handoffs[bucket][l - 1])?),
-            };
-            let (w, b) = weights(l);
-            if l == LAYERS - 1 {
-                last_out.push(out.device_address());
+        let discovered = t0.elapsed();
+        let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(backend.clone())?;
+        let allocated = t0.elapsed();
+        // Each bucket's last output, at its fixed address.
+        let mut last_out = Vec::with_capacity(sizes.len());
+        for (bucket, &batch) in sizes.iter().enumerate() {
+            let n = batch * HIDDEN;
+            let req = Request::new(Domain::Device, DType::F32, n as u64);
+            for l in 0..LAYERS {
+                let cap = capturing.capture(RunnerId((bucket * LAYERS + l) as u32))?;
+                let (t1, t2) = (cap.take(req)?, cap.take(req)?);
+                let out = cap.hand_off(handoffs[bucket][l])?;
+                let input = match l {
+                    0 => None,
+                    _ => Some(cap.receive(handoffs[bucket][l - 1])?),
+                };
+                let (w, b) = weights(l);
+                if l == LAYERS - 1 {
+                    last_out.push(out.device_address());
+                }
+                cap.stream_capture(&s, |s| {
+                    let inp = input.as_ref().map_or(xa, |v| v.device_address());
+                    let views = (
+                        inp,
+                        t1.device_address(),
+                        t2.device_address(),
+                        out.device_address(),
+                    );
+                    layer(&k, s, views, w, b, n)
+                })?;
+                cap.finish()?;
             }
-            cap.stream_capture(&s, |s| {
-                let inp = input.as_ref().map_or(xa, |v| v.device_address());
-                let views = (
-                    inp,
-                    t1.device_address(),
-                    t2.device_address(),
-                    out.device_address(),
-                );
-                layer(&k, s, views, w, b, n)
-            })?;
-            cap.finish()?;
         }
-    }
-    let mut replayable = capturing.seal()?;
-    let sealed = t0.elapsed();
-    let mut kept = Vec::with_capacity(sizes.len());
-    for bucket in 0..sizes.len() {
-        let mut step = replayable.step();
-        for l in 0..LAYERS {
-            step.replay(RunnerId((bucket * LAYERS + l) as u32), &s)?;
+        let mut replayable = capturing.seal()?;
+        let sealed = t0.elapsed();
+        let mut kept = Vec::with_capacity(sizes.len());
+        for bucket in 0..sizes.len() {
+            let mut step = replayable.step();
+            for l in 0..LAYERS {
+                step.replay(RunnerId((bucket * LAYERS + l) as u32), &s)?;
+            }
+            kept.push(step.build()?.keep());
         }
-        kept.push(step.build()?.keep());
-    }
-    s.synchronize()?;
-    let started = t0.elapsed();
-    let after = backend.graph_memory_in_use()?;
-    let arena = replayable.plan().report().plan_bytes;
-
-    // Every bucket's step graph once, its output against eager, bitwise.
-    let read = |addr: u64, n: usize| -> R<Vec<f32>> {
         s.synchronize()?;
-        let mut host = vec![0f32; n];
-        // SAFETY: a read of the program's own after a full wait; leaked
-        // after (the memory is not cudarc's to free).
-        let view = unsafe { cu.upgrade_device_ptr::<f32>(addr, n) };
-        cu.memcpy_dtoh(&view, &mut host)?;
-        view.leak();
-        Ok(host)
-    };
-    let mut equal = 0;
-    for (bucket, kept) in kept.iter_mut().enumerate() {
-        let n = sizes[bucket] * HIDDEN;
-        let expected = read(eager_run(sizes[bucket])?, n)?;
-        replayable.launch_kept(kept, &s)?;
-        let host = read(last_out[bucket], n)?;
-        if host
-            .iter()
-            .zip(&expected)
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-        {
-            equal += 1;
+        let started = t0.elapsed();
+        let after = backend.graph_memory_in_use()?;
+        let arena = replayable.plan().report().plan_bytes;
+
+        // Every bucket's step graph once, its output against eager, bitwise.
+        let read = |addr: u64, n: usize| -> R<Vec<f32>> {
+            s.synchronize()?;
+            let mut host = vec![0f32; n];
+            // SAFETY: a read of the program's own after a full wait; leaked
+            // after (the memory is not cudarc's to free).
+            let view = unsafe { cu.upgrade_device_ptr::<f32>(addr, n) };
+            cu.memcpy_dtoh(&view, &mut host)?;
+            view.leak();
+            Ok(host)
+        };
+        let mut equal = 0;
+        for (bucket, kept) in kept.iter_mut().enumerate() {
+            let n = sizes[bucket] * HIDDEN;
+            let expected = read(eager_run(sizes[bucket])?, n)?;
+            replayable.launch_kept(kept, &s)?;
+            let host = read(last_out[bucket], n)?;
+            if host
+                .iter()
+                .zip(&expected)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+            {
+                equal += 1;
+            }
         }
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        println!(
+            "## start-up: {} buckets x {LAYERS} layers (hidden {HIDDEN}, 3 kernels a layer), one eager run per bucket; runner graphs instantiated {}",
+            sizes.len(),
+            if lazy { "lazily (at a first replay: none here)" } else { "at capture" }
+        );
+        println!("| what | value |");
+        println!("|---|---:|");
+        println!(
+            "| eager runs + discovery, ms | {:.1} |",
+            discovered.as_secs_f64() * 1e3
+        );
+        println!(
+            "| first eager run to every step graph built, ms | {:.1} |",
+            started.as_secs_f64() * 1e3
+        );
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| of which: plan + allocate / capture + seal / step graphs, ms | {:.1} / {:.1} / {:.1} |",
+            ms(allocated - discovered),
+            ms(sealed - allocated),
+            ms(started - sealed)
+        );
+        println!("| arena bytes, MiB | {:.2} |", mib(arena));
+        println!(
+            "| driver graph memory reserved, MiB (before, after) | {:.1}, {:.1} |",
+            mib(before.reserved),
+            mib(after.reserved)
+        );
+        println!(
+            "| driver graph memory used, MiB (before, after) | {:.1}, {:.1} |",
+            mib(before.used),
+            mib(after.used)
+        );
+        println!(
+            "| buckets bitwise equal to eager | {equal} of {} |",
+            sizes.len()
+        );
+        drop(kept);
     }
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    println!(
-        "## start-up: {} buckets x {LAYERS} layers (hidden {HIDDEN}, 3 kernels a layer), one eager run per bucket",
-        sizes.len()
-    );
-    println!("| what | value |");
-    println!("|---|---:|");
-    println!(
-        "| eager runs + discovery, ms | {:.1} |",
-        discovered.as_secs_f64() * 1e3
-    );
-    println!(
-        "| first eager run to every step graph built, ms | {:.1} |",
-        started.as_secs_f64() * 1e3
-    );
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    println!(
-        "| of which: plan + allocate / capture + seal / step graphs, ms | {:.1} / {:.1} / {:.1} |",
-        ms(allocated - discovered),
-        ms(sealed - allocated),
-        ms(started - sealed)
-    );
-    println!("| arena bytes, MiB | {:.2} |", mib(arena));
-    println!(
-        "| driver graph memory reserved, MiB (before, after) | {:.1}, {:.1} |",
-        mib(before.reserved),
-        mib(after.reserved)
-    );
-    println!(
-        "| driver graph memory used, MiB (before, after) | {:.1}, {:.1} |",
-        mib(before.used),
-        mib(after.used)
-    );
-    println!(
-        "| buckets bitwise equal to eager | {equal} of {} |",
-        sizes.len()
-    );
-    drop(kept);
     Ok(())
 }

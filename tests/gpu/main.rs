@@ -17,6 +17,7 @@ mod backend {
     mod cublas;
     #[cfg(feature = "cublas")]
     mod cublas_shared;
+    mod lazy;
     mod priority;
 }
 mod capture {

@@ -136,8 +136,13 @@ impl<D: AsDevice> Capture for D {
     unsafe fn end_capture(&self, stream: &Stream) -> Result<Graph> {
         // SAFETY: the caller's contract is the same.
         let (graph, raw) = unsafe { self.as_device().end_stamped(stream) }?;
+        let device = self.as_device();
+        if device.lazy_instantiation() {
+            // SAFETY: the capture returned `graph` to us.
+            return unsafe { device.own_lazily(graph) };
+        }
         // SAFETY: the capture returned `graph` to us.
-        unsafe { self.as_device().instantiate(graph, Some(raw)) }
+        unsafe { device.instantiate(graph, Some(raw)) }
     }
 
     unsafe fn end_capture_part(&self, stream: &Stream) -> Result<Graph> {
@@ -231,8 +236,13 @@ impl<D: AsDevice> Launch for D {
         let raw = stream.raw("cuGraphLaunch")?;
         // No context bound: the call takes its context from its handles
         // (`tests/gpu_interop.rs`, `replays_run_with_no_context_or_another_context_current`).
+        let exec = match graph.handles.exec.get() {
+            exec if !exec.is_null() => exec,
+            // Captured with lazy instantiation: its first launch.
+            _ => self.as_device().instantiate_pending(graph)?,
+        };
         // SAFETY: the exec and the stream are live objects of this context.
-        Ok(unsafe { result::graph::launch(graph.handles.exec, raw) }?)
+        Ok(unsafe { result::graph::launch(exec, raw) }?)
     }
 }
 

@@ -45,9 +45,10 @@ impl CaptureMode {
 /// The `cuda` backend: one CUDA context (its own, or the program's). A cheap
 /// handle; clones share the context and the internal stream.
 ///
-/// Its settings ([`CaptureMode`], graph upload, [`InstantiateFlags`]) are
-/// the handle's own, chosen when it is made (`with_capture_mode`,
-/// `with_graph_upload`, `with_instantiate_flags`) and copied by its clones:
+/// Its settings ([`CaptureMode`], graph upload, lazy instantiation,
+/// [`InstantiateFlags`]) are the handle's own, chosen when it is made
+/// (`with_capture_mode`, `with_graph_upload`, `with_lazy_instantiation`,
+/// `with_instantiate_flags`) and copied by its clones:
 /// the plan captures and instantiates with those of the handle given to
 /// [`Planned::allocate`](crate::Planned::allocate), whatever is done to other
 /// handles afterwards.
@@ -100,6 +101,8 @@ struct Settings {
     capture_mode: CaptureMode,
     /// Upload each graph after instantiating it.
     upload: bool,
+    /// Instantiate a runner's graph at its first launch, not at capture.
+    lazy: bool,
     instantiate: InstantiateFlags,
     /// What the driver's graph memory pool grows by.
     granule: u64,
@@ -111,6 +114,7 @@ impl Default for Settings {
         Settings {
             capture_mode: CaptureMode::default(),
             upload: true,
+            lazy: false,
             instantiate: InstantiateFlags::default(),
             granule: DEFAULT_GRAPH_MEMORY_GRANULE,
         }
@@ -123,6 +127,7 @@ impl fmt::Debug for Device {
             .field("device", &self.inner.info)
             .field("capture_mode", &self.capture_mode())
             .field("graph_upload", &self.graph_upload())
+            .field("lazy_instantiation", &self.lazy_instantiation())
             .finish_non_exhaustive()
     }
 }
@@ -256,6 +261,32 @@ impl Device {
     /// clones').
     pub fn with_graph_upload(mut self, upload: bool) -> Device {
         self.settings.upload = upload;
+        self
+    }
+
+    /// Whether this handle instantiates a runner's captured graph at its
+    /// first launch (a replay, traced or not) instead of at the end of its
+    /// capture. Off unless chosen.
+    pub fn lazy_instantiation(&self) -> bool {
+        self.settings.lazy
+    }
+
+    /// This handle with lazy instantiation on or off (and its clones'). On,
+    /// a runner's graph gets its executable graph (`cuGraphInstantiate`)
+    /// at its first launch, which then pays the instantiation and the
+    /// upload (no upload at capture, whatever
+    /// [`Device::with_graph_upload`] says). A graph that only ever goes
+    /// into step graphs (they compose the captured graph, not its
+    /// executable one) is never instantiated: a program that launches only
+    /// step graphs saves the instantiation of every runner graph at
+    /// start-up (`cargo bench --bench gpu_startup`), and the driver
+    /// memory of their executables.
+    ///
+    /// A first launch that fails to instantiate fails as a launch does:
+    /// nothing was enqueued, the fence is as it was, and the next launch
+    /// tries again.
+    pub fn with_lazy_instantiation(mut self, lazy: bool) -> Device {
+        self.settings.lazy = lazy;
         self
     }
 

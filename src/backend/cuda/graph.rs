@@ -18,7 +18,9 @@ use crate::backend::{BackendError, Cut, GraphMemory, NodeGraph, StepEnd, StepNod
 /// Raw graph handles; moved between threads only inside a [`Graph`].
 pub(super) struct GraphHandles {
     pub(super) graph: sys::CUgraph,
-    pub(super) exec: sys::CUgraphExec,
+    /// Null until instantiated (a graph captured with lazy instantiation
+    /// gets it at its first launch, through `&self`: `Graph` is `!Sync`).
+    pub(super) exec: Cell<sys::CUgraphExec>,
 }
 
 // SAFETY: graph handles may be used from any thread that makes their context
@@ -38,6 +40,11 @@ pub struct Graph {
     /// A composed graph's event record nodes, per step node, in the order
     /// of its `records` ([`Compose::retarget_records`](crate::backend::Compose::retarget_records)).
     records: Vec<Vec<usize>>,
+    /// The instantiation flags of a graph captured with lazy
+    /// instantiation ([`Device::with_lazy_instantiation`](super::Device::with_lazy_instantiation)),
+    /// instantiated at its first launch; `None` once instantiated, and for
+    /// graphs that are only ever composed.
+    pending: Cell<Option<u64>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -53,7 +60,7 @@ impl fmt::Debug for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Graph")
             .field("graph", &self.handles.graph)
-            .field("exec", &self.handles.exec)
+            .field("exec", &self.handles.exec.get())
             .finish()
     }
 }
@@ -64,9 +71,19 @@ impl Graph {
         self.handles.graph
     }
 
-    /// The raw `CUgraphExec` (do not destroy it).
+    /// The raw `CUgraphExec` (do not destroy it): null for a graph
+    /// captured with lazy instantiation
+    /// ([`Device::with_lazy_instantiation`](super::Device::with_lazy_instantiation))
+    /// until its first launch, and for a graph only ever composed into a
+    /// step graph.
     pub fn cu_graph_exec(&self) -> sys::CUgraphExec {
-        self.handles.exec
+        self.handles.exec.get()
+    }
+
+    /// Whether it has its executable graph: false for a graph captured
+    /// with lazy instantiation until its first launch.
+    pub fn is_instantiated(&self) -> bool {
+        !self.handles.exec.get().is_null()
     }
 }
 
@@ -78,8 +95,8 @@ impl Drop for Graph {
             // split graph has no executable graph; a graph moved into a
             // step graph has neither (the step graph owns it).
             unsafe {
-                if !self.handles.exec.is_null() {
-                    let _ = result::graph::exec_destroy(self.handles.exec);
+                if !self.handles.exec.get().is_null() {
+                    let _ = result::graph::exec_destroy(self.handles.exec.get());
                 }
                 if !self.handles.graph.is_null() {
                     let _ = result::graph::destroy(self.handles.graph);
@@ -100,13 +117,52 @@ impl Device {
         Graph {
             handles: GraphHandles {
                 graph,
-                exec: ptr::null_mut(),
+                exec: Cell::new(ptr::null_mut()),
             },
             ctx: self.inner.ctx.clone(),
             memory: OnceCell::new(),
             records: Vec::new(),
+            pending: Cell::new(None),
             _not_sync: PhantomData,
         }
+    }
+
+    /// Owns a captured `graph` to be instantiated at its first launch
+    /// ([`Device::with_lazy_instantiation`](super::Device::with_lazy_instantiation)),
+    /// with this backend's flags; its memory nodes read now.
+    ///
+    /// # Safety
+    ///
+    /// `graph` is a live graph of this context that the caller hands over
+    /// (destroyed here on failure).
+    pub(super) unsafe fn own_lazily(&self, graph: sys::CUgraph) -> Result<Graph> {
+        // SAFETY: the caller's; from here on, dropping `owned` destroys it.
+        let owned = unsafe { self.own_uninstantiated(graph) };
+        owned.pending.set(Some(self.instantiate_flags().bits()));
+        self.keep_memory_nodes(&owned)?;
+        Ok(owned)
+    }
+
+    /// The executable graph of `graph` waiting for its first launch,
+    /// instantiated now (no upload: the launch that follows uploads it).
+    /// On failure nothing changes, and the next launch tries again.
+    #[cold]
+    pub(super) fn instantiate_pending(&self, graph: &Graph) -> Result<sys::CUgraphExec> {
+        let Some(flags) = graph.pending.get() else {
+            return Err(BackendError::Refused {
+                call: "cuGraphLaunch",
+                reason: "the graph has no executable graph: it is only ever composed into a \
+                         step graph"
+                    .into(),
+            });
+        };
+        self.bind()?;
+        // SAFETY: the graph is live and ours; its executable graph is made
+        // once (`pending` is cleared below, and `Graph` is `!Sync`).
+        let exec = unsafe { result::graph::instantiate(graph.handles.graph, flags) }?;
+        graph.handles.exec.set(exec);
+        graph.pending.set(None);
+        Ok(exec)
     }
 
     /// Ends the capture on `stream` and stamps the graph's kernel nodes
@@ -366,10 +422,14 @@ impl Device {
         };
         // From here on, dropping `owned` destroys both handles.
         let owned = Graph {
-            handles: GraphHandles { graph, exec },
+            handles: GraphHandles {
+                graph,
+                exec: Cell::new(exec),
+            },
             ctx: self.inner.ctx.clone(),
             memory: OnceCell::new(),
             records: Vec::new(),
+            pending: Cell::new(None),
             _not_sync: PhantomData,
         };
         if upload_on.is_some() {
@@ -545,16 +605,8 @@ impl Device {
         let part = |drop: &dyn Fn(sys::CUgraphNode) -> bool| -> Result<Graph> {
             // SAFETY: `g` is live.
             let clone = unsafe { result::graph::clone(g) }?;
-            let owned = Graph {
-                handles: GraphHandles {
-                    graph: clone,
-                    exec: ptr::null_mut(),
-                },
-                ctx: self.inner.ctx.clone(),
-                memory: OnceCell::new(),
-                records: Vec::new(),
-                _not_sync: PhantomData,
-            };
+            // SAFETY: `clone` is ours, of this context.
+            let owned = unsafe { self.own_uninstantiated(clone) };
             for &node in nodes.iter().filter(|&&n| drop(n)) {
                 // SAFETY: `node` is a node of `g`, of which `clone` is a
                 // clone; then its twin is destroyed once.
@@ -659,7 +711,7 @@ impl Device {
     /// step node's last record node records `events[i]` at the executable
     /// graph's next launches (`cuGraphExecEventRecordNodeSetEvent`).
     pub(super) fn retarget_last_records(&self, graph: &Graph, events: &[&Event]) -> Result<()> {
-        if graph.handles.exec.is_null()
+        if graph.handles.exec.get().is_null()
             || events.len() != graph.records.len()
             || graph.records.iter().any(Vec::is_empty)
         {
@@ -675,7 +727,11 @@ impl Device {
             // SAFETY: the exec, its graph's record node and the event are
             // live objects of this context.
             unsafe {
-                result::graph::exec_set_record_event(graph.handles.exec, node, event.cu_event())
+                result::graph::exec_set_record_event(
+                    graph.handles.exec.get(),
+                    node,
+                    event.cu_event(),
+                )
             }?;
         }
         Ok(())
@@ -767,12 +823,13 @@ fn add_child(
                 call: "cuGraphAddNode_v2",
                 reason: "no entry point for moved child graphs".into(),
             })?;
-            if !g.handles.exec.is_null() {
+            if !g.handles.exec.get().is_null() {
                 // SAFETY: the graph's own executable graph, never launched
                 // by the plan (a step copy), destroyed once.
-                let _ = unsafe { result::graph::exec_destroy(g.handles.exec) };
-                g.handles.exec = ptr::null_mut();
+                let _ = unsafe { result::graph::exec_destroy(g.handles.exec.get()) };
+                g.handles.exec.set(ptr::null_mut());
             }
+            g.pending.set(None);
             // SAFETY: `parent` and `g` are live graphs of this context, `g`
             // without an executable graph now; the driver is CUDA 12.9 or
             // later (`move_fn`). On success the parent owns `g`'s graph.
