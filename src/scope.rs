@@ -212,8 +212,12 @@ impl OpenScope {
         if capture {
             GATE.fetch_add(ONE_CAPTURE, AtomicOrdering::AcqRel);
             // A quick claim is held only inside the crate's own enqueueing
-            // (no program code runs while it is), for a few driver calls.
-            while GATE.fetch_add(0, AtomicOrdering::AcqRel) & QUICK_CLAIMS != 0 {
+            // (no program code runs while it is), for a few driver calls
+            // (and, at a lazily instantiated graph's first launch, its
+            // instantiation). A load reads no older value than this
+            // thread's own count above: a claim counted before it is seen
+            // until it is released (and the release is acquired).
+            while GATE.load(AtomicOrdering::Acquire) & QUICK_CLAIMS != 0 {
                 yield_now();
             }
         }

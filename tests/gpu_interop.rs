@@ -767,3 +767,70 @@ fn replays_run_with_no_context_or_another_context_current() {
         &values[..4]
     );
 }
+
+/// A lazily instantiated graph's first replay instantiates it with its own
+/// context pushed for the call and leaves the thread's context as it was:
+/// none current, or another one.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_lazy_first_replay_leaves_the_threads_context_as_it_found_it() {
+    use replay_arena::cuda::cudarc::driver::sys;
+    let (_serial, ctx, backend, k) = adopted();
+    let backend = backend.with_lazy_instantiation(true);
+    let n = 1024usize;
+    let a = backend.new_stream().unwrap();
+    let capture = |backend: &cuda::Device| {
+        sealed_one(backend, &a, &[f32s(n as u64)], |s, views| {
+            let mut l = s.cudarc().launch_builder(&k.add);
+            let (x, n32, v) = (views[0].device_address(), n as u32, 1.0f32);
+            l.arg(&x).arg(&n32).arg(&v);
+            unsafe { l.launch(launch_cfg(n)) }
+                .map(drop)
+                .map_err(e("launch"))
+        })
+    };
+    let current = || {
+        let mut c = std::ptr::null_mut();
+        // SAFETY: reads this thread's current context.
+        assert_eq!(
+            unsafe { sys::cuCtxGetCurrent(&mut c) },
+            sys::CUresult::CUDA_SUCCESS
+        );
+        c
+    };
+    // No context current at the first replay.
+    let mut first = capture(&backend);
+    assert!(!first.graph(RunnerId(0)).unwrap().is_instantiated());
+    // SAFETY: no context current on this thread from here.
+    assert_eq!(
+        unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) },
+        sys::CUresult::CUDA_SUCCESS
+    );
+    first.replay(RunnerId(0), &a).unwrap();
+    assert!(
+        current().is_null(),
+        "the first replay left a context current"
+    );
+    assert!(first.graph(RunnerId(0)).unwrap().is_instantiated());
+    // Another context current at the first replay.
+    ctx.bind_to_thread().unwrap();
+    let mut second = capture(&backend);
+    let mut other = std::ptr::null_mut();
+    // SAFETY: a context of the program's own, destroyed below; creating it
+    // makes it current on this thread.
+    let created = unsafe { sys::cuCtxCreate_v4(&mut other, std::ptr::null_mut(), 0, 0) };
+    assert_eq!(created, sys::CUresult::CUDA_SUCCESS);
+    second.replay(RunnerId(0), &a).unwrap();
+    assert_eq!(current(), other, "the first replay changed the context");
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: created above, used by nothing since.
+    unsafe { sys::cuCtxDestroy_v2(other) };
+    for (replayable, name) in [(&mut first, "first"), (&mut second, "second")] {
+        let values = read_view(replayable, &a, 0);
+        assert!(
+            values.iter().all(|&v| v == 1.0),
+            "{name}: one replay, values {:?}",
+            &values[..4]
+        );
+    }
+}

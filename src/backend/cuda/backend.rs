@@ -238,7 +238,8 @@ impl<D: AsDevice> Launch for D {
         // (`tests/gpu_interop.rs`, `replays_run_with_no_context_or_another_context_current`).
         let exec = match graph.handles.exec.get() {
             exec if !exec.is_null() => exec,
-            // Captured with lazy instantiation: its first launch.
+            // Captured with lazy instantiation: its first launch (the
+            // instantiation pushes the graph's context and pops it).
             _ => self.as_device().instantiate_pending(graph)?,
         };
         // SAFETY: the exec and the stream are live objects of this context.

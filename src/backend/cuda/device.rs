@@ -252,7 +252,9 @@ impl Device {
 
     /// Whether this handle uploads graphs (`cuGraphUpload`, on the capture
     /// stream) right after instantiation, so that the first replay does not
-    /// pay the upload. On unless chosen.
+    /// pay the upload. On unless chosen; with lazy instantiation
+    /// ([`Device::with_lazy_instantiation`]) the first replay instantiates
+    /// and uploads.
     pub fn graph_upload(&self) -> bool {
         self.settings.upload
     }
@@ -282,9 +284,14 @@ impl Device {
     /// start-up (`cargo bench --bench gpu_startup`), and the driver
     /// memory of their executables.
     ///
-    /// A first launch that fails to instantiate fails as a launch does:
-    /// nothing was enqueued, the fence is as it was, and the next launch
-    /// tries again.
+    /// A first launch that fails to instantiate fails as any failed launch
+    /// does: the fence rolls back to where it was (the waits it had
+    /// enqueued order nothing new), and the next launch tries again. The
+    /// instantiation makes the graph's context current for the call only.
+    /// It is a driver call like the instantiation at capture, only later:
+    /// a capture another thread runs in `CaptureMode::Global` may forbid
+    /// it (then replay each graph once before such a capture, or keep
+    /// this off), and a traced first replay's slice includes it.
     pub fn with_lazy_instantiation(mut self, lazy: bool) -> Device {
         self.settings.lazy = lazy;
         self

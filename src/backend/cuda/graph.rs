@@ -42,8 +42,9 @@ pub struct Graph {
     records: Vec<Vec<usize>>,
     /// The instantiation flags of a graph captured with lazy
     /// instantiation ([`Device::with_lazy_instantiation`](super::Device::with_lazy_instantiation)),
-    /// instantiated at its first launch; `None` once instantiated, and for
-    /// graphs that are only ever composed.
+    /// instantiated at its first launch (kept while it is only composed
+    /// into step graphs); `None` once instantiated, and for graphs that
+    /// are never launched on their own (parts and step copies).
     pending: Cell<Option<u64>>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -156,10 +157,21 @@ impl Device {
                     .into(),
             });
         };
-        self.bind()?;
+        // The graph's context current for the call, then whatever was
+        // current before again: a launch leaves the thread's context as it
+        // found it (`tests/gpu_interop.rs`).
+        let ctx = self.inner.ctx.cu_ctx();
+        // SAFETY: a live context, pushed and popped once.
+        unsafe { sys::cuCtxPushCurrent_v2(ctx) }
+            .result()
+            .map_err(BackendError::from)?;
         // SAFETY: the graph is live and ours; its executable graph is made
         // once (`pending` is cleared below, and `Graph` is `!Sync`).
-        let exec = unsafe { result::graph::instantiate(graph.handles.graph, flags) }?;
+        let made = unsafe { result::graph::instantiate(graph.handles.graph, flags) };
+        let mut popped = ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        let exec = made?;
         graph.handles.exec.set(exec);
         graph.pending.set(None);
         Ok(exec)
