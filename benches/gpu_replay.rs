@@ -787,26 +787,7 @@ fn crate_ladder(
     }
     let mut replayable = capturing.seal()?;
     let captured = t0.elapsed().as_secs_f64();
-    let built = median(
-        &mut (0..build_rounds(buckets, allocating))
-            .map(|_| {
-                let t1 = Instant::now();
-                let kept = (0..buckets)
-                    .map(|bucket| {
-                        let mut step = replayable.step();
-                        for l in 0..layers {
-                            let r = RunnerId((bucket * layers + l) as u32);
-                            step.replay(r, if l % 2 == 0 { &x } else { &y })?;
-                        }
-                        Ok(step.build()?.keep())
-                    })
-                    .collect::<R<Vec<_>>>()?;
-                let built = t1.elapsed().as_secs_f64();
-                drop(kept);
-                Ok(built)
-            })
-            .collect::<R<Vec<f64>>>()?,
-    );
+    let built = median_build(&mut replayable, (buckets, layers), [&x, &y], allocating)?;
     drop(replayable);
     capture_on.synchronize()?;
     Ok(LadderTimes {
@@ -814,6 +795,33 @@ fn crate_ladder(
         captured,
         built,
     })
+}
+
+/// The median over [`build_rounds`] rounds of building (and keeping) one
+/// step graph per bucket of `replayable`'s ladder, its layers alternating
+/// the two `lanes`, then dropping them; seconds.
+fn median_build<B: replay_arena::backend::Compose + Clone>(
+    replayable: &mut Replayable<B>,
+    (buckets, layers): (usize, usize),
+    lanes: [&B::Stream; 2],
+    allocating: bool,
+) -> R<f64> {
+    let mut rounds = Vec::new();
+    for _ in 0..build_rounds(buckets, allocating) {
+        let t = Instant::now();
+        let kept = (0..buckets)
+            .map(|bucket| {
+                let mut step = replayable.step();
+                for l in 0..layers {
+                    step.replay(RunnerId((bucket * layers + l) as u32), lanes[l % 2])?;
+                }
+                Ok(step.build()?.keep())
+            })
+            .collect::<R<Vec<_>>>()?;
+        rounds.push(t.elapsed().as_secs_f64());
+        drop(kept);
+    }
+    Ok(median(&mut rounds))
 }
 
 /// Rounds of step-graph builds per ladder: every bucket's step graph is
@@ -852,23 +860,7 @@ fn sim_builds((buckets, layers): (usize, usize)) -> R<f64> {
     }
     let mut replayable = capturing.seal()?;
     let (x, y) = (sim.new_stream(), sim.new_stream());
-    let mut rounds = Vec::new();
-    for _ in 0..build_rounds(buckets, false) {
-        let t = Instant::now();
-        let kept = (0..buckets)
-            .map(|bucket| {
-                let mut step = replayable.step();
-                for l in 0..layers {
-                    let r = RunnerId((bucket * layers + l) as u32);
-                    step.replay(r, if l % 2 == 0 { &x } else { &y })?;
-                }
-                Ok(step.build()?.keep())
-            })
-            .collect::<R<Vec<_>>>()?;
-        rounds.push(t.elapsed().as_secs_f64());
-        drop(kept);
-    }
-    Ok(median(&mut rounds))
+    median_build(&mut replayable, (buckets, layers), [&x, &y], false)
 }
 
 /// The hand-made side: the same kernels captured and instantiated with

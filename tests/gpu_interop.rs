@@ -726,14 +726,7 @@ fn replays_run_with_no_context_or_another_context_current() {
     let (_serial, ctx, backend, k) = adopted();
     let n = 1024usize;
     let (a, b) = (backend.new_stream().unwrap(), backend.new_stream().unwrap());
-    let mut replayable = sealed_one(&backend, &a, &[f32s(n as u64)], |s, views| {
-        let mut l = s.cudarc().launch_builder(&k.add);
-        let (x, n32, v) = (views[0].device_address(), n as u32, 1.0f32);
-        l.arg(&x).arg(&n32).arg(&v);
-        unsafe { l.launch(launch_cfg(n)) }
-            .map(drop)
-            .map_err(e("launch"))
-    });
+    let mut replayable = adding_one(&backend, &a, &k, n);
     let mut replays = 0;
     let mut replay_both = |replayable: &mut Replayable<cuda::Device>, how: &str| {
         for s in [&a, &b, &a, &b] {
@@ -768,6 +761,24 @@ fn replays_run_with_no_context_or_another_context_current() {
     );
 }
 
+/// One runner whose graph adds 1.0 to each of its `n` f32, captured on
+/// `stream` and sealed.
+fn adding_one(
+    backend: &cuda::Device,
+    stream: &cuda::Stream,
+    k: &Kernels,
+    n: usize,
+) -> Replayable<cuda::Device> {
+    sealed_one(backend, stream, &[f32s(n as u64)], |s, views| {
+        let mut l = s.cudarc().launch_builder(&k.add);
+        let (x, n32, v) = (views[0].device_address(), n as u32, 1.0f32);
+        l.arg(&x).arg(&n32).arg(&v);
+        unsafe { l.launch(launch_cfg(n)) }
+            .map(drop)
+            .map_err(e("launch"))
+    })
+}
+
 /// A lazily instantiated graph's first replay instantiates it with its own
 /// context pushed for the call and leaves the thread's context as it was:
 /// none current, or another one.
@@ -779,16 +790,7 @@ fn a_lazy_first_replay_leaves_the_threads_context_as_it_found_it() {
     let backend = backend.with_lazy_instantiation(true);
     let n = 1024usize;
     let a = backend.new_stream().unwrap();
-    let capture = |backend: &cuda::Device| {
-        sealed_one(backend, &a, &[f32s(n as u64)], |s, views| {
-            let mut l = s.cudarc().launch_builder(&k.add);
-            let (x, n32, v) = (views[0].device_address(), n as u32, 1.0f32);
-            l.arg(&x).arg(&n32).arg(&v);
-            unsafe { l.launch(launch_cfg(n)) }
-                .map(drop)
-                .map_err(e("launch"))
-        })
-    };
+    let capture = |backend: &cuda::Device| adding_one(backend, &a, &k, n);
     let current = || {
         let mut c = std::ptr::null_mut();
         // SAFETY: reads this thread's current context.

@@ -44,14 +44,7 @@ fn runner_graphs_are_instantiated_at_their_first_replay_and_never_for_a_step_gra
     {
         let launch = g.backend.new_stream().unwrap();
         let mut step = replayable.step();
-        for (r, spec) in specs.iter().enumerate() {
-            let runner = RunnerId(r as u32);
-            step.replay(runner, &rig.pool[r % 2]).unwrap();
-            step.consume(runner, &rig.consumer, |s, views| {
-                slow::fold(&g, &rig, spec, r, s, views)
-            })
-            .unwrap();
-        }
+        slow::schedule(&g, &rig, &specs, &mut step);
         let mut graph = step.build().unwrap();
         for _ in 0..STEPS {
             graph.launch(&launch).unwrap();

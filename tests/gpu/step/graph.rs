@@ -23,14 +23,7 @@ fn stepped_equals_eager(strategy: PlacedPolicy) {
     let mut replayable = capture_specs(&g, planned, &specs, &rig.states, &rig.pool);
     {
         let mut step = replayable.step();
-        for (r, spec) in specs.iter().enumerate() {
-            let runner = RunnerId(r as u32);
-            step.replay(runner, &rig.pool[r % 2]).unwrap();
-            step.consume(runner, &rig.consumer, |s, views| {
-                slow::fold(&g, &rig, spec, r, s, views)
-            })
-            .unwrap();
-        }
+        slow::schedule(&g, &rig, &specs, &mut step);
         let mut graph = step.build().unwrap();
         println!("{strategy:?}: {graph:?}");
         for _ in 0..STEPS {

@@ -4,7 +4,7 @@
 //! overwrote its input mid-read would show.
 
 use replay_arena::cuda;
-use replay_arena::{Access, View};
+use replay_arena::{Access, RunnerId, StepBuilder, View};
 
 use super::{Gpu, Rig, Spec, K};
 
@@ -35,4 +35,17 @@ pub fn fold<A: Access>(
     views: &[View<'_, A>],
 ) -> K {
     rig.fold(g, spec, r, s, views, SPIN, Some(CONSUMER_BLOCKS))
+}
+
+/// Schedules every runner of `specs` into `step`: runner `r` replayed on
+/// `rig.pool[r % 2]`, then its slow consumer on `rig.consumer`.
+pub fn schedule(g: &Gpu, rig: &Rig, specs: &[Spec], step: &mut StepBuilder<'_, cuda::Device>) {
+    for (r, spec) in specs.iter().enumerate() {
+        let runner = RunnerId(r as u32);
+        step.replay(runner, &rig.pool[r % 2]).unwrap();
+        step.consume(runner, &rig.consumer, |s, views| {
+            fold(g, rig, spec, r, s, views)
+        })
+        .unwrap();
+    }
 }
