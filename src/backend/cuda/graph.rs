@@ -160,17 +160,13 @@ impl Device {
         // The graph's context current for the call, then whatever was
         // current before again: a launch leaves the thread's context as it
         // found it (`tests/gpu_interop.rs`).
-        let ctx = self.inner.ctx.cu_ctx();
-        // SAFETY: a live context, pushed and popped once.
-        unsafe { sys::cuCtxPushCurrent_v2(ctx) }
-            .result()
-            .map_err(BackendError::from)?;
+        // SAFETY: a live context (the backend's), popped once below.
+        unsafe { result::device::push_current(self.inner.ctx.cu_ctx()) }?;
         // SAFETY: the graph is live and ours; its executable graph is made
         // once (`pending` is cleared below, and `Graph` is `!Sync`).
         let made = unsafe { result::graph::instantiate(graph.handles.graph, flags) };
-        let mut popped = ptr::null_mut();
-        // SAFETY: pops the context pushed above.
-        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        // SAFETY: after the push above, once.
+        let _ = unsafe { result::device::pop_current() };
         let exec = made?;
         graph.handles.exec.set(exec);
         graph.pending.set(None);

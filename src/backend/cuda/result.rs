@@ -78,6 +78,37 @@ pub(super) fn driver_version() -> DriverResult<c_int> {
 pub(super) mod device {
     use super::*;
 
+    /// `cuCtxPushCurrent_v2`: `ctx` current on this thread until the
+    /// matching [`pop_current`].
+    ///
+    /// # Safety
+    ///
+    /// `ctx` is a live context, popped once by the caller.
+    pub(in super::super) unsafe fn push_current(ctx: sys::CUcontext) -> DriverResult<()> {
+        // SAFETY: the caller's.
+        check(
+            "cuCtxPushCurrent",
+            unsafe { sys::cuCtxPushCurrent_v2(ctx) },
+            (),
+        )
+    }
+
+    /// `cuCtxPopCurrent_v2`: the context [`push_current`] made current
+    /// goes, and the one before it is current again.
+    ///
+    /// # Safety
+    ///
+    /// After a [`push_current`] of this thread, once.
+    pub(in super::super) unsafe fn pop_current() -> DriverResult<()> {
+        let mut popped: sys::CUcontext = ptr::null_mut();
+        // SAFETY: the caller's; `popped` is a local out pointer.
+        check(
+            "cuCtxPopCurrent",
+            unsafe { sys::cuCtxPopCurrent_v2(&mut popped) },
+            (),
+        )
+    }
+
     /// `cuDeviceGetCount`.
     pub(in super::super) fn count() -> DriverResult<c_int> {
         let mut count: c_int = 0;
