@@ -15,7 +15,13 @@
 //!   into views lent with `with_cudarc_mut`, reading the received handoff
 //!   through `with_cudarc` (lends are `unsafe`: the GEMMs stay on the
 //!   capture stream): no copy in the graph (one `unsafe` cuBLAS call
-//!   per GEMM, as cudarc's `gemm` is `unsafe`).
+//!   per GEMM, as cudarc's `gemm` is `unsafe`);
+//! - `step graph (...)`: both captures again as one step graph per step
+//!   (`Replayable::step`), launched once per step. Its consumers add each
+//!   dW into its FP32 main grad in place (one kernel; candle's `add` makes
+//!   a new tensor, which a graph cannot hand back). In the copies mode
+//!   every runner's graph allocates (candle's ops), so its step copy is
+//!   moved in (`stream_capture_repeatable`).
 //!
 //! Build and run on a CUDA machine (candle builds its kernels with nvcc):
 //!
@@ -32,7 +38,10 @@ use half::bf16;
 use replay_arena::cublas::with_workspace;
 use replay_arena::cuda::cudarc::cublas::sys::cublasOperation_t;
 use replay_arena::cuda::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use replay_arena::cuda::cudarc::driver::{CudaSlice, CudaView};
+use replay_arena::cuda::cudarc::driver::{
+    sys, CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use replay_arena::cuda::cudarc::nvrtc::compile_ptx;
 use replay_arena::cuda::{self, ViewExt};
 use replay_arena::{
     BackendError, CaptureError, DType, Discovering, Domain, HandoffId, PlanConfig, Policy, Purpose,
@@ -40,6 +49,15 @@ use replay_arena::{
 };
 
 const LAYERS: usize = 5;
+
+/// The step graph's consumer: `main[i] += dw[i]` in place, dW bf16 (its
+/// bits widened exactly, as candle's `to_dtype(F32)` does), main FP32.
+const ACCUMULATE: &str = r#"
+extern "C" __global__ void accumulate(float* main, const unsigned short* dw, unsigned int n) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        main[i] += __uint_as_float(((unsigned int)dw[i]) << 16);
+}
+"#;
 
 /// What a closure of this program can fail with: the crate, or candle.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +78,12 @@ impl From<BackendError> for Fail {
 
 impl From<CaptureError> for Fail {
     fn from(e: CaptureError) -> Fail {
+        Fail::Arena(e.into())
+    }
+}
+
+impl From<replay_arena::WaitError> for Fail {
+    fn from(e: replay_arena::WaitError) -> Fail {
         Fail::Arena(e.into())
     }
 }
@@ -113,6 +137,7 @@ struct Model {
     /// candle's stream, adopted.
     stream: cuda::Stream,
     blas: std::sync::Arc<CudaBlas>,
+    accumulate: CudaFunction,
     b: usize,
     d: usize,
     xs: Vec<Tensor>,
@@ -150,12 +175,18 @@ impl Model {
         let dy0 = randn((b, d), 1.0)?;
         stream.synchronize()?;
         let blas = cdev.cublas_handle();
+        let ptx = compile_ptx(ACCUMULATE).map_err(|e| Fail::Other(format!("{e:?}")))?;
+        let accumulate = backend
+            .context()
+            .load_module(ptx)?
+            .load_function("accumulate")?;
         Ok(Model {
             device,
             cdev,
             backend,
             stream,
             blas,
+            accumulate,
             b,
             d,
             xs,
@@ -171,8 +202,10 @@ impl Model {
     }
 
     /// `steps` eager steps; with `copies`, also the dtod copies the
-    /// graphed step makes (dX and dW into buffers of their own).
-    fn eager(&self, steps: usize, copies: bool, main: &mut [Tensor]) -> R<f64> {
+    /// graphed step makes (dX and dW into buffers of their own); with
+    /// `in_place`, dW added into the main grad by the step graph's
+    /// consumer kernel, not by candle's `to_dtype` + `add`.
+    fn eager(&self, steps: usize, copies: bool, in_place: bool, main: &mut [Tensor]) -> R<f64> {
         let s = &self.stream;
         let mut ws: CudaSlice<u8> = s.cudarc().alloc_zeros(32 << 20)?;
         let mut dx_buf: CudaSlice<bf16> = s.cudarc().alloc_zeros(self.b * self.d)?;
@@ -190,7 +223,13 @@ impl Model {
                         with_slice(&dx, |v| Ok(s.cudarc().memcpy_dtod(&v, &mut dx_buf)?))?;
                         with_slice(&dw, |v| Ok(s.cudarc().memcpy_dtod(&v, &mut dw_buf)?))?;
                     }
-                    *main = main.add(&dw.to_dtype(CDType::F32)?)?;
+                    if in_place {
+                        let m = f32_address(main, s)?;
+                        let d = with_slice(&dw, |v| Ok(v.device_ptr(s.cudarc()).0))?;
+                        self.accumulate_at(s, m, d)?;
+                    } else {
+                        *main = main.add(&dw.to_dtype(CDType::F32)?)?;
+                    }
                     dy = dx;
                 }
             }
@@ -256,7 +295,9 @@ impl Model {
                 }
                 Ok(())
             };
-            cap.stream_capture(&self.stream, |s| -> R<()> {
+            // Repeatable: where candle's ops allocate, a second capture is
+            // the step copy a step graph moves in.
+            cap.stream_capture_repeatable(&self.stream, |s| -> R<()> {
                 let mut ws = ws.as_cuda::<u8>(s)?;
                 with_workspace(&self.blas, s, &mut ws, |blas| -> R<()> {
                     if gemm {
@@ -395,6 +436,102 @@ impl Model {
     }
 }
 
+impl Model {
+    /// `steps` launches of one step graph (after two warm-up launches,
+    /// whose sums are cleared): every layer replayed on the pool, its dW
+    /// added into `main` in place by a consumer on candle's stream. With
+    /// the driver's graph memory reserved after it.
+    fn stepped(
+        &self,
+        replayable: &mut Replayable<cuda::Device>,
+        steps: usize,
+        main: &mut [Tensor],
+    ) -> R<(f64, f64)> {
+        let (wgrad, _, _) = requests(self.b, self.d);
+        let pool = [self.backend.new_stream()?, self.backend.new_stream()?];
+        let s = &self.stream;
+        let n = (self.d * self.d) as u32;
+        let mains = main
+            .iter()
+            .map(|t| f32_address(t, s))
+            .collect::<R<Vec<u64>>>()?;
+        let mut step = replayable.step();
+        for (l, &m) in mains.iter().enumerate() {
+            let runner = RunnerId(l as u32);
+            step.replay(runner, &pool[l % 2])
+                .map_err(|e| Fail::Other(e.to_string()))?;
+            step.consume(runner, s, |s, views| -> R<()> {
+                let v = views
+                    .find(&wgrad)
+                    .ok_or_else(|| Fail::Other("no wgrad".into()))?;
+                // The view, read on `s`, its consumer's stream.
+                self.accumulate_at(s, m, v.device_address())
+            })
+            .map_err(|e| Fail::Other(e.to_string()))?;
+        }
+        let mut graph = step.build().map_err(|e| Fail::Other(e.to_string()))?;
+        let launch = |graph: &mut replay_arena::StepGraph<'_, cuda::Device>| -> R<()> {
+            graph.launch(s).map_err(|e| Fail::Other(e.to_string()))
+        };
+        for _ in 0..2 {
+            launch(&mut graph)?;
+        }
+        graph.wait_all(s)?;
+        for &m in &mains {
+            // SAFETY: `m` holds `n` f32, cleared on `s` after the warm-up
+            // launches' consumers (ordered before by `wait_all`).
+            let code = unsafe { sys::cuMemsetD32Async(m, 0, n as usize, s.cudarc().cu_stream()) };
+            if code != sys::CUresult::CUDA_SUCCESS {
+                return Err(Fail::Other(format!("cuMemsetD32Async: {code:?}")));
+            }
+        }
+        s.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            launch(&mut graph)?;
+        }
+        graph.wait_all(s)?;
+        s.synchronize()?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        drop(graph);
+        let reserved = self.backend.graph_memory_in_use()?.reserved;
+        Ok((ms, reserved as f64 / (1u64 << 20) as f64))
+    }
+}
+
+impl Model {
+    /// `main[i] += dw[i]` on `s` for the `d * d` elements of a main grad
+    /// at `main` and a dW at `dw` (bf16).
+    fn accumulate_at(&self, s: &cuda::Stream, main: u64, dw: u64) -> R<()> {
+        let n = (self.d * self.d) as u32;
+        let mut b = s.cudarc().launch_builder(&self.accumulate);
+        b.arg(&main).arg(&dw).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).min(4096), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `main` holds `n` f32 and `dw` `n` bf16 (a main grad and a
+        // dW of this model), both used on `s` now.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// The device address of a contiguous FP32 tensor's first element.
+fn f32_address(t: &Tensor, s: &cuda::Stream) -> R<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else {
+        return Err(Fail::Other("not a CUDA tensor".into()));
+    };
+    if !layout.is_contiguous() {
+        return Err(Fail::Other("not contiguous".into()));
+    }
+    let slice = cuda.as_cuda_slice::<f32>()?;
+    let (base, _sync) = slice.device_ptr(s.cudarc());
+    Ok(base + (layout.start_offset() * std::mem::size_of::<f32>()) as u64)
+}
+
 /// Elements that differ, and the largest relative difference.
 fn compare(a: &[Tensor], b: &[Tensor]) -> R<(usize, usize, f32)> {
     let (mut differ, mut total, mut worst) = (0, 0, 0f32);
@@ -431,33 +568,54 @@ fn main() -> R<()> {
 
     // Warm up candle's kernels and cuBLAS, then time.
     let mut warm = model.zeros()?;
-    model.eager(2, false, &mut warm)?;
+    model.eager(2, false, false, &mut warm)?;
+    model.eager(2, false, true, &mut warm)?;
     let mut eager_main = model.zeros()?;
-    let eager = model.eager(steps, false, &mut eager_main)?;
+    let eager = model.eager(steps, false, false, &mut eager_main)?;
     let mut copies_main = model.zeros()?;
-    let eager_copies = model.eager(steps, true, &mut copies_main)?;
+    let eager_copies = model.eager(steps, true, false, &mut copies_main)?;
+    let mut in_place_main = model.zeros()?;
+    let eager_in_place = model.eager(steps, false, true, &mut in_place_main)?;
 
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let mut copied = model.capture(false)?;
     let mut warm = model.zeros()?;
     model.graphed(&mut copied, 2, &mut warm)?;
     let mut graphed_main = model.zeros()?;
     let graphed = model.graphed(&mut copied, steps, &mut graphed_main)?;
+    let copies_layers_mib = mib(model.backend.graph_memory_in_use()?.reserved);
+    let mut stepped_copies_main = model.zeros()?;
+    let (stepped_copies, copies_step_mib) =
+        model.stepped(&mut copied, steps, &mut stepped_copies_main)?;
     drop(copied);
+    model.backend.trim_graph_memory()?;
 
     let mut direct = model.capture(true)?;
     let mut warm = model.zeros()?;
     model.graphed(&mut direct, 2, &mut warm)?;
     let mut direct_main = model.zeros()?;
     let graphed_gemm = model.graphed(&mut direct, steps, &mut direct_main)?;
+    let gemm_layers_mib = mib(model.backend.graph_memory_in_use()?.reserved);
+    let mut stepped_gemm_main = model.zeros()?;
+    let (stepped_gemm, gemm_step_mib) = model.stepped(&mut direct, steps, &mut stepped_gemm_main)?;
     drop(direct);
 
     let (differ, total, _) = compare(&eager_main, &graphed_main)?;
     let (differ_gemm, _, worst) = compare(&eager_main, &direct_main)?;
+    let (differ_step_copies, _, _) = compare(&eager_main, &stepped_copies_main)?;
+    let (differ_step_gemm, _, _) = compare(&eager_main, &stepped_gemm_main)?;
+    let (differ_in_place, _, _) = compare(&eager_main, &in_place_main)?;
     println!("eager                      {eager:8.3} ms/step");
     println!("eager + the graph's copies {eager_copies:8.3} ms/step");
+    println!("eager, dW added in place   {eager_in_place:8.3} ms/step   {differ_in_place} differ (the step graph's consumer kernel)");
     println!("graphed (copies)           {graphed:8.3} ms/step   {differ} of {total} main-grad elements differ from eager");
     println!("graphed (gemm into views)  {graphed_gemm:8.3} ms/step   {differ_gemm} differ (largest relative difference {worst:.2e})");
-    if differ != 0 {
+    println!("step graph (copies)        {stepped_copies:8.3} ms/step   {differ_step_copies} differ");
+    println!("step graph (gemm into views) {stepped_gemm:6.3} ms/step   {differ_step_gemm} differ");
+    println!(
+        "driver graph memory reserved, MiB: copies {copies_layers_mib:.0} after the per-layer graphs, {copies_step_mib:.0} after the step graph; gemm into views {gemm_layers_mib:.0}, {gemm_step_mib:.0}"
+    );
+    if differ != 0 || differ_step_copies != 0 || differ_step_gemm != 0 || differ_in_place != 0 {
         return Err(Fail::Other("the graphed step differs from eager".into()));
     }
     Ok(())
