@@ -262,15 +262,16 @@ impl Model {
     }
 
     /// Captures every layer; `gemm`: cuBLAS straight into views, else
-    /// candle's ops and copies.
-    fn capture(&self, gemm: bool) -> R<Replayable<cuda::Device>> {
+    /// candle's ops and copies; `lazy`: runner graphs instantiated at their
+    /// first replay (`with_lazy_instantiation`).
+    fn capture(&self, gemm: bool, lazy: bool) -> R<Replayable<cuda::Device>> {
         let (wgrad, _, workspace) = requests(self.b, self.d);
         let (discovery, handoffs) = self.discover()?;
         let planned = discovery
             .plan(Policy::OverlapDepth(2))
             .map_err(replay_arena::Error::from)?;
         let mut capturing = planned
-            .allocate(self.backend.clone())
+            .allocate(self.backend.clone().with_lazy_instantiation(lazy))
             .map_err(replay_arena::Error::from)?;
         // candle uploads small layout and scalar operands with
         // `clone_htod`; inside a capture it must keep them (cached).
@@ -578,7 +579,8 @@ fn main() -> R<()> {
     let eager_in_place = model.eager(steps, false, true, &mut in_place_main)?;
 
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let mut copied = model.capture(false)?;
+    let before_mib = mib(model.backend.graph_memory_in_use()?.reserved);
+    let mut copied = model.capture(false, false)?;
     let mut warm = model.zeros()?;
     model.graphed(&mut copied, 2, &mut warm)?;
     let mut graphed_main = model.zeros()?;
@@ -590,32 +592,58 @@ fn main() -> R<()> {
     drop(copied);
     model.backend.trim_graph_memory()?;
 
-    let mut direct = model.capture(true)?;
+    let mut direct = model.capture(true, false)?;
     let mut warm = model.zeros()?;
     model.graphed(&mut direct, 2, &mut warm)?;
     let mut direct_main = model.zeros()?;
     let graphed_gemm = model.graphed(&mut direct, steps, &mut direct_main)?;
     let gemm_layers_mib = mib(model.backend.graph_memory_in_use()?.reserved);
     let mut stepped_gemm_main = model.zeros()?;
-    let (stepped_gemm, gemm_step_mib) = model.stepped(&mut direct, steps, &mut stepped_gemm_main)?;
+    let (stepped_gemm, gemm_step_mib) =
+        model.stepped(&mut direct, steps, &mut stepped_gemm_main)?;
     drop(direct);
+    model.backend.trim_graph_memory()?;
+
+    // Copies again, lazily instantiated and launched only as a step graph:
+    // no runner graph is ever instantiated, so the step graph is all the
+    // driver holds graph memory for.
+    let lazy_before_mib = mib(model.backend.graph_memory_in_use()?.reserved);
+    let mut lazy = model.capture(false, true)?;
+    let mut stepped_lazy_main = model.zeros()?;
+    let (stepped_lazy, lazy_step_mib) = model.stepped(&mut lazy, steps, &mut stepped_lazy_main)?;
+    let never = (0..LAYERS as u32)
+        .filter(|&l| {
+            lazy.graph(RunnerId(l))
+                .is_some_and(|g| !g.is_instantiated())
+        })
+        .count();
+    drop(lazy);
 
     let (differ, total, _) = compare(&eager_main, &graphed_main)?;
     let (differ_gemm, _, worst) = compare(&eager_main, &direct_main)?;
     let (differ_step_copies, _, _) = compare(&eager_main, &stepped_copies_main)?;
     let (differ_step_gemm, _, _) = compare(&eager_main, &stepped_gemm_main)?;
     let (differ_in_place, _, _) = compare(&eager_main, &in_place_main)?;
+    let (differ_lazy, _, _) = compare(&eager_main, &stepped_lazy_main)?;
     println!("eager                      {eager:8.3} ms/step");
     println!("eager + the graph's copies {eager_copies:8.3} ms/step");
     println!("eager, dW added in place   {eager_in_place:8.3} ms/step   {differ_in_place} differ (the step graph's consumer kernel)");
     println!("graphed (copies)           {graphed:8.3} ms/step   {differ} of {total} main-grad elements differ from eager");
     println!("graphed (gemm into views)  {graphed_gemm:8.3} ms/step   {differ_gemm} differ (largest relative difference {worst:.2e})");
-    println!("step graph (copies)        {stepped_copies:8.3} ms/step   {differ_step_copies} differ");
-    println!("step graph (gemm into views) {stepped_gemm:6.3} ms/step   {differ_step_gemm} differ");
     println!(
-        "driver graph memory reserved, MiB: copies {copies_layers_mib:.0} after the per-layer graphs, {copies_step_mib:.0} after the step graph; gemm into views {gemm_layers_mib:.0}, {gemm_step_mib:.0}"
+        "step graph (copies)        {stepped_copies:8.3} ms/step   {differ_step_copies} differ"
     );
-    if differ != 0 || differ_step_copies != 0 || differ_step_gemm != 0 || differ_in_place != 0 {
+    println!("step graph (gemm into views) {stepped_gemm:6.3} ms/step   {differ_step_gemm} differ");
+    println!("step graph (copies, lazy)  {stepped_lazy:8.3} ms/step   {differ_lazy} differ ({never} of {LAYERS} runner graphs never instantiated)");
+    println!(
+        "driver graph memory reserved, MiB: before {before_mib:.0}; copies {copies_layers_mib:.0} after the per-layer graphs, {copies_step_mib:.0} after the step graph; gemm into views {gemm_layers_mib:.0}, {gemm_step_mib:.0}; copies, lazy, step graph only: {lazy_before_mib:.0} before, {lazy_step_mib:.0} after"
+    );
+    if differ != 0
+        || differ_step_copies != 0
+        || differ_step_gemm != 0
+        || differ_in_place != 0
+        || differ_lazy != 0
+    {
         return Err(Fail::Other("the graphed step differs from eager".into()));
     }
     Ok(())

@@ -281,8 +281,11 @@ impl Device {
     /// into step graphs (they compose the captured graph, not its
     /// executable one) is never instantiated: a program that launches only
     /// step graphs saves the instantiation of every runner graph at
-    /// start-up (`cargo bench --bench gpu_startup`), and the driver
-    /// memory of their executables.
+    /// start-up (`cargo bench --bench gpu_startup`). The driver's graph
+    /// memory for temporaries is what the step graph needs either way
+    /// (the candle example measures it). A graph the program hands over
+    /// (`RunnerCapture::finish_with_graph`) is instantiated when adopted,
+    /// as before.
     ///
     /// A first launch that fails to instantiate fails as any failed launch
     /// does: the fence rolls back to where it was (the waits it had
