@@ -754,6 +754,19 @@ fn temporary(k: &Kernels, s: &cuda::Stream, allocating: bool) -> Result<(), Stri
     Ok(())
 }
 
+/// The plan of a capture ladder: `buckets` buckets of `layers` runners,
+/// one `req` each, in two generations.
+fn ladder_plan((buckets, layers): (usize, usize), req: Request) -> R<replay_arena::Planned> {
+    let mut d = Discovering::new(PlanConfig::new());
+    for bucket in 0..buckets {
+        d.bucket(format!("b{bucket}"))?;
+        for l in 0..layers {
+            d.arm(RunnerId((bucket * layers + l) as u32))?.record(req)?;
+        }
+    }
+    Ok(d.plan(Policy::OverlapDepth(2))?)
+}
+
 /// The crate's side of a capture ladder: discovery, plan, allocation (timed
 /// apart), then capture and seal; then one step graph per bucket.
 fn crate_ladder(
@@ -766,14 +779,7 @@ fn crate_ladder(
     let n = buckets * layers;
     let (capture_on, x, y) = (b.new_stream()?, b.new_stream()?, b.new_stream()?);
     let t_plan = Instant::now();
-    let mut d = Discovering::new(PlanConfig::new());
-    for bucket in 0..buckets {
-        d.bucket(format!("b{bucket}"))?;
-        for l in 0..layers {
-            d.arm(RunnerId((bucket * layers + l) as u32))?.record(req)?;
-        }
-    }
-    let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(b.clone())?;
+    let mut capturing = ladder_plan((buckets, layers), req)?.allocate(b.clone())?;
     let planned = t_plan.elapsed().as_secs_f64();
     let t0 = Instant::now();
     for r in 0..n {
@@ -843,14 +849,7 @@ fn sim_builds((buckets, layers): (usize, usize)) -> R<f64> {
     use replay_arena::sim;
     let sim = sim::Device::new();
     let req = Request::new(Domain::Device, DType::F32, 16384);
-    let mut d = Discovering::new(PlanConfig::new());
-    for bucket in 0..buckets {
-        d.bucket(format!("b{bucket}"))?;
-        for l in 0..layers {
-            d.arm(RunnerId((bucket * layers + l) as u32))?.record(req)?;
-        }
-    }
-    let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(sim.clone())?;
+    let mut capturing = ladder_plan((buckets, layers), req)?.allocate(sim.clone())?;
     let on = sim.new_stream();
     for r in 0..buckets * layers {
         let cap = capturing.capture(RunnerId(r as u32))?;
