@@ -652,8 +652,9 @@ impl<G> NodeGraph<'_, G> {
 pub struct StepNode<'a, G, E> {
     /// The graph the node runs, copied or moved in.
     pub graph: NodeGraph<'a, G>,
-    /// Indices of earlier nodes it runs after.
-    pub deps: Vec<usize>,
+    /// Indices of earlier nodes it runs after (borrowed: a step graph's
+    /// edges stay with it, and a build allocates no list per node).
+    pub deps: &'a [usize],
     /// The step's stream (lane) it was scheduled on.
     pub lane: usize,
     /// Events whose latest record (at the composed graph's launch) it runs
@@ -665,7 +666,7 @@ pub struct StepNode<'a, G, E> {
 
 impl<'a, G, E> StepNode<'a, G, E> {
     /// A node running `graph` on `lane` after the nodes `deps`.
-    pub fn new(graph: NodeGraph<'a, G>, deps: Vec<usize>, lane: usize) -> StepNode<'a, G, E> {
+    pub fn new(graph: NodeGraph<'a, G>, deps: &'a [usize], lane: usize) -> StepNode<'a, G, E> {
         StepNode {
             graph,
             deps,

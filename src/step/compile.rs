@@ -628,7 +628,7 @@ fn compose<B: Compose>(
         for graph in graphs {
             names.push(name);
             let n = step_nodes.len();
-            step_nodes.push(StepNode::new(graph, deps.get(n).to_vec(), lane));
+            step_nodes.push(StepNode::new(graph, deps.get(n), lane));
         }
     }
     let end = events.wire(&mut step_nodes, &dry.cross, x);
@@ -734,7 +734,7 @@ fn compose_naming<B: Compose>(
         let runner = copied
             .iter()
             .find(|(g, _)| {
-                let alone = StepNode::new(NodeGraph::Copy(*g), Vec::new(), 0);
+                let alone = StepNode::new(NodeGraph::Copy(*g), &[], 0);
                 backend.compose(vec![alone], None).is_err()
             })
             .map(|(_, runner)| *runner);

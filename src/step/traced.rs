@@ -331,7 +331,7 @@ impl<B: Compose> Tracing<B> {
             .ok_or_else(|| refused("a node's graph is gone"))?;
             nodes.push(StepNode::new(
                 NodeGraph::Copy(graph),
-                self.deps.get(n).to_vec(),
+                self.deps.get(n),
                 node.lane,
             ));
         }

@@ -663,18 +663,20 @@ impl Device {
         let mut added: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         // Node handles as addresses: a `Graph` is `Send`.
         let mut records: Vec<Vec<usize>> = Vec::with_capacity(nodes.len());
+        // One list of dependencies, refilled for each node: a build
+        // allocates none per node.
+        let mut deps: Vec<sys::CUgraphNode> = Vec::new();
         for node in nodes {
-            let deps = node
-                .deps
-                .iter()
-                .map(|&d| added.get(d).copied())
-                .collect::<Option<Vec<_>>>();
-            let Some(mut deps) = deps else {
-                return Err(BackendError::Refused {
-                    call: "cuGraphAddChildGraphNode",
-                    reason: "a node depends on a node that is not before it".into(),
-                });
-            };
+            deps.clear();
+            for &d in node.deps {
+                let Some(&before) = added.get(d) else {
+                    return Err(BackendError::Refused {
+                        call: "cuGraphAddChildGraphNode",
+                        reason: "a node depends on a node that is not before it".into(),
+                    });
+                };
+                deps.push(before);
+            }
             for event in &node.waits {
                 deps.push(event_node(true, &[], event)?);
             }

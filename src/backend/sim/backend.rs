@@ -522,7 +522,7 @@ impl Compose for Device {
                     .map(|(n, (waits, records_after))| SimStepNode {
                         ops: n.graph.graph().ops.clone(),
                         records: n.graph.graph().records.clone(),
-                        deps: n.deps.clone(),
+                        deps: n.deps.to_vec(),
                         lane: n.lane,
                         waits,
                         records_after,

@@ -99,7 +99,7 @@ fn composing_a_plans_graph_with_temporaries_from_safe_code_is_refused() {
     let g = r.graph(RunnerId(0)).unwrap();
     let composed = c
         .sim
-        .compose(vec![StepNode::new(NodeGraph::Copy(g), vec![], 0)], None);
+        .compose(vec![StepNode::new(NodeGraph::Copy(g), &[], 0)], None);
     assert!(composed.is_err(), "a graph with temporaries was copied");
     // The plan still replays.
     let mut c = c;
