@@ -451,3 +451,29 @@ fn ops_take_effect_in_the_order_they_end_even_when_applied_early() {
     assert!(pending <= 512, "{pending} ops pending");
     assert_eq!(sim.read_f32(&buffer).unwrap(), vec![1.0; 4]);
 }
+
+#[test]
+fn a_step_node_that_depends_on_a_later_node_is_refused_and_its_graphs_kept() {
+    use replay_arena::backend::{Compose, NodeGraph, StepNode};
+    let sim = sim::Device::new();
+    let stream = sim.new_stream();
+    let mut r = four_runners(&sim, &stream);
+    let (g0, g1) = (r.graph(RunnerId(0)).unwrap(), r.graph(RunnerId(1)).unwrap());
+    // Node 0 after node 1, and a node after itself.
+    let later = sim.compose(
+        vec![
+            StepNode::new(NodeGraph::Copy(g0), &[1], 0),
+            StepNode::new(NodeGraph::Copy(g1), &[], 1),
+        ],
+        None,
+    );
+    assert_refused(later, "not before it");
+    let itself = sim.compose(vec![StepNode::new(NodeGraph::Copy(g0), &[0], 0)], None);
+    assert_refused(itself, "not before it");
+    // The copied graphs are the plan's still: the runners replay.
+    for k in 0..4 {
+        r.replay(RunnerId(k), &stream).unwrap();
+    }
+    sim.synchronize().unwrap();
+    assert!(sim.hazards().is_empty(), "{:?}", sim.hazards());
+}
