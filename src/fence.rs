@@ -262,6 +262,11 @@ pub(crate) struct Fence<B: Streams> {
     /// Streams are claimed for the fence's own event records (see
     /// `record_pending`): a real backend's fence, not a dry run's.
     claims: bool,
+    /// Every completion is recorded at once where it ends (a dry run's:
+    /// its records cost nothing, and each wait on one becomes an edge to
+    /// exactly the node that used the bytes, never to a later node of its
+    /// stream; [`Fence::start_from`]).
+    exact: bool,
     scratch: Vec<u32>,
     stats: FenceStats,
     /// The open transaction (`state.rs`).
@@ -343,6 +348,7 @@ impl<B: Streams> Fence<B> {
             ledger,
             layout,
             claims,
+            exact: !claims,
             scratch: Vec::new(),
             stats: FenceStats::default(),
             journal: Journal::default(),
@@ -1240,7 +1246,7 @@ impl<B: Streams> Fence<B> {
         // capturing on another thread since the launch, say) leaves a
         // pending completion that a later waiter records, never an older
         // one that would let it skip the wait.
-        if !self.runners[slot].record_at_once {
+        if !self.runners[slot].record_at_once && !self.exact {
             self.settle(slot, on);
             return Ok(());
         }
@@ -1467,18 +1473,19 @@ impl<B: Streams> Fence<B> {
     }
 
     /// Records slot `i`'s event on `on` now if another stream is expected
-    /// to wait for it.
+    /// to wait for it (always, on a fence with exact records).
     fn record_if_expected(
         &mut self,
         backend: &B,
         i: usize,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
+        let exact = self.exact;
         let runner = &mut self.runners[i];
         let Some(event) = &runner.event else {
             return Ok(());
         };
-        if runner.record_at_once {
+        if runner.record_at_once || exact {
             backend.record_event(on.stream, event)?;
             self.stats.event_records += 1;
             self.save(i);

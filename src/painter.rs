@@ -190,7 +190,7 @@ impl Painter {
 
     /// The painted intervals of `claim`'s bytes, cut to them: (claim of
     /// the interval's part, its runner), highest first.
-    fn pieces(&self, claim: Claim) -> impl Iterator<Item = (Claim, u32)> + '_ {
+    pub(crate) fn pieces(&self, claim: Claim) -> impl Iterator<Item = (Claim, u32)> + '_ {
         let region = self.regions.get(claim.region as usize);
         region
             .into_iter()

@@ -289,6 +289,38 @@ impl<B: Streams> Fence<B> {
 
 #[cfg(test)]
 impl<B: Streams> Fence<B> {
+    /// What a step launch takes from this fence's ledger (a dry run's: a
+    /// part), as relations: two equal digests are the same for every later
+    /// check and wait, whatever the counters' values. Per byte range it
+    /// holds, its latest users (adjacent pieces of one user merged); per
+    /// handoff it holds, whether its writer marks it ready, whether it was
+    /// written, and per reader whether it read the latest write.
+    pub(crate) fn ledger_digest(&self, plan: &crate::plan::Planned) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        for &claim in self.ledger.bytes.as_deref().unwrap_or_default() {
+            let mut pieces: Vec<(u64, u64, u32)> = (self.ledger.painter.pieces(claim))
+                .map(|(c, runner)| (c.lo, c.hi, runner))
+                .collect();
+            pieces.sort_unstable();
+            let mut merged: Vec<(u64, u64, u32)> = Vec::new();
+            for (lo, hi, runner) in pieces {
+                match merged.last_mut() {
+                    Some(last) if last.1 == lo && last.2 == runner => last.1 = hi,
+                    _ => merged.push((lo, hi, runner)),
+                }
+            }
+            let _ = write!(out, "{}:{merged:?} ", claim.region);
+        }
+        for h in 0..plan.handoffs.len() {
+            if let Some(state) = self.ledger.handoffs.get(h) {
+                let read: Vec<bool> = state.read.iter().map(|&r| r == state.written).collect();
+                let _ = write!(out, "h{h}:{} {} {read:?} ", state.ready, state.written > 0);
+            }
+        }
+        out
+    }
+
     /// Everything an operation may change, printed (streams by identity):
     /// two equal digests are the same fence state.
     pub(crate) fn digest(&self) -> String {

@@ -76,7 +76,7 @@ pub(super) fn compile<B: Compose>(
         copies_for_two(r, &items)?;
     }
     let uses = uses_of(r, &items, &first, &split);
-    let dry = run_dry(r, &uses, lanes, nodes, overlapping)?;
+    let dry = run_dry(&r.fence, &r.plan, &uses, (lanes, nodes), overlapping)?;
     let event = || {
         r.backend
             .create_event()
@@ -454,27 +454,48 @@ fn uses_of<B: Compose>(
 /// 2. Runs the schedule through the fence dry, starting where the plan's
 ///    fence stands (a consumer before its runner's replay in the step reads
 ///    what the last replay before the step graph left, if it is still
-///    there), until a pass is the steady state. One graph: two passes on
-///    the same lanes; waits on the step before are implied by launch order.
-///    Two graphs launched in turn: passes alternate between two sets of
-///    lanes, so the fence sees the step before on other streams and every
-///    wait on it is a cross edge; waits on the step before that are implied
-///    (it is the same graph's previous launch).
-fn run_dry<B: Compose>(
-    r: &Replayable<B>,
+///    there), until a pass is the steady state. One graph: one pass when
+///    the schedule reads only what it wrote ([`self_contained`]: every
+///    launch then checks and waits alike, the first included), two
+///    otherwise, on the same lanes; waits on the step before are implied
+///    by launch order. Two graphs launched in turn: passes alternate
+///    between two sets of lanes, so the fence sees the step before on
+///    other streams and every wait on it is a cross edge; waits on the step
+///    before that are implied (it is the same graph's previous launch).
+fn run_dry<C: crate::backend::Streams>(
+    plan_fence: &Fence<C>,
+    plan: &crate::plan::Planned,
     uses: &[Use],
-    lanes: usize,
-    nodes: usize,
+    shape: (usize, usize),
     overlapping: bool,
+) -> Result<Dry, StepError> {
+    let passes = match overlapping {
+        true => 6,
+        false if self_contained(plan_fence, plan, uses) => 1,
+        false => 2,
+    };
+    dry_passes(plan_fence, plan, uses, shape, overlapping, passes)
+}
+
+/// [`run_dry`] with at most `passes` passes, on `lanes` lanes of `nodes`
+/// nodes, (one: the first is taken as
+/// the steady state).
+fn dry_passes<C: crate::backend::Streams>(
+    plan_fence: &Fence<C>,
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+    (lanes, nodes): (usize, usize),
+    overlapping: bool,
+    passes: usize,
 ) -> Result<Dry, StepError> {
     let execs = if overlapping { 2 } else { 1 };
     let dry = DryRun::new(execs * lanes, nodes, overlapping);
-    let mut fence = dry_fence(&r.fence, &dry, &r.plan, uses);
-    let touched = touched(&fence, &r.plan, uses);
-    let passes = if overlapping { 6 } else { 2 };
-    // The edges of the passes after the first: of the latest, of the one
-    // before it, and (two graphs in turn, where more than two of them may
-    // run) a copy of the first of them.
+    let mut fence = dry_fence(plan_fence, &dry, plan, uses);
+    let touched = touched(&fence, plan, uses);
+    // The edges of the passes after the first (of the first, when it is
+    // the only one): of the latest, of the one before it, and (two graphs
+    // in turn, where more than two of them may run) a copy of the first
+    // of them.
     let (mut last, mut before): (Option<Edges>, Option<Edges>) = (None, None);
     let mut first_kept: Option<Edges> = None;
     let mut restaged = Vec::new();
@@ -483,13 +504,13 @@ fn run_dry<B: Compose>(
         let offset = (pass % execs) * lanes;
         dry.begin_pass(pass, offset..offset + lanes);
         if pass == 1 {
-            restaged = taken_inputs(&r.plan, uses, &mut fence);
+            restaged = taken_inputs(plan, uses, &mut fence);
             slots = restaged.iter().map(|&(slot, _)| slot).collect();
         }
         // The program stages those before each launch after the first.
-        restage(&mut fence, &dry, &r.plan, &slots)?;
-        dry_pass(&mut fence, &dry, &r.plan, uses, offset)?;
-        if pass > 0 {
+        restage(&mut fence, &dry, plan, &slots)?;
+        dry_pass(&mut fence, &dry, plan, uses, offset)?;
+        if pass > 0 || passes == 1 {
             // The pass two before is no longer needed: the next pass
             // writes into its lists.
             let edges = dry.take_edges(before.take());
@@ -527,7 +548,7 @@ fn run_dry<B: Compose>(
     let cross = reduce_cross(&deps, &cross);
     let restaged = restaged
         .into_iter()
-        .map(|(slot, by)| (r.plan.runners[slot].id(), by))
+        .map(|(slot, by)| (plan.runners[slot].id(), by))
         .collect();
     Ok(Dry {
         deps,
@@ -537,6 +558,55 @@ fn run_dry<B: Compose>(
         fence,
         restaged,
     })
+}
+
+/// Whether the schedule `uses` reads only what it wrote itself, before
+/// the read: each handoff a replay reads was written by an earlier replay
+/// of the schedule, each fenced runner a consumer reads was replayed
+/// earlier in it, and no runner of it stages inputs. Every check and wait
+/// of a launch then meets either the schedule's own earlier uses, the same
+/// at every launch, or whatever ran before the launch, which launch order
+/// (and the launch's own waits) covers, and which the dry fence's exact
+/// records keep from moving any edge: the first pass of the dry run is
+/// the steady state.
+fn self_contained<C: crate::backend::Streams>(
+    fence: &Fence<C>,
+    plan: &crate::plan::Planned,
+    uses: &[Use],
+) -> bool {
+    // Per replayed slot, its first replay's place in the schedule (in
+    // proportion to the step, not to the plan).
+    let mut firsts: Vec<(usize, usize)> = (uses.iter().enumerate())
+        .filter_map(|(at, u)| match u {
+            Use::Replay { slot, .. } => Some((*slot, at)),
+            Use::Consume { .. } => None,
+        })
+        .collect();
+    firsts.sort_unstable();
+    firsts.dedup_by_key(|&mut (slot, _)| slot);
+    let before = |slot: usize, at: usize| {
+        (firsts.binary_search_by_key(&slot, |&(s, _)| s)).is_ok_and(|k| firsts[k].1 < at)
+    };
+    for (at, u) in uses.iter().enumerate() {
+        match u {
+            Use::Replay { slot, .. } => {
+                let record = &plan.runners[*slot].record;
+                let written = |h: &crate::vocab::HandoffId| {
+                    before(plan.handoffs[h.0 as usize].record.writer, at)
+                };
+                if stages(plan, *slot) || !record.reads.iter().all(written) {
+                    return false;
+                }
+            }
+            Use::Consume { slots, .. } => {
+                let read = |&s: &usize| !stages(plan, s) && (before(s, at) || !fence.is_fenced(s));
+                if !slots.iter().all(read) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
 }
 
 /// The staged runners (`Purpose::Input`) the schedule replays, with no
@@ -745,3 +815,6 @@ fn compose_naming<B: Compose>(
         })
     })
 }
+
+#[cfg(test)]
+mod tests;
