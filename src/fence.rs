@@ -541,6 +541,12 @@ impl<B: Streams> Fence<B> {
         self.runners.get(slot).and_then(|r| r.event.as_ref())
     }
 
+    /// Whether runner slot `slot` reads inputs the program stages, in
+    /// bytes of its own.
+    pub(crate) fn stages(&self, slot: usize) -> bool {
+        self.layout.stages[slot]
+    }
+
     /// Whether handoff `h`'s writer records its event at a ready point.
     pub(crate) fn is_ready(&self, h: HandoffId) -> bool {
         self.ledger.handoffs[h.0 as usize].ready

@@ -29,6 +29,10 @@ struct Held {
     table: Vec<u32>,
     /// `64 - log2(table.len())`: the hash's shift.
     shift: u32,
+    /// The longest run of consecutive slots held (a bucket's runners,
+    /// most of what a step's dry run looks up): `(first slot, where its
+    /// value is, slots)`. A slot in it is found without the table.
+    run: (usize, usize, usize),
 }
 
 impl Held {
@@ -38,7 +42,19 @@ impl Held {
                 slots,
                 table: Vec::new(),
                 shift: 0,
+                run: (0, 0, 0),
             };
+        }
+        // Ascending, each once: a run is where each slot follows the one
+        // before.
+        let (mut run, mut start) = ((slots[0], 0, 1), 0);
+        for k in 1..slots.len() {
+            if slots[k] != slots[k - 1] + 1 {
+                start = k;
+            }
+            if k + 1 - start > run.2 {
+                run = (slots[start], start, k + 1 - start);
+            }
         }
         let size = (2 * slots.len()).next_power_of_two().max(2);
         let shift = 64 - size.trailing_zeros();
@@ -55,6 +71,7 @@ impl Held {
             slots,
             table,
             shift,
+            run,
         }
     }
 
@@ -68,6 +85,11 @@ impl Held {
     /// Where slot `slot`'s value is, if it is held.
     #[inline(always)]
     fn find(&self, slot: usize) -> Option<usize> {
+        let (first, at, len) = self.run;
+        let i = slot.wrapping_sub(first);
+        if i < len {
+            return Some(at + i);
+        }
         if self.table.is_empty() {
             return None;
         }
@@ -232,6 +254,11 @@ mod tests {
             assert_eq!(s[i], i * 3);
         }
         let held: std::collections::BTreeSet<usize> = slots.iter().copied().collect();
+        // Just outside the run of consecutive slots (found without the table).
+        assert_eq!(
+            (s.get(99), s.get(164), s.get(163)),
+            (None, None, Some(&489))
+        );
         for i in (0..300_000).step_by(7) {
             assert_eq!(s.get(i).is_some(), held.contains(&i), "slot {i}");
         }

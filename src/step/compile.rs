@@ -23,6 +23,9 @@ use crate::vocab::RunnerId;
 struct Splits<G> {
     parts: Vec<Vec<G>>,
     ends: Vec<Vec<usize>>,
+    /// Per item, the fence slots of the handoffs it marks ready (a
+    /// replay's; empty for every other item).
+    marks: Vec<Vec<usize>>,
 }
 
 impl<G> Splits<G> {
@@ -75,7 +78,7 @@ pub(super) fn compile<B: Compose>(
     if overlapping {
         copies_for_two(r, &items)?;
     }
-    let uses = uses_of(r, &items, &first, &split);
+    let uses = uses_of(&items, &first, &split);
     let dry = run_dry(&r.fence, &r.plan, &uses, (lanes, nodes), overlapping)?;
     let event = || {
         r.backend
@@ -278,12 +281,16 @@ fn tracing_of<B: Compose>(
 /// A consumer whose graph allocates temporaries goes in moved, as a step
 /// copy does: into one step graph only. Checked before any step copy is
 /// touched, so a refusal keeps them all. Per item, the consumer's graph
-/// taken to be moved in.
+/// taken to be moved in (none at all for a schedule of replays only).
 fn moved_consumers<B: Compose>(
     r: &Replayable<B>,
     items: &mut [Item<B>],
     overlapping: bool,
 ) -> Result<Vec<Option<B::Graph>>, StepError> {
+    if !items.iter().any(|i| matches!(i, Item::Consume { .. })) {
+        // No consumer: nothing moved in (and no list to fill).
+        return Ok(Vec::new());
+    }
     let mut moved_consumers: Vec<Option<B::Graph>> = Vec::with_capacity(items.len());
     for item in items.iter_mut() {
         let mut moved = None;
@@ -336,12 +343,14 @@ fn split_writers<B: Compose>(
     let mut split = Splits {
         parts: items.iter().map(|_| Vec::new()).collect(),
         ends: items.iter().map(|_| Vec::new()).collect(),
+        marks: items.iter().map(|_| Vec::new()).collect(),
     };
     for (k, item) in items.iter().enumerate() {
         let Item::Replay { slot, .. } = item else {
             continue;
         };
-        let marks = ready(r, *slot);
+        split.marks[k] = ready(r, *slot);
+        let marks = &split.marks[k];
         let runner = r.plan.runners[*slot].id();
         let failed = |error| BackendFailure::of(Operation::StepBuild, runner, error);
         let g = &r.runners[*slot];
@@ -406,12 +415,7 @@ fn copies_for_two<B: Compose>(r: &Replayable<B>, items: &[Item<B>]) -> Result<()
 
 /// The schedule as the fence sees it: each use's slots, lane, nodes and
 /// the ready events it records where.
-fn uses_of<B: Compose>(
-    r: &Replayable<B>,
-    items: &[Item<B>],
-    first: &[usize],
-    split: &Splits<B::Graph>,
-) -> Vec<Use> {
+fn uses_of<B: Compose>(items: &[Item<B>], first: &[usize], split: &Splits<B::Graph>) -> Vec<Use> {
     let uses: Vec<Use> = items
         .iter()
         .enumerate()
@@ -420,9 +424,8 @@ fn uses_of<B: Compose>(
                 // A ready event is recorded where it ends a part; the
                 // others at the end of the last.
                 let ends = &split.ends[k];
-                let marks = ready(r, *slot)
-                    .into_iter()
-                    .map(|h| {
+                let marks = (split.marks[k].iter())
+                    .map(|&h| {
                         let part = ends.iter().position(|&e| e == h).unwrap_or(ends.len());
                         (h, first[k] + part)
                     })
@@ -574,6 +577,16 @@ fn self_contained<C: crate::backend::Streams>(
     plan: &crate::plan::Planned,
     uses: &[Use],
 ) -> bool {
+    let plain = |u: &Use| match u {
+        Use::Replay { slot, .. } => {
+            plan.runners[*slot].record.reads.is_empty() && !fence.stages(*slot)
+        }
+        Use::Consume { .. } => false,
+    };
+    if uses.iter().all(plain) {
+        // Replays that read no handoff and stage nothing: nothing to look up.
+        return true;
+    }
     // Per replayed slot, its first replay's place in the schedule (in
     // proportion to the step, not to the plan).
     let mut firsts: Vec<(usize, usize)> = (uses.iter().enumerate())
@@ -691,7 +704,8 @@ fn compose<B: Compose>(
             } => {
                 let name = r.plan.runners[slots[0]].id();
                 let own = graph.as_deref();
-                let graph = consumer_node_graph(name, own, moved_consumers[k].take())?;
+                let moved = moved_consumers.get_mut(k).and_then(Option::take);
+                let graph = consumer_node_graph(name, own, moved)?;
                 (name, *lane, NodeGraphs::One(Some(graph)))
             }
         };
