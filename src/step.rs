@@ -3,12 +3,17 @@
 //! one graph and launched with one call.
 //!
 //! The schedule is run through the same fence code a per-runner replay
-//! uses, twice, on a *dry* backend whose streams are the schedule's
-//! streams and whose graphs are the step graph's nodes: every event the
-//! fence records marks the node last enqueued on that stream, and every
-//! wait it issues becomes a dependency of the next node on the waiting
-//! stream. The second pass is the steady state; its waits, with stream
-//! order, are the step graph's edges. Waits on the step before are implied:
+//! uses, on a *dry* backend whose streams are the schedule's streams and
+//! whose graphs are the step graph's nodes: the dry fence records every
+//! completion at once, marking the node that ends it, and every wait it
+//! issues becomes a dependency of the next node on the waiting stream.
+//! The steady state's waits, with stream order, are the step graph's
+//! edges. A schedule that reads only what it wrote (each handoff a replay
+//! reads written by an earlier replay of it, each runner a consumer reads
+//! replayed earlier in it, no staged inputs) is in its steady state from
+//! its first pass; any other schedule takes a second pass, which also
+//! checks that it can be launched again (one that reads a handoff it never
+//! writes is refused there). Waits on the step before are implied:
 //! launches of one executable graph run one after another.
 //!
 //! A writer that marks handoffs ready ([`RunnerCapture::ready`]) is split
