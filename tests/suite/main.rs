@@ -89,6 +89,7 @@ mod regression {
     mod handoff_groups_register_without_a_list;
     #[cfg(feature = "serde")]
     mod named_params_avoid_handoff_numbers;
+    mod one_pass_step_builds_match_per_runner;
     mod sim_memory_nodes_only_from_alloc_and_free;
     mod split_writers {
         mod copy_runs_that_differ;
