@@ -54,14 +54,9 @@ pub struct Spec {
     pub buckets: bool,
 }
 
-pub struct W {
-    pub sim: sim::Device,
-    pub rep: Replayable<sim::Device>,
-    pub lanes: Vec<sim::Stream>,
-    pub counts: Vec<sim::HostBuffer>,
-    pub accs: Vec<sim::HostBuffer>,
-    pub _one: sim::HostBuffer,
-}
+/// The kept-step fuzzers' world: a plan on `sim`, its lanes, counts,
+/// accumulators and a buffer of ones.
+pub use crate::support::steps::kept::World as W;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum It {
@@ -215,38 +210,37 @@ pub fn run_item(w: &mut W, it: It) -> Result<(), String> {
     }
 }
 
-pub fn build_step(
-    w: &mut W,
+/// Adds `items` to `step` (replays and consumers on the world's lanes,
+/// into its accumulators); the first refused item's error.
+fn schedule(
+    step: &mut replay_arena::StepBuilder<'_, sim::Device>,
+    sim: &sim::Device,
+    (lanes, accs, one): (&[sim::Stream], &[sim::HostBuffer], &sim::HostBuffer),
     items: &[It],
-    overlapping: bool,
-) -> Result<replay_arena::KeptStep<sim::Device>, String> {
-    let sim = w.sim.clone();
-    let mut step = w.rep.step();
+) -> Result<(), String> {
     for &it in items {
         let r = match it {
             It::R(r, l) => step
-                .replay(RunnerId(r), &w.lanes[l])
+                .replay(RunnerId(r), &lanes[l])
                 .map(|_| ())
                 .map_err(|e| format!("{e:?}")),
             It::C(r, l, a) => {
-                let acc = &w.accs[a];
-                step.consume(RunnerId(r), &w.lanes[l], |st, v| {
+                let acc = &accs[a];
+                step.consume(RunnerId(r), &lanes[l], |st, v| {
                     sim.launch(st, sim::Kernel::add(&v[0], acc), 7)
                 })
                 .map(|_| ())
                 .map_err(|e| format!("{e:?}"))
             }
-            It::M(r, l) => {
-                let one = &w._one;
-                step.consume_mut(RunnerId(r), &w.lanes[l], |st, v| {
+            It::M(r, l) => step
+                .consume_mut(RunnerId(r), &lanes[l], |st, v| {
                     sim.launch(st, sim::Kernel::add(one, &v[0]), 7)
                 })
                 .map(|_| ())
-                .map_err(|e| format!("{e:?}"))
-            }
+                .map_err(|e| format!("{e:?}")),
             It::CM(r, q, l, a) => {
-                let acc = &w.accs[a];
-                step.consume_many(&[RunnerId(r), RunnerId(q)], &w.lanes[l], |st, v| {
+                let acc = &accs[a];
+                step.consume_many(&[RunnerId(r), RunnerId(q)], &lanes[l], |st, v| {
                     sim.launch(st, sim::Kernel::add(&v[0][0], acc), 3)?;
                     sim.launch(st, sim::Kernel::add(&v[1][0], acc), 3)
                 })
@@ -256,6 +250,17 @@ pub fn build_step(
         };
         r.map_err(|e| format!("at item {it:?}: {e}"))?;
     }
+    Ok(())
+}
+
+pub fn build_step(
+    w: &mut W,
+    items: &[It],
+    overlapping: bool,
+) -> Result<replay_arena::KeptStep<sim::Device>, String> {
+    let sim = w.sim.clone();
+    let mut step = w.rep.step();
+    schedule(&mut step, &sim, (&w.lanes, &w.accs, &w._one), items)?;
     let g = if overlapping {
         step.build_overlapping()
     } else {
@@ -464,33 +469,26 @@ fn a3_consume_many_half_replayed() {
         temps: 0,
         buckets: false,
     };
-    let v = duel(
-        &spec,
-        &[R(1, 0)],
-        &[R(0, 0), CM(0, 1, 2, 0), R(1, 1), R(3, 1)],
-        &[],
-        3,
-        false,
-    );
-    eprintln!("a3: {v}");
-    let v = duel(
-        &spec,
-        &[R(1, 0)],
-        &[R(0, 0), CM(1, 0, 2, 0), R(1, 1), R(3, 1)],
-        &[],
-        3,
-        false,
-    );
-    eprintln!("a3b: {v}");
-    let v = duel(
-        &spec,
-        &[R(1, 0)],
-        &[R(0, 0), CM(0, 1, 2, 0), R(3, 1)],
-        &[],
-        3,
-        false,
-    );
-    eprintln!("a3c: {v}");
+    let cases: [(&str, &[It], &[It]); 3] = [
+        (
+            "a3",
+            &[R(1, 0)].as_slice(),
+            &[R(0, 0), CM(0, 1, 2, 0), R(1, 1), R(3, 1)].as_slice(),
+        ),
+        (
+            "a3b",
+            &[R(1, 0)].as_slice(),
+            &[R(0, 0), CM(1, 0, 2, 0), R(1, 1), R(3, 1)].as_slice(),
+        ),
+        (
+            "a3c",
+            &[R(1, 0)].as_slice(),
+            &[R(0, 0), CM(0, 1, 2, 0), R(3, 1)].as_slice(),
+        ),
+    ];
+    for (name, pre, step) in cases {
+        eprintln!("{name}: {}", duel(&spec, pre, step, &[], 3, false));
+    }
 }
 
 /// A reader of two handoffs: one written in the step, the other only before it.
@@ -595,16 +593,7 @@ pub enum Op {
     L(usize, usize),
 }
 
-pub struct Lcg(pub u64);
-impl Lcg {
-    pub fn below(&mut self, m: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % m
-    }
-}
+pub use crate::support::steps::kept::Lcg;
 
 fn rand_spec(rng: &mut Lcg) -> Spec {
     let n = 3 + rng.below(3) as u32;
@@ -796,26 +785,23 @@ fn fuzz_one(seed: u64, nsteps: usize) -> (usize, usize) {
     (b, l)
 }
 
+/// Runs `case` for every seed of `seeds` and prints how many step graphs
+/// it built and launched (each case asserts on its own).
+fn fuzz(name: &str, seeds: std::ops::Range<u64>, case: impl Fn(u64) -> (usize, usize)) {
+    let (built, launched) = seeds
+        .map(case)
+        .fold((0, 0), |(b, l), (x, y)| (b + x, l + y));
+    eprintln!("{name}: built {built}, launched {launched}");
+}
+
 #[test]
 fn a7_fuzz_one_step() {
-    let (mut b, mut l) = (0, 0);
-    for seed in 0..6000 {
-        let (x, y) = fuzz_one(seed, 1);
-        b += x;
-        l += y;
-    }
-    eprintln!("a7: built {b}, launched {l}");
+    fuzz("a7", 0..6000, |seed| fuzz_one(seed, 1));
 }
 
 #[test]
 fn a8_fuzz_two_steps() {
-    let (mut b, mut l) = (0, 0);
-    for seed in 100_000..104_000 {
-        let (x, y) = fuzz_one(seed, 2);
-        b += x;
-        l += y;
-    }
-    eprintln!("a8: built {b}, launched {l}");
+    fuzz("a8", 100_000..104_000, |seed| fuzz_one(seed, 2));
 }
 
 mod inputs {
@@ -963,13 +949,7 @@ fn fuzz_overlapping(seed: u64) -> (usize, usize) {
 
 #[test]
 fn a11_fuzz_overlapping() {
-    let (mut b, mut l) = (0, 0);
-    for seed in 0..4000 {
-        let (x, y) = fuzz_overlapping(seed);
-        b += x;
-        l += y;
-    }
-    eprintln!("a11: built {b}, launched {l}");
+    fuzz("a11", 0..4000, fuzz_overlapping);
 }
 
 /// Borrowed StepGraph (not kept): build after `pre`, launch k times on random lanes,
@@ -993,44 +973,7 @@ fn fuzz_borrowed(seed: u64) -> usize {
     let mut launched = 0;
     {
         let mut step = a.rep.step();
-        let mut ok = true;
-        for &it in &sched {
-            let r = match it {
-                It::R(r, l) => step
-                    .replay(RunnerId(r), &a.lanes[l])
-                    .map(|_| ())
-                    .map_err(|e| format!("{e:?}")),
-                It::C(r, l, x) => {
-                    let acc = &a.accs[x];
-                    step.consume(RunnerId(r), &a.lanes[l], |st, v| {
-                        sim.launch(st, sim::Kernel::add(&v[0], acc), 7)
-                    })
-                    .map(|_| ())
-                    .map_err(|e| format!("{e:?}"))
-                }
-                It::M(r, l) => {
-                    let one = &a._one;
-                    step.consume_mut(RunnerId(r), &a.lanes[l], |st, v| {
-                        sim.launch(st, sim::Kernel::add(one, &v[0]), 7)
-                    })
-                    .map(|_| ())
-                    .map_err(|e| format!("{e:?}"))
-                }
-                It::CM(r, q, l, x) => {
-                    let acc = &a.accs[x];
-                    step.consume_many(&[RunnerId(r), RunnerId(q)], &a.lanes[l], |st, v| {
-                        sim.launch(st, sim::Kernel::add(&v[0][0], acc), 3)?;
-                        sim.launch(st, sim::Kernel::add(&v[1][0], acc), 3)
-                    })
-                    .map(|_| ())
-                    .map_err(|e| format!("{e:?}"))
-                }
-            };
-            if r.is_err() {
-                ok = false;
-                break;
-            }
-        }
+        let ok = schedule(&mut step, &sim, (&a.lanes, &a.accs, &a._one), &sched).is_ok();
         if ok {
             let g = if overlapping {
                 step.build_overlapping()
