@@ -3,7 +3,7 @@
 //! the fence whose waits become the edges, then the composition.
 
 use super::dry_run::{
-    dry_fence, dry_pass, reduce_cross, restage, stages, touched, Adjacency, DryRun, Edges, Use,
+    dry_fence, dry_pass, reduce_cross, restage, touched, Adjacency, DryRun, Edges, Use,
 };
 use super::graph::StepCore;
 use super::traced::{Events, Source, TracedNode, Tracing};
@@ -480,9 +480,8 @@ fn run_dry<C: crate::backend::Streams>(
     dry_passes(plan_fence, plan, uses, shape, overlapping, passes)
 }
 
-/// [`run_dry`] with at most `passes` passes, on `lanes` lanes of `nodes`
-/// nodes, (one: the first is taken as
-/// the steady state).
+/// [`run_dry`] with at most `passes` passes (one: the first is taken as
+/// the steady state), on `lanes` lanes of `nodes` nodes.
 fn dry_passes<C: crate::backend::Streams>(
     plan_fence: &Fence<C>,
     plan: &crate::plan::Planned,
@@ -577,18 +576,40 @@ fn self_contained<C: crate::backend::Streams>(
     plan: &crate::plan::Planned,
     uses: &[Use],
 ) -> bool {
-    let plain = |u: &Use| match u {
-        Use::Replay { slot, .. } => {
-            plan.runners[*slot].record.reads.is_empty() && !fence.stages(*slot)
-        }
-        Use::Consume { .. } => false,
-    };
-    if uses.iter().all(plain) {
-        // Replays that read no handoff and stage nothing: nothing to look up.
-        return true;
-    }
     // Per replayed slot, its first replay's place in the schedule (in
-    // proportion to the step, not to the plan).
+    // proportion to the step, not to the plan), found at the first read.
+    let mut firsts: Option<Vec<(usize, usize)>> = None;
+    let mut before = |slot: usize, at: usize| {
+        let firsts = firsts.get_or_insert_with(|| first_replays(uses));
+        (firsts.binary_search_by_key(&slot, |&(s, _)| s)).is_ok_and(|k| firsts[k].1 < at)
+    };
+    for (at, u) in uses.iter().enumerate() {
+        match u {
+            Use::Replay { slot, .. } => {
+                if fence.stages(*slot) {
+                    return false;
+                }
+                for h in &plan.runners[*slot].record.reads {
+                    if !before(plan.handoffs[h.0 as usize].record.writer, at) {
+                        return false;
+                    }
+                }
+            }
+            Use::Consume { slots, .. } => {
+                for &s in slots {
+                    if fence.stages(s) || (fence.is_fenced(s) && !before(s, at)) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Per runner slot `uses` replays, ascending, the place of its first
+/// replay.
+fn first_replays(uses: &[Use]) -> Vec<(usize, usize)> {
     let mut firsts: Vec<(usize, usize)> = (uses.iter().enumerate())
         .filter_map(|(at, u)| match u {
             Use::Replay { slot, .. } => Some((*slot, at)),
@@ -597,29 +618,7 @@ fn self_contained<C: crate::backend::Streams>(
         .collect();
     firsts.sort_unstable();
     firsts.dedup_by_key(|&mut (slot, _)| slot);
-    let before = |slot: usize, at: usize| {
-        (firsts.binary_search_by_key(&slot, |&(s, _)| s)).is_ok_and(|k| firsts[k].1 < at)
-    };
-    for (at, u) in uses.iter().enumerate() {
-        match u {
-            Use::Replay { slot, .. } => {
-                let record = &plan.runners[*slot].record;
-                let written = |h: &crate::vocab::HandoffId| {
-                    before(plan.handoffs[h.0 as usize].record.writer, at)
-                };
-                if stages(plan, *slot) || !record.reads.iter().all(written) {
-                    return false;
-                }
-            }
-            Use::Consume { slots, .. } => {
-                let read = |&s: &usize| !stages(plan, s) && (before(s, at) || !fence.is_fenced(s));
-                if !slots.iter().all(read) {
-                    return false;
-                }
-            }
-        }
-    }
-    true
+    firsts
 }
 
 /// The staged runners (`Purpose::Input`) the schedule replays, with no
@@ -650,7 +649,7 @@ fn taken_inputs(
             }
             Use::Consume { .. } => continue,
         };
-        if seen.contains(&slot) || !stages(plan, slot) {
+        if seen.contains(&slot) || !fence.stages(slot) {
             continue;
         }
         seen.push(slot);

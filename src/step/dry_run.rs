@@ -9,7 +9,6 @@ use std::rc::Rc;
 use super::ScheduleError;
 use crate::backend::{BackendError, Streams};
 use crate::fence::{Fence, On};
-use crate::vocab::Purpose;
 
 /// One use of a compiled schedule, as the fence sees it.
 #[derive(Clone, Debug)]
@@ -140,17 +139,6 @@ pub(super) fn touched(
     touched.sort_unstable();
     touched.dedup();
     touched
-}
-
-/// Whether runner slot `slot` reads inputs the program stages
-/// (`Purpose::Input`) in bytes of its own (as the fence's layout has it).
-pub(super) fn stages(plan: &crate::plan::Planned, slot: usize) -> bool {
-    let r = &plan.runners[slot];
-    !r.claims.is_empty()
-        && r.record
-            .requests
-            .iter()
-            .any(|q| q.purpose == Purpose::Input)
 }
 
 /// The staging the program does between two launches of a step graph

@@ -66,11 +66,17 @@ pub fn leftovers(sim: &replay_arena::sim::Device) -> (usize, usize, u64, u64) {
 /// What a plan's teardown must leave on `sim`: no allocation, no event, no
 /// graph memory used or reserved, no hazard.
 pub fn assert_torn_down(sim: &replay_arena::sim::Device, what: &str) {
+    assert_nothing_left(sim, what);
+    assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
+}
+
+/// No allocation, no event and no graph memory used or reserved left on
+/// `sim` (hazards are the caller's to judge).
+pub fn assert_nothing_left(sim: &replay_arena::sim::Device, what: &str) {
     assert_eq!(sim.live_allocations(), 0, "{what}: allocations left");
     assert_eq!(sim.live_events(), 0, "{what}: events left");
     let p = sim.graph_memory_in_use().unwrap().unwrap();
     assert_eq!((p.used, p.reserved), (0, 0), "{what}: graph memory left");
-    assert!(sim.hazards().is_empty(), "{what}: {:?}", sim.hazards());
 }
 
 /// Enqueues a copy of `from` into `to` on `s`, taking `ticks`; with

@@ -217,8 +217,8 @@ proptest! {
         for (schedule, self_contained_by_construction) in [(own, true), (schedule, false)] {
             let uses = uses(&plan, &fence, &schedule, lanes);
             let stages_none = uses.iter().all(|u| match u {
-                Use::Replay { slot, .. } => !stages(&plan, *slot),
-                Use::Consume { slots, .. } => !slots.iter().any(|&s| stages(&plan, s)),
+                Use::Replay { slot, .. } => !fence.stages(*slot),
+                Use::Consume { slots, .. } => !slots.iter().any(|&s| fence.stages(s)),
             });
             if self_contained_by_construction && stages_none {
                 prop_assert!(self_contained(&fence, &plan, &uses));

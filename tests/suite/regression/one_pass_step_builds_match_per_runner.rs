@@ -54,6 +54,22 @@ pub struct Spec {
     pub buckets: bool,
 }
 
+impl Spec {
+    /// `n` runners under `policy`, with `handoffs`, each runner's work
+    /// taking the next of `durs` ticks; no temporaries, no buckets.
+    pub fn new(n: u32, policy: Policy, handoffs: Vec<H>, durs: Vec<u64>) -> Spec {
+        Spec {
+            n,
+            policy: policy.into(),
+            handoffs,
+            durs,
+            temps: 0,
+            buckets: false,
+        }
+    }
+}
+
+use crate::support::steps::kept;
 /// The kept-step fuzzers' world: a plan on `sim`, its lanes, counts,
 /// accumulators and a buffer of ones.
 pub use crate::support::steps::kept::World as W;
@@ -91,105 +107,82 @@ pub fn build_world(spec: &Spec) -> W {
         }
     }
     let planned = d.plan(spec.policy).unwrap();
-    let sim = sim::Device::new();
-    let lanes: Vec<sim::Stream> = (0..4).map(|_| sim.new_stream()).collect();
-    let one = sim.alloc_f32(N).unwrap();
-    sim.write_f32(&one, &[1.0; N]).unwrap();
-    let counts: Vec<_> = (0..spec.n).map(|_| sim.alloc_f32(N).unwrap()).collect();
-    let accs: Vec<_> = (0..8).map(|_| sim.alloc_f32(N).unwrap()).collect();
-    let mut capturing = planned.allocate(sim.clone()).unwrap();
-    for r in 0..spec.n {
-        let cap = capturing.capture(RunnerId(r)).unwrap();
-        let v = cap.take(REQ).unwrap();
-        let mut ins = Vec::new();
-        for (k, h) in spec.handoffs.iter().enumerate() {
-            if h.readers.contains(&r) {
-                ins.push(cap.receive(ids[k].unwrap()).unwrap());
-            }
-        }
-        let mut outs = Vec::new();
-        for (k, h) in spec.handoffs.iter().enumerate() {
-            if h.writer == r {
-                outs.push((
-                    ids[k].unwrap(),
-                    h.ready,
-                    cap.hand_off(ids[k].unwrap()).unwrap(),
-                ));
-            }
-        }
-        let c = &counts[r as usize];
-        let dur = spec.durs[r as usize % spec.durs.len()];
-        let sim2 = sim.clone();
-        let one2 = &one;
-        let temps = spec.temps;
-        let work = |st: &sim::Stream| {
-            let t = if temps > 0 {
-                let t = sim2.alloc_async(st, N)?;
-                sim2.launch(st, sim::Kernel::copy(one2, &t), 1)?;
-                sim2.launch(st, sim::Kernel::add(&t, c), 1)?;
-                Some(t)
-            } else {
-                sim2.launch(st, sim::Kernel::add(one2, c), 1)?;
-                None
-            };
-            if temps == 1 {
-                sim2.free_async(st, t.as_ref().unwrap())?;
-            }
-            sim2.launch(st, sim::Kernel::copy(c, &v), 1)?;
-            for i in &ins {
-                sim2.launch(st, sim::Kernel::add(i, &v), dur)?;
-            }
-            for (h, ready, o) in &outs {
-                sim2.launch(st, sim::Kernel::copy(&v, o), dur)?;
-                if *ready {
-                    cap.ready(*h, st)?;
+    crate::support::steps::kept::world_of(planned, spec.n, |capturing, sim, lanes, one, counts| {
+        for r in 0..spec.n {
+            let cap = capturing.capture(RunnerId(r)).unwrap();
+            let v = cap.take(REQ).unwrap();
+            let mut ins = Vec::new();
+            for (k, h) in spec.handoffs.iter().enumerate() {
+                if h.readers.contains(&r) {
+                    ins.push(cap.receive(ids[k].unwrap()).unwrap());
                 }
             }
-            // work after the ready points: touches only the runner's own bytes
-            sim2.launch(st, sim::Kernel::scale(&v, 2.0), dur)?;
-            if temps == 2 {
-                let t = t.unwrap();
-                sim2.launch(st, sim::Kernel::add(&t, &v), 1)?;
-                sim2.free_async(st, &t)?;
+            let mut outs = Vec::new();
+            for (k, h) in spec.handoffs.iter().enumerate() {
+                if h.writer == r {
+                    outs.push((
+                        ids[k].unwrap(),
+                        h.ready,
+                        cap.hand_off(ids[k].unwrap()).unwrap(),
+                    ));
+                }
             }
-            Ok::<(), replay_arena::Error>(())
-        };
-        if temps > 0 {
-            cap.step_copies(COPIES);
-            if temps == 2 {
-                cap.cut_across_temporaries();
+            let c = &counts[r as usize];
+            let dur = spec.durs[r as usize % spec.durs.len()];
+            let sim2 = sim.clone();
+            let one2 = &one;
+            let temps = spec.temps;
+            let work = |st: &sim::Stream| {
+                let t = if temps > 0 {
+                    let t = sim2.alloc_async(st, N)?;
+                    sim2.launch(st, sim::Kernel::copy(one2, &t), 1)?;
+                    sim2.launch(st, sim::Kernel::add(&t, c), 1)?;
+                    Some(t)
+                } else {
+                    sim2.launch(st, sim::Kernel::add(one2, c), 1)?;
+                    None
+                };
+                if temps == 1 {
+                    sim2.free_async(st, t.as_ref().unwrap())?;
+                }
+                sim2.launch(st, sim::Kernel::copy(c, &v), 1)?;
+                for i in &ins {
+                    sim2.launch(st, sim::Kernel::add(i, &v), dur)?;
+                }
+                for (h, ready, o) in &outs {
+                    sim2.launch(st, sim::Kernel::copy(&v, o), dur)?;
+                    if *ready {
+                        cap.ready(*h, st)?;
+                    }
+                }
+                // work after the ready points: touches only the runner's own bytes
+                sim2.launch(st, sim::Kernel::scale(&v, 2.0), dur)?;
+                if temps == 2 {
+                    let t = t.unwrap();
+                    sim2.launch(st, sim::Kernel::add(&t, &v), 1)?;
+                    sim2.free_async(st, &t)?;
+                }
+                Ok::<(), replay_arena::Error>(())
+            };
+            if temps > 0 {
+                cap.step_copies(COPIES);
+                if temps == 2 {
+                    cap.cut_across_temporaries();
+                }
+                cap.stream_capture_repeatable(&lanes[0], work).unwrap();
+            } else {
+                cap.stream_capture(&lanes[0], work).unwrap();
             }
-            cap.stream_capture_repeatable(&lanes[0], work).unwrap();
-        } else {
-            cap.stream_capture(&lanes[0], work).unwrap();
+            cap.finish().unwrap();
         }
-        cap.finish().unwrap();
-    }
-    W {
-        rep: capturing.seal().unwrap(),
-        sim,
-        lanes,
-        counts,
-        accs,
-        _one: one,
-    }
+    })
 }
 
 pub fn run_item(w: &mut W, it: It) -> Result<(), String> {
     let sim = w.sim.clone();
     match it {
-        It::R(r, l) => w
-            .rep
-            .replay(RunnerId(r), &w.lanes[l])
-            .map_err(|e| format!("{e:?}")),
-        It::C(r, l, a) => {
-            let acc = &w.accs[a];
-            w.rep
-                .consume(RunnerId(r), &w.lanes[l], |st, v| {
-                    sim.launch(st, sim::Kernel::add(&v[0], acc), 7)
-                })
-                .map_err(|e| format!("{e:?}"))
-        }
+        It::R(r, l) => kept::run_item(w, kept::It::R(r, l)),
+        It::C(r, l, a) => kept::run_item(w, kept::It::C(r, l, a)),
         It::M(r, l) => {
             let one = &w._one;
             w.rep
@@ -290,6 +283,12 @@ pub fn values(w: &W) -> Vec<Vec<f32>> {
 /// launches it `launches` times (with `between` per runner between
 /// launches), and replays the same items per runner in world B.
 /// Returns a verdict string; panics on BROKE.
+/// [`duel`] of the step `step` after `pre`, nothing between its three
+/// launches, one graph; prints what happened under `name`.
+fn show(name: String, spec: &Spec, pre: &[It], step: &[It]) {
+    eprintln!("{name}: {}", duel(spec, pre, step, &[], 3, false));
+}
+
 pub fn duel(
     spec: &Spec,
     pre: &[It],
@@ -383,10 +382,10 @@ pub fn duel(
 
 fn chain(policy: Policy, ready: bool) -> Spec {
     // r0 -> h0 -> r1 ; r1 -> h1 -> r2 ; r3 plain
-    Spec {
-        n: 4,
-        policy: policy.into(),
-        handoffs: vec![
+    Spec::new(
+        4,
+        policy,
+        vec![
             H {
                 writer: 0,
                 readers: vec![1],
@@ -398,10 +397,8 @@ fn chain(policy: Policy, ready: bool) -> Spec {
                 ready,
             },
         ],
-        durs: vec![3, 11, 5, 17],
-        temps: 0,
-        buckets: false,
-    }
+        vec![3, 11, 5, 17],
+    )
 }
 
 use It::*;
@@ -412,15 +409,12 @@ fn a1_reader_writer_reader() {
     for g in 1..=3 {
         for ready in [false, true] {
             let spec = chain(Policy::Generations(g), ready);
-            let v = duel(
+            show(
+                format!("a1 g={g} ready={ready}"),
                 &spec,
                 &[R(0, 0)],
                 &[R(1, 1), R(0, 0), R(1, 1)],
-                &[],
-                3,
-                false,
             );
-            eprintln!("a1 g={g} ready={ready}: {v}");
         }
     }
 }
@@ -429,46 +423,26 @@ fn a1_reader_writer_reader() {
 #[test]
 fn a2_consumer_before_replay_then_overwritten() {
     for g in 1..=2 {
-        let spec = Spec {
-            n: 4,
-            policy: Policy::Generations(g).into(),
-            handoffs: vec![],
-            durs: vec![3, 9],
-            temps: 0,
-            buckets: false,
-        };
-        let v = duel(
+        let spec = Spec::new(4, Policy::Generations(g), vec![], vec![3, 9]);
+        show(
+            format!("a2 g={g}"),
             &spec,
             &[R(0, 0)],
             &[C(0, 1, 0), R(0, 0), R(2, 0)],
-            &[],
-            3,
-            false,
         );
-        eprintln!("a2 g={g}: {v}");
-        let v = duel(
+        show(
+            format!("a2b g={g}"),
             &spec,
             &[R(0, 0)],
             &[C(0, 1, 0), R(0, 0), C(0, 2, 1), R(2, 1)],
-            &[],
-            3,
-            false,
         );
-        eprintln!("a2b g={g}: {v}");
     }
 }
 
 /// consume_many: one runner replayed earlier in the step, the other not.
 #[test]
 fn a3_consume_many_half_replayed() {
-    let spec = Spec {
-        n: 4,
-        policy: Policy::Generations(2).into(),
-        handoffs: vec![],
-        durs: vec![3, 9],
-        temps: 0,
-        buckets: false,
-    };
+    let spec = Spec::new(4, Policy::Generations(2), vec![], vec![3, 9]);
     let cases: [(&str, &[It], &[It]); 3] = [
         (
             "a3",
@@ -487,7 +461,7 @@ fn a3_consume_many_half_replayed() {
         ),
     ];
     for (name, pre, step) in cases {
-        eprintln!("{name}: {}", duel(&spec, pre, step, &[], 3, false));
+        show(name.to_string(), &spec, pre, step);
     }
 }
 
@@ -495,10 +469,10 @@ fn a3_consume_many_half_replayed() {
 #[test]
 fn a4_reader_of_two_handoffs_one_written_outside() {
     for ready in [false, true] {
-        let spec = Spec {
-            n: 4,
-            policy: Policy::Generations(2).into(),
-            handoffs: vec![
+        let spec = Spec::new(
+            4,
+            Policy::Generations(2),
+            vec![
                 H {
                     writer: 0,
                     readers: vec![2],
@@ -510,28 +484,20 @@ fn a4_reader_of_two_handoffs_one_written_outside() {
                     ready,
                 },
             ],
-            durs: vec![3, 9, 4],
-            temps: 0,
-            buckets: false,
-        };
-        let v = duel(
+            vec![3, 9, 4],
+        );
+        show(
+            format!("a4 ready={ready}"),
             &spec,
             &[R(0, 0), R(1, 1)],
             &[R(0, 0), R(2, 1)],
-            &[],
-            3,
-            false,
         );
-        eprintln!("a4 ready={ready}: {v}");
-        let v = duel(
+        show(
+            format!("a4b ready={ready}"),
             &spec,
             &[R(0, 0), R(1, 1)],
             &[R(1, 0), R(2, 1)],
-            &[],
-            3,
-            false,
         );
-        eprintln!("a4b ready={ready}: {v}");
     }
 }
 
@@ -555,18 +521,16 @@ fn a5_handoff_overwritten_between() {
 /// Multi-reader handoff where the step reads with only one reader.
 #[test]
 fn a6_multi_reader_partial() {
-    let spec = Spec {
-        n: 4,
-        policy: Policy::Generations(2).into(),
-        handoffs: vec![H {
+    let spec = Spec::new(
+        4,
+        Policy::Generations(2),
+        vec![H {
             writer: 0,
             readers: vec![1, 2],
             ready: true,
         }],
-        durs: vec![3, 9, 4, 13],
-        temps: 0,
-        buckets: false,
-    };
+        vec![3, 9, 4, 13],
+    );
     for (pre, sched, between) in [
         (vec![], vec![R(0, 0), R(1, 1)], vec![R(2, 2)]),
         (vec![], vec![R(0, 0), R(1, 1), R(2, 2)], vec![]),
@@ -762,6 +726,22 @@ pub fn program(
     (built, launched, log)
 }
 
+/// `count` program items: where `launch(rng, i)` gives `(step, lane)`, a
+/// launch of that step there, otherwise a random per-runner item.
+fn rand_ops(
+    rng: &mut Lcg,
+    count: u64,
+    n: u32,
+    mut launch: impl FnMut(&mut Lcg, u64) -> Option<(usize, usize)>,
+) -> Vec<Op> {
+    (0..count)
+        .map(|i| match launch(rng, i) {
+            Some((step, lane)) => Op::L(step, lane),
+            None => Op::I(rand_item(rng, n)),
+        })
+        .collect()
+}
+
 fn fuzz_one(seed: u64, nsteps: usize) -> (usize, usize) {
     let mut rng = Lcg(seed.wrapping_mul(0x9E3779B97F4A7C15) ^ 0xD1B54A32D192ED03);
     let spec = rand_spec(&mut rng);
@@ -770,17 +750,10 @@ fn fuzz_one(seed: u64, nsteps: usize) -> (usize, usize) {
     let steps: Vec<(Vec<It>, bool)> = (0..nsteps)
         .map(|_| (rand_sched(&mut rng, n), rng.below(5) == 0))
         .collect();
-    let mut ops = Vec::new();
-    for _ in 0..(2 + rng.below(10)) {
-        if rng.below(2) == 0 {
-            ops.push(Op::L(
-                rng.below(nsteps as u64) as usize,
-                rng.below(4) as usize,
-            ));
-        } else {
-            ops.push(Op::I(rand_item(&mut rng, n)));
-        }
-    }
+    let count = 2 + rng.below(10);
+    let ops = rand_ops(&mut rng, count, n, |rng, _| {
+        (rng.below(2) == 0).then(|| (rng.below(nsteps as u64) as usize, rng.below(4) as usize))
+    });
     let (b, l, _) = program(&spec, &pre, &steps, &ops);
     (b, l)
 }
@@ -932,17 +905,13 @@ fn fuzz_overlapping(seed: u64) -> (usize, usize) {
     let steps: Vec<(Vec<It>, bool)> = (0..1 + rng.below(2))
         .map(|_| (rand_sched(&mut rng, n), rng.below(3) != 0))
         .collect();
-    let mut ops = Vec::new();
-    for i in 0..(2 + rng.below(12)) {
-        if rng.below(4) != 0 {
-            ops.push(Op::L(
-                rng.below(steps.len() as u64) as usize,
-                if rng.below(2) == 0 { i as usize % 2 } else { 3 },
-            ));
-        } else {
-            ops.push(Op::I(rand_item(&mut rng, n)));
-        }
-    }
+    let (count, nsteps) = (2 + rng.below(12), steps.len() as u64);
+    let ops = rand_ops(&mut rng, count, n, |rng, i| {
+        (rng.below(4) != 0).then(|| {
+            let step = rng.below(nsteps) as usize;
+            (step, if rng.below(2) == 0 { i as usize % 2 } else { 3 })
+        })
+    });
     let (b, l, _) = program(&spec, &pre, &steps, &ops);
     (b, l)
 }
@@ -1025,56 +994,31 @@ fn a12_fuzz_borrowed() {
 
 #[test]
 fn a13_fuzz_step_copies() {
-    let (mut b, mut l) = (0, 0);
-    for seed in 0..1200u64 {
+    fuzz("a13", 0..1200, |seed| {
         let mut rng = Lcg(seed.wrapping_mul(0x9E3779B97F4A7C15) ^ 0x5555);
         let mut spec = rand_spec(&mut rng);
         spec.temps = 1 + rng.below(2) as u8;
         let n = spec.n;
         let pre: Vec<It> = (0..rng.below(6)).map(|_| rand_item(&mut rng, n)).collect();
         let steps: Vec<(Vec<It>, bool)> = vec![(rand_sched(&mut rng, n), rng.below(4) == 0)];
-        let mut ops = Vec::new();
-        for _ in 0..(2 + rng.below(8)) {
-            if rng.below(2) == 0 {
-                ops.push(Op::L(0, rng.below(4) as usize));
-            } else {
-                ops.push(Op::I(rand_item(&mut rng, n)));
-            }
-        }
-        let (x, y, _) = program(&spec, &pre, &steps, &ops);
-        b += x;
-        l += y;
-    }
-    eprintln!("a13: built {b}, launched {l}");
+        let count = 2 + rng.below(8);
+        let ops = rand_ops(&mut rng, count, n, |rng, _| {
+            (rng.below(2) == 0).then(|| (0, rng.below(4) as usize))
+        });
+        let (built, launched, _) = program(&spec, &pre, &steps, &ops);
+        (built, launched)
+    });
 }
 
 pub fn torn_down(w: W, what: &str) {
-    use replay_arena::backend::Backend;
-    let W {
-        sim,
-        rep,
-        lanes,
-        counts,
-        accs,
-        _one,
-    } = w;
-    drop(rep);
-    drop((counts, accs, _one));
-    assert_eq!(sim.live_allocations(), 0, "LEAK {what}: allocations left");
-    drop(lanes);
-    assert_eq!(sim.live_events(), 0, "LEAK {what}: events left");
-    let p = sim.graph_memory_in_use().unwrap().unwrap();
-    assert_eq!(
-        (p.used, p.reserved),
-        (0, 0),
-        "LEAK {what}: graph memory left"
-    );
+    let sim = w.sim.clone();
+    drop(w);
+    crate::support::steps::assert_nothing_left(&sim, &format!("LEAK {what}"));
 }
 
 #[test]
 fn a14_fuzz_buckets() {
-    let (mut b, mut l) = (0, 0);
-    for seed in 0..2000u64 {
+    fuzz("a14", 0..2000, |seed| {
         let mut rng = Lcg(seed.wrapping_mul(0x9E3779B97F4A7C15) ^ 0x7777);
         let mut spec = rand_spec(&mut rng);
         spec.n = 4 + rng.below(3) as u32;
@@ -1115,31 +1059,18 @@ fn a14_fuzz_buckets() {
             (mk(&mut rng, 0, h), rng.below(5) == 0),
             (mk(&mut rng, h, n), rng.below(5) == 0),
         ];
-        let mut ops = Vec::new();
-        for _ in 0..(2 + rng.below(12)) {
-            if rng.below(3) != 0 {
-                ops.push(Op::L(rng.below(2) as usize, rng.below(4) as usize));
-            } else {
-                ops.push(Op::I(rand_item(&mut rng, n)));
-            }
-        }
-        let (x, y, _) = program(&spec, &pre, &steps, &ops);
-        b += x;
-        l += y;
-    }
-    eprintln!("a14: built {b}, launched {l}");
+        let count = 2 + rng.below(12);
+        let ops = rand_ops(&mut rng, count, n, |rng, _| {
+            (rng.below(3) != 0).then(|| (rng.below(2) as usize, rng.below(4) as usize))
+        });
+        let (built, launched, _) = program(&spec, &pre, &steps, &ops);
+        (built, launched)
+    });
 }
 
 #[test]
 fn a0_first_hazard_was_on_an_accumulator() {
-    let spec = Spec {
-        n: 3,
-        policy: Policy::Generations(3).into(),
-        handoffs: vec![],
-        durs: vec![16, 8, 6],
-        temps: 0,
-        buckets: false,
-    };
+    let spec = Spec::new(3, Policy::Generations(3), vec![], vec![16, 8, 6]);
     let mut a = build_world(&spec);
     for it in [R(1, 2), R(2, 1)] {
         run_item(&mut a, it).unwrap();
