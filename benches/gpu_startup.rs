@@ -229,6 +229,26 @@ fn main() -> R<()> {
         let built = t0.elapsed();
         s.synchronize()?;
         let started = t0.elapsed();
+        // Beside the step graphs: the same parent graphs composed by hand
+        // (a chain of child graph nodes of the runners' captured graphs,
+        // instantiated), then the crate's again and the hand's again, warm.
+        let hand_first = hand_steps(&replayable, sizes.len())?;
+        let crate_again = {
+            let t = Instant::now();
+            let again = (0..sizes.len())
+                .map(|bucket| {
+                    let mut step = replayable.step();
+                    for l in 0..LAYERS {
+                        step.replay(RunnerId((bucket * LAYERS + l) as u32), &s)?;
+                    }
+                    Ok(step.build()?.keep())
+                })
+                .collect::<R<Vec<_>>>()?;
+            let took = t.elapsed();
+            drop(again);
+            took
+        };
+        let hand_again = hand_steps(&replayable, sizes.len())?;
         let after = backend.graph_memory_in_use()?;
         let arena = replayable.plan().report().plan_bytes;
 
@@ -281,6 +301,13 @@ fn main() -> R<()> {
             ms(built - sealed),
             ms(started - built)
         );
+        println!(
+            "| step graphs: the crate's (first, again) / by hand (first, again), ms | {:.1}, {:.1} / {:.1}, {:.1} |",
+            ms(built - sealed),
+            ms(crate_again),
+            ms(hand_first),
+            ms(hand_again)
+        );
         println!("| arena bytes, MiB | {:.2} |", mib(arena));
         println!(
             "| driver graph memory reserved, MiB (before, after) | {:.1}, {:.1} |",
@@ -299,4 +326,61 @@ fn main() -> R<()> {
         drop(kept);
     }
     Ok(())
+}
+
+/// Composes by hand what the crate's step graphs compose: per bucket a
+/// parent graph of a chain of child graph nodes, the runners' captured
+/// graphs, instantiated with no flags; the time for all `buckets`, after
+/// which they are destroyed.
+fn hand_steps(
+    replayable: &replay_arena::Replayable<cuda::Device>,
+    buckets: usize,
+) -> R<std::time::Duration> {
+    use replay_arena::cuda::cudarc::driver::sys;
+    let graphs = (0..buckets * LAYERS)
+        .map(|r| {
+            (replayable.graph(RunnerId(r as u32)))
+                .map(cuda::Graph::cu_graph)
+                .ok_or("a runner without a graph")
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let ok = |code: sys::CUresult, call: &str| match code {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        code => Err(format!("{call}: {code:?}")),
+    };
+    let t = Instant::now();
+    let mut made = Vec::with_capacity(buckets);
+    for bucket in 0..buckets {
+        // SAFETY: the runners' graphs are live for the call (the plan
+        // holds them); what is created here is destroyed below.
+        unsafe {
+            let mut parent = std::ptr::null_mut();
+            ok(sys::cuGraphCreate(&mut parent, 0), "cuGraphCreate")?;
+            let mut prev: Option<sys::CUgraphNode> = None;
+            for &g in &graphs[bucket * LAYERS..(bucket + 1) * LAYERS] {
+                let mut node = std::ptr::null_mut();
+                let deps: &[sys::CUgraphNode] = prev.as_slice();
+                ok(
+                    sys::cuGraphAddChildGraphNode(&mut node, parent, deps.as_ptr(), deps.len(), g),
+                    "cuGraphAddChildGraphNode",
+                )?;
+                prev = Some(node);
+            }
+            let mut exec = std::ptr::null_mut();
+            ok(
+                sys::cuGraphInstantiateWithFlags(&mut exec, parent, 0),
+                "cuGraphInstantiateWithFlags",
+            )?;
+            made.push((exec, parent));
+        }
+    }
+    let took = t.elapsed();
+    for (exec, parent) in made {
+        // SAFETY: made above, never launched.
+        unsafe {
+            sys::cuGraphExecDestroy(exec);
+            sys::cuGraphDestroy(parent);
+        }
+    }
+    Ok(took)
 }

@@ -28,7 +28,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use replay_arena::backend::{
-    Allocate, ArenaDesc, Backend, BackendError, Capture, GraphRejection, Launch, Streams,
+    Allocate, ArenaDesc, Backend, BackendError, Capture, Compose, GraphRejection, Launch, StepEnd,
+    StepNode, Streams,
 };
 use replay_arena::sim;
 use replay_arena::{
@@ -115,6 +116,26 @@ impl Launch for Counting {
     }
 }
 
+/// Step builds: `sim`'s composition, which the count leaves out (it stands
+/// for the driver's).
+impl Compose for Counting {
+    fn split_graph(
+        &self,
+        graph: &sim::Graph,
+        events: &[&sim::Event],
+    ) -> Result<(sim::Graph, sim::Graph, usize), BackendError> {
+        self.0.split_graph(graph, events)
+    }
+    #[inline(never)]
+    fn compose(
+        &self,
+        nodes: Vec<StepNode<'_, sim::Graph, sim::Event>>,
+        end: Option<StepEnd<'_, sim::Event>>,
+    ) -> Result<sim::Graph, BackendError> {
+        self.0.compose(nodes, end)
+    }
+}
+
 impl Backend for Counting {
     fn name(&self) -> &'static str {
         "counting"
@@ -181,12 +202,141 @@ impl Mode {
     }
 }
 
+/// Step-graph builds: `buckets` buckets of `layers` one-kernel runners,
+/// planned as the GPU capture ladder is (`cargo bench --bench gpu_replay
+/// -- capture`), each bucket's step alternating two lanes; or, `chained`,
+/// as the start-up bench's buckets are (`cargo bench --bench
+/// gpu_startup`): each layer hands its output to the next, one lane.
+struct Builds {
+    plan: Replayable<Counting>,
+    lanes: [sim::Stream; 2],
+    shape: BuildShape,
+}
+
+#[derive(Clone, Copy)]
+struct BuildShape {
+    buckets: usize,
+    layers: usize,
+    chained: bool,
+}
+
+const BUILD_SHAPES: [BuildShape; 5] = [
+    BuildShape::ladder(1),
+    BuildShape::ladder(4),
+    BuildShape::ladder(16),
+    BuildShape::ladder(64),
+    BuildShape {
+        buckets: 67,
+        layers: 4,
+        chained: true,
+    },
+];
+
+impl BuildShape {
+    const fn ladder(buckets: usize) -> BuildShape {
+        BuildShape {
+            buckets,
+            layers: 32,
+            chained: false,
+        }
+    }
+
+    fn runner(&self, bucket: usize, l: usize) -> RunnerId {
+        RunnerId((bucket * self.layers + l) as u32)
+    }
+}
+
+impl Builds {
+    fn new(shape: BuildShape) -> R<Builds> {
+        let b = Counting(sim::Device::new());
+        let req = Request::new(Domain::Device, DType::F32, 16384);
+        let mut d = Discovering::new(PlanConfig::new());
+        let mut handoffs = Vec::new();
+        for bucket in 0..shape.buckets {
+            d.bucket(format!("b{bucket}"))?;
+            for l in 0..shape.layers {
+                let mut a = d.arm(shape.runner(bucket, l))?;
+                a.record(req)?;
+                if shape.chained {
+                    if l > 0 {
+                        a.receive(handoffs[bucket * shape.layers + l - 1])?;
+                    }
+                    handoffs.push(a.hand_off(req)?);
+                }
+            }
+        }
+        let mut capturing = d.plan(Policy::OverlapDepth(2))?.allocate(b.clone())?;
+        let s = b.0.new_stream();
+        for bucket in 0..shape.buckets {
+            for l in 0..shape.layers {
+                let cap = capturing.capture(shape.runner(bucket, l))?;
+                let v = cap.take(req)?;
+                if shape.chained {
+                    let k = bucket * shape.layers + l;
+                    let out = cap.hand_off(handoffs[k])?;
+                    if l > 0 {
+                        cap.receive(handoffs[k - 1])?;
+                    }
+                    cap.stream_capture(&s, |s| {
+                        b.0.launch(s, sim::Kernel::fill(&v, 1.0), 0)?;
+                        b.0.launch(s, sim::Kernel::fill(&out, 1.0), 0)
+                    })?;
+                } else {
+                    cap.stream_capture(&s, |s| b.0.launch(s, sim::Kernel::fill(&v, 1.0), 0))?;
+                }
+                cap.finish()?;
+            }
+        }
+        Ok(Builds {
+            plan: capturing.seal()?,
+            lanes: [b.0.new_stream(), b.0.new_stream()],
+            shape,
+        })
+    }
+
+    /// Builds (and keeps) every bucket's step graph `rounds` times, each
+    /// round's dropped after it, outside the count.
+    fn rounds(&mut self, rounds: usize) -> R<()> {
+        for _ in 0..rounds {
+            drop(self.measured_builds()?);
+        }
+        Ok(())
+    }
+
+    /// No closures inside: callgrind toggles its count at every function
+    /// whose name matches, a closure of this one's included.
+    #[inline(never)]
+    fn measured_builds(&mut self) -> R<Vec<replay_arena::KeptStep<Counting>>> {
+        let plan = black_box(&mut self.plan);
+        let shape = self.shape;
+        let mut kept = Vec::with_capacity(shape.buckets);
+        for bucket in 0..shape.buckets {
+            let mut step = plan.step();
+            for l in 0..shape.layers {
+                let lane = if shape.chained { 0 } else { l % 2 };
+                step.replay(shape.runner(bucket, l), &self.lanes[lane])?;
+            }
+            kept.push(step.build()?.keep());
+        }
+        Ok(kept)
+    }
+}
+
 const WARM: usize = 100;
 const SHORT: usize = 1000;
 const LONG: usize = 2000;
 
-/// Under callgrind: the one mode, `n` counted replays.
+/// Under callgrind: the one mode, `n` counted replays (a mode past the
+/// replay modes: step builds of `BUILD_SHAPES[mode - 4]` buckets, `n`
+/// rounds).
 fn child(mode: usize, n: usize) -> R<()> {
+    if let Some(&buckets) = mode
+        .checked_sub(MODES.len())
+        .and_then(|i| BUILD_SHAPES.get(i))
+    {
+        let mut b = Builds::new(buckets)?;
+        return b.rounds(n);
+    }
     let mut m = Mode::new(mode)?;
     m.measured_replays(WARM)?; // outside the count: collection is off here
     m.plan.synchronize()?;
@@ -203,6 +353,10 @@ fn callgrind(mode: usize, n: usize) -> Option<u64> {
             "--callgrind-out-file=/dev/null",
             "--collect-atstart=no",
             "--toggle-collect=*measured_replays*",
+            "--toggle-collect=*measured_builds*",
+            // Toggled off again inside: the composition stands for the
+            // driver's.
+            "--toggle-collect=*Counting*Compose*compose*",
         ])
         .arg(exe)
         .args(["--child", &mode.to_string(), &n.to_string()])
@@ -253,6 +407,39 @@ fn main() -> R<()> {
             "no valgrind".into()
         };
         println!("| {name} | {} | {instructions} |", per.join(" | "));
+    }
+    println!();
+    println!("## the crate's own work per step-graph build (the composition left out)");
+    println!("| buckets x layers | instructions per build | per runner |");
+    println!("|---|---:|---:|");
+    for (i, shape) in BUILD_SHAPES.into_iter().enumerate() {
+        let BuildShape {
+            buckets, layers, ..
+        } = shape;
+        let name = match shape.chained {
+            true => format!("{buckets} x {layers}, each layer handing off to the next"),
+            false => format!("{buckets} x {layers}"),
+        };
+        // One round outside callgrind: the builds succeed.
+        Builds::new(shape)?.rounds(1)?;
+        let (short, long) = (2, 4);
+        let per = match valgrind {
+            false => None,
+            true => match (
+                callgrind(MODES.len() + i, short),
+                callgrind(MODES.len() + i, long),
+            ) {
+                (Some(s), Some(l)) => {
+                    Some(l.saturating_sub(s) as f64 / ((long - short) * buckets) as f64)
+                }
+                _ => None,
+            },
+        };
+        match per {
+            Some(per) => println!("| {name} | {per:.0} | {:.0} |", per / layers as f64),
+            None if valgrind => println!("| {name} | callgrind failed | |"),
+            None => println!("| {name} | no valgrind | |"),
+        }
     }
     Ok(())
 }
