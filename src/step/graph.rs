@@ -332,6 +332,16 @@ impl<'r, B: Compose> StepGraph<'r, B> {
         self.core.wait_all(&self.replayable.backend, stream)
     }
 
+    /// The backend's composed graphs, to inspect (one, or two launched in
+    /// turn: [`StepBuilder::build_overlapping`](crate::StepBuilder::build_overlapping)),
+    /// as [`Replayable::graph`] gives a runner's: with CUDA, whether one
+    /// has its executable graph yet
+    /// (`cuda::Graph::is_instantiated`, false until the first launch with
+    /// lazy instantiation).
+    pub fn graphs(&self) -> &[B::Graph] {
+        &self.core.graphs
+    }
+
     /// Graphs in the step graph: one per replay (two for a writer split at
     /// its ready point) and one per consumer.
     pub fn nodes(&self) -> usize {
@@ -460,6 +470,11 @@ impl<B: Compose + Clone> KeptStep<B> {
     /// trace (`step graph 0 launch 3`, `step graph 1 launch 3`).
     pub fn number(&self) -> u64 {
         self.core.number
+    }
+
+    /// The backend's composed graphs ([`StepGraph::graphs`]).
+    pub fn graphs(&self) -> &[B::Graph] {
+        &self.core.graphs
     }
 
     /// Graphs in the step graph ([`StepGraph::nodes`]).

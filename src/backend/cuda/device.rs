@@ -268,7 +268,8 @@ impl Device {
 
     /// Whether this handle instantiates a runner's captured graph at its
     /// first launch (a replay, traced or not) instead of at the end of its
-    /// capture. Off unless chosen.
+    /// capture, and a step graph at its first launch instead of at its
+    /// build. Off unless chosen.
     pub fn lazy_instantiation(&self) -> bool {
         self.settings.lazy
     }
@@ -286,6 +287,14 @@ impl Device {
     /// (the candle example measures it). A graph the program hands over
     /// (`RunnerCapture::finish_with_graph`) is instantiated when adopted,
     /// as before.
+    ///
+    /// Step graphs too: a step graph built on such a device
+    /// (`StepBuilder::build`) is composed, not instantiated; its first
+    /// launch (`StepGraph::launch`, `Replayable::launch_kept`) instantiates
+    /// it, so building one step graph per shape bucket costs the
+    /// composition only, and a bucket never launched is never
+    /// instantiated. A graph the driver cannot instantiate is then refused
+    /// at its first launch instead of at its build.
     ///
     /// A first launch that fails to instantiate fails as any failed launch
     /// does: the fence rolls back to where it was (the waits it had

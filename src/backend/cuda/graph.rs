@@ -40,11 +40,12 @@ pub struct Graph {
     /// A composed graph's event record nodes, per step node, in the order
     /// of its `records` ([`Compose::retarget_records`](crate::backend::Compose::retarget_records)).
     records: Vec<Vec<usize>>,
-    /// The instantiation flags of a graph captured with lazy
+    /// The instantiation flags of a graph captured or composed with lazy
     /// instantiation ([`Device::with_lazy_instantiation`](super::Device::with_lazy_instantiation)),
-    /// instantiated at its first launch (kept while it is only composed
-    /// into step graphs); `None` once instantiated, and for graphs that
-    /// are never launched on their own (parts and step copies).
+    /// instantiated at its first launch (kept while a runner's graph is
+    /// only composed into step graphs); `None` once instantiated, and for
+    /// graphs that are never launched on their own (parts and step
+    /// copies).
     pending: Cell<Option<u64>>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -73,7 +74,7 @@ impl Graph {
     }
 
     /// The raw `CUgraphExec` (do not destroy it): null for a graph
-    /// captured with lazy instantiation
+    /// captured or composed with lazy instantiation
     /// ([`Device::with_lazy_instantiation`](super::Device::with_lazy_instantiation))
     /// until its first launch, and for a graph only ever composed into a
     /// step graph.
@@ -81,8 +82,8 @@ impl Graph {
         self.handles.exec.get()
     }
 
-    /// Whether it has its executable graph: false for a graph captured
-    /// with lazy instantiation until its first launch.
+    /// Whether it has its executable graph: false for a graph captured or
+    /// composed with lazy instantiation until its first launch.
     pub fn is_instantiated(&self) -> bool {
         !self.handles.exec.get().is_null()
     }
@@ -700,10 +701,10 @@ impl Device {
 
     /// Finishes a composed `parent`: an instantiation with this backend's
     /// flags, its kernel nodes at the priority they were captured with,
-    /// and `records` (per step node, its record nodes).
+    /// and `records` (per step node, its record nodes). With lazy
+    /// instantiation ([`Device::with_lazy_instantiation`](super::Device::with_lazy_instantiation)),
+    /// the instantiation waits for the step graph's first launch.
     fn instantiate_composed(&self, mut parent: Graph, records: Vec<Vec<usize>>) -> Result<Graph> {
-        let raw = std::mem::replace(&mut parent.handles.graph, ptr::null_mut());
-        drop(parent);
         // Kernel nodes run at the priority they were captured with (a
         // consumer on a high-priority stream gets SMs first), not the
         // launch stream's.
@@ -711,6 +712,16 @@ impl Device {
             use_node_priority: true,
             ..self.instantiate_flags()
         };
+        if self.lazy_instantiation() {
+            // Its memory nodes (those of the step copies moved in) read
+            // now, as a lazily captured graph's are.
+            self.keep_memory_nodes(&parent)?;
+            parent.pending.set(Some(flags.bits()));
+            parent.records = records;
+            return Ok(parent);
+        }
+        let raw = std::mem::replace(&mut parent.handles.graph, ptr::null_mut());
+        drop(parent);
         // SAFETY: `raw` is ours; `instantiate_with` destroys it on failure.
         let mut composed = unsafe { self.instantiate_with(raw, None, flags) }?;
         composed.records = records;

@@ -1,7 +1,8 @@
 //! Lazy instantiation (`cuda::Device::with_lazy_instantiation`): a
 //! runner's graph gets its executable graph at its first replay, never for
-//! step graphs (which compose the captured graph), and replays and step
-//! graphs of such a plan equal the eager run bit for bit.
+//! step graphs (which compose the captured graph), a step graph at its
+//! first launch, and replays and step graphs of such a plan equal the
+//! eager run bit for bit.
 #![cfg(feature = "cuda")]
 
 use crate::support;
@@ -12,7 +13,8 @@ use support::gpu::{capture_specs, discover_specs, eager, gpu, mismatches, Rig};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn runner_graphs_are_instantiated_at_their_first_replay_and_never_for_a_step_graph() {
+fn runner_and_step_graphs_are_instantiated_at_their_first_launch_and_runner_graphs_never_for_a_step_graph(
+) {
     let mut g = gpu();
     g.backend = g.backend.clone().with_lazy_instantiation(true);
     assert!(g.backend.lazy_instantiation());
@@ -40,14 +42,30 @@ fn runner_graphs_are_instantiated_at_their_first_replay_and_never_for_a_step_gra
         .cu_graph_exec()
         .is_null());
 
-    // Step graphs only: the runner graphs stay uninstantiated.
+    // Step graphs only: the runner graphs stay uninstantiated, and the
+    // step graph gets its executable graph at its first launch, once.
     {
         let launch = g.backend.new_stream().unwrap();
         let mut step = replayable.step();
         slow::schedule(&g, &rig, &specs, &mut step);
         let mut graph = step.build().unwrap();
-        for _ in 0..STEPS {
+        let step_graph = |graph: &replay_arena::StepGraph<'_, replay_arena::cuda::Device>| {
+            let [one] = graph.graphs() else {
+                panic!("one composed graph")
+            };
+            (one.is_instantiated(), one.cu_graph_exec())
+        };
+        assert_eq!(
+            step_graph(&graph),
+            (false, std::ptr::null_mut()),
+            "a step graph built lazily is not instantiated before its first launch"
+        );
+        graph.launch(&launch).unwrap();
+        let (instantiated, exec) = step_graph(&graph);
+        assert!(instantiated, "instantiated at its first launch");
+        for _ in 1..STEPS {
             graph.launch(&launch).unwrap();
+            assert_eq!(step_graph(&graph), (true, exec), "instantiated once");
         }
     }
     replayable.synchronize().unwrap();
