@@ -382,8 +382,7 @@ impl<B: Streams> Fence<B> {
     ) -> Fence<B> {
         let layout = &other.layout;
         let mut runners: Vec<usize> = replays.iter().chain(consumes).copied().collect();
-        runners.sort_unstable();
-        runners.dedup();
+        sort_dedup(&mut runners);
         // Every byte a replay or a consumer (a staging one takes its
         // runner's bytes as a replay does) claims or reads, and the
         // handoffs the replays write and read.
@@ -405,26 +404,31 @@ impl<B: Streams> Fence<B> {
             let read = record.reads.iter();
             claims.extend(read.map(|h| plan.handoffs[h.0 as usize].claim));
         }
-        handoffs.sort_unstable();
-        handoffs.dedup();
-        claims.sort_unstable_by_key(|c| (c.region, c.lo, c.hi));
-        claims.dedup();
+        sort_dedup(&mut handoffs);
+        distinct_claims(&mut claims);
         // The slots: those, and whoever last used those bytes (about one
         // each).
+        // Runner slots come before handoff slots: both lists in order, one
+        // after the other, are in order.
         let mut slots = Vec::with_capacity(runners.len() + handoffs.len() + claims.len());
         slots.extend_from_slice(&runners);
         slots.extend(handoffs.iter().map(|h| layout.handoff_base + h));
-        let mut users = Vec::new();
+        debug_assert!(slots.is_sorted());
+        // The latest users not among them (mostly none: a bucket's runners
+        // last used their own bytes), merged in.
+        let (mut users, mut extra) = (Vec::new(), Vec::new());
         for &claim in &claims {
             users.clear();
             other.ledger.painter.users(claim, &mut users);
-            slots.extend(users.iter().map(|&u| u as usize));
+            let known = |u: usize| slots.binary_search(&u).is_ok();
+            extra.extend(users.iter().map(|&u| u as usize).filter(|&u| !known(u)));
         }
-        slots.sort_unstable();
-        slots.dedup();
-        let held = slots
-            .into_iter()
-            .map(|i| {
+        if !extra.is_empty() {
+            sort_dedup(&mut extra);
+            slots = merge(&slots, &extra);
+        }
+        let values = (slots.iter())
+            .map(|&i| {
                 let o = other.runners.get(i);
                 let fenced = o.is_some_and(|o| o.event.is_some());
                 let mut runner = Runner::new(fenced.then(|| event(i)));
@@ -432,13 +436,14 @@ impl<B: Streams> Fence<B> {
                     // Before the step: ordered by launch order, no record.
                     runner.completion = Some(Completion::Recorded { id: u64::MAX });
                 }
-                (i, runner)
+                runner
             })
             .collect();
         // Staging flags are read and written for runners that stage only.
         runners.retain(|&slot| layout.stages[slot]);
         let ledger = other.ledger.part(claims, &handoffs, &runners);
-        let mut fence = Fence::assemble(Slots::sparse(held), ledger, Arc::clone(layout), false);
+        let held = Slots::sparse_of(slots, values);
+        let mut fence = Fence::assemble(held, ledger, Arc::clone(layout), false);
         // A failed operation fails the step's build (or its launch) with
         // it, and this fence is dropped: nothing to put back.
         fence.journal = Journal::discarded_on_failure();
@@ -1677,6 +1682,67 @@ fn consume_failed(plan: &Planned, slot: usize) -> impl Fn(BackendError) -> Consu
             error,
         ))
     }
+}
+
+/// Sorts `v` ascending and drops repeats; a list already in order (a
+/// bucket's runners, mostly) is only checked.
+fn sort_dedup(v: &mut Vec<usize>) {
+    if !v.is_sorted() {
+        v.sort_unstable();
+    }
+    v.dedup();
+}
+
+/// Sorts `claims` by region and range and drops repeats. A schedule's
+/// runners share few distinct ranges (a bucket's runners claim their
+/// generations' bytes), so the distinct ones are kept first, then sorted;
+/// past a few, all are sorted.
+fn distinct_claims(claims: &mut Vec<Claim>) {
+    const FEW: usize = 16;
+    let key = |c: &Claim| (c.region, c.lo, c.hi);
+    let mut distinct = 0;
+    for i in 0..claims.len() {
+        let c = claims[i];
+        if claims[..distinct].contains(&c) {
+            continue;
+        }
+        if distinct == FEW {
+            // Many: those kept and those after, sorted (what lies between
+            // repeats a kept one).
+            claims.sort_unstable_by_key(key);
+            claims.dedup();
+            return;
+        }
+        claims[distinct] = c;
+        distinct += 1;
+    }
+    claims.truncate(distinct);
+    claims.sort_unstable_by_key(key);
+}
+
+/// The union of two ascending lists with no repeats, ascending.
+fn merge(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => {
+                out.push(a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                out.push(b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                (i, j) = (i + 1, j + 1);
+            }
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    out
 }
 
 #[cfg(test)]

@@ -139,6 +139,7 @@ impl<B: Backend> Capturing<B> {
             _arenas: res.arenas,
             // Sealed, the plan's teardown trims after its graphs are gone.
             backend: res.backend.into_inner(),
+            schedule_hint: 0,
         })
     }
 }
@@ -263,6 +264,9 @@ pub struct Replayable<B: Backend> {
     /// Held for their drop (after graphs and events): views point into them.
     pub(crate) _arenas: Vec<B::Arena>,
     pub(crate) backend: B,
+    /// The length of the latest step schedule compiled: the next one's
+    /// room (one bucket's step after another's, mostly alike).
+    pub(crate) schedule_hint: usize,
 }
 
 impl<B: Backend> fmt::Debug for Replayable<B> {

@@ -244,9 +244,9 @@ impl<B: Compose> Replayable<B> {
     #[doc(alias = "graph_of_graphs")]
     pub fn step(&mut self) -> StepBuilder<'_, B> {
         StepBuilder {
+            items: Vec::with_capacity(self.schedule_hint),
+            lanes: Vec::with_capacity(2),
             replayable: self,
-            items: Vec::new(),
-            lanes: Vec::new(),
         }
     }
 }
@@ -495,6 +495,9 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
             lanes,
         } = self;
         let lanes = lanes.iter().map(|(id, _)| *id).collect();
+        // Room for the next schedule (not past a bucket's worth of a large
+        // plan: it is only a hint).
+        replayable.schedule_hint = items.len().min(1 << 12);
         compile::compile(replayable, items, lanes, overlapping)
     }
 }

@@ -117,10 +117,16 @@ impl<T> Slots<T> {
 
     /// Only the slots of `pairs` (ascending, each once).
     pub(crate) fn sparse(pairs: Vec<(usize, T)>) -> Slots<T> {
-        debug_assert!(pairs.windows(2).all(|w| w[0].0 < w[1].0));
         let (held, values) = pairs.into_iter().unzip();
+        Slots::sparse_of(held, values)
+    }
+
+    /// Only `slots` (ascending, each once), `values[k]` being slot
+    /// `slots[k]`'s.
+    pub(crate) fn sparse_of(slots: Vec<usize>, values: Vec<T>) -> Slots<T> {
+        debug_assert!(slots.windows(2).all(|w| w[0] < w[1]) && slots.len() == values.len());
         Slots {
-            held: Some(Held::new(held)),
+            held: Some(Held::new(slots)),
             values,
         }
     }

@@ -20,6 +20,8 @@ use crate::vocab::RunnerId;
 /// writer's graph (empty for one whose step copy is moved in, already in
 /// parts, and for every other item), and the fence slots of the ready
 /// events at which its parts end, but the last (empty: one node).
+/// The lists are per item once any item has one (none at all for a
+/// schedule whose replays mark nothing ready, most of them).
 struct Splits<G> {
     parts: Vec<Vec<G>>,
     ends: Vec<Vec<usize>>,
@@ -31,7 +33,28 @@ struct Splits<G> {
 impl<G> Splits<G> {
     /// The nodes of item `k`.
     fn nodes(&self, k: usize) -> usize {
-        self.ends[k].len() + 1
+        self.ends(k).len() + 1
+    }
+
+    fn parts(&self, k: usize) -> &[G] {
+        self.parts.get(k).map_or(&[], Vec::as_slice)
+    }
+
+    fn ends(&self, k: usize) -> &[usize] {
+        self.ends.get(k).map_or(&[], Vec::as_slice)
+    }
+
+    fn marks(&self, k: usize) -> &[usize] {
+        self.marks.get(k).map_or(&[], Vec::as_slice)
+    }
+
+    /// Per item lists for `items` items, from the first one needed.
+    fn per_item(&mut self, items: usize) {
+        if self.marks.is_empty() {
+            self.parts.resize_with(items, Vec::new);
+            self.ends.resize_with(items, Vec::new);
+            self.marks.resize_with(items, Vec::new);
+        }
     }
 }
 
@@ -221,11 +244,20 @@ fn concurrent_share<B: Compose>(
 fn tracing_of<B: Compose>(
     r: &Replayable<B>,
     items: Vec<Item<B>>,
-    split: Splits<B::Graph>,
+    mut split: Splits<B::Graph>,
     (deps, cross): (Adjacency, Vec<Vec<usize>>),
     lanes: Vec<u64>,
 ) -> Tracing<B> {
-    let mut parts = split.parts;
+    let plain = |(k, item): (usize, &Item<B>)| match item {
+        Item::Replay { slot, .. } => !r.runners[*slot].moves() && split.parts(k).is_empty(),
+        Item::Consume { .. } => false,
+    };
+    if items.iter().enumerate().all(plain) {
+        // Every node a whole replay of its runner's own graph: the list
+        // waits for the first traced launch.
+        return Tracing::new(None, Vec::new(), lanes, (deps, cross));
+    }
+    let mut parts = std::mem::take(&mut split.parts);
     let mut held: Vec<B::Graph> = Vec::new();
     let mut nodes: Vec<TracedNode> = Vec::with_capacity(deps.len());
     let mut node = |source, kind: &UseKind, lane| {
@@ -241,9 +273,9 @@ fn tracing_of<B: Compose>(
                 let kind = UseKind::Replay {
                     runner: r.plan.runners[slot].id(),
                 };
-                let split_parts = std::mem::take(&mut parts[k]);
+                let split_parts = parts.get_mut(k).map(std::mem::take).unwrap_or_default();
                 if r.runners[slot].moves() {
-                    for _ in 0..split.ends[k].len() + 1 {
+                    for _ in 0..split.nodes(k) {
                         node(Source::Moved, &kind, lane);
                     }
                 } else if !split_parts.is_empty() {
@@ -275,7 +307,7 @@ fn tracing_of<B: Compose>(
             }
         }
     }
-    Tracing::new(nodes, held, lanes, (deps, cross))
+    Tracing::new(Some(nodes), held, lanes, (deps, cross))
 }
 
 /// A consumer whose graph allocates temporaries goes in moved, as a step
@@ -322,9 +354,12 @@ fn moved_consumers<B: Compose>(
 /// The fence slots of the handoffs runner slot `slot` writes that its
 /// graph marks ready.
 fn ready<B: Compose>(r: &Replayable<B>, slot: usize) -> Vec<usize> {
-    r.plan.runners[slot]
-        .record
-        .writes
+    let writes = &r.plan.runners[slot].record.writes;
+    if writes.is_empty() {
+        // Most runners write no handoff: no list to make.
+        return Vec::new();
+    }
+    writes
         .iter()
         .filter(|&&h| r.fence.is_ready(h))
         .map(|&h| r.fence.handoff_slot(h))
@@ -341,19 +376,25 @@ fn split_writers<B: Compose>(
     items: &[Item<B>],
 ) -> Result<Splits<B::Graph>, StepError> {
     let mut split = Splits {
-        parts: items.iter().map(|_| Vec::new()).collect(),
-        ends: items.iter().map(|_| Vec::new()).collect(),
-        marks: items.iter().map(|_| Vec::new()).collect(),
+        parts: Vec::new(),
+        ends: Vec::new(),
+        marks: Vec::new(),
     };
     for (k, item) in items.iter().enumerate() {
         let Item::Replay { slot, .. } = item else {
             continue;
         };
-        split.marks[k] = ready(r, *slot);
+        let g = &r.runners[*slot];
+        let marks = ready(r, *slot);
+        if marks.is_empty() && (!g.moves() || g.cuts().is_empty()) {
+            // Marks nothing ready, cut nowhere: one node.
+            continue;
+        }
+        split.per_item(items.len());
+        split.marks[k] = marks;
         let marks = &split.marks[k];
         let runner = r.plan.runners[*slot].id();
         let failed = |error| BackendFailure::of(Operation::StepBuild, runner, error);
-        let g = &r.runners[*slot];
         if g.moves() {
             // Cut at capture.
             for &h in g.cuts() {
@@ -370,7 +411,8 @@ fn split_writers<B: Compose>(
             }
             continue;
         }
-        let Some(graph) = g.graph.as_ref() else {
+        let Some(graph) = g.graph.as_ref().filter(|_| !marks.is_empty()) else {
+            // Nothing to split at (or nothing to split).
             continue;
         };
         let mut left: Vec<(usize, &B::Event)> = marks
@@ -423,13 +465,16 @@ fn uses_of<B: Compose>(items: &[Item<B>], first: &[usize], split: &Splits<B::Gra
             Item::Replay { slot, lane } => {
                 // A ready event is recorded where it ends a part; the
                 // others at the end of the last.
-                let ends = &split.ends[k];
-                let marks = (split.marks[k].iter())
-                    .map(|&h| {
-                        let part = ends.iter().position(|&e| e == h).unwrap_or(ends.len());
-                        (h, first[k] + part)
-                    })
-                    .collect();
+                let ends = split.ends(k);
+                let marks = match split.marks(k) {
+                    [] => Vec::new(),
+                    marks => (marks.iter())
+                        .map(|&h| {
+                            let part = ends.iter().position(|&e| e == h).unwrap_or(ends.len());
+                            (h, first[k] + part)
+                        })
+                        .collect(),
+                };
                 Use::Replay {
                     slot: *slot,
                     lane: *lane,
@@ -680,23 +725,26 @@ fn compose<B: Compose>(
 ) -> Result<B::Graph, StepError> {
     let deps = &dry.deps;
     // The step copies this graph moves in, one per replay of a runner
-    // whose graph allocates.
-    let mut taken: Vec<Option<StepCopy<B::Graph>>> = items
-        .iter()
-        .map(|item| match item {
-            Item::Replay { slot, .. } if r.runners[*slot].moves() => {
-                r.runners[*slot].step_copies.pop()
-            }
-            _ => None,
-        })
-        .collect();
+    // whose graph allocates (no list when none does).
+    let moves =
+        |item: &Item<B>| matches!(item, Item::Replay { slot, .. } if r.runners[*slot].moves());
+    let mut taken: Vec<Option<StepCopy<B::Graph>>> = match items.iter().any(moves) {
+        false => Vec::new(),
+        true => (items.iter())
+            .map(|item| match item {
+                Item::Replay { slot, .. } if r.runners[*slot].moves() => {
+                    r.runners[*slot].step_copies.pop()
+                }
+                _ => None,
+            })
+            .collect(),
+    };
     let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
-    let mut names: Vec<RunnerId> = Vec::with_capacity(nodes);
     for (k, item) in items.iter().enumerate() {
-        let (name, lane, graphs) = match item {
+        let (lane, graphs) = match item {
             Item::Replay { slot, lane } => {
-                let graphs = replay_node_graphs(r, *slot, taken[k].take(), split, k)?;
-                (r.plan.runners[*slot].id(), *lane, graphs)
+                let copy = taken.get_mut(k).and_then(Option::take);
+                (*lane, replay_node_graphs(r, *slot, copy, split, k)?)
             }
             Item::Consume {
                 slots, lane, graph, ..
@@ -705,17 +753,39 @@ fn compose<B: Compose>(
                 let own = graph.as_deref();
                 let moved = moved_consumers.get_mut(k).and_then(Option::take);
                 let graph = consumer_node_graph(name, own, moved)?;
-                (name, *lane, NodeGraphs::One(Some(graph)))
+                (*lane, NodeGraphs::One(Some(graph)))
             }
         };
         for graph in graphs {
-            names.push(name);
             let n = step_nodes.len();
             step_nodes.push(StepNode::new(graph, deps.get(n), lane));
         }
     }
     let end = events.wire(&mut step_nodes, &dry.cross, x);
-    compose_naming(&r.backend, step_nodes, end, &names)
+    // The copied graphs, with their runners: asked for only when the
+    // backend refuses.
+    let copied = || {
+        let mut copied: Vec<(&B::Graph, RunnerId)> = Vec::new();
+        for (k, item) in items.iter().enumerate() {
+            match item {
+                Item::Replay { slot, .. } if !r.runners[*slot].moves() => {
+                    let name = r.plan.runners[*slot].id();
+                    let parts = split.parts(k).iter();
+                    match split.parts(k).is_empty() {
+                        true => copied.extend(r.runners[*slot].graph.iter().map(|g| (g, name))),
+                        false => copied.extend(parts.map(|g| (g, name))),
+                    }
+                }
+                Item::Consume { slots, graph, .. } => {
+                    let name = r.plan.runners[slots[0]].id();
+                    copied.extend(graph.as_deref().map(|g| (g, name)));
+                }
+                Item::Replay { .. } => {}
+            }
+        }
+        copied
+    };
+    compose_naming(&r.backend, step_nodes, end, copied)
 }
 
 /// The graphs of one item's nodes, in order (no list of its own: most
@@ -766,8 +836,8 @@ fn replay_node_graphs<'g, B: Compose>(
         };
         return Ok(NodeGraphs::Moved(copy.parts.into_iter()));
     }
-    if !split.parts[k].is_empty() {
-        return Ok(NodeGraphs::Parts(split.parts[k].iter()));
+    if !split.parts(k).is_empty() {
+        return Ok(NodeGraphs::Parts(split.parts(k).iter()));
     }
     let graph = r.runners[slot].graph.as_ref();
     Ok(NodeGraphs::One(graph.map(NodeGraph::Copy)))
@@ -795,32 +865,26 @@ fn consumer_node_graph<'g, G>(
     }
 }
 
-/// Composes `step_nodes` (node `n` named by `names[n]`) with `end`; when
-/// the backend refuses, names the runner whose copied graph it refuses
-/// alone, if one is.
-fn compose_naming<B: Compose>(
+/// Composes `step_nodes` with `end`; when the backend refuses, names the
+/// runner whose copied graph it refuses alone, if one is (`copied`: the
+/// copied graphs and their runners, asked for then only).
+fn compose_naming<'g, B: Compose>(
     backend: &B,
     step_nodes: Vec<StepNode<'_, B::Graph, B::Event>>,
     end: Option<StepEnd<'_, B::Event>>,
-    names: &[RunnerId],
-) -> Result<B::Graph, StepError> {
-    // The copied graphs, to name the one the backend refuses alone.
-    let copied: Vec<(&B::Graph, RunnerId)> = step_nodes
-        .iter()
-        .zip(names)
-        .filter_map(|(n, name)| match n.graph {
-            NodeGraph::Copy(g) => Some((g, *name)),
-            NodeGraph::Move(_) => None,
-        })
-        .collect();
+    copied: impl FnOnce() -> Vec<(&'g B::Graph, RunnerId)>,
+) -> Result<B::Graph, StepError>
+where
+    B::Graph: 'g,
+{
     backend.compose(step_nodes, end).map_err(|error| {
-        let runner = copied
-            .iter()
+        let runner = copied()
+            .into_iter()
             .find(|(g, _)| {
                 let alone = StepNode::new(NodeGraph::Copy(*g), &[], 0);
                 backend.compose(vec![alone], None).is_err()
             })
-            .map(|(_, runner)| *runner);
+            .map(|(_, runner)| runner);
         StepError::Backend(BackendFailure {
             op: Operation::StepBuild,
             runner,

@@ -136,7 +136,10 @@ pub(super) fn touched(
             }
         }
     }
-    touched.sort_unstable();
+    // In order already for most schedules (a bucket's runners, in turn).
+    if !touched.is_sorted() {
+        touched.sort_unstable();
+    }
     touched.dedup();
     touched
 }

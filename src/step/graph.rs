@@ -150,7 +150,7 @@ impl<B: Compose> StepCore<B> {
         // place of its own composition, and ordered after the launch before
         // as another executable graph must be (`traced.rs`).
         let x = (self.turn % self.graphs.len() as u64) as usize;
-        let traced = self.tracing.prepare(r, &self.events, x);
+        let traced = self.tracing.prepare(r, &self.uses, &self.events, x);
         let order = self.tracing.order(x, traced.is_some());
         let since = if reset || order == Order::Everything {
             0

@@ -27,7 +27,7 @@
 //! [`Timing::new_node_mark`]: crate::backend::Timing::new_node_mark
 //! [`Compose::retarget_records`]: crate::backend::Compose::retarget_records
 
-use super::dry_run::Adjacency;
+use super::dry_run::{Adjacency, Use};
 use crate::backend::{Backend, BackendError, Capture, Compose, NodeGraph, StepEnd, StepNode};
 use crate::replay::Replayable;
 use crate::trace::{NodeMark, UseKind};
@@ -138,7 +138,10 @@ pub(super) struct Tracing<B: Backend> {
     /// launch with new marks ([`Compose::retarget_records`]) instead of
     /// composed again.
     cached: Vec<Option<B::Graph>>,
-    nodes: Vec<TracedNode>,
+    /// `None` while every node is a whole replay of its runner's own graph
+    /// (most step graphs): listed from the schedule at the first traced
+    /// launch, not at every build.
+    nodes: Option<Vec<TracedNode>>,
     /// Whether a traced copy can be composed: nothing was moved in (known
     /// at build, asked at every launch).
     traceable: bool,
@@ -157,8 +160,10 @@ pub(super) struct Tracing<B: Backend> {
 }
 
 impl<B: Backend> Tracing<B> {
+    /// `nodes`: `None` when every node is a whole replay of its runner's
+    /// own graph, listed from the schedule when first needed.
     pub(super) fn new(
-        nodes: Vec<TracedNode>,
+        nodes: Option<Vec<TracedNode>>,
         held: Vec<B::Graph>,
         lanes: Vec<u64>,
         (deps, cross): (Adjacency, Vec<Vec<usize>>),
@@ -166,7 +171,7 @@ impl<B: Backend> Tracing<B> {
         Tracing {
             launched: Vec::new(),
             cached: Vec::new(),
-            traceable: !nodes.iter().any(|n| matches!(n.source, Source::Moved)),
+            traceable: !(nodes.iter().flatten()).any(|n| matches!(n.source, Source::Moved)),
             nodes,
             held,
             lanes,
@@ -252,6 +257,7 @@ impl<B: Compose> Tracing<B> {
     pub(super) fn prepare(
         &mut self,
         r: &mut Replayable<B>,
+        uses: &[Use],
         events: &Events<B>,
         x: usize,
     ) -> Option<TracedCopy<B>> {
@@ -261,7 +267,8 @@ impl<B: Compose> Tracing<B> {
         let marks = r
             .fence
             .observer()?
-            .node_marks(&r.backend, self.nodes.len())?;
+            .node_marks(&r.backend, self.deps.len())?;
+        self.nodes.get_or_insert_with(|| replays_of(r, uses));
         // The copy launched last, its nodes pointed at the new marks; when
         // that fails, it is held (it may still run) and a copy composed.
         let reused = self
@@ -284,9 +291,7 @@ impl<B: Compose> Tracing<B> {
         };
         match composed {
             Ok(graph) => {
-                let nodes = self
-                    .nodes
-                    .iter()
+                let nodes = (self.nodes.iter().flatten())
                     .zip(marks)
                     .enumerate()
                     .map(|(n, (node, mark))| NodeMark {
@@ -321,8 +326,8 @@ impl<B: Compose> Tracing<B> {
             call: "traced step graph",
             reason: reason.into(),
         };
-        let mut nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(self.nodes.len());
-        for (n, node) in self.nodes.iter().enumerate() {
+        let mut nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(self.deps.len());
+        for (n, node) in self.nodes.iter().flatten().enumerate() {
             let graph = match node.source {
                 Source::Runner(slot) => r.runners.get(slot).and_then(|g| g.graph.as_ref()),
                 Source::Held(i) => self.held.get(i),
@@ -341,4 +346,21 @@ impl<B: Compose> Tracing<B> {
         }
         r.backend.compose(nodes, end)
     }
+}
+
+/// The traced nodes of a schedule (`uses`) whose every node is a whole
+/// replay of its runner's own graph.
+fn replays_of<B: Backend>(r: &Replayable<B>, uses: &[Use]) -> Vec<TracedNode> {
+    (uses.iter())
+        .filter_map(|u| match u {
+            Use::Replay { slot, lane, .. } => Some(TracedNode {
+                source: Source::Runner(*slot),
+                kind: UseKind::Replay {
+                    runner: r.plan.runners[*slot].id(),
+                },
+                lane: *lane,
+            }),
+            Use::Consume { .. } => None,
+        })
+        .collect()
 }

@@ -525,6 +525,45 @@ fn wait_all_orders_the_programs_work_after_the_latest_launch() {
     assert!(s.sim.hazards().is_empty(), "{:?}", s.sim.hazards());
 }
 
+/// A composition the backend refuses whole, whose every copied graph it
+/// composes alone, names no runner: the build asks it once per copied
+/// graph, the replays' and the consumer's, and keeps the plan usable.
+#[test]
+fn a_refused_composition_asks_each_copied_graph_alone_and_names_no_runner_when_all_compose() {
+    use replay_arena::sim::{Call, Faults};
+    let w = four_with_consumers();
+    let mut s = setup(&w);
+    per_runner(&mut s, &w, 1).unwrap();
+    let (sim, acc, lanes) = (s.sim.clone(), &s.accs[0], s.lanes.clone());
+    let schedule = |r: &mut Replayable<sim::Device>| {
+        let mut step = r.step();
+        for k in 0..4u32 {
+            step.replay(RunnerId(k), &lanes[k as usize % 2]).unwrap();
+            if k == 0 {
+                step.consume(RunnerId(0), &lanes[2], |st, v| {
+                    sim.launch(st, sim::Kernel::add(&v[0], acc), 1)
+                })
+                .unwrap();
+            }
+        }
+        step.build().map(|g| g.nodes())
+    };
+    let nodes = schedule(&mut s.replayable).unwrap();
+    s.sim.inject(Faults::nth(Call::Compose, 0));
+    let runner = match schedule(&mut s.replayable) {
+        Err(StepError::Backend(failure)) => failure.runner,
+        other => panic!("{other:?}"),
+    };
+    let composes = s.sim.fault_log().per_call.get(&Call::Compose).copied();
+    s.sim.inject(Faults::none());
+    assert_eq!(runner, None);
+    // The whole, then each copied graph alone (all are copied here).
+    assert_eq!(composes, Some(1 + nodes as u64));
+    // The plan goes on.
+    per_runner(&mut s, &w, 1).unwrap();
+    assert!(s.sim.hazards().is_empty(), "{:?}", s.sim.hazards());
+}
+
 #[test]
 fn a_consumer_with_temporaries_is_moved_into_one_step_graph_and_refused_by_overlapping_ones() {
     let w = four_with_consumers();
