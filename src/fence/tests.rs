@@ -291,3 +291,39 @@ fn one_runner_alternating_two_streams_repeats_across_after_its_first_wait() {
     // seven replays that followed a wait.
     assert_eq!((st.replays, st.waits, st.event_records), (8, 7, 8));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// The dry fence's set-up keeps the set the plain sort and dedup
+    /// keeps: its claims, few distinct or many, and its slots merged from
+    /// two lists in order.
+    #[test]
+    fn the_dry_fences_claims_and_slots_are_the_sorted_distinct_sets(
+        raw in proptest::collection::vec((0u32..3, 0u64..6, 0u64..3), 0..80),
+        a in proptest::collection::btree_set(0usize..200, 0..60),
+        b in proptest::collection::btree_set(0usize..200, 0..60),
+        unsorted in proptest::collection::vec(0usize..50, 0..60),
+    ) {
+        let claims: Vec<Claim> = (raw.iter())
+            .map(|&(region, lo, len)| Claim { region, lo, hi: lo + len + 1 })
+            .collect();
+        let mut expected = claims.clone();
+        expected.sort_unstable_by_key(|c| (c.region, c.lo, c.hi));
+        expected.dedup();
+        let mut got = claims;
+        distinct_claims(&mut got);
+        proptest::prop_assert_eq!(got, expected);
+
+        let (a, b): (Vec<usize>, Vec<usize>) = (a.into_iter().collect(), b.into_iter().collect());
+        let union: Vec<usize> = a.iter().chain(&b).copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        proptest::prop_assert_eq!(merge(&a, &b), union);
+
+        let mut sorted = unsorted.clone();
+        sort_dedup(&mut sorted);
+        let mut plain = unsorted;
+        plain.sort_unstable();
+        plain.dedup();
+        proptest::prop_assert_eq!(sorted, plain);
+    }
+}
