@@ -295,6 +295,13 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// [`RunnerCapture::stream_capture_repeatable`]), after the whole copy
     /// otherwise.
     ///
+    /// A runner that requests nothing is not fenced (it has no bytes): the
+    /// step graph runs a copy of its graph, which nothing orders against
+    /// the runner's per-runner replays or other step graphs' copies on
+    /// other streams (per-runner replays of one graph are serialized by
+    /// the driver, as launches of one executable graph are). Order its
+    /// work on the program's own memory yourself, or give it a request.
+    ///
     /// # Errors
     ///
     /// [`StepError::UnknownRunner`], [`StepError::NoGraph`];

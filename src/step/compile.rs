@@ -560,7 +560,7 @@ fn dry_passes<C: crate::backend::Streams>(
         if pass > 0 || passes == 1 {
             // The pass two before is no longer needed: the next pass
             // writes into its lists.
-            let edges = dry.take_edges(before.take());
+            let edges = dry.take_edges(before.take(), pass + 1 == passes);
             before = last.replace(edges);
             if pass == 1 && passes > 3 {
                 first_kept = last.clone();

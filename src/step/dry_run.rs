@@ -174,8 +174,9 @@ pub(super) fn restage(
 pub(super) fn reduce_cross(deps: &Adjacency, cross: &Adjacency) -> Vec<Vec<usize>> {
     let n = deps.len();
     if cross.edges() == 0 {
-        // One graph: nothing to reduce (and no square tables to fill).
-        return vec![Vec::new(); n];
+        // One graph: nothing to reduce (and no square tables to fill), and
+        // no list at all (a node past the end has none).
+        return Vec::new();
     }
     // ancestors[y][z]: y runs after z, in one launch.
     let mut ancestors = vec![vec![false; n]; n];
@@ -381,7 +382,8 @@ impl DryRun {
                     flat: Vec::with_capacity(nodes),
                     ..Adjacency::new(nodes)
                 },
-                cross: Adjacency::new(nodes),
+                // One graph: no node waits on the launch before.
+                cross: Adjacency::new(if overlapping { nodes } else { 0 }),
                 half: if overlapping { lanes / 2 } else { 0 },
                 stage: lanes,
                 pass: 0,
@@ -480,14 +482,20 @@ impl DryRun {
     /// the dry run; `spare` (the edges of an earlier pass, no longer
     /// needed) is where the next pass writes its own, so that passes
     /// after the first two allocate nothing.
-    pub(super) fn take_edges(&self, spare: Option<Edges>) -> Edges {
+    /// After the `last` pass, nothing is left in their place.
+    pub(super) fn take_edges(&self, spare: Option<Edges>, last: bool) -> Edges {
         let mut t = self.state.borrow_mut();
         // A pass that succeeded ran every node once.
         debug_assert_eq!(t.ran, t.deps.len(), "a pass ran every node once");
-        let nodes = t.deps.len();
+        if last {
+            let deps = std::mem::take(&mut t.deps);
+            let cross = std::mem::take(&mut t.cross);
+            return (deps, cross);
+        }
+        let (nodes, crossing) = (t.deps.len(), t.cross.len());
         let (mut deps, mut cross) = spare
-            .filter(|(d, c)| d.len() == nodes && c.len() == nodes)
-            .unwrap_or_else(|| (Adjacency::new(nodes), Adjacency::new(nodes)));
+            .filter(|(d, c)| d.len() == nodes && c.len() == crossing)
+            .unwrap_or_else(|| (Adjacency::new(nodes), Adjacency::new(crossing)));
         deps.clear();
         cross.clear();
         let deps = std::mem::replace(&mut t.deps, deps);
