@@ -19,6 +19,12 @@
 //! (record + wait + launch), a pool (round-robin G = 2, 4 runners, stream
 //! `k % 2`) and packed (packed G = 2, 4 runners, two streams).
 //!
+//! Then the crate's own instructions per step-graph build (the same
+//! counting, on `sim`'s composition, which callgrind leaves out of the
+//! count: it stands for the driver's), for the GPU capture bench's ladders
+//! (1, 4, 16 and 64 buckets of 32 runners) and the start-up bench's
+//! buckets (4 layers, each handing off to the next).
+//!
 //! The instruction count is of this machine's build (x86-64, release, the
 //! bench profile); it moves with the code, not with the load. Its history
 //! is in `docs/BENCHMARKS.md`.

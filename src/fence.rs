@@ -59,6 +59,7 @@ use crate::plan::Planned;
 use crate::scope::StreamClaim;
 use crate::trace::{Observer, UseKind, NO_USER};
 use crate::vocab::{HandoffId, Purpose, RunnerId};
+pub(crate) use slots::sort_dedup;
 use slots::Slots;
 use state::{Completion, Journal, Runner};
 use std::sync::Arc;
@@ -1682,15 +1683,6 @@ fn consume_failed(plan: &Planned, slot: usize) -> impl Fn(BackendError) -> Consu
             error,
         ))
     }
-}
-
-/// Sorts `v` ascending and drops repeats; a list already in order (a
-/// bucket's runners, mostly) is only checked.
-fn sort_dedup(v: &mut Vec<usize>) {
-    if !v.is_sorted() {
-        v.sort_unstable();
-    }
-    v.dedup();
 }
 
 /// Sorts `claims` by region and range and drops repeats. A schedule's

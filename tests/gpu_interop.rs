@@ -836,3 +836,43 @@ fn a_lazy_first_replay_leaves_the_threads_context_as_it_found_it() {
         );
     }
 }
+
+/// A lazily composed step graph's first launch instantiates it with its
+/// context pushed for the call and leaves the thread's context as it was:
+/// none current.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_lazy_step_graphs_first_launch_leaves_the_threads_context_as_it_found_it() {
+    use replay_arena::cuda::cudarc::driver::sys;
+    let (_serial, _ctx, backend, k) = adopted();
+    let backend = backend.with_lazy_instantiation(true);
+    let n = 1024usize;
+    let a = backend.new_stream().unwrap();
+    let mut replayable = adding_one(&backend, &a, &k, n);
+    {
+        let mut step = replayable.step();
+        step.replay(RunnerId(0), &a).unwrap();
+        let mut graph = step.build().unwrap();
+        assert!(!graph.graphs()[0].is_instantiated());
+        // SAFETY: no context current on this thread from here.
+        assert_eq!(
+            unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) },
+            sys::CUresult::CUDA_SUCCESS
+        );
+        graph.launch(&a).unwrap();
+        let mut current = std::ptr::null_mut();
+        // SAFETY: reads this thread's current context.
+        assert_eq!(
+            unsafe { sys::cuCtxGetCurrent(&mut current) },
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert!(current.is_null(), "the first launch left a context current");
+        assert!(graph.graphs()[0].is_instantiated());
+    }
+    let values = read_view(&mut replayable, &a, 0);
+    assert!(
+        values.iter().all(|&v| v == 1.0),
+        "one launch, values {:?}",
+        &values[..4]
+    );
+}

@@ -184,6 +184,15 @@ impl<T> Slots<T> {
     }
 }
 
+/// Sorts `v` ascending and drops repeats; a list already in order (a
+/// bucket's runners, mostly) is only checked.
+pub(crate) fn sort_dedup(v: &mut Vec<usize>) {
+    if !v.is_sorted() {
+        v.sort_unstable();
+    }
+    v.dedup();
+}
+
 /// Where a sparse store's `held` holds slot `slot`.
 #[inline(always)]
 fn sparse_position(held: &Held, slot: usize) -> usize {

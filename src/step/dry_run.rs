@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use super::ScheduleError;
 use crate::backend::{BackendError, Streams};
-use crate::fence::{Fence, On};
+use crate::fence::{sort_dedup, Fence, On};
 
 /// One use of a compiled schedule, as the fence sees it.
 #[derive(Clone, Debug)]
@@ -41,8 +41,7 @@ pub(super) fn reach(uses: &[Use]) -> (Vec<usize>, Vec<usize>) {
         }
     }
     for slots in [&mut replays, &mut consumes] {
-        slots.sort_unstable();
-        slots.dedup();
+        sort_dedup(slots);
     }
     (replays, consumes)
 }
@@ -136,11 +135,7 @@ pub(super) fn touched(
             }
         }
     }
-    // In order already for most schedules (a bucket's runners, in turn).
-    if !touched.is_sorted() {
-        touched.sort_unstable();
-    }
-    touched.dedup();
+    sort_dedup(&mut touched);
     touched
 }
 
