@@ -1268,6 +1268,7 @@ impl<B: Streams> Fence<B> {
 
     /// Every reader of `slot` was waited for: forget them (their events are
     /// kept for the next readers).
+    #[inline(always)]
     fn readers_waited(&mut self, slot: usize) {
         for at in 0..self.runners[slot].readers.len() {
             self.save_reader(slot, at);
@@ -1286,6 +1287,7 @@ impl<B: Streams> Fence<B> {
     }
 
     /// Nobody waited for the last record made at once: defer again.
+    #[inline(always)]
     fn forget_unused_record(&mut self, i: usize) {
         if self.runners[i].record_at_once && !self.runners[i].waited_on {
             self.save(i);

@@ -5,7 +5,10 @@
 //! driver refuses the launch (`CUDA_ERROR_OUT_OF_MEMORY`); the refused
 //! launch leaves the fence as it was (nothing counts), and once the memory
 //! is back the same step graph, then per-runner replays and consumers,
-//! are exact (run under compute-sanitizer's memcheck and racecheck).
+//! are exact (run under compute-sanitizer's memcheck and racecheck). The
+//! same with lazy instantiation, where the refused launch is the step
+//! graph's first: the one that instantiates it (and keeps its executable
+//! graph for the launches after).
 #![cfg(feature = "cuda")]
 
 mod support;
@@ -46,11 +49,29 @@ fn oom(e: &dyn std::fmt::Display) -> bool {
     text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
 }
 
+/// One hog at a time: the tests of this file take nearly all device
+/// memory, each in turn.
+static HOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn refused_graph_memory_launches_leave_the_fence() {
+    refused_launches(false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_lazy_step_graphs_refused_first_launch_leaves_the_fence_and_keeps_its_instantiation() {
+    refused_launches(true);
+}
+
+/// The scenario, its graphs instantiated at capture and build, or
+/// (`lazy`) at their first launch.
+fn refused_launches(lazy: bool) {
+    let _one = HOG.lock().unwrap_or_else(|p| p.into_inner());
     let g = gpu();
-    let b = &g.backend;
+    let lazily = g.backend.clone().with_lazy_instantiation(lazy);
+    let b = &lazily;
     let (pool, side, launch) = (
         b.new_stream().unwrap(),
         b.new_stream().unwrap(),
@@ -110,11 +131,14 @@ fn refused_graph_memory_launches_leave_the_fence() {
     eprintln!("gpu_failures: hog taken");
 
     // The runners' own graphs still replay: the driver mapped their
-    // temporaries when it uploaded them at capture.
-    for r in 0..2 {
-        replayable.replay(RunnerId(r), &pool).unwrap();
+    // temporaries when it uploaded them at capture. (Lazily, they are not
+    // instantiated yet: they are first replayed after the hog, below.)
+    if !lazy {
+        for r in 0..2 {
+            replayable.replay(RunnerId(r), &pool).unwrap();
+        }
+        eprintln!("gpu_failures: replayed once");
     }
-    eprintln!("gpu_failures: replayed once");
 
     // A step graph that moved the runners' step copies in: its launch
     // needs memory for their temporaries, and the driver refuses it.
@@ -133,18 +157,28 @@ fn refused_graph_memory_launches_leave_the_fence() {
             .unwrap();
         }
         let mut graph = step.build().unwrap();
+        // Lazily, the build composed it and instantiated nothing.
+        assert_eq!(graph.graphs()[0].is_instantiated(), !lazy);
         let before = graph.replayable().fence_stats();
         let refused = graph.launch(&launch).unwrap_err();
-        eprintln!("gpu_failures: step launch refused: {refused}");
+        eprintln!(
+            "gpu_failures: step launch refused (lazy: {lazy}, instantiated after it: {}): {refused}",
+            graph.graphs()[0].is_instantiated()
+        );
         assert!(oom(&refused), "{refused}");
         assert_eq!(graph.launches(), 0);
         assert_eq!(graph.replayable().fence_stats(), before);
+        // Lazily, the refused launch instantiated the step graph (the
+        // driver refuses its launch, not its instantiation: on an H200,
+        // driver 580.159.04), and the step graph keeps that executable.
+        assert!(graph.graphs()[0].is_instantiated());
 
         // The memory comes back: the same step graph launches, exactly.
         drop(hog);
         for _ in 0..10 {
             graph.launch(&launch).unwrap();
         }
+        assert!(graph.graphs()[0].is_instantiated());
     }
     replayable.wait_all(&launch).unwrap();
     launch.synchronize().unwrap();
@@ -170,5 +204,6 @@ fn refused_graph_memory_launches_leave_the_fence() {
         );
     }
     assert_eq!(replayable.fence_stats().step_launches, 10);
-    assert_eq!(replayable.fence_stats().replays, 22);
+    let before_the_hog = if lazy { 0 } else { 2 };
+    assert_eq!(replayable.fence_stats().replays, 20 + before_the_hog);
 }

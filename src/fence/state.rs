@@ -233,17 +233,22 @@ impl<B: Streams> Fence<B> {
     }
 
     /// Before a change to slot `slot`'s completion or record state: keeps
-    /// it aside for the open transaction (once per transaction).
-    #[inline]
+    /// it aside for the open transaction (once per transaction). The check
+    /// is inlined at every change (most find nothing to keep: no
+    /// transaction keeps state, or it kept this slot's already).
+    #[inline(always)]
     pub(super) fn save(&mut self, slot: usize) {
+        let journal = &self.journal;
+        if journal.open && journal.keeps && self.runners[slot].saved != journal.serial {
+            self.keep_runner(slot);
+        }
+    }
+
+    /// [`Fence::save`]'s keeping.
+    #[inline(never)]
+    fn keep_runner(&mut self, slot: usize) {
         let journal = &mut self.journal;
-        if !journal.open || !journal.keeps {
-            return;
-        }
         let r = &mut self.runners[slot];
-        if r.saved == journal.serial {
-            return;
-        }
         r.saved = journal.serial;
         journal.undo.push(Undo::Runner {
             slot,
@@ -257,16 +262,19 @@ impl<B: Streams> Fence<B> {
 
     /// Before a change to reader `at` of slot `slot`: keeps it aside for
     /// the open transaction (once per transaction).
-    #[inline]
+    #[inline(always)]
     pub(super) fn save_reader(&mut self, slot: usize, at: usize) {
+        let journal = &self.journal;
+        if journal.open && journal.keeps && self.runners[slot].readers[at].saved != journal.serial {
+            self.keep_reader(slot, at);
+        }
+    }
+
+    /// [`Fence::save_reader`]'s keeping.
+    #[inline(never)]
+    fn keep_reader(&mut self, slot: usize, at: usize) {
         let journal = &mut self.journal;
-        if !journal.open || !journal.keeps {
-            return;
-        }
         let r = &mut self.runners[slot].readers[at];
-        if r.saved == journal.serial {
-            return;
-        }
         r.saved = journal.serial;
         journal.undo.push(Undo::Reader {
             slot,
