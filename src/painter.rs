@@ -92,42 +92,62 @@ impl Painter {
     }
 
     /// Adds to `out` (once each) the runners that last claimed any byte of
-    /// `claim`.
-    #[inline]
+    /// `claim`. A region painted by one runner (a round-robin generation,
+    /// most replays) is read inline; a map apart.
+    #[inline(always)]
     pub(crate) fn users(&self, claim: Claim, out: &mut Vec<u32>) {
-        let mut add = |runner: u32| {
-            if !out.contains(&runner) {
-                out.push(runner);
-            }
-        };
-        let map = match &self.regions[claim.region as usize] {
-            Region::Unpainted => return,
+        match &self.regions[claim.region as usize] {
+            Region::Unpainted => {}
             &Region::One { lo, hi, runner } => {
-                if lo < claim.hi && claim.lo < hi {
-                    add(runner);
+                if lo < claim.hi && claim.lo < hi && !out.contains(&runner) {
+                    out.push(runner);
                 }
-                return;
             }
-            Region::Map(map) => map,
-        };
-        // Fast path: one interval is exactly the claim (intervals are
-        // disjoint, so no other one meets it): an exact extent repainted.
-        if let Some(&(end, runner)) = map.get(&claim.lo) {
-            if end == claim.hi {
-                add(runner);
-                return;
-            }
-        }
-        for (_, &(end, runner)) in map.range(..claim.hi).rev() {
-            if end <= claim.lo {
-                break;
-            }
-            add(runner);
+            Region::Map(map) => map_users(map, claim, out),
         }
     }
 
-    /// Makes `runner` the last user of every byte of `claim`.
+    /// The one runner that last claimed any byte of `claim` (`Some(None)`:
+    /// none), where the claim's region is painted by one runner or none, or
+    /// the claim is exactly one of its intervals (an exact extent
+    /// repainted: intervals are disjoint, so no other one meets it);
+    /// `None` otherwise ([`Painter::users`] then).
+    #[inline(always)]
+    pub(crate) fn sole_user(&self, claim: Claim) -> Option<Option<u32>> {
+        match &self.regions[claim.region as usize] {
+            Region::Unpainted => Some(None),
+            &Region::One { lo, hi, runner } => {
+                Some((lo < claim.hi && claim.lo < hi).then_some(runner))
+            }
+            Region::Map(map) => match map.get(&claim.lo) {
+                Some(&(end, runner)) if end == claim.hi => Some(Some(runner)),
+                _ => None,
+            },
+        }
+    }
+
+    /// Makes `runner` the last user of every byte of `claim`. The range
+    /// painted exactly as the region's one interval already (a round-robin
+    /// generation, most replays) is repainted inline; the rest apart.
+    #[inline(always)]
     pub(crate) fn paint(&mut self, claim: Claim, runner: u32) {
+        if let Region::One {
+            lo,
+            hi,
+            runner: owner,
+        } = &mut self.regions[claim.region as usize]
+        {
+            if *lo == claim.lo && *hi == claim.hi {
+                *owner = runner;
+                return;
+            }
+        }
+        self.paint_apart(claim, runner);
+    }
+
+    /// [`Painter::paint`] but for the inline case.
+    #[inline(never)]
+    fn paint_apart(&mut self, claim: Claim, runner: u32) {
         let region = &mut self.regions[claim.region as usize];
         match region {
             // Fast paths: a first interval, kept inline, or the range
@@ -138,14 +158,6 @@ impl Painter {
                     hi: claim.hi,
                     runner,
                 };
-                return;
-            }
-            Region::One {
-                lo,
-                hi,
-                runner: owner,
-            } if *lo == claim.lo && *hi == claim.hi => {
-                *owner = runner;
                 return;
             }
             Region::Map(map) => {
@@ -233,6 +245,30 @@ impl Painter {
     /// The painted intervals, in every region.
     pub(crate) fn intervals(&self) -> usize {
         self.regions.iter().map(Region::len).sum()
+    }
+}
+
+/// [`Painter::users`] of a region of several intervals.
+#[inline(never)]
+fn map_users(map: &BTreeMap<u64, (u64, u32)>, claim: Claim, out: &mut Vec<u32>) {
+    let mut add = |runner: u32| {
+        if !out.contains(&runner) {
+            out.push(runner);
+        }
+    };
+    // Fast path: one interval is exactly the claim (intervals are
+    // disjoint, so no other one meets it): an exact extent repainted.
+    if let Some(&(end, runner)) = map.get(&claim.lo) {
+        if end == claim.hi {
+            add(runner);
+            return;
+        }
+    }
+    for (_, &(end, runner)) in map.range(..claim.hi).rev() {
+        if end <= claim.lo {
+            break;
+        }
+        add(runner);
     }
 }
 
