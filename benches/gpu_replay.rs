@@ -27,7 +27,10 @@
 //!
 //! 5. Capture cost: host time to plan, allocate, capture, seal and build
 //!    step graphs for a ladder of buckets x layers (up to 64 x 32), against
-//!    cudarc capturing and instantiating the same kernels by hand.
+//!    cudarc capturing and instantiating the same kernels by hand, and
+//!    composing the same step graphs by hand (one chain, and the crate's
+//!    own edges: two chains), the builds of all three interleaved round by
+//!    round.
 //!
 //! 6. Ready points of allocating runners: a chain whose runners allocate
 //!    temporaries and mark a handoff ready early, per runner against step
