@@ -25,7 +25,8 @@ struct Held {
     slots: Vec<usize>,
     /// Open addressing, linear probing: `k + 1` for the value at `k`, 0
     /// for an empty entry. A power of two, at least twice the slots held
-    /// (so a probe always ends), or empty when none is held.
+    /// (so a probe always ends), or empty when the run holds them all
+    /// (none held, or a bucket's runners alone).
     table: Vec<u32>,
     /// `64 - log2(table.len())`: the hash's shift.
     shift: u32,
@@ -55,6 +56,15 @@ impl Held {
             if k + 1 - start > run.2 {
                 run = (slots[start], start, k + 1 - start);
             }
+        }
+        if run.2 == slots.len() {
+            // One run: every slot held is found without the table.
+            return Held {
+                slots,
+                table: Vec::new(),
+                shift: 0,
+                run,
+            };
         }
         let size = (2 * slots.len()).next_power_of_two().max(2);
         let shift = 64 - size.trailing_zeros();
@@ -144,6 +154,7 @@ impl<T> Slots<T> {
     }
 
     /// Where slot `slot`'s value is, if it is held.
+    #[inline]
     fn position(&self, slot: usize) -> Option<usize> {
         match &self.held {
             None => (slot < self.values.len()).then_some(slot),
@@ -159,6 +170,7 @@ impl<T> Slots<T> {
         }
     }
 
+    #[inline]
     pub(crate) fn get(&self, slot: usize) -> Option<&T> {
         self.position(slot).map(|k| &self.values[k])
     }
@@ -184,9 +196,12 @@ impl<T> Slots<T> {
     }
 }
 
-/// Sorts `v` ascending and drops repeats; a list already in order (a
-/// bucket's runners, mostly) is only checked.
+/// Sorts `v` ascending and drops repeats; a list already ascending with
+/// no repeats (a bucket's runners, mostly) is only checked, in one look.
 pub(crate) fn sort_dedup(v: &mut Vec<usize>) {
+    if v.windows(2).all(|w| w[0] < w[1]) {
+        return;
+    }
     if !v.is_sorted() {
         v.sort_unstable();
     }
@@ -279,6 +294,26 @@ mod tests {
         }
         let empty: Slots<u8> = Slots::sparse(Vec::new());
         assert_eq!((empty.get(0), empty.get(9), empty.held()), (None, None, 0));
+    }
+
+    #[test]
+    fn a_sparse_store_of_one_run_finds_its_slots_and_no_others() {
+        let s = Slots::sparse((10..42).map(|i| (i, i * 2)).collect());
+        for i in 0..100 {
+            assert_eq!(
+                s.get(i),
+                (10..42).contains(&i).then_some(&(i * 2)),
+                "slot {i}"
+            );
+        }
+        assert_eq!((s[10], s[41], s.held()), (20, 82, 32));
+        let mut v = vec![3, 5, 9];
+        sort_dedup(&mut v);
+        let mut w = vec![9, 3, 5, 3, 5];
+        sort_dedup(&mut w);
+        let mut x = vec![3, 3, 5, 9];
+        sort_dedup(&mut x);
+        assert_eq!((v.clone(), w, x), (v.clone(), v.clone(), v));
     }
 
     #[test]
