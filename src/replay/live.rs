@@ -45,6 +45,10 @@ impl Live {
     ) -> Vec<(BucketId, u64)> {
         let mut out: Vec<(BucketId, u64)> = Vec::new();
         for b in buckets {
+            // Mostly one bucket's runners, one after another.
+            if out.last().is_some_and(|(x, _)| *x == b) {
+                continue;
+            }
             if !out.iter().any(|(x, _)| *x == b) {
                 let serial = self.buckets.get(b.0 as usize).map_or(0, |s| s.serial);
                 out.push((b, serial));

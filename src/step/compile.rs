@@ -742,6 +742,15 @@ fn compose<B: Compose>(
     let mut step_nodes: Vec<StepNode<'_, B::Graph, B::Event>> = Vec::with_capacity(nodes);
     for (k, item) in items.iter().enumerate() {
         let (lane, graphs) = match item {
+            // Most nodes: a whole replay of a runner's own graph, copied
+            // (what `replay_node_graphs` gives it), pushed as it is.
+            Item::Replay { slot, lane } if taken.is_empty() && split.parts(k).is_empty() => {
+                if let Some(graph) = &r.runners[*slot].graph {
+                    let n = step_nodes.len();
+                    step_nodes.push(StepNode::new(NodeGraph::Copy(graph), deps.get(n), *lane));
+                }
+                continue;
+            }
             Item::Replay { slot, lane } => {
                 let copy = taken.get_mut(k).and_then(Option::take);
                 (*lane, replay_node_graphs(r, *slot, copy, split, k)?)
