@@ -387,12 +387,19 @@ impl<B: Streams> Fence<B> {
         // Every byte a replay or a consumer (a staging one takes its
         // runner's bytes as a replay does) claims or reads, and the
         // handoffs the replays write and read.
-        // Most runners claim one range (a generation, or a slice of it).
-        let mut claims: Vec<Claim> = Vec::with_capacity(runners.len() + replays.len());
+        // Room for them counted (the lists are not grown): most runners
+        // claim one range (a generation, or a slice of it), and the bytes
+        // of each handoff they write.
+        let (mut writes, mut reads) = (0, 0);
+        for &slot in replays {
+            let record = &plan.runners[slot].record;
+            (writes, reads) = (writes + record.writes.len(), reads + record.reads.len());
+        }
+        let mut claims: Vec<Claim> = Vec::with_capacity(runners.len() + writes + reads);
         for &slot in &runners {
             claims.extend_from_slice(&layout.admit_claims[slot]);
         }
-        let mut handoffs: Vec<usize> = Vec::new();
+        let mut handoffs: Vec<usize> = Vec::with_capacity(writes + reads);
         for &slot in replays {
             let record = &plan.runners[slot].record;
             handoffs.extend(

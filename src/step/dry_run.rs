@@ -121,7 +121,9 @@ pub(super) fn touched(
     plan: &crate::plan::Planned,
     uses: &[Use],
 ) -> Vec<usize> {
-    let mut touched = Vec::with_capacity(uses.len());
+    // Room for a runner and a handoff it writes per use (not grown for
+    // a chain of handoffs).
+    let mut touched = Vec::with_capacity(2 * uses.len());
     for u in uses {
         match u {
             Use::Replay { slot, .. } => {
