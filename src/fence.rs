@@ -106,18 +106,10 @@ impl Ledger {
     /// `runners` (each list ascending, each once): what a step's dry run
     /// whose every claim and read lies within them can meet.
     fn part(&self, claims: Vec<Claim>, handoffs: &[usize], runners: &[usize]) -> Ledger {
-        let handoffs = handoffs
-            .iter()
-            .filter_map(|&h| Some((h, self.handoffs.get(h)?.clone())))
-            .collect();
-        let unstaged = runners
-            .iter()
-            .filter_map(|&r| Some((r, *self.unstaged.get(r)?)))
-            .collect();
         Ledger {
             painter: self.painter.restricted(&claims),
-            handoffs: Slots::sparse(handoffs),
-            unstaged: Slots::sparse(unstaged),
+            handoffs: Slots::sparse_part(&self.handoffs, handoffs),
+            unstaged: Slots::sparse_part(&self.unstaged, runners),
             bytes: Some(claims),
         }
     }

@@ -126,8 +126,28 @@ impl<T> Slots<T> {
     }
 
     /// Only the slots of `pairs` (ascending, each once).
+    #[cfg(test)]
     pub(crate) fn sparse(pairs: Vec<(usize, T)>) -> Slots<T> {
         let (held, values) = pairs.into_iter().unzip();
+        Slots::sparse_of(held, values)
+    }
+
+    /// Only those of `slots` (ascending, each once) that `from` holds,
+    /// with `from`'s values (its part: no list of pairs in between).
+    pub(crate) fn sparse_part(from: &Slots<T>, slots: &[usize]) -> Slots<T>
+    where
+        T: Clone,
+    {
+        let (mut held, mut values) = (
+            Vec::with_capacity(slots.len()),
+            Vec::with_capacity(slots.len()),
+        );
+        for &slot in slots {
+            if let Some(value) = from.get(slot) {
+                held.push(slot);
+                values.push(value.clone());
+            }
+        }
         Slots::sparse_of(held, values)
     }
 
