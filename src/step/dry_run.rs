@@ -56,6 +56,13 @@ pub(super) fn dry_fence<C: Streams>(
     uses: &[Use],
 ) -> Fence<DryRun> {
     let (replays, consumes) = reach(uses);
+    // Room for an event per runner, per handoff its slot's and a
+    // reader's, and a few latest users from before the step.
+    let handoffs: usize = (replays.iter())
+        .map(|&slot| &plan.runners[slot].record)
+        .map(|record| record.writes.len() + record.reads.len())
+        .sum();
+    dry.reserve_events(replays.len() + consumes.len() + 2 * handoffs + 2);
     Fence::start_from(fence, plan, (&replays, &consumes), |slot| {
         dry.slot_event(slot)
     })
@@ -370,10 +377,9 @@ impl DryRun {
             state: Rc::new(RefCell::new(Passes {
                 tails: vec![None; lanes + 1],
                 waits: vec![Vec::new(); lanes + 1],
-                // About a slot per node (its runner), and their latest
-                // users before the step.
-                recorded: Vec::with_capacity(2 * nodes),
-                slot_events: Vec::with_capacity(2 * nodes),
+                // Room made by the dry fence ([`dry_fence`]).
+                recorded: Vec::new(),
+                slot_events: Vec::new(),
                 deps: Adjacency {
                     // About one wait per node.
                     flat: Vec::with_capacity(nodes),
@@ -387,6 +393,13 @@ impl DryRun {
                 ran: 0,
             })),
         }
+    }
+
+    /// Room for `events` events, most of them the slots' own.
+    pub(super) fn reserve_events(&self, events: usize) {
+        let mut t = self.state.borrow_mut();
+        t.recorded.reserve_exact(events);
+        t.slot_events.reserve_exact(events);
     }
 
     /// The event of fence slot `slot`, for the dry fence (asked for in
