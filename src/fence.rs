@@ -1406,7 +1406,11 @@ impl<B: Streams> Fence<B> {
     }
 
     /// Makes `on` wait for slot `u`'s latest replay and every reader of it
-    /// since (for the program's waits, and a claimer's).
+    /// since (for the program's waits, and a claimer's). Inlined, with
+    /// [`Fence::wait_replay`], [`Fence::settle`] and
+    /// [`Fence::record_if_expected`]: every replay runs them (a step's dry
+    /// run, once per scheduled replay), mostly to find nothing to do.
+    #[inline(always)]
     fn wait_for(
         &mut self,
         backend: &B,
@@ -1439,6 +1443,7 @@ impl<B: Streams> Fence<B> {
 
     /// Makes `on` wait for slot `u`'s latest replay (or, where a consumer
     /// moved it, its latest completion).
+    #[inline(always)]
     fn wait_replay(
         &mut self,
         backend: &B,
@@ -1476,6 +1481,7 @@ impl<B: Streams> Fence<B> {
 
     /// Slot `i` now completes at the tail of `on`, its event not yet
     /// recorded there.
+    #[inline(always)]
     fn settle(&mut self, i: usize, on: On<'_, B::Stream>) {
         self.save(i);
         let runner = &mut self.runners[i];
@@ -1494,6 +1500,7 @@ impl<B: Streams> Fence<B> {
 
     /// Records slot `i`'s event on `on` now if another stream is expected
     /// to wait for it (always, on a fence with exact records).
+    #[inline(always)]
     fn record_if_expected(
         &mut self,
         backend: &B,
