@@ -1324,6 +1324,9 @@ impl<B: Streams> Fence<B> {
     /// added later without creating an event (called before a launch whose
     /// reads are tracked after it: nothing can fail between the launch and
     /// the tracking).
+    /// Inlined, as [`Fence::add_reader`] and [`Fence::end_read`]: every
+    /// replay that reads a handoff runs them.
+    #[inline(always)]
     fn reserve_reader(
         &mut self,
         backend: &B,
@@ -1343,6 +1346,7 @@ impl<B: Streams> Fence<B> {
 
     /// Makes the work at the tail of `on` from now on a reader of `slot`:
     /// the next claimer of its bytes waits for it.
+    #[inline(always)]
     fn add_reader(
         &mut self,
         backend: &B,
@@ -1387,6 +1391,7 @@ impl<B: Streams> Fence<B> {
 
     /// Ends a read of `slot` on `on`: records its reader's event at once
     /// (the next claimer of the bytes waits for exactly the reader's work).
+    #[inline(always)]
     fn end_read(
         &mut self,
         backend: &B,
