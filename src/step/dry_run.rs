@@ -403,7 +403,9 @@ impl DryRun {
     }
 
     /// The event of fence slot `slot`, for the dry fence (asked for in
-    /// ascending slot order, before any other event is created).
+    /// ascending slot order, before any other event is created). Inlined
+    /// into the dry fence's set-up, which asks once per slot.
+    #[inline(always)]
     pub(super) fn slot_event(&self, slot: usize) -> DryEvent {
         let mut t = self.state.borrow_mut();
         debug_assert!(
