@@ -40,6 +40,8 @@
 //! Arguments after `--` pick sections by name (`host`, `overlap`, `step`,
 //! `trace`, `buckets`, `capture`, `ready`): `cargo bench --bench gpu_replay -- trace`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use replay_arena::backend::Streams;
@@ -1115,6 +1117,193 @@ fn capture_ladder(
     Ok(())
 }
 
+/// `cuda::Device` with its step compositions timed: what a step build
+/// spends in the driver's composition and instantiation
+/// (`Compose::compose`), apart from the crate's own work around it.
+/// Every other call goes to the device as it is.
+#[derive(Clone)]
+struct Timed(cuda::Device, Arc<AtomicU64>);
+
+mod timed {
+    use super::*;
+    use replay_arena::backend::{
+        Allocate, ArenaDesc, Backend, BackendError, Capture, Compose, GraphMemory, GraphRejection,
+        Launch, StepEnd, StepNode, Temporaries,
+    };
+    use replay_arena::Cut;
+    type Res<T> = Result<T, BackendError>;
+
+    impl Streams for Timed {
+        type Event = cuda::Event;
+        type Stream = cuda::Stream;
+        fn create_event(&self) -> Res<cuda::Event> {
+            self.0.create_event()
+        }
+        fn stream_id(&self, stream: &cuda::Stream) -> u64 {
+            self.0.stream_id(stream)
+        }
+        fn wait_event(&self, stream: &cuda::Stream, event: &cuda::Event) -> Res<()> {
+            self.0.wait_event(stream, event)
+        }
+        fn record_event(&self, stream: &cuda::Stream, event: &cuda::Event) -> Res<()> {
+            self.0.record_event(stream, event)
+        }
+        fn synchronize_event(&self, event: &cuda::Event) -> Res<()> {
+            self.0.synchronize_event(event)
+        }
+        fn event_done(&self, event: &cuda::Event) -> Res<bool> {
+            self.0.event_done(event)
+        }
+        fn is_capturing(&self, stream: &cuda::Stream) -> Res<bool> {
+            self.0.is_capturing(stream)
+        }
+        fn synchronize(&self) -> Res<()> {
+            Streams::synchronize(&self.0)
+        }
+    }
+
+    impl Allocate for Timed {
+        type Arena = cuda::Arena;
+        fn allocate_arena(&self, desc: &ArenaDesc) -> Res<cuda::Arena> {
+            self.0.allocate_arena(desc)
+        }
+    }
+
+    impl Capture for Timed {
+        type Graph = cuda::Graph;
+        fn begin_capture(&self, stream: &cuda::Stream) -> Res<()> {
+            self.0.begin_capture(stream)
+        }
+        unsafe fn end_capture(&self, stream: &cuda::Stream) -> Res<cuda::Graph> {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.end_capture(stream) }
+        }
+        unsafe fn end_capture_part(&self, stream: &cuda::Stream) -> Res<cuda::Graph> {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.end_capture_part(stream) }
+        }
+        unsafe fn abort_capture(&self, stream: &cuda::Stream) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.abort_capture(stream) }
+        }
+        fn record_event_node(&self, stream: &cuda::Stream, event: &cuda::Event) -> Res<()> {
+            self.0.record_event_node(stream, event)
+        }
+        fn cuts_at(&self, graph: &cuda::Graph, event: &cuda::Event) -> Res<Cut> {
+            self.0.cuts_at(graph, event)
+        }
+        unsafe fn cut_capture(&self, stream: &cuda::Stream) -> Res<cuda::Graph> {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.cut_capture(stream) }
+        }
+        fn validate_parts(&self, parts: &[&cuda::Graph]) -> Result<(), GraphRejection> {
+            self.0.validate_parts(parts)
+        }
+        fn validate_graph(&self, graph: &cuda::Graph) -> Result<(), GraphRejection> {
+            self.0.validate_graph(graph)
+        }
+        fn graph_temporaries(&self, graph: &cuda::Graph) -> Res<Temporaries> {
+            self.0.graph_temporaries(graph)
+        }
+    }
+
+    impl Launch for Timed {
+        unsafe fn launch(&self, graph: &cuda::Graph, stream: &cuda::Stream) -> Res<()> {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.launch(graph, stream) }
+        }
+    }
+
+    impl Backend for Timed {
+        fn name(&self) -> &'static str {
+            "cuda, compositions timed"
+        }
+        fn graph_memory_in_use(&self) -> Res<Option<GraphMemory>> {
+            Backend::graph_memory_in_use(&self.0)
+        }
+        fn trim_graph_memory(&self) -> Res<()> {
+            Backend::trim_graph_memory(&self.0)
+        }
+        fn graph_memory_granule(&self) -> u64 {
+            Backend::graph_memory_granule(&self.0)
+        }
+    }
+
+    impl Compose for Timed {
+        fn split_graph(
+            &self,
+            graph: &cuda::Graph,
+            events: &[&cuda::Event],
+        ) -> Res<(cuda::Graph, cuda::Graph, usize)> {
+            self.0.split_graph(graph, events)
+        }
+        fn compose(
+            &self,
+            nodes: Vec<StepNode<'_, cuda::Graph, cuda::Event>>,
+            end: Option<StepEnd<'_, cuda::Event>>,
+        ) -> Res<cuda::Graph> {
+            let t = Instant::now();
+            let composed = self.0.compose(nodes, end);
+            self.1
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            composed
+        }
+        fn retarget_records(&self, graph: &mut cuda::Graph, events: &[&cuda::Event]) -> Res<()> {
+            self.0.retarget_records(graph, events)
+        }
+    }
+}
+
+/// Where a step build's time goes: the crate's builds of a ladder on a
+/// backend that times its compositions ([`Timed`]), interleaved round by
+/// round with the same graphs composed by hand (two chains); medians of
+/// the whole build, of its time in the driver's composition and
+/// instantiation, and of the rest (the crate's own work, and stating the
+/// schedule).
+fn build_split(b: &cuda::Device, k: &Kernels, shape: (usize, usize)) -> R<()> {
+    let (buckets, layers) = shape;
+    let req = Request::new(Domain::Device, DType::F32, 16384);
+    let timed = Timed(b.clone(), Arc::new(AtomicU64::new(0)));
+    let capture_on = b.new_stream()?;
+    let mut capturing = ladder_plan(shape, req)?.allocate(timed.clone())?;
+    for r in 0..buckets * layers {
+        let cap = capturing.capture(RunnerId(r as u32))?;
+        let v = cap.take(req)?;
+        cap.stream_capture(&capture_on, |s| touch(k, s, v.device_address()))?;
+        cap.finish()?;
+    }
+    let mut replayable = capturing.seal()?;
+    let (_, hand) = hand_ladder(b, k, shape, false)?;
+    let (x, y) = (b.new_stream()?, b.new_stream()?);
+    let (mut whole, mut inside, mut outside, mut by_hand) = (vec![], vec![], vec![], vec![]);
+    for round in 0..build_rounds(buckets, false) {
+        let mut hand_round_now = || by_hand.push(hand_round(&hand.graphs, shape, 2));
+        if round % 2 == 1 {
+            hand_round_now();
+        }
+        timed.1.store(0, Ordering::Relaxed);
+        let t = crate_round(&mut replayable, shape, [&x, &y], false)?;
+        let composing = timed.1.load(Ordering::Relaxed) as f64 * 1e-9;
+        whole.push(t);
+        inside.push(composing);
+        outside.push(t - composing);
+        if round % 2 == 0 {
+            hand_round_now();
+        }
+    }
+    capture_on.synchronize()?;
+    let ms = |v: &mut Vec<f64>| median(v) * 1e3;
+    println!(
+        "| {buckets} x {layers} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+        if b.graph_upload() { "on" } else { "off" },
+        ms(&mut whole),
+        ms(&mut inside),
+        ms(&mut outside),
+        ms(&mut by_hand),
+    );
+    Ok(())
+}
+
 /// Capture cost as runners grow (`capture_ladder`).
 fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     println!("## host time to capture, seal and build step graphs, against cudarc by hand");
@@ -1138,6 +1327,15 @@ fn capture_cost(b: &cuda::Device, k: &Kernels) -> R<()> {
     for (buckets, layers) in [(1, 64), (4, 32)] {
         capture_ladder(b, k, (buckets, layers), true, true)?;
         capture_ladder(&no_upload, k, (buckets, layers), true, true)?;
+    }
+    println!(
+        "\n## where a step build's time goes: the crate's builds on a backend that times its compositions, interleaved with the same graphs composed by hand (two chains); medians, ms"
+    );
+    println!("| buckets x layers | upload | crate's build | in the driver's composition and instantiation | the rest | by hand |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for shape in [(1, 32), (4, 32), (16, 32)] {
+        build_split(b, k, shape)?;
+        build_split(&no_upload, k, shape)?;
     }
     // The one driver object a step build makes that composing by hand
     // does not: its completion event.
