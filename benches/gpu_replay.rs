@@ -30,7 +30,8 @@
 //!    cudarc capturing and instantiating the same kernels by hand, and
 //!    composing the same step graphs by hand (one chain, and the crate's
 //!    own edges: two chains), the builds of all three interleaved round by
-//!    round.
+//!    round; then where a step build's time goes (the driver's composition,
+//!    timed on a backend that wraps `cuda::Device`, and the rest).
 //!
 //! 6. Ready points of allocating runners: a chain whose runners allocate
 //!    temporaries and mark a handoff ready early, per runner against step
