@@ -9,12 +9,6 @@
 
 use std::collections::BTreeMap;
 
-/// The intervals [`Painter::erase`] meets, highest first.
-enum Overlapping {
-    One([(u64, (u64, u32)); 1]),
-    Many(Vec<(u64, (u64, u32))>),
-}
-
 /// A byte range `[lo, hi)` of fence region `region`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Claim {
@@ -193,21 +187,10 @@ impl Painter {
             .take_while(|(_, &(end, _))| end > claim.lo)
             .map(|(&s, &v)| (s, v));
         // Mostly one interval meets it (a handoff's bytes beside its
-        // writer's): no list.
-        let overlapping = match (meeting.next(), meeting.next()) {
-            (None, _) => return,
-            (Some(one), None) => Overlapping::One([one]),
-            (Some(a), Some(b)) => {
-                let mut all = vec![a, b];
-                all.extend(meeting);
-                Overlapping::Many(all)
-            }
-        };
-        let overlapping = match &overlapping {
-            Overlapping::One(one) => one.as_slice(),
-            Overlapping::Many(all) => all.as_slice(),
-        };
-        for &(start, (end, owner)) in overlapping {
+        // writer's): the rest is empty, and an empty list allocates nothing.
+        let first = meeting.next();
+        let rest: Vec<(u64, (u64, u32))> = meeting.collect();
+        for (start, (end, owner)) in first.into_iter().chain(rest) {
             map.remove(&start);
             if start < claim.lo {
                 map.insert(start, (claim.lo, owner));

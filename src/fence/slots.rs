@@ -222,9 +222,7 @@ pub(crate) fn sort_dedup(v: &mut Vec<usize>) {
     if v.windows(2).all(|w| w[0] < w[1]) {
         return;
     }
-    if !v.is_sorted() {
-        v.sort_unstable();
-    }
+    v.sort_unstable();
     v.dedup();
 }
 

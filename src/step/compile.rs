@@ -743,8 +743,10 @@ fn compose<B: Compose>(
     for (k, item) in items.iter().enumerate() {
         let (lane, graphs) = match item {
             // Most nodes: a whole replay of a runner's own graph, copied
-            // (what `replay_node_graphs` gives it), pushed as it is.
+            // (what `replay_node_graphs` gives it), pushed as it is. No
+            // list taken: no replay of the schedule moves a copy in.
             Item::Replay { slot, lane } if taken.is_empty() && split.parts(k).is_empty() => {
+                debug_assert!(!r.runners[*slot].moves());
                 if let Some(graph) = &r.runners[*slot].graph {
                     let n = step_nodes.len();
                     step_nodes.push(StepNode::new(NodeGraph::Copy(graph), deps.get(n), *lane));
