@@ -850,13 +850,15 @@ fn crate_round<B: replay_arena::backend::Compose + Clone>(
 
 /// Rounds of step-graph builds per ladder: every bucket's step graph is
 /// built (and kept) each round, then dropped, and a side's figure is the
-/// median round; at least 96 builds a side (six rounds at 16 buckets and
-/// more), so one bucket's 0.1 ms build is not one sample.
+/// median round; at least 384 builds a side (six rounds at 64 buckets),
+/// so one bucket's 0.1 ms build is not one sample, and a side's rounds
+/// spread over some 40 ms of the host at one bucket (a slow stretch of
+/// the host falls on every side alike).
 fn build_rounds(buckets: usize, allocating: bool) -> usize {
     match allocating {
         // One step copy per runner: one build.
         true => 1,
-        false => (96 / buckets).max(6),
+        false => (384 / buckets).max(6),
     }
 }
 

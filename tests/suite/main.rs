@@ -46,6 +46,7 @@ mod fence {
     mod leak_safety;
     mod props;
     mod transactions;
+    mod waits;
 }
 mod lifecycle {
     mod fuzz;
