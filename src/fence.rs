@@ -1253,23 +1253,43 @@ impl<B: Streams> Fence<B> {
         for &claim in claims {
             self.paint(claim, slot);
         }
-        self.save(slot);
-        self.runners[slot].by = self.user;
+        // Outside a transaction (the ledger changes only outside one): nothing
+        // is kept aside, so the slot's state changes in place, found once.
+        debug_assert!(!self.in_transaction(), "a use settles once it went out");
+        let (user, exact) = (self.user, self.exact);
+        let runner = &mut self.runners[slot];
+        runner.by = user;
         // The replay waited for every reader of the runner's bytes (it is
         // their claimer): the new replay has none yet.
-        self.readers_waited(slot);
-        self.forget_unused_record(slot);
+        for reader in &mut runner.readers {
+            reader.completion = None;
+        }
+        runner.forget_unused_record();
         // The runner completes at the tail of `on` from now on, whether or
         // not a record succeeds: a failed record (the stream began
         // capturing on another thread since the launch, say) leaves a
         // pending completion that a later waiter records, never an older
         // one that would let it skip the wait.
-        if !self.runners[slot].record_at_once && !self.exact {
-            self.settle(slot, on);
+        if !runner.record_at_once && !exact {
+            runner.settle(on, user);
             return Ok(());
         }
-        self.record_if_expected(backend, slot, on)
-            .inspect_err(|_| self.settle(slot, on))
+        // Recorded at once where another stream is expected to wait for
+        // it (always, on a fence with exact records).
+        let Some(event) = &runner.event else {
+            return Ok(());
+        };
+        match backend.record_event(on.stream, event) {
+            Ok(()) => {
+                self.stats.event_records += 1;
+                runner.recorded_on(on.id);
+                Ok(())
+            }
+            Err(error) => {
+                runner.settle(on, user);
+                Err(error)
+            }
+        }
     }
 
     /// Every reader of `slot` was waited for: forget them (their events are
@@ -1297,7 +1317,7 @@ impl<B: Streams> Fence<B> {
     fn forget_unused_record(&mut self, i: usize) {
         if self.runners[i].record_at_once && !self.runners[i].waited_on {
             self.save(i);
-            self.runners[i].record_at_once = false;
+            self.runners[i].forget_unused_record();
         }
     }
 
@@ -1489,18 +1509,8 @@ impl<B: Streams> Fence<B> {
     #[inline(always)]
     fn settle(&mut self, i: usize, on: On<'_, B::Stream>) {
         self.save(i);
-        let runner = &mut self.runners[i];
-        runner.by = self.user;
-        match &runner.completion {
-            Some(Completion::Pending { id, .. }) if *id == on.id => {}
-            _ => {
-                runner.completion = Some(Completion::Pending {
-                    stream: on.stream.clone(),
-                    id: on.id,
-                });
-                runner.waited_by = None;
-            }
-        }
+        let user = self.user;
+        self.runners[i].settle(on, user);
     }
 
     /// Records slot `i`'s event on `on` now if another stream is expected
@@ -1521,10 +1531,7 @@ impl<B: Streams> Fence<B> {
             backend.record_event(on.stream, event)?;
             self.stats.event_records += 1;
             self.save(i);
-            let runner = &mut self.runners[i];
-            runner.completion = Some(Completion::Recorded { id: on.id });
-            runner.waited_on = false;
-            runner.waited_by = None;
+            self.runners[i].recorded_on(on.id);
         }
         Ok(())
     }

@@ -15,7 +15,7 @@
 //! aside: whoever runs it drops its fence with the first failure
 //! ([`Journal::discarded_on_failure`]).
 
-use super::{Fence, FenceStats};
+use super::{Fence, FenceStats, On};
 use crate::backend::Streams;
 use crate::trace::NO_USER;
 
@@ -82,6 +82,45 @@ impl<B: Streams> Runner<B> {
             readers: Vec::new(),
             by: NO_USER,
             saved: 0,
+        }
+    }
+}
+
+/// A slot's state changes, in place: the fence keeps it aside first
+/// ([`Fence::save`]) inside a transaction; outside one (once a use went
+/// out) nothing is kept, and a change finds the slot once.
+impl<B: Streams> Runner<B> {
+    /// It now completes at the tail of `on`, its event not yet recorded
+    /// there, ending with the use `by`.
+    #[inline(always)]
+    pub(super) fn settle(&mut self, on: On<'_, B::Stream>, by: u32) {
+        self.by = by;
+        match &self.completion {
+            Some(Completion::Pending { id, .. }) if *id == on.id => {}
+            _ => {
+                self.completion = Some(Completion::Pending {
+                    stream: on.stream.clone(),
+                    id: on.id,
+                });
+                self.waited_by = None;
+            }
+        }
+    }
+
+    /// Its event was recorded just now on the stream with id `id`, where
+    /// it completes: nobody waited for that record yet.
+    #[inline(always)]
+    pub(super) fn recorded_on(&mut self, id: u64) {
+        self.completion = Some(Completion::Recorded { id });
+        self.waited_on = false;
+        self.waited_by = None;
+    }
+
+    /// Nobody waited for the last record made at once: defer again.
+    #[inline(always)]
+    pub(super) fn forget_unused_record(&mut self) {
+        if self.record_at_once && !self.waited_on {
+            self.record_at_once = false;
         }
     }
 }
