@@ -46,8 +46,20 @@ impl Held {
                 run: (0, 0, 0),
             };
         }
-        // Ascending, each once: a run is where each slot follows the one
-        // before.
+        // Ascending, each once: they are all one run when the last is as
+        // far from the first as their count says (a bucket's runners
+        // alone), and every slot held is found without the table.
+        let (first, last) = (slots[0], slots[slots.len() - 1]);
+        if last - first + 1 == slots.len() {
+            return Held {
+                run: (first, 0, slots.len()),
+                slots,
+                table: Vec::new(),
+                shift: 0,
+            };
+        }
+        // Otherwise the longest run, where each slot follows the one
+        // before, and the table for the rest.
         let (mut run, mut start) = ((slots[0], 0, 1), 0);
         for k in 1..slots.len() {
             if slots[k] != slots[k - 1] + 1 {
@@ -56,15 +68,6 @@ impl Held {
             if k + 1 - start > run.2 {
                 run = (slots[start], start, k + 1 - start);
             }
-        }
-        if run.2 == slots.len() {
-            // One run: every slot held is found without the table.
-            return Held {
-                slots,
-                table: Vec::new(),
-                shift: 0,
-                run,
-            };
         }
         let size = (2 * slots.len()).next_power_of_two().max(2);
         let shift = 64 - size.trailing_zeros();
