@@ -358,7 +358,8 @@ impl<B: Streams> Fence<B> {
 
     /// A fence that starts where the plan's fence `other` stands, for a
     /// step that replays the runner slots `replays` and runs consumers of
-    /// those in `consumes` (its ledger; every slot `other` used counts as
+    /// those in `consumes` (each list ascending, each once; its ledger;
+    /// every slot `other` used counts as
     /// used, complete before anything this fence orders), with one event
     /// per fenced slot it holds from `event`: the fence a step schedule is
     /// traced on. It holds only what such a step can meet, so it costs in
@@ -392,19 +393,22 @@ impl<B: Streams> Fence<B> {
             claims.extend_from_slice(&layout.admit_claims[slot]);
         }
         let mut handoffs: Vec<usize> = Vec::with_capacity(writes + reads);
-        for &slot in replays {
-            let record = &plan.runners[slot].record;
-            handoffs.extend(
-                record
-                    .writes
-                    .iter()
-                    .chain(&record.reads)
-                    .map(|h| h.0 as usize),
-            );
-            let read = record.reads.iter();
-            claims.extend(read.map(|h| plan.handoffs[h.0 as usize].claim));
+        // None, mostly: a bucket's runners hand nothing off.
+        if writes + reads > 0 {
+            for &slot in replays {
+                let record = &plan.runners[slot].record;
+                handoffs.extend(
+                    record
+                        .writes
+                        .iter()
+                        .chain(&record.reads)
+                        .map(|h| h.0 as usize),
+                );
+                let read = record.reads.iter();
+                claims.extend(read.map(|h| plan.handoffs[h.0 as usize].claim));
+            }
+            sort_dedup(&mut handoffs);
         }
-        sort_dedup(&mut handoffs);
         distinct_claims(&mut claims);
         // The slots: those, and whoever last used those bytes (about one
         // each).
