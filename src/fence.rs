@@ -375,8 +375,9 @@ impl<B: Streams> Fence<B> {
         mut event: impl FnMut(usize) -> B::Event,
     ) -> Fence<B> {
         let layout = &other.layout;
-        let mut runners: Vec<usize> = replays.iter().chain(consumes).copied().collect();
-        sort_dedup(&mut runners);
+        let ascending = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]);
+        debug_assert!(ascending(replays) && ascending(consumes));
+        let mut runners = merge(replays, consumes);
         // Every byte a replay or a consumer (a staging one takes its
         // runner's bytes as a replay does) claims or reads, and the
         // handoffs the replays write and read.

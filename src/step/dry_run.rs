@@ -62,10 +62,16 @@ pub(super) fn dry_fence<C: Streams>(
         .map(|&slot| &plan.runners[slot].record)
         .map(|record| record.writes.len() + record.reads.len())
         .sum();
-    dry.reserve_events(replays.len() + consumes.len() + 2 * handoffs + 2);
-    Fence::start_from(fence, plan, (&replays, &consumes), |slot| {
-        dry.slot_event(slot)
-    })
+    let room = replays.len() + consumes.len() + 2 * handoffs + 2;
+    // The fenced slots it holds, ascending (asked for so): slot
+    // `slots[k]`'s event is event `k`, the first ones.
+    let mut slots = Vec::with_capacity(room);
+    let fence = Fence::start_from(fence, plan, (&replays, &consumes), |slot| {
+        slots.push(slot);
+        DryEvent(slots.len() - 1)
+    });
+    dry.slot_events(slots, room);
+    fence
 }
 
 /// One pass of the schedule through `fence`, on lanes `offset..`: every
@@ -368,7 +374,7 @@ pub(super) struct Passes {
 pub(super) struct Lane(pub(super) usize);
 
 /// An event of the dry run: an index into its records (not a fence
-/// slot: [`DryRun::slot_event`]).
+/// slot: [`DryRun::slot_events`]).
 pub(super) struct DryEvent(pub(super) usize);
 
 impl DryRun {
@@ -395,27 +401,18 @@ impl DryRun {
         }
     }
 
-    /// Room for `events` events, most of them the slots' own.
-    pub(super) fn reserve_events(&self, events: usize) {
-        let mut t = self.state.borrow_mut();
-        t.recorded.reserve_exact(events);
-        t.slot_events.reserve_exact(events);
-    }
-
-    /// The event of fence slot `slot`, for the dry fence (asked for in
-    /// ascending slot order, before any other event is created). Inlined
-    /// into the dry fence's set-up, which asks once per slot.
-    #[inline(always)]
-    pub(super) fn slot_event(&self, slot: usize) -> DryEvent {
+    /// The fenced slots whose events are the first ones, ascending (slot
+    /// `slots[k]`'s event is event `k`), before any other event is
+    /// created; room for `events` events in all.
+    pub(super) fn slot_events(&self, slots: Vec<usize>, events: usize) {
         let mut t = self.state.borrow_mut();
         debug_assert!(
-            t.recorded.len() == t.slot_events.len()
-                && t.slot_events.last().is_none_or(|&last| last < slot),
+            t.recorded.is_empty() && slots.windows(2).all(|w| w[0] < w[1]),
             "slot events come first, in ascending slot order"
         );
-        t.slot_events.push(slot);
-        t.recorded.push(None);
-        DryEvent(t.recorded.len() - 1)
+        t.recorded = Vec::with_capacity(events.max(slots.len()));
+        t.recorded.resize(slots.len(), None);
+        t.slot_events = slots;
     }
 
     /// Pass `pass` of the schedule: a new step on lanes `lanes`, whose
