@@ -637,11 +637,12 @@ impl<B: Streams> Fence<B> {
         }
         self.commit();
         self.stats.replays += 1;
-        let tracked = self.track_replay(backend, plan, slot, on);
+        let fenced = self.is_fenced(slot);
+        let tracked = self.track_replay(backend, plan, slot, fenced, on);
         self.end_use();
         let plain =
             record.reads.is_empty() && record.writes.is_empty() && !self.layout.stages[slot];
-        self.repeat = (tracked.is_ok() && plain && self.is_fenced(slot)).then_some(Repeat {
+        self.repeat = (tracked.is_ok() && plain && fenced).then_some(Repeat {
             slot,
             epoch: self.epoch,
         });
@@ -692,22 +693,23 @@ impl<B: Streams> Fence<B> {
         Ok(())
     }
 
-    /// A launched replay's bookkeeping: its own claims, the handoffs it
-    /// wrote and read. Every piece happens (each sets its state before it
-    /// tries a record, so nothing launched goes untracked); the first error
-    /// is returned.
+    /// A launched replay's bookkeeping: its own claims (`fenced`: it has
+    /// any), the handoffs it wrote and read. Every piece happens (each sets
+    /// its state before it tries a record, so nothing launched goes
+    /// untracked); the first error is returned.
     #[inline]
     fn track_replay(
         &mut self,
         backend: &B,
         plan: &Planned,
         slot: usize,
+        fenced: bool,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
         let r = &plan.runners[slot];
         let record = &r.record;
         let base = self.layout.handoff_base;
-        let mut tracked = if self.is_fenced(slot) {
+        let mut tracked = if fenced {
             self.settle_use(backend, slot, &r.claims, on)
         } else {
             Ok(())
@@ -1447,8 +1449,10 @@ impl<B: Streams> Fence<B> {
         u: usize,
         on: On<'_, B::Stream>,
     ) -> std::result::Result<(), BackendError> {
+        // (Found once: a wait adds no reader.)
+        let readers = self.runners[u].readers.len();
         self.wait_replay(backend, u, on)?;
-        for at in 0..self.runners[u].readers.len() {
+        for at in 0..readers {
             let reader = &self.runners[u].readers[at];
             let by = reader.by;
             let Some(completion) = &reader.completion else {
