@@ -89,6 +89,9 @@ pub(super) fn compile<B: Compose>(
     }
     let mut moved_consumers = moved_consumers(r, &mut items, overlapping)?;
     let split = split_writers(r, &items)?;
+    // Whether a replay of the schedule moves a step copy in (most do not).
+    let moving = (items.iter())
+        .any(|item| matches!(item, Item::Replay { slot, .. } if r.runners[*slot].moves()));
     // Per item its first node: a replay split at its ready points is one
     // node per part.
     let mut first = Vec::with_capacity(items.len());
@@ -141,8 +144,8 @@ pub(super) fn compile<B: Compose>(
             &split,
             &dry,
             &events,
-            x,
-            nodes,
+            (x, nodes),
+            moving,
         )?;
         graphs.push(graph);
     }
@@ -157,7 +160,10 @@ pub(super) fn compile<B: Compose>(
         ..
     } = dry;
     let held = fence.held();
-    let tracing = tracing_of(r, items, split, (deps, cross), lane_ids);
+    // Every node a whole replay of its runner's own graph: no consumer,
+    // no step copy moved in, no writer split.
+    let plain = moved_consumers.is_empty() && !moving && split.parts.is_empty();
+    let tracing = tracing_of(r, items, split, (deps, cross), lane_ids, plain);
     let epoch = r.fence.epoch();
     let number = r.fence.number_step();
     Ok(StepGraph {
@@ -247,12 +253,14 @@ fn tracing_of<B: Compose>(
     mut split: Splits<B::Graph>,
     (deps, cross): (Adjacency, Vec<Vec<usize>>),
     lanes: Vec<u64>,
+    plain: bool,
 ) -> Tracing<B> {
-    let plain = |(k, item): (usize, &Item<B>)| match item {
+    let whole = |(k, item): (usize, &Item<B>)| match item {
         Item::Replay { slot, .. } => !r.runners[*slot].moves() && split.parts(k).is_empty(),
         Item::Consume { .. } => false,
     };
-    if items.iter().enumerate().all(plain) {
+    // `plain`: known so without a look at each item.
+    if plain || items.iter().enumerate().all(whole) {
         // Every node a whole replay of its runner's own graph: the list
         // waits for the first traced launch.
         return Tracing::new(None, Vec::new(), lanes, (deps, cross));
@@ -720,15 +728,13 @@ fn compose<B: Compose>(
     split: &Splits<B::Graph>,
     dry: &Dry,
     events: &Events<B>,
-    x: usize,
-    nodes: usize,
+    (x, nodes): (usize, usize),
+    moving: bool,
 ) -> Result<B::Graph, StepError> {
     let deps = &dry.deps;
     // The step copies this graph moves in, one per replay of a runner
-    // whose graph allocates (no list when none does).
-    let moves =
-        |item: &Item<B>| matches!(item, Item::Replay { slot, .. } if r.runners[*slot].moves());
-    let mut taken: Vec<Option<StepCopy<B::Graph>>> = match items.iter().any(moves) {
+    // whose graph allocates (no list when none does: `moving`).
+    let mut taken: Vec<Option<StepCopy<B::Graph>>> = match moving {
         false => Vec::new(),
         true => (items.iter())
             .map(|item| match item {
