@@ -309,29 +309,39 @@ impl<'r, B: Compose> StepBuilder<'r, B> {
     /// copy left.
     ///
     /// [`RunnerCapture::stream_capture_repeatable`]: crate::RunnerCapture::stream_capture_repeatable
+    #[inline]
     pub fn replay(&mut self, runner: RunnerId, stream: &B::Stream) -> Result<&mut Self, StepError> {
         let slot = self.slot(runner)?;
         let g = &self.replayable.runners[slot];
-        if g.graph.is_none() {
-            return Err(StepError::NoGraph { runner });
-        }
-        if g.moves() {
-            let scheduled = self
-                .items
-                .iter()
-                .filter(|i| matches!(i, Item::Replay { slot: s, .. } if *s == slot))
-                .count();
-            if g.step_copies.len() <= scheduled {
-                return Err(StepError::NoStepCopy {
-                    runner,
-                    allocations: g.temporaries.allocations,
-                    captured: g.copies_made,
-                });
-            }
+        if g.graph.is_none() || g.moves() {
+            self.copy_left(runner, slot)?;
         }
         let lane = self.lane(stream);
         self.items.push(Item::Replay { slot, lane });
         Ok(self)
+    }
+
+    /// [`StepBuilder::replay`]'s checks of a runner with no graph, or whose
+    /// graph allocates: a step copy is left for one more replay of it.
+    /// Apart: most runners have a graph that allocates nothing.
+    #[cold]
+    #[inline(never)]
+    fn copy_left(&self, runner: RunnerId, slot: usize) -> Result<(), StepError> {
+        let g = &self.replayable.runners[slot];
+        if g.graph.is_none() {
+            return Err(StepError::NoGraph { runner });
+        }
+        let scheduled = (self.items.iter())
+            .filter(|i| matches!(i, Item::Replay { slot: s, .. } if *s == slot))
+            .count();
+        if g.moves() && g.step_copies.len() <= scheduled {
+            return Err(StepError::NoStepCopy {
+                runner,
+                allocations: g.temporaries.allocations,
+                captured: g.copies_made,
+            });
+        }
+        Ok(())
     }
 
     /// Schedules a consumer of `runner`'s views on `stream`, as
